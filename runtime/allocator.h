@@ -1,0 +1,68 @@
+#pragma once
+// Memory accounting. Every tensor's bytes are charged to two counters: the process-wide counter
+// of its device (host or meta) and the counter of the rank (Context) that allocated it. A rank's
+// counter may have a capacity (the sim backend sets it to the NeuronCore's HBM); exceeding it
+// throws OutOfDeviceMemory. Meta tensors allocate nothing but are counted, so the planner can
+// read the memory a model would need.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace nxd {
+
+enum class Device : uint8_t { host, meta };
+const char* device_name(Device d);
+
+class MemoryCounter {
+ public:
+  explicit MemoryCounter(std::string name, int64_t capacity = 0)
+      : name_(std::move(name)), capacity_(capacity) {}
+  // Throws OutOfDeviceMemory naming the counter, the request, bytes in use and the capacity.
+  void allocate(int64_t bytes);
+  void release(int64_t bytes) { live_.fetch_sub(bytes, std::memory_order_relaxed); }
+  int64_t live() const { return live_.load(std::memory_order_relaxed); }
+  int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  int64_t capacity() const { return capacity_.load(std::memory_order_relaxed); }  // 0: unlimited
+  void set_capacity(int64_t bytes) { capacity_ = bytes; }
+  void reset_peak() { peak_ = live(); }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  std::atomic<int64_t> capacity_;
+  std::atomic<int64_t> live_{0};
+  std::atomic<int64_t> peak_{0};
+};
+
+// Process-wide counters per device.
+MemoryCounter& device_memory(Device d);
+
+// A block of bytes on a device. Host blocks are 64-byte aligned and uninitialized.
+class Storage {
+ public:
+  // Allocates on `device`, charging the device counter and the current Context's counter.
+  static std::shared_ptr<Storage> allocate(int64_t nbytes, Device device);
+  // Wraps memory owned elsewhere (not counted); `deleter` runs when the last tensor goes.
+  static std::shared_ptr<Storage> wrap(void* data, int64_t nbytes,
+                                       std::function<void(void*)> deleter = nullptr);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  Storage() = default;
+  void* data_ = nullptr;
+  int64_t nbytes_ = 0;
+  Device device_ = Device::host;
+  std::shared_ptr<MemoryCounter> rank_counter_;  // keeps the rank's counter alive until freed
+  std::function<void(void*)> deleter_;
+  bool counted_ = false;
+};
+
+}  // namespace nxd

@@ -1,0 +1,46 @@
+#include <gtest/gtest.h>
+
+#include "nxd/runtime/context.h"
+#include "nxd/runtime/tensor.h"
+
+using namespace nxd;
+
+TEST(Allocator, CountsLiveAndPeakPerRank) {
+  Context ctx(ContextOptions{.rank = 0, .world_size = 1});
+  ContextGuard g(ctx);
+  EXPECT_EQ(ctx.memory().live(), 0);
+  {
+    Tensor a = empty({256}, DType::f32);
+    EXPECT_EQ(ctx.memory().live(), 1024);
+    Tensor b = a.view({16, 16});  // a view allocates nothing
+    EXPECT_EQ(ctx.memory().live(), 1024);
+    Tensor c = empty({128}, DType::bf16);
+    EXPECT_EQ(ctx.memory().live(), 1024 + 256);
+  }
+  EXPECT_EQ(ctx.memory().live(), 0);
+  EXPECT_EQ(ctx.memory().peak(), 1280);
+}
+
+TEST(Allocator, CapacityThrowsOutOfDeviceMemory) {
+  Context ctx(ContextOptions{.rank = 3, .world_size = 4, .memory_capacity = 4096});
+  ContextGuard g(ctx);
+  Tensor a = empty({512});  // 2048 bytes
+  try {
+    Tensor b = empty({1024});
+    FAIL() << "expected OutOfDeviceMemory";
+  } catch (const OutOfDeviceMemory& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("rank 3"), std::string::npos) << m;
+    EXPECT_NE(m.find("4096"), std::string::npos) << m;
+    EXPECT_NE(m.find("2048"), std::string::npos) << m;
+  }
+  EXPECT_EQ(ctx.memory().live(), 2048);
+}
+
+TEST(Allocator, MetaCountedSeparately) {
+  Context ctx;
+  ContextGuard g(ctx);
+  int64_t meta_before = device_memory(Device::meta).live();
+  Tensor m = empty({1 << 20}, DType::f32, Device::meta);
+  EXPECT_EQ(device_memory(Device::meta).live() - meta_before, 4 << 20);
+}
