@@ -1,0 +1,60 @@
+#pragma once
+// Differentiable neural-network ops, each backed by a fused kernel in runtime/kernels/.
+// Floating dtypes f32, f64 and bf16 (bf16 computes in f32 and rounds once).
+#include <cstdint>
+
+#include "nxd/autograd/graph.h"
+#include "nxd/runtime/rng.h"
+
+namespace nxd {
+
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+
+// Over the last dim. weight/bias [D] may be undefined (no affine).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// x * rsqrt(mean(x^2) + eps) * weight, over the last dim (Llama's RMSNorm; weight may be undefined).
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+
+enum class GeluApprox { none, tanh };  // erf form, or the tanh approximation (gelu_new)
+Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::tanh);
+Tensor silu(const Tensor& x);
+// silu(gate) * up, fused (Llama's MLP).
+Tensor swiglu(const Tensor& gate, const Tensor& up);
+
+// ids: i32/i64 [...], weight: [V, D] -> [..., D]. Backward scatter-adds into dweight.
+// An id outside [0, V) throws naming the id and V.
+Tensor embedding(const Tensor& ids, const Tensor& weight);
+
+enum class Reduction { none, sum, mean };
+struct CrossEntropyOptions {
+  int64_t ignore_index = -100;   // targets equal to it contribute no loss and no gradient
+  double label_smoothing = 0.0;  // PyTorch semantics: (1-ls)*nll + ls*mean_over_vocab(-logp)
+  Reduction reduction = Reduction::mean;  // mean over non-ignored targets
+};
+// logits [N, V] (any float dtype, computed in f32/f64), targets [N] i32/i64 -> scalar (or [N]).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& opts = {});
+
+// q [B, Hq, S, D], k and v [B, Hkv, S, D] with Hkv dividing Hq (grouped-query: query head h
+// reads kv head h / (Hq / Hkv)). scale <= 0 means 1/sqrt(D). Causal masks j > i.
+// Returns [B, Hq, S, D]. Fused: softmax and mask in one pass; backward recomputes nothing it saved.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal = true, double scale = 0.0);
+
+// Rotary position embeddings (rotate-half convention of HF Llama and GPT-NeoX).
+// Rotates the first `rotary_dim` features of each head (rotary_dim == D for Llama; a fraction
+// for GPT-NeoX's partial rotary); the rest pass through. Pairs are (i, i + rotary_dim/2).
+// x: [B, H, S, D]; positions start at `position_offset`.
+struct RotaryOptions {
+  int64_t rotary_dim = 0;  // 0 = the whole head dim
+  double base = 10000.0;
+  int64_t position_offset = 0;
+};
+Tensor rotary(const Tensor& x, const RotaryOptions& opts = {});
+
+// Inverted dropout with probability p of zeroing; identity when !training or p == 0. The mask is
+// drawn from `stream` (default: a fresh stream from the current context's generator).
+Tensor dropout(const Tensor& x, double p, bool training = true, const RngStream* stream = nullptr);
+
+}  // namespace nxd
