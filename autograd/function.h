@@ -22,7 +22,7 @@ std::vector<Tensor> custom(const char* name, const std::vector<Tensor>& inputs,
 std::vector<Tensor> checkpoint(const ForwardFn& fn, const std::vector<Tensor>& inputs);
 
 struct GradcheckOptions {
-  double eps = 1e-6;    // central-difference step
+  double eps = 1e-6;  // central-difference step
   double atol = 1e-7;
   double rtol = 1e-5;
   bool check_all_outputs = true;  // projects every output onto a random direction

@@ -50,7 +50,7 @@ struct Edge {
 struct Node {
   std::string name;
   BackwardFn backward;
-  std::vector<Edge> inputs;                      // one per op input
+  std::vector<Edge> inputs;                       // one per op input
   std::vector<std::weak_ptr<TensorImpl>> leaves;  // per input: the leaf to accumulate into
   std::vector<Shape> output_shapes;
   std::vector<DType> output_dtypes;
@@ -62,7 +62,7 @@ struct Node {
 struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;  // null for leaves
   int output_nr = 0;
-  std::vector<GradHook> hooks;    // leaves only
+  std::vector<GradHook> hooks;  // leaves only
 };
 
 // True when grad mode is on and any input requires grad.
@@ -70,8 +70,8 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 
 // Records `fn` as the backward of an op with these inputs and outputs (no-op unless
 // needs_grad(inputs)); marks the outputs as requiring grad.
-void record(const char* name, const std::vector<Tensor>& inputs,
-            const std::vector<Tensor>& outputs, BackwardFn fn);
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            BackwardFn fn);
 
 // The node that produced t, or null for leaves and constants.
 std::shared_ptr<Node> grad_fn(const Tensor& t);

@@ -8,13 +8,18 @@
 
 namespace nxd {
 
-const char* device_name(Device d) { return d == Device::host ? "host" : "meta"; }
+const char* device_name(Device d) {
+  return d == Device::host ? "host" : "meta";
+}
 
 static std::string human(int64_t b) {
   char buf[64];
-  if (b >= (1ll << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ll << 30));
-  else if (b >= (1ll << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1ll << 20));
-  else std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  if (b >= (1ll << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ll << 30));
+  else if (b >= (1ll << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1ll << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
   return buf;
 }
 
@@ -66,8 +71,10 @@ std::shared_ptr<Storage> Storage::wrap(void* data, int64_t nbytes,
 }
 
 Storage::~Storage() {
-  if (deleter_) deleter_(data_);
-  else if (counted_ && device_ == Device::host) std::free(data_);
+  if (deleter_)
+    deleter_(data_);
+  else if (counted_ && device_ == Device::host)
+    std::free(data_);
   if (counted_) {
     device_memory(device_).release(nbytes_);
     rank_counter_->release(nbytes_);

@@ -20,7 +20,11 @@ void dgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, cons
               static_cast<blasint>(ldc));
 }
 
-void set_threads(int n) { openblas_set_num_threads(n); }
-int threads() { return openblas_get_num_threads(); }
+void set_threads(int n) {
+  openblas_set_num_threads(n);
+}
+int threads() {
+  return openblas_get_num_threads();
+}
 
 }  // namespace nxd::blas

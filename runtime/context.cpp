@@ -28,8 +28,12 @@ Context& current_context() {
   return *tl_default;
 }
 
-ContextGuard::ContextGuard(Context& ctx) : prev_(tl_current) { tl_current = &ctx; }
-ContextGuard::~ContextGuard() { tl_current = prev_; }
+ContextGuard::ContextGuard(Context& ctx) : prev_(tl_current) {
+  tl_current = &ctx;
+}
+ContextGuard::~ContextGuard() {
+  tl_current = prev_;
+}
 
 namespace {
 std::once_flag g_threads_once;

@@ -6,22 +6,32 @@ namespace nxd {
 
 int64_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f64: return 8;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f64:
+      return 8;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
   }
   throw InternalError("dtype_size: bad dtype");
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f64: return "f64";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f64:
+      return "f64";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "?";
 }
@@ -35,7 +45,9 @@ DType dtype_from_name(const std::string& n) {
   throw InvalidArgument(str("[dtype] unknown dtype '", n, "' (expected f32, bf16, f64, i32, i64)"));
 }
 
-std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
+std::ostream& operator<<(std::ostream& os, DType t) {
+  return os << dtype_name(t);
+}
 
 void bf16_to_f32(float* dst, const uint16_t* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {

@@ -13,7 +13,9 @@ enum class DType : uint8_t { f32, bf16, f64, i32, i64 };
 int64_t dtype_size(DType t);
 const char* dtype_name(DType t);
 DType dtype_from_name(const std::string& name);  // "f32", "float32", "bf16", ... (throws)
-inline bool is_floating(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f64; }
+inline bool is_floating(DType t) {
+  return t == DType::f32 || t == DType::bf16 || t == DType::f64;
+}
 std::ostream& operator<<(std::ostream& os, DType t);
 
 // bfloat16: the top 16 bits of an IEEE f32.
@@ -23,7 +25,8 @@ struct bf16 {
   explicit bf16(float f) : bits(from_f32(f)) {}
   explicit operator float() const { return to_f32(bits); }
 
-  static uint16_t from_f32(float f) {  // round to nearest even; NaN stays NaN (quiet), Inf stays Inf
+  static uint16_t from_f32(
+      float f) {  // round to nearest even; NaN stays NaN (quiet), Inf stays Inf
     uint32_t u;
     std::memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
@@ -53,25 +56,40 @@ void f32_to_bf16(uint16_t* dst, const float* src, int64_t n);
 template <class T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::f32; }
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
 template <>
-constexpr DType dtype_of<bf16>() { return DType::bf16; }
+constexpr DType dtype_of<bf16>() {
+  return DType::bf16;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::f64; }
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::i32; }
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
 template <>
-constexpr DType dtype_of<int64_t>() { return DType::i64; }
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
 
 // Calls f.template operator()<T>() with T the C++ type of `t`: dispatch(t, [&]<class T>() {...}).
 template <class F>
 decltype(auto) dispatch(DType t, F&& f) {
   switch (t) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::bf16: return f.template operator()<bf16>();
-    case DType::f64: return f.template operator()<double>();
-    case DType::i32: return f.template operator()<int32_t>();
-    case DType::i64: return f.template operator()<int64_t>();
+    case DType::f32:
+      return f.template operator()<float>();
+    case DType::bf16:
+      return f.template operator()<bf16>();
+    case DType::f64:
+      return f.template operator()<double>();
+    case DType::i32:
+      return f.template operator()<int32_t>();
+    case DType::i64:
+      return f.template operator()<int64_t>();
   }
   throw InternalError("dispatch: bad dtype");
 }
@@ -79,13 +97,17 @@ decltype(auto) dispatch(DType t, F&& f) {
 // Value conversions used by element access and fills.
 template <class T>
 inline T from_double(double v) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, bf16>)
+    return bf16(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 template <class T>
 inline double to_double(T v) {
-  if constexpr (std::is_same_v<T, bf16>) return static_cast<float>(v);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, bf16>)
+    return static_cast<float>(v);
+  else
+    return static_cast<double>(v);
 }
 
 }  // namespace nxd

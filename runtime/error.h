@@ -68,23 +68,24 @@ std::string str(Args&&... args) {
 }  // namespace nxd
 
 // NXD_CHECK(cond, "[op] message ", value, ...) throws InvalidArgument unless cond holds.
-#define NXD_CHECK(cond, ...) \
-  do {                       \
+#define NXD_CHECK(cond, ...)                                            \
+  do {                                                                  \
     if (!(cond)) throw ::nxd::InvalidArgument(::nxd::str(__VA_ARGS__)); \
   } while (0)
 // NXD_CHECK_T(ErrorType, cond, ...) throws the given error type.
-#define NXD_CHECK_T(type, cond, ...) \
-  do {                               \
+#define NXD_CHECK_T(type, cond, ...)                  \
+  do {                                                \
     if (!(cond)) throw type(::nxd::str(__VA_ARGS__)); \
   } while (0)
 #define NXD_CHECK_SHAPE(cond, ...) NXD_CHECK_T(::nxd::ShapeError, cond, __VA_ARGS__)
 // NXD_CHECK_EQ(a, b, "[op] context") -> "[op] context: expected a == b, got 3 vs 4"
-#define NXD_CHECK_EQ(a, b, ...)                                                             \
-  do {                                                                                      \
-    const auto& nxd_a_ = (a);                                                               \
-    const auto& nxd_b_ = (b);                                                               \
-    if (!(nxd_a_ == nxd_b_))                                                                \
-      throw ::nxd::InvalidArgument(::nxd::str(__VA_ARGS__, ": expected " #a " == " #b ", got ", \
-                                              nxd_a_, " vs ", nxd_b_));                     \
+#define NXD_CHECK_EQ(a, b, ...)                                                                  \
+  do {                                                                                           \
+    const auto& nxd_a_ = (a);                                                                    \
+    const auto& nxd_b_ = (b);                                                                    \
+    if (!(nxd_a_ == nxd_b_))                                                                     \
+      throw ::nxd::InvalidArgument(                                                              \
+          ::nxd::str(__VA_ARGS__, ": expected " #a " == " #b ", got ", nxd_a_, " vs ", nxd_b_)); \
   } while (0)
-#define NXD_INTERNAL_CHECK(cond, ...) NXD_CHECK_T(::nxd::InternalError, cond, "internal: ", __VA_ARGS__)
+#define NXD_INTERNAL_CHECK(cond, ...) \
+  NXD_CHECK_T(::nxd::InternalError, cond, "internal: ", __VA_ARGS__)

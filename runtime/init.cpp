@@ -11,18 +11,20 @@ static void for_each_global(const Tensor& t, const Region* region, F&& f) {
   int64_t nd = t.dim();
   Shape full = region ? region->full_shape : sh;
   Shape start = region ? region->start : Shape(nd, 0);
-  NXD_CHECK_SHAPE(static_cast<int64_t>(full.size()) == nd && static_cast<int64_t>(start.size()) == nd,
-                  "[init] region ", shape_str(full), " start ", shape_str(start), " does not match ",
-                  t.desc());
+  NXD_CHECK_SHAPE(
+      static_cast<int64_t>(full.size()) == nd && static_cast<int64_t>(start.size()) == nd,
+      "[init] region ", shape_str(full), " start ", shape_str(start), " does not match ", t.desc());
   for (int64_t d = 0; d < nd; ++d)
-    NXD_CHECK_SHAPE(start[d] >= 0 && start[d] + sh[d] <= full[d], "[init] block ", t.desc(),
-                    " at ", shape_str(start), " exceeds full shape ", shape_str(full));
+    NXD_CHECK_SHAPE(start[d] >= 0 && start[d] + sh[d] <= full[d], "[init] block ", t.desc(), " at ",
+                    shape_str(start), " exceeds full shape ", shape_str(full));
   Shape gstride = contiguous_strides(full);
   int64_t gbase = 0;
   for (int64_t d = 0; d < nd; ++d) gbase += start[d] * gstride[d];
-  for_each_run(sh, t.strides(), gstride, [&](int64_t a, int64_t g, int64_t n, int64_t as, int64_t gs) {
-    for (int64_t i = 0; i < n; ++i) f(a + i * as, static_cast<uint64_t>(gbase + g + i * gs));
-  });
+  for_each_run(sh, t.strides(), gstride,
+               [&](int64_t a, int64_t g, int64_t n, int64_t as, int64_t gs) {
+                 for (int64_t i = 0; i < n; ++i)
+                   f(a + i * as, static_cast<uint64_t>(gbase + g + i * gs));
+               });
 }
 
 template <class G>

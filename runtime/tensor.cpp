@@ -48,8 +48,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     if (da != db && da != 1 && db != 1)
-      throw ShapeError(str("[", op, "] shapes do not broadcast: ", shape_str(a), " and ",
-                           shape_str(b)));
+      throw ShapeError(
+          str("[", op, "] shapes do not broadcast: ", shape_str(a), " and ", shape_str(b)));
     r[i] = da == 1 ? db : da;
   }
   return r;
@@ -60,8 +60,12 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 namespace {
 thread_local bool tl_grad_enabled = true;
 }
-bool GradMode::is_enabled() { return tl_grad_enabled; }
-void GradMode::set_enabled(bool on) { tl_grad_enabled = on; }
+bool GradMode::is_enabled() {
+  return tl_grad_enabled;
+}
+void GradMode::set_enabled(bool on) {
+  tl_grad_enabled = on;
+}
 
 // ---------- construction helpers ----------
 
@@ -88,8 +92,12 @@ static Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t 
 
 // ---------- Tensor basics ----------
 
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+int64_t Tensor::size(int64_t d) const {
+  return shape()[wrap_dim(d, dim(), "size")];
+}
+int64_t Tensor::stride(int64_t d) const {
+  return strides()[wrap_dim(d, dim(), "stride")];
+}
 
 bool Tensor::is_contiguous() const {
   const auto& sh = shape();
@@ -113,8 +121,8 @@ void Tensor::check_raw(const char* op) const {
   if (requires_grad() && GradMode::is_enabled())
     throw InvalidArgument(str("[Tensor::", op, "] ", desc(),
                               " requires grad and grad mode is on: a raw view or copy would "
-                              "leave the autograd graph; use nxd::", op,
-                              " (nxd/autograd/ops.h), or detach() first"));
+                              "leave the autograd graph; use nxd::",
+                              op, " (nxd/autograd/ops.h), or detach() first"));
 }
 
 static int64_t linear_offset(const Tensor& t, const std::vector<int64_t>& idx, const char* op) {
@@ -123,8 +131,8 @@ static int64_t linear_offset(const Tensor& t, const std::vector<int64_t>& idx, c
   int64_t off = 0;
   for (size_t i = 0; i < idx.size(); ++i) {
     int64_t v = idx[i] < 0 ? idx[i] + t.shape()[i] : idx[i];
-    NXD_CHECK_SHAPE(v >= 0 && v < t.shape()[i], "[", op, "] index ", idx[i], " out of range for dim ",
-                    i, " of ", t.desc());
+    NXD_CHECK_SHAPE(v >= 0 && v < t.shape()[i], "[", op, "] index ", idx[i],
+                    " out of range for dim ", i, " of ", t.desc());
     off += v * t.strides()[i];
   }
   return off;
@@ -149,7 +157,9 @@ double Tensor::item() const {
   return dispatch(dtype(), [&]<class T>() { return to_double(static_cast<T*>(raw_data())[0]); });
 }
 
-std::vector<double> Tensor::to_vector() const { return to_vector_as<double>(); }
+std::vector<double> Tensor::to_vector() const {
+  return to_vector_as<double>();
+}
 
 template <class T>
 std::vector<T> Tensor::to_vector_as() const {
@@ -318,7 +328,8 @@ std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const {
   d = wrap_dim(d, dim(), "split");
   std::vector<Tensor> r;
   int64_t n = shape()[d];
-  for (int64_t s = 0; s < n; s += split_size) r.push_back(narrow(d, s, std::min(split_size, n - s)));
+  for (int64_t s = 0; s < n; s += split_size)
+    r.push_back(narrow(d, s, std::min(split_size, n - s)));
   if (n == 0) r.push_back(narrow(d, 0, 0));
   return r;
 }
@@ -356,8 +367,8 @@ Tensor Tensor::expand(const Shape& s) const {
       sh[i] = cur;
       st[i] = strides()[i - lead];
     } else {
-      NXD_CHECK_SHAPE(cur == 1, "[expand] cannot expand ", desc(), " to ", shape_str(s),
-                      ": dim ", i - lead, " has size ", cur, ", not 1");
+      NXD_CHECK_SHAPE(cur == 1, "[expand] cannot expand ", desc(), " to ", shape_str(s), ": dim ",
+                      i - lead, " has size ", cur, ", not 1");
       sh[i] = want;
       st[i] = 0;
     }
@@ -405,9 +416,10 @@ Tensor Tensor::as_strided(const Shape& sh, const Shape& st, int64_t off) const {
   int64_t hi = off;
   for (size_t i = 0; i < sh.size(); ++i)
     if (sh[i] > 0) hi += (sh[i] - 1) * st[i];
-  NXD_CHECK_SHAPE(off >= 0 && (shape_numel(sh) == 0 || (hi + 1) * element_size() <= storage()->nbytes()),
-                  "[as_strided] view ", shape_str(sh), " strides ", shape_str(st), " offset ", off,
-                  " exceeds the storage of ", storage()->nbytes(), " bytes");
+  NXD_CHECK_SHAPE(
+      off >= 0 && (shape_numel(sh) == 0 || (hi + 1) * element_size() <= storage()->nbytes()),
+      "[as_strided] view ", shape_str(sh), " strides ", shape_str(st), " offset ", off,
+      " exceeds the storage of ", storage()->nbytes(), " bytes");
   return make_view(*this, sh, st, off);
 }
 
@@ -444,7 +456,8 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   Shape bshape = broadcast_shapes(shape(), src.shape(), "copy_");
   NXD_CHECK_SHAPE(bshape == shape(), "[copy_] cannot copy ", src.desc(), " into ", desc());
   if (is_meta() || src.is_meta()) {
-    NXD_CHECK(is_meta(), "[copy_] cannot copy meta tensor ", src.desc(), " into host tensor ", desc());
+    NXD_CHECK(is_meta(), "[copy_] cannot copy meta tensor ", src.desc(), " into host tensor ",
+              desc());
     return *this;
   }
   Tensor s = src.detach().expand(shape());
@@ -456,14 +469,15 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   const char* sp = static_cast<const char*>(s.raw_data());
   int64_t de = element_size(), se = s.element_size();
   DType dt = dtype(), st = s.dtype();
-  for_each_run(shape(), strides(), s.strides(), [&](int64_t a, int64_t b, int64_t n, int64_t as,
-                                                    int64_t bs) {
-    if (as == 1 && bs == 1) {
-      convert(dst + a * de, dt, sp + b * se, st, n);
-    } else {
-      for (int64_t i = 0; i < n; ++i) convert(dst + (a + i * as) * de, dt, sp + (b + i * bs) * se, st, 1);
-    }
-  });
+  for_each_run(shape(), strides(), s.strides(),
+               [&](int64_t a, int64_t b, int64_t n, int64_t as, int64_t bs) {
+                 if (as == 1 && bs == 1) {
+                   convert(dst + a * de, dt, sp + b * se, st, n);
+                 } else {
+                   for (int64_t i = 0; i < n; ++i)
+                     convert(dst + (a + i * as) * de, dt, sp + (b + i * bs) * se, st, 1);
+                 }
+               });
   return *this;
 }
 
@@ -504,16 +518,19 @@ const Tensor& Tensor::fill_(double v) const {
       return;
     }
     Shape zeros_st(dim(), 0);
-    for_each_run(shape(), strides(), zeros_st, [&](int64_t a, int64_t, int64_t n, int64_t as, int64_t) {
-      for (int64_t i = 0; i < n; ++i) base[a + i * as] = val;
-    });
+    for_each_run(shape(), strides(), zeros_st,
+                 [&](int64_t a, int64_t, int64_t n, int64_t as, int64_t) {
+                   for (int64_t i = 0; i < n; ++i) base[a + i * as] = val;
+                 });
   });
   return *this;
 }
 
 const Tensor& Tensor::set_requires_grad(bool on) const {
-  NXD_CHECK(!on || is_floating(dtype()), "[set_requires_grad] only floating tensors can require "
-            "grad, got ", desc());
+  NXD_CHECK(!on || is_floating(dtype()),
+            "[set_requires_grad] only floating tensors can require "
+            "grad, got ",
+            desc());
   checked().requires_grad = on;
   return *this;
 }
@@ -535,8 +552,10 @@ std::string Tensor::to_string(int64_t max_per_dim) const {
   bool integral = !is_floating(dtype());
   auto elem = [&](const std::vector<int64_t>& i) {
     double v = at(i);
-    if (integral) os << static_cast<long long>(v);
-    else os << std::setprecision(6) << v;
+    if (integral)
+      os << static_cast<long long>(v);
+    else
+      os << std::setprecision(6) << v;
   };
   std::function<void(int64_t)> rec = [&](int64_t d) {
     if (d == dim()) {
@@ -562,11 +581,15 @@ std::string Tensor::to_string(int64_t max_per_dim) const {
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.to_string(); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  return os << t.to_string();
+}
 
 // ---------- creation ----------
 
-Tensor empty(const Shape& shape, DType dtype, Device device) { return make(shape, dtype, device); }
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  return make(shape, dtype, device);
+}
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = make(shape, dtype, device);
@@ -574,7 +597,9 @@ Tensor zeros(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
 
 Tensor full(const Shape& shape, double v, DType dtype, Device device) {
   Tensor t = make(shape, dtype, device);
@@ -598,10 +623,18 @@ Tensor arange(double start, double end, double step, DType dtype, Device device)
   return t;
 }
 
-Tensor scalar(double v, DType dtype) { return full({}, v, dtype); }
-Tensor empty_like(const Tensor& t) { return make(t.shape(), t.dtype(), t.device()); }
-Tensor empty_like(const Tensor& t, DType dtype) { return make(t.shape(), dtype, t.device()); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
+Tensor scalar(double v, DType dtype) {
+  return full({}, v, dtype);
+}
+Tensor empty_like(const Tensor& t) {
+  return make(t.shape(), t.dtype(), t.device());
+}
+Tensor empty_like(const Tensor& t, DType dtype) {
+  return make(t.shape(), dtype, t.device());
+}
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.shape(), t.dtype(), t.device());
+}
 
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape) {
@@ -631,8 +664,8 @@ static void check_cat(const std::vector<Tensor>& ts, int64_t d, const char* op, 
     bool ok = ts[i].dim() == ts[0].dim();
     for (int64_t k = 0; ok && k < ts[0].dim(); ++k)
       ok = (k == d && !same_shape) || ts[i].shape()[k] == ts[0].shape()[k];
-    NXD_CHECK_SHAPE(ok, "[", op, "] shapes differ outside dim ", d, ": tensor 0 is ",
-                    ts[0].desc(), ", tensor ", i, " is ", ts[i].desc());
+    NXD_CHECK_SHAPE(ok, "[", op, "] shapes differ outside dim ", d, ": tensor 0 is ", ts[0].desc(),
+                    ", tensor ", i, " is ", ts[i].desc());
   }
 }
 

@@ -41,10 +41,10 @@ struct TensorImpl {
   int64_t offset = 0;
   DType dtype = DType::f32;
   std::shared_ptr<Storage> storage;
-  bool requires_grad = false;            // a leaf that wants .grad, or an output with a grad_fn
-  std::shared_ptr<TensorImpl> grad;      // accumulated gradient of a leaf
+  bool requires_grad = false;        // a leaf that wants .grad, or an output with a grad_fn
+  std::shared_ptr<TensorImpl> grad;  // accumulated gradient of a leaf
   std::shared_ptr<autograd::AutogradMeta> autograd;  // owned by autograd/
-  std::string name;                      // optional, for messages
+  std::string name;                                  // optional, for messages
 };
 
 // Grad mode (thread-local): when off, differentiable ops record nothing.
@@ -75,7 +75,7 @@ class Tensor {
   const Shape& strides() const { return checked().strides; }
   int64_t offset() const { return checked().offset; }
   int64_t dim() const { return static_cast<int64_t>(shape().size()); }
-  int64_t size(int64_t d) const;    // negative d counts from the end
+  int64_t size(int64_t d) const;  // negative d counts from the end
   int64_t stride(int64_t d) const;
   int64_t numel() const { return shape_numel(shape()); }
   DType dtype() const { return checked().dtype; }
@@ -100,7 +100,7 @@ class Tensor {
   double at(std::initializer_list<int64_t> idx) const;
   double at(const std::vector<int64_t>& idx) const;
   void set(const std::vector<int64_t>& idx, double v) const;
-  double item() const;  // the single element of a one-element tensor
+  double item() const;                    // the single element of a one-element tensor
   std::vector<double> to_vector() const;  // all elements in row-major order
   template <class T>
   std::vector<T> to_vector_as() const;
@@ -113,7 +113,7 @@ class Tensor {
   Tensor permute(const std::vector<int64_t>& dims) const;
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
-  Tensor select(int64_t dim, int64_t index) const;  // drops `dim`
+  Tensor select(int64_t dim, int64_t index) const;               // drops `dim`
   std::vector<Tensor> chunk(int64_t chunks, int64_t dim) const;  // torch semantics
   std::vector<Tensor> split(int64_t split_size, int64_t dim) const;
   std::vector<Tensor> split(const std::vector<int64_t>& sizes, int64_t dim) const;
@@ -124,10 +124,10 @@ class Tensor {
   Tensor as_strided(const Shape& shape, const Shape& strides, int64_t offset) const;
 
   // ---- raw copies ----
-  Tensor contiguous() const;  // self if already contiguous
-  Tensor clone() const;       // always a new contiguous copy
+  Tensor contiguous() const;     // self if already contiguous
+  Tensor clone() const;          // always a new contiguous copy
   Tensor to(DType dtype) const;  // self if same dtype; bf16 rounds to nearest even
-  Tensor detach() const;      // same storage, no autograd state
+  Tensor detach() const;         // same storage, no autograd state
 
   // ---- in place ----
   const Tensor& fill_(double v) const;
@@ -185,7 +185,7 @@ Tensor stack_raw(const std::vector<Tensor>& ts, int64_t dim);
 // Strided N-d iteration helper for kernels: calls f(dst_offset, src_offset, n) over runs of
 // the innermost dimension; offsets are in elements relative to each tensor's first element.
 void for_each_run(const Shape& shape, const Shape& a_strides, const Shape& b_strides,
-                  const std::function<void(int64_t a_off, int64_t b_off, int64_t n,
-                                           int64_t a_step, int64_t b_step)>& f);
+                  const std::function<void(int64_t a_off, int64_t b_off, int64_t n, int64_t a_step,
+                                           int64_t b_step)>& f);
 
 }  // namespace nxd

@@ -7,7 +7,9 @@
 
 using namespace nxd;
 
-static uint16_t bits_of(float f) { return bf16::from_f32(f); }
+static uint16_t bits_of(float f) {
+  return bf16::from_f32(f);
+}
 static float from_bits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);

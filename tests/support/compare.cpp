@@ -30,34 +30,36 @@ Diff diff(const Tensor& a, const Tensor& b) {
 ::testing::AssertionResult close_rel(const Tensor& a, const Tensor& b, double tol,
                                      const std::string& what) {
   if (a.shape() != b.shape())
-    return ::testing::AssertionFailure() << what << ": shapes differ " << a.desc() << " vs "
-                                         << b.desc();
+    return ::testing::AssertionFailure()
+           << what << ": shapes differ " << a.desc() << " vs " << b.desc();
   Diff d = diff(a, b);
   if (d.rel() <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << " " << a.desc() << ": " << d.str()
-                                       << " > tol " << tol;
+  return ::testing::AssertionFailure()
+         << what << " " << a.desc() << ": " << d.str() << " > tol " << tol;
 }
 
 ::testing::AssertionResult allclose(const Tensor& a, const Tensor& b, double rtol, double atol,
                                     const std::string& what) {
   if (a.shape() != b.shape())
-    return ::testing::AssertionFailure() << what << ": shapes differ " << a.desc() << " vs "
-                                         << b.desc();
+    return ::testing::AssertionFailure()
+           << what << ": shapes differ " << a.desc() << " vs " << b.desc();
   auto va = a.to_vector(), vb = b.to_vector();
   double worst = 0;
   int64_t wi = -1;
   for (size_t i = 0; i < va.size(); ++i) {
     double excess = std::fabs(va[i] - vb[i]) - (atol + rtol * std::fabs(vb[i]));
-    if (std::isnan(va[i]) || std::isnan(vb[i])) excess = std::isnan(va[i]) && std::isnan(vb[i]) ? 0 : INFINITY;
+    if (std::isnan(va[i]) || std::isnan(vb[i]))
+      excess = std::isnan(va[i]) && std::isnan(vb[i]) ? 0 : INFINITY;
     if (excess > worst) worst = excess, wi = static_cast<int64_t>(i);
   }
   if (wi < 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << " " << a.desc() << ": element " << wi << " is "
-                                       << va[wi] << " vs " << vb[wi] << " (" << diff(a, b).str()
-                                       << ")";
+  return ::testing::AssertionFailure()
+         << what << " " << a.desc() << ": element " << wi << " is " << va[wi] << " vs " << vb[wi]
+         << " (" << diff(a, b).str() << ")";
 }
 
-::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b, const std::string& what) {
+::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b,
+                                         const std::string& what) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype())
     return ::testing::AssertionFailure() << what << ": " << a.desc() << " vs " << b.desc();
   Tensor ca = a.detach().contiguous(), cb = b.detach().contiguous();

@@ -9,9 +9,9 @@
 namespace nxd::testing {
 
 struct Diff {
-  double max_abs = 0;      // max |a - b|
-  double max_ref = 0;      // max |b|
-  int64_t worst = -1;      // flat index of max |a - b|
+  double max_abs = 0;  // max |a - b|
+  double max_ref = 0;  // max |b|
+  int64_t worst = -1;  // flat index of max |a - b|
   double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
   std::string str() const;
 };
@@ -31,7 +31,8 @@ Diff diff(const Tensor& a, const Tensor& b);
 
 }  // namespace nxd::testing
 
-#define EXPECT_CLOSE_REL(a, b, tol) EXPECT_TRUE(::nxd::testing::close_rel((a), (b), (tol), #a " vs " #b))
+#define EXPECT_CLOSE_REL(a, b, tol) \
+  EXPECT_TRUE(::nxd::testing::close_rel((a), (b), (tol), #a " vs " #b))
 #define EXPECT_ALLCLOSE(a, b, rtol, atol) \
   EXPECT_TRUE(::nxd::testing::allclose((a), (b), (rtol), (atol), #a " vs " #b))
 #define EXPECT_BITWISE_EQ(a, b) EXPECT_TRUE(::nxd::testing::bitwise_equal((a), (b), #a " vs " #b))

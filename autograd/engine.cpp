@@ -1,0 +1,300 @@
+// The backward engine. backward() first walks the graph from the roots to count, for every node,
+// how many edges lead into it, and for every leaf how many gradients will reach it. Nodes then run
+// when all their gradients have arrived, the most recently created first (so a chain of
+// microbatch graphs unwinds in reverse order of creation). A leaf's hooks fire once its last
+// gradient has been accumulated: that is what lets data-parallel buckets start their all-reduce
+// while the rest of backward still runs.
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "nxd/autograd/graph.h"
+
+namespace nxd {
+namespace autograd {
+
+namespace {
+std::atomic<uint64_t> g_sequence{0};
+
+AutogradMeta& meta_of(const Tensor& t) {
+  auto& m = t.impl()->autograd;
+  if (!m) m = std::make_shared<AutogradMeta>();
+  return *m;
+}
+
+// dst += src (dst contiguous, same shape; src any strides and float dtype).
+void add_into(const Tensor& dst, const Tensor& src) {
+  if (dst.is_meta()) return;
+  Tensor s = src.dtype() == dst.dtype() ? src : src.to(dst.dtype());
+  dispatch(dst.dtype(), [&]<class T>() {
+    T* d = static_cast<T*>(dst.raw_data());
+    const T* p = static_cast<const T*>(s.raw_data());
+    for_each_run(dst.shape(), dst.strides(), s.strides(),
+                 [&](int64_t a, int64_t b, int64_t n, int64_t as, int64_t bs) {
+                   if constexpr (std::is_same_v<T, bf16>) {
+                     for (int64_t i = 0; i < n; ++i)
+                       d[a + i * as] = bf16(float(d[a + i * as]) + float(p[b + i * bs]));
+                   } else if (as == 1 && bs == 1) {
+                     T* __restrict dd = d + a;
+                     const T* __restrict pp = p + b;
+                     for (int64_t i = 0; i < n; ++i) dd[i] += pp[i];
+                   } else {
+                     for (int64_t i = 0; i < n; ++i) d[a + i * as] += p[b + i * bs];
+                   }
+                 });
+  });
+}
+
+// True when `t` is the only handle on its storage, so it can be adopted or updated in place.
+bool exclusively_owned(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.is_contiguous() &&
+         t.offset() == 0;
+}
+
+// Sums a new gradient into a buffer slot, in place when the slot owns its memory.
+void accumulate(Tensor& slot, Tensor g) {
+  if (!slot.defined()) {
+    slot = std::move(g);
+    return;
+  }
+  if (!exclusively_owned(slot)) slot = slot.clone();
+  add_into(slot, g);
+}
+
+void check_grad_shape(const Tensor& g, const Shape& expect, const std::string& node, size_t i,
+                      const char* what) {
+  if (g.shape() != expect)
+    throw ShapeError(str("[backward] ", node, " returned a gradient ", g.desc(), " for ", what, " ",
+                         i, " of shape ", shape_str(expect)));
+}
+}  // namespace
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const auto& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            BackwardFn fn) {
+  if (!needs_grad(inputs)) return;
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->backward = std::move(fn);
+  node->sequence_nr = g_sequence.fetch_add(1, std::memory_order_relaxed);
+  node->inputs.resize(inputs.size());
+  node->leaves.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    if (!x.defined() || !x.requires_grad()) continue;
+    auto& m = x.impl()->autograd;
+    if (m && m->grad_fn)
+      node->inputs[i] = Edge{m->grad_fn, m->output_nr};
+    else
+      node->leaves[i] = x.impl_ptr();
+  }
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Tensor& y = outputs[k];
+    node->output_shapes.push_back(y.shape());
+    node->output_dtypes.push_back(y.dtype());
+    node->output_devices.push_back(y.device());
+    if (!is_floating(y.dtype())) continue;  // integer outputs (indices) carry no gradient
+    y.impl()->requires_grad = true;
+    auto m = std::make_shared<AutogradMeta>();
+    m->grad_fn = node;
+    m->output_nr = static_cast<int>(k);
+    y.impl()->autograd = std::move(m);
+  }
+}
+
+std::shared_ptr<Node> grad_fn(const Tensor& t) {
+  auto& m = t.impl()->autograd;
+  return m ? m->grad_fn : nullptr;
+}
+
+bool is_leaf(const Tensor& t) {
+  return grad_fn(t) == nullptr;
+}
+
+void register_hook(const Tensor& leaf, GradHook hook) {
+  NXD_CHECK(leaf.requires_grad() && is_leaf(leaf), "[register_hook] ", leaf.desc(),
+            " is not a leaf that requires grad");
+  meta_of(leaf).hooks.push_back(std::move(hook));
+}
+
+namespace {
+
+struct Run {
+  // Where gradients for non-leaf tensors are captured instead of propagated (grad()).
+  std::unordered_map<const Node*, std::vector<std::pair<int, size_t>>> capture_nodes;
+  std::unordered_map<const TensorImpl*, size_t> capture_leaves;
+  std::vector<Tensor>* captured = nullptr;
+  bool accumulate_leaves = true;
+};
+
+void execute(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads_in,
+             const BackwardOptions& opts, Run& run) {
+  NXD_CHECK(grads_in.empty() || grads_in.size() == outputs.size(), "[backward] ", outputs.size(),
+            " outputs but ", grads_in.size(), " gradients");
+  NoGradGuard no_grad;
+
+  std::vector<Tensor> seeds(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& y = outputs[i];
+    NXD_CHECK(y.requires_grad(), "[backward] output ", i, " (", y.desc(),
+              ") does not require grad: nothing to differentiate");
+    Tensor g = grads_in.empty() ? Tensor() : grads_in[i];
+    if (!g.defined()) {
+      NXD_CHECK(y.numel() == 1, "[backward] output ", i, " is ", y.desc(),
+                ": a gradient is needed for a non-scalar output");
+      g = ones(y.shape(), y.dtype(), y.device());
+    }
+    NXD_CHECK_SHAPE(g.shape() == y.shape(), "[backward] gradient ", g.desc(), " for output ", i,
+                    " of shape ", shape_str(y.shape()));
+    seeds[i] = g;
+  }
+
+  // Count edges into nodes and gradients into leaves over the reachable graph.
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<TensorImpl*, int> leaf_uses;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  auto visit_root = [&](const Tensor& y) {
+    auto f = grad_fn(y);
+    if (f) {
+      if (seen.insert(f.get()).second) stack.push_back(f.get());
+    } else {
+      ++leaf_uses[y.impl()];
+    }
+  };
+  for (const auto& y : outputs) visit_root(y);
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (size_t i = 0; i < n->inputs.size(); ++i) {
+      if (Node* c = n->inputs[i].node.get()) {
+        ++deps[c];
+        if (seen.insert(c).second) stack.push_back(c);
+      } else if (auto leaf = n->leaves[i].lock()) {
+        ++leaf_uses[leaf.get()];
+      }
+    }
+  }
+
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  auto cmp = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
+  std::vector<std::shared_ptr<Node>> keep;  // nodes stay alive while the run needs them
+
+  auto deliver_leaf = [&](const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
+    Tensor lt(leaf);
+    if (auto it = run.capture_leaves.find(leaf.get()); it != run.capture_leaves.end())
+      accumulate((*run.captured)[it->second], g);
+    if (run.accumulate_leaves && leaf->requires_grad) {
+      NXD_CHECK_SHAPE(g.shape() == leaf->shape, "[backward] gradient ", g.desc(), " for leaf ",
+                      lt.desc());
+      if (!leaf->grad) {
+        bool adopt = g.dtype() == leaf->dtype && exclusively_owned(g);
+        leaf->grad = adopt ? g.impl_ptr() : g.to(leaf->dtype).clone().impl_ptr();
+        if (adopt) g = Tensor();
+      } else {
+        add_into(Tensor(leaf->grad), g);
+      }
+    }
+    if (--leaf_uses[leaf.get()] == 0 && leaf->autograd)
+      for (auto& h : leaf->autograd->hooks) h(lt);
+  };
+
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto f = grad_fn(outputs[i]);
+    if (f) {
+      auto& buf = buffers[f.get()];
+      buf.resize(f->output_shapes.size());
+      accumulate(buf[outputs[i].impl()->autograd->output_nr], seeds[i]);
+      keep.push_back(f);
+    } else {
+      deliver_leaf(outputs[i].impl_ptr(), seeds[i]);
+    }
+  }
+  for (auto& f : keep)
+    if (deps[f.get()] == 0) {
+      deps[f.get()] = -1;  // queued
+      ready.push(f.get());
+    }
+
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    std::vector<Tensor> gout = std::move(buffers[n]);
+    buffers.erase(n);
+    gout.resize(n->output_shapes.size());
+    for (size_t k = 0; k < gout.size(); ++k)
+      if (!gout[k].defined())
+        gout[k] = zeros(n->output_shapes[k], n->output_dtypes[k], n->output_devices[k]);
+    if (auto it = run.capture_nodes.find(n); it != run.capture_nodes.end())
+      for (auto [k, slot] : it->second) accumulate((*run.captured)[slot], gout[k]);
+    if (!n->backward)
+      throw InvalidArgument(str("[backward] the graph of ", n->name,
+                                " was already freed by an earlier backward; pass "
+                                "retain_graph = true to run backward twice"));
+    Grads gin = n->backward(gout);
+    gout.clear();
+    if (!opts.retain_graph) n->backward = nullptr;
+    if (gin.size() != n->inputs.size())
+      throw InternalError(str("[backward] ", n->name, " returned ", gin.size(), " gradients for ",
+                              n->inputs.size(), " inputs"));
+    for (size_t i = 0; i < gin.size(); ++i) {
+      Edge& e = n->inputs[i];
+      if (e.node) {
+        if (gin[i].defined()) {
+          check_grad_shape(gin[i], e.node->output_shapes[e.output_nr], n->name, i, "input");
+          auto& buf = buffers[e.node.get()];
+          buf.resize(e.node->output_shapes.size());
+          accumulate(buf[e.output_nr], std::move(gin[i]));
+        }
+        if (--deps[e.node.get()] == 0) {
+          deps[e.node.get()] = -1;
+          ready.push(e.node.get());
+        }
+      } else if (auto leaf = n->leaves[i].lock()) {
+        if (gin[i].defined())
+          deliver_leaf(leaf, std::move(gin[i]));
+        else if (--leaf_uses[leaf.get()] == 0 && leaf->autograd)
+          for (auto& h : leaf->autograd->hooks) h(Tensor(leaf));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace autograd
+
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads,
+              autograd::BackwardOptions opts) {
+  autograd::Run run;
+  autograd::execute(outputs, grads, opts, run);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, autograd::BackwardOptions opts) {
+  autograd::Run run;
+  std::vector<Tensor> result(inputs.size());
+  run.captured = &result;
+  run.accumulate_leaves = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    NXD_CHECK(x.requires_grad(), "[grad] input ", i, " (", x.desc(), ") does not require grad");
+    if (auto f = autograd::grad_fn(x))
+      run.capture_nodes[f.get()].push_back({x.impl()->autograd->output_nr, i});
+    else
+      run.capture_leaves[x.impl()] = i;
+  }
+  autograd::execute(outputs, grad_outputs, opts, run);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!result[i].defined()) result[i] = zeros_like(inputs[i].detach());
+  return result;
+}
+
+}  // namespace nxd
