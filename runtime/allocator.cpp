@@ -1,7 +1,10 @@
 #include "nxd/runtime/allocator.h"
 
 #include <cstdlib>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
 
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
@@ -43,6 +46,85 @@ MemoryCounter& device_memory(Device d) {
   return d == Device::host ? host : meta;
 }
 
+// Host blocks are cached by rounded size so a training step that allocates the same shapes every
+// iteration reuses memory instead of mapping and faulting fresh pages (large blocks come from mmap
+// and return to the OS on free). The cache holds at most NXD_HOST_CACHE_MB (default 1024) MiB.
+// Under AddressSanitizer nothing is cached, so use-after-free is still caught.
+namespace {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kCacheEnabled = false;
+#else
+constexpr bool kCacheEnabled = true;
+#endif
+
+struct HostCache {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<void*>> blocks;
+  size_t cached = 0;
+  size_t limit;
+  HostCache() {
+    const char* e = std::getenv("NXD_HOST_CACHE_MB");
+    limit = (e ? static_cast<size_t>(std::atoll(e)) : 1024) << 20;
+  }
+  ~HostCache() { release(); }
+  void release() {
+    std::lock_guard lk(mu);
+    for (auto& [n, v] : blocks)
+      for (void* p : v) std::free(p);
+    blocks.clear();
+    cached = 0;
+  }
+};
+HostCache& host_cache() {
+  static HostCache* c = new HostCache();  // never destroyed: storages may outlive statics
+  return *c;
+}
+size_t rounded(size_t n) {
+  return n <= 4096 ? (n + 63) & ~size_t(63) : (n + 4095) & ~size_t(4095);
+}
+
+void* host_alloc(size_t n) {
+  n = rounded(n);
+  if (kCacheEnabled) {
+    HostCache& c = host_cache();
+    std::lock_guard lk(c.mu);
+    auto it = c.blocks.find(n);
+    if (it != c.blocks.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      c.cached -= n;
+      return p;
+    }
+  }
+  void* p = std::aligned_alloc(64, n);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void host_free(void* p, size_t n) {
+  n = rounded(n);
+  if (kCacheEnabled) {
+    HostCache& c = host_cache();
+    std::lock_guard lk(c.mu);
+    if (c.cached + n <= c.limit) {
+      c.blocks[n].push_back(p);
+      c.cached += n;
+      return;
+    }
+  }
+  std::free(p);
+}
+}  // namespace
+
+void release_host_cache() {
+  host_cache().release();
+}
+
+int64_t host_cache_bytes() {
+  std::lock_guard lk(host_cache().mu);
+  return static_cast<int64_t>(host_cache().cached);
+}
+
 std::shared_ptr<Storage> Storage::allocate(int64_t nbytes, Device device) {
   NXD_CHECK(nbytes >= 0, "[alloc] negative size ", nbytes);
   std::shared_ptr<Storage> s(new Storage());
@@ -54,9 +136,7 @@ std::shared_ptr<Storage> Storage::allocate(int64_t nbytes, Device device) {
   device_memory(device).allocate(nbytes);
   s->counted_ = true;
   if (device == Device::host && nbytes > 0) {
-    size_t n = (static_cast<size_t>(nbytes) + 63) & ~size_t(63);
-    s->data_ = std::aligned_alloc(64, n);
-    if (!s->data_) throw std::bad_alloc();
+    s->data_ = host_alloc(static_cast<size_t>(nbytes));
   }
   return s;
 }

@@ -39,6 +39,10 @@ class MemoryCounter {
 // Process-wide counters per device.
 MemoryCounter& device_memory(Device d);
 
+// Frees the host blocks kept for reuse (live tensors are unaffected).
+void release_host_cache();
+int64_t host_cache_bytes();
+
 // A block of bytes on a device. Host blocks are 64-byte aligned and uninitialized.
 class Storage {
  public:
