@@ -1,0 +1,145 @@
+#pragma once
+// Optimizers over named parameters: SGD (momentum, dampening, Nesterov, weight decay) and AdamW,
+// with PyTorch's exact update rules (torch.optim.SGD / torch.optim.AdamW, single-tensor path).
+//
+// Parameters are grouped (ParamGroup), each group with its own lr and weight decay;
+// default_param_groups() is NxD's grouping: no weight decay for biases and norm weights.
+// The state of every parameter lives in named tensors ("<param>.exp_avg", "<param>.exp_avg_sq",
+// "<param>.step", "<param>.momentum_buffer") allocated at construction, so a checkpoint can read
+// state_tensors() and copy saved values back into the same handles before the first step.
+//
+// Precision: the update is one vectorizable pass over contiguous f32 (or f64) parameter, grad
+// and state; scalars are computed in double and rounded to the parameter type once, as torch
+// does. bf16 parameters are rejected for now (mixed precision with f32 master weights comes with
+// the NxD training API); state is always in the parameter's dtype.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nxd/runtime/tensor.h"
+
+namespace nxd::optim {
+
+struct NamedParam {
+  std::string name;
+  Tensor param;  // a leaf; its .grad() is read by step()
+};
+
+struct ParamGroup {
+  std::string name;  // "decay", "no_decay", or any label
+  std::vector<NamedParam> params;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  // The schedule sets lr = schedule_lr * lr_scale for every group (1 = follow the schedule).
+  double lr_scale = 1.0;
+};
+
+// NxD's default grouping (NeuronLTModule.configure_optimizers): parameters whose name contains
+// "bias" or "norm" (e.g. "layers.0.input_layernorm.weight", "lm_head.bias") get weight decay 0,
+// all others `weight_decay`. Empty groups are dropped; order within a group is input order.
+std::vector<ParamGroup> default_param_groups(const std::vector<NamedParam>& params, double lr,
+                                             double weight_decay);
+bool is_no_decay_param(const std::string& name);
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<ParamGroup> groups, const char* kind);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient (parameters without .grad are skipped
+  // and their step count does not advance, as in torch). Runs with grad mode off.
+  virtual void step() = 0;
+  // Zeroes every gradient in place (set_to_none: drops them instead).
+  void zero_grad(bool set_to_none = false);
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // Sets every group's lr to lr * group.lr_scale (what an LR schedule calls each step).
+  void set_lr(double lr);
+  // All parameters, in group order.
+  std::vector<NamedParam> named_parameters() const;
+
+  // The optimizer state as named tensors, in a fixed order (parameters in group order, then
+  // the state names of each). The handles are the live state: copy_() into them to restore.
+  const std::vector<std::pair<std::string, Tensor>>& state_tensors() const { return state_; }
+  // Number of step() calls so far.
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+  const char* kind() const { return kind_; }
+
+ protected:
+  // Adds a named state tensor for parameter `p` (zeros like the parameter, or a scalar i64).
+  Tensor add_state(const NamedParam& p, const std::string& what, bool scalar_step);
+
+  std::vector<ParamGroup> groups_;
+  std::vector<std::pair<std::string, Tensor>> state_;
+  int64_t steps_ = 0;
+  const char* kind_;
+};
+
+struct SGDOptions {
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;  // needs momentum > 0 and dampening == 0 (torch's rule)
+};
+
+// torch.optim.SGD:  g = grad + wd * p;  with momentum: buf = g (first step) else
+// buf = momentum * buf + (1 - dampening) * g;  g = nesterov ? g + momentum * buf : buf;
+// p -= lr * g.   State: "<name>.momentum_buffer", "<name>.step" (momentum > 0 only).
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<ParamGroup> groups, SGDOptions opts = {});
+  void step() override;
+  const SGDOptions& options() const { return opts_; }
+
+ private:
+  SGDOptions opts_;
+  struct Slot {
+    Tensor buf, step;
+  };
+  std::vector<std::vector<Slot>> slots_;  // [group][param]
+};
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+};
+
+// torch.optim.AdamW (decoupled weight decay, bias correction, eps outside the sqrt), per
+// parameter with its own step count t:
+//   p *= 1 - lr * wd
+//   m = b1 * m + (1 - b1) * g;   v = b2 * v + (1 - b2) * g * g
+//   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// State: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step" (i64 scalar).
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions opts = {});
+  void step() override;
+  const AdamWOptions& options() const { return opts_; }
+
+ private:
+  AdamWOptions opts_;
+  struct Slot {
+    Tensor m, v, step;
+  };
+  std::vector<std::vector<Slot>> slots_;
+};
+
+// ---- gradient norm and clipping ----
+// norm_type 2 (L2 over all gradient elements of all parameters, as one vector) or
+// kInfNorm (max |g|). Parameters without a gradient are skipped. Accumulates in double.
+inline constexpr double kInfNorm = -1.0;
+double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
+// Multiplies every gradient by `coef` in place.
+void scale_grads(const std::vector<Tensor>& params, double coef);
+// torch.nn.utils.clip_grad_norm_: total = grad_norm(params); if max_norm / (total + 1e-6) < 1
+// the gradients are scaled by that factor. Returns the total norm before clipping.
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+
+std::vector<Tensor> params_of(const std::vector<NamedParam>& named);
+
+}  // namespace nxd::optim
