@@ -1,0 +1,40 @@
+#include "nxd/layers/basic.h"
+
+namespace nxd {
+
+Linear::Linear(int64_t in_features, int64_t out_features, const LinearOptions& opts)
+    : Module("Linear"), in_(in_features), out_(out_features) {
+  NXD_CHECK(in_features > 0 && out_features > 0,
+            "[Linear] sizes must be positive, got in=", in_features, " out=", out_features);
+  const auto& p = opts.param;
+  weight_ = register_parameter("weight", zeros({out_, in_}, p.dtype, p.device), opts.weight_init);
+  if (opts.bias)
+    bias_ = register_parameter("bias", zeros({out_}, p.dtype, p.device), opts.bias_init);
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, const EmbeddingOptions& opts)
+    : Module("Embedding"), num_(num_embeddings), dim_(dim) {
+  NXD_CHECK(num_embeddings > 0 && dim > 0,
+            "[Embedding] sizes must be positive, got num=", num_embeddings, " dim=", dim);
+  const auto& p = opts.param;
+  weight_ = register_parameter("weight", zeros({num_, dim_}, p.dtype, p.device), opts.weight_init);
+}
+
+LayerNorm::LayerNorm(int64_t dim, double eps, bool bias, const ParamOptions& p)
+    : Module("LayerNorm"), eps_(eps) {
+  NXD_CHECK(dim > 0 && eps > 0, "[LayerNorm] need dim > 0 and eps > 0, got dim=", dim,
+            " eps=", eps);
+  weight_ = register_parameter("weight", ones({dim}, p.dtype, p.device), ParamInit::ones());
+  if (bias) bias_ = register_parameter("bias", zeros({dim}, p.dtype, p.device), ParamInit::zeros());
+}
+
+RMSNorm::RMSNorm(int64_t dim, double eps, const ParamOptions& p) : Module("RMSNorm"), eps_(eps) {
+  NXD_CHECK(dim > 0 && eps > 0, "[RMSNorm] need dim > 0 and eps > 0, got dim=", dim, " eps=", eps);
+  weight_ = register_parameter("weight", ones({dim}, p.dtype, p.device), ParamInit::ones());
+}
+
+Dropout::Dropout(double p) : Module("Dropout"), p_(p) {
+  NXD_CHECK(p >= 0.0 && p < 1.0, "[Dropout] p must be in [0, 1), got ", p);
+}
+
+}  // namespace nxd

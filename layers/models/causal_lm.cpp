@@ -1,0 +1,113 @@
+#include "nxd/layers/models/causal_lm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "nxd/layers/models/gpt_neox.h"
+#include "nxd/layers/models/llama.h"
+
+namespace nxd {
+
+CausalLM::CausalLM(const ModelConfig& cfg, std::string type_name)
+    : Module(std::move(type_name)), cfg_(cfg) {
+  cfg_.validate();
+}
+
+void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
+  NXD_CHECK_SHAPE(ids.dim() == 2, "[", type_name(), "] ids must be [B,S], got ", ids.desc());
+  NXD_CHECK(ids.dtype() == DType::i64 || ids.dtype() == DType::i32, "[", type_name(),
+            "] ids must be i32 or i64, got ", ids.desc());
+  NXD_CHECK(position_offset >= 0 && position_offset + ids.size(1) <= cfg_.max_position_embeddings,
+            "[", type_name(), "] positions [", position_offset, ", ", position_offset + ids.size(1),
+            ") exceed max_position_embeddings=", cfg_.max_position_embeddings);
+}
+
+Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts) {
+  NXD_CHECK_SHAPE(targets.shape() == ids.shape(), "[", type_name(),
+                  "::loss] targets must match ids: ids=", ids.desc(), " targets=", targets.desc());
+  Tensor logits = forward(ids);  // [B,S,V]
+  const int64_t n = ids.numel();
+  return cross_entropy(view(logits, {n, cfg_.vocab_size}), targets.reshape({n}), opts);
+}
+
+int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
+                     double u) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  NXD_CHECK(V > 0, "[sample_token] empty logits");
+  NXD_CHECK(temperature >= 0.0, "[sample_token] temperature must be >= 0, got ", temperature);
+  NXD_CHECK(top_k >= 0, "[sample_token] top_k must be >= 0, got ", top_k);
+  if (temperature == 0.0)
+    return std::max_element(logits.begin(), logits.end()) - logits.begin();  // first max
+  std::vector<int64_t> idx(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  int64_t k = (top_k > 0 && top_k < V) ? top_k : V;
+  auto better = [&](int64_t a, int64_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  if (k < V) {
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
+    idx.resize(k);
+  }
+  double mx = -INFINITY;
+  for (int64_t i : idx) mx = std::max(mx, logits[i]);
+  std::vector<double> p(idx.size());
+  double z = 0;
+  for (size_t j = 0; j < idx.size(); ++j) z += p[j] = std::exp((logits[idx[j]] - mx) / temperature);
+  double target = u * z, c = 0;
+  for (size_t j = 0; j < idx.size(); ++j) {
+    c += p[j];
+    if (target < c) return idx[j];
+  }
+  return idx.back();
+}
+
+std::vector<int64_t> CausalLM::generate(const std::vector<int64_t>& prompt,
+                                        const GenerateOptions& opts) {
+  NXD_CHECK(!prompt.empty(), "[generate] empty prompt");
+  NXD_CHECK(opts.max_new_tokens >= 0, "[generate] max_new_tokens must be >= 0, got ",
+            opts.max_new_tokens);
+  NXD_CHECK(opts.temperature >= 0.0, "[generate] temperature must be >= 0, got ", opts.temperature);
+  NXD_CHECK(opts.top_k >= 0, "[generate] top_k must be >= 0, got ", opts.top_k);
+  for (int64_t id : prompt)
+    NXD_CHECK(id >= 0 && id < cfg_.vocab_size, "[generate] prompt id ", id,
+              " outside the vocabulary [0, ", cfg_.vocab_size, ")");
+  NoGradGuard ng;
+  const bool was_training = is_training();
+  eval();
+  struct Restore {
+    CausalLM* m;
+    bool on;
+    ~Restore() { m->train(on); }
+  } restore{this, was_training};
+
+  std::vector<int64_t> seq = prompt;
+  RngStream stream{opts.seed, stream_id("nxd.generate")};
+  for (int64_t step = 0; step < opts.max_new_tokens; ++step) {
+    const int64_t len = std::min<int64_t>(seq.size(), cfg_.max_position_embeddings);
+    std::vector<int64_t> window(seq.end() - len, seq.end());
+    Tensor ids = from_vector<int64_t>(window, {1, len});
+    Tensor h = hidden_states(ids);                           // [1,len,d]
+    Tensor last = h.select(1, len - 1);                      // [1,d]
+    std::vector<double> logits = lm_head(last).to_vector();  // [1,V]
+    int64_t next = sample_token(logits, opts.temperature, opts.top_k,
+                                stream.uniform_f64(static_cast<uint64_t>(step)));
+    seq.push_back(next);
+    if (next == opts.eos_token_id) break;
+  }
+  return seq;
+}
+
+std::shared_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, uint64_t seed) {
+  cfg.validate();
+  std::shared_ptr<CausalLM> m;
+  if (cfg.arch == "llama") {
+    m = std::make_shared<LlamaForCausalLM>(cfg);
+  } else {
+    m = std::make_shared<GPTNeoXForCausalLM>(cfg);
+  }
+  m->init_parameters(seed);
+  return m;
+}
+
+}  // namespace nxd

@@ -1,0 +1,53 @@
+#include "nxd/layers/models/config.h"
+
+#include "nxd/runtime/error.h"
+
+namespace nxd {
+
+int64_t ModelConfig::ffn_size() const {
+  if (ffn_hidden_size > 0) return ffn_hidden_size;
+  if (arch == "gpt_neox") return 4 * hidden_size;
+  // Llama: 2/3 of 4*hidden rounded up to a multiple of 256 (Meta's multiple_of).
+  int64_t f = (8 * hidden_size) / 3;
+  return (f + 255) / 256 * 256;
+}
+
+int64_t ModelConfig::rotary_dim() const {
+  if (arch == "gpt_neox") return static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_pct);
+  return head_dim();
+}
+
+void ModelConfig::validate() const {
+  auto fail = [](auto&&... a) { throw ConfigError(str("[ModelConfig] ", a...)); };
+  if (arch != "llama" && arch != "gpt_neox")
+    fail("unknown arch '", arch, "' (known: llama, gpt_neox)");
+  if (vocab_size <= 0) fail("vocab_size must be positive, got ", vocab_size);
+  if (num_layers <= 0) fail("num_layers must be positive, got ", num_layers);
+  if (hidden_size <= 0) fail("hidden_size must be positive, got ", hidden_size);
+  if (num_attention_heads <= 0)
+    fail("num_attention_heads must be positive, got ", num_attention_heads);
+  if (num_kv_heads < 0) fail("num_kv_heads must be positive (or 0 = heads), got ", num_kv_heads);
+  if (ffn_hidden_size < 0)
+    fail("ffn_hidden_size must be positive (or 0 = default), got ", ffn_hidden_size);
+  if (max_position_embeddings <= 0)
+    fail("max_position_embeddings must be positive, got ", max_position_embeddings);
+  if (hidden_size % num_attention_heads != 0)
+    fail("num_attention_heads=", num_attention_heads, " does not divide hidden_size=", hidden_size);
+  if (num_attention_heads % kv_heads() != 0)
+    fail("num_kv_heads=", kv_heads(), " does not divide num_attention_heads=", num_attention_heads);
+  if (arch == "gpt_neox" && kv_heads() != num_attention_heads)
+    fail("gpt_neox has no grouped-query attention: num_kv_heads=", kv_heads(),
+         " must equal num_attention_heads=", num_attention_heads);
+  if (arch == "gpt_neox" && !(rotary_pct >= 0.0 && rotary_pct <= 1.0))
+    fail("rotary_pct must be in [0, 1], got ", rotary_pct);
+  if (rotary_dim() % 2 != 0)
+    fail("rotary dims per head must be even: head_dim=", head_dim(), " rotary_pct=", rotary_pct,
+         " give ", rotary_dim());
+  if (!(rope_theta > 0.0)) fail("rope_theta must be positive, got ", rope_theta);
+  if (!(norm_eps > 0.0)) fail("norm_eps must be positive, got ", norm_eps);
+  if (!(init_std >= 0.0)) fail("init_std must be >= 0, got ", init_std);
+  if (!(dropout >= 0.0 && dropout < 1.0)) fail("dropout must be in [0, 1), got ", dropout);
+  if (!is_floating(dtype)) fail("dtype must be floating, got ", dtype_name(dtype));
+}
+
+}  // namespace nxd

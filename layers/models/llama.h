@@ -1,0 +1,57 @@
+#pragma once
+// Llama (Hugging Face LlamaForCausalLM: same math, same parameter names and layouts).
+//
+//   h_0 = E[ids]                                              E = model.embed_tokens.weight [V,d]
+//   for each layer l (model.layers.l.*):
+//     a   = h + o_proj(Attn(input_layernorm(h)))               grouped-query, rotary on all of D
+//     h   = a + down_proj(silu(gate_proj(n)) * up_proj(n)),  n = post_attention_layernorm(a)
+//   logits = lm_head(norm(h_L))             lm_head.weight [V,d], or E when tie_word_embeddings
+//
+//   RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w;  Attn as CausalSelfAttention
+//   (layers/transformer.h): q/k/v/o_proj without biases, H = num_attention_heads, Hkv =
+//   num_kv_heads, D = hidden / H, rotary pairs (i, i + D/2) with angle pos * rope_theta^(-2i/D).
+// With tied embeddings there is no lm_head.weight parameter (HF drops it from checkpoints too).
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/transformer.h"
+
+namespace nxd {
+
+class LlamaDecoderLayer : public Module {
+ public:
+  explicit LlamaDecoderLayer(const ModelConfig& cfg);
+  Tensor forward(const Tensor& h, int64_t position_offset = 0) const;
+
+ private:
+  std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
+  std::shared_ptr<CausalSelfAttention> self_attn_;
+  std::shared_ptr<GatedMlp> mlp_;
+  std::shared_ptr<Dropout> dropout_;
+};
+
+// The body: model.{embed_tokens, layers, norm}.
+class LlamaModel : public Module {
+ public:
+  explicit LlamaModel(const ModelConfig& cfg);
+  Tensor forward(const Tensor& ids, int64_t position_offset = 0) const;
+  const std::shared_ptr<Embedding>& embed_tokens() const { return embed_tokens_; }
+  const std::shared_ptr<ModuleList>& layers() const { return layers_; }
+
+ private:
+  std::shared_ptr<Embedding> embed_tokens_;
+  std::shared_ptr<ModuleList> layers_;
+  std::shared_ptr<RMSNorm> norm_;
+};
+
+class LlamaForCausalLM : public CausalLM {
+ public:
+  explicit LlamaForCausalLM(const ModelConfig& cfg);
+  Tensor hidden_states(const Tensor& ids, int64_t position_offset = 0) override;
+  Tensor lm_head(const Tensor& hidden) override;
+  const std::shared_ptr<LlamaModel>& model() const { return model_; }
+
+ private:
+  std::shared_ptr<LlamaModel> model_;
+  std::shared_ptr<Linear> lm_head_;  // null when tied
+};
+
+}  // namespace nxd

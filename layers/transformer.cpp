@@ -1,0 +1,100 @@
+#include "nxd/layers/transformer.h"
+
+namespace nxd {
+
+CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
+    : Module("CausalSelfAttention"),
+      hidden_(o.hidden_size),
+      h_(o.num_heads),
+      hkv_(o.num_kv_heads > 0 ? o.num_kv_heads : o.num_heads),
+      d_(o.head_dim > 0 ? o.head_dim : (o.num_heads > 0 ? o.hidden_size / o.num_heads : 0)),
+      rot_(o.rotary_dim < 0 ? d_ : o.rotary_dim),
+      theta_(o.rope_theta),
+      layout_(o.layout) {
+  NXD_CHECK(hidden_ > 0 && h_ > 0 && d_ > 0,
+            "[CausalSelfAttention] need positive sizes, got hidden=", hidden_, " heads=", h_,
+            " head_dim=", d_);
+  NXD_CHECK(o.head_dim > 0 || hidden_ % h_ == 0, "[CausalSelfAttention] num_heads=", h_,
+            " does not divide hidden_size=", hidden_);
+  NXD_CHECK(h_ % hkv_ == 0, "[CausalSelfAttention] num_kv_heads=", hkv_,
+            " does not divide num_heads=", h_);
+  NXD_CHECK(rot_ >= 0 && rot_ <= d_ && rot_ % 2 == 0, "[CausalSelfAttention] rotary_dim=", rot_,
+            " must be even and within head_dim=", d_);
+  NXD_CHECK(layout_ == QkvLayout::separate || hkv_ == h_,
+            "[CausalSelfAttention] the fused GPT-NeoX layout needs num_kv_heads == num_heads, got ",
+            hkv_, " vs ", h_);
+  LinearOptions lo;
+  lo.bias = o.bias;
+  lo.weight_init = ParamInit::normal(o.init_std);
+  lo.param = o.param;
+  if (layout_ == QkvLayout::separate) {
+    q_ = register_module("q_proj", std::make_shared<Linear>(hidden_, h_ * d_, lo));
+    k_ = register_module("k_proj", std::make_shared<Linear>(hidden_, hkv_ * d_, lo));
+    v_ = register_module("v_proj", std::make_shared<Linear>(hidden_, hkv_ * d_, lo));
+    o_ = register_module("o_proj", std::make_shared<Linear>(h_ * d_, hidden_, lo));
+  } else {
+    qkv_ = register_module("query_key_value", std::make_shared<Linear>(hidden_, 3 * h_ * d_, lo));
+    o_ = register_module("dense", std::make_shared<Linear>(h_ * d_, hidden_, lo));
+  }
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) const {
+  NXD_CHECK_SHAPE(x.dim() == 3 && x.size(2) == hidden_, "[CausalSelfAttention] expected x [B,S,",
+                  hidden_, "], got ", x.desc());
+  const int64_t B = x.size(0), S = x.size(1);
+  Tensor q, k, v;  // [B, heads, S, D] (strided views of the projections)
+  if (layout_ == QkvLayout::separate) {
+    q = transpose(view(q_->forward(x), {B, S, h_, d_}), 1, 2);
+    k = transpose(view(k_->forward(x), {B, S, hkv_, d_}), 1, 2);
+    v = transpose(view(v_->forward(x), {B, S, hkv_, d_}), 1, 2);
+  } else {
+    Tensor qkv = view(qkv_->forward(x), {B, S, h_, 3 * d_});
+    q = transpose(narrow(qkv, 3, 0, d_), 1, 2);
+    k = transpose(narrow(qkv, 3, d_, d_), 1, 2);
+    v = transpose(narrow(qkv, 3, 2 * d_, d_), 1, 2);
+  }
+  if (rot_ > 0) {
+    RotaryOptions ro;
+    ro.rotary_dim = rot_;
+    ro.base = theta_;
+    ro.position_offset = position_offset;
+    q = rotary(q, ro);
+    k = rotary(k, ro);
+  }
+  Tensor o = scaled_dot_product_attention(q, k, v, /*causal=*/true);  // [B,H,S,D]
+  o = reshape(transpose(o, 1, 2), {B, S, h_ * d_});
+  return o_->forward(o);
+}
+
+Mlp::Mlp(int64_t hidden_size, int64_t ffn_hidden_size, const MlpOptions& o)
+    : Module("Mlp"), gelu_(o.gelu) {
+  LinearOptions lo;
+  lo.bias = o.bias;
+  lo.weight_init = ParamInit::normal(o.init_std);
+  lo.param = o.param;
+  fc_in_ =
+      register_module("dense_h_to_4h", std::make_shared<Linear>(hidden_size, ffn_hidden_size, lo));
+  fc_out_ =
+      register_module("dense_4h_to_h", std::make_shared<Linear>(ffn_hidden_size, hidden_size, lo));
+}
+
+Tensor Mlp::forward(const Tensor& x) const {
+  return fc_out_->forward(gelu(fc_in_->forward(x), gelu_));
+}
+
+GatedMlp::GatedMlp(int64_t hidden_size, int64_t ffn_hidden_size, const GatedMlpOptions& o)
+    : Module("GatedMlp") {
+  LinearOptions lo;
+  lo.bias = o.bias;
+  lo.weight_init = ParamInit::normal(o.init_std);
+  lo.param = o.param;
+  gate_ = register_module("gate_proj", std::make_shared<Linear>(hidden_size, ffn_hidden_size, lo));
+  up_ = register_module("up_proj", std::make_shared<Linear>(hidden_size, ffn_hidden_size, lo));
+  down_ = register_module("down_proj", std::make_shared<Linear>(ffn_hidden_size, hidden_size, lo));
+}
+
+Tensor GatedMlp::forward(const Tensor& x) const {
+  return down_->forward(swiglu(gate_->forward(x), up_->forward(x)));
+}
+
+}  // namespace nxd
