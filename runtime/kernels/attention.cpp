@@ -1,0 +1,243 @@
+#include "nxd/runtime/kernels/attention.h"
+
+#include <cmath>
+
+#include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/softmax.h"
+
+namespace nxd::kernels {
+
+using namespace detail;
+
+namespace {
+
+struct Dims {
+  int64_t b, hq, hkv, sq, sk, d, group;
+  double scale;
+};
+
+Dims check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                     double scale) {
+  NXD_CHECK_SHAPE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "[", op,
+                  "] expects q [B,Hq,S,D], k and v [B,Hkv,S,D], got q=", q.desc(), " k=", k.desc(),
+                  " v=", v.desc());
+  NXD_CHECK_SHAPE(k.shape() == v.shape(), "[", op, "] k and v differ: k=", k.desc(),
+                  " v=", v.desc());
+  NXD_CHECK_SHAPE(q.size(0) == k.size(0) && q.size(3) == k.size(3), "[", op,
+                  "] batch or head dim differ: q=", q.desc(), " k=", k.desc());
+  NXD_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "[", op,
+            "] dtypes differ: q=", q.desc(), " k=", k.desc(), " v=", v.desc());
+  Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), 1, scale};
+  NXD_CHECK_SHAPE(d.hkv > 0 && d.hq % d.hkv == 0, "[", op, "] kv heads ", d.hkv,
+                  " do not divide query heads ", d.hq, ": q=", q.desc(), " k=", k.desc());
+  NXD_CHECK_SHAPE(!causal || d.sk >= d.sq, "[", op, "] causal attention needs at least as many ",
+                  "keys as queries: q=", q.desc(), " k=", k.desc());
+  d.group = d.hq / d.hkv;
+  if (!(d.scale > 0)) d.scale = 1.0 / std::sqrt(double(d.d));
+  return d;
+}
+
+// A [B, H, S, D] operand BLAS can read per (b, h) with leading dimension ld.
+template <class T>
+struct Mat {
+  T* p;
+  int64_t sb, sh, ld;
+  T* at(int64_t b, int64_t h) const { return p + b * sb + h * sh; }
+};
+
+bool gemmable(const Tensor& t) {
+  return (t.size(3) <= 1 || t.stride(3) == 1) && (t.size(2) <= 1 || t.stride(2) >= t.size(3));
+}
+Tensor gemm_input(const Tensor& t) {
+  Tensor d = t.detach();
+  return gemmable(d) ? d : d.contiguous();
+}
+template <class T>
+Mat<T> mat(const Tensor& t) {
+  int64_t ld = t.size(2) <= 1 ? std::max<int64_t>(t.size(3), 1) : t.stride(2);
+  return {static_cast<T*>(t.raw_data()), t.stride(0), t.stride(1), ld};
+}
+void check_out4(const char* op, const char* what, const Tensor& t, const Shape& shape,
+                DType dtype) {
+  NXD_CHECK_SHAPE(t.shape() == shape && t.dtype() == dtype, "[", op, "] ", what, " is ", t.desc(),
+                  ", expected ", dtype_name(dtype), shape_str(shape));
+  NXD_CHECK(t.is_meta() || gemmable(t), "[", op, "] ", what, " ", t.desc(),
+            " needs a unit last stride");
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, const Tensor& k,
+                       const Tensor& v, bool causal, double scale) {
+  const char* op = "attention_forward";
+  Dims d = check_attention(op, q, k, v, causal, scale);
+  check_out4(op, "out", out, q.shape(), q.dtype());
+  if (probs.defined()) {
+    Shape ps{d.b, d.hq, d.sq, d.sk};
+    NXD_CHECK_SHAPE(probs.shape() == ps && probs.dtype() == q.dtype(), "[", op, "] probs is ",
+                    probs.desc(), ", expected ", dtype_name(q.dtype()), shape_str(ps));
+    NXD_CHECK(probs.is_meta() || probs.is_contiguous(), "[", op, "] probs must be contiguous");
+  }
+  double bh = double(d.b * d.hq);
+  charge_compute(op, bh * (4.0 * d.sq * d.sk * d.d + 5.0 * d.sq * d.sk),
+                 double(q.element_size()) *
+                     (2.0 * q.numel() + 2.0 * k.numel() + (probs.defined() ? bh * d.sq * d.sk : 0)),
+                 q.dtype());
+  if (meta_only(op, out, {q, k, v}) || out.numel() == 0) return;
+  Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v);
+  dispatch_float(op, q, [&]<class T>() {
+    Mat<T> Q = mat<T>(qc), K = mat<T>(kc), V = mat<T>(vc), O = mat<T>(out);
+    std::vector<T> scratch(probs.defined() ? 0 : d.sq * d.sk);
+    for (int64_t b = 0; b < d.b; ++b) {
+      for (int64_t h = 0; h < d.hq; ++h) {
+        int64_t g = h / d.group;
+        T* P = probs.defined() ? probs.data<T>() + (b * d.hq + h) * d.sq * d.sk : scratch.data();
+        gemm<T>(false, true, d.sq, d.sk, d.d, T(d.scale), Q.at(b, h), Q.ld, K.at(b, g), K.ld, T(0),
+                P, d.sk);
+        softmax_rows<T>(P, P, d.sq, d.sk, T(1), causal, d.sq, d.sk - d.sq);
+        gemm<T>(false, false, d.sq, d.d, d.sk, T(1), P, d.sk, V.at(b, g), V.ld, T(0), O.at(b, h),
+                O.ld);
+      }
+    }
+  });
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& probs, bool causal, double scale) {
+  const char* op = "attention_backward";
+  Dims d = check_attention(op, q, k, v, causal, scale);
+  check_out4(op, "dq", dq, q.shape(), q.dtype());
+  check_out4(op, "dk", dk, k.shape(), q.dtype());
+  check_out4(op, "dv", dv, v.shape(), q.dtype());
+  check_same(op, "dout", dout, q);
+  check_same(op, "out", out, q);
+  Shape ps{d.b, d.hq, d.sq, d.sk};
+  NXD_CHECK_SHAPE(probs.defined() && probs.shape() == ps && probs.dtype() == q.dtype(), "[", op,
+                  "] probs is ", probs.defined() ? probs.desc() : "undefined", ", expected ",
+                  dtype_name(q.dtype()), shape_str(ps));
+  double bh = double(d.b * d.hq);
+  charge_compute(
+      op, bh * (8.0 * d.sq * d.sk * d.d + 4.0 * d.sq * d.sk),
+      double(q.element_size()) * (5.0 * q.numel() + 4.0 * k.numel() + 2.0 * bh * d.sq * d.sk),
+      q.dtype());
+  if (meta_only(op, dq, {dout, q, k, v, out, probs})) return;
+  dk.zero_();
+  dv.zero_();
+  if (dq.numel() == 0) return;
+  Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v), oc = gemm_input(out),
+         gc = gemm_input(dout), pc = in(probs);
+  dispatch_float(op, q, [&]<class T>() {
+    Mat<T> Q = mat<T>(qc), K = mat<T>(kc), V = mat<T>(vc), O = mat<T>(oc), G = mat<T>(gc);
+    Mat<T> DQ = mat<T>(dq), DK = mat<T>(dk), DV = mat<T>(dv);
+    std::vector<T> dp(d.sq * d.sk);
+    const T* probs_p = pc.data<T>();
+    for (int64_t b = 0; b < d.b; ++b) {
+      for (int64_t h = 0; h < d.hq; ++h) {
+        int64_t g = h / d.group;
+        const T* P = probs_p + (b * d.hq + h) * d.sq * d.sk;
+        // dV[g] += P^T dO
+        gemm<T>(true, false, d.sk, d.d, d.sq, T(1), P, d.sk, G.at(b, h), G.ld, T(1), DV.at(b, g),
+                DV.ld);
+        // dP = dO V^T
+        gemm<T>(false, true, d.sq, d.sk, d.d, T(1), G.at(b, h), G.ld, V.at(b, g), V.ld, T(0),
+                dp.data(), d.sk);
+        // dS = P * (dP - rowsum(dO * O))
+        for (int64_t i = 0; i < d.sq; ++i) {
+          CArrMap<T> go(G.at(b, h) + i * G.ld, d.d), o(O.at(b, h) + i * O.ld, d.d);
+          T di = (go * o).sum();
+          int64_t valid = causal ? std::min(i + 1 + d.sk - d.sq, d.sk) : d.sk;
+          ArrMap<T> ds(dp.data() + i * d.sk, valid);
+          ds = CArrMap<T>(P + i * d.sk, valid) * (ds - di);
+          for (int64_t j = valid; j < d.sk; ++j) dp[i * d.sk + j] = T(0);
+        }
+        // dQ = scale dS K ; dK[g] += scale dS^T Q
+        gemm<T>(false, false, d.sq, d.d, d.sk, T(d.scale), dp.data(), d.sk, K.at(b, g), K.ld, T(0),
+                DQ.at(b, h), DQ.ld);
+        gemm<T>(true, false, d.sk, d.d, d.sq, T(d.scale), dp.data(), d.sk, Q.at(b, h), Q.ld, T(1),
+                DK.at(b, g), DK.ld);
+      }
+    }
+  });
+}
+
+// ---------------- naive references (double, scalar loops) ----------------
+namespace ref {
+
+void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, const Tensor& k,
+                       const Tensor& v, bool causal, double scale) {
+  Dims d = check_attention("ref::attention_forward", q, k, v, causal, scale);
+  Tensor o64 = zeros(q.shape(), DType::f64), p64 = zeros({d.b, d.hq, d.sq, d.sk}, DType::f64);
+  Tensor qq = q.to(DType::f64).contiguous(), kk = k.to(DType::f64).contiguous(),
+         vv = v.to(DType::f64).contiguous();
+  const double *Q = qq.data<double>(), *K = kk.data<double>(), *V = vv.data<double>();
+  double *O = o64.data<double>(), *P = p64.data<double>();
+  for (int64_t b = 0; b < d.b; ++b)
+    for (int64_t h = 0; h < d.hq; ++h) {
+      int64_t g = h / d.group;
+      const double* q0 = Q + (b * d.hq + h) * d.sq * d.d;
+      const double* k0 = K + (b * d.hkv + g) * d.sk * d.d;
+      const double* v0 = V + (b * d.hkv + g) * d.sk * d.d;
+      double* p0 = P + (b * d.hq + h) * d.sq * d.sk;
+      double* o0 = O + (b * d.hq + h) * d.sq * d.d;
+      for (int64_t i = 0; i < d.sq; ++i) {
+        double mx = -INFINITY, s = 0;
+        std::vector<double> sc(d.sk, -INFINITY);
+        for (int64_t j = 0; j < d.sk; ++j) {
+          if (causal && j > i + d.sk - d.sq) continue;
+          double dot = 0;
+          for (int64_t e = 0; e < d.d; ++e) dot += q0[i * d.d + e] * k0[j * d.d + e];
+          sc[j] = d.scale * dot;
+          mx = std::max(mx, sc[j]);
+        }
+        for (int64_t j = 0; j < d.sk; ++j) s += std::exp(sc[j] - mx);
+        for (int64_t j = 0; j < d.sk; ++j) {
+          p0[i * d.sk + j] = std::exp(sc[j] - mx) / s;
+          for (int64_t e = 0; e < d.d; ++e) o0[i * d.d + e] += p0[i * d.sk + j] * v0[j * d.d + e];
+        }
+      }
+    }
+  out.copy_(o64);
+  if (probs.defined()) probs.copy_(p64);
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& probs, bool causal, double scale) {
+  // Recomputes everything in double from q, k, v (out and probs are not trusted).
+  Dims d = check_attention("ref::attention_backward", q, k, v, causal, scale);
+  Tensor o64 = empty(q.shape(), DType::f64), p64 = empty({d.b, d.hq, d.sq, d.sk}, DType::f64);
+  attention_forward(o64, p64, q, k, v, causal, scale);
+  Tensor qq = q.to(DType::f64).contiguous(), kk = k.to(DType::f64).contiguous(),
+         vv = v.to(DType::f64).contiguous(), gg = dout.to(DType::f64).contiguous();
+  Tensor dq64 = zeros(q.shape(), DType::f64), dk64 = zeros(k.shape(), DType::f64),
+         dv64 = zeros(v.shape(), DType::f64);
+  const double *Q = qq.data<double>(), *K = kk.data<double>(), *V = vv.data<double>(),
+               *G = gg.data<double>(), *P = p64.data<double>(), *O = o64.data<double>();
+  for (int64_t b = 0; b < d.b; ++b)
+    for (int64_t h = 0; h < d.hq; ++h) {
+      int64_t g = h / d.group;
+      int64_t qo = (b * d.hq + h) * d.sq * d.d, ko = (b * d.hkv + g) * d.sk * d.d;
+      const double* p0 = P + (b * d.hq + h) * d.sq * d.sk;
+      for (int64_t i = 0; i < d.sq; ++i) {
+        double di = 0;
+        for (int64_t e = 0; e < d.d; ++e) di += G[qo + i * d.d + e] * O[qo + i * d.d + e];
+        for (int64_t j = 0; j < d.sk; ++j) {
+          double dpij = 0;
+          for (int64_t e = 0; e < d.d; ++e) dpij += G[qo + i * d.d + e] * V[ko + j * d.d + e];
+          double dsij = p0[i * d.sk + j] * (dpij - di);
+          for (int64_t e = 0; e < d.d; ++e) {
+            dv64.data<double>()[ko + j * d.d + e] += p0[i * d.sk + j] * G[qo + i * d.d + e];
+            dq64.data<double>()[qo + i * d.d + e] += d.scale * dsij * K[ko + j * d.d + e];
+            dk64.data<double>()[ko + j * d.d + e] += d.scale * dsij * Q[qo + i * d.d + e];
+          }
+        }
+      }
+    }
+  dq.copy_(dq64);
+  dk.copy_(dk64);
+  dv.copy_(dv64);
+}
+
+}  // namespace ref
+}  // namespace nxd::kernels

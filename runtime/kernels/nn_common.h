@@ -1,0 +1,79 @@
+#pragma once
+// Internal helpers shared by the neural-network kernels (runtime/kernels/*.cpp only; not
+// installed API): float dispatch, argument checks, Eigen maps, GEMM over float/double.
+#include <Eigen/Core>
+#include <cstdint>
+#include <vector>
+
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/context.h"
+#include "nxd/runtime/tensor.h"
+
+namespace nxd::kernels::detail {
+
+// Calls f.template operator()<T>() with T = float or double; other dtypes throw naming `op`.
+template <class F>
+decltype(auto) dispatch_float(const char* op, const Tensor& t, F&& f) {
+  if (t.dtype() == DType::f32) return f.template operator()<float>();
+  if (t.dtype() == DType::f64) return f.template operator()<double>();
+  throw InvalidArgument(str("[", op, "] kernel takes f32 or f64, got ", t.desc(),
+                            " (bf16 is converted to f32 by the op)"));
+}
+
+template <class T>
+using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T>
+using ArrMap = Eigen::Map<Arr<T>>;
+template <class T>
+using CArrMap = Eigen::Map<const Arr<T>>;
+
+// A contiguous input handle (copies only when x is strided).
+inline Tensor in(const Tensor& x) {
+  return x.detach().contiguous();
+}
+
+inline void check_out(const char* op, const Tensor& y, const Shape& shape, DType dtype) {
+  NXD_CHECK_SHAPE(y.shape() == shape, "[", op, "] output is ", y.desc(), ", expected ",
+                  dtype_name(dtype), shape_str(shape));
+  NXD_CHECK(y.dtype() == dtype, "[", op, "] output is ", y.desc(), ", expected dtype ",
+            dtype_name(dtype));
+  NXD_CHECK(y.is_meta() || y.is_contiguous(), "[", op, "] output ", y.desc(),
+            " must be contiguous");
+}
+
+inline void check_same(const char* op, const char* what, const Tensor& a, const Tensor& ref) {
+  NXD_CHECK_SHAPE(a.shape() == ref.shape(), "[", op, "] ", what, " is ", a.desc(),
+                  ", expected shape ", shape_str(ref.shape()));
+  NXD_CHECK(a.dtype() == ref.dtype(), "[", op, "] ", what, " is ", a.desc(), ", expected dtype ",
+            dtype_name(ref.dtype()));
+}
+
+// True when the kernel should only charge (its output is meta); a meta input with a host output
+// is an error.
+inline bool meta_only(const char* op, const Tensor& out, std::initializer_list<Tensor> ins) {
+  if (out.is_meta()) return true;
+  for (const Tensor& t : ins)
+    NXD_CHECK(!t.defined() || !t.is_meta(), "[", op, "] meta input ", t.desc(),
+              " with a host output ", out.desc());
+  return false;
+}
+
+inline int64_t last_dim(const Tensor& x) {
+  return x.dim() == 0 ? 1 : x.size(-1);
+}
+inline int64_t rows_of(const Tensor& x) {
+  int64_t n = last_dim(x);
+  return n == 0 ? 0 : x.numel() / n;
+}
+
+template <class T>
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                 int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>)
+    blas::sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    blas::dgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace nxd::kernels::detail

@@ -1,0 +1,99 @@
+#include "nxd/runtime/kernels/rotary.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "nxd/runtime/kernels/nn_common.h"
+
+namespace nxd::kernels {
+
+using namespace detail;
+
+namespace {
+
+int64_t check_rotary(const char* op, const Tensor& y, const Tensor& x, int64_t rotary_dim,
+                     double base) {
+  NXD_CHECK_SHAPE(x.dim() == 4, "[", op, "] expects x [B,H,S,D], got ", x.desc());
+  int64_t r = rotary_dim == 0 ? x.size(3) : rotary_dim;
+  NXD_CHECK(r > 0 && r % 2 == 0 && r <= x.size(3), "[", op, "] rotary_dim ", rotary_dim,
+            " must be even and in (0, D=", x.size(3), "] for x ", x.desc());
+  NXD_CHECK(base > 0, "[", op, "] base must be positive, got ", base);
+  NXD_CHECK_SHAPE(y.shape() == x.shape() && y.dtype() == x.dtype(), "[", op, "] output is ",
+                  y.desc(), ", expected ", x.desc());
+  NXD_CHECK(y.is_meta() || y.is_contiguous(), "[", op, "] output ", y.desc(),
+            " must be contiguous");
+  return r;
+}
+
+// cos/sin tables [S, r/2] as HF computes them: inv_freq = 1 / base^(2i/r), angle = p * inv_freq.
+template <class T>
+void tables(std::vector<T>& c, std::vector<T>& s, int64_t seq, int64_t r, double base,
+            int64_t offset) {
+  int64_t half = r / 2;
+  std::vector<T> inv(half);
+  for (int64_t i = 0; i < half; ++i) inv[i] = T(1) / std::pow(T(base), T(2 * i) / T(r));
+  c.resize(seq * half), s.resize(seq * half);
+  for (int64_t p = 0; p < seq; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      T a = T(p + offset) * inv[i];
+      c[p * half + i] = std::cos(a);
+      s[p * half + i] = std::sin(a);
+    }
+}
+
+}  // namespace
+
+void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
+                    int64_t position_offset, bool inverse) {
+  const char* op = "rotary_forward";
+  int64_t r = check_rotary(op, y, x, rotary_dim, base);
+  charge_compute(op, 3.0 * x.numel() * r / x.size(3), 2.0 * x.nbytes(), x.dtype());
+  if (meta_only(op, y, {x}) || x.numel() == 0) return;
+  Tensor xc = x.detach();
+  if (!(xc.size(3) <= 1 || xc.stride(3) == 1)) xc = xc.contiguous();
+  int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), half = r / 2;
+  dispatch_float(op, x, [&]<class T>() {
+    std::vector<T> c, s;
+    tables<T>(c, s, S, r, base, position_offset);
+    const T sign = inverse ? T(-1) : T(1);
+    const T* xp = xc.data<T>();
+    T* yp = y.data<T>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t p = 0; p < S; ++p) {
+          const T* __restrict xr = xp + b * xc.stride(0) + h * xc.stride(1) + p * xc.stride(2);
+          T* __restrict yr = yp + ((b * H + h) * S + p) * D;
+          const T* cr = c.data() + p * half;
+          const T* sr = s.data() + p * half;
+          for (int64_t i = 0; i < half; ++i) {
+            T sn = sign * sr[i];
+            yr[i] = xr[i] * cr[i] - xr[i + half] * sn;
+            yr[i + half] = xr[i + half] * cr[i] + xr[i] * sn;
+          }
+          if (r < D) std::memcpy(yr + r, xr + r, sizeof(T) * (D - r));
+        }
+  });
+}
+
+namespace ref {
+
+void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
+                    int64_t position_offset, bool inverse) {
+  int64_t r = check_rotary("ref::rotary_forward", y, x, rotary_dim, base);
+  int64_t half = r / 2;
+  Tensor out = x.to(DType::f64).contiguous().clone();
+  for (int64_t b = 0; b < x.size(0); ++b)
+    for (int64_t h = 0; h < x.size(1); ++h)
+      for (int64_t p = 0; p < x.size(2); ++p)
+        for (int64_t i = 0; i < half; ++i) {
+          double th = double(p + position_offset) * std::pow(base, -2.0 * i / r);
+          if (inverse) th = -th;
+          double a = x.at({b, h, p, i}), bb = x.at({b, h, p, i + half});
+          out.set({b, h, p, i}, a * std::cos(th) - bb * std::sin(th));
+          out.set({b, h, p, i + half}, bb * std::cos(th) + a * std::sin(th));
+        }
+  y.copy_(out);
+}
+
+}  // namespace ref
+}  // namespace nxd::kernels

@@ -1,0 +1,26 @@
+#pragma once
+// Rotary position embeddings in the rotate-half convention of HF Llama and GPT-NeoX:
+//   inv_freq[i] = base^(-2i / rotary_dim), theta[p, i] = p * inv_freq[i],  i < rotary_dim / 2
+//   y[i]        = x[i] cos(theta) - x[i + r/2] sin(theta)
+//   y[i + r/2]  = x[i + r/2] cos(theta) + x[i] sin(theta)
+// for the first rotary_dim features of each head (GPT-NeoX's partial rotary rotates
+// rotary_pct * head_dim of them; Llama all); the others pass through. The backward is the
+// rotation by -theta. f32 computes the angles in f32 as HF does; f64 in f64.
+#include <cstdint>
+
+#include "nxd/runtime/tensor.h"
+
+namespace nxd::kernels {
+
+// y: [B, H, S, D] contiguous, x: [B, H, S, D] (any layout with unit last stride). Position of
+// sequence index s is position_offset + s. rotary_dim even, 0 < rotary_dim <= D (0 means D).
+// inverse: rotate by -theta (the backward; dy in, dx out).
+void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
+                    int64_t position_offset, bool inverse = false);
+
+namespace ref {
+void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
+                    int64_t position_offset, bool inverse = false);
+}  // namespace ref
+
+}  // namespace nxd::kernels

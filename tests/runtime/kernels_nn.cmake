@@ -1,0 +1,5 @@
+# Tests of the neural-network kernels (fast kernel vs its naive reference, meta shapes, errors).
+set(NXD_TESTS_KERNELS_NN
+  kernels/nn_softmax_norm_test.cpp kernels/nn_activation_test.cpp
+  kernels/nn_embedding_ce_test.cpp kernels/nn_attention_test.cpp
+  kernels/nn_rotary_dropout_test.cpp)
