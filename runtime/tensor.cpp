@@ -201,7 +201,7 @@ static Shape infer_shape(const Shape& from, Shape to, const char* op) {
 // (same algorithm as PyTorch's computeStride: match chunks of contiguous dims).
 static bool view_strides(const Shape& sh, const Shape& st, const Shape& ns, Shape& out) {
   out.assign(ns.size(), 0);
-  if (shape_numel(sh) == 0) {
+  if (shape_numel(sh) == 0 || sh.empty()) {  // empty, or a 0-d tensor viewed as [1,1,...]
     out = contiguous_strides(ns);
     return true;
   }
