@@ -44,6 +44,9 @@ inline Tensor operator-(const Tensor& a) { return neg(a); }
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& x, int64_t dim, bool keepdim = false);  // gradient to the first max
+// Sums x down to `shape`, which must broadcast to x's shape (torch's sum_to_size): the reduction
+// that a broadcasting op's backward applies. Backward expands.
+Tensor sum_to(const Tensor& x, const Shape& shape);
 
 // ---- matrix products ----
 // torch.matmul semantics: 1-D and 2-D operands, and batched N-D with broadcast batch dims.
