@@ -1,0 +1,411 @@
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "nxd/collectives/mpi/mpi.h"
+
+#if NXD_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace nxd::mpi {
+
+bool available() {
+  return NXD_WITH_MPI != 0;
+}
+
+bool under_launcher() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+#if NXD_WITH_MPI
+namespace {
+
+MPI_Datatype g_bf16 = MPI_DATATYPE_NULL;
+MPI_Op g_bf16_sum = MPI_OP_NULL, g_bf16_max = MPI_OP_NULL, g_bf16_min = MPI_OP_NULL;
+int g_world_rank = 0;
+
+template <int kOp>
+void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    float x = bf16::to_f32(a[i]), y = bf16::to_f32(b[i]);
+    float r = kOp == 0 ? y + x : kOp == 1 ? (x > y ? x : y) : (x < y ? x : y);
+    b[i] = bf16::from_f32(r);
+  }
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::bf16:
+      return g_bf16;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  if (t == DType::bf16) {
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg:
+        return g_bf16_sum;
+      case ReduceOp::max:
+        return g_bf16_max;
+      case ReduceOp::min:
+        return g_bf16_min;
+    }
+  }
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+// Divides by p in place (the avg op: MPI sums, we divide once).
+void divide(void* buf, int64_t n, DType t, int p) {
+  if (!buf) return;
+  switch (t) {
+    case DType::f32: {
+      float* x = static_cast<float*>(buf);
+      for (int64_t i = 0; i < n; ++i) x[i] /= p;
+      break;
+    }
+    case DType::f64: {
+      double* x = static_cast<double*>(buf);
+      for (int64_t i = 0; i < n; ++i) x[i] /= p;
+      break;
+    }
+    case DType::bf16: {
+      uint16_t* x = static_cast<uint16_t*>(buf);
+      for (int64_t i = 0; i < n; ++i) x[i] = bf16::from_f32(bf16::to_f32(x[i]) / p);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+class RequestWork : public Work::Impl {
+ public:
+  RequestWork(MPI_Request req, std::function<void()> done, std::string what)
+      : req_(req), done_(std::move(done)), what_(std::move(what)) {}
+  void wait() override {
+    if (finished_) return;
+    finished_ = true;
+    int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      char s[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      MPI_Error_string(rc, s, &len);
+      throw CommError(str(what_, ": MPI error: ", std::string(s, len)));
+    }
+    if (done_) done_();
+  }
+  bool test() override {
+    if (finished_) return true;
+    int flag = 0;
+    MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    if (flag) {
+      finished_ = true;
+      if (done_) done_();
+    }
+    return flag != 0;
+  }
+
+ private:
+  MPI_Request req_;
+  std::function<void()> done_;
+  std::string what_;
+  bool finished_ = false;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, int rank, std::vector<int> ranks, bool owned)
+      : Communicator(rank, std::move(ranks)), comm_(comm), owned_(owned) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+  }
+  const char* backend() const override { return "mpi"; }
+
+  void all_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
+    check_args("all_reduce", n, t, op, true);
+    if (!r) return;
+    check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, icount("all_reduce", n), mpi_type(t),
+                        mpi_op(op, t), comm_),
+          "all_reduce", n, t);
+    if (op == ReduceOp::avg) divide(r, n, t, size());
+  }
+  void all_gather(const void* s, void* r, int64_t n, DType t) override {
+    check_args("all_gather", n, t, ReduceOp::sum, false);
+    if (!r) return;
+    const char* mine = static_cast<const char*>(r) + rank() * n * dtype_size(t);
+    check(MPI_Allgather(s == mine ? MPI_IN_PLACE : s, icount("all_gather", n), mpi_type(t), r,
+                        icount("all_gather", n), mpi_type(t), comm_),
+          "all_gather", n, t);
+  }
+  void reduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
+    check_args("reduce_scatter", n, t, op, true);
+    if (!r) return;
+    std::vector<char> tmp;
+    if (overlaps(s, r, n * size() * dtype_size(t))) {
+      tmp.assign(static_cast<const char*>(s),
+                 static_cast<const char*>(s) + n * size() * dtype_size(t));
+      s = tmp.data();
+    }
+    check(MPI_Reduce_scatter_block(s, r, icount("reduce_scatter", n), mpi_type(t), mpi_op(op, t),
+                                   comm_),
+          "reduce_scatter", n, t);
+    if (op == ReduceOp::avg) divide(r, n, t, size());
+  }
+  void broadcast(void* b, int64_t n, DType t, int root) override {
+    check_args("broadcast", n, t, ReduceOp::sum, false);
+    check_member("broadcast", "root", root);
+    if (!b) return;
+    check(MPI_Bcast(b, icount("broadcast", n), mpi_type(t), root, comm_), "broadcast", n, t);
+  }
+  void reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op, int root) override {
+    check_args("reduce", n, t, op, true);
+    check_member("reduce", "root", root);
+    if (!s) return;
+    const void* snd = (rank() == root && s == r) ? MPI_IN_PLACE : s;
+    check(MPI_Reduce(snd, r, icount("reduce", n), mpi_type(t), mpi_op(op, t), root, comm_),
+          "reduce", n, t);
+    if (op == ReduceOp::avg && rank() == root) divide(r, n, t, size());
+  }
+  void all_to_all(const void* s, void* r, int64_t n, DType t) override {
+    check_args("all_to_all", n, t, ReduceOp::sum, false);
+    NXD_CHECK(!s || s != r, "[all_to_all] in-place all_to_all is not supported");
+    if (!r) return;
+    check(MPI_Alltoall(s, icount("all_to_all", n), mpi_type(t), r, icount("all_to_all", n),
+                       mpi_type(t), comm_),
+          "all_to_all", n, t);
+  }
+  void send(const void* b, int64_t n, DType t, int dst, int tag) override {
+    check_member("send", "destination", dst);
+    if (!b) return;
+    check(MPI_Send(b, icount("send", n), mpi_type(t), dst, tag, comm_), "send", n, t);
+  }
+  void recv(void* b, int64_t n, DType t, int src, int tag) override {
+    check_member("recv", "source", src);
+    if (!b) return;
+    MPI_Status st;
+    check(MPI_Recv(b, icount("recv", n), mpi_type(t), src, tag, comm_, &st), "recv", n, t);
+    int got = 0;
+    MPI_Get_count(&st, mpi_type(t), &got);
+    NXD_CHECK_T(CommError, got == n, "[recv] rank ", ranks()[rank()], " expected ", t, " count ", n,
+                " from rank ", ranks()[src], " (tag ", tag, ", group ", group_str(),
+                "), got count ", got);
+  }
+  void barrier() override { check(MPI_Barrier(comm_), "barrier", 0, DType::f32); }
+
+  Work iall_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
+    check_args("all_reduce", n, t, op, true);
+    if (!r) return Work();
+    MPI_Request req;
+    check(MPI_Iallreduce(s == r ? MPI_IN_PLACE : s, r, icount("iall_reduce", n), mpi_type(t),
+                         mpi_op(op, t), comm_, &req),
+          "iall_reduce", n, t);
+    int p = size();
+    return work(req,
+                op == ReduceOp::avg ? std::function<void()>([=] { divide(r, n, t, p); }) : nullptr,
+                "iall_reduce");
+  }
+  Work iall_gather(const void* s, void* r, int64_t n, DType t) override {
+    check_args("all_gather", n, t, ReduceOp::sum, false);
+    if (!r) return Work();
+    const char* mine = static_cast<const char*>(r) + rank() * n * dtype_size(t);
+    MPI_Request req;
+    check(MPI_Iallgather(s == mine ? MPI_IN_PLACE : s, icount("iall_gather", n), mpi_type(t), r,
+                         icount("iall_gather", n), mpi_type(t), comm_, &req),
+          "iall_gather", n, t);
+    return work(req, nullptr, "iall_gather");
+  }
+  Work ireduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
+    check_args("reduce_scatter", n, t, op, true);
+    if (!r) return Work();
+    NXD_CHECK(!overlaps(s, r, n * size() * dtype_size(t)),
+              "[ireduce_scatter] in-place non-blocking reduce_scatter is not supported");
+    MPI_Request req;
+    check(MPI_Ireduce_scatter_block(s, r, icount("ireduce_scatter", n), mpi_type(t), mpi_op(op, t),
+                                    comm_, &req),
+          "ireduce_scatter", n, t);
+    int p = size();
+    return work(req,
+                op == ReduceOp::avg ? std::function<void()>([=] { divide(r, n, t, p); }) : nullptr,
+                "ireduce_scatter");
+  }
+  Work ibroadcast(void* b, int64_t n, DType t, int root) override {
+    check_member("ibroadcast", "root", root);
+    if (!b) return Work();
+    MPI_Request req;
+    check(MPI_Ibcast(b, icount("ibroadcast", n), mpi_type(t), root, comm_, &req), "ibroadcast", n,
+          t);
+    return work(req, nullptr, "ibroadcast");
+  }
+  Work isend(const void* b, int64_t n, DType t, int dst, int tag) override {
+    check_member("isend", "destination", dst);
+    if (!b) return Work();
+    MPI_Request req;
+    check(MPI_Isend(b, icount("isend", n), mpi_type(t), dst, tag, comm_, &req), "isend", n, t);
+    return work(req, nullptr, "isend");
+  }
+  Work irecv(void* b, int64_t n, DType t, int src, int tag) override {
+    check_member("irecv", "source", src);
+    if (!b) return Work();
+    MPI_Request req;
+    check(MPI_Irecv(b, icount("irecv", n), mpi_type(t), src, tag, comm_, &req), "irecv", n, t);
+    return work(req, nullptr, "irecv");
+  }
+
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm nc = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &nc), "split", 0,
+          DType::i32);
+    if (nc == MPI_COMM_NULL) return nullptr;
+    int r = 0, n = 0;
+    MPI_Comm_rank(nc, &r);
+    MPI_Comm_size(nc, &n);
+    std::vector<int> globals(n);
+    int me = g_world_rank;
+    MPI_Allgather(&me, 1, MPI_INT, globals.data(), 1, MPI_INT, nc);
+    return std::make_shared<MpiCommunicator>(nc, r, std::move(globals), true);
+  }
+
+ private:
+  static bool overlaps(const void* a, const void* b, int64_t bytes) {
+    auto x = static_cast<const char*>(a), y = static_cast<const char*>(b);
+    return x && y && y >= x && y < x + bytes;
+  }
+  int icount(const char* op, int64_t n) const {
+    NXD_CHECK(n <= INT_MAX, "[", op, "] count ", n, " exceeds MPI's int range on group ",
+              group_str());
+    return static_cast<int>(n);
+  }
+  void check(int rc, const char* op, int64_t n, DType t) const {
+    if (rc == MPI_SUCCESS) return;
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, s, &len);
+    throw CommError(str("[", op, "] MPI error on group ", group_str(), " at rank ", ranks()[rank()],
+                        " (", t, ", count ", n, "): ", std::string(s, len)));
+  }
+  Work work(MPI_Request req, std::function<void()> done, const char* op) const {
+    return Work(std::make_shared<RequestWork>(
+        req, std::move(done), str("[", op, "] group ", group_str(), " rank ", ranks()[rank()])));
+  }
+  MPI_Comm comm_;
+  bool owned_;
+};
+
+void terminate_handler() {
+  std::string msg = "unknown exception";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      msg = x.what();
+    } catch (...) {
+    }
+  } else {
+    msg = "std::terminate called";
+  }
+  std::fprintf(stderr, "[nxd] rank %d: uncaught exception, aborting the MPI job: %s\n",
+               g_world_rank, msg.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+}  // namespace
+
+Session::Session(int* argc, char*** argv, uint64_t seed) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  NXD_CHECK_T(ConfigError, !inited,
+              "[mpi::Session] MPI is already initialized (one Session per process)");
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  std::set_terminate(terminate_handler);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  int r = 0, n = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  g_world_rank = r;
+  MPI_Type_contiguous(2, MPI_BYTE, &g_bf16);
+  MPI_Type_commit(&g_bf16);
+  MPI_Op_create(&bf16_op<0>, 1, &g_bf16_sum);
+  MPI_Op_create(&bf16_op<1>, 1, &g_bf16_max);
+  MPI_Op_create(&bf16_op<2>, 1, &g_bf16_min);
+  ctx_ = std::make_unique<Context>(
+      ContextOptions{.rank = r, .world_size = n, .seed = seed, .name = str("rank ", r)});
+  std::vector<int> all(n);
+  for (int i = 0; i < n; ++i) all[i] = i;
+  set_world(*ctx_, std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, r, all, false));
+  guard_ = std::make_unique<ContextGuard>(*ctx_);
+}
+
+Session::~Session() {
+  guard_.reset();
+  ctx_.reset();  // frees sub-communicators before MPI_Finalize
+  MPI_Op_free(&g_bf16_sum);
+  MPI_Op_free(&g_bf16_max);
+  MPI_Op_free(&g_bf16_min);
+  MPI_Type_free(&g_bf16);
+  MPI_Finalize();
+}
+
+int run_or_abort(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[nxd] rank %d: %s\n", g_world_rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return 0;
+}
+
+#else  // !NXD_WITH_MPI
+
+namespace {
+[[noreturn]] void no_mpi() {
+  throw ConfigError(
+      "[mpi] nxd was built without MPI (NXD_WITH_MPI=OFF or MPI not found); use the sim backend "
+      "or install libopenmpi-dev and rebuild");
+}
+}  // namespace
+
+Session::Session(int*, char***, uint64_t) {
+  no_mpi();
+}
+Session::~Session() = default;
+int run_or_abort(const std::function<void()>&) {
+  no_mpi();
+}
+
+#endif
+
+}  // namespace nxd::mpi

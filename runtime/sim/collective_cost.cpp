@@ -1,0 +1,238 @@
+#include "nxd/runtime/sim/collective_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "nxd/runtime/error.h"
+
+namespace nxd::sim {
+namespace {
+bool pow2(int p) {
+  return p > 0 && (p & (p - 1)) == 0;
+}
+double lg(int p) {
+  return std::ceil(std::log2(std::max(1, p)));
+}
+constexpr double kMeshMax = 1 << 20;  // Mesh below ~1 MB (size-to-algorithm figure)
+constexpr double kRdhMax = 56 << 20;  // RDH 1-56 MB, KangaRing above
+}  // namespace
+
+const char* coll_kind_name(CollKind k) {
+  switch (k) {
+    case CollKind::all_reduce:
+      return "all_reduce";
+    case CollKind::all_gather:
+      return "all_gather";
+    case CollKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollKind::broadcast:
+      return "broadcast";
+    case CollKind::reduce:
+      return "reduce";
+    case CollKind::all_to_all:
+      return "all_to_all";
+    case CollKind::send_recv:
+      return "send_recv";
+    case CollKind::barrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+const char* algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::automatic:
+      return "auto";
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::rdh:
+      return "rdh";
+    case Algorithm::mesh:
+      return "mesh";
+    case Algorithm::kangaring:
+      return "kangaring";
+    case Algorithm::hierarchical:
+      return "hier";
+    case Algorithm::tree:
+      return "tree";
+    case Algorithm::direct:
+      return "direct";
+  }
+  return "?";
+}
+
+Algorithm algorithm_from_name(const std::string& s) {
+  for (Algorithm a :
+       {Algorithm::automatic, Algorithm::ring, Algorithm::rdh, Algorithm::mesh,
+        Algorithm::kangaring, Algorithm::hierarchical, Algorithm::tree, Algorithm::direct})
+    if (s == algorithm_name(a)) return a;
+  throw ConfigError(
+      str("[sim] unknown collective algorithm '", s, "' (auto, ring, rdh, mesh, kangaring)"));
+}
+
+double ring_all_reduce_time(int p, double n, double a, double bw) {
+  return 2.0 * (p - 1) * a + 2.0 * (p - 1) / p * n / bw;
+}
+double ring_all_gather_time(int p, double n, double a, double bw) {
+  return (p - 1) * a + double(p - 1) / p * n / bw;
+}
+double ring_reduce_scatter_time(int p, double n, double a, double bw) {
+  return ring_all_gather_time(p, n, a, bw);
+}
+double rdh_all_reduce_time(int p, double n, double a, double bw) {
+  return 2.0 * lg(p) * a + 2.0 * (p - 1) / p * n / bw;
+}
+double rdh_all_gather_time(int p, double n, double a, double bw) {
+  return lg(p) * a + double(p - 1) / p * n / bw;
+}
+double mesh_all_reduce_time(int p, double n, double a, double bw) {
+  return 2.0 * a + 2.0 * (p - 1) / p * n / bw;
+}
+double mesh_all_gather_time(int p, double n, double a, double bw) {
+  return a + double(p - 1) / p * n / bw;
+}
+
+double busbw_factor(CollKind k, int p) {
+  switch (k) {
+    case CollKind::all_reduce:
+      return p > 1 ? 2.0 * (p - 1) / p : 1.0;
+    case CollKind::all_gather:
+    case CollKind::reduce_scatter:
+    case CollKind::all_to_all:
+      return p > 1 ? double(p - 1) / p : 1.0;
+    default:
+      return 1.0;
+  }
+}
+
+GroupLinks group_links(const MachineSpec& m, const std::vector<int>& ranks) {
+  GroupLinks g;
+  g.p = static_cast<int>(ranks.size());
+  g.launch = m.launch_latency;
+  std::map<int, int> per_inst, per_chip;
+  for (int r : ranks) {
+    NXD_CHECK(r >= 0 && r < m.world_size(), "[sim] rank ", r, " outside machine ", m.name, " with ",
+              m.world_size(), " cores");
+    per_inst[m.instance_of(r)]++;
+    per_chip[m.chip_of(r)]++;
+  }
+  g.instances = static_cast<int>(per_inst.size());
+  for (auto& [i, c] : per_inst) g.per_instance = std::max(g.per_instance, c);
+  g.whole_chips = std::all_of(per_chip.begin(), per_chip.end(),
+                              [&](auto& kv) { return kv.second == m.cores_per_chip; });
+  // Farthest ring neighbour inside an instance (ranks in group order).
+  int hops = 1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    int a = ranks[i], b = ranks[(i + 1) % ranks.size()];
+    if (m.instance_of(a) == m.instance_of(b)) hops = std::max(hops, m.chip_hops(a, b));
+  }
+  g.alpha = m.hop_latency * hops;
+  bool one_chip = per_chip.size() == 1;
+  double link_share = m.links_per_chip > 0
+                          ? m.link_bandwidth * m.links_per_chip / 2.0 / m.cores_per_chip
+                          : m.collective_busbw;
+  g.bw = one_chip ? m.collective_busbw : std::min(m.collective_busbw, link_share);
+  g.inter_alpha = m.efa_latency;
+  g.inter_bw = m.efa_bandwidth / m.cores_per_instance();
+  return g;
+}
+
+namespace {
+
+// Intra-instance time of `kind` over p ranks with links g.
+CollCost intra(CollKind kind, int p, double n, const GroupLinks& g, Algorithm force) {
+  CollCost c;
+  if (p <= 1) return c;
+  Algorithm a = force;
+  if (a == Algorithm::automatic) {
+    if (n < kMeshMax)
+      a = Algorithm::mesh;
+    else if (n <= kRdhMax)
+      a = Algorithm::rdh;
+    else
+      a = Algorithm::kangaring;
+  }
+  if (a == Algorithm::rdh && !pow2(p)) a = Algorithm::ring;
+  if (a == Algorithm::kangaring && (!g.whole_chips || p < 4)) a = Algorithm::ring;
+  if (a != Algorithm::mesh && a != Algorithm::rdh && a != Algorithm::kangaring) a = Algorithm::ring;
+  c.algorithm = a;
+  double al = g.alpha, bw = g.bw;
+  bool ar = kind == CollKind::all_reduce;
+  switch (a) {
+    case Algorithm::mesh:
+      c.seconds = ar ? mesh_all_reduce_time(p, n, al, bw) : mesh_all_gather_time(p, n, al, bw);
+      break;
+    case Algorithm::rdh:
+      c.seconds = ar ? rdh_all_reduce_time(p, n, al, bw) : rdh_all_gather_time(p, n, al, bw);
+      break;
+    case Algorithm::kangaring:  // ring over chip primaries: p/2 steps per phase
+      c.seconds = (ar ? 2.0 : 1.0) * (p / 2) * al + (ar ? 2.0 : 1.0) * (p - 1) / p * n / bw;
+      break;
+    default:
+      c.seconds = ar ? ring_all_reduce_time(p, n, al, bw) : ring_all_gather_time(p, n, al, bw);
+  }
+  return c;
+}
+
+}  // namespace
+
+CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<int>& ranks,
+                         double n, Algorithm force) {
+  GroupLinks g = group_links(m, ranks);
+  int p = g.p;
+  CollCost c;
+  if (p <= 1 && kind != CollKind::send_recv) return c;
+  bool multi = g.instances > 1;
+  double bw = multi ? std::min(g.bw, g.inter_bw) : g.bw;
+  double al = multi ? g.inter_alpha : g.alpha;
+  switch (kind) {
+    case CollKind::all_reduce:
+    case CollKind::all_gather:
+    case CollKind::reduce_scatter:
+      if (!multi) {
+        c = intra(kind, p, n, g, force);
+      } else {
+        // Hierarchical: X instances x Y ranks.
+        int X = g.instances, Y = g.per_instance;
+        double t_rs = Y > 1 ? intra(CollKind::reduce_scatter, Y, n, g, force).seconds : 0;
+        double t_ag = Y > 1 ? intra(CollKind::all_gather, Y, n, g, force).seconds : 0;
+        double sub = n / Y;
+        if (kind == CollKind::all_reduce)
+          c.seconds = t_rs + ring_all_reduce_time(X, sub, g.inter_alpha, g.inter_bw) + t_ag;
+        else if (kind == CollKind::all_gather)
+          c.seconds = ring_all_gather_time(X, sub, g.inter_alpha, g.inter_bw) + t_ag;
+        else
+          c.seconds = t_rs + ring_reduce_scatter_time(X, sub, g.inter_alpha, g.inter_bw);
+        c.algorithm = Algorithm::hierarchical;
+      }
+      break;
+    case CollKind::broadcast:
+    case CollKind::reduce: {
+      double tree = lg(p) * (al + n / bw), chain = (p - 1) * al + n / bw;
+      c.seconds = std::min(tree, chain);
+      c.algorithm = tree < chain ? Algorithm::tree : Algorithm::ring;
+      break;
+    }
+    case CollKind::all_to_all:
+      c.seconds = al + double(p - 1) / p * n / bw;
+      c.algorithm = Algorithm::direct;
+      break;
+    case CollKind::send_recv: {
+      int a = ranks.front(), b = ranks.back();
+      bool same_inst = m.instance_of(a) == m.instance_of(b);
+      double lat = same_inst ? m.hop_latency * std::max(1, m.chip_hops(a, b)) : m.efa_latency;
+      c.seconds = lat + n / (same_inst ? g.bw : g.inter_bw);
+      c.algorithm = Algorithm::direct;
+      return c;  // no collective launch for point to point
+    }
+    case CollKind::barrier:
+      c.seconds = lg(p) * al;
+      c.algorithm = Algorithm::rdh;
+      break;
+  }
+  c.seconds += g.launch;
+  return c;
+}
+
+}  // namespace nxd::sim

@@ -1,0 +1,69 @@
+#pragma once
+// Alpha-beta cost of collectives on a simulated Neuron machine.
+//
+// Inside an instance the model follows the Neuron runtime's algorithm choice by size
+// (intranode-collective-comm docs): Mesh below 1 MiB, recursive halving-doubling (RDH, power-of-2
+// groups) up to 56 MiB, KangaRing above (groups made of whole chips), Ring otherwise. Across
+// instances it is the hierarchical algorithm (internode docs): intra reduce-scatter, inter-node
+// all-reduce of 1/Y of the buffer over EFA, intra all-gather. Every time includes the machine's
+// collective launch latency. Notation: p ranks, n bytes of the full array (the all-gather output,
+// the reduce-scatter input), alpha seconds per step, bw per-rank bus bandwidth in bytes/s.
+#include <vector>
+
+#include "nxd/runtime/sim/machine.h"
+
+namespace nxd::sim {
+
+enum class CollKind {
+  all_reduce,
+  all_gather,
+  reduce_scatter,
+  broadcast,
+  reduce,
+  all_to_all,
+  send_recv,
+  barrier
+};
+const char* coll_kind_name(CollKind k);
+
+enum class Algorithm { automatic, ring, rdh, mesh, kangaring, hierarchical, tree, direct };
+const char* algorithm_name(Algorithm a);
+Algorithm algorithm_from_name(const std::string& s);  // throws ConfigError
+
+// The links a group of (global) ranks uses.
+struct GroupLinks {
+  int p = 1;                 // ranks
+  int instances = 1;         // X: instances the group spans
+  int per_instance = 1;      // Y: most ranks of the group on one instance
+  bool whole_chips = false;  // every chip touched has all its cores in the group
+  double alpha = 0;          // s per intra-instance step (hop latency x farthest ring neighbour)
+  double bw = 0;             // per-rank intra-instance bandwidth, bytes/s
+  double inter_alpha = 0;    // s per EFA step
+  double inter_bw = 0;       // per-rank EFA share, bytes/s
+  double launch = 0;
+};
+GroupLinks group_links(const MachineSpec& m, const std::vector<int>& ranks);
+
+struct CollCost {
+  double seconds = 0;
+  Algorithm algorithm = Algorithm::ring;
+};
+// Modeled time of one collective of `bytes` (see the notation above) on `ranks`. `force` picks
+// the intra-instance algorithm (falling back to ring where it does not apply).
+CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<int>& ranks,
+                         double bytes, Algorithm force = Algorithm::automatic);
+
+// Closed forms (Thakur, Rabenseifner, Gropp; MPICH comments quoted in neuron_hardware.md §5.1).
+double ring_all_reduce_time(int p, double n, double alpha, double bw);  // 2(p-1)a + 2(p-1)/p n/B
+double ring_all_gather_time(int p, double n, double alpha, double bw);  // (p-1)a + (p-1)/p n/B
+double ring_reduce_scatter_time(int p, double n, double alpha, double bw);  // (p-1)a + (p-1)/p n/B
+double rdh_all_reduce_time(int p, double n, double alpha, double bw);   // 2 lg p a + 2(p-1)/p n/B
+double rdh_all_gather_time(int p, double n, double alpha, double bw);   // lg p a + (p-1)/p n/B
+double mesh_all_reduce_time(int p, double n, double alpha, double bw);  // 2a + 2(p-1)/p n/B
+double mesh_all_gather_time(int p, double n, double alpha, double bw);  // a + (p-1)/p n/B
+
+// nccl-tests bus-bandwidth factor (PERFORMANCE.md): all-reduce 2(p-1)/p, all-gather,
+// reduce-scatter and all-to-all (p-1)/p, others 1.
+double busbw_factor(CollKind k, int p);
+
+}  // namespace nxd::sim

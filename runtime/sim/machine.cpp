@@ -1,0 +1,188 @@
+#include "nxd/runtime/sim/machine.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+#include "nxd/runtime/error.h"
+
+namespace nxd::sim {
+namespace {
+
+// Every number below is from ../shared/neuron_hardware.md, which cites the AWS Neuron docs.
+constexpr const char* kSrcNki =
+    "TensorE 92 TFLOPS BF16 / 23 TFLOPS FP32 per NeuronCore-v2: NKI architecture guide, "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/arch/"
+    "trainium_inferentia2_arch.html";
+constexpr const char* kSrcHbm =
+    "16 GiB per Inferentia2/Trainium1 NeuronCore: aws-neuron-sdk@81ce03a "
+    "about-neuron/transformers/generative-llm-inference-with-neuron.rst line 218";
+constexpr const char* kSrcHbmBw =
+    "HBM 820 GiB/s per chip (trainium.html, inferentia2.html); per core 410 GiB/s [derived: /2]";
+constexpr const char* kSrcTrn1 =
+    "trn1 instances: chips, cores, NeuronLink-v2 384 GiB/s per chip (4 ports -> 96 GB/s per link "
+    "[derived]), 800 Gbps EFA (1600 on trn1n), 2D 4x4 torus: "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/"
+    "trn1-arch.html";
+constexpr const char* kSrcInf2 =
+    "inf2 instances: chips, cores, NeuronLink-v2 192 GiB/s per chip (2 ports x 96 GiB/s), ring "
+    "topology: https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/"
+    "neuron-hardware/inf2-arch.html";
+constexpr const char* kSrcHop =
+    "ring/KangaRing per-hop latency 1-2 us (1.5 us used): "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/"
+    "intranode-collective-comm.html";
+constexpr const char* kSrcBusbw =
+    "achievable per-rank busbw 52.83 GiB/s: nccom-test 2-rank fp32 all-reduce, 1 GiB in 18,930 us "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/tools/neuron-sys-tools/"
+    "nccom-test.html";
+constexpr const char* kSrcLaunch =
+    "collective launch floor 6 us [calibrated]: nccom-test 32-rank all-gather 6.16 us at 1 KiB "
+    "(newer SDK output on the nccom-test page)";
+constexpr const char* kSrcEfa =
+    "EFA per-hop latency ~15 us: "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/"
+    "internode-collective-comm.html";
+constexpr const char* kSrcInfNet =
+    "inf2 network 15/25/50/100 Gbps: third-party table citing AWS product pages (unverified)";
+
+CoreSpec neuron_core_v2() {
+  CoreSpec c;
+  c.name = "NeuronCore-v2";
+  c.bf16_flops = 92e12;
+  c.fp32_flops = 23e12;
+  c.hbm_bandwidth = 820.0 * kGiB / 2;
+  c.hbm_bytes = int64_t{16} << 30;
+  return c;
+}
+
+MachineSpec base(const std::string& name, int chips) {
+  MachineSpec m;
+  m.name = name;
+  m.core = neuron_core_v2();
+  m.cores_per_chip = 2;
+  m.chips_per_instance = chips;
+  m.hop_latency = 1.5e-6;
+  m.collective_busbw = 52.83 * kGiB;
+  m.launch_latency = 6e-6;
+  m.efa_latency = 15e-6;
+  m.link_bandwidth = 96 * kGiB;
+  m.sources = {kSrcNki, kSrcHbm, kSrcHbmBw, kSrcHop, kSrcBusbw, kSrcLaunch, kSrcEfa};
+  return m;
+}
+
+MachineSpec trn1(const std::string& name, int chips, double efa_gbps) {
+  MachineSpec m = base(name, chips);
+  m.topology = chips == 16 ? Topology::torus_2d : Topology::single_chip;
+  m.links_per_chip = chips == 16 ? 4 : 0;
+  m.efa_bandwidth = efa_gbps * 1e9 / 8;
+  m.sources.push_back(kSrcTrn1);
+  return m;
+}
+
+MachineSpec inf2(const std::string& name, int chips, double net_gbps) {
+  MachineSpec m = base(name, chips);
+  m.topology = chips > 1 ? Topology::ring : Topology::single_chip;
+  m.links_per_chip = chips > 1 ? 2 : 0;
+  m.efa_bandwidth = net_gbps * 1e9 / 8;
+  m.sources.push_back(kSrcInf2);
+  m.sources.push_back(kSrcInfNet);
+  return m;
+}
+
+MachineSpec builtin(const std::string& n) {
+  if (n == "trn1.2xlarge") return trn1(n, 1, 25);
+  if (n == "trn1.32xlarge") return trn1(n, 16, 800);
+  if (n == "trn1n.32xlarge") {
+    MachineSpec m = trn1(n, 16, 1600);
+    m.link_bandwidth = 192 * kGiB;  // 768 GiB/s per chip as documented (see caution in notes)
+    return m;
+  }
+  if (n == "inf2.xlarge") return inf2(n, 1, 15);
+  if (n == "inf2.8xlarge") return inf2(n, 1, 25);
+  if (n == "inf2.24xlarge") return inf2(n, 6, 50);
+  if (n == "inf2.48xlarge") return inf2(n, 12, 100);
+  std::string known;
+  for (auto& k : machine_names()) known += " " + k;
+  throw ConfigError(str("[sim::machine] unknown instance type '", n, "'; known:", known,
+                        " (and <N>x<type> clusters of trn1 types)"));
+}
+
+}  // namespace
+
+const char* topology_name(Topology t) {
+  switch (t) {
+    case Topology::single_chip:
+      return "single chip";
+    case Topology::torus_2d:
+      return "2D torus";
+    case Topology::ring:
+      return "ring";
+  }
+  return "?";
+}
+
+std::vector<std::string> machine_names() {
+  return {"trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge", "inf2.xlarge",
+          "inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge"};
+}
+
+MachineSpec cluster(const MachineSpec& inst, int instances) {
+  NXD_CHECK_T(ConfigError, instances >= 1, "[sim::cluster] need >= 1 instances, got ", instances);
+  NXD_CHECK_T(ConfigError, instances == 1 || inst.name.rfind("inf2", 0) != 0, "[sim::cluster] ",
+              inst.name,
+              ": Neuron supports Inf2 collectives on a single instance only (nccom-test docs)");
+  MachineSpec m = inst;
+  m.instances = instances;
+  if (instances > 1) m.name = str(instances, "x", inst.name);
+  return m;
+}
+
+MachineSpec machine(const std::string& name) {
+  auto x = name.find('x');
+  if (x != std::string::npos && x > 0 &&
+      std::all_of(name.begin(), name.begin() + x, [](char c) { return c >= '0' && c <= '9'; })) {
+    return cluster(builtin(name.substr(x + 1)), std::atoi(name.substr(0, x).c_str()));
+  }
+  return builtin(name);
+}
+
+int MachineSpec::chip_hops(int a, int b) const {
+  int ca = (a % cores_per_instance()) / cores_per_chip;
+  int cb = (b % cores_per_instance()) / cores_per_chip;
+  if (ca == cb) return 0;
+  switch (topology) {
+    case Topology::single_chip:
+      return 1;
+    case Topology::ring: {
+      int d = std::abs(ca - cb);
+      return std::min(d, chips_per_instance - d);
+    }
+    case Topology::torus_2d: {
+      int cols = torus_cols, rows = std::max(1, chips_per_instance / torus_cols);
+      int dx = std::abs(ca % cols - cb % cols), dy = std::abs(ca / cols - cb / cols);
+      return std::min(dx, cols - dx) + std::min(dy, rows - dy);
+    }
+  }
+  return 1;
+}
+
+std::string MachineSpec::describe() const {
+  std::ostringstream os;
+  os << name << ": " << instances << " instance(s) x " << chips_per_instance << " chips x "
+     << cores_per_chip << " " << core.name << " = " << world_size() << " cores; "
+     << topology_name(topology) << "\n";
+  os << "  per core: " << core.bf16_flops / 1e12 << " TFLOPS bf16, " << core.fp32_flops / 1e12
+     << " TFLOPS fp32, HBM " << core.hbm_bytes / kGiB << " GiB at " << core.hbm_bandwidth / kGiB
+     << " GiB/s\n";
+  os << "  NeuronLink: " << links_per_chip << " x " << link_bandwidth / kGiB
+     << " GiB/s per chip, hop " << hop_latency * 1e6 << " us; collective busbw "
+     << collective_busbw / kGiB << " GiB/s, launch " << launch_latency * 1e6 << " us\n";
+  os << "  EFA: " << efa_bandwidth * 8 / 1e9 << " Gbps per instance, " << efa_latency * 1e6
+     << " us per hop\n";
+  os << "  sources:\n";
+  for (auto& s : sources) os << "   - " << s << "\n";
+  return os.str();
+}
+
+}  // namespace nxd::sim

@@ -1,0 +1,335 @@
+// Every collective x dtype x group size 1-8 against a serial reference. Runs on the sim backend,
+// and on MPI when the binary is started under mpirun (suite Coll only).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "nxd/collectives/communicator.h"
+#include "support/compare.h"
+#include "support/ranks.h"
+
+using namespace nxd;
+using nxd::testing::max_ranks;
+using nxd::testing::run_ranks;
+
+namespace {
+
+const DType kDtypes[] = {DType::f32, DType::bf16, DType::f64, DType::i32, DType::i64};
+const int64_t kCounts[] = {1, 5, 1037};
+
+// The value rank r contributes at index i (exact in every dtype for integers).
+double value(int r, int64_t i, DType t) {
+  double v = double((r * 7 + i * 13) % 17) - 8.0;
+  if (is_floating(t)) v = v * 0.37 + 0.01 * r;
+  return v;
+}
+
+Tensor rank_tensor(int r, int64_t n, DType t, int64_t offset = 0) {
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = value(r, i + offset, t);
+  return from_doubles(v, {n}, t);
+}
+
+// Serial reference of op over ranks 0..p-1 (in rank order, in the dtype's accumulation type).
+Tensor reference(int p, int64_t n, DType t, ReduceOp op, int64_t offset = 0) {
+  std::vector<double> out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (t == DType::f32 || t == DType::bf16) {
+      float acc = static_cast<float>(rank_tensor(0, 1, t, i + offset).item());
+      for (int r = 1; r < p; ++r) {
+        float v = static_cast<float>(rank_tensor(r, 1, t, i + offset).item());
+        acc = op == ReduceOp::max   ? std::max(acc, v)
+              : op == ReduceOp::min ? std::min(acc, v)
+                                    : acc + v;
+      }
+      if (op == ReduceOp::avg) acc /= p;
+      out[i] = acc;
+    } else {
+      double acc = rank_tensor(0, 1, t, i + offset).item();
+      for (int r = 1; r < p; ++r) {
+        double v = rank_tensor(r, 1, t, i + offset).item();
+        acc = op == ReduceOp::max   ? std::max(acc, v)
+              : op == ReduceOp::min ? std::min(acc, v)
+                                    : acc + v;
+      }
+      if (op == ReduceOp::avg) acc /= p;
+      out[i] = acc;
+    }
+  }
+  return from_doubles(out, {n}, t);
+}
+
+// bf16: the sim backend rounds once; MPI's user op rounds after every pairwise step.
+double tol(DType t) {
+  if (t == DType::bf16) return nxd::testing::under_mpi() ? 3e-2 : 1e-2;
+  return t == DType::f32 ? 1e-6 : 1e-12;
+}
+
+// Every rank's `t` is bitwise equal to every other rank's (gathered through the group).
+void expect_same_on_all_ranks(Communicator& c, const Tensor& t) {
+  Tensor all = c.all_gather(t.reshape({1, t.numel()}), 0);
+  for (int r = 0; r < c.size(); ++r)
+    EXPECT_EQ(0, std::memcmp(all.select(0, r).contiguous().raw_data(), t.raw_data(), t.nbytes()))
+        << "rank " << r << " differs from rank " << c.rank() << " for " << t.desc();
+}
+
+std::vector<ReduceOp> ops_for(DType t) {
+  if (is_floating(t)) return {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
+  return {ReduceOp::sum, ReduceOp::max, ReduceOp::min};
+}
+
+}  // namespace
+
+TEST(Coll, AllReduceEveryDtypeOpAndSize) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      for (DType t : kDtypes)
+        for (ReduceOp op : ops_for(t))
+          for (int64_t n : kCounts) {
+            Tensor ref = reference(p, n, t, op);
+            Tensor x = rank_tensor(c.rank(), n, t);
+            c.all_reduce(x, op);  // in place
+            EXPECT_TRUE(::nxd::testing::close_rel(x, ref, tol(t),
+                                                  str("p=", p, " ", t, " ", reduce_op_name(op))));
+            expect_same_on_all_ranks(c, x);
+            Tensor y = empty({n}, t);
+            c.all_reduce(rank_tensor(c.rank(), n, t), y, op);  // out of place
+            EXPECT_EQ(0, std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()))
+                << "in-place and out-of-place differ, p=" << p << " " << t;
+          }
+    });
+  }
+}
+
+TEST(Coll, AllReduceAvgOnIntegersIsAnError) {
+  run_ranks(1, [&] {
+    Tensor x = zeros({4}, DType::i32);
+    EXPECT_THROW(world().all_reduce(x, ReduceOp::avg), InvalidArgument);
+  });
+}
+
+TEST(Coll, AllGatherFlatAndAlongDims) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      for (DType t : kDtypes)
+        for (int64_t n : {int64_t{1}, int64_t{7}}) {
+          Tensor x = rank_tensor(c.rank(), n, t);
+          Tensor out = empty({p * n}, t);
+          c.all_gather(x.raw_data(), out.raw_data(), n, t);
+          std::vector<Tensor> parts;
+          for (int r = 0; r < p; ++r) parts.push_back(rank_tensor(r, n, t));
+          EXPECT_BITWISE_EQ(out, cat_raw(parts, 0));
+          // In place: own block already in the output.
+          Tensor in_place = empty({p * n}, t);
+          in_place.narrow(0, c.rank() * n, n).copy_(x);
+          c.all_gather(static_cast<char*>(in_place.raw_data()) + c.rank() * n * dtype_size(t),
+                       in_place.raw_data(), n, t);
+          EXPECT_BITWISE_EQ(in_place, out);
+        }
+      // Tensor form along the first, a middle and the last dim (NxD gathers the last dim and
+      // the sequence dim).
+      auto mk = [](int r) { return rank_tensor(r, 2 * 3 * 4, DType::f32).reshape({2, 3, 4}); };
+      for (int64_t d : {0, 1, -1}) {
+        Tensor got = c.all_gather(mk(c.rank()), d);
+        std::vector<Tensor> parts;
+        for (int r = 0; r < p; ++r) parts.push_back(mk(r));
+        EXPECT_BITWISE_EQ(got, cat_raw(parts, d < 0 ? d + 3 : d));
+      }
+      // A non-contiguous input.
+      Tensor nc = mk(c.rank()).transpose(0, 2);
+      std::vector<Tensor> parts;
+      for (int r = 0; r < p; ++r) parts.push_back(mk(r).transpose(0, 2).contiguous());
+      EXPECT_BITWISE_EQ(c.all_gather(nc, 1), cat_raw(parts, 1));
+    });
+  }
+}
+
+TEST(Coll, ReduceScatterFlatAndAlongDims) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      for (DType t : kDtypes)
+        for (ReduceOp op : ops_for(t)) {
+          const int64_t n = 5;  // per rank
+          Tensor x = rank_tensor(c.rank(), p * n, t);
+          Tensor out = empty({n}, t);
+          c.reduce_scatter(x.raw_data(), out.raw_data(), n, t, op);
+          Tensor ref = reference(p, p * n, t, op).narrow(0, c.rank() * n, n).contiguous();
+          EXPECT_TRUE(::nxd::testing::close_rel(out, ref, tol(t), str("p=", p, " ", t)));
+        }
+      // Tensor form along dim 1 of [3, 2p, 2]: rank r keeps columns [2r, 2r+2).
+      auto mk = [&](int r) {
+        return rank_tensor(r, 3 * 2 * p * 2, DType::f32).reshape({3, 2 * p, 2});
+      };
+      Tensor got = c.reduce_scatter(mk(c.rank()), 1);
+      Tensor full = zeros({3, 2 * p, 2});
+      for (int r = 0; r < p; ++r) {
+        Tensor acc = full.clone();
+        std::vector<double> a = acc.to_vector(), b = mk(r).to_vector();
+        for (size_t i = 0; i < a.size(); ++i) a[i] = float(float(a[i]) + float(b[i]));
+        full = from_doubles(a, {3, 2 * p, 2});
+      }
+      EXPECT_CLOSE_REL(got, full.narrow(1, 2 * c.rank(), 2).contiguous(), 1e-6);
+      if (p > 1) EXPECT_THROW(c.reduce_scatter(zeros({3, 2 * p + 1}), 1), ShapeError);
+    });
+  }
+}
+
+TEST(Coll, BroadcastAndReduceFromEveryRoot) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      for (DType t : kDtypes)
+        for (int root = 0; root < p; ++root) {
+          Tensor x = rank_tensor(c.rank(), 9, t);
+          c.broadcast(x, root);
+          EXPECT_BITWISE_EQ(x, rank_tensor(root, 9, t));
+          for (ReduceOp op : ops_for(t)) {
+            Tensor y = rank_tensor(c.rank(), 9, t);
+            c.reduce(y, root, op);
+            if (c.rank() == root)
+              EXPECT_TRUE(::nxd::testing::close_rel(y, reference(p, 9, t, op), tol(t),
+                                                    str("reduce p=", p, " root=", root)));
+          }
+        }
+      EXPECT_THROW(c.broadcast(zeros({2}), p), InvalidArgument);
+    });
+  }
+}
+
+TEST(Coll, AllToAllFlatAndTensor) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      for (DType t : kDtypes) {
+        const int64_t n = 3;
+        Tensor x = rank_tensor(c.rank(), p * n, t);
+        Tensor out = empty({p * n}, t);
+        c.all_to_all(x.raw_data(), out.raw_data(), n, t);
+        for (int j = 0; j < p; ++j)
+          EXPECT_BITWISE_EQ(out.narrow(0, j * n, n).contiguous(),
+                            rank_tensor(j, p * n, t).narrow(0, c.rank() * n, n).contiguous());
+      }
+      // Split dim 0 of [2p, 3], concat along dim 1: [2, 3p].
+      auto mk = [&](int r) { return rank_tensor(r, 2 * p * 3, DType::f32).reshape({2 * p, 3}); };
+      Tensor got = c.all_to_all(mk(c.rank()), 0, 1);
+      std::vector<Tensor> parts;
+      for (int j = 0; j < p; ++j) parts.push_back(mk(j).narrow(0, 2 * c.rank(), 2).contiguous());
+      EXPECT_BITWISE_EQ(got, cat_raw(parts, 1));
+    });
+  }
+}
+
+TEST(Coll, SendRecvRingAndNonBlocking) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      const int next = (c.rank() + 1) % p, prev = (c.rank() + p - 1) % p;
+      for (DType t : kDtypes) {
+        Tensor in = empty({6}, t);
+        Work r = c.irecv(in, prev, 3);  // posted before the send: must not block
+        c.send(rank_tensor(c.rank(), 6, t), next, 3);
+        r.wait();
+        EXPECT_BITWISE_EQ(in, rank_tensor(prev, 6, t));
+      }
+      // Two messages on one tag arrive in order; blocking recv into a strided tensor.
+      Tensor a = rank_tensor(c.rank(), 4, DType::f32),
+             b = rank_tensor(c.rank() + 10, 4, DType::f32);
+      Work s1 = c.isend(a, next, 1), s2 = c.isend(b, next, 1);
+      Tensor got = zeros({4, 2});
+      c.recv(got.select(1, 0), prev, 1);
+      c.recv(got.select(1, 1), prev, 1);
+      s1.wait();
+      s2.wait();
+      EXPECT_BITWISE_EQ(got.select(1, 0).contiguous(), rank_tensor(prev, 4, DType::f32));
+      EXPECT_BITWISE_EQ(got.select(1, 1).contiguous(), rank_tensor(prev + 10, 4, DType::f32));
+    });
+  }
+}
+
+TEST(Coll, NonBlockingCollectives) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      Tensor x = rank_tensor(c.rank(), 33, DType::f32);
+      Work w1 = c.iall_reduce(x);
+      Tensor g = empty({p * 4}, DType::bf16);
+      Work w2 = c.iall_gather(rank_tensor(c.rank(), 4, DType::bf16), g);
+      Tensor rs = empty({2}, DType::f64);
+      Work w3 = c.ireduce_scatter(rank_tensor(c.rank(), 2 * p, DType::f64), rs, ReduceOp::max);
+      w1.wait();
+      w2.wait();
+      w3.wait();
+      EXPECT_TRUE(w1.is_completed());
+      EXPECT_CLOSE_REL(x, reference(p, 33, DType::f32, ReduceOp::sum), 1e-6);
+      std::vector<Tensor> parts;
+      for (int r = 0; r < p; ++r) parts.push_back(rank_tensor(r, 4, DType::bf16));
+      EXPECT_BITWISE_EQ(g, cat_raw(parts, 0));
+      EXPECT_CLOSE_REL(
+          rs,
+          reference(p, 2 * p, DType::f64, ReduceOp::max).narrow(0, 2 * c.rank(), 2).contiguous(),
+          1e-12);
+      // A strided tensor is copied back when the handle completes.
+      Tensor m = rank_tensor(c.rank(), 12, DType::f32).reshape({3, 4});
+      Tensor col = m.select(1, 2);
+      c.iall_reduce(col).wait();
+      EXPECT_CLOSE_REL(
+          col.contiguous(),
+          reference(p, 12, DType::f32, ReduceOp::sum).reshape({3, 4}).select(1, 2).contiguous(),
+          1e-6);
+    });
+  }
+}
+
+TEST(Coll, SplitAndNewGroup) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      // Parity groups, ordered by descending world rank.
+      auto g = c.split(c.rank() % 2, -c.rank());
+      ASSERT_TRUE(g);
+      std::vector<int> expect;
+      for (int r = p - 1; r >= 0; --r)
+        if (r % 2 == c.rank() % 2) expect.push_back(r);
+      EXPECT_EQ(g->ranks(), expect);
+      EXPECT_EQ(g->ranks()[g->rank()], c.rank());
+      Tensor x = full({3}, c.rank() + 1.0, DType::i64);
+      g->all_reduce(x);
+      int64_t sum = 0;
+      for (int r : expect) sum += r + 1;
+      EXPECT_EQ(x.to_vector(), std::vector<double>(3, double(sum)));
+      // new_group of the even ranks in reverse order; odd ranks get null.
+      std::vector<int> evens;
+      for (int r = p - 1; r >= 0; --r)
+        if (r % 2 == 0) evens.push_back(r);
+      auto e = c.new_group(evens);
+      EXPECT_EQ(bool(e), c.rank() % 2 == 0);
+      if (e) {
+        EXPECT_EQ(e->ranks(), evens);
+        Tensor b = full({2}, c.rank(), DType::f32);
+        e->broadcast(b, 0);  // member 0 is the highest even rank
+        EXPECT_EQ(b.to_vector(), std::vector<double>(2, double(evens[0])));
+      }
+      EXPECT_EQ(c.split(-1, 0), nullptr);
+      c.barrier();
+    });
+  }
+}
+
+TEST(Coll, ZeroCountsAndMetaTensorsMoveNothing) {
+  for (int p = 1; p <= std::min(3, max_ranks()); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      c.all_reduce(empty({0}));
+      Tensor m = empty({4, 8}, DType::bf16, Device::meta);
+      c.all_reduce(m);
+      Tensor g = c.all_gather(m, 1);
+      EXPECT_TRUE(g.is_meta());
+      EXPECT_EQ(g.shape(), (Shape{4, 8 * p}));
+      if (p <= 4 && 4 % p == 0) EXPECT_EQ(c.reduce_scatter(m, 0).shape(), (Shape{4 / p, 8}));
+    });
+  }
+}

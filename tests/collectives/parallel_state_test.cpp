@@ -1,0 +1,150 @@
+// parallel_state against NxD's ground-truth layouts (ranks = arange(world).reshape(PP, DP, TP)).
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "nxd/collectives/parallel_state.h"
+#include "support/ranks.h"
+
+using namespace nxd;
+namespace ps = nxd::parallel_state;
+using Groups = ps::Groups;
+
+namespace {
+
+struct Truth {
+  int world, tp, pp;
+  Groups tp_groups, dp_groups, pp_groups;
+};
+
+Truth tp8_pp4() {  // 32 ranks, DP1
+  Truth t{32, 8, 4, {}, {}, {}};
+  for (int g = 0; g < 4; ++g) {
+    t.tp_groups.emplace_back();
+    for (int i = 0; i < 8; ++i) t.tp_groups.back().push_back(8 * g + i);
+  }
+  for (int r = 0; r < 32; ++r) t.dp_groups.push_back({r});
+  for (int i = 0; i < 8; ++i) t.pp_groups.push_back({i, i + 8, i + 16, i + 24});
+  return t;
+}
+
+Truth tp2_pp2_dp4() {  // 16 ranks
+  return {16,
+          2,
+          2,
+          {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}},
+          {{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}},
+          {{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}}};
+}
+
+Truth tp2_pp2_dp2() {  // 8 ranks
+  return {8,
+          2,
+          2,
+          {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+          {{0, 2}, {1, 3}, {4, 6}, {5, 7}},
+          {{0, 4}, {1, 5}, {2, 6}, {3, 7}}};
+}
+
+const std::vector<int>& group_of(const Groups& gs, int r) {
+  for (auto& g : gs)
+    for (int x : g)
+      if (x == r) return g;
+  throw std::runtime_error("rank not in any group");
+}
+
+int index_in(const std::vector<int>& g, int r) {
+  return static_cast<int>(std::find(g.begin(), g.end(), r) - g.begin());
+}
+
+void check_live(const Truth& t) {
+  sim::launch(t.world, [&] {
+    ps::initialize_model_parallel(t.tp, t.pp);
+    const int r = world().rank();
+    EXPECT_EQ(ps::get_tensor_model_parallel_size(), t.tp);
+    EXPECT_EQ(ps::get_pipeline_model_parallel_size(), t.pp);
+    EXPECT_EQ(ps::get_data_parallel_size(), t.world / (t.tp * t.pp));
+    EXPECT_EQ(ps::get_tensor_model_parallel_replica_groups(), t.tp_groups);
+    EXPECT_EQ(ps::get_data_parallel_replica_groups(), t.dp_groups);
+    EXPECT_EQ(ps::get_pipeline_model_parallel_replica_groups(), t.pp_groups);
+    const auto& tg = group_of(t.tp_groups, r);
+    const auto& dg = group_of(t.dp_groups, r);
+    const auto& pg = group_of(t.pp_groups, r);
+    EXPECT_EQ(ps::get_tensor_model_parallel_group().ranks(), tg) << "rank " << r;
+    EXPECT_EQ(ps::get_data_parallel_group().ranks(), dg) << "rank " << r;
+    EXPECT_EQ(ps::get_pipeline_model_parallel_group().ranks(), pg) << "rank " << r;
+    EXPECT_EQ(ps::get_tensor_model_parallel_rank(), index_in(tg, r));
+    EXPECT_EQ(ps::get_data_parallel_rank(), index_in(dg, r));
+    const int pr = index_in(pg, r);
+    EXPECT_EQ(ps::get_pipeline_model_parallel_rank(), pr);
+    EXPECT_EQ(ps::get_pipeline_model_parallel_next_rank(), pg[(pr + 1) % t.pp]);
+    EXPECT_EQ(ps::get_pipeline_model_parallel_prev_rank(), pg[(pr + t.pp - 1) % t.pp]);
+    EXPECT_EQ(ps::is_pipeline_first_stage(), pr == 0);
+    EXPECT_EQ(ps::is_pipeline_last_stage(), pr == t.pp - 1);
+    // The groups really communicate: the TP-group sum of global ranks.
+    Tensor x = full({1}, r, DType::i64);
+    ps::get_tensor_model_parallel_group().all_reduce(x);
+    int64_t want = 0;
+    for (int m : tg) want += m;
+    EXPECT_EQ(x.item(), double(want));
+    ps::destroy_model_parallel();
+    EXPECT_FALSE(ps::model_parallel_is_initialized());
+  });
+}
+
+}  // namespace
+
+TEST(ParallelState, LayoutTablesMatchNxD) {
+  for (const Truth& t : {tp8_pp4(), tp2_pp2_dp4(), tp2_pp2_dp2()}) {
+    ps::Layout l = ps::make_layout(t.world, t.tp, t.pp);
+    EXPECT_EQ(l.tp_groups, t.tp_groups) << "world " << t.world;
+    EXPECT_EQ(l.dp_groups, t.dp_groups) << "world " << t.world;
+    EXPECT_EQ(l.pp_groups, t.pp_groups) << "world " << t.world;
+  }
+}
+
+TEST(ParallelState, LiveGroups32RanksTp8Pp4) {
+  check_live(tp8_pp4());
+}
+TEST(ParallelState, LiveGroups16RanksTp2Pp2Dp4) {
+  check_live(tp2_pp2_dp4());
+}
+TEST(ParallelState, LiveGroups8RanksTp2Pp2Dp2) {
+  check_live(tp2_pp2_dp2());
+}
+
+TEST(ParallelState, WorldThatDoesNotDivideIsAnError) {
+  try {
+    ps::make_layout(12, 8, 1);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("world size 12"), std::string::npos) << m;
+    EXPECT_NE(m.find("8"), std::string::npos) << m;
+  }
+  EXPECT_THROW(ps::make_layout(8, 3, 1), ConfigError);
+  EXPECT_THROW(ps::make_layout(8, 2, 3), ConfigError);
+  EXPECT_THROW(ps::make_layout(8, 0, 1), ConfigError);
+  // Live: every rank gets the error; launch rethrows it.
+  EXPECT_THROW(sim::launch(6, [] { ps::initialize_model_parallel(4, 1); }), ConfigError);
+}
+
+TEST(ParallelState, PerRankStateAndReinitialize) {
+  sim::launch(4, [] {
+    EXPECT_FALSE(ps::model_parallel_is_initialized());
+    EXPECT_THROW(ps::get_tensor_model_parallel_size(), ConfigError);  // world > 1, not init
+    ps::initialize_model_parallel(2, 1);
+    EXPECT_THROW(ps::initialize_model_parallel(2, 1), ConfigError);  // twice
+    EXPECT_EQ(ps::get_data_parallel_size(), 2);
+    ps::destroy_model_parallel();
+    ps::initialize_model_parallel(1, 4);
+    EXPECT_EQ(ps::get_pipeline_model_parallel_size(), 4);
+    EXPECT_EQ(ps::get_pipeline_model_parallel_rank(), world().rank());
+  });
+  // A world of one rank is implicitly TP=PP=DP=1.
+  sim::launch(1, [] {
+    EXPECT_EQ(ps::get_tensor_model_parallel_size(), 1);
+    EXPECT_EQ(ps::get_data_parallel_rank(), 0);
+    EXPECT_EQ(ps::get_pipeline_model_parallel_next_rank(), 0);
+  });
+}
