@@ -42,11 +42,11 @@ void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& weight)
   if (meta_only(op, y, {ids, weight})) return;
   auto idv = checked_ids(op, ids, weight.size(0));
   Tensor w = in(weight);
-  dispatch_float(op, weight, [&]<class T>() {
-    const T* wp = w.data<T>();
-    T* yp = y.data<T>();
-    for (size_t i = 0; i < idv.size(); ++i) std::memcpy(yp + i * d, wp + idv[i] * d, sizeof(T) * d);
-  });
+  // a row copy: any dtype (bf16 weights are gathered without conversion)
+  const char* wp = static_cast<const char*>(w.raw_data());
+  char* yp = static_cast<char*>(y.raw_data());
+  const int64_t row = d * w.element_size();
+  for (size_t i = 0; i < idv.size(); ++i) std::memcpy(yp + i * row, wp + idv[i] * row, row);
 }
 
 void embedding_backward(const Tensor& dweight, const Tensor& dy, const Tensor& ids) {

@@ -1,0 +1,59 @@
+// gelu (erf and tanh forms), silu and the fused swiglu = silu(gate) * up.
+#include "nxd/runtime/kernels/activation.h"
+#include "nxd/autograd/ops/nn.h"
+#include "nxd/autograd/ops/nn_internal.h"
+
+namespace nxd {
+
+using namespace nn_detail;
+
+Tensor gelu(const Tensor& x, GeluApprox approx) {
+  check_float("gelu", "input", x);
+  const DType dt = x.dtype();
+  const bool th = approx == GeluApprox::tanh;
+  Tensor xc = compute(x), yc = empty_like(xc);
+  kernels::gelu_forward(yc, xc, th);
+  Tensor y = to_dtype(yc, dt);
+  autograd::record("gelu", {x}, {y}, [xc, th, dt](const Grads& g) -> Grads {
+    Tensor dx = empty_like(xc);
+    kernels::gelu_backward(dx, compute(g[0]), xc, th);
+    return {to_dtype(dx, dt)};
+  });
+  return y;
+}
+
+Tensor silu(const Tensor& x) {
+  check_float("silu", "input", x);
+  const DType dt = x.dtype();
+  Tensor xc = compute(x), yc = empty_like(xc);
+  kernels::silu_forward(yc, xc);
+  Tensor y = to_dtype(yc, dt);
+  autograd::record("silu", {x}, {y}, [xc, dt](const Grads& g) -> Grads {
+    Tensor dx = empty_like(xc);
+    kernels::silu_backward(dx, compute(g[0]), xc);
+    return {to_dtype(dx, dt)};
+  });
+  return y;
+}
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  check_float("swiglu", "gate", gate);
+  check_float("swiglu", "up", up);
+  NXD_CHECK_SHAPE(gate.shape() == up.shape() && gate.dtype() == up.dtype(),
+                  "[swiglu] gate and up differ: gate=", gate.desc(), " up=", up.desc());
+  const DType dt = gate.dtype();
+  Tensor gc = compute(gate), uc = compute(up);
+  Tensor yc = empty(gate.shape(), gc.dtype(), device_of({gate, up}));
+  kernels::swiglu_forward(yc, gc, uc);
+  Tensor y = to_dtype(yc, dt);
+  const bool ng = gate.requires_grad(), nu = up.requires_grad();
+  autograd::record("swiglu", {gate, up}, {y}, [gc, uc, ng, nu, dt](const Grads& g) -> Grads {
+    Tensor dg = ng ? empty(gc.shape(), gc.dtype(), gc.device()) : Tensor();
+    Tensor du = nu ? empty(gc.shape(), gc.dtype(), gc.device()) : Tensor();
+    kernels::swiglu_backward(dg, du, compute(g[0]), gc, uc);
+    return {to_dtype(dg, dt), to_dtype(du, dt)};
+  });
+  return y;
+}
+
+}  // namespace nxd

@@ -1,0 +1,32 @@
+#pragma once
+// Internal helpers of the nn op family (autograd/ops/{softmax,norm,...}.cpp; not installed API):
+// bf16 is a storage type, so an op converts bf16 inputs to f32, runs the f32/f64 kernel, and
+// rounds its result once.
+#include "nxd/autograd/graph.h"
+
+namespace nxd::nn_detail {
+
+inline void check_float(const char* op, const char* what, const Tensor& x) {
+  NXD_CHECK(x.defined(), "[", op, "] ", what, " is undefined");
+  NXD_CHECK(is_floating(x.dtype()), "[", op, "] ", what, " must be floating, got ", x.desc());
+}
+inline DType compute_dtype(DType t) {
+  return t == DType::bf16 ? DType::f32 : t;
+}
+// A detached handle in the compute dtype (a copy only for bf16).
+inline Tensor compute(const Tensor& x) {
+  if (!x.defined()) return x;
+  Tensor d = x.detach();
+  return d.dtype() == DType::bf16 ? d.to(DType::f32) : d;
+}
+// y in dtype `dt` (rounds once when dt is bf16).
+inline Tensor to_dtype(const Tensor& y, DType dt) {
+  return !y.defined() || y.dtype() == dt ? y : y.to(dt);
+}
+inline Device device_of(std::initializer_list<Tensor> ts) {
+  for (const Tensor& t : ts)
+    if (t.defined() && t.is_meta()) return Device::meta;
+  return Device::host;
+}
+
+}  // namespace nxd::nn_detail

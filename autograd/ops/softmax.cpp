@@ -1,0 +1,55 @@
+// softmax and log_softmax over any dim (the kernel works over the last dim: other dims are
+// transposed there and back as views).
+#include "nxd/runtime/kernels/softmax.h"
+#include "nxd/autograd/ops/nn.h"
+#include "nxd/autograd/ops/nn_internal.h"
+
+namespace nxd {
+
+using namespace nn_detail;
+
+namespace {
+
+Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  check_float(op, "input", x);
+  const DType dt = x.dtype();
+  if (x.dim() == 0) {  // softmax of a scalar is 1, log_softmax 0
+    Tensor y = full({}, log ? 0.0 : 1.0, dt, x.device());
+    autograd::record(op, {x}, {y}, [](const Grads& g) -> Grads { return {zeros_like(g[0])}; });
+    return y;
+  }
+  const int64_t d = wrap_dim(dim, x.dim(), op);
+  const int64_t last = x.dim() - 1;
+  Tensor xt = compute(x);
+  if (d != last) xt = xt.transpose(d, last);
+  Tensor yc = empty(xt.shape(), compute_dtype(dt), x.device());
+  if (log)
+    kernels::log_softmax_forward(yc, xt);
+  else
+    kernels::softmax_forward(yc, xt);
+  Tensor y = to_dtype(d != last ? yc.transpose(d, last) : yc, dt);
+  // yc may be y itself: capture a detached handle (no reference cycle)
+  autograd::record(op, {x}, {y}, [yc = yc.detach(), d, last, log, dt](const Grads& g) -> Grads {
+    Tensor gt = compute(g[0]);
+    if (d != last) gt = gt.transpose(d, last);
+    Tensor dx = empty_like(yc);
+    if (log)
+      kernels::log_softmax_backward(dx, gt, yc);
+    else
+      kernels::softmax_backward(dx, gt, yc);
+    return {to_dtype(d != last ? dx.transpose(d, last) : dx, dt)};
+  });
+  return y;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl(x, dim, false);
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl(x, dim, true);
+}
+
+}  // namespace nxd
