@@ -49,9 +49,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) co
     v = transpose(view(v_->forward(x), {B, S, hkv_, d_}), 1, 2);
   } else {
     Tensor qkv = view(qkv_->forward(x), {B, S, h_, 3 * d_});
-    q = transpose(narrow(qkv, 3, 0, d_), 1, 2);
-    k = transpose(narrow(qkv, 3, d_, d_), 1, 2);
-    v = transpose(narrow(qkv, 3, 2 * d_, d_), 1, 2);
+    std::vector<Tensor> parts = split(qkv, {d_, d_, d_}, 3);  // one node: backward is one concat
+    q = transpose(parts[0], 1, 2);
+    k = transpose(parts[1], 1, 2);
+    v = transpose(parts[2], 1, 2);
   }
   if (rot_ > 0) {
     RotaryOptions ro;

@@ -1,0 +1,260 @@
+#include "nxd/layers/parallel/layers.h"
+
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/parallel/mappings.h"
+
+namespace nxd {
+
+namespace tp_detail {
+
+std::shared_ptr<Communicator> resolve_group(const std::shared_ptr<Communicator>& g) {
+  return g ? g : parallel_state::get_tensor_model_parallel_group_ptr();
+}
+
+ParamInit with_region(ParamInit init, const Shape& full, const Shape& start) {
+  init.region = init::Region{full, start};
+  return init;
+}
+
+}  // namespace tp_detail
+
+using namespace tp_detail;
+
+// ---------------------------------------------------------------- ColumnParallelLinear
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out,
+                                           const ColumnParallelLinearOptions& o)
+    : ParallelModule("ColumnParallelLinear"),
+      in_(in),
+      out_(out),
+      stride_(o.stride),
+      o_(o),
+      group_(resolve_group(o.group)) {
+  const char* op = "ColumnParallelLinear";
+  tp_ = group_->size();
+  const int r = group_->rank();
+  NXD_CHECK(in > 0 && out > 0, "[", op, "] sizes must be positive, got in=", in, " out=", out);
+  NXD_CHECK(stride_ >= 1, "[", op, "] stride must be >= 1, got ", stride_);
+  check_divisible(op, "output size", out, tp_);
+  NXD_CHECK_SHAPE(out % (stride_ * tp_) == 0, "[", op, "] output size ", out,
+                  " is not divisible by stride ", stride_, " x tensor parallel size ", tp_);
+  NXD_CHECK(!(o.sequence_parallel_enabled && o.gather_output), "[", op,
+            "] sequence_parallel_enabled requires gather_output=false");
+  const auto& p = o.param;
+  const int64_t per = out / tp_;
+  ParallelAttrs wa;
+  wa.tensor_model_parallel = tp_ > 1;
+  wa.partition_dim = 0;
+  wa.partition_stride = stride_;
+  wa.num_partitions = tp_;
+  const bool shard_bias = o.bias && !o.gather_output;
+  if (stride_ == 1 || tp_ == 1) {
+    weight_ = register_parameter("weight", zeros({per, in}, p.dtype, p.device),
+                                 with_region(o.weight_init, {out, in}, {r * per, 0}));
+    if (o.bias)
+      bias_ =
+          register_parameter("bias", zeros({shard_bias ? per : out}, p.dtype, p.device),
+                             shard_bias ? with_region(o.bias_init, {out}, {r * per}) : o.bias_init);
+  } else {
+    const int64_t c = per / stride_;
+    weight_ = register_parameter("weight", zeros({stride_, c, in}, p.dtype, p.device),
+                                 with_region(o.weight_init, {stride_, tp_ * c, in}, {0, r * c, 0}));
+    if (o.bias) {
+      if (shard_bias)
+        bias_ = register_parameter("bias", zeros({stride_, c}, p.dtype, p.device),
+                                   with_region(o.bias_init, {stride_, tp_ * c}, {0, r * c}));
+      else
+        bias_ = register_parameter("bias", zeros({out}, p.dtype, p.device), o.bias_init);
+    }
+  }
+  set_parallel_attrs("weight", wa);
+  if (shard_bias) set_parallel_attrs("bias", wa);
+}
+
+Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
+  NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
+                  "[ColumnParallelLinear] expected input [..., ", in_, "], got ",
+                  x.defined() ? x.desc() : "undefined");
+  const int64_t per = out_ / tp_;
+  Tensor w = weight_.dim() == 3 ? view(weight_, {per, in_}) : weight_;
+  const bool shard_bias = bias_.defined() && !o_.gather_output;
+  Tensor b_local;
+  if (shard_bias && add_bias) b_local = bias_.dim() == 2 ? view(bias_, {per}) : bias_;
+  Tensor in = o_.sequence_parallel_enabled
+                  ? gather_from_sequence_parallel_region(x, o_.sequence_dimension, true, *group_)
+                  : copy_to_tensor_model_parallel_region(x, *group_);
+  Tensor y = linear(in, w, b_local);
+  if (o_.gather_output) {
+    y = gather_from_tensor_model_parallel_region(y, *group_);
+    if (stride_ > 1 && tp_ > 1) {  // [.., tp, stride, c] -> [.., stride, tp, c]
+      Shape lead(y.shape().begin(), y.shape().end() - 1), s5 = lead, sf = lead;
+      s5.insert(s5.end(), {int64_t(tp_), stride_, per / stride_});
+      sf.push_back(out_);
+      const int64_t nd = static_cast<int64_t>(s5.size());
+      y = reshape(transpose(view(y, s5), nd - 3, nd - 2), sf);
+    }
+    if (bias_.defined() && add_bias) y = y + bias_;
+  }
+  return y;
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x) const {
+  return run(x, !o_.skip_bias_add);
+}
+
+std::pair<Tensor, Tensor> ColumnParallelLinear::forward_and_bias(const Tensor& x) const {
+  if (!o_.skip_bias_add) return {run(x, true), Tensor()};
+  Tensor b = bias_;
+  if (b.defined() && b.dim() == 2) b = view(b, {out_ / tp_});
+  return {run(x, false), b};
+}
+
+// ---------------------------------------------------------------- RowParallelLinear
+
+RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, const RowParallelLinearOptions& o)
+    : ParallelModule("RowParallelLinear"),
+      in_(in),
+      out_(out),
+      o_(o),
+      group_(resolve_group(o.group)) {
+  const char* op = "RowParallelLinear";
+  tp_ = group_->size();
+  const int r = group_->rank();
+  NXD_CHECK(in > 0 && out > 0, "[", op, "] sizes must be positive, got in=", in, " out=", out);
+  check_divisible(op, "input size", in, tp_);
+  NXD_CHECK(!o.sequence_parallel_enabled || o.input_is_parallel, "[", op,
+            "] sequence_parallel_enabled requires input_is_parallel=true");
+  const auto& p = o.param;
+  const int64_t per = in / tp_;
+  weight_ = register_parameter("weight", zeros({out, per}, p.dtype, p.device),
+                               with_region(o.weight_init, {out, in}, {0, r * per}));
+  if (o.bias) bias_ = register_parameter("bias", zeros({out}, p.dtype, p.device), o.bias_init);
+  ParallelAttrs wa;
+  wa.tensor_model_parallel = tp_ > 1;
+  wa.partition_dim = 1;
+  wa.num_partitions = tp_;
+  set_parallel_attrs("weight", wa);
+  if (o.bias && o.sequence_parallel_enabled) {
+    ParallelAttrs ba;
+    ba.sequence_parallel_enabled = true;
+    set_parallel_attrs("bias", ba);
+  }
+}
+
+Tensor RowParallelLinear::run(const Tensor& x) const {
+  const int64_t want = o_.input_is_parallel ? in_ / tp_ : in_;
+  NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == want,
+                  "[RowParallelLinear] expected input [..., ", want, "] (in=", in_, ", tp=", tp_,
+                  o_.input_is_parallel ? ", input_is_parallel" : "", "), got ",
+                  x.defined() ? x.desc() : "undefined");
+  Tensor in = o_.input_is_parallel ? x : scatter_to_tensor_model_parallel_region(x, *group_);
+  Tensor y = linear(in, weight_);
+  return o_.sequence_parallel_enabled
+             ? reduce_scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
+             : reduce_from_tensor_model_parallel_region(y, *group_);
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x) const {
+  Tensor y = run(x);
+  return (bias_.defined() && !o_.skip_bias_add) ? y + bias_ : y;
+}
+
+std::pair<Tensor, Tensor> RowParallelLinear::forward_and_bias(const Tensor& x) const {
+  if (!o_.skip_bias_add) return {forward(x), Tensor()};
+  return {run(x), bias_};
+}
+
+// ---------------------------------------------------------------- ParallelEmbedding
+
+ParallelEmbedding::ParallelEmbedding(int64_t num, int64_t dim, const ParallelEmbeddingOptions& o)
+    : ParallelModule("ParallelEmbedding"),
+      num_(num),
+      dim_(dim),
+      o_(o),
+      group_(resolve_group(o.group)) {
+  const char* op = "ParallelEmbedding";
+  tp_ = group_->size();
+  const int r = group_->rank();
+  NXD_CHECK(num > 0 && dim > 0, "[", op, "] sizes must be positive, got num=", num, " dim=", dim);
+  const auto& p = o.param;
+  ParallelAttrs wa;
+  wa.tensor_model_parallel = tp_ > 1;
+  wa.num_partitions = tp_;
+  if (o.shard_across_embedding) {
+    check_divisible(op, "embedding dim", dim, tp_);
+    const int64_t per = dim / tp_;
+    weight_ = register_parameter("weight", zeros({num, per}, p.dtype, p.device),
+                                 with_region(o.weight_init, {num, dim}, {0, r * per}));
+    wa.partition_dim = 1;
+  } else {
+    check_divisible(op, "vocabulary size", num, tp_);
+    const int64_t per = num / tp_;
+    weight_ = register_parameter("weight", zeros({per, dim}, p.dtype, p.device),
+                                 with_region(o.weight_init, {num, dim}, {r * per, 0}));
+    wa.partition_dim = 0;
+  }
+  set_parallel_attrs("weight", wa);
+}
+
+Tensor ParallelEmbedding::forward(const Tensor& ids) const {
+  const char* op = "ParallelEmbedding";
+  NXD_CHECK(ids.defined() && (ids.dtype() == DType::i32 || ids.dtype() == DType::i64), "[", op,
+            "] ids must be i32 or i64, got ", ids.defined() ? ids.desc() : "undefined");
+  if (tp_ == 1) return embedding(ids, weight_);
+  if (o_.shard_across_embedding) {
+    Tensor y = gather_from_tensor_model_parallel_region(embedding(ids, weight_), *group_);
+    return o_.sequence_parallel_enabled
+               ? scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
+               : y;
+  }
+  // Vocabulary-parallel lookup: out-of-range ids read local row 0 and are masked to zero.
+  const int64_t per = num_ / tp_, start = group_->rank() * per;
+  Tensor local = empty(ids.shape(), DType::i64);
+  Shape mshape = ids.shape();
+  mshape.push_back(1);
+  Tensor mask = empty(mshape, weight_.dtype());
+  {
+    std::vector<double> v = ids.detach().to_vector();
+    auto* lp = local.data<int64_t>();
+    std::vector<double> m(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const int64_t id = static_cast<int64_t>(v[i]);
+      NXD_CHECK(id >= 0 && id < num_, "[", op, "] id ", id, " out of range [0, ", num_, ")");
+      const bool mine = id >= start && id < start + per;
+      lp[i] = mine ? id - start : 0;
+      m[i] = mine ? 1.0 : 0.0;
+    }
+    mask.copy_(from_doubles(m, mshape, DType::f64));
+  }
+  Tensor y = mul(embedding(local, weight_), mask);
+  return o_.sequence_parallel_enabled
+             ? reduce_scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
+             : reduce_from_tensor_model_parallel_region(y, *group_);
+}
+
+// ---------------------------------------------------------------- norms
+
+ParallelLayerNorm::ParallelLayerNorm(int64_t dim, double eps, bool bias, bool sp,
+                                     const ParamOptions& p)
+    : ParallelModule("ParallelLayerNorm"), eps_(eps) {
+  NXD_CHECK(dim > 0 && eps > 0, "[ParallelLayerNorm] need dim > 0 and eps > 0, got dim=", dim,
+            " eps=", eps);
+  weight_ = register_parameter("weight", ones({dim}, p.dtype, p.device), ParamInit::ones());
+  if (bias) bias_ = register_parameter("bias", zeros({dim}, p.dtype, p.device), ParamInit::zeros());
+  ParallelAttrs a;
+  a.sequence_parallel_enabled = sp;
+  set_parallel_attrs("weight", a);
+  if (bias) set_parallel_attrs("bias", a);
+}
+
+ParallelRMSNorm::ParallelRMSNorm(int64_t dim, double eps, bool sp, const ParamOptions& p)
+    : ParallelModule("ParallelRMSNorm"), eps_(eps) {
+  NXD_CHECK(dim > 0 && eps > 0, "[ParallelRMSNorm] need dim > 0 and eps > 0, got dim=", dim,
+            " eps=", eps);
+  weight_ = register_parameter("weight", ones({dim}, p.dtype, p.device), ParamInit::ones());
+  ParallelAttrs a;
+  a.sequence_parallel_enabled = sp;
+  set_parallel_attrs("weight", a);
+}
+
+}  // namespace nxd

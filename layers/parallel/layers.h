@@ -1,0 +1,207 @@
+#pragma once
+// Tensor- and sequence-parallel layers (NxD parallel_layers/layers.py, layer_norm.py,
+// modules/rms_norm.py). Each is a ParallelModule whose parameters are this rank's shards, named
+// like the plain layer in layers/basic.h ("weight", "bias"): with one TP rank a parallel layer
+// has exactly the plain layer's parameters, and for any TP degree a rank's shard equals the slice
+// of the weight the plain layer creates with the same name and seed (init by ParamInit::region).
+// Biases that are not sharded are initialized as the unsharded layer's (same rule, same values).
+//
+// The group is options.group, default the current parallel_state TP group (captured at
+// construction). Sizes that do not divide by the TP size throw ShapeError at construction, e.g.
+// "[ColumnParallelLinear] output size 10 is not divisible by tensor parallel size 4".
+//
+// Sequence parallelism: activations outside the TP regions are split along the sequence
+// dimension (options.sequence_dimension, default 1 for nxd's batch-first [B,S,H]; NxD defaults to
+// 0 for its [S,B,H] models). Parameters whose gradient is then partial per rank are tagged
+// sequence_parallel_enabled; call allreduce_sequence_parallel_gradients(model) after backward.
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "nxd/autograd/ops.h"
+#include "nxd/layers/parallel/attributes.h"
+
+namespace nxd {
+
+struct ColumnParallelLinearOptions {
+  bool bias = true;
+  bool gather_output = true;  // all-gather the output's last dim (else each rank keeps its shard)
+  // Fused layouts: the output rows are `stride` equal parts (e.g. [gate|up]) and each rank takes
+  // its chunk of every part (NxD's partition_stride); the output keeps that per-rank order, and
+  // gather_output restores the full layer's order.
+  int64_t stride = 1;
+  bool skip_bias_add = false;  // forward() leaves the bias out; forward_and_bias() returns it
+  bool sequence_parallel_enabled = false;  // input is [.., S/tp, ..]: all-gather it first
+  int64_t sequence_dimension = 1;
+  ParamInit weight_init = ParamInit::normal(0.02);
+  ParamInit bias_init = ParamInit::zeros();
+  ParamOptions param;
+  std::shared_ptr<Communicator> group;  // null: the parallel_state TP group
+};
+
+// Y = X W^T + b with W [out, in] split along out (partition_dim 0): rank r holds rows
+// [r*out/tp, (r+1)*out/tp) (stride 1). The bias is sharded like the rows unless gather_output,
+// where it is the full [out] bias added after the gather (duplicated over TP, as NxD).
+//
+// Collectives (tp > 1):
+//   no SP: forward none on the input (copy_to: identity) -> local Y_r = X W_r^T [+ b_r]
+//          -> if gather_output all-gather the last dim. Backward: dX_r = dY_r W_r is all-reduced
+//          (SUM, f32 for bf16) over TP; dW_r = dY_r^T X.
+//   SP:    forward all-gathers X along the sequence dim, backward reduce-scatters dX along it
+//          (gather_from_sequence_parallel_region). gather_output must be false.
+// Departure from NxD: under SP the gathered input is kept for backward instead of being
+// re-gathered (NxD trades one more all-gather for the memory of X_full).
+// Stride > 1 with tp > 1 registers the weight as [stride, out/(stride*tp), in] (the bias as
+// [stride, out/(stride*tp)]) so that the shard is one block of the full weight viewed as
+// [stride, out/stride, in] and ParamInit::region can express it; forward views it [out/tp, in].
+class ColumnParallelLinear : public ParallelModule {
+ public:
+  ColumnParallelLinear(int64_t in_features, int64_t out_features,
+                       const ColumnParallelLinearOptions& opts = {});
+  Tensor forward(const Tensor& x) const;
+  // With skip_bias_add: {Y without bias, bias} (bias undefined when bias=false). Otherwise
+  // {forward(x), undefined}.
+  std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
+
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  int64_t local_out_features() const { return out_ / tp_; }
+  int tp_size() const { return tp_; }
+  Communicator& group() const { return *group_; }
+
+ private:
+  Tensor run(const Tensor& x, bool add_bias) const;
+  int64_t in_, out_, stride_;
+  int tp_;
+  ColumnParallelLinearOptions o_;
+  std::shared_ptr<Communicator> group_;
+  Tensor weight_, bias_;
+};
+
+struct RowParallelLinearOptions {
+  bool bias = true;
+  bool input_is_parallel = false;  // input already split along its last dim (else scatter it)
+  bool sequence_parallel_enabled = false;  // reduce-scatter the output along the sequence dim
+  int64_t sequence_dimension = 1;
+  bool skip_bias_add = false;
+  ParamInit weight_init = ParamInit::normal(0.02);
+  ParamInit bias_init = ParamInit::zeros();
+  ParamOptions param;
+  std::shared_ptr<Communicator> group;
+};
+
+// Y = X W^T + b with W [out, in] split along in (partition_dim 1): rank r holds columns
+// [r*in/tp, (r+1)*in/tp). The bias [out] is never sharded (initialized as the unsharded layer's:
+// NxD uses in/tp as its fan-in, nxd uses the plain layer's rule).
+//
+// Collectives (tp > 1):
+//   forward: [scatter X's last dim if !input_is_parallel] -> partial Y_r = X_r W_r^T ->
+//            all-reduce SUM (no SP) or reduce-scatter along the sequence dim (SP), f32 for bf16
+//            -> + b. Backward: identity (no SP) or all-gather along the sequence dim (SP);
+//            [all-gather dX's last dim if the input was scattered].
+//   SP requires input_is_parallel; the bias is then tagged sequence_parallel_enabled.
+class RowParallelLinear : public ParallelModule {
+ public:
+  RowParallelLinear(int64_t in_features, int64_t out_features,
+                    const RowParallelLinearOptions& opts = {});
+  Tensor forward(const Tensor& x) const;
+  std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
+
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  int64_t local_in_features() const { return in_ / tp_; }
+  int tp_size() const { return tp_; }
+  Communicator& group() const { return *group_; }
+
+ private:
+  Tensor run(const Tensor& x) const;
+  int64_t in_, out_;
+  int tp_;
+  RowParallelLinearOptions o_;
+  std::shared_ptr<Communicator> group_;
+  Tensor weight_, bias_;
+};
+
+struct ParallelEmbeddingOptions {
+  bool shard_across_embedding = false;     // split the embedding dim instead of the vocabulary
+  bool sequence_parallel_enabled = false;  // the output is split along the sequence dim
+  int64_t sequence_dimension = 1;
+  ParamInit weight_init = ParamInit::normal(0.02);
+  ParamOptions param;
+  std::shared_ptr<Communicator> group;
+};
+
+// ids [...] -> [..., dim]; weight [num_embeddings, dim] sharded along the vocabulary (rank r owns
+// ids [r*V/tp, (r+1)*V/tp)) or, with shard_across_embedding, along dim.
+//
+// Collectives (tp > 1):
+//   vocab: rows of ids outside this rank's range are looked up at local row 0 and zeroed by the
+//          mask, then all-reduce SUM (no SP; backward identity) or reduce-scatter along the
+//          sequence dim (SP; backward all-gather). dW gets rows only for this rank's ids.
+//   embedding dim: all-gather the last dim (backward: keep own chunk); with SP the result is
+//          then split along the sequence dim (backward all-gather).
+// An id outside [0, V) throws naming it and V, on every rank (as the plain Embedding).
+// Departure from NxD: the mask is applied in the weight's dtype (NxD: bf16 unless fp32); there is
+// no padding_idx and no inference-only `pad`.
+class ParallelEmbedding : public ParallelModule {
+ public:
+  ParallelEmbedding(int64_t num_embeddings, int64_t dim, const ParallelEmbeddingOptions& opts = {});
+  Tensor forward(const Tensor& ids) const;
+  const Tensor& weight() const { return weight_; }
+  int64_t num_embeddings() const { return num_; }
+  int64_t dim() const { return dim_; }
+  int tp_size() const { return tp_; }
+
+ private:
+  int64_t num_, dim_;
+  int tp_;
+  ParallelEmbeddingOptions o_;
+  std::shared_ptr<Communicator> group_;
+  Tensor weight_;
+};
+
+// LayerNorm / RMSNorm over the last dim, as the plain layers (same names, same init), whose
+// parameters are tagged sequence_parallel_enabled when sequence parallelism is on: the norm then
+// runs on this rank's sequence shard, so the gradients of its (TP-duplicated) parameters are
+// partial sums; allreduce_sequence_parallel_gradients() sums them over TP. No collective in
+// forward or backward. Computation follows layers/basic.h (f32 for bf16, result cast back; NxD's
+// LayerNorm drops that cast under XLA_DOWNCAST_BF16, nxd does not).
+class ParallelLayerNorm : public ParallelModule {
+ public:
+  ParallelLayerNorm(int64_t dim, double eps = 1e-5, bool bias = true,
+                    bool sequence_parallel_enabled = false, const ParamOptions& param = {});
+  Tensor forward(const Tensor& x) const { return layer_norm(x, weight_, bias_, eps_); }
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  double eps() const { return eps_; }
+
+ private:
+  double eps_;
+  Tensor weight_, bias_;
+};
+
+class ParallelRMSNorm : public ParallelModule {
+ public:
+  ParallelRMSNorm(int64_t dim, double eps = 1e-6, bool sequence_parallel_enabled = false,
+                  const ParamOptions& param = {});
+  Tensor forward(const Tensor& x) const { return rms_norm(x, weight_, eps_); }
+  const Tensor& weight() const { return weight_; }
+  double eps() const { return eps_; }
+
+ private:
+  double eps_;
+  Tensor weight_;
+};
+
+namespace tp_detail {
+// The group a layer uses: `g` or the parallel_state TP group.
+std::shared_ptr<Communicator> resolve_group(const std::shared_ptr<Communicator>& g);
+// `init` restricted to the block [start, start+shape) of a full tensor `full`.
+ParamInit with_region(ParamInit init, const Shape& full, const Shape& start);
+}  // namespace tp_detail
+
+}  // namespace nxd
