@@ -20,6 +20,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   NXD_CHECK(a.defined() && b.defined(), "[matmul] undefined input");
   NXD_CHECK(is_floating(a.dtype()) && a.dtype() == b.dtype(), "[matmul] needs two floating ",
             "tensors of one dtype, got a=", a.desc(), " b=", b.desc());
+  NXD_CHECK_SHAPE(a.dim() >= 1 && b.dim() >= 1 && a.size(-1) == b.size(b.dim() == 1 ? 0 : -2),
+                  "[matmul] inner dims differ: a=", a.desc(), " b=", b.desc());
   const Shape out_shape = kernels::matmul_shape(a.shape(), b.shape());
   const Device dev = a.is_meta() || b.is_meta() ? Device::meta : Device::host;
   Tensor a2 = a.dim() == 1 ? a.detach().unsqueeze(0) : a.detach();

@@ -131,7 +131,7 @@ TEST(MatmulOps, Errors) {
     matmul(zeros({8, 64}), zeros({32, 16}));
     FAIL() << "no throw";
   } catch (const ShapeError& e) {
-    EXPECT_STREQ(e.what(), "[matmul] inner dims differ: a=[8,64] b=[32,16]");
+    EXPECT_STREQ(e.what(), "[matmul] inner dims differ: a=f32[8,64] b=f32[32,16]");
   }
   try {
     linear(zeros({3, 4}), zeros({5, 6}));
