@@ -221,3 +221,29 @@ TEST(SimDevice, TimelineIsChromeTraceJson) {
   EXPECT_EQ(res.timeline->events(0).front().name, "matmul");
   std::remove(path.c_str());
 }
+
+TEST(SimCost, ModelAgainstPublishedNccomTestFigures) {
+  // nccom-test examples (neuron_hardware.md §2.2), large messages where bandwidth dominates.
+  struct Row {
+    const char* machine;
+    int ranks;
+    double bytes, us, tol;
+  };
+  const Row rows[] = {
+      {"trn1.32xlarge", 2, 64.0 * (1 << 20), 1214, 0.05},
+      {"trn1.32xlarge", 2, 256.0 * (1 << 20), 4750, 0.05},
+      {"trn1.32xlarge", 2, 1024.0 * (1 << 20), 18930, 0.05},
+      {"2xtrn1.32xlarge", 64, 128.0 * (1 << 20), 6279, 0.20},
+      {"2xtrn1.32xlarge", 64, 512.0 * (1 << 20), 21803, 0.20},
+      {"2xtrn1.32xlarge", 64, 1024.0 * (1 << 20), 41806, 0.20},
+  };
+  for (const Row& r : rows) {
+    std::vector<int> ranks(r.ranks);
+    for (int i = 0; i < r.ranks; ++i) ranks[i] = i;
+    double t = collective_cost(machine(r.machine), CollKind::all_reduce, ranks, r.bytes).seconds;
+    double err = t * 1e6 / r.us - 1;
+    std::printf("%s %d ranks all-reduce %.0f MiB: published %.0f us, modeled %.0f us (%+.1f%%)\n",
+                r.machine, r.ranks, r.bytes / (1 << 20), r.us, t * 1e6, err * 100);
+    EXPECT_LT(std::abs(err), r.tol) << r.machine << " " << r.bytes;
+  }
+}
