@@ -11,6 +11,9 @@ using namespace detail;
 
 namespace {
 
+// Query rows per GEMM block (causal attention skips the keys a block cannot see).
+constexpr int64_t kRowBlock = 128;
+
 struct Dims {
   int64_t b, hq, hkv, sq, sk, d, group;
   double scale;
@@ -92,11 +95,18 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, 
       for (int64_t h = 0; h < d.hq; ++h) {
         int64_t g = h / d.group;
         T* P = probs.defined() ? probs.data<T>() + (b * d.hq + h) * d.sq * d.sk : scratch.data();
-        gemm<T>(false, true, d.sq, d.sk, d.d, T(d.scale), Q.at(b, h), Q.ld, K.at(b, g), K.ld, T(0),
-                P, d.sk);
-        softmax_rows<T>(P, P, d.sq, d.sk, T(1), causal, d.sq, d.sk - d.sq);
-        gemm<T>(false, false, d.sq, d.d, d.sk, T(1), P, d.sk, V.at(b, g), V.ld, T(0), O.at(b, h),
-                O.ld);
+        // Causal: query rows in blocks of kRowBlock; a block only multiplies the keys it can see
+        // (about half the flops of the full square), the rest of its P rows is zeroed.
+        for (int64_t i0 = 0; i0 < d.sq; i0 += kRowBlock) {
+          const int64_t rows = std::min(kRowBlock, d.sq - i0);
+          const int64_t kc = causal ? std::min(d.sk, i0 + rows + d.sk - d.sq) : d.sk;
+          T* Pb = P + i0 * d.sk;
+          gemm<T>(false, true, rows, kc, d.d, T(d.scale), Q.at(b, h) + i0 * Q.ld, Q.ld, K.at(b, g),
+                  K.ld, T(0), Pb, d.sk);
+          softmax_rows<T>(Pb, Pb, rows, d.sk, T(1), causal, rows, d.sk - d.sq + i0);
+          gemm<T>(false, false, rows, d.d, kc, T(1), Pb, d.sk, V.at(b, g), V.ld, T(0),
+                  O.at(b, h) + i0 * O.ld, O.ld);
+        }
       }
     }
   });
@@ -130,32 +140,38 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   dispatch_float(op, q, [&]<class T>() {
     Mat<T> Q = mat<T>(qc), K = mat<T>(kc), V = mat<T>(vc), O = mat<T>(oc), G = mat<T>(gc);
     Mat<T> DQ = mat<T>(dq), DK = mat<T>(dk), DV = mat<T>(dv);
-    std::vector<T> dp(d.sq * d.sk);
+    std::vector<T> dp(std::min(kRowBlock, d.sq) * d.sk);
     const T* probs_p = pc.data<T>();
     for (int64_t b = 0; b < d.b; ++b) {
       for (int64_t h = 0; h < d.hq; ++h) {
         int64_t g = h / d.group;
         const T* P = probs_p + (b * d.hq + h) * d.sq * d.sk;
-        // dV[g] += P^T dO
-        gemm<T>(true, false, d.sk, d.d, d.sq, T(1), P, d.sk, G.at(b, h), G.ld, T(1), DV.at(b, g),
-                DV.ld);
-        // dP = dO V^T
-        gemm<T>(false, true, d.sq, d.sk, d.d, T(1), G.at(b, h), G.ld, V.at(b, g), V.ld, T(0),
-                dp.data(), d.sk);
-        // dS = P * (dP - rowsum(dO * O))
-        for (int64_t i = 0; i < d.sq; ++i) {
-          CArrMap<T> go(G.at(b, h) + i * G.ld, d.d), o(O.at(b, h) + i * O.ld, d.d);
-          T di = (go * o).sum();
-          int64_t valid = causal ? std::min(i + 1 + d.sk - d.sq, d.sk) : d.sk;
-          ArrMap<T> ds(dp.data() + i * d.sk, valid);
-          ds = CArrMap<T>(P + i * d.sk, valid) * (ds - di);
-          for (int64_t j = valid; j < d.sk; ++j) dp[i * d.sk + j] = T(0);
+        for (int64_t i0 = 0; i0 < d.sq; i0 += kRowBlock) {
+          const int64_t rows = std::min(kRowBlock, d.sq - i0);
+          const int64_t kc = causal ? std::min(d.sk, i0 + rows + d.sk - d.sq) : d.sk;
+          const T* Pb = P + i0 * d.sk;
+          const T* Gb = G.at(b, h) + i0 * G.ld;
+          // dV[g] += P^T dO
+          gemm<T>(true, false, kc, d.d, rows, T(1), Pb, d.sk, Gb, G.ld, T(1), DV.at(b, g), DV.ld);
+          // dP = dO V^T
+          gemm<T>(false, true, rows, kc, d.d, T(1), Gb, G.ld, V.at(b, g), V.ld, T(0), dp.data(),
+                  d.sk);
+          // dS = P * (dP - rowsum(dO * O)), zero where masked
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            CArrMap<T> go(Gb + r * G.ld, d.d), o(O.at(b, h) + i * O.ld, d.d);
+            T di = (go * o).sum();
+            int64_t valid = causal ? std::min(i + 1 + d.sk - d.sq, d.sk) : d.sk;
+            ArrMap<T> ds(dp.data() + r * d.sk, valid);
+            ds = CArrMap<T>(Pb + r * d.sk, valid) * (ds - di);
+            for (int64_t j = valid; j < kc; ++j) dp[r * d.sk + j] = T(0);
+          }
+          // dQ = scale dS K ; dK[g] += scale dS^T Q
+          gemm<T>(false, false, rows, d.d, kc, T(d.scale), dp.data(), d.sk, K.at(b, g), K.ld, T(0),
+                  DQ.at(b, h) + i0 * DQ.ld, DQ.ld);
+          gemm<T>(true, false, kc, d.d, rows, T(d.scale), dp.data(), d.sk, Q.at(b, h) + i0 * Q.ld,
+                  Q.ld, T(1), DK.at(b, g), DK.ld);
         }
-        // dQ = scale dS K ; dK[g] += scale dS^T Q
-        gemm<T>(false, false, d.sq, d.d, d.sk, T(d.scale), dp.data(), d.sk, K.at(b, g), K.ld, T(0),
-                DQ.at(b, h), DQ.ld);
-        gemm<T>(true, false, d.sk, d.d, d.sq, T(d.scale), dp.data(), d.sk, Q.at(b, h), Q.ld, T(1),
-                DK.at(b, g), DK.ld);
       }
     }
   });
@@ -214,6 +230,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
          dv64 = zeros(v.shape(), DType::f64);
   const double *Q = qq.data<double>(), *K = kk.data<double>(), *V = vv.data<double>(),
                *G = gg.data<double>(), *P = p64.data<double>(), *O = o64.data<double>();
+  double *DQ = dq64.data<double>(), *DK = dk64.data<double>(), *DV = dv64.data<double>();
   for (int64_t b = 0; b < d.b; ++b)
     for (int64_t h = 0; h < d.hq; ++h) {
       int64_t g = h / d.group;
@@ -227,9 +244,9 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
           for (int64_t e = 0; e < d.d; ++e) dpij += G[qo + i * d.d + e] * V[ko + j * d.d + e];
           double dsij = p0[i * d.sk + j] * (dpij - di);
           for (int64_t e = 0; e < d.d; ++e) {
-            dv64.data<double>()[ko + j * d.d + e] += p0[i * d.sk + j] * G[qo + i * d.d + e];
-            dq64.data<double>()[qo + i * d.d + e] += d.scale * dsij * K[ko + j * d.d + e];
-            dk64.data<double>()[ko + j * d.d + e] += d.scale * dsij * Q[qo + i * d.d + e];
+            DV[ko + j * d.d + e] += p0[i * d.sk + j] * G[qo + i * d.d + e];
+            DQ[qo + i * d.d + e] += d.scale * dsij * K[ko + j * d.d + e];
+            DK[ko + j * d.d + e] += d.scale * dsij * Q[qo + i * d.d + e];
           }
         }
       }
