@@ -1,0 +1,5 @@
+# nxd-train: the training program (trainer/ does the work; this is the command line).
+add_executable(nxd-train nxd_train.cpp)
+target_link_libraries(nxd-train PRIVATE nxd_trainer)
+nxd_compile_options(nxd-train)
+install(TARGETS nxd-train RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,0 +1,145 @@
+#pragma once
+// nxd-train's configuration: one registry of known keys (type, default, doc) under NxD Training's
+// YAML names (trainer.max_steps, data.global_batch_size, model.optim.lr, ...), a Config holding a
+// value for every key, YAML/JSON files and `--set dotted.key=value` overrides merged onto the
+// defaults, and TrainConfig, the typed and validated view the trainer uses.
+//
+// Every mistake is a ConfigError naming the key, the value and where it came from: unknown keys
+// (with the nearest known key), wrong types, values outside their choices, impossible sizes.
+// docs/CONFIG.md is generated from the registry (config_reference_markdown()).
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace nxd::trainer {
+
+enum class KeyType { integer, number, boolean, string, number_list };
+const char* key_type_name(KeyType t);
+
+struct KeySpec {
+  std::string key;  // dotted: "model.optim.lr"
+  KeyType type;
+  nlohmann::json default_value;  // null when `nullable` and derived from other keys
+  std::string doc;
+  std::vector<std::string> choices;  // strings only; empty = any
+  bool nullable = false;             // null means "derive" (the doc says from what)
+  int64_t list_size = 0;             // number_list: required length (0 = any)
+};
+
+// All known keys, in documentation order.
+const std::vector<KeySpec>& config_keys();
+const KeySpec* find_key(const std::string& key);
+// The known key nearest to `key` by edit distance (over the full key and its last component).
+std::string nearest_key(const std::string& key);
+// The reference table of every key with its type, default and doc (docs/CONFIG.md).
+std::string config_reference_markdown();
+
+// A value for every known key (the defaults until overridden).
+class Config {
+ public:
+  Config();  // the defaults
+
+  // Merges a file: .json as JSON, anything else as YAML. Nested mappings name dotted keys
+  // (model: {optim: {lr: 1e-3}}); dotted keys at any level are also accepted. Throws IoError if
+  // the file cannot be read, ConfigError on parse errors (with the line) and bad keys/values.
+  void merge_file(const std::string& path);
+  // Merges a parsed tree; `source` names it in messages.
+  void merge_json(const nlohmann::json& tree, const std::string& source);
+  // "dotted.key=value": the value is parsed as a YAML scalar or flow sequence ("[0.9, 0.95]").
+  void apply_override(const std::string& assignment);
+  // Sets one key after checking and converting its type.
+  void set(const std::string& key, const nlohmann::json& value, const std::string& source);
+
+  const nlohmann::json& get(const std::string& key) const;  // throws InternalError if unknown
+  bool is_null(const std::string& key) const { return get(key).is_null(); }
+  int64_t get_int(const std::string& key) const;
+  double get_double(const std::string& key) const;
+  bool get_bool(const std::string& key) const;
+  std::string get_string(const std::string& key) const;
+  std::vector<double> get_doubles(const std::string& key) const;
+
+  // The nested tree (sections as objects) and its YAML text (reloadable with merge_file).
+  nlohmann::json tree() const;
+  std::string to_yaml() const;
+  const std::map<std::string, nlohmann::json>& values() const { return values_; }
+
+ private:
+  void merge_node(const nlohmann::json& node, const std::string& prefix, const std::string& src);
+  std::map<std::string, nlohmann::json> values_;
+};
+
+// YAML text -> JSON (quoted scalars stay strings; plain scalars become null/bool/int/float when
+// they read as one). Throws ConfigError naming `source` and the line on a syntax error.
+nlohmann::json parse_yaml(const std::string& text, const std::string& source);
+
+// ---- the typed, validated configuration ----
+struct TrainerSection {
+  int64_t max_steps;
+  int64_t log_every_n_steps;
+  int64_t val_check_interval;  // validate every N steps (and at the last); 0 = never
+  int64_t limit_val_batches;   // micro batches per validation
+  double gradient_clip_val;    // max global L2 grad norm; 0 = no clipping
+  int64_t num_threads;         // BLAS threads (resolved: never 0)
+};
+
+struct DataSection {
+  std::string kind;         // text | tokens | random
+  std::string path;         // text: file or folder; tokens: binary file
+  std::string token_dtype;  // tokens: uint16 | uint32
+  int64_t seq_length;
+  int64_t micro_batch_size;
+  int64_t global_batch_size;
+  double val_fraction;
+  bool shuffle;
+  int64_t random_num_samples;  // random: windows in the synthetic dataset
+};
+
+struct ModelSection {
+  std::string arch;
+  int64_t vocab_size, num_layers, hidden_size, num_attention_heads, num_kv_heads, ffn_hidden_size,
+      max_position_embeddings;
+  double rotary_pct, rope_theta, norm_eps, init_std, dropout;
+  bool tie_word_embeddings;
+};
+
+struct OptimSection {
+  std::string name;  // adamw | sgd
+  double lr, weight_decay, beta1, beta2, eps, momentum;
+  bool nesterov;
+  std::string sched_name;  // constant | linear | cosine
+  int64_t warmup_steps, decay_steps;
+  double min_lr;
+};
+
+struct DistributedSection {
+  int64_t tensor_model_parallel_size;  // 1 until the parallel layers land
+  int64_t data_parallel_size;          // derived: world / tp (1 for now)
+};
+
+struct GenerationSection {
+  std::string prompt;
+  int64_t max_new_tokens;
+  double temperature;
+  int64_t top_k;
+};
+
+struct TrainConfig {
+  uint64_t seed;
+  std::string out_dir;  // exp_manager.exp_dir
+  TrainerSection trainer;
+  DataSection data;
+  ModelSection model;
+  OptimSection optim;
+  DistributedSection dist;
+  GenerationSection generation;
+  int64_t grad_accum_steps;  // global / (micro * dp)
+  Config resolved;           // every key, derived values filled in (written as config.yaml)
+};
+
+// Checks cross-key constraints and fills derived values; throws ConfigError naming the keys.
+TrainConfig resolve(const Config& cfg);
+
+}  // namespace nxd::trainer

@@ -1,0 +1,157 @@
+#pragma once
+// Training data: token sources, fixed-length samples, a held-out split, a data-parallel sampler
+// and the micro-batch loader.
+//
+//   Corpus        all tokens of a source: byte-level text (vocab 256) of a file or folder, or a
+//                 pre-tokenized binary file (uint16/uint32, little-endian)
+//   Dataset       N samples of seq_length + 1 tokens (ids and the targets shifted by one):
+//                 CorpusDataset cuts a corpus into consecutive windows (stride seq_length),
+//                 RandomDataset draws uniform tokens, SubsetDataset selects samples of another
+//   split_dataset a validation subset of round(N * val_fraction) samples chosen by the seed
+//   DistributedSampler  the order of samples per epoch for one data-parallel rank: one seeded
+//                 permutation of all samples, rank r taking positions r, r + dp, r + 2dp, ...
+//                 (torch's DistributedSampler), so every sample is seen once per epoch across
+//                 the ranks (the N mod dp samples at the end of the permutation are dropped)
+//   DataLoader    micro batches ids/targets [B, S] i64 from a dataset and a sampler, across
+//                 epochs without end; its (epoch, position) is the resumable state
+// Everything depends only on the seed, never on timing or thread count.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nxd/runtime/tensor.h"
+
+namespace nxd::trainer {
+
+struct SkippedFile {
+  std::string path;
+  std::string reason;  // "binary (NUL byte at offset 12)", "invalid UTF-8 at offset 3", ...
+};
+
+struct Corpus {
+  std::vector<uint32_t> tokens;
+  int64_t vocab_size = 256;
+  std::vector<std::string> files;    // read, in order
+  std::vector<SkippedFile> skipped;  // not read, with the reason
+};
+
+// Whether `bytes` is text: no NUL byte and valid UTF-8. On false, `reason` says why and where.
+bool is_text(const std::string& bytes, std::string* reason);
+
+// Byte-level tokens of a text file, or of every text file under a folder (recursively, sorted by
+// path; symlinks to files already read are skipped). Throws IoError if the path does not exist
+// or a file cannot be read, ConfigError if no text was found.
+Corpus load_text_corpus(const std::string& path);
+// A binary file of little-endian uint16 or uint32 token ids (element_bytes 2 or 4). Throws
+// IoError if unreadable, ConfigError if its size is not a multiple of the element or an id is
+// >= vocab_size (naming the id, its position and the vocabulary size).
+Corpus load_token_file(const std::string& path, int element_bytes, int64_t vocab_size);
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t seq_length() const = 0;
+  // Writes the seq_length + 1 tokens of sample i.
+  virtual void get(int64_t i, int64_t* out) const = 0;
+};
+
+class CorpusDataset : public Dataset {
+ public:
+  // Samples i = tokens [i*S, i*S + S]; throws ConfigError if there are fewer than S + 1 tokens.
+  CorpusDataset(std::shared_ptr<const Corpus> corpus, int64_t seq_length,
+                const std::string& what = "corpus");
+  int64_t size() const override { return n_; }
+  int64_t seq_length() const override { return s_; }
+  void get(int64_t i, int64_t* out) const override;
+
+ private:
+  std::shared_ptr<const Corpus> corpus_;
+  int64_t s_, n_;
+};
+
+class RandomDataset : public Dataset {
+ public:
+  RandomDataset(int64_t num_samples, int64_t seq_length, int64_t vocab_size, uint64_t seed);
+  int64_t size() const override { return n_; }
+  int64_t seq_length() const override { return s_; }
+  void get(int64_t i, int64_t* out) const override;
+
+ private:
+  int64_t n_, s_, v_;
+  uint64_t seed_;
+};
+
+class SubsetDataset : public Dataset {
+ public:
+  SubsetDataset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices);
+  int64_t size() const override { return static_cast<int64_t>(idx_.size()); }
+  int64_t seq_length() const override { return base_->seq_length(); }
+  void get(int64_t i, int64_t* out) const override { base_->get(idx_.at(i), out); }
+  const std::vector<int64_t>& indices() const { return idx_; }
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  std::vector<int64_t> idx_;
+};
+
+struct Split {
+  std::shared_ptr<const Dataset> train, val;  // val is empty when val_fraction == 0
+};
+// Holds out round(N * val_fraction) samples (at least 1 when val_fraction > 0 and N >= 2),
+// chosen by a permutation from the seed; both subsets keep the base order.
+Split split_dataset(std::shared_ptr<const Dataset> base, double val_fraction, uint64_t seed);
+
+// A seeded permutation of [0, n) (Fisher-Yates over the counter-based RNG).
+std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t stream);
+
+struct SamplerOptions {
+  uint64_t seed = 0;
+  bool shuffle = true;
+  int64_t dp_rank = 0;
+  int64_t dp_size = 1;
+};
+
+class DistributedSampler {
+ public:
+  DistributedSampler(int64_t num_samples, SamplerOptions opts);
+  int64_t num_samples() const { return n_; }
+  int64_t samples_per_rank() const { return n_ / opts_.dp_size; }
+  // This rank's sample order in `epoch` (a new permutation per epoch when shuffling).
+  std::vector<int64_t> indices(int64_t epoch) const;
+  const SamplerOptions& options() const { return opts_; }
+
+ private:
+  int64_t n_;
+  SamplerOptions opts_;
+};
+
+struct Batch {
+  Tensor ids;      // [B, S] i64
+  Tensor targets;  // [B, S] i64: ids shifted by one
+};
+// The samples `indices` of `ds` as one batch.
+Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices);
+
+class DataLoader {
+ public:
+  // Throws ConfigError if the rank's share of the dataset holds fewer than `micro_batch` samples.
+  DataLoader(std::shared_ptr<const Dataset> ds, int64_t micro_batch, SamplerOptions opts,
+             const std::string& what = "training");
+  Batch next();  // the next micro batch; a partial batch at an epoch's end is dropped
+  int64_t batches_per_epoch() const { return per_epoch_; }
+  int64_t epoch() const { return epoch_; }
+  int64_t position() const { return pos_; }  // micro batches taken in the current epoch
+  void set_state(int64_t epoch, int64_t position);
+
+ private:
+  std::shared_ptr<const Dataset> ds_;
+  int64_t b_;
+  DistributedSampler sampler_;
+  int64_t per_epoch_;
+  int64_t epoch_ = 0, pos_ = 0;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace nxd::trainer

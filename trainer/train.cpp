@@ -1,0 +1,267 @@
+#include "nxd/trainer/train.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "nxd/optim/lr_schedule.h"
+#include "nxd/optim/optimizer.h"
+#include "nxd/runtime/context.h"
+#include "nxd/trainer/log.h"
+
+namespace fs = std::filesystem;
+
+namespace nxd::trainer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
+  return s;
+}
+
+}  // namespace
+
+std::string summarize_skipped(const std::vector<SkippedFile>& skipped) {
+  if (skipped.empty()) return "";
+  std::map<std::string, std::vector<std::string>> by_kind;  // "binary" -> names
+  for (const auto& s : skipped) {
+    const std::string kind = s.reason.substr(0, s.reason.find(':'));
+    by_kind[kind].push_back(fs::path(s.path).filename().string());
+  }
+  std::string out = str("skipped ", skipped.size(), " file(s):");
+  bool first = true;
+  for (const auto& [kind, names] : by_kind) {
+    out += str(first ? " " : "; ", names.size(), " ", kind, " (");
+    for (size_t i = 0; i < names.size() && i < 3; ++i) out += (i ? ", " : "") + names[i];
+    if (names.size() > 3) out += ", ...";
+    out += ")";
+    first = false;
+  }
+  return out;
+}
+
+TrainData build_data(const TrainConfig& cfg) {
+  const auto& d = cfg.data;
+  TrainData td;
+  std::shared_ptr<const Dataset> all;
+  if (d.kind == "random") {
+    all = std::make_shared<RandomDataset>(d.random_num_samples, d.seq_length, cfg.model.vocab_size,
+                                          cfg.seed);
+    td.description = str("random tokens (vocab ", cfg.model.vocab_size, "), ",
+                         with_commas(d.random_num_samples), " samples");
+  } else {
+    auto corpus = std::make_shared<Corpus>(
+        d.kind == "text"
+            ? load_text_corpus(d.path)
+            : load_token_file(d.path, d.token_dtype == "uint16" ? 2 : 4, cfg.model.vocab_size));
+    td.skipped = corpus->skipped;
+    all = std::make_shared<CorpusDataset>(corpus, d.seq_length, str("corpus '", d.path, "'"));
+    td.description = str(with_commas(static_cast<int64_t>(corpus->tokens.size())),
+                         d.kind == "text" ? " bytes" : " tokens", " from ", corpus->files.size(),
+                         " file(s) in ", d.path);
+  }
+  Split sp = split_dataset(all, d.val_fraction, cfg.seed);
+  td.train = sp.train;
+  td.val = sp.val;
+  td.description +=
+      str("; ", with_commas(td.train->size()), " train / ",
+          with_commas(td.val ? td.val->size() : 0), " val samples of ", d.seq_length, "+1 tokens");
+  return td;
+}
+
+ModelConfig model_config(const TrainConfig& cfg) {
+  const auto& m = cfg.model;
+  ModelConfig mc;
+  mc.arch = m.arch;
+  mc.vocab_size = m.vocab_size;
+  mc.num_layers = m.num_layers;
+  mc.hidden_size = m.hidden_size;
+  mc.num_attention_heads = m.num_attention_heads;
+  mc.num_kv_heads = m.num_kv_heads;
+  mc.ffn_hidden_size = m.ffn_hidden_size;
+  mc.max_position_embeddings = m.max_position_embeddings;
+  mc.rotary_pct = m.rotary_pct;
+  mc.rope_theta = m.rope_theta;
+  mc.norm_eps = m.norm_eps;
+  mc.init_std = m.init_std;
+  mc.dropout = m.dropout;
+  mc.tie_word_embeddings = m.tie_word_embeddings;
+  return mc;
+}
+
+TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
+  const auto t_setup = Clock::now();
+  set_num_threads(static_cast<int>(cfg.trainer.num_threads));
+  Context& ctx = current_context();
+  ctx.rng().set_seed(cfg.seed);  // dropout masks
+
+  std::error_code ec;
+  fs::create_directories(cfg.out_dir, ec);
+  if (ec)
+    throw IoError(
+        str("[train] cannot create output directory '", cfg.out_dir, "': ", ec.message()));
+  {
+    std::ofstream y(fs::path(cfg.out_dir) / "config.yaml");
+    y << cfg.resolved.to_yaml();
+    if (!y) throw IoError(str("[train] cannot write '", cfg.out_dir, "/config.yaml'"));
+  }
+
+  const bool tty = opts.tty.value_or(ProgressBar::stdout_is_tty());
+  ProgressBar bar(cfg.trainer.max_steps, tty, opts.out);
+  auto say = [&](const std::string& s) {
+    if (!opts.quiet) bar.message(s);
+  };
+
+  TrainData data = build_data(cfg);
+  say("data: " + data.description);
+  if (!data.skipped.empty()) say("data: " + summarize_skipped(data.skipped));
+  DataLoader loader(data.train, cfg.data.micro_batch_size,
+                    SamplerOptions{cfg.seed, cfg.data.shuffle, 0, cfg.dist.data_parallel_size});
+  std::vector<Batch> val_batches;
+  if (data.val && cfg.trainer.val_check_interval > 0 && cfg.trainer.limit_val_batches > 0) {
+    const int64_t b = cfg.data.micro_batch_size;
+    const int64_t n = std::min(cfg.trainer.limit_val_batches, (data.val->size() + b - 1) / b);
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<int64_t> idx;
+      for (int64_t k = i * b; k < std::min((i + 1) * b, data.val->size()); ++k) idx.push_back(k);
+      val_batches.push_back(make_batch(*data.val, idx));
+    }
+  }
+
+  auto model = make_causal_lm(model_config(cfg), cfg.seed);
+  model->train();
+  std::vector<optim::NamedParam> named;
+  for (auto& [name, t] : model->named_parameters()) named.push_back({name, t});
+  const std::vector<Tensor> params = optim::params_of(named);
+  TrainResult res;
+  res.num_parameters = model->num_parameters();
+  say(str("model: ", cfg.model.arch, ", ", cfg.model.num_layers, " layers, hidden ",
+          cfg.model.hidden_size, ", ", cfg.model.num_attention_heads, " heads (",
+          cfg.model.num_kv_heads, " kv), ffn ", cfg.model.ffn_hidden_size, ", vocab ",
+          cfg.model.vocab_size, ": ", with_commas(res.num_parameters), " parameters"));
+
+  auto groups = optim::default_param_groups(named, cfg.optim.lr, cfg.optim.weight_decay);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (cfg.optim.name == "sgd")
+    opt = std::make_unique<optim::SGD>(
+        std::move(groups), optim::SGDOptions{cfg.optim.momentum, 0.0, cfg.optim.nesterov});
+  else
+    opt = std::make_unique<optim::AdamW>(
+        std::move(groups), optim::AdamWOptions{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps});
+  optim::LRSchedule sched({optim::schedule_kind_from_name(cfg.optim.sched_name), cfg.optim.lr,
+                           cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.optim.decay_steps});
+  const int64_t tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_length;
+  say(str("train: ", cfg.trainer.max_steps, " steps of ", cfg.data.global_batch_size, " x ",
+          cfg.data.seq_length, " tokens (micro batch ", cfg.data.micro_batch_size, ", ",
+          cfg.grad_accum_steps, " accumulation step(s)), ", cfg.optim.name, " lr ", cfg.optim.lr,
+          " ", cfg.optim.sched_name, ", ", cfg.trainer.num_threads, " thread(s); output in ",
+          cfg.out_dir));
+
+  auto validate = [&]() -> std::optional<double> {
+    if (val_batches.empty()) return std::nullopt;
+    NoGradGuard ng;
+    model->eval();
+    double sum = 0;
+    for (const auto& b : val_batches) sum += model->loss(b.ids, b.targets).item();
+    model->train();
+    return sum / static_cast<double>(val_batches.size());
+  };
+
+  MetricsWriter metrics((fs::path(cfg.out_dir) / "metrics.csv").string());
+  res.initial_val_loss = validate();
+  if (res.initial_val_loss) say(str("step 0: val_loss ", *res.initial_val_loss));
+
+  const auto t0 = Clock::now();
+  double train_seconds = 0, interval_seconds = 0;
+  int64_t interval_tokens = 0;
+  const double inv_accum = 1.0 / static_cast<double>(cfg.grad_accum_steps);
+  for (int64_t step = 1; step <= cfg.trainer.max_steps; ++step) {
+    const auto ts = Clock::now();
+    const double lr = sched.lr(step - 1);
+    opt->set_lr(lr);
+    double loss_sum = 0;
+    for (int64_t a = 0; a < cfg.grad_accum_steps; ++a) {
+      Batch b = loader.next();
+      Tensor loss = model->loss(b.ids, b.targets);
+      loss_sum += loss.item();
+      backward(cfg.grad_accum_steps == 1 ? loss : mul(loss, inv_accum));
+    }
+    const double gn = cfg.trainer.gradient_clip_val > 0
+                          ? optim::clip_grad_norm(params, cfg.trainer.gradient_clip_val)
+                          : optim::grad_norm(params);
+    opt->step();
+    opt->zero_grad(/*set_to_none=*/true);
+    const double step_s = since(ts);
+    train_seconds += step_s;
+    interval_seconds += step_s;
+    interval_tokens += tokens_per_step;
+
+    const double loss = loss_sum * inv_accum;
+    if (step == 1) res.first_loss = loss;
+    res.last_loss = loss;
+    const bool last = step == cfg.trainer.max_steps;
+    const bool do_val =
+        cfg.trainer.val_check_interval > 0 && (step % cfg.trainer.val_check_interval == 0 || last);
+    MetricsRow row;
+    row.step = step;
+    row.loss = loss;
+    row.lr = lr;
+    row.grad_norm = gn;
+    if (do_val) {
+      row.val_loss = validate();
+      if (row.val_loss) res.final_val_loss = row.val_loss;
+    }
+    if (step % cfg.trainer.log_every_n_steps == 0 || last || row.val_loss) {
+      row.tokens_per_s = interval_seconds > 0 ? interval_tokens / interval_seconds : 0;
+      row.epoch = loader.epoch();
+      row.elapsed_s = since(t0);
+      metrics.write(row);
+      if (!opts.quiet) bar.update(row);
+      interval_seconds = 0;
+      interval_tokens = 0;
+    }
+    res.steps = step;
+  }
+  if (!opts.quiet) bar.finish();
+  res.seconds = since(t0);
+  res.tokens_per_s = train_seconds > 0 ? res.steps * tokens_per_step / train_seconds : 0;
+  if (!opts.quiet)
+    std::fprintf(opts.out, "done: %lld steps in %s (setup %.1f s), %.0f tokens/s, loss %.4f",
+                 static_cast<long long>(res.steps), format_duration(res.seconds).c_str(),
+                 std::chrono::duration<double>(t0 - t_setup).count(), res.tokens_per_s,
+                 res.last_loss);
+  if (!opts.quiet && res.final_val_loss)
+    std::fprintf(opts.out, ", val_loss %.4f (from %.4f)", *res.final_val_loss,
+                 res.initial_val_loss.value_or(0.0));
+  if (!opts.quiet) std::fprintf(opts.out, "\n");
+
+  // the text sample
+  const auto& g = cfg.generation;
+  if (g.max_new_tokens > 0 && cfg.data.kind == "text") {
+    std::vector<int64_t> prompt;
+    for (unsigned char ch : g.prompt) prompt.push_back(ch);
+    GenerateOptions go;
+    go.max_new_tokens = g.max_new_tokens;
+    go.temperature = g.temperature;
+    go.top_k = g.top_k;
+    go.seed = cfg.seed;
+    std::vector<int64_t> ids = model->generate(prompt, go);
+    for (int64_t id : ids) res.sample.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+    std::ofstream(fs::path(cfg.out_dir) / "sample.txt", std::ios::binary) << res.sample;
+    if (!opts.quiet)
+      std::fprintf(opts.out, "sample (temperature %g, top_k %lld):\n%s\n", g.temperature,
+                   static_cast<long long>(g.top_k), res.sample.c_str());
+  }
+  std::fflush(opts.out);
+  return res;
+}
+
+}  // namespace nxd::trainer

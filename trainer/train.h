@@ -1,0 +1,56 @@
+#pragma once
+// The single-rank training loop of nxd-train: data, model, optimizer, schedule, validation and
+// logs, from a resolved TrainConfig.
+//
+// Per step: lr = schedule(step - 1); for each of grad_accum_steps micro batches, loss =
+// model->loss(ids, targets) and backward of loss / grad_accum_steps (so the gradient is that of
+// the mean over the global batch); clip the global grad norm; optimizer step; zero the grads.
+// Validation (every trainer.val_check_interval steps and at the last) is the mean loss over a
+// fixed list of validation micro batches, in eval mode without a graph. The same config and seed
+// give bitwise-identical losses (the thread count is part of the config).
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/trainer/config.h"
+#include "nxd/trainer/data.h"
+
+namespace nxd::trainer {
+
+struct TrainData {
+  std::shared_ptr<const Dataset> train, val;
+  std::string description;           // one line: source, tokens, files, samples
+  std::vector<SkippedFile> skipped;  // files of a text folder that were not read
+};
+// Loads the data of cfg.data (throws IoError / ConfigError naming the path and keys).
+TrainData build_data(const TrainConfig& cfg);
+
+ModelConfig model_config(const TrainConfig& cfg);
+
+struct TrainOptions {
+  std::FILE* out = stdout;  // progress and messages
+  std::optional<bool> tty;  // progress bar in place; default: isatty(stdout)
+  bool quiet = false;       // no terminal output at all
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double first_loss = 0, last_loss = 0;
+  std::optional<double> initial_val_loss, final_val_loss;  // before training, after the last step
+  double seconds = 0;       // training loop wall time (validation included)
+  double tokens_per_s = 0;  // training tokens / training time (validation excluded)
+  int64_t num_parameters = 0;
+  std::string sample;  // the generated text (bytes) or ids, "" when disabled
+};
+
+// Trains as configured, writing cfg.out_dir/{config.yaml, metrics.csv, sample.txt}.
+TrainResult train(const TrainConfig& cfg, const TrainOptions& opts = {});
+
+// Summarizes skipped files, grouped by reason: "skipped 62 files: 31 binary (art.dat, ...), ..."
+std::string summarize_skipped(const std::vector<SkippedFile>& skipped);
+
+}  // namespace nxd::trainer
