@@ -6,8 +6,8 @@
 // and collectives advance it), and a memory counter whose capacity is the core's HBM (16 GiB on
 // NeuronCore-v2), so an allocation beyond it throws OutOfDeviceMemory. BLAS runs single-threaded
 // while ranks run. Data really moves through shared memory: each rank reduces its own chunk of
-// every all-reduce directly from the peers' buffers in rank order, then copies the other chunks,
-// so results are bitwise identical on every rank and every run.
+// every all-reduce directly from the peers' buffers in rank order and writes it into every
+// member's output, so results are bitwise identical on every rank and every run.
 //
 // Failures never hang: ranks calling mismatched collectives on a group (op, dtype, count, root,
 // reduce op) all get a CommError listing each rank's call; when every live rank is blocked

@@ -6,7 +6,7 @@
 // calls match (all compute the same verdict, so all throw together), charges the modeled time
 // of the collective to its SimClock, and moves data straight between the members' buffers:
 //   all_reduce      member i reduces chunk i from every member's send buffer in rank order
-//                   into its recv buffer; barrier; it copies chunk j from member j; barrier.
+//                   and writes it into every member's recv buffer; barrier.
 //   reduce_scatter  member i reduces block i of every send buffer in rank order; barrier.
 //   all_gather, broadcast, all_to_all, reduce: one copy/reduce pass; barrier.
 // The final barrier keeps every buffer alive until the peers are done reading it.
@@ -367,16 +367,19 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
         per = (per + 15) / 16 * 16;  // 64-byte aligned chunks for f32
         auto lo = [&](int k) { return std::min<int64_t>(n, k * per); };
         auto hi = [&](int k) { return std::min<int64_t>(n, (k + 1) * per); };
-        if (hi(i) > lo(i)) {
-          std::vector<const void*> srcs(p);
-          for (int k = 0; k < p; ++k) srcs[k] = src(k) + lo(i) * es;
-          reduce_buffers(out + lo(i) * es, srcs, hi(i) - lo(i), t, op, p);
+        // Reduce my chunk block by block (in rank order) and push each block into every
+        // member's recv buffer while it is hot in cache. Only member i touches chunk i of any
+        // buffer, so this is safe in place; the final barrier publishes the writes.
+        constexpr int64_t kBlock = 16384;
+        std::vector<const void*> srcs(p);
+        for (int64_t b = lo(i); b < hi(i); b += kBlock) {
+          const int64_t len = std::min(kBlock, hi(i) - b);
+          for (int k = 0; k < p; ++k) srcs[k] = src(k) + b * es;
+          reduce_buffers(out + b * es, srcs, len, t, op, p);
+          for (int k = 0; k < p; ++k)
+            if (k != i)
+              std::memcpy(static_cast<char*>(calls[k].recv) + b * es, out + b * es, len * es);
         }
-        sync(name, what);
-        for (int k = 0; k < p; ++k)
-          if (k != i && hi(k) > lo(k))
-            std::memcpy(out + lo(k) * es, static_cast<const char*>(calls[k].recv) + lo(k) * es,
-                        (hi(k) - lo(k)) * es);
         break;
       }
       case CollKind::reduce_scatter: {
