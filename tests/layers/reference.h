@@ -95,11 +95,11 @@ struct Ref {
       }
     return o;
   }
-  void rotate_all(Vec& x, int64_t heads, int64_t D, int64_t r) const {
+  void rotate_all(Vec& x, int64_t heads, int64_t D, int64_t r, int64_t offset = 0) const {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t s = 0; s < S; ++s)
         for (int64_t h = 0; h < heads; ++h)
-          rotary(&x[((b * S + s) * heads + h) * D], r, s, c.rope_theta);
+          rotary(&x[((b * S + s) * heads + h) * D], r, s + offset, c.rope_theta);
   }
   static Vec add(const Vec& a, const Vec& b) {
     Vec y(a.size());
