@@ -154,6 +154,23 @@ TEST(Models, OutputShapesAndInitialLoss) {
     EXPECT_EQ(loss.numel(), 1);
     // small init: nearly uniform predictions
     EXPECT_NEAR(loss.item(), std::log(13.0), 0.05) << arch;
+    // loss = mean over non-ignored targets of -log softmax(logits)[target], by hand
+    Tensor tg = ids.clone();
+    tg.set({0, 0}, -100);
+    tg.set({2, 6}, -100);
+    double want = 0;
+    int count = 0;
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t s = 0; s < 7; ++s) {
+        int64_t t = static_cast<int64_t>(tg.at({b, s}));
+        if (t == -100) continue;
+        double mx = -1e300, z = 0;
+        for (int64_t v = 0; v < 13; ++v) mx = std::max(mx, logits.at({b, s, v}));
+        for (int64_t v = 0; v < 13; ++v) z += std::exp(logits.at({b, s, v}) - mx);
+        want += -(logits.at({b, s, t}) - mx - std::log(z));
+        ++count;
+      }
+    EXPECT_NEAR(m->loss(ids, tg).item(), want / count, 1e-6) << arch;
     EXPECT_THROW(m->loss(ids, ids_tensor(some_ids(7, 13, 2), 1, 7)), ShapeError);
     EXPECT_THROW(m->forward(ids_tensor(some_ids(33, 13, 2), 1, 33)), InvalidArgument);
   }
