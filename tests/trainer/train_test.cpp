@@ -52,7 +52,7 @@ std::vector<std::string> loss_columns(const fs::path& csv) {
     // step,loss,val_loss: the first three columns
     size_t p = 0;
     for (int k = 0; k < 3; ++k) p = line.find(',', p) + 1;
-    out.push_back(line.substr(0, p));
+    out.push_back(line.substr(0, p - 1));  // "step,loss,val_loss"
   }
   return out;
 }
@@ -83,15 +83,13 @@ TEST(Train, TinyRunLearnsAndWritesFiles) {
   EXPECT_EQ(back.values(), t.resolved.values());
 }
 
-TEST(Train, SameConfigAndSeedGiveBitwiseIdenticalLosses) {
+TEST(Train, SeedChangesTheRun) {
+  // (bitwise reproducibility across runs is tested on the binary: tests/tools)
   auto d = temp_dir("");
   auto corpus = tiny_corpus(d);
-  train(tiny(d / "a", corpus, {"trainer.max_steps=12"}), {.quiet = true});
-  train(tiny(d / "b", corpus, {"trainer.max_steps=12"}), {.quiet = true});
-  train(tiny(d / "c", corpus, {"trainer.max_steps=12", "seed=5"}), {.quiet = true});
-  auto a = loss_columns(d / "a" / "metrics.csv");
-  EXPECT_EQ(a, loss_columns(d / "b" / "metrics.csv"));
-  EXPECT_NE(a, loss_columns(d / "c" / "metrics.csv"));
+  train(tiny(d / "a", corpus, {"trainer.max_steps=5"}), {.quiet = true});
+  train(tiny(d / "c", corpus, {"trainer.max_steps=5", "seed=5"}), {.quiet = true});
+  EXPECT_NE(loss_columns(d / "a" / "metrics.csv"), loss_columns(d / "c" / "metrics.csv"));
 }
 
 TEST(Train, GradientAccumulationMatchesOneBigBatch) {

@@ -1,0 +1,192 @@
+// Runs the nxd-train binary: a tiny end-to-end training run, reproducibility across runs, and
+// the message and exit code 2 of each class of bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Proc {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+fs::path temp_dir() {
+  fs::path d =
+      fs::temp_directory_path() / (std::string("nxd_train_cli_") +
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+Proc run(const std::vector<std::string>& args, const fs::path& dir) {
+  std::string cmd = quote(NXD_TRAIN_BIN);
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd +=
+      " > " + quote((dir / "stdout.txt").string()) + " 2> " + quote((dir / "stderr.txt").string());
+  int st = std::system(cmd.c_str());
+  Proc r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(dir / "stdout.txt");
+  r.err = slurp(dir / "stderr.txt");
+  return r;
+}
+
+fs::path tiny_config(const fs::path& dir) {
+  {
+    std::ofstream f(dir / "corpus.txt");
+    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
+  }
+  std::ofstream(dir / "tiny.yaml") << "seed: 7\n"
+                                      "trainer:\n"
+                                      "  max_steps: 30\n"
+                                      "  log_every_n_steps: 5\n"
+                                      "  val_check_interval: 10\n"
+                                      "  limit_val_batches: 2\n"
+                                      "  num_threads: 1\n"
+                                      "data:\n"
+                                      "  path: "
+                                   << (dir / "corpus.txt").string()
+                                   << "\n"
+                                      "  seq_length: 32\n"
+                                      "  micro_batch_size: 4\n"
+                                      "  global_batch_size: 8\n"
+                                      "model:\n"
+                                      "  num_layers: 1\n"
+                                      "  hidden_size: 32\n"
+                                      "  num_attention_heads: 2\n"
+                                      "  optim: {lr: 1.0e-2}\n"
+                                      "generation: {max_new_tokens: 16}\n";
+  return dir / "tiny.yaml";
+}
+
+struct Csv {
+  std::vector<std::vector<std::string>> rows;  // without the header
+  std::string header;
+};
+Csv read_csv(const fs::path& p) {
+  Csv c;
+  std::ifstream in(p);
+  std::getline(in, c.header);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cols;
+    std::stringstream ss(line);
+    std::string col;
+    while (std::getline(ss, col, ',')) cols.push_back(col);
+    if (!line.empty() && line.back() == ',') cols.push_back("");
+    c.rows.push_back(cols);
+  }
+  return c;
+}
+
+void expect_user_error(const Proc& r, const std::string& part) {
+  EXPECT_EQ(r.code, 2) << "stderr: " << r.err;
+  EXPECT_EQ(r.err.rfind("nxd-train: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(part), std::string::npos) << "stderr: " << r.err << "\nexpected: " << part;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+  EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
+}
+
+}  // namespace
+
+TEST(NxdTrain, TinyRunLearnsAndWritesItsFiles) {
+  auto d = temp_dir();
+  Proc r = run({"--config", tiny_config(d).string(), "--out", (d / "out").string()}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* f : {"metrics.csv", "config.yaml", "sample.txt"})
+    EXPECT_TRUE(fs::exists(d / "out" / f)) << f;
+  Csv m = read_csv(d / "out" / "metrics.csv");
+  EXPECT_EQ(m.header.rfind("step,loss,val_loss,lr,grad_norm,tokens_per_s", 0), 0u) << m.header;
+  ASSERT_EQ(m.rows.size(), 6u);
+  EXPECT_EQ(m.rows.back()[0], "30");
+  const double first = std::stod(m.rows.front()[1]), last = std::stod(m.rows.back()[1]);
+  EXPECT_LT(last, first - 1.0) << "training loss did not fall";
+  EXPECT_EQ(m.rows[0][2], "");  // no validation at step 5
+  const double val10 = std::stod(m.rows[1][2]), val30 = std::stod(m.rows[5][2]);
+  EXPECT_LT(val30, val10);
+  EXPECT_LT(val30, 3.0);
+  // not a terminal: plain lines, then the sample
+  EXPECT_EQ(r.out.find('\r'), std::string::npos);
+  EXPECT_NE(r.out.find("step 30/30"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sample"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(d / "out" / "sample.txt").size(), 7u + 16u);  // "Q: What" + 16 bytes
+  // the written config.yaml reproduces the run
+  Proc again =
+      run({"--config", (d / "out" / "config.yaml").string(), "--out", (d / "again").string()}, d);
+  ASSERT_EQ(again.code, 0) << again.err;
+  Csv m2 = read_csv(d / "again" / "metrics.csv");
+  ASSERT_EQ(m2.rows.size(), m.rows.size());
+  for (size_t i = 0; i < m.rows.size(); ++i) {
+    EXPECT_EQ(m2.rows[i][1], m.rows[i][1]) << "loss, row " << i;  // bitwise: same text
+    EXPECT_EQ(m2.rows[i][2], m.rows[i][2]) << "val_loss, row " << i;
+  }
+}
+
+TEST(NxdTrain, HelpAndPrintConfig) {
+  auto d = temp_dir();
+  Proc h = run({"--help"}, d);
+  EXPECT_EQ(h.code, 0);
+  EXPECT_NE(h.out.find("usage: nxd-train"), std::string::npos);
+  Proc p = run({"--set", "model.hidden_size=64", "--print-config"}, d);
+  EXPECT_EQ(p.code, 0) << p.err;
+  EXPECT_NE(p.out.find("  hidden_size: 64\n"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("  num_kv_heads: 4\n"), std::string::npos) << p.out;  // resolved
+}
+
+TEST(NxdTrain, BadInputGivesOneLineAndExitCode2) {
+  auto d = temp_dir();
+  expect_user_error(run({"--set", "model.hiden_size=64"}, d),
+                    "unknown key 'model.hiden_size' (--set model.hiden_size=64); did you mean "
+                    "'model.hidden_size'?");
+  std::ofstream(d / "bad_key.yaml") << "trainer:\n  max_step: 10\n";
+  expect_user_error(run({"--config", (d / "bad_key.yaml").string()}, d),
+                    "did you mean 'trainer.max_steps'");
+  expect_user_error(run({"--set", "data.micro_batch_size=four"}, d),
+                    "data.micro_batch_size: expected an integer, got string \"four\"");
+  std::ofstream(d / "bad_type.json") << R"({"model": {"tie_word_embeddings": "yes"}})";
+  expect_user_error(run({"--config", (d / "bad_type.json").string()}, d),
+                    "model.tie_word_embeddings: expected a boolean (true or false), got string");
+  expect_user_error(
+      run({"--set", "model.hidden_size=100", "--set", "model.num_attention_heads=8"}, d),
+      "model.num_attention_heads=8 does not divide model.hidden_size=100");
+  expect_user_error(
+      run({"--set", "model.num_attention_heads=8", "--set", "model.num_kv_heads=3"}, d),
+      "model.num_kv_heads=3 does not divide model.num_attention_heads=8");
+  expect_user_error(
+      run({"--set", "data.global_batch_size=24", "--set", "data.micro_batch_size=16"}, d),
+      "data.global_batch_size=24 is not a multiple of data.micro_batch_size=16");
+  expect_user_error(
+      run({"--set", "data.path=" + (d / "no_such_corpus").string(), "--out", (d / "o1").string()},
+          d),
+      "data.path '" + (d / "no_such_corpus").string() + "' does not exist");
+  fs::create_directories(d / "binary_only");
+  std::ofstream(d / "binary_only" / "x.dat", std::ios::binary) << std::string("\0\1\2", 3);
+  expect_user_error(
+      run({"--set", "data.path=" + (d / "binary_only").string(), "--out", (d / "o2").string()}, d),
+      "empty corpus");
+  expect_user_error(run({"--config", (d / "missing.yaml").string()}, d), "cannot read config file");
+  expect_user_error(run({"--frobnicate"}, d), "unknown argument '--frobnicate'");
+  expect_user_error(run({"--set", "model.arch=gpt2"}, d), "\"gpt2\" is not one of llama, gpt_neox");
+}
