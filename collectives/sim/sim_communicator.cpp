@@ -252,8 +252,9 @@ class SimCommunicator final : public Communicator {
   Work run(CollKind kind, const void* s, void* r, int64_t n, DType t, ReduceOp op, bool reduces,
            int root, bool async);
   // Arrives at the group barrier and waits for the others (lock held). Throws on abort/timeout.
-  void arrive_locked(std::unique_lock<std::mutex>& lk, const char* op, const std::string& what);
-  void sync(const char* op, const std::string& what) {
+  // `call` describes the call for messages (built only when blocking or failing).
+  void arrive_locked(std::unique_lock<std::mutex>& lk, const char* op, const CallDesc& call);
+  void sync(const char* op, const CallDesc& what) {
     std::unique_lock lk(w_->mu);
     arrive_locked(lk, op, what);
   }
@@ -269,7 +270,7 @@ class SimCommunicator final : public Communicator {
 };
 
 void SimCommunicator::arrive_locked(std::unique_lock<std::mutex>& lk, const char* op,
-                                    const std::string& what) {
+                                    const CallDesc& call) {
   World& w = *w_;
   Group& g = *g_;
   if (w.aborted) w.throw_aborted_locked(op, me());
@@ -286,6 +287,7 @@ void SimCommunicator::arrive_locked(std::unique_lock<std::mutex>& lk, const char
     g.cv.notify_all();
     return;
   }
+  const std::string what = call.str();
   w.block_locked(me(), str(what, " on group ", g.name));
   w.check_deadlock_locked(me());
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -325,13 +327,12 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
   NXD_CHECK(d.meta || kind == CollKind::barrier || n == 0 ||
                 (r != nullptr && (s != nullptr || kind == CollKind::broadcast)),
             "[", name, "] null buffer with count ", n, " on group ", g_->name);
-  const std::string what = d.str();
 
   std::vector<CallDesc> calls;
   {
     std::unique_lock lk(w_->mu);
     g_->posted[rank()] = d;
-    arrive_locked(lk, name, what);
+    arrive_locked(lk, name, d);
     calls = g_->snapshot;
   }
   const int p = size(), i = rank();
@@ -408,7 +409,7 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
       default:
         break;
     }
-    sync(name, what);
+    sync(name, d);
   } else if (!d.meta && n > 0 && p == 1 && s != r && s && r && kind != CollKind::broadcast) {
     std::memcpy(r, s, n * es);
   }

@@ -31,28 +31,31 @@ Tensor rank_tensor(int r, int64_t n, DType t, int64_t offset = 0) {
   return from_doubles(v, {n}, t);
 }
 
+// value() as stored in dtype t.
+double stored(int r, int64_t i, DType t) {
+  double v = value(r, i, t);
+  if (t == DType::f32) return static_cast<float>(v);
+  if (t == DType::bf16) return static_cast<float>(bf16(static_cast<float>(v)));
+  return v;
+}
+
 // Serial reference of op over ranks 0..p-1 (in rank order, in the dtype's accumulation type).
 Tensor reference(int p, int64_t n, DType t, ReduceOp op, int64_t offset = 0) {
   std::vector<double> out(n);
+  auto combine = [op](auto acc, auto v) {
+    return op == ReduceOp::max   ? std::max(acc, v)
+           : op == ReduceOp::min ? std::min(acc, v)
+                                 : acc + v;
+  };
   for (int64_t i = 0; i < n; ++i) {
     if (t == DType::f32 || t == DType::bf16) {
-      float acc = static_cast<float>(rank_tensor(0, 1, t, i + offset).item());
-      for (int r = 1; r < p; ++r) {
-        float v = static_cast<float>(rank_tensor(r, 1, t, i + offset).item());
-        acc = op == ReduceOp::max   ? std::max(acc, v)
-              : op == ReduceOp::min ? std::min(acc, v)
-                                    : acc + v;
-      }
+      float acc = static_cast<float>(stored(0, i + offset, t));
+      for (int r = 1; r < p; ++r) acc = combine(acc, static_cast<float>(stored(r, i + offset, t)));
       if (op == ReduceOp::avg) acc /= p;
       out[i] = acc;
     } else {
-      double acc = rank_tensor(0, 1, t, i + offset).item();
-      for (int r = 1; r < p; ++r) {
-        double v = rank_tensor(r, 1, t, i + offset).item();
-        acc = op == ReduceOp::max   ? std::max(acc, v)
-              : op == ReduceOp::min ? std::min(acc, v)
-                                    : acc + v;
-      }
+      double acc = stored(0, i + offset, t);
+      for (int r = 1; r < p; ++r) acc = combine(acc, stored(r, i + offset, t));
       if (op == ReduceOp::avg) acc /= p;
       out[i] = acc;
     }
