@@ -12,7 +12,8 @@
 
 namespace nxd::kernels {
 
-// y: [B, H, S, D] contiguous, x: [B, H, S, D] (any layout with unit last stride). Position of
+// y, x: [B, H, S, D], any layouts with unit last stride (e.g. [B, S, H, D] memory), not
+// overlapping. Position of
 // sequence index s is position_offset + s. rotary_dim even, 0 < rotary_dim <= D (0 means D).
 // inverse: rotate by -theta (the backward; dy in, dx out).
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,

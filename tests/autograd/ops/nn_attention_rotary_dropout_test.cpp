@@ -103,6 +103,11 @@ TEST(NnOpsRotary, ClosedFormAndGradcheck) {
   EXPECT_NEAR(yz.at({0, 1, 5, 3}),
               z.at({0, 1, 5, 3}) * std::cos(t2) + z.at({0, 1, 5, 1}) * std::sin(t2), 1e-14);
   EXPECT_EQ(yz.at({0, 1, 5, 6}), z.at({0, 1, 5, 6}));
+  // a [B, S, H, D] view keeps its memory layout (so attention reads it without copies)
+  Tensor zs = randn({1, 6, 2, 8}, 18, DType::f32);
+  Tensor yl = rotary(zs.transpose(1, 2), n);
+  EXPECT_TRUE(yl.transpose(1, 2).is_contiguous());
+  EXPECT_BITWISE_EQ(yl.contiguous(), rotary(zs.transpose(1, 2).contiguous(), n));
   check_grad([n](const auto& in) { return std::vector<Tensor>{rotary(in[0], n)}; },
              {randn({1, 2, 3, 8}, 14)}, "rotary partial");
   check_grad([](const auto& in) { return std::vector<Tensor>{rotary(transpose(in[0], 1, 2))}; },

@@ -56,6 +56,10 @@ TEST(NnRotary, StridedInputAndErrors) {
   k::rotary_forward(y, x, 0, 10000.0, 0);
   k::ref::rotary_forward(r, x, 0, 10000.0, 0);
   EXPECT_CLOSE_REL(y, r, 2e-6);
+  // an output in [B, S, H, D] memory
+  Tensor ys = empty({2, 5, 3, 8}), yv = ys.transpose(1, 2);
+  k::rotary_forward(yv, x, 0, 10000.0, 0);
+  EXPECT_BITWISE_EQ(yv.contiguous(), y);
   try {
     k::rotary_forward(y, x, 5, 10000.0, 0);
     FAIL();
