@@ -118,17 +118,26 @@ GQAQKVColumnParallelLinear::GQAQKVColumnParallelLinear(int64_t in, int64_t q_out
   NXD_CHECK(m_ >= 1, "[", op, "] kv_size_multiplier must be >= 1, got ", m_);
   NXD_CHECK(!(o.sequence_parallel_enabled && o.gather_output), "[", op,
             "] sequence_parallel_enabled requires gather_output=false");
+  if (o.head_dim > 0) {
+    const int64_t d = o.head_dim;
+    NXD_CHECK_SHAPE(q_out % d == 0 && kv_out % d == 0, "[", op, "] output sizes q=", q_out,
+                    " kv=", kv_out, " are not whole heads of head_dim ", d);
+    NXD_CHECK_SHAPE((q_out / d) % tp_ == 0, "[", op, "] ", q_out / d,
+                    " query heads are not divisible by tensor parallel size ", tp_);
+    NXD_CHECK_SHAPE(tp_ % m_ == 0, "[", op, "] tensor parallel size ", tp_,
+                    " is not divisible by kv_size_multiplier ", m_);
+    NXD_CHECK_SHAPE((kv_out / d * m_) % tp_ == 0, "[", op, "] ", kv_out / d,
+                    " key/value heads x kv_size_multiplier ", m_,
+                    " are not divisible by tensor parallel size ", tp_,
+                    " (replicate the KV heads with kv_size_multiplier = tp / kv heads)");
+  }
   check_divisible(op, "query output size", q_out, tp_);
   NXD_CHECK_SHAPE(tp_ % m_ == 0, "[", op, "] tensor parallel size ", tp_,
                   " is not divisible by kv_size_multiplier ", m_);
   NXD_CHECK_SHAPE((kv_out * m_) % tp_ == 0, "[", op, "] key/value output size ", kv_out,
                   " x kv_size_multiplier ", m_, " is not divisible by tensor parallel size ", tp_,
-                  " (raise kv_size_multiplier so that the KV heads can be replicated over TP)");
+                  " (replicate the KV heads with kv_size_multiplier)");
   const int64_t qp = q_out / tp_, kp = kv_out * m_ / tp_;
-  if (o.head_dim > 0)
-    NXD_CHECK_SHAPE(qp % o.head_dim == 0 && kp % o.head_dim == 0, "[", op,
-                    "] per-rank sizes q=", qp, " kv=", kp, " (tp=", tp_,
-                    ", kv_size_multiplier=", m_, ") are not whole heads of head_dim ", o.head_dim);
   ParallelAttrs qa;
   qa.tensor_model_parallel = tp_ > 1;
   qa.partition_dim = 0;
