@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,9 @@ struct TimerOptions {
 };
 
 struct Timing {
-  double median = 0;  // seconds per call
+  double median = 0;  // seconds per call (wall clock)
   double min = 0;
+  double cpu_median = 0;  // process CPU seconds per call (all threads): unaffected by preemption
   int reps = 0;
 };
 
@@ -29,14 +31,26 @@ inline double now_seconds() {
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
 }
 
-inline Timing summarize(std::vector<double> t) {
-  Timing r;
-  if (t.empty()) return r;
+inline double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+inline double median_of(std::vector<double> t) {
+  if (t.empty()) return 0;
   std::sort(t.begin(), t.end());
   const size_t n = t.size();
-  r.median = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-  r.min = t.front();
-  r.reps = static_cast<int>(n);
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+inline Timing summarize(const std::vector<double>& t, const std::vector<double>& cpu = {}) {
+  Timing r;
+  if (t.empty()) return r;
+  r.median = median_of(t);
+  r.min = *std::min_element(t.begin(), t.end());
+  r.cpu_median = median_of(cpu);
+  r.reps = static_cast<int>(t.size());
   return r;
 }
 
@@ -44,17 +58,18 @@ inline Timing summarize(std::vector<double> t) {
 template <class F>
 Timing time_fn(F&& f, TimerOptions o = {}) {
   for (int i = 0; i < o.warmup; ++i) f();
-  std::vector<double> t;
+  std::vector<double> t, c;
   double total = 0;
   while (static_cast<int>(t.size()) < o.min_reps ||
          (total < o.min_seconds && static_cast<int>(t.size()) < o.max_reps)) {
-    const double s = now_seconds();
+    const double s = now_seconds(), cs = cpu_seconds();
     f();
+    c.push_back(cpu_seconds() - cs);
     const double d = now_seconds() - s;
     t.push_back(d);
     total += d;
   }
-  return summarize(std::move(t));
+  return summarize(t, c);
 }
 
 // Times a candidate and its baseline alternately (a, b, a, b, ...): medians of each.
@@ -64,22 +79,25 @@ std::pair<Timing, Timing> time_pair(A&& a, B&& b, TimerOptions o = {}) {
     a();
     b();
   }
-  std::vector<double> ta, tb;
+  std::vector<double> ta, tb, ca, cb;
   double total_a = 0, total_b = 0;
   while (static_cast<int>(ta.size()) < o.min_reps ||
          (std::min(total_a, total_b) < o.min_seconds && static_cast<int>(ta.size()) < o.max_reps)) {
-    double s = now_seconds();
+    double s = now_seconds(), cs = cpu_seconds();
     a();
+    ca.push_back(cpu_seconds() - cs);
     double d = now_seconds() - s;
     ta.push_back(d);
     total_a += d;
     s = now_seconds();
+    cs = cpu_seconds();
     b();
+    cb.push_back(cpu_seconds() - cs);
     d = now_seconds() - s;
     tb.push_back(d);
     total_b += d;
   }
-  return {summarize(std::move(ta)), summarize(std::move(tb))};
+  return {summarize(ta, ca), summarize(tb, cb)};
 }
 
 // Minimal flags: --name value and --switch.

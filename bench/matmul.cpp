@@ -4,8 +4,8 @@
 // alternately in the same run. One line per case:
 //   matmul case=fwd m=512 n=768 k=768 threads=1 nxd_gflops=... blas_gflops=... ratio=...
 //          nxd_best_gflops=... blas_best_gflops=... best_ratio=... reps=...
-// (gflops from the median time per call, best_* from the fastest call: on a loaded machine the
-// fastest call is the better estimate of what each side costs.)
+// (gflops from the median wall time per call, best_* from the fastest call, cpu_ratio from the
+// median process CPU time per call: on a loaded machine the last two are the better estimates.)
 // Flags: --threads N (nxd::set_num_threads), --quick (fewer shapes).
 #include <cblas.h>
 
@@ -74,9 +74,10 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt) {
   const double be = flops / te.min / 1e9, bb = flops / tb.min / 1e9;
   std::printf(
       "matmul case=%s m=%lld n=%lld k=%lld threads=%d nxd_gflops=%.2f blas_gflops=%.2f "
-      "ratio=%.3f nxd_best_gflops=%.2f blas_best_gflops=%.2f best_ratio=%.3f reps=%d\n",
+      "ratio=%.3f nxd_best_gflops=%.2f blas_best_gflops=%.2f best_ratio=%.3f cpu_ratio=%.3f "
+      "reps=%d\n",
       c.name, static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-      threads, ge, gb, ge / gb, be, bb, be / bb, te.reps);
+      threads, ge, gb, ge / gb, be, bb, be / bb, tb.cpu_median / te.cpu_median, te.reps);
   std::fflush(stdout);
 }
 
