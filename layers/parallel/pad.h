@@ -1,0 +1,62 @@
+#pragma once
+// Attention head padding (NxD parallel_layers/pad.py: pad_model, get_number_of_extra_heads):
+// when the number of attention heads does not divide the TP degree, add zero heads so that it
+// does; the padded model computes the same function.
+//
+// Plan (plan_head_padding):
+//   - multi-head (num_kv_heads == num_heads): pad both to the next multiple of tp (NxD's rule).
+//   - grouped-query (H = Hkv * g): pad the KV heads to the smallest Hkv' >= Hkv that divides or
+//     is divided by tp (so K/V can be sharded, or replicated with kv_size_multiplier = tp/Hkv'),
+//     then each KV group's query heads to the smallest g' >= g with Hkv'*g' % tp == 0. Query
+//     heads stay group-major (query head p reads KV head p / g'), new heads at the end of each
+//     group, so every original query head keeps its original KV head.
+// Padding (pad_model / pad_attention_state_dict): new q/k/v rows (and bias entries) are zero, and
+// the output projection's columns for new heads are zero. A zero query attends uniformly and a
+// zero key/value head yields zero, but whatever a padded head computes is multiplied by zero
+// columns of o_proj/dense: outputs, the loss and the gradients of every original parameter are
+// unchanged, and padded q/k/v rows get zero gradient.
+// Caveat (as NxD, whose padding is meant for inference): with grouped-query attention a padded
+// query head reads a real KV head, so the padded o_proj columns do get a gradient; training the
+// padded model moves away from the original function unless those columns' gradients are zeroed
+// (head_padding_mask gives the mask).
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nxd/layers/module.h"
+#include "nxd/layers/transformer.h"
+
+namespace nxd {
+
+// Heads to add so that num_heads divides tp (NxD's get_number_of_extra_heads).
+int64_t get_number_of_extra_heads(int64_t num_heads, int64_t tp);
+
+struct HeadPadding {
+  int64_t num_heads = 0, num_kv_heads = 0;  // original
+  int64_t padded_heads = 0, padded_kv_heads = 0;
+  // For each padded query / KV head: the original head it holds, or -1 for a zero head.
+  std::vector<int64_t> q_source, kv_source;
+  bool needed() const { return padded_heads != num_heads || padded_kv_heads != num_kv_heads; }
+};
+HeadPadding plan_head_padding(int64_t num_heads, int64_t num_kv_heads, int64_t tp);
+
+// The options of the padded attention (head_dim fixed explicitly, heads padded).
+AttentionOptions pad_attention_options(const AttentionOptions& original, const HeadPadding& plan);
+
+// Pads one attention's parameters in `state` (keys prefix + q_proj/k_proj/v_proj/o_proj, or
+// query_key_value/dense for the fused GPT-NeoX layout); other keys are copied as they are.
+StateDict pad_attention_state_dict(const StateDict& state, const std::string& prefix,
+                                   const HeadPadding& plan, int64_t head_dim, QkvLayout layout);
+
+// Every CausalSelfAttention of `model` padded for `tp` (all must have the same head counts):
+// returns the padded state dict of the whole model, to load into the same model built with
+// pad_attention_options (or ModelConfig heads set to plan.padded_heads/padded_kv_heads with the
+// original head_dim). `plan` receives the plan (needed() is false when nothing was padded).
+StateDict pad_model(Module& model, int64_t tp, HeadPadding* plan = nullptr);
+
+// 1 for the columns of the padded attention's output projection that belong to original heads, 0
+// for padded heads: [padded_heads * head_dim].
+Tensor head_padding_mask(const HeadPadding& plan, int64_t head_dim);
+
+}  // namespace nxd
