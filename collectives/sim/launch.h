@@ -9,6 +9,11 @@
 // every all-reduce directly from the peers' buffers in rank order and writes it into every
 // member's output, so results are bitwise identical on every rank and every run.
 //
+// Non-blocking calls (iall_reduce, ...) move their data when issued, in issue order, and run on
+// the rank's comm stream of the simulated clock: they overlap the compute charged before wait(),
+// which advances the clock to the collective's modeled finish. irecv is deferred to wait(), so a
+// receive posted before the matching send never blocks.
+//
 // Failures never hang: ranks calling mismatched collectives on a group (op, dtype, count, root,
 // reduce op) all get a CommError listing each rank's call; when every live rank is blocked
 // (e.g. calls on different groups, a recv nobody sends) they get a CommError naming each rank's
