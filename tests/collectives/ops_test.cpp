@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "nxd/collectives/algorithms/ring.h"
 #include "nxd/collectives/communicator.h"
 #include "support/compare.h"
 #include "support/ranks.h"
@@ -333,6 +334,28 @@ TEST(Coll, ZeroCountsAndMetaTensorsMoveNothing) {
       EXPECT_TRUE(g.is_meta());
       EXPECT_EQ(g.shape(), (Shape{4, 8 * p}));
       if (p <= 4 && 4 % p == 0) EXPECT_EQ(c.reduce_scatter(m, 0).shape(), (Shape{4 / p, 8}));
+    });
+  }
+}
+
+TEST(Coll, RingAlgorithmsOverPointToPoint) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      for (DType t : kDtypes)
+        for (ReduceOp op : ops_for(t))
+          for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{1000}}) {  // counts not dividing p
+            Tensor x = rank_tensor(c.rank(), n, t);
+            algorithms::ring_all_reduce(c, x.raw_data(), n, t, op);
+            EXPECT_TRUE(
+                ::nxd::testing::close_rel(x, reference(p, n, t, op), tol(t),
+                                          str("ring p=", p, " ", t, " ", reduce_op_name(op))));
+            expect_same_on_all_ranks(c, x);
+          }
+      for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{17}}) {
+        auto [b, e] = algorithms::chunk_range(n, p, c.rank());
+        EXPECT_EQ(e - b, n / p + (c.rank() < n % p ? 1 : 0));
+      }
     });
   }
 }
