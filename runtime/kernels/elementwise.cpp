@@ -1,5 +1,6 @@
 #include "nxd/runtime/kernels/elementwise.h"
 
+#include <Eigen/Core>
 #include <cmath>
 
 #include "nxd/runtime/context.h"
@@ -255,6 +256,32 @@ void map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
       });
 }
 
+// Transcendental ops on contiguous data through Eigen's vectorized exp/log/tanh/logistic (std::
+// versions do not vectorize without -ffast-math). Returns false when op has no such path.
+template <class T>
+bool eigen_unary(const Tensor& out, const Tensor& x, Unary op) {
+  if (!(out.is_contiguous() && x.is_contiguous() && x.numel() == out.numel())) return false;
+  using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+  Eigen::Map<Arr> o(out.data<T>(), out.numel());
+  Eigen::Map<const Arr> v(x.data<T>(), x.numel());
+  switch (op) {
+    case Unary::exp:
+      o = v.exp();
+      return true;
+    case Unary::log:
+      o = v.log();
+      return true;
+    case Unary::tanh:
+      o = v.tanh();
+      return true;
+    case Unary::sigmoid:
+      o = v.logistic();
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Runs body<T>(out, inputs...) with T = float for f32/bf16 and double for f64; bf16 operands are
 // converted to f32 first and the f32 result rounded into out once.
 template <class Body>
@@ -284,6 +311,7 @@ void unary(const Tensor& out, const Tensor& x, Unary op, double p) {
   if (meta_output(out, {&x}, name) || out.numel() == 0) return;
   run_float(out.detach(), {x.detach()},
             [&]<class T>(const Tensor& o, const std::vector<Tensor>& in) {
+              if (eigen_unary<T>(o, in[0], op)) return;
               with_unary<T>(op, static_cast<T>(p), [&](auto f) { map1<T>(o, in[0], f); });
             });
 }
