@@ -114,6 +114,21 @@ Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   const int64_t n = shape_numel(lead);
   const int64_t ignore = opts.ignore_index;
   const double a = opts.label_smoothing;
+  const DType dt0 = logits.dtype(), ct0 = dt0 == DType::f64 ? DType::f64 : DType::f32;
+  if (logits.is_meta() || targets.is_meta()) {
+    // Shapes only (the planner): the same collectives, shape-only, and a meta loss.
+    Communicator* g = &group;
+    Shape ls = logits.shape();
+    Tensor loss = autograd::custom(
+        op, {logits},
+        [=](const std::vector<Tensor>&) {
+          g->all_reduce(empty({n}, ct0, Device::meta), ReduceOp::max);
+          g->all_reduce(empty({n, 3}, ct0, Device::meta), ReduceOp::sum);
+          return std::vector<Tensor>{empty(lead, dt0, Device::meta)};
+        },
+        [=](const Grads&) -> Grads { return {empty(ls, dt0, Device::meta)}; })[0];
+    return opts.reduction == Reduction::none ? loss : sum(loss);
+  }
   std::vector<int64_t> tg(static_cast<size_t>(n));
   int64_t count = 0;
   {

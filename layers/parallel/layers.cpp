@@ -20,6 +20,40 @@ ParamInit with_region(ParamInit init, const Shape& full, const Shape& start) {
 
 using namespace tp_detail;
 
+namespace {
+
+// Column-parallel linear under sequence parallelism (NxD's LinearWithAsyncCommunication with
+// sequence_parallel_enabled): forward all-gathers x along the sequence dim and multiplies; only
+// the local shard of x is saved, and backward re-gathers it for dW while dX is reduce-scattered.
+Tensor sp_column_linear(const Tensor& x, const Tensor& w, const Tensor& b, int64_t seq_dim,
+                        Communicator* g) {
+  const bool has_bias = b.defined();
+  const int64_t d = wrap_dim(seq_dim, x.dim(), "ColumnParallelLinear");
+  std::vector<Tensor> in{x, w};
+  if (has_bias) in.push_back(b);
+  return autograd::custom(
+      "column_parallel_linear_sp", in,
+      [g, d, has_bias](const std::vector<Tensor>& t) {
+        return std::vector<Tensor>{
+            linear(tp_detail::all_gather(*g, t[0], d), t[1], has_bias ? t[2] : Tensor())};
+      },
+      [xd = x.detach(), wd = w.detach(), g, d, has_bias](const Grads& gr) -> Grads {
+        const int64_t per = wd.size(0), in_f = wd.size(1);
+        Tensor x_full = tp_detail::all_gather(*g, xd, d);  // re-gathered, not saved
+        Tensor dy = gr[0].contiguous();
+        Tensor dy2 = dy.reshape({-1, per});
+        Tensor dx_full = matmul(dy2, wd);
+        Shape xs = x_full.shape();
+        Grads r(has_bias ? 3 : 2);
+        r[0] = reduce_scatter_sum(*g, dx_full.view(xs), d, "ColumnParallelLinear");
+        r[1] = matmul(dy2.t(), x_full.reshape({-1, in_f}));
+        if (has_bias) r[2] = sum(dy2, {0});
+        return r;
+      })[0];
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- ColumnParallelLinear
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out,
@@ -80,10 +114,9 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   const bool shard_bias = bias_.defined() && !o_.gather_output;
   Tensor b_local;
   if (shard_bias && add_bias) b_local = bias_.dim() == 2 ? view(bias_, {per}) : bias_;
-  Tensor in = o_.sequence_parallel_enabled
-                  ? gather_from_sequence_parallel_region(x, o_.sequence_dimension, true, *group_)
-                  : copy_to_tensor_model_parallel_region(x, *group_);
-  Tensor y = linear(in, w, b_local);
+  Tensor y = (o_.sequence_parallel_enabled && tp_ > 1)
+                 ? sp_column_linear(x, w, b_local, o_.sequence_dimension, group_.get())
+                 : linear(copy_to_tensor_model_parallel_region(x, *group_), w, b_local);
   if (o_.gather_output) {
     y = gather_from_tensor_model_parallel_region(y, *group_);
     if (stride_ > 1 && tp_ > 1) {  // [.., tp, stride, c] -> [.., stride, tp, c]
@@ -209,11 +242,12 @@ Tensor ParallelEmbedding::forward(const Tensor& ids) const {
   }
   // Vocabulary-parallel lookup: out-of-range ids read local row 0 and are masked to zero.
   const int64_t per = num_ / tp_, start = group_->rank() * per;
-  Tensor local = empty(ids.shape(), DType::i64);
   Shape mshape = ids.shape();
   mshape.push_back(1);
-  Tensor mask = empty(mshape, weight_.dtype());
-  {
+  const bool meta = ids.is_meta() || weight_.is_meta();  // shapes only (the planner)
+  Tensor local = meta ? ids : empty(ids.shape(), DType::i64);
+  Tensor mask = empty(mshape, weight_.dtype(), meta ? Device::meta : Device::host);
+  if (!meta) {
     std::vector<double> v = ids.detach().to_vector();
     auto* lp = local.data<int64_t>();
     std::vector<double> m(v.size());

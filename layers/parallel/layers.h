@@ -47,10 +47,10 @@ struct ColumnParallelLinearOptions {
 //   no SP: forward none on the input (copy_to: identity) -> local Y_r = X W_r^T [+ b_r]
 //          -> if gather_output all-gather the last dim. Backward: dX_r = dY_r W_r is all-reduced
 //          (SUM, f32 for bf16) over TP; dW_r = dY_r^T X.
-//   SP:    forward all-gathers X along the sequence dim, backward reduce-scatters dX along it
-//          (gather_from_sequence_parallel_region). gather_output must be false.
-// Departure from NxD: under SP the gathered input is kept for backward instead of being
-// re-gathered (NxD trades one more all-gather for the memory of X_full).
+//   SP:    forward all-gathers X along the sequence dim; only the local shard of X is saved and
+//          backward re-gathers it for dW_r = dY_r^T X_full, while dX_full = dY_r W_r is
+//          reduce-scattered (SUM, f32 for bf16) along the sequence dim (NxD's recipe).
+//          gather_output must be false.
 // Stride > 1 with tp > 1 registers the weight as [stride, out/(stride*tp), in] (the bias as
 // [stride, out/(stride*tp)]) so that the shard is one block of the full weight viewed as
 // [stride, out/stride, in] and ParamInit::region can express it; forward views it [out/tp, in].
