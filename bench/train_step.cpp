@@ -1,0 +1,148 @@
+// One training step of a decoder LM: forward, cross-entropy loss, backward, global grad-norm
+// clip, AdamW. Cases (issue 3): tiny = vocab 256, 4 layers, 4 heads, hidden 256, batch 8, seq
+// 128 (llama); gpt2 = vocab 50257, 12 layers, 12 heads, hidden 768, batch 4, seq 64 (gpt_neox,
+// tied embeddings, the GPT-2-124M shapes).
+//
+// Baseline measured in the same run, interleaved with the step: the step's matrix products alone
+// (every linear layer forward + both backward products, the attention products) through raw
+// sgemm on preallocated buffers: the BLAS floor of the step. ratio = step / floor (1 is perfect).
+// PyTorch's figures on this machine are in the issue; bench/train_step_torch.py measures them
+// when python3-torch is installed.
+//
+//   nxd-bench-train-step [--threads N] [--case tiny|gpt2|all] [--reps R]
+// One line per case: case=... threads=... ms_per_step=... tokens_per_s=... floor_ms=...
+// ratio=... peak_mb=... params=...
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/optim/optimizer.h"
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/context.h"
+
+using namespace nxd;
+
+namespace {
+
+struct Case {
+  std::string name;
+  ModelConfig cfg;
+  int64_t batch, seq;
+};
+
+struct Gemm {
+  int64_t m, n, k, count;
+};
+
+// The GEMMs of one training step: for y[M,out] = x[M,in] W^T: forward (M,out,in), dX (M,in,out),
+// dW (out,in,M); attention per layer and head: QK^T (S,S,D), PV (S,D,S), and their backward (2
+// each).
+std::vector<Gemm> step_gemms(CausalLM& model, int64_t tokens, int64_t batch, int64_t seq) {
+  std::vector<Gemm> g;
+  const ModelConfig& c = model.config();
+  for (auto& [name, p] : model.named_parameters()) {
+    if (p.dim() != 2) continue;
+    const bool input_embedding = name.find("embed_tokens") != std::string::npos ||
+                                 name.find("embed_in") != std::string::npos;
+    if (input_embedding && !c.tie_word_embeddings) continue;  // a gather, not a product
+    const int64_t out = p.size(0), in = p.size(1);
+    g.push_back({tokens, out, in, 1});
+    g.push_back({tokens, in, out, 1});
+    g.push_back({out, in, tokens, 1});
+  }
+  const int64_t bh = batch * c.num_attention_heads * c.num_layers, d = c.head_dim();
+  g.push_back({seq, seq, d, bh});      // scores
+  g.push_back({seq, d, seq, bh});      // probs @ V
+  g.push_back({seq, d, seq, 2 * bh});  // dQ, dK
+  g.push_back({seq, seq, d, bh});      // dP
+  g.push_back({seq, d, seq, bh});      // dV
+  return g;
+}
+
+void run_case(const Case& cs, int threads, int reps) {
+  set_num_threads(threads);
+  auto model = make_causal_lm(cs.cfg, 1);
+  std::vector<optim::NamedParam> named;
+  for (auto& [n, t] : model->named_parameters()) named.push_back({n, t});
+  optim::AdamW opt(optim::default_param_groups(named, 1e-4, 0.01));
+  const auto params = optim::params_of(named);
+  Tensor ids = empty({cs.batch, cs.seq}, DType::i64), tgt = empty({cs.batch, cs.seq}, DType::i64);
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    ids.data<int64_t>()[i] = (i * 7919) % cs.cfg.vocab_size;
+    tgt.data<int64_t>()[i] = (i * 104729 + 3) % cs.cfg.vocab_size;
+  }
+  auto step = [&] {
+    Tensor loss = model->loss(ids, tgt);
+    backward(loss);
+    optim::clip_grad_norm(params, 1.0);
+    opt.step();
+    opt.zero_grad(true);
+  };
+  // the floor: the same GEMMs on preallocated buffers
+  const int64_t tokens = cs.batch * cs.seq;
+  std::vector<Gemm> gemms = step_gemms(*model, tokens, cs.batch, cs.seq);
+  int64_t max_a = 0, max_b = 0, max_c = 0;
+  double flops = 0;
+  for (auto& g : gemms) {
+    max_a = std::max(max_a, g.m * g.k), max_b = std::max(max_b, g.k * g.n);
+    max_c = std::max(max_c, g.m * g.n);
+    flops += 2.0 * g.m * g.n * g.k * g.count;
+  }
+  std::vector<float> a(max_a, 0.01f), b(max_b, 0.02f), c(max_c);
+  auto floor_fn = [&] {
+    for (auto& g : gemms)
+      for (int64_t r = 0; r < g.count; ++r)
+        blas::sgemm(false, false, g.m, g.n, g.k, 1.f, a.data(), g.k, b.data(), g.n, 0.f, c.data(),
+                    g.n);
+  };
+  step();  // first step allocates the optimizer's working set
+  MemoryCounter& mem = device_memory(Device::host);
+  mem.reset_peak();
+  step();
+  const double peak_mb = mem.peak() / 1e6;
+  bench::TimerOptions to;
+  to.warmup = 1;
+  to.min_reps = reps;
+  to.max_reps = reps;
+  to.min_seconds = 0;
+  auto [ts, tf] = bench::time_pair(step, floor_fn, to);
+  std::printf(
+      "case=%s threads=%d ms_per_step=%.1f tokens_per_s=%.0f floor_ms=%.1f ratio=%.2f "
+      "gemm_gflop=%.2f peak_mb=%.1f params=%lld reps=%d\n",
+      cs.name.c_str(), threads, ts.median * 1e3, tokens / ts.median, tf.median * 1e3,
+      ts.median / tf.median, flops / 1e9, peak_mb, static_cast<long long>(model->num_parameters()),
+      ts.reps);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::Args args(argc, argv);
+  const int threads = static_cast<int>(args.get_int("--threads", 0));
+  const int reps = static_cast<int>(args.get_int("--reps", 10));
+  std::string which = "all";
+  for (size_t i = 0; i + 1 < args.argv.size(); ++i)
+    if (args.argv[i] == "--case") which = args.argv[i + 1];
+
+  Case tiny{"tiny", {}, 8, 128};
+  tiny.cfg.arch = "llama";
+  tiny.cfg.vocab_size = 256, tiny.cfg.num_layers = 4, tiny.cfg.num_attention_heads = 4;
+  tiny.cfg.hidden_size = 256, tiny.cfg.max_position_embeddings = 128;
+  Case gpt2{"gpt2", {}, 4, 64};
+  gpt2.cfg.arch = "gpt_neox";
+  gpt2.cfg.vocab_size = 50257, gpt2.cfg.num_layers = 12, gpt2.cfg.num_attention_heads = 12;
+  gpt2.cfg.hidden_size = 768, gpt2.cfg.max_position_embeddings = 1024;
+  gpt2.cfg.tie_word_embeddings = true, gpt2.cfg.rotary_pct = 0.25;
+
+  std::printf(
+      "# PyTorch 1.13 on the 2-core reference machine (issue 3): tiny 194 ms/step (2 "
+      "threads), gpt2 2059 ms/step; targets tiny <= 97 ms, gpt2 <= 1370 ms\n");
+  for (int t : threads > 0 ? std::vector<int>{threads} : std::vector<int>{1, 2}) {
+    if (which == "all" || which == "tiny") run_case(tiny, t, reps);
+    if (which == "all" || which == "gpt2") run_case(gpt2, t, reps);
+  }
+  return 0;
+}
