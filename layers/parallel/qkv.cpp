@@ -3,6 +3,7 @@
 #include <map>
 #include <utility>
 
+#include "nxd/autograd/function.h"
 #include "nxd/layers/parallel/mappings.h"
 #include "nxd/runtime/context.h"
 
@@ -55,39 +56,61 @@ std::shared_ptr<Communicator> kv_replica_group(const std::shared_ptr<Communicato
   return g;
 }
 
-// K and V projections whose outputs are replicated over the KV group (NxD §2.6 backward).
-std::pair<Tensor, Tensor> kv_replicated_linear(const Tensor& x, const Tensor& wk, const Tensor& bk,
-                                               const Tensor& wv, const Tensor& bv, int64_t m,
-                                               Communicator* kvg) {
-  const bool has_bias = bk.defined();
-  std::vector<Tensor> in{x, wk, wv};
-  if (has_bias) in.insert(in.end(), {bk, bv});
-  auto out = autograd::custom(
-      "gqa_kv_replicated_linear", in,
-      [has_bias](const std::vector<Tensor>& t) {
-        return std::vector<Tensor>{linear(t[0], t[1], has_bias ? t[3] : Tensor()),
-                                   linear(t[0], t[2], has_bias ? t[4] : Tensor())};
+// The three projections at tp > 1 as one function (NxD §2.3/§2.6):
+//   forward:  X_in = X (no SP) or all-gather(X) along the sequence dim (SP); q, k, v = X_in W^T + b
+//   backward: [SP: re-gather X_in; only the local shard was saved]
+//             dK|dV all-reduced over the KV-replica group when m > 1
+//             dX_in = dQ W_q + (dK W_k + dV W_v) / m, then all-reduce over TP (no SP) or
+//             reduce-scatter along the sequence dim (SP), f32 for bf16
+//             dW = dY^T X_in, db = sum dY (with the group-summed dK, dV)
+std::vector<Tensor> qkv_linear(const Tensor& x, const std::array<Tensor, 3>& w,
+                               const std::array<Tensor, 3>& b, int64_t m, bool sp, int64_t seq_dim,
+                               Communicator* tp, Communicator* kvg) {
+  const bool has_bias = b[0].defined();
+  std::vector<Tensor> in{x, w[0], w[1], w[2]};
+  if (has_bias) in.insert(in.end(), {b[0], b[1], b[2]});
+  const int64_t d = wrap_dim(seq_dim, x.dim(), "GQAQKVColumnParallelLinear");
+  return autograd::custom(
+      "gqa_qkv_column_parallel_linear", in,
+      [has_bias, sp, d, tp](const std::vector<Tensor>& t) {
+        Tensor xi = sp ? all_gather(*tp, t[0], d) : t[0];
+        std::vector<Tensor> out;
+        for (int i = 0; i < 3; ++i)
+          out.push_back(linear(xi, t[1 + i], has_bias ? t[4 + i] : Tensor()));
+        return out;
       },
-      [xd = x.detach(), wkd = wk.detach(), wvd = wv.detach(), has_bias, m,
-       kvg](const Grads& g) -> Grads {
-        const int64_t p = wkd.size(0), in_f = wkd.size(1);
-        Tensor dkv = cat_raw({g[0].contiguous(), g[1].contiguous()}, -1);
-        dkv = all_reduce_sum(*kvg, dkv);  // the KV-replica group's summed dK | dV
-        Tensor d2 = dkv.reshape({-1, 2 * p});
-        Tensor dk = d2.narrow(1, 0, p), dv = d2.narrow(1, p, p);
-        Tensor x2 = xd.reshape({-1, in_f});
-        Grads r(has_bias ? 5 : 3);
-        Tensor dx = add(matmul(dk, wkd), matmul(dv, wvd));
-        r[0] = mul(dx, 1.0 / static_cast<double>(m)).view(xd.shape());
-        r[1] = matmul(dk.t(), x2);
-        r[2] = matmul(dv.t(), x2);
+      [xd = x.detach(), wq = w[0].detach(), wk = w[1].detach(), wv = w[2].detach(), has_bias, m, sp,
+       d, tp, kvg](const Grads& g) -> Grads {
+        const int64_t qp = wq.size(0), kp = wk.size(0), in_f = wq.size(1);
+        Tensor xi = sp ? all_gather(*tp, xd, d) : xd;
+        Tensor x2 = xi.reshape({-1, in_f});
+        Tensor dq = g[0].contiguous().reshape({-1, qp});
+        Tensor dk, dv;
+        if (m > 1) {
+          Tensor dkv = all_reduce_sum(*kvg, cat_raw({g[1].contiguous(), g[2].contiguous()}, -1))
+                           .reshape({-1, 2 * kp});
+          dk = dkv.narrow(1, 0, kp);
+          dv = dkv.narrow(1, kp, kp);
+        } else {
+          dk = g[1].contiguous().reshape({-1, kp});
+          dv = g[2].contiguous().reshape({-1, kp});
+        }
+        Tensor dkv_x = add(matmul(dk, wk), matmul(dv, wv));
+        if (m > 1) dkv_x = mul(dkv_x, 1.0 / static_cast<double>(m));
+        Tensor dx = add(matmul(dq, wq), dkv_x).view(xi.shape());
+        Grads r(has_bias ? 7 : 4);
+        r[0] = sp ? reduce_scatter_sum(*tp, dx, d, "GQAQKVColumnParallelLinear")
+                  : all_reduce_sum(*tp, dx);
+        r[1] = matmul(dq.t(), x2);
+        r[2] = matmul(dk.t(), x2);
+        r[3] = matmul(dv.t(), x2);
         if (has_bias) {
-          r[3] = sum(dk, {0});
-          r[4] = sum(dv, {0});
+          r[4] = sum(dq, {0});
+          r[5] = sum(dk, {0});
+          r[6] = sum(dv, {0});
         }
         return r;
       });
-  return {out[0], out[1]};
 }
 
 // [..., tp*p] gathered replicated shards -> [..., kv_out]: keeps the first replica of each block.
@@ -158,18 +181,18 @@ std::array<Tensor, 3> GQAQKVColumnParallelLinear::forward(const Tensor& x) const
   NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                   "[GQAQKVColumnParallelLinear] expected input [..., ", in_, "], got ",
                   x.defined() ? x.desc() : "undefined");
-  Tensor in = o_.sequence_parallel_enabled
-                  ? gather_from_sequence_parallel_region(x, o_.sequence_dimension, true, *group_)
-                  : copy_to_tensor_model_parallel_region(x, *group_);
   Tensor wq = param_or_none(*q_, "weight"), bq = param_or_none(*q_, "bias");
   Tensor wk = param_or_none(*k_, "weight"), bk = param_or_none(*k_, "bias");
   Tensor wv = param_or_none(*v_, "weight"), bv = param_or_none(*v_, "bias");
-  Tensor q = linear(in, wq, bq), k, v;
-  if (m_ == 1) {
-    k = linear(in, wk, bk);
-    v = linear(in, wv, bv);
+  Tensor q, k, v;
+  if (tp_ == 1) {
+    q = linear(x, wq, bq);
+    k = linear(x, wk, bk);
+    v = linear(x, wv, bv);
   } else {
-    std::tie(k, v) = kv_replicated_linear(in, wk, bk, wv, bv, m_, kv_group_.get());
+    auto out = qkv_linear(x, {wq, wk, wv}, {bq, bk, bv}, m_, o_.sequence_parallel_enabled,
+                          o_.sequence_dimension, group_.get(), kv_group_.get());
+    q = out[0], k = out[1], v = out[2];
   }
   if (o_.gather_output && tp_ > 1) {
     q = gather_from_tensor_model_parallel_region(q, *group_);

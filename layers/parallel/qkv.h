@@ -22,13 +22,15 @@
 // Requirements (ShapeError otherwise): q_out % tp == 0, tp % m == 0, (kv_out*m) % tp == 0, and
 // with head_dim > 0 every per-rank size is a whole number of heads.
 //
-// Collectives (tp > 1):
-//   forward: as ColumnParallelLinear (copy_to, or all-gather along the sequence dim under SP);
-//            with gather_output, q is all-gathered and k, v are all-gathered and de-replicated.
-//   backward: dK and dV are all-reduced (SUM, f32 for bf16) over the KV-replica group, so every
-//            replica computes the same dW_k, dW_v, db_k, db_v (from the summed dK, dV), and the
-//            input gradient is dQ W_q + (dK W_k + dV W_v) / m (the later TP all-reduce of dX, or
-//            SP reduce-scatter, sums the m replicas). Exactly NxD's recipe (nxd_notes §2.6).
+// Collectives (tp > 1), one fused autograd function (NxD's recipe, nxd_notes §2.3 and §2.6):
+//   forward: no collective on X (no SP) or all-gather X along the sequence dim (SP); with
+//            gather_output, q is all-gathered and k, v are all-gathered and de-replicated.
+//   backward: under SP the local shard of X is re-gathered (only it was saved); dK and dV are
+//            all-reduced (SUM, f32 for bf16) over the KV-replica group when m > 1, so every
+//            replica computes the same dW_k, dW_v, db_k, db_v from the summed dK, dV; the input
+//            gradient dQ W_q + (dK W_k + dV W_v) / m is all-reduced over TP (no SP) or
+//            reduce-scattered along the sequence dim (SP): the division by m keeps the TP sum
+//            from counting the m replicas m times.
 // K/V parameters are tagged kv_replicas = m so the gradient norm counts them once (NxD counts
 // them m times). NxD's latent bias bug (`shared_tp=` kwarg) has no counterpart here.
 #include <array>
