@@ -128,6 +128,16 @@ GroupLinks group_links(const MachineSpec& m, const std::vector<int>& ranks) {
     if (m.instance_of(a) == m.instance_of(b)) hops = std::max(hops, m.chip_hops(a, b));
   }
   g.alpha = m.hop_latency * hops;
+  double hop_sum = 0;
+  int pairs = 0;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    for (size_t j = i + 1; j < ranks.size(); ++j)
+      if (m.instance_of(ranks[i]) == m.instance_of(ranks[j]) &&
+          m.chip_of(ranks[i]) != m.chip_of(ranks[j])) {
+        hop_sum += m.chip_hops(ranks[i], ranks[j]);
+        ++pairs;
+      }
+  g.mesh_hops = pairs > 0 ? std::max(1.0, hop_sum / pairs) : 1.0;
   bool one_chip = per_chip.size() == 1;
   double link_share = m.links_per_chip > 0
                           ? m.link_bandwidth * m.links_per_chip / 2.0 / m.cores_per_chip
@@ -160,8 +170,9 @@ CollCost intra(CollKind kind, int p, double n, const GroupLinks& g, Algorithm fo
   double al = g.alpha, bw = g.bw;
   bool ar = kind == CollKind::all_reduce;
   switch (a) {
-    case Algorithm::mesh:
-      c.seconds = ar ? mesh_all_reduce_time(p, n, al, bw) : mesh_all_gather_time(p, n, al, bw);
+    case Algorithm::mesh:  // one step, but the traffic crosses mesh_hops links on average
+      c.seconds = ar ? mesh_all_reduce_time(p, n, al, bw / g.mesh_hops)
+                     : mesh_all_gather_time(p, n, al, bw / g.mesh_hops);
       break;
     case Algorithm::rdh:
       c.seconds = ar ? rdh_all_reduce_time(p, n, al, bw) : rdh_all_gather_time(p, n, al, bw);

@@ -6,8 +6,11 @@
 // groups) up to 56 MiB, KangaRing above (groups made of whole chips), Ring otherwise. Across
 // instances it is the hierarchical algorithm (internode docs): intra reduce-scatter, inter-node
 // all-reduce of 1/Y of the buffer over EFA, intra all-gather. Every time includes the machine's
-// collective launch latency. Notation: p ranks, n bytes of the full array (the all-gather output,
-// the reduce-scatter input), alpha seconds per step, bw per-rank bus bandwidth in bytes/s.
+// collective launch latency. Mesh moves data in one step but over multi-hop routes, so its
+// bandwidth term is divided by the group's mean chip-to-chip hop count. Bandwidth is per rank:
+// the calibrated achievable busbw, capped by the chip's NeuronLink share. Notation: p ranks, n
+// bytes of the full array (the all-gather output, the reduce-scatter input), alpha seconds per
+// step, bw per-rank bus bandwidth in bytes/s.
 #include <vector>
 
 #include "nxd/runtime/sim/machine.h"
@@ -38,6 +41,8 @@ struct GroupLinks {
   bool whole_chips = false;  // every chip touched has all its cores in the group
   double alpha = 0;          // s per intra-instance step (hop latency x farthest ring neighbour)
   double bw = 0;             // per-rank intra-instance bandwidth, bytes/s
+  double mesh_hops = 1;      // mean NeuronLink hops between members on different chips: Mesh
+                             // traffic is routed over that many links (over-subscription)
   double inter_alpha = 0;    // s per EFA step
   double inter_bw = 0;       // per-rank EFA share, bytes/s
   double launch = 0;
