@@ -237,6 +237,21 @@ TEST(SimCost, ModelAgainstPublishedNccomTestFigures) {
       {"2xtrn1.32xlarge", 64, 512.0 * (1 << 20), 21803, 0.20},
       {"2xtrn1.32xlarge", 64, 1024.0 * (1 << 20), 41806, 0.20},
   };
+  // Newer-SDK all-gather examples (latency-bound and Mesh sizes).
+  struct AgRow {
+    int ranks;
+    double bytes, us;
+  };
+  for (const AgRow& r :
+       {AgRow{32, 1024, 6.16}, AgRow{32, 512 * 1024, 23.16}, AgRow{8, 512 * 1024, 14.83}}) {
+    std::vector<int> ranks(r.ranks);
+    for (int i = 0; i < r.ranks; ++i) ranks[i] = i;
+    double t =
+        collective_cost(machine("trn1.32xlarge"), CollKind::all_gather, ranks, r.bytes).seconds;
+    std::printf("trn1.32xlarge %d ranks all-gather %.0f B: published %.2f us, modeled %.2f us\n",
+                r.ranks, r.bytes, r.us, t * 1e6);
+    EXPECT_LT(std::abs(t * 1e6 / r.us - 1), 0.25) << r.ranks << " ranks " << r.bytes << " B";
+  }
   for (const Row& r : rows) {
     std::vector<int> ranks(r.ranks);
     for (int i = 0; i < r.ranks; ++i) ranks[i] = i;
