@@ -38,32 +38,48 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
   }
 }
 
+Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim) {
+  NXD_CHECK_SHAPE(x.dim() == 3 && x.size(2) == heads * head_dim, "[split_heads] expected [B,S,",
+                  heads * head_dim, "], got ", x.desc());
+  return transpose(view(x, {x.size(0), x.size(1), heads, head_dim}), 1, 2);
+}
+
+std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t head_dim) {
+  NXD_CHECK_SHAPE(qkv.dim() == 3 && qkv.size(2) == 3 * heads * head_dim,
+                  "[split_fused_qkv] expected [B,S,", 3 * heads * head_dim, "], got ", qkv.desc());
+  Tensor x = view(qkv, {qkv.size(0), qkv.size(1), heads, 3 * head_dim});
+  // one split node: its backward writes the three gradients into one buffer
+  std::vector<Tensor> parts = split(x, {head_dim, head_dim, head_dim}, 3);
+  for (auto& p : parts) p = transpose(p, 1, 2);
+  return parts;
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rotary_dim,
+                        double rope_theta, int64_t position_offset) {
+  Tensor qr = q, kr = k;
+  if (rotary_dim > 0) {
+    RotaryOptions ro;
+    ro.rotary_dim = rotary_dim;
+    ro.base = rope_theta;
+    ro.position_offset = position_offset;
+    qr = rotary(q, ro);
+    kr = rotary(k, ro);
+  }
+  Tensor o = scaled_dot_product_attention(qr, kr, v, /*causal=*/true);  // [B,H,S,D]
+  return reshape(transpose(o, 1, 2), {q.size(0), q.size(2), q.size(1) * q.size(3)});
+}
+
 Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) const {
   NXD_CHECK_SHAPE(x.dim() == 3 && x.size(2) == hidden_, "[CausalSelfAttention] expected x [B,S,",
                   hidden_, "], got ", x.desc());
-  const int64_t B = x.size(0), S = x.size(1);
-  Tensor q, k, v;  // [B, heads, S, D] (strided views of the projections)
+  Tensor o;
   if (layout_ == QkvLayout::separate) {
-    q = transpose(view(q_->forward(x), {B, S, h_, d_}), 1, 2);
-    k = transpose(view(k_->forward(x), {B, S, hkv_, d_}), 1, 2);
-    v = transpose(view(v_->forward(x), {B, S, hkv_, d_}), 1, 2);
+    o = causal_attention(split_heads(q_->forward(x), h_, d_), split_heads(k_->forward(x), hkv_, d_),
+                         split_heads(v_->forward(x), hkv_, d_), rot_, theta_, position_offset);
   } else {
-    Tensor qkv = view(qkv_->forward(x), {B, S, h_, 3 * d_});
-    std::vector<Tensor> parts = split(qkv, {d_, d_, d_}, 3);  // one node: backward is one concat
-    q = transpose(parts[0], 1, 2);
-    k = transpose(parts[1], 1, 2);
-    v = transpose(parts[2], 1, 2);
+    std::vector<Tensor> qkv = split_fused_qkv(qkv_->forward(x), h_, d_);
+    o = causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset);
   }
-  if (rot_ > 0) {
-    RotaryOptions ro;
-    ro.rotary_dim = rot_;
-    ro.base = theta_;
-    ro.position_offset = position_offset;
-    q = rotary(q, ro);
-    k = rotary(k, ro);
-  }
-  Tensor o = scaled_dot_product_attention(q, k, v, /*causal=*/true);  // [B,H,S,D]
-  o = reshape(transpose(o, 1, 2), {B, S, h_ * d_});
   return o_->forward(o);
 }
 

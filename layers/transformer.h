@@ -22,6 +22,18 @@
 
 namespace nxd {
 
+// The pieces of attention shared with the tensor-parallel layers (which call them with their
+// local head counts):
+// [B, S, heads*D] -> [B, heads, S, D] (a view).
+Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim);
+// GPT-NeoX's fused projection [B, S, heads*3D] -> q, k, v [B, heads, S, D] (views; one graph node).
+std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t head_dim);
+// q [B,H,S,D], k/v [B,Hkv,S,D] -> rotary on the first rotary_dim features of q and k (0: none),
+// causal softmax(q k^T / sqrt(D)) v, heads merged -> [B, S, H*D] (free: the attention op writes
+// [B,S,H,D] memory).
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rotary_dim,
+                        double rope_theta, int64_t position_offset);
+
 enum class QkvLayout { separate, fused_neox };
 
 struct AttentionOptions {
