@@ -319,13 +319,15 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
   d.root = root;
   d.rop = op;
   d.reduces = reduces;
-  d.meta = (s == nullptr && r == nullptr) && kind != CollKind::barrier;
+  d.meta = s == nullptr && (r == nullptr || kind == CollKind::reduce) && kind != CollKind::barrier;
   d.send = s;
   d.recv = r;
   d.ready = clock ? std::max(clock->now(), clock->comm_free()) : 0;
   d.seq = seq_++;
+  // reduce: only the root needs a recv buffer.
+  const bool needs_recv = kind != CollKind::reduce || rank() == root;
   NXD_CHECK(d.meta || kind == CollKind::barrier || n == 0 ||
-                (r != nullptr && (s != nullptr || kind == CollKind::broadcast)),
+                ((r != nullptr || !needs_recv) && (s != nullptr || kind == CollKind::broadcast)),
             "[", name, "] null buffer with count ", n, " on group ", g_->name);
 
   std::vector<CallDesc> calls;

@@ -200,6 +200,11 @@ TEST(Coll, BroadcastAndReduceFromEveryRoot) {
           }
         }
       EXPECT_THROW(c.broadcast(zeros({2}), p), InvalidArgument);
+      // Flat reduce: non-roots need no recv buffer.
+      Tensor x = rank_tensor(c.rank(), 9, DType::f32), out = zeros({9});
+      c.reduce(x.raw_data(), c.rank() == 0 ? out.raw_data() : nullptr, 9, DType::f32, ReduceOp::sum,
+               0);
+      if (c.rank() == 0) EXPECT_CLOSE_REL(out, reference(p, 9, DType::f32, ReduceOp::sum), 1e-6);
     });
   }
 }
