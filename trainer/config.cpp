@@ -48,12 +48,12 @@ std::vector<KeySpec> make_registry() {
       key("exp_manager.exp_dir", K::string, "nxd_train_out",
           "Output directory (metrics.csv, config.yaml); `--out DIR` sets it."),
       // trainer
-      key("trainer.max_steps", K::integer, 1200, "Optimizer steps to run."),
+      key("trainer.max_steps", K::integer, 1000, "Optimizer steps to run."),
       key("trainer.log_every_n_steps", K::integer, 10,
           "A metrics.csv row and progress update every N steps (and at the last step)."),
-      key("trainer.val_check_interval", K::integer, 200,
+      key("trainer.val_check_interval", K::integer, 100,
           "Validation loss every N steps, and at the last step; 0 = never."),
-      key("trainer.limit_val_batches", K::integer, 16,
+      key("trainer.limit_val_batches", K::integer, 8,
           "Micro batches per validation (a fixed set, the same every time); capped by the "
           "validation split's size."),
       key("trainer.gradient_clip_val", K::number, 1.0,
@@ -88,7 +88,7 @@ std::vector<KeySpec> make_registry() {
       key("model.vocab_size", K::integer, 256,
           "Vocabulary size; at least 256 for byte-level text, above every id of a token file."),
       key("model.num_layers", K::integer, 4, "Decoder layers."),
-      key("model.hidden_size", K::integer, 256, "Model width."),
+      key("model.hidden_size", K::integer, 192, "Model width."),
       key("model.num_attention_heads", K::integer, 4, "Attention heads; must divide hidden_size."),
       key("model.num_kv_heads", K::integer, nullptr,
           "Key/value heads (grouped-query attention, llama); must divide num_attention_heads. "
@@ -112,7 +112,7 @@ std::vector<KeySpec> make_registry() {
       key("model.optim.name", K::string, "adamw",
           "Optimizer (`adamw_fp32OptState` is NxD Training's name for AdamW).",
           {"adamw", "adamw_fp32OptState", "sgd"}),
-      key("model.optim.lr", K::number, 2e-3, "Peak learning rate."),
+      key("model.optim.lr", K::number, 3e-3, "Peak learning rate."),
       key("model.optim.weight_decay", K::number, 0.01,
           "Decoupled weight decay; biases and norm weights get none (NxD's grouping)."),
       key("model.optim.betas", K::number_list, json::array({0.9, 0.99}), "AdamW (beta1, beta2).",
