@@ -112,6 +112,11 @@ struct Args {
       if (argv[i] == flag) return std::strtol(argv[i + 1].c_str(), nullptr, 10);
     return dflt;
   }
+  std::string get_str(const std::string& flag, const std::string& dflt) const {
+    for (size_t i = 0; i + 1 < argv.size(); ++i)
+      if (argv[i] == flag) return argv[i + 1];
+    return dflt;
+  }
 };
 
 }  // namespace nxd::bench

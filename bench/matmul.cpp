@@ -5,9 +5,12 @@
 //   matmul case=fwd m=512 n=768 k=768 threads=1 nxd_gflops=... blas_gflops=... ratio=...
 //          nxd_best_gflops=... blas_best_gflops=... best_ratio=... reps=...
 // (gflops from the median wall time per call, best_* from the fastest call, cpu_ratio from the
-// median process CPU time per call: on a loaded machine the last two are the better estimates.)
-// Flags: --threads N (nxd::set_num_threads), --quick (fewer shapes).
+// median process CPU time per call: on a loaded machine the last two are the better estimates;
+// nxd_faults: minor page faults of one engine call, i.e. the cost of fresh output pages.)
+// Flags: --threads N (nxd::set_num_threads), --quick (fewer shapes), --case fwd|bwd_dx|bwd_dw
+// (only that product), --tokens T (only transformer shapes with T tokens).
 #include <cblas.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <vector>
@@ -31,6 +34,8 @@ Tensor rand_tensor(const Shape& s, uint64_t stream) {
   init::uniform(t, RngStream{7, stream}, -1.0, 1.0);
   return t;
 }
+
+bool swap_order = false;  // --swap: time the baseline first in each pair
 
 void run(const Case& c, int threads, const bench::TimerOptions& topt) {
   // x[T, in], w[out, in], y/dy[T, out]
@@ -68,16 +73,26 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt) {
                   cbuf.data(), n);
     };
   }
-  auto [te, tb] = bench::time_pair(engine, blas, topt);
+  auto [te, tb] = swap_order ? [&] {
+    auto [b2, e2] = bench::time_pair(blas, engine, topt);
+    return std::pair{e2, b2};
+  }()
+                             : bench::time_pair(engine, blas, topt);
+  // page faults of one more engine call: nonzero when outputs are not served from the host cache
+  rusage r0{}, r1{};
+  getrusage(RUSAGE_SELF, &r0);
+  engine();
+  getrusage(RUSAGE_SELF, &r1);
+  const long faults = r1.ru_minflt - r0.ru_minflt;
   const double flops = 2.0 * static_cast<double>(m) * n * k;
   const double ge = flops / te.median / 1e9, gb = flops / tb.median / 1e9;
   const double be = flops / te.min / 1e9, bb = flops / tb.min / 1e9;
   std::printf(
       "matmul case=%s m=%lld n=%lld k=%lld threads=%d nxd_gflops=%.2f blas_gflops=%.2f "
       "ratio=%.3f nxd_best_gflops=%.2f blas_best_gflops=%.2f best_ratio=%.3f cpu_ratio=%.3f "
-      "reps=%d\n",
+      "nxd_faults=%ld reps=%d\n",
       c.name, static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-      threads, ge, gb, ge / gb, be, bb, be / bb, tb.cpu_median / te.cpu_median, te.reps);
+      threads, ge, gb, ge / gb, be, bb, be / bb, tb.cpu_median / te.cpu_median, faults, te.reps);
   std::fflush(stdout);
 }
 
@@ -96,12 +111,20 @@ int main(int argc, char** argv) {
       quick ? std::vector<int64_t>{512, 2048} : std::vector<int64_t>{512, 1024, 2048, 4096};
   std::vector<int64_t> outs =
       quick ? std::vector<int64_t>{768, 3072} : std::vector<int64_t>{768, 2304, 3072};
+  swap_order = args.has("--swap");
+  const std::string only = args.get_str("--case", "");
+  const int64_t only_tokens = args.get_int("--tokens", 0);
+  if (only_tokens > 0) {
+    squares.clear();
+    tokens = {only_tokens};
+  }
   std::vector<Case> cases;
   for (const char* nm : {"fwd", "bwd_dx", "bwd_dw"})
     for (int64_t s : squares) cases.push_back({nm, s, s, s});
   for (int64_t t : tokens)
     for (int64_t o : outs)
       for (const char* nm : {"fwd", "bwd_dx", "bwd_dw"}) cases.push_back({nm, t, 768, o});
+  std::erase_if(cases, [&](const Case& c) { return !only.empty() && only != c.name; });
 
   bench::TimerOptions topt;
   topt.warmup = 2;
