@@ -569,6 +569,7 @@ TrainConfig resolve(const Config& in) {
     const char* env = std::getenv("NXD_NUM_THREADS");
     tr.num_threads = env && std::atoi(env) > 0 ? std::atoi(env)
                                                : std::max(1u, std::thread::hardware_concurrency());
+    c.set("trainer.num_threads", tr.num_threads, "derived");  // config.yaml records the count
   }
 
   auto& d = t.data;
