@@ -37,9 +37,11 @@ struct LaunchOptions {
   int world_size = 1;
   // Instance type (see machine()); empty: trn1.32xlarge, or a cluster of them for > 32 ranks.
   std::string instance;
-  std::optional<MachineSpec> machine;          // overrides `instance`: a user-defined machine
-  uint64_t seed = 0;                           // every rank's Context seed
-  double timeout_s = 120;                      // per call; a longer wait is a CommError
+  std::optional<MachineSpec> machine;  // overrides `instance`: a user-defined machine
+  uint64_t seed = 0;                   // every rank's Context seed
+  // Wall-clock limit on one wait in one call (a longer wait is a CommError); 0: the
+  // NXD_SIM_TIMEOUT environment variable, else 300 s.
+  double timeout_s = 0;
   int64_t memory_capacity = -1;                // bytes per rank; -1: the core's HBM; 0: unlimited
   Algorithm algorithm = Algorithm::automatic;  // intra-instance collective algorithm to model
   std::string timeline_path;                   // if set, the Chrome trace is written there

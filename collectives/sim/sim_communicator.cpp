@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -583,8 +584,12 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
   const int n = o.world_size;
   MachineSpec m = resolve_machine(o);
   LaunchOptions opts = o;
+  if (opts.timeout_s == 0) {
+    const char* e = std::getenv("NXD_SIM_TIMEOUT");
+    opts.timeout_s = e ? std::atof(e) : 300.0;
+  }
   NXD_CHECK_T(ConfigError, opts.timeout_s > 0, "[sim::launch] timeout must be > 0 s, got ",
-              opts.timeout_s);
+              opts.timeout_s, " (LaunchOptions::timeout_s or NXD_SIM_TIMEOUT)");
   auto w = std::make_shared<World>(n, m, opts);
   std::vector<int> all(n);
   for (int r = 0; r < n; ++r) all[r] = r;
