@@ -4,9 +4,10 @@
 //
 // Flat calls are type-erased: pointers, element counts, a dtype (f32, bf16, f64, i32, i64) and a
 // reduce op (sum, avg, max, min; avg only for floating dtypes). bf16 is reduced in f32 and
-// rounded once. Passing the same pointer as send and recv is the in-place form. A call with both
-// pointers null is shape-only (used for meta tensors): it is matched against the peers and
-// charged on the simulated clock, but moves no data.
+// rounded once (sim, self, algorithms/ring.h; MPI's user op rounds after each pairwise step).
+// Passing the same pointer as send and recv is the in-place form. A call with both pointers null is
+// shape-only (used for meta tensors): it is matched against the peers and charged on the simulated
+// clock, but moves no data.
 //
 // Counts: all_gather, reduce_scatter and all_to_all take the per-rank count, so any total count
 // works at the flat level; the tensor forms split a dimension and throw ShapeError when it does
@@ -16,7 +17,8 @@
 // backend reduces each chunk in rank order; MPI relies on MPI's reduction order).
 //
 // Ordering: members must call collectives on a group in the same order. The non-blocking forms
-// return a Work whose wait() completes the call; point-to-point sends are buffered.
+// return a Work whose wait() completes the call; point-to-point sends are buffered on sim and
+// self, and matched by MPI_Isend on MPI (the blocking send may wait for the receiver there).
 //
 // Errors: CommError naming op, group, rank and counts (mismatched calls, a failed or timed-out
 // peer, MPI errors); InvalidArgument / ShapeError for bad arguments.
