@@ -153,8 +153,8 @@ std::shared_ptr<Storage> Storage::wrap(void* data, int64_t nbytes,
 Storage::~Storage() {
   if (deleter_)
     deleter_(data_);
-  else if (counted_ && device_ == Device::host)
-    std::free(data_);
+  else if (counted_ && device_ == Device::host && data_)
+    host_free(data_, static_cast<size_t>(nbytes_));
   if (counted_) {
     device_memory(device_).release(nbytes_);
     rank_counter_->release(nbytes_);
