@@ -1,5 +1,8 @@
 #include "nxd/layers/transformer.h"
 
+#include "nxd/layers/parallel/layers.h"
+#include "nxd/layers/parallel/qkv.h"
+
 namespace nxd {
 
 CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
@@ -10,7 +13,9 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
       d_(o.head_dim > 0 ? o.head_dim : (o.num_heads > 0 ? o.hidden_size / o.num_heads : 0)),
       rot_(o.rotary_dim < 0 ? d_ : o.rotary_dim),
       theta_(o.rope_theta),
-      layout_(o.layout) {
+      layout_(o.layout),
+      hl_(h_),
+      hkvl_(hkv_) {
   NXD_CHECK(hidden_ > 0 && h_ > 0 && d_ > 0,
             "[CausalSelfAttention] need positive sizes, got hidden=", hidden_, " heads=", h_,
             " head_dim=", d_);
@@ -23,6 +28,10 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
   NXD_CHECK(layout_ == QkvLayout::separate || hkv_ == h_,
             "[CausalSelfAttention] the fused GPT-NeoX layout needs num_kv_heads == num_heads, got ",
             hkv_, " vs ", h_);
+  if (o.tensor_parallel) {
+    build_parallel(o);
+    return;
+  }
   LinearOptions lo;
   lo.bias = o.bias;
   lo.weight_init = ParamInit::normal(o.init_std);
@@ -35,6 +44,54 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
   } else {
     qkv_ = register_module("query_key_value", std::make_shared<Linear>(hidden_, 3 * h_ * d_, lo));
     o_ = register_module("dense", std::make_shared<Linear>(h_ * d_, hidden_, lo));
+  }
+}
+
+void CausalSelfAttention::build_parallel(const AttentionOptions& o) {
+  const char* op = "CausalSelfAttention";
+  sp_ = o.sequence_parallel;
+  RowParallelLinearOptions ro;
+  ro.bias = o.bias;
+  ro.input_is_parallel = true;
+  ro.sequence_parallel_enabled = o.sequence_parallel;
+  ro.weight_init = ParamInit::normal(o.init_std);
+  ro.param = o.param;
+  if (layout_ == QkvLayout::separate) {
+    GQAQKVColumnParallelLinearOptions qo;
+    qo.bias = o.bias;
+    qo.gather_output = false;
+    qo.sequence_parallel_enabled = o.sequence_parallel;
+    qo.kv_size_multiplier = o.kv_size_multiplier;
+    qo.head_dim = d_;
+    qo.weight_init = ParamInit::normal(o.init_std);
+    qo.param = o.param;
+    pqkv_ = std::make_shared<GQAQKVColumnParallelLinear>(hidden_, h_ * d_, hkv_ * d_, qo);
+    hl_ = pqkv_->local_q_size() / d_;
+    hkvl_ = pqkv_->local_kv_size() / d_;
+    // Rank r computes query heads [r*hl, (r+1)*hl), which read KV heads [r*hl/g, ...) (g =
+    // h/hkv); its KV shard, block r/m of the unreplicated heads, is exactly those only when
+    // m == max(1, tp/hkv).
+    const int64_t tp = h_ / hl_, m = o.kv_size_multiplier, need = hkv_ >= tp ? 1 : tp / hkv_;
+    NXD_CHECK_SHAPE(m == need, "[", op, "] kv_size_multiplier=", m, " with ", hkv_,
+                    " key/value heads at tensor parallel size ", tp,
+                    " gives ranks KV heads their query heads do not read: it must be max(1, tp / "
+                    "num_kv_heads) = ",
+                    need);
+    register_module("q_proj", pqkv_->q_proj());
+    register_module("k_proj", pqkv_->k_proj());
+    register_module("v_proj", pqkv_->v_proj());
+    po_ = register_module("o_proj", std::make_shared<RowParallelLinear>(h_ * d_, hidden_, ro));
+  } else {
+    ColumnParallelLinearOptions co;
+    co.bias = o.bias;
+    co.gather_output = false;
+    co.sequence_parallel_enabled = o.sequence_parallel;
+    co.weight_init = ParamInit::normal(o.init_std);
+    co.param = o.param;
+    pfused_ = register_module("query_key_value",
+                              std::make_shared<ColumnParallelLinear>(hidden_, 3 * h_ * d_, co));
+    hl_ = hkvl_ = h_ / pfused_->tp_size();
+    po_ = register_module("dense", std::make_shared<RowParallelLinear>(h_ * d_, hidden_, ro));
   }
 }
 
@@ -70,8 +127,20 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) const {
-  NXD_CHECK_SHAPE(x.dim() == 3 && x.size(2) == hidden_, "[CausalSelfAttention] expected x [B,S,",
-                  hidden_, "], got ", x.desc());
+  NXD_CHECK_SHAPE(x.dim() == 3 && x.size(2) == hidden_, "[CausalSelfAttention] expected x [B,S",
+                  sp_ ? "/tp" : "", ",", hidden_, "], got ", x.desc());
+  if (po_) {  // tensor parallel: local heads
+    Tensor o;
+    if (pqkv_) {
+      auto qkv = pqkv_->forward(x);
+      o = causal_attention(split_heads(qkv[0], hl_, d_), split_heads(qkv[1], hkvl_, d_),
+                           split_heads(qkv[2], hkvl_, d_), rot_, theta_, position_offset);
+    } else {
+      std::vector<Tensor> qkv = split_fused_qkv(pfused_->forward(x), hl_, d_);
+      o = causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset);
+    }
+    return po_->forward(o);
+  }
   Tensor o;
   if (layout_ == QkvLayout::separate) {
     o = causal_attention(split_heads(q_->forward(x), h_, d_), split_heads(k_->forward(x), hkv_, d_),
@@ -83,8 +152,40 @@ Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) co
   return o_->forward(o);
 }
 
+namespace {
+ColumnParallelLinearOptions column_options(bool bias, double std, const ParamOptions& p, bool sp) {
+  ColumnParallelLinearOptions co;
+  co.bias = bias;
+  co.gather_output = false;
+  co.sequence_parallel_enabled = sp;
+  co.weight_init = ParamInit::normal(std);
+  co.param = p;
+  return co;
+}
+RowParallelLinearOptions row_options(bool bias, double std, const ParamOptions& p, bool sp) {
+  RowParallelLinearOptions ro;
+  ro.bias = bias;
+  ro.input_is_parallel = true;
+  ro.sequence_parallel_enabled = sp;
+  ro.weight_init = ParamInit::normal(std);
+  ro.param = p;
+  return ro;
+}
+}  // namespace
+
 Mlp::Mlp(int64_t hidden_size, int64_t ffn_hidden_size, const MlpOptions& o)
     : Module("Mlp"), gelu_(o.gelu) {
+  if (o.tensor_parallel) {
+    pin_ = register_module("dense_h_to_4h",
+                           std::make_shared<ColumnParallelLinear>(
+                               hidden_size, ffn_hidden_size,
+                               column_options(o.bias, o.init_std, o.param, o.sequence_parallel)));
+    pout_ = register_module("dense_4h_to_h",
+                            std::make_shared<RowParallelLinear>(
+                                ffn_hidden_size, hidden_size,
+                                row_options(o.bias, o.init_std, o.param, o.sequence_parallel)));
+    return;
+  }
   LinearOptions lo;
   lo.bias = o.bias;
   lo.weight_init = ParamInit::normal(o.init_std);
@@ -96,11 +197,24 @@ Mlp::Mlp(int64_t hidden_size, int64_t ffn_hidden_size, const MlpOptions& o)
 }
 
 Tensor Mlp::forward(const Tensor& x) const {
+  if (pin_) return pout_->forward(gelu(pin_->forward(x), gelu_));
   return fc_out_->forward(gelu(fc_in_->forward(x), gelu_));
 }
 
 GatedMlp::GatedMlp(int64_t hidden_size, int64_t ffn_hidden_size, const GatedMlpOptions& o)
     : Module("GatedMlp") {
+  if (o.tensor_parallel) {
+    auto co = column_options(o.bias, o.init_std, o.param, o.sequence_parallel);
+    pgate_ = register_module(
+        "gate_proj", std::make_shared<ColumnParallelLinear>(hidden_size, ffn_hidden_size, co));
+    pup_ = register_module(
+        "up_proj", std::make_shared<ColumnParallelLinear>(hidden_size, ffn_hidden_size, co));
+    pdown_ = register_module("down_proj",
+                             std::make_shared<RowParallelLinear>(
+                                 ffn_hidden_size, hidden_size,
+                                 row_options(o.bias, o.init_std, o.param, o.sequence_parallel)));
+    return;
+  }
   LinearOptions lo;
   lo.bias = o.bias;
   lo.weight_init = ParamInit::normal(o.init_std);
@@ -111,6 +225,7 @@ GatedMlp::GatedMlp(int64_t hidden_size, int64_t ffn_hidden_size, const GatedMlpO
 }
 
 Tensor GatedMlp::forward(const Tensor& x) const {
+  if (pgate_) return pdown_->forward(swiglu(pgate_->forward(x), pup_->forward(x)));
   return down_->forward(swiglu(gate_->forward(x), up_->forward(x)));
 }
 

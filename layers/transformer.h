@@ -16,11 +16,30 @@
 //
 // Mlp (GPT-NeoX: dense_h_to_4h, dense_4h_to_h):  y = W2 gelu(W1 x + b1) + b2
 // GatedMlp (Llama: gate_proj, up_proj, down_proj): y = Wd (silu(Wg x) * (Wu x))
+//
+// Tensor parallelism (options.tensor_parallel; the group is the parallel_state TP group at
+// construction): the same modules built from the parallel layers (layers/parallel/), with the same
+// parameter names, each rank holding the slice of every weight the plain module creates:
+//   - q/k/v_proj: GQAQKVColumnParallelLinear (its q_proj/k_proj/v_proj registered here); K/V heads
+//     replicated kv_size_multiplier times (which must be max(1, tp / num_kv_heads) so each rank's
+//     query heads read its own KV heads); query_key_value: ColumnParallelLinear, contiguous rows
+//     (HF's per-head [q|k|v] blocks make every rank own whole heads, q, k and v of each);
+//     o_proj/dense: RowParallelLinear (input_is_parallel). Attention runs on the local heads.
+//   - Mlp/GatedMlp: dense_h_to_4h, gate_proj, up_proj ColumnParallelLinear (gather_output=false),
+//     dense_4h_to_h, down_proj RowParallelLinear (input_is_parallel).
+// With sequence_parallel the input and output are this rank's sequence shard [B, S/tp, hidden]:
+// the column layers all-gather it and the row layers reduce-scatter (nxd_notes §2.3); the row
+// biases are then tagged sequence_parallel_enabled (sum their gradients over TP after backward:
+// allreduce_sequence_parallel_gradients). Without it input and output are full and duplicated.
 #include <cstdint>
 
 #include "nxd/layers/basic.h"
 
 namespace nxd {
+
+class ColumnParallelLinear;
+class RowParallelLinear;
+class GQAQKVColumnParallelLinear;
 
 // The pieces of attention shared with the tensor-parallel layers (which call them with their
 // local head counts):
@@ -47,6 +66,9 @@ struct AttentionOptions {
   QkvLayout layout = QkvLayout::separate;
   double init_std = 0.02;
   ParamOptions param;
+  bool tensor_parallel = false;    // build from the parallel layers over the TP group
+  bool sequence_parallel = false;  // (tensor_parallel) x and the output are sequence shards
+  int64_t kv_size_multiplier = 1;  // (tensor_parallel, separate layout) K/V replication
 };
 
 class CausalSelfAttention : public Module {
@@ -60,12 +82,22 @@ class CausalSelfAttention : public Module {
   int64_t head_dim() const { return d_; }
   int64_t rotary_dim() const { return rot_; }
   QkvLayout layout() const { return layout_; }
+  // Heads computed on this rank (num_heads() / tp; kv: num_kv_heads() * multiplier / tp).
+  int64_t local_heads() const { return hl_; }
+  int64_t local_kv_heads() const { return hkvl_; }
 
  private:
+  void build_parallel(const AttentionOptions& o);
   int64_t hidden_, h_, hkv_, d_, rot_;
   double theta_;
   QkvLayout layout_;
+  int64_t hl_, hkvl_;
+  bool sp_ = false;
   std::shared_ptr<Linear> q_, k_, v_, qkv_, o_;
+  // tensor_parallel: q/k/v (separate) or query_key_value (fused), and o_proj/dense
+  std::shared_ptr<GQAQKVColumnParallelLinear> pqkv_;
+  std::shared_ptr<ColumnParallelLinear> pfused_;
+  std::shared_ptr<RowParallelLinear> po_;
 };
 
 struct MlpOptions {
@@ -73,6 +105,8 @@ struct MlpOptions {
   GeluApprox gelu = GeluApprox::none;  // HF "gelu" (erf); tanh = "gelu_new"
   double init_std = 0.02;
   ParamOptions param;
+  bool tensor_parallel = false;
+  bool sequence_parallel = false;
 };
 
 // GELU MLP with GPT-NeoX's names (dense_h_to_4h, dense_4h_to_h).
@@ -84,12 +118,16 @@ class Mlp : public Module {
  private:
   GeluApprox gelu_;
   std::shared_ptr<Linear> fc_in_, fc_out_;
+  std::shared_ptr<ColumnParallelLinear> pin_;
+  std::shared_ptr<RowParallelLinear> pout_;
 };
 
 struct GatedMlpOptions {
   bool bias = false;
   double init_std = 0.02;
   ParamOptions param;
+  bool tensor_parallel = false;
+  bool sequence_parallel = false;
 };
 
 // SwiGLU MLP with Llama's names (gate_proj, up_proj, down_proj).
@@ -100,6 +138,8 @@ class GatedMlp : public Module {
 
  private:
   std::shared_ptr<Linear> gate_, up_, down_;
+  std::shared_ptr<ColumnParallelLinear> pgate_, pup_;
+  std::shared_ptr<RowParallelLinear> pdown_;
 };
 
 }  // namespace nxd

@@ -6,12 +6,77 @@
 
 #include "nxd/layers/models/gpt_neox.h"
 #include "nxd/layers/models/llama.h"
+#include "nxd/layers/parallel/cross_entropy.h"
+#include "nxd/layers/parallel/layers.h"
+#include "nxd/layers/parallel/mappings.h"
 
 namespace nxd {
 
 CausalLM::CausalLM(const ModelConfig& cfg, std::string type_name)
-    : Module(std::move(type_name)), cfg_(cfg) {
+    : Module(std::move(type_name)), cfg_(cfg), tp_(model_tensor_parallel_size()) {
   cfg_.validate();
+  cfg_.validate_parallel(tp_);
+  sp_ = cfg_.sequence_parallel && tp_ > 1;
+}
+
+void CausalLM::register_output_head(const std::string& name) {
+  if (cfg_.tie_word_embeddings) return;
+  const ParamOptions p{cfg_.dtype, cfg_.device};
+  if (tp_ == 1) {
+    LinearOptions lo;
+    lo.bias = false;
+    lo.weight_init = ParamInit::normal(cfg_.init_std);
+    lo.param = p;
+    head_weight_ =
+        register_module(name, std::make_shared<Linear>(cfg_.hidden_size, cfg_.vocab_size, lo))
+            ->weight();
+  } else {
+    // Used through its weight (vocab_parallel_logits, lm_head): registered for the name, the
+    // shard's init and its parallel attributes.
+    ColumnParallelLinearOptions co;
+    co.bias = false;
+    co.gather_output = false;
+    co.sequence_parallel_enabled = sp_;
+    co.weight_init = ParamInit::normal(cfg_.init_std);
+    co.param = p;
+    head_weight_ = register_module(name, std::make_shared<ColumnParallelLinear>(
+                                             cfg_.hidden_size, cfg_.vocab_size, co))
+                       ->weight();
+  }
+}
+
+const Tensor& CausalLM::output_weight() const {
+  return head_weight_.defined() ? head_weight_ : embedding_weight();
+}
+
+namespace {
+
+// ids [B,S] -> [B,Sp] with `value` at positions >= S (raw: ids carry no graph).
+Tensor pad_sequence(const Tensor& ids, int64_t padded, double value) {
+  if (ids.size(1) == padded) return ids;
+  Tensor out = full({ids.size(0), padded}, value, ids.dtype(), ids.device());
+  out.narrow(1, 0, ids.size(1)).copy_(ids);
+  return out;
+}
+
+}  // namespace
+
+Tensor CausalLM::hidden_states(const Tensor& ids, int64_t position_offset) {
+  check_ids(ids, position_offset);
+  if (!sp_) return body(ids, position_offset);
+  const int64_t S = ids.size(1), Sp = (S + tp_ - 1) / tp_ * tp_;
+  // the downstream computation is duplicated on every rank: backward keeps this rank's chunk
+  Tensor h = gather_from_sequence_parallel_region(body(pad_sequence(ids, Sp, 0), position_offset),
+                                                  1, /*to_model_parallel=*/false);
+  return Sp == S ? h : narrow(h, 1, 0, S);
+}
+
+Tensor CausalLM::lm_head(const Tensor& hidden) {
+  if (tp_ == 1) return linear(hidden, output_weight());
+  // X (duplicated) -> local vocab columns -> all-gathered: dX is all-reduced, each rank keeps the
+  // gradient of its own columns.
+  return gather_from_tensor_model_parallel_region(
+      linear(copy_to_tensor_model_parallel_region(hidden), output_weight()));
 }
 
 void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
@@ -26,9 +91,30 @@ void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts) {
   NXD_CHECK_SHAPE(targets.shape() == ids.shape(), "[", type_name(),
                   "::loss] targets must match ids: ids=", ids.desc(), " targets=", targets.desc());
-  Tensor logits = forward(ids);  // [B,S,V]
-  const int64_t n = ids.numel();
-  return cross_entropy(view(logits, {n, cfg_.vocab_size}), targets.reshape({n}), opts);
+  if (tp_ == 1) {
+    Tensor logits = forward(ids);  // [B,S,V]
+    const int64_t n = ids.numel();
+    return cross_entropy(view(logits, {n, cfg_.vocab_size}), targets.reshape({n}), opts);
+  }
+  check_ids(ids, 0);
+  const int64_t B = ids.size(0), S = ids.size(1);
+  const int64_t Sp = sp_ ? (S + tp_ - 1) / tp_ * tp_ : S;
+  Tensor h = body(pad_sequence(ids, Sp, 0), 0);  // [B,S(/tp),hidden]
+  // column-parallel head, gather_output=false: [B,Sp,V/tp] (SP: all-gather the sequence first,
+  // its backward reduce-scatters; else copy_to, whose backward all-reduces)
+  Tensor x = sp_ ? gather_from_sequence_parallel_region(h, 1, /*to_model_parallel=*/true)
+                 : copy_to_tensor_model_parallel_region(h);
+  Tensor logits = linear(x, output_weight());
+  const int64_t np = B * Sp;
+  ParallelCrossEntropyOptions po;
+  po.ignore_index = opts.ignore_index;
+  po.label_smoothing = opts.label_smoothing;
+  po.reduction = opts.reduction;
+  Tensor l = parallel_cross_entropy(
+      view(logits, {np, logits.size(-1)}),
+      pad_sequence(targets, Sp, static_cast<double>(opts.ignore_index)).reshape({np}), po);
+  if (opts.reduction != Reduction::none || Sp == S) return l;
+  return reshape(narrow(view(l, {B, Sp}), 1, 0, S), {B * S});
 }
 
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,

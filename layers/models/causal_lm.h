@@ -1,6 +1,30 @@
 #pragma once
 // CausalLM: a decoder-only language model (ids -> next-token logits), its loss, and generation.
 // The families are in llama.h and gpt_neox.h; make_causal_lm builds one from a ModelConfig.
+//
+// Tensor parallelism: a model is built over the parallel_state TP group current at construction
+// (tensor_parallel_size()); every rank of the group must build it, with the same config and seed,
+// and call its methods in lockstep. With one TP rank the model is exactly the plain one. With
+// TP > 1 (nxd_notes §2.3; layout in transformer.h):
+//   - the parameters keep the plain model's names; each is this rank's shard of the plain
+//     model's parameter of that name, initialized as that slice. parallel_parameters(model)
+//     (layers/parallel/attributes.h) says how each is split: gather a tensor_model_parallel one
+//     along partition_dim; a K/V weight with kv_replicas = m > 1 gathers to m identical copies of
+//     each block (replicas r, r+1, ..., r+m-1 hold block r/m; their gradients are kept equal by
+//     the backward all-reduce over the replica group): the full weight, and its full gradient,
+//     is the first replica of every block (not the sum); everything else is duplicated.
+//   - embeddings are vocabulary-parallel (ParallelEmbedding), the output head column-parallel
+//     over the vocabulary (a tied head reuses the embedding shard); norms are Parallel norms.
+//   - sequence_parallel: hidden states are split along the sequence between the tensor-parallel
+//     regions (the embedding reduce-scatters, norms and residuals run on the shard, column layers
+//     gather, row layers reduce-scatter). Ids whose length does not divide by TP are padded at the
+//     end (causal: earlier positions are unaffected) and the padding is dropped from every result.
+//     After backward, allreduce_sequence_parallel_gradients(model) must sum the gradients of the
+//     parameters tagged sequence_parallel_enabled (norm weights and biases, row-parallel biases).
+//   - loss() feeds the vocab-parallel logits to parallel_cross_entropy without gathering them;
+//     forward()/lm_head() return the full logits (all-gathered), hidden_states() the full hidden
+//     states, all identical on every rank and differentiable for a loss computed identically on
+//     every rank.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -21,19 +45,23 @@ struct GenerateOptions {
 
 class CausalLM : public Module {
  public:
+  // Validates cfg and cfg.validate_parallel(TP) (ConfigError).
   explicit CausalLM(const ModelConfig& cfg, std::string type_name);
   const ModelConfig& config() const { return cfg_; }
+  int tensor_parallel_size() const { return tp_; }
+  bool sequence_parallel() const { return sp_; }  // cfg.sequence_parallel && TP > 1
 
   // ids [B,S] i32/i64 -> final hidden states [B,S,hidden] (after the final norm). Positions are
   // position_offset + [0, S); S + position_offset must not exceed max_position_embeddings.
-  virtual Tensor hidden_states(const Tensor& ids, int64_t position_offset = 0) = 0;
+  virtual Tensor hidden_states(const Tensor& ids, int64_t position_offset = 0);
   // [..., hidden] -> logits [..., vocab] (the output head).
-  virtual Tensor lm_head(const Tensor& hidden) = 0;
+  virtual Tensor lm_head(const Tensor& hidden);
   // ids [B,S] -> logits [B,S,V].
   virtual Tensor forward(const Tensor& ids) { return lm_head(hidden_states(ids)); }
 
   // Cross entropy of forward(ids) against targets [B,S] (already shifted by the caller): the mean
-  // over targets != opts.ignore_index by default.
+  // over targets != opts.ignore_index by default. TP > 1: vocab-parallel (parallel_cross_entropy),
+  // the same value on every rank.
   Tensor loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts = {});
 
   // prompt followed by up to max_new_tokens generated ids. Runs without a graph and in eval mode
@@ -42,8 +70,23 @@ class CausalLM : public Module {
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, const GenerateOptions& opts);
 
  protected:
+  // The body: ids [B,S] (S divisible by TP under sequence parallelism) -> final hidden states in
+  // the local layout: [B,S,hidden], or this rank's sequence shard [B,S/TP,hidden] under SP.
+  virtual Tensor body(const Tensor& ids, int64_t position_offset) = 0;
+  // The input embedding's weight (this rank's vocabulary rows at TP > 1).
+  virtual const Tensor& embedding_weight() const = 0;
+  // Registers the untied output head `name` (Linear [V, hidden] without bias, or its
+  // vocab-parallel ColumnParallelLinear at TP > 1) unless cfg.tie_word_embeddings.
+  void register_output_head(const std::string& name);
+  // The output head's weight: the head's, or embedding_weight() when tied.
+  const Tensor& output_weight() const;
   void check_ids(const Tensor& ids, int64_t position_offset) const;
   ModelConfig cfg_;
+  int tp_ = 1;
+  bool sp_ = false;
+
+ private:
+  Tensor head_weight_;  // undefined when tied
 };
 
 // Picks the next token from one row of logits (exposed for tests): greedy when temperature == 0,
@@ -52,8 +95,8 @@ class CausalLM : public Module {
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
                      double u);
 
-// Validates cfg (ConfigError) and builds the model of cfg.arch, parameters initialized by name
-// from `seed`.
+// Validates cfg (ConfigError) and builds the model of cfg.arch over the current TP group,
+// parameters initialized by name from `seed`.
 std::shared_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, uint64_t seed);
 
 }  // namespace nxd

@@ -1,5 +1,6 @@
 #include "nxd/layers/models/config.h"
 
+#include "nxd/collectives/parallel_state.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd {
@@ -15,6 +16,12 @@ int64_t ModelConfig::ffn_size() const {
 int64_t ModelConfig::rotary_dim() const {
   if (arch == "gpt_neox") return static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_pct);
   return head_dim();
+}
+
+int model_tensor_parallel_size() {
+  return parallel_state::model_parallel_is_initialized()
+             ? parallel_state::get_tensor_model_parallel_size()
+             : 1;
 }
 
 void ModelConfig::validate() const {
@@ -48,6 +55,32 @@ void ModelConfig::validate() const {
   if (!(init_std >= 0.0)) fail("init_std must be >= 0, got ", init_std);
   if (!(dropout >= 0.0 && dropout < 1.0)) fail("dropout must be in [0, 1), got ", dropout);
   if (!is_floating(dtype)) fail("dtype must be floating, got ", dtype_name(dtype));
+  if (kv_size_multiplier < 1) fail("kv_size_multiplier must be >= 1, got ", kv_size_multiplier);
+}
+
+void ModelConfig::validate_parallel(int tp) const {
+  auto fail = [](auto&&... a) { throw ConfigError(str("[ModelConfig] ", a...)); };
+  if (tp < 1) fail("tensor parallel size must be >= 1, got ", tp);
+  if (tp == 1) return;
+  const int64_t h = num_attention_heads, kv = kv_heads(), m = kv_size_multiplier;
+  if (h % tp != 0)
+    fail("num_attention_heads=", h, " is not divisible by tensor parallel size ", tp);
+  if (tp % m != 0) fail("tensor parallel size ", tp, " is not divisible by kv_size_multiplier=", m);
+  if ((kv * m) % tp != 0)
+    fail("num_kv_heads=", kv, " x kv_size_multiplier=", m,
+         " is not divisible by tensor parallel size ", tp, " (set kv_size_multiplier=", tp / kv,
+         ")");
+  const int64_t need = kv >= tp ? 1 : tp / kv;
+  if (m != need)
+    fail("kv_size_multiplier=", m, " with num_kv_heads=", kv, " at tensor parallel size ", tp,
+         " would give ranks KV heads their query heads do not read: it must be max(1, tp / "
+         "num_kv_heads) = ",
+         need);
+  if (ffn_size() % tp != 0)
+    fail("ffn_hidden_size=", ffn_size(), " is not divisible by tensor parallel size ", tp);
+  if (vocab_size % tp != 0)
+    fail("vocab_size=", vocab_size, " is not divisible by tensor parallel size ", tp,
+         " (pad the vocabulary)");
 }
 
 }  // namespace nxd

@@ -1,6 +1,11 @@
 #pragma once
 // ModelConfig: every size of a decoder-only language model. One struct serves both families;
 // fields that one family ignores say so.
+//
+// Parallelism: the tensor-parallel degree is not a model field. A model is built over the
+// parallel_state TP group current at construction (TP = 1 when parallel_state is not
+// initialized); with one TP rank it is exactly the plain model (same parameters, same numbers) and
+// sequence_parallel and kv_size_multiplier have no effect.
 #include <cstdint>
 #include <string>
 
@@ -28,15 +33,30 @@ struct ModelConfig {
   bool use_parallel_residual = true;  // gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
   DType dtype = DType::f32;           // parameter dtype
   Device device = Device::host;       // meta: shapes only
+  // TP > 1: hidden states are split along the sequence between the tensor-parallel regions
+  // (NxD's sequence_parallel; nxd_notes §2.3).
+  bool sequence_parallel = false;
+  // TP > 1: K/V heads replicated this many times over the TP ranks (NxD's kv_replicator) so that
+  // TP may exceed num_kv_heads. Each rank's query heads must find their KV heads locally, so it
+  // must be max(1, TP / num_kv_heads) (checked by validate_parallel).
+  int64_t kv_size_multiplier = 1;
 
   // Throws ConfigError naming the offending values (unknown arch, non-positive sizes, heads not
   // dividing hidden_size, kv heads not dividing heads, odd rotary dims, eps/std/dropout ranges).
   void validate() const;
+  // Throws ConfigError naming the values unless the model can be split over `tp` ranks: query
+  // heads, kv heads x kv_size_multiplier, ffn size and vocabulary divisible by tp, and
+  // kv_size_multiplier == max(1, tp / kv heads). Nothing to check when tp == 1.
+  void validate_parallel(int tp) const;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_attention_heads; }
   int64_t ffn_size() const;
   int64_t rotary_dim() const;  // features rotated per head
 };
+
+// The tensor-parallel size models are built for: the parallel_state TP size, or 1 when
+// parallel_state is not initialized.
+int model_tensor_parallel_size();
 
 }  // namespace nxd

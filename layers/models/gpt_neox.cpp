@@ -5,10 +5,14 @@ namespace nxd {
 GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
     : Module("GPTNeoXLayer"), parallel_residual_(c.use_parallel_residual) {
   ParamOptions p{c.dtype, c.device};
-  input_layernorm_ = register_module(
-      "input_layernorm", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
-  post_attention_layernorm_ = register_module(
-      "post_attention_layernorm", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
+  const int tp = model_tensor_parallel_size();
+  const bool sp = c.sequence_parallel && tp > 1;
+  input_layernorm_ =
+      register_module("input_layernorm",
+                      std::make_shared<ParallelLayerNorm>(c.hidden_size, c.norm_eps, true, sp, p));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm",
+                      std::make_shared<ParallelLayerNorm>(c.hidden_size, c.norm_eps, true, sp, p));
   post_attention_dropout_ =
       register_module("post_attention_dropout", std::make_shared<Dropout>(c.dropout));
   post_mlp_dropout_ = register_module("post_mlp_dropout", std::make_shared<Dropout>(c.dropout));
@@ -22,12 +26,16 @@ GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
   a.layout = QkvLayout::fused_neox;
   a.init_std = c.init_std;
   a.param = p;
+  a.tensor_parallel = tp > 1;
+  a.sequence_parallel = sp;
   attention_ = register_module("attention", std::make_shared<CausalSelfAttention>(a));
   MlpOptions mo;
   mo.bias = true;
   mo.gelu = c.gelu_tanh ? GeluApprox::tanh : GeluApprox::none;
   mo.init_std = c.init_std;
   mo.param = p;
+  mo.tensor_parallel = tp > 1;
+  mo.sequence_parallel = sp;
   mlp_ = register_module("mlp", std::make_shared<Mlp>(c.hidden_size, c.ffn_size(), mo));
 }
 
@@ -43,21 +51,34 @@ Tensor GPTNeoXLayer::forward(const Tensor& h, int64_t position_offset) const {
 }
 
 GPTNeoXModel::GPTNeoXModel(const ModelConfig& c) : Module("GPTNeoXModel") {
-  EmbeddingOptions eo;
-  eo.weight_init = ParamInit::normal(c.init_std);
-  eo.param = {c.dtype, c.device};
-  embed_in_ =
-      register_module("embed_in", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, eo));
+  const int tp = model_tensor_parallel_size();
+  const bool sp = c.sequence_parallel && tp > 1;
+  if (tp == 1) {
+    EmbeddingOptions eo;
+    eo.weight_init = ParamInit::normal(c.init_std);
+    eo.param = {c.dtype, c.device};
+    embed_in_ =
+        register_module("embed_in", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, eo));
+    embed_weight_ = embed_in_->weight();
+  } else {
+    ParallelEmbeddingOptions eo;
+    eo.sequence_parallel_enabled = sp;
+    eo.weight_init = ParamInit::normal(c.init_std);
+    eo.param = {c.dtype, c.device};
+    pembed_in_ = register_module(
+        "embed_in", std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size, eo));
+    embed_weight_ = pembed_in_->weight();
+  }
   emb_dropout_ = register_module("emb_dropout", std::make_shared<Dropout>(c.dropout));
   layers_ = register_module("layers", std::make_shared<ModuleList>());
   for (int64_t l = 0; l < c.num_layers; ++l) layers_->push_back(std::make_shared<GPTNeoXLayer>(c));
-  final_layer_norm_ = register_module("final_layer_norm",
-                                      std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true,
-                                                                  ParamOptions{c.dtype, c.device}));
+  final_layer_norm_ = register_module(
+      "final_layer_norm", std::make_shared<ParallelLayerNorm>(c.hidden_size, c.norm_eps, true, sp,
+                                                              ParamOptions{c.dtype, c.device}));
 }
 
 Tensor GPTNeoXModel::forward(const Tensor& ids, int64_t position_offset) const {
-  Tensor h = emb_dropout_->forward(embed_in_->forward(ids));
+  Tensor h = emb_dropout_->forward(embed_in_ ? embed_in_->forward(ids) : pembed_in_->forward(ids));
   for (const auto& layer : *layers_)
     h = static_cast<const GPTNeoXLayer&>(*layer).forward(h, position_offset);
   return final_layer_norm_->forward(h);
@@ -66,23 +87,7 @@ Tensor GPTNeoXModel::forward(const Tensor& ids, int64_t position_offset) const {
 GPTNeoXForCausalLM::GPTNeoXForCausalLM(const ModelConfig& cfg)
     : CausalLM(cfg, "GPTNeoXForCausalLM") {
   gpt_neox_ = register_module("gpt_neox", std::make_shared<GPTNeoXModel>(cfg_));
-  if (!cfg_.tie_word_embeddings) {
-    LinearOptions lo;
-    lo.bias = false;
-    lo.weight_init = ParamInit::normal(cfg_.init_std);
-    lo.param = {cfg_.dtype, cfg_.device};
-    embed_out_ = register_module("embed_out",
-                                 std::make_shared<Linear>(cfg_.hidden_size, cfg_.vocab_size, lo));
-  }
-}
-
-Tensor GPTNeoXForCausalLM::hidden_states(const Tensor& ids, int64_t position_offset) {
-  check_ids(ids, position_offset);
-  return gpt_neox_->forward(ids, position_offset);
-}
-
-Tensor GPTNeoXForCausalLM::lm_head(const Tensor& hidden) {
-  return linear(hidden, embed_out_ ? embed_out_->weight() : gpt_neox_->embed_in()->weight());
+  register_output_head("embed_out");
 }
 
 }  // namespace nxd

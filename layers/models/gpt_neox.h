@@ -15,7 +15,14 @@
 //   softmax(q k^T / sqrt(D) + causal mask) v, heads merged [B,S,HD], then dense.{weight,bias}.
 //   mlp = dense_4h_to_h(gelu(dense_h_to_4h(x))) with biases; gelu is erf-based ("gelu") unless
 //   gelu_tanh. No grouped-query attention.
+//
+// Tensor parallelism (causal_lm.h): query_key_value column-parallel with contiguous rows (HF's
+// per-head [q|k|v] layout: rank r owns heads [r*H/tp, (r+1)*H/tp) whole), dense row-parallel,
+// dense_h_to_4h column-parallel, dense_4h_to_h row-parallel, embed_in ParallelEmbedding (vocab),
+// embed_out column-parallel (vocab), LayerNorms ParallelLayerNorm (sequence_parallel_enabled under
+// SP).
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/transformer.h"
 
 namespace nxd {
@@ -27,37 +34,45 @@ class GPTNeoXLayer : public Module {
 
  private:
   bool parallel_residual_;
-  std::shared_ptr<LayerNorm> input_layernorm_, post_attention_layernorm_;
+  std::shared_ptr<ParallelLayerNorm> input_layernorm_, post_attention_layernorm_;
   std::shared_ptr<Dropout> post_attention_dropout_, post_mlp_dropout_;
   std::shared_ptr<CausalSelfAttention> attention_;
   std::shared_ptr<Mlp> mlp_;
 };
 
-// The body: gpt_neox.{embed_in, layers, final_layer_norm}.
+// The body: gpt_neox.{embed_in, layers, final_layer_norm}. Built for
+// model_tensor_parallel_size(); under sequence parallelism forward returns this rank's sequence
+// shard.
 class GPTNeoXModel : public Module {
  public:
   explicit GPTNeoXModel(const ModelConfig& cfg);
   Tensor forward(const Tensor& ids, int64_t position_offset = 0) const;
-  const std::shared_ptr<Embedding>& embed_in() const { return embed_in_; }
+  // embed_in.weight (this rank's vocabulary rows at TP > 1).
+  const Tensor& embed_in_weight() const { return embed_weight_; }
   const std::shared_ptr<ModuleList>& layers() const { return layers_; }
 
  private:
-  std::shared_ptr<Embedding> embed_in_;
+  std::shared_ptr<Embedding> embed_in_;           // TP == 1
+  std::shared_ptr<ParallelEmbedding> pembed_in_;  // TP > 1
+  Tensor embed_weight_;
   std::shared_ptr<Dropout> emb_dropout_;
   std::shared_ptr<ModuleList> layers_;
-  std::shared_ptr<LayerNorm> final_layer_norm_;
+  std::shared_ptr<ParallelLayerNorm> final_layer_norm_;
 };
 
 class GPTNeoXForCausalLM : public CausalLM {
  public:
   explicit GPTNeoXForCausalLM(const ModelConfig& cfg);
-  Tensor hidden_states(const Tensor& ids, int64_t position_offset = 0) override;
-  Tensor lm_head(const Tensor& hidden) override;
   const std::shared_ptr<GPTNeoXModel>& gpt_neox() const { return gpt_neox_; }
+
+ protected:
+  Tensor body(const Tensor& ids, int64_t position_offset) override {
+    return gpt_neox_->forward(ids, position_offset);
+  }
+  const Tensor& embedding_weight() const override { return gpt_neox_->embed_in_weight(); }
 
  private:
   std::shared_ptr<GPTNeoXModel> gpt_neox_;
-  std::shared_ptr<Linear> embed_out_;  // null when tied
 };
 
 }  // namespace nxd

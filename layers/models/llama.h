@@ -11,7 +11,13 @@
 //   (layers/transformer.h): q/k/v/o_proj without biases, H = num_attention_heads, Hkv =
 //   num_kv_heads, D = hidden / H, rotary pairs (i, i + D/2) with angle pos * rope_theta^(-2i/D).
 // With tied embeddings there is no lm_head.weight parameter (HF drops it from checkpoints too).
+//
+// Tensor parallelism (causal_lm.h): q/k/v_proj GQAQKVColumnParallelLinear with K/V replicated
+// cfg.kv_size_multiplier times, o_proj row-parallel, gate/up_proj column-parallel, down_proj
+// row-parallel, embed_tokens ParallelEmbedding (vocab), lm_head column-parallel (vocab),
+// the norms ParallelRMSNorm (sequence_parallel_enabled under SP).
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/transformer.h"
 
 namespace nxd {
@@ -22,36 +28,43 @@ class LlamaDecoderLayer : public Module {
   Tensor forward(const Tensor& h, int64_t position_offset = 0) const;
 
  private:
-  std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
+  std::shared_ptr<ParallelRMSNorm> input_layernorm_, post_attention_layernorm_;
   std::shared_ptr<CausalSelfAttention> self_attn_;
   std::shared_ptr<GatedMlp> mlp_;
   std::shared_ptr<Dropout> dropout_;
 };
 
-// The body: model.{embed_tokens, layers, norm}.
+// The body: model.{embed_tokens, layers, norm}. Built for model_tensor_parallel_size(); under
+// sequence parallelism forward returns this rank's sequence shard.
 class LlamaModel : public Module {
  public:
   explicit LlamaModel(const ModelConfig& cfg);
   Tensor forward(const Tensor& ids, int64_t position_offset = 0) const;
-  const std::shared_ptr<Embedding>& embed_tokens() const { return embed_tokens_; }
+  // embed_tokens.weight (this rank's vocabulary rows at TP > 1).
+  const Tensor& embed_tokens_weight() const { return embed_weight_; }
   const std::shared_ptr<ModuleList>& layers() const { return layers_; }
 
  private:
-  std::shared_ptr<Embedding> embed_tokens_;
+  std::shared_ptr<Embedding> embed_tokens_;           // TP == 1
+  std::shared_ptr<ParallelEmbedding> pembed_tokens_;  // TP > 1
+  Tensor embed_weight_;
   std::shared_ptr<ModuleList> layers_;
-  std::shared_ptr<RMSNorm> norm_;
+  std::shared_ptr<ParallelRMSNorm> norm_;
 };
 
 class LlamaForCausalLM : public CausalLM {
  public:
   explicit LlamaForCausalLM(const ModelConfig& cfg);
-  Tensor hidden_states(const Tensor& ids, int64_t position_offset = 0) override;
-  Tensor lm_head(const Tensor& hidden) override;
   const std::shared_ptr<LlamaModel>& model() const { return model_; }
+
+ protected:
+  Tensor body(const Tensor& ids, int64_t position_offset) override {
+    return model_->forward(ids, position_offset);
+  }
+  const Tensor& embedding_weight() const override { return model_->embed_tokens_weight(); }
 
  private:
   std::shared_ptr<LlamaModel> model_;
-  std::shared_ptr<Linear> lm_head_;  // null when tied
 };
 
 }  // namespace nxd
