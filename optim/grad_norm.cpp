@@ -1,0 +1,128 @@
+#include "nxd/optim/grad_norm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/runtime/error.h"
+
+namespace nxd::optim {
+
+namespace {
+
+// Sum of squares (or max |x|) of a gradient, in double.
+double local_stat(const Tensor& grad, bool inf) {
+  Tensor g = grad.contiguous();
+  const int64_t n = g.numel();
+  double acc = 0.0;
+  auto run = [&](auto load) {
+    if (inf) {
+      for (int64_t i = 0; i < n; ++i) acc = std::max(acc, std::abs(load(i)));
+      return;
+    }
+    // blocks of partial sums keep the loop vectorizable; each block is added in double
+    for (int64_t i0 = 0; i0 < n; i0 += 1024) {
+      const int64_t i1 = std::min(n, i0 + 1024);
+      double part = 0;
+      for (int64_t i = i0; i < i1; ++i) {
+        const double x = load(i);
+        part += x * x;
+      }
+      acc += part;
+    }
+  };
+  switch (g.dtype()) {
+    case DType::f32: {
+      const float* d = g.data<float>();
+      run([d](int64_t i) { return static_cast<double>(d[i]); });
+      break;
+    }
+    case DType::f64: {
+      const double* d = g.data<double>();
+      run([d](int64_t i) { return d[i]; });
+      break;
+    }
+    case DType::bf16: {
+      const bf16* d = g.data<bf16>();
+      run([d](int64_t i) { return static_cast<double>(static_cast<float>(d[i])); });
+      break;
+    }
+    default:
+      throw InvalidArgument(
+          str("[parallel_grad_norm] gradient ", g.desc(), " is not floating point"));
+  }
+  return acc;
+}
+
+void reduce_over(const std::shared_ptr<Communicator>& g, double& v, bool inf) {
+  if (!g || g->size() == 1) return;
+  g->all_reduce(&v, &v, 1, DType::f64, inf ? ReduceOp::max : ReduceOp::sum);
+}
+
+}  // namespace
+
+std::vector<NormParam> norm_params(Module& root) {
+  std::vector<NormParam> out;
+  for (auto& p : parallel_parameters(root)) out.push_back({p.name, p.tensor, p.attrs, false});
+  return out;
+}
+
+NormGroups NormGroups::from_parallel_state() {
+  NormGroups g;
+  g.tp = parallel_state::get_tensor_model_parallel_group_ptr();
+  g.pp = parallel_state::get_pipeline_model_parallel_group_ptr();
+  return g;
+}
+
+double parallel_grad_norm(const std::vector<NormParam>& params, const NormGroups& groups,
+                          double norm_type) {
+  NXD_CHECK(norm_type == kInfNorm || norm_type == 2.0,
+            "[parallel_grad_norm] norm_type must be 2 or kInfNorm (-1), got ", norm_type);
+  const bool inf = norm_type == kInfNorm;
+  const int tp = groups.tp ? groups.tp->size() : 1;
+  const int tp_rank = groups.tp ? groups.tp->rank() : 0;
+  NoGradGuard ng;
+  double total = 0.0;
+  for (const auto& p : params) {
+    if (p.shared) continue;
+    Tensor g = p.param.grad();
+    if (!g.defined() || g.is_meta()) continue;
+    const bool sharded = p.attrs.tensor_model_parallel && tp > 1;
+    if (!sharded && tp_rank != 0) continue;  // TP-duplicated: counted on TP rank 0 only
+    const int64_t m = sharded ? p.attrs.kv_replicas : 1;
+    NXD_CHECK(m >= 1 && tp % m == 0, "[parallel_grad_norm] parameter '", p.name,
+              "' has kv_replicas ", m, " which does not divide the TP size ", tp);
+    const double s = local_stat(g, inf);
+    total = inf ? std::max(total, s) : total + s / static_cast<double>(m);
+  }
+  reduce_over(groups.tp, total, inf);
+  reduce_over(groups.pp, total, inf);
+  reduce_over(groups.zero1, total, inf);
+  return inf ? total : std::sqrt(total);
+}
+
+void clip_grads_with_norm(const std::vector<NormParam>& params, double max_norm,
+                          double total_norm) {
+  NXD_CHECK(max_norm > 0, "[clip_grads_with_norm] max_norm must be > 0, got ", max_norm);
+  const double coef = max_norm / (total_norm + 1e-6);
+  if (!(coef < 1.0)) return;  // also when the norm is NaN
+  std::vector<Tensor> ts;
+  ts.reserve(params.size());
+  for (const auto& p : params) ts.push_back(p.param);
+  scale_grads(ts, coef);
+}
+
+double clip_parallel_grad_norm(const std::vector<NormParam>& params, double max_norm,
+                               const NormGroups& groups, double norm_type) {
+  NXD_CHECK(max_norm > 0, "[clip_parallel_grad_norm] max_norm must be > 0, got ", max_norm);
+  const double total = parallel_grad_norm(params, groups, norm_type);
+  clip_grads_with_norm(params, max_norm, total);
+  return total;
+}
+
+double clip_parallel_grad_norm(Module& model, double max_norm, double norm_type) {
+  return clip_parallel_grad_norm(norm_params(model), max_norm, NormGroups::from_parallel_state(),
+                                 norm_type);
+}
+
+}  // namespace nxd::optim
