@@ -40,6 +40,9 @@
 // modes. The graph must have the same structure on every rank (as DDP requires): hooks fire
 // inside backward, between the model's own (e.g. tensor-parallel) collectives.
 //
+// Hooks fire on every backward pass that reaches a parameter, nxd::grad() included: run such
+// passes under no_sync() too.
+//
 // A DP group of one rank makes everything a no-op (no hooks are registered). The hooks stay on
 // the parameters after the GradSync is destroyed but then do nothing. Activation checkpointing:
 // see docs/DESIGN.md (a parameter used both inside and outside a checkpointed segment fires its

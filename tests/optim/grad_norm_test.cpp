@@ -265,3 +265,22 @@ TEST(ParallelGradNorm, TensorAndDataParallel) {
 }
 
 }  // namespace
+
+namespace {
+
+// A weight tied under two names is listed and counted once.
+TEST(ParallelGradNorm, TiedWeightCountedOnce) {
+  Module m;
+  Tensor w = m.register_parameter("w", zeros({3, 3}), ParamInit::normal(0.5));
+  auto child = std::make_shared<Module>();
+  child->register_parameter("w", w);
+  m.register_module("child", child);
+  m.init_parameters(kSeed);
+  backward(add(sum(matmul(randn({2, 3}, 5), w)), sum(mul(w, w))));
+  auto ps = norm_params(m);
+  ASSERT_EQ(ps.size(), 1u);
+  EXPECT_EQ(ps[0].name, "w");
+  EXPECT_EQ(parallel_grad_norm(ps, NormGroups{}, 2.0), grad_norm({w}, 2.0));
+}
+
+}  // namespace

@@ -292,3 +292,51 @@ TEST(GradSync, BadArgumentsAreClearErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+// A weight tied under two names is one tensor: one bucket slot, averaged once.
+TEST(GradSync, TiedWeightIsAveragedOnce) {
+  run_ranks(2, [] {
+    parallel_state::initialize_model_parallel(1);
+    const int r = parallel_state::get_data_parallel_rank();
+    Module m;
+    Tensor w = m.register_parameter("w", zeros({3, 3}), ParamInit::normal(0.5));
+    auto child = std::make_shared<Module>();
+    child->register_parameter("w", w);
+    m.register_module("child", child);
+    m.init_parameters(kSeed);
+    GradSync s(m, {.bucket_bytes = 16});
+    ASSERT_EQ(s.bucket_layout().size(), 1u);
+    Tensor x = randn({2, 3}, 300 + r);
+    backward(add(sum(matmul(x, w)), sum(mul(w, w))));  // two uses, one gradient
+    std::vector<float> mine = w.grad().to_vector_as<float>();
+    s.finish();
+    // the average of the two ranks' gradients: recompute the other rank's serially
+    Tensor w2 = w.detach().clone().set_requires_grad(true);
+    backward(add(sum(matmul(randn({2, 3}, 300 + (1 - r)), w2)), sum(mul(w2, w2))));
+    std::vector<float> other = w2.grad().to_vector_as<float>(), want(9);
+    for (int i = 0; i < 9; ++i) want[i] = (r == 0 ? mine[i] + other[i] : other[i] + mine[i]) / 2;
+    Tensor wt = empty({3, 3});
+    std::copy(want.begin(), want.end(), wt.data<float>());
+    EXPECT_BITWISE_EQ(w.grad(), wt);
+  });
+}
+
+// Meta parameters (the planner): buckets are shapes only; the collectives are charged, no data.
+TEST(GradSync, MetaParametersAreShapeOnly) {
+  run_ranks(2, [] {
+    parallel_state::initialize_model_parallel(1);
+    LinearOptions lo;
+    lo.param = ParamOptions{DType::f32, Device::meta};
+    Linear lin(8, 4, lo);
+    GradSync s(lin, {.bucket_bytes = 16});  // bias, then weight: two buckets
+    ASSERT_EQ(s.bucket_layout().size(), 2u);
+    backward(sum(lin.forward(empty({2, 8}, DType::f32, Device::meta))));
+    EXPECT_EQ(s.launched_buckets(), 2);
+    s.finish();
+    EXPECT_TRUE(lin.weight().grad().is_meta());
+  });
+}
+
+}  // namespace
