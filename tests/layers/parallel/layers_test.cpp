@@ -220,6 +220,42 @@ TEST(ParallelLinear, SequenceParallelMlpBlock) {
   }
 }
 
+// bf16 parameters and activations: the row-parallel output is the f32 sum of the per-rank bf16
+// partial products rounded once (NxD's reduce_dtype), bitwise, and SP's reduce-scatter likewise.
+TEST(RowParallelLinear, Bf16ReducesInF32) {
+  for (int tp : {2, 4, 8}) {
+    for (bool sp : {false, true}) {
+      run_tp(tp, [&](Communicator& g) {
+        const int r = g.rank();
+        LinearOptions lo;
+        lo.bias = false;
+        lo.weight_init = ParamInit::normal(0.5);
+        lo.param.dtype = DType::bf16;
+        Linear ref(IN, OUT, lo);
+        ref.init_parameters(kSeed);
+        Tensor xf = randn({B, S, IN}, 12).to(DType::bf16);
+        Tensor acc = zeros({B, S, OUT});
+        for (int k = 0; k < tp; ++k)
+          acc =
+              add(acc,
+                  linear(chunk_of(xf, -1, k, tp), chunk_of(ref.weight(), 1, k, tp)).to(DType::f32));
+        Tensor want = acc.to(DType::bf16);
+        RowParallelLinearOptions o;
+        o.bias = false;
+        o.input_is_parallel = true;
+        o.sequence_parallel_enabled = sp;
+        o.weight_init = ParamInit::normal(0.5);
+        o.param.dtype = DType::bf16;
+        RowParallelLinear row(IN, OUT, o);
+        row.init_parameters(kSeed);
+        Tensor y = row.forward(chunk_of(xf, -1, r, tp));
+        ASSERT_EQ(y.dtype(), DType::bf16);
+        EXPECT_BITWISE_EQ(y.detach(), sp ? chunk_of(want, 1, r, tp) : want);
+      });
+    }
+  }
+}
+
 struct EmbCase {
   bool shard_dim, sp;
 };
