@@ -51,9 +51,11 @@ struct ColumnParallelLinearOptions {
 //          backward re-gathers it for dW_r = dY_r^T X_full, while dX_full = dY_r W_r is
 //          reduce-scattered (SUM, f32 for bf16) along the sequence dim (NxD's recipe).
 //          gather_output must be false.
-// Stride > 1 with tp > 1 registers the weight as [stride, out/(stride*tp), in] (the bias as
-// [stride, out/(stride*tp)]) so that the shard is one block of the full weight viewed as
-// [stride, out/stride, in] and ParamInit::region can express it; forward views it [out/tp, in].
+// Departure from NxD (which stores [out/tp, in]): stride > 1 with tp > 1 registers the weight as
+// [stride, out/(stride*tp), in] (the bias as [stride, out/(stride*tp)]), so that the shard is one
+// block of the full weight viewed as [stride, out/stride, in] and a single ParamInit::region can
+// express it (init is by region, and a strided shard is not one block of [out, in]); forward
+// views it as [out/tp, in]. Stride 1 (and tp == 1) keeps the plain [out/tp, in] layout.
 class ColumnParallelLinear : public ParallelModule {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features,
