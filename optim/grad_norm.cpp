@@ -87,6 +87,10 @@ double parallel_grad_norm(const std::vector<NormParam>& params, const NormGroups
     if (p.shared) continue;
     Tensor g = p.param.grad();
     if (!g.defined() || g.is_meta()) continue;
+    NXD_CHECK(!p.attrs.tensor_model_parallel || p.attrs.num_partitions == tp,
+              "[parallel_grad_norm] parameter '", p.name, "' is sharded over ",
+              p.attrs.num_partitions, " ranks but the TP group has ", tp, " rank(s)",
+              groups.tp ? " " + groups.tp->group_str() : std::string(" (none given)"));
     const bool sharded = p.attrs.tensor_model_parallel && tp > 1;
     if (!sharded && tp_rank != 0) continue;  // TP-duplicated: counted on TP rank 0 only
     const int64_t m = sharded ? p.attrs.kv_replicas : 1;

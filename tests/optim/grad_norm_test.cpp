@@ -284,3 +284,25 @@ TEST(ParallelGradNorm, TiedWeightCountedOnce) {
 }
 
 }  // namespace
+
+namespace {
+
+// Sharded parameters need the TP group they were sharded over.
+TEST(ParallelGradNorm, MissingTpGroupIsAnError) {
+  run_ranks(2, [] {
+    parallel_state::initialize_model_parallel(2);
+    auto g = parallel_state::get_tensor_model_parallel_group_ptr();
+    Block blk(g, false, 1);
+    backward(loss_of(blk, 0, g->rank(), 2));
+    try {
+      parallel_grad_norm(norm_params(blk), NormGroups{}, 2.0);
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("is sharded over 2 ranks but the TP group has 1"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+}  // namespace
