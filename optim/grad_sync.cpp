@@ -4,6 +4,7 @@
 
 #include "nxd/autograd/graph.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::optim {
@@ -53,6 +54,9 @@ struct GradSync::State {
     Bucket& b = buckets[bucket_of[i]];
     arrived[i] = 1;
     --b.pending;
+    // the copy moves the gradient through device memory (read + write): the modeled cost
+    charge_compute("dp_bucket_copy_in", 0, 2.0 * params[i].param.numel() * dtype_size(b.dtype),
+                   b.dtype);
     if (b.meta) return;
     Tensor g = params[i].param.grad();
     Tensor s = slot(i);
@@ -218,6 +222,7 @@ void GradSync::finish() {
                        "GradSync::finish left buckets unlaunched");
     for (auto& b : s.buckets) {
       b.work.wait();
+      charge_compute("dp_bucket_copy_out", 0, 2.0 * b.grad_numel * dtype_size(b.dtype), b.dtype);
       if (b.meta) continue;
       const Tensor fl = s.flags(b);
       for (size_t k = 0; k < b.params.size(); ++k) {

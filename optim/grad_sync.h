@@ -26,6 +26,10 @@
 // after finish() — in particular allreduce_sequence_parallel_gradients (NxD runs it before the
 // DP all-reduce; sum over TP and mean over DP commute).
 //
+// Cost: the copies into and out of the buckets are charged to the rank's cost model (sim) as
+// memory traffic; the all-reduces run on the comm stream and overlap the compute charged after
+// their launch.
+//
 // Missing gradients: a parameter without .grad on a rank contributes zeros to the average. After
 // finish() it has the average as .grad if any rank of the group had a gradient for it, and keeps
 // no .grad if no rank had one (so the optimizer skips it on every replica alike, as on one rank).
