@@ -306,3 +306,46 @@ TEST(ParallelGradNorm, MissingTpGroupIsAnError) {
 }
 
 }  // namespace
+
+namespace {
+
+// PP stages hold different parameters and ZeRO-1 ranks disjoint shards of them: the norm sums
+// (max for inf) over both groups. World 4: stage r / 2 holds tensors {2s, 2s+1}, shard r % 2 holds
+// one half of each; stage 1 also holds a tied copy of tensor 0 marked shared (not counted).
+TEST(ParallelGradNorm, SumsOverPipelineAndZero1Groups) {
+  constexpr int64_t N = 10;
+  std::vector<Tensor> full;
+  for (int t = 0; t < 4; ++t) full.push_back(randn({N}, 900 + t, 0.5 + t));
+  auto full_norm = [&](double type) {
+    std::vector<Tensor> ps;
+    for (auto& f : full) {
+      Tensor p = zeros({N}).set_requires_grad(true);
+      p.set_grad(f.clone());
+      ps.push_back(p);
+    }
+    return grad_norm(ps, type);
+  };
+  const double l2 = full_norm(2.0), inf = full_norm(kInfNorm);
+  run_ranks(4, [&] {
+    Communicator& w = world();
+    const int r = w.rank(), stage = r / 2, shard = r % 2;
+    NormGroups groups;
+    groups.pp = w.split(shard, r);
+    groups.zero1 = w.split(stage, r);
+    std::vector<NormParam> ps;
+    auto add_shard = [&](int t, bool shared) {
+      Tensor p = zeros({N / 2}).set_requires_grad(true);
+      p.set_grad(full[t].narrow(0, shard * (N / 2), N / 2).clone());
+      ps.push_back({"t" + std::to_string(t), p, {}, shared});
+    };
+    add_shard(2 * stage, false);
+    add_shard(2 * stage + 1, false);
+    if (stage == 1) add_shard(0, true);
+    const double got = parallel_grad_norm(ps, groups, 2.0);
+    const double got_inf = parallel_grad_norm(ps, groups, kInfNorm);
+    EXPECT_LE(std::abs(got - l2) / l2, 1e-12) << got << " vs " << l2;
+    EXPECT_EQ(got_inf, inf);
+  });
+}
+
+}  // namespace
