@@ -48,7 +48,7 @@ std::vector<KeySpec> make_registry() {
       key("exp_manager.exp_dir", K::string, "nxd_train_out",
           "Output directory (metrics.csv, config.yaml); `--out DIR` sets it."),
       // trainer
-      key("trainer.max_steps", K::integer, 800, "Optimizer steps to run."),
+      key("trainer.max_steps", K::integer, 700, "Optimizer steps to run."),
       key("trainer.log_every_n_steps", K::integer, 10,
           "A metrics.csv row and progress update every N steps (and at the last step)."),
       key("trainer.val_check_interval", K::integer, 100,
