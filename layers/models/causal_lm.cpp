@@ -4,11 +4,13 @@
 #include <cmath>
 #include <numeric>
 
+#include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/gpt_neox.h"
 #include "nxd/layers/models/llama.h"
 #include "nxd/layers/parallel/cross_entropy.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/runtime/context.h"
 
 namespace nxd {
 
@@ -115,6 +117,25 @@ Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntro
       pad_sequence(targets, Sp, static_cast<double>(opts.ignore_index)).reshape({np}), po);
   if (opts.reduction != Reduction::none || Sp == S) return l;
   return reshape(narrow(view(l, {B, Sp}), 1, 0, S), {B * S});
+}
+
+Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel) {
+  if (!sequence_parallel || !d.is_training() || d.p() == 0.0) return d.forward(x);
+  auto& g = parallel_state::get_tensor_model_parallel_group();
+  if (g.size() == 1) return d.forward(x);
+  const RngStream st = current_context().rng().next();
+  const DType ct = x.dtype() == DType::f64 ? DType::f64 : DType::f32;  // mask as dropout computes
+  Shape full = x.shape();
+  const int64_t local = full.at(1);
+  full[1] = local * g.size();
+  Tensor mask;
+  {
+    NoGradGuard ng;
+    mask = dropout(ones(full, ct, x.device()), d.p(), true, &st)
+               .narrow(1, g.rank() * local, local)
+               .contiguous();
+  }
+  return x.dtype() == ct ? mul(x, mask) : to(mul(to(x, ct), mask), x.dtype());
 }
 
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "nxd/autograd/ops.h"
+#include "nxd/layers/basic.h"
 #include "nxd/layers/models/config.h"
 #include "nxd/layers/module.h"
 
@@ -88,6 +89,14 @@ class CausalLM : public Module {
  private:
   Tensor head_weight_;  // undefined when tied
 };
+
+// Dropout on a model's hidden states (d's p and mode). Under sequence parallelism x is this
+// rank's shard [B, S/tp, ...] of [B, S, ...] and gets that slice of the mask a single rank draws
+// for the full tensor from the same stream (every TP rank draws the full mask), so a
+// sequence-parallel model matches the single-rank model with dropout too. Without it, the
+// ranks of a TP group draw the single rank's masks as long as their Context seeds agree. (Ids
+// padded for SP draw the mask of the padded length: equal to the single rank's when S % tp == 0.)
+Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel);
 
 // Picks the next token from one row of logits (exposed for tests): greedy when temperature == 0,
 // else softmax(logits / temperature) restricted to the top_k largest (ties by lower id), sampled

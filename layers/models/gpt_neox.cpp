@@ -7,6 +7,7 @@ GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
   ParamOptions p{c.dtype, c.device};
   const int tp = model_tensor_parallel_size();
   const bool sp = c.sequence_parallel && tp > 1;
+  sp_ = sp;
   input_layernorm_ =
       register_module("input_layernorm",
                       std::make_shared<ParallelLayerNorm>(c.hidden_size, c.norm_eps, true, sp, p));
@@ -40,19 +41,23 @@ GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
 }
 
 Tensor GPTNeoXLayer::forward(const Tensor& h, int64_t position_offset) const {
-  Tensor attn = post_attention_dropout_->forward(
-      attention_->forward(input_layernorm_->forward(h), position_offset));
+  Tensor attn =
+      hidden_dropout(*post_attention_dropout_,
+                     attention_->forward(input_layernorm_->forward(h), position_offset), sp_);
   if (parallel_residual_) {
-    Tensor m = post_mlp_dropout_->forward(mlp_->forward(post_attention_layernorm_->forward(h)));
+    Tensor m = hidden_dropout(*post_mlp_dropout_,
+                              mlp_->forward(post_attention_layernorm_->forward(h)), sp_);
     return add(add(h, attn), m);
   }
   Tensor a = add(h, attn);
-  return add(a, post_mlp_dropout_->forward(mlp_->forward(post_attention_layernorm_->forward(a))));
+  return add(a, hidden_dropout(*post_mlp_dropout_,
+                               mlp_->forward(post_attention_layernorm_->forward(a)), sp_));
 }
 
 GPTNeoXModel::GPTNeoXModel(const ModelConfig& c) : Module("GPTNeoXModel") {
   const int tp = model_tensor_parallel_size();
   const bool sp = c.sequence_parallel && tp > 1;
+  sp_ = sp;
   if (tp == 1) {
     EmbeddingOptions eo;
     eo.weight_init = ParamInit::normal(c.init_std);
@@ -78,7 +83,8 @@ GPTNeoXModel::GPTNeoXModel(const ModelConfig& c) : Module("GPTNeoXModel") {
 }
 
 Tensor GPTNeoXModel::forward(const Tensor& ids, int64_t position_offset) const {
-  Tensor h = emb_dropout_->forward(embed_in_ ? embed_in_->forward(ids) : pembed_in_->forward(ids));
+  Tensor h = hidden_dropout(*emb_dropout_,
+                            embed_in_ ? embed_in_->forward(ids) : pembed_in_->forward(ids), sp_);
   for (const auto& layer : *layers_)
     h = static_cast<const GPTNeoXLayer&>(*layer).forward(h, position_offset);
   return final_layer_norm_->forward(h);

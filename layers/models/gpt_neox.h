@@ -38,6 +38,7 @@ class GPTNeoXLayer : public Module {
   std::shared_ptr<Dropout> post_attention_dropout_, post_mlp_dropout_;
   std::shared_ptr<CausalSelfAttention> attention_;
   std::shared_ptr<Mlp> mlp_;
+  bool sp_ = false;
 };
 
 // The body: gpt_neox.{embed_in, layers, final_layer_norm}. Built for
@@ -58,6 +59,7 @@ class GPTNeoXModel : public Module {
   std::shared_ptr<Dropout> emb_dropout_;
   std::shared_ptr<ModuleList> layers_;
   std::shared_ptr<ParallelLayerNorm> final_layer_norm_;
+  bool sp_ = false;
 };
 
 class GPTNeoXForCausalLM : public CausalLM {

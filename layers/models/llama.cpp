@@ -25,6 +25,7 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) : Module("LlamaDecode
   ParamOptions p{c.dtype, c.device};
   const int tp = model_tensor_parallel_size();
   const bool sp = c.sequence_parallel && tp > 1;
+  sp_ = sp;
   self_attn_ =
       register_module("self_attn", std::make_shared<CausalSelfAttention>(llama_attention(c, tp)));
   GatedMlpOptions mo;
@@ -42,9 +43,11 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) : Module("LlamaDecode
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& h, int64_t position_offset) const {
-  Tensor a =
-      add(h, dropout_->forward(self_attn_->forward(input_layernorm_->forward(h), position_offset)));
-  return add(a, dropout_->forward(mlp_->forward(post_attention_layernorm_->forward(a))));
+  Tensor a = add(
+      h, hidden_dropout(*dropout_,
+                        self_attn_->forward(input_layernorm_->forward(h), position_offset), sp_));
+  return add(a,
+             hidden_dropout(*dropout_, mlp_->forward(post_attention_layernorm_->forward(a)), sp_));
 }
 
 LlamaModel::LlamaModel(const ModelConfig& c) : Module("LlamaModel") {

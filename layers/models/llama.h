@@ -32,6 +32,7 @@ class LlamaDecoderLayer : public Module {
   std::shared_ptr<CausalSelfAttention> self_attn_;
   std::shared_ptr<GatedMlp> mlp_;
   std::shared_ptr<Dropout> dropout_;
+  bool sp_ = false;
 };
 
 // The body: model.{embed_tokens, layers, norm}. Built for model_tensor_parallel_size(); under

@@ -112,15 +112,20 @@ Result run_model(CausalLM& m, const Case& c) {
   return r;
 }
 
+// The single-rank model, on one fresh rank (same Context seed as the parallel ranks).
 Result reference(const Case& c) {
-  auto m = make_causal_lm(c.cfg, 17);
-  Result r = run_model(*m, c);
-  for (auto& [name, t] : m->named_parameters()) {
-    r.names.push_back(name);
-    r.weights[name] = t.detach().clone();
-    EXPECT_TRUE(t.grad().defined()) << name;
-    if (t.grad().defined()) r.grads[name] = t.grad().clone();
-  }
+  Result r;
+  run_ranks(1, [&] {
+    auto m = make_causal_lm(c.cfg, 17);
+    EXPECT_EQ(m->tensor_parallel_size(), 1);
+    r = run_model(*m, c);
+    for (auto& [name, t] : m->named_parameters()) {
+      r.names.push_back(name);
+      r.weights[name] = t.detach().clone();
+      EXPECT_TRUE(t.grad().defined()) << name;
+      if (t.grad().defined()) r.grads[name] = t.grad().clone();
+    }
+  });
   return r;
 }
 
@@ -440,4 +445,47 @@ TEST(ParallelModels, SizesThatDoNotSplitRaiseNamingTheValues) {
   c = llama(2);
   c.kv_size_multiplier = 0;
   EXPECT_THROW(c.validate(), ConfigError);
+}
+
+TEST(ParallelModels, MetaModelsGiveShapesOnly) {
+  // The memory planner runs models on meta tensors: every TP degree, SP, padding included.
+  for (int tp : {1, 2, 4}) {
+    for (std::string arch : {"llama", "gpt_neox"}) {
+      run_ranks(tp, [&] {
+        parallel_state::initialize_model_parallel(tp);
+        ModelConfig c = arch == "llama" ? llama(2) : neox();
+        c.kv_size_multiplier = arch == "llama" ? std::max(1, tp / 2) : 1;
+        c.sequence_parallel = true;
+        c.device = Device::meta;
+        auto m = make_causal_lm(c, 1);
+        Tensor ids = empty({2, 6}, DType::i64, Device::meta);
+        Tensor loss = m->loss(ids, ids);
+        EXPECT_TRUE(loss.is_meta()) << arch << " tp=" << tp;
+        backward(loss);
+        for (auto& [name, t] : m->named_parameters()) {
+          ASSERT_TRUE(t.grad().defined()) << name;
+          EXPECT_TRUE(t.grad().is_meta()) << name;
+          EXPECT_EQ(t.grad().shape(), t.shape()) << name;
+        }
+      });
+    }
+  }
+}
+
+TEST(ParallelModels, DropoutMatchesSingleRank) {
+  // Without SP the activations outside the TP regions are duplicated and every rank draws the
+  // single rank's masks (same Context seed, same draws in the same order); with SP each rank
+  // applies its slice of the single rank's mask.
+  for (std::string arch : {"llama", "gpt_neox"}) {
+    for (bool sp : {false, true}) {
+      Case c;
+      c.cfg = arch == "llama" ? llama(2) : neox();
+      c.cfg.kv_size_multiplier = arch == "llama" ? 2 : 1;
+      c.cfg.dropout = 0.2;
+      c.cfg.sequence_parallel = sp;
+      c.tp = 4;
+      c.what = arch + " tp=4 dropout 0.2" + (sp ? " sp" : "");
+      check_case(c);
+    }
+  }
 }
