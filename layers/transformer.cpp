@@ -5,6 +5,29 @@
 
 namespace nxd {
 
+namespace {
+// The parallel layers' options for a plain projection: column (gather_output=false) and row
+// (input_is_parallel) halves of a TP region.
+ColumnParallelLinearOptions column_options(bool bias, double std, const ParamOptions& p, bool sp) {
+  ColumnParallelLinearOptions co;
+  co.bias = bias;
+  co.gather_output = false;
+  co.sequence_parallel_enabled = sp;
+  co.weight_init = ParamInit::normal(std);
+  co.param = p;
+  return co;
+}
+RowParallelLinearOptions row_options(bool bias, double std, const ParamOptions& p, bool sp) {
+  RowParallelLinearOptions ro;
+  ro.bias = bias;
+  ro.input_is_parallel = true;
+  ro.sequence_parallel_enabled = sp;
+  ro.weight_init = ParamInit::normal(std);
+  ro.param = p;
+  return ro;
+}
+}  // namespace
+
 CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
     : Module("CausalSelfAttention"),
       hidden_(o.hidden_size),
@@ -50,12 +73,7 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
 void CausalSelfAttention::build_parallel(const AttentionOptions& o) {
   const char* op = "CausalSelfAttention";
   sp_ = o.sequence_parallel;
-  RowParallelLinearOptions ro;
-  ro.bias = o.bias;
-  ro.input_is_parallel = true;
-  ro.sequence_parallel_enabled = o.sequence_parallel;
-  ro.weight_init = ParamInit::normal(o.init_std);
-  ro.param = o.param;
+  const auto ro = row_options(o.bias, o.init_std, o.param, o.sequence_parallel);
   if (layout_ == QkvLayout::separate) {
     GQAQKVColumnParallelLinearOptions qo;
     qo.bias = o.bias;
@@ -82,15 +100,15 @@ void CausalSelfAttention::build_parallel(const AttentionOptions& o) {
     register_module("v_proj", pqkv_->v_proj());
     po_ = register_module("o_proj", std::make_shared<RowParallelLinear>(h_ * d_, hidden_, ro));
   } else {
-    ColumnParallelLinearOptions co;
-    co.bias = o.bias;
-    co.gather_output = false;
-    co.sequence_parallel_enabled = o.sequence_parallel;
-    co.weight_init = ParamInit::normal(o.init_std);
-    co.param = o.param;
-    pfused_ = register_module("query_key_value",
-                              std::make_shared<ColumnParallelLinear>(hidden_, 3 * h_ * d_, co));
-    hl_ = hkvl_ = h_ / pfused_->tp_size();
+    // HF's per-head [q|k|v] blocks: contiguous rows give every rank whole heads
+    pfused_ = register_module(
+        "query_key_value", std::make_shared<ColumnParallelLinear>(
+                               hidden_, 3 * h_ * d_,
+                               column_options(o.bias, o.init_std, o.param, o.sequence_parallel)));
+    const int tp = pfused_->tp_size();
+    NXD_CHECK_SHAPE(h_ % tp == 0, "[", op, "] ", h_,
+                    " attention heads are not divisible by tensor parallel size ", tp);
+    hl_ = hkvl_ = h_ / tp;
     po_ = register_module("dense", std::make_shared<RowParallelLinear>(h_ * d_, hidden_, ro));
   }
 }
@@ -151,27 +169,6 @@ Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) co
   }
   return o_->forward(o);
 }
-
-namespace {
-ColumnParallelLinearOptions column_options(bool bias, double std, const ParamOptions& p, bool sp) {
-  ColumnParallelLinearOptions co;
-  co.bias = bias;
-  co.gather_output = false;
-  co.sequence_parallel_enabled = sp;
-  co.weight_init = ParamInit::normal(std);
-  co.param = p;
-  return co;
-}
-RowParallelLinearOptions row_options(bool bias, double std, const ParamOptions& p, bool sp) {
-  RowParallelLinearOptions ro;
-  ro.bias = bias;
-  ro.input_is_parallel = true;
-  ro.sequence_parallel_enabled = sp;
-  ro.weight_init = ParamInit::normal(std);
-  ro.param = p;
-  return ro;
-}
-}  // namespace
 
 Mlp::Mlp(int64_t hidden_size, int64_t ffn_hidden_size, const MlpOptions& o)
     : Module("Mlp"), gelu_(o.gelu) {

@@ -14,6 +14,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/layers/transformer.h"
 #include "support/compare.h"
 #include "support/ranks.h"
 
@@ -212,7 +213,6 @@ void check_case(const Case& c) {
 
 std::string error_of(const ModelConfig& cfg, int tp) {
   std::string msg;
-  std::mutex mu;
   try {
     run_ranks(tp, [&] {
       parallel_state::initialize_model_parallel(tp);
@@ -512,4 +512,42 @@ TEST(ParallelModels, Bf16ShardsAreTheSingleRankWeightsAndTheLossAgrees) {
                                                 ref.weights.at(pp.name), pp.name));
     });
   }
+}
+
+TEST(ParallelModels, AttentionLayerChecksHeadsAgainstTheTPDegree) {
+  auto message = [](int tp, const AttentionOptions& o) {
+    std::string msg;
+    try {
+      run_ranks(tp, [&] {
+        parallel_state::initialize_model_parallel(tp);
+        CausalSelfAttention a(o);
+      });
+    } catch (const ShapeError& e) {
+      msg = e.what();
+    }
+    return msg;
+  };
+  AttentionOptions f;  // fused: 3*2*12 = 72 rows divide by 4, but 2 heads do not
+  f.hidden_size = 24;
+  f.num_heads = 2;
+  f.layout = QkvLayout::fused_neox;
+  f.bias = true;
+  f.tensor_parallel = true;
+  std::string e = message(4, f);
+  EXPECT_NE(e.find("[CausalSelfAttention] 2 attention heads are not divisible by tensor parallel "
+                   "size 4"),
+            std::string::npos)
+      << e;
+  AttentionOptions g;  // 2 kv heads replicated twice over 2 ranks: misaligned
+  g.hidden_size = 16;
+  g.num_heads = 4;
+  g.num_kv_heads = 2;
+  g.tensor_parallel = true;
+  g.kv_size_multiplier = 2;
+  e = message(2, g);
+  EXPECT_NE(e.find("[CausalSelfAttention] kv_size_multiplier=2 with 2 key/value heads at tensor "
+                   "parallel size 2"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("= 1"), std::string::npos) << e;
 }
