@@ -33,17 +33,17 @@ void CausalLM::register_output_head(const std::string& name) {
         register_module(name, std::make_shared<Linear>(cfg_.hidden_size, cfg_.vocab_size, lo))
             ->weight();
   } else {
-    // Used through its weight (vocab_parallel_logits, lm_head): registered for the name, the
-    // shard's init and its parallel attributes.
+    // loss() runs it on the local hidden states (NxD's canonical head: SP all-gather saving only
+    // the local shard); lm_head() uses its weight on full hidden states.
     ColumnParallelLinearOptions co;
     co.bias = false;
     co.gather_output = false;
     co.sequence_parallel_enabled = sp_;
     co.weight_init = ParamInit::normal(cfg_.init_std);
     co.param = p;
-    head_weight_ = register_module(name, std::make_shared<ColumnParallelLinear>(
-                                             cfg_.hidden_size, cfg_.vocab_size, co))
-                       ->weight();
+    parallel_head_ = register_module(
+        name, std::make_shared<ColumnParallelLinear>(cfg_.hidden_size, cfg_.vocab_size, co));
+    head_weight_ = parallel_head_->weight();
   }
 }
 
@@ -103,10 +103,16 @@ Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntro
   const int64_t Sp = sp_ ? (S + tp_ - 1) / tp_ * tp_ : S;
   Tensor h = body(pad_sequence(ids, Sp, 0), 0);  // [B,S(/tp),hidden]
   // column-parallel head, gather_output=false: [B,Sp,V/tp] (SP: all-gather the sequence first,
-  // its backward reduce-scatters; else copy_to, whose backward all-reduces)
-  Tensor x = sp_ ? gather_from_sequence_parallel_region(h, 1, /*to_model_parallel=*/true)
-                 : copy_to_tensor_model_parallel_region(h);
-  Tensor logits = linear(x, output_weight());
+  // its backward reduce-scatters; else copy_to, whose backward all-reduces). A tied head does
+  // the same with the embedding's vocabulary shard.
+  Tensor logits;
+  if (parallel_head_) {
+    logits = parallel_head_->forward(h);
+  } else {
+    Tensor x = sp_ ? gather_from_sequence_parallel_region(h, 1, /*to_model_parallel=*/true)
+                   : copy_to_tensor_model_parallel_region(h);
+    logits = linear(x, output_weight());
+  }
   const int64_t np = B * Sp;
   ParallelCrossEntropyOptions po;
   po.ignore_index = opts.ignore_index;

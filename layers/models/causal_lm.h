@@ -36,6 +36,8 @@
 
 namespace nxd {
 
+class ColumnParallelLinear;
+
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
   double temperature = 1.0;   // 0 = greedy (argmax, first on ties)
@@ -87,7 +89,8 @@ class CausalLM : public Module {
   bool sp_ = false;
 
  private:
-  Tensor head_weight_;  // undefined when tied
+  Tensor head_weight_;                                   // undefined when tied
+  std::shared_ptr<ColumnParallelLinear> parallel_head_;  // TP > 1, untied
 };
 
 // Dropout on a model's hidden states (d's p and mode). Under sequence parallelism x is this
