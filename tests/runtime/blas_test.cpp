@@ -1,0 +1,83 @@
+#include <gtest/gtest.h>
+
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/context.h"
+#include "nxd/runtime/init.h"
+#include "support/compare.h"
+
+using namespace nxd;
+
+namespace {
+// Naive row-major reference in double: C = alpha op(A) op(B) + beta C.
+Tensor reference(bool ta, bool tb, const Tensor& a, const Tensor& b, const Tensor& c, double alpha,
+                 double beta) {
+  int64_t m = c.size(0), n = c.size(1), k = ta ? a.size(0) : a.size(1);
+  auto av = a.to_vector(), bv = b.to_vector(), cv = c.to_vector();
+  std::vector<double> r(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p)
+        s += av[ta ? p * m + i : i * k + p] * bv[tb ? j * k + p : p * n + j];
+      r[i * n + j] = alpha * s + beta * cv[i * n + j];
+    }
+  return from_doubles(r, {m, n}, DType::f64);
+}
+
+struct EngineGuard {
+  blas::Engine prev = blas::engine();
+  int threads = num_threads();
+  ~EngineGuard() {
+    blas::set_engine(prev);
+    set_num_threads(threads);
+  }
+};
+}  // namespace
+
+TEST(Blas, EnginesAndThreadSplitsMatchTheReference) {
+  EngineGuard guard;
+  // Sizes above the split threshold (m*n*k >= 2^21) so the 2-thread path splits rows or columns,
+  // with row counts that are not multiples of the 16-row blocks.
+  const int64_t m = 150, n = 97, k = 300;
+  for (auto engine : {blas::Engine::openblas, blas::Engine::eigen}) {
+    blas::set_engine(engine);
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (auto [mm, nn] : {std::pair<int64_t, int64_t>{m, n}, {n, m}}) {
+            SCOPED_TRACE(str(blas::engine_name(engine), " threads=", threads, " ta=", ta,
+                             " tb=", tb, " m=", mm, " n=", nn));
+            Tensor a = empty(ta ? Shape{k, mm} : Shape{mm, k});
+            Tensor b = empty(tb ? Shape{nn, k} : Shape{k, nn});
+            Tensor c = empty({mm, nn});
+            init::uniform(a, RngStream{1, 1}, -1, 1);
+            init::uniform(b, RngStream{1, 2}, -1, 1);
+            init::uniform(c, RngStream{1, 3}, -1, 1);
+            Tensor expect = reference(ta, tb, a, b, c, 0.5, 0.25);
+            blas::sgemm(ta, tb, mm, nn, k, 0.5f, a.data<float>(), a.size(1), b.data<float>(),
+                        b.size(1), 0.25f, c.data<float>(), nn);
+            EXPECT_CLOSE_REL(c, expect, 2e-6);
+            // beta = 0 ignores whatever C held, NaN included
+            c.fill_(std::nan(""));
+            blas::sgemm(ta, tb, mm, nn, k, 1.0f, a.data<float>(), a.size(1), b.data<float>(),
+                        b.size(1), 0.0f, c.data<float>(), nn);
+            EXPECT_CLOSE_REL(c, reference(ta, tb, a, b, zeros({mm, nn}), 1.0, 0.0), 2e-6);
+          }
+    }
+  }
+}
+
+TEST(Blas, ThreadSplitIsBitwiseRepeatable) {
+  EngineGuard guard;
+  blas::set_engine(blas::Engine::eigen);
+  set_num_threads(2);
+  Tensor a = empty({512, 256}), b = empty({256, 384});
+  init::uniform(a, RngStream{2, 1}, -1, 1);
+  init::uniform(b, RngStream{2, 2}, -1, 1);
+  Tensor c1 = empty({512, 384}), c2 = empty({512, 384});
+  for (Tensor* c : {&c1, &c2})
+    blas::sgemm(false, false, 512, 384, 256, 1.0f, a.data<float>(), 256, b.data<float>(), 384, 0.0f,
+                c->data<float>(), 384);
+  EXPECT_BITWISE_EQ(c1, c2);
+}
