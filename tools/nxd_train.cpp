@@ -1,12 +1,21 @@
 // nxd-train [--config FILE] [--set dotted.key=value ...] [--out DIR]
 // Trains a language model as configured (defaults: docs/CONFIG.md). Exit codes: 0 done, 2 a
 // user mistake (bad flag, config, data path: one line on stderr), 1 anything else.
+// backend.kind=sim runs every rank as a thread of this process; backend.kind=mpi runs one rank
+// per process under mpirun: an error on any rank aborts the job (MPI_Abort with the same exit
+// code) after that rank printed it, so no rank waits forever for a peer that failed.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
 
+#ifdef NXD_TRAIN_WITH_MPI
+#include <mpi.h>
+#endif
+
+#include "nxd/collectives/mpi/mpi.h"
 #include "nxd/runtime/error.h"
 #include "nxd/trainer/config.h"
 #include "nxd/trainer/train.h"
@@ -76,22 +85,67 @@ int run(int argc, char** argv) {
     std::fputs(tc.resolved.to_yaml().c_str(), stdout);
     return 0;
   }
-  train(tc);
-  return 0;
+  if (tc.dist.backend != "mpi") {
+    train(tc);
+    return 0;
+  }
+  if (!nxd::mpi::available())
+    throw nxd::ConfigError(
+        "[nxd-train] backend.kind=mpi but nxd was built without MPI (NXD_WITH_MPI=OFF)");
+  nxd::mpi::Session session(&argc, &argv, tc.seed);
+  if (tc.dist.world_size_from_launcher && session.size() != tc.dist.world_size) {
+    cfg.set("backend.world_size", session.size(), "the MPI world");
+    tc = resolve(cfg);
+  }
+  if (session.size() != tc.dist.world_size)
+    throw nxd::ConfigError(nxd::str("[nxd-train] backend.world_size=", tc.dist.world_size,
+                                    " but mpirun started ", session.size(), " process(es)"));
+  check_world(tc.dist.world_size, tc.dist.tensor_model_parallel_size);
+  int code = 0;
+  try {
+    train(tc);
+  } catch (const nxd::UserError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "nxd-train: error: rank %d: %s\n", session.rank(),
+                 one_line(e.what()).c_str());
+    code = 2;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "nxd-train: internal error: rank %d: %s\n", session.rank(),
+                 one_line(e.what()).c_str());
+    code = 1;
+  }
+  if (code != 0) {
+    std::fflush(stderr);
+#ifdef NXD_TRAIN_WITH_MPI
+    MPI_Abort(MPI_COMM_WORLD, code);  // the peers may be waiting in a collective
+#endif
+  }
+  return code;
 }
 
 }  // namespace
 
+// Before MPI is initialized: this process's rank from the launcher's environment (0 if none),
+// so that an error every rank finds alike (a bad config) is printed once.
+int launcher_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* r = std::getenv(v)) return std::atoi(r);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  const bool quiet_errors = launcher_rank() != 0;
   try {
     return run(argc, argv);
   } catch (const nxd::UserError& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "nxd-train: error: %s\n", one_line(e.what()).c_str());
+    if (!quiet_errors) std::fprintf(stderr, "nxd-train: error: %s\n", one_line(e.what()).c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "nxd-train: internal error: %s\n", one_line(e.what()).c_str());
+    if (!quiet_errors)
+      std::fprintf(stderr, "nxd-train: internal error: %s\n", one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "nxd/layers/models/config.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::trainer {
@@ -132,7 +133,29 @@ std::vector<KeySpec> make_registry() {
       key("model.optim.sched.min_lr", K::number, 1e-4, "Floor of the decay."),
       // parallelism
       key("distributed_strategy.tensor_model_parallel_size", K::integer, 1,
-          "Tensor-parallel degree (only 1 until the parallel layers land)."),
+          "Tensor-parallel degree: attention heads, kv heads x kv_replicator, ffn size and vocab "
+          "must divide by it. Data-parallel degree = world size / this (no pipeline yet)."),
+      key("distributed_strategy.sequence_parallel", K::boolean, false,
+          "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
+      key("distributed_strategy.kv_replicator", K::integer, nullptr,
+          "K/V heads replicated this many times so TP can exceed model.num_kv_heads "
+          "(NxD's kv_size_multiplier). null = max(1, TP / num_kv_heads).",
+          {}, true),
+      key("distributed_strategy.grad_bucket_mb", K::number, 25.0,
+          "Data-parallel gradient all-reduce bucket size in MiB (reduced as buckets fill during "
+          "the last micro batch's backward)."),
+      // backend
+      key("backend.kind", K::string, "sim",
+          "sim: every rank a thread of this process on a simulated Neuron machine; mpi: one rank "
+          "per process under mpirun (`mpirun -np N nxd-train --set backend.kind=mpi`).",
+          {"sim", "mpi"}),
+      key("backend.instance", K::string, "trn1.32xlarge",
+          "sim: the modeled instance type (its NeuronCores, HBM and links give the modeled step "
+          "time and memory)."),
+      key("backend.world_size", K::integer, nullptr,
+          "Ranks (NeuronCores). null = tensor_model_parallel_size (sim) or the MPI world (mpi). "
+          "Must equal tensor_model_parallel_size x data-parallel size.",
+          {}, true),
       // generation
       key("generation.prompt", K::string, "Q: What",
           "Prompt of the text sample printed after training."),
@@ -538,6 +561,15 @@ std::string Config::to_yaml() const {
 
 // ---- resolution ----
 
+void check_world(int64_t world_size, int64_t tp) {
+  if (world_size % tp != 0)
+    throw ConfigError(str("[config] world size ", world_size, " is not tensor_model_parallel_size ",
+                          tp, " x data-parallel size (pipeline size 1): ", world_size,
+                          " does not divide by ", tp,
+                          " (set backend.world_size or distributed_strategy."
+                          "tensor_model_parallel_size)"));
+}
+
 TrainConfig resolve(const Config& in) {
   Config c = in;
   auto fail = [](auto&&... a) { throw ConfigError(str("[config] ", a...)); };
@@ -586,19 +618,6 @@ TrainConfig resolve(const Config& in) {
     fail("data.val_fraction must be in [0, 1), got ", d.val_fraction);
   if (d.kind != "random" && d.path.empty()) fail("data.path is empty (data.kind=", d.kind, ")");
 
-  auto& ds = t.dist;
-  ds.tensor_model_parallel_size = positive("distributed_strategy.tensor_model_parallel_size");
-  if (ds.tensor_model_parallel_size != 1)
-    fail("distributed_strategy.tensor_model_parallel_size=", ds.tensor_model_parallel_size,
-         " is not supported yet (single rank: 1)");
-  ds.data_parallel_size = 1;
-  const int64_t per_step = d.micro_batch_size * ds.data_parallel_size;
-  if (d.global_batch_size % per_step != 0)
-    fail("data.global_batch_size=", d.global_batch_size,
-         " is not a multiple of data.micro_batch_size=", d.micro_batch_size,
-         " x data-parallel size=", ds.data_parallel_size);
-  t.grad_accum_steps = d.global_batch_size / per_step;
-
   auto& m = t.model;
   m.arch = c.get_string("model.arch");
   m.vocab_size = positive("model.vocab_size");
@@ -641,6 +660,47 @@ TrainConfig resolve(const Config& in) {
     fail("model.vocab_size=", m.vocab_size,
          " is too small for byte-level text (data.kind=text "
          "needs >= 256)");
+
+  auto& ds = t.dist;
+  ds.tensor_model_parallel_size = positive("distributed_strategy.tensor_model_parallel_size");
+  ds.sequence_parallel = c.get_bool("distributed_strategy.sequence_parallel");
+  ds.backend = c.get_string("backend.kind");
+  ds.instance = c.get_string("backend.instance");
+  if (c.is_null("distributed_strategy.kv_replicator"))
+    c.set("distributed_strategy.kv_replicator",
+          std::max<int64_t>(1, ds.tensor_model_parallel_size / m.num_kv_heads), "derived");
+  ds.kv_replicator = positive("distributed_strategy.kv_replicator");
+  ds.grad_bucket_mb = c.get_double("distributed_strategy.grad_bucket_mb");
+  if (!(ds.grad_bucket_mb > 0))
+    fail("distributed_strategy.grad_bucket_mb must be positive, got ", ds.grad_bucket_mb);
+  ds.world_size_from_launcher = c.is_null("backend.world_size") && ds.backend == "mpi";
+  if (c.is_null("backend.world_size"))
+    c.set("backend.world_size", ds.tensor_model_parallel_size, "derived");
+  ds.world_size = positive("backend.world_size");
+  check_world(ds.world_size, ds.tensor_model_parallel_size);
+  ds.data_parallel_size = ds.world_size / ds.tensor_model_parallel_size;
+  const int64_t per_step = d.micro_batch_size * ds.data_parallel_size;
+  if (d.global_batch_size % per_step != 0)
+    fail("data.global_batch_size=", d.global_batch_size,
+         " is not a multiple of data.micro_batch_size=", d.micro_batch_size,
+         " x data-parallel size=", ds.data_parallel_size);
+  t.grad_accum_steps = d.global_batch_size / per_step;
+  if (ds.tensor_model_parallel_size > 1) {
+    ModelConfig mc;
+    mc.num_attention_heads = m.num_attention_heads;
+    mc.num_kv_heads = m.num_kv_heads;
+    mc.hidden_size = m.hidden_size;
+    mc.ffn_hidden_size = m.ffn_hidden_size;
+    mc.vocab_size = m.vocab_size;
+    mc.kv_size_multiplier = ds.kv_replicator;
+    mc.sequence_parallel = ds.sequence_parallel;
+    try {
+      mc.validate_parallel(static_cast<int>(ds.tensor_model_parallel_size));
+    } catch (const UserError& e) {
+      fail("distributed_strategy.tensor_model_parallel_size=", ds.tensor_model_parallel_size, ": ",
+           e.what());
+    }
+  }
 
   auto& o = t.optim;
   o.name = c.get_string("model.optim.name");

@@ -115,8 +115,15 @@ struct OptimSection {
 };
 
 struct DistributedSection {
-  int64_t tensor_model_parallel_size;  // 1 until the parallel layers land
-  int64_t data_parallel_size;          // derived: world / tp (1 for now)
+  int64_t tensor_model_parallel_size;
+  bool sequence_parallel;
+  int64_t kv_replicator;  // resolved: max(1, tp / kv heads) unless set
+  double grad_bucket_mb;
+  std::string backend;            // sim | mpi
+  std::string instance;           // sim machine
+  int64_t world_size;             // resolved: tp unless set (mpi: replaced by the MPI world)
+  bool world_size_from_launcher;  // mpi and backend.world_size unset
+  int64_t data_parallel_size;     // derived: world / tp
 };
 
 struct GenerationSection {
@@ -141,5 +148,9 @@ struct TrainConfig {
 
 // Checks cross-key constraints and fills derived values; throws ConfigError naming the keys.
 TrainConfig resolve(const Config& cfg);
+
+// ConfigError unless world_size = tp x dp for an integer dp (pipeline size 1): names the three
+// numbers.
+void check_world(int64_t world_size, int64_t tp);
 
 }  // namespace nxd::trainer

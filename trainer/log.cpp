@@ -33,16 +33,18 @@ MetricsWriter::~MetricsWriter() {
 }
 
 std::string MetricsWriter::header() {
-  return "step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s";
+  return "step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s,sim_step_s";
 }
 
 std::string MetricsWriter::format(const MetricsRow& r) {
   char val[40] = "";
   if (r.val_loss) std::snprintf(val, sizeof val, "%.9g", *r.val_loss);
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%lld,%.9g,%s,%.9g,%.9g,%.1f,%lld,%.3f",
+  char sim[40] = "";
+  if (r.sim_step_s) std::snprintf(sim, sizeof sim, "%.6g", *r.sim_step_s);
+  char buf[300];
+  std::snprintf(buf, sizeof buf, "%lld,%.9g,%s,%.9g,%.9g,%.1f,%lld,%.3f,%s",
                 static_cast<long long>(r.step), r.loss, val, r.lr, r.grad_norm, r.tokens_per_s,
-                static_cast<long long>(r.epoch), r.elapsed_s);
+                static_cast<long long>(r.epoch), r.elapsed_s, sim);
   return buf;
 }
 
@@ -67,23 +69,25 @@ std::string ProgressBar::render(const MetricsRow& r) const {
     std::snprintf(tok, sizeof tok, "%.1fk", r.tokens_per_s / 1e3);
   else
     std::snprintf(tok, sizeof tok, "%.0f", r.tokens_per_s);
+  char sim[48] = "";
+  if (r.sim_step_s) std::snprintf(sim, sizeof sim, " (sim %.2f ms/step)", *r.sim_step_s * 1e3);
   char val[48] = "";
   if (last_val_) std::snprintf(val, sizeof val, " val %.4f", *last_val_);
-  char buf[320];
+  char buf[400];
   if (tty_) {
     constexpr int kWidth = 24;
     const int filled = static_cast<int>(frac * kWidth);
     std::string bar(filled, '#');
     bar += std::string(kWidth - filled, '.');
-    std::snprintf(buf, sizeof buf, "[%s] %lld/%lld loss %.4f%s lr %.2e %s tok/s ETA %s",
+    std::snprintf(buf, sizeof buf, "[%s] %lld/%lld loss %.4f%s lr %.2e %s tok/s%s ETA %s",
                   bar.c_str(), static_cast<long long>(r.step), static_cast<long long>(total_),
-                  r.loss, val, r.lr, tok, format_duration(eta).c_str());
+                  r.loss, val, r.lr, tok, sim, format_duration(eta).c_str());
   } else {
     std::snprintf(buf, sizeof buf,
-                  "step %lld/%lld loss %.4f%s lr %.2e grad_norm %.3f %s tok/s "
+                  "step %lld/%lld loss %.4f%s lr %.2e grad_norm %.3f %s tok/s%s "
                   "elapsed %s ETA %s",
                   static_cast<long long>(r.step), static_cast<long long>(total_), r.loss, val, r.lr,
-                  r.grad_norm, tok, format_duration(r.elapsed_s).c_str(),
+                  r.grad_norm, tok, sim, format_duration(r.elapsed_s).c_str(),
                   format_duration(eta).c_str());
   }
   return buf;

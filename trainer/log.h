@@ -9,16 +9,18 @@ namespace nxd::trainer {
 
 struct MetricsRow {
   int64_t step = 0;
-  double loss = 0;                 // mean training loss over the step's global batch
-  std::optional<double> val_loss;  // on validation steps only
-  double lr = 0;                   // the rate used by this step's update
-  double grad_norm = 0;            // global L2 norm before clipping
-  double tokens_per_s = 0;         // training tokens per second over the logging interval
-  int64_t epoch = 0;               // epoch of the last micro batch
-  double elapsed_s = 0;            // since training started
+  double loss = 0;                   // mean training loss over the step's global batch
+  std::optional<double> val_loss;    // on validation steps only
+  double lr = 0;                     // the rate used by this step's update
+  double grad_norm = 0;              // global L2 norm before clipping
+  double tokens_per_s = 0;           // training tokens per second over the logging interval
+  int64_t epoch = 0;                 // epoch of the last micro batch
+  double elapsed_s = 0;              // since training started
+  std::optional<double> sim_step_s;  // sim backend: modeled seconds of the last step (rank 0)
 };
 
-// Columns: step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s. Losses, lr and the
+// Columns: step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s,sim_step_s (empty
+// without a simulated device). Losses, lr and the
 // norm with 9 significant digits (a float round-trips); val_loss is empty on rows without
 // validation. Each row is flushed, so a crashed run keeps its rows.
 class MetricsWriter {

@@ -5,9 +5,15 @@
 #include <fstream>
 #include <map>
 
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/collectives/sim/launch.h"
+#include "nxd/layers/parallel/attributes.h"
+#include "nxd/optim/grad_norm.h"
+#include "nxd/optim/grad_sync.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/optim/optimizer.h"
 #include "nxd/runtime/context.h"
+#include "nxd/runtime/sim/clock.h"
 #include "nxd/trainer/log.h"
 
 namespace fs = std::filesystem;
@@ -94,21 +100,47 @@ ModelConfig model_config(const TrainConfig& cfg) {
   mc.init_std = m.init_std;
   mc.dropout = m.dropout;
   mc.tie_word_embeddings = m.tie_word_embeddings;
+  mc.sequence_parallel = cfg.dist.sequence_parallel;
+  mc.kv_size_multiplier = cfg.dist.kv_replicator;
   return mc;
 }
 
-TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
-  const auto t_setup = Clock::now();
-  set_num_threads(static_cast<int>(cfg.trainer.num_threads));
-  Context& ctx = current_context();
-  ctx.rng().set_seed(cfg.seed);  // dropout masks
+namespace {
 
-  std::error_code ec;
-  fs::create_directories(cfg.out_dir, ec);
-  if (ec)
-    throw IoError(
-        str("[train] cannot create output directory '", cfg.out_dir, "': ", ec.message()));
-  {
+// The training loop on this rank (the current Context: a sim rank thread, an MPI process, or the
+// single rank). Every rank runs it; rank 0 alone prints and writes the files.
+TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts_in, bool set_threads) {
+  const auto t_setup = Clock::now();
+  if (set_threads) set_num_threads(static_cast<int>(cfg.trainer.num_threads));
+  Context& ctx = current_context();
+  ctx.rng().set_seed(cfg.seed);  // dropout masks (the same on every rank of a TP group)
+  const int world = ctx.world_size();
+  if (world != cfg.dist.world_size)
+    throw ConfigError(str("[train] backend.world_size=", cfg.dist.world_size, " but the ",
+                          cfg.dist.backend, " world has ", world, " rank(s)"));
+  const int tp = static_cast<int>(cfg.dist.tensor_model_parallel_size);
+  if (world > 1 && !parallel_state::model_parallel_is_initialized())
+    parallel_state::initialize_model_parallel(tp);
+  const int dp = parallel_state::get_data_parallel_size();
+  const int dp_rank = parallel_state::get_data_parallel_rank();
+  const bool rank0 = ctx.rank() == 0;
+  TrainOptions opts = opts_in;
+  if (!rank0) opts.quiet = true;
+  auto* clock = dynamic_cast<sim::SimClock*>(ctx.cost_model());
+  // the mean over DP of one or more per-rank values (every rank gets the same doubles)
+  auto dp_sum = [&](std::vector<double> v) {
+    if (dp > 1)
+      parallel_state::get_data_parallel_group().all_reduce(
+          v.data(), v.data(), static_cast<int64_t>(v.size()), DType::f64, ReduceOp::sum);
+    return v;
+  };
+
+  if (rank0) {
+    std::error_code ec;
+    fs::create_directories(cfg.out_dir, ec);
+    if (ec)
+      throw IoError(
+          str("[train] cannot create output directory '", cfg.out_dir, "': ", ec.message()));
     std::ofstream y(fs::path(cfg.out_dir) / "config.yaml");
     y << cfg.resolved.to_yaml();
     if (!y) throw IoError(str("[train] cannot write '", cfg.out_dir, "/config.yaml'"));
@@ -124,12 +156,12 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
   say("data: " + data.description);
   if (!data.skipped.empty()) say("data: " + summarize_skipped(data.skipped));
   DataLoader loader(data.train, cfg.data.micro_batch_size,
-                    SamplerOptions{cfg.seed, cfg.data.shuffle, 0, cfg.dist.data_parallel_size});
+                    SamplerOptions{cfg.seed, cfg.data.shuffle, dp_rank, dp});
   std::vector<Batch> val_batches;
   if (data.val && cfg.trainer.val_check_interval > 0 && cfg.trainer.limit_val_batches > 0) {
     const int64_t b = cfg.data.micro_batch_size;
     const int64_t n = std::min(cfg.trainer.limit_val_batches, (data.val->size() + b - 1) / b);
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = dp_rank; i < n; i += dp) {  // validation batches split over DP
       std::vector<int64_t> idx;
       for (int64_t k = i * b; k < std::min((i + 1) * b, data.val->size()); ++k) idx.push_back(k);
       val_batches.push_back(make_batch(*data.val, idx));
@@ -138,15 +170,31 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
 
   auto model = make_causal_lm(model_config(cfg), cfg.seed);
   model->train();
+  const bool sp = model->sequence_parallel();
+  optim::GradSync grad_sync(
+      *model, optim::GradSyncOptions{static_cast<int64_t>(cfg.dist.grad_bucket_mb * (1 << 20))});
+  std::vector<optim::NormParam> norm_params = optim::norm_params(*model);
+  const optim::NormGroups norm_groups = optim::NormGroups::from_parallel_state();
   std::vector<optim::NamedParam> named;
   for (auto& [name, t] : model->named_parameters()) named.push_back({name, t});
-  const std::vector<Tensor> params = optim::params_of(named);
   TrainResult res;
   res.num_parameters = model->num_parameters();
+  if (tp > 1) {
+    res.num_parameters = 0;  // of the whole model: shards x tp, duplicates once
+    for (const auto& p : norm_params)
+      res.num_parameters += p.attrs.tensor_model_parallel
+                                ? p.param.numel() * tp / std::max<int64_t>(1, p.attrs.kv_replicas)
+                                : p.param.numel();
+  }
   say(str("model: ", cfg.model.arch, ", ", cfg.model.num_layers, " layers, hidden ",
           cfg.model.hidden_size, ", ", cfg.model.num_attention_heads, " heads (",
           cfg.model.num_kv_heads, " kv), ffn ", cfg.model.ffn_hidden_size, ", vocab ",
           cfg.model.vocab_size, ": ", with_commas(res.num_parameters), " parameters"));
+  if (world > 1)
+    say(str("parallel: ", world, " rank(s) on ",
+            cfg.dist.backend == "sim" ? "the sim backend (" + cfg.dist.instance + ")" : "MPI",
+            ": tensor parallel ", tp, sp ? " with sequence parallelism" : "", ", data parallel ",
+            dp, cfg.dist.kv_replicator > 1 ? str(", kv replicator ", cfg.dist.kv_replicator) : ""));
 
   auto groups = optim::default_param_groups(named, cfg.optim.lr, cfg.optim.weight_decay);
   std::unique_ptr<optim::Optimizer> opt;
@@ -165,46 +213,60 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
           " ", cfg.optim.sched_name, ", ", cfg.trainer.num_threads, " thread(s); output in ",
           cfg.out_dir));
 
+  const bool has_val = data.val && cfg.trainer.val_check_interval > 0 &&
+                       cfg.trainer.limit_val_batches > 0 && data.val->size() > 0;
   auto validate = [&]() -> std::optional<double> {
-    if (val_batches.empty()) return std::nullopt;
+    if (!has_val) return std::nullopt;
     NoGradGuard ng;
     model->eval();
     double sum = 0;
     for (const auto& b : val_batches) sum += model->loss(b.ids, b.targets).item();
     model->train();
-    return sum / static_cast<double>(val_batches.size());
+    const auto tot = dp_sum({sum, static_cast<double>(val_batches.size())});
+    return tot[0] / tot[1];
   };
 
-  MetricsWriter metrics((fs::path(cfg.out_dir) / "metrics.csv").string());
+  std::optional<MetricsWriter> metrics;
+  if (rank0) metrics.emplace((fs::path(cfg.out_dir) / "metrics.csv").string());
   res.initial_val_loss = validate();
   if (res.initial_val_loss) say(str("step 0: val_loss ", *res.initial_val_loss));
 
   const auto t0 = Clock::now();
-  double train_seconds = 0, interval_seconds = 0;
+  double train_seconds = 0, interval_seconds = 0, sim_train_seconds = 0;
   int64_t interval_tokens = 0;
   const double inv_accum = 1.0 / static_cast<double>(cfg.grad_accum_steps);
   for (int64_t step = 1; step <= cfg.trainer.max_steps; ++step) {
     const auto ts = Clock::now();
+    const double sim_t0 = clock ? clock->now() : 0.0;
     const double lr = sched.lr(step - 1);
     opt->set_lr(lr);
     double loss_sum = 0;
     for (int64_t a = 0; a < cfg.grad_accum_steps; ++a) {
       Batch b = loader.next();
+      // only the last micro batch's backward launches the DP all-reduces
+      std::optional<optim::GradSync::NoSync> no_sync;
+      if (a + 1 < cfg.grad_accum_steps) no_sync.emplace(grad_sync);
       Tensor loss = model->loss(b.ids, b.targets);
       loss_sum += loss.item();
       backward(cfg.grad_accum_steps == 1 ? loss : mul(loss, inv_accum));
     }
+    // the order matters: DP average, then the SP sums over TP, then the norm over TP
+    grad_sync.finish();
+    if (sp) allreduce_sequence_parallel_gradients(*model);
     const double gn = cfg.trainer.gradient_clip_val > 0
-                          ? optim::clip_grad_norm(params, cfg.trainer.gradient_clip_val)
-                          : optim::grad_norm(params);
+                          ? optim::clip_parallel_grad_norm(
+                                norm_params, cfg.trainer.gradient_clip_val, norm_groups)
+                          : optim::parallel_grad_norm(norm_params, norm_groups);
     opt->step();
     opt->zero_grad(/*set_to_none=*/true);
+    const double sim_step = clock ? clock->now() - sim_t0 : 0.0;
+    sim_train_seconds += sim_step;
     const double step_s = since(ts);
     train_seconds += step_s;
     interval_seconds += step_s;
     interval_tokens += tokens_per_step;
 
-    const double loss = loss_sum * inv_accum;
+    const double loss = dp_sum({loss_sum * inv_accum})[0] / dp;  // the global batch's mean
     if (step == 1) res.first_loss = loss;
     res.last_loss = loss;
     const bool last = step == cfg.trainer.max_steps;
@@ -215,6 +277,7 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
     row.loss = loss;
     row.lr = lr;
     row.grad_norm = gn;
+    if (clock) row.sim_step_s = sim_step;
     if (do_val) {
       row.val_loss = validate();
       if (row.val_loss) res.final_val_loss = row.val_loss;
@@ -223,7 +286,7 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
       row.tokens_per_s = interval_seconds > 0 ? interval_tokens / interval_seconds : 0;
       row.epoch = loader.epoch();
       row.elapsed_s = since(t0);
-      metrics.write(row);
+      if (metrics) metrics->write(row);
       if (!opts.quiet) bar.update(row);
       interval_seconds = 0;
       interval_tokens = 0;
@@ -238,6 +301,17 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
                  static_cast<long long>(res.steps), format_duration(res.seconds).c_str(),
                  std::chrono::duration<double>(t0 - t_setup).count(), res.tokens_per_s,
                  res.last_loss);
+  if (clock) {
+    res.sim_step_seconds = sim_train_seconds / static_cast<double>(res.steps);
+    res.hbm_peak_bytes = ctx.memory().peak();
+    if (!opts.quiet)
+      std::fprintf(
+          opts.out,
+          "; modeled on %s: %.2f ms/step (%.0f tokens/s), HBM peak %.1f MiB per NeuronCore",
+          cfg.dist.instance.c_str(), res.sim_step_seconds * 1e3,
+          tokens_per_step / res.sim_step_seconds,
+          static_cast<double>(res.hbm_peak_bytes) / (1 << 20));
+  }
   if (!opts.quiet && res.final_val_loss)
     std::fprintf(opts.out, ", val_loss %.4f (from %.4f)", *res.final_val_loss,
                  res.initial_val_loss.value_or(0.0));
@@ -255,12 +329,32 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
     go.seed = cfg.seed;
     std::vector<int64_t> ids = model->generate(prompt, go);
     for (int64_t id : ids) res.sample.push_back(static_cast<char>(static_cast<unsigned char>(id)));
-    std::ofstream(fs::path(cfg.out_dir) / "sample.txt", std::ios::binary) << res.sample;
+    if (rank0) std::ofstream(fs::path(cfg.out_dir) / "sample.txt", std::ios::binary) << res.sample;
     if (!opts.quiet)
       std::fprintf(opts.out, "sample (temperature %g, top_k %lld):\n%s\n", g.temperature,
                    static_cast<long long>(g.top_k), res.sample.c_str());
   }
   std::fflush(opts.out);
+  return res;
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
+  if (cfg.dist.backend == "mpi" || cfg.dist.world_size == 1)
+    return train_rank(cfg, opts, /*set_threads=*/true);
+  // sim: every rank a thread of this process (BLAS single-threaded while they run)
+  sim::LaunchOptions lo;
+  lo.world_size = static_cast<int>(cfg.dist.world_size);
+  lo.instance = cfg.dist.instance;
+  lo.seed = cfg.seed;
+  TrainResult res;
+  sim::LaunchResult lr = sim::launch(lo, [&] {
+    TrainResult r = train_rank(cfg, opts, /*set_threads=*/false);
+    if (current_context().rank() == 0) res = r;
+  });
+  for (const auto& rr : lr.ranks) res.hbm_peak_bytes = std::max(res.hbm_peak_bytes, rr.peak_bytes);
+  res.sim_seconds = lr.sim_seconds();
   return res;
 }
 

@@ -2,7 +2,7 @@
 // The single-rank training loop of nxd-train: data, model, optimizer, schedule, validation and
 // logs, from a resolved TrainConfig.
 //
-// Per step: lr = schedule(step - 1); for each of grad_accum_steps micro batches, loss =
+// Per step (per rank): lr = schedule(step - 1); for each of grad_accum_steps micro batches, loss =
 // model->loss(ids, targets) and backward of loss / grad_accum_steps (so the gradient is that of
 // the mean over the global batch); clip the global grad norm; optimizer step; zero the grads.
 // Validation (every trainer.val_check_interval steps and at the last) is the mean loss over a
@@ -45,9 +45,20 @@ struct TrainResult {
   double tokens_per_s = 0;  // training tokens / training time (validation excluded)
   int64_t num_parameters = 0;
   std::string sample;  // the generated text (bytes) or ids, "" when disabled
+  // sim backend (world > 1): modeled seconds per training step (rank 0's clock), the largest
+  // device-memory peak of any rank, and the slowest rank's modeled total (setup included).
+  double sim_step_seconds = 0;
+  int64_t hbm_peak_bytes = 0;
+  double sim_seconds = 0;
 };
 
 // Trains as configured, writing cfg.out_dir/{config.yaml, metrics.csv, sample.txt}.
+// backend.kind=sim with world > 1: sim::launch of the world on backend.instance, each rank
+// running the loop at TP x DP; backend.kind=mpi: the loop on this process's rank of the current
+// (MPI) Context, whose world must have backend.world_size ranks. Each DP rank takes its micro
+// batches of every global batch (DistributedSampler), gradients are averaged over DP in buckets
+// (GradSync), then SP gradients summed over TP, then clipped by the global norm over TP. Only rank
+// 0 prints and writes files; the loss reported is the global batch's mean (as on one rank).
 TrainResult train(const TrainConfig& cfg, const TrainOptions& opts = {});
 
 // Summarizes skipped files, grouped by reason: "skipped 62 files: 31 binary (art.dat, ...), ..."

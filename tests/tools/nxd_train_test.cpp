@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -77,7 +78,9 @@ fs::path tiny_config(const fs::path& dir) {
                                       "  hidden_size: 32\n"
                                       "  num_attention_heads: 2\n"
                                       "  optim: {lr: 1.0e-2}\n"
-                                      "generation: {max_new_tokens: 16}\n";
+                                      "generation: {max_new_tokens: 16}\n"
+                                      "distributed_strategy: {tensor_model_parallel_size: 1}\n"
+                                      "backend: {world_size: 1}\n";
   return dir / "tiny.yaml";
 }
 
@@ -189,4 +192,48 @@ TEST(NxdTrain, BadInputGivesOneLineAndExitCode2) {
   expect_user_error(run({"--config", (d / "missing.yaml").string()}, d), "cannot read config file");
   expect_user_error(run({"--frobnicate"}, d), "unknown argument '--frobnicate'");
   expect_user_error(run({"--set", "model.arch=gpt2"}, d), "\"gpt2\" is not one of llama, gpt_neox");
+  expect_user_error(run({"--set", "backend.world_size=6", "--set",
+                         "distributed_strategy.tensor_model_parallel_size=4"},
+                        d),
+                    "world size 6 is not tensor_model_parallel_size 4 x data-parallel size");
+  expect_user_error(run({"--set", "backend.kind=cuda"}, d), "\"cuda\" is not one of sim, mpi");
+}
+
+// TP=2 x DP=2 on the sim backend, twice: bitwise the same losses, norms, modeled times, sample.
+TEST(NxdTrain, SimParallelRunIsDeterministic) {
+  auto d = temp_dir();
+  const std::vector<std::string> args{
+      "--config", tiny_config(d).string(),
+      "--set",    "trainer.max_steps=10",
+      "--set",    "backend.world_size=4",
+      "--set",    "distributed_strategy.tensor_model_parallel_size=2",
+      "--set",    "distributed_strategy.sequence_parallel=true",
+      "--set",    "data.micro_batch_size=2"};
+  auto with_out = [&](const std::string& o) {
+    auto a = args;
+    a.push_back("--out");
+    a.push_back((d / o).string());
+    return a;
+  };
+  Proc r1 = run(with_out("a"), d), r2 = run(with_out("b"), d);
+  ASSERT_EQ(r1.code, 0) << r1.err;
+  ASSERT_EQ(r2.code, 0) << r2.err;
+  EXPECT_NE(r1.out.find("parallel: 4 rank(s) on the sim backend (trn1.32xlarge): tensor parallel "
+                        "2 with sequence parallelism, data parallel 2"),
+            std::string::npos)
+      << r1.out;
+  EXPECT_NE(r1.out.find("modeled on trn1.32xlarge: "), std::string::npos) << r1.out;
+  EXPECT_NE(r1.out.find("HBM peak"), std::string::npos) << r1.out;
+  EXPECT_EQ(std::count(r1.out.begin(), r1.out.end(), '\n'),
+            std::count(r2.out.begin(), r2.out.end(), '\n'));  // one rank prints
+  Csv m1 = read_csv(d / "a" / "metrics.csv"), m2 = read_csv(d / "b" / "metrics.csv");
+  EXPECT_EQ(m1.header, "step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s,sim_step_s");
+  ASSERT_EQ(m1.rows.size(), 2u);
+  ASSERT_EQ(m2.rows.size(), m1.rows.size());
+  for (size_t i = 0; i < m1.rows.size(); ++i)
+    for (int c : {1, 2, 3, 4, 6, 8})  // all but the host timings
+      EXPECT_EQ(m2.rows[i][c], m1.rows[i][c]) << "row " << i << " column " << c;
+  EXPECT_NE(m1.rows.back()[8], "");  // the modeled step time
+  EXPECT_EQ(slurp(d / "a" / "sample.txt"), slurp(d / "b" / "sample.txt"));
+  EXPECT_EQ(slurp(d / "a" / "sample.txt").size(), 7u + 16u);
 }

@@ -20,10 +20,12 @@ TEST(Metrics, RowFormat) {
   r.epoch = 1;
   r.elapsed_s = 3.25;
   EXPECT_EQ(MetricsWriter::header(),
-            "step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s");
-  EXPECT_EQ(MetricsWriter::format(r), "10,2.12345679,,0.001,0.5,12345.7,1,3.250");
+            "step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s,sim_step_s");
+  EXPECT_EQ(MetricsWriter::format(r), "10,2.12345679,,0.001,0.5,12345.7,1,3.250,");
   r.val_loss = 1.0f / 3.0f;
-  EXPECT_EQ(MetricsWriter::format(r), "10,2.12345679,0.333333343,0.001,0.5,12345.7,1,3.250");
+  EXPECT_EQ(MetricsWriter::format(r), "10,2.12345679,0.333333343,0.001,0.5,12345.7,1,3.250,");
+  r.sim_step_s = 0.0125;
+  EXPECT_EQ(MetricsWriter::format(r), "10,2.12345679,0.333333343,0.001,0.5,12345.7,1,3.250,0.0125");
   // 9 significant digits round-trip every float
   for (float f : {5.5451774f, 1.0f / 3.0f, 2.7182817f, 1e-7f}) {
     char buf[32];
@@ -44,7 +46,7 @@ TEST(Metrics, WritesFile) {
   std::ifstream in(p);
   std::stringstream ss;
   ss << in.rdbuf();
-  EXPECT_EQ(ss.str(), MetricsWriter::header() + "\n1,5.5,,0,0,0.0,0,0.000\n");
+  EXPECT_EQ(ss.str(), MetricsWriter::header() + "\n1,5.5,,0,0,0.0,0,0.000,\n");
   EXPECT_THROW(MetricsWriter("/nonexistent_dir_nxd/m.csv"), nxd::IoError);
 }
 

@@ -1,0 +1,172 @@
+// nxd-train under mpirun (backend.kind=mpi, one rank per process): TP=2 x DP=2 on 4 processes
+// gives the single-rank losses; only rank 0 prints and writes; user errors exit with code 2.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Proc {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+fs::path temp_dir() {
+  fs::path d =
+      fs::temp_directory_path() / (std::string("nxd_train_mpi_") +
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// np > 0: under mpirun with np processes; 0: the plain binary.
+Proc run(int np, const std::vector<std::string>& args, const fs::path& dir) {
+  std::string cmd;
+  if (np > 0)
+    cmd = quote(MPIEXEC) + " --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " ";
+  cmd += quote(NXD_TRAIN_BIN);
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd +=
+      " > " + quote((dir / "stdout.txt").string()) + " 2> " + quote((dir / "stderr.txt").string());
+  int st = std::system(cmd.c_str());
+  Proc r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(dir / "stdout.txt");
+  r.err = slurp(dir / "stderr.txt");
+  return r;
+}
+
+std::vector<std::string> tiny_args(const fs::path& dir) {
+  {
+    std::ofstream f(dir / "corpus.txt");
+    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
+  }
+  std::vector<std::string> sets{"seed=7",
+                                "trainer.max_steps=20",
+                                "trainer.log_every_n_steps=1",
+                                "trainer.val_check_interval=0",
+                                "trainer.num_threads=1",
+                                "trainer.gradient_clip_val=0.5",
+                                "data.path=" + (dir / "corpus.txt").string(),
+                                "data.seq_length=32",
+                                "data.micro_batch_size=2",
+                                "data.global_batch_size=8",
+                                "model.num_layers=1",
+                                "model.hidden_size=32",
+                                "model.num_attention_heads=2",
+                                "model.optim.lr=1e-2",
+                                "generation.max_new_tokens=8",
+                                "generation.temperature=0"};
+  std::vector<std::string> a;
+  for (auto& s : sets) a.insert(a.end(), {"--set", s});
+  return a;
+}
+
+std::vector<std::vector<std::string>> read_rows(const fs::path& p) {
+  std::ifstream in(p);
+  std::string line;
+  std::getline(in, line);
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cols;
+    std::stringstream ss(line);
+    std::string col;
+    while (std::getline(ss, col, ',')) cols.push_back(col);
+    rows.push_back(cols);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST(NxdTrainMpi, Tp2Dp2OnFourProcessesMatchesSingleRank) {
+  auto d = temp_dir();
+  auto args = tiny_args(d);
+  auto one = args, four = args;
+  one.insert(one.end(),
+             {"--set", "backend.world_size=1", "--set",
+              "distributed_strategy.tensor_model_parallel_size=1", "--out", (d / "one").string()});
+  four.insert(
+      four.end(),
+      {"--set", "backend.kind=mpi", "--set", "distributed_strategy.tensor_model_parallel_size=2",
+       "--set", "distributed_strategy.sequence_parallel=true", "--out", (d / "four").string()});
+  Proc r1 = run(0, one, d);
+  ASSERT_EQ(r1.code, 0) << r1.err;
+  Proc r4 = run(4, four, d);
+  ASSERT_EQ(r4.code, 0) << r4.err << r4.out;
+  // one rank prints: one summary
+  size_t done = 0;
+  for (size_t p = r4.out.find("done: "); p != std::string::npos; p = r4.out.find("done: ", p + 1))
+    ++done;
+  EXPECT_EQ(done, 1u) << r4.out;
+  EXPECT_NE(r4.out.find("parallel: 4 rank(s) on MPI: tensor parallel 2 with sequence "
+                        "parallelism, data parallel 2"),
+            std::string::npos)
+      << r4.out;
+  auto a = read_rows(d / "one" / "metrics.csv"), b = read_rows(d / "four" / "metrics.csv");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double la = std::stod(a[i][1]), lb = std::stod(b[i][1]);
+    EXPECT_LE(std::abs(lb - la) / std::abs(la), 1e-4) << "step " << i + 1;
+  }
+  const double ga = std::stod(a[0][4]), gb = std::stod(b[0][4]);
+  EXPECT_LE(std::abs(gb - ga) / ga, 1e-6) << gb << " vs " << ga;
+  EXPECT_EQ(slurp(d / "four" / "sample.txt").size(), 7u + 8u);
+}
+
+TEST(NxdTrainMpi, UserErrorsExitWithCode2) {
+  auto d = temp_dir();
+  auto args = tiny_args(d);
+  // the world does not match the launch: every rank finds it, rank 0 says it
+  auto a1 = args;
+  a1.insert(a1.end(), {"--set", "backend.kind=mpi", "--set", "backend.world_size=4", "--out",
+                       (d / "o1").string()});
+  Proc r1 = run(2, a1, d);
+  EXPECT_EQ(r1.code, 2) << r1.err;
+  EXPECT_NE(r1.err.find("nxd-train: error: [nxd-train] backend.world_size=4 but mpirun started 2 "
+                        "process(es)"),
+            std::string::npos)
+      << r1.err;
+  // tp does not divide the world
+  auto a2 = args;
+  a2.insert(a2.end(),
+            {"--set", "backend.kind=mpi", "--set",
+             "distributed_strategy.tensor_model_parallel_size=2", "--out", (d / "o2").string()});
+  Proc r2 = run(3, a2, d);
+  EXPECT_EQ(r2.code, 2) << r2.err;
+  EXPECT_NE(r2.err.find("world size 3 is not tensor_model_parallel_size 2 x data-parallel size"),
+            std::string::npos)
+      << r2.err;
+  // a missing corpus, found while training: the job stops with code 2 and the message
+  auto a3 = args;
+  a3.insert(a3.end(), {"--set", "backend.kind=mpi", "--set",
+                       "data.path=" + (d / "no_such").string(), "--out", (d / "o3").string()});
+  Proc r3 = run(2, a3, d);
+  EXPECT_EQ(r3.code, 2) << r3.err;
+  EXPECT_NE(r3.err.find("does not exist"), std::string::npos) << r3.err;
+}
