@@ -59,7 +59,7 @@ int64_t cross_entropy_forward(const Tensor& loss, const Tensor& lse, const Tenso
       CArrMap<T> x(xp + i * v, v);
       T mx = x.maxCoeff();
       tmp = (x - mx).exp();
-      T l = mx + std::log(tmp.sum());
+      T l = mx + std::log(sum_of(tmp.data(), v));
       sp[i] = l;
       if (t[i] == ignore_index) {
         lp[i] = T(0);

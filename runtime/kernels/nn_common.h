@@ -27,6 +27,26 @@ using ArrMap = Eigen::Map<Arr<T>>;
 template <class T>
 using CArrMap = Eigen::Map<const Arr<T>>;
 
+// Sum of p[0, n) in an order fixed by n alone, never by the address: kLanes partial sums over
+// i mod kLanes (vectorizable), combined pairwise, then the tail in order. Use it instead of
+// Eigen's .sum() on a Map: Eigen's vectorized reduction of a direct-access Map peels scalars up
+// to the first aligned packet, so the same values at differently aligned addresses (a std::vector
+// scratch, a view at an offset) round differently and break bitwise determinism. (.sum() of an
+// expression such as (a * b).sum() has no direct access and always starts at index 0.)
+template <class T>
+T sum_of(const T* p, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += p[i + l];
+  for (int64_t w = kLanes / 2; w > 0; w /= 2)
+    for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  T s = acc[0];
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
 // A contiguous input handle (copies only when x is strided).
 inline Tensor in(const Tensor& x) {
   return x.detach().contiguous();

@@ -60,7 +60,7 @@ void layer_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     for (int64_t r = 0; r < rows; ++r) {
       CArrMap<T> xv(xp + r * d, d);
       ArrMap<T> yv(yp + r * d, d);
-      T mu = xv.sum() / T(d);
+      T mu = sum_of(xp + r * d, d) / T(d);
       yv = xv - mu;
       T var = yv.square().sum() / T(d);
       T rs = T(1) / std::sqrt(var + T(eps));
@@ -111,7 +111,7 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
         g = dyv * CArrMap<T>(wp, d);
       else
         g = dyv;
-      T mg = g.sum() / T(d);
+      T mg = sum_of(g.data(), d) / T(d);
       T mgx = (g * xhat).sum() / T(d);
       dxv = (g - mg - xhat * mgx) * rs;
     }

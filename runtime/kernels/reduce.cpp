@@ -5,6 +5,7 @@
 
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/kernels/common.h"
+#include "nxd/runtime/kernels/nn_common.h"
 
 namespace nxd::kernels {
 
@@ -57,7 +58,7 @@ void sum_to_typed(const Tensor& out, const Tensor& x, double scale_d, double bet
         if (st[0] == 0) {
           T acc;
           if (st[1] == 1)
-            acc = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>>(ip, n).sum();
+            acc = detail::sum_of(ip, n);
           else
             acc = VecMap<T>(ip, n, Eigen::InnerStride<>(st[1])).sum();
           *op += scale * acc;

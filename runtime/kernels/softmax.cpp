@@ -11,20 +11,24 @@ using namespace detail;
 template <class T>
 void softmax_rows(T* y, const T* x, int64_t rows, int64_t n, T scale, bool causal, int64_t block,
                   int64_t offset) {
+  // The exponentials go to an aligned row first: Eigen evaluates the elements before the first
+  // aligned packet of its destination with the scalar exp, the rest with the vectorized one (not
+  // bitwise equal), so exponentiating in place would make y depend on the address of y (the
+  // attention scratch of an eval-mode forward lives wherever malloc puts it).
+  Arr<T> e(n);
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;
     T* yr = y + r * n;
     int64_t valid = causal ? std::min<int64_t>(r % block + 1 + offset, n) : n;
     CArrMap<T> xv(xr, valid);
-    ArrMap<T> yv(yr, valid);
     T mx = xv.maxCoeff();
     if (scale == T(1)) {
-      yv = (xv - mx).exp();
+      e.head(valid) = (xv - mx).exp();
     } else {
-      yv = ((xv - mx) * scale).exp();
+      e.head(valid) = ((xv - mx) * scale).exp();
     }
-    T inv = T(1) / yv.sum();
-    yv *= inv;
+    T inv = T(1) / sum_of(e.data(), valid);
+    ArrMap<T>(yr, valid) = e.head(valid) * inv;
     for (int64_t j = valid; j < n; ++j) yr[j] = T(0);
   }
 }
@@ -110,7 +114,7 @@ void log_softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
     for (int64_t r = 0; r < rows; ++r) {
       CArrMap<T> g(dyp + r * n, n), ly(yp + r * n, n);
       ArrMap<T> d(dxp + r * n, n);
-      T s = g.sum();
+      T s = sum_of(dyp + r * n, n);
       d = g - ly.exp() * s;
     }
   });
