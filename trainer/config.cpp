@@ -74,7 +74,10 @@ std::vector<KeySpec> make_registry() {
       key("data.token_dtype", K::string, "uint16",
           "Element type of a `tokens` file (little-endian).", {"uint16", "uint32"}),
       key("data.seq_length", K::integer, 128, "Tokens per sample."),
-      key("data.micro_batch_size", K::integer, 16, "Samples per forward/backward pass."),
+      key("data.micro_batch_size", K::integer, nullptr,
+          "Samples per forward/backward pass on one rank. null = global_batch_size / data-parallel "
+          "size (no gradient accumulation).",
+          {}, true),
       key("data.global_batch_size", K::integer, 16,
           "Samples per optimizer step: micro_batch_size x gradient-accumulation steps x "
           "data-parallel size."),
@@ -132,10 +135,10 @@ std::vector<KeySpec> make_registry() {
           "Step where the decay reaches min_lr. null = trainer.max_steps.", {}, true),
       key("model.optim.sched.min_lr", K::number, 1e-4, "Floor of the decay."),
       // parallelism
-      key("distributed_strategy.tensor_model_parallel_size", K::integer, 1,
+      key("distributed_strategy.tensor_model_parallel_size", K::integer, 2,
           "Tensor-parallel degree: attention heads, kv heads x kv_replicator, ffn size and vocab "
           "must divide by it. Data-parallel degree = world size / this (no pipeline yet)."),
-      key("distributed_strategy.sequence_parallel", K::boolean, false,
+      key("distributed_strategy.sequence_parallel", K::boolean, true,
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,
           "K/V heads replicated this many times so TP can exceed model.num_kv_heads "
@@ -153,8 +156,8 @@ std::vector<KeySpec> make_registry() {
           "sim: the modeled instance type (its NeuronCores, HBM and links give the modeled step "
           "time and memory)."),
       key("backend.world_size", K::integer, nullptr,
-          "Ranks (NeuronCores). null = tensor_model_parallel_size (sim) or the MPI world (mpi). "
-          "Must equal tensor_model_parallel_size x data-parallel size.",
+          "Ranks (NeuronCores). null = 8 (sim) or the MPI world (mpi). Must equal "
+          "tensor_model_parallel_size x data-parallel size; 1 = plain single-rank training.",
           {}, true),
       // generation
       key("generation.prompt", K::string, "Q: What",
@@ -561,6 +564,8 @@ std::string Config::to_yaml() const {
 
 // ---- resolution ----
 
+constexpr int kDefaultSimWorld = 8;  // simulated NeuronCores of the default run
+
 void check_world(int64_t world_size, int64_t tp) {
   if (world_size % tp != 0)
     throw ConfigError(str("[config] world size ", world_size, " is not tensor_model_parallel_size ",
@@ -609,7 +614,6 @@ TrainConfig resolve(const Config& in) {
   d.path = c.get_string("data.path");
   d.token_dtype = c.get_string("data.token_dtype");
   d.seq_length = positive("data.seq_length");
-  d.micro_batch_size = positive("data.micro_batch_size");
   d.global_batch_size = positive("data.global_batch_size");
   d.val_fraction = c.get_double("data.val_fraction");
   d.shuffle = c.get_bool("data.shuffle");
@@ -675,10 +679,16 @@ TrainConfig resolve(const Config& in) {
     fail("distributed_strategy.grad_bucket_mb must be positive, got ", ds.grad_bucket_mb);
   ds.world_size_from_launcher = c.is_null("backend.world_size") && ds.backend == "mpi";
   if (c.is_null("backend.world_size"))
-    c.set("backend.world_size", ds.tensor_model_parallel_size, "derived");
+    c.set("backend.world_size",
+          ds.backend == "mpi" ? ds.tensor_model_parallel_size : int64_t{kDefaultSimWorld},
+          "derived");
   ds.world_size = positive("backend.world_size");
   check_world(ds.world_size, ds.tensor_model_parallel_size);
   ds.data_parallel_size = ds.world_size / ds.tensor_model_parallel_size;
+  if (c.is_null("data.micro_batch_size"))
+    c.set("data.micro_batch_size",
+          std::max<int64_t>(1, d.global_batch_size / ds.data_parallel_size), "derived");
+  d.micro_batch_size = positive("data.micro_batch_size");
   const int64_t per_step = d.micro_batch_size * ds.data_parallel_size;
   if (d.global_batch_size % per_step != 0)
     fail("data.global_batch_size=", d.global_batch_size,

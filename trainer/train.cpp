@@ -210,8 +210,10 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts_in, bool
   say(str("train: ", cfg.trainer.max_steps, " steps of ", cfg.data.global_batch_size, " x ",
           cfg.data.seq_length, " tokens (micro batch ", cfg.data.micro_batch_size, ", ",
           cfg.grad_accum_steps, " accumulation step(s)), ", cfg.optim.name, " lr ", cfg.optim.lr,
-          " ", cfg.optim.sched_name, ", ", cfg.trainer.num_threads, " thread(s); output in ",
-          cfg.out_dir));
+          " ", cfg.optim.sched_name, ", ",
+          (world > 1 && cfg.dist.backend == "sim" ? str(world, " rank threads")
+                                                  : str(cfg.trainer.num_threads, " thread(s)")),
+          "; output in ", cfg.out_dir));
 
   const bool has_val = data.val && cfg.trainer.val_check_interval > 0 &&
                        cfg.trainer.limit_val_batches > 0 && data.val->size() > 0;

@@ -51,7 +51,18 @@ TEST(Config, DefaultsResolve) {
   EXPECT_EQ(t.data.kind, "text");
   EXPECT_EQ(t.data.path, "/usr/share/games/fortunes");
   EXPECT_EQ(t.model.vocab_size, 256);
-  EXPECT_EQ(t.grad_accum_steps, t.data.global_batch_size / t.data.micro_batch_size);
+  EXPECT_EQ(t.grad_accum_steps, t.data.global_batch_size /
+                                   (t.data.micro_batch_size * t.dist.data_parallel_size));
+  // the default run is parallel: 8 simulated NeuronCores, TP=2 with SP, DP=4, no accumulation
+  EXPECT_EQ(t.dist.backend, "sim");
+  EXPECT_EQ(t.dist.instance, "trn1.32xlarge");
+  EXPECT_EQ(t.dist.world_size, 8);
+  EXPECT_EQ(t.dist.tensor_model_parallel_size, 2);
+  EXPECT_TRUE(t.dist.sequence_parallel);
+  EXPECT_EQ(t.dist.data_parallel_size, 4);
+  EXPECT_EQ(t.grad_accum_steps, 1);
+  EXPECT_EQ(t.resolved.get_int("data.micro_batch_size"), 4);
+  EXPECT_EQ(t.resolved.get_int("distributed_strategy.kv_replicator"), 1);
   // derived keys are filled in the resolved config
   EXPECT_EQ(t.resolved.get_int("model.num_kv_heads"), t.model.num_attention_heads);
   EXPECT_EQ(t.resolved.get_int("model.max_position_embeddings"), t.data.seq_length);
@@ -175,7 +186,7 @@ TEST(Config, ImpossibleSizes) {
                   "data.global_batch_size=8", "data.micro_batch_size=8"}),
              "data.global_batch_size=8 is not a multiple of data.micro_batch_size=8 x "
              "data-parallel size=2");
-  expect_has(err({"distributed_strategy.tensor_model_parallel_size=3"}),
+  expect_has(err({"backend.world_size=3", "distributed_strategy.tensor_model_parallel_size=3"}),
              "distributed_strategy.tensor_model_parallel_size=3");
   expect_has(err({"data.path="}), "data.path is empty");
 }
