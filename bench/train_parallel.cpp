@@ -1,9 +1,11 @@
 // Distributed training on the sim backend against single-rank training with the same global
-// batch (issue 5): host tokens/s of TP=2, DP=2 and TP=2 x DP=2 runs of nxd-train's loop (ranks
-// are threads of this process, BLAS single-threaded per rank) relative to one rank with
-// `--threads` BLAS threads, and the modeled step time per configuration on the sim instance.
+// batch (issue 5): host tokens/s of TP=2, DP=2, TP=2 x DP=2 and TP=2 x DP=4 (the default) runs of
+// nxd-train's loop (ranks are threads of one process, BLAS single-threaded per rank) relative to
+// one rank with `--threads` BLAS threads, and the modeled step time per configuration on the sim
+// instance (trn1.32xlarge).
 // Baseline and candidates are interleaved (round-robin, `--rounds` times) and the best round of
-// each is reported, so both see the same machine load.
+// each is reported, so both see the same machine load. Each run is a child process of this one
+// (`--one K`), so every configuration starts from a fresh process (thread pools, allocator).
 //
 //   nxd-bench-train-parallel [--threads N] [--steps S] [--rounds R] [--model default|tiny]
 // One line per configuration: config=... world=... tokens_per_s=... ratio=... sim_ms_per_step=...
@@ -54,7 +56,7 @@ TrainConfig make(const Par& p, int threads, int steps, const std::string& model,
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 2, steps = 6, rounds = 2;
+  int threads = 2, steps = 6, rounds = 2, one = -1;
   std::string model = "default";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -73,6 +75,8 @@ int main(int argc, char** argv) {
       rounds = std::atoi(next().c_str());
     else if (a == "--model")
       model = next();
+    else if (a == "--one")
+      one = std::atoi(next().c_str());
     else {
       std::fprintf(stderr,
                    "usage: nxd-bench-train-parallel [--threads N] [--steps S] [--rounds R] "
@@ -82,18 +86,38 @@ int main(int argc, char** argv) {
   }
   const std::string out =
       (std::filesystem::temp_directory_path() / "nxd_bench_train_parallel").string();
-  const std::vector<Par> pars{{"single", 1, 1}, {"tp2", 2, 1}, {"dp2", 1, 2}, {"tp2xdp2", 2, 2}};
-  std::vector<TrainResult> best(pars.size());
-  try {
-    for (int r = 0; r < rounds; ++r)
-      for (size_t k = 0; k < pars.size(); ++k) {
-        TrainResult res = train(make(pars[k], threads, steps, model, out), {.quiet = true});
-        if (res.tokens_per_s > best[k].tokens_per_s) best[k] = res;
-      }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-bench-train-parallel: %s\n", e.what());
-    return 1;
+  const std::vector<Par> pars{
+      {"single", 1, 1}, {"tp2", 2, 1}, {"dp2", 1, 2}, {"tp2xdp2", 2, 2}, {"tp2xdp4", 2, 4}};
+  if (one >= 0) {  // a child: one run, one line "tokens_per_s sim_step_s hbm_peak_bytes"
+    try {
+      TrainResult res = train(make(pars.at(one), threads, steps, model, out), {.quiet = true});
+      std::printf("%.17g %.17g %lld\n", res.tokens_per_s, res.sim_step_seconds,
+                  static_cast<long long>(res.hbm_peak_bytes));
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "nxd-bench-train-parallel: %s\n", e.what());
+      return 1;
+    }
   }
+  std::vector<TrainResult> best(pars.size());
+  for (int r = 0; r < rounds; ++r)
+    for (size_t k = 0; k < pars.size(); ++k) {
+      const std::string cmd = std::string(argv[0]) + " --one " + std::to_string(k) + " --threads " +
+                              std::to_string(threads) + " --steps " + std::to_string(steps) +
+                              " --model " + model;
+      FILE* p = popen(cmd.c_str(), "r");
+      TrainResult res;
+      long long peak = 0;
+      if (!p ||
+          std::fscanf(p, "%lf %lf %lld", &res.tokens_per_s, &res.sim_step_seconds, &peak) != 3) {
+        std::fprintf(stderr, "nxd-bench-train-parallel: run '%s' failed\n", cmd.c_str());
+        if (p) pclose(p);
+        return 1;
+      }
+      if (pclose(p) != 0) return 1;
+      res.hbm_peak_bytes = peak;
+      if (res.tokens_per_s > best[k].tokens_per_s) best[k] = res;
+    }
   std::printf("# model=%s global_batch=16 steps=%d rounds=%d single-rank threads=%d\n",
               model.c_str(), steps, rounds, threads);
   const TrainConfig ref = make(pars[0], threads, steps, model, out);
