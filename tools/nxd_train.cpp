@@ -15,6 +15,7 @@
 #include <mpi.h>
 #endif
 
+#include "nxd/collectives/communicator.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/runtime/error.h"
 #include "nxd/trainer/config.h"
@@ -93,14 +94,29 @@ int run(int argc, char** argv) {
     throw nxd::ConfigError(
         "[nxd-train] backend.kind=mpi but nxd was built without MPI (NXD_WITH_MPI=OFF)");
   nxd::mpi::Session session(&argc, &argv, tc.seed);
-  if (tc.dist.world_size_from_launcher && session.size() != tc.dist.world_size) {
-    cfg.set("backend.world_size", session.size(), "the MPI world");
-    tc = resolve(cfg);
+  // errors every rank finds alike (the world does not fit the config): rank 0 prints, then all
+  // leave together (a rank exiting first would make mpirun kill rank 0 before it printed)
+  std::string world_error;
+  try {
+    if (tc.dist.world_size_from_launcher && session.size() != tc.dist.world_size) {
+      cfg.set("backend.world_size", session.size(), "the MPI world");
+      tc = resolve(cfg);
+    }
+    if (session.size() != tc.dist.world_size)
+      throw nxd::ConfigError(nxd::str("[nxd-train] backend.world_size=", tc.dist.world_size,
+                                      " but mpirun started ", session.size(), " process(es)"));
+    check_world(tc.dist.world_size, tc.dist.tensor_model_parallel_size);
+  } catch (const nxd::UserError& e) {
+    world_error = e.what();
   }
-  if (session.size() != tc.dist.world_size)
-    throw nxd::ConfigError(nxd::str("[nxd-train] backend.world_size=", tc.dist.world_size,
-                                    " but mpirun started ", session.size(), " process(es)"));
-  check_world(tc.dist.world_size, tc.dist.tensor_model_parallel_size);
+  if (!world_error.empty()) {
+    if (session.rank() == 0) {
+      std::fprintf(stderr, "nxd-train: error: %s\n", one_line(world_error).c_str());
+      std::fflush(stderr);
+    }
+    nxd::world().barrier();
+    return 2;
+  }
   int code = 0;
   try {
     train(tc);
