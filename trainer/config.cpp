@@ -60,7 +60,8 @@ std::vector<KeySpec> make_registry() {
       key("trainer.gradient_clip_val", K::number, 1.0,
           "Clip the global L2 gradient norm to this value; 0 = no clipping."),
       key("trainer.num_threads", K::integer, 0,
-          "Compute (BLAS) threads; 0 = NXD_NUM_THREADS if set, else every core."),
+          "Compute (BLAS) threads; 0 = NXD_NUM_THREADS if set, else every core. The sim backend "
+          "with several ranks runs each rank's BLAS on one thread (the ranks are the threads)."),
       // data
       key("data.kind", K::string, "text",
           "`text`: byte-level tokens (vocab 256) of a text file or of every text file under a "
