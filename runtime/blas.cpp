@@ -50,7 +50,11 @@ class Pool {
     for (auto& t : workers_) t.join();
     workers_.clear();
     stop_ = false;
-    for (int i = 0; i < helpers; ++i) workers_.emplace_back([this, i] { loop(i + 1); });
+    // New helpers start at the current generation: jobs that ran before they existed are not
+    // theirs to run.
+    const uint64_t start = generation_;
+    for (int i = 0; i < helpers; ++i)
+      workers_.emplace_back([this, i, start] { loop(i + 1, start); });
   }
   int helpers() const { return static_cast<int>(workers_.size()); }
   void run(int parts, const std::function<void(int)>& fn) {
@@ -70,8 +74,7 @@ class Pool {
   }
 
  private:
-  void loop(int id) {
-    uint64_t seen = 0;
+  void loop(int id, uint64_t seen) {
     std::unique_lock lk(mu_);
     while (true) {
       cv_.wait(lk, [&] { return stop_ || generation_ != seen; });

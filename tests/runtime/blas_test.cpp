@@ -81,3 +81,20 @@ TEST(Blas, ThreadSplitIsBitwiseRepeatable) {
                 c->data<float>(), 384);
   EXPECT_BITWISE_EQ(c1, c2);
 }
+
+TEST(Blas, ThreadCountCanChangeAfterGemmsRan) {
+  // Helpers created by a later resize must not replay jobs that ran before they existed.
+  EngineGuard guard;
+  blas::set_engine(blas::Engine::eigen);
+  Tensor a = empty({256, 256}), b = empty({256, 256}), c = empty({256, 256});
+  init::uniform(a, RngStream{3, 1}, -1, 1);
+  init::uniform(b, RngStream{3, 2}, -1, 1);
+  Tensor expect;
+  for (int threads : {2, 1, 2, 1, 2}) {
+    set_num_threads(threads);
+    blas::sgemm(false, false, 256, 256, 256, 1.0f, a.data<float>(), 256, b.data<float>(), 256, 0.0f,
+                c.data<float>(), 256);
+    if (!expect.defined()) expect = c.clone();
+    EXPECT_BITWISE_EQ(c, expect);
+  }
+}
