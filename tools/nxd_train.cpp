@@ -115,7 +115,9 @@ int run(int argc, char** argv) {
       std::fflush(stderr);
     }
     nxd::world().barrier();
-    return 2;
+    // Only rank 0, which printed, carries the exit code: mpirun tears the job down at the first
+    // non-zero exit, and rank 0's forwarded stderr could be lost if another rank got there first.
+    return session.rank() == 0 ? 2 : 0;
   }
   int code = 0;
   try {
@@ -157,7 +159,9 @@ int main(int argc, char** argv) {
   } catch (const nxd::UserError& e) {
     std::fflush(stdout);
     if (!quiet_errors) std::fprintf(stderr, "nxd-train: error: %s\n", one_line(e.what()).c_str());
-    return 2;
+    // Under mpirun every rank finds a bad config alike; only the rank that printed fails, so
+    // mpirun does not stop the job (and lose the message) on another rank's exit first.
+    return quiet_errors ? 0 : 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (!quiet_errors)
