@@ -5,9 +5,12 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/runtime/kernels/elementwise.h"
 #include "support/compare.h"
+#include "support/random.h"
 
 using namespace nxd;
 using autograd::gradcheck;
+using nxd::testing::check_grad;
+using nxd::testing::randn;
 
 namespace {
 
@@ -18,12 +21,6 @@ Tensor uniform(const Shape& s, uint32_t seed, double lo = -2, double hi = 2,
   std::vector<double> v(static_cast<size_t>(shape_numel(s)));
   for (double& x : v) x = u(g);
   return from_doubles(v, s, dt);
-}
-
-void check_grad(const autograd::ForwardFn& fn, const std::vector<Tensor>& inputs,
-                const std::string& what = "") {
-  auto r = gradcheck(fn, inputs);
-  EXPECT_TRUE(r.ok) << what << ": " << r.message;
 }
 
 using BinFn = Tensor (*)(const Tensor&, const Tensor&);

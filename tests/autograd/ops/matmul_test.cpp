@@ -5,24 +5,13 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/runtime/kernels/matmul.h"
 #include "support/compare.h"
+#include "support/random.h"
 
 using namespace nxd;
+using nxd::testing::check_grad;
+using nxd::testing::randn;
 
 namespace {
-
-Tensor randn(const Shape& s, uint32_t seed, DType dt = DType::f64) {
-  std::mt19937 g(seed);
-  std::normal_distribution<double> nd;
-  std::vector<double> v(static_cast<size_t>(shape_numel(s)));
-  for (double& x : v) x = nd(g);
-  return from_doubles(v, s, dt);
-}
-
-void check_grad(const autograd::ForwardFn& fn, const std::vector<Tensor>& inputs,
-                const std::string& what = "") {
-  auto r = autograd::gradcheck(fn, inputs);
-  EXPECT_TRUE(r.ok) << what << ": " << r.message;
-}
 
 // torch.matmul through the batched reference: 1-D operands unsqueezed and squeezed back.
 Tensor ref_matmul(const Tensor& a, const Tensor& b) {

@@ -5,22 +5,14 @@
 #include "nxd/runtime/kernels/activation.h"
 #include "nxd/runtime/kernels/embedding.h"
 #include "support/compare.h"
+#include "support/random.h"
 
 using namespace nxd;
 using autograd::gradcheck;
+using nxd::testing::check_grad;
+using nxd::testing::randn;
 
-namespace {
-Tensor randn(const Shape& s, uint64_t seed, DType dt = DType::f64, double std = 1.0) {
-  Tensor t = empty(s, DType::f64);
-  init::normal(t, RngStream{seed, 22}, 0.0, std);
-  return t.to(dt);
-}
-void check_grad(const autograd::ForwardFn& fn, const std::vector<Tensor>& inputs,
-                const std::string& what) {
-  auto r = gradcheck(fn, inputs);
-  EXPECT_TRUE(r.ok) << what << ": " << r.message;
-}
-}  // namespace
+namespace {}  // namespace
 
 TEST(NnOpsActivation, ForwardMatchesReference) {
   Tensor x = randn({4, 7}, 1, DType::f32, 2.0), u = randn({4, 7}, 2, DType::f32);

@@ -5,16 +5,14 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/runtime/init.h"
 #include "support/compare.h"
+#include "support/random.h"
 
 using namespace nxd;
 using autograd::gradcheck;
+using nxd::testing::check_grad;
+using nxd::testing::randn;
 
 namespace {
-Tensor randn(const Shape& s, uint64_t seed, DType dt = DType::f64, double std = 1.0) {
-  Tensor t = empty(s, DType::f64);
-  init::normal(t, RngStream{seed, 23}, 0.0, std);
-  return t.to(dt);
-}
 
 // PyTorch's F.cross_entropy(logits, t, ignore_index, label_smoothing, reduction), by hand in
 // double: per row (1-ls)*(-logp[t]) + ls*mean_v(-logp[v]); mean over non-ignored rows.
