@@ -28,17 +28,39 @@ Tensor square(const Tensor& a);
 Tensor abs(const Tensor& a);
 Tensor pow(const Tensor& a, double exponent);
 
-inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
-inline Tensor operator+(double s, const Tensor& a) { return add(a, s); }
-inline Tensor operator-(const Tensor& a, double s) { return add(a, -s); }
-inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
-inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
-inline Tensor operator/(const Tensor& a, double s) { return mul(a, 1.0 / s); }
-inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+inline Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+inline Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+inline Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+inline Tensor operator+(const Tensor& a, double s) {
+  return add(a, s);
+}
+inline Tensor operator+(double s, const Tensor& a) {
+  return add(a, s);
+}
+inline Tensor operator-(const Tensor& a, double s) {
+  return add(a, -s);
+}
+inline Tensor operator*(const Tensor& a, double s) {
+  return mul(a, s);
+}
+inline Tensor operator*(double s, const Tensor& a) {
+  return mul(a, s);
+}
+inline Tensor operator/(const Tensor& a, double s) {
+  return mul(a, 1.0 / s);
+}
+inline Tensor operator-(const Tensor& a) {
+  return neg(a);
+}
 
 // ---- reductions (dims empty = all; negative dims count from the end) ----
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);

@@ -13,7 +13,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 
 // Over the last dim. weight/bias [D] may be undefined (no affine).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
-// x * rsqrt(mean(x^2) + eps) * weight, over the last dim (Llama's RMSNorm; weight may be undefined).
+// x * rsqrt(mean(x^2) + eps) * weight, over the last dim (Llama's RMSNorm; weight may be
+// undefined).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 
 enum class GeluApprox { none, tanh };  // erf form, or the tanh approximation (gelu_new)

@@ -57,9 +57,7 @@ TEST(Allocator, HostBlocksAreReusedNotLeaked) {
   Tensor b = empty({1 << 16});
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   EXPECT_EQ(b.raw_data(), first);  // same size: the cached block comes back
-  {
-    Tensor c = empty({1 << 17});
-  }
+  { Tensor c = empty({1 << 17}); }
   EXPECT_EQ(host_cache_bytes(), 4 << 17);  // a freed block is kept, not returned to the OS
 #endif
   EXPECT_EQ(ctx.memory().live(), 4 << 16);  // accounting counts live tensors, not the cache

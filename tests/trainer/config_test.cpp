@@ -51,8 +51,8 @@ TEST(Config, DefaultsResolve) {
   EXPECT_EQ(t.data.kind, "text");
   EXPECT_EQ(t.data.path, "/usr/share/games/fortunes");
   EXPECT_EQ(t.model.vocab_size, 256);
-  EXPECT_EQ(t.grad_accum_steps, t.data.global_batch_size /
-                                   (t.data.micro_batch_size * t.dist.data_parallel_size));
+  EXPECT_EQ(t.grad_accum_steps,
+            t.data.global_batch_size / (t.data.micro_batch_size * t.dist.data_parallel_size));
   // the default run is parallel: 8 simulated NeuronCores, TP=2 with SP, DP=4, no accumulation
   EXPECT_EQ(t.dist.backend, "sim");
   EXPECT_EQ(t.dist.instance, "trn1.32xlarge");
