@@ -4,15 +4,11 @@
 
 #include <Eigen/Core>
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <mutex>
-#include <thread>
-#include <vector>
 
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/parallel.h"
 
 namespace nxd::blas {
 
@@ -33,74 +29,6 @@ Engine initial_engine() {
 }
 std::atomic<Engine> g_engine{initial_engine()};
 std::atomic<int> g_threads{1};
-
-// A fixed pool of helper threads that sleep on a condition variable between jobs. run() executes
-// part 0 on the caller and parts 1..n-1 on helpers, and returns when all are done. Calls are
-// serialized: concurrent callers (sim ranks) run single-threaded and never get here.
-class Pool {
- public:
-  ~Pool() { resize(0); }
-  void resize(int helpers) {
-    std::lock_guard run_lock(run_mu_);
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-    workers_.clear();
-    stop_ = false;
-    // New helpers start at the current generation: jobs that ran before they existed are not
-    // theirs to run.
-    const uint64_t start = generation_;
-    for (int i = 0; i < helpers; ++i)
-      workers_.emplace_back([this, i, start] { loop(i + 1, start); });
-  }
-  int helpers() const { return static_cast<int>(workers_.size()); }
-  void run(int parts, const std::function<void(int)>& fn) {
-    std::lock_guard run_lock(run_mu_);
-    {
-      std::lock_guard lk(mu_);
-      fn_ = &fn;
-      parts_ = parts;
-      pending_ = parts - 1;
-      ++generation_;
-    }
-    cv_.notify_all();
-    fn(0);
-    std::unique_lock lk(mu_);
-    done_cv_.wait(lk, [&] { return pending_ == 0; });
-    fn_ = nullptr;
-  }
-
- private:
-  void loop(int id, uint64_t seen) {
-    std::unique_lock lk(mu_);
-    while (true) {
-      cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (id >= parts_) continue;
-      const auto* fn = fn_;
-      lk.unlock();
-      (*fn)(id);
-      lk.lock();
-      if (--pending_ == 0) done_cv_.notify_one();
-    }
-  }
-  std::mutex run_mu_, mu_;
-  std::condition_variable cv_, done_cv_;
-  std::vector<std::thread> workers_;
-  const std::function<void(int)>* fn_ = nullptr;
-  int parts_ = 0, pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-};
-
-Pool& pool() {
-  static Pool* p = new Pool();  // never destroyed: helpers must not be joined during exit
-  return *p;
-}
 
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstMap = Eigen::Map<const RowMat, Eigen::Unaligned, Eigen::OuterStride<>>;
@@ -152,14 +80,15 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
   }
   int t = g_threads.load(std::memory_order_relaxed);
   // Split only products big enough to amortize a wake-up (~2 MFLOP per part).
-  if (t > 1 && pool().helpers() > 0 && m * n * k >= (int64_t{1} << 20) * t) {
+  if (t > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&
+      m * n * k >= (int64_t{1} << 20) * t) {
     bool by_rows = m >= n;
     int64_t len = by_rows ? m : n;
     int parts = static_cast<int>(std::min<int64_t>(t, std::max<int64_t>(1, len / 16)));
     if (parts > 1) {
       // Blocks are multiples of 16 rows/cols so every part keeps full SIMD panels.
       int64_t block = ((len + parts - 1) / parts + 15) / 16 * 16;
-      pool().run(parts, [&](int p) {
+      parallel::run(parts, [&](int p) {
         int64_t s = p * block, e = std::min(len, s + block);
         if (s >= e) return;
         if (by_rows)
@@ -198,7 +127,7 @@ void set_threads(int n) {
   NXD_CHECK(n >= 1, "[blas::set_threads] need n >= 1, got ", n);
   openblas_set_num_threads(n);
   Eigen::setNbThreads(1);  // Eigen's own threading (OpenMP) is never used
-  if (pool().helpers() != n - 1) pool().resize(n - 1);
+  parallel::resize(n);
   g_threads = n;
 }
 
