@@ -6,8 +6,12 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
+#include "nxd/runtime/dtype.h"
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/gemm_bf16.h"
 #include "nxd/runtime/parallel.h"
 
 namespace nxd::blas {
@@ -66,11 +70,9 @@ void eigen_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     eigen_product(cm, am.transpose(), bm.transpose(), alpha, beta);
 }
 
-}  // namespace
-
-void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
+// The f32 product on the current engine.
+void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (g_engine.load(std::memory_order_relaxed) == Engine::openblas) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
@@ -104,6 +106,75 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
   eigen_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+std::atomic<MatmulPrecision> g_precision{MatmulPrecision::fp32};
+
+Bf16Kernel best_bf16_kernel() {
+  if (bf16_kernel_available(Bf16Kernel::amx)) return Bf16Kernel::amx;
+  if (bf16_kernel_available(Bf16Kernel::avx512_bf16)) return Bf16Kernel::avx512_bf16;
+  return Bf16Kernel::portable;
+}
+
+void check_available(Bf16Kernel k, const char* where) {
+  NXD_CHECK(bf16_kernel_available(k), where, " bf16 kernel ", bf16_kernel_name(k),
+            " is not available on this machine (cpuid or OS permission); available: ",
+            bf16_kernel_available(Bf16Kernel::amx) ? "amx, " : "",
+            bf16_kernel_available(Bf16Kernel::avx512_bf16) ? "avx512_bf16, " : "", "portable");
+}
+
+// The default: the best available kernel, or the one NXD_BF16_KERNEL names (which must exist).
+Bf16Kernel initial_bf16_kernel() {
+  const char* e = std::getenv("NXD_BF16_KERNEL");
+  if (e == nullptr || *e == 0) return best_bf16_kernel();
+  for (Bf16Kernel k : {Bf16Kernel::amx, Bf16Kernel::avx512_bf16, Bf16Kernel::portable}) {
+    if (std::strcmp(e, bf16_kernel_name(k)) == 0) {
+      check_available(k, "[blas] NXD_BF16_KERNEL:");
+      return k;
+    }
+  }
+  NXD_CHECK(false, "[blas] NXD_BF16_KERNEL=", e, ": expected amx, avx512_bf16 or portable");
+  return Bf16Kernel::portable;
+}
+constexpr int kUnresolved = -1;
+std::atomic<int> g_bf16_kernel{kUnresolved};
+
+// Rounds a rows x cols operand (leading dimension ld) to bf16 values, stored compactly as f32.
+void round_to_bf16(std::vector<float>& dst, const float* src, int64_t rows, int64_t cols,
+                   int64_t ld) {
+  if (dst.size() < static_cast<size_t>(rows * cols)) dst.resize(static_cast<size_t>(rows * cols));
+  float* d = dst.data();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      d[r * cols + j] = bf16::to_f32(bf16::from_f32(src[r * ld + j]));
+}
+
+// The portable bf16 kernel: round both operands, then the f32 engine on the rounded copies.
+void sgemm_bf16_portable(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                         float* c, int64_t ldc) {
+  thread_local std::vector<float> ra, rb;
+  const int64_t a_cols = ta ? m : k, b_cols = tb ? k : n;
+  round_to_bf16(ra, a, ta ? k : m, a_cols, lda);
+  round_to_bf16(rb, b, tb ? n : k, b_cols, ldb);
+  sgemm_f32(ta, tb, m, n, k, alpha, ra.data(), a_cols, rb.data(), b_cols, beta, c, ldc);
+}
+
+}  // namespace
+
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0 || g_precision.load(std::memory_order_relaxed) == MatmulPrecision::fp32) {
+    sgemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const Bf16Kernel kernel = bf16_kernel();
+  if (kernel == Bf16Kernel::portable)
+    sgemm_bf16_portable(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    detail::gemm_bf16_x86(kernel, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                          g_threads.load(std::memory_order_relaxed));
+}
+
 void dgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
            int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
@@ -133,6 +204,69 @@ void set_threads(int n) {
 
 int threads() {
   return g_threads.load();
+}
+
+void set_matmul_precision(MatmulPrecision p) {
+  g_precision = p;
+}
+MatmulPrecision matmul_precision() {
+  return g_precision.load();
+}
+const char* matmul_precision_name(MatmulPrecision p) {
+  return p == MatmulPrecision::bf16 ? "bf16" : "fp32";
+}
+std::optional<MatmulPrecision> parse_matmul_precision(std::string_view s) {
+  if (s == "fp32" || s == "f32" || s == "float32" || s == "highest") return MatmulPrecision::fp32;
+  if (s == "bf16" || s == "medium") return MatmulPrecision::bf16;
+  return std::nullopt;
+}
+
+Bf16Kernel bf16_kernel() {
+  int v = g_bf16_kernel.load();
+  if (v == kUnresolved) {
+    int expected = kUnresolved;
+    g_bf16_kernel.compare_exchange_strong(expected, static_cast<int>(initial_bf16_kernel()));
+    v = g_bf16_kernel.load();
+  }
+  return static_cast<Bf16Kernel>(v);
+}
+namespace detail {
+std::atomic<unsigned> g_hidden_kernels{0};
+void hide_bf16_kernel_for_testing(Bf16Kernel k, bool hidden) {
+  const unsigned bit = 1u << static_cast<int>(k);
+  if (hidden)
+    g_hidden_kernels |= bit;
+  else
+    g_hidden_kernels &= ~bit;
+}
+}  // namespace detail
+
+bool bf16_kernel_available(Bf16Kernel k) {
+  if (detail::g_hidden_kernels.load() & (1u << static_cast<int>(k))) return false;
+  switch (k) {
+    case Bf16Kernel::amx:
+      return detail::cpu_has_amx_bf16();
+    case Bf16Kernel::avx512_bf16:
+      return detail::cpu_has_avx512_bf16();
+    case Bf16Kernel::portable:
+      return true;
+  }
+  return false;
+}
+void set_bf16_kernel(Bf16Kernel k) {
+  check_available(k, "[blas::set_bf16_kernel]");
+  g_bf16_kernel = static_cast<int>(k);
+}
+const char* bf16_kernel_name(Bf16Kernel k) {
+  switch (k) {
+    case Bf16Kernel::amx:
+      return "amx";
+    case Bf16Kernel::avx512_bf16:
+      return "avx512_bf16";
+    case Bf16Kernel::portable:
+      return "portable";
+  }
+  return "?";
 }
 
 }  // namespace nxd::blas

@@ -9,7 +9,19 @@
 // faster on every transformer shape (see bench/matmul). NXD_GEMM=openblas|eigen overrides.
 // With n threads, an Eigen GEMM is split by rows (or columns) over a small pool that blocks
 // when idle; each element of C is still computed by one thread over the whole K.
+//
+// Matmul precision. With MatmulPrecision::bf16, sgemm keeps f32 operands and result but rounds
+// the inputs of the product to bf16 (round to nearest even, as bf16::from_f32) and accumulates in
+// f32: what neuronx-cc does by default on a NeuronCore (--auto-cast matmult --auto-cast-type
+// bf16) and PyTorch's set_float32_matmul_precision("medium"). Kernels: AMX tiles (Sapphire Rapids
+// and later), AVX512-BF16 dot products (Cooper Lake, Zen 4), or the portable one (round the
+// operands into f32 scratch, then the f32 engine; also the reference for the rounding). The best
+// available one is the default; NXD_BF16_KERNEL=amx|avx512_bf16|portable overrides it. AMX and
+// AVX512-BF16 treat bf16 subnormal inputs as zero. Results do not depend on the thread count.
+// dgemm is never affected.
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 namespace nxd::blas {
 
@@ -27,5 +39,32 @@ const char* engine_name(Engine e);
 
 void set_threads(int n);  // compute threads for GEMM (OpenBLAS's pool and nxd's GEMM pool)
 int threads();
+
+enum class MatmulPrecision { fp32, bf16 };
+void set_matmul_precision(MatmulPrecision p);  // process-wide, like the engine; default fp32
+MatmulPrecision matmul_precision();
+const char* matmul_precision_name(MatmulPrecision p);  // "fp32", "bf16"
+// "fp32" (also "f32", "float32", PyTorch's "highest") or "bf16" (also PyTorch's "medium").
+std::optional<MatmulPrecision> parse_matmul_precision(std::string_view s);
+
+// Sets the precision for its lifetime and restores the previous one.
+class MatmulPrecisionScope {
+ public:
+  explicit MatmulPrecisionScope(MatmulPrecision p) : prev_(matmul_precision()) {
+    set_matmul_precision(p);
+  }
+  ~MatmulPrecisionScope() { set_matmul_precision(prev_); }
+  MatmulPrecisionScope(const MatmulPrecisionScope&) = delete;
+  MatmulPrecisionScope& operator=(const MatmulPrecisionScope&) = delete;
+
+ private:
+  MatmulPrecision prev_;
+};
+
+enum class Bf16Kernel { amx, avx512_bf16, portable };
+Bf16Kernel bf16_kernel();                    // the one in use (best available by default)
+bool bf16_kernel_available(Bf16Kernel k);    // cpuid + (for AMX) the OS permission
+void set_bf16_kernel(Bf16Kernel k);          // throws InvalidArgument naming k if unavailable
+const char* bf16_kernel_name(Bf16Kernel k);  // "amx", "avx512_bf16", "portable"
 
 }  // namespace nxd::blas
