@@ -7,16 +7,28 @@
 // (gflops from the median wall time per call, best_* from the fastest call, cpu_ratio from the
 // median process CPU time per call: on a loaded machine the last two are the better estimates;
 // nxd_faults: minor page faults of one engine call, i.e. the cost of fresh output pages.)
-// Flags: --threads N (nxd::set_num_threads), --quick (fewer shapes), --case fwd|bwd_dx|bwd_dw
-// (only that product), --tokens T (only transformer shapes with T tokens).
+// Batched attention products (case=attn_qk: scores = q @ k^T, 128x128x64; case=attn_pv:
+// p @ v, 128x64x128; 48 heads per call) run blas::sgemm per head against cblas_sgemm per head.
+//
+// bf16 matmul precision (blas::MatmulPrecision::bf16), one more line per case: the same engine
+// call under bf16 precision, the f32 engine call and raw cblas_sgemm, timed in rotation:
+//   matmul_bf16 case=fwd m=... n=... k=... threads=1 kernel=amx bf16_gflops=... f32_gflops=...
+//          blas_gflops=... bf16_vs_f32=... bf16_vs_blas=... (best_*: fastest call) reps=...
+// Flags: --threads N (nxd::set_num_threads), --quick (fewer shapes), --case fwd|bwd_dx|bwd_dw|
+// attn_qk|attn_pv (only that product), --tokens T (only transformer shapes with T tokens),
+// --no-bf16 (skip the bf16 lines), --bf16-only (only the bf16 lines), --bf16-kernel
+// amx|avx512_bf16|portable (default: blas::bf16_kernel()).
 #include <cblas.h>
 #include <sys/resource.h>
 
+#include <array>
 #include <cstdio>
+#include <functional>
 #include <vector>
 
 #include "bench_util.h"
 #include "nxd/autograd/ops.h"
+#include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/init.h"
 
@@ -25,9 +37,39 @@ using namespace nxd;
 namespace {
 
 struct Case {
-  const char* name;  // fwd, bwd_dx, bwd_dw
+  const char* name;  // fwd, bwd_dx, bwd_dw, attn_qk, attn_pv
   int64_t tokens, in, out;
 };
+
+constexpr int64_t kHeads = 48, kSeq = 128, kHeadDim = 64;  // the batched attention cases
+
+// Times three functions in rotation (a, b, c, b, c, a, c, a, b, ...): each sees the same load.
+template <class A, class B, class C>
+std::array<bench::Timing, 3> time_triple(A&& a, B&& b, C&& c, const bench::TimerOptions& o) {
+  const std::function<void()> fns[3] = {a, b, c};
+  for (int i = 0; i < o.warmup; ++i)
+    for (const auto& f : fns) f();
+  std::vector<double> t[3], cpu[3];
+  double total[3] = {0, 0, 0};
+  for (int rep = 0; static_cast<int>(t[0].size()) < o.min_reps ||
+                    (std::min({total[0], total[1], total[2]}) < o.min_seconds &&
+                     static_cast<int>(t[0].size()) < o.max_reps);
+       ++rep) {
+    for (int j = 0; j < 3; ++j) {
+      const int f = (rep + j) % 3;
+      const double s = bench::now_seconds(), cs = bench::cpu_seconds();
+      fns[f]();
+      cpu[f].push_back(bench::cpu_seconds() - cs);
+      const double d = bench::now_seconds() - s;
+      t[f].push_back(d);
+      total[f] += d;
+    }
+  }
+  return {bench::summarize(t[0], cpu[0]), bench::summarize(t[1], cpu[1]),
+          bench::summarize(t[2], cpu[2])};
+}
+
+bool print_f32 = true, print_bf16 = true;
 
 Tensor rand_tensor(const Shape& s, uint64_t stream) {
   Tensor t = empty(s);
@@ -48,7 +90,28 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt) {
   const float* xp = x.data<float>();
   const float* wp = w.data<float>();
   const float* dyp = dy.data<float>();
-  if (name == "fwd") {  // y = x @ w^T
+  int64_t batch = 1;
+  if (name == "attn_qk" ||
+      name == "attn_pv") {  // per head: [128,64] @ [128,64]^T, [128,128] @ [128,64]
+    const bool qk = name == "attn_qk";
+    batch = kHeads;
+    m = kSeq, n = qk ? kSeq : kHeadDim, k = qk ? kHeadDim : kSeq;
+    x = rand_tensor({kHeads, m, k}, 4);
+    w = rand_tensor({kHeads, qk ? n : k, qk ? k : n}, 5);
+    xp = x.data<float>();
+    wp = w.data<float>();
+    cbuf.resize(static_cast<size_t>(kHeads * m * n));
+    engine = [&, m, n, k, qk] {
+      for (int64_t h = 0; h < kHeads; ++h)
+        blas::sgemm(false, qk, m, n, k, 1.f, xp + h * m * k, k, wp + h * n * k, qk ? k : n, 0.f,
+                    cbuf.data() + h * m * n, n);
+    };
+    blas = [&, m, n, k, qk] {
+      for (int64_t h = 0; h < kHeads; ++h)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, qk ? CblasTrans : CblasNoTrans, m, n, k, 1.f,
+                    xp + h * m * k, k, wp + h * n * k, qk ? k : n, 0.f, cbuf.data() + h * m * n, n);
+    };
+  } else if (name == "fwd") {  // y = x @ w^T
     m = c.tokens, n = c.out, k = c.in;
     cbuf.resize(static_cast<size_t>(m * n));
     engine = [&] { Tensor y = linear(x, w); };
@@ -73,6 +136,29 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt) {
                   cbuf.data(), n);
     };
   }
+  const double flops = 2.0 * static_cast<double>(batch) * m * n * k;
+  if (print_bf16) {
+    auto bf16 = [&] {
+      blas::MatmulPrecisionScope scope(blas::MatmulPrecision::bf16);
+      engine();
+    };
+    auto [t16, t32, tbl] = time_triple(bf16, engine, blas, topt);
+    const double g16 = flops / t16.median / 1e9, g32 = flops / t32.median / 1e9,
+                 gbl = flops / tbl.median / 1e9;
+    const double b16 = flops / t16.min / 1e9, b32 = flops / t32.min / 1e9,
+                 bbl = flops / tbl.min / 1e9;
+    std::printf(
+        "matmul_bf16 case=%s m=%lld n=%lld k=%lld batch=%lld threads=%d kernel=%s "
+        "bf16_gflops=%.2f f32_gflops=%.2f blas_gflops=%.2f bf16_vs_f32=%.3f bf16_vs_blas=%.3f "
+        "bf16_best_gflops=%.2f f32_best_gflops=%.2f blas_best_gflops=%.2f best_vs_f32=%.3f "
+        "best_vs_blas=%.3f cpu_vs_f32=%.3f reps=%d\n",
+        c.name, static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+        static_cast<long long>(batch), threads, blas::bf16_kernel_name(blas::bf16_kernel()), g16,
+        g32, gbl, g16 / g32, g16 / gbl, b16, b32, bbl, b16 / b32, b16 / bbl,
+        t32.cpu_median / t16.cpu_median, t16.reps);
+    std::fflush(stdout);
+  }
+  if (!print_f32) return;
   auto [te, tb] = swap_order ? [&] {
     auto [b2, e2] = bench::time_pair(blas, engine, topt);
     return std::pair{e2, b2};
@@ -84,7 +170,6 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt) {
   engine();
   getrusage(RUSAGE_SELF, &r1);
   const long faults = r1.ru_minflt - r0.ru_minflt;
-  const double flops = 2.0 * static_cast<double>(m) * n * k;
   const double ge = flops / te.median / 1e9, gb = flops / tb.median / 1e9;
   const double be = flops / te.min / 1e9, bb = flops / tb.min / 1e9;
   std::printf(
@@ -112,6 +197,11 @@ int main(int argc, char** argv) {
   std::vector<int64_t> outs =
       quick ? std::vector<int64_t>{768, 3072} : std::vector<int64_t>{768, 2304, 3072};
   swap_order = args.has("--swap");
+  print_bf16 = !args.has("--no-bf16");
+  print_f32 = !args.has("--bf16-only");
+  const std::string kernel = args.get_str("--bf16-kernel", "");
+  for (auto kk : {blas::Bf16Kernel::amx, blas::Bf16Kernel::avx512_bf16, blas::Bf16Kernel::portable})
+    if (kernel == blas::bf16_kernel_name(kk)) blas::set_bf16_kernel(kk);
   const std::string only = args.get_str("--case", "");
   const int64_t only_tokens = args.get_int("--tokens", 0);
   if (only_tokens > 0) {
@@ -124,6 +214,12 @@ int main(int argc, char** argv) {
   for (int64_t t : tokens)
     for (int64_t o : outs)
       for (const char* nm : {"fwd", "bwd_dx", "bwd_dw"}) cases.push_back({nm, t, 768, o});
+  if (only_tokens == 0) {
+    // bench/train_step's tiny model (hidden 256, MLP 768, 1024 tokens) and its attention
+    for (int64_t o : {256, 768})
+      for (const char* nm : {"fwd", "bwd_dx", "bwd_dw"}) cases.push_back({nm, 1024, 256, o});
+    for (const char* nm : {"attn_qk", "attn_pv"}) cases.push_back({nm, 0, 0, 0});
+  }
   std::erase_if(cases, [&](const Case& c) { return !only.empty() && only != c.name; });
 
   bench::TimerOptions topt;
