@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <new>
+#include <vector>
 
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/parallel.h"
@@ -127,35 +128,41 @@ NXD_AVX512BF16 inline __m512i pairs16(__m512 x0, __m512 x1) {
 // Packs A strips [s0, s1) (16 rows each) of op(A)[m,k].
 NXD_AVX512BF16 void pack_a(bool ta, const float* a, int64_t lda, int64_t m, int64_t k,
                            int64_t ksteps, int64_t s0, int64_t s1, uint16_t* pa) {
-  for (int64_t s = s0; s < s1; ++s) {
-    uint16_t* ps = pa + s * ksteps * kTile;
-    const int64_t i0 = 16 * s, rows = std::min<int64_t>(16, m - i0);
-    if (!ta) {  // row i of op(A) is contiguous along k
+  if (!ta) {  // row i of op(A) is contiguous along k: walk each row once
+    for (int64_t s = s0; s < s1; ++s) {
+      uint16_t* ps = pa + s * ksteps * kTile;
+      const int64_t rows = std::min<int64_t>(16, m - 16 * s);
       for (int64_t r = 0; r < 16; ++r) {
         if (r >= rows) {
           for (int64_t t = 0; t < ksteps; ++t)
             _mm512_storeu_si512(ps + t * kTile + r * 32, _mm512_setzero_si512());
           continue;
         }
-        const float* row = a + (i0 + r) * lda;
+        const float* row = a + (16 * s + r) * lda;
         for (int64_t t = 0; t < ksteps; ++t)
           _mm512_storeu_si512(ps + t * kTile + r * 32, round32(row + 32 * t, k - 32 * t));
       }
-    } else {  // column k of op(A) is contiguous along i: build pair columns, then transpose
-      const __mmask16 mk = mask16(rows);
-      for (int64_t t = 0; t < ksteps; ++t) {
-        __m512i v[16];
-        for (int q = 0; q < 16; ++q) {
-          const int64_t kk = 32 * t + 2 * q;
-          const __m512 x0 =
-              kk < k ? _mm512_maskz_loadu_ps(mk, a + kk * lda + i0) : _mm512_setzero_ps();
-          const __m512 x1 =
-              kk + 1 < k ? _mm512_maskz_loadu_ps(mk, a + (kk + 1) * lda + i0) : _mm512_setzero_ps();
-          v[q] = pairs16(x0, x1);
-        }
-        transpose16(v);
-        for (int r = 0; r < 16; ++r) _mm512_storeu_si512(ps + t * kTile + r * 32, v[r]);
+    }
+    return;
+  }
+  // Column k of op(A) is contiguous along i: build pair columns, then transpose. 32 rows of the
+  // stored matrix at a time, across all strips, so the reads stream.
+  for (int64_t t = 0; t < ksteps; ++t) {
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t i0 = 16 * s;
+      const __mmask16 mk = mask16(m - i0);
+      __m512i v[16];
+      for (int q = 0; q < 16; ++q) {
+        const int64_t kk = 32 * t + 2 * q;
+        const __m512 x0 =
+            kk < k ? _mm512_maskz_loadu_ps(mk, a + kk * lda + i0) : _mm512_setzero_ps();
+        const __m512 x1 =
+            kk + 1 < k ? _mm512_maskz_loadu_ps(mk, a + (kk + 1) * lda + i0) : _mm512_setzero_ps();
+        v[q] = pairs16(x0, x1);
       }
+      transpose16(v);
+      uint16_t* tile = pa + (s * ksteps + t) * kTile;
+      for (int r = 0; r < 16; ++r) _mm512_storeu_si512(tile + r * 32, v[r]);
     }
   }
 }
@@ -163,29 +170,35 @@ NXD_AVX512BF16 void pack_a(bool ta, const float* a, int64_t lda, int64_t m, int6
 // Packs B strips [s0, s1) (16 columns each) of op(B)[k,n] into pair (VNNI) tiles.
 NXD_AVX512BF16 void pack_b(bool tb, const float* b, int64_t ldb, int64_t n, int64_t k,
                            int64_t ksteps, int64_t s0, int64_t s1, uint16_t* pb) {
-  for (int64_t s = s0; s < s1; ++s) {
-    uint16_t* ps = pb + s * ksteps * kTile;
-    const int64_t j0 = 16 * s, cols = std::min<int64_t>(16, n - j0);
-    if (!tb) {  // row k of op(B) is contiguous along j: a tile row is two rows interleaved
-      const __mmask16 mk = mask16(cols);
-      for (int64_t t = 0; t < ksteps; ++t)
+  if (!tb) {  // row k of op(B) is contiguous along j: a tile row is two rows interleaved.
+    // 32 rows at a time, across all strips, so the reads stream.
+    for (int64_t t = 0; t < ksteps; ++t) {
+      for (int64_t s = s0; s < s1; ++s) {
+        const int64_t j0 = 16 * s;
+        const __mmask16 mk = mask16(n - j0);
+        uint16_t* tile = pb + (s * ksteps + t) * kTile;
         for (int q = 0; q < 16; ++q) {
           const int64_t kk = 32 * t + 2 * q;
           const __m512 x0 =
               kk < k ? _mm512_maskz_loadu_ps(mk, b + kk * ldb + j0) : _mm512_setzero_ps();
           const __m512 x1 =
               kk + 1 < k ? _mm512_maskz_loadu_ps(mk, b + (kk + 1) * ldb + j0) : _mm512_setzero_ps();
-          _mm512_storeu_si512(ps + t * kTile + q * 32, pairs16(x0, x1));
+          _mm512_storeu_si512(tile + q * 32, pairs16(x0, x1));
         }
-    } else {  // column j of op(B) is contiguous along k: 32 k are one pair column; transpose
-      for (int64_t t = 0; t < ksteps; ++t) {
-        __m512i v[16];
-        for (int j = 0; j < 16; ++j)
-          v[j] =
-              j < cols ? round32(b + (j0 + j) * ldb + 32 * t, k - 32 * t) : _mm512_setzero_si512();
-        transpose16(v);
-        for (int q = 0; q < 16; ++q) _mm512_storeu_si512(ps + t * kTile + q * 32, v[q]);
       }
+    }
+    return;
+  }
+  // Column j of op(B) is contiguous along k: 32 k are one pair column; transpose.
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t j0 = 16 * s, cols = std::min<int64_t>(16, n - j0);
+    for (int64_t t = 0; t < ksteps; ++t) {
+      __m512i v[16];
+      for (int j = 0; j < 16; ++j)
+        v[j] = j < cols ? round32(b + (j0 + j) * ldb + 32 * t, k - 32 * t) : _mm512_setzero_si512();
+      transpose16(v);
+      uint16_t* tile = pb + (s * ksteps + t) * kTile;
+      for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + q * 32, v[q]);
     }
   }
 }
@@ -205,17 +218,30 @@ NXD_AVX512BF16 void store_block(const float* acc, int64_t rows, int64_t cols, fl
   }
 }
 
-// AMX: a (16*MI) x (16*NJ) block of C over all of K; tiles 0-3 accumulate, 4-5 hold A, 6-7 B.
+// AMX: a (16*MI) x (16*NJ) block of C over the k-steps [0, steps) of the strips at pa and pb
+// (consecutive strips `strip` elements apart); tiles 0-3 accumulate, 4-5 hold A, 6-7 B. The
+// accumulators start at zero (in == nullptr) or at `in` (row stride in_ld floats) and are stored
+// to `out` (row stride out_ld floats). f32 partial sums round-trip exactly, so splitting K this
+// way never changes a result.
 template <int MI, int NJ>
-NXD_AMX void amx_block(const uint16_t* pa, const uint16_t* pb, int64_t ksteps, float* acc) {
-  const uint16_t* pa1 = MI == 2 ? pa + ksteps * kTile : pa;
-  const uint16_t* pb1 = NJ == 2 ? pb + ksteps * kTile : pb;
+NXD_AMX void amx_block(const uint16_t* pa, const uint16_t* pb, int64_t strip, int64_t steps,
+                       const float* in, int64_t in_ld, float* out, int64_t out_ld) {
+  const uint16_t* pa1 = MI == 2 ? pa + strip : pa;
+  const uint16_t* pb1 = NJ == 2 ? pb + strip : pb;
   NXD_COMPILER_FENCE();
-  _tile_zero(0);
-  if constexpr (NJ == 2) _tile_zero(1);
-  if constexpr (MI == 2) _tile_zero(2);
-  if constexpr (MI == 2 && NJ == 2) _tile_zero(3);
-  for (int64_t t = 0; t < ksteps; ++t) {
+  if (in != nullptr) {
+    const int64_t stride = in_ld * 4;
+    _tile_loadd(0, in, stride);
+    if constexpr (NJ == 2) _tile_loadd(1, in + 16, stride);
+    if constexpr (MI == 2) _tile_loadd(2, in + 16 * in_ld, stride);
+    if constexpr (MI == 2 && NJ == 2) _tile_loadd(3, in + 16 * in_ld + 16, stride);
+  } else {
+    _tile_zero(0);
+    if constexpr (NJ == 2) _tile_zero(1);
+    if constexpr (MI == 2) _tile_zero(2);
+    if constexpr (MI == 2 && NJ == 2) _tile_zero(3);
+  }
+  for (int64_t t = 0; t < steps; ++t) {
     _tile_loadd(4, pa + t * kTile, 64);
     _tile_loadd(6, pb + t * kTile, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -229,11 +255,26 @@ NXD_AMX void amx_block(const uint16_t* pa, const uint16_t* pb, int64_t ksteps, f
       if constexpr (NJ == 2) _tile_dpbf16ps(3, 5, 7);
     }
   }
-  _tile_stored(0, acc, 128);
-  if constexpr (NJ == 2) _tile_stored(1, acc + 16, 128);
-  if constexpr (MI == 2) _tile_stored(2, acc + 16 * 32, 128);
-  if constexpr (MI == 2 && NJ == 2) _tile_stored(3, acc + 16 * 32 + 16, 128);
+  const int64_t stride = out_ld * 4;
+  _tile_stored(0, out, stride);
+  if constexpr (NJ == 2) _tile_stored(1, out + 16, stride);
+  if constexpr (MI == 2) _tile_stored(2, out + 16 * out_ld, stride);
+  if constexpr (MI == 2 && NJ == 2) _tile_stored(3, out + 16 * out_ld + 16, stride);
   NXD_COMPILER_FENCE();
+}
+
+template <int MI, int NJ>
+NXD_AMX void amx_block_any(bool m2, bool n2, const uint16_t* pa, const uint16_t* pb, int64_t strip,
+                           int64_t steps, const float* in, int64_t in_ld, float* out,
+                           int64_t out_ld) {
+  if (m2 && n2)
+    amx_block<2, 2>(pa, pb, strip, steps, in, in_ld, out, out_ld);
+  else if (m2)
+    amx_block<2, 1>(pa, pb, strip, steps, in, in_ld, out, out_ld);
+  else if (n2)
+    amx_block<1, 2>(pa, pb, strip, steps, in, in_ld, out, out_ld);
+  else
+    amx_block<1, 1>(pa, pb, strip, steps, in, in_ld, out, out_ld);
 }
 
 struct alignas(64) TileConfig {
@@ -301,15 +342,15 @@ struct Problem {
   const uint16_t* pb;
 };
 
-// Computes the 32x32 C blocks [ib0, ib1) x [jb0, jb1). B is walked in panels that stay in L2
-// while every row block passes over them.
-template <Bf16Kernel K>
-NXD_AMX void compute(const Problem& P, int64_t ib0, int64_t ib1, int64_t jb0, int64_t jb1) {
+// B is walked in panels of 32-column blocks that stay in L2 while every 32-row block passes
+// over them.
+constexpr int64_t kPanelBytes = 1024 * 1024;
+
+// AVX512-BF16: the 32x32 C blocks [ib0, ib1) x [jb0, jb1), each over the whole K.
+NXD_AVX512BF16 void compute_avx512(const Problem& P, int64_t ib0, int64_t ib1, int64_t jb0,
+                                   int64_t jb1) {
   alignas(64) float acc[32 * 32];
-  constexpr int64_t kPanelBytes = 512 * 1024;
-  const int64_t block_bytes = 2 * P.ksteps * kTile * 2;  // two 16-column strips of B
-  const int64_t panel = std::max<int64_t>(1, kPanelBytes / block_bytes);
-  if constexpr (K == Bf16Kernel::amx) amx_configure();
+  const int64_t panel = std::max<int64_t>(1, kPanelBytes / (2 * P.ksteps * kTile * 2));
   for (int64_t jp = jb0; jp < jb1; jp += panel) {
     const int64_t jpe = std::min(jb1, jp + panel);
     for (int64_t ib = ib0; ib < ib1; ++ib) {
@@ -319,30 +360,69 @@ NXD_AMX void compute(const Problem& P, int64_t ib0, int64_t ib1, int64_t jb0, in
         const int64_t cols = std::min<int64_t>(32, P.n - 32 * jb);
         const uint16_t* pb = P.pb + 2 * jb * P.ksteps * kTile;
         const bool m2 = rows > 16, n2 = cols > 16;
-        if constexpr (K == Bf16Kernel::amx) {
-          if (m2 && n2)
-            amx_block<2, 2>(pa, pb, P.ksteps, acc);
-          else if (m2)
-            amx_block<2, 1>(pa, pb, P.ksteps, acc);
-          else if (n2)
-            amx_block<1, 2>(pa, pb, P.ksteps, acc);
-          else
-            amx_block<1, 1>(pa, pb, P.ksteps, acc);
-        } else {
-          if (m2 && n2)
-            avx512_block<2, 2>(pa, pb, P.ksteps, acc);
-          else if (m2)
-            avx512_block<2, 1>(pa, pb, P.ksteps, acc);
-          else if (n2)
-            avx512_block<1, 2>(pa, pb, P.ksteps, acc);
-          else
-            avx512_block<1, 1>(pa, pb, P.ksteps, acc);
-        }
+        if (m2 && n2)
+          avx512_block<2, 2>(pa, pb, P.ksteps, acc);
+        else if (m2)
+          avx512_block<2, 1>(pa, pb, P.ksteps, acc);
+        else if (n2)
+          avx512_block<1, 2>(pa, pb, P.ksteps, acc);
+        else
+          avx512_block<1, 1>(pa, pb, P.ksteps, acc);
         store_block(acc, rows, cols, P.alpha, P.beta, P.c + 32 * ib * P.ldc + 32 * jb, P.ldc);
       }
     }
   }
-  if constexpr (K == Bf16Kernel::amx) amx_release();
+}
+
+// AMX: the 32x32 C blocks [ib0, ib1) x [jb0, jb1). K is split into chunks of kChunk steps so
+// that a block row of A (32 x 32*kChunk bf16) stays in L1 while the B panel streams from L2;
+// between chunks a block's partial sums wait in a per-thread buffer (exactly, in f32).
+NXD_AMX void compute_amx(const Problem& P, int64_t ib0, int64_t ib1, int64_t jb0, int64_t jb1) {
+  constexpr int64_t kChunk = 8;  // 256 k: 16 KiB of A per block row
+  alignas(64) float acc[32 * 32];
+  const int64_t strip = P.ksteps * kTile;
+  const int64_t panel = std::max<int64_t>(1, kPanelBytes / (2 * strip * 2));
+  const int64_t chunks = (P.ksteps + kChunk - 1) / kChunk;
+  thread_local std::vector<float> partial;  // a block row of the panel: panel x 32x32
+  if (chunks > 1 && partial.size() < static_cast<size_t>(panel * 1024))
+    partial.resize(static_cast<size_t>(panel * 1024));
+  // alpha == 1 and beta == 0 or 1: whole blocks start at 0 or at C and are stored to C.
+  const bool direct = P.alpha == 1.0f && (P.beta == 0.0f || P.beta == 1.0f);
+  amx_configure();
+  for (int64_t jp = jb0; jp < jb1; jp += panel) {
+    const int64_t jpe = std::min(jb1, jp + panel);
+    for (int64_t ib = ib0; ib < ib1; ++ib) {
+      const int64_t rows = std::min<int64_t>(32, P.m - 32 * ib);
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        const int64_t t0 = ch * kChunk, steps = std::min(kChunk, P.ksteps - t0);
+        const bool first = ch == 0, last = ch == chunks - 1;
+        const uint16_t* pa = P.pa + 2 * ib * strip + t0 * kTile;
+        for (int64_t jb = jp; jb < jpe; ++jb) {
+          const int64_t cols = std::min<int64_t>(32, P.n - 32 * jb);
+          const uint16_t* pb = P.pb + 2 * jb * strip + t0 * kTile;
+          float* cb = P.c + 32 * ib * P.ldc + 32 * jb;
+          float* part = chunks > 1 ? partial.data() + (jb - jp) * 1024 : nullptr;
+          const bool m2 = rows > 16, n2 = cols > 16;
+          const bool whole = direct && rows == 32 && cols == 32;
+          const float* in = nullptr;
+          int64_t in_ld = 32;
+          if (!first)
+            in = part;
+          else if (whole && P.beta != 0.0f)
+            in = cb, in_ld = P.ldc;
+          if (!last) {
+            amx_block_any<2, 2>(m2, n2, pa, pb, strip, steps, in, in_ld, part, 32);
+          } else if (whole) {
+            amx_block_any<2, 2>(m2, n2, pa, pb, strip, steps, in, in_ld, cb, P.ldc);
+          } else {
+            amx_block_any<2, 2>(m2, n2, pa, pb, strip, steps, in, in_ld, acc, 32);
+            store_block(acc, rows, cols, P.alpha, P.beta, cb, P.ldc);
+          }
+        }
+      }
+    }
+  }
+  amx_release();
 }
 
 }  // namespace
@@ -374,9 +454,9 @@ void gemm_bf16_x86(Bf16Kernel kernel, bool ta, bool tb, int64_t m, int64_t n, in
   const Problem P{m, n, k, ksteps, alpha, beta, c, ldc, pa, pb};
   auto run_compute = [&](int64_t ib0, int64_t ib1, int64_t jb0, int64_t jb1) {
     if (kernel == Bf16Kernel::amx)
-      compute<Bf16Kernel::amx>(P, ib0, ib1, jb0, jb1);
+      compute_amx(P, ib0, ib1, jb0, jb1);
     else
-      compute<Bf16Kernel::avx512_bf16>(P, ib0, ib1, jb0, jb1);
+      compute_avx512(P, ib0, ib1, jb0, jb1);
   };
 
   // Split only products big enough to amortize waking the helpers (two pool jobs).

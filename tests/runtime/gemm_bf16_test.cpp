@@ -177,6 +177,8 @@ TEST(GemmBf16, EveryKernelMatchesTheRoundedReference) {
           cases.push_back({ta, tb, sizes[i], sizes[(i + 3) % 8], sizes[(i + 5) % 8], al, be});
         }
         for (auto [al, be] : scales) cases.push_back({ta, tb, 130, 70, 65, al, be});
+        // K split into several chunks (AMX: 256 per chunk), whole and edge blocks
+        for (auto [al, be] : scales) cases.push_back({ta, tb, 64, 47, 600, al, be});
         cases.push_back({ta, tb, 100, 100, 100, 1, 0});
         cases.push_back({ta, tb, 17, 33, 0, 1, 0});  // k == 0: C = beta C
         cases.push_back({ta, tb, 17, 33, 0, 1, 0.5f});
