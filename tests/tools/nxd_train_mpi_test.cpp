@@ -1,63 +1,36 @@
 // nxd-train under mpirun (backend.kind=mpi, one rank per process): TP=2 x DP=2 on 4 processes
 // gives the single-rank losses; only rank 0 prints and writes; user errors exit with code 2.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "support/csv.h"
+#include "support/proc.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Proc {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using nxd::testing::ProcResult;
+using nxd::testing::read_csv;
+using nxd::testing::slurp;
 
 fs::path temp_dir() {
-  fs::path d =
-      fs::temp_directory_path() / (std::string("nxd_train_mpi_") +
-                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return nxd::testing::test_temp_dir("nxd_train_mpi_");
 }
 
 // np > 0: under mpirun with np processes; 0: the plain binary.
-Proc run(int np, const std::vector<std::string>& args, const fs::path& dir) {
-  std::string cmd;
-  if (np > 0)
-    cmd = quote(MPIEXEC) + " --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " ";
-  cmd += quote(NXD_TRAIN_BIN);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd +=
-      " > " + quote((dir / "stdout.txt").string()) + " 2> " + quote((dir / "stderr.txt").string());
-  int st = std::system(cmd.c_str());
-  Proc r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(dir / "stdout.txt");
-  r.err = slurp(dir / "stderr.txt");
-  return r;
+ProcResult run(int np, const std::vector<std::string>& args, const fs::path& dir) {
+  std::vector<std::string> argv;
+  if (np > 0) argv = {MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(np)};
+  argv.push_back(NXD_TRAIN_BIN);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return nxd::testing::run_process(argv, dir);
 }
 
 std::vector<std::string> tiny_args(const fs::path& dir) {
@@ -86,21 +59,6 @@ std::vector<std::string> tiny_args(const fs::path& dir) {
   return a;
 }
 
-std::vector<std::vector<std::string>> read_rows(const fs::path& p) {
-  std::ifstream in(p);
-  std::string line;
-  std::getline(in, line);
-  std::vector<std::vector<std::string>> rows;
-  while (std::getline(in, line)) {
-    std::vector<std::string> cols;
-    std::stringstream ss(line);
-    std::string col;
-    while (std::getline(ss, col, ',')) cols.push_back(col);
-    rows.push_back(cols);
-  }
-  return rows;
-}
-
 }  // namespace
 
 TEST(NxdTrainMpi, Tp2Dp2OnFourProcessesMatchesSingleRank) {
@@ -114,9 +72,9 @@ TEST(NxdTrainMpi, Tp2Dp2OnFourProcessesMatchesSingleRank) {
       four.end(),
       {"--set", "backend.kind=mpi", "--set", "distributed_strategy.tensor_model_parallel_size=2",
        "--set", "distributed_strategy.sequence_parallel=true", "--out", (d / "four").string()});
-  Proc r1 = run(0, one, d);
+  ProcResult r1 = run(0, one, d);
   ASSERT_EQ(r1.code, 0) << r1.err;
-  Proc r4 = run(4, four, d);
+  ProcResult r4 = run(4, four, d);
   ASSERT_EQ(r4.code, 0) << r4.err << r4.out;
   // one rank prints: one summary
   size_t done = 0;
@@ -127,7 +85,7 @@ TEST(NxdTrainMpi, Tp2Dp2OnFourProcessesMatchesSingleRank) {
                         "parallelism, data parallel 2"),
             std::string::npos)
       << r4.out;
-  auto a = read_rows(d / "one" / "metrics.csv"), b = read_rows(d / "four" / "metrics.csv");
+  auto a = read_csv(d / "one" / "metrics.csv").rows, b = read_csv(d / "four" / "metrics.csv").rows;
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u);
   for (size_t i = 0; i < a.size(); ++i) {
@@ -146,7 +104,7 @@ TEST(NxdTrainMpi, UserErrorsExitWithCode2) {
   auto a1 = args;
   a1.insert(a1.end(), {"--set", "backend.kind=mpi", "--set", "backend.world_size=4", "--out",
                        (d / "o1").string()});
-  Proc r1 = run(2, a1, d);
+  ProcResult r1 = run(2, a1, d);
   EXPECT_EQ(r1.code, 2) << r1.err;
   EXPECT_NE(r1.err.find("nxd-train: error: [nxd-train] backend.world_size=4 but mpirun started 2 "
                         "process(es)"),
@@ -157,7 +115,7 @@ TEST(NxdTrainMpi, UserErrorsExitWithCode2) {
   a2.insert(a2.end(),
             {"--set", "backend.kind=mpi", "--set",
              "distributed_strategy.tensor_model_parallel_size=2", "--out", (d / "o2").string()});
-  Proc r2 = run(3, a2, d);
+  ProcResult r2 = run(3, a2, d);
   EXPECT_EQ(r2.code, 2) << r2.err;
   EXPECT_NE(r2.err.find("world size 3 is not tensor_model_parallel_size 2 x data-parallel size"),
             std::string::npos)
@@ -166,7 +124,7 @@ TEST(NxdTrainMpi, UserErrorsExitWithCode2) {
   auto a3 = args;
   a3.insert(a3.end(), {"--set", "backend.kind=mpi", "--set",
                        "data.path=" + (d / "no_such").string(), "--out", (d / "o3").string()});
-  Proc r3 = run(2, a3, d);
+  ProcResult r3 = run(2, a3, d);
   EXPECT_EQ(r3.code, 2) << r3.err;
   EXPECT_NE(r3.err.find("does not exist"), std::string::npos) << r3.err;
 }

@@ -1,57 +1,32 @@
 // Runs the nxd-train binary: a tiny end-to-end training run, reproducibility across runs, and
 // the message and exit code 2 of each class of bad input.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <vector>
+
+#include "support/csv.h"
+#include "support/proc.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Proc {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using nxd::testing::Csv;
+using nxd::testing::ProcResult;
+using nxd::testing::read_csv;
+using nxd::testing::slurp;
 
 fs::path temp_dir() {
-  fs::path d =
-      fs::temp_directory_path() / (std::string("nxd_train_cli_") +
-                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return nxd::testing::test_temp_dir("nxd_train_cli_");
 }
 
-Proc run(const std::vector<std::string>& args, const fs::path& dir) {
-  std::string cmd = quote(NXD_TRAIN_BIN);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd +=
-      " > " + quote((dir / "stdout.txt").string()) + " 2> " + quote((dir / "stderr.txt").string());
-  int st = std::system(cmd.c_str());
-  Proc r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(dir / "stdout.txt");
-  r.err = slurp(dir / "stderr.txt");
-  return r;
+ProcResult run(const std::vector<std::string>& args, const fs::path& dir) {
+  std::vector<std::string> argv{NXD_TRAIN_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return nxd::testing::run_process(argv, dir);
 }
 
 fs::path tiny_config(const fs::path& dir) {
@@ -84,27 +59,7 @@ fs::path tiny_config(const fs::path& dir) {
   return dir / "tiny.yaml";
 }
 
-struct Csv {
-  std::vector<std::vector<std::string>> rows;  // without the header
-  std::string header;
-};
-Csv read_csv(const fs::path& p) {
-  Csv c;
-  std::ifstream in(p);
-  std::getline(in, c.header);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::vector<std::string> cols;
-    std::stringstream ss(line);
-    std::string col;
-    while (std::getline(ss, col, ',')) cols.push_back(col);
-    if (!line.empty() && line.back() == ',') cols.push_back("");
-    c.rows.push_back(cols);
-  }
-  return c;
-}
-
-void expect_user_error(const Proc& r, const std::string& part) {
+void expect_user_error(const ProcResult& r, const std::string& part) {
   EXPECT_EQ(r.code, 2) << "stderr: " << r.err;
   EXPECT_EQ(r.err.rfind("nxd-train: error: ", 0), 0u) << r.err;
   EXPECT_NE(r.err.find(part), std::string::npos) << "stderr: " << r.err << "\nexpected: " << part;
@@ -116,7 +71,7 @@ void expect_user_error(const Proc& r, const std::string& part) {
 
 TEST(NxdTrain, TinyRunLearnsAndWritesItsFiles) {
   auto d = temp_dir();
-  Proc r = run({"--config", tiny_config(d).string(), "--out", (d / "out").string()}, d);
+  ProcResult r = run({"--config", tiny_config(d).string(), "--out", (d / "out").string()}, d);
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* f : {"metrics.csv", "config.yaml", "sample.txt"})
     EXPECT_TRUE(fs::exists(d / "out" / f)) << f;
@@ -136,7 +91,7 @@ TEST(NxdTrain, TinyRunLearnsAndWritesItsFiles) {
   EXPECT_NE(r.out.find("sample"), std::string::npos) << r.out;
   EXPECT_EQ(slurp(d / "out" / "sample.txt").size(), 7u + 16u);  // "Q: What" + 16 bytes
   // the written config.yaml reproduces the run
-  Proc again =
+  ProcResult again =
       run({"--config", (d / "out" / "config.yaml").string(), "--out", (d / "again").string()}, d);
   ASSERT_EQ(again.code, 0) << again.err;
   Csv m2 = read_csv(d / "again" / "metrics.csv");
@@ -149,10 +104,10 @@ TEST(NxdTrain, TinyRunLearnsAndWritesItsFiles) {
 
 TEST(NxdTrain, HelpAndPrintConfig) {
   auto d = temp_dir();
-  Proc h = run({"--help"}, d);
+  ProcResult h = run({"--help"}, d);
   EXPECT_EQ(h.code, 0);
   EXPECT_NE(h.out.find("usage: nxd-train"), std::string::npos);
-  Proc p = run({"--set", "model.hidden_size=64", "--print-config"}, d);
+  ProcResult p = run({"--set", "model.hidden_size=64", "--print-config"}, d);
   EXPECT_EQ(p.code, 0) << p.err;
   EXPECT_NE(p.out.find("  hidden_size: 64\n"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("  num_kv_heads: 4\n"), std::string::npos) << p.out;  // resolved
@@ -215,7 +170,7 @@ TEST(NxdTrain, SimParallelRunIsDeterministic) {
     a.push_back((d / o).string());
     return a;
   };
-  Proc r1 = run(with_out("a"), d), r2 = run(with_out("b"), d);
+  ProcResult r1 = run(with_out("a"), d), r2 = run(with_out("b"), d);
   ASSERT_EQ(r1.code, 0) << r1.err;
   ASSERT_EQ(r2.code, 0) << r2.err;
   EXPECT_NE(r1.out.find("parallel: 4 rank(s) on the sim backend (trn1.32xlarge): tensor parallel "
