@@ -18,6 +18,30 @@ constexpr int64_t B = 2, S = 8, IN = 16, OUT = 16;
 constexpr uint64_t kSeed = 11;
 constexpr double kTol = 1e-5;
 
+// The unsharded reference of a parallel linear: a Linear with the same parameter names and seed
+// and a non-zero bias, run forward on xf = randn(seed x_seed) and backward from sum(y * up).
+struct LinearRef {
+  Linear lin;
+  Tensor xf, x, y, up;  // input, its leaf (x.grad() is dX), output, upstream gradient
+  LinearRef(int64_t in, int64_t out, bool bias, uint64_t x_seed, uint64_t up_seed)
+      : lin(in, out, options(bias)) {
+    lin.init_parameters(kSeed);
+    xf = randn({B, S, in}, x_seed);
+    x = leaf(xf);
+    y = lin.forward(x);
+    up = randn({B, S, out}, up_seed);
+    backward(sum(mul(y, up)));
+  }
+  static LinearOptions options(bool bias) {
+    LinearOptions lo;
+    lo.bias = bias;
+    lo.bias_init = ParamInit::normal(0.5);  // non-zero so the bias path is tested
+    return lo;
+  }
+  const Tensor& weight() const { return lin.weight(); }
+  const Tensor& bias() const { return lin.bias(); }
+};
+
 struct ColumnCase {
   bool gather_output, sp, bias, skip_bias_add;
   int64_t stride;
@@ -26,17 +50,7 @@ struct ColumnCase {
 void run_column(int tp, const ColumnCase& c) {
   run_tp(tp, [&](Communicator& g) {
     const int r = g.rank();
-    // The unsharded reference, with the same parameter names and seed.
-    LinearOptions lo;
-    lo.bias = c.bias;
-    lo.bias_init = ParamInit::normal(0.5);  // non-zero so the bias path is tested
-    Linear ref(IN, OUT, lo);
-    ref.init_parameters(kSeed);
-    Tensor xf = randn({B, S, IN}, 1);
-    Tensor xr = leaf(xf);
-    Tensor yr = ref.forward(xr);
-    Tensor up = randn({B, S, OUT}, 2);
-    backward(sum(mul(yr, up)));
+    const LinearRef ref(IN, OUT, c.bias, 1, 2);
 
     ColumnParallelLinearOptions o;
     o.bias = c.bias;
@@ -62,33 +76,31 @@ void run_column(int tp, const ColumnCase& c) {
     Tensor w2 = col.weight().detach().reshape({per, IN});
     EXPECT_BITWISE_EQ(w2, local_rows(ref.weight(), 0));
 
-    Tensor x = leaf(c.sp ? chunk_of(xf, 1, r, tp) : xf);
+    Tensor x = leaf(c.sp ? chunk_of(ref.xf, 1, r, tp) : ref.xf);
     auto [y, skipped] = col.forward_and_bias(x);
     if (c.skip_bias_add && c.bias) {
       ASSERT_TRUE(skipped.defined());
       y = add(y, skipped);
     }
     // Full output (gather_output) or this rank's columns.
-    Tensor y_expect = c.gather_output ? yr : local_rows(yr, 2);
+    Tensor y_expect = c.gather_output ? ref.y : local_rows(ref.y, 2);
     check_close(y, y_expect, kTol, "column output");
-    Tensor up_local = c.gather_output ? up : local_rows(up, 2);
+    Tensor up_local = c.gather_output ? ref.up : local_rows(ref.up, 2);
     // With gather_output every rank holds the whole output and back-propagates the whole `up`;
     // the gather's backward keeps each rank's columns and copy_to's all-reduce sums dX.
     backward(sum(mul(y, up_local)));
-    Tensor dx_expect = c.sp ? chunk_of(xr.grad(), 1, r, tp) : xr.grad();
+    Tensor dx_expect = c.sp ? chunk_of(ref.x.grad(), 1, r, tp) : ref.x.grad();
     check_close(grad_of(x), dx_expect, kTol, "column dX");
     Tensor dw = grad_of(col.weight()).reshape({per, IN});
     check_close(dw, local_rows(ref.weight().grad(), 0), kTol, "column dW");
-    if (c.stride == 1)
-      check_close(gathered(g, dw, 0), ref.weight().grad(), kTol, "column dW gathered");
+    if (c.stride == 1) check_gathered(g, dw, 0, ref.weight().grad(), kTol, "column dW gathered");
     if (c.bias) {
       Tensor db = grad_of(col.bias()).reshape({-1});
       if (c.gather_output) {
         check_close(db, ref.bias().grad(), kTol, "column db (full bias)");
       } else {
         check_close(db, local_rows(ref.bias().grad(), 0), kTol, "column db");
-        if (c.stride == 1)
-          check_close(gathered(g, db, 0), ref.bias().grad(), kTol, "column db gathered");
+        if (c.stride == 1) check_gathered(g, db, 0, ref.bias().grad(), kTol, "column db gathered");
       }
     }
   });
@@ -120,16 +132,7 @@ void run_row(int tp, const RowCase& c) {
   const int64_t out = 12;
   run_tp(tp, [&](Communicator& g) {
     const int r = g.rank();
-    LinearOptions lo;
-    lo.bias = c.bias;
-    lo.bias_init = ParamInit::normal(0.5);
-    Linear ref(IN, out, lo);
-    ref.init_parameters(kSeed);
-    Tensor xf = randn({B, S, IN}, 3);
-    Tensor xr = leaf(xf);
-    Tensor yr = ref.forward(xr);
-    Tensor up = randn({B, S, out}, 4);
-    backward(sum(mul(yr, up)));
+    const LinearRef ref(IN, out, c.bias, 3, 4);
 
     RowParallelLinearOptions o;
     o.bias = c.bias;
@@ -143,18 +146,17 @@ void run_row(int tp, const RowCase& c) {
       EXPECT_BITWISE_EQ(row.bias().detach(), ref.bias().detach());
     }
 
-    Tensor x = leaf(c.input_is_parallel ? chunk_of(xf, -1, r, tp) : xf);
+    Tensor x = leaf(c.input_is_parallel ? chunk_of(ref.xf, -1, r, tp) : ref.xf);
     Tensor y = row.forward(x);
-    Tensor y_expect = c.sp ? chunk_of(yr, 1, r, tp) : yr;
+    Tensor y_expect = c.sp ? chunk_of(ref.y, 1, r, tp) : ref.y;
     check_close(y, y_expect, kTol, "row output");
     // Each rank back-propagates its own view of the output's gradient: the full `up` (no SP:
     // every rank holds the whole output) or its sequence chunk (SP).
-    backward(sum(mul(y, c.sp ? chunk_of(up, 1, r, tp) : up)));
+    backward(sum(mul(y, c.sp ? chunk_of(ref.up, 1, r, tp) : ref.up)));
     if (c.sp) allreduce_sequence_parallel_gradients(row);
-    Tensor dx_expect = c.input_is_parallel ? chunk_of(xr.grad(), -1, r, tp) : xr.grad();
+    Tensor dx_expect = c.input_is_parallel ? chunk_of(ref.x.grad(), -1, r, tp) : ref.x.grad();
     check_close(grad_of(x), dx_expect, kTol, "row dX");
-    check_close(gathered(g, grad_of(row.weight()), 1), ref.weight().grad(), kTol,
-                "row dW gathered");
+    check_gathered(g, grad_of(row.weight()), 1, ref.weight().grad(), kTol, "row dW gathered");
     if (c.bias) check_close(grad_of(row.bias()), ref.bias().grad(), kTol, "row db");
   });
 }
@@ -202,9 +204,9 @@ TEST(ParallelLinear, SequenceParallelMlpBlock) {
       backward(sum(mul(y, chunk_of(up, 1, r, tp))));
       allreduce_sequence_parallel_gradients(block);
       check_close(grad_of(x), chunk_of(xr.grad(), 1, r, tp), kTol, "mlp dX");
-      check_close(gathered(g, grad_of(c1->weight()), 0), fc1.weight().grad(), kTol, "fc1 dW");
-      check_close(gathered(g, grad_of(c1->bias()), 0), fc1.bias().grad(), kTol, "fc1 db");
-      check_close(gathered(g, grad_of(c2->weight()), 1), fc2.weight().grad(), kTol, "fc2 dW");
+      check_gathered(g, grad_of(c1->weight()), 0, fc1.weight().grad(), kTol, "fc1 dW");
+      check_gathered(g, grad_of(c1->bias()), 0, fc1.bias().grad(), kTol, "fc1 db");
+      check_gathered(g, grad_of(c2->weight()), 1, fc2.weight().grad(), kTol, "fc2 dW");
       check_close(grad_of(c2->bias()), fc2.bias().grad(), kTol, "fc2 db");
       // The attributes the grad-norm code reads.
       auto pp = parallel_parameters(block);
@@ -292,8 +294,8 @@ TEST(ParallelEmbedding, MatchesEmbedding) {
         // are the reference's.
         Tensor upl = c.sp ? chunk_of(up, 1, r, tp) : up;
         backward(sum(mul(y, upl)));
-        check_close(gathered(g, grad_of(emb.weight()), c.shard_dim ? 1 : 0), ref.weight().grad(),
-                    kTol, "embedding dW gathered");
+        check_gathered(g, grad_of(emb.weight()), c.shard_dim ? 1 : 0, ref.weight().grad(), kTol,
+                       "embedding dW gathered");
       });
     }
 }

@@ -83,8 +83,8 @@ void run_gqa(int tp, bool sp, bool bias) {
     check_close(o, chunk_of(orf, -1, r, tp), kTol, "attention output (local heads)");
     backward(sum(mul(o, chunk_of(up, -1, r, tp))));
     check_close(grad_of(x), sp ? chunk_of(xr.grad(), 1, r, tp) : xr.grad(), kTol, "dX");
-    check_close(gathered(g, grad_of(qkv.get_parameter("q_proj.weight")), 0), ref.q->weight().grad(),
-                kTol, "dWq gathered");
+    check_gathered(g, grad_of(qkv.get_parameter("q_proj.weight")), 0, ref.q->weight().grad(), kTol,
+                   "dWq gathered");
     for (auto [name, lin] : {std::pair{"k_proj", ref.k}, std::pair{"v_proj", ref.v}}) {
       std::string n(name);
       check_close(grad_of(qkv.get_parameter(n + ".weight")), kv_rows(lin->weight().grad()), kTol,
@@ -99,8 +99,8 @@ void run_gqa(int tp, bool sp, bool bias) {
       }
     }
     if (bias)
-      check_close(gathered(g, grad_of(qkv.get_parameter("q_proj.bias")), 0), ref.q->bias().grad(),
-                  kTol, "dbq gathered");
+      check_gathered(g, grad_of(qkv.get_parameter("q_proj.bias")), 0, ref.q->bias().grad(), kTol,
+                     "dbq gathered");
     for (auto& p : parallel_parameters(qkv)) {
       EXPECT_EQ(p.attrs.tensor_model_parallel, tp > 1) << p.name;
       EXPECT_EQ(p.attrs.kv_replicas, p.name[0] == 'q' ? 1 : m) << p.name;

@@ -78,6 +78,12 @@ inline Tensor gathered(Communicator& g, const Tensor& t, int64_t dim) {
   return g.all_gather(t.detach().contiguous(), dim);
 }
 
+// check_close of every rank's shard `local` gathered along dim against the unsharded `full`.
+inline void check_gathered(Communicator& g, const Tensor& local, int64_t dim, const Tensor& full,
+                           double tol, const std::string& what) {
+  check_close(gathered(g, local, dim), full, tol, what);
+}
+
 inline Tensor grad_of(const Tensor& t) {
   EXPECT_TRUE(t.grad().defined()) << "no gradient";
   return t.grad().defined() ? t.grad() : zeros(t.shape(), t.dtype());
