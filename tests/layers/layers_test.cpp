@@ -113,15 +113,8 @@ TEST(Layers, GroupedQueryAttentionWithOffsetAndBiasAgainstReference) {
       k = r.linear(xv, 12, "k_proj.weight", "k_proj.bias");
       v = r.linear(xv, 12, "v_proj.weight", "v_proj.bias");
     } else {
-      ref::Vec qkv = r.linear(xv, 12, "query_key_value.weight", "query_key_value.bias");
-      q.resize(N * H * D), k.resize(N * H * D), v.resize(N * H * D);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t e = 0; e < D; ++e) {
-            q[(n * H + h) * D + e] = qkv[(n * H + h) * 3 * D + e];
-            k[(n * H + h) * D + e] = qkv[(n * H + h) * 3 * D + D + e];
-            v[(n * H + h) * D + e] = qkv[(n * H + h) * 3 * D + 2 * D + e];
-          }
+      ref::split_fused_qkv(r.linear(xv, 12, "query_key_value.weight", "query_key_value.bias"), N, H,
+                           D, q, k, v);
     }
     r.rotate_all(q, H, D, o.rotary_dim, offset);
     r.rotate_all(k, Hkv, D, o.rotary_dim, offset);

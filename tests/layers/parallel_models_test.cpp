@@ -47,6 +47,13 @@ ModelConfig neox() {
   return c;
 }
 
+// `arch` at TP 4: Llama with 2 KV heads, replicated twice, or GPT-NeoX.
+ModelConfig tp4_config(const std::string& arch) {
+  ModelConfig c = arch == "llama" ? llama(2) : neox();
+  c.kv_size_multiplier = arch == "llama" ? 2 : 1;
+  return c;
+}
+
 Tensor some_ids(int64_t B, int64_t S, int64_t vocab, uint64_t seed) {
   RngStream s{seed, 77};
   std::vector<int64_t> v(B * S);
@@ -295,8 +302,7 @@ TEST(ParallelModels, SequenceNotDivisibleIsPaddedAndLossOptions) {
   // (reduction none), sum, label smoothing.
   for (std::string arch : {"llama", "gpt_neox"}) {
     Case c;
-    c.cfg = arch == "llama" ? llama(2) : neox();
-    c.cfg.kv_size_multiplier = arch == "llama" ? 2 : 1;
+    c.cfg = tp4_config(arch);
     c.cfg.sequence_parallel = true;
     c.tp = 4;
     c.S = 6;
@@ -317,8 +323,7 @@ TEST(ParallelModels, FullLogitsAndHiddenStatesAreDifferentiableAndGenerate) {
   for (std::string arch : {"llama", "gpt_neox"}) {
     for (bool sp : {false, true}) {
       Case c;
-      c.cfg = arch == "llama" ? llama(2) : neox();
-      c.cfg.kv_size_multiplier = arch == "llama" ? 2 : 1;
+      c.cfg = tp4_config(arch);
       c.cfg.sequence_parallel = sp;
       c.tp = 4;
       c.via_forward = true;
@@ -479,8 +484,7 @@ TEST(ParallelModels, DropoutMatchesSingleRank) {
   for (std::string arch : {"llama", "gpt_neox"}) {
     for (bool sp : {false, true}) {
       Case c;
-      c.cfg = arch == "llama" ? llama(2) : neox();
-      c.cfg.kv_size_multiplier = arch == "llama" ? 2 : 1;
+      c.cfg = tp4_config(arch);
       c.cfg.dropout = 0.2;
       c.cfg.sequence_parallel = sp;
       c.tp = 4;
@@ -495,8 +499,7 @@ TEST(ParallelModels, Bf16ShardsAreTheSingleRankWeightsAndTheLossAgrees) {
   // agrees within bf16 accuracy (reductions run in f32, activations round differently).
   for (std::string arch : {"llama", "gpt_neox"}) {
     Case c;
-    c.cfg = arch == "llama" ? llama(2) : neox();
-    c.cfg.kv_size_multiplier = arch == "llama" ? 2 : 1;
+    c.cfg = tp4_config(arch);
     c.cfg.sequence_parallel = true;
     c.cfg.dtype = DType::bf16;
     const Result ref = reference(c);

@@ -24,6 +24,19 @@ inline void rotary(double* x, int64_t r, int64_t pos, double base) {
   }
 }
 
+// GPT-NeoX's fused projection [N, H, 3D] (each head's [q|k|v]) -> q, k, v [N, H, D].
+inline void split_fused_qkv(const Vec& qkv, int64_t N, int64_t H, int64_t D, Vec& q, Vec& k,
+                            Vec& v) {
+  q.resize(N * H * D), k.resize(N * H * D), v.resize(N * H * D);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t e = 0; e < D; ++e) {
+        q[(n * H + h) * D + e] = qkv[(n * H + h) * 3 * D + e];
+        k[(n * H + h) * D + e] = qkv[(n * H + h) * 3 * D + D + e];
+        v[(n * H + h) * D + e] = qkv[(n * H + h) * 3 * D + 2 * D + e];
+      }
+}
+
 struct Ref {
   const ModelConfig& c;
   const StateDict& sd;
@@ -152,14 +165,8 @@ struct Ref {
     const int64_t d = c.hidden_size, H = c.num_attention_heads, D = d / H, N = B * S;
     Vec qkv = linear(x, d, pre + "attention.query_key_value.weight",
                      pre + "attention.query_key_value.bias");  // [N, H, 3D]
-    Vec q(N * H * D), k(N * H * D), v(N * H * D);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t e = 0; e < D; ++e) {
-          q[(n * H + h) * D + e] = qkv[(n * H + h) * 3 * D + e];
-          k[(n * H + h) * D + e] = qkv[(n * H + h) * 3 * D + D + e];
-          v[(n * H + h) * D + e] = qkv[(n * H + h) * 3 * D + 2 * D + e];
-        }
+    Vec q, k, v;
+    split_fused_qkv(qkv, N, H, D, q, k, v);
     int64_t r = static_cast<int64_t>(D * c.rotary_pct);
     rotate_all(q, H, D, r);
     rotate_all(k, H, D, r);
