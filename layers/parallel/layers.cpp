@@ -54,20 +54,20 @@ Tensor sp_column_linear(const Tensor& x, const Tensor& w, const Tensor& b, int64
 
 }  // namespace
 
+ParallelLinearBase::ParallelLinearBase(const char* type, int64_t in, int64_t out,
+                                       const std::shared_ptr<Communicator>& group)
+    : ParallelModule(type), in_(in), out_(out), group_(resolve_group(group)) {
+  tp_ = group_->size();
+  NXD_CHECK(in > 0 && out > 0, "[", type, "] sizes must be positive, got in=", in, " out=", out);
+}
+
 // ---------------------------------------------------------------- ColumnParallelLinear
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out,
                                            const ColumnParallelLinearOptions& o)
-    : ParallelModule("ColumnParallelLinear"),
-      in_(in),
-      out_(out),
-      stride_(o.stride),
-      o_(o),
-      group_(resolve_group(o.group)) {
+    : ParallelLinearBase("ColumnParallelLinear", in, out, o.group), stride_(o.stride), o_(o) {
   const char* op = "ColumnParallelLinear";
-  tp_ = group_->size();
   const int r = group_->rank();
-  NXD_CHECK(in > 0 && out > 0, "[", op, "] sizes must be positive, got in=", in, " out=", out);
   NXD_CHECK(stride_ >= 1, "[", op, "] stride must be >= 1, got ", stride_);
   check_divisible(op, "output size", out, tp_);
   NXD_CHECK_SHAPE(out % (stride_ * tp_) == 0, "[", op, "] output size ", out,
@@ -145,15 +145,9 @@ std::pair<Tensor, Tensor> ColumnParallelLinear::forward_and_bias(const Tensor& x
 // ---------------------------------------------------------------- RowParallelLinear
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, const RowParallelLinearOptions& o)
-    : ParallelModule("RowParallelLinear"),
-      in_(in),
-      out_(out),
-      o_(o),
-      group_(resolve_group(o.group)) {
+    : ParallelLinearBase("RowParallelLinear", in, out, o.group), o_(o) {
   const char* op = "RowParallelLinear";
-  tp_ = group_->size();
   const int r = group_->rank();
-  NXD_CHECK(in > 0 && out > 0, "[", op, "] sizes must be positive, got in=", in, " out=", out);
   check_divisible(op, "input size", in, tp_);
   NXD_CHECK(!o.sequence_parallel_enabled || o.input_is_parallel, "[", op,
             "] sequence_parallel_enabled requires input_is_parallel=true");

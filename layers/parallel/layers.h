@@ -23,6 +23,27 @@
 
 namespace nxd {
 
+// What ColumnParallelLinear and RowParallelLinear share: the full sizes, the TP group, "weight"
+// and the optional "bias" (each layer registers them with its own sharding).
+class ParallelLinearBase : public ParallelModule {
+ public:
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  int tp_size() const { return tp_; }
+  Communicator& group() const { return *group_; }
+
+ protected:
+  // Resolves `group` (null: the parallel_state TP group) and checks in, out > 0, naming `type`.
+  ParallelLinearBase(const char* type, int64_t in, int64_t out,
+                     const std::shared_ptr<Communicator>& group);
+  int64_t in_, out_;
+  int tp_;
+  std::shared_ptr<Communicator> group_;
+  Tensor weight_, bias_;
+};
+
 struct ColumnParallelLinearOptions {
   bool bias = true;
   bool gather_output = true;  // all-gather the output's last dim (else each rank keeps its shard)
@@ -56,7 +77,7 @@ struct ColumnParallelLinearOptions {
 // block of the full weight viewed as [stride, out/stride, in] and a single ParamInit::region can
 // express it (init is by region, and a strided shard is not one block of [out, in]); forward
 // views it as [out/tp, in]. Stride 1 (and tp == 1) keeps the plain [out/tp, in] layout.
-class ColumnParallelLinear : public ParallelModule {
+class ColumnParallelLinear : public ParallelLinearBase {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features,
                        const ColumnParallelLinearOptions& opts = {});
@@ -64,22 +85,12 @@ class ColumnParallelLinear : public ParallelModule {
   // With skip_bias_add: {Y without bias, bias} (bias undefined when bias=false). Otherwise
   // {forward(x), undefined}.
   std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
-
-  const Tensor& weight() const { return weight_; }
-  const Tensor& bias() const { return bias_; }
-  int64_t in_features() const { return in_; }
-  int64_t out_features() const { return out_; }
   int64_t local_out_features() const { return out_ / tp_; }
-  int tp_size() const { return tp_; }
-  Communicator& group() const { return *group_; }
 
  private:
   Tensor run(const Tensor& x, bool add_bias) const;
-  int64_t in_, out_, stride_;
-  int tp_;
+  int64_t stride_;
   ColumnParallelLinearOptions o_;
-  std::shared_ptr<Communicator> group_;
-  Tensor weight_, bias_;
 };
 
 struct RowParallelLinearOptions {
@@ -104,28 +115,17 @@ struct RowParallelLinearOptions {
 //            -> + b. Backward: identity (no SP) or all-gather along the sequence dim (SP);
 //            [all-gather dX's last dim if the input was scattered].
 //   SP requires input_is_parallel; the bias is then tagged sequence_parallel_enabled.
-class RowParallelLinear : public ParallelModule {
+class RowParallelLinear : public ParallelLinearBase {
  public:
   RowParallelLinear(int64_t in_features, int64_t out_features,
                     const RowParallelLinearOptions& opts = {});
   Tensor forward(const Tensor& x) const;
   std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
-
-  const Tensor& weight() const { return weight_; }
-  const Tensor& bias() const { return bias_; }
-  int64_t in_features() const { return in_; }
-  int64_t out_features() const { return out_; }
   int64_t local_in_features() const { return in_ / tp_; }
-  int tp_size() const { return tp_; }
-  Communicator& group() const { return *group_; }
 
  private:
   Tensor run(const Tensor& x) const;
-  int64_t in_, out_;
-  int tp_;
   RowParallelLinearOptions o_;
-  std::shared_ptr<Communicator> group_;
-  Tensor weight_, bias_;
 };
 
 struct ParallelEmbeddingOptions {
