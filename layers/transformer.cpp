@@ -1,29 +1,43 @@
 #include "nxd/layers/transformer.h"
 
+#include <array>
+
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/qkv.h"
 
 namespace nxd {
 
 namespace {
-// The parallel layers' options for a plain projection: column (gather_output=false) and row
+// The options of a block's projections, from the block's options `o` (AttentionOptions,
+// MlpOptions, GatedMlpOptions: bias, init_std, param, sequence_parallel): plain Linear, or the
+// column (gather_output=false; ColumnParallelLinear or GQAQKVColumnParallelLinear) and row
 // (input_is_parallel) halves of a TP region.
-ColumnParallelLinearOptions column_options(bool bias, double std, const ParamOptions& p, bool sp) {
-  ColumnParallelLinearOptions co;
-  co.bias = bias;
+template <class O>
+LinearOptions linear_options(const O& o) {
+  LinearOptions lo;
+  lo.bias = o.bias;
+  lo.weight_init = ParamInit::normal(o.init_std);
+  lo.param = o.param;
+  return lo;
+}
+template <class Column = ColumnParallelLinearOptions, class O>
+Column column_options(const O& o) {
+  Column co;
+  co.bias = o.bias;
   co.gather_output = false;
-  co.sequence_parallel_enabled = sp;
-  co.weight_init = ParamInit::normal(std);
-  co.param = p;
+  co.sequence_parallel_enabled = o.sequence_parallel;
+  co.weight_init = ParamInit::normal(o.init_std);
+  co.param = o.param;
   return co;
 }
-RowParallelLinearOptions row_options(bool bias, double std, const ParamOptions& p, bool sp) {
+template <class O>
+RowParallelLinearOptions row_options(const O& o) {
   RowParallelLinearOptions ro;
-  ro.bias = bias;
+  ro.bias = o.bias;
   ro.input_is_parallel = true;
-  ro.sequence_parallel_enabled = sp;
-  ro.weight_init = ParamInit::normal(std);
-  ro.param = p;
+  ro.sequence_parallel_enabled = o.sequence_parallel;
+  ro.weight_init = ParamInit::normal(o.init_std);
+  ro.param = o.param;
   return ro;
 }
 }  // namespace
@@ -55,10 +69,7 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
     build_parallel(o);
     return;
   }
-  LinearOptions lo;
-  lo.bias = o.bias;
-  lo.weight_init = ParamInit::normal(o.init_std);
-  lo.param = o.param;
+  const LinearOptions lo = linear_options(o);
   if (layout_ == QkvLayout::separate) {
     q_ = register_module("q_proj", std::make_shared<Linear>(hidden_, h_ * d_, lo));
     k_ = register_module("k_proj", std::make_shared<Linear>(hidden_, hkv_ * d_, lo));
@@ -73,16 +84,11 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
 void CausalSelfAttention::build_parallel(const AttentionOptions& o) {
   const char* op = "CausalSelfAttention";
   sp_ = o.sequence_parallel;
-  const auto ro = row_options(o.bias, o.init_std, o.param, o.sequence_parallel);
+  const auto ro = row_options(o);
   if (layout_ == QkvLayout::separate) {
-    GQAQKVColumnParallelLinearOptions qo;
-    qo.bias = o.bias;
-    qo.gather_output = false;
-    qo.sequence_parallel_enabled = o.sequence_parallel;
+    auto qo = column_options<GQAQKVColumnParallelLinearOptions>(o);
     qo.kv_size_multiplier = o.kv_size_multiplier;
     qo.head_dim = d_;
-    qo.weight_init = ParamInit::normal(o.init_std);
-    qo.param = o.param;
     pqkv_ = std::make_shared<GQAQKVColumnParallelLinear>(hidden_, h_ * d_, hkv_ * d_, qo);
     hl_ = pqkv_->local_q_size() / d_;
     hkvl_ = pqkv_->local_kv_size() / d_;
@@ -101,10 +107,8 @@ void CausalSelfAttention::build_parallel(const AttentionOptions& o) {
     po_ = register_module("o_proj", std::make_shared<RowParallelLinear>(h_ * d_, hidden_, ro));
   } else {
     // HF's per-head [q|k|v] blocks: contiguous rows give every rank whole heads
-    pfused_ = register_module(
-        "query_key_value", std::make_shared<ColumnParallelLinear>(
-                               hidden_, 3 * h_ * d_,
-                               column_options(o.bias, o.init_std, o.param, o.sequence_parallel)));
+    pfused_ = register_module("query_key_value", std::make_shared<ColumnParallelLinear>(
+                                                     hidden_, 3 * h_ * d_, column_options(o)));
     const int tp = pfused_->tp_size();
     NXD_CHECK_SHAPE(h_ % tp == 0, "[", op, "] ", h_,
                     " attention heads are not divisible by tensor parallel size ", tp);
@@ -147,46 +151,36 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
 Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) const {
   NXD_CHECK_SHAPE(x.dim() == 3 && x.size(2) == hidden_, "[CausalSelfAttention] expected x [B,S",
                   sp_ ? "/tp" : "", ",", hidden_, "], got ", x.desc());
-  if (po_) {  // tensor parallel: local heads
-    Tensor o;
-    if (pqkv_) {
-      auto qkv = pqkv_->forward(x);
-      o = causal_attention(split_heads(qkv[0], hl_, d_), split_heads(qkv[1], hkvl_, d_),
-                           split_heads(qkv[2], hkvl_, d_), rot_, theta_, position_offset);
-    } else {
-      std::vector<Tensor> qkv = split_fused_qkv(pfused_->forward(x), hl_, d_);
-      o = causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset);
-    }
-    return po_->forward(o);
-  }
-  Tensor o;
+  // q, k, v as [B, heads, S, D]: this rank's heads under tensor parallelism (hl_, hkvl_), else
+  // all of them (hl_ == h_, hkvl_ == hkv_).
+  std::vector<Tensor> qkv;
   if (layout_ == QkvLayout::separate) {
-    o = causal_attention(split_heads(q_->forward(x), h_, d_), split_heads(k_->forward(x), hkv_, d_),
-                         split_heads(v_->forward(x), hkv_, d_), rot_, theta_, position_offset);
+    std::array<Tensor, 3> p;
+    if (pqkv_) {
+      p = pqkv_->forward(x);
+    } else {  // v, k, q: the graph order the layer has always had (it fixes dX's summation order)
+      p[2] = v_->forward(x);
+      p[1] = k_->forward(x);
+      p[0] = q_->forward(x);
+    }
+    qkv = {split_heads(p[0], hl_, d_), split_heads(p[1], hkvl_, d_), split_heads(p[2], hkvl_, d_)};
   } else {
-    std::vector<Tensor> qkv = split_fused_qkv(qkv_->forward(x), h_, d_);
-    o = causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset);
+    qkv = split_fused_qkv(pfused_ ? pfused_->forward(x) : qkv_->forward(x), hl_, d_);
   }
-  return o_->forward(o);
+  Tensor o = causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset);
+  return po_ ? po_->forward(o) : o_->forward(o);
 }
 
 Mlp::Mlp(int64_t hidden_size, int64_t ffn_hidden_size, const MlpOptions& o)
     : Module("Mlp"), gelu_(o.gelu) {
   if (o.tensor_parallel) {
-    pin_ = register_module("dense_h_to_4h",
-                           std::make_shared<ColumnParallelLinear>(
-                               hidden_size, ffn_hidden_size,
-                               column_options(o.bias, o.init_std, o.param, o.sequence_parallel)));
-    pout_ = register_module("dense_4h_to_h",
-                            std::make_shared<RowParallelLinear>(
-                                ffn_hidden_size, hidden_size,
-                                row_options(o.bias, o.init_std, o.param, o.sequence_parallel)));
+    pin_ = register_module("dense_h_to_4h", std::make_shared<ColumnParallelLinear>(
+                                                hidden_size, ffn_hidden_size, column_options(o)));
+    pout_ = register_module("dense_4h_to_h", std::make_shared<RowParallelLinear>(
+                                                 ffn_hidden_size, hidden_size, row_options(o)));
     return;
   }
-  LinearOptions lo;
-  lo.bias = o.bias;
-  lo.weight_init = ParamInit::normal(o.init_std);
-  lo.param = o.param;
+  const LinearOptions lo = linear_options(o);
   fc_in_ =
       register_module("dense_h_to_4h", std::make_shared<Linear>(hidden_size, ffn_hidden_size, lo));
   fc_out_ =
@@ -201,21 +195,16 @@ Tensor Mlp::forward(const Tensor& x) const {
 GatedMlp::GatedMlp(int64_t hidden_size, int64_t ffn_hidden_size, const GatedMlpOptions& o)
     : Module("GatedMlp") {
   if (o.tensor_parallel) {
-    auto co = column_options(o.bias, o.init_std, o.param, o.sequence_parallel);
+    const auto co = column_options(o);
     pgate_ = register_module(
         "gate_proj", std::make_shared<ColumnParallelLinear>(hidden_size, ffn_hidden_size, co));
     pup_ = register_module(
         "up_proj", std::make_shared<ColumnParallelLinear>(hidden_size, ffn_hidden_size, co));
-    pdown_ = register_module("down_proj",
-                             std::make_shared<RowParallelLinear>(
-                                 ffn_hidden_size, hidden_size,
-                                 row_options(o.bias, o.init_std, o.param, o.sequence_parallel)));
+    pdown_ = register_module("down_proj", std::make_shared<RowParallelLinear>(
+                                              ffn_hidden_size, hidden_size, row_options(o)));
     return;
   }
-  LinearOptions lo;
-  lo.bias = o.bias;
-  lo.weight_init = ParamInit::normal(o.init_std);
-  lo.param = o.param;
+  const LinearOptions lo = linear_options(o);
   gate_ = register_module("gate_proj", std::make_shared<Linear>(hidden_size, ffn_hidden_size, lo));
   up_ = register_module("up_proj", std::make_shared<Linear>(hidden_size, ffn_hidden_size, lo));
   down_ = register_module("down_proj", std::make_shared<Linear>(ffn_hidden_size, hidden_size, lo));
