@@ -1,9 +1,7 @@
 #pragma once
 // Child processes for the end-to-end tests of the binaries: run one (directly or under a launcher
-// such as mpirun) with its stdout and stderr captured, its exit code, and a timeout; a fresh
-// scratch folder per test; a whole file as a string.
+// such as mpirun) with its stdout and stderr captured, its exit code, and a timeout.
 #include <fcntl.h>
-#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -13,11 +11,11 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/files.h"
 
 extern char** environ;
 
@@ -28,24 +26,6 @@ struct ProcResult {
   bool timed_out = false;  // killed after the timeout (err then ends with a line saying so)
   std::string out, err;    // all it wrote to stdout and stderr
 };
-
-// The whole file (empty when it cannot be read).
-inline std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// A fresh, empty folder <temp>/<prefix><name of the running test>.
-inline std::filesystem::path test_temp_dir(const std::string& prefix) {
-  namespace fs = std::filesystem;
-  fs::path d = fs::temp_directory_path() /
-               (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 // Runs argv (argv[0]: the program's path, not searched in PATH) with stdin from /dev/null and
 // stdout, stderr written to dir/stdout.txt, dir/stderr.txt, and waits for it. The child leads a

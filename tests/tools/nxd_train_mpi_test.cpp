@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "support/csv.h"
+#include "support/files.h"
 #include "support/proc.h"
 
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <vector>
 
-#include "support/csv.h"
+#include "support/files.h"
 #include "support/proc.h"
 
 namespace fs = std::filesystem;

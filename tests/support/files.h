@@ -1,0 +1,55 @@
+#pragma once
+// Files in the tests: a fresh scratch folder per test, a whole file as a string, and a CSV file
+// as the tests read the metrics the trainer writes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace nxd::testing {
+
+// The whole file (empty when it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A fresh, empty folder <temp>/<prefix><name of the running test>.
+inline std::filesystem::path test_temp_dir(const std::string& prefix) {
+  namespace fs = std::filesystem;
+  fs::path d = fs::temp_directory_path() /
+               (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// A CSV file: the header line and the rows split at commas (no quoting; an empty last column is
+// kept).
+struct Csv {
+  std::string header;
+  std::vector<std::vector<std::string>> rows;  // without the header
+};
+
+inline Csv read_csv(const std::filesystem::path& p) {
+  Csv c;
+  std::ifstream in(p);
+  std::getline(in, c.header);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cols;
+    std::stringstream ss(line);
+    std::string col;
+    while (std::getline(ss, col, ',')) cols.push_back(col);
+    if (!line.empty() && line.back() == ',') cols.push_back("");
+    c.rows.push_back(cols);
+  }
+  return c;
+}
+
+}  // namespace nxd::testing
