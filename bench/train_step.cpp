@@ -3,15 +3,18 @@
 // 128 (llama); gpt2 = vocab 50257, 12 layers, 12 heads, hidden 768, batch 4, seq 64 (gpt_neox,
 // tied embeddings, the GPT-2-124M shapes).
 //
-// Baseline measured in the same run, interleaved with the step: the step's matrix products alone
-// (every linear layer forward + both backward products, the attention products) through raw
-// sgemm on preallocated buffers: the BLAS floor of the step. ratio = step / floor (1 is perfect).
-// PyTorch's figures on this machine are in the issue; bench/train_step_torch.py measures them
-// when python3-torch is installed.
+// Baselines measured in the same run: the step's matrix products alone (every linear layer
+// forward + both backward products, the attention products) on preallocated buffers, (1) through
+// nxd's GEMM at the chosen matmul precision, interleaved with the step: floor_ms, ratio = step /
+// floor (1 is perfect); (2) through raw cblas_sgemm (OpenBLAS, f32): cblas_floor_ms.
+// PyTorch's figures on the reference machine are in the issue; bench/train_step_torch.py
+// measures them here when python3-torch is installed.
 //
-//   nxd-bench-train-step [--threads N] [--case tiny|gpt2|all] [--reps R]
-// One line per case: case=... threads=... ms_per_step=... tokens_per_s=... floor_ms=...
-// ratio=... peak_mb=... params=...
+//   nxd-bench-train-step [--threads N] [--case tiny|gpt2|all] [--reps R] [--precision fp32|bf16]
+// One line per case: case=... threads=... precision=... ms_per_step=... tokens_per_s=...
+// floor_ms=... ratio=... cblas_floor_ms=... peak_mb=... params=...
+#include <cblas.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -61,8 +64,9 @@ std::vector<Gemm> step_gemms(CausalLM& model, int64_t tokens, int64_t batch, int
   return g;
 }
 
-void run_case(const Case& cs, int threads, int reps) {
+void run_case(const Case& cs, int threads, int reps, blas::MatmulPrecision precision) {
   set_num_threads(threads);
+  blas::MatmulPrecisionScope scope(precision);
   auto model = make_causal_lm(cs.cfg, 1);
   std::vector<optim::NamedParam> named;
   for (auto& [n, t] : model->named_parameters()) named.push_back({n, t});
@@ -108,12 +112,26 @@ void run_case(const Case& cs, int threads, int reps) {
   to.max_reps = reps;
   to.min_seconds = 0;
   auto [ts, tf] = bench::time_pair(step, floor_fn, to);
+  auto cblas_floor_fn = [&] {
+    for (auto& g : gemms)
+      for (int64_t r = 0; r < g.count; ++r)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(g.m),
+                    static_cast<blasint>(g.n), static_cast<blasint>(g.k), 1.f, a.data(),
+                    static_cast<blasint>(g.k), b.data(), static_cast<blasint>(g.n), 0.f, c.data(),
+                    static_cast<blasint>(g.n));
+  };
+  to.min_reps = to.max_reps = std::max(3, reps / 2);
+  const bench::Timing tc = bench::time_fn(cblas_floor_fn, to);
+  const std::string kernel =
+      precision == blas::MatmulPrecision::bf16
+          ? std::string(" bf16_kernel=") + blas::bf16_kernel_name(blas::bf16_kernel())
+          : std::string();
   std::printf(
-      "case=%s threads=%d ms_per_step=%.1f tokens_per_s=%.0f floor_ms=%.1f ratio=%.2f "
-      "gemm_gflop=%.2f peak_mb=%.1f params=%lld reps=%d\n",
-      cs.name.c_str(), threads, ts.median * 1e3, tokens / ts.median, tf.median * 1e3,
-      ts.median / tf.median, flops / 1e9, peak_mb, static_cast<long long>(model->num_parameters()),
-      ts.reps);
+      "case=%s threads=%d precision=%s%s ms_per_step=%.1f tokens_per_s=%.0f floor_ms=%.1f "
+      "ratio=%.2f cblas_floor_ms=%.1f gemm_gflop=%.2f peak_mb=%.1f params=%lld reps=%d\n",
+      cs.name.c_str(), threads, blas::matmul_precision_name(precision), kernel.c_str(),
+      ts.median * 1e3, tokens / ts.median, tf.median * 1e3, ts.median / tf.median, tc.median * 1e3,
+      flops / 1e9, peak_mb, static_cast<long long>(model->num_parameters()), ts.reps);
   std::fflush(stdout);
 }
 
@@ -123,9 +141,18 @@ int main(int argc, char** argv) {
   bench::Args args(argc, argv);
   const int threads = static_cast<int>(args.get_int("--threads", 0));
   const int reps = static_cast<int>(args.get_int("--reps", 10));
-  std::string which = "all";
-  for (size_t i = 0; i + 1 < args.argv.size(); ++i)
+  std::string which = "all", precision_name = "fp32";
+  for (size_t i = 0; i + 1 < args.argv.size(); ++i) {
     if (args.argv[i] == "--case") which = args.argv[i + 1];
+    if (args.argv[i] == "--precision") precision_name = args.argv[i + 1];
+  }
+  const auto precision = blas::parse_matmul_precision(precision_name);
+  if (!precision || (which != "all" && which != "tiny" && which != "gpt2")) {
+    std::fprintf(stderr,
+                 "usage: nxd-bench-train-step [--threads N] [--case tiny|gpt2|all] [--reps R] "
+                 "[--precision fp32|bf16]\n");
+    return 2;
+  }
 
   Case tiny{"tiny", {}, 8, 128};
   tiny.cfg.arch = "llama";
@@ -141,8 +168,8 @@ int main(int argc, char** argv) {
       "# PyTorch 1.13 on the 2-core reference machine (issue 3): tiny 194 ms/step (2 "
       "threads), gpt2 2059 ms/step; targets tiny <= 97 ms, gpt2 <= 1370 ms\n");
   for (int t : threads > 0 ? std::vector<int>{threads} : std::vector<int>{1, 2}) {
-    if (which == "all" || which == "tiny") run_case(tiny, t, reps);
-    if (which == "all" || which == "gpt2") run_case(gpt2, t, reps);
+    if (which == "all" || which == "tiny") run_case(tiny, t, reps, *precision);
+    if (which == "all" || which == "gpt2") run_case(gpt2, t, reps, *precision);
   }
   return 0;
 }

@@ -3,6 +3,11 @@
 backward, grad-norm clip, AdamW) with a plain GPT module, then nxd's bench, and the ratio.
 
     python3 bench/train_step_torch.py [--nxd build/release/bench/nxd-bench-train-step] [--threads 2]
+                                      [--precision fp32|bf16] [--case tiny|gpt2|all]
+
+--precision bf16 compares like with like: nxd's bf16 matmul precision (f32 tensors, GEMM inputs
+rounded to bf16, f32 accumulation) against PyTorch's CPU autocast to bf16 (torch.autocast("cpu",
+dtype=torch.bfloat16) around forward and loss; master weights and AdamW stay f32).
 
 Needs Debian's python3-torch; without it the script says so and exits 0. Runs with
 OMP_WAIT_POLICY=PASSIVE (spinning OpenMP threads next to OpenBLAS's pool made 2 threads slower
@@ -25,7 +30,7 @@ CASES = {
 }
 
 
-def torch_step_ms(torch, case, threads, reps):
+def torch_step_ms(torch, case, threads, reps, precision):
     import torch.nn as nn
     import torch.nn.functional as F
 
@@ -68,7 +73,11 @@ def torch_step_ms(torch, case, threads, reps):
     tgt = torch.randint(0, vocab, (batch, seq))
 
     def step():
-        loss = F.cross_entropy(model(ids).view(-1, vocab), tgt.view(-1))
+        if precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(ids).view(-1, vocab).float(), tgt.view(-1))
+        else:
+            loss = F.cross_entropy(model(ids).view(-1, vocab), tgt.view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -88,6 +97,8 @@ def main():
     ap.add_argument("--nxd", default="build/release/bench/nxd-bench-train-step")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--case", choices=["tiny", "gpt2", "all"], default="all")
     a = ap.parse_args()
     try:
         import torch
@@ -96,7 +107,8 @@ def main():
         return 0
     nxd = {}
     if os.path.exists(a.nxd):
-        out = subprocess.run([a.nxd, "--threads", str(a.threads), "--reps", str(a.reps)],
+        out = subprocess.run([a.nxd, "--threads", str(a.threads), "--reps", str(a.reps),
+                              "--precision", a.precision, "--case", a.case],
                              capture_output=True, text=True, check=True).stdout
         for line in out.splitlines():
             m = re.match(r"case=(\w+) .*ms_per_step=([\d.]+)", line)
@@ -105,9 +117,11 @@ def main():
     else:
         print(f"# {a.nxd} not found: PyTorch only")
     for case in CASES:
-        ms = torch_step_ms(torch, case, a.threads, a.reps)
+        if a.case not in ("all", case):
+            continue
+        ms = torch_step_ms(torch, case, a.threads, a.reps, a.precision)
         tokens = CASES[case][4] * CASES[case][5]
-        line = f"case={case} threads={a.threads} torch_ms={ms:.1f} torch_tokens_per_s={tokens / ms * 1e3:.0f}"
+        line = f"case={case} threads={a.threads} precision={a.precision} torch_ms={ms:.1f} torch_tokens_per_s={tokens / ms * 1e3:.0f}"
         if case in nxd:
             line += f" nxd_ms={nxd[case]:.1f} speedup={ms / nxd[case]:.2f}"
         print(line, flush=True)

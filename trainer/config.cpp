@@ -62,6 +62,12 @@ std::vector<KeySpec> make_registry() {
       key("trainer.num_threads", K::integer, 0,
           "Compute (BLAS) threads; 0 = NXD_NUM_THREADS if set, else every core. The sim backend "
           "with several ranks runs each rank's BLAS on one thread (the ranks are the threads)."),
+      key("trainer.matmul_precision", K::string, "fp32",
+          "Matrix products of f32 tensors: `fp32`, or `bf16`: inputs rounded to bf16, products "
+          "accumulated in f32 (what neuronx-cc's default `--auto-cast matmult --auto-cast-type "
+          "bf16` does on a NeuronCore; PyTorch's float32 matmul precision \"medium\"). Weights, "
+          "gradients and optimizer state stay f32.",
+          {"fp32", "bf16"}),
       // data
       key("data.kind", K::string, "text",
           "`text`: byte-level tokens (vocab 256) of a text file or of every text file under a "
@@ -603,6 +609,7 @@ TrainConfig resolve(const Config& in) {
   if (!(tr.gradient_clip_val >= 0))
     fail("trainer.gradient_clip_val must be >= 0, got ", tr.gradient_clip_val);
   tr.num_threads = non_negative("trainer.num_threads");
+  tr.matmul_precision = c.get_string("trainer.matmul_precision");
   if (tr.num_threads == 0) {
     const char* env = std::getenv("NXD_NUM_THREADS");
     tr.num_threads = env && std::atoi(env) > 0 ? std::atoi(env)

@@ -79,10 +79,11 @@ nlohmann::json parse_yaml(const std::string& text, const std::string& source);
 struct TrainerSection {
   int64_t max_steps;
   int64_t log_every_n_steps;
-  int64_t val_check_interval;  // validate every N steps (and at the last); 0 = never
-  int64_t limit_val_batches;   // micro batches per validation
-  double gradient_clip_val;    // max global L2 grad norm; 0 = no clipping
-  int64_t num_threads;         // BLAS threads (resolved: never 0)
+  int64_t val_check_interval;    // validate every N steps (and at the last); 0 = never
+  int64_t limit_val_batches;     // micro batches per validation
+  double gradient_clip_val;      // max global L2 grad norm; 0 = no clipping
+  int64_t num_threads;           // BLAS threads (resolved: never 0)
+  std::string matmul_precision;  // fp32 | bf16 (blas::MatmulPrecision)
 };
 
 struct DataSection {

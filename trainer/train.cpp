@@ -12,6 +12,7 @@
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/optim/optimizer.h"
+#include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/sim/clock.h"
 #include "nxd/trainer/log.h"
@@ -213,6 +214,10 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts_in, bool
           " ", cfg.optim.sched_name, ", ",
           (world > 1 && cfg.dist.backend == "sim" ? str(world, " rank threads")
                                                   : str(cfg.trainer.num_threads, " thread(s)")),
+          cfg.trainer.matmul_precision == "fp32"
+              ? std::string()
+              : str(", ", cfg.trainer.matmul_precision, " matmuls (",
+                    blas::bf16_kernel_name(blas::bf16_kernel()), ")"),
           "; output in ", cfg.out_dir));
 
   const bool has_val = data.val && cfg.trainer.val_check_interval > 0 &&
@@ -343,6 +348,11 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts_in, bool
 }  // namespace
 
 TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
+  const auto precision = blas::parse_matmul_precision(cfg.trainer.matmul_precision);
+  if (!precision)
+    throw ConfigError(str("[train] trainer.matmul_precision=", cfg.trainer.matmul_precision,
+                          " is not fp32|bf16"));
+  blas::MatmulPrecisionScope precision_scope(*precision);  // process-wide: every sim rank
   if (cfg.dist.backend == "mpi" || cfg.dist.world_size == 1)
     return train_rank(cfg, opts, /*set_threads=*/true);
   // sim: every rank a thread of this process (BLAS single-threaded while they run)

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "nxd/runtime/blas.h"
 #include "nxd/trainer/train.h"
 
 using namespace nxd;
@@ -93,6 +94,23 @@ TEST(Train, SeedChangesTheRun) {
   train(tiny(d / "a", corpus, {"trainer.max_steps=5"}), {.quiet = true});
   train(tiny(d / "c", corpus, {"trainer.max_steps=5", "seed=5"}), {.quiet = true});
   EXPECT_NE(loss_columns(d / "a" / "metrics.csv"), loss_columns(d / "c" / "metrics.csv"));
+}
+
+TEST(Train, Bf16MatmulPrecisionLearnsIsReproducibleAndRestoresTheMode) {
+  auto d = temp_dir("");
+  auto corpus = tiny_corpus(d);
+  auto r32 = train(tiny(d / "f", corpus, {"trainer.max_steps=10"}), {.quiet = true});
+  auto a = train(tiny(d / "a", corpus, {"trainer.max_steps=10", "trainer.matmul_precision=bf16"}),
+                 {.quiet = true});
+  auto b = train(tiny(d / "b", corpus, {"trainer.max_steps=10", "trainer.matmul_precision=bf16"}),
+                 {.quiet = true});
+  EXPECT_EQ(blas::matmul_precision(), blas::MatmulPrecision::fp32);  // restored after the run
+  EXPECT_EQ(loss_columns(d / "a" / "metrics.csv"), loss_columns(d / "b" / "metrics.csv"));
+  // bf16-rounded products: close to the f32 run, but not the same numbers
+  EXPECT_NE(loss_columns(d / "a" / "metrics.csv"), loss_columns(d / "f" / "metrics.csv"));
+  EXPECT_NEAR(a.first_loss, r32.first_loss, 2e-2);
+  EXPECT_LT(a.last_loss, a.first_loss - 0.5);
+  EXPECT_THROW(tiny(d / "x", corpus, {"trainer.matmul_precision=fp16"}), ConfigError);
 }
 
 TEST(Train, GradientAccumulationMatchesOneBigBatch) {
