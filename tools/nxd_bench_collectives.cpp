@@ -24,6 +24,8 @@
 
 #if NXD_WITH_MPI
 #include <mpi.h>
+
+#include "nxd/collectives/mpi/datatype.h"
 #endif
 
 using namespace nxd;
@@ -364,21 +366,6 @@ int run_sim(const Args& a) {
 // mpi
 
 #if NXD_WITH_MPI
-MPI_Datatype raw_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return MPI_FLOAT;
-    case DType::f64:
-      return MPI_DOUBLE;
-    case DType::i32:
-      return MPI_INT32_T;
-    case DType::i64:
-      return MPI_INT64_T;
-    default:
-      return MPI_DATATYPE_NULL;
-  }
-}
-
 void run_raw(CollKind k, void* a, void* b, int n, MPI_Datatype t, int p, int r) {
   switch (k) {
     case CollKind::all_reduce:
@@ -447,10 +434,10 @@ int run_mpi(const Args& a, int argc, char** argv) {
     // Alternate to share any drift: raw, nxd, raw, nxd; keep the best of each.
     double t_raw = 1e30, t_nxd = 1e30;
     for (int round = 0; round < 2; ++round) {
-      t_raw =
-          std::min(t_raw, time([&] {
-                     run_raw(k, A.data(), B.data(), static_cast<int>(n), raw_type(a.dtype), p, r);
-                   }));
+      t_raw = std::min(t_raw, time([&] {
+                         run_raw(k, A.data(), B.data(), static_cast<int>(n), mpi::datatype(a.dtype),
+                                 p, r);
+                       }));
       t_nxd = std::min(t_nxd, time([&] { run_op(c, k, A.data(), B.data(), n, a.dtype); }));
     }
     if (r == 0) {

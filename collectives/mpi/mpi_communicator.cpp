@@ -9,6 +9,8 @@
 
 #if NXD_WITH_MPI
 #include <mpi.h>
+
+#include "nxd/collectives/mpi/datatype.h"
 #endif
 
 namespace nxd::mpi {
@@ -37,22 +39,6 @@ void bf16_op(void* in, void* inout, int* len, MPI_Datatype*) {
     float r = kOp == 0 ? y + x : kOp == 1 ? (x > y ? x : y) : (x < y ? x : y);
     b[i] = bf16::from_f32(r);
   }
-}
-
-MPI_Datatype mpi_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return MPI_FLOAT;
-    case DType::f64:
-      return MPI_DOUBLE;
-    case DType::i32:
-      return MPI_INT32_T;
-    case DType::i64:
-      return MPI_INT64_T;
-    case DType::bf16:
-      return g_bf16;
-  }
-  return MPI_DATATYPE_NULL;
 }
 
 MPI_Op mpi_op(ReduceOp op, DType t) {
@@ -153,7 +139,7 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("all_reduce", n, t, op, true);
     if (!r) return;
-    check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, icount("all_reduce", n), mpi_type(t),
+    check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, icount("all_reduce", n), datatype(t),
                         mpi_op(op, t), comm_),
           "all_reduce", n, t);
     if (op == ReduceOp::avg) divide(r, n, t, size());
@@ -162,8 +148,8 @@ class MpiCommunicator final : public Communicator {
     check_args("all_gather", n, t, ReduceOp::sum, false);
     if (!r) return;
     const char* mine = static_cast<const char*>(r) + rank() * n * dtype_size(t);
-    check(MPI_Allgather(s == mine ? MPI_IN_PLACE : s, icount("all_gather", n), mpi_type(t), r,
-                        icount("all_gather", n), mpi_type(t), comm_),
+    check(MPI_Allgather(s == mine ? MPI_IN_PLACE : s, icount("all_gather", n), datatype(t), r,
+                        icount("all_gather", n), datatype(t), comm_),
           "all_gather", n, t);
   }
   void reduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
@@ -175,7 +161,7 @@ class MpiCommunicator final : public Communicator {
                  static_cast<const char*>(s) + n * size() * dtype_size(t));
       s = tmp.data();
     }
-    check(MPI_Reduce_scatter_block(s, r, icount("reduce_scatter", n), mpi_type(t), mpi_op(op, t),
+    check(MPI_Reduce_scatter_block(s, r, icount("reduce_scatter", n), datatype(t), mpi_op(op, t),
                                    comm_),
           "reduce_scatter", n, t);
     if (op == ReduceOp::avg) divide(r, n, t, size());
@@ -184,14 +170,14 @@ class MpiCommunicator final : public Communicator {
     check_args("broadcast", n, t, ReduceOp::sum, false);
     check_member("broadcast", "root", root);
     if (!b) return;
-    check(MPI_Bcast(b, icount("broadcast", n), mpi_type(t), root, comm_), "broadcast", n, t);
+    check(MPI_Bcast(b, icount("broadcast", n), datatype(t), root, comm_), "broadcast", n, t);
   }
   void reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op, int root) override {
     check_args("reduce", n, t, op, true);
     check_member("reduce", "root", root);
     if (!s) return;
     const void* snd = (rank() == root && s == r) ? MPI_IN_PLACE : s;
-    check(MPI_Reduce(snd, r, icount("reduce", n), mpi_type(t), mpi_op(op, t), root, comm_),
+    check(MPI_Reduce(snd, r, icount("reduce", n), datatype(t), mpi_op(op, t), root, comm_),
           "reduce", n, t);
     if (op == ReduceOp::avg && rank() == root) divide(r, n, t, size());
   }
@@ -199,22 +185,22 @@ class MpiCommunicator final : public Communicator {
     check_args("all_to_all", n, t, ReduceOp::sum, false);
     NXD_CHECK(!s || s != r, "[all_to_all] in-place all_to_all is not supported");
     if (!r) return;
-    check(MPI_Alltoall(s, icount("all_to_all", n), mpi_type(t), r, icount("all_to_all", n),
-                       mpi_type(t), comm_),
+    check(MPI_Alltoall(s, icount("all_to_all", n), datatype(t), r, icount("all_to_all", n),
+                       datatype(t), comm_),
           "all_to_all", n, t);
   }
   void send(const void* b, int64_t n, DType t, int dst, int tag) override {
     check_member("send", "destination", dst);
     if (!b) return;
-    check(MPI_Send(b, icount("send", n), mpi_type(t), dst, tag, comm_), "send", n, t);
+    check(MPI_Send(b, icount("send", n), datatype(t), dst, tag, comm_), "send", n, t);
   }
   void recv(void* b, int64_t n, DType t, int src, int tag) override {
     check_member("recv", "source", src);
     if (!b) return;
     MPI_Status st;
-    check(MPI_Recv(b, icount("recv", n), mpi_type(t), src, tag, comm_, &st), "recv", n, t);
+    check(MPI_Recv(b, icount("recv", n), datatype(t), src, tag, comm_, &st), "recv", n, t);
     int got = 0;
-    MPI_Get_count(&st, mpi_type(t), &got);
+    MPI_Get_count(&st, datatype(t), &got);
     NXD_CHECK_T(CommError, got == n, "[recv] rank ", ranks()[rank()], " expected ", t, " count ", n,
                 " from rank ", ranks()[src], " (tag ", tag, ", group ", group_str(),
                 "), got count ", got);
@@ -225,7 +211,7 @@ class MpiCommunicator final : public Communicator {
     check_args("all_reduce", n, t, op, true);
     if (!r) return Work();
     MPI_Request req;
-    check(MPI_Iallreduce(s == r ? MPI_IN_PLACE : s, r, icount("iall_reduce", n), mpi_type(t),
+    check(MPI_Iallreduce(s == r ? MPI_IN_PLACE : s, r, icount("iall_reduce", n), datatype(t),
                          mpi_op(op, t), comm_, &req),
           "iall_reduce", n, t);
     int p = size();
@@ -238,8 +224,8 @@ class MpiCommunicator final : public Communicator {
     if (!r) return Work();
     const char* mine = static_cast<const char*>(r) + rank() * n * dtype_size(t);
     MPI_Request req;
-    check(MPI_Iallgather(s == mine ? MPI_IN_PLACE : s, icount("iall_gather", n), mpi_type(t), r,
-                         icount("iall_gather", n), mpi_type(t), comm_, &req),
+    check(MPI_Iallgather(s == mine ? MPI_IN_PLACE : s, icount("iall_gather", n), datatype(t), r,
+                         icount("iall_gather", n), datatype(t), comm_, &req),
           "iall_gather", n, t);
     return work(req, nullptr, "iall_gather");
   }
@@ -249,7 +235,7 @@ class MpiCommunicator final : public Communicator {
     NXD_CHECK(!overlaps(s, r, n * size() * dtype_size(t)),
               "[ireduce_scatter] in-place non-blocking reduce_scatter is not supported");
     MPI_Request req;
-    check(MPI_Ireduce_scatter_block(s, r, icount("ireduce_scatter", n), mpi_type(t), mpi_op(op, t),
+    check(MPI_Ireduce_scatter_block(s, r, icount("ireduce_scatter", n), datatype(t), mpi_op(op, t),
                                     comm_, &req),
           "ireduce_scatter", n, t);
     int p = size();
@@ -261,7 +247,7 @@ class MpiCommunicator final : public Communicator {
     check_member("ibroadcast", "root", root);
     if (!b) return Work();
     MPI_Request req;
-    check(MPI_Ibcast(b, icount("ibroadcast", n), mpi_type(t), root, comm_, &req), "ibroadcast", n,
+    check(MPI_Ibcast(b, icount("ibroadcast", n), datatype(t), root, comm_, &req), "ibroadcast", n,
           t);
     return work(req, nullptr, "ibroadcast");
   }
@@ -269,14 +255,14 @@ class MpiCommunicator final : public Communicator {
     check_member("isend", "destination", dst);
     if (!b) return Work();
     MPI_Request req;
-    check(MPI_Isend(b, icount("isend", n), mpi_type(t), dst, tag, comm_, &req), "isend", n, t);
+    check(MPI_Isend(b, icount("isend", n), datatype(t), dst, tag, comm_, &req), "isend", n, t);
     return work(req, nullptr, "isend");
   }
   Work irecv(void* b, int64_t n, DType t, int src, int tag) override {
     check_member("irecv", "source", src);
     if (!b) return Work();
     MPI_Request req;
-    check(MPI_Irecv(b, icount("irecv", n), mpi_type(t), src, tag, comm_, &req), "irecv", n, t);
+    check(MPI_Irecv(b, icount("irecv", n), datatype(t), src, tag, comm_, &req), "irecv", n, t);
     return work(req, nullptr, "irecv");
   }
 
@@ -341,6 +327,22 @@ void terminate_handler() {
 
 }  // namespace
 
+MPI_Datatype datatype(DType t) {
+  switch (t) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::bf16:
+      return g_bf16;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
 Session::Session(int* argc, char*** argv, uint64_t seed) {
   int inited = 0;
   MPI_Initialized(&inited);
@@ -397,6 +399,22 @@ namespace {
       "or install libopenmpi-dev and rebuild");
 }
 }  // namespace
+
+MPI_Datatype datatype(DType t) {
+  switch (t) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::bf16:
+      return g_bf16;
+  }
+  return MPI_DATATYPE_NULL;
+}
 
 Session::Session(int*, char***, uint64_t) {
   no_mpi();
