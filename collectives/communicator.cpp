@@ -58,41 +58,58 @@ Work Work::then(std::function<void()> f) && {
 // Reduction kernel
 
 namespace {
+// One pass over `count` elements in L1-sized blocks: the block of every source is combined into
+// an accumulator (source order, in A), then stored to every destination. Destinations may alias
+// sources at the same offsets (each block is read completely before it is written).
 template <class T, class A>
-void reduce_typed(void* dst_v, const std::vector<const void*>& srcs, int64_t count, ReduceOp op,
-                  int divisor) {
-  constexpr int64_t kBlock = 1024;
-  T* dst = static_cast<T*>(dst_v);
-  A acc[kBlock];
-  auto load = [](const T* p, int64_t i) -> A {
+void reduce_typed(void* const* dsts, int nd, const void* const* srcs, int ns, int64_t count,
+                  ReduceOp op, int divisor) {
+  constexpr int64_t kBlock = 2048;
+  alignas(64) A acc[kBlock];
+  auto ld = [](const T* __restrict p, int64_t i) -> A {
     if constexpr (std::is_same_v<T, bf16>)
       return bf16::to_f32(p[i].bits);
     else
       return p[i];
   };
+  const bool add = op == ReduceOp::sum || op == ReduceOp::avg;
   for (int64_t b = 0; b < count; b += kBlock) {
     const int64_t n = std::min(kBlock, count - b);
-    const T* s0 = static_cast<const T*>(srcs[0]) + b;
-    for (int64_t i = 0; i < n; ++i) acc[i] = load(s0, i);
-    for (size_t k = 1; k < srcs.size(); ++k) {
-      const T* s = static_cast<const T*>(srcs[k]) + b;
-      switch (op) {
-        case ReduceOp::sum:
-        case ReduceOp::avg:
-          for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] + load(s, i);
-          break;
-        case ReduceOp::max:
-          for (int64_t i = 0; i < n; ++i) {
-            A v = load(s, i);
-            acc[i] = v > acc[i] ? v : acc[i];
-          }
-          break;
-        case ReduceOp::min:
-          for (int64_t i = 0; i < n; ++i) {
-            A v = load(s, i);
-            acc[i] = v < acc[i] ? v : acc[i];
-          }
-          break;
+    const T* __restrict s0 = static_cast<const T*>(srcs[0]) + b;
+    int k = 1;
+    if (ns >= 2) {  // the first two sources in one loop
+      const T* __restrict s1 = static_cast<const T*>(srcs[1]) + b;
+      if (add) {
+        for (int64_t i = 0; i < n; ++i) acc[i] = ld(s0, i) + ld(s1, i);
+      } else if (op == ReduceOp::max) {
+        for (int64_t i = 0; i < n; ++i) {
+          A x = ld(s0, i), y = ld(s1, i);
+          acc[i] = y > x ? y : x;
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) {
+          A x = ld(s0, i), y = ld(s1, i);
+          acc[i] = y < x ? y : x;
+        }
+      }
+      k = 2;
+    } else {
+      for (int64_t i = 0; i < n; ++i) acc[i] = ld(s0, i);
+    }
+    for (; k < ns; ++k) {
+      const T* __restrict s = static_cast<const T*>(srcs[k]) + b;
+      if (add) {
+        for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] + ld(s, i);
+      } else if (op == ReduceOp::max) {
+        for (int64_t i = 0; i < n; ++i) {
+          A v = ld(s, i);
+          acc[i] = v > acc[i] ? v : acc[i];
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) {
+          A v = ld(s, i);
+          acc[i] = v < acc[i] ? v : acc[i];
+        }
       }
     }
     if (op == ReduceOp::avg) {
@@ -101,31 +118,40 @@ void reduce_typed(void* dst_v, const std::vector<const void*>& srcs, int64_t cou
         for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] / d;
       }
     }
-    T* o = dst + b;
-    if constexpr (std::is_same_v<T, bf16>) {
-      for (int64_t i = 0; i < n; ++i) o[i].bits = bf16::from_f32(acc[i]);
-    } else {
-      for (int64_t i = 0; i < n; ++i) o[i] = acc[i];
+    for (int j = 0; j < nd; ++j) {
+      T* __restrict o = static_cast<T*>(dsts[j]) + b;
+      if constexpr (std::is_same_v<T, bf16>) {
+        for (int64_t i = 0; i < n; ++i) o[i].bits = bf16::from_f32(acc[i]);
+      } else {
+        std::memcpy(o, acc, n * sizeof(T));
+      }
     }
   }
 }
 }  // namespace
 
+void reduce_buffers_to(void* const* dsts, int nd, const void* const* srcs, int ns, int64_t count,
+                       DType dtype, ReduceOp op, int divisor) {
+  NXD_INTERNAL_CHECK(ns > 0, "reduce_buffers without sources");
+  if (count <= 0 || nd <= 0) return;
+  switch (dtype) {
+    case DType::f32:
+      return reduce_typed<float, float>(dsts, nd, srcs, ns, count, op, divisor);
+    case DType::bf16:
+      return reduce_typed<bf16, float>(dsts, nd, srcs, ns, count, op, divisor);
+    case DType::f64:
+      return reduce_typed<double, double>(dsts, nd, srcs, ns, count, op, divisor);
+    case DType::i32:
+      return reduce_typed<int32_t, int32_t>(dsts, nd, srcs, ns, count, op, divisor);
+    case DType::i64:
+      return reduce_typed<int64_t, int64_t>(dsts, nd, srcs, ns, count, op, divisor);
+  }
+}
+
 void reduce_buffers(void* dst, const std::vector<const void*>& srcs, int64_t count, DType dtype,
                     ReduceOp op, int divisor) {
   NXD_INTERNAL_CHECK(!srcs.empty(), "reduce_buffers without sources");
-  switch (dtype) {
-    case DType::f32:
-      return reduce_typed<float, float>(dst, srcs, count, op, divisor);
-    case DType::bf16:
-      return reduce_typed<bf16, float>(dst, srcs, count, op, divisor);
-    case DType::f64:
-      return reduce_typed<double, double>(dst, srcs, count, op, divisor);
-    case DType::i32:
-      return reduce_typed<int32_t, int32_t>(dst, srcs, count, op, divisor);
-    case DType::i64:
-      return reduce_typed<int64_t, int64_t>(dst, srcs, count, op, divisor);
-  }
+  reduce_buffers_to(&dst, 1, srcs.data(), static_cast<int>(srcs.size()), count, dtype, op, divisor);
 }
 
 // ---------------------------------------------------------------------------------------------

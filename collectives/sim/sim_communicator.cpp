@@ -1,29 +1,48 @@
 // Sim backend: shared-memory collectives between rank threads.
 //
 // Every collective is a rendezvous of the group's members. Each member posts its call (op,
-// dtype, count, root, buffers, ready time) in the group's slot and waits at the group barrier;
-// the last to arrive snapshots the calls and wakes the others. Every member then checks the
-// calls match (all compute the same verdict, so all throw together), charges the modeled time
-// of the collective to its SimClock, and moves data straight between the members' buffers:
-//   all_reduce      member i reduces chunk i from every member's send buffer in rank order
-//                   and writes it into every member's recv buffer; barrier.
-//   reduce_scatter  member i reduces block i of every send buffer in rank order; barrier.
-//   all_gather, broadcast, all_to_all, reduce: one copy/reduce pass; barrier.
-// The final barrier keeps every buffer alive until the peers are done reading it.
+// dtype, count, root, buffers, ready time) in its slot of the group and arrives; when the last
+// member arrives, every member reads all the calls, checks they match (all compute the same
+// verdict, so all throw together), charges the modeled time of the collective to its SimClock,
+// and moves data straight between the members' buffers:
+//   all_reduce      member i reduces chunk i of every member's send buffer in rank order (one
+//                   pass, L1-sized blocks) and stores it into every member's recv buffer.
+//   reduce_scatter  member i reduces block i of every send buffer in rank order.
+//   all_gather, broadcast, all_to_all, reduce: one copy/reduce pass.
+// A second arrival (the completion) keeps every buffer alive until the peers are done with it.
 // Point-to-point sends are buffered in a mailbox per (group, src, dst, tag); recv blocks.
 //
-// Waiting never spins: one world mutex guards all rendezvous state, with a condition variable
-// per group and per rank. A world-wide count of running ranks detects deadlock (every live rank
-// blocked), and every wait has a deadline (LaunchOptions::timeout_s).
+// Arrivals are rounds of the group: a member's k-th arrival belongs to round k, which completes
+// when the group's arrival counter reaches (k+1) x size. The call slots are double-buffered by
+// round parity (a member can be at most one round ahead of any peer). A waiting member spins
+// briefly (only when the world has no more ranks than hardware threads, so a spinner never
+// takes a core from the peer it waits for), then sleeps on a futex. A sleeping member is marked
+// blocked under the world mutex, which also guards the mailboxes; a world-wide count of running
+// ranks detects deadlock (every live rank blocked), and every wait has a deadline
+// (LaunchOptions::timeout_s).
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/sim/launch.h"
@@ -62,21 +81,51 @@ struct CallDesc {
   }
 };
 
+// Sleep/wake on a 32-bit word (futex on Linux; a short sleep elsewhere).
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, double max_s) {
+#if defined(__linux__)
+  max_s = std::clamp(max_s, 1e-6, 1.0);
+  timespec ts{static_cast<time_t>(max_s), static_cast<long>((max_s - double(time_t(max_s))) * 1e9)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+#else
+  if (word->load() == seen) std::this_thread::sleep_for(std::chrono::microseconds(50));
+#endif
+}
+void futex_wake_all(std::atomic<uint32_t>* word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
 struct Group {
   explicit Group(std::vector<int> m)
-      : members(std::move(m)), here(members.size(), 0), posted(members.size()) {
+      : members(std::move(m)), arrived_round(members.size()), blocked_round(members.size(), 0) {
+    for (auto& slot : posted) slot.resize(members.size());
     name = "[";
     for (size_t i = 0; i < members.size(); ++i) name += (i ? "," : "") + std::to_string(members[i]);
     name += "]";
   }
   std::vector<int> members;  // global ranks
   std::string name;
-  std::condition_variable cv;
-  uint64_t gen = 0;
-  int arrived = 0;
-  std::vector<char> here;
-  std::vector<CallDesc> posted;
-  std::vector<CallDesc> snapshot;  // the calls of the last completed post phase
+  // Arrivals over the group's life: round k is complete when it reaches (k+1) x size.
+  alignas(64) std::atomic<uint64_t> arrivals{0};
+  // Futex word, bumped when a round completes (and on abort); sleepers counts members that may
+  // be asleep on it (the last arriver wakes them only then).
+  alignas(64) std::atomic<uint32_t> wake{0};
+  std::atomic<int> sleepers{0};
+  alignas(64) std::array<std::vector<CallDesc>, 2> posted;  // by round parity
+  std::vector<std::atomic<uint64_t>> arrived_round;         // per member: last round arrived + 1
+  std::vector<uint64_t> blocked_round;  // per member: round + 1 it sleeps in (world mutex)
 };
 
 struct Message {
@@ -105,18 +154,22 @@ struct World {
   std::deque<RankState> ranks;
   std::map<std::string, std::shared_ptr<Group>> groups;
   std::map<std::string, std::deque<Message>> mail;
-  bool aborted = false;
+  std::atomic<bool> aborted{false};
+  double spin_s = 0;  // how long a waiting member spins before it sleeps
   std::string abort_msg;
   int fail_rank = -1;
   std::exception_ptr fail;
 
   void abort_locked(int rank, std::exception_ptr e, const std::string& msg) {
     if (aborted) return;
-    aborted = true;
     fail_rank = rank;
     fail = std::move(e);
     abort_msg = msg;
-    for (auto& [k, g] : groups) g->cv.notify_all();
+    aborted.store(true);
+    for (auto& [k, g] : groups) {
+      g->wake.fetch_add(1);
+      futex_wake_all(&g->wake);
+    }
     for (auto& r : ranks) r.cv.notify_all();
   }
   void block_locked(int r, std::string what) {
@@ -150,7 +203,7 @@ struct World {
   }
   // If no rank can make progress, aborts with every rank's call.
   void check_deadlock_locked(int me) {
-    if (aborted || running > 0) return;
+    if (aborted.load() || running > 0) return;
     bool any_blocked = false;
     for (auto& r : ranks) any_blocked |= r.s == RankState::blocked;
     if (!any_blocked) return;
@@ -166,10 +219,11 @@ struct World {
   }
 };
 
-std::string missing_str(const World& w, const Group& g) {
+// Members of `g` that have not arrived at `round`.
+std::string missing_str(const World& w, const Group& g, uint64_t round) {
   std::string s;
   for (size_t i = 0; i < g.members.size(); ++i) {
-    if (g.here[i]) continue;
+    if (g.arrived_round[i].load() > round) continue;
     int r = g.members[i];
     s += str("\n  rank ", r, ": ");
     switch (w.ranks[r].s) {
@@ -252,58 +306,118 @@ class SimCommunicator final : public Communicator {
  private:
   Work run(CollKind kind, const void* s, void* r, int64_t n, DType t, ReduceOp op, bool reduces,
            int root, bool async);
-  // Arrives at the group barrier and waits for the others (lock held). Throws on abort/timeout.
-  // `call` describes the call for messages (built only when blocking or failing).
-  void arrive_locked(std::unique_lock<std::mutex>& lk, const char* op, const CallDesc& call);
-  void sync(const char* op, const CallDesc& what) {
-    std::unique_lock lk(w_->mu);
-    arrive_locked(lk, op, what);
-  }
+  // Arrives at the group's next round and waits until every member has (throws on abort or
+  // timeout). `call` names the call in messages (formatted only when sleeping or failing).
+  // Returns the round.
+  uint64_t arrive(const char* op, const CallDesc& call);
+  void wait_round(uint64_t round, const char* op, const CallDesc& call);
   int me() const { return ranks()[rank()]; }
   std::string mail_key(int src, int dst, int tag) const {
     return str(uid_, "|", src, ">", dst, "#", tag);
+  }
+  const GroupLinks& links() {
+    if (!links_) links_ = group_links(w_->machine, ranks());
+    return *links_;
   }
 
   std::shared_ptr<World> w_;
   std::shared_ptr<Group> g_;
   std::string uid_;
-  uint64_t seq_ = 0, splits_ = 0;
+  uint64_t seq_ = 0, splits_ = 0, round_ = 0;
+  std::optional<GroupLinks> links_;
+  double spin_budget_ = 10e-6;
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
 };
 
-void SimCommunicator::arrive_locked(std::unique_lock<std::mutex>& lk, const char* op,
-                                    const CallDesc& call) {
+uint64_t SimCommunicator::arrive(const char* op, const CallDesc& call) {
   World& w = *w_;
   Group& g = *g_;
-  if (w.aborted) w.throw_aborted_locked(op, me());
-  const int n = size(), i = rank();
-  const uint64_t gen = g.gen;
-  g.here[i] = 1;
-  if (++g.arrived == n) {
-    g.arrived = 0;
-    std::fill(g.here.begin(), g.here.end(), 0);
-    g.snapshot = g.posted;
-    ++g.gen;
-    for (int m = 0; m < n; ++m)
-      if (m != i) w.unblock_locked(g.members[m]);
-    g.cv.notify_all();
-    return;
+  if (w.aborted.load(std::memory_order_acquire)) {
+    std::lock_guard lk(w.mu);
+    w.throw_aborted_locked(op, me());
   }
-  const std::string what = call.str();
-  w.block_locked(me(), str(what, " on group ", g.name));
-  w.check_deadlock_locked(me());
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(w.opts.timeout_s));
-  while (g.gen == gen && !w.aborted) {
-    if (g.cv.wait_until(lk, deadline) == std::cv_status::timeout && g.gen == gen && !w.aborted) {
-      std::string msg =
-          str("[", op, "] rank ", me(), " timed out after ", w.opts.timeout_s, " s in ", what,
-              " on group ", g.name, "; ranks that never arrived:", missing_str(w, g));
-      w.unblock_locked(me());
-      w.abort_locked(me(), std::make_exception_ptr(CommError(msg)), msg);
-      throw CommError(msg);
+  const uint64_t round = round_++;
+  const uint64_t n = static_cast<uint64_t>(size());
+  g.arrived_round[rank()].store(round + 1, std::memory_order_relaxed);
+  const uint64_t a = g.arrivals.fetch_add(1) + 1;  // seq_cst: pairs with the sleepers count
+  if (a == (round + 1) * n) {
+    g.wake.fetch_add(1);
+    if (g.sleepers.load() > 0) {
+      {
+        std::lock_guard lk(w.mu);
+        for (size_t m = 0; m < g.members.size(); ++m)
+          if (g.blocked_round[m] == round + 1) {
+            g.blocked_round[m] = 0;
+            w.unblock_locked(g.members[m]);
+          }
+      }
+      futex_wake_all(&g.wake);
     }
+    return round;
   }
-  if (g.gen == gen) w.throw_aborted_locked(op, me());
+  wait_round(round, op, call);
+  return round;
+}
+
+void SimCommunicator::wait_round(uint64_t round, const char* op, const CallDesc& call) {
+  World& w = *w_;
+  Group& g = *g_;
+  const uint64_t target = (round + 1) * static_cast<uint64_t>(size());
+  auto done = [&] { return g.arrivals.load() >= target; };
+  // Adaptive spin: the budget doubles (up to World::spin_s) when a spin ends with the round
+  // complete and halves when the member had to sleep anyway (a loaded machine, or a slow peer).
+  if (w.spin_s > 0) {
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(spin_budget_));
+    for (int k = 0;; ++k) {
+      if (done()) {
+        spin_budget_ = std::min(w.spin_s, 2 * spin_budget_ + 1e-6);
+        return;
+      }
+      if (w.aborted.load(std::memory_order_relaxed)) break;
+      cpu_relax();
+      if ((k & 15) == 15 && Clock::now() >= until) break;
+    }
+    spin_budget_ = std::max(1e-6, spin_budget_ / 2);
+  }
+  const int i = rank();
+  const std::string what = str(call.str(), " on group ", g.name);
+  {
+    std::unique_lock lk(w.mu);
+    if (w.aborted.load()) {
+      if (done()) return;
+      w.throw_aborted_locked(op, me());
+    }
+    g.sleepers.fetch_add(1);
+    if (done()) {
+      g.sleepers.fetch_sub(1);
+      return;
+    }
+    w.block_locked(me(), what);
+    g.blocked_round[i] = round + 1;
+    w.check_deadlock_locked(me());
+  }
+  const auto t0 = Clock::now();
+  for (;;) {
+    const uint32_t seen = g.wake.load();
+    if (done() || w.aborted.load()) break;
+    const double left = w.opts.timeout_s - std::chrono::duration<double>(Clock::now() - t0).count();
+    if (left <= 0) break;
+    futex_wait(&g.wake, seen, left);
+  }
+  std::unique_lock lk(w.mu);
+  g.sleepers.fetch_sub(1);
+  if (g.blocked_round[i] == round + 1) {
+    g.blocked_round[i] = 0;
+    w.unblock_locked(me());
+  }
+  if (done()) return;
+  if (w.aborted.load()) w.throw_aborted_locked(op, me());
+  std::string msg = str("[", op, "] rank ", me(), " timed out after ", w.opts.timeout_s, " s in ",
+                        what, "; ranks that never arrived:", missing_str(w, g, round));
+  w.abort_locked(me(), std::make_exception_ptr(CommError(msg)), msg);
+  throw CommError(msg);
 }
 
 Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DType t, ReduceOp op,
@@ -331,14 +445,11 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
                 ((r != nullptr || !needs_recv) && (s != nullptr || kind == CollKind::broadcast)),
             "[", name, "] null buffer with count ", n, " on group ", g_->name);
 
-  std::vector<CallDesc> calls;
-  {
-    std::unique_lock lk(w_->mu);
-    g_->posted[rank()] = d;
-    arrive_locked(lk, name, d);
-    calls = g_->snapshot;
-  }
   const int p = size(), i = rank();
+  // Round parity picks the slot; a peer cannot reuse it before this member arrives again.
+  std::vector<CallDesc>& calls = g_->posted[round_ & 1];
+  calls[i] = d;
+  arrive(name, d);
   for (int k = 0; k < p; ++k) {
     if (!calls[k].matches(calls[0])) {
       std::string msg = str("[", name, "] mismatched collectives on group ", g_->name, ":");
@@ -349,47 +460,48 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
 
   // Simulated time: the collective starts when the last member is ready.
   double start = 0;
-  for (auto& c : calls) start = std::max(start, c.ready);
+  for (int k = 0; k < p; ++k) start = std::max(start, calls[k].ready);
   const int64_t es = dtype_size(t);
   double bytes = double(n) * es;
   if (kind == CollKind::all_gather || kind == CollKind::reduce_scatter ||
       kind == CollKind::all_to_all)
     bytes *= p;
-  CollCost cost = collective_cost(w_->machine, kind, ranks(), bytes, w_->opts.algorithm);
-  const double finish = start + cost.seconds;
-  if (clock)
+  double finish = start;
+  if (clock) {
+    CollCost cost = collective_cost(w_->machine, kind, ranks(), links(), bytes, w_->opts.algorithm);
+    finish = start + cost.seconds;
     clock->record_comm(
         name, start, finish, async,
         str("bytes=", bytes, " group=", g_->name, " algo=", algorithm_name(cost.algorithm)));
+  }
 
   if (!d.meta && kind != CollKind::barrier && n > 0 && p > 1) {
     char* out = static_cast<char*>(r);
     auto src = [&](int k) { return static_cast<const char*>(calls[k].send); };
+    srcs_.resize(p);
+    dsts_.resize(p);
     switch (kind) {
       case CollKind::all_reduce: {
-        int64_t per = (n + p - 1) / p;
-        per = (per + 15) / 16 * 16;  // 64-byte aligned chunks for f32
-        auto lo = [&](int k) { return std::min<int64_t>(n, k * per); };
-        auto hi = [&](int k) { return std::min<int64_t>(n, (k + 1) * per); };
-        // Reduce my chunk block by block (in rank order) and push each block into every
-        // member's recv buffer while it is hot in cache. Only member i touches chunk i of any
-        // buffer, so this is safe in place; the final barrier publishes the writes.
-        constexpr int64_t kBlock = 16384;
-        std::vector<const void*> srcs(p);
-        for (int64_t b = lo(i); b < hi(i); b += kBlock) {
-          const int64_t len = std::min(kBlock, hi(i) - b);
-          for (int k = 0; k < p; ++k) srcs[k] = src(k) + b * es;
-          reduce_buffers(out + b * es, srcs, len, t, op, p);
-          for (int k = 0; k < p; ++k)
-            if (k != i)
-              std::memcpy(static_cast<char*>(calls[k].recv) + b * es, out + b * es, len * es);
+        // Chunk i of every buffer is touched only by member i (safe in place). Chunks are
+        // 64-byte multiples so members never write the same cache line.
+        const int64_t line = std::max<int64_t>(1, 64 / es);
+        const int64_t per = ((n + p - 1) / p + line - 1) / line * line;
+        const int64_t lo = std::min<int64_t>(n, i * per), hi = std::min<int64_t>(n, lo + per);
+        if (hi > lo) {
+          for (int k = 0; k < p; ++k) {
+            srcs_[k] = src(k) + lo * es;
+            // Own buffer first: the block is stored there while it is hot, then to the peers.
+            const int dk = k == 0 ? i : (k <= i ? k - 1 : k);
+            dsts_[k] = static_cast<char*>(calls[dk].recv) + lo * es;
+          }
+          reduce_buffers_to(dsts_.data(), p, srcs_.data(), p, hi - lo, t, op, p);
         }
         break;
       }
       case CollKind::reduce_scatter: {
-        std::vector<const void*> srcs(p);
-        for (int k = 0; k < p; ++k) srcs[k] = src(k) + i * n * es;
-        reduce_buffers(out, srcs, n, t, op, p);
+        for (int k = 0; k < p; ++k) srcs_[k] = src(k) + i * n * es;
+        void* dst = out;
+        reduce_buffers_to(&dst, 1, srcs_.data(), p, n, t, op, p);
         break;
       }
       case CollKind::all_gather:
@@ -401,9 +513,9 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
         break;
       case CollKind::reduce:
         if (i == root) {
-          std::vector<const void*> srcs(p);
-          for (int k = 0; k < p; ++k) srcs[k] = src(k);
-          reduce_buffers(out, srcs, n, t, op, p);
+          for (int k = 0; k < p; ++k) srcs_[k] = src(k);
+          void* dst = out;
+          reduce_buffers_to(&dst, 1, srcs_.data(), p, n, t, op, p);
         }
         break;
       case CollKind::all_to_all:
@@ -412,7 +524,7 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
       default:
         break;
     }
-    sync(name, d);
+    arrive(name, d);  // completion: the peers are done with this member's buffers
   } else if (!d.meta && n > 0 && p == 1 && s != r && s && r && kind != CollKind::broadcast) {
     std::memcpy(r, s, n * es);
   }
@@ -431,7 +543,7 @@ void SimCommunicator::send(const void* buf, int64_t n, DType t, int dst, int tag
   const int gdst = ranks()[dst];
   const std::string key = mail_key(me(), gdst, tag);
   std::unique_lock lk(w_->mu);
-  if (w_->aborted) w_->throw_aborted_locked("send", me());
+  if (w_->aborted.load()) w_->throw_aborted_locked("send", me());
   w_->mail[key].push_back(std::move(m));
   RankState& rs = w_->ranks[gdst];
   if (rs.s == RankState::blocked && rs.waiting_key == key) {
@@ -455,7 +567,7 @@ void SimCommunicator::recv(void* buf, int64_t n, DType t, int src, int tag) {
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(w.opts.timeout_s));
     for (;;) {
-      if (w.aborted) w.throw_aborted_locked("recv", me());
+      if (w.aborted.load()) w.throw_aborted_locked("recv", me());
       auto it = w.mail.find(key);
       if (it != w.mail.end() && !it->second.empty()) {
         m = std::move(it->second.front());
@@ -471,7 +583,7 @@ void SimCommunicator::recv(void* buf, int64_t n, DType t, int src, int tag) {
       }
       if (rs.cv.wait_until(lk, deadline) == std::cv_status::timeout) {
         it = w.mail.find(key);
-        if (w.aborted || (it != w.mail.end() && !it->second.empty())) continue;
+        if (w.aborted.load() || (it != w.mail.end() && !it->second.empty())) continue;
         std::string msg = str("[recv] rank ", me(), " timed out after ", w.opts.timeout_s,
                               " s waiting for a message from rank ", gsrc, " (tag ", tag,
                               ", group ", g_->name, "); rank ", gsrc, " is ",
@@ -591,6 +703,12 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
   NXD_CHECK_T(ConfigError, opts.timeout_s > 0, "[sim::launch] timeout must be > 0 s, got ",
               opts.timeout_s, " (LaunchOptions::timeout_s or NXD_SIM_TIMEOUT)");
   auto w = std::make_shared<World>(n, m, opts);
+  // Spin before sleeping only when every rank can have its own hardware thread: otherwise the
+  // spinner may hold the core its peer needs. NXD_SIM_SPIN_US overrides (0: never spin).
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  w->spin_s = n <= static_cast<int>(hw) ? 50e-6 : 0;
+  if (const char* e = std::getenv("NXD_SIM_SPIN_US"))
+    w->spin_s = std::max(0.0, std::atof(e)) * 1e-6;
   std::vector<int> all(n);
   for (int r = 0; r < n; ++r) all[r] = r;
   auto world_group = std::make_shared<Group>(all);

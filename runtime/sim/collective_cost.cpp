@@ -190,7 +190,11 @@ CollCost intra(CollKind kind, int p, double n, const GroupLinks& g, Algorithm fo
 
 CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<int>& ranks,
                          double n, Algorithm force) {
-  GroupLinks g = group_links(m, ranks);
+  return collective_cost(m, kind, ranks, group_links(m, ranks), n, force);
+}
+
+CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<int>& ranks,
+                         const GroupLinks& g, double n, Algorithm force) {
   int p = g.p;
   CollCost c;
   if (p <= 1 && kind != CollKind::send_recv) return c;

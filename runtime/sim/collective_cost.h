@@ -57,6 +57,11 @@ struct CollCost {
 // the intra-instance algorithm (falling back to ring where it does not apply).
 CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<int>& ranks,
                          double bytes, Algorithm force = Algorithm::automatic);
+// The same with the group's links computed once by the caller (group_links(m, ranks)): a
+// communicator charges every call without recomputing its O(p^2) hop table.
+CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<int>& ranks,
+                         const GroupLinks& links, double bytes,
+                         Algorithm force = Algorithm::automatic);
 
 // Closed forms (Thakur, Rabenseifner, Gropp; MPICH comments quoted in neuron_hardware.md §5.1).
 double ring_all_reduce_time(int p, double n, double alpha, double bw);  // 2(p-1)a + 2(p-1)/p n/B

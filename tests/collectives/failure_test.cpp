@@ -225,3 +225,83 @@ TEST(SimSelf, WorldOfOneIsZeroCopy) {
   EXPECT_EQ(y.to_vector(), x.to_vector());
   EXPECT_THROW(c.recv(y, 0, 7), CommError);  // nothing left: a deadlock, reported
 }
+
+// The all-reduce data path (each member reduces its 64-byte-aligned chunk from every member's
+// buffer in rank order, in L1-sized blocks) against a serial rank-order reference, bitwise:
+// group sizes 1-8, odd counts that do not divide by the group size or the block, f32 and bf16
+// (summed in f32, rounded once), in place and out of place, with the thread timing shuffled on
+// every run.
+TEST(SimDeterminism, AllReduceIsBitwiseTheRankOrderSumAtOddSizes) {
+  auto value = [](int r, int64_t i) {
+    // Divisions and adds only: no multiply-add the compiler could contract into an FMA.
+    const float v = 1.0f / float(1 + (i * 7919) % 1000 + 31 * r);
+    return (r % 2 ? -v : v) + (r == 3 ? 1e4f : 0.0f);
+  };
+  for (DType t : {DType::f32, DType::bf16})
+    for (int p = 1; p <= 8; ++p)
+      for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{2049}, int64_t{40961}}) {
+        // Serial reference: f32 accumulation in rank order, one rounding for bf16.
+        std::vector<float> ref(n);
+        for (int64_t i = 0; i < n; ++i) {
+          auto in = [&](int r) {
+            float v = value(r, i);
+            return t == DType::bf16 ? float(bf16(v)) : v;
+          };
+          float acc = in(0);
+          for (int r = 1; r < p; ++r) acc += in(r);
+          ref[i] = t == DType::bf16 ? float(bf16(acc)) : acc;
+        }
+        for (int run = 0; run < 2; ++run) {
+          std::vector<int> bad(p, 0);
+          launch(p, [&] {
+            const int r = world().rank();
+            if ((r + run) % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+            std::vector<double> v(n);
+            for (int64_t i = 0; i < n; ++i) v[i] = value(r, i);
+            Tensor x = from_doubles(v, {n}, t), y = empty({n}, t);
+            world().all_reduce(x.raw_data(), y.raw_data(), n, t, ReduceOp::sum);
+            world().all_reduce(x);  // in place
+            std::vector<double> got = x.to_vector(), got2 = y.to_vector();
+            for (int64_t i = 0; i < n; ++i)
+              if (float(got[i]) != ref[i] || float(got2[i]) != ref[i]) {
+                bad[r] = 1;
+                break;
+              }
+          });
+          for (int r = 0; r < p; ++r)
+            EXPECT_EQ(bad[r], 0) << "rank " << r << " of " << p << ", count " << n << ", " << t
+                                 << ", run " << run;
+        }
+      }
+}
+
+// reduce_scatter and sub-groups take the same path: rank-order sums, bitwise.
+TEST(SimDeterminism, ReduceScatterAndSubGroupsAreBitwiseTheRankOrderSum) {
+  const int p = 6;
+  const int64_t n = 1031;  // per member
+  std::vector<int> bad(p, 0);
+  launch(p, [&] {
+    Communicator& w = world();
+    const int r = w.rank();
+    auto val = [](int g, int64_t i) { return 1.0f / float(g + 1) + 1.0f / float(i + 3); };
+    std::vector<float> x(p * n), out(n);
+    for (int64_t i = 0; i < p * n; ++i) x[i] = val(r, i);
+    w.reduce_scatter(x.data(), out.data(), n, DType::f32, ReduceOp::sum);
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = val(0, r * n + i);
+      for (int g = 1; g < p; ++g) acc += val(g, r * n + i);
+      if (out[i] != acc) bad[r] = 1;
+    }
+    // Odd world ranks in reverse order: the members' order is the group order.
+    auto odd = w.split(r % 2, -r);
+    std::vector<float> y(n);
+    for (int64_t i = 0; i < n; ++i) y[i] = val(r, i);
+    odd->all_reduce(y.data(), y.data(), n, DType::f32, ReduceOp::avg);
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = val(odd->ranks()[0], i);
+      for (int g = 1; g < odd->size(); ++g) acc += val(odd->ranks()[g], i);
+      if (y[i] != acc / float(odd->size())) bad[r] = 2;
+    }
+  });
+  for (int r = 0; r < p; ++r) EXPECT_EQ(bad[r], 0) << "rank " << r;
+}
