@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "nxd/collectives/algorithms/rdh.h"
 #include "nxd/collectives/algorithms/ring.h"
 #include "nxd/collectives/communicator.h"
 #include "support/compare.h"
@@ -360,6 +361,46 @@ TEST(Coll, RingAlgorithmsOverPointToPoint) {
       for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{17}}) {
         auto [b, e] = algorithms::chunk_range(n, p, c.rank());
         EXPECT_EQ(e - b, n / p + (c.rank() < n % p ? 1 : 0));
+      }
+    });
+  }
+}
+
+TEST(Coll, RecursiveHalvingDoublingOverPointToPoint) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      for (DType t : kDtypes)
+        for (ReduceOp op : ops_for(t))
+          for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{1000}}) {  // counts not dividing p
+            Tensor x = rank_tensor(c.rank(), n, t);
+            algorithms::rdh_all_reduce(c, x.raw_data(), n, t, op);
+            EXPECT_TRUE(
+                ::nxd::testing::close_rel(x, reference(p, n, t, op), tol(t),
+                                          str("rdh p=", p, " ", t, " ", reduce_op_name(op))));
+            expect_same_on_all_ranks(c, x);
+          }
+      if ((p & (p - 1)) != 0) {
+        EXPECT_THROW(algorithms::rdh_all_gather(c, nullptr, 4, DType::f32), InvalidArgument);
+        return;
+      }
+      // Power-of-two groups: the two halves on their own.
+      for (int64_t n : {int64_t{3}, int64_t{37}}) {
+        Tensor x = rank_tensor(c.rank(), n, DType::f64);
+        algorithms::rdh_reduce_scatter(c, x.raw_data(), n, DType::f64, ReduceOp::sum);
+        auto [b, e] = algorithms::chunk_range(n, p, c.rank());
+        EXPECT_CLOSE_REL(
+            x.narrow(0, b, e - b).contiguous(),
+            reference(p, n, DType::f64, ReduceOp::sum).narrow(0, b, e - b).contiguous(), 1e-12);
+        Tensor g = zeros({n}, DType::i64);
+        g.narrow(0, b, e - b).copy_(rank_tensor(c.rank(), n, DType::i64).narrow(0, b, e - b));
+        algorithms::rdh_all_gather(c, g.raw_data(), n, DType::i64);
+        std::vector<Tensor> parts;
+        for (int r = 0; r < p; ++r) {
+          auto [rb, re] = algorithms::chunk_range(n, p, r);
+          parts.push_back(rank_tensor(r, n, DType::i64).narrow(0, rb, re - rb).contiguous());
+        }
+        EXPECT_BITWISE_EQ(g, cat_raw(parts, 0));
       }
     });
   }

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "nxd/collectives/algorithms/rdh.h"
+#include "nxd/collectives/algorithms/ring.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/runtime/sim/collective_cost.h"
@@ -260,5 +262,49 @@ TEST(SimCost, ModelAgainstPublishedNccomTestFigures) {
     std::printf("%s %d ranks all-reduce %.0f MiB: published %.0f us, modeled %.0f us (%+.1f%%)\n",
                 r.machine, r.ranks, r.bytes / (1 << 20), r.us, t * 1e6, err * 100);
     EXPECT_LT(std::abs(err), r.tol) << r.machine << " " << r.bytes;
+  }
+}
+
+// The point-to-point algorithms on the sim backend advance the clock by their closed forms: on
+// a machine with every rank on one chip each step costs hop_latency + bytes / busbw, so
+// rdh_all_reduce takes 2 lg p alpha + 2(p-1)/p n/B (rdh_all_reduce_time) and ring_all_reduce
+// 2(p-1) alpha + 2(p-1)/p n/B; the modeled collective with Algorithm::rdh is that plus the
+// launch latency.
+TEST(SimCost, RecursiveHalvingDoublingMatchesClosedForm) {
+  MachineSpec m = machine("trn1.32xlarge");
+  m.cores_per_chip = 8;
+  m.chips_per_instance = 1;
+  const double alpha = m.hop_latency, B = m.collective_busbw;
+  for (int p : {2, 4, 8}) {
+    const int64_t n = 3 * 1024;  // f32 elements, divisible by p
+    const double bytes = 4.0 * n;
+    auto run = [&](Algorithm a, const std::function<void(Communicator&, Tensor&)>& f) {
+      LaunchOptions o;
+      o.world_size = p;
+      o.machine = m;
+      o.algorithm = a;
+      LaunchResult res = launch(o, [&] {
+        Tensor x = full({n}, 1.0 + world().rank());
+        f(world(), x);
+        EXPECT_EQ(x.to_vector(), std::vector<double>(n, p * (p + 1) / 2.0));
+      });
+      for (auto& r : res.ranks) EXPECT_NEAR(r.sim_seconds, res.ranks[0].sim_seconds, 1e-15);
+      return res.sim_seconds();
+    };
+    const double t_rdh = run(Algorithm::automatic, [&](Communicator& c, Tensor& x) {
+      algorithms::rdh_all_reduce(c, x.raw_data(), n, DType::f32, ReduceOp::sum);
+    });
+    EXPECT_NEAR(t_rdh, rdh_all_reduce_time(p, bytes, alpha, B), 1e-12) << "p=" << p;
+    EXPECT_DOUBLE_EQ(rdh_all_reduce_time(p, bytes, alpha, B),
+                     2 * std::log2(p) * alpha + 2.0 * (p - 1) / p * bytes / B);
+    const double t_ring = run(Algorithm::automatic, [&](Communicator& c, Tensor& x) {
+      algorithms::ring_all_reduce(c, x.raw_data(), n, DType::f32, ReduceOp::sum);
+    });
+    EXPECT_NEAR(t_ring, ring_all_reduce_time(p, bytes, alpha, B), 1e-12) << "p=" << p;
+    const double t_model =
+        run(Algorithm::rdh, [&](Communicator& c, Tensor& x) { c.all_reduce(x); });
+    EXPECT_NEAR(t_model, m.launch_latency + rdh_all_reduce_time(p, bytes, alpha, B), 1e-12);
+    std::printf("p=%d: rdh over p2p %.3f us, ring over p2p %.3f us, modeled rdh %.3f us\n", p,
+                t_rdh * 1e6, t_ring * 1e6, t_model * 1e6);
   }
 }
