@@ -2,9 +2,12 @@
 
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include <array>
 #include <cmath>
+#include <utility>
 
 #include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::kernels {
 
@@ -16,144 +19,124 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;  // sqrt(2/pi)
 constexpr double kInvSqrt2 = 0.7071067811865476;
 constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1/sqrt(2 pi)
 constexpr double kGeluC = 0.044715;
-// Elementwise work is done in blocks that stay in L1 and vectorize.
+// Elementwise work is done in blocks that stay in L1 and vectorize. The blocks are fixed by the
+// element count alone (Eigen's vectorized exp treats a block's unaligned head with the scalar
+// exp), so the results do not depend on how the blocks are spread over threads.
 constexpr int64_t kBlock = 2048;
 
-template <class F>
-void blocks(int64_t n, F&& f) {
-  for (int64_t s = 0; s < n; s += kBlock) f(s, std::min(kBlock, n - s));
-}
+// One block of an elementwise kernel: n elements of every operand, and an L1 scratch row.
+template <class T, size_t NO, size_t NI>
+struct Block {
+  int64_t n;
+  std::array<T*, NO> out;  // null for an output that is not wanted
+  std::array<const T*, NI> in;
+  T* scratch;
+  ArrMap<T> o(size_t k) const { return ArrMap<T>(out[k], n); }
+  CArrMap<T> i(size_t k) const { return CArrMap<T>(in[k], n); }
+  ArrMap<T> tmp() const { return ArrMap<T>(scratch, n); }
+};
 
-void check_unary(const char* op, const Tensor& y, const Tensor& x) {
-  check_out(op, y, x.shape(), x.dtype());
+// The shared body of every activation kernel: outs (undefined = not wanted) and ins[1..] must
+// match ins[0] in shape and dtype; charges `flops` per element; then runs body(Block<T>) over
+// blocks of kBlock elements, in parallel for large tensors.
+template <size_t NO, size_t NI, class Body>
+void map_blocks(const char* op, double flops, const std::array<Tensor, NO>& outs,
+                const std::array<std::pair<const char*, Tensor>, NI>& ins, Body&& body) {
+  const Tensor& x = ins[0].second;
+  const Tensor* any = nullptr;
+  for (const Tensor& o : outs) {
+    if (!o.defined()) continue;
+    check_out(op, o, x.shape(), x.dtype());
+    if (!any) any = &o;
+  }
+  for (size_t k = 1; k < NI; ++k) check_same(op, ins[k].first, ins[k].second, x);
+  charge_compute(op, flops * x.numel(), double(NO + NI) * x.nbytes(), x.dtype());
+  if (!any) return;
+  for (const auto& [name, t] : ins)
+    if (meta_only(op, *any, {t})) return;
+  std::array<Tensor, NI> c;
+  for (size_t k = 0; k < NI; ++k) c[k] = in(ins[k].second);
+  dispatch_float(op, x, [&]<class T>() {
+    std::array<T*, NO> o{};
+    std::array<const T*, NI> ip{};
+    for (size_t k = 0; k < NO; ++k) o[k] = outs[k].defined() ? outs[k].template data<T>() : nullptr;
+    for (size_t k = 0; k < NI; ++k) ip[k] = c[k].template data<T>();
+    for_rows(num_chunks(x.numel(), kBlock), kBlock * static_cast<int64_t>(flops),
+             [&](int64_t b0, int64_t b1) {
+               alignas(64) T scratch[kBlock];
+               for (int64_t b = b0; b < b1; ++b) {
+                 const int64_t s = b * kBlock;
+                 Block<T, NO, NI> blk{std::min(kBlock, x.numel() - s), {}, {}, scratch};
+                 for (size_t k = 0; k < NO; ++k) blk.out[k] = o[k] ? o[k] + s : nullptr;
+                 for (size_t k = 0; k < NI; ++k) blk.in[k] = ip[k] + s;
+                 body(blk);
+               }
+             });
+  });
 }
 
 }  // namespace
 
 void gelu_forward(const Tensor& y, const Tensor& x, bool tanh_approx) {
-  const char* op = "gelu_forward";
-  check_unary(op, y, x);
-  charge_compute(op, 10.0 * x.numel(), 2.0 * x.nbytes(), x.dtype());
-  if (meta_only(op, y, {x})) return;
-  Tensor xc = in(x);
-  dispatch_float(op, x, [&]<class T>() {
-    const T* xp = xc.data<T>();
-    T* yp = y.data<T>();
-    blocks(x.numel(), [&](int64_t s, int64_t n) {
-      CArrMap<T> xv(xp + s, n);
-      ArrMap<T> yv(yp + s, n);
-      if (tanh_approx)
-        yv = T(0.5) * xv * (T(1) + (T(kSqrt2OverPi) * (xv + T(kGeluC) * xv.cube())).tanh());
-      else
-        yv = T(0.5) * xv * (T(1) + (xv * T(kInvSqrt2)).erf());
-    });
+  map_blocks<1, 1>("gelu_forward", 10, {y}, {{{"x", x}}}, [&]<class T>(const Block<T, 1, 1>& b) {
+    auto xv = b.i(0);
+    if (tanh_approx)
+      b.o(0) = T(0.5) * xv * (T(1) + (T(kSqrt2OverPi) * (xv + T(kGeluC) * xv.cube())).tanh());
+    else
+      b.o(0) = T(0.5) * xv * (T(1) + (xv * T(kInvSqrt2)).erf());
   });
 }
 
 void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, bool tanh_approx) {
-  const char* op = "gelu_backward";
-  check_unary(op, dx, x);
-  check_same(op, "dy", dy, x);
-  charge_compute(op, 16.0 * x.numel(), 3.0 * x.nbytes(), x.dtype());
-  if (meta_only(op, dx, {dy, x})) return;
-  Tensor xc = in(x), gc = in(dy);
-  dispatch_float(op, x, [&]<class T>() {
-    const T *xp = xc.data<T>(), *gp = gc.data<T>();
-    T* dp = dx.data<T>();
-    Arr<T> t(kBlock);
-    blocks(x.numel(), [&](int64_t s, int64_t n) {
-      CArrMap<T> xv(xp + s, n), g(gp + s, n);
-      ArrMap<T> d(dp + s, n);
-      auto tt = t.head(n);
-      if (tanh_approx) {
-        tt = (T(kSqrt2OverPi) * (xv + T(kGeluC) * xv.cube())).tanh();
-        d = g * (T(0.5) * (T(1) + tt) + T(0.5) * xv * (T(1) - tt.square()) * T(kSqrt2OverPi) *
-                                            (T(1) + T(3 * kGeluC) * xv.square()));
-      } else {
-        tt = (xv * T(kInvSqrt2)).erf();
-        d = g * (T(0.5) * (T(1) + tt) + xv * (T(-0.5) * xv.square()).exp() * T(kInvSqrt2Pi));
-      }
-    });
-  });
+  map_blocks<1, 2>(
+      "gelu_backward", 16, {dx}, {{{"x", x}, {"dy", dy}}}, [&]<class T>(const Block<T, 1, 2>& b) {
+        auto xv = b.i(0), g = b.i(1);
+        auto tt = b.tmp();
+        if (tanh_approx) {
+          tt = (T(kSqrt2OverPi) * (xv + T(kGeluC) * xv.cube())).tanh();
+          b.o(0) =
+              g * (T(0.5) * (T(1) + tt) + T(0.5) * xv * (T(1) - tt.square()) * T(kSqrt2OverPi) *
+                                              (T(1) + T(3 * kGeluC) * xv.square()));
+        } else {
+          tt = (xv * T(kInvSqrt2)).erf();
+          b.o(0) = g * (T(0.5) * (T(1) + tt) + xv * (T(-0.5) * xv.square()).exp() * T(kInvSqrt2Pi));
+        }
+      });
 }
 
 void silu_forward(const Tensor& y, const Tensor& x) {
-  const char* op = "silu_forward";
-  check_unary(op, y, x);
-  charge_compute(op, 5.0 * x.numel(), 2.0 * x.nbytes(), x.dtype());
-  if (meta_only(op, y, {x})) return;
-  Tensor xc = in(x);
-  dispatch_float(op, x, [&]<class T>() {
-    const T* xp = xc.data<T>();
-    T* yp = y.data<T>();
-    blocks(x.numel(), [&](int64_t s, int64_t n) {
-      CArrMap<T> xv(xp + s, n);
-      ArrMap<T>(yp + s, n) = xv / (T(1) + (-xv).exp());
-    });
+  map_blocks<1, 1>("silu_forward", 5, {y}, {{{"x", x}}}, [&]<class T>(const Block<T, 1, 1>& b) {
+    auto xv = b.i(0);
+    b.o(0) = xv / (T(1) + (-xv).exp());
   });
 }
 
 void silu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
-  const char* op = "silu_backward";
-  check_unary(op, dx, x);
-  check_same(op, "dy", dy, x);
-  charge_compute(op, 8.0 * x.numel(), 3.0 * x.nbytes(), x.dtype());
-  if (meta_only(op, dx, {dy, x})) return;
-  Tensor xc = in(x), gc = in(dy);
-  dispatch_float(op, x, [&]<class T>() {
-    const T *xp = xc.data<T>(), *gp = gc.data<T>();
-    T* dp = dx.data<T>();
-    Arr<T> sg(kBlock);
-    blocks(x.numel(), [&](int64_t s, int64_t n) {
-      CArrMap<T> xv(xp + s, n), g(gp + s, n);
-      auto sv = sg.head(n);
-      sv = T(1) / (T(1) + (-xv).exp());
-      ArrMap<T>(dp + s, n) = g * sv * (T(1) + xv * (T(1) - sv));
-    });
-  });
+  map_blocks<1, 2>("silu_backward", 8, {dx}, {{{"x", x}, {"dy", dy}}},
+                   [&]<class T>(const Block<T, 1, 2>& b) {
+                     auto xv = b.i(0), sv = b.tmp();
+                     sv = T(1) / (T(1) + (-xv).exp());
+                     b.o(0) = b.i(1) * sv * (T(1) + xv * (T(1) - sv));
+                   });
 }
 
 void swiglu_forward(const Tensor& y, const Tensor& gate, const Tensor& up) {
-  const char* op = "swiglu_forward";
-  check_out(op, y, gate.shape(), gate.dtype());
-  check_same(op, "up", up, gate);
-  charge_compute(op, 6.0 * gate.numel(), 3.0 * gate.nbytes(), gate.dtype());
-  if (meta_only(op, y, {gate, up})) return;
-  Tensor gc = in(gate), uc = in(up);
-  dispatch_float(op, gate, [&]<class T>() {
-    const T *gp = gc.data<T>(), *up_ = uc.data<T>();
-    T* yp = y.data<T>();
-    blocks(gate.numel(), [&](int64_t s, int64_t n) {
-      CArrMap<T> gv(gp + s, n), uv(up_ + s, n);
-      ArrMap<T>(yp + s, n) = gv / (T(1) + (-gv).exp()) * uv;
-    });
-  });
+  map_blocks<1, 2>("swiglu_forward", 6, {y}, {{{"gate", gate}, {"up", up}}},
+                   [&]<class T>(const Block<T, 1, 2>& b) {
+                     auto gv = b.i(0);
+                     b.o(0) = gv / (T(1) + (-gv).exp()) * b.i(1);
+                   });
 }
 
 void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
                      const Tensor& up) {
-  const char* op = "swiglu_backward";
-  if (dgate.defined()) check_out(op, dgate, gate.shape(), gate.dtype());
-  if (dup.defined()) check_out(op, dup, gate.shape(), gate.dtype());
-  check_same(op, "up", up, gate);
-  check_same(op, "dy", dy, gate);
-  charge_compute(op, 10.0 * gate.numel(), 5.0 * gate.nbytes(), gate.dtype());
-  const Tensor& any = dgate.defined() ? dgate : dup;
-  if (!any.defined() || meta_only(op, any, {dy, gate, up})) return;
-  Tensor gc = in(gate), uc = in(up), dc = in(dy);
-  dispatch_float(op, gate, [&]<class T>() {
-    const T *gp = gc.data<T>(), *up_ = uc.data<T>(), *dyp = dc.data<T>();
-    T* dgp = dgate.defined() ? dgate.data<T>() : nullptr;
-    T* dup_ = dup.defined() ? dup.data<T>() : nullptr;
-    Arr<T> sg(kBlock);
-    blocks(gate.numel(), [&](int64_t s, int64_t n) {
-      CArrMap<T> gv(gp + s, n), uv(up_ + s, n), g(dyp + s, n);
-      auto sv = sg.head(n);
-      sv = T(1) / (T(1) + (-gv).exp());
-      if (dup_) ArrMap<T>(dup_ + s, n) = g * gv * sv;
-      if (dgp) ArrMap<T>(dgp + s, n) = g * uv * sv * (T(1) + gv * (T(1) - sv));
-    });
-  });
+  map_blocks<2, 3>("swiglu_backward", 10, {dgate, dup}, {{{"gate", gate}, {"up", up}, {"dy", dy}}},
+                   [&]<class T>(const Block<T, 2, 3>& b) {
+                     auto gv = b.i(0), uv = b.i(1), g = b.i(2), sv = b.tmp();
+                     sv = T(1) / (T(1) + (-gv).exp());
+                     if (b.out[1]) b.o(1) = g * gv * sv;
+                     if (b.out[0]) b.o(0) = g * uv * sv * (T(1) + gv * (T(1) - sv));
+                   });
 }
 
 // ---------------- naive references (scalar, double) ----------------

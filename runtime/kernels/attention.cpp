@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/runtime/kernels/softmax.h"
 
 namespace nxd::kernels {
@@ -68,6 +69,18 @@ void check_out4(const char* op, const char* what, const Tensor& t, const Shape& 
             " needs a unit last stride");
 }
 
+// fn(begin, end) over [0, n) independent (batch, head) units of about `cost` flops each. f32 runs
+// the units on the compute pool (the GEMMs inside run serially, as they do for these sizes
+// anyway, so the results do not depend on the thread count); f64 (gradcheck, OpenBLAS) stays on
+// the calling thread.
+template <class T, class F>
+void for_units(int64_t n, double cost, F&& fn) {
+  if constexpr (std::is_same_v<T, float>)
+    for_rows(n, static_cast<int64_t>(std::min(cost, 1e12)), fn);
+  else
+    fn(int64_t{0}, n);
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, const Tensor& k,
@@ -90,11 +103,11 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, 
   Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v);
   dispatch_float(op, q, [&]<class T>() {
     Mat<T> Q = mat<T>(qc), K = mat<T>(kc), V = mat<T>(vc), O = mat<T>(out);
-    std::vector<T> scratch(probs.defined() ? 0 : d.sq * d.sk);
-    for (int64_t b = 0; b < d.b; ++b) {
-      for (int64_t h = 0; h < d.hq; ++h) {
-        int64_t g = h / d.group;
-        T* P = probs.defined() ? probs.data<T>() + (b * d.hq + h) * d.sq * d.sk : scratch.data();
+    for_units<T>(d.b * d.hq, 4.0 * d.sq * d.sk * d.d, [&](int64_t u0, int64_t u1) {
+      std::vector<T> scratch(probs.defined() ? 0 : d.sq * d.sk);
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t b = u / d.hq, h = u % d.hq, g = h / d.group;
+        T* P = probs.defined() ? probs.data<T>() + u * d.sq * d.sk : scratch.data();
         // Causal: query rows in blocks of kRowBlock; a block only multiplies the keys it can see
         // (about half the flops of the full square), the rest of its P rows is zeroed.
         for (int64_t i0 = 0; i0 < d.sq; i0 += kRowBlock) {
@@ -108,7 +121,7 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, 
                   O.at(b, h) + i0 * O.ld, O.ld);
         }
       }
-    }
+    });
   });
 }
 
@@ -140,40 +153,44 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   dispatch_float(op, q, [&]<class T>() {
     Mat<T> Q = mat<T>(qc), K = mat<T>(kc), V = mat<T>(vc), O = mat<T>(oc), G = mat<T>(gc);
     Mat<T> DQ = mat<T>(dq), DK = mat<T>(dk), DV = mat<T>(dv);
-    std::vector<T> dp(std::min(kRowBlock, d.sq) * d.sk);
     const T* probs_p = pc.data<T>();
-    for (int64_t b = 0; b < d.b; ++b) {
-      for (int64_t h = 0; h < d.hq; ++h) {
-        int64_t g = h / d.group;
-        const T* P = probs_p + (b * d.hq + h) * d.sq * d.sk;
-        for (int64_t i0 = 0; i0 < d.sq; i0 += kRowBlock) {
-          const int64_t rows = std::min(kRowBlock, d.sq - i0);
-          const int64_t kc = causal ? std::min(d.sk, i0 + rows + d.sk - d.sq) : d.sk;
-          const T* Pb = P + i0 * d.sk;
-          const T* Gb = G.at(b, h) + i0 * G.ld;
-          // dV[g] += P^T dO
-          gemm<T>(true, false, kc, d.d, rows, T(1), Pb, d.sk, Gb, G.ld, T(1), DV.at(b, g), DV.ld);
-          // dP = dO V^T
-          gemm<T>(false, true, rows, kc, d.d, T(1), Gb, G.ld, V.at(b, g), V.ld, T(0), dp.data(),
-                  d.sk);
-          // dS = P * (dP - rowsum(dO * O)), zero where masked
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t i = i0 + r;
-            CArrMap<T> go(Gb + r * G.ld, d.d), o(O.at(b, h) + i * O.ld, d.d);
-            T di = (go * o).sum();
-            int64_t valid = causal ? std::min(i + 1 + d.sk - d.sq, d.sk) : d.sk;
-            ArrMap<T> ds(dp.data() + r * d.sk, valid);
-            ds = CArrMap<T>(Pb + r * d.sk, valid) * (ds - di);
-            for (int64_t j = valid; j < kc; ++j) dp[r * d.sk + j] = T(0);
+    // one unit per (batch, kv head): the query heads of a group add into its dK and dV in head
+    // order, as on one thread
+    for_units<T>(d.b * d.hkv, 8.0 * d.group * d.sq * d.sk * d.d, [&](int64_t u0, int64_t u1) {
+      std::vector<T> dp(std::min(kRowBlock, d.sq) * d.sk);
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t b = u / d.hkv, g = u % d.hkv;
+        for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
+          const T* P = probs_p + (b * d.hq + h) * d.sq * d.sk;
+          for (int64_t i0 = 0; i0 < d.sq; i0 += kRowBlock) {
+            const int64_t rows = std::min(kRowBlock, d.sq - i0);
+            const int64_t kc = causal ? std::min(d.sk, i0 + rows + d.sk - d.sq) : d.sk;
+            const T* Pb = P + i0 * d.sk;
+            const T* Gb = G.at(b, h) + i0 * G.ld;
+            // dV[g] += P^T dO
+            gemm<T>(true, false, kc, d.d, rows, T(1), Pb, d.sk, Gb, G.ld, T(1), DV.at(b, g), DV.ld);
+            // dP = dO V^T
+            gemm<T>(false, true, rows, kc, d.d, T(1), Gb, G.ld, V.at(b, g), V.ld, T(0), dp.data(),
+                    d.sk);
+            // dS = P * (dP - rowsum(dO * O)), zero where masked
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t i = i0 + r;
+              CArrMap<T> go(Gb + r * G.ld, d.d), o(O.at(b, h) + i * O.ld, d.d);
+              T di = (go * o).sum();
+              int64_t valid = causal ? std::min(i + 1 + d.sk - d.sq, d.sk) : d.sk;
+              ArrMap<T> ds(dp.data() + r * d.sk, valid);
+              ds = CArrMap<T>(Pb + r * d.sk, valid) * (ds - di);
+              for (int64_t j = valid; j < kc; ++j) dp[r * d.sk + j] = T(0);
+            }
+            // dQ = scale dS K ; dK[g] += scale dS^T Q
+            gemm<T>(false, false, rows, d.d, kc, T(d.scale), dp.data(), d.sk, K.at(b, g), K.ld,
+                    T(0), DQ.at(b, h) + i0 * DQ.ld, DQ.ld);
+            gemm<T>(true, false, kc, d.d, rows, T(d.scale), dp.data(), d.sk, Q.at(b, h) + i0 * Q.ld,
+                    Q.ld, T(1), DK.at(b, g), DK.ld);
           }
-          // dQ = scale dS K ; dK[g] += scale dS^T Q
-          gemm<T>(false, false, rows, d.d, kc, T(d.scale), dp.data(), d.sk, K.at(b, g), K.ld, T(0),
-                  DQ.at(b, h) + i0 * DQ.ld, DQ.ld);
-          gemm<T>(true, false, kc, d.d, rows, T(d.scale), dp.data(), d.sk, Q.at(b, h) + i0 * Q.ld,
-                  Q.ld, T(1), DK.at(b, g), DK.ld);
         }
       }
-    }
+    });
   });
 }
 

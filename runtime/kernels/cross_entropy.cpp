@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::kernels {
 
@@ -50,26 +51,28 @@ int64_t cross_entropy_forward(const Tensor& loss, const Tensor& lse, const Tenso
   auto t = checked_targets(op, targets, v, ignore_index);
   Tensor xc = in(logits);
   int64_t count = 0;
+  for (int64_t ti : t) count += ti != ignore_index;
   dispatch_float(op, logits, [&]<class T>() {
     const T* xp = xc.data<T>();
     T *lp = loss.data<T>(), *sp = lse.data<T>();
-    Arr<T> tmp(v);
     const T ls = T(label_smoothing);
-    for (int64_t i = 0; i < n; ++i) {
-      CArrMap<T> x(xp + i * v, v);
-      T mx = x.maxCoeff();
-      tmp = (x - mx).exp();
-      T l = mx + std::log(sum_of(tmp.data(), v));
-      sp[i] = l;
-      if (t[i] == ignore_index) {
-        lp[i] = T(0);
-        continue;
+    for_rows(n, 4 * v, [&](int64_t r0, int64_t r1) {
+      Arr<T> tmp(v);
+      for (int64_t i = r0; i < r1; ++i) {
+        CArrMap<T> x(xp + i * v, v);
+        T mx = x.maxCoeff();
+        tmp = (x - mx).exp();
+        T l = mx + std::log(sum_of(tmp.data(), v));
+        sp[i] = l;
+        if (t[i] == ignore_index) {
+          lp[i] = T(0);
+          continue;
+        }
+        T nll = l - x[t[i]];
+        T smooth = ls != T(0) ? l - x.sum() / T(v) : T(0);  // mean_v(-logp[v])
+        lp[i] = (T(1) - ls) * nll + ls * smooth;
       }
-      ++count;
-      T nll = l - x[t[i]];
-      T smooth = ls != T(0) ? l - x.sum() / T(v) : T(0);  // mean_v(-logp[v])
-      lp[i] = (T(1) - ls) * nll + ls * smooth;
-    }
+    });
   });
   return count;
 }
@@ -91,17 +94,19 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Te
     const T *xp = xc.data<T>(), *gp = gc.data<T>(), *sp = lc.data<T>();
     T* dp = dlogits.data<T>();
     const T ls = T(label_smoothing);
-    for (int64_t i = 0; i < n; ++i) {
-      ArrMap<T> d(dp + i * v, v);
-      if (t[i] == ignore_index) {
-        d.setZero();
-        continue;
+    for_rows(n, 4 * v, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) {
+        ArrMap<T> d(dp + i * v, v);
+        if (t[i] == ignore_index) {
+          d.setZero();
+          continue;
+        }
+        CArrMap<T> x(xp + i * v, v);
+        T g = gp[i];
+        d = ((x - sp[i]).exp() - ls / T(v)) * g;
+        d[t[i]] -= (T(1) - ls) * g;
       }
-      CArrMap<T> x(xp + i * v, v);
-      T g = gp[i];
-      d = ((x - sp[i]).exp() - ls / T(v)) * g;
-      d[t[i]] -= (T(1) - ls) * g;
-    }
+    });
   });
 }
 

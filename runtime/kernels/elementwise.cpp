@@ -5,6 +5,7 @@
 
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/kernels/common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::kernels {
 
@@ -78,6 +79,10 @@ UnarySaves unary_backward_saves(Unary op) {
 }
 
 namespace {
+
+// Contiguous operands are processed in blocks of kBlock elements (a multiple of the SIMD width,
+// so every block start has the alignment of the first), in parallel for large tensors.
+constexpr int64_t kBlock = 4096;
 
 // Rough flops per element, for the cost model.
 double unary_flops(Unary op) {
@@ -203,8 +208,9 @@ void map1(const Tensor& out, const Tensor& x, F f) {
   T* o = out.data<T>();
   const T* xp = x.data<T>();
   if (out.is_contiguous() && x.is_contiguous() && x.numel() == out.numel()) {
-    const int64_t n = out.numel();
-    for (int64_t i = 0; i < n; ++i) o[i] = f(xp[i]);
+    for_blocks(out.numel(), kBlock, 2, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = f(xp[i]);
+    });
     return;
   }
   for_each_strided<2>(
@@ -232,7 +238,9 @@ void map2(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   const int64_t total = out.numel();
   if (out.is_contiguous() && a.is_contiguous() && b.is_contiguous() && a.numel() == total &&
       b.numel() == total) {
-    for (int64_t i = 0; i < total; ++i) o[i] = f(ap[i], bp[i]);
+    for_blocks(total, kBlock, 2, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = f(ap[i], bp[i]);
+    });
     return;
   }
   for_each_strided<3>(
@@ -262,24 +270,30 @@ template <class T>
 bool eigen_unary(const Tensor& out, const Tensor& x, Unary op) {
   if (!(out.is_contiguous() && x.is_contiguous() && x.numel() == out.numel())) return false;
   using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
-  Eigen::Map<Arr> o(out.data<T>(), out.numel());
-  Eigen::Map<const Arr> v(x.data<T>(), x.numel());
   switch (op) {
     case Unary::exp:
-      o = v.exp();
-      return true;
     case Unary::log:
-      o = v.log();
-      return true;
     case Unary::tanh:
-      o = v.tanh();
-      return true;
     case Unary::sigmoid:
-      o = v.logistic();
-      return true;
+      break;
     default:
       return false;
   }
+  T* op_ = out.data<T>();
+  const T* xp = x.data<T>();
+  for_blocks(out.numel(), kBlock, 8, [&](int64_t b, int64_t e) {
+    Eigen::Map<Arr> o(op_ + b, e - b);
+    Eigen::Map<const Arr> v(xp + b, e - b);
+    if (op == Unary::exp)
+      o = v.exp();
+    else if (op == Unary::log)
+      o = v.log();
+    else if (op == Unary::tanh)
+      o = v.tanh();
+    else
+      o = v.logistic();
+  });
+  return true;
 }
 
 // Runs body<T>(out, inputs...) with T = float for f32/bf16 and double for f64; bf16 operands are

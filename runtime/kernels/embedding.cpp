@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::kernels {
 
@@ -46,7 +47,9 @@ void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& weight)
   const char* wp = static_cast<const char*>(w.raw_data());
   char* yp = static_cast<char*>(y.raw_data());
   const int64_t row = d * w.element_size();
-  for (size_t i = 0; i < idv.size(); ++i) std::memcpy(yp + i * row, wp + idv[i] * row, row);
+  for_rows(static_cast<int64_t>(idv.size()), d, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) std::memcpy(yp + i * row, wp + idv[i] * row, row);
+  });
 }
 
 void embedding_backward(const Tensor& dweight, const Tensor& dy, const Tensor& ids) {
@@ -66,11 +69,15 @@ void embedding_backward(const Tensor& dweight, const Tensor& dy, const Tensor& i
   dispatch_float(op, dweight, [&]<class T>() {
     const T* gp = g.data<T>();
     T* wp = dweight.data<T>();
-    for (size_t i = 0; i < idv.size(); ++i) {
-      T* __restrict dst = wp + idv[i] * d;
-      const T* __restrict src = gp + i * d;
-      for (int64_t j = 0; j < d; ++j) dst[j] += src[j];
-    }
+    // split over columns: every element of dweight still sums its rows in id order
+    const int64_t n = static_cast<int64_t>(idv.size());
+    for_rows(d, n, [&](int64_t j0, int64_t j1) {
+      for (int64_t i = 0; i < n; ++i) {
+        T* __restrict dst = wp + idv[i] * d;
+        const T* __restrict src = gp + i * d;
+        for (int64_t j = j0; j < j1; ++j) dst[j] += src[j];
+      }
+    });
   });
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::kernels {
 
@@ -40,6 +41,18 @@ const T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
+// Rows per chunk of the weight/bias gradient reductions: each chunk sums its rows in order into
+// its own partial, and the partials are added in chunk order, whatever the thread count.
+constexpr int64_t kRowChunk = 64;
+
+// Adds the chunk partials [chunks, d] in order into out[d] (out = sum).
+template <class T>
+void combine_chunks(T* out, const Arr<T>& partials, int64_t chunks, int64_t d) {
+  ArrMap<T> o(out, d);
+  o = partials.head(d);
+  for (int64_t c = 1; c < chunks; ++c) o += partials.segment(c * d, d);
+}
+
 }  // namespace
 
 void layer_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
@@ -57,23 +70,25 @@ void layer_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd,
     const T* wp = ptr_or_null<T>(wc);
     const T* bp = ptr_or_null<T>(bc);
     T *yp = y.data<T>(), *mp = mean.data<T>(), *rp = rstd.data<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      CArrMap<T> xv(xp + r * d, d);
-      ArrMap<T> yv(yp + r * d, d);
-      T mu = sum_of(xp + r * d, d) / T(d);
-      yv = xv - mu;
-      T var = yv.square().sum() / T(d);
-      T rs = T(1) / std::sqrt(var + T(eps));
-      mp[r] = mu, rp[r] = rs;
-      if (wp && bp)
-        yv = yv * rs * CArrMap<T>(wp, d) + CArrMap<T>(bp, d);
-      else if (wp)
-        yv = yv * rs * CArrMap<T>(wp, d);
-      else if (bp)
-        yv = yv * rs + CArrMap<T>(bp, d);
-      else
-        yv *= rs;
-    }
+    for_rows(rows, 8 * d, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        CArrMap<T> xv(xp + r * d, d);
+        ArrMap<T> yv(yp + r * d, d);
+        T mu = sum_of(xp + r * d, d) / T(d);
+        yv = xv - mu;
+        T var = yv.square().sum() / T(d);
+        T rs = T(1) / std::sqrt(var + T(eps));
+        mp[r] = mu, rp[r] = rs;
+        if (wp && bp)
+          yv = yv * rs * CArrMap<T>(wp, d) + CArrMap<T>(bp, d);
+        else if (wp)
+          yv = yv * rs * CArrMap<T>(wp, d);
+        else if (bp)
+          yv = yv * rs + CArrMap<T>(bp, d);
+        else
+          yv *= rs;
+      }
+    });
   });
 }
 
@@ -99,24 +114,30 @@ void layer_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& 
     const T *xp = xc.data<T>(), *gp = dyc.data<T>(), *mp = mc.data<T>(), *rp = rc.data<T>();
     const T* wp = ptr_or_null<T>(wc);
     T* dxp = dx.data<T>();
-    Arr<T> dw = Arr<T>::Zero(d), db = Arr<T>::Zero(d), xhat(d), g(d);
-    for (int64_t r = 0; r < rows; ++r) {
-      CArrMap<T> xv(xp + r * d, d), dyv(gp + r * d, d);
-      ArrMap<T> dxv(dxp + r * d, d);
-      T rs = rp[r];
-      xhat = (xv - mp[r]) * rs;
-      if (dweight.defined()) dw += dyv * xhat;
-      if (dbias.defined()) db += dyv;
-      if (wp)
-        g = dyv * CArrMap<T>(wp, d);
-      else
-        g = dyv;
-      T mg = sum_of(g.data(), d) / T(d);
-      T mgx = (g * xhat).sum() / T(d);
-      dxv = (g - mg - xhat * mgx) * rs;
-    }
-    if (dweight.defined()) ArrMap<T>(dweight.data<T>(), d) = dw;
-    if (dbias.defined()) ArrMap<T>(dbias.data<T>(), d) = db;
+    const int64_t chunks = num_chunks(rows, kRowChunk);
+    Arr<T> dw(dweight.defined() ? chunks * d : 0), db(dbias.defined() ? chunks * d : 0);
+    for_chunks(rows, kRowChunk, 12 * d, [&](int64_t c, int64_t r0, int64_t r1) {
+      Arr<T> xhat(d), g(d);
+      if (dweight.defined()) dw.segment(c * d, d).setZero();
+      if (dbias.defined()) db.segment(c * d, d).setZero();
+      for (int64_t r = r0; r < r1; ++r) {
+        CArrMap<T> xv(xp + r * d, d), dyv(gp + r * d, d);
+        ArrMap<T> dxv(dxp + r * d, d);
+        T rs = rp[r];
+        xhat = (xv - mp[r]) * rs;
+        if (dweight.defined()) dw.segment(c * d, d) += dyv * xhat;
+        if (dbias.defined()) db.segment(c * d, d) += dyv;
+        if (wp)
+          g = dyv * CArrMap<T>(wp, d);
+        else
+          g = dyv;
+        T mg = sum_of(g.data(), d) / T(d);
+        T mgx = (g * xhat).sum() / T(d);
+        dxv = (g - mg - xhat * mgx) * rs;
+      }
+    });
+    if (dweight.defined()) combine_chunks(dweight.data<T>(), dw, chunks, d);
+    if (dbias.defined()) combine_chunks(dbias.data<T>(), db, chunks, d);
   });
 }
 
@@ -133,16 +154,18 @@ void rms_norm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, cons
     const T* xp = xc.data<T>();
     const T* wp = ptr_or_null<T>(wc);
     T *yp = y.data<T>(), *rp = rstd.data<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      CArrMap<T> xv(xp + r * d, d);
-      ArrMap<T> yv(yp + r * d, d);
-      T rs = T(1) / std::sqrt(xv.square().sum() / T(d) + T(eps));
-      rp[r] = rs;
-      if (wp)
-        yv = (xv * rs) * CArrMap<T>(wp, d);
-      else
-        yv = xv * rs;
-    }
+    for_rows(rows, 5 * d, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        CArrMap<T> xv(xp + r * d, d);
+        ArrMap<T> yv(yp + r * d, d);
+        T rs = T(1) / std::sqrt(xv.square().sum() / T(d) + T(eps));
+        rp[r] = rs;
+        if (wp)
+          yv = (xv * rs) * CArrMap<T>(wp, d);
+        else
+          yv = xv * rs;
+      }
+    });
   });
 }
 
@@ -162,21 +185,26 @@ void rms_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy
     const T *xp = xc.data<T>(), *gp = dyc.data<T>(), *rp = rc.data<T>();
     const T* wp = ptr_or_null<T>(wc);
     T* dxp = dx.data<T>();
-    Arr<T> dw = Arr<T>::Zero(d), xhat(d), g(d);
-    for (int64_t r = 0; r < rows; ++r) {
-      CArrMap<T> xv(xp + r * d, d), dyv(gp + r * d, d);
-      ArrMap<T> dxv(dxp + r * d, d);
-      T rs = rp[r];
-      xhat = xv * rs;
-      if (dweight.defined()) dw += dyv * xhat;
-      if (wp)
-        g = dyv * CArrMap<T>(wp, d);
-      else
-        g = dyv;
-      T mgx = (g * xhat).sum() / T(d);
-      dxv = (g - xhat * mgx) * rs;
-    }
-    if (dweight.defined()) ArrMap<T>(dweight.data<T>(), d) = dw;
+    const int64_t chunks = num_chunks(rows, kRowChunk);
+    Arr<T> dw(dweight.defined() ? chunks * d : 0);
+    for_chunks(rows, kRowChunk, 8 * d, [&](int64_t c, int64_t r0, int64_t r1) {
+      Arr<T> xhat(d), g(d);
+      if (dweight.defined()) dw.segment(c * d, d).setZero();
+      for (int64_t r = r0; r < r1; ++r) {
+        CArrMap<T> xv(xp + r * d, d), dyv(gp + r * d, d);
+        ArrMap<T> dxv(dxp + r * d, d);
+        T rs = rp[r];
+        xhat = xv * rs;
+        if (dweight.defined()) dw.segment(c * d, d) += dyv * xhat;
+        if (wp)
+          g = dyv * CArrMap<T>(wp, d);
+        else
+          g = dyv;
+        T mgx = (g * xhat).sum() / T(d);
+        dxv = (g - xhat * mgx) * rs;
+      }
+    });
+    if (dweight.defined()) combine_chunks(dweight.data<T>(), dw, chunks, d);
   });
 }
 

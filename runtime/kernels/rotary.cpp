@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::kernels {
 
@@ -41,6 +42,24 @@ void tables(std::vector<T>& c, std::vector<T>& s, int64_t seq, int64_t r, double
     }
 }
 
+// The tables of the last call on this thread (a step rotates q and k of every layer, forward and
+// backward, with the same positions).
+template <class T>
+struct Tables {
+  int64_t seq = -1, r = 0, offset = 0;
+  double base = 0;
+  std::vector<T> c, s;
+};
+template <class T>
+const Tables<T>& cached_tables(int64_t seq, int64_t r, double base, int64_t offset) {
+  thread_local Tables<T> t;
+  if (t.seq != seq || t.r != r || t.base != base || t.offset != offset) {
+    tables<T>(t.c, t.s, seq, r, base, offset);
+    t.seq = seq, t.r = r, t.base = base, t.offset = offset;
+  }
+  return t;
+}
+
 }  // namespace
 
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
@@ -53,25 +72,29 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
   if (!(xc.size(3) <= 1 || xc.stride(3) == 1)) xc = xc.contiguous();
   int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), half = r / 2;
   dispatch_float(op, x, [&]<class T>() {
-    std::vector<T> c, s;
-    tables<T>(c, s, S, r, base, position_offset);
+    const Tables<T>& tab = cached_tables<T>(S, r, base, position_offset);
+    const std::vector<T>&c = tab.c, &s = tab.s;
     const T sign = inverse ? T(-1) : T(1);
     const T* xp = xc.data<T>();
     T* yp = y.data<T>();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t p = 0; p < S; ++p) {
-          const T* __restrict xr = xp + b * xc.stride(0) + h * xc.stride(1) + p * xc.stride(2);
-          T* __restrict yr = yp + b * y.stride(0) + h * y.stride(1) + p * y.stride(2);
-          const T* cr = c.data() + p * half;
-          const T* sr = s.data() + p * half;
-          for (int64_t i = 0; i < half; ++i) {
-            T sn = sign * sr[i];
-            yr[i] = xr[i] * cr[i] - xr[i + half] * sn;
-            yr[i + half] = xr[i + half] * cr[i] + xr[i] * sn;
-          }
-          if (r < D) std::memcpy(yr + r, xr + r, sizeof(T) * (D - r));
+    const int64_t xs0 = xc.stride(0), xs1 = xc.stride(1), xs2 = xc.stride(2);
+    const int64_t ys0 = y.stride(0), ys1 = y.stride(1), ys2 = y.stride(2);
+    // one item per (b, h, p) row of D values
+    for_rows(B * H * S, 3 * D, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t b = i / (H * S), h = i / S % H, p = i % S;
+        const T* __restrict xr = xp + b * xs0 + h * xs1 + p * xs2;
+        T* __restrict yr = yp + b * ys0 + h * ys1 + p * ys2;
+        const T* cr = c.data() + p * half;
+        const T* sr = s.data() + p * half;
+        for (int64_t j = 0; j < half; ++j) {
+          T sn = sign * sr[j];
+          yr[j] = xr[j] * cr[j] - xr[j + half] * sn;
+          yr[j + half] = xr[j + half] * cr[j] + xr[j] * sn;
         }
+        if (r < D) std::memcpy(yr + r, xr + r, sizeof(T) * (D - r));
+      }
+    });
   });
 }
 

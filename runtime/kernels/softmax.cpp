@@ -1,8 +1,11 @@
 #include "nxd/runtime/kernels/softmax.h"
 
+#include <array>
 #include <cmath>
+#include <utility>
 
 #include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::kernels {
 
@@ -11,35 +14,66 @@ using namespace detail;
 template <class T>
 void softmax_rows(T* y, const T* x, int64_t rows, int64_t n, T scale, bool causal, int64_t block,
                   int64_t offset) {
-  // The exponentials go to an aligned row first: Eigen evaluates the elements before the first
-  // aligned packet of its destination with the scalar exp, the rest with the vectorized one (not
-  // bitwise equal), so exponentiating in place would make y depend on the address of y (the
-  // attention scratch of an eval-mode forward lives wherever malloc puts it).
-  Arr<T> e(n);
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * n;
-    T* yr = y + r * n;
-    int64_t valid = causal ? std::min<int64_t>(r % block + 1 + offset, n) : n;
-    CArrMap<T> xv(xr, valid);
-    T mx = xv.maxCoeff();
-    if (scale == T(1)) {
-      e.head(valid) = (xv - mx).exp();
-    } else {
-      e.head(valid) = ((xv - mx) * scale).exp();
+  for_rows(rows, 4 * n, [&](int64_t r0, int64_t r1) {
+    // The exponentials go to an aligned row first: Eigen evaluates the elements before the first
+    // aligned packet of its destination with the scalar exp, the rest with the vectorized one
+    // (not bitwise equal), so exponentiating in place would make y depend on the address of y
+    // (the attention scratch of an eval-mode forward lives wherever malloc puts it).
+    Arr<T> e(n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * n;
+      T* yr = y + r * n;
+      int64_t valid = causal ? std::min<int64_t>(r % block + 1 + offset, n) : n;
+      CArrMap<T> xv(xr, valid);
+      T mx = xv.maxCoeff();
+      if (scale == T(1)) {
+        e.head(valid) = (xv - mx).exp();
+      } else {
+        e.head(valid) = ((xv - mx) * scale).exp();
+      }
+      T inv = T(1) / sum_of(e.data(), valid);
+      ArrMap<T>(yr, valid) = e.head(valid) * inv;
+      for (int64_t j = valid; j < n; ++j) yr[j] = T(0);
     }
-    T inv = T(1) / sum_of(e.data(), valid);
-    ArrMap<T>(yr, valid) = e.head(valid) * inv;
-    for (int64_t j = valid; j < n; ++j) yr[j] = T(0);
-  }
+  });
 }
 template void softmax_rows<float>(float*, const float*, int64_t, int64_t, float, bool, int64_t,
                                   int64_t);
 template void softmax_rows<double>(double*, const double*, int64_t, int64_t, double, bool, int64_t,
                                    int64_t);
 
-static void check_scale(const char* op, double scale) {
+namespace {
+
+void check_scale(const char* op, double scale) {
   NXD_CHECK(scale > 0, "[", op, "] scale must be positive, got ", scale);
 }
+
+// The shared body of the row kernels below: y and ins[1..] match ins[0] ([..., N], contiguous
+// copies when strided); charges `flops` and `bytes` per element of ins[0]; runs
+// body(y, {inputs}, r0, r1, n) over row ranges, in parallel for large inputs.
+template <size_t NI, class Body>
+void map_rows(const char* op, double flops, double bytes, const Tensor& y,
+              const std::array<std::pair<const char*, Tensor>, NI>& ins, Body&& body) {
+  const Tensor& x = ins[0].second;
+  check_out(op, y, x.shape(), x.dtype());
+  for (size_t k = 1; k < NI; ++k) check_same(op, ins[k].first, ins[k].second, x);
+  const int64_t n = last_dim(x), rows = rows_of(x);
+  charge_compute(op, flops * x.numel(), bytes * x.nbytes(), x.dtype());
+  for (const auto& [name, t] : ins)
+    if (meta_only(op, y, {t})) return;
+  if (x.numel() == 0) return;
+  std::array<Tensor, NI> c;
+  for (size_t k = 0; k < NI; ++k) c[k] = in(ins[k].second);
+  dispatch_float(op, x, [&]<class T>() {
+    std::array<const T*, NI> ip;
+    for (size_t k = 0; k < NI; ++k) ip[k] = c[k].template data<T>();
+    T* yp = y.data<T>();
+    for_rows(rows, static_cast<int64_t>(flops) * n,
+             [&](int64_t r0, int64_t r1) { body(yp, ip, r0, r1, n); });
+  });
+}
+
+}  // namespace
 
 void softmax_forward(const Tensor& y, const Tensor& x, double scale, bool causal) {
   const char* op = "softmax_forward";
@@ -58,66 +92,42 @@ void softmax_forward(const Tensor& y, const Tensor& x, double scale, bool causal
 }
 
 void log_softmax_forward(const Tensor& y, const Tensor& x) {
-  const char* op = "log_softmax_forward";
-  check_out(op, y, x.shape(), x.dtype());
-  int64_t n = last_dim(x), rows = rows_of(x);
-  charge_compute(op, 4.0 * x.numel(), 2.0 * x.nbytes(), x.dtype());
-  if (meta_only(op, y, {x}) || x.numel() == 0) return;
-  Tensor xc = in(x);
-  dispatch_float(op, x, [&]<class T>() {
-    const T* xp = xc.data<T>();
-    T* yp = y.data<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      CArrMap<T> xv(xp + r * n, n);
-      ArrMap<T> yv(yp + r * n, n);
-      T mx = xv.maxCoeff();
-      yv = xv - mx;
-      T lse = std::log(yv.exp().sum());
-      yv -= lse;
-    }
-  });
+  map_rows<1>(
+      "log_softmax_forward", 4, 2, y, {{{"x", x}}},
+      [&]<class T>(T* yp, const std::array<const T*, 1>& xp, int64_t r0, int64_t r1, int64_t n) {
+        for (int64_t r = r0; r < r1; ++r) {
+          CArrMap<T> xv(xp[0] + r * n, n);
+          ArrMap<T> yv(yp + r * n, n);
+          T mx = xv.maxCoeff();
+          yv = xv - mx;
+          T lse = std::log(yv.exp().sum());
+          yv -= lse;
+        }
+      });
 }
 
 void softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, double scale) {
-  const char* op = "softmax_backward";
-  check_out(op, dx, y.shape(), y.dtype());
-  check_same(op, "dy", dy, y);
-  int64_t n = last_dim(y), rows = rows_of(y);
-  charge_compute(op, 4.0 * y.numel(), 3.0 * y.nbytes(), y.dtype());
-  if (meta_only(op, dx, {dy, y}) || y.numel() == 0) return;
-  Tensor dyc = in(dy), yc = in(y);
-  dispatch_float(op, y, [&]<class T>() {
-    const T* dyp = dyc.data<T>();
-    const T* yp = yc.data<T>();
-    T* dxp = dx.data<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      CArrMap<T> g(dyp + r * n, n), p(yp + r * n, n);
-      ArrMap<T> d(dxp + r * n, n);
-      T dot = (g * p).sum();
-      d = (g - dot) * p * T(scale);
-    }
-  });
+  map_rows<2>(
+      "softmax_backward", 4, 3, dx, {{{"y", y}, {"dy", dy}}},
+      [&]<class T>(T* dxp, const std::array<const T*, 2>& in, int64_t r0, int64_t r1, int64_t n) {
+        for (int64_t r = r0; r < r1; ++r) {
+          CArrMap<T> p(in[0] + r * n, n), g(in[1] + r * n, n);
+          T dot = (g * p).sum();
+          ArrMap<T>(dxp + r * n, n) = (g - dot) * p * T(scale);
+        }
+      });
 }
 
 void log_softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
-  const char* op = "log_softmax_backward";
-  check_out(op, dx, y.shape(), y.dtype());
-  check_same(op, "dy", dy, y);
-  int64_t n = last_dim(y), rows = rows_of(y);
-  charge_compute(op, 4.0 * y.numel(), 3.0 * y.nbytes(), y.dtype());
-  if (meta_only(op, dx, {dy, y}) || y.numel() == 0) return;
-  Tensor dyc = in(dy), yc = in(y);
-  dispatch_float(op, y, [&]<class T>() {
-    const T* dyp = dyc.data<T>();
-    const T* yp = yc.data<T>();
-    T* dxp = dx.data<T>();
-    for (int64_t r = 0; r < rows; ++r) {
-      CArrMap<T> g(dyp + r * n, n), ly(yp + r * n, n);
-      ArrMap<T> d(dxp + r * n, n);
-      T s = sum_of(dyp + r * n, n);
-      d = g - ly.exp() * s;
-    }
-  });
+  map_rows<2>(
+      "log_softmax_backward", 4, 3, dx, {{{"y", y}, {"dy", dy}}},
+      [&]<class T>(T* dxp, const std::array<const T*, 2>& in, int64_t r0, int64_t r1, int64_t n) {
+        for (int64_t r = r0; r < r1; ++r) {
+          CArrMap<T> ly(in[0] + r * n, n), g(in[1] + r * n, n);
+          T s = sum_of(in[1] + r * n, n);
+          ArrMap<T>(dxp + r * n, n) = g - ly.exp() * s;
+        }
+      });
 }
 
 // ---------------- naive references (double accumulation, scalar loops) ----------------
