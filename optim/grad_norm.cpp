@@ -5,6 +5,7 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::optim {
 
@@ -14,22 +15,21 @@ namespace {
 double local_stat(const Tensor& grad, bool inf) {
   Tensor g = grad.contiguous();
   const int64_t n = g.numel();
+  // blocks of 1024 partial sums (or maxima) keep the loop vectorizable; the blocks run in parallel
+  // and are added in order, in double, so the result does not depend on the thread count
+  constexpr int64_t kPart = 1024;
   double acc = 0.0;
   auto run = [&](auto load) {
-    if (inf) {
-      for (int64_t i = 0; i < n; ++i) acc = std::max(acc, std::abs(load(i)));
-      return;
-    }
-    // blocks of partial sums keep the loop vectorizable; each block is added in double
-    for (int64_t i0 = 0; i0 < n; i0 += 1024) {
-      const int64_t i1 = std::min(n, i0 + 1024);
-      double part = 0;
+    std::vector<double> part(kernels::num_chunks(n, kPart));
+    kernels::for_chunks(n, kPart, 2, [&](int64_t c, int64_t i0, int64_t i1) {
+      double r = 0;
       for (int64_t i = i0; i < i1; ++i) {
         const double x = load(i);
-        part += x * x;
+        r = inf ? std::max(r, std::abs(x)) : r + x * x;
       }
-      acc += part;
-    }
+      part[c] = r;
+    });
+    for (double r : part) acc = inf ? std::max(acc, r) : acc + r;
   };
   switch (g.dtype()) {
     case DType::f32: {

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+
+#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::optim {
 
@@ -112,28 +115,71 @@ void sgd_update(T* p, const T* g, T* buf, int64_t n, bool first, double lr, doub
   }
 }
 
+// One AdamW update of a parameter, applied to element ranges (elementwise: any split of the
+// elements gives the same result).
 template <class T>
-void adamw_update(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
-                  int64_t n, double lr, double wd, double b1, double b2, double eps, int64_t t) {
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t));
-  const T decay = static_cast<T>(1.0 - lr * wd);
-  const T neg_step = static_cast<T>(-(lr / bc1));
-  const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
-  const T b1_t = static_cast<T>(b1), b2_t = static_cast<T>(b2);
-  const T omb1 = static_cast<T>(1.0 - b1), omb2 = static_cast<T>(1.0 - b2);
-  const T eps_t = static_cast<T>(eps);
-  const bool do_decay = wd != 0;
-  for (int64_t i = 0; i < n; ++i) {
-    T pi = do_decay ? p[i] * decay : p[i];
-    T gi = g[i];
-    T mi = b1_t * m[i] + omb1 * gi;
-    T vi = b2_t * v[i] + omb2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    T denom = std::sqrt(vi) / bc2_sqrt + eps_t;
-    p[i] = pi + neg_step * mi / denom;  // torch's addcdiv order: (alpha * m) / denom
+struct AdamWUpdate {
+  T* p;
+  const T* g;
+  T* m;
+  T* v;
+  T decay, neg_step, bc2_sqrt, b1_t, b2_t, omb1, omb2, eps_t;
+  bool do_decay;
+
+  AdamWUpdate(T* p_, const T* g_, T* m_, T* v_, double lr, double wd, double b1, double b2,
+              double eps, int64_t t)
+      : p(p_), g(g_), m(m_), v(v_) {
+    const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t));
+    decay = static_cast<T>(1.0 - lr * wd);
+    neg_step = static_cast<T>(-(lr / bc1));
+    bc2_sqrt = static_cast<T>(std::sqrt(bc2));
+    b1_t = static_cast<T>(b1), b2_t = static_cast<T>(b2);
+    omb1 = static_cast<T>(1.0 - b1), omb2 = static_cast<T>(1.0 - b2);
+    eps_t = static_cast<T>(eps);
+    do_decay = wd != 0;
   }
+
+  void operator()(int64_t begin, int64_t end) const {
+    T* __restrict p = this->p;  // local restrict pointers: the loop vectorizes
+    const T* __restrict g = this->g;
+    T* __restrict m = this->m;
+    T* __restrict v = this->v;
+    const T decay = this->decay, neg_step = this->neg_step, bc2_sqrt = this->bc2_sqrt;
+    const T b1_t = this->b1_t, b2_t = this->b2_t, omb1 = this->omb1, omb2 = this->omb2;
+    const T eps_t = this->eps_t;
+    const bool do_decay = this->do_decay;
+    for (int64_t i = begin; i < end; ++i) {
+      T pi = do_decay ? p[i] * decay : p[i];
+      T gi = g[i];
+      T mi = b1_t * m[i] + omb1 * gi;
+      T vi = b2_t * v[i] + omb2 * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      T denom = std::sqrt(vi) / bc2_sqrt + eps_t;
+      p[i] = pi + neg_step * mi / denom;  // torch's addcdiv order: (alpha * m) / denom
+    }
+  }
+};
+
+// Elements per work item of the optimizer and norm loops over all parameters.
+constexpr int64_t kItem = 16384;
+
+// Runs the element ranges of several tensors' jobs as one parallel loop: job j covers
+// [0, sizes[j]) and is cut into items of kItem elements; fn(j, begin, end) per item.
+void for_each_item(const std::vector<int64_t>& sizes, int64_t cost,
+                   const std::function<void(size_t, int64_t, int64_t)>& fn) {
+  struct Item {
+    size_t job;
+    int64_t begin, end;
+  };
+  std::vector<Item> items;
+  for (size_t j = 0; j < sizes.size(); ++j)
+    for (int64_t b = 0; b < sizes[j]; b += kItem)
+      items.push_back({j, b, std::min(sizes[j], b + kItem)});
+  kernels::for_rows(static_cast<int64_t>(items.size()), kItem * cost, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) fn(items[i].job, items[i].begin, items[i].end);
+  });
 }
 
 }  // namespace
@@ -205,6 +251,11 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
 
 void AdamW::step() {
   NoGradGuard ng;
+  std::vector<Tensor> grads;  // keeps the contiguous gradients alive during the update
+  std::vector<AdamWUpdate<float>> f32;
+  std::vector<AdamWUpdate<double>> f64;
+  std::vector<int64_t> sizes;
+  std::vector<std::pair<int, size_t>> jobs;  // (0 = f32 / 1 = f64, index)
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const ParamGroup& grp = groups_[gi];
     for (size_t pi = 0; pi < grp.params.size(); ++pi) {
@@ -213,15 +264,28 @@ void AdamW::step() {
       if (!g.defined()) continue;
       Slot& s = slots_[gi][pi];
       int64_t t = ++*s.step.data<int64_t>();
-      dispatch(np.param.dtype(), [&]<class T>() {
-        if constexpr (std::is_floating_point_v<T>) {
-          adamw_update<T>(np.param.data<T>(), g.data<T>(), s.m.data<T>(), s.v.data<T>(),
-                          np.param.numel(), grp.lr, grp.weight_decay, opts_.beta1, opts_.beta2,
-                          opts_.eps, t);
-        }
-      });
+      if (np.param.numel() == 0) continue;
+      grads.push_back(g);
+      sizes.push_back(np.param.numel());
+      if (np.param.dtype() == DType::f32) {
+        jobs.push_back({0, f32.size()});
+        f32.emplace_back(np.param.data<float>(), g.data<float>(), s.m.data<float>(),
+                         s.v.data<float>(), grp.lr, grp.weight_decay, opts_.beta1, opts_.beta2,
+                         opts_.eps, t);
+      } else {
+        jobs.push_back({1, f64.size()});
+        f64.emplace_back(np.param.data<double>(), g.data<double>(), s.m.data<double>(),
+                         s.v.data<double>(), grp.lr, grp.weight_decay, opts_.beta1, opts_.beta2,
+                         opts_.eps, t);
+      }
     }
   }
+  for_each_item(sizes, 8, [&](size_t j, int64_t b, int64_t e) {
+    if (jobs[j].first == 0)
+      f32[jobs[j].second](b, e);
+    else
+      f64[jobs[j].second](b, e);
+  });
   ++steps_;
 }
 
@@ -231,58 +295,85 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
   NXD_CHECK(norm_type == kInfNorm || norm_type == 2.0,
             "[grad_norm] norm_type must be 2 or kInfNorm (-1), got ", norm_type);
   NoGradGuard ng;
-  double acc = 0.0;
+  const bool inf = norm_type == kInfNorm;
+  // f32/f64 gradients: blocks of 1024 elements, each summed (or maxed) into its own double partial
+  // in parallel; the partials are then added in order (per tensor, then over tensors), so the
+  // result does not depend on the thread count.
+  constexpr int64_t kPart = 1024;
+  std::vector<Tensor> gs;
+  std::vector<int64_t> sizes, first;  // elements per tensor, index of its first partial
+  int64_t parts = 0;
   for (const auto& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     g = g.contiguous();
-    const int64_t n = g.numel();
-    dispatch(g.dtype(), [&]<class T>() {
+    const bool fast = g.dtype() == DType::f32 || g.dtype() == DType::f64;
+    gs.push_back(g);
+    sizes.push_back(fast ? g.numel() : 0);
+    first.push_back(parts);
+    parts += kernels::num_chunks(g.numel(), kPart);
+  }
+  std::vector<double> part(parts);
+  static_assert(kItem % kPart == 0);
+  for_each_item(sizes, 2, [&](size_t j, int64_t b, int64_t e) {
+    dispatch(gs[j].dtype(), [&]<class T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-        const T* d = g.data<T>();
-        if (norm_type == kInfNorm) {
-          T m = 0;
-          for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(d[i]));
-          acc = std::max(acc, static_cast<double>(m));
-        } else {
-          // blocks of f32 partial sums in double keep the loop vectorizable and accurate
-          double s = 0;
-          for (int64_t i0 = 0; i0 < n; i0 += 1024) {
-            const int64_t i1 = std::min(n, i0 + 1024);
-            double part = 0;
-            for (int64_t i = i0; i < i1; ++i) part += static_cast<double>(d[i]) * d[i];
-            s += part;
+        const T* d = gs[j].data<T>();
+        for (int64_t i0 = b; i0 < e; i0 += kPart) {
+          const int64_t i1 = std::min(e, i0 + kPart);
+          double r = 0;
+          if (inf) {
+            T m = 0;
+            for (int64_t i = i0; i < i1; ++i) m = std::max(m, std::abs(d[i]));
+            r = static_cast<double>(m);
+          } else {
+            for (int64_t i = i0; i < i1; ++i) r += static_cast<double>(d[i]) * d[i];
           }
-          acc += s;
+          part[first[j] + i0 / kPart] = r;
         }
-      } else {
-        for (double x : g.to_vector())
-          acc = norm_type == kInfNorm ? std::max(acc, std::abs(x)) : acc + x * x;
       }
     });
+  });
+  double acc = 0.0;
+  for (size_t j = 0; j < gs.size(); ++j) {
+    if (gs[j].dtype() != DType::f32 && gs[j].dtype() != DType::f64) {
+      for (double x : gs[j].to_vector()) acc = inf ? std::max(acc, std::abs(x)) : acc + x * x;
+      continue;
+    }
+    const int64_t n = kernels::num_chunks(sizes[j], kPart);
+    double s = 0;
+    for (int64_t k = 0; k < n; ++k)
+      s = inf ? std::max(s, part[first[j] + k]) : s + part[first[j] + k];
+    acc = inf ? std::max(acc, s) : acc + s;
   }
-  return norm_type == kInfNorm ? acc : std::sqrt(acc);
+  return inf ? acc : std::sqrt(acc);
 }
 
 void scale_grads(const std::vector<Tensor>& params, double coef) {
   NoGradGuard ng;
+  std::vector<Tensor> fast;
+  std::vector<int64_t> sizes;
   for (const auto& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     if (g.is_contiguous() && (g.dtype() == DType::f32 || g.dtype() == DType::f64)) {
-      dispatch(g.dtype(), [&]<class T>() {
-        if constexpr (std::is_floating_point_v<T>) {
-          T* d = g.data<T>();
-          const T c = static_cast<T>(coef);
-          for (int64_t i = 0, n = g.numel(); i < n; ++i) d[i] *= c;
-        }
-      });
+      fast.push_back(g);
+      sizes.push_back(g.numel());
     } else {
       std::vector<double> v = g.to_vector();
       for (auto& x : v) x *= coef;
       g.copy_(from_doubles(v, g.shape(), DType::f64));
     }
   }
+  for_each_item(sizes, 1, [&](size_t j, int64_t b, int64_t e) {
+    dispatch(fast[j].dtype(), [&]<class T>() {
+      if constexpr (std::is_floating_point_v<T>) {
+        T* d = fast[j].data<T>();
+        const T c = static_cast<T>(coef);
+        for (int64_t i = b; i < e; ++i) d[i] *= c;
+      }
+    });
+  });
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) {
