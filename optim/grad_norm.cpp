@@ -5,54 +5,10 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/runtime/error.h"
-#include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::optim {
 
 namespace {
-
-// Sum of squares (or max |x|) of a gradient, in double.
-double local_stat(const Tensor& grad, bool inf) {
-  Tensor g = grad.contiguous();
-  const int64_t n = g.numel();
-  // blocks of 1024 partial sums (or maxima) keep the loop vectorizable; the blocks run in parallel
-  // and are added in order, in double, so the result does not depend on the thread count
-  constexpr int64_t kPart = 1024;
-  double acc = 0.0;
-  auto run = [&](auto load) {
-    std::vector<double> part(kernels::num_chunks(n, kPart));
-    kernels::for_chunks(n, kPart, 2, [&](int64_t c, int64_t i0, int64_t i1) {
-      double r = 0;
-      for (int64_t i = i0; i < i1; ++i) {
-        const double x = load(i);
-        r = inf ? std::max(r, std::abs(x)) : r + x * x;
-      }
-      part[c] = r;
-    });
-    for (double r : part) acc = inf ? std::max(acc, r) : acc + r;
-  };
-  switch (g.dtype()) {
-    case DType::f32: {
-      const float* d = g.data<float>();
-      run([d](int64_t i) { return static_cast<double>(d[i]); });
-      break;
-    }
-    case DType::f64: {
-      const double* d = g.data<double>();
-      run([d](int64_t i) { return d[i]; });
-      break;
-    }
-    case DType::bf16: {
-      const bf16* d = g.data<bf16>();
-      run([d](int64_t i) { return static_cast<double>(static_cast<float>(d[i])); });
-      break;
-    }
-    default:
-      throw InvalidArgument(
-          str("[parallel_grad_norm] gradient ", g.desc(), " is not floating point"));
-  }
-  return acc;
-}
 
 void reduce_over(const std::shared_ptr<Communicator>& g, double& v, bool inf) {
   if (!g || g->size() == 1) return;
@@ -96,7 +52,7 @@ double parallel_grad_norm(const std::vector<NormParam>& params, const NormGroups
     const int64_t m = sharded ? p.attrs.kv_replicas : 1;
     NXD_CHECK(m >= 1 && tp % m == 0, "[parallel_grad_norm] parameter '", p.name,
               "' has kv_replicas ", m, " which does not divide the TP size ", tp);
-    const double s = local_stat(g, inf);
+    const double s = grad_stat(g, inf);
     total = inf ? std::max(total, s) : total + s / static_cast<double>(m);
   }
   reduce_over(groups.tp, total, inf);

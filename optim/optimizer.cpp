@@ -291,59 +291,62 @@ void AdamW::step() {
 
 // ---- norms ----
 
+double grad_stat(const Tensor& grad, bool inf) {
+  Tensor g = grad.contiguous();
+  NXD_CHECK(is_floating(g.dtype()), "[grad_norm] gradient ", g.desc(), " is not floating point");
+  // 1024-element blocks, each into its own double partial (8 interleaved lanes, so the loop
+  // vectorizes, combined pairwise); the partials are added in block order
+  constexpr int64_t kPart = 1024, kLanes = 8;
+  const int64_t n = g.numel();
+  std::vector<double> part(kernels::num_chunks(n, kPart));
+  auto run = [&](auto load) {
+    kernels::for_chunks(n, kPart, 2, [&](int64_t c, int64_t i0, int64_t i1) {
+      double acc[kLanes] = {};
+      int64_t i = i0;
+      if (inf) {
+        for (; i < i1; ++i) acc[0] = std::max(acc[0], std::abs(load(i)));
+        part[c] = acc[0];
+        return;
+      }
+      for (; i + kLanes <= i1; i += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) {
+          const double x = load(i + l);
+          acc[l] += x * x;
+        }
+      for (int64_t w = kLanes / 2; w > 0; w /= 2)
+        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+      for (; i < i1; ++i) {
+        const double x = load(i);
+        acc[0] += x * x;
+      }
+      part[c] = acc[0];
+    });
+  };
+  dispatch(g.dtype(), [&]<class T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                  std::is_same_v<T, bf16>) {
+      const T* d = g.data<T>();
+      if constexpr (std::is_same_v<T, bf16>)
+        run([d](int64_t i) { return static_cast<double>(static_cast<float>(d[i])); });
+      else
+        run([d](int64_t i) { return static_cast<double>(d[i]); });
+    }
+  });
+  double s = 0;
+  for (double p : part) s = inf ? std::max(s, p) : s + p;
+  return s;
+}
+
 double grad_norm(const std::vector<Tensor>& params, double norm_type) {
   NXD_CHECK(norm_type == kInfNorm || norm_type == 2.0,
             "[grad_norm] norm_type must be 2 or kInfNorm (-1), got ", norm_type);
   NoGradGuard ng;
   const bool inf = norm_type == kInfNorm;
-  // f32/f64 gradients: blocks of 1024 elements, each summed (or maxed) into its own double partial
-  // in parallel; the partials are then added in order (per tensor, then over tensors), so the
-  // result does not depend on the thread count.
-  constexpr int64_t kPart = 1024;
-  std::vector<Tensor> gs;
-  std::vector<int64_t> sizes, first;  // elements per tensor, index of its first partial
-  int64_t parts = 0;
+  double acc = 0.0;
   for (const auto& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    g = g.contiguous();
-    const bool fast = g.dtype() == DType::f32 || g.dtype() == DType::f64;
-    gs.push_back(g);
-    sizes.push_back(fast ? g.numel() : 0);
-    first.push_back(parts);
-    parts += kernels::num_chunks(g.numel(), kPart);
-  }
-  std::vector<double> part(parts);
-  static_assert(kItem % kPart == 0);
-  for_each_item(sizes, 2, [&](size_t j, int64_t b, int64_t e) {
-    dispatch(gs[j].dtype(), [&]<class T>() {
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-        const T* d = gs[j].data<T>();
-        for (int64_t i0 = b; i0 < e; i0 += kPart) {
-          const int64_t i1 = std::min(e, i0 + kPart);
-          double r = 0;
-          if (inf) {
-            T m = 0;
-            for (int64_t i = i0; i < i1; ++i) m = std::max(m, std::abs(d[i]));
-            r = static_cast<double>(m);
-          } else {
-            for (int64_t i = i0; i < i1; ++i) r += static_cast<double>(d[i]) * d[i];
-          }
-          part[first[j] + i0 / kPart] = r;
-        }
-      }
-    });
-  });
-  double acc = 0.0;
-  for (size_t j = 0; j < gs.size(); ++j) {
-    if (gs[j].dtype() != DType::f32 && gs[j].dtype() != DType::f64) {
-      for (double x : gs[j].to_vector()) acc = inf ? std::max(acc, std::abs(x)) : acc + x * x;
-      continue;
-    }
-    const int64_t n = kernels::num_chunks(sizes[j], kPart);
-    double s = 0;
-    for (int64_t k = 0; k < n; ++k)
-      s = inf ? std::max(s, part[first[j] + k]) : s + part[first[j] + k];
+    const double s = grad_stat(g, inf);
     acc = inf ? std::max(acc, s) : acc + s;
   }
   return inf ? acc : std::sqrt(acc);

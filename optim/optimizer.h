@@ -134,6 +134,10 @@ class AdamW : public Optimizer {
 // kInfNorm (max |g|). Parameters without a gradient are skipped. Accumulates in double.
 inline constexpr double kInfNorm = -1.0;
 double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
+// The statistic grad_norm adds up per gradient (parallel_grad_norm too): the sum of squares of a
+// floating tensor's elements in double, or with inf the largest |x|. Runs on the compute pool in
+// an order fixed by the element count, so it is the same for any thread count.
+double grad_stat(const Tensor& g, bool inf);
 // Multiplies every gradient by `coef` in place.
 void scale_grads(const std::vector<Tensor>& params, double coef);
 // torch.nn.utils.clip_grad_norm_: total = grad_norm(params); if max_norm / (total + 1e-6) < 1

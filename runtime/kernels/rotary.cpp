@@ -42,6 +42,18 @@ void tables(std::vector<T>& c, std::vector<T>& s, int64_t seq, int64_t r, double
     }
 }
 
+// One row: y[:half] = x1 c - x2 s', y[half:2 half] = x2 c + x1 s' with s' = sign * s (x, y do not
+// overlap; restrict parameters let the loop vectorize).
+template <class T>
+void rotate_half(T* __restrict y, const T* __restrict x, const T* __restrict c,
+                 const T* __restrict s, int64_t half, T sign) {
+  for (int64_t j = 0; j < half; ++j) {
+    const T sn = sign * s[j];
+    y[j] = x[j] * c[j] - x[j + half] * sn;
+    y[j + half] = x[j + half] * c[j] + x[j] * sn;
+  }
+}
+
 // The tables of the last call on this thread (a step rotates q and k of every layer, forward and
 // backward, with the same positions).
 template <class T>
@@ -83,15 +95,11 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
     for_rows(B * H * S, 3 * D, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t b = i / (H * S), h = i / S % H, p = i % S;
-        const T* __restrict xr = xp + b * xs0 + h * xs1 + p * xs2;
-        T* __restrict yr = yp + b * ys0 + h * ys1 + p * ys2;
+        const T* xr = xp + b * xs0 + h * xs1 + p * xs2;
+        T* yr = yp + b * ys0 + h * ys1 + p * ys2;
         const T* cr = c.data() + p * half;
         const T* sr = s.data() + p * half;
-        for (int64_t j = 0; j < half; ++j) {
-          T sn = sign * sr[j];
-          yr[j] = xr[j] * cr[j] - xr[j + half] * sn;
-          yr[j + half] = xr[j + half] * cr[j] + xr[j] * sn;
-        }
+        rotate_half(yr, xr, cr, sr, half, sign);
         if (r < D) std::memcpy(yr + r, xr + r, sizeof(T) * (D - r));
       }
     });
