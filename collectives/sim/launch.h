@@ -7,7 +7,11 @@
 // NeuronCore-v2), so an allocation beyond it throws OutOfDeviceMemory. BLAS runs single-threaded
 // while ranks run. Data really moves through shared memory: each rank reduces its own chunk of
 // every all-reduce directly from the peers' buffers in rank order and writes it into every
-// member's output, so results are bitwise identical on every rank and every run.
+// member's output, so results are bitwise identical on every rank and every run. A collective
+// costs two rendezvous of the group (arrival, completion); a waiting rank spins briefly when the
+// world has no more ranks than hardware threads (adaptively: less after spins that failed), then
+// sleeps on a futex. NXD_SIM_SPIN_US sets the longest spin in microseconds (0: never spin;
+// default 50, or 0 when ranks outnumber hardware threads).
 //
 // Non-blocking calls (iall_reduce, ...) move their data when issued, in issue order, and run on
 // the rank's comm stream of the simulated clock: they overlap the compute charged before wait(),

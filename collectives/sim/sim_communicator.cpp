@@ -91,13 +91,17 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, double max_s) {
   if (word->load() == seen) std::this_thread::sleep_for(std::chrono::microseconds(50));
 #endif
 }
-void futex_wake_all(std::atomic<uint32_t>* word) {
+void futex_wake(std::atomic<uint32_t>* word, int count) {
 #if defined(__linux__)
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
-          nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, count, nullptr, nullptr,
+          0);
 #else
   (void)word;
+  (void)count;
 #endif
+}
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  futex_wake(word, INT_MAX);
 }
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -126,6 +130,18 @@ struct Group {
   alignas(64) std::array<std::vector<CallDesc>, 2> posted;  // by round parity
   std::vector<std::atomic<uint64_t>> arrived_round;         // per member: last round arrived + 1
   std::vector<uint64_t> blocked_round;  // per member: round + 1 it sleeps in (world mutex)
+  // The data phase of the call of each round parity: member m's work items are claimed from
+  // cursor[parity][m] (its own first, then by any member that has finished its own), and
+  // `remaining` counts the call's items not yet done (each member adds its own before arriving).
+  struct alignas(64) Cursor {
+    std::atomic<int64_t> next{0};
+  };
+  struct alignas(64) Remaining {
+    std::atomic<int64_t> items{0};
+  };
+  std::array<std::vector<Cursor>, 2> cursor{std::vector<Cursor>(members.size()),
+                                            std::vector<Cursor>(members.size())};
+  std::array<Remaining, 2> remaining;
 };
 
 struct Message {
@@ -156,6 +172,7 @@ struct World {
   std::map<std::string, std::deque<Message>> mail;
   std::atomic<bool> aborted{false};
   double spin_s = 0;  // how long a waiting member spins before it sleeps
+  int helpers = 1;    // sleepers woken to share a data phase (hardware threads - 1)
   std::string abort_msg;
   int fail_rank = -1;
   std::exception_ptr fail;
@@ -306,11 +323,13 @@ class SimCommunicator final : public Communicator {
  private:
   Work run(CollKind kind, const void* s, void* r, int64_t n, DType t, ReduceOp op, bool reduces,
            int root, bool async);
-  // Arrives at the group's next round and waits until every member has (throws on abort or
-  // timeout). `call` names the call in messages (formatted only when sleeping or failing).
-  // Returns the round.
-  uint64_t arrive(const char* op, const CallDesc& call);
-  void wait_round(uint64_t round, const char* op, const CallDesc& call);
+  // Waits until done() (spin, then sleep as a blocked rank; throws on abort or timeout). `call`
+  // names the call in messages (formatted only when sleeping or failing).
+  template <class Done>
+  void wait_for(uint64_t round, Done done, const char* op, const CallDesc& call);
+  void release(uint64_t round, int count);
+  int64_t items_of(const CallDesc& d, int m) const;
+  void do_item(const std::vector<CallDesc>& calls, int m, int64_t j);
   int me() const { return ranks()[rank()]; }
   std::string mail_key(int src, int dst, int tag) const {
     return str(uid_, "|", src, ">", dst, "#", tag);
@@ -330,43 +349,30 @@ class SimCommunicator final : public Communicator {
   std::vector<const void*> srcs_;
 };
 
-uint64_t SimCommunicator::arrive(const char* op, const CallDesc& call) {
+// Unblocks (for deadlock accounting) the members asleep in `round` and wakes up to `count` of
+// them; called after the condition they wait for became true.
+void SimCommunicator::release(uint64_t round, int count) {
   World& w = *w_;
   Group& g = *g_;
-  if (w.aborted.load(std::memory_order_acquire)) {
+  g.wake.fetch_add(1);
+  if (g.sleepers.load() == 0) return;  // seq_cst: pairs with the sleepers' registration
+  {
     std::lock_guard lk(w.mu);
-    w.throw_aborted_locked(op, me());
-  }
-  const uint64_t round = round_++;
-  const uint64_t n = static_cast<uint64_t>(size());
-  g.arrived_round[rank()].store(round + 1, std::memory_order_relaxed);
-  const uint64_t a = g.arrivals.fetch_add(1) + 1;  // seq_cst: pairs with the sleepers count
-  if (a == (round + 1) * n) {
-    g.wake.fetch_add(1);
-    if (g.sleepers.load() > 0) {
-      {
-        std::lock_guard lk(w.mu);
-        for (size_t m = 0; m < g.members.size(); ++m)
-          if (g.blocked_round[m] == round + 1) {
-            g.blocked_round[m] = 0;
-            w.unblock_locked(g.members[m]);
-          }
+    for (size_t m = 0; m < g.members.size(); ++m)
+      if (g.blocked_round[m] == round + 1) {
+        g.blocked_round[m] = 0;
+        w.unblock_locked(g.members[m]);
       }
-      futex_wake_all(&g.wake);
-    }
-    return round;
   }
-  wait_round(round, op, call);
-  return round;
+  futex_wake(&g.wake, count);
 }
 
-void SimCommunicator::wait_round(uint64_t round, const char* op, const CallDesc& call) {
+template <class Done>
+void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const CallDesc& call) {
   World& w = *w_;
   Group& g = *g_;
-  const uint64_t target = (round + 1) * static_cast<uint64_t>(size());
-  auto done = [&] { return g.arrivals.load() >= target; };
-  // Adaptive spin: the budget doubles (up to World::spin_s) when a spin ends with the round
-  // complete and halves when the member had to sleep anyway (a loaded machine, or a slow peer).
+  // Adaptive spin: the budget doubles (up to World::spin_s) when a spin ends with the condition
+  // true and halves when the member had to sleep anyway (a loaded machine, or a slow peer).
   if (w.spin_s > 0) {
     const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(spin_budget_));
@@ -380,6 +386,8 @@ void SimCommunicator::wait_round(uint64_t round, const char* op, const CallDesc&
       if ((k & 15) == 15 && Clock::now() >= until) break;
     }
     spin_budget_ = std::max(1e-6, spin_budget_ / 2);
+  } else if (done()) {
+    return;
   }
   const int i = rank();
   const std::string what = str(call.str(), " on group ", g.name);
@@ -420,6 +428,101 @@ void SimCommunicator::wait_round(uint64_t round, const char* op, const CallDesc&
   throw CommError(msg);
 }
 
+namespace {
+constexpr int64_t kItemBytes = 64 << 10;  // one work item of a data phase
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+// all_reduce: member m's chunk, 64-byte aligned so members never write the same cache line.
+std::pair<int64_t, int64_t> ar_chunk(int64_t n, int p, int m, int64_t es) {
+  const int64_t line = std::max<int64_t>(1, 64 / es);
+  const int64_t per = ceil_div(ceil_div(n, p), line) * line;
+  const int64_t lo = std::min<int64_t>(n, m * per);
+  return {lo, std::min<int64_t>(n, lo + per)};
+}
+}  // namespace
+
+// Work items of member m for the call `d` (the same on every member when the calls match).
+int64_t SimCommunicator::items_of(const CallDesc& d, int m) const {
+  const int p = size();
+  if (d.meta || d.kind == CollKind::barrier || d.count == 0 || p == 1) return 0;
+  const int64_t es = dtype_size(d.dtype), per_item = std::max<int64_t>(1, kItemBytes / es);
+  const int64_t n = d.count;
+  switch (d.kind) {
+    case CollKind::all_reduce: {
+      auto [lo, hi] = ar_chunk(n, p, m, es);
+      return ceil_div(hi - lo, per_item);
+    }
+    case CollKind::reduce_scatter:
+      return ceil_div(n, per_item);
+    case CollKind::all_gather:
+    case CollKind::all_to_all:
+      return p * ceil_div(n, per_item);
+    case CollKind::broadcast:
+      return m == d.root ? 0 : ceil_div(n, per_item);
+    case CollKind::reduce:
+      return m == d.root ? ceil_div(n, per_item) : 0;
+    default:
+      return 0;
+  }
+}
+
+// Item j of member m: a block of member m's result, reduced in rank order or copied.
+void SimCommunicator::do_item(const std::vector<CallDesc>& calls, int m, int64_t j) {
+  const CallDesc& d = calls[m];
+  const int p = size();
+  const int64_t es = dtype_size(d.dtype), per_item = std::max<int64_t>(1, kItemBytes / es);
+  const int64_t n = d.count;
+  auto snd = [&](int k) { return static_cast<const char*>(calls[k].send); };
+  auto rcv = [&](int k) { return static_cast<char*>(calls[k].recv); };
+  srcs_.resize(p);
+  dsts_.resize(p);
+  switch (d.kind) {
+    case CollKind::all_reduce: {
+      auto [lo, hi] = ar_chunk(n, p, m, es);
+      const int64_t b = lo + j * per_item, len = std::min(per_item, hi - b);
+      for (int k = 0; k < p; ++k) {
+        srcs_[k] = snd(k) + b * es;
+        const int dk = k == 0 ? m : (k <= m ? k - 1 : k);  // member m's buffer first
+        dsts_[k] = rcv(dk) + b * es;
+      }
+      reduce_buffers_to(dsts_.data(), p, srcs_.data(), p, len, d.dtype, d.rop, p);
+      break;
+    }
+    case CollKind::reduce_scatter: {
+      const int64_t off = j * per_item, len = std::min(per_item, n - off);
+      for (int k = 0; k < p; ++k) srcs_[k] = snd(k) + (m * n + off) * es;
+      void* dst = rcv(m) + off * es;
+      reduce_buffers_to(&dst, 1, srcs_.data(), p, len, d.dtype, d.rop, p);
+      break;
+    }
+    case CollKind::all_gather:
+    case CollKind::all_to_all: {
+      const int64_t per = ceil_div(n, per_item);
+      const int k = static_cast<int>(j / per);
+      const int64_t off = (j % per) * per_item, len = std::min(per_item, n - off);
+      const char* src = snd(k) + ((d.kind == CollKind::all_to_all ? m * n : 0) + off) * es;
+      char* dst = rcv(m) + (k * n + off) * es;
+      if (dst != src) std::memcpy(dst, src, len * es);
+      break;
+    }
+    case CollKind::broadcast: {
+      const int64_t off = j * per_item, len = std::min(per_item, n - off);
+      std::memcpy(rcv(m) + off * es, rcv(d.root) + off * es, len * es);
+      break;
+    }
+    case CollKind::reduce: {
+      const int64_t off = j * per_item, len = std::min(per_item, n - off);
+      for (int k = 0; k < p; ++k) srcs_[k] = snd(k) + off * es;
+      void* dst = rcv(m) + off * es;
+      reduce_buffers_to(&dst, 1, srcs_.data(), p, len, d.dtype, d.rop, p);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
 Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DType t, ReduceOp op,
                           bool reduces, int root, bool async) {
   const char* name = coll_kind_name(kind);
@@ -445,17 +548,43 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
                 ((r != nullptr || !needs_recv) && (s != nullptr || kind == CollKind::broadcast)),
             "[", name, "] null buffer with count ", n, " on group ", g_->name);
 
+  World& w = *w_;
+  Group& g = *g_;
   const int p = size(), i = rank();
-  // Round parity picks the slot; a peer cannot reuse it before this member arrives again.
-  std::vector<CallDesc>& calls = g_->posted[round_ & 1];
+  if (w.aborted.load(std::memory_order_acquire)) {
+    std::lock_guard lk(w.mu);
+    w.throw_aborted_locked(name, me());
+  }
+  // Round parity picks the slots; a peer cannot reuse them before this member arrives again.
+  const uint64_t round = round_++;
+  const int par = static_cast<int>(round & 1);
+  std::vector<CallDesc>& calls = g.posted[par];
   calls[i] = d;
-  arrive(name, d);
-  for (int k = 0; k < p; ++k) {
-    if (!calls[k].matches(calls[0])) {
-      std::string msg = str("[", name, "] mismatched collectives on group ", g_->name, ":");
-      for (int m = 0; m < p; ++m) msg += str("\n  rank ", ranks()[m], ": ", calls[m].str());
-      throw CommError(msg);
-    }
+  const int64_t mine = items_of(d, i);
+  g.cursor[par][i].next.store(0, std::memory_order_relaxed);
+  if (mine > 0) g.remaining[par].items.fetch_add(mine);
+  g.arrived_round[i].store(round + 1, std::memory_order_relaxed);
+  const uint64_t target = (round + 1) * static_cast<uint64_t>(p);
+  auto matched = [&] {
+    for (int k = 1; k < p; ++k)
+      if (!calls[k].matches(calls[0])) return false;
+    return true;
+  };
+  if (g.arrivals.fetch_add(1) + 1 == target) {
+    // Last to arrive. With data to move, the members that are awake (this one and any
+    // spinner) do it, and only `helpers` sleepers are woken to share it; the others sleep on
+    // until the data phase is done.
+    const bool work = g.remaining[par].items.load() > 0 && matched();
+    release(round, work ? w.helpers : INT_MAX);
+  } else {
+    wait_for(
+        round, [&] { return g.arrivals.load() >= target; }, name, d);
+  }
+  if (!matched()) {
+    if (mine > 0) g.remaining[par].items.fetch_sub(mine);
+    std::string msg = str("[", name, "] mismatched collectives on group ", g.name, ":");
+    for (int m = 0; m < p; ++m) msg += str("\n  rank ", ranks()[m], ": ", calls[m].str());
+    throw CommError(msg);
   }
 
   // Simulated time: the collective starts when the last member is ready.
@@ -468,63 +597,32 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
     bytes *= p;
   double finish = start;
   if (clock) {
-    CollCost cost = collective_cost(w_->machine, kind, ranks(), links(), bytes, w_->opts.algorithm);
+    CollCost cost = collective_cost(w.machine, kind, ranks(), links(), bytes, w.opts.algorithm);
     finish = start + cost.seconds;
     clock->record_comm(
         name, start, finish, async,
-        str("bytes=", bytes, " group=", g_->name, " algo=", algorithm_name(cost.algorithm)));
+        str("bytes=", bytes, " group=", g.name, " algo=", algorithm_name(cost.algorithm)));
   }
 
   if (!d.meta && kind != CollKind::barrier && n > 0 && p > 1) {
-    char* out = static_cast<char*>(r);
-    auto src = [&](int k) { return static_cast<const char*>(calls[k].send); };
-    srcs_.resize(p);
-    dsts_.resize(p);
-    switch (kind) {
-      case CollKind::all_reduce: {
-        // Chunk i of every buffer is touched only by member i (safe in place). Chunks are
-        // 64-byte multiples so members never write the same cache line.
-        const int64_t line = std::max<int64_t>(1, 64 / es);
-        const int64_t per = ((n + p - 1) / p + line - 1) / line * line;
-        const int64_t lo = std::min<int64_t>(n, i * per), hi = std::min<int64_t>(n, lo + per);
-        if (hi > lo) {
-          for (int k = 0; k < p; ++k) {
-            srcs_[k] = src(k) + lo * es;
-            // Own buffer first: the block is stored there while it is hot, then to the peers.
-            const int dk = k == 0 ? i : (k <= i ? k - 1 : k);
-            dsts_[k] = static_cast<char*>(calls[dk].recv) + lo * es;
-          }
-          reduce_buffers_to(dsts_.data(), p, srcs_.data(), p, hi - lo, t, op, p);
-        }
-        break;
+    // Data phase: this member's items first, then any items left to the others (a descheduled
+    // peer's share is done by whoever runs). Each item is one block of one member's result.
+    std::atomic<int64_t>& left = g.remaining[par].items;
+    for (int q = 0; q < p; ++q) {
+      const int m = (i + q) % p;
+      const int64_t items = q == 0 ? mine : items_of(d, m);
+      if (items == 0) continue;
+      std::atomic<int64_t>& next = g.cursor[par][m].next;
+      for (;;) {
+        const int64_t j = next.fetch_add(1);
+        if (j >= items) break;
+        do_item(calls, m, j);
+        if (left.fetch_sub(1) == 1) release(round, INT_MAX);  // the last item of the call
       }
-      case CollKind::reduce_scatter: {
-        for (int k = 0; k < p; ++k) srcs_[k] = src(k) + i * n * es;
-        void* dst = out;
-        reduce_buffers_to(&dst, 1, srcs_.data(), p, n, t, op, p);
-        break;
-      }
-      case CollKind::all_gather:
-        for (int k = 0; k < p; ++k)
-          if (out + k * n * es != src(k)) std::memcpy(out + k * n * es, src(k), n * es);
-        break;
-      case CollKind::broadcast:
-        if (i != root) std::memcpy(out, calls[root].recv, n * es);
-        break;
-      case CollKind::reduce:
-        if (i == root) {
-          for (int k = 0; k < p; ++k) srcs_[k] = src(k);
-          void* dst = out;
-          reduce_buffers_to(&dst, 1, srcs_.data(), p, n, t, op, p);
-        }
-        break;
-      case CollKind::all_to_all:
-        for (int k = 0; k < p; ++k) std::memcpy(out + k * n * es, src(k) + i * n * es, n * es);
-        break;
-      default:
-        break;
     }
-    arrive(name, d);  // completion: the peers are done with this member's buffers
+    // Completion: every member's result is written and nobody reads this member's buffers.
+    wait_for(
+        round, [&] { return left.load() == 0; }, name, d);
   } else if (!d.meta && n > 0 && p == 1 && s != r && s && r && kind != CollKind::broadcast) {
     std::memcpy(r, s, n * es);
   }
@@ -707,6 +805,7 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
   // spinner may hold the core its peer needs. NXD_SIM_SPIN_US overrides (0: never spin).
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   w->spin_s = n <= static_cast<int>(hw) ? 50e-6 : 0;
+  w->helpers = static_cast<int>(hw) - 1;
   if (const char* e = std::getenv("NXD_SIM_SPIN_US"))
     w->spin_s = std::max(0.0, std::atof(e)) * 1e-6;
   std::vector<int> all(n);
