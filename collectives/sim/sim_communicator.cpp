@@ -4,21 +4,28 @@
 // dtype, count, root, buffers, ready time) in its slot of the group and arrives; when the last
 // member arrives, every member reads all the calls, checks they match (all compute the same
 // verdict, so all throw together), charges the modeled time of the collective to its SimClock,
-// and moves data straight between the members' buffers:
-//   all_reduce      member i reduces chunk i of every member's send buffer in rank order (one
-//                   pass, L1-sized blocks) and stores it into every member's recv buffer.
-//   reduce_scatter  member i reduces block i of every send buffer in rank order.
-//   all_gather, broadcast, all_to_all, reduce: one copy/reduce pass.
-// A second arrival (the completion) keeps every buffer alive until the peers are done with it.
+// and moves data straight between the members' buffers. The data phase is a list of work items
+// per member (64 KiB blocks of that member's result):
+//   all_reduce      member i's items are the blocks of chunk i (64-byte aligned): each is
+//                   reduced from every member's send buffer in rank order (L1-sized blocks)
+//                   and stored into every member's recv buffer.
+//   reduce_scatter  member i's items reduce block i of every send buffer in rank order.
+//   all_gather, broadcast, all_to_all, reduce: copies (or the reduction) into member i's output.
+// A member claims its own items first, then whatever is left of the others' (so a descheduled
+// peer does not stall the call; the bits do not depend on who does an item), and the call
+// completes when the group's count of remaining items reaches zero, which also keeps every
+// buffer alive until the peers are done with it.
 // Point-to-point sends are buffered in a mailbox per (group, src, dst, tag); recv blocks.
 //
-// Arrivals are rounds of the group: a member's k-th arrival belongs to round k, which completes
-// when the group's arrival counter reaches (k+1) x size. The call slots are double-buffered by
-// round parity (a member can be at most one round ahead of any peer). A waiting member spins
-// briefly (only when the world has no more ranks than hardware threads, so a spinner never
-// takes a core from the peer it waits for), then sleeps on a futex. A sleeping member is marked
-// blocked under the world mutex, which also guards the mailboxes; a world-wide count of running
-// ranks detects deadlock (every live rank blocked), and every wait has a deadline
+// Arrivals are rounds of the group: a member's k-th call is round k, which every member has
+// reached when the group's arrival counter is (k+1) x size. The call slots, claim cursors and
+// remaining-item counters are double-buffered by round parity (a member can be at most one
+// round ahead of any peer). A waiting member spins briefly (only when the world has no more
+// ranks than hardware threads, so a spinner never takes a core from the peer it waits for;
+// adaptively), then sleeps on a futex. The last arriver wakes hardware_threads - 1 sleepers to
+// share the data phase; the others sleep until it is done. A sleeping member is marked blocked
+// under the world mutex, which also guards the mailboxes; a world-wide count of running ranks
+// detects deadlock (every live rank blocked), and every wait has a deadline
 // (LaunchOptions::timeout_s).
 #include <algorithm>
 #include <array>
@@ -325,8 +332,11 @@ class SimCommunicator final : public Communicator {
            int root, bool async);
   // Waits until done() (spin, then sleep as a blocked rank; throws on abort or timeout). `call`
   // names the call in messages (formatted only when sleeping or failing).
+  // `abortable` false: a world abort does not end the wait (the data phase of a call always
+  // completes, and peers may still be writing into this member's buffers).
   template <class Done>
-  void wait_for(uint64_t round, Done done, const char* op, const CallDesc& call);
+  void wait_for(uint64_t round, Done done, const char* op, const CallDesc& call,
+                bool abortable = true);
   void release(uint64_t round, int count);
   int64_t items_of(const CallDesc& d, int m) const;
   void do_item(const std::vector<CallDesc>& calls, int m, int64_t j);
@@ -368,7 +378,8 @@ void SimCommunicator::release(uint64_t round, int count) {
 }
 
 template <class Done>
-void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const CallDesc& call) {
+void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const CallDesc& call,
+                               bool abortable) {
   World& w = *w_;
   Group& g = *g_;
   // Adaptive spin: the budget doubles (up to World::spin_s) when a spin ends with the condition
@@ -381,7 +392,7 @@ void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const 
         spin_budget_ = std::min(w.spin_s, 2 * spin_budget_ + 1e-6);
         return;
       }
-      if (w.aborted.load(std::memory_order_relaxed)) break;
+      if (abortable && w.aborted.load(std::memory_order_relaxed)) break;
       cpu_relax();
       if ((k & 15) == 15 && Clock::now() >= until) break;
     }
@@ -393,7 +404,7 @@ void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const 
   const std::string what = str(call.str(), " on group ", g.name);
   {
     std::unique_lock lk(w.mu);
-    if (w.aborted.load()) {
+    if (abortable && w.aborted.load()) {
       if (done()) return;
       w.throw_aborted_locked(op, me());
     }
@@ -409,7 +420,7 @@ void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const 
   const auto t0 = Clock::now();
   for (;;) {
     const uint32_t seen = g.wake.load();
-    if (done() || w.aborted.load()) break;
+    if (done() || (abortable && w.aborted.load())) break;
     const double left = w.opts.timeout_s - std::chrono::duration<double>(Clock::now() - t0).count();
     if (left <= 0) break;
     futex_wait(&g.wake, seen, left);
@@ -421,7 +432,7 @@ void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const 
     w.unblock_locked(me());
   }
   if (done()) return;
-  if (w.aborted.load()) w.throw_aborted_locked(op, me());
+  if (abortable && w.aborted.load()) w.throw_aborted_locked(op, me());
   std::string msg = str("[", op, "] rank ", me(), " timed out after ", w.opts.timeout_s, " s in ",
                         what, "; ranks that never arrived:", missing_str(w, g, round));
   w.abort_locked(me(), std::make_exception_ptr(CommError(msg)), msg);
@@ -622,7 +633,7 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
     }
     // Completion: every member's result is written and nobody reads this member's buffers.
     wait_for(
-        round, [&] { return left.load() == 0; }, name, d);
+        round, [&] { return left.load() == 0; }, name, d, /*abortable=*/false);
   } else if (!d.meta && n > 0 && p == 1 && s != r && s && r && kind != CollKind::broadcast) {
     std::memcpy(r, s, n * es);
   }
