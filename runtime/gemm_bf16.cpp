@@ -263,7 +263,7 @@ NXD_AMX void amx_block(const uint16_t* pa, const uint16_t* pb, int64_t strip, in
   NXD_COMPILER_FENCE();
 }
 
-template <int MI, int NJ>
+// The block for 32 or fewer rows (m2: more than 16) and columns (n2).
 NXD_AMX void amx_block_any(bool m2, bool n2, const uint16_t* pa, const uint16_t* pb, int64_t strip,
                            int64_t steps, const float* in, int64_t in_ld, float* out,
                            int64_t out_ld) {
@@ -411,11 +411,11 @@ NXD_AMX void compute_amx(const Problem& P, int64_t ib0, int64_t ib1, int64_t jb0
           else if (whole && P.beta != 0.0f)
             in = cb, in_ld = P.ldc;
           if (!last) {
-            amx_block_any<2, 2>(m2, n2, pa, pb, strip, steps, in, in_ld, part, 32);
+            amx_block_any(m2, n2, pa, pb, strip, steps, in, in_ld, part, 32);
           } else if (whole) {
-            amx_block_any<2, 2>(m2, n2, pa, pb, strip, steps, in, in_ld, cb, P.ldc);
+            amx_block_any(m2, n2, pa, pb, strip, steps, in, in_ld, cb, P.ldc);
           } else {
-            amx_block_any<2, 2>(m2, n2, pa, pb, strip, steps, in, in_ld, acc, 32);
+            amx_block_any(m2, n2, pa, pb, strip, steps, in, in_ld, acc, 32);
             store_block(acc, rows, cols, P.alpha, P.beta, cb, P.ldc);
           }
         }
