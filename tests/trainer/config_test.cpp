@@ -6,6 +6,7 @@
 
 #include "nxd/runtime/error.h"
 #include "nxd/trainer/config.h"
+#include "support/files.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
@@ -14,13 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path temp_dir() {
-  fs::path d =
-      fs::temp_directory_path() /
-      ("nxd_config_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-       "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return nxd::testing::test_temp_dir("nxd_config_test_");
 }
 
 fs::path write(const fs::path& p, const std::string& text) {

@@ -6,6 +6,7 @@
 
 #include "nxd/runtime/error.h"
 #include "nxd/trainer/data.h"
+#include "support/files.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
@@ -14,12 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path temp_dir() {
-  fs::path d =
-      fs::temp_directory_path() / (std::string("nxd_data_test_") +
-                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return nxd::testing::test_temp_dir("nxd_data_test_");
 }
 
 void write(const fs::path& p, const std::string& bytes) {

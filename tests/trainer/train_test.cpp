@@ -7,6 +7,7 @@
 
 #include "nxd/runtime/blas.h"
 #include "nxd/trainer/train.h"
+#include "support/files.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
@@ -15,12 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path temp_dir(const std::string& tag) {
-  fs::path d = fs::temp_directory_path() /
-               (std::string("nxd_train_test_") +
-                ::testing::UnitTest::GetInstance()->current_test_info()->name() + tag);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return nxd::testing::test_temp_dir("nxd_train_test_" + tag);
 }
 
 // A small repetitive text a tiny model learns within a few dozen steps.
@@ -48,16 +44,9 @@ TrainConfig tiny(const fs::path& out, const fs::path& corpus, std::vector<std::s
 }
 
 std::vector<std::string> loss_columns(const fs::path& csv) {
-  std::ifstream in(csv);
-  std::string line;
-  std::vector<std::string> out;
-  std::getline(in, line);
-  while (std::getline(in, line)) {
-    // step,loss,val_loss: the first three columns
-    size_t p = 0;
-    for (int k = 0; k < 3; ++k) p = line.find(',', p) + 1;
-    out.push_back(line.substr(0, p - 1));  // "step,loss,val_loss"
-  }
+  std::vector<std::string> out;  // "step,loss,val_loss": the first three columns of each row
+  for (const auto& row : nxd::testing::read_csv(csv).rows)
+    out.push_back(row.at(0) + "," + row.at(1) + "," + row.at(2));
   return out;
 }
 
