@@ -64,6 +64,8 @@ CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<
                          Algorithm force = Algorithm::automatic);
 
 // Closed forms (Thakur, Rabenseifner, Gropp; MPICH comments quoted in neuron_hardware.md §5.1).
+// The ring and RDH forms are what collectives/algorithms/ring.h and rdh.h take on the sim
+// backend when every step costs alpha + bytes/bw (tests/collectives/sim_model_test.cpp).
 double ring_all_reduce_time(int p, double n, double alpha, double bw);  // 2(p-1)a + 2(p-1)/p n/B
 double ring_all_gather_time(int p, double n, double alpha, double bw);  // (p-1)a + (p-1)/p n/B
 double ring_reduce_scatter_time(int p, double n, double alpha, double bw);  // (p-1)a + (p-1)/p n/B
