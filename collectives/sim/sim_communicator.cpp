@@ -393,7 +393,12 @@ void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const 
         return;
       }
       if (abortable && w.aborted.load(std::memory_order_relaxed)) break;
-      cpu_relax();
+      // Pause for the first few microseconds, then yield: when the peer waits for this core
+      // (fewer free cores than expected), it runs instead of the spinner.
+      if (k < 256)
+        cpu_relax();
+      else
+        std::this_thread::yield();
       if ((k & 15) == 15 && Clock::now() >= until) break;
     }
     spin_budget_ = std::max(1e-6, spin_budget_ / 2);
