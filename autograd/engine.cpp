@@ -69,8 +69,15 @@ void accumulate(Tensor& slot, Tensor g) {
     slot = std::move(g);
     return;
   }
-  if (!exclusively_owned(slot)) slot = slot.clone();
-  add_into(slot, g);
+  if (exclusively_owned(slot)) {
+    add_into(slot, g);
+  } else if (g.dtype() == slot.dtype() && exclusively_owned(g)) {
+    add_into(g, slot);  // the new gradient owns its memory: sum there instead of copying the slot
+    slot = std::move(g);
+  } else {
+    slot = slot.clone();
+    add_into(slot, g);
+  }
 }
 
 void check_grad_shape(const Tensor& g, const Shape& expect, const std::string& node, size_t i,

@@ -91,10 +91,13 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
     T* yp = y.data<T>();
     const int64_t xs0 = xc.stride(0), xs1 = xc.stride(1), xs2 = xc.stride(2);
     const int64_t ys0 = y.stride(0), ys1 = y.stride(1), ys2 = y.stride(2);
-    // one item per (b, h, p) row of D values
+    // one item per (b, h, p) row of D values, in memory order: heads inner for the [B, S, H, D]
+    // memory of the usual projections
+    const bool heads_inner = xs1 < xs2;
     for_rows(B * H * S, 3 * D, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t b = i / (H * S), h = i / S % H, p = i % S;
+        const int64_t b = i / (H * S);
+        const int64_t h = heads_inner ? i % H : i / S % H, p = heads_inner ? i / H % S : i % S;
         const T* xr = xp + b * xs0 + h * xs1 + p * xs2;
         T* yr = yp + b * ys0 + h * ys1 + p * ys2;
         const T* cr = c.data() + p * half;
