@@ -23,6 +23,8 @@
 #include <optional>
 #include <string_view>
 
+#include "nxd/runtime/dtype.h"
+
 namespace nxd::blas {
 
 // C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C, row-major; op = transpose when trans_*.
@@ -46,6 +48,13 @@ MatmulPrecision matmul_precision();
 const char* matmul_precision_name(MatmulPrecision p);  // "fp32", "bf16"
 // "fp32" (also "f32", "float32", PyTorch's "highest") or "bf16" (also PyTorch's "medium").
 std::optional<MatmulPrecision> parse_matmul_precision(std::string_view s);
+
+// The dtype a product of `t` tensors is computed in: bf16 for f32 tensors under
+// MatmulPrecision::bf16, else `t`. The sim device charges matmul FLOPs at this dtype's peak (a
+// NeuronCore auto-casting matmuls runs them at its bf16 rate).
+inline DType matmul_compute_dtype(DType t) {
+  return t == DType::f32 && matmul_precision() == MatmulPrecision::bf16 ? DType::bf16 : t;
+}
 
 // Sets the precision for its lifetime and restores the previous one.
 class MatmulPrecisionScope {

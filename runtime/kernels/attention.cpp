@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "nxd/runtime/blas.h"
 #include "nxd/runtime/kernels/nn_common.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/runtime/kernels/softmax.h"
@@ -98,7 +99,7 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, 
   charge_compute(op, bh * (4.0 * d.sq * d.sk * d.d + 5.0 * d.sq * d.sk),
                  double(q.element_size()) *
                      (2.0 * q.numel() + 2.0 * k.numel() + (probs.defined() ? bh * d.sq * d.sk : 0)),
-                 q.dtype());
+                 blas::matmul_compute_dtype(q.dtype()));
   if (meta_only(op, out, {q, k, v}) || out.numel() == 0) return;
   Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v);
   dispatch_float(op, q, [&]<class T>() {
@@ -143,7 +144,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   charge_compute(
       op, bh * (8.0 * d.sq * d.sk * d.d + 4.0 * d.sq * d.sk),
       double(q.element_size()) * (5.0 * q.numel() + 4.0 * k.numel() + 2.0 * bh * d.sq * d.sk),
-      q.dtype());
+      blas::matmul_compute_dtype(q.dtype()));
   if (meta_only(op, dq, {dout, q, k, v, out, probs})) return;
   dk.zero_();
   dv.zero_();

@@ -246,7 +246,7 @@ void bmm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   const double flops = 2.0 * static_cast<double>(shape_numel(f)) * m * n * k;
   charge_compute("matmul", flops, static_cast<double>(a.nbytes() + b.nbytes() + c.nbytes()),
-                 c.dtype());
+                 blas::matmul_compute_dtype(c.dtype()));
   if (meta_output(c, {&a, &b}, "matmul")) return;
   if (c.numel() == 0) return;
   Tensor ad = a.detach(), bd = b.detach(), cd = c.detach();

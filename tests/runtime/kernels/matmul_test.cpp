@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "support/compare.h"
 
@@ -37,10 +38,12 @@ Tensor operand(int64_t rows, int64_t cols, int layout, DType dt, uint32_t seed) 
 struct CountingCost : CostModel {
   double flops = 0, bytes = 0;
   std::string last;
-  void charge_compute(const char* op, double f, double b, DType) override {
+  DType dtype = DType::i64;
+  void charge_compute(const char* op, double f, double b, DType t) override {
     flops += f;
     bytes += b;
     last = op;
+    dtype = t;
   }
 };
 
@@ -181,6 +184,25 @@ TEST(MatmulKernel, MetaComputesNothingButCharges) {
   EXPECT_DOUBLE_EQ(cost->bytes, 2.0 * (8 * 128 * 64 + 64 * 32 + 8 * 128 * 32));
   // a meta input with a host output is an error
   EXPECT_THROW(kernels::bmm(empty({8, 128, 32}, DType::bf16), a, b), InvalidArgument);
+}
+
+TEST(MatmulKernel, Bf16MatmulPrecisionChargesAtTheBf16Rate) {
+  auto cost = std::make_shared<CountingCost>();
+  Context ctx;
+  ctx.set_cost_model(cost);
+  ContextGuard g(ctx);
+  Tensor a = empty({16, 8}, DType::f32, Device::meta), b = empty({8, 4}, DType::f32, Device::meta);
+  Tensor c = empty({16, 4}, DType::f32, Device::meta);
+  kernels::bmm(c, a, b);
+  EXPECT_EQ(cost->dtype, DType::f32);
+  {
+    blas::MatmulPrecisionScope bf16(blas::MatmulPrecision::bf16);
+    kernels::bmm(c, a, b);
+    EXPECT_EQ(cost->dtype, DType::bf16);  // an auto-cast matmul runs at the core's bf16 peak
+    EXPECT_EQ(blas::matmul_compute_dtype(DType::f64), DType::f64);  // f64 is never rounded
+  }
+  kernels::bmm(c, a, b);
+  EXPECT_EQ(cost->dtype, DType::f32);
 }
 
 TEST(MatmulKernel, ShapesAndErrors) {
