@@ -62,10 +62,10 @@ std::vector<KeySpec> make_registry() {
       key("trainer.num_threads", K::integer, 0,
           "Compute (BLAS) threads; 0 = NXD_NUM_THREADS if set, else every core. The sim backend "
           "with several ranks runs each rank's BLAS on one thread (the ranks are the threads)."),
-      key("trainer.matmul_precision", K::string, "fp32",
-          "Matrix products of f32 tensors: `fp32`, or `bf16`: inputs rounded to bf16, products "
-          "accumulated in f32 (what neuronx-cc's default `--auto-cast matmult --auto-cast-type "
-          "bf16` does on a NeuronCore; PyTorch's float32 matmul precision \"medium\"). Weights, "
+      key("trainer.matmul_precision", K::string, "bf16",
+          "Matrix products of f32 tensors: `bf16`: inputs rounded to bf16, products accumulated "
+          "in f32 (what neuronx-cc's default `--auto-cast matmult --auto-cast-type bf16` does on "
+          "a NeuronCore; PyTorch's float32 matmul precision \"medium\"), or `fp32`. Weights, "
           "gradients and optimizer state stay f32.",
           {"fp32", "bf16"}),
       // data

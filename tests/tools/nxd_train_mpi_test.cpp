@@ -38,22 +38,18 @@ std::vector<std::string> tiny_args(const fs::path& dir) {
     std::ofstream f(dir / "corpus.txt");
     for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
   }
-  std::vector<std::string> sets{"seed=7",
-                                "trainer.max_steps=20",
-                                "trainer.log_every_n_steps=1",
-                                "trainer.val_check_interval=0",
-                                "trainer.num_threads=1",
-                                "trainer.gradient_clip_val=0.5",
-                                "data.path=" + (dir / "corpus.txt").string(),
-                                "data.seq_length=32",
-                                "data.micro_batch_size=2",
-                                "data.global_batch_size=8",
-                                "model.num_layers=1",
-                                "model.hidden_size=32",
-                                "model.num_attention_heads=2",
-                                "model.optim.lr=1e-2",
-                                "generation.max_new_tokens=8",
-                                "generation.temperature=0"};
+  std::vector<std::string> sets{"seed=7", "trainer.max_steps=20", "trainer.log_every_n_steps=1",
+                                "trainer.val_check_interval=0", "trainer.num_threads=1",
+                                // f32 products: the property tested is that TP x DP computes
+                                // the single rank's math; with bf16 inputs an ulp of difference
+                                // in an f32 partial sum can flip a bf16 rounding, and 20 steps
+                                // amplify that past 1e-4.
+                                "trainer.matmul_precision=fp32", "trainer.gradient_clip_val=0.5",
+                                "data.path=" + (dir / "corpus.txt").string(), "data.seq_length=32",
+                                "data.micro_batch_size=2", "data.global_batch_size=8",
+                                "model.num_layers=1", "model.hidden_size=32",
+                                "model.num_attention_heads=2", "model.optim.lr=1e-2",
+                                "generation.max_new_tokens=8", "generation.temperature=0"};
   std::vector<std::string> a;
   for (auto& s : sets) a.insert(a.end(), {"--set", s});
   return a;

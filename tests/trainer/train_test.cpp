@@ -88,7 +88,8 @@ TEST(Train, SeedChangesTheRun) {
 TEST(Train, Bf16MatmulPrecisionLearnsIsReproducibleAndRestoresTheMode) {
   auto d = temp_dir("");
   auto corpus = tiny_corpus(d);
-  auto r32 = train(tiny(d / "f", corpus, {"trainer.max_steps=10"}), {.quiet = true});
+  auto r32 = train(tiny(d / "f", corpus, {"trainer.max_steps=10", "trainer.matmul_precision=fp32"}),
+                   {.quiet = true});
   auto a = train(tiny(d / "a", corpus, {"trainer.max_steps=10", "trainer.matmul_precision=bf16"}),
                  {.quiet = true});
   auto b = train(tiny(d / "b", corpus, {"trainer.max_steps=10", "trainer.matmul_precision=bf16"}),
@@ -154,11 +155,14 @@ Rows read_rows(const fs::path& csv) {
   return r;
 }
 
-// 20 steps of global batch 8 (micro 2), logged every step, no validation or sample.
+// 20 steps of global batch 8 (micro 2), logged every step, no validation or sample. f32
+// products: these tests check that the parallel run computes the single rank's math, which bf16
+// inputs would blur (an ulp in an f32 partial sum can flip a bf16 rounding).
 std::vector<std::string> parallel_run(std::vector<std::string> extra) {
   std::vector<std::string> s{"trainer.max_steps=20",         "trainer.log_every_n_steps=1",
                              "trainer.val_check_interval=0", "data.micro_batch_size=2",
-                             "generation.max_new_tokens=0",  "trainer.gradient_clip_val=0.5"};
+                             "generation.max_new_tokens=0",  "trainer.gradient_clip_val=0.5",
+                             "trainer.matmul_precision=fp32"};
   s.insert(s.end(), extra.begin(), extra.end());
   return s;
 }
