@@ -400,22 +400,6 @@ namespace {
 }
 }  // namespace
 
-MPI_Datatype datatype(DType t) {
-  switch (t) {
-    case DType::f32:
-      return MPI_FLOAT;
-    case DType::f64:
-      return MPI_DOUBLE;
-    case DType::i32:
-      return MPI_INT32_T;
-    case DType::i64:
-      return MPI_INT64_T;
-    case DType::bf16:
-      return g_bf16;
-  }
-  return MPI_DATATYPE_NULL;
-}
-
 Session::Session(int*, char***, uint64_t) {
   no_mpi();
 }
