@@ -12,6 +12,7 @@
 #include "nxd/runtime/init.h"
 #include "nxd/runtime/parallel.h"
 #include "support/compare.h"
+#include "support/threads.h"
 
 using namespace nxd;
 using namespace nxd::optim;
@@ -24,22 +25,7 @@ Tensor randn(const Shape& s, DType dt, uint64_t seed) {
   return t.to(dt);
 }
 
-// Runs f at 1 thread, then twice at 2 threads; the outputs must be bitwise equal.
-void expect_thread_invariant(const std::function<std::vector<Tensor>()>& f) {
-  const int old = parallel::threads();
-  set_num_threads(1);
-  std::vector<Tensor> a = f();
-  set_num_threads(2);
-  ASSERT_EQ(parallel::threads(), 2);
-  std::vector<Tensor> b = f(), c = f();
-  set_num_threads(old);
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    SCOPED_TRACE(str("output ", i));
-    EXPECT_BITWISE_EQ(a[i], b[i]);
-    EXPECT_BITWISE_EQ(b[i], c[i]);
-  }
-}
+using nxd::testing::expect_thread_invariant;
 
 // Parameters of several sizes (one below a work item, ragged ones above), with gradients.
 std::vector<Tensor> make_params(DType dt) {

@@ -17,6 +17,7 @@
 #include "nxd/runtime/kernels/softmax.h"
 #include "nxd/runtime/parallel.h"
 #include "support/compare.h"
+#include "support/threads.h"
 
 using namespace nxd;
 namespace k = nxd::kernels;
@@ -29,22 +30,7 @@ Tensor randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
   return t.to(dt);
 }
 
-// Runs f at 1 thread, 2 threads and 2 threads again; every output must be bitwise equal.
-void expect_thread_invariant(const std::function<std::vector<Tensor>()>& f) {
-  const int old = parallel::threads();
-  set_num_threads(1);
-  std::vector<Tensor> a = f();
-  set_num_threads(2);
-  ASSERT_EQ(parallel::threads(), 2);
-  std::vector<Tensor> b = f(), c = f();
-  set_num_threads(old);
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    SCOPED_TRACE(str("output ", i));
-    EXPECT_BITWISE_EQ(a[i], b[i]);
-    EXPECT_BITWISE_EQ(b[i], c[i]);
-  }
-}
+using nxd::testing::expect_thread_invariant;
 
 class KernelThreads : public ::testing::TestWithParam<DType> {};
 INSTANTIATE_TEST_SUITE_P(Dtypes, KernelThreads, ::testing::Values(DType::f32, DType::f64),
