@@ -58,12 +58,74 @@ Work Work::then(std::function<void()> f) && {
 // Reduction kernel
 
 namespace {
+// Two sources into one or two destinations (a 2-rank all-reduce, the common case): one fused
+// pass, no accumulator. Same arithmetic as reduce_typed: (s0 op s1), then / divisor for avg.
+template <class T, class A, int ND, class Op>
+void reduce_pair(void* const* dsts, const void* const* srcs, int64_t count, Op op, A div,
+                 bool avg) {
+  const T* s0 = static_cast<const T*>(srcs[0]);
+  const T* s1 = static_cast<const T*>(srcs[1]);
+  T* d0 = static_cast<T*>(dsts[0]);
+  T* d1 = static_cast<T*>(dsts[ND - 1]);
+  auto ld = [](const T* p, int64_t i) -> A {
+    if constexpr (std::is_same_v<T, bf16>)
+      return bf16::to_f32(p[i].bits);
+    else
+      return p[i];
+  };
+  auto st = [](T* p, int64_t i, A v) {
+    if constexpr (std::is_same_v<T, bf16>)
+      p[i].bits = bf16::from_f32(v);
+    else
+      p[i] = v;
+  };
+  // Destinations may alias the sources, but only at the same offsets: element i is read before
+  // it is written and no iteration touches another's elements, so there is no loop-carried
+  // dependence (ivdep lets the compiler vectorize without runtime overlap checks).
+  if (avg) {
+#pragma GCC ivdep
+    for (int64_t i = 0; i < count; ++i) {
+      const A v = op(ld(s0, i), ld(s1, i)) / div;
+      st(d0, i, v);
+      if constexpr (ND == 2) st(d1, i, v);
+    }
+  } else {
+#pragma GCC ivdep
+    for (int64_t i = 0; i < count; ++i) {
+      const A v = op(ld(s0, i), ld(s1, i));
+      st(d0, i, v);
+      if constexpr (ND == 2) st(d1, i, v);
+    }
+  }
+}
+
+template <class T, class A, class Op>
+void reduce_pair_nd(void* const* dsts, int nd, const void* const* srcs, int64_t count, Op op, A div,
+                    bool avg) {
+  if (nd == 1)
+    reduce_pair<T, A, 1>(dsts, srcs, count, op, div, avg);
+  else
+    reduce_pair<T, A, 2>(dsts, srcs, count, op, div, avg);
+}
+
 // One pass over `count` elements in L1-sized blocks: the block of every source is combined into
 // an accumulator (source order, in A), then stored to every destination. Destinations may alias
 // sources at the same offsets (each block is read completely before it is written).
 template <class T, class A>
 void reduce_typed(void* const* dsts, int nd, const void* const* srcs, int ns, int64_t count,
                   ReduceOp op, int divisor) {
+  if (ns == 2 && nd <= 2) {
+    const bool avg = op == ReduceOp::avg && std::is_floating_point_v<A>;
+    const A div = static_cast<A>(divisor);
+    if (op == ReduceOp::sum || op == ReduceOp::avg)
+      return reduce_pair_nd<T, A>(
+          dsts, nd, srcs, count, [](A x, A y) { return x + y; }, div, avg);
+    if (op == ReduceOp::max)
+      return reduce_pair_nd<T, A>(
+          dsts, nd, srcs, count, [](A x, A y) { return y > x ? y : x; }, div, false);
+    return reduce_pair_nd<T, A>(
+        dsts, nd, srcs, count, [](A x, A y) { return y < x ? y : x; }, div, false);
+  }
   constexpr int64_t kBlock = 2048;
   alignas(64) A acc[kBlock];
   auto ld = [](const T* __restrict p, int64_t i) -> A {
