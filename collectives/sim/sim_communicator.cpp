@@ -624,6 +624,9 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
     // Data phase: this member's items first, then any items left to the others (a descheduled
     // peer's share is done by whoever runs). Each item is one block of one member's result.
     std::atomic<int64_t>& left = g.remaining[par].items;
+    // Items done are counted locally and taken off `left` once (the shared counter would
+    // otherwise bounce between the members' caches on every item).
+    int64_t done = 0;
     for (int q = 0; q < p; ++q) {
       const int m = (i + q) % p;
       const int64_t items = q == 0 ? mine : items_of(d, m);
@@ -633,9 +636,10 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
         const int64_t j = next.fetch_add(1);
         if (j >= items) break;
         do_item(calls, m, j);
-        if (left.fetch_sub(1) == 1) release(round, INT_MAX);  // the last item of the call
+        ++done;
       }
     }
+    if (done > 0 && left.fetch_sub(done) == done) release(round, INT_MAX);  // the call's last
     // Completion: every member's result is written and nobody reads this member's buffers.
     wait_for(
         round, [&] { return left.load() == 0; }, name, d, /*abortable=*/false);
