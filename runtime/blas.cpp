@@ -39,18 +39,18 @@ std::atomic<int> g_threads{1};
 // openblas_set_num_threads is called, and an idle worker busy-waits (sched_yield in a loop) for
 // ~2^28 cycles, about 0.1 s, before it sleeps. On a 2-core machine that third running thread
 // halved the speed of the two sim ranks (a 2-rank 1 MiB all-reduce ran at half speed until it
-// stopped). So nxd stops the idle pool whenever it is not about to be used (the f32 engine is
-// Eigen, or one thread); OpenBLAS starts it again on its next multi-threaded call (an f64
-// product, or a bench's raw cblas baseline). Looked up at run time: other BLAS builds (serial,
-// OpenMP) may not have it.
-void stop_idle_openblas_pool() {
-  using Shutdown = int (*)();
-  static const auto shutdown =
-      reinterpret_cast<Shutdown>(dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
-  if (shutdown) shutdown();
+// stopped). So nxd stops the pool whenever it is not about to be used (see blas.h). Looked up at
+// run time: other BLAS builds (serial, OpenMP) may not have it.
+using ShutdownFn = int (*)();
+ShutdownFn openblas_shutdown() {
+  static const auto f = reinterpret_cast<ShutdownFn>(dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+  return f;
 }
 // At load, before anything sets the thread count.
-const bool g_openblas_pool_stopped_at_load = (stop_idle_openblas_pool(), true);
+const bool g_openblas_pool_stopped_at_load = [] {
+  if (ShutdownFn f = openblas_shutdown()) f();
+  return true;
+}();
 
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstMap = Eigen::Map<const RowMat, Eigen::Unaligned, Eigen::OuterStride<>>;
@@ -215,7 +215,7 @@ const char* engine_name(Engine e) {
 void set_threads(int n) {
   NXD_CHECK(n >= 1, "[blas::set_threads] need n >= 1, got ", n);
   openblas_set_num_threads(n);
-  if (n == 1 || g_engine.load() != Engine::openblas) stop_idle_openblas_pool();
+  if (n == 1 || g_engine.load() != Engine::openblas) stop_openblas_pool();
   Eigen::setNbThreads(1);  // Eigen's own threading (OpenMP) is never used
   parallel::resize(n);
   g_threads = n;
@@ -223,6 +223,10 @@ void set_threads(int n) {
 
 int threads() {
   return g_threads.load();
+}
+
+void stop_openblas_pool() {
+  if (ShutdownFn f = openblas_shutdown()) f();
 }
 
 void set_matmul_precision(MatmulPrecision p) {

@@ -42,6 +42,14 @@ const char* engine_name(Engine e);
 void set_threads(int n);  // compute threads for GEMM (OpenBLAS's pool and nxd's GEMM pool)
 int threads();
 
+// Stops OpenBLAS's worker pool if it runs (the pthread build; a no-op for other BLAS builds).
+// An idle OpenBLAS worker busy-waits about 0.1 s after every multi-threaded call before it
+// sleeps, taking a core from whatever runs next. nxd stops the pool at load and in set_threads
+// unless the f32 engine is OpenBLAS with more than one thread; OpenBLAS starts it again on its
+// next multi-threaded call. Benches call this after timing raw cblas_* so the spin does not run
+// into the next measurement. Not while another thread is inside OpenBLAS.
+void stop_openblas_pool();
+
 enum class MatmulPrecision { fp32, bf16 };
 void set_matmul_precision(MatmulPrecision p);  // process-wide, like the engine; default fp32
 MatmulPrecision matmul_precision();

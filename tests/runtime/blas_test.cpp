@@ -1,4 +1,8 @@
+#include <dirent.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
@@ -97,4 +101,54 @@ TEST(Blas, ThreadCountCanChangeAfterGemmsRan) {
     if (!expect.defined()) expect = c.clone();
     EXPECT_BITWISE_EQ(c, expect);
   }
+}
+
+namespace {
+// Threads of this process (Linux: entries of /proc/self/task).
+int process_threads() {
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  closedir(d);
+  return n;
+}
+}  // namespace
+
+TEST(Blas, OpenBlasPoolRunsOnlyWhileItIsUsed) {
+  // OpenBLAS's idle workers busy-wait ~0.1 s; nxd keeps its pool stopped unless the f32 engine
+  // is OpenBLAS with > 1 thread, and OpenBLAS restarts it on its next multi-threaded call.
+  if (!dlsym(RTLD_DEFAULT, "blas_thread_shutdown_") || std::thread::hardware_concurrency() < 2 ||
+      process_threads() < 0)
+    GTEST_SKIP() << "needs the pthread build of OpenBLAS, 2+ CPUs and /proc";
+  EngineGuard guard;
+  const int64_t n = 512;  // big enough for OpenBLAS to use its threads
+  Tensor a = empty({n, n}), b = empty({n, n}), c = empty({n, n}), c2 = empty({n, n});
+  init::uniform(a, RngStream{4, 1}, -1, 1);
+  init::uniform(b, RngStream{4, 2}, -1, 1);
+  auto gemm = [&](Tensor& out) {
+    blas::sgemm(false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f,
+                out.data<float>(), n);
+  };
+  blas::set_engine(blas::Engine::eigen);
+  set_num_threads(2);  // nxd's pool: the caller + 1 helper; OpenBLAS's pool stopped
+  const int without_pool = process_threads();
+  blas::set_engine(blas::Engine::openblas);
+  gemm(c);  // OpenBLAS starts its pool again (lazily) and uses it
+  const int with_pool = process_threads();
+  EXPECT_GT(with_pool, without_pool) << "OpenBLAS did not restart its pool";
+  blas::set_engine(blas::Engine::eigen);
+  set_num_threads(2);
+  EXPECT_EQ(process_threads(), without_pool) << "set_threads with the Eigen engine left "
+                                             << "OpenBLAS's pool running";
+  blas::set_engine(blas::Engine::openblas);
+  set_num_threads(2);
+  gemm(c2);
+  EXPECT_BITWISE_EQ(c2, c);
+  EXPECT_EQ(process_threads(), with_pool);
+  blas::stop_openblas_pool();
+  EXPECT_EQ(process_threads(), without_pool);
+  gemm(c2);  // still correct after a stop
+  EXPECT_BITWISE_EQ(c2, c);
 }
