@@ -2,12 +2,27 @@
 // Shared benchmark helpers: a timer (warm-up, repetitions, median) and flag parsing. Every bench
 // measures its baseline in the same run, interleaved with the candidate so that both see the
 // same machine load, and prints one parseable `key=value` line per case.
+//
+// Interleaving is by blocks, not by single calls: time_pair and time_rotation time each function
+// for a block of consecutive calls (at least TimerOptions::block_calls calls and block_seconds of
+// timed calls), rotate the order of the blocks from round to round, and call
+// TimerOptions::between_blocks (if set) after every block, outside the timed region. Medians are
+// still per call. Why: a multi-threaded raw OpenBLAS call (the usual baseline) leaves OpenBLAS's
+// idle worker busy-waiting for ~0.1 s, so with per-call alternation every call timed after a
+// cblas call ran with an extra busy thread, which on a 2-core machine biased the comparison
+// against nxd. Benches that time raw cblas_* at more than one thread set between_blocks =
+// blas::stop_openblas_pool; the first OpenBLAS call of each block then restarts the pool (thread
+// creation, tens of microseconds), one call in a block of >= 5, which the per-call median (and
+// the min) excludes.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nxd::bench {
@@ -17,6 +32,16 @@ struct TimerOptions {
   int min_reps = 5;          // at least this many timed calls
   int max_reps = 200;        // at most this many
   double min_seconds = 0.3;  // keep repeating until this much time was measured (per function)
+  // Interleaved timers only (time_pair, time_rotation): a block of one function is at least
+  // block_calls consecutive calls and at least block_seconds of timed calls (fewer only when
+  // max_reps runs out).
+  int block_calls = 5;
+  double block_seconds = 0.005;
+  // Called after the warm-up, after every block and after the last one (time_fn: after the last
+  // call), never inside a timed call; nullptr: nothing. Benches timing raw cblas_* at more than one
+  // thread set blas::stop_openblas_pool so that OpenBLAS's spinning idle worker does not run into
+  // the next function's block (or whatever the bench does next).
+  void (*between_blocks)() = nullptr;
 };
 
 struct Timing {
@@ -69,35 +94,62 @@ Timing time_fn(F&& f, TimerOptions o = {}) {
     t.push_back(d);
     total += d;
   }
+  if (o.between_blocks) o.between_blocks();
   return summarize(t, c);
 }
 
-// Times a candidate and its baseline alternately (a, b, a, b, ...): medians of each.
+// Times n functions interleaved by blocks (see the top of this file): round r times one block of
+// each function in the order r, r+1, ... (mod n), e.g. for three: a b c, b c a, c a b, ..., so
+// that over the run each function sees the same machine load and each is first as often. Rounds
+// go on until every function has min_reps calls and min_seconds of timed calls (or max_reps calls).
+// Medians, minima and reps are per function (reps may differ: a faster function makes more calls
+// in a block).
+template <size_t N>
+std::array<Timing, N> time_rotation(const std::array<std::function<void()>, N>& fns,
+                                    const TimerOptions& o) {
+  for (int i = 0; i < o.warmup; ++i)
+    for (const auto& f : fns) f();
+  if (o.between_blocks) o.between_blocks();
+  const int cap = std::max(o.min_reps, o.max_reps);
+  std::array<std::vector<double>, N> t, cpu;
+  std::array<double, N> total{};
+  auto done = [&](size_t f) {
+    const int n = static_cast<int>(t[f].size());
+    return n >= cap || (n >= o.min_reps && total[f] >= o.min_seconds);
+  };
+  for (size_t round = 0;; ++round) {
+    bool all_done = true;
+    for (size_t f = 0; f < N; ++f) all_done = all_done && done(f);
+    if (all_done) break;
+    for (size_t j = 0; j < N; ++j) {
+      const size_t f = (round + j) % N;
+      if (static_cast<int>(t[f].size()) >= cap) continue;
+      double block = 0;
+      for (int calls = 0; (calls < o.block_calls || block < o.block_seconds) &&
+                          static_cast<int>(t[f].size()) < cap;
+           ++calls) {
+        const double s = now_seconds(), cs = cpu_seconds();
+        fns[f]();
+        cpu[f].push_back(cpu_seconds() - cs);
+        const double d = now_seconds() - s;
+        t[f].push_back(d);
+        block += d;
+      }
+      total[f] += block;
+      if (o.between_blocks) o.between_blocks();
+    }
+  }
+  std::array<Timing, N> r;
+  for (size_t f = 0; f < N; ++f) r[f] = summarize(t[f], cpu[f]);
+  return r;
+}
+
+// Times a candidate and its baseline interleaved by blocks (a-block, b-block, b-block, a-block,
+// ...; see time_rotation): medians of each.
 template <class A, class B>
 std::pair<Timing, Timing> time_pair(A&& a, B&& b, TimerOptions o = {}) {
-  for (int i = 0; i < o.warmup; ++i) {
-    a();
-    b();
-  }
-  std::vector<double> ta, tb, ca, cb;
-  double total_a = 0, total_b = 0;
-  while (static_cast<int>(ta.size()) < o.min_reps ||
-         (std::min(total_a, total_b) < o.min_seconds && static_cast<int>(ta.size()) < o.max_reps)) {
-    double s = now_seconds(), cs = cpu_seconds();
-    a();
-    ca.push_back(cpu_seconds() - cs);
-    double d = now_seconds() - s;
-    ta.push_back(d);
-    total_a += d;
-    s = now_seconds();
-    cs = cpu_seconds();
-    b();
-    cb.push_back(cpu_seconds() - cs);
-    d = now_seconds() - s;
-    tb.push_back(d);
-    total_b += d;
-  }
-  return {summarize(ta, ca), summarize(tb, cb)};
+  const auto r = time_rotation<2>({std::function<void()>(a), std::function<void()>(b)}, o);
+  return {r[0], r[1]};
 }
 
 // Minimal flags: --name value and --switch.

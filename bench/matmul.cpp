@@ -1,17 +1,25 @@
 // nxd-bench-matmul: for each shape, the tensor engine's matmul (nxd::linear forward, and the two
 // backward products dx = dy @ W and dW = dy^T @ X through nxd::matmul on views, each allocating
 // its output as a user would) against raw cblas_sgemm on the same shapes and thread count, timed
-// alternately in the same run. One line per case:
+// in the same run in alternating blocks of consecutive calls (bench_util.h: a block is >= 5 calls
+// and >= 5 ms; the block order rotates so both see the same machine load; medians per call). At
+// more than one thread OpenBLAS's pool is stopped after every block, outside the timed region
+// (blas::stop_openblas_pool): its idle worker would otherwise busy-wait ~0.1 s after the last
+// cblas call, a third running thread on a 2-core machine during the next nxd block. The first
+// cblas call of each block then restarts the pool (tens of microseconds), which the per-call
+// median and the best call exclude. One line per case:
 //   matmul case=fwd m=512 n=768 k=768 threads=1 nxd_gflops=... blas_gflops=... ratio=...
 //          nxd_best_gflops=... blas_best_gflops=... best_ratio=... reps=...
 // (gflops from the median wall time per call, best_* from the fastest call, cpu_ratio from the
 // median process CPU time per call: on a loaded machine the last two are the better estimates;
-// nxd_faults: minor page faults of one engine call, i.e. the cost of fresh output pages.)
+// nxd_faults: minor page faults of one engine call, i.e. the cost of fresh output pages; reps:
+// timed nxd calls.)
 // Batched attention products (case=attn_qk: scores = q @ k^T, 128x128x64; case=attn_pv:
 // p @ v, 128x64x128; 48 heads per call) run blas::sgemm per head against cblas_sgemm per head.
 //
 // bf16 matmul precision (blas::MatmulPrecision::bf16), one more line per case: the same engine
-// call under bf16 precision, the f32 engine call and raw cblas_sgemm, timed in rotation:
+// call under bf16 precision, the f32 engine call and raw cblas_sgemm, timed in rotating blocks
+// (bf16, f32, cblas; f32, cblas, bf16; cblas, bf16, f32; ...; reps: timed bf16 calls):
 //   matmul_bf16 case=fwd m=... n=... k=... threads=1 kernel=amx bf16_gflops=... f32_gflops=...
 //          blas_gflops=... bf16_vs_f32=... bf16_vs_blas=... (best_*: fastest call) reps=...
 // Flags: --threads N (nxd::set_num_threads), --quick (fewer shapes), --case fwd|bwd_dx|bwd_dw|
@@ -43,30 +51,12 @@ struct Case {
 
 constexpr int64_t kHeads = 48, kSeq = 128, kHeadDim = 64;  // the batched attention cases
 
-// Times three functions in rotation (a, b, c, b, c, a, c, a, b, ...): each sees the same load.
+// Times three functions in rotating blocks (a b c, b c a, c a b, ...: bench::time_rotation): each
+// sees the same load.
 template <class A, class B, class C>
 std::array<bench::Timing, 3> time_triple(A&& a, B&& b, C&& c, const bench::TimerOptions& o) {
-  const std::function<void()> fns[3] = {a, b, c};
-  for (int i = 0; i < o.warmup; ++i)
-    for (const auto& f : fns) f();
-  std::vector<double> t[3], cpu[3];
-  double total[3] = {0, 0, 0};
-  for (int rep = 0; static_cast<int>(t[0].size()) < o.min_reps ||
-                    (std::min({total[0], total[1], total[2]}) < o.min_seconds &&
-                     static_cast<int>(t[0].size()) < o.max_reps);
-       ++rep) {
-    for (int j = 0; j < 3; ++j) {
-      const int f = (rep + j) % 3;
-      const double s = bench::now_seconds(), cs = bench::cpu_seconds();
-      fns[f]();
-      cpu[f].push_back(bench::cpu_seconds() - cs);
-      const double d = bench::now_seconds() - s;
-      t[f].push_back(d);
-      total[f] += d;
-    }
-  }
-  return {bench::summarize(t[0], cpu[0]), bench::summarize(t[1], cpu[1]),
-          bench::summarize(t[2], cpu[2])};
+  return bench::time_rotation<3>(
+      {std::function<void()>(a), std::function<void()>(b), std::function<void()>(c)}, o);
 }
 
 bool print_f32 = true, print_bf16 = true;
@@ -77,7 +67,7 @@ Tensor rand_tensor(const Shape& s, uint64_t stream) {
   return t;
 }
 
-bool swap_order = false;  // --swap: time the baseline first in each pair
+bool swap_order = false;  // --swap: time the baseline's block first
 
 void run(const Case& c, int threads, const bench::TimerOptions& topt) {
   // x[T, in], w[out, in], y/dy[T, out]
@@ -226,6 +216,8 @@ int main(int argc, char** argv) {
   topt.warmup = 2;
   topt.min_reps = quick ? 3 : 7;
   topt.min_seconds = quick ? 0.1 : 0.4;
+  // raw cblas_sgemm at > 1 thread leaves OpenBLAS's worker spinning: stop it after every block
+  if (threads > 1) topt.between_blocks = blas::stop_openblas_pool;
   for (const Case& c : cases) run(c, threads, topt);
   return 0;
 }

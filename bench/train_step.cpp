@@ -5,8 +5,12 @@
 //
 // Baselines measured in the same run: the step's matrix products alone (every linear layer
 // forward + both backward products, the attention products) on preallocated buffers, (1) through
-// nxd's GEMM at the chosen matmul precision, interleaved with the step: floor_ms, ratio = step /
-// floor (1 is perfect); (2) through raw cblas_sgemm (OpenBLAS, f32): cblas_floor_ms.
+// nxd's GEMM at the chosen matmul precision, interleaved with the step in alternating blocks of
+// >= 5 consecutive calls (bench_util.h; medians per call): floor_ms, ratio = step / floor (1 is
+// perfect); (2) through raw cblas_sgemm (OpenBLAS, f32), timed after them: cblas_floor_ms. At
+// more than one thread OpenBLAS's pool is stopped (blas::stop_openblas_pool) after the cblas
+// floor and between all blocks, outside the timed region: its idle worker busy-waits ~0.1 s after
+// the last cblas call, which on a 2-core machine would run into the next case's setup and timing.
 // PyTorch's figures on the reference machine are in the issue; bench/train_step_torch.py
 // measures them here when python3-torch is installed.
 //
@@ -111,6 +115,9 @@ void run_case(const Case& cs, int threads, int reps, blas::MatmulPrecision preci
   to.min_reps = reps;
   to.max_reps = reps;
   to.min_seconds = 0;
+  // nothing in the step or the floor calls OpenBLAS with nxd's default engine, but stop its pool
+  // between blocks anyway (a no-op then; NXD_GEMM=openblas: both sides alike)
+  if (threads > 1) to.between_blocks = blas::stop_openblas_pool;
   auto [ts, tf] = bench::time_pair(step, floor_fn, to);
   auto cblas_floor_fn = [&] {
     for (auto& g : gemms)
@@ -121,6 +128,8 @@ void run_case(const Case& cs, int threads, int reps, blas::MatmulPrecision preci
                     static_cast<blasint>(g.n));
   };
   to.min_reps = to.max_reps = std::max(3, reps / 2);
+  // time_fn calls between_blocks after the last call: the worker's spin after the last cblas call
+  // does not run into the next case
   const bench::Timing tc = bench::time_fn(cblas_floor_fn, to);
   const std::string kernel =
       precision == blas::MatmulPrecision::bf16
