@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "nxd/collectives/algorithms/rdh.h"
 #include "nxd/collectives/algorithms/ring.h"
@@ -82,6 +83,24 @@ void expect_same_on_all_ranks(Communicator& c, const Tensor& t) {
 std::vector<ReduceOp> ops_for(DType t) {
   if (is_floating(t)) return {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
   return {ReduceOp::sum, ReduceOp::max, ReduceOp::min};
+}
+
+// An in-place all-reduce algorithm (ring, rdh) on every dtype x op x count against the serial
+// reference, the result bitwise equal on every rank; `name` starts the failure messages.
+void expect_all_reduce_algorithm(
+    Communicator& c, const char* name,
+    const std::function<void(Communicator&, void*, int64_t, DType, ReduceOp)>& all_reduce) {
+  const int p = c.size();
+  for (DType t : kDtypes)
+    for (ReduceOp op : ops_for(t))
+      for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{1000}}) {  // counts not dividing p
+        Tensor x = rank_tensor(c.rank(), n, t);
+        all_reduce(c, x.raw_data(), n, t, op);
+        EXPECT_TRUE(
+            ::nxd::testing::close_rel(x, reference(p, n, t, op), tol(t),
+                                      str(name, " p=", p, " ", t, " ", reduce_op_name(op))));
+        expect_same_on_all_ranks(c, x);
+      }
 }
 
 }  // namespace
@@ -348,16 +367,10 @@ TEST(Coll, RingAlgorithmsOverPointToPoint) {
   for (int p = 1; p <= max_ranks(); ++p) {
     run_ranks(p, [&] {
       Communicator& c = world();
-      for (DType t : kDtypes)
-        for (ReduceOp op : ops_for(t))
-          for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{1000}}) {  // counts not dividing p
-            Tensor x = rank_tensor(c.rank(), n, t);
-            algorithms::ring_all_reduce(c, x.raw_data(), n, t, op);
-            EXPECT_TRUE(
-                ::nxd::testing::close_rel(x, reference(p, n, t, op), tol(t),
-                                          str("ring p=", p, " ", t, " ", reduce_op_name(op))));
-            expect_same_on_all_ranks(c, x);
-          }
+      expect_all_reduce_algorithm(c, "ring",
+                                  [](Communicator& g, void* buf, int64_t n, DType t, ReduceOp op) {
+                                    algorithms::ring_all_reduce(g, buf, n, t, op);
+                                  });
       for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{17}}) {
         auto [b, e] = algorithms::chunk_range(n, p, c.rank());
         EXPECT_EQ(e - b, n / p + (c.rank() < n % p ? 1 : 0));
@@ -370,16 +383,10 @@ TEST(Coll, RecursiveHalvingDoublingOverPointToPoint) {
   for (int p = 1; p <= max_ranks(); ++p) {
     run_ranks(p, [&] {
       Communicator& c = world();
-      for (DType t : kDtypes)
-        for (ReduceOp op : ops_for(t))
-          for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{1000}}) {  // counts not dividing p
-            Tensor x = rank_tensor(c.rank(), n, t);
-            algorithms::rdh_all_reduce(c, x.raw_data(), n, t, op);
-            EXPECT_TRUE(
-                ::nxd::testing::close_rel(x, reference(p, n, t, op), tol(t),
-                                          str("rdh p=", p, " ", t, " ", reduce_op_name(op))));
-            expect_same_on_all_ranks(c, x);
-          }
+      expect_all_reduce_algorithm(c, "rdh",
+                                  [](Communicator& g, void* buf, int64_t n, DType t, ReduceOp op) {
+                                    algorithms::rdh_all_reduce(g, buf, n, t, op);
+                                  });
       if ((p & (p - 1)) != 0) {
         EXPECT_THROW(algorithms::rdh_all_gather(c, nullptr, 4, DType::f32), InvalidArgument);
         return;
