@@ -582,6 +582,28 @@ void check_world(int64_t world_size, int64_t tp) {
                           "tensor_model_parallel_size)"));
 }
 
+ModelConfig model_config(const TrainConfig& cfg) {
+  const auto& m = cfg.model;
+  ModelConfig mc;
+  mc.arch = m.arch;
+  mc.vocab_size = m.vocab_size;
+  mc.num_layers = m.num_layers;
+  mc.hidden_size = m.hidden_size;
+  mc.num_attention_heads = m.num_attention_heads;
+  mc.num_kv_heads = m.num_kv_heads;
+  mc.ffn_hidden_size = m.ffn_hidden_size;
+  mc.max_position_embeddings = m.max_position_embeddings;
+  mc.rotary_pct = m.rotary_pct;
+  mc.rope_theta = m.rope_theta;
+  mc.norm_eps = m.norm_eps;
+  mc.init_std = m.init_std;
+  mc.dropout = m.dropout;
+  mc.tie_word_embeddings = m.tie_word_embeddings;
+  mc.sequence_parallel = cfg.dist.sequence_parallel;
+  mc.kv_size_multiplier = cfg.dist.kv_replicator;
+  return mc;
+}
+
 TrainConfig resolve(const Config& in) {
   Config c = in;
   auto fail = [](auto&&... a) { throw ConfigError(str("[config] ", a...)); };
@@ -704,16 +726,8 @@ TrainConfig resolve(const Config& in) {
          " x data-parallel size=", ds.data_parallel_size);
   t.grad_accum_steps = d.global_batch_size / per_step;
   if (ds.tensor_model_parallel_size > 1) {
-    ModelConfig mc;
-    mc.num_attention_heads = m.num_attention_heads;
-    mc.num_kv_heads = m.num_kv_heads;
-    mc.hidden_size = m.hidden_size;
-    mc.ffn_hidden_size = m.ffn_hidden_size;
-    mc.vocab_size = m.vocab_size;
-    mc.kv_size_multiplier = ds.kv_replicator;
-    mc.sequence_parallel = ds.sequence_parallel;
     try {
-      mc.validate_parallel(static_cast<int>(ds.tensor_model_parallel_size));
+      model_config(t).validate_parallel(static_cast<int>(ds.tensor_model_parallel_size));
     } catch (const UserError& e) {
       fail("distributed_strategy.tensor_model_parallel_size=", ds.tensor_model_parallel_size, ": ",
            e.what());

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nxd/layers/models/config.h"
+
 namespace nxd::trainer {
 
 enum class KeyType { integer, number, boolean, string, number_list };
@@ -149,6 +151,11 @@ struct TrainConfig {
 
 // Checks cross-key constraints and fills derived values; throws ConfigError naming the keys.
 TrainConfig resolve(const Config& cfg);
+
+// The model the config describes: every model.* value plus the parallel layout's
+// sequence_parallel and kv_replicator (kv_size_multiplier). Used to build the model and, by
+// resolve(), to check that it splits over tensor_model_parallel_size.
+ModelConfig model_config(const TrainConfig& cfg);
 
 // ConfigError unless world_size = tp x dp for an integer dp (pipeline size 1): names the three
 // numbers.

@@ -84,28 +84,6 @@ TrainData build_data(const TrainConfig& cfg) {
   return td;
 }
 
-ModelConfig model_config(const TrainConfig& cfg) {
-  const auto& m = cfg.model;
-  ModelConfig mc;
-  mc.arch = m.arch;
-  mc.vocab_size = m.vocab_size;
-  mc.num_layers = m.num_layers;
-  mc.hidden_size = m.hidden_size;
-  mc.num_attention_heads = m.num_attention_heads;
-  mc.num_kv_heads = m.num_kv_heads;
-  mc.ffn_hidden_size = m.ffn_hidden_size;
-  mc.max_position_embeddings = m.max_position_embeddings;
-  mc.rotary_pct = m.rotary_pct;
-  mc.rope_theta = m.rope_theta;
-  mc.norm_eps = m.norm_eps;
-  mc.init_std = m.init_std;
-  mc.dropout = m.dropout;
-  mc.tie_word_embeddings = m.tie_word_embeddings;
-  mc.sequence_parallel = cfg.dist.sequence_parallel;
-  mc.kv_size_multiplier = cfg.dist.kv_replicator;
-  return mc;
-}
-
 namespace {
 
 // The training loop on this rank (the current Context: a sim rank thread, an MPI process, or the

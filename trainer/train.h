@@ -29,8 +29,6 @@ struct TrainData {
 // Loads the data of cfg.data (throws IoError / ConfigError naming the path and keys).
 TrainData build_data(const TrainConfig& cfg);
 
-ModelConfig model_config(const TrainConfig& cfg);
-
 struct TrainOptions {
   std::FILE* out = stdout;  // progress and messages
   std::optional<bool> tty;  // progress bar in place; default: isatty(stdout)
