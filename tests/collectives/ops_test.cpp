@@ -197,7 +197,9 @@ TEST(Coll, ReduceScatterFlatAndAlongDims) {
         full = from_doubles(a, {3, 2 * p, 2});
       }
       EXPECT_CLOSE_REL(got, full.narrow(1, 2 * c.rank(), 2).contiguous(), 1e-6);
-      if (p > 1) EXPECT_THROW(c.reduce_scatter(zeros({3, 2 * p + 1}), 1), ShapeError);
+      if (p > 1) {
+        EXPECT_THROW(c.reduce_scatter(zeros({3, 2 * p + 1}), 1), ShapeError);
+      }
     });
   }
 }
@@ -214,9 +216,10 @@ TEST(Coll, BroadcastAndReduceFromEveryRoot) {
           for (ReduceOp op : ops_for(t)) {
             Tensor y = rank_tensor(c.rank(), 9, t);
             c.reduce(y, root, op);
-            if (c.rank() == root)
+            if (c.rank() == root) {
               EXPECT_TRUE(::nxd::testing::close_rel(y, reference(p, 9, t, op), tol(t),
                                                     str("reduce p=", p, " root=", root)));
+            }
           }
         }
       EXPECT_THROW(c.broadcast(zeros({2}), p), InvalidArgument);
@@ -224,7 +227,9 @@ TEST(Coll, BroadcastAndReduceFromEveryRoot) {
       Tensor x = rank_tensor(c.rank(), 9, DType::f32), out = zeros({9});
       c.reduce(x.raw_data(), c.rank() == 0 ? out.raw_data() : nullptr, 9, DType::f32, ReduceOp::sum,
                0);
-      if (c.rank() == 0) EXPECT_CLOSE_REL(out, reference(p, 9, DType::f32, ReduceOp::sum), 1e-6);
+      if (c.rank() == 0) {
+        EXPECT_CLOSE_REL(out, reference(p, 9, DType::f32, ReduceOp::sum), 1e-6);
+      }
     });
   }
 }
@@ -358,7 +363,9 @@ TEST(Coll, ZeroCountsAndMetaTensorsMoveNothing) {
       Tensor g = c.all_gather(m, 1);
       EXPECT_TRUE(g.is_meta());
       EXPECT_EQ(g.shape(), (Shape{4, 8 * p}));
-      if (p <= 4 && 4 % p == 0) EXPECT_EQ(c.reduce_scatter(m, 0).shape(), (Shape{4 / p, 8}));
+      if (p <= 4 && 4 % p == 0) {
+        EXPECT_EQ(c.reduce_scatter(m, 0).shape(), (Shape{4 / p, 8}));
+      }
     });
   }
 }

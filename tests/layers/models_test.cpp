@@ -228,7 +228,9 @@ TEST(Models, AttentionRotaryAgainstClosedForm) {
     EXPECT_NEAR(y.at({0, 0, 2, 0}), x0 * std::cos(p) - xh * std::sin(p), 1e-14);
     EXPECT_NEAR(y.at({0, 0, 2, rd / 2}), xh * std::cos(p) + x0 * std::sin(p), 1e-14);
     // features past rotary_dim pass through
-    if (rd < D) EXPECT_EQ(y.at({0, 1, 4, D - 1}), x.at({0, 1, 4, D - 1}));
+    if (rd < D) {
+      EXPECT_EQ(y.at({0, 1, 4, D - 1}), x.at({0, 1, 4, D - 1}));
+    }
   }
   // relative property: <rot(q, m), rot(k, n)> depends only on m - n
   Tensor q = empty({1, 1, 1, D}, DType::f64), k = empty({1, 1, 1, D}, DType::f64);

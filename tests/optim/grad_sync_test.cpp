@@ -14,6 +14,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/basic.h"
 #include "nxd/optim/grad_sync.h"
+#include "nxd/runtime/error.h"
 #include "nxd/runtime/init.h"
 #include "support/compare.h"
 #include "support/ranks.h"
@@ -56,12 +57,6 @@ struct Toy : Module {
     return sum(mul(y, randn({B, OUT}, 1000 + s)));
   }
 };
-
-std::vector<std::string> names(const Module& m) {
-  std::vector<std::string> n;
-  for (auto& [k, t] : m.named_parameters()) n.push_back(k);
-  return n;
-}
 
 // The per-rank accumulated gradients (microbatches summed in .grad), computed serially, and their
 // mean in the all-reduce's order: ((g0 + g1) + g2 ...) / n in f32. Undefined where no rank had one.
@@ -133,7 +128,9 @@ std::map<std::string, Tensor> run_case(const Case& c) {
         before_last = bytes;
         bytes += params[i].numel() * 4;
       }
-      if (bi + 1 < layout.size()) EXPECT_GE(bytes, c.bucket_bytes) << "bucket " << bi;
+      if (bi + 1 < layout.size()) {
+        EXPECT_GE(bytes, c.bucket_bytes) << "bucket " << bi;
+      }
       EXPECT_LT(before_last, c.bucket_bytes) << "bucket " << bi;
     }
     std::vector<int> rev;
@@ -274,7 +271,9 @@ TEST(GradSync, DpSizeOneIsANoOp) {
   auto ps = m.parameters();
   for (size_t i = 0; i < ps.size(); ++i) {
     EXPECT_EQ(ps[i].grad().defined(), before[i].defined());
-    if (before[i].defined()) EXPECT_BITWISE_EQ(ps[i].grad(), before[i]);
+    if (before[i].defined()) {
+      EXPECT_BITWISE_EQ(ps[i].grad(), before[i]);
+    }
   }
 }
 
@@ -355,8 +354,7 @@ TEST(GradSync, OverlapShortensTheModeledStep) {
       Module m;
       std::vector<std::shared_ptr<Linear>> layers;
       for (int64_t l = 0; l < L; ++l)
-        layers.push_back(
-            m.register_module("l" + std::to_string(l), std::make_shared<Linear>(W, W)));
+        layers.push_back(m.register_module(str("l", l), std::make_shared<Linear>(W, W)));
       m.init_parameters(kSeed);
       GradSync s(m, {.bucket_bytes = W * W * 4, .mode = mode});
       Tensor h = randn({64, W}, 5);
