@@ -221,7 +221,10 @@ void reduce_buffers(void* dst, const std::vector<const void*>& srcs, int64_t cou
 
 std::string Communicator::group_str() const {
   std::string s = "[";
-  for (size_t i = 0; i < ranks_.size(); ++i) s += (i ? "," : "") + std::to_string(ranks_[i]);
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ranks_[i]);
+  }
   return s + "]";
 }
 

@@ -14,7 +14,10 @@ namespace nxd {
 
 std::string shape_str(const Shape& s) {
   std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ',';
+    r += std::to_string(s[i]);
+  }
   return r + "]";
 }
 

@@ -30,7 +30,9 @@ double since(Clock::time_point t0) {
 
 std::string with_commas(int64_t v) {
   std::string s = std::to_string(v);
-  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
+  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) {
+    s.insert(static_cast<size_t>(i), 1, ',');
+  }
   return s;
 }
 

@@ -45,7 +45,9 @@ TEST_P(NnAttention, ForwardBackwardMatchReference) {
     k::ref::attention_forward(orf, prf, q, kk, v, c.causal, 0.0);
     EXPECT_CLOSE_REL(o, orf, tl);
     EXPECT_CLOSE_REL(p, prf, tl);
-    if (c.causal) EXPECT_EQ(p.at({1, 0, 0, c.sk - c.sq + 1}), 0.0);
+    if (c.causal) {
+      EXPECT_EQ(p.at({1, 0, 0, c.sk - c.sq + 1}), 0.0);
+    }
     Tensor dq = empty_like(q), dk = empty_like(kk), dv = empty_like(v);
     Tensor dqr = empty_like(q), dkr = empty_like(kk), dvr = empty_like(v);
     k::attention_backward(dq, dk, dv, dout, q, kk, v, o, p, c.causal, 0.0);

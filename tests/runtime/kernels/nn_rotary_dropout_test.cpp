@@ -26,7 +26,9 @@ TEST(NnRotary, MatchesReferenceFullAndPartial) {
         k::rotary_forward(y, x, rd, 10000.0, 3, inv);
         k::ref::rotary_forward(r, x, rd, 10000.0, 3, inv);
         EXPECT_CLOSE_REL(y, r, dt == DType::f64 ? 1e-13 : 2e-6);
-        if (rd == 4) EXPECT_EQ(y.at({1, 2, 5, 6}), x.at({1, 2, 5, 6}));  // passes through
+        if (rd == 4) {
+          EXPECT_EQ(y.at({1, 2, 5, 6}), x.at({1, 2, 5, 6}));  // passes through
+        }
       }
     }
   }

@@ -36,7 +36,9 @@ TEST_P(NnKernelF, SoftmaxMatchesReference) {
       k::softmax_forward(y, x, scale, causal);
       k::ref::softmax_forward(r, x, scale, causal);
       EXPECT_CLOSE_REL(y, r, tol(dt));
-      if (causal) EXPECT_EQ(y.at({1, 2, 2, 5}), 0.0);
+      if (causal) {
+        EXPECT_EQ(y.at({1, 2, 2, 5}), 0.0);
+      }
       Tensor dy = randn(x.shape(), dt, 2), dx = empty_like(x), dr = empty_like(x);
       k::softmax_backward(dx, dy, y, scale);
       k::ref::softmax_backward(dr, dy, y, scale);
