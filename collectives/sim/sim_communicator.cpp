@@ -15,7 +15,12 @@
 // peer does not stall the call; the bits do not depend on who does an item), and the call
 // completes when the group's count of remaining items reaches zero, which also keeps every
 // buffer alive until the peers are done with it.
-// Point-to-point sends are buffered in a mailbox per (group, src, dst, tag); recv blocks.
+// Point to point: a send whose receiver is already waiting in the matching recv (same key,
+// dtype and count) copies straight into the posted buffer (one copy, outside the world mutex;
+// the receiver does not leave, even on abort, until that copy is done). Otherwise the send is
+// buffered in a mailbox per (group, src, dst, tag) and recv copies it out; mailbox buffers come
+// from a small pool, so a stream of large messages does not fault in fresh pages every time.
+// Either way send returns without waiting for the receiver, and a key's messages arrive in order.
 //
 // Arrivals are rounds of the group: a member's k-th call is round k, which every member has
 // reached when the group's arrival counter is (k+1) x size. The call slots, claim cursors and
@@ -123,7 +128,10 @@ struct Group {
       : members(std::move(m)), arrived_round(members.size()), blocked_round(members.size(), 0) {
     for (auto& slot : posted) slot.resize(members.size());
     name = "[";
-    for (size_t i = 0; i < members.size(); ++i) name += (i ? "," : "") + std::to_string(members[i]);
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (i) name += ',';
+      name += std::to_string(members[i]);
+    }
     name += "]";
   }
   std::vector<int> members;  // global ranks
@@ -164,7 +172,20 @@ struct RankState {
   std::string what;  // the call it is in
   std::string waiting_key;
   std::condition_variable cv;
+  // The receive this rank waits in, for direct delivery: `open` while it may be claimed by a
+  // sender of waiting_key, `filling` while that sender copies into `buf`, `filled` after.
+  struct Posted {
+    enum S { none, open, filling, filled } s = none;
+    void* buf = nullptr;
+    DType dtype = DType::f32;
+    int64_t count = 0;
+    double sent_at = 0;
+  } posted;
 };
+
+// Mailbox buffers kept for reuse (at most kPoolBuffers, kPoolBytes in all).
+constexpr size_t kPoolBuffers = 8;
+constexpr size_t kPoolBytes = size_t{1} << 30;
 
 struct World {
   World(int n, MachineSpec m, LaunchOptions o)
@@ -177,6 +198,8 @@ struct World {
   std::deque<RankState> ranks;
   std::map<std::string, std::shared_ptr<Group>> groups;
   std::map<std::string, std::deque<Message>> mail;
+  std::vector<std::vector<char>> spare;  // mailbox buffer pool
+  size_t spare_bytes = 0;
   std::atomic<bool> aborted{false};
   double spin_s = 0;  // how long a waiting member spins before it sleeps
   int helpers = 1;    // sleepers woken to share a data phase (hardware threads - 1)
@@ -195,6 +218,34 @@ struct World {
       futex_wake_all(&g->wake);
     }
     for (auto& r : ranks) r.cv.notify_all();
+  }
+  // The smallest pooled buffer that holds `n` bytes (or an empty one).
+  std::vector<char> take_buffer_locked(size_t n) {
+    size_t best = spare.size();
+    for (size_t i = 0; i < spare.size(); ++i)
+      if (spare[i].capacity() >= n &&
+          (best == spare.size() || spare[i].capacity() < spare[best].capacity()))
+        best = i;
+    if (best == spare.size()) return {};
+    std::vector<char> b = std::move(spare[best]);
+    spare.erase(spare.begin() + static_cast<std::ptrdiff_t>(best));
+    spare_bytes -= b.capacity();
+    return b;
+  }
+  // Keeps `b` for reuse and evicts the oldest buffers beyond the pool's limits into the result
+  // (for the caller to free outside the mutex): a stream of new sizes replaces stale ones.
+  std::vector<std::vector<char>> give_back_locked(std::vector<char>&& b) {
+    std::vector<std::vector<char>> evicted;
+    if (b.capacity() == 0) return evicted;
+    spare_bytes += b.capacity();
+    spare.push_back(std::move(b));
+    size_t drop = 0;
+    while (spare.size() - drop > kPoolBuffers || spare_bytes > kPoolBytes) {
+      spare_bytes -= spare[drop].capacity();
+      evicted.push_back(std::move(spare[drop++]));
+    }
+    spare.erase(spare.begin(), spare.begin() + static_cast<std::ptrdiff_t>(drop));
+    return evicted;
   }
   void block_locked(int r, std::string what) {
     ranks[r].s = RankState::blocked;
@@ -655,15 +706,38 @@ void SimCommunicator::send(const void* buf, int64_t n, DType t, int dst, int tag
   check_args("send", n, t, ReduceOp::sum, false);
   SimClock* clock = current_sim_clock();
   Message m{t, n, buf == nullptr, clock ? clock->now() : 0, {}};
-  if (buf)
-    m.bytes.assign(static_cast<const char*>(buf),
-                   static_cast<const char*>(buf) + n * dtype_size(t));
+  const size_t nbytes = static_cast<size_t>(n * dtype_size(t));
   const int gdst = ranks()[dst];
   const std::string key = mail_key(me(), gdst, tag);
-  std::unique_lock lk(w_->mu);
-  if (w_->aborted.load()) w_->throw_aborted_locked("send", me());
-  w_->mail[key].push_back(std::move(m));
-  RankState& rs = w_->ranks[gdst];
+  World& w = *w_;
+  RankState& rs = w.ranks[gdst];
+  std::unique_lock lk(w.mu);
+  if (w.aborted.load()) w.throw_aborted_locked("send", me());
+  RankState::Posted& pr = rs.posted;
+  if (buf && nbytes > 0 && rs.s == RankState::blocked && rs.waiting_key == key &&
+      pr.s == RankState::Posted::open && pr.buf && pr.dtype == t && pr.count == n) {
+    // The receiver waits in the matching recv: copy into its buffer. It stays in recv until
+    // the copy is done, so the buffer outlives it even if the world aborts meanwhile.
+    pr.s = RankState::Posted::filling;
+    pr.sent_at = m.sent_at;
+    void* dst_buf = pr.buf;
+    lk.unlock();
+    std::memcpy(dst_buf, buf, nbytes);
+    lk.lock();
+    pr.s = RankState::Posted::filled;
+    w.unblock_locked(gdst);
+    rs.waiting_key.clear();
+    rs.cv.notify_all();
+    return;
+  }
+  if (buf && nbytes > 0) {
+    m.bytes = w.take_buffer_locked(nbytes);
+    lk.unlock();
+    m.bytes.assign(static_cast<const char*>(buf), static_cast<const char*>(buf) + nbytes);
+    lk.lock();
+    if (w.aborted.load()) w.throw_aborted_locked("send", me());
+  }
+  w.mail[key].push_back(std::move(m));
   if (rs.s == RankState::blocked && rs.waiting_key == key) {
     w_->unblock_locked(gdst);
     rs.waiting_key.clear();
@@ -684,8 +758,20 @@ void SimCommunicator::recv(void* buf, int64_t n, DType t, int src, int tag) {
     RankState& rs = w.ranks[me()];
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(w.opts.timeout_s));
+    RankState::Posted& pr = rs.posted;
     for (;;) {
-      if (w.aborted.load()) w.throw_aborted_locked("recv", me());
+      if (pr.s == RankState::Posted::filled) {  // a sender copied straight into buf
+        m = Message{t, n, false, pr.sent_at, {}};
+        break;
+      }
+      if (pr.s == RankState::Posted::filling) {  // never leave while a sender writes into buf
+        rs.cv.wait(lk);
+        continue;
+      }
+      if (w.aborted.load()) {
+        pr.s = RankState::Posted::none;
+        w.throw_aborted_locked("recv", me());
+      }
       auto it = w.mail.find(key);
       if (it != w.mail.end() && !it->second.empty()) {
         m = std::move(it->second.front());
@@ -696,12 +782,16 @@ void SimCommunicator::recv(void* buf, int64_t n, DType t, int src, int tag) {
         w.block_locked(me(), str("recv(", t, ", count=", n, ") from rank ", gsrc, " tag ", tag,
                                  " on group ", g_->name));
         rs.waiting_key = key;
+        pr = RankState::Posted{RankState::Posted::open, buf, t, n, 0};
         w.check_deadlock_locked(me());
         continue;
       }
       if (rs.cv.wait_until(lk, deadline) == std::cv_status::timeout) {
         it = w.mail.find(key);
-        if (w.aborted.load() || (it != w.mail.end() && !it->second.empty())) continue;
+        if (w.aborted.load() || pr.s != RankState::Posted::open ||
+            (it != w.mail.end() && !it->second.empty()))
+          continue;
+        pr.s = RankState::Posted::none;
         std::string msg = str("[recv] rank ", me(), " timed out after ", w.opts.timeout_s,
                               " s waiting for a message from rank ", gsrc, " (tag ", tag,
                               ", group ", g_->name, "); rank ", gsrc, " is ",
@@ -714,13 +804,20 @@ void SimCommunicator::recv(void* buf, int64_t n, DType t, int src, int tag) {
         throw CommError(msg);
       }
     }
+    pr.s = RankState::Posted::none;
     w.unblock_locked(me());
     rs.waiting_key.clear();
+  }
+  if (!m.bytes.empty() && m.dtype == t && m.count == n && buf)
+    std::memcpy(buf, m.bytes.data(), m.bytes.size());
+  if (m.bytes.capacity() > 0) {
+    std::vector<std::vector<char>> evicted;
+    std::lock_guard lk(w_->mu);
+    evicted = w_->give_back_locked(std::move(m.bytes));
   }
   NXD_CHECK_T(CommError, m.dtype == t && m.count == n, "[recv] rank ", me(), " expected ", t,
               " count ", n, " from rank ", gsrc, " (tag ", tag, ", group ", g_->name,
               "), but it sent ", m.dtype, " count ", m.count);
-  if (buf && !m.bytes.empty()) std::memcpy(buf, m.bytes.data(), m.bytes.size());
   if (clock) {
     double bytes = double(n) * dtype_size(t);
     CollCost c = collective_cost(w_->machine, CollKind::send_recv, {gsrc, me()}, bytes);
