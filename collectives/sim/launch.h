@@ -48,7 +48,11 @@ struct LaunchOptions {
   double timeout_s = 0;
   int64_t memory_capacity = -1;                // bytes per rank; -1: the core's HBM; 0: unlimited
   Algorithm algorithm = Algorithm::automatic;  // intra-instance collective algorithm to model
-  std::string timeline_path;                   // if set, the Chrome trace is written there
+  // The timeline of every kernel and collective (LaunchResult::timeline) is recorded only when
+  // asked for: it grows with every call, so a long run would otherwise fill the host's memory.
+  bool record_timeline = false;
+  std::string
+      timeline_path;  // if set, the timeline is recorded and written there as a Chrome trace
 };
 
 struct RankReport {
@@ -63,8 +67,8 @@ struct RankReport {
 struct LaunchResult {
   MachineSpec machine;
   std::vector<RankReport> ranks;
-  std::shared_ptr<Timeline> timeline;
-  double sim_seconds() const;  // the slowest rank
+  std::shared_ptr<Timeline> timeline;  // null unless record_timeline or timeline_path was set
+  double sim_seconds() const;          // the slowest rank
 };
 
 LaunchResult launch(const LaunchOptions& options, const std::function<void()>& fn);

@@ -666,9 +666,10 @@ Work SimCommunicator::run(CollKind kind, const void* s, void* r, int64_t n, DTyp
   if (clock) {
     CollCost cost = collective_cost(w.machine, kind, ranks(), links(), bytes, w.opts.algorithm);
     finish = start + cost.seconds;
-    clock->record_comm(
-        name, start, finish, async,
-        str("bytes=", bytes, " group=", g.name, " algo=", algorithm_name(cost.algorithm)));
+    clock->record_comm(name, start, finish, async,
+                       clock->recording() ? str("bytes=", bytes, " group=", g.name,
+                                                " algo=", algorithm_name(cost.algorithm))
+                                          : std::string());
   }
 
   if (!d.meta && kind != CollKind::barrier && n > 0 && p > 1) {
@@ -822,9 +823,9 @@ void SimCommunicator::recv(void* buf, int64_t n, DType t, int src, int tag) {
     double bytes = double(n) * dtype_size(t);
     CollCost c = collective_cost(w_->machine, CollKind::send_recv, {gsrc, me()}, bytes);
     double start = std::max(clock->now(), m.sent_at);
-    clock->record_comm(str("recv from ", gsrc), start,
+    clock->record_comm(clock->recording() ? str("recv from ", gsrc) : std::string("recv"), start,
                        m.sent_at + c.seconds > start ? m.sent_at + c.seconds : start, false,
-                       str("bytes=", bytes));
+                       clock->recording() ? str("bytes=", bytes) : std::string());
   }
 }
 
@@ -929,7 +930,8 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
   for (int r = 0; r < n; ++r) all[r] = r;
   auto world_group = std::make_shared<Group>(all);
   w->groups["w"] = world_group;
-  auto timeline = std::make_shared<Timeline>(n);
+  auto timeline =
+      o.record_timeline || !o.timeline_path.empty() ? std::make_shared<Timeline>(n) : nullptr;
   const int64_t cap = o.memory_capacity < 0 ? m.core.hbm_bytes : o.memory_capacity;
 
   const int prev_threads = num_threads();

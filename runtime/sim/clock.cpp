@@ -39,7 +39,7 @@ void SimClock::record_comm(const std::string& name, double start, double end, bo
   if (async) {
     comm_free_ = std::max(comm_free_, end);
   } else {
-    wait_until(start, str("wait for ", name));
+    if (start > now_) wait_until(start, timeline_ ? str("wait for ", name) : std::string());
     now_ = std::max(now_, end);
     comm_free_ = std::max(comm_free_, end);
   }

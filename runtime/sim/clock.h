@@ -26,6 +26,8 @@ class SimClock : public CostModel {
   double comm_free() const { return comm_free_; }
   const MachineSpec& machine() const { return machine_; }
   int rank() const { return rank_; }
+  // Whether events go to a timeline (callers skip formatting their names and args otherwise).
+  bool recording() const { return timeline_ != nullptr; }
 
   // Moves the compute clock to `t` (if later), recording the gap as a wait named `why`.
   void wait_until(double t, const std::string& why);

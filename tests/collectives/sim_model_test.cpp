@@ -224,6 +224,28 @@ TEST(SimDevice, TimelineIsChromeTraceJson) {
   std::remove(path.c_str());
 }
 
+TEST(SimDevice, TimelineIsRecordedOnlyWhenAskedFor) {
+  auto body = [] {
+    charge_compute("matmul", 1e9, 1e6, DType::bf16);
+    Tensor x = ones({64});
+    world().all_reduce(x);
+  };
+  LaunchOptions o;
+  o.world_size = 2;
+  LaunchResult quiet = launch(o, body);
+  EXPECT_EQ(quiet.timeline, nullptr);
+  EXPECT_GT(quiet.ranks[0].sim_seconds, 0);  // the clock runs either way
+  o.record_timeline = true;
+  LaunchResult rec = launch(o, body);
+  ASSERT_NE(rec.timeline, nullptr);
+  ASSERT_EQ(rec.timeline->ranks(), 2);
+  EXPECT_EQ(rec.timeline->events(1).front().name, "matmul");
+  EXPECT_EQ(rec.timeline->events(1).back().name, "all_reduce");
+  EXPECT_NE(rec.timeline->events(1).back().args.find("group=[0,1]"), std::string::npos)
+      << rec.timeline->events(1).back().args;
+  EXPECT_EQ(rec.ranks[0].sim_seconds, quiet.ranks[0].sim_seconds);
+}
+
 TEST(SimCost, ModelAgainstPublishedNccomTestFigures) {
   // nccom-test examples (neuron_hardware.md §2.2), large messages where bandwidth dominates.
   struct Row {
