@@ -166,6 +166,10 @@ std::vector<KeySpec> make_registry() {
           "Ranks (NeuronCores). null = 8 (sim) or the MPI world (mpi). Must equal "
           "tensor_model_parallel_size x data-parallel size; 1 = plain single-rank training.",
           {}, true),
+      key("backend.timeline", K::string, "",
+          "sim: write every rank's modeled kernels and collectives to this file as a Chrome trace "
+          "(opens in https://ui.perfetto.dev); it grows with every step, so use it on short runs. "
+          "Empty = no trace."),
       // generation
       key("generation.prompt", K::string, "Q: What",
           "Prompt of the text sample printed after training."),
@@ -700,6 +704,10 @@ TrainConfig resolve(const Config& in) {
   ds.sequence_parallel = c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = c.get_string("backend.kind");
   ds.instance = c.get_string("backend.instance");
+  ds.timeline = c.get_string("backend.timeline");
+  if (!ds.timeline.empty() && ds.backend != "sim")
+    fail("backend.timeline=", ds.timeline, " needs backend.kind=sim (got ", ds.backend,
+         "): only the sim backend has a modeled clock to trace");
   if (c.is_null("distributed_strategy.kv_replicator"))
     c.set("distributed_strategy.kv_replicator",
           std::max<int64_t>(1, ds.tensor_model_parallel_size / m.num_kv_heads), "derived");

@@ -124,6 +124,7 @@ struct DistributedSection {
   double grad_bucket_mb;
   std::string backend;            // sim | mpi
   std::string instance;           // sim machine
+  std::string timeline;           // sim: Chrome trace path ("" = none)
   int64_t world_size;             // resolved: tp unless set (mpi: replaced by the MPI world)
   bool world_size_from_launcher;  // mpi and backend.world_size unset
   int64_t data_parallel_size;     // derived: world / tp

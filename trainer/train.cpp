@@ -1,6 +1,8 @@
 #include "nxd/trainer/train.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -333,13 +335,20 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts) {
     throw ConfigError(str("[train] trainer.matmul_precision=", cfg.trainer.matmul_precision,
                           " is not fp32|bf16"));
   blas::MatmulPrecisionScope precision_scope(*precision);  // process-wide: every sim rank
-  if (cfg.dist.backend == "mpi" || cfg.dist.world_size == 1)
+  if (cfg.dist.backend == "mpi" || (cfg.dist.world_size == 1 && cfg.dist.timeline.empty()))
     return train_rank(cfg, opts, /*set_threads=*/true);
   // sim: every rank a thread of this process (BLAS single-threaded while they run)
   sim::LaunchOptions lo;
   lo.world_size = static_cast<int>(cfg.dist.world_size);
   lo.instance = cfg.dist.instance;
   lo.seed = cfg.seed;
+  lo.timeline_path = cfg.dist.timeline;
+  if (!lo.timeline_path.empty()) {  // fail now, not after the run
+    std::ofstream probe(lo.timeline_path);
+    if (!probe)
+      throw IoError(str("[train] backend.timeline: cannot write ", lo.timeline_path, ": ",
+                        std::strerror(errno)));
+  }
   TrainResult res;
   sim::LaunchResult lr = sim::launch(lo, [&] {
     TrainResult r = train_rank(cfg, opts, /*set_threads=*/false);

@@ -126,6 +126,37 @@ TEST(Train, RandomDataAndSgd) {
   EXPECT_TRUE(r.sample.empty());  // no text sample for random tokens
 }
 
+TEST(Train, TimelineIsWrittenWhenAskedFor) {
+  auto d = temp_dir("");
+  auto corpus = tiny_corpus(d);
+  const fs::path trace = d / "trace.json";
+  const std::vector<std::string> short_run = {"trainer.max_steps=3", "trainer.val_check_interval=0",
+                                              "generation.max_new_tokens=0"};
+  auto with = short_run;
+  with.push_back("backend.timeline=" + trace.string());
+  TrainResult plain = train(tiny(d / "a", corpus, short_run), {.quiet = true});
+  TrainResult traced = train(tiny(d / "b", corpus, with), {.quiet = true});
+  EXPECT_EQ(traced.last_loss, plain.last_loss);  // the trace does not change the run
+  std::ifstream in(trace);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(ss.str().find("\"name\":\"matmul"), std::string::npos) << ss.str().substr(0, 500);
+  // Only the sim backend has a modeled clock; an unwritable path fails before training.
+  auto mpi = with;
+  mpi.push_back("backend.kind=mpi");
+  EXPECT_THROW(tiny(d / "c", corpus, mpi), ConfigError);
+  auto bad = short_run;
+  bad.push_back("backend.timeline=" + (d / "no_such_dir" / "t.json").string());
+  try {
+    train(tiny(d / "e", corpus, bad), {.quiet = true});
+    ADD_FAILURE() << "no error for an unwritable backend.timeline";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("no_such_dir"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(d / "e" / "metrics.csv"));
+}
+
 TEST(Train, SummarizesSkippedFiles) {
   std::vector<SkippedFile> s{{"/x/a.dat", "binary: NUL byte at offset 3"},
                              {"/x/b.dat", "binary: NUL byte at offset 0"},
