@@ -164,13 +164,16 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 
-// A list of modules named "0", "1", ... (the decoder layers).
+// A list of modules named "0", "1", ... (the decoder layers); a list starting at `first_index`
+// names its items first_index, first_index + 1, ... (a pipeline stage's share of the layers keeps
+// the whole model's names) while operator[] still counts from 0.
 class ModuleList : public Module {
  public:
-  ModuleList() : Module("ModuleList") {}
+  explicit ModuleList(int64_t first_index = 0) : Module("ModuleList"), first_(first_index) {}
+  int64_t first_index() const { return first_; }
   template <class M>
   std::shared_ptr<M> push_back(std::shared_ptr<M> m) {
-    add_child(std::to_string(items_.size()), m);
+    add_child(std::to_string(first_ + static_cast<int64_t>(items_.size())), m);
     items_.push_back(m);
     return m;
   }
@@ -184,6 +187,7 @@ class ModuleList : public Module {
   auto end() const { return items_.end(); }
 
  private:
+  int64_t first_ = 0;
   std::vector<std::shared_ptr<Module>> items_;
 };
 

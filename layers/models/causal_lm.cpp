@@ -14,15 +14,26 @@
 
 namespace nxd {
 
-CausalLM::CausalLM(const ModelConfig& cfg, std::string type_name)
-    : Module(std::move(type_name)), cfg_(cfg), tp_(model_tensor_parallel_size()) {
+CausalLM::CausalLM(const ModelConfig& cfg, std::string type_name, const ModelPart& part)
+    : Module(std::move(type_name)), cfg_(cfg), part_(part), tp_(model_tensor_parallel_size()) {
   cfg_.validate();
   cfg_.validate_parallel(tp_);
+  part_.validate(cfg_);
+  part_.layer_end = part_.end(cfg_);
   sp_ = cfg_.sequence_parallel && tp_ > 1;
 }
 
+void CausalLM::check_whole(const char* what) const {
+  NXD_CHECK(is_whole(), "[", type_name(), "::", what, "] needs the whole model; this one is ",
+            part_.str(cfg_));
+}
+
+Tensor CausalLM::body(const Tensor& ids, int64_t position_offset) {
+  return final_norm(run_layers(embed_tokens(ids), position_offset));
+}
+
 void CausalLM::register_output_head(const std::string& name) {
-  if (cfg_.tie_word_embeddings) return;
+  if (cfg_.tie_word_embeddings || !part_.head) return;
   const ParamOptions p{cfg_.dtype, cfg_.device};
   if (tp_ == 1) {
     LinearOptions lo;
@@ -64,6 +75,7 @@ Tensor pad_sequence(const Tensor& ids, int64_t padded, double value) {
 }  // namespace
 
 Tensor CausalLM::hidden_states(const Tensor& ids, int64_t position_offset) {
+  check_whole("hidden_states");
   check_ids(ids, position_offset);
   if (!sp_) return body(ids, position_offset);
   const int64_t S = ids.size(1), Sp = (S + tp_ - 1) / tp_ * tp_;
@@ -74,6 +86,7 @@ Tensor CausalLM::hidden_states(const Tensor& ids, int64_t position_offset) {
 }
 
 Tensor CausalLM::lm_head(const Tensor& hidden) {
+  check_whole("lm_head");
   if (tp_ == 1) return linear(hidden, output_weight());
   // X (duplicated) -> local vocab columns -> all-gathered: dX is all-reduced, each rank keeps the
   // gradient of its own columns.
@@ -91,17 +104,42 @@ void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
 }
 
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts) {
+  check_whole("loss");
   NXD_CHECK_SHAPE(targets.shape() == ids.shape(), "[", type_name(),
                   "::loss] targets must match ids: ids=", ids.desc(), " targets=", targets.desc());
+  return head_loss(decoder_layers(embed(ids)), targets, opts);
+}
+
+Tensor CausalLM::embed(const Tensor& ids) {
+  NXD_CHECK(part_.embedding, "[", type_name(), "::embed] this part (", part_.str(cfg_),
+            ") has no embedding");
+  check_ids(ids, 0);
+  if (!sp_) return embed_tokens(ids);
+  return embed_tokens(pad_sequence(ids, (ids.size(1) + tp_ - 1) / tp_ * tp_, 0));
+}
+
+Tensor CausalLM::decoder_layers(const Tensor& h, int64_t position_offset) {
+  return run_layers(h, position_offset);
+}
+
+Tensor CausalLM::head_loss(const Tensor& h_local, const Tensor& targets,
+                           const CrossEntropyOptions& opts) {
+  NXD_CHECK(part_.head, "[", type_name(), "::head_loss] this part (", part_.str(cfg_),
+            ") has no head");
+  NXD_CHECK_SHAPE(targets.dim() == 2 && h_local.dim() == 3 && targets.size(0) == h_local.size(0),
+                  "[", type_name(), "::head_loss] targets [B,S] for hidden states [B,S,hidden]: ",
+                  "targets=", targets.desc(), " hidden=", h_local.desc());
+  const int64_t B = targets.size(0), S = targets.size(1);
+  const int64_t Sp = sp_ ? (S + tp_ - 1) / tp_ * tp_ : S;
+  NXD_CHECK_SHAPE(h_local.size(1) * (sp_ ? tp_ : 1) == Sp, "[", type_name(),
+                  "::head_loss] hidden states ", h_local.desc(), " do not match targets ",
+                  targets.desc());
+  Tensor h = final_norm(h_local);  // [B,S(/tp),hidden]
   if (tp_ == 1) {
-    Tensor logits = forward(ids);  // [B,S,V]
-    const int64_t n = ids.numel();
+    Tensor logits = linear(h, output_weight());  // [B,S,V]
+    const int64_t n = B * S;
     return cross_entropy(view(logits, {n, cfg_.vocab_size}), targets.reshape({n}), opts);
   }
-  check_ids(ids, 0);
-  const int64_t B = ids.size(0), S = ids.size(1);
-  const int64_t Sp = sp_ ? (S + tp_ - 1) / tp_ * tp_ : S;
-  Tensor h = body(pad_sequence(ids, Sp, 0), 0);  // [B,S(/tp),hidden]
   // column-parallel head, gather_output=false: [B,Sp,V/tp] (SP: all-gather the sequence first,
   // its backward reduce-scatters; else copy_to, whose backward all-reduces). A tied head does
   // the same with the embedding's vocabulary shard.
@@ -177,6 +215,7 @@ int64_t sample_token(const std::vector<double>& logits, double temperature, int6
 
 std::vector<int64_t> CausalLM::generate(const std::vector<int64_t>& prompt,
                                         const GenerateOptions& opts) {
+  check_whole("generate");
   NXD_CHECK(!prompt.empty(), "[generate] empty prompt");
   NXD_CHECK(opts.max_new_tokens >= 0, "[generate] max_new_tokens must be >= 0, got ",
             opts.max_new_tokens);
@@ -211,13 +250,14 @@ std::vector<int64_t> CausalLM::generate(const std::vector<int64_t>& prompt,
   return seq;
 }
 
-std::shared_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, uint64_t seed) {
+std::shared_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, uint64_t seed,
+                                         const ModelPart& part) {
   cfg.validate();
   std::shared_ptr<CausalLM> m;
   if (cfg.arch == "llama") {
-    m = std::make_shared<LlamaForCausalLM>(cfg);
+    m = std::make_shared<LlamaForCausalLM>(cfg, part);
   } else {
-    m = std::make_shared<GPTNeoXForCausalLM>(cfg);
+    m = std::make_shared<GPTNeoXForCausalLM>(cfg, part);
   }
   m->init_parameters(seed);
   return m;

@@ -48,11 +48,13 @@ struct GenerateOptions {
 
 class CausalLM : public Module {
  public:
-  // Validates cfg and cfg.validate_parallel(TP) (ConfigError).
-  explicit CausalLM(const ModelConfig& cfg, std::string type_name);
+  // Validates cfg, cfg.validate_parallel(TP) and part (ConfigError).
+  CausalLM(const ModelConfig& cfg, std::string type_name, const ModelPart& part = {});
   const ModelConfig& config() const { return cfg_; }
   int tensor_parallel_size() const { return tp_; }
   bool sequence_parallel() const { return sp_; }  // cfg.sequence_parallel && TP > 1
+  const ModelPart& part() const { return part_; }
+  bool is_whole() const { return part_.whole(cfg_); }
 
   // ids [B,S] i32/i64 -> final hidden states [B,S,hidden] (after the final norm). Positions are
   // position_offset + [0, S); S + position_offset must not exceed max_position_embeddings.
@@ -67,6 +69,17 @@ class CausalLM : public Module {
   // the same value on every rank.
   Tensor loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts = {});
 
+  // ---- the pieces a pipeline stage runs (hidden states in the local layout: [B,S,hidden], or
+  // this rank's sequence shard [B,Sp/TP,hidden] under SP, Sp = S rounded up to a multiple of TP).
+  // loss(ids, targets) == head_loss(decoder_layers(embed(ids)), targets) exactly. ----
+  // ids [B,S] -> embedded hidden states (needs part().embedding).
+  Tensor embed(const Tensor& ids);
+  // This part's decoder layers.
+  Tensor decoder_layers(const Tensor& h, int64_t position_offset = 0);
+  // Final norm, output head and cross entropy against targets [B,S] (needs part().head).
+  Tensor head_loss(const Tensor& h, const Tensor& targets, const CrossEntropyOptions& opts = {});
+
+  // hidden_states, lm_head, forward, loss and generate need the whole model (InvalidArgument).
   // prompt followed by up to max_new_tokens generated ids. Runs without a graph and in eval mode
   // (the mode is restored). No KV cache: each token reruns the model on the last
   // max_position_embeddings ids, computing the head only for the last position.
@@ -74,8 +87,12 @@ class CausalLM : public Module {
 
  protected:
   // The body: ids [B,S] (S divisible by TP under sequence parallelism) -> final hidden states in
-  // the local layout: [B,S,hidden], or this rank's sequence shard [B,S/TP,hidden] under SP.
-  virtual Tensor body(const Tensor& ids, int64_t position_offset) = 0;
+  // the local layout: [B,S,hidden], or this rank's sequence shard [B,S/TP,hidden] under SP:
+  // final_norm(run_layers(embed_tokens(ids), position_offset)).
+  Tensor body(const Tensor& ids, int64_t position_offset);
+  virtual Tensor embed_tokens(const Tensor& ids) = 0;
+  virtual Tensor run_layers(const Tensor& h, int64_t position_offset) = 0;
+  virtual Tensor final_norm(const Tensor& h) = 0;
   // The input embedding's weight (this rank's vocabulary rows at TP > 1).
   virtual const Tensor& embedding_weight() const = 0;
   // Registers the untied output head `name` (Linear [V, hidden] without bias, or its
@@ -84,7 +101,9 @@ class CausalLM : public Module {
   // The output head's weight: the head's, or embedding_weight() when tied.
   const Tensor& output_weight() const;
   void check_ids(const Tensor& ids, int64_t position_offset) const;
+  void check_whole(const char* what) const;
   ModelConfig cfg_;
+  ModelPart part_;
   int tp_ = 1;
   bool sp_ = false;
 
@@ -108,7 +127,9 @@ int64_t sample_token(const std::vector<double>& logits, double temperature, int6
                      double u);
 
 // Validates cfg (ConfigError) and builds the model of cfg.arch over the current TP group,
-// parameters initialized by name from `seed`.
-std::shared_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, uint64_t seed);
+// parameters initialized by name from `seed`; with a part, only that part (its parameters have
+// the whole model's names and values).
+std::shared_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, uint64_t seed,
+                                         const ModelPart& part = {});
 
 }  // namespace nxd

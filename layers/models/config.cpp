@@ -58,6 +58,19 @@ void ModelConfig::validate() const {
   if (kv_size_multiplier < 1) fail("kv_size_multiplier must be >= 1, got ", kv_size_multiplier);
 }
 
+void ModelPart::validate(const ModelConfig& c) const {
+  if (layer_begin < 0 || layer_begin > end(c) || end(c) > c.num_layers)
+    throw ConfigError(nxd::str("[ModelPart] layers [", layer_begin, ", ", end(c),
+                               ") are not a range of the model's ", c.num_layers, " layers"));
+}
+
+std::string ModelPart::str(const ModelConfig& c) const {
+  std::string s = embedding ? "embedding + " : "";
+  s += nxd::str("layers [", layer_begin, ", ", end(c), ")");
+  if (head) s += " + head";
+  return s;
+}
+
 void ModelConfig::validate_parallel(int tp) const {
   auto fail = [](auto&&... a) { throw ConfigError(str("[ModelConfig] ", a...)); };
   if (tp < 1) fail("tensor parallel size must be >= 1, got ", tp);

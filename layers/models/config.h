@@ -55,6 +55,26 @@ struct ModelConfig {
   int64_t rotary_dim() const;  // features rotated per head
 };
 
+// A pipeline stage's share of a model: the decoder layers [layer_begin, layer_end), plus the input
+// embedding (the first stage) and/or the final norm, output head and loss (the last stage).
+// Parameters keep the whole model's names (layer i stays "model.layers.i"), so init by name gives
+// them the whole model's values. A last stage of a model with tie_word_embeddings also holds the
+// input embedding (its head's weight; the pipeline keeps the two copies equal). The default is
+// the whole model.
+struct ModelPart {
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;  // -1: num_layers
+  bool embedding = true;
+  bool head = true;
+  int64_t end(const ModelConfig& c) const { return layer_end < 0 ? c.num_layers : layer_end; }
+  bool whole(const ModelConfig& c) const {
+    return embedding && head && layer_begin == 0 && end(c) == c.num_layers;
+  }
+  // Throws ConfigError naming the values unless 0 <= layer_begin <= end <= num_layers.
+  void validate(const ModelConfig& c) const;
+  std::string str(const ModelConfig& c) const;  // "layers [2, 4) + head"
+};
+
 // The tensor-parallel size models are built for: the parallel_state TP size, or 1 when
 // parallel_state is not initialized.
 int model_tensor_parallel_size();

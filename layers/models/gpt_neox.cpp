@@ -54,18 +54,20 @@ Tensor GPTNeoXLayer::forward(const Tensor& h, int64_t position_offset) const {
                                mlp_->forward(post_attention_layernorm_->forward(a)), sp_));
 }
 
-GPTNeoXModel::GPTNeoXModel(const ModelConfig& c) : Module("GPTNeoXModel") {
+GPTNeoXModel::GPTNeoXModel(const ModelConfig& c, const ModelPart& part) : Module("GPTNeoXModel") {
   const int tp = model_tensor_parallel_size();
   const bool sp = c.sequence_parallel && tp > 1;
   sp_ = sp;
-  if (tp == 1) {
+  // a tied head's weight is the embedding: the last stage holds it too
+  const bool embedding = part.embedding || (part.head && c.tie_word_embeddings);
+  if (embedding && tp == 1) {
     EmbeddingOptions eo;
     eo.weight_init = ParamInit::normal(c.init_std);
     eo.param = {c.dtype, c.device};
     embed_in_ =
         register_module("embed_in", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, eo));
     embed_weight_ = embed_in_->weight();
-  } else {
+  } else if (embedding) {
     ParallelEmbeddingOptions eo;
     eo.sequence_parallel_enabled = sp;
     eo.weight_init = ParamInit::normal(c.init_std);
@@ -75,24 +77,40 @@ GPTNeoXModel::GPTNeoXModel(const ModelConfig& c) : Module("GPTNeoXModel") {
     embed_weight_ = pembed_in_->weight();
   }
   emb_dropout_ = register_module("emb_dropout", std::make_shared<Dropout>(c.dropout));
-  layers_ = register_module("layers", std::make_shared<ModuleList>());
-  for (int64_t l = 0; l < c.num_layers; ++l) layers_->push_back(std::make_shared<GPTNeoXLayer>(c));
-  final_layer_norm_ = register_module(
-      "final_layer_norm", std::make_shared<ParallelLayerNorm>(c.hidden_size, c.norm_eps, true, sp,
-                                                              ParamOptions{c.dtype, c.device}));
+  layers_ = register_module("layers", std::make_shared<ModuleList>(part.layer_begin));
+  for (int64_t l = part.layer_begin; l < part.end(c); ++l)
+    layers_->push_back(std::make_shared<GPTNeoXLayer>(c));
+  if (part.head)
+    final_layer_norm_ = register_module(
+        "final_layer_norm", std::make_shared<ParallelLayerNorm>(c.hidden_size, c.norm_eps, true, sp,
+                                                                ParamOptions{c.dtype, c.device}));
 }
 
-Tensor GPTNeoXModel::forward(const Tensor& ids, int64_t position_offset) const {
-  Tensor h = hidden_dropout(*emb_dropout_,
-                            embed_in_ ? embed_in_->forward(ids) : pembed_in_->forward(ids), sp_);
+Tensor GPTNeoXModel::embed(const Tensor& ids) const {
+  NXD_CHECK(embed_in_ || pembed_in_, "[GPTNeoXModel::embed] this part has no embedding");
+  return hidden_dropout(*emb_dropout_,
+                        embed_in_ ? embed_in_->forward(ids) : pembed_in_->forward(ids), sp_);
+}
+
+Tensor GPTNeoXModel::run_layers(const Tensor& h, int64_t position_offset) const {
+  Tensor x = h;
   for (const auto& layer : *layers_)
-    h = static_cast<const GPTNeoXLayer&>(*layer).forward(h, position_offset);
+    x = static_cast<const GPTNeoXLayer&>(*layer).forward(x, position_offset);
+  return x;
+}
+
+Tensor GPTNeoXModel::final_norm(const Tensor& h) const {
+  NXD_CHECK(final_layer_norm_, "[GPTNeoXModel::final_norm] this part has no final norm");
   return final_layer_norm_->forward(h);
 }
 
-GPTNeoXForCausalLM::GPTNeoXForCausalLM(const ModelConfig& cfg)
-    : CausalLM(cfg, "GPTNeoXForCausalLM") {
-  gpt_neox_ = register_module("gpt_neox", std::make_shared<GPTNeoXModel>(cfg_));
+Tensor GPTNeoXModel::forward(const Tensor& ids, int64_t position_offset) const {
+  return final_norm(run_layers(embed(ids), position_offset));
+}
+
+GPTNeoXForCausalLM::GPTNeoXForCausalLM(const ModelConfig& cfg, const ModelPart& part)
+    : CausalLM(cfg, "GPTNeoXForCausalLM", part) {
+  gpt_neox_ = register_module("gpt_neox", std::make_shared<GPTNeoXModel>(cfg_, part_));
   register_output_head("embed_out");
 }
 

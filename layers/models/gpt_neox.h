@@ -46,8 +46,11 @@ class GPTNeoXLayer : public Module {
 // shard.
 class GPTNeoXModel : public Module {
  public:
-  explicit GPTNeoXModel(const ModelConfig& cfg);
+  explicit GPTNeoXModel(const ModelConfig& cfg, const ModelPart& part = {});
   Tensor forward(const Tensor& ids, int64_t position_offset = 0) const;
+  Tensor embed(const Tensor& ids) const;  // with the embedding dropout
+  Tensor run_layers(const Tensor& h, int64_t position_offset = 0) const;
+  Tensor final_norm(const Tensor& h) const;
   // embed_in.weight (this rank's vocabulary rows at TP > 1).
   const Tensor& embed_in_weight() const { return embed_weight_; }
   const std::shared_ptr<ModuleList>& layers() const { return layers_; }
@@ -64,13 +67,15 @@ class GPTNeoXModel : public Module {
 
 class GPTNeoXForCausalLM : public CausalLM {
  public:
-  explicit GPTNeoXForCausalLM(const ModelConfig& cfg);
+  explicit GPTNeoXForCausalLM(const ModelConfig& cfg, const ModelPart& part = {});
   const std::shared_ptr<GPTNeoXModel>& gpt_neox() const { return gpt_neox_; }
 
  protected:
-  Tensor body(const Tensor& ids, int64_t position_offset) override {
-    return gpt_neox_->forward(ids, position_offset);
+  Tensor embed_tokens(const Tensor& ids) override { return gpt_neox_->embed(ids); }
+  Tensor run_layers(const Tensor& h, int64_t position_offset) override {
+    return gpt_neox_->run_layers(h, position_offset);
   }
+  Tensor final_norm(const Tensor& h) override { return gpt_neox_->final_norm(h); }
   const Tensor& embedding_weight() const override { return gpt_neox_->embed_in_weight(); }
 
  private:

@@ -50,17 +50,19 @@ Tensor LlamaDecoderLayer::forward(const Tensor& h, int64_t position_offset) cons
              hidden_dropout(*dropout_, mlp_->forward(post_attention_layernorm_->forward(a)), sp_));
 }
 
-LlamaModel::LlamaModel(const ModelConfig& c) : Module("LlamaModel") {
+LlamaModel::LlamaModel(const ModelConfig& c, const ModelPart& part) : Module("LlamaModel") {
   const int tp = model_tensor_parallel_size();
   const bool sp = c.sequence_parallel && tp > 1;
-  if (tp == 1) {
+  // a tied head's weight is the embedding: the last stage holds it too
+  const bool embedding = part.embedding || (part.head && c.tie_word_embeddings);
+  if (embedding && tp == 1) {
     EmbeddingOptions eo;
     eo.weight_init = ParamInit::normal(c.init_std);
     eo.param = {c.dtype, c.device};
     embed_tokens_ = register_module("embed_tokens",
                                     std::make_shared<Embedding>(c.vocab_size, c.hidden_size, eo));
     embed_weight_ = embed_tokens_->weight();
-  } else {
+  } else if (embedding) {
     ParallelEmbeddingOptions eo;
     eo.sequence_parallel_enabled = sp;
     eo.weight_init = ParamInit::normal(c.init_std);
@@ -69,23 +71,39 @@ LlamaModel::LlamaModel(const ModelConfig& c) : Module("LlamaModel") {
         "embed_tokens", std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size, eo));
     embed_weight_ = pembed_tokens_->weight();
   }
-  layers_ = register_module("layers", std::make_shared<ModuleList>());
-  for (int64_t l = 0; l < c.num_layers; ++l)
+  layers_ = register_module("layers", std::make_shared<ModuleList>(part.layer_begin));
+  for (int64_t l = part.layer_begin; l < part.end(c); ++l)
     layers_->push_back(std::make_shared<LlamaDecoderLayer>(c));
-  norm_ =
-      register_module("norm", std::make_shared<ParallelRMSNorm>(c.hidden_size, c.norm_eps, sp,
-                                                                ParamOptions{c.dtype, c.device}));
+  if (part.head)
+    norm_ =
+        register_module("norm", std::make_shared<ParallelRMSNorm>(c.hidden_size, c.norm_eps, sp,
+                                                                  ParamOptions{c.dtype, c.device}));
 }
 
-Tensor LlamaModel::forward(const Tensor& ids, int64_t position_offset) const {
-  Tensor h = embed_tokens_ ? embed_tokens_->forward(ids) : pembed_tokens_->forward(ids);
+Tensor LlamaModel::embed(const Tensor& ids) const {
+  NXD_CHECK(embed_tokens_ || pembed_tokens_, "[LlamaModel::embed] this part has no embedding");
+  return embed_tokens_ ? embed_tokens_->forward(ids) : pembed_tokens_->forward(ids);
+}
+
+Tensor LlamaModel::run_layers(const Tensor& h, int64_t position_offset) const {
+  Tensor x = h;
   for (const auto& layer : *layers_)
-    h = static_cast<const LlamaDecoderLayer&>(*layer).forward(h, position_offset);
+    x = static_cast<const LlamaDecoderLayer&>(*layer).forward(x, position_offset);
+  return x;
+}
+
+Tensor LlamaModel::final_norm(const Tensor& h) const {
+  NXD_CHECK(norm_, "[LlamaModel::final_norm] this part has no final norm");
   return norm_->forward(h);
 }
 
-LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& cfg) : CausalLM(cfg, "LlamaForCausalLM") {
-  model_ = register_module("model", std::make_shared<LlamaModel>(cfg_));
+Tensor LlamaModel::forward(const Tensor& ids, int64_t position_offset) const {
+  return final_norm(run_layers(embed(ids), position_offset));
+}
+
+LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& cfg, const ModelPart& part)
+    : CausalLM(cfg, "LlamaForCausalLM", part) {
+  model_ = register_module("model", std::make_shared<LlamaModel>(cfg_, part_));
   register_output_head("lm_head");
 }
 

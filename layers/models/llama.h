@@ -36,11 +36,15 @@ class LlamaDecoderLayer : public Module {
 };
 
 // The body: model.{embed_tokens, layers, norm}. Built for model_tensor_parallel_size(); under
-// sequence parallelism forward returns this rank's sequence shard.
+// sequence parallelism forward returns this rank's sequence shard. With a ModelPart only that
+// part's pieces exist (config.h).
 class LlamaModel : public Module {
  public:
-  explicit LlamaModel(const ModelConfig& cfg);
+  explicit LlamaModel(const ModelConfig& cfg, const ModelPart& part = {});
   Tensor forward(const Tensor& ids, int64_t position_offset = 0) const;
+  Tensor embed(const Tensor& ids) const;
+  Tensor run_layers(const Tensor& h, int64_t position_offset = 0) const;
+  Tensor final_norm(const Tensor& h) const;
   // embed_tokens.weight (this rank's vocabulary rows at TP > 1).
   const Tensor& embed_tokens_weight() const { return embed_weight_; }
   const std::shared_ptr<ModuleList>& layers() const { return layers_; }
@@ -55,13 +59,15 @@ class LlamaModel : public Module {
 
 class LlamaForCausalLM : public CausalLM {
  public:
-  explicit LlamaForCausalLM(const ModelConfig& cfg);
+  explicit LlamaForCausalLM(const ModelConfig& cfg, const ModelPart& part = {});
   const std::shared_ptr<LlamaModel>& model() const { return model_; }
 
  protected:
-  Tensor body(const Tensor& ids, int64_t position_offset) override {
-    return model_->forward(ids, position_offset);
+  Tensor embed_tokens(const Tensor& ids) override { return model_->embed(ids); }
+  Tensor run_layers(const Tensor& h, int64_t position_offset) override {
+    return model_->run_layers(h, position_offset);
   }
+  Tensor final_norm(const Tensor& h) override { return model_->final_norm(h); }
   const Tensor& embedding_weight() const override { return model_->embed_tokens_weight(); }
 
  private:
