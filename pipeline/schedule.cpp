@@ -164,6 +164,16 @@ std::vector<std::vector<Action>> build_schedules(const ScheduleConfig& cfg) {
   return all;
 }
 
+std::vector<Action> build_inference_schedule(const ScheduleConfig& cfg, int rank) {
+  cfg.validate();
+  NXD_CHECK(rank >= 0 && rank < cfg.pp, "[build_inference_schedule] rank ", rank, " outside [0, ",
+            cfg.pp, ")");
+  Builder b{cfg, rank, {}};
+  for (int mb = 0; mb < cfg.num_microbatches; ++mb)
+    for (int c = 0; c < cfg.vpp; ++c) b.fwd(mb, c);
+  return std::move(b.out);
+}
+
 std::string compute_order(const std::vector<Action>& actions) {
   std::string s;
   for (const Action& a : actions) {
@@ -295,7 +305,7 @@ struct Sim {
 }  // namespace
 
 SimulationResult simulate(const ScheduleConfig& cfg, const std::vector<std::vector<Action>>& s,
-                          SendModel model) {
+                          SendModel model, bool forward_only) {
   cfg.validate();
   NXD_CHECK(static_cast<int>(s.size()) == cfg.pp, "[simulate] ", s.size(),
             " action lists for pp=", cfg.pp);
@@ -341,10 +351,10 @@ SimulationResult simulate(const ScheduleConfig& cfg, const std::vector<std::vect
       return res;
     }
   const size_t expected = static_cast<size_t>(cfg.num_stages()) * cfg.num_microbatches;
-  if (sim.fwd_done.size() != expected || sim.bwd_done.size() != expected) {
+  if (sim.fwd_done.size() != expected || sim.bwd_done.size() != (forward_only ? 0 : expected)) {
     res.error = std::to_string(sim.fwd_done.size()) + " forwards and " +
                 std::to_string(sim.bwd_done.size()) + " backwards, expected " +
-                std::to_string(expected) + " of each";
+                std::to_string(expected) + (forward_only ? " forwards only" : " of each");
     return res;
   }
   res.ok = true;

@@ -62,6 +62,9 @@ struct ScheduleConfig {
 std::vector<Action> build_schedule(const ScheduleConfig& cfg, int rank);
 // Every rank's actions.
 std::vector<std::vector<Action>> build_schedules(const ScheduleConfig& cfg);
+// Evaluation (NxD's InferenceSchedule): forwards only, microbatch by microbatch, each through
+// this rank's chunks in order (recv_act, F, send_act). cfg.kind is ignored.
+std::vector<Action> build_inference_schedule(const ScheduleConfig& cfg, int rank);
 
 // Only the computations ("F0 F1 B0 ..."): what NxD's tables show.
 std::string compute_order(const std::vector<Action>& actions);
@@ -90,8 +93,9 @@ struct SimulationResult {
   std::vector<int> max_live;  // per rank: most forwards whose backward had not run yet
 };
 enum class SendModel { buffered, rendezvous };
+// forward_only: the lists are inference schedules (no backward, no gradient messages).
 SimulationResult simulate(const ScheduleConfig& cfg, const std::vector<std::vector<Action>>& s,
-                          SendModel model = SendModel::buffered);
+                          SendModel model = SendModel::buffered, bool forward_only = false);
 
 // The analytical bubble fraction (pp - 1) / (M + pp - 1), divided by vpp when interleaved.
 double analytical_bubble(const ScheduleConfig& cfg);

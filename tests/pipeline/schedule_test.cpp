@@ -205,6 +205,25 @@ TEST(Schedule, InvalidConfigurationsNameTheNumbers) {
   EXPECT_THROW(build_schedule(config(ScheduleKind::gpipe, 2, 2), 2), InvalidArgument);
 }
 
+TEST(Schedule, InferenceRunsForwardsOnly) {
+  for (int vpp : {1, 2, 3}) {
+    for (int pp : {1, 2, 4}) {
+      for (int m : {1, 3, 8}) {
+        auto c = config(vpp > 1 ? ScheduleKind::interleaved : ScheduleKind::gpipe, pp,
+                        vpp > 1 ? pp * m : m, vpp);
+        if (vpp > 1 && pp == 1) continue;
+        std::vector<std::vector<Action>> s;
+        for (int r = 0; r < pp; ++r) s.push_back(build_inference_schedule(c, r));
+        for (SendModel model : {SendModel::buffered, SendModel::rendezvous}) {
+          SimulationResult res = simulate(c, s, model, /*forward_only=*/true);
+          EXPECT_TRUE(res.ok) << label(c) << ": " << res.error;
+        }
+        EXPECT_FALSE(simulate(c, s).ok);  // a training step needs the backwards
+      }
+    }
+  }
+}
+
 TEST(Schedule, AnalyticalBubble) {
   EXPECT_DOUBLE_EQ(analytical_bubble(config(ScheduleKind::one_f_one_b, 4, 6)), 3.0 / 9.0);
   EXPECT_DOUBLE_EQ(analytical_bubble(config(ScheduleKind::interleaved, 4, 8, 2)), 3.0 / 11.0 / 2);

@@ -1,0 +1,144 @@
+#include "nxd/pipeline/executor.h"
+
+#include <optional>
+
+#include "nxd/autograd/graph.h"
+#include "nxd/runtime/error.h"
+
+namespace nxd::pipeline {
+
+namespace {
+
+constexpr int kHeader = 10;  // ndim, up to 8 dims, dtype
+int act_tag(int stage) {
+  return 3 * stage;
+}
+int grad_tag(int stage) {
+  return 3 * stage + 1;
+}
+int shape_tag(int stage) {
+  return 3 * stage + 2;
+}
+
+}  // namespace
+
+Executor::Executor(std::shared_ptr<Communicator> group, ScheduleConfig cfg)
+    : group_(std::move(group)), cfg_(cfg) {
+  cfg_.validate();
+  NXD_CHECK(group_, "[pipeline::Executor] no pipeline group");
+  NXD_CHECK(group_->size() == cfg_.pp, "[pipeline::Executor] the pipeline group has ",
+            group_->size(), " ranks, the schedule pp=", cfg_.pp);
+  rank_ = group_->rank();
+}
+
+void Executor::send(const Tensor& t, int to_stage, bool grad, const Key& key) {
+  const int dst = to_stage % cfg_.pp;
+  Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  if (!grad && !shapes_.count(key)) {
+    NXD_CHECK(buf.dim() <= kHeader - 2, "[pipeline] activation ", buf.desc(), " has more than ",
+              kHeader - 2, " dims");
+    Tensor h = zeros({kHeader}, DType::i64);
+    int64_t* p = h.data<int64_t>();
+    p[0] = buf.dim();
+    for (int64_t d = 0; d < buf.dim(); ++d) p[1 + d] = buf.size(d);
+    p[kHeader - 1] = static_cast<int64_t>(buf.dtype());
+    pending_.emplace_back(group_->isend(h, dst, shape_tag(to_stage)), h);
+    shapes_[key] = Meta{buf.shape(), buf.dtype()};
+  } else if (!grad) {
+    const Meta& m = shapes_.at(key);
+    NXD_CHECK_SHAPE(m.shape == buf.shape() && m.dtype == buf.dtype(), "[pipeline] stage ",
+                    to_stage - 1, " sends ", buf.desc(), " where it sent ", shape_str(m.shape),
+                    " before for the same microbatch shape");
+  }
+  pending_.emplace_back(group_->isend(buf, dst, grad ? grad_tag(to_stage) : act_tag(to_stage)),
+                        buf);
+}
+
+Tensor Executor::recv_activation(int stage, const Key& key) {
+  const int src = (stage - 1) % cfg_.pp;
+  auto it = shapes_.find(key);
+  if (it == shapes_.end()) {
+    Tensor h = zeros({kHeader}, DType::i64);
+    group_->recv(h, src, shape_tag(stage));
+    const int64_t* p = h.data<int64_t>();
+    Meta m;
+    for (int64_t d = 0; d < p[0]; ++d) m.shape.push_back(p[1 + d]);
+    m.dtype = static_cast<DType>(p[kHeader - 1]);
+    it = shapes_.emplace(key, m).first;
+  }
+  Tensor x = empty(it->second.shape, it->second.dtype);
+  group_->recv(x, src, act_tag(stage));
+  return x;
+}
+
+StepResult Executor::run(StageRunner& runner, bool train, int64_t mb_rows, int64_t seq_len) {
+  StepResult res;
+  const std::vector<Action> actions =
+      train ? build_schedule(cfg_, rank_) : build_inference_schedule(cfg_, rank_);
+  // per (chunk, microbatch): the received input, the output (activation or loss), its gradient
+  std::map<std::pair<int, int>, Tensor> inputs, outputs, grads;
+  std::optional<NoGradGuard> no_grad;
+  if (!train) no_grad.emplace();
+  for (const Action& a : actions) {
+    const auto key = std::make_pair(a.chunk, a.microbatch);
+    const int stage = stage_of(cfg_, rank_, a.chunk);
+    switch (a.kind) {
+      case ActionKind::recv_act: {
+        Tensor x = recv_activation(stage, {stage, mb_rows, seq_len});
+        if (train && is_floating(x.dtype())) x.set_requires_grad(true);
+        inputs[key] = x;
+        break;
+      }
+      case ActionKind::forward: {
+        auto in = inputs.find(key);
+        Tensor out =
+            runner.forward(a.chunk, a.microbatch, in == inputs.end() ? Tensor() : in->second);
+        if (is_last_stage(cfg_, rank_, a.chunk)) {
+          NXD_CHECK_SHAPE(out.numel() == 1, "[pipeline] the last stage returned ", out.desc(),
+                          ", not a scalar loss");
+          res.losses.push_back(out.detach());
+          if (!train) break;
+        } else if (!train) {
+          inputs.erase(key);
+        }
+        outputs[key] = out;
+        break;
+      }
+      case ActionKind::send_act:
+        send(outputs.at(key).detach(), stage + 1, false, {stage + 1, mb_rows, seq_len});
+        if (!train) outputs.erase(key);
+        break;
+      case ActionKind::recv_grad: {
+        Tensor g = empty_like(outputs.at(key).detach());
+        group_->recv(g, (stage + 1) % cfg_.pp, grad_tag(stage));
+        grads[key] = g;
+        break;
+      }
+      case ActionKind::backward: {
+        Tensor out = outputs.at(key);
+        if (is_last_stage(cfg_, rank_, a.chunk)) {
+          nxd::backward(out);
+        } else {
+          nxd::backward({out}, {grads.at(key)});
+          grads.erase(key);
+        }
+        outputs.erase(key);
+        break;
+      }
+      case ActionKind::send_grad: {
+        Tensor x = inputs.at(key);
+        Tensor g = x.grad().defined() ? x.grad() : zeros_like(x);
+        send(g, stage - 1, true, {});
+        inputs.erase(key);
+        break;
+      }
+    }
+  }
+  // On an exception the buffers stay in pending_ (a send may still read them) and the failure
+  // reaches the peers through the backend.
+  for (auto& w : pending_) w.first.wait();
+  pending_.clear();
+  return res;
+}
+
+}  // namespace nxd::pipeline

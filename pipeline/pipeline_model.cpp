@@ -1,0 +1,162 @@
+#include "nxd/pipeline/pipeline_model.h"
+
+#include <sstream>
+
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/parallel/attributes.h"
+#include "nxd/pipeline/partition.h"
+#include "nxd/runtime/error.h"
+
+namespace nxd::pipeline {
+
+namespace ps = parallel_state;
+
+class PipelineModel::Runner : public StageRunner {
+ public:
+  Runner(PipelineModel& m, const Tensor& ids, const Tensor& targets, int64_t rows)
+      : m_(m), ids_(ids), targets_(targets), rows_(rows) {}
+  Tensor forward(int chunk, int mb, const Tensor& input) override {
+    CausalLM& lm = *m_.chunks_.at(chunk);
+    const ScheduleConfig& s = m_.sched_;
+    const int rank = m_.executor_->rank();
+    Tensor h = is_first_stage(s, rank, chunk)
+                   ? lm.embed(ids_.narrow(0, mb * rows_, rows_).contiguous())
+                   : input;
+    h = lm.decoder_layers(h);
+    if (!is_last_stage(s, rank, chunk)) return h;
+    Tensor loss =
+        lm.head_loss(h, targets_.narrow(0, mb * rows_, rows_).contiguous(), m_.opts_.loss);
+    return mul(loss, 1.0 / s.num_microbatches);
+  }
+
+ private:
+  PipelineModel& m_;
+  Tensor ids_, targets_;
+  int64_t rows_;
+};
+
+PipelineModel::PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOptions opts)
+    : cfg_(cfg), opts_(std::move(opts)) {
+  cfg_.validate();
+  NXD_CHECK(opts_.loss.reduction == Reduction::mean,
+            "[PipelineModel] the per-microbatch loss must be a mean");
+  const bool init = ps::model_parallel_is_initialized();
+  sched_.pp = init ? ps::get_pipeline_model_parallel_size() : 1;
+  sched_.num_microbatches = opts_.num_microbatches;
+  sched_.vpp = opts_.virtual_pipeline_size;
+  sched_.kind = opts_.schedule;
+  sched_.validate();
+  parts_ = opts_.pipeline_cuts.empty()
+               ? auto_partition(cfg_, sched_.num_stages())
+               : partition_by_cuts(cfg_, opts_.pipeline_cuts, sched_.num_stages());
+  pp_group_ = init ? ps::get_pipeline_model_parallel_group_ptr() : make_self_communicator();
+  dp_group_ = init ? ps::get_data_parallel_group_ptr() : nullptr;
+  const int rank = pp_group_->rank();
+  for (int c = 0; c < sched_.vpp; ++c)
+    chunks_.push_back(make_causal_lm(cfg_, seed, parts_.at(stage_of(sched_, rank, c))));
+  if (cfg_.tie_word_embeddings && sched_.pp > 1)
+    tied_group_ = pp_group_->split(rank == 0 || rank == sched_.pp - 1 ? 0 : -1, rank);
+  executor_ = std::make_unique<Executor>(pp_group_, sched_);
+  if (dp_group_ && dp_group_->size() > 1) {
+    optim::GradSyncOptions go;
+    go.bucket_bytes = opts_.dp_bucket_bytes;
+    go.mode = optim::GradSyncMode::at_step;
+    go.group = dp_group_;
+    grad_sync_ = std::make_unique<optim::GradSync>(local_named_parameters(), go);
+  }
+}
+
+PipelineModel::~PipelineModel() = default;
+
+std::string PipelineModel::tied_name() const {
+  return cfg_.arch == "gpt_neox" ? "gpt_neox.embed_in.weight" : "model.embed_tokens.weight";
+}
+
+std::vector<optim::NamedParam> PipelineModel::local_named_parameters() const {
+  std::vector<optim::NamedParam> out;
+  for (const auto& c : chunks_)
+    for (auto& [name, t] : c->named_parameters()) out.push_back({name, t});
+  return out;
+}
+
+std::vector<optim::NormParam> PipelineModel::norm_params() const {
+  std::vector<optim::NormParam> out;
+  const bool last_rank = pp_group_->rank() == sched_.pp - 1;
+  for (const auto& c : chunks_)
+    for (optim::NormParam& p : optim::norm_params(*c)) {
+      p.shared = tied_group_ && last_rank && p.name == tied_name();
+      out.push_back(std::move(p));
+    }
+  return out;
+}
+
+optim::NormGroups PipelineModel::norm_groups() const {
+  if (!ps::model_parallel_is_initialized()) return {};
+  return optim::NormGroups::from_parallel_state();
+}
+
+void PipelineModel::zero_grad() {
+  for (auto& c : chunks_) c->zero_grad();
+}
+
+void PipelineModel::train(bool on) {
+  for (auto& c : chunks_) c->train(on);
+}
+
+Tensor PipelineModel::run_train(const Tensor& ids, const Tensor& targets) {
+  return step(ids, targets, true);
+}
+
+Tensor PipelineModel::run_eval(const Tensor& ids, const Tensor& targets) {
+  return step(ids, targets, false);
+}
+
+Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, bool train) {
+  NXD_CHECK_SHAPE(ids.dim() == 2 && targets.shape() == ids.shape(),
+                  "[PipelineModel] ids and targets must be [B,S] alike: ids=", ids.desc(),
+                  " targets=", targets.desc());
+  const int64_t M = sched_.num_microbatches;
+  NXD_CHECK_SHAPE(ids.size(0) % M == 0, "[PipelineModel] batch of ", ids.size(0),
+                  " rows is not divisible into ", M, " microbatches");
+  Runner runner(*this, ids, targets, ids.size(0) / M);
+  StepResult res = executor_->run(runner, train, ids.size(0) / M, ids.size(1));
+  double sum = 0;
+  for (const Tensor& l : res.losses) sum += l.item();
+  // each returned loss is already divided by M
+  Tensor loss = scalar(sum, DType::f32);
+  if (dp_group_ && dp_group_->size() > 1) dp_group_->all_reduce(loss, ReduceOp::avg);
+  if (sched_.pp > 1) pp_group_->broadcast(loss, sched_.pp - 1);
+  if (train) finish_gradients();
+  return loss;
+}
+
+void PipelineModel::finish_gradients() {
+  if (grad_sync_) grad_sync_->finish();
+  for (auto& c : chunks_)
+    if (c->sequence_parallel()) allreduce_sequence_parallel_gradients(*c);
+  if (tied_group_) {
+    const bool first = pp_group_->rank() == 0;
+    Tensor w = (first ? chunks_.front() : chunks_.back())->get_parameter(tied_name());
+    if (!w.grad().defined()) w.set_grad(zeros_like(w.detach()));
+    tied_group_->all_reduce(w.grad(), ReduceOp::sum);
+  }
+}
+
+int64_t PipelineModel::local_parameter_bytes() const {
+  int64_t n = 0;
+  for (const auto& p : local_named_parameters()) n += p.param.nbytes();
+  return n;
+}
+
+std::string PipelineModel::balance_report() const {
+  const ParameterCounts counts = count_parameters(cfg_);
+  std::ostringstream o;
+  for (int s = 0; s < sched_.num_stages(); ++s) {
+    const int64_t n = part_parameters(cfg_, counts, parts_[s]);
+    o << "stage " << s << " (pp rank " << s % sched_.pp << "): " << parts_[s].str(cfg_) << ", " << n
+      << " parameters, " << n * dtype_size(cfg_.dtype) << " bytes per rank\n";
+  }
+  return o.str();
+}
+
+}  // namespace nxd::pipeline
