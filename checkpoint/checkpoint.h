@@ -1,0 +1,102 @@
+#pragma once
+// Sharded checkpoints (NxD's save_checkpoint / load_checkpoint), crash-safe and reshardable.
+//
+// Layout of one checkpoint, <path>/<tag>/ (docs/DESIGN.md, "Checkpoints"):
+//   checkpoint                 marker: this folder is an nxd checkpoint (written first)
+//   model/dp_rank_00_tp_rank_TT_pp_rank_PP.safetensors      parameters and persistent buffers of
+//                              one (tp, pp) rank, written by its DP rank 0
+//   optim/dp_rank_DD_tp_rank_TT_pp_rank_PP.safetensors      optimizer state (DD = 00 unless the
+//                              state is sharded over DP, ZeRO-1)
+//   scheduler.json, user_content.json                       written by global rank 0
+//   metadata.json              format version, parallel degrees, step, every file with its size,
+//                              every tensor with dtype, full shape and split
+//   done                       written last, after every rank finished: the checkpoint counts
+//                              only once it exists
+// Shards are safetensors files (".safetensors.zst" when compressed) with a CRC-32C per tensor;
+// every tensor keeps its Module::state_dict() name on every rank, and each shard records how its
+// tensors are split (nxd.parallel in __metadata__), so a checkpoint loads into other TP, PP or DP
+// degrees than it was saved with.
+//
+// Every call is collective over the world: every rank calls it with the same arguments. A rank
+// that fails makes every rank throw (the failing rank its own error, the others a
+// CheckpointError naming that rank and its message) instead of leaving them waiting.
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nxd/checkpoint/fileio.h"
+#include "nxd/layers/module.h"
+#include "nxd/optim/lr_schedule.h"
+#include "nxd/optim/optimizer.h"
+
+namespace nxd::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+
+struct SaveOptions {
+  // Keep only the newest this many complete checkpoints under `path` (0: keep all). Older ones
+  // lose their `done` marker first, then their files; incomplete checkpoints left by a crash are
+  // removed too.
+  int num_kept_ckpts = 0;
+  // Copy the tensors (the only stall) and write them on a background thread while training goes
+  // on. The checkpoint is completed (metadata, done, retention) by the next save_checkpoint or
+  // finalize_checkpoint(), which wait for the writer.
+  bool async_save = false;
+  bool compress = false;  // zstd
+  int zstd_level = 1;
+  bool sync = true;   // fsync files and folders (off only for benchmarks of the page cache)
+  int64_t step = -1;  // recorded in metadata.json; -1: the optimizer's steps() (or 0)
+};
+
+struct SaveStats {
+  double stall_seconds = 0;  // time the caller was blocked (async: the snapshot copy)
+  int64_t bytes = 0;         // tensor bytes this rank wrote (or will write)
+};
+
+// Saves model (parameters and persistent buffers), optimizer state, scheduler and user content
+// (any may be null / empty) as <path>/<tag>/. Re-saving an existing tag first removes its done
+// marker (the old contents are lost if that save does not complete).
+SaveStats save_checkpoint(const std::filesystem::path& path, const std::string& tag,
+                          const Module* model, const optim::Optimizer* optimizer,
+                          const optim::LRSchedule* scheduler,
+                          const nlohmann::json& user_content = nullptr,
+                          const SaveOptions& opts = {});
+
+// Waits for this rank's pending async save, then completes it. Collective; a no-op without one.
+void finalize_checkpoint();
+
+struct LoadOptions {
+  std::string tag;     // empty: the newest complete checkpoint under path
+  bool strict = true;  // names must match both ways (else missing ones are left unchanged)
+};
+
+// Loads <path>/<tag>/ into model, optimizer and scheduler (any may be null), resharding when the
+// TP, PP or DP degrees differ from the saved ones, and returns the user content (null if none).
+// Everything is read and verified into staging tensors first and copied into the model and
+// optimizer only when every rank succeeded: a bad checkpoint (missing or truncated file, flipped
+// byte, other model, newer format) throws CheckpointError naming the file and tensor and leaves
+// them untouched. The optimizer must be the same kind (AdamW / SGD); at TP > 1 resharding its
+// state needs the model too.
+nlohmann::json load_checkpoint(const std::filesystem::path& path, Module* model,
+                               optim::Optimizer* optimizer, optim::LRSchedule* scheduler,
+                               const LoadOptions& opts = {});
+
+// ---- inspection (not collective) ----
+struct TagInfo {
+  std::string tag;
+  bool complete = false;
+  int64_t seq = -1;  // save order among complete checkpoints (from `done`)
+};
+// Every checkpoint folder under path (those with the `checkpoint` marker), complete ones in save
+// order first (oldest to newest), then incomplete ones by name.
+std::vector<TagInfo> list_checkpoints(const std::filesystem::path& path);
+// The newest complete tag, if any.
+std::optional<std::string> newest_checkpoint(const std::filesystem::path& path);
+bool has_checkpoint(const std::filesystem::path& path);
+// metadata.json of a complete checkpoint, validated (format, version); CheckpointError otherwise.
+nlohmann::json read_metadata(const std::filesystem::path& tag_dir);
+
+}  // namespace nxd::ckpt

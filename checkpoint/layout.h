@@ -1,0 +1,50 @@
+#pragma once
+// Internals shared by save and load: file names of a checkpoint, the parallel degrees of this
+// rank, and the world-wide agreement on success that keeps a failing rank from hanging the rest.
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "nxd/checkpoint/reshard.h"
+#include "nxd/checkpoint/safetensors.h"
+
+namespace nxd::ckpt::detail {
+
+struct Degrees {
+  int world = 1, rank = 0;
+  int tp = 1, pp = 1, dp = 1;
+  int tp_rank = 0, pp_rank = 0, dp_rank = 0;
+};
+// This rank's place in parallel_state (TP = PP = 1 in a one-rank world that never set it up).
+Degrees current_degrees();
+
+inline constexpr const char* kMarker = "checkpoint";
+inline constexpr const char* kDone = "done";
+inline constexpr const char* kMetadata = "metadata.json";
+inline constexpr const char* kScheduler = "scheduler.json";
+inline constexpr const char* kUserContent = "user_content.json";
+
+// "model/dp_rank_00_tp_rank_01_pp_rank_00.safetensors" (+ ".zst" when compressed).
+std::string shard_file(const std::string& kind, int dp_rank, int tp_rank, int pp_rank,
+                       bool compressed);
+
+// Runs f() on every rank and agrees on the outcome: if any rank threw, every rank throws (the
+// lowest failing rank's exception is rethrown there; the others get a CheckpointError carrying
+// its message). `what` prefixes the message ("[save_checkpoint]").
+void run_agreed(const char* what, const std::function<void()>& f);
+// Global rank 0's string on every rank.
+std::string broadcast_string(const std::string& s);
+
+// The split of every parallel-tagged tensor of `model`, by name (unsplit ones are absent).
+std::map<std::string, ShardSpec> model_specs(const Module& model);
+// The split recorded in a shard's metadata ("nxd.parallel"), by tensor name.
+std::map<std::string, ShardSpec> specs_of(const SafetensorsHeader& h, const std::string& file);
+
+// Removes complete checkpoints beyond `keep` (done first, then files) and incomplete marked
+// folders other than `current`.
+void apply_retention(const std::filesystem::path& path, int keep, const std::string& current);
+
+}  // namespace nxd::ckpt::detail

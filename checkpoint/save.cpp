@@ -1,0 +1,272 @@
+// save_checkpoint: this rank's shards (plain or async), then global rank 0 completes the
+// checkpoint (metadata.json, done, retention) once every rank has written its files.
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <thread>
+
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/layout.h"
+#include "nxd/collectives/communicator.h"
+
+#ifndef NXD_VERSION
+#define NXD_VERSION "unknown"
+#endif
+
+namespace nxd::ckpt {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using detail::Degrees;
+
+namespace {
+
+struct Shard {
+  std::string file;  // relative to the tag folder
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, std::string> meta;
+};
+
+struct SavePlan {
+  fs::path path, dir;
+  std::string tag;
+  SaveOptions opts;
+  Degrees deg;
+  bool has_model = false, has_optim = false;
+  int64_t step = 0;
+  std::vector<Shard> shards;                               // this rank's files
+  std::vector<std::pair<std::string, std::string>> texts;  // this rank's JSON files
+};
+
+// The pending async save of this rank (kept in its Context).
+struct Pending {
+  std::shared_ptr<SavePlan> plan;
+  std::shared_ptr<std::exception_ptr> err;
+  std::thread writer;
+  ~Pending() {
+    if (writer.joinable()) writer.join();
+  }
+};
+
+void check_tag(const std::string& tag) {
+  NXD_CHECK(!tag.empty() && tag != "." && tag != ".." && tag.find('/') == std::string::npos,
+            "[save_checkpoint] tag must be a plain folder name, got '", tag, "'");
+}
+
+std::map<std::string, std::string> shard_meta(const char* kind, const Degrees& d,
+                                              const std::map<std::string, ShardSpec>& specs) {
+  json par = json::object();
+  for (const auto& [n, s] : specs) par[n] = to_json(s);
+  return {{"nxd.kind", kind},
+          {"nxd.tp_rank", std::to_string(d.tp_rank)},
+          {"nxd.pp_rank", std::to_string(d.pp_rank)},
+          {"nxd.dp_rank", std::to_string(d.dp_rank)},
+          {"nxd.parallel", par.dump()}};
+}
+
+json optimizer_json(const optim::Optimizer& o) {
+  json groups = json::array();
+  for (const auto& g : o.param_groups()) {
+    json names = json::array();
+    for (const auto& p : g.params) names.push_back(p.name);
+    groups.push_back({{"name", g.name},
+                      {"lr", g.lr},
+                      {"weight_decay", g.weight_decay},
+                      {"lr_scale", g.lr_scale},
+                      {"params", names}});
+  }
+  return {{"kind", o.kind()}, {"steps", o.steps()}, {"groups", groups}};
+}
+
+json scheduler_json(const optim::LRSchedule& s) {
+  const auto& o = s.options();
+  return {{"kind", optim::schedule_kind_name(o.kind)},
+          {"lr", o.lr},
+          {"min_lr", o.min_lr},
+          {"warmup_steps", o.warmup_steps},
+          {"decay_steps", o.decay_steps}};
+}
+
+Tensor snapshot(const Tensor& t, bool copy) {
+  Tensor d = t.detach();
+  return copy ? d.clone() : d;
+}
+
+// This rank's files, with tensors copied (async) or shared with the live model (sync).
+void build_shards(SavePlan& p, const Module* model, const optim::Optimizer* opt,
+                  const optim::LRSchedule* sched, const json& user, bool copy) {
+  const Degrees& d = p.deg;
+  const bool z = p.opts.compress;
+  std::map<std::string, ShardSpec> specs;
+  if (model) specs = detail::model_specs(*model);
+  if (model && d.dp_rank == 0) {
+    Shard s;
+    s.file = detail::shard_file("model", 0, d.tp_rank, d.pp_rank, z);
+    std::map<std::string, ShardSpec> used;
+    for (const auto& [name, t] : model->state_dict()) {
+      s.tensors.emplace_back(name, snapshot(t, copy));
+      if (specs.count(name)) used[name] = specs[name];
+    }
+    s.meta = shard_meta("model", d, used);
+    p.shards.push_back(std::move(s));
+  }
+  if (opt && d.dp_rank == 0) {
+    Shard s;
+    s.file = detail::shard_file("optim", 0, d.tp_rank, d.pp_rank, z);
+    std::map<std::string, ShardSpec> used;
+    for (const auto& [name, t] : opt->state_tensors()) {
+      s.tensors.emplace_back(name, snapshot(t, copy));
+      const auto dot = name.rfind('.');
+      const auto it = dot == std::string::npos ? specs.end() : specs.find(name.substr(0, dot));
+      if (it != specs.end() && t.dim() > 0) used[name] = it->second;
+    }
+    s.meta = shard_meta("optimizer", d, used);
+    s.meta["nxd.optimizer"] = optimizer_json(*opt).dump();
+    p.shards.push_back(std::move(s));
+  }
+  if (d.rank == 0) {
+    if (sched) p.texts.emplace_back(detail::kScheduler, scheduler_json(*sched).dump(2));
+    p.texts.emplace_back(detail::kUserContent, user.dump(2));
+  }
+}
+
+int64_t write_files(const SavePlan& p) {
+  int64_t bytes = 0;
+  SafetensorsWriteOptions w{
+      .compress = p.opts.compress, .zstd_level = p.opts.zstd_level, .sync = p.opts.sync};
+  for (const auto& s : p.shards)
+    bytes += write_safetensors(p.dir / s.file, s.tensors, s.meta, w).data_bytes;
+  for (const auto& [name, text] : p.texts) write_file_atomic(p.dir / name, text, p.opts.sync);
+  return bytes;
+}
+
+// Global rank 0, after every rank wrote its files: metadata.json from the shards' headers (so
+// every shard exists and parses before the checkpoint counts), then done, then retention.
+void complete(const SavePlan& p) {
+  const Degrees& d = p.deg;
+  json files = json::object(), model = json::object(), optim = json::object();
+  json optim_info = nullptr;
+  auto index = [&](const char* kind, json& table) {
+    for (int pp = 0; pp < d.pp; ++pp)
+      for (int tp = 0; tp < d.tp; ++tp) {
+        const std::string rel = detail::shard_file(kind, 0, tp, pp, p.opts.compress);
+        SafetensorsReader r(p.dir / rel);
+        files[rel] = {{"bytes", r.file_size()}, {"tensors", r.header().tensors.size()}};
+        if (tp != 0) continue;
+        const auto specs = detail::specs_of(r.header(), rel);
+        for (const auto& t : r.header().tensors) {
+          auto it = specs.find(t.name);
+          const ShardSpec s = it == specs.end() ? ShardSpec{} : it->second;
+          json e = {{"dtype", safetensors_dtype(t.dtype)},
+                    {"shape", full_shape(t.shape, s)},
+                    {"pp_rank", pp}};
+          if (s.split) e["split"] = to_json(s);
+          table[t.name] = e;
+        }
+        auto o = r.header().metadata.find("nxd.optimizer");
+        if (o != r.header().metadata.end() && pp == 0) optim_info = json::parse(o->second);
+      }
+  };
+  if (p.has_model) index("model", model);
+  if (p.has_optim) index("optim", optim);
+  for (const auto& [name, text] : p.texts)
+    files[name] = {{"bytes", static_cast<int64_t>(fs::file_size(p.dir / name))}};
+  int64_t seq = 0;
+  for (const auto& t : list_checkpoints(p.path))
+    if (t.complete) seq = std::max(seq, t.seq + 1);
+  json m = {{"format", "nxd-checkpoint"},
+            {"format_version", kFormatVersion},
+            {"nxd_version", NXD_VERSION},
+            {"tag", p.tag},
+            {"step", p.step},
+            {"parallel",
+             {{"world", d.world}, {"tp", d.tp}, {"pp", d.pp}, {"dp", d.dp}, {"zero1", false}}},
+            {"compressed", p.opts.compress},
+            {"files", files}};
+  if (p.has_model) m["model"] = model;
+  if (p.has_optim) m["optimizer"] = {{"info", optim_info}, {"tensors", optim}};
+  write_file_atomic(p.dir / detail::kMetadata, m.dump(1), p.opts.sync);
+  write_file_atomic(p.dir / detail::kDone, json{{"tag", p.tag}, {"seq", seq}}.dump() + "\n",
+                    p.opts.sync);
+  detail::apply_retention(p.path, p.opts.num_kept_ckpts, p.tag);
+}
+
+}  // namespace
+
+void finalize_checkpoint() {
+  Pending& pend = current_context().ext<Pending>();
+  if (!pend.plan) return;
+  if (pend.writer.joinable()) pend.writer.join();
+  std::shared_ptr<SavePlan> plan = std::move(pend.plan);
+  std::exception_ptr err = pend.err ? *pend.err : nullptr;
+  pend.plan.reset();
+  pend.err.reset();
+  detail::run_agreed("[save_checkpoint] (background writer)", [&] {
+    if (err) std::rethrow_exception(err);
+  });
+  detail::run_agreed("[save_checkpoint]", [&] {
+    if (plan->deg.rank == 0) complete(*plan);
+  });
+}
+
+SaveStats save_checkpoint(const fs::path& path, const std::string& tag, const Module* model,
+                          const optim::Optimizer* optimizer, const optim::LRSchedule* scheduler,
+                          const json& user_content, const SaveOptions& opts) {
+  using clock = std::chrono::steady_clock;
+  finalize_checkpoint();
+  check_tag(tag);
+  auto plan = std::make_shared<SavePlan>();
+  plan->path = path;
+  plan->dir = path / tag;
+  plan->tag = tag;
+  plan->opts = opts;
+  plan->deg = detail::current_degrees();
+  plan->has_model = model != nullptr;
+  plan->has_optim = optimizer != nullptr;
+  plan->step = opts.step >= 0 ? opts.step : optimizer ? optimizer->steps() : 0;
+  NXD_CHECK(!(optimizer && !model && plan->deg.tp > 1),
+            "[save_checkpoint] saving the optimizer at TP=", plan->deg.tp,
+            " needs the model too (its parallel attributes say how the state is split)");
+  detail::run_agreed("[save_checkpoint]", [&] {
+    if (plan->deg.rank != 0) return;
+    fs::create_directories(plan->dir / "model");
+    fs::create_directories(plan->dir / "optim");
+    std::error_code ec;
+    fs::remove(plan->dir / detail::kDone, ec);  // re-saving a tag: it stops counting first
+    fsync_dir(plan->dir);
+    write_file_atomic(plan->dir / detail::kMarker, "nxd checkpoint\n", opts.sync);
+    fsync_dir(path);
+  });
+  SaveStats st;
+  const auto t0 = clock::now();
+  if (opts.async_save) {
+    detail::run_agreed("[save_checkpoint]", [&] {
+      build_shards(*plan, model, optimizer, scheduler, user_content, /*copy=*/true);
+    });
+    for (const auto& s : plan->shards)
+      for (const auto& [n, t] : s.tensors) st.bytes += t.nbytes();
+    st.stall_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    Pending& pend = current_context().ext<Pending>();
+    pend.plan = plan;
+    pend.err = std::make_shared<std::exception_ptr>();
+    auto err = pend.err;
+    pend.writer = std::thread([plan, err] {
+      try {
+        write_files(*plan);
+      } catch (...) {
+        *err = std::current_exception();
+      }
+    });
+    return st;
+  }
+  detail::run_agreed("[save_checkpoint]", [&] {
+    build_shards(*plan, model, optimizer, scheduler, user_content, /*copy=*/false);
+    st.bytes = write_files(*plan);
+  });
+  detail::run_agreed("[save_checkpoint]", [&] {
+    if (plan->deg.rank == 0) complete(*plan);
+  });
+  st.stall_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  return st;
+}
+
+}  // namespace nxd::ckpt

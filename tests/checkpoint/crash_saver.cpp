@@ -1,0 +1,36 @@
+// The child of CheckpointCrash: saves checkpoints step_<k>, k = START, START+1, ... under DIR
+// forever (keeping 2), every tensor of checkpoint k filled with k, until it is killed.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/optim/optimizer.h"
+
+int main(int argc, char** argv) {
+  using namespace nxd;
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s DIR START\n", argv[0]);
+    return 2;
+  }
+  ModelConfig c;
+  c.vocab_size = 512;
+  c.num_layers = 2;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.max_position_embeddings = 32;
+  auto model = make_causal_lm(c, 1);
+  std::vector<optim::NamedParam> ps;
+  for (const auto& [n, t] : model->named_parameters()) ps.push_back({n, t});
+  optim::AdamW opt(optim::default_param_groups(ps, 1e-3, 0.0));
+  for (long k = std::atol(argv[2]);; ++k) {
+    {
+      NoGradGuard g;
+      for (const auto& [n, t] : model->state_dict()) t.detach().fill_(static_cast<double>(k));
+      for (const auto& [n, t] : opt.state_tensors()) t.detach().fill_(static_cast<double>(k));
+    }
+    ckpt::save_checkpoint(argv[1], "step_" + std::to_string(k), model.get(), &opt, nullptr,
+                          nlohmann::json{{"k", k}}, {.num_kept_ckpts = 2});
+  }
+}
