@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include "nxd/autograd/function.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/qkv.h"
 
@@ -50,6 +51,7 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
       d_(o.head_dim > 0 ? o.head_dim : (o.num_heads > 0 ? o.hidden_size / o.num_heads : 0)),
       rot_(o.rotary_dim < 0 ? d_ : o.rotary_dim),
       theta_(o.rope_theta),
+      recompute_core_(o.recompute_core),
       layout_(o.layout),
       hl_(h_),
       hkvl_(hkv_) {
@@ -134,7 +136,7 @@ std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t he
 }
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rotary_dim,
-                        double rope_theta, int64_t position_offset) {
+                        double rope_theta, int64_t position_offset, bool recompute_core) {
   Tensor qr = q, kr = k;
   if (rotary_dim > 0) {
     RotaryOptions ro;
@@ -144,7 +146,13 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
     qr = rotary(q, ro);
     kr = rotary(k, ro);
   }
-  Tensor o = scaled_dot_product_attention(qr, kr, v, /*causal=*/true);  // [B,H,S,D]
+  Tensor o = recompute_core
+                 ? autograd::checkpoint(
+                       [](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+                         return {scaled_dot_product_attention(x[0], x[1], x[2], true)};
+                       },
+                       {qr, kr, v})[0]
+                 : scaled_dot_product_attention(qr, kr, v, /*causal=*/true);  // [B,H,S,D]
   return reshape(transpose(o, 1, 2), {q.size(0), q.size(2), q.size(1) * q.size(3)});
 }
 
@@ -167,7 +175,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) co
   } else {
     qkv = split_fused_qkv(pfused_ ? pfused_->forward(x) : qkv_->forward(x), hl_, d_);
   }
-  Tensor o = causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset);
+  Tensor o =
+      causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset, recompute_core_);
   return po_ ? po_->forward(o) : o_->forward(o);
 }
 

@@ -49,9 +49,10 @@ Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim);
 std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t head_dim);
 // q [B,H,S,D], k/v [B,Hkv,S,D] -> rotary on the first rotary_dim features of q and k (0: none),
 // causal softmax(q k^T / sqrt(D)) v, heads merged -> [B, S, H*D] (free: the attention op writes
-// [B,S,H,D] memory).
+// [B,S,H,D] memory). recompute_core: the attention op runs under autograd::checkpoint (selective
+// activation checkpointing: its saved state is recomputed from q, k, v in backward).
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rotary_dim,
-                        double rope_theta, int64_t position_offset);
+                        double rope_theta, int64_t position_offset, bool recompute_core = false);
 
 enum class QkvLayout { separate, fused_neox };
 
@@ -69,6 +70,9 @@ struct AttentionOptions {
   bool tensor_parallel = false;    // build from the parallel layers over the TP group
   bool sequence_parallel = false;  // (tensor_parallel) x and the output are sequence shards
   int64_t kv_size_multiplier = 1;  // (tensor_parallel, separate layout) K/V replication
+  // Selective activation checkpointing: keep only q, k, v and recompute the attention core
+  // (scores, softmax, PV) in backward.
+  bool recompute_core = false;
 };
 
 class CausalSelfAttention : public Module {
@@ -90,6 +94,7 @@ class CausalSelfAttention : public Module {
   void build_parallel(const AttentionOptions& o);
   int64_t hidden_, h_, hkv_, d_, rot_;
   double theta_;
+  bool recompute_core_ = false;
   QkvLayout layout_;
   int64_t hl_, hkvl_;
   bool sp_ = false;

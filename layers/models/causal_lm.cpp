@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "nxd/autograd/function.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/gpt_neox.h"
 #include "nxd/layers/models/llama.h"
@@ -180,6 +181,12 @@ Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel)
                .contiguous();
   }
   return x.dtype() == ct ? mul(x, mask) : to(mul(to(x, ct), mask), x.dtype());
+}
+
+Tensor checkpoint_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h) {
+  return autograd::checkpoint(
+      [layer](const std::vector<Tensor>& x) -> std::vector<Tensor> { return {layer(x[0])}; },
+      {h})[0];
 }
 
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,

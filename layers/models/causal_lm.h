@@ -26,6 +26,7 @@
 //     states, all identical on every rank and differentiable for a loss computed identically on
 //     every rank.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -119,6 +120,10 @@ class CausalLM : public Module {
 // ranks of a TP group draw the single rank's masks as long as their Context seeds agree. (Ids
 // padded for SP draw the mask of the padded length: equal to the single rank's when S % tp == 0.)
 Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel);
+
+// Full activation checkpointing of one decoder layer: layer(h) under autograd::checkpoint (only h
+// is kept; the layer reruns in backward).
+Tensor checkpoint_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h);
 
 // Picks the next token from one row of logits (exposed for tests): greedy when temperature == 0,
 // else softmax(logits / temperature) restricted to the top_k largest (ties by lower id), sampled

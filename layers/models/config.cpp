@@ -18,6 +18,26 @@ int64_t ModelConfig::rotary_dim() const {
   return head_dim();
 }
 
+const char* checkpoint_granularity_name(CheckpointGranularity g) {
+  switch (g) {
+    case CheckpointGranularity::none:
+      return "null";
+    case CheckpointGranularity::full:
+      return "full";
+    case CheckpointGranularity::selective:
+      return "selective";
+  }
+  return "?";
+}
+
+CheckpointGranularity parse_checkpoint_granularity(const std::string& s) {
+  if (s == "null" || s == "none") return CheckpointGranularity::none;
+  if (s == "full") return CheckpointGranularity::full;
+  if (s == "selective") return CheckpointGranularity::selective;
+  throw ConfigError(str("[ModelConfig] activations_checkpoint_granularity '", s,
+                        "' is not one of null, full, selective"));
+}
+
 int model_tensor_parallel_size() {
   return parallel_state::model_parallel_is_initialized()
              ? parallel_state::get_tensor_model_parallel_size()

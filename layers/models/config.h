@@ -14,6 +14,16 @@
 
 namespace nxd {
 
+// Activation checkpointing (NxDT's model.activations_checkpoint_granularity): none keeps every
+// activation for backward; full recomputes each decoder layer from its input in backward;
+// selective recomputes only the attention core (scores, softmax, PV), whose [B,H,S,S]
+// probabilities dominate activation memory at long sequences. Gradients are bitwise those of
+// none (autograd::checkpoint replays the RNG).
+enum class CheckpointGranularity { none, full, selective };
+const char* checkpoint_granularity_name(CheckpointGranularity g);  // "null", "full", "selective"
+// "null" (or "none"), "full", "selective"; ConfigError naming the string otherwise.
+CheckpointGranularity parse_checkpoint_granularity(const std::string& s);
+
 struct ModelConfig {
   std::string arch = "llama";  // "llama" | "gpt_neox"
   int64_t vocab_size = 256;
@@ -40,6 +50,7 @@ struct ModelConfig {
   // TP may exceed num_kv_heads. Each rank's query heads must find their KV heads locally, so it
   // must be max(1, TP / num_kv_heads) (checked by validate_parallel).
   int64_t kv_size_multiplier = 1;
+  CheckpointGranularity activations_checkpoint_granularity = CheckpointGranularity::none;
 
   // Throws ConfigError naming the offending values (unknown arch, non-positive sizes, heads not
   // dividing hidden_size, kv heads not dividing heads, odd rotary dims, eps/std/dropout ranges).

@@ -29,6 +29,7 @@ GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
   a.param = p;
   a.tensor_parallel = tp > 1;
   a.sequence_parallel = sp;
+  a.recompute_core = c.activations_checkpoint_granularity == CheckpointGranularity::selective;
   attention_ = register_module("attention", std::make_shared<CausalSelfAttention>(a));
   MlpOptions mo;
   mo.bias = true;
@@ -54,7 +55,9 @@ Tensor GPTNeoXLayer::forward(const Tensor& h, int64_t position_offset) const {
                                mlp_->forward(post_attention_layernorm_->forward(a)), sp_));
 }
 
-GPTNeoXModel::GPTNeoXModel(const ModelConfig& c, const ModelPart& part) : Module("GPTNeoXModel") {
+GPTNeoXModel::GPTNeoXModel(const ModelConfig& c, const ModelPart& part)
+    : Module("GPTNeoXModel"),
+      full_checkpoint_(c.activations_checkpoint_granularity == CheckpointGranularity::full) {
   const int tp = model_tensor_parallel_size();
   const bool sp = c.sequence_parallel && tp > 1;
   sp_ = sp;
@@ -94,8 +97,14 @@ Tensor GPTNeoXModel::embed(const Tensor& ids) const {
 
 Tensor GPTNeoXModel::run_layers(const Tensor& h, int64_t position_offset) const {
   Tensor x = h;
-  for (const auto& layer : *layers_)
-    x = static_cast<const GPTNeoXLayer&>(*layer).forward(x, position_offset);
+  for (const auto& layer : *layers_) {
+    const auto& l = static_cast<const GPTNeoXLayer&>(*layer);
+    x = full_checkpoint_
+            ? checkpoint_layer(
+                  [&l, position_offset](const Tensor& y) { return l.forward(y, position_offset); },
+                  x)
+            : l.forward(x, position_offset);
+  }
   return x;
 }
 

@@ -63,6 +63,7 @@ class GPTNeoXModel : public Module {
   std::shared_ptr<ModuleList> layers_;
   std::shared_ptr<ParallelLayerNorm> final_layer_norm_;
   bool sp_ = false;
+  bool full_checkpoint_ = false;
 };
 
 class GPTNeoXForCausalLM : public CausalLM {

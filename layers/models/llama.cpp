@@ -17,6 +17,7 @@ AttentionOptions llama_attention(const ModelConfig& c, int tp) {
   a.layout = QkvLayout::separate;
   a.init_std = c.init_std;
   a.param = {c.dtype, c.device};
+  a.recompute_core = c.activations_checkpoint_granularity == CheckpointGranularity::selective;
   return a;
 }
 }  // namespace
@@ -50,7 +51,9 @@ Tensor LlamaDecoderLayer::forward(const Tensor& h, int64_t position_offset) cons
              hidden_dropout(*dropout_, mlp_->forward(post_attention_layernorm_->forward(a)), sp_));
 }
 
-LlamaModel::LlamaModel(const ModelConfig& c, const ModelPart& part) : Module("LlamaModel") {
+LlamaModel::LlamaModel(const ModelConfig& c, const ModelPart& part)
+    : Module("LlamaModel"),
+      full_checkpoint_(c.activations_checkpoint_granularity == CheckpointGranularity::full) {
   const int tp = model_tensor_parallel_size();
   const bool sp = c.sequence_parallel && tp > 1;
   // a tied head's weight is the embedding: the last stage holds it too
@@ -87,8 +90,14 @@ Tensor LlamaModel::embed(const Tensor& ids) const {
 
 Tensor LlamaModel::run_layers(const Tensor& h, int64_t position_offset) const {
   Tensor x = h;
-  for (const auto& layer : *layers_)
-    x = static_cast<const LlamaDecoderLayer&>(*layer).forward(x, position_offset);
+  for (const auto& layer : *layers_) {
+    const auto& l = static_cast<const LlamaDecoderLayer&>(*layer);
+    x = full_checkpoint_
+            ? checkpoint_layer(
+                  [&l, position_offset](const Tensor& y) { return l.forward(y, position_offset); },
+                  x)
+            : l.forward(x, position_offset);
+  }
   return x;
 }
 

@@ -55,6 +55,7 @@ class LlamaModel : public Module {
   Tensor embed_weight_;
   std::shared_ptr<ModuleList> layers_;
   std::shared_ptr<ParallelRMSNorm> norm_;
+  bool full_checkpoint_ = false;
 };
 
 class LlamaForCausalLM : public CausalLM {

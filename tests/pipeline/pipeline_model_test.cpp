@@ -225,6 +225,15 @@ TEST(PipelineModel, TensorSequenceAndDataParallelInsideThePipeline) {
   s.cfg.sequence_parallel = true;
   s.what = "tp=2 sp pp=2";
   check_matches_single_rank(s);
+  s.cfg.activations_checkpoint_granularity = CheckpointGranularity::full;
+  s.what = "tp=2 sp pp=2 full activation checkpointing";
+  check_matches_single_rank(s);
+  s.cfg.activations_checkpoint_granularity = CheckpointGranularity::selective;
+  s.opts.schedule = ScheduleKind::gpipe;
+  s.what = "tp=2 sp pp=2 gpipe selective activation checkpointing";
+  check_matches_single_rank(s);
+  s.cfg.activations_checkpoint_granularity = CheckpointGranularity::none;
+  s.opts.schedule = ScheduleKind::one_f_one_b;
   s.dp = 2;
   s.cfg.tie_word_embeddings = true;
   s.what = "tp=2 sp pp=2 dp=2 tied";

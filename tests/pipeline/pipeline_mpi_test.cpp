@@ -116,7 +116,9 @@ void train_like_one_rank(int tp, int pp, bool sp) {
       std::printf("    tp=%d pp=%d dp=%d%s: %d SGD steps, largest relative loss difference %.3g\n",
                   tp, pp, kDP, sp ? " sp" : "", kSteps, worst);
   });
-  if (!nxd::testing::under_mpi()) EXPECT_TRUE(ran);
+  if (!nxd::testing::under_mpi()) {
+    EXPECT_TRUE(ran);
+  }
 }
 
 }  // namespace
