@@ -7,7 +7,9 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/layout.h"
+#include "nxd/checkpoint/offline.h"
 #include "nxd/collectives/communicator.h"
+#include "nxd/layers/models/causal_lm.h"
 
 #ifndef NXD_VERSION
 #define NXD_VERSION "unknown"
@@ -33,13 +35,17 @@ struct SavePlan {
   Degrees deg;
   bool has_model = false, has_optim = false;
   int64_t step = 0;
-  std::vector<Shard> shards;                               // this rank's files
+  json model_config = nullptr;  // a CausalLM's config (what offline resharding rebuilds)
+  std::vector<Shard> shards;    // this rank's files
   std::vector<std::pair<std::string, std::string>> texts;  // this rank's JSON files
 };
 
 // The pending async save of this rank (kept in its Context).
 struct Pending {
   std::shared_ptr<SavePlan> plan;
+  // The snapshot tensors of the last async save, reused by the next one when shapes match: a
+  // fresh 1 GB allocation costs its page faults on every save (3-4x a memcpy of it).
+  std::vector<Tensor> pool;
   std::shared_ptr<std::exception_ptr> err;
   std::thread writer;
   ~Pending() {
@@ -74,7 +80,15 @@ json optimizer_json(const optim::Optimizer& o) {
                       {"lr_scale", g.lr_scale},
                       {"params", names}});
   }
-  return {{"kind", o.kind()}, {"steps", o.steps()}, {"groups", groups}};
+  json options = json::object();
+  if (const auto* a = dynamic_cast<const optim::AdamW*>(&o)) {
+    const auto& x = a->options();
+    options = {{"beta1", x.beta1}, {"beta2", x.beta2}, {"eps", x.eps}};
+  } else if (const auto* g = dynamic_cast<const optim::SGD*>(&o)) {
+    const auto& x = g->options();
+    options = {{"momentum", x.momentum}, {"dampening", x.dampening}, {"nesterov", x.nesterov}};
+  }
+  return {{"kind", o.kind()}, {"steps", o.steps()}, {"options", options}, {"groups", groups}};
 }
 
 json scheduler_json(const optim::LRSchedule& s) {
@@ -86,14 +100,27 @@ json scheduler_json(const optim::LRSchedule& s) {
           {"decay_steps", o.decay_steps}};
 }
 
-Tensor snapshot(const Tensor& t, bool copy) {
-  Tensor d = t.detach();
-  return copy ? d.clone() : d;
-}
+// Where snapshots come from: the previous async save's tensors, in order, when they fit.
+struct SnapshotPool {
+  std::vector<Tensor>* pool = nullptr;  // null: no copies (sync save)
+  size_t next = 0;
+  Tensor take(const Tensor& t) {
+    Tensor d = t.detach();
+    if (!pool) return d;
+    if (next < pool->size()) {
+      Tensor b = (*pool)[next++];
+      if (b.shape() == d.shape() && b.dtype() == d.dtype()) {
+        b.copy_(d);
+        return b;
+      }
+    }
+    return d.clone();
+  }
+};
 
 // This rank's files, with tensors copied (async) or shared with the live model (sync).
 void build_shards(SavePlan& p, const Module* model, const optim::Optimizer* opt,
-                  const optim::LRSchedule* sched, const json& user, bool copy) {
+                  const optim::LRSchedule* sched, const json& user, SnapshotPool snap) {
   const Degrees& d = p.deg;
   const bool z = p.opts.compress;
   std::map<std::string, ShardSpec> specs;
@@ -103,7 +130,7 @@ void build_shards(SavePlan& p, const Module* model, const optim::Optimizer* opt,
     s.file = detail::shard_file("model", 0, d.tp_rank, d.pp_rank, z);
     std::map<std::string, ShardSpec> used;
     for (const auto& [name, t] : model->state_dict()) {
-      s.tensors.emplace_back(name, snapshot(t, copy));
+      s.tensors.emplace_back(name, snap.take(t));
       if (specs.count(name)) used[name] = specs[name];
     }
     s.meta = shard_meta("model", d, used);
@@ -114,7 +141,7 @@ void build_shards(SavePlan& p, const Module* model, const optim::Optimizer* opt,
     s.file = detail::shard_file("optim", 0, d.tp_rank, d.pp_rank, z);
     std::map<std::string, ShardSpec> used;
     for (const auto& [name, t] : opt->state_tensors()) {
-      s.tensors.emplace_back(name, snapshot(t, copy));
+      s.tensors.emplace_back(name, snap.take(t));
       const auto dot = name.rfind('.');
       const auto it = dot == std::string::npos ? specs.end() : specs.find(name.substr(0, dot));
       if (it != specs.end() && t.dim() > 0) used[name] = it->second;
@@ -182,6 +209,7 @@ void complete(const SavePlan& p) {
              {{"world", d.world}, {"tp", d.tp}, {"pp", d.pp}, {"dp", d.dp}, {"zero1", false}}},
             {"compressed", p.opts.compress},
             {"files", files}};
+  if (!p.model_config.is_null()) m["model_config"] = p.model_config;
   if (p.has_model) m["model"] = model;
   if (p.has_optim) m["optimizer"] = {{"info", optim_info}, {"tensors", optim}};
   write_file_atomic(p.dir / detail::kMetadata, m.dump(1), p.opts.sync);
@@ -199,6 +227,9 @@ void finalize_checkpoint() {
   std::shared_ptr<SavePlan> plan = std::move(pend.plan);
   std::exception_ptr err = pend.err ? *pend.err : nullptr;
   pend.plan.reset();
+  pend.pool.clear();
+  for (const auto& s : plan->shards)
+    for (const auto& [n, t] : s.tensors) pend.pool.push_back(t);
   pend.err.reset();
   detail::run_agreed("[save_checkpoint] (background writer)", [&] {
     if (err) std::rethrow_exception(err);
@@ -222,6 +253,8 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag, const Mo
   plan->deg = detail::current_degrees();
   plan->has_model = model != nullptr;
   plan->has_optim = optimizer != nullptr;
+  if (const auto* lm = dynamic_cast<const CausalLM*>(model))
+    plan->model_config = model_config_json(lm->config());
   plan->step = opts.step >= 0 ? opts.step : optimizer ? optimizer->steps() : 0;
   NXD_CHECK(!(optimizer && !model && plan->deg.tp > 1),
             "[save_checkpoint] saving the optimizer at TP=", plan->deg.tp,
@@ -240,7 +273,8 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag, const Mo
   const auto t0 = clock::now();
   if (opts.async_save) {
     detail::run_agreed("[save_checkpoint]", [&] {
-      build_shards(*plan, model, optimizer, scheduler, user_content, /*copy=*/true);
+      build_shards(*plan, model, optimizer, scheduler, user_content,
+                   {&current_context().ext<Pending>().pool});
     });
     for (const auto& s : plan->shards)
       for (const auto& [n, t] : s.tensors) st.bytes += t.nbytes();
@@ -259,7 +293,7 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag, const Mo
     return st;
   }
   detail::run_agreed("[save_checkpoint]", [&] {
-    build_shards(*plan, model, optimizer, scheduler, user_content, /*copy=*/false);
+    build_shards(*plan, model, optimizer, scheduler, user_content, {});
     st.bytes = write_files(*plan);
   });
   detail::run_agreed("[save_checkpoint]", [&] {

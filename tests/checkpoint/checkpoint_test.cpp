@@ -88,6 +88,30 @@ TEST(Checkpoint, RoundTripTp2Dp2) {
   EXPECT_EQ(q["split"]["parts"], 2);
 }
 
+// Async saves snapshot the tensors: training right after the call does not leak into the
+// checkpoint, and the second save (which reuses the first one's snapshot buffers) is its own.
+TEST(Checkpoint, AsyncSavesAreSnapshots) {
+  const fs::path dir = nxd::testing::test_temp_dir("nxd_ckpt_");
+  Trainee a(1);
+  a.step(0);
+  const auto s1 = nxd::testing::snapshot(*a.model, a.opt.get());
+  const SaveStats st = save_checkpoint(dir, "s1", a.model.get(), a.opt.get(), nullptr, nullptr,
+                                       {.async_save = true});
+  EXPECT_GT(st.bytes, 0);
+  a.step(1);
+  const auto s2 = nxd::testing::snapshot(*a.model, a.opt.get());
+  save_checkpoint(dir, "s2", a.model.get(), a.opt.get(), nullptr, nullptr, {.async_save = true});
+  EXPECT_EQ(newest_checkpoint(dir), "s1");  // s2 completes at the next save or finalize
+  a.step(2);
+  finalize_checkpoint();
+  EXPECT_EQ(newest_checkpoint(dir), "s2");
+  for (const auto& [tag, want] : {std::pair{"s1", &s1}, std::pair{"s2", &s2}}) {
+    Trainee b(1, 3);
+    load_checkpoint(dir, b.model.get(), b.opt.get(), nullptr, {.tag = tag});
+    nxd::testing::expect_same(nxd::testing::snapshot(*b.model, b.opt.get()), *want, tag);
+  }
+}
+
 TEST(Checkpoint, NewestCompleteAndRetention) {
   const fs::path dir = nxd::testing::test_temp_dir("nxd_ckpt_");
   Trainee a(1);

@@ -1,0 +1,223 @@
+#include "nxd/checkpoint/offline.h"
+
+#include <map>
+#include <mutex>
+
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/layout.h"
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/collectives/sim/launch.h"
+#include "nxd/layers/models/causal_lm.h"
+
+namespace nxd::ckpt {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path resolve_checkpoint(const fs::path& dir) {
+  if (fs::exists(dir / detail::kMarker)) return dir;
+  if (!fs::is_directory(dir))
+    throw CheckpointError(str("[nxd-ckpt] ", dir.string(), " is not a folder"));
+  auto t = newest_checkpoint(dir);
+  if (!t) throw CheckpointError(str("[nxd-ckpt] no complete checkpoint under ", dir.string()));
+  return dir / *t;
+}
+
+VerifyReport verify_checkpoint(const fs::path& tag_dir) {
+  const json meta = read_metadata(tag_dir);
+  VerifyReport rep;
+  for (const auto& [rel, info] : meta.at("files").items()) {
+    const fs::path p = tag_dir / rel;
+    if (!fs::exists(p)) throw CheckpointError(str("[verify] missing file ", p.string()));
+    ++rep.files;
+    if (rel.find(".safetensors") == std::string::npos) {
+      try {
+        const json parsed = json::parse(read_file(p));
+        (void)parsed;
+      } catch (const CheckpointError&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw CheckpointError(str("[verify] ", p.string(), " is not valid JSON: ", e.what()));
+      }
+      continue;
+    }
+    SafetensorsReader r(p);
+    std::vector<char> buf;
+    r.read([&](const TensorInfo& t) -> void* {
+      ++rep.tensors;
+      rep.bytes += t.nbytes();
+      buf.resize(static_cast<size_t>(t.nbytes()) + 1);
+      return buf.data();
+    });
+  }
+  return rep;
+}
+
+void export_merged(const fs::path& tag_dir, const fs::path& out) {
+  const json meta = read_metadata(tag_dir);
+  if (!meta.contains("model"))
+    throw CheckpointError(str("[export] ", tag_dir.string(), " holds no model"));
+  const bool z = meta.value("compressed", false);
+  // name -> full tensor; each saved shard is read once and copied into its block
+  std::vector<std::pair<std::string, Tensor>> full;
+  std::map<std::string, size_t> index;
+  std::map<std::string, ShardSpec> spec;
+  std::map<std::string, std::vector<std::pair<std::string, int64_t>>> by_file;  // name, tp rank
+  for (const auto& [name, e] : meta["model"].items()) {
+    const ShardSpec s = e.contains("split") ? shard_spec_from_json(e["split"], name) : ShardSpec{};
+    bool ok = false;
+    for (DType d : {DType::f32, DType::bf16, DType::f64, DType::i32, DType::i64})
+      if (e.at("dtype").get<std::string>() == safetensors_dtype(d)) {
+        index[name] = full.size();
+        full.emplace_back(name, empty(e.at("shape").get<Shape>(), d));
+        ok = true;
+      }
+    if (!ok)
+      throw CheckpointError(str("[export] ", name, ": unknown dtype ", e.at("dtype").dump()));
+    spec[name] = s;
+    const int pp = e.at("pp_rank").get<int>();
+    for (int64_t r : covering_ranks(s))
+      by_file[detail::shard_file("model", 0, static_cast<int>(r), pp, z)].emplace_back(name, r);
+  }
+  for (const auto& [rel, items] : by_file) {
+    std::map<std::string, int64_t> want(items.begin(), items.end());
+    std::map<std::string, Tensor> part;
+    SafetensorsReader r(tag_dir / rel);
+    r.read([&](const TensorInfo& t) -> void* {
+      if (!want.count(t.name) || t.nbytes() == 0) return nullptr;
+      Tensor v = shard_view(full[index.at(t.name)].second, spec[t.name], want[t.name]);
+      if (v.shape() != t.shape)
+        throw CheckpointError(str("[export] ", (tag_dir / rel).string(), ": tensor '", t.name,
+                                  "' is ", shape_str(t.shape), ", its block is ",
+                                  shape_str(v.shape())));
+      part[t.name] = empty(t.shape, t.dtype);
+      return part[t.name].raw_data();
+    });
+    for (auto& [name, t] : part)
+      shard_view(full[index.at(name)].second, spec[name], want[name]).copy_(t);
+  }
+  std::map<std::string, std::string> md{{"nxd.source", tag_dir.string()}};
+  if (meta.contains("model_config")) md["nxd.model_config"] = meta["model_config"].dump();
+  write_safetensors(out, full, md);
+}
+
+json model_config_json(const ModelConfig& c) {
+  return {{"arch", c.arch},
+          {"vocab_size", c.vocab_size},
+          {"num_layers", c.num_layers},
+          {"hidden_size", c.hidden_size},
+          {"num_attention_heads", c.num_attention_heads},
+          {"num_kv_heads", c.num_kv_heads},
+          {"ffn_hidden_size", c.ffn_hidden_size},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"rotary_pct", c.rotary_pct},
+          {"rope_theta", c.rope_theta},
+          {"norm_eps", c.norm_eps},
+          {"init_std", c.init_std},
+          {"tie_word_embeddings", c.tie_word_embeddings},
+          {"dropout", c.dropout},
+          {"gelu_tanh", c.gelu_tanh},
+          {"use_parallel_residual", c.use_parallel_residual},
+          {"dtype", dtype_name(c.dtype)},
+          {"sequence_parallel", c.sequence_parallel},
+          {"kv_size_multiplier", c.kv_size_multiplier}};
+}
+
+ModelConfig model_config_from_json(const json& j) {
+  try {
+    ModelConfig c;
+    c.arch = j.at("arch").get<std::string>();
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.num_layers = j.at("num_layers").get<int64_t>();
+    c.hidden_size = j.at("hidden_size").get<int64_t>();
+    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
+    c.num_kv_heads = j.at("num_kv_heads").get<int64_t>();
+    c.ffn_hidden_size = j.at("ffn_hidden_size").get<int64_t>();
+    c.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
+    c.rotary_pct = j.at("rotary_pct").get<double>();
+    c.rope_theta = j.at("rope_theta").get<double>();
+    c.norm_eps = j.at("norm_eps").get<double>();
+    c.init_std = j.at("init_std").get<double>();
+    c.tie_word_embeddings = j.at("tie_word_embeddings").get<bool>();
+    c.dropout = j.at("dropout").get<double>();
+    c.gelu_tanh = j.at("gelu_tanh").get<bool>();
+    c.use_parallel_residual = j.at("use_parallel_residual").get<bool>();
+    c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
+    c.sequence_parallel = j.at("sequence_parallel").get<bool>();
+    c.kv_size_multiplier = j.at("kv_size_multiplier").get<int64_t>();
+    return c;
+  } catch (const std::exception& e) {
+    throw CheckpointError(str("[checkpoint] bad model_config ", j.dump(), ": ", e.what()));
+  }
+}
+
+namespace {
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const json& info, const Module& model) {
+  std::map<std::string, Tensor> params;
+  for (const auto& [n, t] : model.named_parameters()) params[n] = t;
+  std::vector<optim::ParamGroup> groups;
+  for (const auto& g : info.at("groups")) {
+    optim::ParamGroup pg;
+    pg.name = g.at("name").get<std::string>();
+    pg.lr = g.at("lr").get<double>();
+    pg.weight_decay = g.at("weight_decay").get<double>();
+    pg.lr_scale = g.at("lr_scale").get<double>();
+    for (const auto& n : g.at("params")) {
+      const auto it = params.find(n.get<std::string>());
+      if (it == params.end())
+        throw CheckpointError(
+            str("[reshard] the optimizer's parameter ", n.dump(), " is not in the model"));
+      pg.params.push_back({it->first, it->second});
+    }
+    groups.push_back(std::move(pg));
+  }
+  const std::string kind = info.at("kind").get<std::string>();
+  const json o = info.value("options", json::object());
+  if (kind == "AdamW") {
+    optim::AdamWOptions a;
+    a.beta1 = o.value("beta1", a.beta1);
+    a.beta2 = o.value("beta2", a.beta2);
+    a.eps = o.value("eps", a.eps);
+    return std::make_unique<optim::AdamW>(std::move(groups), a);
+  }
+  if (kind == "SGD") {
+    optim::SGDOptions s;
+    s.momentum = o.value("momentum", s.momentum);
+    s.dampening = o.value("dampening", s.dampening);
+    s.nesterov = o.value("nesterov", s.nesterov);
+    return std::make_unique<optim::SGD>(std::move(groups), s);
+  }
+  throw CheckpointError(str("[reshard] unknown optimizer kind '", kind, "'"));
+}
+
+}  // namespace
+
+void reshard_checkpoint(const fs::path& tag_dir, const fs::path& out_root, int tp, int dp) {
+  const json meta = read_metadata(tag_dir);
+  NXD_CHECK_T(ConfigError, tp >= 1 && dp >= 1, "[reshard] degrees must be >= 1, got tp=", tp,
+              " dp=", dp);
+  if (!meta.contains("model_config"))
+    throw CheckpointError(str("[reshard] ", tag_dir.string(),
+                              " records no model_config (not a CausalLM checkpoint)"));
+  ModelConfig cfg = model_config_from_json(meta["model_config"]);
+  cfg.kv_size_multiplier = std::max<int64_t>(1, tp / cfg.kv_heads());
+  cfg.validate_parallel(tp);
+  const bool has_optim = meta.contains("optimizer");
+  const fs::path src_root = tag_dir.parent_path();
+  const std::string tag = tag_dir.filename().string();
+  const bool has_sched = fs::exists(tag_dir / detail::kScheduler);
+  sim::launch(tp * dp, [&] {
+    parallel_state::initialize_model_parallel(tp);
+    auto model = make_causal_lm(cfg, 0);
+    std::unique_ptr<optim::Optimizer> opt;
+    if (has_optim) opt = make_optimizer(meta["optimizer"].at("info"), *model);
+    optim::LRSchedule sched({});
+    const json user = load_checkpoint(src_root, model.get(), opt.get(),
+                                      has_sched ? &sched : nullptr, {.tag = tag});
+    save_checkpoint(
+        out_root, tag, model.get(), opt.get(), has_sched ? &sched : nullptr, user,
+        {.compress = meta.value("compressed", false), .step = meta.value("step", int64_t{0})});
+  });
+}
+
+}  // namespace nxd::ckpt

@@ -1,0 +1,39 @@
+#pragma once
+// Checkpoints without a training job (what tools/nxd-ckpt runs): find a checkpoint, verify every
+// checksum, export the model as one merged safetensors file, and reshard to other degrees.
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "nxd/layers/models/config.h"
+
+namespace nxd::ckpt {
+
+// `dir` itself if it is a checkpoint folder (has the `checkpoint` marker), else the newest
+// complete checkpoint under it. CheckpointError if there is none.
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& dir);
+
+struct VerifyReport {
+  int64_t files = 0, tensors = 0, bytes = 0;  // tensor bytes read
+};
+// Reads every file of a complete checkpoint: JSON files parse, every shard listed in
+// metadata.json exists and every tensor matches its checksum. Throws CheckpointError at the
+// first problem, naming the file and tensor.
+VerifyReport verify_checkpoint(const std::filesystem::path& tag_dir);
+
+// Writes the model of a complete checkpoint as one safetensors file of full (unsplit) tensors,
+// names unchanged, with "nxd.source" (the folder) and "nxd.model_config" (JSON, if recorded) in
+// its metadata. Holds the model's full tensors in memory.
+void export_merged(const std::filesystem::path& tag_dir, const std::filesystem::path& out);
+
+// Loads a complete checkpoint of a CausalLM (metadata.json records its model_config) at the
+// given degrees on sim ranks and saves it under out_root/<same tag> (model, optimizer if saved,
+// scheduler, user content). PP must be 1 for now. ConfigError for impossible degrees.
+void reshard_checkpoint(const std::filesystem::path& tag_dir, const std::filesystem::path& out_root,
+                        int tp, int dp);
+
+nlohmann::json model_config_json(const ModelConfig& c);
+ModelConfig model_config_from_json(const nlohmann::json& j);  // CheckpointError if malformed
+
+}  // namespace nxd::ckpt

@@ -1,0 +1,110 @@
+// Offline tools' library side: export gives the full tensors (bitwise those of a TP=1 load),
+// offline resharding preserves every tensor, verify names the first bad tensor, and the model
+// config recorded in metadata.json round-trips.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "ckpt_util.h"
+#include "nxd/checkpoint/offline.h"
+#include "nxd/checkpoint/safetensors.h"
+#include "support/files.h"
+#include "support/ranks.h"
+
+namespace nxd::ckpt {
+namespace {
+namespace fs = std::filesystem;
+using nxd::testing::run_ranks;
+using nxd::testing::Trainee;
+
+std::map<std::string, Tensor> read_map(const fs::path& p) {
+  std::map<std::string, Tensor> m;
+  for (auto& [n, t] : SafetensorsReader(p).read_all()) m[n] = t;
+  return m;
+}
+
+TEST(Offline, ExportAndReshardKeepEveryTensor) {
+  const fs::path root = nxd::testing::test_temp_dir("nxd_offline_");
+  run_ranks(2, [&] {
+    parallel_state::initialize_model_parallel(2);
+    Trainee t(2);
+    t.step(0);
+    save_checkpoint(root / "tp2", "step_1", t.model.get(), t.opt.get(), t.sched.get(),
+                    nlohmann::json{{"k", 1}});
+  });
+  const fs::path tag = resolve_checkpoint(root / "tp2");
+  EXPECT_EQ(tag, root / "tp2" / "step_1");
+  export_merged(tag, root / "merged.safetensors");
+  const auto merged = read_map(root / "merged.safetensors");
+  Trainee one(1, 9);
+  load_checkpoint(root / "tp2", one.model.get(), nullptr, nullptr);
+  ASSERT_EQ(merged.size(), one.model->state_dict().size());
+  for (const auto& [n, t] : one.model->state_dict())
+    EXPECT_TRUE(nxd::testing::bitwise_equal(merged.at(n), t.detach(), n));
+  EXPECT_EQ(
+      SafetensorsReader(root / "merged.safetensors").header().metadata.count("nxd.model_config"),
+      1u);
+
+  // TP 2 -> 4 (K/V now replicated) -> 1, offline: the exported tensors never change
+  reshard_checkpoint(tag, root / "tp4", 4, 1);
+  reshard_checkpoint(root / "tp4" / "step_1", root / "tp1", 1, 2);
+  for (const char* d : {"tp4", "tp1"}) {
+    const fs::path t = resolve_checkpoint(root / d);
+    EXPECT_EQ(read_metadata(t)["step"], 1);
+    EXPECT_GT(verify_checkpoint(t).tensors, 0);
+    export_merged(t, root / (std::string(d) + ".safetensors"));
+    const auto m = read_map(root / (std::string(d) + ".safetensors"));
+    ASSERT_EQ(m.size(), merged.size()) << d;
+    for (const auto& [n, x] : merged) EXPECT_TRUE(nxd::testing::bitwise_equal(m.at(n), x, n));
+  }
+  EXPECT_EQ(read_metadata(root / "tp4/step_1")["parallel"]["tp"], 4);
+  EXPECT_EQ(read_metadata(root / "tp1/step_1")["parallel"]["dp"], 2);
+  // the optimizer state, scheduler and user content came along
+  Trainee back(1, 9);
+  const auto user =
+      load_checkpoint(root / "tp1", back.model.get(), back.opt.get(), back.sched.get());
+  EXPECT_EQ(user.at("k"), 1);
+  Trainee direct(1, 9);
+  load_checkpoint(root / "tp2", direct.model.get(), direct.opt.get(), direct.sched.get());
+  nxd::testing::expect_same(nxd::testing::snapshot(*back.model, back.opt.get()),
+                            nxd::testing::snapshot(*direct.model, direct.opt.get()), "TP2->4->1");
+}
+
+TEST(Offline, VerifyNamesTheFirstBadTensor) {
+  const fs::path root = nxd::testing::test_temp_dir("nxd_offline_");
+  Trainee t(1);
+  save_checkpoint(root, "a", t.model.get(), t.opt.get(), nullptr);
+  const auto r = verify_checkpoint(root / "a");
+  EXPECT_EQ(r.files, 3);  // model, optim, user_content.json
+  const fs::path f = root / "a/model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors";
+  SafetensorsReader rd(f);
+  const TensorInfo& first = rd.header().tensors.front();
+  {
+    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
+    s.seekp(rd.header().data_start + first.begin + 1);
+    s.put('\x7f');
+  }
+  try {
+    verify_checkpoint(root / "a");
+    ADD_FAILURE() << "no error";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + first.name + "'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(resolve_checkpoint(root / "none"), CheckpointError);
+}
+
+TEST(Offline, ModelConfigJsonRoundTrip) {
+  ModelConfig c = nxd::testing::ckpt_model_config(4);
+  c.arch = "gpt_neox";
+  c.rotary_pct = 0.5;
+  c.dtype = DType::bf16;
+  c.tie_word_embeddings = true;
+  const ModelConfig d = model_config_from_json(model_config_json(c));
+  EXPECT_EQ(model_config_json(d), model_config_json(c));
+  EXPECT_EQ(d.dtype, DType::bf16);
+  EXPECT_THROW(model_config_from_json(nlohmann::json{{"arch", "llama"}}), CheckpointError);
+}
+
+}  // namespace
+}  // namespace nxd::ckpt
