@@ -77,6 +77,38 @@ void ScheduleConfig::validate() const {
   }
 }
 
+ScheduleConfig resolve_schedule(const PipelineJob& j) {
+  auto fail = [](auto&&... a) { throw ConfigError(str(a...)); };
+  if (j.pipeline_model_parallel_size < 1)
+    fail("distributed_strategy.pipeline_model_parallel_size must be >= 1, got ",
+         j.pipeline_model_parallel_size);
+  if (j.virtual_pipeline_model_parallel_size < 1)
+    fail("distributed_strategy.virtual_pipeline_model_parallel_size must be >= 1, got ",
+         j.virtual_pipeline_model_parallel_size);
+  if (j.micro_batch_size < 1 || j.data_parallel_size < 1 ||
+      j.global_batch_size % (j.micro_batch_size * j.data_parallel_size) != 0 ||
+      j.global_batch_size < j.micro_batch_size * j.data_parallel_size)
+    fail("data.global_batch_size=", j.global_batch_size,
+         " is not a positive multiple of data.micro_batch_size=", j.micro_batch_size,
+         " x data-parallel size ", j.data_parallel_size);
+  ScheduleConfig c;
+  c.pp = j.pipeline_model_parallel_size;
+  c.vpp = j.virtual_pipeline_model_parallel_size;
+  c.num_microbatches =
+      static_cast<int>(j.global_batch_size / (j.micro_batch_size * j.data_parallel_size));
+  c.kind = parse_schedule(j.pipeline_schedule);
+  if (c.vpp > 1 && c.kind != ScheduleKind::interleaved)
+    fail("distributed_strategy.virtual_pipeline_model_parallel_size=", c.vpp,
+         " needs distributed_strategy.pipeline_schedule=interleaved (got ", j.pipeline_schedule,
+         ")");
+  if (j.num_layers < static_cast<int64_t>(c.pp) * c.vpp)
+    fail("model.num_layers=", j.num_layers,
+         " cannot be cut into pipeline_model_parallel_size=", c.pp,
+         " x virtual_pipeline_model_parallel_size=", c.vpp, " stages of at least one layer each");
+  c.validate();  // interleaved: vpp >= 2, pp >= 2, microbatches a multiple of pp
+  return c;
+}
+
 namespace {
 
 struct Builder {

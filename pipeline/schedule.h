@@ -58,6 +58,22 @@ struct ScheduleConfig {
   void validate() const;
 };
 
+// A training job's pipeline settings (NxDT's keys) and what they are checked against.
+struct PipelineJob {
+  int pipeline_model_parallel_size = 1;          // pp
+  int virtual_pipeline_model_parallel_size = 1;  // vpp
+  std::string pipeline_schedule = "1f1b";        // gpipe | 1f1b | interleaved
+  int data_parallel_size = 1;
+  int64_t global_batch_size = 1;
+  int64_t micro_batch_size = 1;
+  int64_t num_layers = 1;
+};
+// The schedule of a job: microbatches = global_batch_size / (micro_batch_size x dp). ConfigError
+// naming the numbers (and NxDT's key names) when the batch does not divide, the layers cannot be
+// cut into pp x vpp stages of at least one layer, the schedule is unknown, vpp > 1 without the
+// interleaved schedule (or the reverse), or interleaved microbatches are not a multiple of pp.
+ScheduleConfig resolve_schedule(const PipelineJob& job);
+
 // The actions of pipeline rank `rank` (validates cfg; rank in [0, pp)).
 std::vector<Action> build_schedule(const ScheduleConfig& cfg, int rank);
 // Every rank's actions.

@@ -224,6 +224,47 @@ TEST(Schedule, InferenceRunsForwardsOnly) {
   }
 }
 
+TEST(Schedule, ResolveScheduleOfAJob) {
+  PipelineJob j;
+  j.pipeline_model_parallel_size = 4;
+  j.data_parallel_size = 2;
+  j.global_batch_size = 32;
+  j.micro_batch_size = 2;
+  j.num_layers = 8;
+  ScheduleConfig c = resolve_schedule(j);
+  EXPECT_EQ(c.num_microbatches, 8);
+  EXPECT_EQ(c.kind, ScheduleKind::one_f_one_b);
+  auto err = [](PipelineJob j) {
+    try {
+      resolve_schedule(j);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  PipelineJob b = j;
+  b.global_batch_size = 30;
+  EXPECT_NE(err(b).find("data.global_batch_size=30 is not a positive multiple of "
+                        "data.micro_batch_size=2 x data-parallel size 2"),
+            std::string::npos);
+  b = j;
+  b.virtual_pipeline_model_parallel_size = 2;
+  EXPECT_NE(err(b).find("needs distributed_strategy.pipeline_schedule=interleaved"),
+            std::string::npos);
+  b.pipeline_schedule = "interleaved";
+  EXPECT_EQ(resolve_schedule(b).vpp, 2);
+  b.virtual_pipeline_model_parallel_size = 3;
+  EXPECT_NE(err(b).find("model.num_layers=8 cannot be cut into pipeline_model_parallel_size=4 x "
+                        "virtual_pipeline_model_parallel_size=3"),
+            std::string::npos);
+  b.virtual_pipeline_model_parallel_size = 2;
+  b.global_batch_size = 12;  // 3 microbatches
+  EXPECT_NE(err(b).find("multiple of pp"), std::string::npos);
+  b = j;
+  b.pipeline_schedule = "zigzag";
+  EXPECT_NE(err(b).find("unknown pipeline schedule 'zigzag'"), std::string::npos);
+}
+
 TEST(Schedule, AnalyticalBubble) {
   EXPECT_DOUBLE_EQ(analytical_bubble(config(ScheduleKind::one_f_one_b, 4, 6)), 3.0 / 9.0);
   EXPECT_DOUBLE_EQ(analytical_bubble(config(ScheduleKind::interleaved, 4, 8, 2)), 3.0 / 11.0 / 2);
