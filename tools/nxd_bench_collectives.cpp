@@ -441,8 +441,13 @@ int run_mpi(const Args& a, int argc, char** argv) {
         "# baseline: raw MPI_* on the same buffers in this run; GB/s = 1e9 B/s; busbw = "
         "algbw x %.4f\n",
         f);
-    std::printf("#%11s %11s %5s | %11s %9s %9s | %11s %9s %9s | %6s\n", "size(B)", "count", "type",
-                "nxd(us)", "algbw", "busbw", "raw(us)", "algbw", "busbw", "ratio");
+    const mpi::Tuning tu = mpi::tuning();
+    std::printf(
+        "# nxd algo: mpi = MPI's own collective, ring = nxd's pipelined ring (chunk %lld B, "
+        "depth %d, auto from %lld B; NXD_MPI_ALGO/CHUNK/DEPTH/RING_MIN)\n",
+        (long long)tu.chunk_bytes, tu.depth, (long long)tu.ring_min_bytes);
+    std::printf("#%11s %11s %5s | %11s %9s %9s %5s | %11s %9s %9s | %6s\n", "size(B)", "count",
+                "type", "nxd(us)", "algbw", "busbw", "algo", "raw(us)", "algbw", "busbw", "ratio");
   }
   for (int64_t bytes : sizes(a)) {
     const int64_t n = count_for(k, bytes, p, es);
@@ -482,9 +487,12 @@ int run_mpi(const Args& a, int argc, char** argv) {
     }
     if (r == 0) {
       double an = bytes / t_nxd / 1e9, ar = bytes / t_raw / 1e9;
-      std::printf(" %11lld %11lld %5s | %11.2f %9.2f %9.2f | %11.2f %9.2f %9.2f | %6.3f\n",
+      const bool reduces_or_gathers =
+          k == CollKind::all_reduce || k == CollKind::all_gather || k == CollKind::reduce_scatter;
+      std::printf(" %11lld %11lld %5s | %11.2f %9.2f %9.2f %5s | %11.2f %9.2f %9.2f | %6.3f\n",
                   (long long)bytes, (long long)n, dtype_name(a.dtype), t_nxd * 1e6, an, an * f,
-                  t_raw * 1e6, ar, ar * f, t_raw / t_nxd);
+                  reduces_or_gathers ? mpi::algorithm_for(bytes, p) : "mpi", t_raw * 1e6, ar,
+                  ar * f, t_raw / t_nxd);
     }
   }
   return 0;

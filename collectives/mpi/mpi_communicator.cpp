@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "nxd/collectives/mpi/mpi.h"
@@ -11,6 +12,7 @@
 #include <mpi.h>
 
 #include "nxd/collectives/mpi/datatype.h"
+#include "nxd/collectives/mpi/ring.h"
 #endif
 
 namespace nxd::mpi {
@@ -21,6 +23,83 @@ bool available() {
 
 bool under_launcher() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tuning
+
+namespace {
+Tuning g_tuning;
+
+int64_t parse_bytes(const char* var, const std::string& v) {
+  size_t pos = 0;
+  double x = -1;
+  try {
+    x = std::stod(v, &pos);
+  } catch (...) {
+  }
+  const std::string suf = pos ? v.substr(pos) : "?";
+  const double mul = suf.empty() || suf == "B" ? 1
+                     : suf == "K"              ? 1024.0
+                     : suf == "M"              ? 1024.0 * 1024
+                     : suf == "G"              ? 1024.0 * 1024 * 1024
+                                               : -1;
+  NXD_CHECK_T(ConfigError, mul > 0 && x >= 0, "[mpi] ", var, "='", v,
+              "' is not a size in bytes (e.g. 262144, 256K, 16M)");
+  return static_cast<int64_t>(x * mul);
+}
+}  // namespace
+
+Tuning tuning() {
+  return g_tuning;
+}
+
+void set_tuning(const Tuning& t) {
+  NXD_CHECK(t.chunk_bytes >= 1 && t.chunk_bytes <= (int64_t{1} << 30),
+            "[mpi::set_tuning] chunk_bytes ", t.chunk_bytes, " must be in [1, 1 GiB]");
+  NXD_CHECK(t.depth >= 1 && t.depth <= 64, "[mpi::set_tuning] depth ", t.depth,
+            " must be in [1, 64]");
+  NXD_CHECK(t.ring_min_bytes >= 0, "[mpi::set_tuning] ring_min_bytes ", t.ring_min_bytes,
+            " must be >= 0");
+  g_tuning = t;
+}
+
+Tuning tuning_from_env() {
+  Tuning t;
+  if (const char* v = std::getenv("NXD_MPI_ALGO")) {
+    const std::string a = v;
+    NXD_CHECK_T(ConfigError, a == "auto" || a == "mpi" || a == "ring", "[mpi] NXD_MPI_ALGO='", a,
+                "' must be auto, mpi or ring");
+    t.algorithm = a == "mpi"    ? Algorithm::native
+                  : a == "ring" ? Algorithm::ring
+                                : Algorithm::automatic;
+  }
+  if (const char* v = std::getenv("NXD_MPI_RING_MIN"))
+    t.ring_min_bytes = parse_bytes("NXD_MPI_RING_MIN", v);
+  if (const char* v = std::getenv("NXD_MPI_CHUNK")) {
+    t.chunk_bytes = parse_bytes("NXD_MPI_CHUNK", v);
+    NXD_CHECK_T(ConfigError, t.chunk_bytes >= 1 && t.chunk_bytes <= (int64_t{1} << 30),
+                "[mpi] NXD_MPI_CHUNK='", v, "' must be between 1 byte and 1G");
+  }
+  if (const char* v = std::getenv("NXD_MPI_DEPTH")) {
+    const std::string d = v;
+    size_t pos = 0;
+    int x = 0;
+    try {
+      x = std::stoi(d, &pos);
+    } catch (...) {
+    }
+    NXD_CHECK_T(ConfigError, pos == d.size() && x >= 1 && x <= 64, "[mpi] NXD_MPI_DEPTH='", d,
+                "' must be an integer in [1, 64]");
+    t.depth = x;
+  }
+  return t;
+}
+
+const char* algorithm_for(int64_t bytes, int size) {
+  if (size < 2 || g_tuning.algorithm == Algorithm::native) return "mpi";
+  if (g_tuning.algorithm == Algorithm::ring) return "ring";
+  return bytes >= g_tuning.ring_min_bytes ? "ring" : "mpi";
 }
 
 #if NXD_WITH_MPI
@@ -89,10 +168,38 @@ void divide(void* buf, int64_t n, DType t, int p) {
   }
 }
 
+// One MPI request, owned: a Work dropped without wait() does not leak it. A dropped receive is
+// cancelled (its buffer may be gone, and a posted receive would take a later message); a dropped
+// send is released to complete on its own (MPI_Request_free); a dropped collective is completed
+// (it cannot be cancelled, and the other members are in it), then its `done` step runs.
 class RequestWork : public Work::Impl {
  public:
-  RequestWork(MPI_Request req, std::function<void()> done, std::string what)
-      : req_(req), done_(std::move(done)), what_(std::move(what)) {}
+  enum class Kind : uint8_t { collective, send, recv };
+  RequestWork(MPI_Request req, Kind kind, std::function<void()> done, std::string what)
+      : req_(req), kind_(kind), done_(std::move(done)), what_(std::move(what)) {}
+  ~RequestWork() override {
+    if (finished_ || req_ == MPI_REQUEST_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    switch (kind_) {
+      case Kind::recv:
+        MPI_Cancel(&req_);
+        MPI_Wait(&req_, MPI_STATUS_IGNORE);
+        break;
+      case Kind::send:
+        MPI_Request_free(&req_);
+        break;
+      case Kind::collective:
+        if (MPI_Wait(&req_, MPI_STATUS_IGNORE) == MPI_SUCCESS && done_) {
+          try {
+            done_();
+          } catch (...) {  // a destructor must not throw; the values stay as MPI left them
+          }
+        }
+        break;
+    }
+  }
   void wait() override {
     if (finished_) return;
     finished_ = true;
@@ -118,6 +225,7 @@ class RequestWork : public Work::Impl {
 
  private:
   MPI_Request req_;
+  Kind kind_;
   std::function<void()> done_;
   std::string what_;
   bool finished_ = false;
@@ -128,17 +236,25 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, int rank, std::vector<int> ranks, bool owned)
       : Communicator(rank, std::move(ranks)), comm_(comm), owned_(owned) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    // The ring's messages travel on their own communicator (collective: every member constructs
+    // its communicator together), so they never match a user's send/recv.
+    check(MPI_Comm_dup(comm_, &ring_comm_), "MPI_Comm_dup", 0, DType::i32);
+    MPI_Comm_set_errhandler(ring_comm_, MPI_ERRORS_RETURN);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    MPI_Comm_free(&ring_comm_);
+    if (owned_) MPI_Comm_free(&comm_);
   }
   const char* backend() const override { return "mpi"; }
 
   void all_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("all_reduce", n, t, op, true);
     if (!r) return;
+    if (use_ring(n * dtype_size(t)))
+      return detail::ring_all_reduce(ring("all_reduce"), s, r, n, t, op);
     check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, icount("all_reduce", n), datatype(t),
                         mpi_op(op, t), comm_),
           "all_reduce", n, t);
@@ -148,6 +264,8 @@ class MpiCommunicator final : public Communicator {
     check_args("all_gather", n, t, ReduceOp::sum, false);
     if (!r) return;
     const char* mine = static_cast<const char*>(r) + rank() * n * dtype_size(t);
+    if (use_ring(size() * n * dtype_size(t)))
+      return detail::ring_all_gather(ring("all_gather"), s, r, n, t);
     check(MPI_Allgather(s == mine ? MPI_IN_PLACE : s, icount("all_gather", n), datatype(t), r,
                         icount("all_gather", n), datatype(t), comm_),
           "all_gather", n, t);
@@ -156,11 +274,16 @@ class MpiCommunicator final : public Communicator {
     check_args("reduce_scatter", n, t, op, true);
     if (!r) return;
     std::vector<char> tmp;
-    if (overlaps(s, r, n * size() * dtype_size(t))) {
+    const bool ring_ok = use_ring(size() * n * dtype_size(t));
+    // The ring reads send and writes recv as it goes: recv may be this member's own block of
+    // send (the in-place form) but must not overlap it elsewhere.
+    if (overlaps(s, r, n * size() * dtype_size(t)) &&
+        !(ring_ok && r == static_cast<const char*>(s) + rank() * n * dtype_size(t))) {
       tmp.assign(static_cast<const char*>(s),
                  static_cast<const char*>(s) + n * size() * dtype_size(t));
       s = tmp.data();
     }
+    if (ring_ok) return detail::ring_reduce_scatter(ring("reduce_scatter"), s, r, n, t, op);
     check(MPI_Reduce_scatter_block(s, r, icount("reduce_scatter", n), datatype(t), mpi_op(op, t),
                                    comm_),
           "reduce_scatter", n, t);
@@ -210,28 +333,40 @@ class MpiCommunicator final : public Communicator {
   Work iall_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("all_reduce", n, t, op, true);
     if (!r) return Work();
+    if (use_ring(n * dtype_size(t))) {  // runs now: see Tuning in mpi.h
+      all_reduce(s, r, n, t, op);
+      return Work();
+    }
     MPI_Request req;
     check(MPI_Iallreduce(s == r ? MPI_IN_PLACE : s, r, icount("iall_reduce", n), datatype(t),
                          mpi_op(op, t), comm_, &req),
           "iall_reduce", n, t);
     int p = size();
-    return work(req,
+    return work(req, RequestWork::Kind::collective,
                 op == ReduceOp::avg ? std::function<void()>([=] { divide(r, n, t, p); }) : nullptr,
                 "iall_reduce");
   }
   Work iall_gather(const void* s, void* r, int64_t n, DType t) override {
     check_args("all_gather", n, t, ReduceOp::sum, false);
     if (!r) return Work();
+    if (use_ring(size() * n * dtype_size(t))) {
+      all_gather(s, r, n, t);
+      return Work();
+    }
     const char* mine = static_cast<const char*>(r) + rank() * n * dtype_size(t);
     MPI_Request req;
     check(MPI_Iallgather(s == mine ? MPI_IN_PLACE : s, icount("iall_gather", n), datatype(t), r,
                          icount("iall_gather", n), datatype(t), comm_, &req),
           "iall_gather", n, t);
-    return work(req, nullptr, "iall_gather");
+    return work(req, RequestWork::Kind::collective, nullptr, "iall_gather");
   }
   Work ireduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("reduce_scatter", n, t, op, true);
     if (!r) return Work();
+    if (use_ring(size() * n * dtype_size(t))) {
+      reduce_scatter(s, r, n, t, op);
+      return Work();
+    }
     NXD_CHECK(!overlaps(s, r, n * size() * dtype_size(t)),
               "[ireduce_scatter] in-place non-blocking reduce_scatter is not supported");
     MPI_Request req;
@@ -239,7 +374,7 @@ class MpiCommunicator final : public Communicator {
                                     comm_, &req),
           "ireduce_scatter", n, t);
     int p = size();
-    return work(req,
+    return work(req, RequestWork::Kind::collective,
                 op == ReduceOp::avg ? std::function<void()>([=] { divide(r, n, t, p); }) : nullptr,
                 "ireduce_scatter");
   }
@@ -249,21 +384,21 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     check(MPI_Ibcast(b, icount("ibroadcast", n), datatype(t), root, comm_, &req), "ibroadcast", n,
           t);
-    return work(req, nullptr, "ibroadcast");
+    return work(req, RequestWork::Kind::collective, nullptr, "ibroadcast");
   }
   Work isend(const void* b, int64_t n, DType t, int dst, int tag) override {
     check_member("isend", "destination", dst);
     if (!b) return Work();
     MPI_Request req;
     check(MPI_Isend(b, icount("isend", n), datatype(t), dst, tag, comm_, &req), "isend", n, t);
-    return work(req, nullptr, "isend");
+    return work(req, RequestWork::Kind::send, nullptr, "isend");
   }
   Work irecv(void* b, int64_t n, DType t, int src, int tag) override {
     check_member("irecv", "source", src);
     if (!b) return Work();
     MPI_Request req;
     check(MPI_Irecv(b, icount("irecv", n), datatype(t), src, tag, comm_, &req), "irecv", n, t);
-    return work(req, nullptr, "irecv");
+    return work(req, RequestWork::Kind::recv, nullptr, "irecv");
   }
 
   std::shared_ptr<Communicator> split(int color, int key) override {
@@ -298,12 +433,32 @@ class MpiCommunicator final : public Communicator {
     throw CommError(str("[", op, "] MPI error on group ", group_str(), " at rank ", ranks()[rank()],
                         " (", t, ", count ", n, "): ", std::string(s, len)));
   }
-  Work work(MPI_Request req, std::function<void()> done, const char* op) const {
+  Work work(MPI_Request req, RequestWork::Kind kind, std::function<void()> done,
+            const char* op) const {
     return Work(std::make_shared<RequestWork>(
-        req, std::move(done), str("[", op, "] group ", group_str(), " rank ", ranks()[rank()])));
+        req, kind, std::move(done),
+        str("[", op, "] group ", group_str(), " rank ", ranks()[rank()])));
+  }
+  bool use_ring(int64_t bytes) const { return algorithm_for(bytes, size())[0] == 'r'; }
+  detail::RingComm ring(const char* op) {
+    const Tuning tu = tuning();
+    what_ = str(op, " on group ", group_str(), " rank ", ranks()[rank()]);
+    return detail::RingComm{.comm = ring_comm_,
+                            .rank = rank(),
+                            .size = size(),
+                            .scratch = &scratch_,
+                            .partials = &partials_,
+                            .widened = &widened_,
+                            .chunk_bytes = tu.chunk_bytes,
+                            .depth = tu.depth,
+                            .what = what_.c_str()};
   }
   MPI_Comm comm_;
+  MPI_Comm ring_comm_ = MPI_COMM_NULL;
   bool owned_;
+  // The ring's persistent buffers: allocated (and page-faulted) once, reused by every call.
+  std::vector<char> scratch_, partials_, widened_;
+  std::string what_;
 };
 
 void terminate_handler() {
@@ -348,6 +503,7 @@ Session::Session(int* argc, char*** argv, uint64_t seed) {
   MPI_Initialized(&inited);
   NXD_CHECK_T(ConfigError, !inited,
               "[mpi::Session] MPI is already initialized (one Session per process)");
+  set_tuning(tuning_from_env());
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
   std::set_terminate(terminate_handler);

@@ -11,81 +11,18 @@
 #include "nxd/collectives/algorithms/rdh.h"
 #include "nxd/collectives/algorithms/ring.h"
 #include "nxd/collectives/communicator.h"
+#include "reference.h"
 #include "support/compare.h"
 #include "support/ranks.h"
 
 using namespace nxd;
 using nxd::testing::max_ranks;
 using nxd::testing::run_ranks;
+using namespace nxd::testing::coll;
 
 namespace {
 
-const DType kDtypes[] = {DType::f32, DType::bf16, DType::f64, DType::i32, DType::i64};
 const int64_t kCounts[] = {1, 5, 1037};
-
-// The value rank r contributes at index i (exact in every dtype for integers).
-double value(int r, int64_t i, DType t) {
-  double v = double((r * 7 + i * 13) % 17) - 8.0;
-  if (is_floating(t)) v = v * 0.37 + 0.01 * r;
-  return v;
-}
-
-Tensor rank_tensor(int r, int64_t n, DType t, int64_t offset = 0) {
-  std::vector<double> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = value(r, i + offset, t);
-  return from_doubles(v, {n}, t);
-}
-
-// value() as stored in dtype t.
-double stored(int r, int64_t i, DType t) {
-  double v = value(r, i, t);
-  if (t == DType::f32) return static_cast<float>(v);
-  if (t == DType::bf16) return static_cast<float>(bf16(static_cast<float>(v)));
-  return v;
-}
-
-// Serial reference of op over ranks 0..p-1 (in rank order, in the dtype's accumulation type).
-Tensor reference(int p, int64_t n, DType t, ReduceOp op, int64_t offset = 0) {
-  std::vector<double> out(n);
-  auto combine = [op](auto acc, auto v) {
-    return op == ReduceOp::max   ? std::max(acc, v)
-           : op == ReduceOp::min ? std::min(acc, v)
-                                 : acc + v;
-  };
-  for (int64_t i = 0; i < n; ++i) {
-    if (t == DType::f32 || t == DType::bf16) {
-      float acc = static_cast<float>(stored(0, i + offset, t));
-      for (int r = 1; r < p; ++r) acc = combine(acc, static_cast<float>(stored(r, i + offset, t)));
-      if (op == ReduceOp::avg) acc /= p;
-      out[i] = acc;
-    } else {
-      double acc = stored(0, i + offset, t);
-      for (int r = 1; r < p; ++r) acc = combine(acc, stored(r, i + offset, t));
-      if (op == ReduceOp::avg) acc /= p;
-      out[i] = acc;
-    }
-  }
-  return from_doubles(out, {n}, t);
-}
-
-// bf16: the sim backend rounds once; MPI's user op rounds after every pairwise step.
-double tol(DType t) {
-  if (t == DType::bf16) return nxd::testing::under_mpi() ? 3e-2 : 1e-2;
-  return t == DType::f32 ? 1e-6 : 1e-12;
-}
-
-// Every rank's `t` is bitwise equal to every other rank's (gathered through the group).
-void expect_same_on_all_ranks(Communicator& c, const Tensor& t) {
-  Tensor all = c.all_gather(t.reshape({1, t.numel()}), 0);
-  for (int r = 0; r < c.size(); ++r)
-    EXPECT_EQ(0, std::memcmp(all.select(0, r).contiguous().raw_data(), t.raw_data(), t.nbytes()))
-        << "rank " << r << " differs from rank " << c.rank() << " for " << t.desc();
-}
-
-std::vector<ReduceOp> ops_for(DType t) {
-  if (is_floating(t)) return {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
-  return {ReduceOp::sum, ReduceOp::max, ReduceOp::min};
-}
 
 // An in-place all-reduce algorithm (ring, rdh) on every dtype x op x count against the serial
 // reference, the result bitwise equal on every rank; `name` starts the failure messages.

@@ -1,0 +1,219 @@
+// The MPI backend's algorithms (mpi::Tuning): MPI's own collectives and nxd's pipelined ring,
+// each forced in turn, on all_reduce, reduce_scatter and all_gather against the serial
+// reference; dropped non-blocking Works under MPI; the NXD_MPI_* environment. The MPI cases run
+// when ctest starts the binary under mpirun (-np 2 and 4: groups of 2, 3 and 4).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "nxd/collectives/communicator.h"
+#include "nxd/collectives/mpi/mpi.h"
+#include "reference.h"
+#include "support/compare.h"
+#include "support/ranks.h"
+
+using namespace nxd;
+using nxd::testing::max_ranks;
+using nxd::testing::run_ranks;
+using nxd::testing::under_mpi;
+using namespace nxd::testing::coll;
+
+namespace {
+
+struct AlgoCase {
+  mpi::Algorithm algorithm;
+  int64_t chunk_bytes;
+  int depth;
+  const char* name;
+};
+
+// Segments of 24 and 40 bytes cut every chunk into many uneven segments (more than the receives
+// in flight); 1 MiB keeps each chunk in one segment.
+const AlgoCase kAlgoCases[] = {
+    {mpi::Algorithm::native, 256 << 10, 4, "mpi"},
+    {mpi::Algorithm::ring, 24, 1, "ring chunk 24 B depth 1"},
+    {mpi::Algorithm::ring, 40, 3, "ring chunk 40 B depth 3"},
+    {mpi::Algorithm::ring, 1 << 20, 4, "ring chunk 1 MiB"},
+};
+
+// Restores the process-wide tuning when a test ends.
+struct TuningGuard {
+  mpi::Tuning saved = mpi::tuning();
+  ~TuningGuard() { mpi::set_tuning(saved); }
+};
+
+// `ring`: also bitwise equal in place and out of place, blocking or not (nxd's ring reduces in
+// one order; OpenMPI picks different algorithms for those forms, so bf16 may differ there).
+void expect_all_reduce(Communicator& c, const std::string& what, DType t, ReduceOp op, int64_t n,
+                       bool nonblocking, bool ring) {
+  const int p = c.size();
+  Tensor ref = reference(p, n, t, op);
+  Tensor x = rank_tensor(c.rank(), n, t);
+  if (nonblocking)
+    c.iall_reduce(x.raw_data(), x.raw_data(), n, t, op).wait();
+  else
+    c.all_reduce(x.raw_data(), x.raw_data(), n, t, op);
+  EXPECT_TRUE(::nxd::testing::close_rel(x, ref, tol(t), what + " in place"));
+  expect_same_on_all_ranks(c, x);
+  Tensor in = rank_tensor(c.rank(), n, t), y = empty({n}, t);
+  c.all_reduce(in.raw_data(), y.raw_data(), n, t, op);
+  if (ring) {
+    EXPECT_EQ(0, std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()))
+        << what << ": in place and out of place differ";
+  } else {
+    EXPECT_TRUE(::nxd::testing::close_rel(y, ref, tol(t), what + " out of place"));
+  }
+  EXPECT_BITWISE_EQ(in, rank_tensor(c.rank(), n, t));  // the input is left alone
+}
+
+void expect_reduce_scatter(Communicator& c, const std::string& what, DType t, ReduceOp op,
+                           int64_t n, bool nonblocking, bool ring) {
+  const int p = c.size(), r = c.rank();
+  const int64_t es = dtype_size(t);
+  Tensor ref = reference(p, p * n, t, op).narrow(0, r * n, n).contiguous();
+  Tensor x = rank_tensor(r, p * n, t), out = empty({n}, t);
+  if (nonblocking)
+    c.ireduce_scatter(x.raw_data(), out.raw_data(), n, t, op).wait();
+  else
+    c.reduce_scatter(x.raw_data(), out.raw_data(), n, t, op);
+  EXPECT_TRUE(::nxd::testing::close_rel(out, ref, tol(t), what));
+  EXPECT_BITWISE_EQ(x, rank_tensor(r, p * n, t));
+  // In place: the result lands in this member's own block of the input.
+  char* own = static_cast<char*>(x.raw_data()) + r * n * es;
+  c.reduce_scatter(x.raw_data(), own, n, t, op);
+  Tensor got = x.narrow(0, r * n, n).contiguous();
+  if (ring)
+    EXPECT_TRUE(::nxd::testing::bitwise_equal(got, out, what + " in place"));
+  else
+    EXPECT_TRUE(::nxd::testing::close_rel(got, ref, tol(t), what + " in place"));
+}
+
+void expect_all_gather(Communicator& c, const std::string& what, DType t, int64_t n,
+                       bool nonblocking) {
+  const int p = c.size(), r = c.rank();
+  std::vector<Tensor> parts;
+  for (int q = 0; q < p; ++q) parts.push_back(rank_tensor(q, n, t, 1000 * q));
+  Tensor want = cat_raw(parts, 0);
+  Tensor x = rank_tensor(r, n, t, 1000 * r), out = empty({p * n}, t);
+  if (nonblocking)
+    c.iall_gather(x.raw_data(), out.raw_data(), n, t).wait();
+  else
+    c.all_gather(x.raw_data(), out.raw_data(), n, t);
+  EXPECT_TRUE(::nxd::testing::bitwise_equal(out, want, what));
+  Tensor in_place = zeros({p * n}, t);
+  in_place.narrow(0, r * n, n).copy_(x);
+  c.all_gather(static_cast<char*>(in_place.raw_data()) + r * n * dtype_size(t), in_place.raw_data(),
+               n, t);
+  EXPECT_TRUE(::nxd::testing::bitwise_equal(in_place, want, what + " in place"));
+}
+
+}  // namespace
+
+TEST(Coll, MpiAlgorithmsMatchTheReference) {
+  if (!under_mpi()) GTEST_SKIP() << "MPI backend only (ctest runs it under mpirun -np 2 and 4)";
+  TuningGuard guard;
+  for (const AlgoCase& k : kAlgoCases) {
+    mpi::set_tuning({.algorithm = k.algorithm, .chunk_bytes = k.chunk_bytes, .depth = k.depth});
+    for (int p = 2; p <= max_ranks(); ++p) {
+      run_ranks(p, [&] {
+        Communicator& c = world();
+        ASSERT_STREQ(mpi::algorithm_for(1, p),
+                     k.algorithm == mpi::Algorithm::ring ? "ring" : "mpi");
+        for (DType t : kDtypes)
+          for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{257}}) {  // below, at, above p
+            const bool nb = n == 3;  // the non-blocking forms once per dtype
+            for (ReduceOp op : ops_for(t)) {
+              const std::string what = str(k.name, " p=", p, " ", t, " ", reduce_op_name(op),
+                                           " n=", n, nb ? " non-blocking" : "");
+              const bool ring = k.algorithm == mpi::Algorithm::ring;
+              expect_all_reduce(c, "all_reduce " + what, t, op, n, nb, ring);
+              expect_reduce_scatter(c, "reduce_scatter " + what, t, op, n, nb, ring);
+            }
+            expect_all_gather(c, str("all_gather ", k.name, " p=", p, " ", t, " n=", n), t, n, nb);
+          }
+      });
+    }
+  }
+}
+
+TEST(Coll, MpiAutomaticAlgorithmFollowsTheThreshold) {
+  TuningGuard guard;
+  mpi::set_tuning({.algorithm = mpi::Algorithm::automatic, .ring_min_bytes = 4096});
+  EXPECT_STREQ(mpi::algorithm_for(4095, 2), "mpi");
+  EXPECT_STREQ(mpi::algorithm_for(4096, 2), "ring");
+  EXPECT_STREQ(mpi::algorithm_for(1 << 30, 1), "mpi");  // one member: nothing to move
+  mpi::set_tuning({.algorithm = mpi::Algorithm::native});
+  EXPECT_STREQ(mpi::algorithm_for(1 << 30, 4), "mpi");
+  mpi::set_tuning({.algorithm = mpi::Algorithm::ring});
+  EXPECT_STREQ(mpi::algorithm_for(4, 3), "ring");
+  EXPECT_THROW(mpi::set_tuning({.chunk_bytes = 0}), InvalidArgument);
+  EXPECT_THROW(mpi::set_tuning({.depth = 0}), InvalidArgument);
+}
+
+TEST(Coll, MpiTuningFromTheEnvironment) {
+  struct Env {
+    const char* name;
+    Env(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+    ~Env() { unsetenv(name); }
+  };
+  {
+    Env a("NXD_MPI_ALGO", "ring"), b("NXD_MPI_CHUNK", "64K"), c("NXD_MPI_RING_MIN", "2M"),
+        d("NXD_MPI_DEPTH", "3");
+    mpi::Tuning t = mpi::tuning_from_env();
+    EXPECT_EQ(t.algorithm, mpi::Algorithm::ring);
+    EXPECT_EQ(t.chunk_bytes, 64 << 10);
+    EXPECT_EQ(t.ring_min_bytes, 2 << 20);
+    EXPECT_EQ(t.depth, 3);
+  }
+  for (auto [var, bad, says] : {std::tuple{"NXD_MPI_ALGO", "fast", "must be auto, mpi or ring"},
+                                std::tuple{"NXD_MPI_CHUNK", "12X", "'12X' is not a size"},
+                                std::tuple{"NXD_MPI_CHUNK", "0", "between 1 byte and 1G"},
+                                std::tuple{"NXD_MPI_DEPTH", "2.5", "integer in [1, 64]"}}) {
+    Env e(var, bad);
+    try {
+      mpi::tuning_from_env();
+      ADD_FAILURE() << var << "=" << bad << " was accepted";
+    } catch (const ConfigError& x) {
+      EXPECT_NE(std::string(x.what()).find(says), std::string::npos) << x.what();
+      EXPECT_NE(std::string(x.what()).find(var), std::string::npos) << x.what();
+    }
+  }
+}
+
+// A Work dropped without wait() releases its MPI request: a dropped receive is cancelled (with
+// the request leaked and still posted, it would take the next message and the receive below
+// would never complete), a dropped send is still delivered, a dropped collective completes.
+TEST(Coll, MpiDroppedWorkReleasesItsRequest) {
+  if (!under_mpi()) GTEST_SKIP() << "MPI backend only";
+  run_ranks(2, [&] {
+    Communicator& c = world();
+    std::vector<int32_t> dropped(4, -1), got(4, -1), msg{1, 2, 3, 4};
+    if (c.rank() == 0) {
+      { Work w = c.irecv(dropped.data(), 4, DType::i32, 1, 7); }
+      c.barrier();
+      Work w = c.irecv(got.data(), 4, DType::i32, 1, 7);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!w.is_completed() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_TRUE(w.is_completed()) << "the message went to the dropped receive";
+      EXPECT_EQ(got, msg);
+      EXPECT_EQ(dropped, std::vector<int32_t>(4, -1));
+      c.recv(got.data(), 4, DType::i32, 1, 8);  // from a dropped isend
+      EXPECT_EQ(got, std::vector<int32_t>({5, 6, 7, 8}));
+    } else {
+      c.barrier();
+      c.send(msg.data(), 4, DType::i32, 0, 7);
+      std::vector<int32_t> later{5, 6, 7, 8};
+      { Work w = c.isend(later.data(), 4, DType::i32, 0, 8); }
+      c.barrier();  // `later` outlives the send
+    }
+    if (c.rank() == 0) c.barrier();
+    Tensor x = rank_tensor(c.rank(), 5, DType::f32);
+    { Work w = c.iall_reduce(x.raw_data(), x.raw_data(), 5, DType::f32, ReduceOp::avg); }
+    EXPECT_TRUE(::nxd::testing::close_rel(x, reference(2, 5, DType::f32, ReduceOp::avg), 1e-6,
+                                          "dropped iall_reduce(avg)"));
+  });
+}
