@@ -4,7 +4,8 @@
 //
 // Flat calls are type-erased: pointers, element counts, a dtype (f32, bf16, f64, i32, i64) and a
 // reduce op (sum, avg, max, min; avg only for floating dtypes). bf16 is reduced in f32 and
-// rounded once (sim, self, algorithms/ring.h; MPI's user op rounds after each pairwise step).
+// rounded once (sim, self, algorithms/ring.h, MPI's ring; MPI's own collectives use a user op
+// that rounds after each pairwise step).
 // Passing the same pointer as send and recv is the in-place form. A call with both pointers null is
 // shape-only (used for meta tensors): it is matched against the peers and charged on the simulated
 // clock, but moves no data.
@@ -14,7 +15,8 @@
 // not divide by size().
 //
 // Determinism: a reduction gives bitwise-identical results on every rank and every run (the sim
-// backend reduces each chunk in rank order; MPI relies on MPI's reduction order).
+// backend reduces each chunk in rank order; nxd's MPI ring in ring order; below its threshold
+// MPI relies on MPI's reduction order).
 //
 // Ordering: members must call collectives on a group in the same order. The non-blocking forms
 // return a Work whose wait() completes the call; point-to-point sends are buffered on sim and
