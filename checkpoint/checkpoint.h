@@ -13,9 +13,9 @@
 //   done                       written last, after every rank finished: the checkpoint counts
 //                              only once it exists
 // Shards are safetensors files (".safetensors.zst" when compressed) with a CRC-32C per tensor;
-// every tensor keeps its Module::state_dict() name on every rank, and each shard records how its
-// tensors are split (nxd.parallel in __metadata__), so a checkpoint loads into other TP, PP or DP
-// degrees than it was saved with.
+// every tensor keeps its Module::state_dict() name on every TP and PP rank, and each shard records
+// how its tensors are split (nxd.parallel in __metadata__), so a checkpoint loads into other TP, PP
+// or DP degrees than it was saved with.
 //
 // Every call is collective over the world: every rank calls it with the same arguments. A rank
 // that fails makes every rank throw (the failing rank its own error, the others a
@@ -65,6 +65,15 @@ SaveStats save_checkpoint(const std::filesystem::path& path, const std::string& 
                           const nlohmann::json& user_content = nullptr,
                           const SaveOptions& opts = {});
 
+// The same for a model held as several modules on this rank: the chunks of a pipeline stage
+// (PipelineModel::chunks(), each with the whole model's parameter names). Names must be unique
+// across the chunks of a rank; a tied weight held by two stages is saved by both, equal.
+SaveStats save_checkpoint(const std::filesystem::path& path, const std::string& tag,
+                          const std::vector<const Module*>& model_chunks,
+                          const optim::Optimizer* optimizer, const optim::LRSchedule* scheduler,
+                          const nlohmann::json& user_content = nullptr,
+                          const SaveOptions& opts = {});
+
 // Waits for this rank's pending async save, then completes it. Collective; a no-op without one.
 void finalize_checkpoint();
 
@@ -81,6 +90,14 @@ struct LoadOptions {
 // them untouched. The optimizer must be the same kind (AdamW / SGD); at TP > 1 resharding its
 // state needs the model too.
 nlohmann::json load_checkpoint(const std::filesystem::path& path, Module* model,
+                               optim::Optimizer* optimizer, optim::LRSchedule* scheduler,
+                               const LoadOptions& opts = {});
+
+// The same for a model held as several modules on this rank (a pipeline stage's chunks). With
+// PP > 1 each stage loads the names it holds; names of the checkpoint that no stage holds are
+// not detected (strict covers only names missing from the checkpoint).
+nlohmann::json load_checkpoint(const std::filesystem::path& path,
+                               const std::vector<Module*>& model_chunks,
                                optim::Optimizer* optimizer, optim::LRSchedule* scheduler,
                                const LoadOptions& opts = {});
 

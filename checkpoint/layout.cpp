@@ -84,12 +84,13 @@ void run_agreed(const char* what, const std::function<void()>& f) {
   throw CheckpointError(str(what, " failed on rank ", first, ": ", m));
 }
 
-std::map<std::string, ShardSpec> model_specs(const Module& model) {
+std::map<std::string, ShardSpec> model_specs(const std::vector<const Module*>& chunks) {
   std::map<std::string, ShardSpec> out;
-  for (const auto& p : parallel_parameters(const_cast<Module&>(model))) {
-    const ShardSpec s = shard_spec(p.attrs);
-    if (s.split) out[p.name] = s;
-  }
+  for (const Module* m : chunks)
+    for (const auto& p : parallel_parameters(const_cast<Module&>(*m))) {
+      const ShardSpec s = shard_spec(p.attrs);
+      if (s.split) out[p.name] = s;
+    }
   return out;
 }
 

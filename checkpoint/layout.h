@@ -39,7 +39,7 @@ void run_agreed(const char* what, const std::function<void()>& f);
 std::string broadcast_string(const std::string& s);
 
 // The split of every parallel-tagged tensor of `model`, by name (unsplit ones are absent).
-std::map<std::string, ShardSpec> model_specs(const Module& model);
+std::map<std::string, ShardSpec> model_specs(const std::vector<const Module*>& chunks);
 // The split recorded in a shard's metadata ("nxd.parallel"), by tensor name.
 std::map<std::string, ShardSpec> specs_of(const SafetensorsHeader& h, const std::string& file);
 

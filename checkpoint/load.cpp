@@ -171,19 +171,23 @@ void check_files(const fs::path& dir, const json& meta) {
   }
 }
 
-std::vector<Want> model_wants(Module& model) {
+std::vector<const Module*> const_chunks(const std::vector<Module*>& chunks) {
+  return {chunks.begin(), chunks.end()};
+}
+
+std::vector<Want> model_wants(const std::vector<Module*>& chunks) {
   std::vector<Want> out;
-  const auto specs = detail::model_specs(model);
-  for (const auto& [name, t] : model.state_dict()) {
-    auto it = specs.find(name);
-    out.push_back({name, t, Tensor(), it == specs.end() ? ShardSpec{} : it->second});
-  }
+  const auto specs = detail::model_specs(const_chunks(chunks));
+  for (const Module* m : chunks)
+    for (const auto& [name, t] : m->state_dict()) {
+      auto it = specs.find(name);
+      out.push_back({name, t, Tensor(), it == specs.end() ? ShardSpec{} : it->second});
+    }
   return out;
 }
 
-std::vector<Want> optim_wants(const optim::Optimizer& o, const Module* model) {
-  std::map<std::string, ShardSpec> specs;
-  if (model) specs = detail::model_specs(*model);
+std::vector<Want> optim_wants(const optim::Optimizer& o, const std::vector<Module*>& chunks) {
+  const auto specs = detail::model_specs(const_chunks(chunks));
   std::vector<Want> out;
   for (const auto& [name, t] : o.state_tensors()) {
     const auto dot = name.rfind('.');
@@ -214,6 +218,16 @@ optim::LRScheduleOptions scheduler_options(const fs::path& p) {
 
 json load_checkpoint(const fs::path& path, Module* model, optim::Optimizer* optimizer,
                      optim::LRSchedule* scheduler, const LoadOptions& opts) {
+  std::vector<Module*> chunks;
+  if (model) chunks.push_back(model);
+  return load_checkpoint(path, chunks, optimizer, scheduler, opts);
+}
+
+json load_checkpoint(const fs::path& path, const std::vector<Module*>& chunks,
+                     optim::Optimizer* optimizer, optim::LRSchedule* scheduler,
+                     const LoadOptions& opts) {
+  const bool model = !chunks.empty();
+  for (const Module* m : chunks) NXD_CHECK(m != nullptr, "[load_checkpoint] a model chunk is null");
   finalize_checkpoint();
   const Degrees d = detail::current_degrees();
   std::string tag;
@@ -244,7 +258,7 @@ json load_checkpoint(const fs::path& path, Module* model, optim::Optimizer* opti
     if (model) {
       if (!meta.contains("model"))
         throw CheckpointError(str("[load_checkpoint] ", dir.string(), " has no model"));
-      mw = model_wants(*model);
+      mw = model_wants(chunks);
       st.stage("model", meta["model"], mw, opts.strict, whole_model);
     }
     if (optimizer) {
@@ -259,7 +273,7 @@ json load_checkpoint(const fs::path& path, Module* model, optim::Optimizer* opti
                                   kind, "'s, the target optimizer is ", optimizer->kind()));
       optim_steps = optim_info.at("steps").get<int64_t>();
       for (const auto& g : optim_info.at("groups")) group_lrs.push_back(g.at("lr").get<double>());
-      ow = optim_wants(*optimizer, model);
+      ow = optim_wants(*optimizer, chunks);
       st.stage("optim", meta["optimizer"].at("tensors"), ow, opts.strict, whole_model);
     }
     if (scheduler) sched_opts = scheduler_options(dir / detail::kScheduler);

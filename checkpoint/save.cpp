@@ -119,20 +119,22 @@ struct SnapshotPool {
 };
 
 // This rank's files, with tensors copied (async) or shared with the live model (sync).
-void build_shards(SavePlan& p, const Module* model, const optim::Optimizer* opt,
-                  const optim::LRSchedule* sched, const json& user, SnapshotPool snap) {
+void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
+                  const optim::Optimizer* opt, const optim::LRSchedule* sched, const json& user,
+                  SnapshotPool snap) {
   const Degrees& d = p.deg;
   const bool z = p.opts.compress;
   std::map<std::string, ShardSpec> specs;
-  if (model) specs = detail::model_specs(*model);
-  if (model && d.dp_rank == 0) {
+  specs = detail::model_specs(chunks);
+  if (!chunks.empty() && d.dp_rank == 0) {
     Shard s;
     s.file = detail::shard_file("model", 0, d.tp_rank, d.pp_rank, z);
     std::map<std::string, ShardSpec> used;
-    for (const auto& [name, t] : model->state_dict()) {
-      s.tensors.emplace_back(name, snap.take(t));
-      if (specs.count(name)) used[name] = specs[name];
-    }
+    for (const Module* m : chunks)
+      for (const auto& [name, t] : m->state_dict()) {
+        s.tensors.emplace_back(name, snap.take(t));
+        if (specs.count(name)) used[name] = specs[name];
+      }
     s.meta = shard_meta("model", d, used);
     p.shards.push_back(std::move(s));
   }
@@ -242,6 +244,15 @@ void finalize_checkpoint() {
 SaveStats save_checkpoint(const fs::path& path, const std::string& tag, const Module* model,
                           const optim::Optimizer* optimizer, const optim::LRSchedule* scheduler,
                           const json& user_content, const SaveOptions& opts) {
+  std::vector<const Module*> chunks;
+  if (model) chunks.push_back(model);
+  return save_checkpoint(path, tag, chunks, optimizer, scheduler, user_content, opts);
+}
+
+SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
+                          const std::vector<const Module*>& chunks,
+                          const optim::Optimizer* optimizer, const optim::LRSchedule* scheduler,
+                          const json& user_content, const SaveOptions& opts) {
   using clock = std::chrono::steady_clock;
   finalize_checkpoint();
   check_tag(tag);
@@ -251,12 +262,15 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag, const Mo
   plan->tag = tag;
   plan->opts = opts;
   plan->deg = detail::current_degrees();
-  plan->has_model = model != nullptr;
+  plan->has_model = !chunks.empty();
   plan->has_optim = optimizer != nullptr;
-  if (const auto* lm = dynamic_cast<const CausalLM*>(model))
-    plan->model_config = model_config_json(lm->config());
+  for (const Module* m : chunks) {
+    NXD_CHECK(m != nullptr, "[save_checkpoint] a model chunk is null");
+    if (const auto* lm = dynamic_cast<const CausalLM*>(m); lm && plan->model_config.is_null())
+      plan->model_config = model_config_json(lm->config());
+  }
   plan->step = opts.step >= 0 ? opts.step : optimizer ? optimizer->steps() : 0;
-  NXD_CHECK(!(optimizer && !model && plan->deg.tp > 1),
+  NXD_CHECK(!(optimizer && chunks.empty() && plan->deg.tp > 1),
             "[save_checkpoint] saving the optimizer at TP=", plan->deg.tp,
             " needs the model too (its parallel attributes say how the state is split)");
   detail::run_agreed("[save_checkpoint]", [&] {
@@ -273,7 +287,7 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag, const Mo
   const auto t0 = clock::now();
   if (opts.async_save) {
     detail::run_agreed("[save_checkpoint]", [&] {
-      build_shards(*plan, model, optimizer, scheduler, user_content,
+      build_shards(*plan, chunks, optimizer, scheduler, user_content,
                    {&current_context().ext<Pending>().pool});
     });
     for (const auto& s : plan->shards)
@@ -293,7 +307,7 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag, const Mo
     return st;
   }
   detail::run_agreed("[save_checkpoint]", [&] {
-    build_shards(*plan, model, optimizer, scheduler, user_content, {});
+    build_shards(*plan, chunks, optimizer, scheduler, user_content, {});
     st.bytes = write_files(*plan);
   });
   detail::run_agreed("[save_checkpoint]", [&] {
