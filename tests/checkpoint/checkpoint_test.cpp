@@ -52,7 +52,8 @@ void round_trip(int tp, const fs::path& dir, const SaveOptions& so) {
 }
 
 TEST(Checkpoint, RoundTripOneRank) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_ckpt_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_ckpt_");
+  const fs::path& dir = dir_scratch.path;
   round_trip(1, dir / "plain", {});
   round_trip(1, dir / "zstd", {.compress = true});
   round_trip(1, dir / "async", {.async_save = true});
@@ -66,7 +67,8 @@ TEST(Checkpoint, RoundTripOneRank) {
 }
 
 TEST(Checkpoint, RoundTripTp2Dp2) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_ckpt_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_ckpt_");
+  const fs::path& dir = dir_scratch.path;
   run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(2);
     // the DP replicas see the same batches, so they stay identical without a gradient sync
@@ -91,7 +93,8 @@ TEST(Checkpoint, RoundTripTp2Dp2) {
 // Async saves snapshot the tensors: training right after the call does not leak into the
 // checkpoint, and the second save (which reuses the first one's snapshot buffers) is its own.
 TEST(Checkpoint, AsyncSavesAreSnapshots) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_ckpt_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_ckpt_");
+  const fs::path& dir = dir_scratch.path;
   Trainee a(1);
   a.step(0);
   const auto s1 = nxd::testing::snapshot(*a.model, a.opt.get());
@@ -113,7 +116,8 @@ TEST(Checkpoint, AsyncSavesAreSnapshots) {
 }
 
 TEST(Checkpoint, NewestCompleteAndRetention) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_ckpt_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_ckpt_");
+  const fs::path& dir = dir_scratch.path;
   Trainee a(1);
   for (int s = 1; s <= 4; ++s) {
     a.step(s);
@@ -166,7 +170,8 @@ void flip_byte(const fs::path& p, int64_t from_end) {
 
 // Each bad checkpoint gives its named error and leaves the target model and optimizer as they were.
 TEST(Checkpoint, BadCheckpointsAreRefusedAndLeaveTheTargetUntouched) {
-  const fs::path root = nxd::testing::test_temp_dir("nxd_ckpt_");
+  const nxd::testing::ScratchDir root_scratch("nxd_ckpt_");
+  const fs::path& root = root_scratch.path;
   Trainee a(1);
   a.step(0);
   Trainee b(1, 7);
@@ -245,7 +250,8 @@ TEST(Checkpoint, BadCheckpointsAreRefusedAndLeaveTheTargetUntouched) {
 
 // On TP2 x DP2 one rank's damaged shard fails the load on every rank, and no rank commits.
 TEST(Checkpoint, OneBadShardFailsEveryRankAndNoneCommits) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_ckpt_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_ckpt_");
+  const fs::path& dir = dir_scratch.path;
   run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(2);
     Trainee a(2);

@@ -3,6 +3,9 @@
 // with NxD's groups, a cosine schedule, training steps, and snapshots of every tensor.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,8 +17,22 @@
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/optim/optimizer.h"
 #include "support/compare.h"
+#include "support/files.h"
 
 namespace nxd::testing {
+
+// A fresh scratch folder <temp>/<prefix><pid>_<test name>, removed when the test ends: the pid
+// keeps runs of the same tests from other worktrees (sharing /tmp) apart.
+struct ScratchDir {
+  std::filesystem::path path;
+  explicit ScratchDir(const std::string& prefix)
+      : path(test_temp_dir(prefix + std::to_string(::getpid()) + "_")) {}
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  operator const std::filesystem::path&() const { return path; }
+};
 
 inline ModelConfig ckpt_model_config(int tp) {
   ModelConfig c;

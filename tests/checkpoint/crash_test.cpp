@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "ckpt_util.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/optim/optimizer.h"
@@ -23,7 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST(CheckpointCrash, KillDuringSavesLeavesTheNewestCompleteCheckpointLoadable) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_ckpt_crash_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_ckpt_crash_");
+  const fs::path& dir = dir_scratch.path;
   ModelConfig c;
   c.vocab_size = 512;
   c.num_layers = 2;

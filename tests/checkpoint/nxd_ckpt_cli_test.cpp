@@ -21,7 +21,8 @@ nxd::testing::ProcResult ckpt(const std::vector<std::string>& args, const fs::pa
 }
 
 TEST(NxdCkpt, InspectVerifyExportReshard) {
-  const fs::path d = nxd::testing::test_temp_dir("nxd_ckpt_cli_");
+  const nxd::testing::ScratchDir d_scratch("nxd_ckpt_cli_");
+  const fs::path& d = d_scratch.path;
   nxd::testing::Trainee t(1);
   t.step(0);
   save_checkpoint(d / "run", "step_1", t.model.get(), t.opt.get(), t.sched.get());
@@ -58,7 +59,8 @@ TEST(NxdCkpt, InspectVerifyExportReshard) {
 }
 
 TEST(NxdCkpt, UserMistakesExitWithCode2) {
-  const fs::path d = nxd::testing::test_temp_dir("nxd_ckpt_cli_");
+  const nxd::testing::ScratchDir d_scratch("nxd_ckpt_cli_");
+  const fs::path& d = d_scratch.path;
   const std::string none = (d / "none").string();
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{}, "usage: nxd-ckpt"},

@@ -25,7 +25,8 @@ std::map<std::string, Tensor> read_map(const fs::path& p) {
 }
 
 TEST(Offline, ExportAndReshardKeepEveryTensor) {
-  const fs::path root = nxd::testing::test_temp_dir("nxd_offline_");
+  const nxd::testing::ScratchDir root_scratch("nxd_offline_");
+  const fs::path& root = root_scratch.path;
   run_ranks(2, [&] {
     parallel_state::initialize_model_parallel(2);
     Trainee t(2);
@@ -72,7 +73,8 @@ TEST(Offline, ExportAndReshardKeepEveryTensor) {
 }
 
 TEST(Offline, VerifyNamesTheFirstBadTensor) {
-  const fs::path root = nxd::testing::test_temp_dir("nxd_offline_");
+  const nxd::testing::ScratchDir root_scratch("nxd_offline_");
+  const fs::path& root = root_scratch.path;
   Trainee t(1);
   save_checkpoint(root, "a", t.model.get(), t.opt.get(), nullptr);
   const auto r = verify_checkpoint(root / "a");

@@ -73,7 +73,8 @@ void expect_blocks(Stage& s, const std::map<std::string, Tensor>& full, const st
 }
 
 TEST(CheckpointPipeline, Tp2Pp2ToOtherLayoutsAndBack) {
-  const fs::path root = nxd::testing::test_temp_dir("nxd_ckpt_pp_");
+  const nxd::testing::ScratchDir root_scratch("nxd_ckpt_pp_");
+  const fs::path& root = root_scratch.path;
   const Batch b = batch(0);
   run_ranks(4, [&] {
     ps::initialize_model_parallel(2, 2);

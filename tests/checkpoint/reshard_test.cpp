@@ -104,7 +104,8 @@ void expect_blocks_of(const std::map<std::string, Tensor>& local,
 }
 
 TEST(Reshard, TpOneTwoFourInEveryDirection) {
-  const fs::path root = nxd::testing::test_temp_dir("nxd_reshard_");
+  const nxd::testing::ScratchDir root_scratch("nxd_reshard_");
+  const fs::path& root = root_scratch.path;
   for (int a : {1, 2, 4}) {
     const fs::path dir = root / ("tp" + std::to_string(a));
     const Saved saved = save_at(a, dir);

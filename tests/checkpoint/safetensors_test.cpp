@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "ckpt_util.h"
 #include "nxd/checkpoint/crc32c.h"
 #include "nxd/checkpoint/safetensors.h"
 #include "support/compare.h"
@@ -68,7 +69,8 @@ TEST(Crc32c, KnownValuesAndHardwareMatchesTable) {
 
 // The file is checked byte by byte against the format, independently of SafetensorsReader.
 TEST(Safetensors, FileFollowsTheFormat) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_st_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_st_");
+  const fs::path& dir = dir_scratch.path;
   const auto ts = sample_tensors();
   const WriteStats st = write_safetensors(dir / "a.safetensors", ts, {{"user", "x"}});
   const std::string bytes = slurp(dir / "a.safetensors");
@@ -113,7 +115,8 @@ TEST(Safetensors, FileFollowsTheFormat) {
 }
 
 TEST(Safetensors, RoundTripIsBitwisePlainAndCompressed) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_st_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_st_");
+  const fs::path& dir = dir_scratch.path;
   const auto ts = sample_tensors();
   write_safetensors(dir / "plain.safetensors", ts, {{"k", "v"}});
   write_safetensors(dir / "z.safetensors.zst", ts, {{"k", "v"}}, {.compress = true});
@@ -138,7 +141,8 @@ TEST(Safetensors, RoundTripIsBitwisePlainAndCompressed) {
 }
 
 TEST(Safetensors, StridedTensorsAreWrittenInRowMajorOrder) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_st_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_st_");
+  const fs::path& dir = dir_scratch.path;
   Tensor a = nxd::testing::randn({4, 6}, 5, DType::f32);
   Tensor t = a.t();  // [6,4] view, not contiguous
   write_safetensors(dir / "t.safetensors", {{"t", t}});
@@ -148,7 +152,8 @@ TEST(Safetensors, StridedTensorsAreWrittenInRowMajorOrder) {
 }
 
 TEST(Safetensors, DamagedFilesNameTheFileAndTensor) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_st_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_st_");
+  const fs::path& dir = dir_scratch.path;
   const auto ts = sample_tensors();
   const fs::path p = dir / "a.safetensors";
   write_safetensors(p, ts);
@@ -231,7 +236,8 @@ TEST(Safetensors, MalformedHeadersAreRefused) {
 }
 
 TEST(Safetensors, WriterRejectsBadInputAndLeavesNoFile) {
-  const fs::path dir = nxd::testing::test_temp_dir("nxd_st_");
+  const nxd::testing::ScratchDir dir_scratch("nxd_st_");
+  const fs::path& dir = dir_scratch.path;
   Tensor a = zeros({2});
   EXPECT_THROW(write_safetensors(dir / "d.safetensors", {{"a", a}, {"a", a}}), InvalidArgument);
   EXPECT_THROW(
