@@ -2,12 +2,14 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/layout.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/parallel/attributes.h"
 
 namespace nxd::ckpt {
 namespace fs = std::filesystem;
@@ -98,6 +100,57 @@ void export_merged(const fs::path& tag_dir, const fs::path& out) {
   std::map<std::string, std::string> md{{"nxd.source", tag_dir.string()}};
   if (meta.contains("model_config")) md["nxd.model_config"] = meta["model_config"].dump();
   write_safetensors(out, full, md);
+}
+
+void import_merged(const fs::path& file, const fs::path& out_root, const std::string& tag, int tp,
+                   int dp) {
+  NXD_CHECK_T(ConfigError, tp >= 1 && dp >= 1, "[import] degrees must be >= 1, got tp=", tp,
+              " dp=", dp);
+  SafetensorsReader r(file);
+  const auto mc = r.header().metadata.find("nxd.model_config");
+  if (mc == r.header().metadata.end())
+    throw CheckpointError(str("[import] ", file.string(),
+                              " has no nxd.model_config in its metadata (not an nxd export)"));
+  json cj;
+  try {
+    cj = json::parse(mc->second);
+  } catch (const std::exception& e) {
+    throw CheckpointError(str("[import] ", file.string(), ": nxd.model_config: ", e.what()));
+  }
+  ModelConfig cfg = model_config_from_json(cj);
+  cfg.kv_size_multiplier = std::max<int64_t>(1, tp / cfg.kv_heads());
+  cfg.validate_parallel(tp);
+  std::map<std::string, Tensor> full;
+  for (auto& [n, t] : r.read_all()) full[n] = t;
+  sim::launch(tp * dp, [&] {
+    parallel_state::initialize_model_parallel(tp);
+    auto model = make_causal_lm(cfg, 0);
+    std::map<std::string, ShardSpec> spec;
+    for (const auto& p : parallel_parameters(*model)) spec[p.name] = shard_spec(p.attrs);
+    const int rank = parallel_state::get_tensor_model_parallel_rank();
+    std::set<std::string> used;
+    NoGradGuard g;
+    for (const auto& [n, t] : model->state_dict()) {
+      const auto it = full.find(n);
+      if (it == full.end())
+        throw CheckpointError(str("[import] ", file.string(), " has no tensor '", n, "'"));
+      const ShardSpec s = spec.count(n) ? spec[n] : ShardSpec{};
+      const Shape want = full_shape(t.shape(), s);
+      if (it->second.shape() != want || it->second.dtype() != t.dtype())
+        throw CheckpointError(str("[import] ", file.string(), ": tensor '", n, "' is ",
+                                  safetensors_dtype(it->second.dtype()),
+                                  shape_str(it->second.shape()), ", the model needs ",
+                                  safetensors_dtype(t.dtype()), shape_str(want)));
+      t.detach().copy_(shard_view(it->second, s, rank));
+      used.insert(n);
+    }
+    if (used.size() != full.size())
+      for (const auto& [n, t] : full)
+        if (!used.count(n))
+          throw CheckpointError(str("[import] ", file.string(), ": tensor '", n,
+                                    "' is not a parameter of the model"));
+    save_checkpoint(out_root, tag, model.get(), nullptr, nullptr);
+  });
 }
 
 json model_config_json(const ModelConfig& c) {

@@ -33,6 +33,13 @@ void export_merged(const std::filesystem::path& tag_dir, const std::filesystem::
 void reshard_checkpoint(const std::filesystem::path& tag_dir, const std::filesystem::path& out_root,
                         int tp, int dp);
 
+// The inverse of export_merged: a safetensors file of full tensors with "nxd.model_config" in
+// its metadata (what export_merged writes) becomes the model of a checkpoint out_root/<tag> at
+// the given degrees (no optimizer state). Every parameter of the model must be in the file with
+// its full shape and dtype (CheckpointError naming it otherwise); extra tensors are refused too.
+void import_merged(const std::filesystem::path& file, const std::filesystem::path& out_root,
+                   const std::string& tag, int tp, int dp);
+
 nlohmann::json model_config_json(const ModelConfig& c);
 ModelConfig model_config_from_json(const nlohmann::json& j);  // CheckpointError if malformed
 

@@ -7,6 +7,8 @@
 //   export DIR OUT            the model as one safetensors file of full tensors
 //   reshard DIR --tp N [--dp N] [--pp 1] --out DIR2
 //                             the checkpoint at other degrees (CausalLM checkpoints)
+//   import FILE --tp N [--dp N] [--tag T] --out DIR2
+//                             an exported file back into a checkpoint (model only)
 // Exit codes: 0 ok, 1 verify found damage (or an internal error), 2 a user mistake.
 #include <cstdio>
 #include <cstring>
@@ -27,6 +29,7 @@ const char* kUsage =
     "       nxd-ckpt verify DIR\n"
     "       nxd-ckpt export DIR OUT.safetensors\n"
     "       nxd-ckpt reshard DIR --tp N [--dp N] [--pp 1] --out DIR2\n"
+    "       nxd-ckpt import FILE.safetensors --tp N [--dp N] [--tag T] --out DIR2\n"
     "DIR is a checkpoint folder (<path>/<tag>) or a folder of checkpoints (its newest complete "
     "one)\n";
 
@@ -116,7 +119,7 @@ int run(const std::vector<std::string>& a) {
   }
   const std::string cmd = a[0];
   std::vector<std::string> pos;
-  std::string out;
+  std::string out, tag_name = "imported";
   int tp = 0, dp = 1, pp = 1;
   bool tensors = false;
   for (size_t i = 1; i < a.size(); ++i) {
@@ -167,6 +170,17 @@ int run(const std::vector<std::string>& a) {
     nxd::ckpt::reshard_checkpoint(tag, out, tp, dp);
     std::printf("%s -> %s (tp %d dp %d)\n", tag.string().c_str(),
                 (fs::path(out) / tag.filename()).string().c_str(), tp, dp);
+    return 0;
+  }
+  if (cmd == "import") {
+    want(1);
+    if (tp == 0 || out.empty()) throw Usage("import needs --tp N and --out DIR");
+    if (!fs::is_regular_file(pos[0])) throw Usage(nxd::str(pos[0], " is not a file"));
+    if (fs::exists(fs::path(out) / tag_name))
+      throw Usage(nxd::str((fs::path(out) / tag_name).string(), " already exists"));
+    nxd::ckpt::import_merged(pos[0], out, tag_name, tp, dp);
+    std::printf("%s -> %s (tp %d dp %d)\n", pos[0].c_str(),
+                (fs::path(out) / tag_name).string().c_str(), tp, dp);
     return 0;
   }
   throw Usage("unknown command '" + cmd + "'");

@@ -43,6 +43,10 @@ TEST(NxdCkpt, InspectVerifyExportReshard) {
   r = ckpt({"export", (d / "run").string(), (d / "m.safetensors").string()}, d);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(d / "m.safetensors"));
+  r = ckpt({"import", (d / "m.safetensors").string(), "--tp", "2", "--out", (d / "imp").string()},
+           d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(d / "imp/imported/done"));
   r = ckpt({"reshard", (d / "run").string(), "--tp", "2", "--out", (d / "tp2").string()}, d);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(d / "tp2/step_1/model/dp_rank_00_tp_rank_01_pp_rank_00.safetensors"));
@@ -73,6 +77,7 @@ TEST(NxdCkpt, UserMistakesExitWithCode2) {
       {{"reshard", d.string(), "--out", none}, "needs --tp N"},
       {{"reshard", d.string(), "--tp", "2", "--pp", "2", "--out", none}, "--pp 1 only"},
       {{"inspect", d.string(), "--bogus"}, "unknown option --bogus"},
+      {{"import", none, "--tp", "1", "--out", none}, "is not a file"},
   };
   for (const auto& [args, expect] : cases) {
     const auto r = ckpt(args, d);

@@ -72,6 +72,35 @@ TEST(Offline, ExportAndReshardKeepEveryTensor) {
                             nxd::testing::snapshot(*direct.model, direct.opt.get()), "TP2->4->1");
 }
 
+// export then import (at TP 4, K/V replicated) gives bitwise the same parameters.
+TEST(Offline, ExportThenImportIsBitwise) {
+  const nxd::testing::ScratchDir root_scratch("nxd_offline_");
+  const fs::path& root = root_scratch.path;
+  Trainee t(1);
+  t.step(0);
+  save_checkpoint(root / "src", "a", t.model.get(), nullptr, nullptr);
+  export_merged(root / "src/a", root / "m.safetensors");
+  import_merged(root / "m.safetensors", root / "tp4", "b", 4, 1);
+  EXPECT_EQ(read_metadata(root / "tp4/b")["parallel"]["tp"], 4);
+  Trainee back(1, 9);
+  load_checkpoint(root / "tp4", back.model.get(), nullptr, nullptr);
+  for (const auto& [n, x] : t.model->state_dict())
+    EXPECT_TRUE(nxd::testing::bitwise_equal(back.model->state_dict().at(n), x.detach(), n));
+  // a file without the model config, and one with a tensor missing
+  write_safetensors(root / "bare.safetensors", {{"x", zeros({2})}});
+  EXPECT_THROW(import_merged(root / "bare.safetensors", root / "o", "c", 1, 1), CheckpointError);
+  auto all = SafetensorsReader(root / "m.safetensors").read_all();
+  const auto md = SafetensorsReader(root / "m.safetensors").header().metadata;
+  all.pop_back();
+  write_safetensors(root / "short.safetensors", all, md);
+  try {
+    import_merged(root / "short.safetensors", root / "o", "c", 2, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("has no tensor"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Offline, VerifyNamesTheFirstBadTensor) {
   const nxd::testing::ScratchDir root_scratch("nxd_offline_");
   const fs::path& root = root_scratch.path;
