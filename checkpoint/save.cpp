@@ -275,10 +275,17 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
             " needs the model too (its parallel attributes say how the state is split)");
   detail::run_agreed("[save_checkpoint]", [&] {
     if (plan->deg.rank != 0) return;
+    std::error_code ec;
+    if (fs::exists(plan->dir)) {
+      // Re-saving a tag: it stops counting first, then the old files go (a save at other
+      // degrees would leave shards that no longer belong to it).
+      fs::remove(plan->dir / detail::kDone, ec);
+      fsync_dir(plan->dir);
+      for (const auto& e : fs::directory_iterator(plan->dir))
+        if (e.path().filename() != detail::kMarker) fs::remove_all(e.path(), ec);
+    }
     fs::create_directories(plan->dir / "model");
     fs::create_directories(plan->dir / "optim");
-    std::error_code ec;
-    fs::remove(plan->dir / detail::kDone, ec);  // re-saving a tag: it stops counting first
     fsync_dir(plan->dir);
     write_file_atomic(plan->dir / detail::kMarker, "nxd checkpoint\n", opts.sync);
     fsync_dir(path);

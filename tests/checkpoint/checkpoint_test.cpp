@@ -140,8 +140,12 @@ TEST(Checkpoint, NewestCompleteAndRetention) {
             std::string::npos);
   // newest is by save order, not by name: re-saving step_3 makes it the newest
   save_checkpoint(dir, "step_10", a.model.get(), nullptr, nullptr, json{{"s", 10}});
+  std::ofstream(dir / "step_3/model/dp_rank_00_tp_rank_07_pp_rank_00.safetensors") << "stale";
   save_checkpoint(dir, "step_3", a.model.get(), nullptr, nullptr, json{{"s", 33}});
   EXPECT_EQ(newest_checkpoint(dir), "step_3");
+  EXPECT_FALSE(fs::exists(dir / "step_3/model/dp_rank_00_tp_rank_07_pp_rank_00.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "step_3/optim/dp_rank_00_tp_rank_00_pp_rank_00.safetensors"))
+      << "the re-save has no optimizer: the old state must not linger";
   // retention removes the incomplete step_4 left behind, and the oldest complete ones
   save_checkpoint(dir, "step_11", a.model.get(), nullptr, nullptr, nullptr, {.num_kept_ckpts = 1});
   tags = list_checkpoints(dir);
