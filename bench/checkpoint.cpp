@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -145,16 +146,23 @@ int main(int argc, char** argv) {
       }
   }
   auto med = [&](const std::string& n) { return bench::median_of(t[n]); };
+  auto spread = [&](const std::string& n) {
+    const auto& v = t[n];
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "min=%.3f max=%.3f", *std::min_element(v.begin(), v.end()),
+                  *std::max_element(v.begin(), v.end()));
+    return std::string(buf);
+  };
   std::printf(
       "# nxd-bench-checkpoint: %.2f GB of f32 in %lld tensors, %d reps (median), fsync=%s, "
       "dir=%s\n",
       gb, static_cast<long long>(mb / 16), reps, sync ? "on" : "off", dir.c_str());
   for (const char* n : {"raw_write", "save_plain", "save_zstd", "save_async_total"})
-    std::printf("case=%s seconds=%.3f GBps=%.2f ratio_to_raw_write=%.2f\n", n, med(n), gb / med(n),
-                med("raw_write") / med(n));
+    std::printf("case=%s seconds=%.3f GBps=%.2f ratio_to_raw_write=%.2f %s\n", n, med(n),
+                gb / med(n), med("raw_write") / med(n), spread(n).c_str());
   for (const char* n : {"raw_read", "load_plain", "load_zstd"})
-    std::printf("case=%s seconds=%.3f GBps=%.2f ratio_to_raw_read=%.2f\n", n, med(n), gb / med(n),
-                med("raw_read") / med(n));
+    std::printf("case=%s seconds=%.3f GBps=%.2f ratio_to_raw_read=%.2f %s\n", n, med(n),
+                gb / med(n), med("raw_read") / med(n), spread(n).c_str());
   const double st = bench::median_of(stall);
   std::printf(
       "case=async_stall seconds=%.3f GBps=%.2f memcpy_seconds=%.3f stall_vs_sync_save=%.3f\n", st,
