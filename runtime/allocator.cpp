@@ -1,5 +1,7 @@
 #include "nxd/runtime/allocator.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -125,8 +127,45 @@ int64_t host_cache_bytes() {
   return static_cast<int64_t>(host_cache().cached);
 }
 
+int64_t host_ram_bytes() {
+  static const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  return ram;
+}
+
+namespace {
+
+// The host cannot hold `nbytes` more: an OutOfDeviceMemory naming the rank's counter, the request,
+// what the rank and the process hold, the rank's (device) capacity and the machine's RAM.
+[[noreturn]] void host_out_of_memory(const MemoryCounter& rank, int64_t nbytes, const char* why) {
+  const int64_t cap = rank.capacity();
+  throw OutOfDeviceMemory(str("[alloc] out of host memory on ", rank.name(), ": requested ", nbytes,
+                              " bytes (", human(nbytes), ") with ", human(rank.live()),
+                              " in use on this rank", cap > 0 ? " of capacity " + human(cap) : "",
+                              " and ", human(device_memory(Device::host).live()),
+                              " by every rank of this process; the machine has ",
+                              human(host_ram_bytes()), " of RAM (", why, ")"));
+}
+
+}  // namespace
+
+void check_scratch(int64_t bytes, const char* what) {
+  const MemoryCounter& rank = current_context().memory();
+  const int64_t cap = rank.capacity();
+  if (cap > 0 && rank.live() + bytes > cap)
+    throw OutOfDeviceMemory(str("[alloc] out of device memory on ", rank.name(), ": ", what,
+                                " needs ", bytes, " bytes (", human(bytes), ") with ",
+                                human(rank.live()), " in use of capacity ", cap, " (", human(cap),
+                                ")"));
+  if (device_memory(Device::host).live() + bytes > host_ram_bytes())
+    host_out_of_memory(rank, bytes, what);
+}
+
 std::shared_ptr<Storage> Storage::allocate(int64_t nbytes, Device device) {
   NXD_CHECK(nbytes >= 0, "[alloc] negative size ", nbytes);
+  // Tensors beyond the machine's RAM would only be granted by overcommit and then get the
+  // process killed when touched: refuse them with the numbers instead.
+  if (device == Device::host && device_memory(Device::host).live() + nbytes > host_ram_bytes())
+    host_out_of_memory(current_context().memory(), nbytes, "more than the RAM");
   std::shared_ptr<Storage> s(new Storage());
   s->nbytes_ = nbytes;
   s->device_ = device;
@@ -136,7 +175,11 @@ std::shared_ptr<Storage> Storage::allocate(int64_t nbytes, Device device) {
   device_memory(device).allocate(nbytes);
   s->counted_ = true;
   if (device == Device::host && nbytes > 0) {
-    s->data_ = host_alloc(static_cast<size_t>(nbytes));
+    try {
+      s->data_ = host_alloc(static_cast<size_t>(nbytes));
+    } catch (const std::bad_alloc&) {
+      host_out_of_memory(*s->rank_counter_, nbytes, "the allocation failed");
+    }
   }
   return s;
 }

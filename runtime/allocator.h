@@ -39,6 +39,15 @@ class MemoryCounter {
 // Process-wide counters per device.
 MemoryCounter& device_memory(Device d);
 
+// The machine's physical memory. A host tensor that would take the process's host tensors past it
+// throws OutOfDeviceMemory (as does a failed allocation), naming the rank, the request and the
+// capacities, instead of std::bad_alloc or the kernel's OOM killer.
+int64_t host_ram_bytes();
+// For a kernel's temporary host buffer (not a tensor, so not charged): throws OutOfDeviceMemory,
+// naming `what`, when `bytes` exceed what the current rank has left of its capacity or the
+// machine's RAM — before the allocation fails with std::bad_alloc or overcommits.
+void check_scratch(int64_t bytes, const char* what);
+
 // Frees the host blocks kept for reuse (live tensors are unaffected).
 void release_host_cache();
 int64_t host_cache_bytes();

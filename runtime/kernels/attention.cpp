@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "nxd/runtime/allocator.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/kernels/nn_common.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
@@ -101,6 +102,7 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, 
                      (2.0 * q.numel() + 2.0 * k.numel() + (probs.defined() ? bh * d.sq * d.sk : 0)),
                  blas::matmul_compute_dtype(q.dtype()));
   if (meta_only(op, out, {q, k, v}) || out.numel() == 0) return;
+  if (!probs.defined()) check_scratch(d.sq * d.sk * q.element_size(), "attention scores");
   Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v);
   dispatch_float(op, q, [&]<class T>() {
     Mat<T> Q = mat<T>(qc), K = mat<T>(kc), V = mat<T>(vc), O = mat<T>(out);
