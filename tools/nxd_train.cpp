@@ -1,6 +1,7 @@
 // nxd-train [--config FILE] [--set dotted.key=value ...] [--out DIR]
 // Trains a language model as configured (defaults: docs/CONFIG.md). Exit codes: 0 done, 2 a
-// user mistake (bad flag, config, data path: one line on stderr), 1 anything else.
+// user mistake (bad flag, config, data path, a model that does not fit: one line on stderr), 1
+// anything else.
 // backend.kind=sim runs every rank as a thread of this process; backend.kind=mpi runs one rank
 // per process under mpirun: an error on any rank aborts the job (MPI_Abort with the same exit
 // code) after that rank printed it, so no rank waits forever for a peer that failed.
@@ -127,6 +128,11 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "nxd-train: error: rank %d: %s\n", session.rank(),
                  one_line(e.what()).c_str());
     code = 2;
+  } catch (const nxd::OutOfDeviceMemory& e) {  // the config asks for more than the machine has
+    std::fflush(stdout);
+    std::fprintf(stderr, "nxd-train: error: rank %d: %s\n", session.rank(),
+                 one_line(e.what()).c_str());
+    code = 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "nxd-train: internal error: rank %d: %s\n", session.rank(),
@@ -162,6 +168,10 @@ int main(int argc, char** argv) {
     // Under mpirun every rank finds a bad config alike; only the rank that printed fails, so
     // mpirun does not stop the job (and lose the message) on another rank's exit first.
     return quiet_errors ? 0 : 2;
+  } catch (const nxd::OutOfDeviceMemory& e) {  // the config asks for more than the machine has
+    std::fflush(stdout);
+    std::fprintf(stderr, "nxd-train: error: %s\n", one_line(e.what()).c_str());
+    return 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (!quiet_errors)

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nxd/layers/models/config.h"
+#include "nxd/trainer/callbacks.h"
 
 namespace nxd::trainer {
 
@@ -137,9 +138,16 @@ struct GenerationSection {
   int64_t top_k;
 };
 
+struct ExpManagerSection {
+  bool create_tensorboard_logger;
+  bool create_early_stopping_callback;
+  EarlyStoppingOptions early_stopping;
+};
+
 struct TrainConfig {
   uint64_t seed;
   std::string out_dir;  // exp_manager.exp_dir
+  ExpManagerSection exp;
   TrainerSection trainer;
   DataSection data;
   ModelSection model;

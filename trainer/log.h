@@ -9,14 +9,16 @@ namespace nxd::trainer {
 
 struct MetricsRow {
   int64_t step = 0;
-  double loss = 0;                   // mean training loss over the step's global batch
-  std::optional<double> val_loss;    // on validation steps only
-  double lr = 0;                     // the rate used by this step's update
-  double grad_norm = 0;              // global L2 norm before clipping
-  double tokens_per_s = 0;           // training tokens per second over the logging interval
-  int64_t epoch = 0;                 // epoch of the last micro batch
-  double elapsed_s = 0;              // since training started
-  std::optional<double> sim_step_s;  // sim backend: modeled seconds of the last step (rank 0)
+  double loss = 0;                        // mean training loss over the step's global batch
+  std::optional<double> val_loss;         // on validation steps only
+  double lr = 0;                          // the rate used by this step's update
+  double grad_norm = 0;                   // global L2 norm before clipping
+  double tokens_per_s = 0;                // training tokens per second over the logging interval
+  int64_t epoch = 0;                      // epoch of the last micro batch
+  double elapsed_s = 0;                   // since training started
+  std::optional<double> sim_step_s;       // sim backend: modeled seconds of the last step (rank 0)
+  std::optional<int64_t> hbm_peak_bytes;  // sim backend: the logging rank's device-memory peak
+                                          // so far (TensorBoard only; not a metrics.csv column)
 };
 
 // Columns: step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s,sim_step_s (empty

@@ -1,6 +1,7 @@
 #pragma once
-// The single-rank training loop of nxd-train: data, model, optimizer, schedule, validation and
-// logs, from a resolved TrainConfig.
+// nxd-train's run: a resolved TrainConfig turned into a Trainer (trainer.h) with the built-in
+// CausalLMModule (or a module of the caller's), its data, callbacks and loggers, on the backend
+// the config names.
 //
 // Per step (per rank): lr = schedule(step - 1); for each of grad_accum_steps micro batches, loss =
 // model->loss(ids, targets) and backward of loss / grad_accum_steps (so the gradient is that of
@@ -10,24 +11,17 @@
 // give bitwise-identical losses (the thread count is part of the config).
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "nxd/layers/models/causal_lm.h"
 #include "nxd/trainer/config.h"
-#include "nxd/trainer/data.h"
+#include "nxd/trainer/lm_module.h"
+#include "nxd/trainer/trainer.h"
 
 namespace nxd::trainer {
-
-struct TrainData {
-  std::shared_ptr<const Dataset> train, val;
-  std::string description;           // one line: source, tokens, files, samples
-  std::vector<SkippedFile> skipped;  // files of a text folder that were not read
-};
-// Loads the data of cfg.data (throws IoError / ConfigError naming the path and keys).
-TrainData build_data(const TrainConfig& cfg);
 
 struct TrainOptions {
   std::FILE* out = stdout;  // progress and messages
@@ -48,18 +42,24 @@ struct TrainResult {
   double sim_step_seconds = 0;
   int64_t hbm_peak_bytes = 0;
   double sim_seconds = 0;
+  std::string stop_reason;  // "" = ran trainer.max_steps (else: early stopping's reason)
 };
 
-// Trains as configured, writing cfg.out_dir/{config.yaml, metrics.csv, sample.txt}.
+// Builds the module of a run (default: CausalLMModule(cfg)); called on every rank.
+using ModuleFactory = std::function<std::unique_ptr<CausalLMModule>(const TrainConfig&)>;
+
+// The Trainer's options from the config (max_steps, accumulation, validation, clipping, layout);
+// callbacks and loggers are left to the caller.
+TrainerOptions trainer_options(const TrainConfig& cfg);
+
+// Trains as configured, writing cfg.out_dir/{config.yaml, metrics.csv, tensorboard/, sample.txt}.
 // backend.kind=sim with world > 1: sim::launch of the world on backend.instance, each rank
 // running the loop at TP x DP; backend.kind=mpi: the loop on this process's rank of the current
 // (MPI) Context, whose world must have backend.world_size ranks. Each DP rank takes its micro
 // batches of every global batch (DistributedSampler), gradients are averaged over DP in buckets
 // (GradSync), then SP gradients summed over TP, then clipped by the global norm over TP. Only rank
 // 0 prints and writes files; the loss reported is the global batch's mean (as on one rank).
-TrainResult train(const TrainConfig& cfg, const TrainOptions& opts = {});
-
-// Summarizes skipped files, grouped by reason: "skipped 62 files: 31 binary (art.dat, ...), ..."
-std::string summarize_skipped(const std::vector<SkippedFile>& skipped);
+TrainResult train(const TrainConfig& cfg, const TrainOptions& opts = {},
+                  const ModuleFactory& make_module = {});
 
 }  // namespace nxd::trainer

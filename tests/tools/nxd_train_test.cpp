@@ -152,6 +152,25 @@ TEST(NxdTrain, BadInputGivesOneLineAndExitCode2) {
                         d),
                     "world size 6 is not tensor_model_parallel_size 4 x data-parallel size");
   expect_user_error(run({"--set", "backend.kind=cuda"}, d), "\"cuda\" is not one of sim, mpi");
+  // a text file that is not a config: named with its first line, not its whole content
+  std::ofstream(d / "notes.txt") << "remember to buy milk\n" << std::string(500, 'x') << "\n";
+  expect_user_error(run({"--config", (d / "notes.txt").string()}, d),
+                    "notes.txt is not a configuration: expected a mapping of keys at the top "
+                    "level, got text (first line: 'remember to buy milk')");
+}
+
+TEST(NxdTrain, ModelThatDoesNotFitIsAUserError) {
+  // 70,000 tokens per sample: one head's attention scores (19.6 GB) exceed the NeuronCore's 16 GiB
+  // HBM; the error names the rank, the bytes and the capacity (exit 2), not std::bad_alloc
+  auto d = temp_dir();
+  const auto r =
+      run({"--set", "data.seq_length=70000", "--set", "data.kind=random", "--set",
+           "data.random_num_samples=4", "--set", "data.global_batch_size=1", "--set",
+           "backend.world_size=2", "--set", "trainer.max_steps=1", "--out", (d / "o").string()},
+          d);
+  expect_user_error(r, "out of device memory on rank ");
+  EXPECT_NE(r.err.find("attention scores needs 19600000000 bytes"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("of capacity 17179869184 (16.00 GiB)"), std::string::npos) << r.err;
 }
 
 // TP=2 x DP=2 on the sim backend, twice: bitwise the same losses, norms, modeled times, sample.

@@ -1,0 +1,234 @@
+// The configuration key registry (every key nxd-train accepts, as data) and key lookup.
+#include "nxd/trainer/config.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "nxd/runtime/error.h"
+
+namespace nxd::trainer {
+
+using json = nlohmann::json;
+
+const char* key_type_name(KeyType t) {
+  switch (t) {
+    case KeyType::integer:
+      return "integer";
+    case KeyType::number:
+      return "number";
+    case KeyType::boolean:
+      return "boolean";
+    case KeyType::string:
+      return "string";
+    case KeyType::number_list:
+      return "list of numbers";
+  }
+  return "?";
+}
+
+namespace {
+
+KeySpec key(std::string k, KeyType t, json def, std::string doc,
+            std::vector<std::string> choices = {}, bool nullable = false, int64_t list_size = 0) {
+  return KeySpec{std::move(k),       t,        std::move(def), std::move(doc),
+                 std::move(choices), nullable, list_size};
+}
+
+std::vector<KeySpec> make_registry() {
+  using K = KeyType;
+  return {
+      key("seed", K::integer, 1234,
+          "Seed of everything random: parameter init, data shuffling and split, sampling."),
+      key("exp_manager.exp_dir", K::string, "runs/nxd_train",
+          "Output directory (config.yaml, metrics.csv, tensorboard/, sample.txt); `--out DIR` "
+          "sets it. The default is under `runs/`, which git ignores."),
+      key("exp_manager.create_tensorboard_logger", K::boolean, true,
+          "Write TensorBoard event files to `<exp_dir>/tensorboard/` (loss, val_loss, lr per "
+          "parameter group, grad_norm, tokens/s, modeled step time, HBM peak, the config)."),
+      key("exp_manager.create_early_stopping_callback", K::boolean, false,
+          "Stop when the monitored loss stops improving (early_stopping_callback_params)."),
+      key("exp_manager.early_stopping_callback_params.monitor", K::string, "val_loss",
+          "What early stopping watches: `val_loss` (each validation) or `loss` (the training "
+          "loss at each logged step).",
+          {"val_loss", "loss"}),
+      key("exp_manager.early_stopping_callback_params.patience", K::integer, 3,
+          "Checks without improvement before stopping."),
+      key("exp_manager.early_stopping_callback_params.min_delta", K::number, 0.0,
+          "Smallest change that counts as an improvement."),
+      key("exp_manager.early_stopping_callback_params.mode", K::string, "min",
+          "`min`: lower is better; `max`: higher is better.", {"min", "max"}),
+      // trainer
+      key("trainer.max_steps", K::integer, 700, "Optimizer steps to run."),
+      key("trainer.log_every_n_steps", K::integer, 10,
+          "A metrics.csv row and progress update every N steps (and at the last step)."),
+      key("trainer.val_check_interval", K::integer, 100,
+          "Validation loss every N steps, and at the last step; 0 = never."),
+      key("trainer.limit_val_batches", K::integer, 8,
+          "Micro batches per validation (a fixed set, the same every time); capped by the "
+          "validation split's size."),
+      key("trainer.gradient_clip_val", K::number, 1.0,
+          "Clip the global L2 gradient norm to this value; 0 = no clipping."),
+      key("trainer.num_threads", K::integer, 0,
+          "Compute (BLAS) threads; 0 = NXD_NUM_THREADS if set, else every core. The sim backend "
+          "with several ranks runs each rank's BLAS on one thread (the ranks are the threads)."),
+      key("trainer.matmul_precision", K::string, "bf16",
+          "Matrix products of f32 tensors: `bf16`: inputs rounded to bf16, products accumulated "
+          "in f32 (what neuronx-cc's default `--auto-cast matmult --auto-cast-type bf16` does on "
+          "a NeuronCore; PyTorch's float32 matmul precision \"medium\"), or `fp32`. Weights, "
+          "gradients and optimizer state stay f32.",
+          {"fp32", "bf16"}),
+      // data
+      key("data.kind", K::string, "text",
+          "`text`: byte-level tokens (vocab 256) of a text file or of every text file under a "
+          "folder; `tokens`: a pre-tokenized binary file; `random`: uniform random tokens "
+          "(benchmarks).",
+          {"text", "tokens", "random"}),
+      key("data.path", K::string, "/usr/share/games/fortunes",
+          "The text file or folder (`text`), or the token file (`tokens`). Folders are read "
+          "recursively in sorted order; files that are not text (NUL bytes, invalid UTF-8) are "
+          "skipped with a note."),
+      key("data.token_dtype", K::string, "uint16",
+          "Element type of a `tokens` file (little-endian).", {"uint16", "uint32"}),
+      key("data.seq_length", K::integer, 128, "Tokens per sample."),
+      key("data.micro_batch_size", K::integer, nullptr,
+          "Samples per forward/backward pass on one rank. null = global_batch_size / data-parallel "
+          "size (no gradient accumulation).",
+          {}, true),
+      key("data.global_batch_size", K::integer, 16,
+          "Samples per optimizer step: micro_batch_size x gradient-accumulation steps x "
+          "data-parallel size."),
+      key("data.val_fraction", K::number, 0.05,
+          "Fraction of the samples held out for validation (chosen by the seed)."),
+      key("data.shuffle", K::boolean, true,
+          "Shuffle the training samples every epoch (deterministically from the seed)."),
+      key("data.random_num_samples", K::integer, 65536,
+          "`random`: number of samples in the synthetic dataset."),
+      // model
+      key("model.arch", K::string, "llama", "Model family.", {"llama", "gpt_neox"}),
+      key("model.vocab_size", K::integer, 256,
+          "Vocabulary size; at least 256 for byte-level text, above every id of a token file."),
+      key("model.num_layers", K::integer, 4, "Decoder layers."),
+      key("model.hidden_size", K::integer, 192, "Model width."),
+      key("model.num_attention_heads", K::integer, 4, "Attention heads; must divide hidden_size."),
+      key("model.num_kv_heads", K::integer, nullptr,
+          "Key/value heads (grouped-query attention, llama); must divide num_attention_heads. "
+          "null = num_attention_heads.",
+          {}, true),
+      key("model.ffn_hidden_size", K::integer, nullptr,
+          "MLP width. null = llama: 8/3 x hidden rounded up to a multiple of 256; gpt_neox: 4 x "
+          "hidden.",
+          {}, true),
+      key("model.max_position_embeddings", K::integer, nullptr,
+          "Longest sequence the model accepts. null = data.seq_length.", {}, true),
+      key("model.rotary_pct", K::number, 0.25,
+          "gpt_neox: fraction of each head's features that get rotary embeddings (llama: all)."),
+      key("model.rope_theta", K::number, 10000.0, "Rotary base."),
+      key("model.norm_eps", K::number, 1e-5, "RMSNorm (llama) / LayerNorm (gpt_neox) epsilon."),
+      key("model.init_std", K::number, 0.02, "Std of the normal init of weights."),
+      key("model.dropout", K::number, 0.0, "Dropout on attention and MLP outputs (training)."),
+      key("model.tie_word_embeddings", K::boolean, false,
+          "The output head reuses the input embedding."),
+      // optimizer
+      key("model.optim.name", K::string, "adamw",
+          "Optimizer (`adamw_fp32OptState` is NxD Training's name for AdamW).",
+          {"adamw", "adamw_fp32OptState", "sgd"}),
+      key("model.optim.lr", K::number, 3e-3, "Peak learning rate."),
+      key("model.optim.weight_decay", K::number, 0.01,
+          "Decoupled weight decay; biases and norm weights get none (NxD's grouping)."),
+      key("model.optim.betas", K::number_list, json::array({0.9, 0.99}), "AdamW (beta1, beta2).",
+          {}, false, 2),
+      key("model.optim.eps", K::number, 1e-8, "AdamW epsilon (added to sqrt(v_hat))."),
+      key("model.optim.momentum", K::number, 0.0, "SGD momentum."),
+      key("model.optim.nesterov", K::boolean, false, "SGD Nesterov momentum."),
+      key("model.optim.sched.name", K::string, "cosine",
+          "LR schedule after the warmup: constant, linear or cosine decay to min_lr "
+          "(NxD Training's `LinearAnnealingWithWarmUp` and `CosineAnnealing` are accepted).",
+          {"constant", "linear", "cosine", "LinearAnnealingWithWarmUp", "CosineAnnealing"}),
+      key("model.optim.sched.warmup_steps", K::integer, nullptr,
+          "Linear warmup from 0 to lr over this many steps. null = min(50, max_steps / 10).", {},
+          true),
+      key("model.optim.sched.max_steps", K::integer, nullptr,
+          "Step where the decay reaches min_lr. null = trainer.max_steps.", {}, true),
+      key("model.optim.sched.min_lr", K::number, 1e-4, "Floor of the decay."),
+      // parallelism
+      key("distributed_strategy.tensor_model_parallel_size", K::integer, 2,
+          "Tensor-parallel degree: attention heads, kv heads x kv_replicator, ffn size and vocab "
+          "must divide by it. Data-parallel degree = world size / this (no pipeline yet)."),
+      key("distributed_strategy.sequence_parallel", K::boolean, true,
+          "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
+      key("distributed_strategy.kv_replicator", K::integer, nullptr,
+          "K/V heads replicated this many times so TP can exceed model.num_kv_heads "
+          "(NxD's kv_size_multiplier). null = max(1, TP / num_kv_heads).",
+          {}, true),
+      key("distributed_strategy.grad_bucket_mb", K::number, 25.0,
+          "Data-parallel gradient all-reduce bucket size in MiB (reduced as buckets fill during "
+          "the last micro batch's backward)."),
+      // backend
+      key("backend.kind", K::string, "sim",
+          "sim: every rank a thread of this process on a simulated Neuron machine; mpi: one rank "
+          "per process under mpirun (`mpirun -np N nxd-train --set backend.kind=mpi`).",
+          {"sim", "mpi"}),
+      key("backend.instance", K::string, "trn1.32xlarge",
+          "sim: the modeled instance type (its NeuronCores, HBM and links give the modeled step "
+          "time and memory)."),
+      key("backend.world_size", K::integer, nullptr,
+          "Ranks (NeuronCores). null = 8 (sim) or the MPI world (mpi). Must equal "
+          "tensor_model_parallel_size x data-parallel size; 1 = plain single-rank training.",
+          {}, true),
+      key("backend.timeline", K::string, "",
+          "sim: write every rank's modeled kernels and collectives to this file as a Chrome trace "
+          "(opens in https://ui.perfetto.dev); it grows with every step, so use it on short runs. "
+          "Empty = no trace."),
+      // generation
+      key("generation.prompt", K::string, "Q: What",
+          "Prompt of the text sample printed after training."),
+      key("generation.max_new_tokens", K::integer, 200, "Tokens to generate; 0 = no sample."),
+      key("generation.temperature", K::number, 0.8, "Sampling temperature; 0 = greedy."),
+      key("generation.top_k", K::integer, 40, "Sample among the k most likely tokens; 0 = all."),
+  };
+}
+
+int64_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<int64_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = static_cast<int64_t>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = static_cast<int64_t>(i);
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string last_component(const std::string& k) {
+  auto p = k.rfind('.');
+  return p == std::string::npos ? k : k.substr(p + 1);
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& config_keys() {
+  static const std::vector<KeySpec> reg = make_registry();
+  return reg;
+}
+
+const KeySpec* find_key(const std::string& k) {
+  for (const auto& s : config_keys())
+    if (s.key == k) return &s;
+  return nullptr;
+}
+
+std::string nearest_key(const std::string& k) {
+  std::string best;
+  int64_t best_d = INT64_MAX;
+  const std::string leaf = last_component(k);
+  for (const auto& s : config_keys()) {
+    // a right leaf under the wrong section ("trainer.seq_length") is a near miss too
+    int64_t d = std::min(edit_distance(k, s.key), edit_distance(leaf, last_component(s.key)) + 1);
+    if (s.key.compare(0, k.size(), k) == 0) d = std::min<int64_t>(d, 1);  // a truncated key
+    if (d < best_d) best_d = d, best = s.key;
+  }
+  return best;
+}
+
+}  // namespace nxd::trainer

@@ -1,0 +1,279 @@
+// Resolution of a Config into the typed, validated TrainConfig, one section at a time.
+#include "nxd/trainer/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+
+#include "nxd/layers/models/config.h"
+#include "nxd/runtime/error.h"
+
+namespace nxd::trainer {
+
+// ---- resolution ----
+
+constexpr int kDefaultSimWorld = 8;  // simulated NeuronCores of the default run
+
+void check_world(int64_t world_size, int64_t tp) {
+  if (world_size % tp != 0)
+    throw ConfigError(str("[config] world size ", world_size, " is not tensor_model_parallel_size ",
+                          tp, " x data-parallel size (pipeline size 1): ", world_size,
+                          " does not divide by ", tp,
+                          " (set backend.world_size or distributed_strategy."
+                          "tensor_model_parallel_size)"));
+}
+
+ModelConfig model_config(const TrainConfig& cfg) {
+  const auto& m = cfg.model;
+  ModelConfig mc;
+  mc.arch = m.arch;
+  mc.vocab_size = m.vocab_size;
+  mc.num_layers = m.num_layers;
+  mc.hidden_size = m.hidden_size;
+  mc.num_attention_heads = m.num_attention_heads;
+  mc.num_kv_heads = m.num_kv_heads;
+  mc.ffn_hidden_size = m.ffn_hidden_size;
+  mc.max_position_embeddings = m.max_position_embeddings;
+  mc.rotary_pct = m.rotary_pct;
+  mc.rope_theta = m.rope_theta;
+  mc.norm_eps = m.norm_eps;
+  mc.init_std = m.init_std;
+  mc.dropout = m.dropout;
+  mc.tie_word_embeddings = m.tie_word_embeddings;
+  mc.sequence_parallel = cfg.dist.sequence_parallel;
+  mc.kv_size_multiplier = cfg.dist.kv_replicator;
+  return mc;
+}
+
+namespace {
+
+// The Config being resolved (derived values are written back into it, so config.yaml records
+// them) and the checks every section uses; each failure names the key and the value.
+struct Resolver {
+  Config c;
+  template <class... A>
+  [[noreturn]] void fail(A&&... a) const {
+    throw ConfigError(str("[config] ", std::forward<A>(a)...));
+  }
+  int64_t positive(const char* k) const {
+    const int64_t v = c.get_int(k);
+    if (v <= 0) fail(k, " must be positive, got ", v);
+    return v;
+  }
+  int64_t non_negative(const char* k) const {
+    const int64_t v = c.get_int(k);
+    if (v < 0) fail(k, " must be >= 0, got ", v);
+    return v;
+  }
+  void derive(const char* k, const nlohmann::json& v) {
+    if (c.is_null(k)) c.set(k, v, "derived");
+  }
+};
+
+ExpManagerSection resolve_exp_manager(Resolver& r) {
+  ExpManagerSection e;
+  e.create_tensorboard_logger = r.c.get_bool("exp_manager.create_tensorboard_logger");
+  e.create_early_stopping_callback = r.c.get_bool("exp_manager.create_early_stopping_callback");
+  const std::string p = "exp_manager.early_stopping_callback_params.";
+  e.early_stopping.monitor = r.c.get_string(p + "monitor");
+  e.early_stopping.patience = r.non_negative((p + "patience").c_str());
+  e.early_stopping.min_delta = r.c.get_double(p + "min_delta");
+  if (!(e.early_stopping.min_delta >= 0))
+    r.fail(p, "min_delta must be >= 0, got ", e.early_stopping.min_delta);
+  e.early_stopping.mode = r.c.get_string(p + "mode");
+  return e;
+}
+
+TrainerSection resolve_trainer(Resolver& r) {
+  TrainerSection tr;
+  tr.max_steps = r.positive("trainer.max_steps");
+  tr.log_every_n_steps = r.positive("trainer.log_every_n_steps");
+  tr.val_check_interval = r.non_negative("trainer.val_check_interval");
+  tr.limit_val_batches = r.non_negative("trainer.limit_val_batches");
+  tr.gradient_clip_val = r.c.get_double("trainer.gradient_clip_val");
+  if (!(tr.gradient_clip_val >= 0))
+    r.fail("trainer.gradient_clip_val must be >= 0, got ", tr.gradient_clip_val);
+  tr.num_threads = r.non_negative("trainer.num_threads");
+  tr.matmul_precision = r.c.get_string("trainer.matmul_precision");
+  if (tr.num_threads == 0) {
+    const char* env = std::getenv("NXD_NUM_THREADS");
+    tr.num_threads = env && std::atoi(env) > 0 ? std::atoi(env)
+                                               : std::max(1u, std::thread::hardware_concurrency());
+    r.c.set("trainer.num_threads", tr.num_threads, "derived");  // config.yaml records the count
+  }
+  return tr;
+}
+
+// Everything but micro_batch_size, which needs the data-parallel size.
+DataSection resolve_data(Resolver& r) {
+  DataSection d;
+  d.kind = r.c.get_string("data.kind");
+  d.path = r.c.get_string("data.path");
+  d.token_dtype = r.c.get_string("data.token_dtype");
+  d.seq_length = r.positive("data.seq_length");
+  d.global_batch_size = r.positive("data.global_batch_size");
+  d.val_fraction = r.c.get_double("data.val_fraction");
+  d.shuffle = r.c.get_bool("data.shuffle");
+  d.random_num_samples = r.positive("data.random_num_samples");
+  if (!(d.val_fraction >= 0 && d.val_fraction < 1))
+    r.fail("data.val_fraction must be in [0, 1), got ", d.val_fraction);
+  if (d.kind != "random" && d.path.empty()) r.fail("data.path is empty (data.kind=", d.kind, ")");
+  return d;
+}
+
+ModelSection resolve_model(Resolver& r, const DataSection& d) {
+  ModelSection m;
+  m.arch = r.c.get_string("model.arch");
+  m.vocab_size = r.positive("model.vocab_size");
+  m.num_layers = r.positive("model.num_layers");
+  m.hidden_size = r.positive("model.hidden_size");
+  m.num_attention_heads = r.positive("model.num_attention_heads");
+  r.derive("model.num_kv_heads", m.num_attention_heads);
+  m.num_kv_heads = r.positive("model.num_kv_heads");
+  if (m.hidden_size % m.num_attention_heads != 0)
+    r.fail("model.num_attention_heads=", m.num_attention_heads,
+           " does not divide model.hidden_size=", m.hidden_size);
+  if (m.num_attention_heads % m.num_kv_heads != 0)
+    r.fail("model.num_kv_heads=", m.num_kv_heads,
+           " does not divide model.num_attention_heads=", m.num_attention_heads);
+  if (m.arch == "gpt_neox" && m.num_kv_heads != m.num_attention_heads)
+    r.fail("model.arch=gpt_neox has no grouped-query attention: model.num_kv_heads=",
+           m.num_kv_heads, " must equal model.num_attention_heads=", m.num_attention_heads);
+  r.derive("model.ffn_hidden_size",
+           m.arch == "gpt_neox" ? 4 * m.hidden_size : (8 * m.hidden_size / 3 + 255) / 256 * 256);
+  m.ffn_hidden_size = r.positive("model.ffn_hidden_size");
+  r.derive("model.max_position_embeddings", d.seq_length);
+  m.max_position_embeddings = r.positive("model.max_position_embeddings");
+  if (d.seq_length > m.max_position_embeddings)
+    r.fail("data.seq_length=", d.seq_length,
+           " exceeds model.max_position_embeddings=", m.max_position_embeddings);
+  m.rotary_pct = r.c.get_double("model.rotary_pct");
+  if (!(m.rotary_pct >= 0 && m.rotary_pct <= 1))
+    r.fail("model.rotary_pct must be in [0, 1], got ", m.rotary_pct);
+  m.rope_theta = r.c.get_double("model.rope_theta");
+  m.norm_eps = r.c.get_double("model.norm_eps");
+  m.init_std = r.c.get_double("model.init_std");
+  m.dropout = r.c.get_double("model.dropout");
+  m.tie_word_embeddings = r.c.get_bool("model.tie_word_embeddings");
+  if (d.kind == "text" && m.vocab_size < 256)
+    r.fail("model.vocab_size=", m.vocab_size,
+           " is too small for byte-level text (data.kind=text needs >= 256)");
+  return m;
+}
+
+DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
+  DistributedSection ds;
+  ds.tensor_model_parallel_size = r.positive("distributed_strategy.tensor_model_parallel_size");
+  ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
+  ds.backend = r.c.get_string("backend.kind");
+  ds.instance = r.c.get_string("backend.instance");
+  ds.timeline = r.c.get_string("backend.timeline");
+  if (!ds.timeline.empty() && ds.backend != "sim")
+    r.fail("backend.timeline=", ds.timeline, " needs backend.kind=sim (got ", ds.backend,
+           "): only the sim backend has a modeled clock to trace");
+  r.derive("distributed_strategy.kv_replicator",
+           std::max<int64_t>(1, ds.tensor_model_parallel_size / m.num_kv_heads));
+  ds.kv_replicator = r.positive("distributed_strategy.kv_replicator");
+  ds.grad_bucket_mb = r.c.get_double("distributed_strategy.grad_bucket_mb");
+  if (!(ds.grad_bucket_mb > 0))
+    r.fail("distributed_strategy.grad_bucket_mb must be positive, got ", ds.grad_bucket_mb);
+  ds.world_size_from_launcher = r.c.is_null("backend.world_size") && ds.backend == "mpi";
+  r.derive("backend.world_size",
+           ds.backend == "mpi" ? ds.tensor_model_parallel_size : int64_t{kDefaultSimWorld});
+  ds.world_size = r.positive("backend.world_size");
+  check_world(ds.world_size, ds.tensor_model_parallel_size);
+  ds.data_parallel_size = ds.world_size / ds.tensor_model_parallel_size;
+  return ds;
+}
+
+// micro_batch_size and the accumulation steps, from the global batch and the DP size.
+int64_t resolve_batching(Resolver& r, DataSection& d, const DistributedSection& ds) {
+  r.derive("data.micro_batch_size",
+           std::max<int64_t>(1, d.global_batch_size / ds.data_parallel_size));
+  d.micro_batch_size = r.positive("data.micro_batch_size");
+  const int64_t per_step = d.micro_batch_size * ds.data_parallel_size;
+  if (d.global_batch_size % per_step != 0)
+    r.fail("data.global_batch_size=", d.global_batch_size,
+           " is not a multiple of data.micro_batch_size=", d.micro_batch_size,
+           " x data-parallel size=", ds.data_parallel_size);
+  return d.global_batch_size / per_step;
+}
+
+OptimSection resolve_optim(Resolver& r, const TrainerSection& tr) {
+  OptimSection o;
+  o.name = r.c.get_string("model.optim.name");
+  if (o.name == "adamw_fp32OptState") o.name = "adamw";
+  o.lr = r.c.get_double("model.optim.lr");
+  if (!(o.lr >= 0 && std::isfinite(o.lr))) r.fail("model.optim.lr must be >= 0, got ", o.lr);
+  o.weight_decay = r.c.get_double("model.optim.weight_decay");
+  if (!(o.weight_decay >= 0)) r.fail("model.optim.weight_decay must be >= 0, got ", o.weight_decay);
+  const auto betas = r.c.get_doubles("model.optim.betas");
+  o.beta1 = betas[0], o.beta2 = betas[1];
+  for (double b : betas)
+    if (!(b >= 0 && b < 1))
+      r.fail("model.optim.betas must be in [0, 1), got [", betas[0], ", ", betas[1], "]");
+  o.eps = r.c.get_double("model.optim.eps");
+  if (!(o.eps >= 0)) r.fail("model.optim.eps must be >= 0, got ", o.eps);
+  o.momentum = r.c.get_double("model.optim.momentum");
+  o.nesterov = r.c.get_bool("model.optim.nesterov");
+  if (o.nesterov && !(o.momentum > 0))
+    r.fail("model.optim.nesterov needs model.optim.momentum > 0, got ", o.momentum);
+  o.sched_name = r.c.get_string("model.optim.sched.name");
+  if (o.sched_name == "LinearAnnealingWithWarmUp") o.sched_name = "linear";
+  if (o.sched_name == "CosineAnnealing") o.sched_name = "cosine";
+  r.derive("model.optim.sched.max_steps", tr.max_steps);
+  r.derive("model.optim.sched.warmup_steps",
+           std::min<int64_t>(50, r.c.get_int("model.optim.sched.max_steps") / 10));
+  o.warmup_steps = r.non_negative("model.optim.sched.warmup_steps");
+  o.decay_steps = r.positive("model.optim.sched.max_steps");
+  if (o.sched_name != "constant" && o.warmup_steps > o.decay_steps)
+    r.fail("model.optim.sched.warmup_steps=", o.warmup_steps,
+           " exceeds model.optim.sched.max_steps=", o.decay_steps);
+  o.min_lr = r.c.get_double("model.optim.sched.min_lr");
+  if (!(o.min_lr >= 0 && o.min_lr <= o.lr))
+    r.fail("model.optim.sched.min_lr=", o.min_lr, " must be in [0, model.optim.lr=", o.lr, "]");
+  return o;
+}
+
+GenerationSection resolve_generation(Resolver& r, const DataSection& d) {
+  GenerationSection g;
+  g.prompt = r.c.get_string("generation.prompt");
+  g.max_new_tokens = r.non_negative("generation.max_new_tokens");
+  g.temperature = r.c.get_double("generation.temperature");
+  if (!(g.temperature >= 0)) r.fail("generation.temperature must be >= 0, got ", g.temperature);
+  g.top_k = r.non_negative("generation.top_k");
+  if (g.max_new_tokens > 0 && g.prompt.empty() && d.kind == "text")
+    r.fail("generation.prompt is empty (set generation.max_new_tokens=0 for no sample)");
+  return g;
+}
+
+}  // namespace
+
+TrainConfig resolve(const Config& in) {
+  Resolver r{in};
+  TrainConfig t;
+  t.seed = static_cast<uint64_t>(r.c.get_int("seed"));
+  t.out_dir = r.c.get_string("exp_manager.exp_dir");
+  if (t.out_dir.empty()) r.fail("exp_manager.exp_dir must not be empty");
+  t.exp = resolve_exp_manager(r);
+  t.trainer = resolve_trainer(r);
+  t.data = resolve_data(r);
+  t.model = resolve_model(r, t.data);
+  t.dist = resolve_distributed(r, t.model);
+  t.grad_accum_steps = resolve_batching(r, t.data, t.dist);
+  if (t.dist.tensor_model_parallel_size > 1) {
+    try {
+      model_config(t).validate_parallel(static_cast<int>(t.dist.tensor_model_parallel_size));
+    } catch (const UserError& e) {
+      r.fail("distributed_strategy.tensor_model_parallel_size=", t.dist.tensor_model_parallel_size,
+             ": ", e.what());
+    }
+  }
+  t.optim = resolve_optim(r, t.trainer);
+  t.generation = resolve_generation(r, t.data);
+  t.resolved = r.c;
+  return t;
+}
+
+}  // namespace nxd::trainer

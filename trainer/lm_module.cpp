@@ -1,0 +1,116 @@
+#include "nxd/trainer/lm_module.h"
+
+#include <filesystem>
+#include <map>
+
+#include "nxd/optim/lr_schedule.h"
+#include "nxd/runtime/error.h"
+
+namespace fs = std::filesystem;
+
+namespace nxd::trainer {
+
+namespace {
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) {
+    s.insert(static_cast<size_t>(i), 1, ',');
+  }
+  return s;
+}
+
+}  // namespace
+
+std::shared_ptr<Module> CausalLMModule::build_model() {
+  lm_ = build_causal_lm();
+  return lm_;
+}
+
+std::shared_ptr<CausalLM> CausalLMModule::build_causal_lm() {
+  return make_causal_lm(model_config(cfg_), cfg_.seed);
+}
+
+CausalLM& CausalLMModule::lm() const {
+  if (!lm_) throw InternalError("[trainer] CausalLMModule::lm() before build_model()");
+  return *lm_;
+}
+
+Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
+  return lm().loss(batch.ids, batch.targets);
+}
+
+OptimizerSetup CausalLMModule::configure_optimizers() {
+  const auto& o = cfg_.optim;
+  auto groups = param_groups_by_weight_decay(model(), o.lr, o.weight_decay);
+  OptimizerSetup s;
+  if (o.name == "sgd")
+    s.optimizer = std::make_unique<optim::SGD>(std::move(groups),
+                                               optim::SGDOptions{o.momentum, 0.0, o.nesterov});
+  else
+    s.optimizer = std::make_unique<optim::AdamW>(std::move(groups),
+                                                 optim::AdamWOptions{o.beta1, o.beta2, o.eps});
+  s.schedule = optim::LRSchedule({optim::schedule_kind_from_name(o.sched_name), o.lr, o.min_lr,
+                                  o.warmup_steps, o.decay_steps});
+  return s;
+}
+
+std::string CausalLMModule::transformer_layer_type() const {
+  return cfg_.model.arch == "gpt_neox" ? "GPTNeoXLayer" : "LlamaDecoderLayer";
+}
+
+std::unique_ptr<DatasetDataModule> make_data_module(const TrainData& data, const TrainConfig& cfg) {
+  return std::make_unique<DatasetDataModule>(
+      data.train, data.val,
+      DatasetDataOptions{cfg.data.micro_batch_size, cfg.seed, cfg.data.shuffle}, data.description);
+}
+
+std::string summarize_skipped(const std::vector<SkippedFile>& skipped) {
+  if (skipped.empty()) return "";
+  std::map<std::string, std::vector<std::string>> by_kind;  // "binary" -> names
+  for (const auto& s : skipped) {
+    const std::string kind = s.reason.substr(0, s.reason.find(':'));
+    by_kind[kind].push_back(fs::path(s.path).filename().string());
+  }
+  std::string out = str("skipped ", skipped.size(), " file(s):");
+  bool first = true;
+  for (const auto& [kind, names] : by_kind) {
+    out += str(first ? " " : "; ", names.size(), " ", kind, " (");
+    for (size_t i = 0; i < names.size() && i < 3; ++i) out += (i ? ", " : "") + names[i];
+    if (names.size() > 3) out += ", ...";
+    out += ")";
+    first = false;
+  }
+  return out;
+}
+
+TrainData build_data(const TrainConfig& cfg) {
+  const auto& d = cfg.data;
+  TrainData td;
+  std::shared_ptr<const Dataset> all;
+  if (d.kind == "random") {
+    all = std::make_shared<RandomDataset>(d.random_num_samples, d.seq_length, cfg.model.vocab_size,
+                                          cfg.seed);
+    td.description = str("random tokens (vocab ", cfg.model.vocab_size, "), ",
+                         with_commas(d.random_num_samples), " samples");
+  } else {
+    auto corpus = std::make_shared<Corpus>(
+        d.kind == "text"
+            ? load_text_corpus(d.path)
+            : load_token_file(d.path, d.token_dtype == "uint16" ? 2 : 4, cfg.model.vocab_size));
+    td.skipped = corpus->skipped;
+    all = std::make_shared<CorpusDataset>(corpus, d.seq_length, str("corpus '", d.path, "'"));
+    td.description = str(with_commas(static_cast<int64_t>(corpus->tokens.size())),
+                         d.kind == "text" ? " bytes" : " tokens", " from ", corpus->files.size(),
+                         " file(s) in ", d.path);
+  }
+  Split sp = split_dataset(all, d.val_fraction, cfg.seed);
+  td.train = sp.train;
+  td.val = sp.val;
+  td.description +=
+      str("; ", with_commas(td.train->size()), " train / ",
+          with_commas(td.val ? td.val->size() : 0), " val samples of ", d.seq_length, "+1 tokens");
+  return td;
+}
+
+}  // namespace nxd::trainer

@@ -1,0 +1,51 @@
+#pragma once
+// nxd-train's built-in module and data: a decoder language model (model.arch: Llama or GPT-NeoX)
+// trained with the optimizer and schedule of model.optim.*, on the data of data.*. To train
+// another architecture with nxd-train's configuration, derive from CausalLMModule and override
+// build_causal_lm() (examples/new_model/ does).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/trainer/config.h"
+#include "nxd/trainer/module.h"
+
+namespace nxd::trainer {
+
+class CausalLMModule : public TrainingModule {
+ public:
+  explicit CausalLMModule(TrainConfig cfg) : cfg_(std::move(cfg)) {}
+  std::shared_ptr<Module> build_model() override;
+  // lm().loss(ids, targets): the mean token cross entropy (vocab-parallel at TP > 1).
+  Tensor training_step(const Batch& batch, int64_t batch_idx) override;
+  // AdamW or SGD over param_groups_by_weight_decay, with the warmup + decay schedule.
+  OptimizerSetup configure_optimizers() override;
+  std::string transformer_layer_type() const override;
+
+  CausalLM& lm() const;  // the built model
+  const TrainConfig& config() const { return cfg_; }
+
+ protected:
+  // The model, over the current TP group: make_causal_lm(model_config(config()), seed).
+  virtual std::shared_ptr<CausalLM> build_causal_lm();
+
+ private:
+  TrainConfig cfg_;
+  std::shared_ptr<CausalLM> lm_;
+};
+
+struct TrainData {
+  std::shared_ptr<const Dataset> train, val;
+  std::string description;           // one line: source, tokens, files, samples
+  std::vector<SkippedFile> skipped;  // files of a text folder that were not read
+};
+// Loads the data of cfg.data (throws IoError / ConfigError naming the path and keys).
+TrainData build_data(const TrainConfig& cfg);
+// The data module of cfg.data: micro batches of data.micro_batch_size, shuffled from the seed.
+std::unique_ptr<DatasetDataModule> make_data_module(const TrainData& data, const TrainConfig& cfg);
+
+// Summarizes skipped files, grouped by reason: "skipped 62 files: 31 binary (art.dat, ...), ..."
+std::string summarize_skipped(const std::vector<SkippedFile>& skipped);
+
+}  // namespace nxd::trainer

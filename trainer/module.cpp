@@ -1,0 +1,79 @@
+#include "nxd/trainer/module.h"
+
+#include "nxd/runtime/error.h"
+#include "nxd/trainer/trainer.h"
+
+namespace nxd::trainer {
+
+std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd) {
+  std::vector<optim::NamedParam> named;
+  for (auto& [name, t] : model.named_parameters()) named.push_back({name, t});
+  return optim::default_param_groups(named, lr, wd);
+}
+
+Tensor TrainingModule::validation_step(const Batch& batch, int64_t batch_idx) {
+  return training_step(batch, batch_idx);
+}
+
+OptimizerSetup TrainingModule::configure_optimizers() {
+  OptimizerSetup s;
+  s.optimizer = std::make_unique<optim::AdamW>(param_groups_by_weight_decay(model(), 1e-3, 0.01));
+  return s;
+}
+
+Module& TrainingModule::model() const {
+  if (!model_) throw InternalError("[trainer] TrainingModule::model() before build_model()");
+  return *model_;
+}
+
+Trainer& TrainingModule::trainer() const {
+  if (!trainer_) throw InternalError("[trainer] TrainingModule::trainer() outside Trainer::fit");
+  return *trainer_;
+}
+
+DatasetDataModule::DatasetDataModule(std::shared_ptr<const Dataset> train,
+                                     std::shared_ptr<const Dataset> val, DatasetDataOptions opts,
+                                     std::string description)
+    : train_(std::move(train)),
+      val_(std::move(val)),
+      opts_(opts),
+      description_(std::move(description)) {
+  if (!train_) throw ConfigError("[data] DatasetDataModule needs a training dataset");
+  if (opts_.micro_batch_size <= 0)
+    throw ConfigError(
+        str("[data] micro_batch_size must be positive, got ", opts_.micro_batch_size));
+}
+
+void DatasetDataModule::setup(const DataSetup& where) {
+  where_ = where;
+  loader_.emplace(train_, opts_.micro_batch_size,
+                  SamplerOptions{opts_.seed, opts_.shuffle, where.dp_rank, where.dp_size});
+}
+
+DataLoader& DatasetDataModule::loader() {
+  if (!loader_) throw InternalError("[data] DatasetDataModule used before setup()");
+  return *loader_;
+}
+
+Batch DatasetDataModule::next_train_batch() {
+  return loader().next();
+}
+
+int64_t DatasetDataModule::epoch() const {
+  return loader_ ? loader_->epoch() : 0;
+}
+
+std::vector<Batch> DatasetDataModule::val_batches(int64_t limit) {
+  std::vector<Batch> out;
+  if (!val_ || val_->size() == 0 || limit <= 0) return out;
+  const int64_t b = opts_.micro_batch_size;
+  const int64_t n = std::min(limit, (val_->size() + b - 1) / b);
+  for (int64_t i = where_.dp_rank; i < n; i += where_.dp_size) {  // dealt round-robin over DP
+    std::vector<int64_t> idx;
+    for (int64_t k = i * b; k < std::min((i + 1) * b, val_->size()); ++k) idx.push_back(k);
+    out.push_back(make_batch(*val_, idx));
+  }
+  return out;
+}
+
+}  // namespace nxd::trainer

@@ -1,0 +1,135 @@
+#pragma once
+// The user's side of the trainer (PyTorch Lightning's LightningModule/LightningDataModule, as
+// NeuronLTModule and NxD Training's BaseModelModule/BaseDataModule use them).
+//
+// A TrainingModule says how to build the model and how to compute a loss from a batch; the Trainer
+// owns everything else (parallel layout, gradient accumulation, DP sync, clipping, the optimizer
+// step, validation, logging, callbacks). Every rank builds its own module and calls the same hooks
+// in the same order, so a module's collectives (TP layers) stay in lockstep.
+//
+// Hook order within Trainer::fit (tests/trainer/trainer_api_test.cpp records it):
+//   build_model, configure_optimizers, (callbacks' on_fit_start) on_fit_start,
+//   [validation_step x n]                                     (before the first step)
+//   per step: training_step x accumulation, on_train_batch_end,
+//             [validation_step x n at val_check_interval and the last step]
+//   on_fit_end.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nxd/layers/module.h"
+#include "nxd/optim/lr_schedule.h"
+#include "nxd/optim/optimizer.h"
+#include "nxd/trainer/data.h"
+
+namespace nxd::trainer {
+
+class Trainer;
+
+// What configure_optimizers returns: the optimizer and, optionally, the LR schedule the trainer
+// applies before every step (lr = schedule.lr(step - 1)); without one the optimizer's own rates
+// stay as they are.
+struct OptimizerSetup {
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::optional<optim::LRSchedule> schedule;
+};
+
+// NxD's param_groups_by_weight_decay: `model`'s parameters in two groups at rate `lr`, weight
+// decay `wd` except for biases and norm weights (names containing "bias" or "norm").
+std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd);
+
+struct StepOutput {
+  int64_t step = 0;      // optimizer steps done, this one included
+  double loss = 0;       // mean training loss of the global batch (the same on every rank)
+  double lr = 0;         // the rate this step used
+  double grad_norm = 0;  // global norm before clipping
+};
+
+class TrainingModule {
+ public:
+  virtual ~TrainingModule() = default;
+
+  // Builds the model on the current rank, after the trainer initialized the parallel layout
+  // (parallel_state), so parallel layers see their TP group. Called once per fit.
+  virtual std::shared_ptr<Module> build_model() = 0;
+  // The loss of one micro batch (a scalar with a graph). The trainer scales it for gradient
+  // accumulation and runs backward.
+  virtual Tensor training_step(const Batch& batch, int64_t batch_idx) = 0;
+  // The loss of one validation micro batch; runs in eval mode without a graph. Default: the
+  // training step's loss.
+  virtual Tensor validation_step(const Batch& batch, int64_t batch_idx);
+  // The optimizer (and schedule) over model()'s parameters. Default: AdamW at 1e-3 with
+  // param_groups_by_weight_decay(model(), 1e-3, 0.01), no schedule.
+  virtual OptimizerSetup configure_optimizers();
+  // After every optimizer step, on every rank.
+  virtual void on_train_batch_end(const StepOutput& out) { (void)out; }
+  virtual void on_fit_start() {}
+  virtual void on_fit_end() {}
+  // The class name of the model's repeated transformer layer ("LlamaDecoderLayer"): what
+  // pipeline cuts and activation checkpointing wrap. "" = none declared.
+  virtual std::string transformer_layer_type() const { return ""; }
+
+  // The model build_model returned (throws before it was built).
+  Module& model() const;
+  std::shared_ptr<Module> model_ptr() const { return model_; }
+  // The trainer running this module (throws outside fit).
+  Trainer& trainer() const;
+
+ private:
+  friend class Trainer;
+  std::shared_ptr<Module> model_;
+  Trainer* trainer_ = nullptr;
+};
+
+// Where the trainer runs the data module: this rank's place in the data-parallel group.
+struct DataSetup {
+  int64_t dp_rank = 0;
+  int64_t dp_size = 1;
+};
+
+class DataModule {
+ public:
+  virtual ~DataModule() = default;
+  // Called once per fit, on every rank, before any batch is asked for.
+  virtual void setup(const DataSetup& where) = 0;
+  // This rank's next training micro batch (an endless stream).
+  virtual Batch next_train_batch() = 0;
+  // This rank's share of at most `limit` validation micro batches: the same list every time.
+  virtual std::vector<Batch> val_batches(int64_t limit) {
+    (void)limit;
+    return {};
+  }
+  virtual int64_t epoch() const { return 0; }             // of the last training batch
+  virtual std::string description() const { return ""; }  // one line for the log
+};
+
+// A DataModule over a training and an optional validation Dataset: the training set through a
+// DataLoader with a DistributedSampler (shuffled per epoch from the seed), the validation set in
+// order, its micro batches dealt round-robin over the DP ranks.
+struct DatasetDataOptions {
+  int64_t micro_batch_size = 1;
+  uint64_t seed = 0;
+  bool shuffle = true;
+};
+class DatasetDataModule : public DataModule {
+ public:
+  DatasetDataModule(std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> val,
+                    DatasetDataOptions opts, std::string description = "");
+  void setup(const DataSetup& where) override;
+  Batch next_train_batch() override;
+  std::vector<Batch> val_batches(int64_t limit) override;
+  int64_t epoch() const override;
+  std::string description() const override { return description_; }
+  DataLoader& loader();  // after setup
+
+ private:
+  std::shared_ptr<const Dataset> train_, val_;
+  DatasetDataOptions opts_;
+  std::string description_;
+  DataSetup where_;
+  std::optional<DataLoader> loader_;
+};
+
+}  // namespace nxd::trainer

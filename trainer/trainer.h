@@ -1,0 +1,123 @@
+#pragma once
+// Trainer: Lightning's Trainer over nxd's parallel runtime. fit(module, data) runs on the current
+// Context (the single rank, an MPI process, or a sim rank thread — every rank of the world calls
+// it): it lays out the ranks (parallel_state, tensor x data parallel), builds the module's model
+// and optimizer, and runs the loop:
+//
+//   per step:  lr = schedule(step - 1)
+//              for each of accumulate_grad_batches micro batches:
+//                loss = module.training_step(batch); backward(loss / accumulation)
+//              (DP gradient all-reduce in buckets during the last micro batch's backward)
+//              SP gradient sums over TP; global grad norm over TP (clipped); optimizer step
+//              on_train_batch_end (module, callbacks); validation at val_check_interval and the
+//              last step; a logged row every log_every_n_steps, at validations and the last step
+//
+// Losses reported are the global batch's mean, the same on every rank (reduced over DP). The
+// loop stops at max_steps or when a callback calls request_stop(). Same config and seed give
+// bitwise-identical losses on either backend.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nxd/optim/grad_norm.h"
+#include "nxd/optim/grad_sync.h"
+#include "nxd/trainer/callbacks.h"
+#include "nxd/trainer/loggers.h"
+#include "nxd/trainer/module.h"
+
+namespace nxd::trainer {
+
+// The parallel layout (the part of NxD's neuronx_distributed_config that exists today).
+struct Strategy {
+  int64_t tensor_parallel_size = 1;  // data-parallel size = world / this
+  double grad_bucket_mb = 25.0;      // DP all-reduce bucket size
+};
+
+struct TrainerOptions {
+  Strategy strategy;
+  int64_t max_steps = 100;
+  int64_t accumulate_grad_batches = 1;  // micro batches per optimizer step on each DP rank
+  int64_t log_every_n_steps = 10;
+  int64_t val_check_interval = 0;  // validate every N steps and at the last; 0 = never
+  int64_t limit_val_batches = 8;   // validation micro batches (over all DP ranks)
+  double gradient_clip_val = 0.0;  // clip the global grad norm; 0 = no clipping
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  std::vector<std::shared_ptr<Logger>> loggers;  // called on the logging rank only
+  std::string hparams_yaml;  // given to the loggers' log_hyperparams when not empty
+};
+
+struct FitResult {
+  int64_t steps = 0;
+  double first_loss = 0, last_loss = 0;
+  std::optional<double> initial_val_loss, final_val_loss;  // before training, last validation
+  double seconds = 0;                                      // loop wall time (validation included)
+  double setup_seconds = 0;                                // model, optimizer and data setup
+  double tokens_per_s = 0;     // training tokens / training time (validation excluded)
+  int64_t num_parameters = 0;  // of the whole model (TP shards counted once)
+  std::string stop_reason;     // "" = ran max_steps
+  // sim backend: modeled seconds per training step (this rank's clock) and this rank's
+  // device-memory peak
+  double sim_step_seconds = 0;
+  int64_t hbm_peak_bytes = 0;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(TrainerOptions opts);  // ConfigError on impossible options
+  FitResult fit(TrainingModule& module, DataModule& data);
+
+  // ---- for callbacks and modules ----
+  const TrainerOptions& options() const { return opts_; }
+  int64_t global_step() const { return step_; }
+  // DP rank 0, TP rank 0 (and, with pipelines, the last stage): the rank that prints and logs.
+  bool is_logging_rank() const;
+  // Ends training after the current step (every rank must ask alike; callbacks do).
+  void request_stop(const std::string& reason);
+  bool should_stop() const { return !stop_reason_.empty(); }
+  // A scalar for the loggers' next row (Lightning's self.log); the last value per name wins.
+  void log(const std::string& name, double value);
+  // A line for the callbacks' on_message (the progress bar prints it on the logging rank).
+  void message(const std::string& line);
+  optim::Optimizer& optimizer();  // during fit
+  const std::optional<optim::LRSchedule>& schedule() const { return schedule_; }
+  int dp_rank() const { return dp_rank_; }
+  int dp_size() const { return dp_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void setup(TrainingModule& module, DataModule& data);
+  StepOutput train_step(TrainingModule& module, DataModule& data);
+  std::optional<double> validate(TrainingModule& module);
+  void log_row(MetricsRow row);
+  void teardown();
+  std::vector<double> dp_sum(std::vector<double> v) const;
+
+  TrainerOptions opts_;
+  int64_t step_ = 0;
+  std::string stop_reason_;
+  std::map<std::string, double> pending_;
+  int dp_ = 1, dp_rank_ = 0;
+  bool sequence_parallel_ = false;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::optional<optim::LRSchedule> schedule_;
+  std::unique_ptr<optim::GradSync> grad_sync_;
+  std::vector<optim::NormParam> norm_params_;
+  optim::NormGroups norm_groups_;
+  std::vector<Batch> val_batches_;
+  TrainingModule* module_ = nullptr;
+  DataModule* data_ = nullptr;
+  // the logging interval
+  double interval_seconds_ = 0;
+  int64_t interval_tokens_ = 0;
+  int64_t step_tokens_ = 0;  // tokens of one global batch (measured on the first step)
+  Clock::time_point t0_;
+};
+
+// The whole model's parameter count: TP shards counted once (K/V replicas once).
+int64_t count_parameters(Module& model, int tensor_parallel_size);
+
+}  // namespace nxd::trainer
