@@ -1,7 +1,7 @@
 // Fuzz target for the safetensors reader (header parser, checksums, zstd frames): any input must
 // either read or throw CheckpointError; anything else (a crash, another exception, a sanitizer
-// report) is a bug. The libFuzzer entry point; every build drives it with fuzz_replay.cpp over
-// deterministic mutations of valid files.
+// report) is a bug. The libFuzzer entry point (NXD_FUZZ, tests/checkpoint/CMakeLists.txt); every
+// build drives it with fuzz_replay.cpp over deterministic mutations of valid files.
 #include <sys/mman.h>
 #include <unistd.h>
 
