@@ -113,6 +113,9 @@ std::vector<TagInfo> list_checkpoints(const std::filesystem::path& path);
 // The newest complete tag, if any.
 std::optional<std::string> newest_checkpoint(const std::filesystem::path& path);
 bool has_checkpoint(const std::filesystem::path& path);
+// Removes one checkpoint: its done marker first (so it stops counting), then its folder. Not
+// collective: call it on one rank, after any async save of it was finalized.
+void remove_checkpoint(const std::filesystem::path& path, const std::string& tag);
 // metadata.json of a complete checkpoint, validated (format, version); CheckpointError otherwise.
 nlohmann::json read_metadata(const std::filesystem::path& tag_dir);
 

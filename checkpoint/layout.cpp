@@ -171,6 +171,19 @@ std::optional<std::string> newest_checkpoint(const fs::path& path) {
   return out;
 }
 
+void remove_checkpoint(const fs::path& path, const std::string& tag) {
+  NXD_CHECK(!tag.empty() && tag.find('/') == std::string::npos, "[remove_checkpoint] bad tag '",
+            tag, "'");
+  const fs::path dir = path / tag;
+  if (!fs::exists(dir / detail::kMarker))
+    throw CheckpointError(str("[remove_checkpoint] ", dir.string(), " is not a checkpoint"));
+  std::error_code ec;
+  fs::remove(dir / detail::kDone, ec);
+  fsync_dir(dir);
+  fs::remove_all(dir, ec);
+  fsync_dir(path);
+}
+
 bool has_checkpoint(const fs::path& path) {
   return newest_checkpoint(path).has_value();
 }

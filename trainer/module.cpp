@@ -59,6 +59,15 @@ Batch DatasetDataModule::next_train_batch() {
   return loader().next();
 }
 
+std::optional<DataState> DatasetDataModule::state() const {
+  if (!loader_) return std::nullopt;
+  return DataState{loader_->epoch(), loader_->position()};
+}
+
+void DatasetDataModule::set_state(const DataState& s) {
+  loader().set_state(s.epoch, s.position);
+}
+
 int64_t DatasetDataModule::epoch() const {
   return loader_ ? loader_->epoch() : 0;
 }

@@ -83,6 +83,12 @@ class TrainingModule {
   Trainer* trainer_ = nullptr;
 };
 
+// A resumable position in a training stream.
+struct DataState {
+  int64_t epoch = 0;
+  int64_t position = 0;  // micro batches taken in the epoch
+};
+
 // Where the trainer runs the data module: this rank's place in the data-parallel group.
 struct DataSetup {
   int64_t dp_rank = 0;
@@ -103,6 +109,10 @@ class DataModule {
   }
   virtual int64_t epoch() const { return 0; }             // of the last training batch
   virtual std::string description() const { return ""; }  // one line for the log
+  // Where the training stream is (epoch, micro batches taken in it), saved in checkpoints and
+  // restored on resume; a module without a resumable stream returns nullopt.
+  virtual std::optional<DataState> state() const { return std::nullopt; }
+  virtual void set_state(const DataState& s) { (void)s; }
 };
 
 // A DataModule over a training and an optional validation Dataset: the training set through a
@@ -122,6 +132,8 @@ class DatasetDataModule : public DataModule {
   std::vector<Batch> val_batches(int64_t limit) override;
   int64_t epoch() const override;
   std::string description() const override { return description_; }
+  std::optional<DataState> state() const override;
+  void set_state(const DataState& s) override;
   DataLoader& loader();  // after setup
 
  private:

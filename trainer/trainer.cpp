@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <filesystem>
+
 #include "nxd/autograd/ops.h"
+#include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/attributes.h"
 #include "nxd/runtime/context.h"
@@ -128,6 +131,53 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
   data.setup(DataSetup{dp_rank_, dp_});
   if (opts_.val_check_interval > 0 && opts_.limit_val_batches > 0)
     val_batches_ = data.val_batches(opts_.limit_val_batches);
+  if (!opts_.ckpt_path.empty()) resume(opts_.ckpt_path);
+}
+
+nlohmann::json Trainer::loop_state() const {
+  nlohmann::json s = {{"step", step_},
+                      {"rng_seed", current_context().rng().seed()},
+                      {"rng_counter", current_context().rng().counter()},
+                      {"data", nullptr}};
+  if (data_)
+    if (auto d = data_->state()) s["data"] = {{"epoch", d->epoch}, {"position", d->position}};
+  return s;
+}
+
+void Trainer::restore_loop_state(const nlohmann::json& s) {
+  try {
+    const int64_t step = s.at("step").get<int64_t>();
+    if (step < 0) throw ConfigError(str("[trainer] checkpoint step ", step, " is negative"));
+    Generator& g = current_context().rng();
+    g.set_seed(s.at("rng_seed").get<uint64_t>());
+    g.set_counter(s.at("rng_counter").get<uint64_t>());
+    if (data_ && !s.at("data").is_null())
+      data_->set_state(
+          DataState{s["data"].at("epoch").get<int64_t>(), s["data"].at("position").get<int64_t>()});
+    step_ = step;
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(str("[trainer] checkpoint trainer state ", s.dump(), ": ", e.what()));
+  }
+}
+
+// Model, optimizer (its steps and state) and the loop's state from a checkpoint (collective).
+void Trainer::resume(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path root = path;
+  std::string tag;
+  if (fs::exists(root / "checkpoint")) {  // a checkpoint folder itself
+    tag = root.filename().string();
+    root = root.parent_path();
+  }
+  const nlohmann::json user =
+      ckpt::load_checkpoint(root, module_->model_.get(), optimizer_.get(), nullptr, {.tag = tag});
+  if (!user.is_object() || !user.contains("trainer"))
+    throw ConfigError(str("[trainer] ", path,
+                          " holds no trainer state (not saved by the trainer's "
+                          "ModelCheckpoint)"));
+  restore_loop_state(user["trainer"]);
+  message(
+      str("resumed from ", (root / (tag.empty() ? "<newest>" : tag)).string(), " at step ", step_));
 }
 
 // One optimizer step over accumulate_grad_batches micro batches.

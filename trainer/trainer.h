@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,6 +49,10 @@ struct TrainerOptions {
   std::vector<std::shared_ptr<Callback>> callbacks;
   std::vector<std::shared_ptr<Logger>> loggers;  // called on the logging rank only
   std::string hparams_yaml;  // given to the loggers' log_hyperparams when not empty
+  // Resume from this checkpoint (a checkpoint folder <dir>/<tag>, or a folder of checkpoints:
+  // its newest complete one) at the end of setup: model, optimizer, step, data position and RNG
+  // counter, so the steps after it are bitwise those of an uninterrupted run. "" = start fresh.
+  std::string ckpt_path;
 };
 
 struct FitResult {
@@ -86,6 +91,10 @@ class Trainer {
   const std::optional<optim::LRSchedule>& schedule() const { return schedule_; }
   int dp_rank() const { return dp_rank_; }
   int dp_size() const { return dp_; }
+  // What a checkpoint keeps of the loop besides model and optimizer (step, data position, RNG
+  // counter) as JSON, and its restoration (trainer/checkpointing.h saves and loads it).
+  nlohmann::json loop_state() const;
+  void restore_loop_state(const nlohmann::json& s);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -94,6 +103,7 @@ class Trainer {
   std::optional<double> validate(TrainingModule& module);
   void log_row(MetricsRow row);
   void teardown();
+  void resume(const std::string& path);
   std::vector<double> dp_sum(std::vector<double> v) const;
 
   TrainerOptions opts_;

@@ -1,0 +1,135 @@
+// Resume through the Trainer: a run stopped after step k by max_steps and resumed from its
+// ModelCheckpoint (TrainerOptions::ckpt_path) gives bitwise the losses of an uninterrupted run for
+// every later step — model, AdamW state, LR schedule position, data order across an epoch
+// boundary and the dropout RNG restored — on one rank and on sim TP2 x DP2. Plus the callback's
+// retention (save_top_k, newest or best by monitor) and its option errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "ckpt_util.h"
+#include "nxd/trainer/checkpointing.h"
+#include "nxd/trainer/trainer.h"
+#include "support/ranks.h"
+
+namespace nxd::trainer {
+namespace {
+namespace fs = std::filesystem;
+
+class TinyLM : public TrainingModule {
+ public:
+  explicit TinyLM(int tp) : tp_(tp) {}
+  std::shared_ptr<Module> build_model() override {
+    ModelConfig c = nxd::testing::ckpt_model_config(tp_);
+    c.dropout = 0.1;  // the RNG counter must be restored too
+    lm_ = make_causal_lm(c, 3);
+    return lm_;
+  }
+  Tensor training_step(const Batch& b, int64_t) override { return lm_->loss(b.ids, b.targets); }
+  OptimizerSetup configure_optimizers() override {
+    OptimizerSetup s;
+    s.optimizer = std::make_unique<optim::AdamW>(param_groups_by_weight_decay(model(), 1e-2, 0.01));
+    s.schedule.emplace(nxd::testing::ckpt_schedule());
+    return s;
+  }
+
+ private:
+  int tp_;
+  std::shared_ptr<CausalLM> lm_;
+};
+
+struct Record : Callback {
+  std::map<int64_t, double> loss;
+  void on_train_batch_end(Trainer&, TrainingModule&, const StepOutput& out) override {
+    loss[out.step] = out.loss;
+  }
+};
+
+// One fit on the current rank: `steps` steps, optionally saving every 3 and/or resuming.
+std::map<int64_t, double> run(int tp, int64_t steps, const std::string& save_dir,
+                              const std::string& resume) {
+  current_context().rng().set_seed(7);
+  TinyLM module(tp);
+  // 24 samples: 12 micro batches of 2 per epoch on one rank, 6 per DP rank at DP 2
+  DatasetDataModule data(std::make_shared<RandomDataset>(24, 8, 32, 11), nullptr,
+                         DatasetDataOptions{2, 5, true});
+  auto rec = std::make_shared<Record>();
+  TrainerOptions o;
+  o.strategy.tensor_parallel_size = tp;
+  o.max_steps = steps;
+  o.log_every_n_steps = 100;
+  o.gradient_clip_val = 1.0;
+  o.callbacks.push_back(rec);
+  if (!save_dir.empty())
+    o.callbacks.push_back(std::make_shared<ModelCheckpoint>(
+        ModelCheckpointOptions{.dirpath = save_dir, .every_n_train_steps = 3, .save_top_k = 2}));
+  o.ckpt_path = resume;
+  Trainer(o).fit(module, data);
+  return rec->loss;
+}
+
+void expect_resume_matches(int tp, int world, const fs::path& dir) {
+  std::map<int64_t, double> whole, first, rest;
+  nxd::testing::run_ranks(world, [&] {
+    auto w = run(tp, 10, "", "");
+    auto f = run(tp, 7, (dir / "ckpt").string(), "");  // saves step_3, step_6, step_7 (last)
+    auto r = run(tp, 10, "", (dir / "ckpt" / "step_6").string());
+    if (current_context().rank() == 0) whole = w, first = f, rest = r;
+  });
+  ASSERT_EQ(whole.size(), 10u);
+  ASSERT_EQ(rest.size(), 4u) << "the resumed run starts after step 6";
+  for (const auto& [s, l] : first) EXPECT_EQ(l, whole.at(s)) << "step " << s;
+  for (const auto& [s, l] : rest) EXPECT_EQ(l, whole.at(s)) << "resumed, step " << s;
+  // save_top_k = 2 kept the newest two
+  auto tags = ckpt::list_checkpoints(dir / "ckpt");
+  ASSERT_EQ(tags.size(), 2u);
+  EXPECT_EQ(tags[0].tag, "step_6");
+  EXPECT_EQ(tags[1].tag, "step_7");
+}
+
+TEST(TrainerResume, BitwiseLikeAnUninterruptedRunOneRank) {
+  const nxd::testing::ScratchDir dir("nxd_resume_");
+  expect_resume_matches(1, 1, dir.path);
+}
+
+TEST(TrainerResume, BitwiseLikeAnUninterruptedRunTp2Dp2) {
+  const nxd::testing::ScratchDir dir("nxd_resume_");
+  expect_resume_matches(2, 4, dir.path);
+}
+
+TEST(TrainerResume, TopKByMonitorAndOptionErrors) {
+  const nxd::testing::ScratchDir dir("nxd_resume_");
+  TinyLM module(1);
+  DatasetDataModule data(std::make_shared<RandomDataset>(24, 8, 32, 11), nullptr,
+                         DatasetDataOptions{2, 5, true});
+  auto rec = std::make_shared<Record>();
+  auto cb = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions{
+      .dirpath = dir.path.string(), .every_n_train_steps = 1, .save_top_k = 2, .monitor = "loss"});
+  TrainerOptions o;
+  o.max_steps = 6;
+  o.callbacks = {rec, cb};
+  Trainer(o).fit(module, data);
+  // the two lowest training losses are kept
+  std::vector<std::pair<double, int64_t>> by_loss;
+  for (const auto& [s, l] : rec->loss) by_loss.emplace_back(l, s);
+  std::sort(by_loss.begin(), by_loss.end());
+  std::set<std::string> want = {"step_" + std::to_string(by_loss[0].second),
+                                "step_" + std::to_string(by_loss[1].second)};
+  std::set<std::string> got;
+  for (const auto& t : ckpt::list_checkpoints(dir.path)) got.insert(t.tag);
+  EXPECT_EQ(got, want);
+  EXPECT_THROW(ModelCheckpoint({.dirpath = ""}), ConfigError);
+  EXPECT_THROW(ModelCheckpoint({.dirpath = "x", .save_top_k = 0}), ConfigError);
+  EXPECT_THROW(ModelCheckpoint({.dirpath = "x", .monitor = "acc"}), ConfigError);
+  // resuming from a folder without checkpoints is an error naming it
+  TrainerOptions bad;
+  bad.max_steps = 2;
+  bad.ckpt_path = (dir.path / "none").string();
+  TinyLM m2(1);
+  EXPECT_THROW(Trainer(bad).fit(m2, data), ckpt::CheckpointError);
+}
+
+}  // namespace
+}  // namespace nxd::trainer

@@ -1,0 +1,89 @@
+#include "nxd/trainer/checkpointing.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/runtime/error.h"
+#include "nxd/trainer/trainer.h"
+
+namespace nxd::trainer {
+
+ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions opts) : opts_(std::move(opts)) {
+  auto fail = [](auto&&... a) { throw ConfigError(str("[ModelCheckpoint] ", a...)); };
+  if (opts_.dirpath.empty()) fail("dirpath must not be empty");
+  if (opts_.every_n_train_steps < 0)
+    fail("every_n_train_steps must be >= 0, got ", opts_.every_n_train_steps);
+  if (opts_.save_top_k < -1 || opts_.save_top_k == 0)
+    fail("save_top_k must be -1 (keep all) or positive, got ", opts_.save_top_k);
+  if (opts_.monitor != "" && opts_.monitor != "loss" && opts_.monitor != "val_loss")
+    fail("monitor must be empty, loss or val_loss, got '", opts_.monitor, "'");
+  if (opts_.mode != "min" && opts_.mode != "max")
+    fail("mode must be min or max, got '", opts_.mode, "'");
+}
+
+void ModelCheckpoint::on_fit_start(Trainer& trainer, TrainingModule&) {
+  if (opts_.monitor == "val_loss" && trainer.options().val_check_interval == 0)
+    throw ConfigError(
+        "[ModelCheckpoint] monitor=val_loss needs validation (val_check_interval > 0)");
+  kept_.clear();
+  last_saved_ = -1;
+  have_val_ = false;
+  stall_ = 0;
+}
+
+void ModelCheckpoint::on_validation_end(Trainer&, TrainingModule&, int64_t, double val_loss) {
+  last_val_ = val_loss;
+  have_val_ = true;
+}
+
+void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainingModule& module,
+                                         const StepOutput& out) {
+  last_loss_ = out.loss;
+  const int64_t n = opts_.every_n_train_steps;
+  if (n > 0 && out.step % n == 0) save(trainer, module, out.step, out.loss);
+}
+
+void ModelCheckpoint::on_fit_end(Trainer& trainer, TrainingModule& module) {
+  const int64_t step = trainer.global_step();
+  if (opts_.save_last && step > 0 && last_saved_ != step) save(trainer, module, step, last_loss_);
+  ckpt::finalize_checkpoint();
+}
+
+void ModelCheckpoint::save(Trainer& trainer, TrainingModule& module, int64_t step, double loss) {
+  const std::string tag = "step_" + std::to_string(step);
+  double value = 0;
+  if (opts_.monitor == "loss") value = loss;
+  if (opts_.monitor == "val_loss") value = have_val_ ? last_val_ : INFINITY;
+  if (opts_.mode == "max" && !opts_.monitor.empty()) value = -value;  // kept_ ranks by min
+  nlohmann::json user = {{"trainer", trainer.loop_state()}};
+  if (!opts_.monitor.empty()) user[opts_.monitor] = opts_.mode == "max" ? -value : value;
+  ckpt::SaveOptions so;
+  so.num_kept_ckpts = opts_.monitor.empty() && opts_.save_top_k > 0 ? opts_.save_top_k : 0;
+  so.async_save = opts_.async_save;
+  so.compress = opts_.compress;
+  so.step = step;
+  const auto& sched = trainer.schedule();
+  const auto st = ckpt::save_checkpoint(opts_.dirpath, tag, &module.model(), &trainer.optimizer(),
+                                        sched ? &*sched : nullptr, user, so);
+  stall_ += st.stall_seconds;
+  last_saved_ = step;
+  kept_.emplace_back(value, tag);
+  trainer.message(str("checkpoint ", tag, opts_.async_save ? " (async)" : "", ": training stalled ",
+                      static_cast<int64_t>(st.stall_seconds * 1e3), " ms"));
+  if (opts_.monitor.empty()) {
+    if (opts_.save_top_k > 0 && static_cast<int64_t>(kept_.size()) > opts_.save_top_k)
+      kept_.erase(kept_.begin());  // the library's retention removed it
+    return;
+  }
+  if (opts_.save_top_k < 0 || static_cast<int64_t>(kept_.size()) <= opts_.save_top_k) return;
+  // the worst by the monitor goes (ties: the older one); completed first if it is this one
+  auto worst = std::max_element(kept_.begin(), kept_.end(), [](const auto& a, const auto& b) {
+    return a.first < b.first || (a.first == b.first && a.second > b.second);
+  });
+  ckpt::finalize_checkpoint();
+  if (current_context().rank() == 0) ckpt::remove_checkpoint(opts_.dirpath, worst->second);
+  kept_.erase(worst);
+}
+
+}  // namespace nxd::trainer
