@@ -16,6 +16,7 @@
 
 #include "nxd/layers/models/config.h"
 #include "nxd/trainer/callbacks.h"
+#include "nxd/trainer/checkpointing.h"
 
 namespace nxd::trainer {
 
@@ -142,6 +143,10 @@ struct ExpManagerSection {
   bool create_tensorboard_logger;
   bool create_early_stopping_callback;
   EarlyStoppingOptions early_stopping;
+  bool create_checkpoint_callback;
+  ModelCheckpointOptions checkpoint;   // dirpath = <exp_dir>/checkpoints
+  std::string resume_from_checkpoint;  // "" = none
+  bool resume_if_exists;
 };
 
 struct TrainConfig {

@@ -57,6 +57,33 @@ std::vector<KeySpec> make_registry() {
           "Smallest change that counts as an improvement."),
       key("exp_manager.early_stopping_callback_params.mode", K::string, "min",
           "`min`: lower is better; `max`: higher is better.", {"min", "max"}),
+      key("exp_manager.create_checkpoint_callback", K::boolean, nullptr,
+          "Save checkpoints to `<exp_dir>/checkpoints/step_<N>/` (checkpoint_callback_params). "
+          "null = true when every_n_train_steps > 0.",
+          {}, true),
+      key("exp_manager.checkpoint_callback_params.every_n_train_steps", K::integer, 0,
+          "Save every N optimizer steps; 0 = only at the end of training."),
+      key("exp_manager.checkpoint_callback_params.save_top_k", K::integer, 2,
+          "Checkpoints kept: the newest N, or the best N by `monitor`; -1 = all."),
+      key("exp_manager.checkpoint_callback_params.monitor", K::string, "step",
+          "What save_top_k ranks by: `step` (the newest are kept, whatever the mode), `loss` "
+          "(the step's training loss) or `val_loss` (the latest validation loss).",
+          {"step", "loss", "val_loss"}),
+      key("exp_manager.checkpoint_callback_params.mode", K::string, "min",
+          "`min`: lower monitor values are better; `max`: higher.", {"min", "max"}),
+      key("exp_manager.checkpoint_callback_params.save_last", K::boolean, true,
+          "Also save at the end of training."),
+      key("exp_manager.async_checkpointing", K::boolean, false,
+          "Write checkpoints on a background thread (the tensors are copied first: the stall "
+          "is printed per checkpoint)."),
+      key("exp_manager.resume_from_checkpoint", K::string, nullptr,
+          "Resume from this checkpoint (a `step_<N>` folder or a folder of checkpoints: its newest "
+          "complete one): model, optimizer, step, data order and RNG, so later steps are bitwise "
+          "those of an uninterrupted run.",
+          {}, true),
+      key("exp_manager.resume_if_exists", K::boolean, false,
+          "Resume from the newest complete checkpoint in `<exp_dir>/checkpoints/` if there is one "
+          "(resume_from_checkpoint wins when set)."),
       // trainer
       key("trainer.max_steps", K::integer, 700, "Optimizer steps to run."),
       key("trainer.log_every_n_steps", K::integer, 10,

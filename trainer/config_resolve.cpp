@@ -82,6 +82,23 @@ ExpManagerSection resolve_exp_manager(Resolver& r) {
   if (!(e.early_stopping.min_delta >= 0))
     r.fail(p, "min_delta must be >= 0, got ", e.early_stopping.min_delta);
   e.early_stopping.mode = r.c.get_string(p + "mode");
+  const std::string c = "exp_manager.checkpoint_callback_params.";
+  auto& k = e.checkpoint;
+  k.every_n_train_steps = r.non_negative((c + "every_n_train_steps").c_str());
+  k.save_top_k = r.c.get_int(c + "save_top_k");
+  if (k.save_top_k == 0 || k.save_top_k < -1)
+    r.fail(c, "save_top_k must be -1 (keep all) or positive, got ", k.save_top_k);
+  k.monitor = r.c.get_string(c + "monitor");
+  if (k.monitor == "step") k.monitor.clear();  // recency (NxD Training's monitor: step)
+  k.mode = r.c.get_string(c + "mode");
+  k.save_last = r.c.get_bool(c + "save_last");
+  k.async_save = r.c.get_bool("exp_manager.async_checkpointing");
+  r.derive("exp_manager.create_checkpoint_callback", k.every_n_train_steps > 0);
+  e.create_checkpoint_callback = r.c.get_bool("exp_manager.create_checkpoint_callback");
+  e.resume_from_checkpoint = r.c.is_null("exp_manager.resume_from_checkpoint")
+                                 ? std::string()
+                                 : r.c.get_string("exp_manager.resume_from_checkpoint");
+  e.resume_if_exists = r.c.get_bool("exp_manager.resume_if_exists");
   return e;
 }
 
@@ -257,6 +274,12 @@ TrainConfig resolve(const Config& in) {
   t.out_dir = r.c.get_string("exp_manager.exp_dir");
   if (t.out_dir.empty()) r.fail("exp_manager.exp_dir must not be empty");
   t.exp = resolve_exp_manager(r);
+  t.exp.checkpoint.dirpath = t.out_dir + "/checkpoints";
+  if (t.exp.checkpoint.monitor == "val_loss" && t.exp.create_checkpoint_callback &&
+      r.c.get_int("trainer.val_check_interval") == 0)
+    r.fail(
+        "exp_manager.checkpoint_callback_params.monitor=val_loss needs "
+        "trainer.val_check_interval > 0");
   t.trainer = resolve_trainer(r);
   t.data = resolve_data(r);
   t.model = resolve_model(r, t.data);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/runtime/blas.h"
@@ -141,6 +142,12 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   const auto& em = cfg.exp;
   if (em.create_early_stopping_callback)
     to.callbacks.push_back(std::make_shared<EarlyStopping>(em.early_stopping));
+  if (em.create_checkpoint_callback)
+    to.callbacks.push_back(std::make_shared<ModelCheckpoint>(em.checkpoint));
+  if (!em.resume_from_checkpoint.empty())
+    to.ckpt_path = em.resume_from_checkpoint;
+  else if (em.resume_if_exists && ckpt::has_checkpoint(em.checkpoint.dirpath))
+    to.ckpt_path = em.checkpoint.dirpath;
   if (rank0) {
     to.loggers.push_back(std::make_shared<CSVLogger>(cfg.out_dir));
     if (em.create_tensorboard_logger) {

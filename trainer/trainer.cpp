@@ -168,6 +168,8 @@ void Trainer::resume(const std::string& path) {
   if (fs::exists(root / "checkpoint")) {  // a checkpoint folder itself
     tag = root.filename().string();
     root = root.parent_path();
+  } else if (auto newest = ckpt::newest_checkpoint(root)) {
+    tag = *newest;
   }
   const nlohmann::json user =
       ckpt::load_checkpoint(root, module_->model_.get(), optimizer_.get(), nullptr, {.tag = tag});
@@ -176,8 +178,7 @@ void Trainer::resume(const std::string& path) {
                           " holds no trainer state (not saved by the trainer's "
                           "ModelCheckpoint)"));
   restore_loop_state(user["trainer"]);
-  message(
-      str("resumed from ", (root / (tag.empty() ? "<newest>" : tag)).string(), " at step ", step_));
+  message(str("resumed from ", (root / tag).string(), " at step ", step_));
 }
 
 // One optimizer step over accumulate_grad_batches micro batches.

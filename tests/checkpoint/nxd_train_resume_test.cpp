@@ -1,0 +1,96 @@
+// Resume through nxd-train: a run stopped after step 4 (max_steps 5, checkpoints every 4 steps)
+// and resumed with exp_manager.resume_from_checkpoint, or with resume_if_exists in the same
+// exp_dir, writes bitwise the metrics (loss, lr, grad_norm) of an uninterrupted 8-step run for
+// every later step; dropout is on, so the RNG counter matters. One rank and sim TP2 x DP2.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "ckpt_util.h"
+#include "support/files.h"
+#include "support/proc.h"
+
+namespace nxd::ckpt {
+namespace {
+namespace fs = std::filesystem;
+using nxd::testing::read_csv;
+using nxd::testing::run_process;
+
+fs::path write_config(const fs::path& d, int world, int tp) {
+  {
+    std::ofstream f(d / "corpus.txt");
+    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
+  }
+  const fs::path y = d / "tiny.yaml";
+  std::ofstream(y) << "seed: 7\n"
+                   << "trainer: {max_steps: 8, log_every_n_steps: 1, val_check_interval: 0, "
+                      "num_threads: 1}\n"
+                   << "data: {path: " << (d / "corpus.txt").string()
+                   << ", seq_length: 32, micro_batch_size: 2, global_batch_size: 8}\n"
+                   << "model: {num_layers: 1, hidden_size: 32, num_attention_heads: 2, "
+                      "dropout: 0.1, optim: {lr: 1.0e-2, sched: {max_steps: 8}}}\n"
+                   << "generation: {max_new_tokens: 0}\n"
+                   << "backend: {world_size: " << world << "}\n"
+                   << "distributed_strategy: {tensor_model_parallel_size: " << tp << "}\n";
+  return y;
+}
+
+nxd::testing::ProcResult train(const fs::path& d, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {NXD_TRAIN_BIN, "--config", (d / "tiny.yaml").string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, d, std::chrono::seconds(300));
+}
+
+// metrics.csv rows by step: loss, lr, grad_norm
+std::map<std::string, std::vector<std::string>> rows(const fs::path& f) {
+  std::map<std::string, std::vector<std::string>> m;
+  for (const auto& r : read_csv(f).rows) m[r.at(0)] = {r.at(1), r.at(3), r.at(4)};
+  return m;
+}
+
+void check_resume(int world, int tp) {
+  const nxd::testing::ScratchDir s("nxd_train_resume_");
+  const fs::path& d = s.path;
+  write_config(d, world, tp);
+  auto r = train(d, {"--out", (d / "whole").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = train(d, {"--set", "trainer.max_steps=5", "--set",
+                "exp_manager.checkpoint_callback_params.every_n_train_steps=4", "--out",
+                (d / "cut").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("checkpoint step_4: training stalled"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d / "cut/checkpoints/step_5/done"));  // save_last
+  fs::copy(d / "cut", d / "again", fs::copy_options::recursive);
+  r = train(
+      d, {"--set", "exp_manager.resume_from_checkpoint=" + (d / "cut/checkpoints/step_4").string(),
+          "--out", (d / "resumed").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("at step 4"), std::string::npos) << r.out;
+  r = train(d, {"--set", "exp_manager.resume_if_exists=true", "--out", (d / "again").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("step_5 at step 5"), std::string::npos) << r.out;
+  const auto whole = rows(d / "whole/metrics.csv"), cut = rows(d / "cut/metrics.csv"),
+             resumed = rows(d / "resumed/metrics.csv"), again = rows(d / "again/metrics.csv");
+  ASSERT_EQ(whole.size(), 8u);
+  ASSERT_EQ(resumed.size(), 4u);
+  ASSERT_EQ(again.size(), 3u);
+  for (const auto* part : {&cut, &resumed, &again})
+    for (const auto& [step, v] : *part) EXPECT_EQ(v, whole.at(step)) << "step " << step;
+  // resume_from_checkpoint pointing nowhere is a user error (exit 2)
+  r = train(d, {"--set", "exp_manager.resume_from_checkpoint=" + (d / "nowhere").string(), "--out",
+                (d / "bad").string()});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("no complete checkpoint under"), std::string::npos) << r.err;
+}
+
+TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunOneRank) {
+  check_resume(1, 1);
+}
+
+TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunSimTp2Dp2) {
+  check_resume(4, 2);
+}
+
+}  // namespace
+}  // namespace nxd::ckpt
