@@ -1,7 +1,8 @@
 // Resume through nxd-train: a run stopped after step 4 (max_steps 5, checkpoints every 4 steps)
 // and resumed with exp_manager.resume_from_checkpoint, or with resume_if_exists in the same
 // exp_dir, writes bitwise the metrics (loss, lr, grad_norm) of an uninterrupted 8-step run for
-// every later step; dropout is on, so the RNG counter matters. One rank and sim TP2 x DP2.
+// every later step; dropout is on, so the RNG counter matters. One rank and sim TP2 x DP2; built
+// with NXD_RESUME_MPI (label mpi), TP2 x DP2 on 4 processes under mpirun (backend.kind=mpi).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -36,8 +37,15 @@ fs::path write_config(const fs::path& d, int world, int tp) {
   return y;
 }
 
-nxd::testing::ProcResult train(const fs::path& d, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {NXD_TRAIN_BIN, "--config", (d / "tiny.yaml").string()};
+// np > 0: under mpirun with np processes (backend.kind=mpi).
+nxd::testing::ProcResult train(const fs::path& d, const std::vector<std::string>& args,
+                               int np = 0) {
+  std::vector<std::string> argv;
+#ifdef MPIEXEC
+  if (np > 0) argv = {MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(np)};
+#endif
+  argv.insert(argv.end(), {NXD_TRAIN_BIN, "--config", (d / "tiny.yaml").string()});
+  if (np > 0) argv.insert(argv.end(), {"--set", "backend.kind=mpi"});
   argv.insert(argv.end(), args.begin(), args.end());
   return run_process(argv, d, std::chrono::seconds(300));
 }
@@ -49,15 +57,17 @@ std::map<std::string, std::vector<std::string>> rows(const fs::path& f) {
   return m;
 }
 
-void check_resume(int world, int tp) {
+void check_resume(int world, int tp, int np = 0) {
   const nxd::testing::ScratchDir s("nxd_train_resume_");
   const fs::path& d = s.path;
   write_config(d, world, tp);
-  auto r = train(d, {"--out", (d / "whole").string()});
+  auto r = train(d, {"--out", (d / "whole").string()}, np);
   ASSERT_EQ(r.code, 0) << r.err;
-  r = train(d, {"--set", "trainer.max_steps=5", "--set",
-                "exp_manager.checkpoint_callback_params.every_n_train_steps=4", "--out",
-                (d / "cut").string()});
+  r = train(d,
+            {"--set", "trainer.max_steps=5", "--set",
+             "exp_manager.checkpoint_callback_params.every_n_train_steps=4", "--out",
+             (d / "cut").string()},
+            np);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("checkpoint step_4: training stalled"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(d / "cut/checkpoints/step_5/done"));  // save_last
@@ -67,7 +77,7 @@ void check_resume(int world, int tp) {
           "--out", (d / "resumed").string()});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("at step 4"), std::string::npos) << r.out;
-  r = train(d, {"--set", "exp_manager.resume_if_exists=true", "--out", (d / "again").string()});
+  r = train(d, {"--set", "exp_manager.resume_if_exists=true", "--out", (d / "again").string()}, np);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("step_5 at step 5"), std::string::npos) << r.out;
   const auto whole = rows(d / "whole/metrics.csv"), cut = rows(d / "cut/metrics.csv"),
@@ -78,12 +88,15 @@ void check_resume(int world, int tp) {
   for (const auto* part : {&cut, &resumed, &again})
     for (const auto& [step, v] : *part) EXPECT_EQ(v, whole.at(step)) << "step " << step;
   // resume_from_checkpoint pointing nowhere is a user error (exit 2)
-  r = train(d, {"--set", "exp_manager.resume_from_checkpoint=" + (d / "nowhere").string(), "--out",
-                (d / "bad").string()});
+  r = train(d,
+            {"--set", "exp_manager.resume_from_checkpoint=" + (d / "nowhere").string(), "--out",
+             (d / "bad").string()},
+            np);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("no complete checkpoint under"), std::string::npos) << r.err;
 }
 
+#ifndef NXD_RESUME_MPI
 TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunOneRank) {
   check_resume(1, 1);
 }
@@ -91,6 +104,11 @@ TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunOneRank) {
 TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunSimTp2Dp2) {
   check_resume(4, 2);
 }
+#else
+TEST(NxdTrainResumeMpi, BitwiseLikeAnUninterruptedRunTp2Dp2OnFourProcesses) {
+  check_resume(4, 2, 4);
+}
+#endif
 
 }  // namespace
 }  // namespace nxd::ckpt
