@@ -102,22 +102,12 @@ void export_merged(const fs::path& tag_dir, const fs::path& out) {
   write_safetensors(out, full, md);
 }
 
-void import_merged(const fs::path& file, const fs::path& out_root, const std::string& tag, int tp,
-                   int dp) {
+namespace {
+void import_with_config(const fs::path& file, ModelConfig cfg, const fs::path& out_root,
+                        const std::string& tag, int tp, int dp) {
   NXD_CHECK_T(ConfigError, tp >= 1 && dp >= 1, "[import] degrees must be >= 1, got tp=", tp,
               " dp=", dp);
   SafetensorsReader r(file);
-  const auto mc = r.header().metadata.find("nxd.model_config");
-  if (mc == r.header().metadata.end())
-    throw CheckpointError(str("[import] ", file.string(),
-                              " has no nxd.model_config in its metadata (not an nxd export)"));
-  json cj;
-  try {
-    cj = json::parse(mc->second);
-  } catch (const std::exception& e) {
-    throw CheckpointError(str("[import] ", file.string(), ": nxd.model_config: ", e.what()));
-  }
-  ModelConfig cfg = model_config_from_json(cj);
   cfg.kv_size_multiplier = std::max<int64_t>(1, tp / cfg.kv_heads());
   cfg.validate_parallel(tp);
   std::map<std::string, Tensor> full;
@@ -151,6 +141,116 @@ void import_merged(const fs::path& file, const fs::path& out_root, const std::st
                                     "' is not a parameter of the model"));
     save_checkpoint(out_root, tag, model.get(), nullptr, nullptr);
   });
+}
+}  // namespace
+
+void import_merged(const fs::path& file, const fs::path& out_root, const std::string& tag, int tp,
+                   int dp) {
+  const SafetensorsHeader h = SafetensorsReader(file).header();
+  const auto mc = h.metadata.find("nxd.model_config");
+  if (mc == h.metadata.end())
+    throw CheckpointError(str("[import] ", file.string(),
+                              " has no nxd.model_config in its metadata (not an nxd export)"));
+  json cj;
+  try {
+    cj = json::parse(mc->second);
+  } catch (const std::exception& e) {
+    throw CheckpointError(str("[import] ", file.string(), ": nxd.model_config: ", e.what()));
+  }
+  import_with_config(file, model_config_from_json(cj), out_root, tag, tp, dp);
+}
+
+json hf_config_json(const ModelConfig& c) {
+  json j = {{"vocab_size", c.vocab_size},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.ffn_size()},
+            {"num_hidden_layers", c.num_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            {"initializer_range", c.init_std},
+            {"torch_dtype", c.dtype == DType::bf16  ? "bfloat16"
+                            : c.dtype == DType::f64 ? "float64"
+                                                    : "float32"}};
+  if (c.arch == "llama") {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["num_key_value_heads"] = c.kv_heads();
+    j["rms_norm_eps"] = c.norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    j["hidden_act"] = "silu";
+  } else if (c.arch == "gpt_neox") {
+    j["architectures"] = {"GPTNeoXForCausalLM"};
+    j["model_type"] = "gpt_neox";
+    j["rotary_pct"] = c.rotary_pct;
+    j["rotary_emb_base"] = c.rope_theta;
+    j["layer_norm_eps"] = c.norm_eps;
+    j["use_parallel_residual"] = c.use_parallel_residual;
+    j["hidden_act"] = c.gelu_tanh ? "gelu_new" : "gelu";
+  } else {
+    throw CheckpointError(str("[export-hf] no transformers form for arch '", c.arch, "'"));
+  }
+  return j;
+}
+
+ModelConfig model_config_from_hf(const json& j) {
+  try {
+    ModelConfig c;
+    const std::string type = j.at("model_type").get<std::string>();
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.hidden_size = j.at("hidden_size").get<int64_t>();
+    c.ffn_hidden_size = j.at("intermediate_size").get<int64_t>();
+    c.num_layers = j.at("num_hidden_layers").get<int64_t>();
+    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
+    c.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
+    c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+    c.init_std = j.value("initializer_range", 0.02);
+    const std::string dt = j.value("torch_dtype", "float32");
+    c.dtype = dt == "bfloat16" ? DType::bf16 : dt == "float64" ? DType::f64 : DType::f32;
+    if (type == "llama") {
+      c.arch = "llama";
+      c.num_kv_heads = j.value("num_key_value_heads", c.num_attention_heads);
+      c.norm_eps = j.at("rms_norm_eps").get<double>();
+      c.rope_theta = j.value("rope_theta", 10000.0);
+    } else if (type == "gpt_neox") {
+      c.arch = "gpt_neox";
+      c.rotary_pct = j.at("rotary_pct").get<double>();
+      c.rope_theta = j.value("rotary_emb_base", 10000.0);
+      c.norm_eps = j.at("layer_norm_eps").get<double>();
+      c.use_parallel_residual = j.value("use_parallel_residual", true);
+      c.gelu_tanh = j.value("hidden_act", "gelu") == "gelu_new";
+    } else {
+      throw CheckpointError(str("model_type '", type, "' is not llama or gpt_neox"));
+    }
+    return c;
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(str("[import-hf] config.json: ", e.what()));
+  } catch (const std::exception& e) {
+    throw CheckpointError(str("[import-hf] config.json: ", e.what()));
+  }
+}
+
+void export_hf(const fs::path& tag_dir, const fs::path& out_dir) {
+  const json meta = read_metadata(tag_dir);
+  if (!meta.contains("model_config"))
+    throw CheckpointError(str("[export-hf] ", tag_dir.string(), " records no model_config"));
+  const json cfg = hf_config_json(model_config_from_json(meta["model_config"]));
+  fs::create_directories(out_dir);
+  export_merged(tag_dir, out_dir / "model.safetensors");
+  write_file_atomic(out_dir / "config.json", cfg.dump(2) + "\n");
+}
+
+void import_hf(const fs::path& hf_dir, const fs::path& out_root, const std::string& tag, int tp,
+               int dp) {
+  json j;
+  try {
+    j = json::parse(read_file(hf_dir / "config.json"));
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CheckpointError(str("[import-hf] ", (hf_dir / "config.json").string(), ": ", e.what()));
+  }
+  import_with_config(hf_dir / "model.safetensors", model_config_from_hf(j), out_root, tag, tp, dp);
 }
 
 json model_config_json(const ModelConfig& c) {

@@ -40,6 +40,17 @@ void reshard_checkpoint(const std::filesystem::path& tag_dir, const std::filesys
 void import_merged(const std::filesystem::path& file, const std::filesystem::path& out_root,
                    const std::string& tag, int tp, int dp);
 
+// Hugging Face transformers form: <out_dir>/model.safetensors (export_merged: nxd's Llama and
+// GPT-NeoX parameter names and layouts are transformers' own, GPT-NeoX's fused query_key_value
+// included) and <out_dir>/config.json (LlamaForCausalLM / GPTNeoXForCausalLM). import_hf reads
+// such a folder (config.json + model.safetensors) into a checkpoint at the given degrees.
+void export_hf(const std::filesystem::path& tag_dir, const std::filesystem::path& out_dir);
+void import_hf(const std::filesystem::path& hf_dir, const std::filesystem::path& out_root,
+               const std::string& tag, int tp, int dp);
+// The transformers config.json of a model config, and back (CheckpointError if unsupported).
+nlohmann::json hf_config_json(const ModelConfig& c);
+ModelConfig model_config_from_hf(const nlohmann::json& j);
+
 nlohmann::json model_config_json(const ModelConfig& c);
 ModelConfig model_config_from_json(const nlohmann::json& j);  // CheckpointError if malformed
 

@@ -9,6 +9,9 @@
 //                             the checkpoint at other degrees (CausalLM checkpoints)
 //   import FILE --tp N [--dp N] [--tag T] --out DIR2
 //                             an exported file back into a checkpoint (model only)
+//   export-hf DIR OUT_DIR     model.safetensors + config.json for Hugging Face transformers
+//   import-hf HF_DIR --tp N [--dp N] [--tag T] --out DIR2
+//                             a transformers folder (Llama, GPT-NeoX) into a checkpoint
 // Exit codes: 0 ok, 1 verify found damage (or an internal error), 2 a user mistake.
 #include <cstdio>
 #include <cstring>
@@ -30,6 +33,8 @@ const char* kUsage =
     "       nxd-ckpt export DIR OUT.safetensors\n"
     "       nxd-ckpt reshard DIR --tp N [--dp N] [--pp 1] --out DIR2\n"
     "       nxd-ckpt import FILE.safetensors --tp N [--dp N] [--tag T] --out DIR2\n"
+    "       nxd-ckpt export-hf DIR OUT_DIR\n"
+    "       nxd-ckpt import-hf HF_DIR --tp N [--dp N] [--tag T] --out DIR2\n"
     "DIR is a checkpoint folder (<path>/<tag>) or a folder of checkpoints (its newest complete "
     "one)\n";
 
@@ -179,6 +184,25 @@ int run(const std::vector<std::string>& a) {
     if (fs::exists(fs::path(out) / tag_name))
       throw Usage(nxd::str((fs::path(out) / tag_name).string(), " already exists"));
     nxd::ckpt::import_merged(pos[0], out, tag_name, tp, dp);
+    std::printf("%s -> %s (tp %d dp %d)\n", pos[0].c_str(),
+                (fs::path(out) / tag_name).string().c_str(), tp, dp);
+    return 0;
+  }
+  if (cmd == "export-hf") {
+    want(2);
+    const fs::path tag = nxd::ckpt::resolve_checkpoint(pos[0]);
+    nxd::ckpt::export_hf(tag, pos[1]);
+    std::printf("%s -> %s/{model.safetensors,config.json}\n", tag.string().c_str(), pos[1].c_str());
+    return 0;
+  }
+  if (cmd == "import-hf") {
+    want(1);
+    if (tp == 0 || out.empty()) throw Usage("import-hf needs --tp N and --out DIR");
+    if (!fs::is_regular_file(fs::path(pos[0]) / "config.json"))
+      throw Usage(nxd::str(pos[0], " has no config.json"));
+    if (fs::exists(fs::path(out) / tag_name))
+      throw Usage(nxd::str((fs::path(out) / tag_name).string(), " already exists"));
+    nxd::ckpt::import_hf(pos[0], out, tag_name, tp, dp);
     std::printf("%s -> %s (tp %d dp %d)\n", pos[0].c_str(),
                 (fs::path(out) / tag_name).string().c_str(), tp, dp);
     return 0;

@@ -47,6 +47,11 @@ TEST(NxdCkpt, InspectVerifyExportReshard) {
            d);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(d / "imp/imported/done"));
+  r = ckpt({"export-hf", (d / "run").string(), (d / "hf").string()}, d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = ckpt({"import-hf", (d / "hf").string(), "--tp", "2", "--out", (d / "hfin").string()}, d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(d / "hfin/imported/done"));
   r = ckpt({"reshard", (d / "run").string(), "--tp", "2", "--out", (d / "tp2").string()}, d);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(d / "tp2/step_1/model/dp_rank_00_tp_rank_01_pp_rank_00.safetensors"));
@@ -78,6 +83,7 @@ TEST(NxdCkpt, UserMistakesExitWithCode2) {
       {{"reshard", d.string(), "--tp", "2", "--pp", "2", "--out", none}, "--pp 1 only"},
       {{"inspect", d.string(), "--bogus"}, "unknown option --bogus"},
       {{"import", none, "--tp", "1", "--out", none}, "is not a file"},
+      {{"import-hf", d.string(), "--tp", "1", "--out", none}, "has no config.json"},
   };
   for (const auto& [args, expect] : cases) {
     const auto r = ckpt(args, d);

@@ -101,6 +101,42 @@ TEST(Offline, ExportThenImportIsBitwise) {
   }
 }
 
+// Hugging Face form for both families: the folder has transformers' names and a config.json
+// that maps back to the same model; export-hf then import-hf (at TP 2) is bitwise.
+TEST(Offline, HuggingFaceRoundTripBothFamilies) {
+  const nxd::testing::ScratchDir root_scratch("nxd_offline_");
+  const fs::path& root = root_scratch.path;
+  for (const char* arch : {"llama", "gpt_neox"}) {
+    ModelConfig c = nxd::testing::ckpt_model_config(1);
+    c.arch = arch;
+    if (c.arch == "gpt_neox") c.num_kv_heads = 0, c.rotary_pct = 0.5, c.gelu_tanh = true;
+    auto m = make_causal_lm(c, 4);
+    const fs::path src = root / arch / "src", hf = root / arch / "hf", back = root / arch / "back";
+    save_checkpoint(src, "a", m.get(), nullptr, nullptr);
+    export_hf(src / "a", hf);
+    const auto j = nlohmann::json::parse(nxd::testing::slurp(hf / "config.json"));
+    EXPECT_EQ(j["model_type"], arch);
+    EXPECT_EQ(j["architectures"][0], c.arch == "llama" ? "LlamaForCausalLM" : "GPTNeoXForCausalLM");
+    EXPECT_EQ(j["num_hidden_layers"], 2);
+    EXPECT_EQ(j["intermediate_size"], c.ffn_size());
+    ModelConfig r = model_config_from_hf(j);
+    EXPECT_EQ(r.arch, c.arch);
+    EXPECT_EQ(r.kv_heads(), c.kv_heads());
+    EXPECT_EQ(r.gelu_tanh, c.gelu_tanh);
+    const auto names = read_map(hf / "model.safetensors");
+    EXPECT_TRUE(names.count(c.arch == "llama"
+                                ? "model.layers.0.self_attn.q_proj.weight"
+                                : "gpt_neox.layers.0.attention.query_key_value.weight"));
+    import_hf(hf, back, "b", 2, 1);
+    auto m2 = make_causal_lm(c, 99);
+    load_checkpoint(back, m2.get(), nullptr, nullptr);
+    for (const auto& [n, x] : m->state_dict())
+      EXPECT_TRUE(nxd::testing::bitwise_equal(m2->state_dict().at(n), x.detach(), n));
+  }
+  nlohmann::json bad = {{"model_type", "bert"}};
+  EXPECT_THROW(model_config_from_hf(bad), CheckpointError);
+}
+
 TEST(Offline, VerifyNamesTheFirstBadTensor) {
   const nxd::testing::ScratchDir root_scratch("nxd_offline_");
   const fs::path& root = root_scratch.path;
