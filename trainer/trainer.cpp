@@ -138,6 +138,7 @@ nlohmann::json Trainer::loop_state() const {
   nlohmann::json s = {{"step", step_},
                       {"rng_seed", current_context().rng().seed()},
                       {"rng_counter", current_context().rng().counter()},
+                      {"dp_size", dp_},
                       {"data", nullptr}};
   if (data_)
     if (auto d = data_->state()) s["data"] = {{"epoch", d->epoch}, {"position", d->position}};
@@ -151,9 +152,21 @@ void Trainer::restore_loop_state(const nlohmann::json& s) {
     Generator& g = current_context().rng();
     g.set_seed(s.at("rng_seed").get<uint64_t>());
     g.set_counter(s.at("rng_counter").get<uint64_t>());
-    if (data_ && !s.at("data").is_null())
-      data_->set_state(
-          DataState{s["data"].at("epoch").get<int64_t>(), s["data"].at("position").get<int64_t>()});
+    if (data_ && !s.at("data").is_null()) {
+      // Positions count this rank's micro batches: at another DP size the same number of
+      // samples taken is position * saved_dp / dp (the epoch's sample order is the same).
+      const int64_t saved_dp = s.value("dp_size", int64_t{dp_});
+      int64_t pos = s["data"].at("position").get<int64_t>();
+      if (saved_dp != dp_) {
+        if (pos * saved_dp % dp_ != 0)
+          throw ConfigError(str("[trainer] cannot resume at data parallel size ", dp_,
+                                ": the checkpoint was saved at ", saved_dp, " after ", pos,
+                                " micro batches per rank in its epoch, not a whole number at ",
+                                dp_));
+        pos = pos * saved_dp / dp_;
+      }
+      data_->set_state(DataState{s["data"].at("epoch").get<int64_t>(), pos});
+    }
     step_ = step;
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(str("[trainer] checkpoint trainer state ", s.dump(), ": ", e.what()));
