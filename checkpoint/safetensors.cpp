@@ -250,6 +250,15 @@ struct SafetensorsReader::Source {
     if (dctx) ZSTD_freeDCtx(dctx);
     if (fd >= 0) ::close(fd);
   }
+  // zstd: whether the file holds nothing after the frame.
+  bool nothing_after_frame() {
+    if (ib.pos < ib.size) return false;
+    char c;
+    ssize_t r;
+    do r = ::read(fd, &c, 1);
+    while (r < 0 && errno == EINTR);
+    return r == 0;
+  }
   // Reads up to n bytes; fewer only at the end of the data or on an error (see `error`).
   size_t read(void* dst, size_t n) {
     char* p = static_cast<char*>(dst);
@@ -368,6 +377,7 @@ void SafetensorsReader::read(const std::function<void*(const TensorInfo&)>& sink
     if (!src_->error.empty()) bad(file, "unreadable after the last tensor (" + src_->error + ")");
     if (more != 0 || src_->frame_left != 0)
       bad(file, more ? "data after the last tensor" : "truncated: the zstd frame does not end");
+    if (!src_->nothing_after_frame()) bad(file, "data after the zstd frame");
   }
 }
 

@@ -203,6 +203,9 @@ TEST(Safetensors, DamagedFilesNameTheFileAndTensor) {
   m = message_of([&] { SafetensorsReader(z).read_all(); });
   EXPECT_NE(m.find(z.string()), std::string::npos) << m;
   EXPECT_EQ(m.find("no exception"), std::string::npos) << m;
+  spit(z, zg + "garbage");
+  m = message_of([&] { SafetensorsReader(z).read_all(); });
+  EXPECT_NE(m.find("data after the zstd frame"), std::string::npos) << m;
   spit(z, zg.substr(0, zg.size() - 9));
   m = message_of([&] { SafetensorsReader(z).read_all(); });
   EXPECT_NE(m.find("truncated"), std::string::npos) << m;
