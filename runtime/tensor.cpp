@@ -596,7 +596,8 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = make(shape, dtype, device);
-  if (device == Device::host) std::memset(t.raw_data(), 0, static_cast<size_t>(t.nbytes()));
+  if (device == Device::host && t.nbytes() > 0)  // an empty tensor has no storage pointer
+    std::memset(t.raw_data(), 0, static_cast<size_t>(t.nbytes()));
   return t;
 }
 

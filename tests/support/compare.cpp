@@ -63,7 +63,8 @@ Diff diff(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype())
     return ::testing::AssertionFailure() << what << ": " << a.desc() << " vs " << b.desc();
   Tensor ca = a.detach().contiguous(), cb = b.detach().contiguous();
-  if (std::memcmp(ca.raw_data(), cb.raw_data(), static_cast<size_t>(ca.nbytes())) == 0)
+  if (ca.nbytes() == 0 ||  // empty tensors have no storage pointer
+      std::memcmp(ca.raw_data(), cb.raw_data(), static_cast<size_t>(ca.nbytes())) == 0)
     return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << what << " not bitwise equal: " << diff(a, b).str();
 }
