@@ -1,5 +1,6 @@
 #include "nxd/checkpoint/offline.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
@@ -10,6 +11,7 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/pipeline/pipeline_model.h"
 
 namespace nxd::ckpt {
 namespace fs = std::filesystem;
@@ -305,25 +307,39 @@ ModelConfig model_config_from_json(const json& j) {
 
 namespace {
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const json& info, const Module& model) {
-  std::map<std::string, Tensor> params;
-  for (const auto& [n, t] : model.named_parameters()) params[n] = t;
+// The saved optimizer's kind, options and groups over `params` (this rank's, in order). A
+// parameter goes to the saved group that listed it; one no group listed (saved by another
+// pipeline stage) goes by NxD's rule: "no_decay" for biases and norms, else "decay", else the
+// first group.
+std::unique_ptr<optim::Optimizer> make_optimizer(const json& info,
+                                                 const std::vector<optim::NamedParam>& params) {
   std::vector<optim::ParamGroup> groups;
+  std::map<std::string, size_t> listed;
   for (const auto& g : info.at("groups")) {
     optim::ParamGroup pg;
     pg.name = g.at("name").get<std::string>();
     pg.lr = g.at("lr").get<double>();
     pg.weight_decay = g.at("weight_decay").get<double>();
     pg.lr_scale = g.at("lr_scale").get<double>();
-    for (const auto& n : g.at("params")) {
-      const auto it = params.find(n.get<std::string>());
-      if (it == params.end())
-        throw CheckpointError(
-            str("[reshard] the optimizer's parameter ", n.dump(), " is not in the model"));
-      pg.params.push_back({it->first, it->second});
-    }
+    for (const auto& n : g.at("params")) listed[n.get<std::string>()] = groups.size();
     groups.push_back(std::move(pg));
   }
+  if (groups.empty()) throw CheckpointError("[reshard] the optimizer has no parameter groups");
+  auto by_name = [&](const char* name) -> size_t {
+    for (size_t i = 0; i < groups.size(); ++i)
+      if (groups[i].name == name) return i;
+    return 0;
+  };
+  for (const auto& p : params) {
+    const auto it = listed.find(p.name);
+    const size_t gi = it != listed.end()
+                          ? it->second
+                          : by_name(optim::is_no_decay_param(p.name) ? "no_decay" : "decay");
+    groups[gi].params.push_back(p);
+  }
+  groups.erase(std::remove_if(groups.begin(), groups.end(),
+                              [](const optim::ParamGroup& g) { return g.params.empty(); }),
+               groups.end());
   const std::string kind = info.at("kind").get<std::string>();
   const json o = info.value("options", json::object());
   if (kind == "AdamW") {
@@ -345,10 +361,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const json& info, const Module&
 
 }  // namespace
 
-void reshard_checkpoint(const fs::path& tag_dir, const fs::path& out_root, int tp, int dp) {
+void reshard_checkpoint(const fs::path& tag_dir, const fs::path& out_root, int tp, int dp, int pp) {
   const json meta = read_metadata(tag_dir);
-  NXD_CHECK_T(ConfigError, tp >= 1 && dp >= 1, "[reshard] degrees must be >= 1, got tp=", tp,
-              " dp=", dp);
+  NXD_CHECK_T(ConfigError, tp >= 1 && dp >= 1 && pp >= 1,
+              "[reshard] degrees must be >= 1, got tp=", tp, " pp=", pp, " dp=", dp);
   if (!meta.contains("model_config"))
     throw CheckpointError(str("[reshard] ", tag_dir.string(),
                               " records no model_config (not a CausalLM checkpoint)"));
@@ -359,16 +375,29 @@ void reshard_checkpoint(const fs::path& tag_dir, const fs::path& out_root, int t
   const fs::path src_root = tag_dir.parent_path();
   const std::string tag = tag_dir.filename().string();
   const bool has_sched = fs::exists(tag_dir / detail::kScheduler);
-  sim::launch(tp * dp, [&] {
-    parallel_state::initialize_model_parallel(tp);
-    auto model = make_causal_lm(cfg, 0);
+  sim::launch(tp * pp * dp, [&] {
+    parallel_state::initialize_model_parallel(tp, pp);
+    std::shared_ptr<CausalLM> whole;
+    std::unique_ptr<pipeline::PipelineModel> staged;
+    std::vector<Module*> chunks;
+    std::vector<optim::NamedParam> params;
+    if (pp == 1) {
+      whole = make_causal_lm(cfg, 0);
+      chunks = {whole.get()};
+      for (const auto& [n, t] : whole->named_parameters()) params.push_back({n, t});
+    } else {
+      staged = std::make_unique<pipeline::PipelineModel>(cfg, 0);
+      for (const auto& c : staged->chunks()) chunks.push_back(c.get());
+      params = staged->local_named_parameters();
+    }
     std::unique_ptr<optim::Optimizer> opt;
-    if (has_optim) opt = make_optimizer(meta["optimizer"].at("info"), *model);
+    if (has_optim) opt = make_optimizer(meta["optimizer"].at("info"), params);
     optim::LRSchedule sched({});
-    const json user = load_checkpoint(src_root, model.get(), opt.get(),
-                                      has_sched ? &sched : nullptr, {.tag = tag});
+    const json user =
+        load_checkpoint(src_root, chunks, opt.get(), has_sched ? &sched : nullptr, {.tag = tag});
     save_checkpoint(
-        out_root, tag, model.get(), opt.get(), has_sched ? &sched : nullptr, user,
+        out_root, tag, std::vector<const Module*>(chunks.begin(), chunks.end()), opt.get(),
+        has_sched ? &sched : nullptr, user,
         {.compress = meta.value("compressed", false), .step = meta.value("step", int64_t{0})});
   });
 }

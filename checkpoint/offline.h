@@ -28,10 +28,11 @@ VerifyReport verify_checkpoint(const std::filesystem::path& tag_dir);
 void export_merged(const std::filesystem::path& tag_dir, const std::filesystem::path& out);
 
 // Loads a complete checkpoint of a CausalLM (metadata.json records its model_config) at the
-// given degrees on sim ranks and saves it under out_root/<same tag> (model, optimizer if saved,
-// scheduler, user content). PP must be 1 for now. ConfigError for impossible degrees.
+// given degrees on sim ranks (pp > 1: a PipelineModel's balanced stages) and saves it under
+// out_root/<same tag> (model, optimizer if saved, scheduler, user content). ConfigError for
+// impossible degrees.
 void reshard_checkpoint(const std::filesystem::path& tag_dir, const std::filesystem::path& out_root,
-                        int tp, int dp);
+                        int tp, int dp, int pp = 1);
 
 // The inverse of export_merged: a safetensors file of full tensors with "nxd.model_config" in
 // its metadata (what export_merged writes) becomes the model of a checkpoint out_root/<tag> at

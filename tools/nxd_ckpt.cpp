@@ -5,7 +5,7 @@
 //   verify DIR                every file and checksum of DIR's newest complete checkpoint (or DIR);
 //                             exit 1 at the first bad one, naming it
 //   export DIR OUT            the model as one safetensors file of full tensors
-//   reshard DIR --tp N [--dp N] [--pp 1] --out DIR2
+//   reshard DIR --tp N [--pp N] [--dp N] --out DIR2
 //                             the checkpoint at other degrees (CausalLM checkpoints)
 //   import FILE --tp N [--dp N] [--tag T] --out DIR2
 //                             an exported file back into a checkpoint (model only)
@@ -31,7 +31,7 @@ const char* kUsage =
     "usage: nxd-ckpt inspect DIR [--tensors]\n"
     "       nxd-ckpt verify DIR\n"
     "       nxd-ckpt export DIR OUT.safetensors\n"
-    "       nxd-ckpt reshard DIR --tp N [--dp N] [--pp 1] --out DIR2\n"
+    "       nxd-ckpt reshard DIR --tp N [--pp N] [--dp N] --out DIR2\n"
     "       nxd-ckpt import FILE.safetensors --tp N [--dp N] [--tag T] --out DIR2\n"
     "       nxd-ckpt export-hf DIR OUT_DIR\n"
     "       nxd-ckpt import-hf HF_DIR --tp N [--dp N] [--tag T] --out DIR2\n"
@@ -168,13 +168,12 @@ int run(const std::vector<std::string>& a) {
   if (cmd == "reshard") {
     want(1);
     if (tp == 0 || out.empty()) throw Usage("reshard needs --tp N and --out DIR");
-    if (pp != 1) throw Usage("reshard supports --pp 1 only for now");
     const fs::path tag = nxd::ckpt::resolve_checkpoint(pos[0]);
     if (fs::exists(fs::path(out) / tag.filename()))
       throw Usage(nxd::str((fs::path(out) / tag.filename()).string(), " already exists"));
-    nxd::ckpt::reshard_checkpoint(tag, out, tp, dp);
-    std::printf("%s -> %s (tp %d dp %d)\n", tag.string().c_str(),
-                (fs::path(out) / tag.filename()).string().c_str(), tp, dp);
+    nxd::ckpt::reshard_checkpoint(tag, out, tp, dp, pp);
+    std::printf("%s -> %s (tp %d pp %d dp %d)\n", tag.string().c_str(),
+                (fs::path(out) / tag.filename()).string().c_str(), tp, pp, dp);
     return 0;
   }
   if (cmd == "import") {

@@ -80,7 +80,7 @@ TEST(NxdCkpt, UserMistakesExitWithCode2) {
       {{"verify"}, "verify takes 1 argument(s), got 0"},
       {{"reshard", d.string(), "--tp", "0", "--out", none}, "--tp needs a positive integer"},
       {{"reshard", d.string(), "--out", none}, "needs --tp N"},
-      {{"reshard", d.string(), "--tp", "2", "--pp", "2", "--out", none}, "--pp 1 only"},
+      {{"reshard", d.string(), "--tp", "2", "--pp", "2", "--out", none}, "no complete checkpoint"},
       {{"inspect", d.string(), "--bogus"}, "unknown option --bogus"},
       {{"import", none, "--tp", "1", "--out", none}, "is not a file"},
       {{"import-hf", d.string(), "--tp", "1", "--out", none}, "has no config.json"},

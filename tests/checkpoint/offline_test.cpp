@@ -50,7 +50,8 @@ TEST(Offline, ExportAndReshardKeepEveryTensor) {
   // TP 2 -> 4 (K/V now replicated) -> 1, offline: the exported tensors never change
   reshard_checkpoint(tag, root / "tp4", 4, 1);
   reshard_checkpoint(root / "tp4" / "step_1", root / "tp1", 1, 2);
-  for (const char* d : {"tp4", "tp1"}) {
+  reshard_checkpoint(root / "tp4" / "step_1", root / "tp2pp2", 2, 1, 2);  // pipeline stages
+  for (const char* d : {"tp4", "tp1", "tp2pp2"}) {
     const fs::path t = resolve_checkpoint(root / d);
     EXPECT_EQ(read_metadata(t)["step"], 1);
     EXPECT_GT(verify_checkpoint(t).tensors, 0);
@@ -70,6 +71,12 @@ TEST(Offline, ExportAndReshardKeepEveryTensor) {
   load_checkpoint(root / "tp2", direct.model.get(), direct.opt.get(), direct.sched.get());
   nxd::testing::expect_same(nxd::testing::snapshot(*back.model, back.opt.get()),
                             nxd::testing::snapshot(*direct.model, direct.opt.get()), "TP2->4->1");
+  EXPECT_EQ(read_metadata(root / "tp2pp2/step_1")["parallel"]["pp"], 2);
+  Trainee staged(1, 9);
+  load_checkpoint(root / "tp2pp2", staged.model.get(), staged.opt.get(), staged.sched.get());
+  nxd::testing::expect_same(nxd::testing::snapshot(*staged.model, staged.opt.get()),
+                            nxd::testing::snapshot(*direct.model, direct.opt.get()),
+                            "TP2->4->TP2xPP2->1");
 }
 
 // export then import (at TP 4, K/V replicated) gives bitwise the same parameters.
