@@ -17,7 +17,7 @@
 // Deterministic: every partial sum combines the lower-numbered members' partial first, each
 // chunk's final value is computed by one member and then copied, so every member gets the same
 // bits on every run. bf16 partial sums travel in f32 and are rounded once at the end. The
-// modeled time on the sim backend is rdh_all_reduce_time (runtime/sim/collective_cost.h).
+// modeled time on the sim backend is rdh_all_reduce_time (sim/collective_cost.h).
 #include "nxd/collectives/communicator.h"
 
 namespace nxd::algorithms {

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "nxd/runtime/sim/clock.h"
-#include "nxd/runtime/sim/collective_cost.h"
+#include "nxd/collectives/sim/collective_cost.h"
 #include "nxd/runtime/sim/machine.h"
 #include "nxd/runtime/sim/timeline.h"
 

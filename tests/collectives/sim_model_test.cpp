@@ -11,8 +11,9 @@
 #include "nxd/collectives/algorithms/rdh.h"
 #include "nxd/collectives/algorithms/ring.h"
 #include "nxd/collectives/communicator.h"
+#include "nxd/collectives/sim/collective_cost.h"
 #include "nxd/collectives/sim/launch.h"
-#include "nxd/runtime/sim/collective_cost.h"
+#include "nxd/collectives/sim/nccom_figures.h"
 
 using namespace nxd;
 using namespace nxd::sim;
@@ -247,43 +248,19 @@ TEST(SimDevice, TimelineIsRecordedOnlyWhenAskedFor) {
 }
 
 TEST(SimCost, ModelAgainstPublishedNccomTestFigures) {
-  // nccom-test examples (neuron_hardware.md §2.2), large messages where bandwidth dominates.
-  struct Row {
-    const char* machine;
-    int ranks;
-    double bytes, us, tol;
-  };
-  const Row rows[] = {
-      {"trn1.32xlarge", 2, 64.0 * (1 << 20), 1214, 0.05},
-      {"trn1.32xlarge", 2, 256.0 * (1 << 20), 4750, 0.05},
-      {"trn1.32xlarge", 2, 1024.0 * (1 << 20), 18930, 0.05},
-      {"2xtrn1.32xlarge", 64, 128.0 * (1 << 20), 6279, 0.20},
-      {"2xtrn1.32xlarge", 64, 512.0 * (1 << 20), 21803, 0.20},
-      {"2xtrn1.32xlarge", 64, 1024.0 * (1 << 20), 41806, 0.20},
-  };
-  // Newer-SDK all-gather examples (latency-bound and Mesh sizes).
-  struct AgRow {
-    int ranks;
-    double bytes, us;
-  };
-  for (const AgRow& r :
-       {AgRow{32, 1024, 6.16}, AgRow{32, 512 * 1024, 23.16}, AgRow{8, 512 * 1024, 14.83}}) {
+  // nccom-test examples (collectives/sim/nccom_figures.h): the large all-reduces where bandwidth
+  // dominates and the all-gathers (latency-bound and Mesh sizes), each within its tolerance.
+  for (const NccomFigure& r : kNccomFigures) {
+    if (r.test_tolerance <= 0) continue;
     std::vector<int> ranks(r.ranks);
     for (int i = 0; i < r.ranks; ++i) ranks[i] = i;
-    double t =
-        collective_cost(machine("trn1.32xlarge"), CollKind::all_gather, ranks, r.bytes).seconds;
-    std::printf("trn1.32xlarge %d ranks all-gather %.0f B: published %.2f us, modeled %.2f us\n",
-                r.ranks, r.bytes, r.us, t * 1e6);
-    EXPECT_LT(std::abs(t * 1e6 / r.us - 1), 0.25) << r.ranks << " ranks " << r.bytes << " B";
-  }
-  for (const Row& r : rows) {
-    std::vector<int> ranks(r.ranks);
-    for (int i = 0; i < r.ranks; ++i) ranks[i] = i;
-    double t = collective_cost(machine(r.machine), CollKind::all_reduce, ranks, r.bytes).seconds;
+    double t = collective_cost(machine(r.instance), r.kind, ranks, r.bytes).seconds;
     double err = t * 1e6 / r.us - 1;
-    std::printf("%s %d ranks all-reduce %.0f MiB: published %.0f us, modeled %.0f us (%+.1f%%)\n",
-                r.machine, r.ranks, r.bytes / (1 << 20), r.us, t * 1e6, err * 100);
-    EXPECT_LT(std::abs(err), r.tol) << r.machine << " " << r.bytes;
+    std::printf("%s %d ranks %s %.0f B: published %.2f us, modeled %.2f us (%+.1f%%)%s\n",
+                r.instance, r.ranks, coll_kind_name(r.kind), r.bytes, r.us, t * 1e6, err * 100,
+                r.calibration ? " (calibration)" : "");
+    EXPECT_LT(std::abs(err), r.test_tolerance) << r.instance << " " << r.ranks << " ranks "
+                                               << coll_kind_name(r.kind) << " " << r.bytes << " B";
   }
 }
 

@@ -1,4 +1,4 @@
-#include "nxd/runtime/sim/collective_cost.h"
+#include "nxd/collectives/sim/collective_cost.h"
 
 #include <algorithm>
 #include <cmath>

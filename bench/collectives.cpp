@@ -1,4 +1,4 @@
-// nxd-bench-collectives: an nccl-tests-style table (size, count, dtype, time, algbw, busbw with
+// nxd-bench-collectives (bench/): an nccl-tests-style table (size, count, dtype, time, algbw, busbw with
 // nccl-tests' bus-bandwidth factors; GB/s = 1e9 B/s) for one collective over a range of sizes.
 //
 //   --backend sim: ranks are threads; prints the host-measured time and bandwidth, a one-thread
@@ -9,7 +9,6 @@
 //     run, and the ratio nxd/raw busbw (target >= 0.95 from 1 MiB).
 // Bad flags print a message and exit with code 2.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/mpi/mpi.h"
+#include "nxd/collectives/sim/collective_cost.h"
 #include "nxd/collectives/sim/launch.h"
-#include "nxd/runtime/sim/collective_cost.h"
+#include "nxd/collectives/sim/nccom_figures.h"
 
 #if NXD_WITH_MPI
 #include <mpi.h>
@@ -189,10 +190,6 @@ std::pair<int64_t, int64_t> buffer_elems(CollKind k, int64_t n, int p) {
   }
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 std::vector<int64_t> sizes(const Args& a) {
   std::vector<int64_t> s;
   for (int64_t b = a.min_bytes; b <= a.max_bytes; b *= 2) s.push_back(b);
@@ -202,47 +199,9 @@ std::vector<int64_t> sizes(const Args& a) {
 // ------------------------------------------------------------------------------------------
 // sim
 
-struct Published {
-  const char* what;
-  const char* instance;
-  int ranks;
-  CollKind kind;
-  double bytes;
-  double us;
-  const char* source;
-};
-
-// nccom-test examples (neuron_hardware.md §2.2); "GB/s" there is GiB/s.
-const Published kPublished[] = {
-    {"2 ranks fp32 all-reduce (2023)", "trn1.32xlarge", 2, CollKind::all_reduce, 4 << 20, 107,
-     "nccom-test.rst@4f641e78"},
-    {"2 ranks fp32 all-reduce (2023)", "trn1.32xlarge", 2, CollKind::all_reduce, 16 << 20, 332,
-     "nccom-test.rst@4f641e78"},
-    {"2 ranks fp32 all-reduce (2023)", "trn1.32xlarge", 2, CollKind::all_reduce, 64 << 20, 1214,
-     "nccom-test.rst@4f641e78"},
-    {"2 ranks fp32 all-reduce (2023)", "trn1.32xlarge", 2, CollKind::all_reduce, 256 << 20, 4750,
-     "nccom-test.rst@4f641e78"},
-    {"2 ranks fp32 all-reduce (2023)", "trn1.32xlarge", 2, CollKind::all_reduce, 1 << 30, 18930,
-     "nccom-test.rst@4f641e78"},
-    {"64 ranks (2 x trn1.32xlarge) all-reduce", "2xtrn1.32xlarge", 64, CollKind::all_reduce,
-     16 << 20, 2138, "nccom-test.rst@4f641e78"},
-    {"64 ranks (2 x trn1.32xlarge) all-reduce", "2xtrn1.32xlarge", 64, CollKind::all_reduce,
-     128 << 20, 6279, "nccom-test.rst@4f641e78"},
-    {"64 ranks (2 x trn1.32xlarge) all-reduce", "2xtrn1.32xlarge", 64, CollKind::all_reduce,
-     512 << 20, 21803, "nccom-test.rst@4f641e78"},
-    {"64 ranks (2 x trn1.32xlarge) all-reduce", "2xtrn1.32xlarge", 64, CollKind::all_reduce,
-     1 << 30, 41806, "nccom-test.rst@4f641e78"},
-    {"32 ranks all-gather (newer SDK)", "trn1.32xlarge", 32, CollKind::all_gather, 1 << 10, 6.16,
-     "nccom-test.rst@81ce03a"},
-    {"32 ranks all-gather (newer SDK)", "trn1.32xlarge", 32, CollKind::all_gather, 512 << 10, 23.16,
-     "nccom-test.rst@81ce03a"},
-    {"8 ranks all-gather (--stats example)", "trn1.32xlarge", 8, CollKind::all_gather, 512 << 10,
-     14.83, "nccom-test.rst@81ce03a"},
-};
-
 void print_published(CollKind k, const std::string& instance) {
   bool header = false;
-  for (const Published& p : kPublished) {
+  for (const sim::NccomFigure& p : sim::kNccomFigures) {
     if (p.kind != k) continue;
     if (!instance.empty() && instance.find("trn1") == std::string::npos) continue;
     if (!header) {
@@ -260,9 +219,9 @@ void print_published(CollKind k, const std::string& instance) {
     double f = sim::busbw_factor(p.kind, p.ranks);
     double pub_bw = p.bytes / (p.us * 1e-6) * f / sim::kGiB;
     double mdl_bw = p.bytes / c.seconds * f / sim::kGiB;
-    std::printf("  %-40s %10.0f %12.2f %12.2f %9.2f %9.2f %+5.0f%%  %s\n", p.what, p.bytes, p.us,
+    std::printf("  %-40s %10.0f %12.2f %12.2f %9.2f %9.2f %+5.0f%%  %s%s\n", p.what, p.bytes, p.us,
                 c.seconds * 1e6, pub_bw, mdl_bw, (c.seconds * 1e6 / p.us - 1) * 100,
-                sim::algorithm_name(c.algorithm));
+                sim::algorithm_name(c.algorithm), p.calibration ? "  (calibration)" : "");
   }
 }
 
@@ -315,11 +274,11 @@ int run_sim(const Args& a) {
       for (int round = 0; round < rounds; ++round) {
         c.barrier();
         m0 = clk->now();
-        const double t0 = now_s();
+        const double t0 = bench::now_seconds();
         double q = t0;
         for (int it = 0; it < reps; ++it) {
           run_op(c, k, pa, pb, n, a.dtype);
-          const double q1 = now_s();
+          const double q1 = bench::now_seconds();
           per_call.push_back(q1 - q);
           q = q1;
         }
@@ -328,8 +287,7 @@ int run_sim(const Args& a) {
       }
       if (host) {
         host_t[i][r] = best;
-        std::nth_element(per_call.begin(), per_call.begin() + per_call.size() / 2, per_call.end());
-        host_p50[i][r] = per_call[per_call.size() / 2];
+        host_p50[i][r] = bench::median_of(per_call);
       }
       if (r == 0) {
         model_t[i] = (m1 - m0) / reps;
@@ -344,9 +302,9 @@ int run_sim(const Args& a) {
           std::vector<char> src(S[i], 1), dst(S[i]);
           std::memcpy(dst.data(), src.data(), S[i]);
           for (int round = 0; round < kRounds; ++round) {
-            double c0 = now_s();
+            double c0 = bench::now_seconds();
             for (int it = 0; it < iters; ++it) std::memcpy(dst.data(), src.data(), S[i]);
-            const double t = (now_s() - c0) / iters;
+            const double t = (bench::now_seconds() - c0) / iters;
             copy_t[i] = round == 0 ? t : std::min(copy_t[i], t);
           }
         }
