@@ -1,5 +1,5 @@
-// nxd-bench-collectives (bench/): an nccl-tests-style table (size, count, dtype, time, algbw, busbw with
-// nccl-tests' bus-bandwidth factors; GB/s = 1e9 B/s) for one collective over a range of sizes.
+// nxd-bench-collectives (bench/): an nccl-tests-style table (size, count, dtype, time, algbw, busbw
+// with nccl-tests' bus-bandwidth factors; GB/s = 1e9 B/s) for one collective over a range of sizes.
 //
 //   --backend sim: ranks are threads; prints the host-measured time and bandwidth, a one-thread
 //     memcpy of the same size measured in the same run (the baseline) and the ratio, and the
