@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "nxd/collectives/algorithms/reduce.h"  // reduce_buffers*, shared by the backends
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/dtype.h"
 #include "nxd/runtime/tensor.h"
@@ -149,15 +150,5 @@ std::shared_ptr<Communicator> make_self_communicator(int global_rank = 0);
 Communicator& world();
 std::shared_ptr<Communicator> world_ptr();
 void set_world(Context& ctx, std::shared_ptr<Communicator> comm);
-
-// Reduction kernel shared by the backends: dst[i] = op(srcs[0][i], ..., srcs[k-1][i]) in source
-// order (bf16 accumulates in f32, rounds once; avg divides by `divisor`). dst may alias srcs[j].
-void reduce_buffers(void* dst, const std::vector<const void*>& srcs, int64_t count, DType dtype,
-                    ReduceOp op, int divisor);
-// The same result written to each of `nd` destinations in one pass (L1-sized blocks: every
-// source block is combined, then stored to every destination). A destination may alias a source
-// at the same offsets.
-void reduce_buffers_to(void* const* dsts, int nd, const void* const* srcs, int ns, int64_t count,
-                       DType dtype, ReduceOp op, int divisor);
 
 }  // namespace nxd

@@ -1,4 +1,3 @@
-#if NXD_WITH_MPI
 #include "nxd/collectives/mpi/ring.h"
 
 #include <algorithm>
@@ -222,4 +221,3 @@ void ring_all_gather(const RingComm& rc, const void* send, void* recv, int64_t c
 }
 
 }  // namespace nxd::mpi::detail
-#endif

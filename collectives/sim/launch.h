@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "nxd/runtime/sim/clock.h"
 #include "nxd/collectives/sim/collective_cost.h"
+#include "nxd/runtime/sim/clock.h"
 #include "nxd/runtime/sim/machine.h"
 #include "nxd/runtime/sim/timeline.h"
 
