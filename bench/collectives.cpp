@@ -449,8 +449,13 @@ int run_mpi(const Args& a, int argc, char** argv) {
           k == CollKind::all_reduce || k == CollKind::all_gather || k == CollKind::reduce_scatter;
       std::printf(" %11lld %11lld %5s | %11.2f %9.2f %9.2f %5s | %11.2f %9.2f %9.2f | %6.3f\n",
                   (long long)bytes, (long long)n, dtype_name(a.dtype), t_nxd * 1e6, an, an * f,
-                  reduces_or_gathers ? mpi::algorithm_for(bytes, p) : "mpi", t_raw * 1e6, ar,
-                  ar * f, t_raw / t_nxd);
+                  reduces_or_gathers
+                      ? mpi::algorithm_for(k == CollKind::all_reduce   ? mpi::Op::all_reduce
+                                           : k == CollKind::all_gather ? mpi::Op::all_gather
+                                                                       : mpi::Op::reduce_scatter,
+                                           bytes, p)
+                      : "mpi",
+                  t_raw * 1e6, ar, ar * f, t_raw / t_nxd);
     }
   }
   return 0;

@@ -3,10 +3,10 @@
 // hostfile). Collectives map to MPI's own (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block,
 // MPI_Bcast, MPI_Reduce, MPI_Alltoall, MPI_Send/MPI_Recv) and their non-blocking forms for the
 // async calls; sub-groups use MPI_Comm_split; bf16 is a custom datatype with user reduction ops
-// (each step adds in f32 and rounds). Large all_reduce, reduce_scatter and all_gather run nxd's
-// own pipelined ring over MPI_Isend/MPI_Irecv instead (mpi/ring.h; see Tuning). MPI errors are
-// returned (MPI_ERRORS_RETURN) and thrown as CommError naming the operation, the group and the
-// rank. Built when NXD_WITH_MPI; otherwise every entry point throws ConfigError.
+// (each step adds in f32 and rounds). Large all_reduce and reduce_scatter (all_gather when forced)
+// run nxd's own pipelined ring over MPI_Isend/MPI_Irecv instead (mpi/ring.h; see Tuning). MPI
+// errors are returned (MPI_ERRORS_RETURN) and thrown as CommError naming the operation, the group
+// and the rank. Built when NXD_WITH_MPI; otherwise every entry point throws ConfigError.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -27,24 +27,29 @@ bool under_launcher();
 // (a fresh buffer per call, page-faulted every time: docs/DESIGN.md, "MPI backend"); nxd's ring
 // keeps a persistent scratch and does not. Session reads the environment; set_tuning overrides.
 enum class Algorithm : uint8_t {
-  automatic,  // NXD_MPI_ALGO=auto: MPI's own below ring_min_bytes, the ring from there
+  automatic,  // NXD_MPI_ALGO=auto: by op and size (measured, docs/DESIGN.md "MPI backend"):
+              // all_reduce on the ring from ring_min_bytes, reduce_scatter from
+              // rs_ring_min_bytes, all_gather on MPI's own (it has no cliff)
   native,     // NXD_MPI_ALGO=mpi: always MPI_Allreduce / MPI_Reduce_scatter_block / ...
   ring,       // NXD_MPI_ALGO=ring: always the ring (groups of 2 or more)
 };
 struct Tuning {
   Algorithm algorithm = Algorithm::automatic;
-  int64_t ring_min_bytes = int64_t{16} << 20;  // NXD_MPI_RING_MIN (bytes, K/M/G suffixes)
-  int64_t chunk_bytes = int64_t{256} << 10;    // NXD_MPI_CHUNK: the ring's pipeline segment
-  int depth = 4;                               // NXD_MPI_DEPTH: segments received in flight
+  int64_t ring_min_bytes = int64_t{32} << 20;     // NXD_MPI_RING_MIN (bytes, K/M/G suffixes)
+  int64_t rs_ring_min_bytes = int64_t{64} << 10;  // NXD_MPI_RS_RING_MIN
+  int64_t chunk_bytes = int64_t{1} << 20;         // NXD_MPI_CHUNK: the ring's pipeline segment
+  int depth = 4;                                  // NXD_MPI_DEPTH: segments received in flight
 };
 Tuning tuning();
 void set_tuning(const Tuning& t);
-// Tuning{} with NXD_MPI_ALGO, NXD_MPI_RING_MIN, NXD_MPI_CHUNK and NXD_MPI_DEPTH applied; throws
+// Tuning{} with NXD_MPI_ALGO, NXD_MPI_RING_MIN, NXD_MPI_RS_RING_MIN, NXD_MPI_CHUNK and
+// NXD_MPI_DEPTH applied; throws
 // ConfigError naming the variable and its value when one is malformed.
 Tuning tuning_from_env();
 // The algorithm used for a call on a group of `size` members moving `bytes` (the whole array:
 // all_reduce's buffer, all_gather's output, reduce_scatter's input): "mpi" or "ring".
-const char* algorithm_for(int64_t bytes, int size);
+enum class Op : uint8_t { all_reduce, reduce_scatter, all_gather };
+const char* algorithm_for(Op op, int64_t bytes, int size);
 
 // Initializes MPI (MPI_Init_thread, FUNNELED) and makes a Context for this process's rank, with
 // the MPI world as its world communicator, current on the constructing thread, and applies

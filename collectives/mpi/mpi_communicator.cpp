@@ -164,7 +164,7 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("all_reduce", n, t, op, true);
     if (!r) return;
-    if (use_ring(n * dtype_size(t)))
+    if (use_ring(Op::all_reduce, n * dtype_size(t)))
       return detail::ring_all_reduce(ring("all_reduce"), s, r, n, t, op);
     check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, icount("all_reduce", n), datatype(t),
                         mpi_op(op, t), comm_),
@@ -175,7 +175,7 @@ class MpiCommunicator final : public Communicator {
     check_args("all_gather", n, t, ReduceOp::sum, false);
     if (!r) return;
     const char* mine = static_cast<const char*>(r) + rank() * n * dtype_size(t);
-    if (use_ring(size() * n * dtype_size(t)))
+    if (use_ring(Op::all_gather, size() * n * dtype_size(t)))
       return detail::ring_all_gather(ring("all_gather"), s, r, n, t);
     check(MPI_Allgather(s == mine ? MPI_IN_PLACE : s, icount("all_gather", n), datatype(t), r,
                         icount("all_gather", n), datatype(t), comm_),
@@ -185,7 +185,7 @@ class MpiCommunicator final : public Communicator {
     check_args("reduce_scatter", n, t, op, true);
     if (!r) return;
     std::vector<char> tmp;
-    const bool ring_ok = use_ring(size() * n * dtype_size(t));
+    const bool ring_ok = use_ring(Op::reduce_scatter, size() * n * dtype_size(t));
     // The ring reads send and writes recv as it goes: recv may be this member's own block of
     // send (the in-place form) but must not overlap it elsewhere.
     if (overlaps(s, r, n * size() * dtype_size(t)) &&
@@ -244,7 +244,7 @@ class MpiCommunicator final : public Communicator {
   Work iall_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("all_reduce", n, t, op, true);
     if (!r) return Work();
-    if (use_ring(n * dtype_size(t))) {  // runs now: see Tuning in mpi.h
+    if (use_ring(Op::all_reduce, n * dtype_size(t))) {  // runs now: see Tuning in mpi.h
       all_reduce(s, r, n, t, op);
       return Work();
     }
@@ -260,7 +260,7 @@ class MpiCommunicator final : public Communicator {
   Work iall_gather(const void* s, void* r, int64_t n, DType t) override {
     check_args("all_gather", n, t, ReduceOp::sum, false);
     if (!r) return Work();
-    if (use_ring(size() * n * dtype_size(t))) {
+    if (use_ring(Op::all_gather, size() * n * dtype_size(t))) {
       all_gather(s, r, n, t);
       return Work();
     }
@@ -274,7 +274,7 @@ class MpiCommunicator final : public Communicator {
   Work ireduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("reduce_scatter", n, t, op, true);
     if (!r) return Work();
-    if (use_ring(size() * n * dtype_size(t))) {
+    if (use_ring(Op::reduce_scatter, size() * n * dtype_size(t))) {
       reduce_scatter(s, r, n, t, op);
       return Work();
     }
@@ -350,7 +350,7 @@ class MpiCommunicator final : public Communicator {
         req, kind, std::move(done),
         str("[", op, "] group ", group_str(), " rank ", ranks()[rank()])));
   }
-  bool use_ring(int64_t bytes) const { return algorithm_for(bytes, size())[0] == 'r'; }
+  bool use_ring(Op op, int64_t bytes) const { return algorithm_for(op, bytes, size())[0] == 'r'; }
   detail::RingComm ring(const char* op) {
     const Tuning tu = tuning();
     what_ = str(op, " on group ", group_str(), " rank ", ranks()[rank()]);

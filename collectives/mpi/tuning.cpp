@@ -64,6 +64,8 @@ Tuning tuning_from_env() {
                   : a == "ring" ? Algorithm::ring
                                 : Algorithm::automatic;
   }
+  if (const char* v = std::getenv("NXD_MPI_RS_RING_MIN"))
+    t.rs_ring_min_bytes = parse_bytes("NXD_MPI_RS_RING_MIN", v);
   if (const char* v = std::getenv("NXD_MPI_RING_MIN"))
     t.ring_min_bytes = parse_bytes("NXD_MPI_RING_MIN", v);
   if (const char* v = std::getenv("NXD_MPI_CHUNK")) {
@@ -86,10 +88,18 @@ Tuning tuning_from_env() {
   return t;
 }
 
-const char* algorithm_for(int64_t bytes, int size) {
+const char* algorithm_for(Op op, int64_t bytes, int size) {
   if (size < 2 || g_tuning.algorithm == Algorithm::native) return "mpi";
   if (g_tuning.algorithm == Algorithm::ring) return "ring";
-  return bytes >= g_tuning.ring_min_bytes ? "ring" : "mpi";
+  switch (op) {
+    case Op::all_reduce:
+      return bytes >= g_tuning.ring_min_bytes ? "ring" : "mpi";
+    case Op::reduce_scatter:
+      return bytes >= g_tuning.rs_ring_min_bytes ? "ring" : "mpi";
+    case Op::all_gather:
+      return "mpi";
+  }
+  return "mpi";
 }
 
 }  // namespace nxd::mpi

@@ -120,7 +120,7 @@ TEST(Coll, MpiAlgorithmsMatchTheReference) {
     for (int p = 2; p <= max_ranks(); ++p) {
       run_ranks(p, [&] {
         Communicator& c = world();
-        ASSERT_STREQ(mpi::algorithm_for(1, p),
+        ASSERT_STREQ(mpi::algorithm_for(mpi::Op::all_gather, 1, p),
                      k.algorithm == mpi::Algorithm::ring ? "ring" : "mpi");
         for (DType t : kDtypes)
           for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{257}}) {  // below, at, above p
@@ -141,14 +141,19 @@ TEST(Coll, MpiAlgorithmsMatchTheReference) {
 
 TEST(Coll, MpiAutomaticAlgorithmFollowsTheThreshold) {
   TuningGuard guard;
-  mpi::set_tuning({.algorithm = mpi::Algorithm::automatic, .ring_min_bytes = 4096});
-  EXPECT_STREQ(mpi::algorithm_for(4095, 2), "mpi");
-  EXPECT_STREQ(mpi::algorithm_for(4096, 2), "ring");
-  EXPECT_STREQ(mpi::algorithm_for(1 << 30, 1), "mpi");  // one member: nothing to move
+  using mpi::Op;
+  mpi::set_tuning(
+      {.algorithm = mpi::Algorithm::automatic, .ring_min_bytes = 4096, .rs_ring_min_bytes = 512});
+  EXPECT_STREQ(mpi::algorithm_for(Op::all_reduce, 4095, 2), "mpi");
+  EXPECT_STREQ(mpi::algorithm_for(Op::all_reduce, 4096, 2), "ring");
+  EXPECT_STREQ(mpi::algorithm_for(Op::reduce_scatter, 511, 2), "mpi");
+  EXPECT_STREQ(mpi::algorithm_for(Op::reduce_scatter, 512, 2), "ring");
+  EXPECT_STREQ(mpi::algorithm_for(Op::all_gather, 1 << 30, 2), "mpi");  // no cliff to avoid
+  EXPECT_STREQ(mpi::algorithm_for(Op::all_reduce, 1 << 30, 1), "mpi");  // one member
   mpi::set_tuning({.algorithm = mpi::Algorithm::native});
-  EXPECT_STREQ(mpi::algorithm_for(1 << 30, 4), "mpi");
+  EXPECT_STREQ(mpi::algorithm_for(Op::all_reduce, 1 << 30, 4), "mpi");
   mpi::set_tuning({.algorithm = mpi::Algorithm::ring});
-  EXPECT_STREQ(mpi::algorithm_for(4, 3), "ring");
+  EXPECT_STREQ(mpi::algorithm_for(Op::all_gather, 4, 3), "ring");
   EXPECT_THROW(mpi::set_tuning({.chunk_bytes = 0}), InvalidArgument);
   EXPECT_THROW(mpi::set_tuning({.depth = 0}), InvalidArgument);
 }
