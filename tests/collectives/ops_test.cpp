@@ -54,7 +54,7 @@ TEST(Coll, AllReduceEveryDtypeOpAndSize) {
             Tensor ref = reference(p, n, t, op);
             Tensor x = rank_tensor(c.rank(), n, t);
             c.all_reduce(x, op);  // in place
-            EXPECT_TRUE(::nxd::testing::close_rel(x, ref, tol(t),
+            EXPECT_TRUE(::nxd::testing::close_rel(x, ref, backend_tol(t),
                                                   str("p=", p, " ", t, " ", reduce_op_name(op))));
             expect_same_on_all_ranks(c, x);
             Tensor y = empty({n}, t);
@@ -121,7 +121,7 @@ TEST(Coll, ReduceScatterFlatAndAlongDims) {
           Tensor out = empty({n}, t);
           c.reduce_scatter(x.raw_data(), out.raw_data(), n, t, op);
           Tensor ref = reference(p, p * n, t, op).narrow(0, c.rank() * n, n).contiguous();
-          EXPECT_TRUE(::nxd::testing::close_rel(out, ref, tol(t), str("p=", p, " ", t)));
+          EXPECT_TRUE(::nxd::testing::close_rel(out, ref, backend_tol(t), str("p=", p, " ", t)));
         }
       // Tensor form along dim 1 of [3, 2p, 2]: rank r keeps columns [2r, 2r+2).
       auto mk = [&](int r) {
@@ -156,7 +156,7 @@ TEST(Coll, BroadcastAndReduceFromEveryRoot) {
             Tensor y = rank_tensor(c.rank(), 9, t);
             c.reduce(y, root, op);
             if (c.rank() == root) {
-              EXPECT_TRUE(::nxd::testing::close_rel(y, reference(p, 9, t, op), tol(t),
+              EXPECT_TRUE(::nxd::testing::close_rel(y, reference(p, 9, t, op), backend_tol(t),
                                                     str("reduce p=", p, " root=", root)));
             }
           }
