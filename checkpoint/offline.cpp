@@ -267,6 +267,7 @@ json model_config_json(const ModelConfig& c) {
           {"rotary_pct", c.rotary_pct},
           {"rope_theta", c.rope_theta},
           {"norm_eps", c.norm_eps},
+          {"init_method", init_method_name(c.init_method)},
           {"init_std", c.init_std},
           {"tie_word_embeddings", c.tie_word_embeddings},
           {"dropout", c.dropout},
@@ -291,6 +292,7 @@ ModelConfig model_config_from_json(const json& j) {
     c.rotary_pct = j.at("rotary_pct").get<double>();
     c.rope_theta = j.at("rope_theta").get<double>();
     c.norm_eps = j.at("norm_eps").get<double>();
+    c.init_method = parse_init_method(j.value("init_method", std::string("normal")));
     c.init_std = j.at("init_std").get<double>();
     c.tie_word_embeddings = j.at("tie_word_embeddings").get<bool>();
     c.dropout = j.at("dropout").get<double>();

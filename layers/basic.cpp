@@ -7,9 +7,11 @@ Linear::Linear(int64_t in_features, int64_t out_features, const LinearOptions& o
   NXD_CHECK(in_features > 0 && out_features > 0,
             "[Linear] sizes must be positive, got in=", in_features, " out=", out_features);
   const auto& p = opts.param;
-  weight_ = register_parameter("weight", zeros({out_, in_}, p.dtype, p.device), opts.weight_init);
+  weight_ = register_parameter("weight", zeros({out_, in_}, p.dtype, p.device),
+                               opts.weight_init.for_fan_in(in_));
   if (opts.bias)
-    bias_ = register_parameter("bias", zeros({out_}, p.dtype, p.device), opts.bias_init);
+    bias_ = register_parameter("bias", zeros({out_}, p.dtype, p.device),
+                               opts.bias_init.for_fan_in(in_));
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, const EmbeddingOptions& opts)

@@ -11,8 +11,9 @@ namespace nxd {
 
 struct LinearOptions {
   bool bias = true;
-  ParamInit weight_init = ParamInit::normal(0.02);  // HF initializer_range
-  ParamInit bias_init = ParamInit::zeros();
+  // torch.nn.Linear's defaults: uniform(+-1/sqrt(in)) for both (kaiming_uniform_(a=sqrt(5)))
+  ParamInit weight_init = ParamInit::fan_in_uniform();
+  ParamInit bias_init = ParamInit::fan_in_uniform();
   ParamOptions param;
 };
 
@@ -32,7 +33,7 @@ class Linear : public Module {
 };
 
 struct EmbeddingOptions {
-  ParamInit weight_init = ParamInit::normal(0.02);
+  ParamInit weight_init = ParamInit::normal(1.0);  // torch.nn.Embedding's default
   ParamOptions param;
 };
 

@@ -1,5 +1,6 @@
 #include "nxd/layers/module.h"
 
+#include <cmath>
 #include <sstream>
 #include <unordered_set>
 
@@ -228,6 +229,15 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   return r;
 }
 
+ParamInit ParamInit::for_fan_in(int64_t fan_in) const {
+  if (kind != Kind::fan_in_uniform) return *this;
+  NXD_CHECK(fan_in > 0, "[ParamInit::for_fan_in] fan_in must be positive, got ", fan_in);
+  const double bound = a / std::sqrt(static_cast<double>(fan_in));
+  ParamInit r = uniform(-bound, bound);
+  r.region = region;
+  return r;
+}
+
 void Module::init_parameters(uint64_t seed, const std::string& prefix) {
   NoGradGuard ng;
   visit(prefix, [&](const std::string& pre, const Module& m) {
@@ -256,6 +266,10 @@ void Module::init_parameters(uint64_t seed, const std::string& prefix) {
         case ParamInit::Kind::uniform:
           init::uniform(t, s, in.a, in.b, region);
           break;
+        case ParamInit::Kind::fan_in_uniform:
+          throw InvalidArgument("[Module::init_parameters] parameter '" + full +
+                                "' has a fan_in_uniform rule its layer did not resolve with "
+                                "ParamInit::for_fan_in(fan_in)");
       }
     }
   });

@@ -26,9 +26,9 @@ namespace nxd {
 
 // How a parameter is initialized by Module::init_parameters.
 struct ParamInit {
-  enum class Kind { none, zeros, ones, constant, normal, uniform };
+  enum class Kind { none, zeros, ones, constant, normal, uniform, fan_in_uniform };
   Kind kind = Kind::none;  // none: left as is
-  double a = 0.0;          // normal: mean; uniform: lo; constant: value
+  double a = 0.0;          // normal: mean; uniform: lo; constant: value; fan_in_uniform: scale
   double b = 0.0;          // normal: std; uniform: hi
   // Set when the tensor is a block of a larger logical tensor (a tensor-parallel shard): values
   // are those of the full tensor at this block.
@@ -40,6 +40,14 @@ struct ParamInit {
   static ParamInit constant(double v) { return {Kind::constant, v}; }
   static ParamInit normal(double std, double mean = 0.0) { return {Kind::normal, mean, std}; }
   static ParamInit uniform(double lo, double hi) { return {Kind::uniform, lo, hi}; }
+  // PyTorch's torch.nn.Linear default, which NxD's parallel layers keep: weights
+  // kaiming_uniform_(a=sqrt(5)) and biases alike, i.e. uniform(-scale/sqrt(fan_in),
+  // +scale/sqrt(fan_in)) with scale 1. fan_in is the layer's full input size (never a TP
+  // shard's): the layer that registers the parameter turns the rule into a uniform one with
+  // for_fan_in(); init_parameters refuses an unresolved one.
+  static ParamInit fan_in_uniform(double scale = 1.0) { return {Kind::fan_in_uniform, scale}; }
+  // fan_in_uniform -> uniform(+-a/sqrt(fan_in)); any other rule is returned unchanged.
+  ParamInit for_fan_in(int64_t fan_in) const;
 };
 
 // Where new parameters live.

@@ -10,14 +10,16 @@ namespace nxd {
 
 namespace {
 // The options of a block's projections, from the block's options `o` (AttentionOptions,
-// MlpOptions, GatedMlpOptions: bias, init_std, param, sequence_parallel): plain Linear, or the
+// MlpOptions, GatedMlpOptions: bias, init, param, sequence_parallel): plain Linear, or the
 // column (gather_output=false; ColumnParallelLinear or GQAQKVColumnParallelLinear) and row
-// (input_is_parallel) halves of a TP region.
+// (input_is_parallel) halves of a TP region. residual_output: the projection writes into the
+// residual stream (attention and MLP outputs: scaled under scaled_normal).
 template <class O>
-LinearOptions linear_options(const O& o) {
+LinearOptions linear_options(const O& o, bool residual_output = false) {
   LinearOptions lo;
   lo.bias = o.bias;
-  lo.weight_init = ParamInit::normal(o.init_std);
+  lo.weight_init = o.init.weight(residual_output);
+  lo.bias_init = o.init.bias();
   lo.param = o.param;
   return lo;
 }
@@ -27,7 +29,8 @@ Column column_options(const O& o) {
   co.bias = o.bias;
   co.gather_output = false;
   co.sequence_parallel_enabled = o.sequence_parallel;
-  co.weight_init = ParamInit::normal(o.init_std);
+  co.weight_init = o.init.weight();
+  co.bias_init = o.init.bias();
   co.param = o.param;
   return co;
 }
@@ -37,7 +40,8 @@ RowParallelLinearOptions row_options(const O& o) {
   ro.bias = o.bias;
   ro.input_is_parallel = true;
   ro.sequence_parallel_enabled = o.sequence_parallel;
-  ro.weight_init = ParamInit::normal(o.init_std);
+  ro.weight_init = o.init.weight(/*residual_output=*/true);
+  ro.bias_init = o.init.bias();
   ro.param = o.param;
   return ro;
 }
@@ -71,15 +75,15 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
     build_parallel(o);
     return;
   }
-  const LinearOptions lo = linear_options(o);
+  const LinearOptions lo = linear_options(o), out = linear_options(o, /*residual_output=*/true);
   if (layout_ == QkvLayout::separate) {
     q_ = register_module("q_proj", std::make_shared<Linear>(hidden_, h_ * d_, lo));
     k_ = register_module("k_proj", std::make_shared<Linear>(hidden_, hkv_ * d_, lo));
     v_ = register_module("v_proj", std::make_shared<Linear>(hidden_, hkv_ * d_, lo));
-    o_ = register_module("o_proj", std::make_shared<Linear>(h_ * d_, hidden_, lo));
+    o_ = register_module("o_proj", std::make_shared<Linear>(h_ * d_, hidden_, out));
   } else {
     qkv_ = register_module("query_key_value", std::make_shared<Linear>(hidden_, 3 * h_ * d_, lo));
-    o_ = register_module("dense", std::make_shared<Linear>(h_ * d_, hidden_, lo));
+    o_ = register_module("dense", std::make_shared<Linear>(h_ * d_, hidden_, out));
   }
 }
 
@@ -192,8 +196,8 @@ Mlp::Mlp(int64_t hidden_size, int64_t ffn_hidden_size, const MlpOptions& o)
   const LinearOptions lo = linear_options(o);
   fc_in_ =
       register_module("dense_h_to_4h", std::make_shared<Linear>(hidden_size, ffn_hidden_size, lo));
-  fc_out_ =
-      register_module("dense_4h_to_h", std::make_shared<Linear>(ffn_hidden_size, hidden_size, lo));
+  fc_out_ = register_module("dense_4h_to_h", std::make_shared<Linear>(ffn_hidden_size, hidden_size,
+                                                                      linear_options(o, true)));
 }
 
 Tensor Mlp::forward(const Tensor& x) const {
@@ -216,7 +220,8 @@ GatedMlp::GatedMlp(int64_t hidden_size, int64_t ffn_hidden_size, const GatedMlpO
   const LinearOptions lo = linear_options(o);
   gate_ = register_module("gate_proj", std::make_shared<Linear>(hidden_size, ffn_hidden_size, lo));
   up_ = register_module("up_proj", std::make_shared<Linear>(hidden_size, ffn_hidden_size, lo));
-  down_ = register_module("down_proj", std::make_shared<Linear>(ffn_hidden_size, hidden_size, lo));
+  down_ = register_module(
+      "down_proj", std::make_shared<Linear>(ffn_hidden_size, hidden_size, linear_options(o, true)));
 }
 
 Tensor GatedMlp::forward(const Tensor& x) const {

@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "nxd/layers/basic.h"
+#include "nxd/layers/init_scheme.h"
 
 namespace nxd {
 
@@ -65,7 +66,7 @@ struct AttentionOptions {
   double rope_theta = 10000.0;
   bool bias = false;  // biases on the projections (GPT-NeoX: true)
   QkvLayout layout = QkvLayout::separate;
-  double init_std = 0.02;
+  InitScheme init;  // projection weights and biases (nxd_layers' init_scheme.h)
   ParamOptions param;
   bool tensor_parallel = false;    // build from the parallel layers over the TP group
   bool sequence_parallel = false;  // (tensor_parallel) x and the output are sequence shards
@@ -108,7 +109,7 @@ class CausalSelfAttention : public Module {
 struct MlpOptions {
   bool bias = true;
   GeluApprox gelu = GeluApprox::none;  // HF "gelu" (erf); tanh = "gelu_new"
-  double init_std = 0.02;
+  InitScheme init;                     // projection weights and biases (nxd_layers' init_scheme.h)
   ParamOptions param;
   bool tensor_parallel = false;
   bool sequence_parallel = false;
@@ -129,7 +130,7 @@ class Mlp : public Module {
 
 struct GatedMlpOptions {
   bool bias = false;
-  double init_std = 0.02;
+  InitScheme init;  // projection weights and biases (nxd_layers' init_scheme.h)
   ParamOptions param;
   bool tensor_parallel = false;
   bool sequence_parallel = false;

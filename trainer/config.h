@@ -108,6 +108,7 @@ struct ModelSection {
       max_position_embeddings;
   double rotary_pct, rope_theta, norm_eps, init_std, dropout;
   bool tie_word_embeddings;
+  InitMethod init_method;
 };
 
 struct OptimSection {

@@ -151,7 +151,15 @@ std::vector<KeySpec> make_registry() {
           "gpt_neox: fraction of each head's features that get rotary embeddings (llama: all)."),
       key("model.rope_theta", K::number, 10000.0, "Rotary base."),
       key("model.norm_eps", K::number, 1e-5, "RMSNorm (llama) / LayerNorm (gpt_neox) epsilon."),
-      key("model.init_std", K::number, 0.02, "Std of the normal init of weights."),
+      key("model.init_method", K::string, "nxd",
+          "Initialization. `nxd`: PyTorch's and NxD's layer defaults (weights and biases "
+          "uniform(+-1/sqrt(fan_in)) = kaiming_uniform_(a=sqrt(5)), embeddings normal(0, 1)); "
+          "`normal`: Hugging Face's normal(0, init_std) weights and embeddings, zero biases; "
+          "`scaled_normal`: normal with the attention and MLP output projections at init_std / "
+          "sqrt(2 num_layers) (GPT-2, Megatron-LM). Norms start at weight 1, bias 0.",
+          {"nxd", "normal", "scaled_normal"}),
+      key("model.init_std", K::number, 0.02,
+          "Std of the normal init (init_method normal or scaled_normal)."),
       key("model.dropout", K::number, 0.0, "Dropout on attention and MLP outputs (training)."),
       key("model.tie_word_embeddings", K::boolean, false,
           "The output head reuses the input embedding."),

@@ -38,6 +38,7 @@ ModelConfig model_config(const TrainConfig& cfg) {
   mc.rotary_pct = m.rotary_pct;
   mc.rope_theta = m.rope_theta;
   mc.norm_eps = m.norm_eps;
+  mc.init_method = m.init_method;
   mc.init_std = m.init_std;
   mc.dropout = m.dropout;
   mc.tie_word_embeddings = m.tie_word_embeddings;
@@ -170,6 +171,7 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
     r.fail("model.rotary_pct must be in [0, 1], got ", m.rotary_pct);
   m.rope_theta = r.c.get_double("model.rope_theta");
   m.norm_eps = r.c.get_double("model.norm_eps");
+  m.init_method = parse_init_method(r.c.get_string("model.init_method"));
   m.init_std = r.c.get_double("model.init_std");
   m.dropout = r.c.get_double("model.dropout");
   m.tie_word_embeddings = r.c.get_bool("model.tie_word_embeddings");

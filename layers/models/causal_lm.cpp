@@ -39,7 +39,7 @@ void CausalLM::register_output_head(const std::string& name) {
   if (tp_ == 1) {
     LinearOptions lo;
     lo.bias = false;
-    lo.weight_init = ParamInit::normal(cfg_.init_std);
+    lo.weight_init = cfg_.init_scheme().weight();
     lo.param = p;
     head_weight_ =
         register_module(name, std::make_shared<Linear>(cfg_.hidden_size, cfg_.vocab_size, lo))
@@ -51,7 +51,7 @@ void CausalLM::register_output_head(const std::string& name) {
     co.bias = false;
     co.gather_output = false;
     co.sequence_parallel_enabled = sp_;
-    co.weight_init = ParamInit::normal(cfg_.init_std);
+    co.weight_init = cfg_.init_scheme().weight();
     co.param = p;
     parallel_head_ = register_module(
         name, std::make_shared<ColumnParallelLinear>(cfg_.hidden_size, cfg_.vocab_size, co));

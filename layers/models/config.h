@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "nxd/layers/init_scheme.h"
 #include "nxd/runtime/allocator.h"
 #include "nxd/runtime/dtype.h"
 
@@ -35,8 +36,12 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   double rotary_pct = 0.25;  // gpt_neox: rotary on int(head_dim * rotary_pct) features; llama: all
   double rope_theta = 10000.0;
-  double norm_eps = 1e-5;             // RMSNorm (llama) / LayerNorm (gpt_neox) epsilon
-  double init_std = 0.02;             // normal(0, init_std) for linear and embedding weights
+  double norm_eps = 1e-5;  // RMSNorm (llama) / LayerNorm (gpt_neox) epsilon
+  // Initialization (layers/init_scheme.h): normal = Hugging Face's normal(0, init_std) weights and
+  // zero biases; nxd = PyTorch's/NxD's layer defaults; scaled_normal = normal with the residual
+  // outputs at init_std / sqrt(2 num_layers).
+  InitMethod init_method = InitMethod::normal;
+  double init_std = 0.02;             // normal, scaled_normal
   bool tie_word_embeddings = false;   // the output head reuses the input embedding
   double dropout = 0.0;               // on the attention and MLP outputs (training only)
   bool gelu_tanh = false;             // gpt_neox: tanh GELU ("gelu_new") instead of erf ("gelu")
@@ -60,6 +65,7 @@ struct ModelConfig {
   // kv_size_multiplier == max(1, tp / kv heads). Nothing to check when tp == 1.
   void validate_parallel(int tp) const;
 
+  InitScheme init_scheme() const { return {init_method, init_std, num_layers}; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_attention_heads; }
   int64_t ffn_size() const;

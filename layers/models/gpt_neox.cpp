@@ -25,7 +25,7 @@ GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
   a.rope_theta = c.rope_theta;
   a.bias = true;
   a.layout = QkvLayout::fused_neox;
-  a.init_std = c.init_std;
+  a.init = c.init_scheme();
   a.param = p;
   a.tensor_parallel = tp > 1;
   a.sequence_parallel = sp;
@@ -34,7 +34,7 @@ GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
   MlpOptions mo;
   mo.bias = true;
   mo.gelu = c.gelu_tanh ? GeluApprox::tanh : GeluApprox::none;
-  mo.init_std = c.init_std;
+  mo.init = c.init_scheme();
   mo.param = p;
   mo.tensor_parallel = tp > 1;
   mo.sequence_parallel = sp;
@@ -65,7 +65,7 @@ GPTNeoXModel::GPTNeoXModel(const ModelConfig& c, const ModelPart& part)
   const bool embedding = part.embedding || (part.head && c.tie_word_embeddings);
   if (embedding && tp == 1) {
     EmbeddingOptions eo;
-    eo.weight_init = ParamInit::normal(c.init_std);
+    eo.weight_init = c.init_scheme().embedding();
     eo.param = {c.dtype, c.device};
     embed_in_ =
         register_module("embed_in", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, eo));
@@ -73,7 +73,7 @@ GPTNeoXModel::GPTNeoXModel(const ModelConfig& c, const ModelPart& part)
   } else if (embedding) {
     ParallelEmbeddingOptions eo;
     eo.sequence_parallel_enabled = sp;
-    eo.weight_init = ParamInit::normal(c.init_std);
+    eo.weight_init = c.init_scheme().embedding();
     eo.param = {c.dtype, c.device};
     pembed_in_ = register_module(
         "embed_in", std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size, eo));

@@ -15,7 +15,7 @@ AttentionOptions llama_attention(const ModelConfig& c, int tp) {
   a.rope_theta = c.rope_theta;
   a.bias = false;
   a.layout = QkvLayout::separate;
-  a.init_std = c.init_std;
+  a.init = c.init_scheme();
   a.param = {c.dtype, c.device};
   a.recompute_core = c.activations_checkpoint_granularity == CheckpointGranularity::selective;
   return a;
@@ -30,7 +30,7 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) : Module("LlamaDecode
   self_attn_ =
       register_module("self_attn", std::make_shared<CausalSelfAttention>(llama_attention(c, tp)));
   GatedMlpOptions mo;
-  mo.init_std = c.init_std;
+  mo.init = c.init_scheme();
   mo.param = p;
   mo.tensor_parallel = tp > 1;
   mo.sequence_parallel = sp;
@@ -60,7 +60,7 @@ LlamaModel::LlamaModel(const ModelConfig& c, const ModelPart& part)
   const bool embedding = part.embedding || (part.head && c.tie_word_embeddings);
   if (embedding && tp == 1) {
     EmbeddingOptions eo;
-    eo.weight_init = ParamInit::normal(c.init_std);
+    eo.weight_init = c.init_scheme().embedding();
     eo.param = {c.dtype, c.device};
     embed_tokens_ = register_module("embed_tokens",
                                     std::make_shared<Embedding>(c.vocab_size, c.hidden_size, eo));
@@ -68,7 +68,7 @@ LlamaModel::LlamaModel(const ModelConfig& c, const ModelPart& part)
   } else if (embedding) {
     ParallelEmbeddingOptions eo;
     eo.sequence_parallel_enabled = sp;
-    eo.weight_init = ParamInit::normal(c.init_std);
+    eo.weight_init = c.init_scheme().embedding();
     eo.param = {c.dtype, c.device};
     pembed_tokens_ = register_module(
         "embed_tokens", std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size, eo));

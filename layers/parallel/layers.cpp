@@ -82,23 +82,23 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out,
   wa.partition_stride = stride_;
   wa.num_partitions = tp_;
   const bool shard_bias = o.bias && !o.gather_output;
+  const ParamInit w_init = o.weight_init.for_fan_in(in), b_init = o.bias_init.for_fan_in(in);
   if (stride_ == 1 || tp_ == 1) {
     weight_ = register_parameter("weight", zeros({per, in}, p.dtype, p.device),
-                                 with_region(o.weight_init, {out, in}, {r * per, 0}));
+                                 with_region(w_init, {out, in}, {r * per, 0}));
     if (o.bias)
-      bias_ =
-          register_parameter("bias", zeros({shard_bias ? per : out}, p.dtype, p.device),
-                             shard_bias ? with_region(o.bias_init, {out}, {r * per}) : o.bias_init);
+      bias_ = register_parameter("bias", zeros({shard_bias ? per : out}, p.dtype, p.device),
+                                 shard_bias ? with_region(b_init, {out}, {r * per}) : b_init);
   } else {
     const int64_t c = per / stride_;
     weight_ = register_parameter("weight", zeros({stride_, c, in}, p.dtype, p.device),
-                                 with_region(o.weight_init, {stride_, tp_ * c, in}, {0, r * c, 0}));
+                                 with_region(w_init, {stride_, tp_ * c, in}, {0, r * c, 0}));
     if (o.bias) {
       if (shard_bias)
         bias_ = register_parameter("bias", zeros({stride_, c}, p.dtype, p.device),
-                                   with_region(o.bias_init, {stride_, tp_ * c}, {0, r * c}));
+                                   with_region(b_init, {stride_, tp_ * c}, {0, r * c}));
       else
-        bias_ = register_parameter("bias", zeros({out}, p.dtype, p.device), o.bias_init);
+        bias_ = register_parameter("bias", zeros({out}, p.dtype, p.device), b_init);
     }
   }
   set_parallel_attrs("weight", wa);
@@ -154,8 +154,9 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, const RowParallelL
   const auto& p = o.param;
   const int64_t per = in / tp_;
   weight_ = register_parameter("weight", zeros({out, per}, p.dtype, p.device),
-                               with_region(o.weight_init, {out, in}, {0, r * per}));
-  if (o.bias) bias_ = register_parameter("bias", zeros({out}, p.dtype, p.device), o.bias_init);
+                               with_region(o.weight_init.for_fan_in(in), {out, in}, {0, r * per}));
+  if (o.bias)
+    bias_ = register_parameter("bias", zeros({out}, p.dtype, p.device), o.bias_init.for_fan_in(in));
   ParallelAttrs wa;
   wa.tensor_model_parallel = tp_ > 1;
   wa.partition_dim = 1;

@@ -54,8 +54,10 @@ struct ColumnParallelLinearOptions {
   bool skip_bias_add = false;  // forward() leaves the bias out; forward_and_bias() returns it
   bool sequence_parallel_enabled = false;  // input is [.., S/tp, ..]: all-gather it first
   int64_t sequence_dimension = 1;
-  ParamInit weight_init = ParamInit::normal(0.02);
-  ParamInit bias_init = ParamInit::zeros();
+  // PyTorch's / NxD's defaults: uniform(+-1/sqrt(in)) (kaiming_uniform_(a=sqrt(5))), in = the
+  // full input size at every TP degree (NxD's RowParallelLinear bias uses in/tp: see DESIGN).
+  ParamInit weight_init = ParamInit::fan_in_uniform();
+  ParamInit bias_init = ParamInit::fan_in_uniform();
   ParamOptions param;
   std::shared_ptr<Communicator> group;  // null: the parallel_state TP group
 };
@@ -99,8 +101,10 @@ struct RowParallelLinearOptions {
   bool sequence_parallel_enabled = false;  // reduce-scatter the output along the sequence dim
   int64_t sequence_dimension = 1;
   bool skip_bias_add = false;
-  ParamInit weight_init = ParamInit::normal(0.02);
-  ParamInit bias_init = ParamInit::zeros();
+  // PyTorch's / NxD's defaults: uniform(+-1/sqrt(in)) (kaiming_uniform_(a=sqrt(5))), in = the
+  // full input size at every TP degree (NxD's RowParallelLinear bias uses in/tp: see DESIGN).
+  ParamInit weight_init = ParamInit::fan_in_uniform();
+  ParamInit bias_init = ParamInit::fan_in_uniform();
   ParamOptions param;
   std::shared_ptr<Communicator> group;
 };
@@ -132,7 +136,7 @@ struct ParallelEmbeddingOptions {
   bool shard_across_embedding = false;     // split the embedding dim instead of the vocabulary
   bool sequence_parallel_enabled = false;  // the output is split along the sequence dim
   int64_t sequence_dimension = 1;
-  ParamInit weight_init = ParamInit::normal(0.02);
+  ParamInit weight_init = ParamInit::normal(1.0);  // torch.nn.Embedding's and NxD's default
   ParamOptions param;
   std::shared_ptr<Communicator> group;
 };

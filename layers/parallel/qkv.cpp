@@ -22,11 +22,11 @@ class ProjectionShard : public ParallelModule {
       : ParallelModule("ColumnParallelLinear") {
     const auto& p = o.param;
     register_parameter("weight", zeros({rows, in}, p.dtype, p.device),
-                       with_region(o.weight_init, {full_rows, in}, {row0, 0}));
+                       with_region(o.weight_init.for_fan_in(in), {full_rows, in}, {row0, 0}));
     set_parallel_attrs("weight", attrs);
     if (bias) {
       register_parameter("bias", zeros({rows}, p.dtype, p.device),
-                         with_region(o.bias_init, {full_rows}, {row0}));
+                         with_region(o.bias_init.for_fan_in(in), {full_rows}, {row0}));
       set_parallel_attrs("bias", attrs);
     }
   }

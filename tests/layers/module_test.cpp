@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <cmath>
 
 #include "nxd/layers/basic.h"
 #include "nxd/layers/module.h"
@@ -189,8 +190,9 @@ TEST(Module, ZeroGrad) {
 }
 
 TEST(Module, InitDependsOnlyOnSeedAndName) {
-  // Same full name in two differently built trees -> same values; values are init::normal of the
-  // stream named by the full name; biases zero, norm weights one.
+  // Same full name in two differently built trees -> same values; values are torch.nn.Linear's
+  // default, uniform(+-1/sqrt(in)) for weight and bias, from the stream named by the full name;
+  // norm weights one.
   Toy a;
   a.init_parameters(42);
   Module other("Other");
@@ -201,10 +203,13 @@ TEST(Module, InitDependsOnlyOnSeedAndName) {
   EXPECT_BITWISE_EQ(other.get_parameter("blocks.1.fc.weight").detach(),
                     a.get_parameter("blocks.1.fc.weight").detach());
   Tensor ref = empty({6, 3});
-  init::normal(ref, RngStream{42, stream_id("blocks.1.fc.weight")}, 0.0, 0.02);
+  const double bound = 1.0 / std::sqrt(3.0);  // Block(3): fc is Linear(3, 6)
+  init::uniform(ref, RngStream{42, stream_id("blocks.1.fc.weight")}, -bound, bound);
   EXPECT_BITWISE_EQ(a.get_parameter("blocks.1.fc.weight").detach(), ref);
   EXPECT_FALSE(nxd::testing::bitwise_equal(a.get_parameter("blocks.0.fc.weight").detach(), ref));
-  EXPECT_EQ(a.get_parameter("blocks.0.fc.bias").to_vector(), std::vector<double>(6, 0.0));
+  Tensor bias_ref = empty({6});
+  init::uniform(bias_ref, RngStream{42, stream_id("blocks.0.fc.bias")}, -bound, bound);
+  EXPECT_BITWISE_EQ(a.get_parameter("blocks.0.fc.bias").detach(), bias_ref);
   EXPECT_EQ(a.get_parameter("blocks.0.norm.weight").to_vector(), std::vector<double>(6, 1.0));
   // another seed differs; the same seed again is identical
   Toy c, d;

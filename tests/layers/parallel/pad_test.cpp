@@ -50,7 +50,7 @@ TEST(HeadPadding, PaddedAttentionComputesTheSameFunction) {
     o.num_kv_heads = c.kv_heads;
     o.layout = c.layout;
     o.bias = c.bias;
-    o.init_std = 0.3;
+    o.init = {InitMethod::normal, 0.3};
     CausalSelfAttention attn(o);
     attn.init_parameters(3);
     if (c.bias) {  // non-zero biases
