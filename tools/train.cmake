@@ -1,10 +1,5 @@
-# nxd-train: the training program (trainer/ does the work; this is the command line).
+# nxd-train: the training program (trainer/ does the work, command line included: trainer/cli.h).
 add_executable(nxd-train nxd_train.cpp)
 target_link_libraries(nxd-train PRIVATE nxd_trainer)
 nxd_compile_options(nxd-train)
-if(NXD_WITH_MPI)
-  # MPI_Abort on a failed rank, with the exit code (the collectives hide MPI otherwise)
-  target_link_libraries(nxd-train PRIVATE MPI::MPI_CXX)
-  target_compile_definitions(nxd-train PRIVATE NXD_TRAIN_WITH_MPI)
-endif()
 install(TARGETS nxd-train RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -131,7 +131,9 @@ std::vector<KeySpec> make_registry() {
       key("data.random_num_samples", K::integer, 65536,
           "`random`: number of samples in the synthetic dataset."),
       // model
-      key("model.arch", K::string, "llama", "Model family.", {"llama", "gpt_neox"}),
+      key("model.arch", K::string, "llama",
+          "Model family: `llama` or `gpt_neox` (built in), or the name a program's own module "
+          "builds (examples/new_model trains `gpt2`)."),
       key("model.vocab_size", K::integer, 256,
           "Vocabulary size; at least 256 for byte-level text, above every id of a token file."),
       key("model.num_layers", K::integer, 4, "Decoder layers."),
@@ -142,8 +144,8 @@ std::vector<KeySpec> make_registry() {
           "null = num_attention_heads.",
           {}, true),
       key("model.ffn_hidden_size", K::integer, nullptr,
-          "MLP width. null = llama: 8/3 x hidden rounded up to a multiple of 256; gpt_neox: 4 x "
-          "hidden.",
+          "MLP width. null = llama: 8/3 x hidden rounded up to a multiple of 256; any other arch: "
+          "4 x hidden.",
           {}, true),
       key("model.max_position_embeddings", K::integer, nullptr,
           "Longest sequence the model accepts. null = data.seq_length.", {}, true),

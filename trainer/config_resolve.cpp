@@ -159,7 +159,7 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
     r.fail("model.arch=gpt_neox has no grouped-query attention: model.num_kv_heads=",
            m.num_kv_heads, " must equal model.num_attention_heads=", m.num_attention_heads);
   r.derive("model.ffn_hidden_size",
-           m.arch == "gpt_neox" ? 4 * m.hidden_size : (8 * m.hidden_size / 3 + 255) / 256 * 256);
+           m.arch == "llama" ? (8 * m.hidden_size / 3 + 255) / 256 * 256 : 4 * m.hidden_size);
   m.ffn_hidden_size = r.positive("model.ffn_hidden_size");
   r.derive("model.max_position_embeddings", d.seq_length);
   m.max_position_embeddings = r.positive("model.max_position_embeddings");

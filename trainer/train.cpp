@@ -202,6 +202,10 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
 
 TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
                   const ModuleFactory& make_module) {
+  if (!make_module && !is_builtin_arch(cfg.model.arch))
+    throw ConfigError(str("[train] model.arch=", cfg.model.arch,
+                          " is not built in (llama, gpt_neox): another architecture trains "
+                          "through a module of its own (examples/new_model)"));
   const auto precision = blas::parse_matmul_precision(cfg.trainer.matmul_precision);
   if (!precision)
     throw ConfigError(str("[train] trainer.matmul_precision=", cfg.trainer.matmul_precision,

@@ -257,9 +257,17 @@ std::vector<int64_t> CausalLM::generate(const std::vector<int64_t>& prompt,
   return seq;
 }
 
+bool is_builtin_arch(const std::string& arch) {
+  return arch == "llama" || arch == "gpt_neox";
+}
+
 std::shared_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, uint64_t seed,
                                          const ModelPart& part) {
   cfg.validate();
+  if (!is_builtin_arch(cfg.arch))
+    throw ConfigError(str("[make_causal_lm] unknown arch '", cfg.arch,
+                          "' (built in: llama, gpt_neox; another architecture derives CausalLM, "
+                          "as examples/new_model does)"));
   std::shared_ptr<CausalLM> m;
   if (cfg.arch == "llama") {
     m = std::make_shared<LlamaForCausalLM>(cfg, part);

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nxd/autograd/ops.h"
@@ -130,6 +131,10 @@ Tensor checkpoint_layer(const std::function<Tensor(const Tensor&)>& layer, const
 // with the uniform number u in [0, 1).
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
                      double u);
+
+// The families make_causal_lm builds: "llama" and "gpt_neox". ModelConfig::arch may name any
+// other family a user's own CausalLM subclass implements (examples/new_model).
+bool is_builtin_arch(const std::string& arch);
 
 // Validates cfg (ConfigError) and builds the model of cfg.arch over the current TP group,
 // parameters initialized by name from `seed`; with a part, only that part (its parameters have

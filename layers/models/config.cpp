@@ -46,8 +46,7 @@ int model_tensor_parallel_size() {
 
 void ModelConfig::validate() const {
   auto fail = [](auto&&... a) { throw ConfigError(str("[ModelConfig] ", a...)); };
-  if (arch != "llama" && arch != "gpt_neox")
-    fail("unknown arch '", arch, "' (known: llama, gpt_neox)");
+  if (arch.empty()) fail("arch must name the model family (llama, gpt_neox, or a user's own)");
   if (vocab_size <= 0) fail("vocab_size must be positive, got ", vocab_size);
   if (num_layers <= 0) fail("num_layers must be positive, got ", num_layers);
   if (hidden_size <= 0) fail("hidden_size must be positive, got ", hidden_size);

@@ -72,8 +72,16 @@ TEST(ModelConfig, ValidateNamesTheValues) {
             std::string::npos)
       << config_error(c);
   c = ModelConfig{};
-  c.arch = "gpt2";
-  EXPECT_NE(config_error(c).find("unknown arch 'gpt2'"), std::string::npos);
+  c.arch = "";
+  EXPECT_NE(config_error(c).find("arch must name the model family"), std::string::npos);
+  c.arch = "gpt2";  // a user's own family is a valid config, but make_causal_lm does not build it
+  EXPECT_EQ(config_error(c), "");
+  try {
+    make_causal_lm(c, 1);
+    ADD_FAILURE() << "built an unknown arch";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown arch 'gpt2'"), std::string::npos) << e.what();
+  }
   c = tiny("gpt_neox");
   c.num_kv_heads = 2;
   EXPECT_NE(config_error(c).find("num_kv_heads=2"), std::string::npos);

@@ -1,0 +1,126 @@
+#pragma once
+// A third architecture on nxd's trainer, outside the library: GPT-2 (learned positions, pre-norm
+// blocks, tanh GELU, no rotary; GPT-2's names), tensor-parallel through nxd's attention and MLP.
+#include <memory>
+
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/parallel/layers.h"
+#include "nxd/layers/transformer.h"
+#include "nxd/trainer/lm_module.h"
+
+namespace gpt2 {
+using namespace nxd;
+
+class Block : public Module {
+ public:
+  Block(const ModelConfig& c, int tp) : Module("GPT2Block") {
+    const ParamOptions p{c.dtype, c.device};
+    AttentionOptions a;
+    a.hidden_size = c.hidden_size;
+    a.num_heads = c.num_attention_heads;
+    a.rotary_dim = 0;  // positions come from wpe
+    a.bias = true;
+    a.init = c.init_scheme();
+    a.param = p;
+    a.tensor_parallel = tp > 1;
+    MlpOptions m;
+    m.gelu = GeluApprox::tanh;
+    m.init = c.init_scheme();
+    m.param = p;
+    m.tensor_parallel = tp > 1;
+    ln_1_ =
+        register_module("ln_1", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
+    attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(a));
+    ln_2_ =
+        register_module("ln_2", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
+    mlp_ = register_module("mlp", std::make_shared<Mlp>(c.hidden_size, c.ffn_size(), m));
+  }
+  Tensor forward(const Tensor& x, int64_t pos) const {
+    Tensor h = add(x, attn_->forward(ln_1_->forward(x), pos));
+    return add(h, mlp_->forward(ln_2_->forward(h)));
+  }
+
+ private:
+  std::shared_ptr<LayerNorm> ln_1_, ln_2_;
+  std::shared_ptr<CausalSelfAttention> attn_;
+  std::shared_ptr<Mlp> mlp_;
+};
+
+class Body : public Module {
+ public:
+  explicit Body(const ModelConfig& c) : Module("GPT2Model") {
+    const int tp = model_tensor_parallel_size();
+    const ParamOptions p{c.dtype, c.device};
+    if (tp == 1) {
+      wte_ = register_module(
+          "wte", std::make_shared<Embedding>(c.vocab_size, c.hidden_size,
+                                             EmbeddingOptions{c.init_scheme().embedding(), p}));
+      wte_weight_ = wte_->weight();
+    } else {  // vocabulary-parallel; the tied head uses this shard
+      ParallelEmbeddingOptions eo;
+      eo.weight_init = c.init_scheme().embedding();
+      eo.param = p;
+      pwte_ = register_module("wte",
+                              std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size, eo));
+      wte_weight_ = pwte_->weight();
+    }
+    wpe_ = register_module(
+        "wpe", std::make_shared<Embedding>(c.max_position_embeddings, c.hidden_size,
+                                           EmbeddingOptions{ParamInit::normal(0.01), p}));
+    h_ = register_module("h", std::make_shared<ModuleList>());
+    for (int64_t l = 0; l < c.num_layers; ++l) h_->push_back(std::make_shared<Block>(c, tp));
+    ln_f_ =
+        register_module("ln_f", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
+  }
+  Tensor embed(const Tensor& ids) const { return wte_ ? wte_->forward(ids) : pwte_->forward(ids); }
+  Tensor layers(const Tensor& x, int64_t pos) const {  // + wpe[pos, pos + S)
+    Tensor h = add(x, narrow(wpe_->weight(), 0, pos, x.size(1)));
+    for (const auto& b : *h_) h = static_cast<const Block&>(*b).forward(h, pos);
+    return h;
+  }
+  Tensor norm(const Tensor& h) const { return ln_f_->forward(h); }
+  const Tensor& wte_weight() const { return wte_weight_; }
+
+ private:
+  std::shared_ptr<Embedding> wte_, wpe_;
+  std::shared_ptr<ParallelEmbedding> pwte_;
+  std::shared_ptr<ModuleList> h_;
+  std::shared_ptr<LayerNorm> ln_f_;
+  Tensor wte_weight_;
+};
+
+class GPT2LMHeadModel : public CausalLM {
+ public:
+  explicit GPT2LMHeadModel(const ModelConfig& c) : CausalLM(c, "GPT2LMHeadModel") {
+    if (sequence_parallel())  // wpe would need the shard's positions and an SP gradient sum
+      throw ConfigError("[gpt2] needs distributed_strategy.sequence_parallel=false");
+    body_ = register_module("transformer", std::make_shared<Body>(cfg_));
+    register_output_head("lm_head");  // none when tied (GPT-2 ties: model.tie_word_embeddings)
+  }
+
+ protected:
+  Tensor embed_tokens(const Tensor& ids) override { return body_->embed(ids); }
+  Tensor run_layers(const Tensor& h, int64_t pos) override { return body_->layers(h, pos); }
+  Tensor final_norm(const Tensor& h) override { return body_->norm(h); }
+  const Tensor& embedding_weight() const override { return body_->wte_weight(); }
+
+ private:
+  std::shared_ptr<Body> body_;
+};
+
+// nxd-train's language-model module with this model: data, optimizer, schedule, logging and
+// checkpoints come from the same configuration keys.
+class LMModule : public trainer::CausalLMModule {
+ public:
+  using CausalLMModule::CausalLMModule;
+  std::string transformer_layer_type() const override { return "GPT2Block"; }
+
+ protected:
+  std::shared_ptr<CausalLM> build_causal_lm() override {
+    auto m = std::make_shared<GPT2LMHeadModel>(trainer::model_config(config()));
+    m->init_parameters(config().seed);
+    return m;
+  }
+};
+
+}  // namespace gpt2

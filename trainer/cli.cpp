@@ -1,0 +1,187 @@
+#include "nxd/trainer/cli.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+
+#ifdef NXD_TRAINER_WITH_MPI
+#include <mpi.h>
+#endif
+
+#include "nxd/collectives/communicator.h"
+#include "nxd/collectives/mpi/mpi.h"
+#include "nxd/runtime/error.h"
+
+namespace nxd::trainer {
+
+namespace {
+
+const char* kNxdTrainDescription =
+    "Trains a decoder language model (Llama or GPT-NeoX) on byte-level text, a token file or\n"
+    "random tokens, writing DIR/metrics.csv, DIR/config.yaml and DIR/sample.txt. With no\n"
+    "arguments it trains the default configuration on /usr/share/games/fortunes.\n";
+
+std::string usage(const CliOptions& o) {
+  return str(
+      "usage: ", o.program, " [--config FILE] [--set dotted.key=value ...] [--out DIR]\n\n",
+      o.description.empty() ? kNxdTrainDescription : o.description,
+      "\n"
+      "  --config FILE        YAML or JSON (.json) configuration; may be given more than once\n"
+      "  --set KEY=VALUE      override one key (VALUE read as YAML: 3e-4, true, [0.9, 0.95])\n"
+      "  --out DIR            output directory (exp_manager.exp_dir)\n"
+      "  --print-config       print the resolved configuration as YAML and exit\n"
+      "  --help-config        print every key with its type, default and description\n"
+      "  -h, --help           this text\n");
+}
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+enum class Action { train, print_config, done };
+
+// Reads the flags into cfg; prints --help / --help-config itself (Action::done).
+Action parse_args(const std::vector<std::string>& args, const CliOptions& o, Config& cfg) {
+  std::string out;
+  Action action = Action::train;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) -> std::string {
+      const std::string pre = std::string(flag) + "=";
+      if (a.rfind(pre, 0) == 0) return a.substr(pre.size());
+      if (i + 1 >= args.size())
+        throw ConfigError(str("[", o.program, "] ", flag, " needs a value"));
+      return args[++i];
+    };
+    auto is = [&](const char* flag) {
+      return a == flag || a.rfind(std::string(flag) + "=", 0) == 0;
+    };
+    if (a == "-h" || a == "--help") {
+      std::fputs(usage(o).c_str(), stdout);
+      return Action::done;
+    } else if (a == "--help-config") {
+      std::fputs(config_reference_markdown().c_str(), stdout);
+      return Action::done;
+    } else if (a == "--print-config") {
+      action = Action::print_config;
+    } else if (is("--config")) {
+      cfg.merge_file(value("--config"));
+    } else if (is("--set")) {
+      cfg.apply_override(value("--set"));
+    } else if (is("--out")) {
+      out = value("--out");
+    } else {
+      throw ConfigError(
+          str("[", o.program, "] unknown argument '", a, "' (", o.program, " --help lists them)"));
+    }
+  }
+  if (!out.empty()) cfg.set("exp_manager.exp_dir", out, "--out");
+  return action;
+}
+
+// One rank per process under mpirun (backend.kind=mpi).
+int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig tc) {
+  if (!mpi::available())
+    throw ConfigError(
+        str("[", o.program, "] backend.kind=mpi but nxd was built without MPI (NXD_WITH_MPI=OFF)"));
+  mpi::Session session(&argc, &argv, tc.seed);
+  // errors every rank finds alike (the world does not fit the config): rank 0 prints, then all
+  // leave together (a rank exiting first would make mpirun kill rank 0 before it printed)
+  std::string world_error;
+  try {
+    if (tc.dist.world_size_from_launcher && session.size() != tc.dist.world_size) {
+      cfg.set("backend.world_size", session.size(), "the MPI world");
+      tc = resolve(cfg);
+    }
+    if (session.size() != tc.dist.world_size)
+      throw ConfigError(str("[", o.program, "] backend.world_size=", tc.dist.world_size,
+                            " but mpirun started ", session.size(), " process(es)"));
+    check_world(tc.dist.world_size, tc.dist.tensor_model_parallel_size);
+  } catch (const UserError& e) {
+    world_error = e.what();
+  }
+  if (!world_error.empty()) {
+    if (session.rank() == 0) {
+      std::fprintf(stderr, "%s: error: %s\n", o.program.c_str(), one_line(world_error).c_str());
+      std::fflush(stderr);
+    }
+    world().barrier();
+    // Only rank 0, which printed, carries the exit code: mpirun tears the job down at the first
+    // non-zero exit, and rank 0's forwarded stderr could be lost if another rank got there first.
+    return session.rank() == 0 ? 2 : 0;
+  }
+  int code = 0;
+  std::string what;
+  try {
+    train(tc, {}, o.make_module);
+  } catch (const UserError& e) {
+    code = 2, what = str("error: rank ", session.rank(), ": ", e.what());
+  } catch (const OutOfDeviceMemory& e) {  // the config asks for more than the machine has
+    code = 2, what = str("error: rank ", session.rank(), ": ", e.what());
+  } catch (const std::exception& e) {
+    code = 1, what = str("internal error: rank ", session.rank(), ": ", e.what());
+  }
+  if (code != 0) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: %s\n", o.program.c_str(), one_line(what).c_str());
+    std::fflush(stderr);
+#ifdef NXD_TRAINER_WITH_MPI
+    MPI_Abort(MPI_COMM_WORLD, code);  // the peers may be waiting in a collective
+#endif
+  }
+  return code;
+}
+
+int run(int argc, char** argv, const CliOptions& o) {
+  Config cfg;
+  if (o.defaults) o.defaults(cfg);
+  const Action action = parse_args(std::vector<std::string>(argv + 1, argv + argc), o, cfg);
+  if (action == Action::done) return 0;
+  TrainConfig tc = resolve(cfg);
+  if (action == Action::print_config) {
+    std::fputs(tc.resolved.to_yaml().c_str(), stdout);
+    return 0;
+  }
+  if (tc.dist.backend == "mpi") return run_mpi(argc, argv, o, cfg, std::move(tc));
+  train(tc, {}, o.make_module);
+  return 0;
+}
+
+// Before MPI is initialized: this process's rank from the launcher's environment (0 if none),
+// so that an error every rank finds alike (a bad config) is printed once.
+int launcher_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* r = std::getenv(v)) return std::atoi(r);
+  return 0;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv, const CliOptions& opts) {
+  const bool quiet_errors = launcher_rank() != 0;
+  const char* p = opts.program.c_str();
+  try {
+    return run(argc, argv, opts);
+  } catch (const UserError& e) {
+    std::fflush(stdout);
+    if (!quiet_errors) std::fprintf(stderr, "%s: error: %s\n", p, one_line(e.what()).c_str());
+    // Under mpirun every rank finds a bad config alike; only the rank that printed fails, so
+    // mpirun does not stop the job (and lose the message) on another rank's exit first.
+    return quiet_errors ? 0 : 2;
+  } catch (const OutOfDeviceMemory& e) {  // the config asks for more than the machine has
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: %s\n", p, one_line(e.what()).c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    if (!quiet_errors)
+      std::fprintf(stderr, "%s: internal error: %s\n", p, one_line(e.what()).c_str());
+    return 1;
+  }
+}
+
+}  // namespace nxd::trainer
