@@ -4,6 +4,7 @@
 
 #include "nxd/autograd/graph.h"
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/sim/clock.h"
 
 namespace nxd::pipeline {
 
@@ -71,8 +72,30 @@ Tensor Executor::recv_activation(int stage, const Key& key) {
   return x;
 }
 
+namespace {
+// A forward or backward on the sim timeline's phase lane ("F3", "B3c1"), so Perfetto shows the
+// schedule's staircase; nothing without a recording sim clock.
+// Its modeled time is added to `total`.
+struct Phase {
+  Phase(const Action& a, double& total) : action(a), total(total), clock(sim::current_sim_clock()) {
+    if (clock) start = clock->now();
+  }
+  ~Phase() {
+    if (!clock) return;
+    total += clock->now() - start;
+    if (clock->recording()) clock->record_phase(to_string(action), start, clock->now());
+  }
+  Action action;
+  double& total;
+  sim::SimClock* clock;
+  double start = 0;
+};
+}  // namespace
+
 StepResult Executor::run(StageRunner& runner, bool train, int64_t mb_rows, int64_t seq_len) {
   StepResult res;
+  sim::SimClock* clock = sim::current_sim_clock();
+  const double t0 = clock ? clock->now() : 0.0;
   const std::vector<Action> actions =
       train ? build_schedule(cfg_, rank_) : build_inference_schedule(cfg_, rank_);
   // per (chunk, microbatch): the received input, the output (activation or loss), its gradient
@@ -90,6 +113,7 @@ StepResult Executor::run(StageRunner& runner, bool train, int64_t mb_rows, int64
         break;
       }
       case ActionKind::forward: {
+        const Phase phase(a, res.phase_seconds);
         auto in = inputs.find(key);
         Tensor out =
             runner.forward(a.chunk, a.microbatch, in == inputs.end() ? Tensor() : in->second);
@@ -115,6 +139,7 @@ StepResult Executor::run(StageRunner& runner, bool train, int64_t mb_rows, int64
         break;
       }
       case ActionKind::backward: {
+        const Phase phase(a, res.phase_seconds);
         Tensor out = outputs.at(key);
         if (is_last_stage(cfg_, rank_, a.chunk)) {
           nxd::backward(out);
@@ -138,6 +163,7 @@ StepResult Executor::run(StageRunner& runner, bool train, int64_t mb_rows, int64
   // reaches the peers through the backend.
   for (auto& w : pending_) w.first.wait();
   pending_.clear();
+  if (clock) res.span_seconds = clock->now() - t0;
   return res;
 }
 

@@ -41,6 +41,9 @@ class StageRunner {
 
 struct StepResult {
   std::vector<Tensor> losses;  // last stage: each microbatch's returned scalar (detached)
+  // On the sim clock (0 without one): the schedule's span on this rank, and the part of it spent
+  // inside forwards and backwards (the rest is the bubble: waiting for peers).
+  double span_seconds = 0, phase_seconds = 0;
 };
 
 class Executor {

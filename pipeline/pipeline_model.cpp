@@ -120,6 +120,7 @@ Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, bool train)
                   " rows is not divisible into ", M, " microbatches");
   Runner runner(*this, ids, targets, ids.size(0) / M);
   StepResult res = executor_->run(runner, train, ids.size(0) / M, ids.size(1));
+  if (train) span_seconds_ += res.span_seconds, phase_seconds_ += res.phase_seconds;
   double sum = 0;
   for (const Tensor& l : res.losses) sum += l.item();
   // each returned loss is already divided by M

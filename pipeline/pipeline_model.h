@@ -64,6 +64,10 @@ class PipelineModel {
   // One line per stage: its part, parameter elements and bytes on a rank of that stage.
   std::string balance_report() const;
   int64_t local_parameter_bytes() const;
+  // On the sim clock, summed over run_train calls: the schedules' span on this rank and the time
+  // inside its forwards and backwards (1 - phase / span is this rank's bubble).
+  double modeled_schedule_seconds() const { return span_seconds_; }
+  double modeled_phase_seconds() const { return phase_seconds_; }
 
  private:
   class Runner;
@@ -79,6 +83,7 @@ class PipelineModel {
   std::shared_ptr<Communicator> pp_group_, dp_group_, tied_group_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<optim::GradSync> grad_sync_;
+  double span_seconds_ = 0, phase_seconds_ = 0;
 };
 
 }  // namespace nxd::pipeline

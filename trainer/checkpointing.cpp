@@ -64,7 +64,9 @@ void ModelCheckpoint::save(Trainer& trainer, TrainingModule& module, int64_t ste
   so.compress = opts_.compress;
   so.step = step;
   const auto& sched = trainer.schedule();
-  const auto st = ckpt::save_checkpoint(opts_.dirpath, tag, &module.model(), &trainer.optimizer(),
+  std::vector<const Module*> parts;
+  for (Module* m : module.model_parts()) parts.push_back(m);
+  const auto st = ckpt::save_checkpoint(opts_.dirpath, tag, parts, &trainer.optimizer(),
                                         sched ? &*sched : nullptr, user, so);
   stall_ += st.stall_seconds;
   last_saved_ = step;

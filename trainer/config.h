@@ -109,6 +109,7 @@ struct ModelSection {
   double rotary_pct, rope_theta, norm_eps, init_std, dropout;
   bool tie_word_embeddings;
   InitMethod init_method;
+  CheckpointGranularity activations_checkpoint_granularity;
 };
 
 struct OptimSection {
@@ -122,6 +123,9 @@ struct OptimSection {
 
 struct DistributedSection {
   int64_t tensor_model_parallel_size;
+  int64_t pipeline_model_parallel_size;
+  int64_t virtual_pipeline_model_parallel_size;
+  std::string pipeline_schedule;  // gpipe | 1f1b | interleaved
   bool sequence_parallel;
   int64_t kv_replicator;  // resolved: max(1, tp / kv heads) unless set
   double grad_bucket_mb;
@@ -130,7 +134,7 @@ struct DistributedSection {
   std::string timeline;           // sim: Chrome trace path ("" = none)
   int64_t world_size;             // resolved: tp unless set (mpi: replaced by the MPI world)
   bool world_size_from_launcher;  // mpi and backend.world_size unset
-  int64_t data_parallel_size;     // derived: world / tp
+  int64_t data_parallel_size;     // derived: world / (tp x pp)
 };
 
 struct GenerationSection {
@@ -174,6 +178,6 @@ ModelConfig model_config(const TrainConfig& cfg);
 
 // ConfigError unless world_size = tp x dp for an integer dp (pipeline size 1): names the three
 // numbers.
-void check_world(int64_t world_size, int64_t tp);
+void check_world(int64_t world_size, int64_t tp, int64_t pp = 1);
 
 }  // namespace nxd::trainer

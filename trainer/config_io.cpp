@@ -252,7 +252,10 @@ void Config::apply_override(const std::string& a) {
       v = parse_yaml(text, src);
     } catch (const ConfigError&) {
     }
-    if (!v.is_string()) v = text;
+    // a nullable one takes YAML's null (`null`, `~`) as null
+    const bool null = find_key(k)->nullable && (text == "null" || text == "~" || text == "Null");
+    if (!v.is_string() && !null) v = text;
+    if (null) v = nullptr;
   } else {
     v = parse_yaml(text, src);
   }

@@ -165,6 +165,11 @@ std::vector<KeySpec> make_registry() {
       key("model.dropout", K::number, 0.0, "Dropout on attention and MLP outputs (training)."),
       key("model.tie_word_embeddings", K::boolean, false,
           "The output head reuses the input embedding."),
+      key("model.activations_checkpoint_granularity", K::string, nullptr,
+          "Activation checkpointing: null keeps every activation; `full` recomputes each decoder "
+          "layer in backward; `selective` recomputes only the attention core (scores, softmax, "
+          "PV). Gradients are bitwise those of null.",
+          {"full", "selective"}, true),
       // optimizer
       key("model.optim.name", K::string, "adamw",
           "Optimizer (`adamw_fp32OptState` is NxD Training's name for AdamW).",
@@ -190,7 +195,20 @@ std::vector<KeySpec> make_registry() {
       // parallelism
       key("distributed_strategy.tensor_model_parallel_size", K::integer, 2,
           "Tensor-parallel degree: attention heads, kv heads x kv_replicator, ffn size and vocab "
-          "must divide by it. Data-parallel degree = world size / this (no pipeline yet)."),
+          "must divide by it. Data-parallel degree = world size / (this x "
+          "pipeline_model_parallel_size)."),
+      key("distributed_strategy.pipeline_model_parallel_size", K::integer, 1,
+          "Pipeline-parallel degree: the decoder layers are cut into this many stages (times "
+          "virtual_pipeline_model_parallel_size), balanced by parameter count; each step's "
+          "global_batch_size / (micro_batch_size x data-parallel size) micro batches are the "
+          "pipeline's microbatches."),
+      key("distributed_strategy.virtual_pipeline_model_parallel_size", K::integer, 1,
+          "Model chunks per pipeline rank (interleaved schedule; > 1 needs pipeline_schedule "
+          "interleaved and microbatches a multiple of pipeline_model_parallel_size)."),
+      key("distributed_strategy.pipeline_schedule", K::string, "1f1b",
+          "gpipe (all forwards, then all backwards), 1f1b (NxD's one-forward-one-backward) or "
+          "interleaved (virtual stages).",
+          {"gpipe", "1f1b", "interleaved"}),
       key("distributed_strategy.sequence_parallel", K::boolean, true,
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,
@@ -210,7 +228,8 @@ std::vector<KeySpec> make_registry() {
           "time and memory)."),
       key("backend.world_size", K::integer, nullptr,
           "Ranks (NeuronCores). null = 8 (sim) or the MPI world (mpi). Must equal "
-          "tensor_model_parallel_size x data-parallel size; 1 = plain single-rank training.",
+          "tensor_model_parallel_size x pipeline_model_parallel_size x data-parallel size; 1 = "
+          "plain single-rank training.",
           {}, true),
       key("backend.timeline", K::string, "",
           "sim: write every rank's modeled kernels and collectives to this file as a Chrome trace "

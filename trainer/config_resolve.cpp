@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <thread>
 
+#include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/config.h"
+#include "nxd/pipeline/schedule.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::trainer {
@@ -15,13 +17,13 @@ namespace nxd::trainer {
 
 constexpr int kDefaultSimWorld = 8;  // simulated NeuronCores of the default run
 
-void check_world(int64_t world_size, int64_t tp) {
-  if (world_size % tp != 0)
+void check_world(int64_t world_size, int64_t tp, int64_t pp) {
+  if (world_size % (tp * pp) != 0)
     throw ConfigError(str("[config] world size ", world_size, " is not tensor_model_parallel_size ",
-                          tp, " x data-parallel size (pipeline size 1): ", world_size,
-                          " does not divide by ", tp,
+                          tp, " x pipeline_model_parallel_size ", pp,
+                          " x data-parallel size: ", world_size, " does not divide by ", tp * pp,
                           " (set backend.world_size or distributed_strategy."
-                          "tensor_model_parallel_size)"));
+                          "tensor_model_parallel_size / pipeline_model_parallel_size)"));
 }
 
 ModelConfig model_config(const TrainConfig& cfg) {
@@ -42,6 +44,7 @@ ModelConfig model_config(const TrainConfig& cfg) {
   mc.init_std = m.init_std;
   mc.dropout = m.dropout;
   mc.tie_word_embeddings = m.tie_word_embeddings;
+  mc.activations_checkpoint_granularity = m.activations_checkpoint_granularity;
   mc.sequence_parallel = cfg.dist.sequence_parallel;
   mc.kv_size_multiplier = cfg.dist.kv_replicator;
   return mc;
@@ -175,6 +178,10 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
   m.init_std = r.c.get_double("model.init_std");
   m.dropout = r.c.get_double("model.dropout");
   m.tie_word_embeddings = r.c.get_bool("model.tie_word_embeddings");
+  m.activations_checkpoint_granularity = r.c.is_null("model.activations_checkpoint_granularity")
+                                             ? CheckpointGranularity::none
+                                             : parse_checkpoint_granularity(r.c.get_string(
+                                                   "model.activations_checkpoint_granularity"));
   if (d.kind == "text" && m.vocab_size < 256)
     r.fail("model.vocab_size=", m.vocab_size,
            " is too small for byte-level text (data.kind=text needs >= 256)");
@@ -184,6 +191,10 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
 DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
   DistributedSection ds;
   ds.tensor_model_parallel_size = r.positive("distributed_strategy.tensor_model_parallel_size");
+  ds.pipeline_model_parallel_size = r.positive("distributed_strategy.pipeline_model_parallel_size");
+  ds.virtual_pipeline_model_parallel_size =
+      r.positive("distributed_strategy.virtual_pipeline_model_parallel_size");
+  ds.pipeline_schedule = r.c.get_string("distributed_strategy.pipeline_schedule");
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");
   ds.instance = r.c.get_string("backend.instance");
@@ -199,10 +210,12 @@ DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
     r.fail("distributed_strategy.grad_bucket_mb must be positive, got ", ds.grad_bucket_mb);
   ds.world_size_from_launcher = r.c.is_null("backend.world_size") && ds.backend == "mpi";
   r.derive("backend.world_size",
-           ds.backend == "mpi" ? ds.tensor_model_parallel_size : int64_t{kDefaultSimWorld});
+           ds.backend == "mpi" ? ds.tensor_model_parallel_size * ds.pipeline_model_parallel_size
+                               : int64_t{kDefaultSimWorld});
   ds.world_size = r.positive("backend.world_size");
-  check_world(ds.world_size, ds.tensor_model_parallel_size);
-  ds.data_parallel_size = ds.world_size / ds.tensor_model_parallel_size;
+  check_world(ds.world_size, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size);
+  ds.data_parallel_size =
+      ds.world_size / (ds.tensor_model_parallel_size * ds.pipeline_model_parallel_size);
   return ds;
 }
 
@@ -287,6 +300,28 @@ TrainConfig resolve(const Config& in) {
   t.model = resolve_model(r, t.data);
   t.dist = resolve_distributed(r, t.model);
   t.grad_accum_steps = resolve_batching(r, t.data, t.dist);
+  if (t.dist.pipeline_model_parallel_size > 1 || t.dist.virtual_pipeline_model_parallel_size > 1 ||
+      t.dist.pipeline_schedule != "1f1b") {
+    pipeline::PipelineJob job;
+    job.pipeline_model_parallel_size = static_cast<int>(t.dist.pipeline_model_parallel_size);
+    job.virtual_pipeline_model_parallel_size =
+        static_cast<int>(t.dist.virtual_pipeline_model_parallel_size);
+    job.pipeline_schedule = t.dist.pipeline_schedule;
+    job.data_parallel_size = static_cast<int>(t.dist.data_parallel_size);
+    job.global_batch_size = t.data.global_batch_size;
+    job.micro_batch_size = t.data.micro_batch_size;
+    job.num_layers = t.model.num_layers;
+    try {
+      pipeline::resolve_schedule(job);
+    } catch (const ConfigError& e) {
+      r.fail(e.what());
+    }
+    if (t.dist.pipeline_model_parallel_size > 1 && !is_builtin_arch(t.model.arch))
+      r.fail(
+          "distributed_strategy.pipeline_model_parallel_size=", t.dist.pipeline_model_parallel_size,
+          " needs a built-in model.arch (llama, "
+          "gpt_neox): the pipeline cuts those families into stages");
+  }
   if (t.dist.tensor_model_parallel_size > 1) {
     try {
       model_config(t).validate_parallel(static_cast<int>(t.dist.tensor_model_parallel_size));

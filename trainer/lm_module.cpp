@@ -31,7 +31,16 @@ std::shared_ptr<CausalLM> CausalLMModule::build_causal_lm() {
   return make_causal_lm(model_config(cfg_), cfg_.seed);
 }
 
+std::shared_ptr<pipeline::PipelineModel> CausalLMModule::build_pipeline_model(
+    const pipeline::PipelineOptions& opts) {
+  return std::make_shared<pipeline::PipelineModel>(model_config(cfg_), cfg_.seed, opts);
+}
+
 CausalLM& CausalLMModule::lm() const {
+  if (pipeline())
+    throw InvalidArgument(
+        "[trainer] CausalLMModule::lm(): under pipeline parallelism the model "
+        "is split into stages (pipeline())");
   if (!lm_) throw InternalError("[trainer] CausalLMModule::lm() before build_model()");
   return *lm_;
 }
@@ -42,7 +51,7 @@ Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
 
 OptimizerSetup CausalLMModule::configure_optimizers() {
   const auto& o = cfg_.optim;
-  auto groups = param_groups_by_weight_decay(model(), o.lr, o.weight_decay);
+  auto groups = param_groups_by_weight_decay(local_parameters(), o.lr, o.weight_decay);
   OptimizerSetup s;
   if (o.name == "sgd")
     s.optimizer = std::make_unique<optim::SGD>(std::move(groups),

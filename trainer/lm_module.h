@@ -17,13 +17,16 @@ class CausalLMModule : public TrainingModule {
  public:
   explicit CausalLMModule(TrainConfig cfg) : cfg_(std::move(cfg)) {}
   std::shared_ptr<Module> build_model() override;
+  // Pipeline parallelism: a PipelineModel of model_config(config()) (built-in families only).
+  std::shared_ptr<pipeline::PipelineModel> build_pipeline_model(
+      const pipeline::PipelineOptions& opts) override;
   // lm().loss(ids, targets): the mean token cross entropy (vocab-parallel at TP > 1).
   Tensor training_step(const Batch& batch, int64_t batch_idx) override;
   // AdamW or SGD over param_groups_by_weight_decay, with the warmup + decay schedule.
   OptimizerSetup configure_optimizers() override;
   std::string transformer_layer_type() const override;
 
-  CausalLM& lm() const;  // the built model
+  CausalLM& lm() const;  // the built model (the whole model: not under pipeline parallelism)
   const TrainConfig& config() const { return cfg_; }
 
  protected:

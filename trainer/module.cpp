@@ -11,19 +11,50 @@ std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, doubl
   return optim::default_param_groups(named, lr, wd);
 }
 
+std::vector<optim::ParamGroup> param_groups_by_weight_decay(
+    const std::vector<optim::NamedParam>& params, double lr, double wd) {
+  return optim::default_param_groups(params, lr, wd);
+}
+
 Tensor TrainingModule::validation_step(const Batch& batch, int64_t batch_idx) {
   return training_step(batch, batch_idx);
 }
 
 OptimizerSetup TrainingModule::configure_optimizers() {
   OptimizerSetup s;
-  s.optimizer = std::make_unique<optim::AdamW>(param_groups_by_weight_decay(model(), 1e-3, 0.01));
+  s.optimizer =
+      std::make_unique<optim::AdamW>(param_groups_by_weight_decay(local_parameters(), 1e-3, 0.01));
   return s;
 }
 
+std::shared_ptr<pipeline::PipelineModel> TrainingModule::build_pipeline_model(
+    const pipeline::PipelineOptions&) {
+  throw ConfigError(
+      "[trainer] this module has no pipeline-parallel path (build_pipeline_model): train it "
+      "with pipeline_parallel_size 1");
+}
+
 Module& TrainingModule::model() const {
+  if (pipeline_)
+    throw InvalidArgument(
+        "[trainer] TrainingModule::model() under pipeline parallelism: use pipeline(), "
+        "local_parameters() or model_parts()");
   if (!model_) throw InternalError("[trainer] TrainingModule::model() before build_model()");
   return *model_;
+}
+
+std::vector<optim::NamedParam> TrainingModule::local_parameters() const {
+  if (pipeline_) return pipeline_->local_named_parameters();
+  std::vector<optim::NamedParam> named;
+  for (auto& [name, t] : model().named_parameters()) named.push_back({name, t});
+  return named;
+}
+
+std::vector<Module*> TrainingModule::model_parts() const {
+  if (!pipeline_) return {&model()};
+  std::vector<Module*> parts;
+  for (const auto& c : pipeline_->chunks()) parts.push_back(c.get());
+  return parts;
 }
 
 Trainer& TrainingModule::trainer() const {

@@ -13,6 +13,9 @@
 //   per step: training_step x accumulation, on_train_batch_end,
 //             [validation_step x n at val_check_interval and the last step]
 //   on_fit_end.
+// With pipeline parallelism (Strategy::pipeline_parallel_size > 1) build_pipeline_model replaces
+// build_model, and the pipeline computes each step's loss (its microbatches are the step's
+// micro batches): training_step and validation_step are not called.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -22,6 +25,7 @@
 #include "nxd/layers/module.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/optim/optimizer.h"
+#include "nxd/pipeline/pipeline_model.h"
 #include "nxd/trainer/data.h"
 
 namespace nxd::trainer {
@@ -39,6 +43,8 @@ struct OptimizerSetup {
 // NxD's param_groups_by_weight_decay: `model`'s parameters in two groups at rate `lr`, weight
 // decay `wd` except for biases and norm weights (names containing "bias" or "norm").
 std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd);
+std::vector<optim::ParamGroup> param_groups_by_weight_decay(
+    const std::vector<optim::NamedParam>& params, double lr, double wd);
 
 struct StepOutput {
   int64_t step = 0;      // optimizer steps done, this one included
@@ -60,8 +66,8 @@ class TrainingModule {
   // The loss of one validation micro batch; runs in eval mode without a graph. Default: the
   // training step's loss.
   virtual Tensor validation_step(const Batch& batch, int64_t batch_idx);
-  // The optimizer (and schedule) over model()'s parameters. Default: AdamW at 1e-3 with
-  // param_groups_by_weight_decay(model(), 1e-3, 0.01), no schedule.
+  // The optimizer (and schedule) over local_parameters(). Default: AdamW at 1e-3 with
+  // param_groups_by_weight_decay(local_parameters(), 1e-3, 0.01), no schedule.
   virtual OptimizerSetup configure_optimizers();
   // After every optimizer step, on every rank.
   virtual void on_train_batch_end(const StepOutput& out) { (void)out; }
@@ -71,15 +77,28 @@ class TrainingModule {
   // pipeline cuts and activation checkpointing wrap. "" = none declared.
   virtual std::string transformer_layer_type() const { return ""; }
 
-  // The model build_model returned (throws before it was built).
+  // Pipeline parallelism: this rank's stages of the model as a PipelineModel over the pipeline
+  // groups the trainer initialized, with the trainer's schedule and microbatches in `opts`.
+  // Default: ConfigError (this module has no pipeline path).
+  virtual std::shared_ptr<pipeline::PipelineModel> build_pipeline_model(
+      const pipeline::PipelineOptions& opts);
+
+  // The model build_model returned (throws before it was built, and with a pipeline).
   Module& model() const;
   std::shared_ptr<Module> model_ptr() const { return model_; }
+  // The pipeline build_pipeline_model returned; null without pipeline parallelism.
+  pipeline::PipelineModel* pipeline() const { return pipeline_.get(); }
+  // What this rank trains, by whole-model name: model()'s parameters or the pipeline stage's.
+  std::vector<optim::NamedParam> local_parameters() const;
+  // What this rank holds as modules: {&model()} or the pipeline stage's chunks (checkpoints).
+  std::vector<Module*> model_parts() const;
   // The trainer running this module (throws outside fit).
   Trainer& trainer() const;
 
  private:
   friend class Trainer;
   std::shared_ptr<Module> model_;
+  std::shared_ptr<pipeline::PipelineModel> pipeline_;
   Trainer* trainer_ = nullptr;
 };
 

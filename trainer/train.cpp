@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
@@ -38,17 +39,22 @@ class RunSummary : public Callback {
     t.message(str("model: ", m.arch, ", ", m.num_layers, " layers, hidden ", m.hidden_size, ", ",
                   m.num_attention_heads, " heads (", m.num_kv_heads, " kv), ffn ",
                   m.ffn_hidden_size, ", vocab ", m.vocab_size, ": ",
-                  with_commas(count_parameters(module.model(), static_cast<int>(tp))),
-                  " parameters"));
+                  with_commas(t.num_parameters()), " parameters"));
     if (world > 1)
       t.message(str("parallel: ", world, " rank(s) on ",
                     cfg_.dist.backend == "sim" ? "the sim backend (" + cfg_.dist.instance + ")"
                                                : std::string("MPI"),
                     ": tensor parallel ", tp,
                     cfg_.dist.sequence_parallel && tp > 1 ? " with sequence parallelism" : "",
-                    ", data parallel ", t.dp_size(),
+                    pipeline_text(module), ", data parallel ", t.dp_size(),
                     cfg_.dist.kv_replicator > 1 ? str(", kv replicator ", cfg_.dist.kv_replicator)
                                                 : std::string()));
+    if (const pipeline::PipelineModel* p = module.pipeline()) {
+      std::istringstream lines(p->balance_report());
+      for (std::string line; std::getline(lines, line);) t.message("pipeline: " + line);
+      t.message(str("pipeline: this rank (last stage) holds ",
+                    with_commas(p->local_parameter_bytes()), " parameter bytes (allocator)"));
+    }
     const auto& o = cfg_.optim;
     t.message(str("train: ", cfg_.trainer.max_steps, " steps of ", cfg_.data.global_batch_size,
                   " x ", cfg_.data.seq_length, " tokens (micro batch ", cfg_.data.micro_batch_size,
@@ -62,6 +68,15 @@ class RunSummary : public Callback {
                       : str(", ", cfg_.trainer.matmul_precision, " matmuls (",
                             blas::bf16_kernel_name(blas::bf16_kernel()), ")"),
                   "; output in ", cfg_.out_dir));
+  }
+  // ", pipeline parallel 2 (1f1b, 4 microbatches)" and the partition, or "".
+  std::string pipeline_text(TrainingModule& module) const {
+    const pipeline::PipelineModel* p = module.pipeline();
+    if (!p) return "";
+    const pipeline::ScheduleConfig& s = p->schedule();
+    return str(", pipeline parallel ", s.pp, " (", pipeline::schedule_name(s.kind), ", ",
+               s.num_microbatches, " microbatches",
+               s.vpp > 1 ? str(", ", s.vpp, " virtual stages per rank") : std::string(), ")");
   }
   void on_validation_end(Trainer& t, TrainingModule&, int64_t step, double v) override {
     if (step == 0) t.message(str("step 0: val_loss ", v));
@@ -97,6 +112,22 @@ void print_result(const TrainConfig& cfg, const FitResult& fr, std::FILE* out) {
     std::fprintf(out, ", val_loss %.4f (from %.4f)", *fr.final_val_loss,
                  fr.initial_val_loss.value_or(0.0));
   std::fprintf(out, "\n");
+  if (fr.activation_peak_bytes > 0)
+    std::fprintf(out,
+                 "memory: activation peak %.2f MiB (largest rank: peak above the resident "
+                 "parameters and optimizer state)\n",
+                 static_cast<double>(fr.activation_peak_bytes) / (1 << 20));
+  if (fr.sim_bubble >= 0) {
+    pipeline::ScheduleConfig s;
+    s.pp = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
+    s.vpp = static_cast<int>(cfg.dist.virtual_pipeline_model_parallel_size);
+    s.num_microbatches = static_cast<int>(cfg.grad_accum_steps);
+    s.kind = pipeline::parse_schedule(cfg.dist.pipeline_schedule);
+    std::fprintf(out,
+                 "pipeline: modeled bubble %.3f of the schedule (mean over ranks of the time "
+                 "outside forwards and backwards); analytical (pp-1)/(m+pp-1)%s = %.3f\n",
+                 fr.sim_bubble, s.vpp > 1 ? "/vpp" : "", pipeline::analytical_bubble(s));
+  }
   if (!fr.stop_reason.empty()) std::fprintf(out, "stopped: %s\n", fr.stop_reason.c_str());
 }
 
@@ -115,8 +146,17 @@ std::string generate_sample(const TrainConfig& cfg, CausalLM& lm) {
   return sample;
 }
 
+// The rank that prints and writes the files: data- and tensor-parallel rank 0 of the last
+// pipeline stage (the trainer's logging rank; rank 0 without pipeline parallelism).
+bool is_lead_rank() {
+  if (!parallel_state::model_parallel_is_initialized()) return current_context().rank() == 0;
+  return parallel_state::get_data_parallel_rank() == 0 &&
+         parallel_state::get_tensor_model_parallel_rank() == 0 &&
+         parallel_state::is_pipeline_last_stage();
+}
+
 // The run on this rank (the current Context: a sim rank thread, an MPI process, or the single
-// rank). Every rank runs it; rank 0 alone prints and writes the files.
+// rank). Every rank runs it; the lead rank alone prints and writes the files.
 TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool set_threads,
                        const ModuleFactory& make_module) {
   if (set_threads) set_num_threads(static_cast<int>(cfg.trainer.num_threads));
@@ -125,7 +165,11 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   if (ctx.world_size() != cfg.dist.world_size)
     throw ConfigError(str("[train] backend.world_size=", cfg.dist.world_size, " but the ",
                           cfg.dist.backend, " world has ", ctx.world_size(), " rank(s)"));
-  const bool rank0 = ctx.rank() == 0;
+  if (ctx.world_size() > 1 && !parallel_state::model_parallel_is_initialized())
+    parallel_state::initialize_model_parallel(
+        static_cast<int>(cfg.dist.tensor_model_parallel_size),
+        static_cast<int>(cfg.dist.pipeline_model_parallel_size));
+  const bool rank0 = is_lead_rank();
   const bool talk = rank0 && !opts.quiet;
   if (rank0) write_config(cfg);
 
@@ -171,10 +215,18 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   res.sim_step_seconds = fr.sim_step_seconds;
   res.hbm_peak_bytes = fr.hbm_peak_bytes;
   res.stop_reason = fr.stop_reason;
+  res.sim_bubble = fr.sim_bubble;
+  res.activation_peak_bytes = fr.activation_peak_bytes;
   if (talk) print_result(cfg, fr, opts.out);
 
   const auto& g = cfg.generation;
-  if (g.max_new_tokens > 0 && cfg.data.kind == "text") {
+  if (g.max_new_tokens > 0 && cfg.data.kind == "text" && module->pipeline()) {
+    if (talk)
+      std::fprintf(opts.out,
+                   "sample: none (generation needs the whole model; this run holds it in %lld "
+                   "pipeline stages)\n",
+                   static_cast<long long>(cfg.dist.pipeline_model_parallel_size));
+  } else if (g.max_new_tokens > 0 && cfg.data.kind == "text") {
     res.sample = generate_sample(cfg, module->lm());
     if (rank0) std::ofstream(fs::path(cfg.out_dir) / "sample.txt", std::ios::binary) << res.sample;
     if (talk)
@@ -190,6 +242,9 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
 TrainerOptions trainer_options(const TrainConfig& cfg) {
   TrainerOptions to;
   to.strategy.tensor_parallel_size = cfg.dist.tensor_model_parallel_size;
+  to.strategy.pipeline_parallel_size = cfg.dist.pipeline_model_parallel_size;
+  to.strategy.virtual_pipeline_size = cfg.dist.virtual_pipeline_model_parallel_size;
+  to.strategy.pipeline_schedule = cfg.dist.pipeline_schedule;
   to.strategy.grad_bucket_mb = cfg.dist.grad_bucket_mb;
   to.max_steps = cfg.trainer.max_steps;
   to.accumulate_grad_batches = cfg.grad_accum_steps;
@@ -228,7 +283,7 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
   TrainResult res;
   sim::LaunchResult lr = sim::launch(lo, [&] {
     TrainResult r = train_rank(cfg, opts, /*set_threads=*/false, make_module);
-    if (current_context().rank() == 0) res = r;
+    if (is_lead_rank()) res = r;
   });
   for (const auto& rr : lr.ranks) res.hbm_peak_bytes = std::max(res.hbm_peak_bytes, rr.peak_bytes);
   res.sim_seconds = lr.sim_seconds();

@@ -42,7 +42,9 @@ struct TrainResult {
   double sim_step_seconds = 0;
   int64_t hbm_peak_bytes = 0;
   double sim_seconds = 0;
-  std::string stop_reason;  // "" = ran trainer.max_steps (else: early stopping's reason)
+  std::string stop_reason;            // "" = ran trainer.max_steps (else: early stopping's reason)
+  double sim_bubble = -1;             // sim with pipeline parallelism: the modeled bubble (else -1)
+  int64_t activation_peak_bytes = 0;  // the largest rank's peak above its resident state
 };
 
 // Builds the module of a run (default: CausalLMModule(cfg)); called on every rank.

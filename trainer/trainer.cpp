@@ -44,6 +44,19 @@ int64_t count_parameters(Module& model, int tensor_parallel_size) {
   return n;
 }
 
+namespace {
+// count_parameters over norm parameters (a tied copy marked shared is counted by its owner).
+int64_t count_norm_params(const std::vector<optim::NormParam>& ps, int tp) {
+  int64_t n = 0;
+  for (const auto& p : ps)
+    if (!p.shared)
+      n += p.attrs.tensor_model_parallel
+               ? p.param.numel() * tp / std::max<int64_t>(1, p.attrs.kv_replicas)
+               : p.param.numel();
+  return n;
+}
+}  // namespace
+
 Trainer::Trainer(TrainerOptions opts) : opts_(std::move(opts)) {
   auto fail = [](auto&&... a) { throw ConfigError(str("[trainer] ", a...)); };
   if (opts_.max_steps <= 0) fail("max_steps must be positive, got ", opts_.max_steps);
@@ -59,6 +72,9 @@ Trainer::Trainer(TrainerOptions opts) : opts_(std::move(opts)) {
   if (opts_.strategy.tensor_parallel_size <= 0)
     fail("strategy.tensor_parallel_size must be positive, got ",
          opts_.strategy.tensor_parallel_size);
+  if (opts_.strategy.pipeline_parallel_size <= 0 || opts_.strategy.virtual_pipeline_size <= 0)
+    fail("strategy.pipeline_parallel_size and virtual_pipeline_size must be positive, got ",
+         opts_.strategy.pipeline_parallel_size, " and ", opts_.strategy.virtual_pipeline_size);
   if (!(opts_.strategy.grad_bucket_mb > 0))
     fail("strategy.grad_bucket_mb must be positive, got ", opts_.strategy.grad_bucket_mb);
 }
@@ -98,40 +114,84 @@ std::vector<double> Trainer::dp_sum(std::vector<double> v) const {
 void Trainer::setup(TrainingModule& module, DataModule& data) {
   Context& ctx = current_context();
   const int tp = static_cast<int>(opts_.strategy.tensor_parallel_size);
-  if (ctx.world_size() % tp != 0)
+  const int pp = static_cast<int>(opts_.strategy.pipeline_parallel_size);
+  if (ctx.world_size() % (tp * pp) != 0)
     throw ConfigError(str("[trainer] world size ", ctx.world_size(),
-                          " is not a multiple of tensor_parallel_size ", tp));
+                          " is not a multiple of tensor_parallel_size ", tp,
+                          " x pipeline_parallel_size ", pp));
   if (ctx.world_size() > 1 && !parallel_state::model_parallel_is_initialized())
-    parallel_state::initialize_model_parallel(tp);
+    parallel_state::initialize_model_parallel(tp, pp);
   else if (parallel_state::model_parallel_is_initialized() &&
-           parallel_state::get_tensor_model_parallel_size() != tp)
-    throw ConfigError(str("[trainer] strategy.tensor_parallel_size=", tp,
-                          " but parallel_state is initialized with tensor parallel size ",
-                          parallel_state::get_tensor_model_parallel_size()));
+           (parallel_state::get_tensor_model_parallel_size() != tp ||
+            parallel_state::get_pipeline_model_parallel_size() != pp))
+    throw ConfigError(str("[trainer] strategy tensor x pipeline parallel size ", tp, " x ", pp,
+                          " but parallel_state is initialized with ",
+                          parallel_state::get_tensor_model_parallel_size(), " x ",
+                          parallel_state::get_pipeline_model_parallel_size()));
   dp_ = parallel_state::get_data_parallel_size();
   dp_rank_ = parallel_state::get_data_parallel_rank();
   module_ = &module;
   data_ = &data;
   module.trainer_ = this;
-  module.model_ = module.build_model();
-  if (!module.model_) throw ConfigError("[trainer] build_model() returned no model");
-  Module& model = *module.model_;
-  model.train();
-  for (const auto& p : parallel_parameters(model))
-    sequence_parallel_ = sequence_parallel_ || p.attrs.sequence_parallel_enabled;
+  if (pp > 1) {
+    setup_pipeline(module);
+  } else {
+    module.model_ = module.build_model();
+    if (!module.model_) throw ConfigError("[trainer] build_model() returned no model");
+    module.model_->train();
+    for (const auto& p : parallel_parameters(*module.model_))
+      sequence_parallel_ = sequence_parallel_ || p.attrs.sequence_parallel_enabled;
+  }
   OptimizerSetup os = module.configure_optimizers();
   if (!os.optimizer) throw ConfigError("[trainer] configure_optimizers() returned no optimizer");
   optimizer_ = std::move(os.optimizer);
   schedule_ = std::move(os.schedule);
-  grad_sync_ = std::make_unique<optim::GradSync>(
-      model,
-      optim::GradSyncOptions{static_cast<int64_t>(opts_.strategy.grad_bucket_mb * (1 << 20))});
-  norm_params_ = optim::norm_params(model);
-  norm_groups_ = optim::NormGroups::from_parallel_state();
+  if (!pipeline_) {
+    grad_sync_ = std::make_unique<optim::GradSync>(
+        *module.model_,
+        optim::GradSyncOptions{static_cast<int64_t>(opts_.strategy.grad_bucket_mb * (1 << 20))});
+    norm_params_ = optim::norm_params(*module.model_);
+    norm_groups_ = optim::NormGroups::from_parallel_state();
+    num_parameters_ = count_parameters(*module.model_, tp);
+  } else {
+    std::vector<double> n = {static_cast<double>(count_norm_params(norm_params_, tp))};
+    parallel_state::get_pipeline_model_parallel_group().all_reduce(n.data(), n.data(), 1,
+                                                                   DType::f64, ReduceOp::sum);
+    num_parameters_ = static_cast<int64_t>(n[0]);
+  }
   data.setup(DataSetup{dp_rank_, dp_});
   if (opts_.val_check_interval > 0 && opts_.limit_val_batches > 0)
     val_batches_ = data.val_batches(opts_.limit_val_batches);
+  if (pipeline_ && !val_batches_.empty()) {
+    // every DP rank runs the same number of pipeline evaluations (groups of M micro batches)
+    std::vector<double> least = {static_cast<double>(val_batches_.size())};
+    if (dp_ > 1)
+      parallel_state::get_data_parallel_group().all_reduce(least.data(), least.data(), 1,
+                                                           DType::f64, ReduceOp::min);
+    const int64_t m = opts_.accumulate_grad_batches;
+    if (static_cast<int64_t>(least[0]) < m)
+      throw ConfigError(str("[trainer] limit_val_batches=", opts_.limit_val_batches, " gives ",
+                            static_cast<int64_t>(least[0]),
+                            " validation micro batch(es) per data-parallel rank, fewer than the ",
+                            m, " microbatches of a pipeline step: raise it to at least ", m * dp_));
+    val_batches_.resize(static_cast<size_t>(static_cast<int64_t>(least[0]) / m * m));
+  }
   if (!opts_.ckpt_path.empty()) resume(opts_.ckpt_path);
+}
+
+// The module's pipeline over the step's micro batches as microbatches.
+void Trainer::setup_pipeline(TrainingModule& module) {
+  pipeline::PipelineOptions po;
+  po.num_microbatches = static_cast<int>(opts_.accumulate_grad_batches);
+  po.schedule = pipeline::parse_schedule(opts_.strategy.pipeline_schedule);
+  po.virtual_pipeline_size = static_cast<int>(opts_.strategy.virtual_pipeline_size);
+  po.dp_bucket_bytes = static_cast<int64_t>(opts_.strategy.grad_bucket_mb * (1 << 20));
+  module.pipeline_ = module.build_pipeline_model(po);
+  if (!module.pipeline_) throw ConfigError("[trainer] build_pipeline_model() returned no pipeline");
+  pipeline_ = module.pipeline_.get();
+  pipeline_->train(true);
+  norm_params_ = pipeline_->norm_params();
+  norm_groups_ = pipeline_->norm_groups();
 }
 
 nlohmann::json Trainer::loop_state() const {
@@ -142,6 +202,14 @@ nlohmann::json Trainer::loop_state() const {
                       {"data", nullptr}};
   if (data_)
     if (auto d = data_->state()) s["data"] = {{"epoch", d->epoch}, {"position", d->position}};
+  if (pipeline_ && parallel_state::get_pipeline_model_parallel_size() > 1) {
+    // stages draw different numbers of dropout masks: every stage's counter (collective)
+    Communicator& g = parallel_state::get_pipeline_model_parallel_group();
+    std::vector<double> c(static_cast<size_t>(g.size()), 0.0);
+    c[static_cast<size_t>(g.rank())] = static_cast<double>(current_context().rng().counter());
+    g.all_reduce(c.data(), c.data(), static_cast<int64_t>(c.size()), DType::f64, ReduceOp::sum);
+    s["rng_counter_per_stage"] = c;
+  }
   return s;
 }
 
@@ -152,6 +220,12 @@ void Trainer::restore_loop_state(const nlohmann::json& s) {
     Generator& g = current_context().rng();
     g.set_seed(s.at("rng_seed").get<uint64_t>());
     g.set_counter(s.at("rng_counter").get<uint64_t>());
+    if (s.contains("rng_counter_per_stage") && pipeline_) {
+      const auto c = s["rng_counter_per_stage"].get<std::vector<double>>();
+      const int r = parallel_state::get_pipeline_model_parallel_rank();
+      if (static_cast<int>(c.size()) == parallel_state::get_pipeline_model_parallel_size())
+        g.set_counter(static_cast<uint64_t>(c[static_cast<size_t>(r)]));
+    }
     if (data_ && !s.at("data").is_null()) {
       // Positions count this rank's micro batches: at another DP size the same number of
       // samples taken is position * saved_dp / dp (the epoch's sample order is the same).
@@ -184,8 +258,11 @@ void Trainer::resume(const std::string& path) {
   } else if (auto newest = ckpt::newest_checkpoint(root)) {
     tag = *newest;
   }
-  const nlohmann::json user =
-      ckpt::load_checkpoint(root, module_->model_.get(), optimizer_.get(), nullptr, {.tag = tag});
+  const nlohmann::json user = pipeline_
+                                  ? ckpt::load_checkpoint(root, module_->model_parts(),
+                                                          optimizer_.get(), nullptr, {.tag = tag})
+                                  : ckpt::load_checkpoint(root, module_->model_.get(),
+                                                          optimizer_.get(), nullptr, {.tag = tag});
   if (!user.is_object() || !user.contains("trainer"))
     throw ConfigError(str("[trainer] ", path,
                           " holds no trainer state (not saved by the trainer's "
@@ -204,33 +281,91 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
   const double inv_accum = 1.0 / static_cast<double>(accum);
   double loss_sum = 0;
   int64_t tokens = 0;
-  for (int64_t a = 0; a < accum; ++a) {
-    Batch b = data.next_train_batch();
-    tokens += b.ids.defined() ? b.ids.numel() : 0;
-    // only the last micro batch's backward launches the DP all-reduces
-    std::optional<optim::GradSync::NoSync> no_sync;
-    if (a + 1 < accum) no_sync.emplace(*grad_sync_);
-    Tensor loss = scalar_loss(module.training_step(b, step_ * accum + a), "training_step");
-    loss_sum += loss.item();
-    backward(accum == 1 ? loss : mul(loss, inv_accum));
+  if (pipeline_) {
+    out.loss = pipeline_train_step(data, tokens);  // averaged over DP already
+  } else {
+    for (int64_t a = 0; a < accum; ++a) {
+      Batch b = data.next_train_batch();
+      tokens += b.ids.defined() ? b.ids.numel() : 0;
+      // only the last micro batch's backward launches the DP all-reduces
+      std::optional<optim::GradSync::NoSync> no_sync;
+      if (a + 1 < accum) no_sync.emplace(*grad_sync_);
+      Tensor loss = scalar_loss(module.training_step(b, step_ * accum + a), "training_step");
+      loss_sum += loss.item();
+      backward(accum == 1 ? loss : mul(loss, inv_accum));
+    }
+    // the order matters: DP average, then the SP sums over TP, then the norm over TP
+    grad_sync_->finish();
+    if (sequence_parallel_) allreduce_sequence_parallel_gradients(*module.model_);
+    out.loss = dp_sum({loss_sum * inv_accum})[0] / dp_;  // the global batch's mean
   }
   if (step_tokens_ == 0) step_tokens_ = tokens * dp_;
-  // the order matters: DP average, then the SP sums over TP, then the norm over TP
-  grad_sync_->finish();
-  if (sequence_parallel_) allreduce_sequence_parallel_gradients(*module.model_);
   out.grad_norm =
       opts_.gradient_clip_val > 0
           ? optim::clip_parallel_grad_norm(norm_params_, opts_.gradient_clip_val, norm_groups_)
           : optim::parallel_grad_norm(norm_params_, norm_groups_);
   optimizer_->step();
   optimizer_->zero_grad(/*set_to_none=*/true);
-  out.loss = dp_sum({loss_sum * inv_accum})[0] / dp_;  // the global batch's mean
   ++step_;
   return out;
 }
 
+namespace {
+// `n` batches from `at` as one batch (rows concatenated).
+Batch concat_batches(const std::vector<Batch>& bs) {
+  std::vector<Tensor> ids, tg;
+  for (const Batch& b : bs) ids.push_back(b.ids), tg.push_back(b.targets);
+  return {cat_raw(ids, 0), cat_raw(tg, 0)};
+}
+}  // namespace
+
+// One pipeline step: the accumulation micro batches are the pipeline's microbatches.
+double Trainer::pipeline_train_step(DataModule& data, int64_t& tokens) {
+  std::vector<Batch> bs;
+  for (int64_t a = 0; a < opts_.accumulate_grad_batches; ++a) {
+    bs.push_back(data.next_train_batch());
+    tokens += bs.back().ids.numel();
+  }
+  const Batch b = concat_batches(bs);
+  return pipeline_->run_train(b.ids, b.targets).item();
+}
+
+// The mean of run_eval over groups of M validation micro batches (the same count on every DP
+// rank, set in setup); run_eval averages each over DP.
+std::optional<double> Trainer::pipeline_validate() {
+  const size_t m = static_cast<size_t>(opts_.accumulate_grad_batches);
+  if (val_batches_.empty()) return std::nullopt;
+  NoGradGuard ng;
+  pipeline_->train(false);
+  double sum = 0;
+  for (size_t g = 0; g < val_batches_.size(); g += m) {
+    const Batch b = concat_batches({val_batches_.begin() + g, val_batches_.begin() + g + m});
+    sum += pipeline_->run_eval(b.ids, b.targets).item();
+  }
+  pipeline_->train(true);
+  return sum / static_cast<double>(val_batches_.size() / m);
+}
+
+// The mean over the world's ranks of 1 - busy / span, against the slowest rank's span: the
+// part of the pipeline schedules spent outside forwards and backwards.
+double Trainer::modeled_bubble(double span_seconds, double busy_seconds) const {
+  Communicator& w = world();
+  std::vector<double> slowest = {span_seconds}, busy = {busy_seconds};
+  w.all_reduce(slowest.data(), slowest.data(), 1, DType::f64, ReduceOp::max);
+  if (!(slowest[0] > 0)) return 0;
+  std::vector<double> idle = {1.0 - busy[0] / slowest[0]};
+  w.all_reduce(idle.data(), idle.data(), 1, DType::f64, ReduceOp::avg);
+  return idle[0];
+}
+
 // The mean validation loss over every DP rank's batches (the same value on every rank).
 std::optional<double> Trainer::validate(TrainingModule& module) {
+  if (pipeline_) {
+    std::optional<double> v = pipeline_validate();
+    if (v)
+      for (auto& cb : opts_.callbacks) cb->on_validation_end(*this, module, step_, *v);
+    return v;
+  }
   const int64_t n = static_cast<int64_t>(dp_sum({static_cast<double>(val_batches_.size())})[0]);
   if (n == 0) return std::nullopt;
   NoGradGuard ng;
@@ -265,6 +400,7 @@ void Trainer::teardown() {
   data_ = nullptr;
   optimizer_.reset();
   grad_sync_.reset();
+  pipeline_ = nullptr;
   norm_params_.clear();
   val_batches_.clear();
 }
@@ -280,8 +416,7 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
   pending_.clear();
   setup(module, data);
   FitResult res;
-  res.num_parameters =
-      count_parameters(*module.model_, static_cast<int>(opts_.strategy.tensor_parallel_size));
+  res.num_parameters = num_parameters_;
   if (is_logging_rank() && !opts_.hparams_yaml.empty())
     for (auto& l : opts_.loggers) l->log_hyperparams(opts_.hparams_yaml);
   for (auto& cb : opts_.callbacks) cb->on_fit_start(*this, module);
@@ -327,6 +462,15 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
   if (clock) {
     res.sim_step_seconds = res.steps > 0 ? sim_train_seconds / static_cast<double>(res.steps) : 0;
     res.hbm_peak_bytes = current_context().memory().peak();
+    if (pipeline_ && res.steps > 0)  // collective: every rank has a clock
+      res.sim_bubble =
+          modeled_bubble(pipeline_->modeled_schedule_seconds(), pipeline_->modeled_phase_seconds());
+  }
+  {
+    const MemoryCounter& mem = current_context().memory();
+    std::vector<double> act = {static_cast<double>(mem.peak() - mem.live())};
+    world().all_reduce(act.data(), act.data(), 1, DType::f64, ReduceOp::max);
+    res.activation_peak_bytes = static_cast<int64_t>(act[0]);
   }
   for (auto& cb : opts_.callbacks) cb->on_fit_end(*this, module);
   module.on_fit_end();

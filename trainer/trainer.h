@@ -1,8 +1,8 @@
 #pragma once
 // Trainer: Lightning's Trainer over nxd's parallel runtime. fit(module, data) runs on the current
 // Context (the single rank, an MPI process, or a sim rank thread — every rank of the world calls
-// it): it lays out the ranks (parallel_state, tensor x data parallel), builds the module's model
-// and optimizer, and runs the loop:
+// it): it lays out the ranks (parallel_state: tensor x data x pipeline parallel), builds the
+// module's model and optimizer, and runs the loop:
 //
 //   per step:  lr = schedule(step - 1)
 //              for each of accumulate_grad_batches micro batches:
@@ -11,6 +11,11 @@
 //              SP gradient sums over TP; global grad norm over TP (clipped); optimizer step
 //              on_train_batch_end (module, callbacks); validation at val_check_interval and the
 //              last step; a logged row every log_every_n_steps, at validations and the last step
+//
+// With pipeline parallelism the step's micro batches are the pipeline's microbatches: they are
+// concatenated and run by PipelineModel::run_train on the schedule (DP average, SP sums and the
+// tied embedding's gradient sum happen inside it), then norm, clipping and the step as above.
+// Validation runs run_eval over groups of that many validation micro batches.
 //
 // Losses reported are the global batch's mean, the same on every rank (reduced over DP). The
 // loop stops at max_steps or when a callback calls request_stop(). Same config and seed give
@@ -34,8 +39,11 @@ namespace nxd::trainer {
 
 // The parallel layout (the part of NxD's neuronx_distributed_config that exists today).
 struct Strategy {
-  int64_t tensor_parallel_size = 1;  // data-parallel size = world / this
-  double grad_bucket_mb = 25.0;      // DP all-reduce bucket size
+  int64_t tensor_parallel_size = 1;        // data-parallel size = world / (tp x pp)
+  int64_t pipeline_parallel_size = 1;      // > 1: the module's build_pipeline_model
+  int64_t virtual_pipeline_size = 1;       // model chunks per pipeline rank (interleaved)
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  double grad_bucket_mb = 25.0;            // DP all-reduce bucket size
 };
 
 struct TrainerOptions {
@@ -68,6 +76,13 @@ struct FitResult {
   // device-memory peak
   double sim_step_seconds = 0;
   int64_t hbm_peak_bytes = 0;
+  // sim backend with pipeline parallelism: the modeled bubble, the mean over ranks of the part of
+  // the (slowest rank's) pipeline schedule a rank spends outside its forwards and backwards
+  // (-1 without a pipeline)
+  double sim_bubble = -1;
+  // The largest rank's device-memory peak above what stays resident between steps (parameters,
+  // optimizer state): activations, gradients and temporaries (the allocator's counters).
+  int64_t activation_peak_bytes = 0;
 };
 
 class Trainer {
@@ -91,6 +106,8 @@ class Trainer {
   const std::optional<optim::LRSchedule>& schedule() const { return schedule_; }
   int dp_rank() const { return dp_rank_; }
   int dp_size() const { return dp_; }
+  // The whole model's parameters (TP shards and tied copies counted once), after setup.
+  int64_t num_parameters() const { return num_parameters_; }
   // What a checkpoint keeps of the loop besides model and optimizer (step, data position, RNG
   // counter) as JSON, and its restoration (trainer/checkpointing.h saves and loads it).
   nlohmann::json loop_state() const;
@@ -99,8 +116,12 @@ class Trainer {
  private:
   using Clock = std::chrono::steady_clock;
   void setup(TrainingModule& module, DataModule& data);
+  void setup_pipeline(TrainingModule& module);
   StepOutput train_step(TrainingModule& module, DataModule& data);
+  double pipeline_train_step(DataModule& data, int64_t& tokens);
   std::optional<double> validate(TrainingModule& module);
+  std::optional<double> pipeline_validate();
+  double modeled_bubble(double span_seconds, double busy_seconds) const;
   void log_row(MetricsRow row);
   void teardown();
   void resume(const std::string& path);
@@ -111,6 +132,8 @@ class Trainer {
   std::string stop_reason_;
   std::map<std::string, double> pending_;
   int dp_ = 1, dp_rank_ = 0;
+  int64_t num_parameters_ = 0;
+  pipeline::PipelineModel* pipeline_ = nullptr;  // the module's, with pipeline parallelism
   bool sequence_parallel_ = false;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<optim::LRSchedule> schedule_;

@@ -45,6 +45,11 @@ void SimClock::record_comm(const std::string& name, double start, double end, bo
   }
 }
 
+void SimClock::record_phase(const std::string& name, double start, double end) {
+  if (timeline_ && end > start)
+    timeline_->add(rank_, TraceEvent{name, "phase", start, end - start});
+}
+
 SimClock* current_sim_clock() {
   return dynamic_cast<SimClock*>(current_context().cost_model());
 }

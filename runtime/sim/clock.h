@@ -35,6 +35,9 @@ class SimClock : public CostModel {
   void record_comm(const std::string& name, double start, double end, bool async,
                    const std::string& args = "");
   void set_comm_free(double t) { comm_free_ = std::max(comm_free_, t); }
+  // Records a span [start, end) of this rank's work on its own "phase" lane (category
+  // "phase": e.g. a pipeline stage's forward of one microbatch); the clock does not move.
+  void record_phase(const std::string& name, double start, double end);
 
   double compute_seconds() const { return compute_; }
   double comm_seconds() const { return comm_; }

@@ -32,14 +32,17 @@ std::string Timeline::chrome_trace_json() const {
        << "\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << 2 * r
        << ",\"args\":{\"name\":\"rank " << r << "\"}},\n"
        << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << 2 * r + 1
-       << ",\"args\":{\"name\":\"rank " << r << " async comm\"}}";
+       << ",\"args\":{\"name\":\"rank " << r << " async comm\"}},\n"
+       << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << 2 * ranks() + r
+       << ",\"args\":{\"name\":\"rank " << r << " phases\"}}";
     first = false;
     for (const TraceEvent& e : lanes_[r]) {
       os << ",\n{\"name\":\"";
       escape(os, e.name);
-      os << "\",\"cat\":\"" << e.category << "\",\"ph\":\"X\",\"pid\":0,\"tid\":"
-         << 2 * r + (std::string(e.category) == "comm-async" ? 1 : 0) << ",\"ts\":" << e.start * 1e6
-         << ",\"dur\":" << e.duration * 1e6;
+      const std::string cat = e.category;
+      const int tid = cat == "phase" ? 2 * ranks() + r : 2 * r + (cat == "comm-async" ? 1 : 0);
+      os << "\",\"cat\":\"" << e.category << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << tid
+         << ",\"ts\":" << e.start * 1e6 << ",\"dur\":" << e.duration * 1e6;
       if (!e.args.empty()) {
         os << ",\"args\":{\"info\":\"";
         escape(os, e.args);

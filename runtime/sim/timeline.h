@@ -2,6 +2,8 @@
 // A timeline of every rank's compute and communication on the simulated clock, written as Chrome
 // trace JSON (chrome://tracing, https://ui.perfetto.dev). Each rank appends only to its own lane,
 // so ranks (threads) record without locks; write/events are called after the ranks finished.
+// Rank r's events are on thread 2r (compute, blocking comm, waits), 2r+1 (async comm) and, for
+// "phase" spans (a pipeline stage's forward or backward of one microbatch), 2*ranks + r.
 #include <string>
 #include <vector>
 
@@ -9,7 +11,7 @@ namespace nxd::sim {
 
 struct TraceEvent {
   std::string name;
-  const char* category = "compute";  // "compute", "comm", "wait"
+  const char* category = "compute";  // "compute", "comm", "comm-async", "wait", "phase"
   double start = 0;                  // seconds on the simulated clock
   double duration = 0;
   std::string args;  // optional extra text (e.g. "bytes=4096 algo=ring")

@@ -5,6 +5,7 @@
 // with NXD_RESUME_MPI (label mpi), TP2 x DP2 on 4 processes under mpirun (backend.kind=mpi).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -18,7 +19,7 @@ namespace fs = std::filesystem;
 using nxd::testing::read_csv;
 using nxd::testing::run_process;
 
-fs::path write_config(const fs::path& d, int world, int tp) {
+fs::path write_config(const fs::path& d, int world, int tp, int pp) {
   {
     std::ofstream f(d / "corpus.txt");
     for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
@@ -29,11 +30,13 @@ fs::path write_config(const fs::path& d, int world, int tp) {
                       "num_threads: 1}\n"
                    << "data: {path: " << (d / "corpus.txt").string()
                    << ", seq_length: 32, micro_batch_size: 2, global_batch_size: 8}\n"
-                   << "model: {num_layers: 1, hidden_size: 32, num_attention_heads: 2, "
+                   << "model: {num_layers: " << std::max(1, pp)
+                   << ", hidden_size: 32, num_attention_heads: 2, "
                       "dropout: 0.1, optim: {lr: 1.0e-2, sched: {max_steps: 8}}}\n"
                    << "generation: {max_new_tokens: 0}\n"
                    << "backend: {world_size: " << world << "}\n"
-                   << "distributed_strategy: {tensor_model_parallel_size: " << tp << "}\n";
+                   << "distributed_strategy: {tensor_model_parallel_size: " << tp
+                   << ", pipeline_model_parallel_size: " << pp << "}\n";
   return y;
 }
 
@@ -57,10 +60,10 @@ std::map<std::string, std::vector<std::string>> rows(const fs::path& f) {
   return m;
 }
 
-void check_resume(int world, int tp, int np = 0) {
+void check_resume(int world, int tp, int np = 0, int pp = 1) {
   const nxd::testing::ScratchDir s("nxd_train_resume_");
   const fs::path& d = s.path;
-  write_config(d, world, tp);
+  write_config(d, world, tp, pp);
   auto r = train(d, {"--out", (d / "whole").string()}, np);
   ASSERT_EQ(r.code, 0) << r.err;
   r = train(d,
@@ -103,6 +106,11 @@ TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunOneRank) {
 
 TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunSimTp2Dp2) {
   check_resume(4, 2);
+}
+
+// Every stage's dropout counter is restored (stages draw different numbers of masks).
+TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunSimTp2Pp2Dp2) {
+  check_resume(8, 2, 0, 2);
 }
 #else
 TEST(NxdTrainResumeMpi, BitwiseLikeAnUninterruptedRunTp2Dp2OnFourProcesses) {

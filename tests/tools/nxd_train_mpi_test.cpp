@@ -93,6 +93,40 @@ TEST(NxdTrainMpi, Tp2Dp2OnFourProcessesMatchesSingleRank) {
   EXPECT_EQ(slurp(d / "four" / "sample.txt").size(), 7u + 8u);
 }
 
+// PP2 x DP2 on 4 processes: the sim run's losses (the same schedule and reductions on another
+// transport), and one rank's within 1e-4.
+TEST(NxdTrainMpi, Pp2Dp2OnFourProcessesMatchesTheSimRunAndOneRank) {
+  auto d = temp_dir();
+  auto args = tiny_args(d);
+  args.insert(args.end(), {"--set", "model.num_layers=2", "--set",
+                           "distributed_strategy.tensor_model_parallel_size=1"});
+  auto one = args, sim = args, mpi = args;
+  one.insert(one.end(), {"--set", "backend.world_size=1", "--out", (d / "one").string()});
+  for (auto* a : {&sim, &mpi})
+    a->insert(a->end(), {"--set", "distributed_strategy.pipeline_model_parallel_size=2"});
+  sim.insert(sim.end(), {"--set", "backend.world_size=4", "--out", (d / "sim").string()});
+  mpi.insert(mpi.end(), {"--set", "backend.kind=mpi", "--out", (d / "mpi").string()});
+  ProcResult r1 = run(0, one, d), rs = run(0, sim, d), rm = run(4, mpi, d);
+  ASSERT_EQ(r1.code, 0) << r1.err;
+  ASSERT_EQ(rs.code, 0) << rs.err;
+  ASSERT_EQ(rm.code, 0) << rm.err << rm.out;
+  EXPECT_NE(rm.out.find("pipeline parallel 2 (1f1b, 2 microbatches), data parallel 2"),
+            std::string::npos)
+      << rm.out;
+  auto a = read_csv(d / "one" / "metrics.csv").rows, s = read_csv(d / "sim" / "metrics.csv").rows,
+       m = read_csv(d / "mpi" / "metrics.csv").rows;
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(s.size(), 20u);
+  ASSERT_EQ(m.size(), 20u);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double la = std::stod(a[i][1]), ls = std::stod(s[i][1]), lm = std::stod(m[i][1]);
+    EXPECT_LE(std::abs(lm - ls) / ls, 1e-6) << "step " << i + 1 << ": mpi vs sim";
+    worst = std::max(worst, std::abs(lm - la) / la);
+  }
+  EXPECT_LE(worst, 1e-4) << "largest relative difference to one rank " << worst;
+}
+
 TEST(NxdTrainMpi, UserErrorsExitWithCode2) {
   auto d = temp_dir();
   auto args = tiny_args(d);
@@ -113,8 +147,10 @@ TEST(NxdTrainMpi, UserErrorsExitWithCode2) {
              "distributed_strategy.tensor_model_parallel_size=2", "--out", (d / "o2").string()});
   ProcResult r2 = run(3, a2, d);
   EXPECT_EQ(r2.code, 2) << r2.err;
-  EXPECT_NE(r2.err.find("world size 3 is not tensor_model_parallel_size 2 x data-parallel size"),
-            std::string::npos)
+  EXPECT_NE(
+      r2.err.find(
+          "world size 3 is not tensor_model_parallel_size 2 x pipeline_model_parallel_size 1"),
+      std::string::npos)
       << r2.err;
   // a missing corpus, found while training: the job stops with code 2 and the message
   auto a3 = args;

@@ -147,10 +147,11 @@ TEST(NxdTrain, BadInputGivesOneLineAndExitCode2) {
   expect_user_error(run({"--config", (d / "missing.yaml").string()}, d), "cannot read config file");
   expect_user_error(run({"--frobnicate"}, d), "unknown argument '--frobnicate'");
   expect_user_error(run({"--set", "model.arch=gpt2"}, d), "model.arch=gpt2 is not built in");
-  expect_user_error(run({"--set", "backend.world_size=6", "--set",
-                         "distributed_strategy.tensor_model_parallel_size=4"},
-                        d),
-                    "world size 6 is not tensor_model_parallel_size 4 x data-parallel size");
+  expect_user_error(
+      run({"--set", "backend.world_size=6", "--set",
+           "distributed_strategy.tensor_model_parallel_size=4"},
+          d),
+      "world size 6 is not tensor_model_parallel_size 4 x pipeline_model_parallel_size 1");
   expect_user_error(run({"--set", "backend.kind=cuda"}, d), "\"cuda\" is not one of sim, mpi");
   // a text file that is not a config: named with its first line, not its whole content
   std::ofstream(d / "notes.txt") << "remember to buy milk\n" << std::string(500, 'x') << "\n";

@@ -174,7 +174,7 @@ TEST(Config, ImpossibleSizes) {
   expect_has(err({"model.vocab_size=100"}), "too small for byte-level text");
   expect_has(err({"model.optim.sched.min_lr=1"}), "model.optim.sched.min_lr=1");
   expect_has(err({"backend.world_size=6", "distributed_strategy.tensor_model_parallel_size=4"}),
-             "world size 6 is not tensor_model_parallel_size 4 x data-parallel size");
+             "world size 6 is not tensor_model_parallel_size 4 x pipeline_model_parallel_size 1");
   expect_has(err({"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=2",
                   "data.global_batch_size=8", "data.micro_batch_size=8"}),
              "data.global_batch_size=8 is not a multiple of data.micro_batch_size=8 x "

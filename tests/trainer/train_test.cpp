@@ -8,39 +8,20 @@
 #include "nxd/runtime/blas.h"
 #include "nxd/trainer/train.h"
 #include "support/files.h"
+#include "train_util.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
 namespace fs = std::filesystem;
+using nxd::testing::parallel_run;
+using nxd::testing::read_rows;
+using nxd::testing::tiny;
+using nxd::testing::tiny_corpus;
 
 namespace {
 
 fs::path temp_dir(const std::string& tag) {
   return nxd::testing::test_temp_dir("nxd_train_test_" + tag);
-}
-
-// A small repetitive text a tiny model learns within a few dozen steps.
-fs::path tiny_corpus(const fs::path& dir) {
-  std::ofstream f(dir / "corpus.txt");
-  for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
-  return dir / "corpus.txt";
-}
-
-TrainConfig tiny(const fs::path& out, const fs::path& corpus, std::vector<std::string> extra = {}) {
-  Config c;
-  for (std::string s :
-       {"backend.world_size=1", "distributed_strategy.tensor_model_parallel_size=1",
-        "distributed_strategy.sequence_parallel=false", "trainer.max_steps=30",
-        "trainer.log_every_n_steps=5", "trainer.val_check_interval=10",
-        "trainer.limit_val_batches=2", "trainer.num_threads=1", "data.seq_length=32",
-        "data.micro_batch_size=8", "data.global_batch_size=8", "model.num_layers=1",
-        "model.hidden_size=32", "model.num_attention_heads=2", "model.optim.lr=1e-2",
-        "model.optim.sched.warmup_steps=3", "generation.max_new_tokens=20"})
-    c.apply_override(s);
-  c.apply_override("data.path=" + corpus.string());
-  c.apply_override("exp_manager.exp_dir=" + out.string());
-  for (auto& s : extra) c.apply_override(s);
-  return resolve(c);
 }
 
 std::vector<std::string> loss_columns(const fs::path& csv) {
@@ -164,42 +145,6 @@ TEST(Train, SummarizesSkippedFiles) {
   EXPECT_EQ(summarize_skipped(s), "skipped 3 file(s): 2 binary (a.dat, b.dat); 1 duplicate (a.u8)");
 }
 
-namespace {
-
-struct Rows {
-  std::vector<double> loss, grad_norm, sim_step;
-};
-Rows read_rows(const fs::path& csv) {
-  std::ifstream in(csv);
-  std::string line;
-  std::getline(in, line);
-  Rows r;
-  while (std::getline(in, line)) {
-    std::vector<std::string> cols;
-    std::stringstream ss(line);
-    std::string c;
-    while (std::getline(ss, c, ',')) cols.push_back(c);
-    r.loss.push_back(std::stod(cols.at(1)));
-    r.grad_norm.push_back(std::stod(cols.at(4)));
-    r.sim_step.push_back(cols.size() > 8 && !cols[8].empty() ? std::stod(cols[8]) : 0.0);
-  }
-  return r;
-}
-
-// 20 steps of global batch 8 (micro 2), logged every step, no validation or sample. f32
-// products: these tests check that the parallel run computes the single rank's math, which bf16
-// inputs would blur (an ulp in an f32 partial sum can flip a bf16 rounding).
-std::vector<std::string> parallel_run(std::vector<std::string> extra) {
-  std::vector<std::string> s{"trainer.max_steps=20",         "trainer.log_every_n_steps=1",
-                             "trainer.val_check_interval=0", "data.micro_batch_size=2",
-                             "generation.max_new_tokens=0",  "trainer.gradient_clip_val=0.5",
-                             "trainer.matmul_precision=fp32"};
-  s.insert(s.end(), extra.begin(), extra.end());
-  return s;
-}
-
-}  // namespace
-
 TEST(TrainParallel, SimTp2Dp2MatchesSingleRank) {
   auto d = temp_dir("");
   auto corpus = tiny_corpus(d);
@@ -210,7 +155,8 @@ TEST(TrainParallel, SimTp2Dp2MatchesSingleRank) {
                                             "distributed_strategy.sequence_parallel=true"})),
                          {.quiet = true});
   EXPECT_EQ(r4.num_parameters, r1.num_parameters);  // the whole model, counted once
-  Rows a = read_rows(d / "one" / "metrics.csv"), b = read_rows(d / "tp2dp2" / "metrics.csv");
+  nxd::testing::Rows a = read_rows(d / "one" / "metrics.csv"),
+                     b = read_rows(d / "tp2dp2" / "metrics.csv");
   ASSERT_EQ(a.loss.size(), 20u);
   ASSERT_EQ(b.loss.size(), 20u);
   for (size_t i = 0; i < a.loss.size(); ++i)

@@ -1,0 +1,69 @@
+#pragma once
+// Shared by the training-loop tests: a tiny corpus, a tiny nxd-train configuration over it, and
+// metrics.csv rows.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "nxd/trainer/config.h"
+#include "support/files.h"
+
+namespace nxd::testing {
+
+// A small repetitive text a tiny model learns within a few dozen steps.
+inline std::filesystem::path tiny_corpus(const std::filesystem::path& dir) {
+  std::ofstream f(dir / "corpus.txt");
+  for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
+  return dir / "corpus.txt";
+}
+
+// One rank, 30 steps of a one-layer Llama on the corpus, then `extra` overrides.
+inline trainer::TrainConfig tiny(const std::filesystem::path& out,
+                                 const std::filesystem::path& corpus,
+                                 std::vector<std::string> extra = {}) {
+  trainer::Config c;
+  for (std::string s :
+       {"backend.world_size=1", "distributed_strategy.tensor_model_parallel_size=1",
+        "distributed_strategy.sequence_parallel=false", "trainer.max_steps=30",
+        "trainer.log_every_n_steps=5", "trainer.val_check_interval=10",
+        "trainer.limit_val_batches=2", "trainer.num_threads=1", "data.seq_length=32",
+        "data.micro_batch_size=8", "data.global_batch_size=8", "model.num_layers=1",
+        "model.hidden_size=32", "model.num_attention_heads=2", "model.optim.lr=1e-2",
+        "model.optim.sched.warmup_steps=3", "generation.max_new_tokens=20"})
+    c.apply_override(s);
+  c.apply_override("data.path=" + corpus.string());
+  c.apply_override("exp_manager.exp_dir=" + out.string());
+  for (auto& s : extra) c.apply_override(s);
+  return trainer::resolve(c);
+}
+
+struct Rows {
+  std::vector<double> loss, grad_norm, sim_step;
+  std::vector<std::string> val_loss;  // as written ("" when not validated)
+};
+inline Rows read_rows(const std::filesystem::path& csv) {
+  Rows r;
+  for (const auto& cols : read_csv(csv).rows) {
+    r.loss.push_back(std::stod(cols.at(1)));
+    r.val_loss.push_back(cols.at(2));
+    r.grad_norm.push_back(std::stod(cols.at(4)));
+    r.sim_step.push_back(cols.size() > 8 && !cols[8].empty() ? std::stod(cols[8]) : 0.0);
+  }
+  return r;
+}
+
+// 20 steps of global batch 8 (micro 2), logged every step, no validation or sample. f32
+// products: these tests check that the parallel run computes the single rank's math, which bf16
+// inputs would blur (an ulp in an f32 partial sum can flip a bf16 rounding).
+inline std::vector<std::string> parallel_run(std::vector<std::string> extra) {
+  std::vector<std::string> s{"trainer.max_steps=20",         "trainer.log_every_n_steps=1",
+                             "trainer.val_check_interval=0", "data.micro_batch_size=2",
+                             "generation.max_new_tokens=0",  "trainer.gradient_clip_val=0.5",
+                             "trainer.matmul_precision=fp32"};
+  s.insert(s.end(), extra.begin(), extra.end());
+  return s;
+}
+
+}  // namespace nxd::testing
