@@ -245,6 +245,14 @@ json load_checkpoint(const fs::path& path, const std::vector<Module*>& chunks,
   });
   tag = detail::broadcast_string(tag);
   const fs::path dir = path / tag;
+  // a sharded optimizer (ZeRO-1) lays out its full state to load into (collective)
+  if (optimizer) optimizer->materialize_state();
+  struct Release {
+    optim::Optimizer* o;
+    ~Release() {
+      if (o) o->release_state();
+    }
+  } release{optimizer};
   std::vector<Want> mw, ow;
   optim::LRScheduleOptions sched_opts;
   json user = nullptr;
@@ -302,6 +310,7 @@ json load_checkpoint(const fs::path& path, const std::vector<Module*>& chunks,
   if (optimizer) {
     for (auto& w : ow) w.target.detach().copy_(w.staged);
     optimizer->set_steps(optim_steps);
+    optimizer->commit_state();
     auto& mine = optimizer->param_groups();
     for (size_t i = 0; i < mine.size() && i < group_lrs.size(); ++i) mine[i].lr = group_lrs[i];
   }

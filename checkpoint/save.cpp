@@ -292,6 +292,16 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   });
   SaveStats st;
   const auto t0 = clock::now();
+  // a sharded optimizer (ZeRO-1) saves its full state in AdamW's layout: gathered here,
+  // released once the shards are built (async: snapshotted)
+  auto* opt = const_cast<optim::Optimizer*>(optimizer);
+  if (opt) opt->materialize_state();
+  struct Release {
+    optim::Optimizer* o;
+    ~Release() {
+      if (o) o->release_state();
+    }
+  } release{opt};
   if (opts.async_save) {
     detail::run_agreed("[save_checkpoint]", [&] {
       build_shards(*plan, chunks, optimizer, scheduler, user_content,

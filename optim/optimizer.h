@@ -68,6 +68,14 @@ class Optimizer {
   // Number of step() calls so far.
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
+
+  // Checkpoints (checkpoint/ calls these around reading or writing state_tensors()). An optimizer
+  // whose state is sharded (ZeRO-1) lays out the full per-parameter state first
+  // (materialize_state: collective over its group), takes a loaded one back into its shards
+  // (commit_state) and frees the full tensors (release_state). Defaults: nothing to do.
+  virtual void materialize_state() {}
+  virtual void commit_state() {}
+  virtual void release_state() {}
   const char* kind() const { return kind_; }
 
  protected:

@@ -57,7 +57,7 @@ PipelineModel::PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOpti
   if (cfg_.tie_word_embeddings && sched_.pp > 1)
     tied_group_ = pp_group_->split(rank == 0 || rank == sched_.pp - 1 ? 0 : -1, rank);
   executor_ = std::make_unique<Executor>(pp_group_, sched_);
-  if (dp_group_ && dp_group_->size() > 1) {
+  if (dp_group_ && dp_group_->size() > 1 && opts_.dp_grad_sync) {
     optim::GradSyncOptions go;
     go.bucket_bytes = opts_.dp_bucket_bytes;
     go.mode = optim::GradSyncMode::at_step;

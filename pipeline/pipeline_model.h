@@ -35,6 +35,9 @@ struct PipelineOptions {
   std::vector<std::string> pipeline_cuts;
   CrossEntropyOptions loss;  // per microbatch; reduction must be mean
   int64_t dp_bucket_bytes = int64_t{25} << 20;
+  // Average the gradients over DP at the end of run_train; off when the optimizer reduces them
+  // itself (ZeRO-1 reduce-scatters).
+  bool dp_grad_sync = true;
 };
 
 class PipelineModel {

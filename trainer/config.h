@@ -126,6 +126,7 @@ struct DistributedSection {
   int64_t pipeline_model_parallel_size;
   int64_t virtual_pipeline_model_parallel_size;
   std::string pipeline_schedule;  // gpipe | 1f1b | interleaved
+  bool zero1;
   bool sequence_parallel;
   int64_t kv_replicator;  // resolved: max(1, tp / kv heads) unless set
   double grad_bucket_mb;

@@ -209,6 +209,10 @@ std::vector<KeySpec> make_registry() {
           "gpipe (all forwards, then all backwards), 1f1b (NxD's one-forward-one-backward) or "
           "interleaved (virtual stages).",
           {"gpipe", "1f1b", "interleaved"}),
+      key("distributed_strategy.zero1", K::boolean, false,
+          "ZeRO-1: AdamW's state (exp_avg, exp_avg_sq) sharded over the data-parallel ranks; "
+          "gradients are reduce-scattered, each rank steps its shard of the parameters, and the "
+          "parameters are all-gathered. Checkpoints hold the unsharded AdamW layout."),
       key("distributed_strategy.sequence_parallel", K::boolean, true,
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,

@@ -195,6 +195,7 @@ DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
   ds.virtual_pipeline_model_parallel_size =
       r.positive("distributed_strategy.virtual_pipeline_model_parallel_size");
   ds.pipeline_schedule = r.c.get_string("distributed_strategy.pipeline_schedule");
+  ds.zero1 = r.c.get_bool("distributed_strategy.zero1");
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");
   ds.instance = r.c.get_string("backend.instance");
@@ -331,6 +332,9 @@ TrainConfig resolve(const Config& in) {
     }
   }
   t.optim = resolve_optim(r, t.trainer);
+  if (t.dist.zero1 && t.optim.name != "adamw")
+    r.fail("distributed_strategy.zero1 shards AdamW's state: model.optim.name=", t.optim.name,
+           " (use adamw)");
   t.generation = resolve_generation(r, t.data);
   t.resolved = r.c;
   return t;

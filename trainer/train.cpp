@@ -47,6 +47,7 @@ class RunSummary : public Callback {
                     ": tensor parallel ", tp,
                     cfg_.dist.sequence_parallel && tp > 1 ? " with sequence parallelism" : "",
                     pipeline_text(module), ", data parallel ", t.dp_size(),
+                    cfg_.dist.zero1 ? " with ZeRO-1" : "",
                     cfg_.dist.kv_replicator > 1 ? str(", kv replicator ", cfg_.dist.kv_replicator)
                                                 : std::string()));
     if (const pipeline::PipelineModel* p = module.pipeline()) {
@@ -245,6 +246,7 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.strategy.pipeline_parallel_size = cfg.dist.pipeline_model_parallel_size;
   to.strategy.virtual_pipeline_size = cfg.dist.virtual_pipeline_model_parallel_size;
   to.strategy.pipeline_schedule = cfg.dist.pipeline_schedule;
+  to.strategy.zero1 = cfg.dist.zero1;
   to.strategy.grad_bucket_mb = cfg.dist.grad_bucket_mb;
   to.max_steps = cfg.trainer.max_steps;
   to.accumulate_grad_batches = cfg.grad_accum_steps;

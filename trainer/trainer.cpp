@@ -146,10 +146,13 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
   if (!os.optimizer) throw ConfigError("[trainer] configure_optimizers() returned no optimizer");
   optimizer_ = std::move(os.optimizer);
   schedule_ = std::move(os.schedule);
-  if (!pipeline_) {
+  if (opts_.strategy.zero1) setup_zero1();
+  if (!pipeline_ && !zero1_) {
     grad_sync_ = std::make_unique<optim::GradSync>(
         *module.model_,
         optim::GradSyncOptions{static_cast<int64_t>(opts_.strategy.grad_bucket_mb * (1 << 20))});
+  }
+  if (!pipeline_) {
     norm_params_ = optim::norm_params(*module.model_);
     norm_groups_ = optim::NormGroups::from_parallel_state();
     num_parameters_ = count_parameters(*module.model_, tp);
@@ -179,6 +182,29 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
   if (!opts_.ckpt_path.empty()) resume(opts_.ckpt_path);
 }
 
+// The module's AdamW as a Zero1AdamW over the same parameter groups and options.
+void Trainer::setup_zero1() {
+  auto* adamw = dynamic_cast<optim::AdamW*>(optimizer_.get());
+  if (!adamw)
+    throw ConfigError(
+        str("[trainer] strategy.zero1 shards AdamW's state; configure_optimizers() "
+            "returned ",
+            optimizer_->kind()));
+  optim::Zero1Options zo;
+  zo.adamw = adamw->options();
+  zo.dp_group = parallel_state::model_parallel_is_initialized()
+                    ? parallel_state::get_data_parallel_group_ptr()
+                    : nullptr;
+  zo.norm_groups = pipeline_ ? pipeline_->norm_groups()
+                   : parallel_state::model_parallel_is_initialized()
+                       ? optim::NormGroups::from_parallel_state()
+                       : optim::NormGroups{};
+  zo.norm_params = pipeline_ ? pipeline_->norm_params() : optim::norm_params(*module_->model_);
+  auto z = std::make_unique<optim::Zero1AdamW>(optimizer_->param_groups(), std::move(zo));
+  zero1_ = z.get();
+  optimizer_ = std::move(z);
+}
+
 // The module's pipeline over the step's micro batches as microbatches.
 void Trainer::setup_pipeline(TrainingModule& module) {
   pipeline::PipelineOptions po;
@@ -186,6 +212,7 @@ void Trainer::setup_pipeline(TrainingModule& module) {
   po.schedule = pipeline::parse_schedule(opts_.strategy.pipeline_schedule);
   po.virtual_pipeline_size = static_cast<int>(opts_.strategy.virtual_pipeline_size);
   po.dp_bucket_bytes = static_cast<int64_t>(opts_.strategy.grad_bucket_mb * (1 << 20));
+  po.dp_grad_sync = !opts_.strategy.zero1;  // ZeRO-1 reduce-scatters them itself
   module.pipeline_ = module.build_pipeline_model(po);
   if (!module.pipeline_) throw ConfigError("[trainer] build_pipeline_model() returned no pipeline");
   pipeline_ = module.pipeline_.get();
@@ -289,19 +316,20 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
       tokens += b.ids.defined() ? b.ids.numel() : 0;
       // only the last micro batch's backward launches the DP all-reduces
       std::optional<optim::GradSync::NoSync> no_sync;
-      if (a + 1 < accum) no_sync.emplace(*grad_sync_);
+      if (a + 1 < accum && grad_sync_) no_sync.emplace(*grad_sync_);
       Tensor loss = scalar_loss(module.training_step(b, step_ * accum + a), "training_step");
       loss_sum += loss.item();
       backward(accum == 1 ? loss : mul(loss, inv_accum));
     }
     // the order matters: DP average, then the SP sums over TP, then the norm over TP
-    grad_sync_->finish();
+    if (grad_sync_) grad_sync_->finish();
     if (sequence_parallel_) allreduce_sequence_parallel_gradients(*module.model_);
     out.loss = dp_sum({loss_sum * inv_accum})[0] / dp_;  // the global batch's mean
   }
   if (step_tokens_ == 0) step_tokens_ = tokens * dp_;
   out.grad_norm =
-      opts_.gradient_clip_val > 0
+      zero1_ ? zero1_->clip_grad_norm(opts_.gradient_clip_val)  // reduce-scatters first
+      : opts_.gradient_clip_val > 0
           ? optim::clip_parallel_grad_norm(norm_params_, opts_.gradient_clip_val, norm_groups_)
           : optim::parallel_grad_norm(norm_params_, norm_groups_);
   optimizer_->step();
@@ -401,6 +429,7 @@ void Trainer::teardown() {
   optimizer_.reset();
   grad_sync_.reset();
   pipeline_ = nullptr;
+  zero1_ = nullptr;
   norm_params_.clear();
   val_batches_.clear();
 }

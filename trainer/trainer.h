@@ -17,6 +17,10 @@
 // tied embedding's gradient sum happen inside it), then norm, clipping and the step as above.
 // Validation runs run_eval over groups of that many validation micro batches.
 //
+// With ZeRO-1 (strategy.zero1) there is no DP all-reduce: after the SP sums the optimizer
+// reduce-scatters the gradients, computes the norm over its shards (clipping them) and steps
+// its shard of the parameters, then all-gathers them.
+//
 // Losses reported are the global batch's mean, the same on every rank (reduced over DP). The
 // loop stops at max_steps or when a callback calls request_stop(). Same config and seed give
 // bitwise-identical losses on either backend.
@@ -31,6 +35,7 @@
 
 #include "nxd/optim/grad_norm.h"
 #include "nxd/optim/grad_sync.h"
+#include "nxd/optim/zero1.h"
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/loggers.h"
 #include "nxd/trainer/module.h"
@@ -43,7 +48,10 @@ struct Strategy {
   int64_t pipeline_parallel_size = 1;      // > 1: the module's build_pipeline_model
   int64_t virtual_pipeline_size = 1;       // model chunks per pipeline rank (interleaved)
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
-  double grad_bucket_mb = 25.0;            // DP all-reduce bucket size
+  // ZeRO-1: the module's AdamW becomes a Zero1AdamW over the same groups (optimizer state
+  // sharded over DP; gradients reduce-scattered instead of all-reduced)
+  bool zero1 = false;
+  double grad_bucket_mb = 25.0;  // DP all-reduce bucket size
 };
 
 struct TrainerOptions {
@@ -117,6 +125,7 @@ class Trainer {
   using Clock = std::chrono::steady_clock;
   void setup(TrainingModule& module, DataModule& data);
   void setup_pipeline(TrainingModule& module);
+  void setup_zero1();
   StepOutput train_step(TrainingModule& module, DataModule& data);
   double pipeline_train_step(DataModule& data, int64_t& tokens);
   std::optional<double> validate(TrainingModule& module);
@@ -134,6 +143,7 @@ class Trainer {
   int dp_ = 1, dp_rank_ = 0;
   int64_t num_parameters_ = 0;
   pipeline::PipelineModel* pipeline_ = nullptr;  // the module's, with pipeline parallelism
+  optim::Zero1AdamW* zero1_ = nullptr;           // optimizer_, with strategy.zero1
   bool sequence_parallel_ = false;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::optional<optim::LRSchedule> schedule_;
