@@ -28,8 +28,8 @@
 //   - Mlp/GatedMlp: dense_h_to_4h, gate_proj, up_proj ColumnParallelLinear (gather_output=false),
 //     dense_4h_to_h, down_proj RowParallelLinear (input_is_parallel).
 // With sequence_parallel the input and output are this rank's sequence shard [B, S/tp, hidden]:
-// the column layers all-gather it and the row layers reduce-scatter (nxd_notes §2.3); the row
-// biases are then tagged sequence_parallel_enabled (sum their gradients over TP after backward:
+// the column layers all-gather it and the row layers reduce-scatter (docs/NXD_INTERNALS.md); the
+// row biases are then tagged sequence_parallel_enabled (sum their gradients over TP after backward:
 // allreduce_sequence_parallel_gradients). Without it input and output are full and duplicated.
 #include <cstdint>
 

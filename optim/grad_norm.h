@@ -1,7 +1,7 @@
 #pragma once
 // The global gradient norm of a model distributed over tensor-parallel (TP), pipeline-parallel
 // (PP) and ZeRO-1 sharding groups, counting every logical parameter exactly once, and clipping by
-// it (NxD parallel_layers/grads.py: get_grad_norm / clip_grad_norm, nxd_notes §2.10).
+// it (NxD parallel_layers/grads.py: get_grad_norm / clip_grad_norm; docs/NXD_INTERNALS.md).
 //
 // What each rank adds for one gradient g (norm_type 2: the sum of squares; inf: max |g|):
 //   - TP-sharded (attrs.tensor_model_parallel, kv_replicas == 1): every rank holds a distinct

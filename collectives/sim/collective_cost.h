@@ -63,7 +63,7 @@ CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<
                          const GroupLinks& links, double bytes,
                          Algorithm force = Algorithm::automatic);
 
-// Closed forms (Thakur, Rabenseifner, Gropp; MPICH comments quoted in neuron_hardware.md §5.1).
+// Closed forms (Thakur, Rabenseifner, Gropp, IJHPCA 2005; docs/HARDWARE.md#collectives).
 // The ring and RDH forms are what collectives/algorithms/ring.h and rdh.h take on the sim
 // backend when every step costs alpha + bytes/bw (tests/collectives/sim_model_test.cpp).
 double ring_all_reduce_time(int p, double n, double alpha, double bw);  // 2(p-1)a + 2(p-1)/p n/B

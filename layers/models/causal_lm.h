@@ -5,7 +5,7 @@
 // Tensor parallelism: a model is built over the parallel_state TP group current at construction
 // (tensor_parallel_size()); every rank of the group must build it, with the same config and seed,
 // and call its methods in lockstep. With one TP rank the model is exactly the plain one. With
-// TP > 1 (nxd_notes §2.3; layout in transformer.h):
+// TP > 1 (docs/NXD_INTERNALS.md; layout in transformer.h):
 //   - the parameters keep the plain model's names; each is this rank's shard of the plain
 //     model's parameter of that name, initialized as that slice. parallel_parameters(model)
 //     (layers/parallel/attributes.h) says how each is split: gather a tensor_model_parallel one

@@ -49,7 +49,7 @@ struct ModelConfig {
   DType dtype = DType::f32;           // parameter dtype
   Device device = Device::host;       // meta: shapes only
   // TP > 1: hidden states are split along the sequence between the tensor-parallel regions
-  // (NxD's sequence_parallel; nxd_notes §2.3).
+  // (NxD's sequence_parallel; docs/NXD_INTERNALS.md).
   bool sequence_parallel = false;
   // TP > 1: K/V heads replicated this many times over the TP ranks (NxD's kv_replicator) so that
   // TP may exceed num_kv_heads. Each rank's query heads must find their KV heads locally, so it

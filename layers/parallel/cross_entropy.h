@@ -14,9 +14,9 @@
 //   dz_j = dL * (softmax_j - a/V - (1-a)[j == t])  (no collective in backward)
 // Computed in f32 (f64 for f64 logits); the loss and gradient have the logits' dtype.
 //
-// Departures from NxD (both are NxD bugs, nxd_notes §2.5): the caller's logits are never modified
-// (NxD subtracts the max in place), and smoothing uses the global mean over all V classes in
-// forward and backward (NxD averages over the local shard only and its smoothing backward
+// Departures from NxD (both are NxD bugs, docs/NXD_INTERNALS.md): the caller's logits are never
+// modified (NxD subtracts the max in place), and smoothing uses the global mean over all V classes
+// in forward and backward (NxD averages over the local shard only and its smoothing backward
 // subtracts at the wrong ranks). nxd also supports ignore_index (NxD leaves it to the caller).
 // A target outside [0, V) that is not ignore_index throws naming it and V.
 #include <cstdint>

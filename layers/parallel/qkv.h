@@ -22,7 +22,7 @@
 // Requirements (ShapeError otherwise): q_out % tp == 0, tp % m == 0, (kv_out*m) % tp == 0, and
 // with head_dim > 0 every per-rank size is a whole number of heads.
 //
-// Collectives (tp > 1), one fused autograd function (NxD's recipe, nxd_notes §2.3 and §2.6):
+// Collectives (tp > 1), one fused autograd function (NxD's recipe, docs/NXD_INTERNALS.md):
 //   forward: no collective on X (no SP) or all-gather X along the sequence dim (SP); with
 //            gather_output, q is all-gathered and k, v are all-gathered and de-replicated.
 //   backward: under SP the local shard of X is re-gathered (only it was saved); dK and dV are

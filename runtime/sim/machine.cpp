@@ -9,7 +9,7 @@
 namespace nxd::sim {
 namespace {
 
-// Every number below is from ../shared/neuron_hardware.md, which cites the AWS Neuron docs.
+// Every number below, its public source and whether nxd derived or calibrated it: docs/HARDWARE.md.
 constexpr const char* kSrcNki =
     "TensorE 92 TFLOPS BF16 / 23 TFLOPS FP32 per NeuronCore-v2: NKI architecture guide, "
     "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/arch/"

@@ -1,0 +1,35 @@
+# Fails, listing file:line, if a source or doc of the repository refers to the team's private
+# reference notes (a folder outside the repository that users do not have): their facts belong
+# in docs/ with public sources. Run as: cmake -DROOT=<source dir> -P no_private_refs.cmake
+set(dots "..")
+# the patterns are built from pieces so this file does not match itself
+set(p1 "${dots}/shared")
+set(p2 "nxd_" "notes")
+string(CONCAT p2 ${p2})
+set(p3 "neuron_" "hardware")
+string(CONCAT p3 ${p3})
+file(GLOB_RECURSE files RELATIVE ${ROOT}
+  ${ROOT}/*.h ${ROOT}/*.cpp ${ROOT}/*.md ${ROOT}/*.py ${ROOT}/*.cmake ${ROOT}/*CMakeLists.txt
+  ${ROOT}/tools/run ${ROOT}/tools/test ${ROOT}/tools/bootstrap)
+set(bad "")
+foreach(f ${files})
+  if(f MATCHES "^build" OR f MATCHES "/build/")
+    continue()
+  endif()
+  file(STRINGS ${ROOT}/${f} lines)
+  set(n 0)
+  foreach(line IN LISTS lines)
+    math(EXPR n "${n} + 1")
+    foreach(p ${p1} ${p2} ${p3})
+      string(FIND "${line}" "${p}" at)
+      if(NOT at EQUAL -1)
+        list(APPEND bad "${f}:${n}: ${line}")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(bad)
+  list(JOIN bad "\n" text)
+  message(FATAL_ERROR "references to notes outside the repository:\n${text}")
+endif()
+message("no references to notes outside the repository")
