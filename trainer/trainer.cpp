@@ -99,6 +99,7 @@ void Trainer::message(const std::string& line) {
 }
 
 optim::Optimizer& Trainer::optimizer() {
+  if (nxd_optimizer_) return nxd_optimizer_->inner();
   if (!optimizer_) throw InternalError("[trainer] optimizer() outside fit");
   return *optimizer_;
 }
@@ -139,24 +140,22 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
     module.model_ = module.build_model();
     if (!module.model_) throw ConfigError("[trainer] build_model() returned no model");
     module.model_->train();
-    for (const auto& p : parallel_parameters(*module.model_))
-      sequence_parallel_ = sequence_parallel_ || p.attrs.sequence_parallel_enabled;
   }
   OptimizerSetup os = module.configure_optimizers();
   if (!os.optimizer) throw ConfigError("[trainer] configure_optimizers() returned no optimizer");
-  optimizer_ = std::move(os.optimizer);
   schedule_ = std::move(os.schedule);
-  if (opts_.strategy.zero1) setup_zero1();
-  if (!pipeline_ && !zero1_) {
-    grad_sync_ = std::make_unique<optim::GradSync>(
-        *module.model_,
-        optim::GradSyncOptions{static_cast<int64_t>(opts_.strategy.grad_bucket_mb * (1 << 20))});
-  }
   if (!pipeline_) {
-    norm_params_ = optim::norm_params(*module.model_);
-    norm_groups_ = optim::NormGroups::from_parallel_state();
+    // the data-parallel path is NxD's optimizer wrapper (trainer/nxd_api.h)
+    NxDConfig nc;
+    nc.tensor_parallel_size = tp;
+    nc.optimizer_config = {opts_.strategy.zero1, opts_.gradient_clip_val > 0,
+                           opts_.gradient_clip_val > 0 ? opts_.gradient_clip_val : 1.0};
+    nc.grad_bucket_mb = opts_.strategy.grad_bucket_mb;
+    nxd_optimizer_ = std::make_unique<NxDOptimizer>(nc, *module.model_, std::move(os.optimizer));
     num_parameters_ = count_parameters(*module.model_, tp);
   } else {
+    optimizer_ = std::move(os.optimizer);
+    if (opts_.strategy.zero1) setup_zero1();
     std::vector<double> n = {static_cast<double>(count_norm_params(norm_params_, tp))};
     parallel_state::get_pipeline_model_parallel_group().all_reduce(n.data(), n.data(), 1,
                                                                    DType::f64, ReduceOp::sum);
@@ -285,11 +284,10 @@ void Trainer::resume(const std::string& path) {
   } else if (auto newest = ckpt::newest_checkpoint(root)) {
     tag = *newest;
   }
-  const nlohmann::json user = pipeline_
-                                  ? ckpt::load_checkpoint(root, module_->model_parts(),
-                                                          optimizer_.get(), nullptr, {.tag = tag})
-                                  : ckpt::load_checkpoint(root, module_->model_.get(),
-                                                          optimizer_.get(), nullptr, {.tag = tag});
+  const nlohmann::json user =
+      pipeline_
+          ? ckpt::load_checkpoint(root, module_->model_parts(), &optimizer(), nullptr, {.tag = tag})
+          : ckpt::load_checkpoint(root, module_->model_.get(), &optimizer(), nullptr, {.tag = tag});
   if (!user.is_object() || !user.contains("trainer"))
     throw ConfigError(str("[trainer] ", path,
                           " holds no trainer state (not saved by the trainer's "
@@ -302,8 +300,9 @@ void Trainer::resume(const std::string& path) {
 StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
   StepOutput out;
   out.step = step_ + 1;
-  out.lr = schedule_ ? schedule_->lr(step_) : optimizer_->param_groups().front().lr;
-  if (schedule_) optimizer_->set_lr(out.lr);
+  optim::Optimizer& opt = optimizer();
+  out.lr = schedule_ ? schedule_->lr(step_) : opt.param_groups().front().lr;
+  if (schedule_) opt.set_lr(out.lr);
   const int64_t accum = opts_.accumulate_grad_batches;
   const double inv_accum = 1.0 / static_cast<double>(accum);
   double loss_sum = 0;
@@ -316,24 +315,27 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
       tokens += b.ids.defined() ? b.ids.numel() : 0;
       // only the last micro batch's backward launches the DP all-reduces
       std::optional<optim::GradSync::NoSync> no_sync;
-      if (a + 1 < accum && grad_sync_) no_sync.emplace(*grad_sync_);
+      if (a + 1 < accum && nxd_optimizer_->grad_sync())
+        no_sync.emplace(*nxd_optimizer_->grad_sync());
       Tensor loss = scalar_loss(module.training_step(b, step_ * accum + a), "training_step");
       loss_sum += loss.item();
       backward(accum == 1 ? loss : mul(loss, inv_accum));
     }
-    // the order matters: DP average, then the SP sums over TP, then the norm over TP
-    if (grad_sync_) grad_sync_->finish();
-    if (sequence_parallel_) allreduce_sequence_parallel_gradients(*module.model_);
     out.loss = dp_sum({loss_sum * inv_accum})[0] / dp_;  // the global batch's mean
+    // DP average (or ZeRO-1's reduce-scatter), SP sums, the norm and clipping, the update
+    nxd_optimizer_->step();
+    out.grad_norm = nxd_optimizer_->grad_norm();
   }
   if (step_tokens_ == 0) step_tokens_ = tokens * dp_;
-  out.grad_norm =
-      zero1_ ? zero1_->clip_grad_norm(opts_.gradient_clip_val)  // reduce-scatters first
-      : opts_.gradient_clip_val > 0
-          ? optim::clip_parallel_grad_norm(norm_params_, opts_.gradient_clip_val, norm_groups_)
-          : optim::parallel_grad_norm(norm_params_, norm_groups_);
-  optimizer_->step();
-  optimizer_->zero_grad(/*set_to_none=*/true);
+  if (pipeline_) {
+    out.grad_norm =
+        zero1_ ? zero1_->clip_grad_norm(opts_.gradient_clip_val)  // reduce-scatters first
+        : opts_.gradient_clip_val > 0
+            ? optim::clip_parallel_grad_norm(norm_params_, opts_.gradient_clip_val, norm_groups_)
+            : optim::parallel_grad_norm(norm_params_, norm_groups_);
+    opt.step();
+  }
+  opt.zero_grad(/*set_to_none=*/true);
   ++step_;
   return out;
 }
@@ -427,7 +429,7 @@ void Trainer::teardown() {
   module_ = nullptr;
   data_ = nullptr;
   optimizer_.reset();
-  grad_sync_.reset();
+  nxd_optimizer_.reset();
   pipeline_ = nullptr;
   zero1_ = nullptr;
   norm_params_.clear();

@@ -39,6 +39,7 @@
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/loggers.h"
 #include "nxd/trainer/module.h"
+#include "nxd/trainer/nxd_api.h"
 
 namespace nxd::trainer {
 
@@ -144,10 +145,9 @@ class Trainer {
   int64_t num_parameters_ = 0;
   pipeline::PipelineModel* pipeline_ = nullptr;  // the module's, with pipeline parallelism
   optim::Zero1AdamW* zero1_ = nullptr;           // optimizer_, with strategy.zero1
-  bool sequence_parallel_ = false;
-  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;  // the optimizer with a pipeline
   std::optional<optim::LRSchedule> schedule_;
-  std::unique_ptr<optim::GradSync> grad_sync_;
+  std::unique_ptr<NxDOptimizer> nxd_optimizer_;  // the optimizer without a pipeline
   std::vector<optim::NormParam> norm_params_;
   optim::NormGroups norm_groups_;
   std::vector<Batch> val_batches_;
