@@ -142,6 +142,25 @@ void register_hook(const Tensor& leaf, GradHook hook) {
   meta_of(leaf).hooks.push_back(std::move(hook));
 }
 
+void set_grad_buffer(const Tensor& leaf, const Tensor& buffer) {
+  NXD_CHECK(leaf.requires_grad() && is_leaf(leaf), "[set_grad_buffer] ", leaf.desc(),
+            " is not a leaf that requires grad");
+  if (buffer.defined()) {
+    NXD_CHECK_SHAPE(buffer.shape() == leaf.shape(), "[set_grad_buffer] buffer ", buffer.desc(),
+                    " for leaf ", leaf.desc());
+    NXD_CHECK(is_floating(buffer.dtype()) && buffer.is_contiguous() &&
+                  buffer.device() == leaf.device() && !buffer.requires_grad(),
+              "[set_grad_buffer] buffer ", buffer.desc(), " for leaf ", leaf.desc(),
+              " must be a contiguous floating tensor on the leaf's device without a graph");
+  }
+  meta_of(leaf).grad_buffer = buffer.defined() ? buffer.impl_ptr() : nullptr;
+}
+
+Tensor grad_buffer(const Tensor& leaf) {
+  const auto& m = leaf.impl()->autograd;
+  return Tensor(m ? m->grad_buffer : nullptr);
+}
+
 namespace {
 
 struct Run {
@@ -213,7 +232,11 @@ void execute(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad
     if (run.accumulate_leaves && leaf->requires_grad) {
       NXD_CHECK_SHAPE(g.shape() == leaf->shape, "[backward] gradient ", g.desc(), " for leaf ",
                       lt.desc());
-      if (!leaf->grad) {
+      if (!leaf->grad && leaf->autograd && leaf->autograd->grad_buffer) {
+        Tensor b(leaf->autograd->grad_buffer);
+        b.copy_(g);  // the first gradient of a pass overwrites whatever the buffer held
+        leaf->grad = b.impl_ptr();
+      } else if (!leaf->grad) {
         bool adopt = g.dtype() == leaf->dtype && exclusively_owned(g);
         leaf->grad = adopt ? g.impl_ptr() : g.to(leaf->dtype).clone().impl_ptr();
         if (adopt) g = Tensor();

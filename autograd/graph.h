@@ -63,6 +63,8 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;  // null for leaves
   int output_nr = 0;
   std::vector<GradHook> hooks;  // leaves only
+  // Leaves only: where the leaf's gradient lives (see set_grad_buffer); null = a fresh tensor.
+  std::shared_ptr<TensorImpl> grad_buffer;
 };
 
 // True when grad mode is on and any input requires grad.
@@ -79,6 +81,18 @@ bool is_leaf(const Tensor& t);
 
 // Registers a hook on a leaf that requires grad.
 void register_hook(const Tensor& leaf, GradHook hook);
+
+// Gives a leaf that requires grad a gradient buffer: `buffer` has the leaf's shape, is contiguous
+// and floating point, on the leaf's device (host or meta), and may have another dtype (an f32
+// buffer for a bf16 parameter accumulates its gradients in f32: .grad is then f32). When a
+// gradient reaches the leaf while its .grad is undefined, it is written into the buffer
+// (converted) and .grad becomes the buffer; later gradients of the same or later passes add into
+// it in place, as into any defined .grad. Setting .grad to none (zero_grad) keeps the buffer for
+// the next pass. This is how flat gradient buckets (optim/grad_sync.h) make every .grad a view
+// of one buffer that collectives reduce in place. An undefined `buffer` removes it.
+void set_grad_buffer(const Tensor& leaf, const Tensor& buffer);
+// The leaf's gradient buffer (undefined if none).
+Tensor grad_buffer(const Tensor& leaf);
 
 struct BackwardOptions {
   bool retain_graph = false;  // keep saved tensors so backward can run again

@@ -1,5 +1,7 @@
 #include "nxd/optim/grad_sync.h"
 
+#include <algorithm>
+#include <map>
 #include <unordered_map>
 
 #include "nxd/autograd/graph.h"
@@ -12,16 +14,21 @@ namespace nxd::optim {
 const char* grad_sync_mode_name(GradSyncMode m) {
   return m == GradSyncMode::overlap ? "overlap" : "at_step";
 }
+const char* dp_reduction_name(DpReduction r) {
+  return r == DpReduction::all_reduce ? "all_reduce" : "reduce_scatter";
+}
 
 namespace {
 
 struct Bucket {
-  DType dtype = DType::f32;  // f32 (f32 and bf16 gradients) or f64
+  DType dtype = DType::f32;  // of the gradients (the buffer)
   bool meta = false;         // shapes only: the collective is charged but moves no data
   std::vector<int> params;   // indices into State::params, in bucket order
   std::vector<int64_t> offsets;
-  int64_t grad_numel = 0;  // gradients; then one flag per parameter
+  int64_t grad_numel = 0;   // gradients; all_reduce: then one flag per parameter
+  int64_t shard_numel = 0;  // reduce_scatter: per rank (the buffer holds n of them)
   Tensor buf;
+  Tensor shard;     // reduce_scatter: this rank's reduced part
   int pending = 0;  // gradients still to arrive in this pass
   bool launched = false;
   Work work;
@@ -33,46 +40,61 @@ struct Bucket {
 struct GradSync::State {
   std::vector<NamedParam> params;
   std::vector<int> bucket_of, pos_in_bucket;
-  std::vector<char> arrived;  // this pass
+  std::vector<char> arrived;   // this pass
+  std::vector<char> has_grad;  // this rank had a gradient at launch; after finish(): any rank
   std::vector<Bucket> buckets;
   GradSyncOptions opts;
   std::shared_ptr<Communicator> group;
   bool sync = true;
+  bool active = false;  // buffers exist
   int next_launch = 0;
+  int64_t copied_bytes = 0;
 
-  Tensor slot(int i) const {
-    const Bucket& b = buckets[bucket_of[i]];
-    const int k = pos_in_bucket[i];
-    return b.buf.narrow(0, b.offsets[k], params[i].param.numel()).view(params[i].param.shape());
-  }
+  bool scatter() const { return opts.reduction == DpReduction::reduce_scatter; }
+  int n() const { return group->size(); }
+
+  std::vector<Tensor> slots;  // per parameter: its slice of its bucket (its gradient buffer)
+
+  const Tensor& slot(int i) const { return slots[static_cast<size_t>(i)]; }
   Tensor flags(const Bucket& b) const {
     return b.buf.narrow(0, b.grad_numel, static_cast<int64_t>(b.params.size()));
   }
 
-  // Copies parameter i's current gradient (zeros if none) into its bucket slot.
-  void copy_in(int i) {
-    Bucket& b = buckets[bucket_of[i]];
-    arrived[i] = 1;
-    --b.pending;
-    // the copy moves the gradient through device memory (read + write): the modeled cost
-    charge_compute("dp_bucket_copy_in", 0, 2.0 * params[i].param.numel() * dtype_size(b.dtype),
-                   b.dtype);
-    if (b.meta) return;
-    Tensor g = params[i].param.grad();
-    Tensor s = slot(i);
-    const bool has = g.defined() && !g.is_meta();
-    if (has)
-      s.copy_(g);
-    else
-      s.zero_();
-    flags(b).narrow(0, pos_in_bucket[i], 1).fill_(has ? 1.0 : 0.0);
+  // Makes the bucket's slices hold this pass's gradients: a parameter without .grad contributes
+  // zeros, a .grad that is not its slice is copied in (and re-pointed to the slice).
+  void prepare(Bucket& b) {
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const int i = b.params[k];
+      const Tensor& p = params[i].param;
+      Tensor g = p.grad();
+      has_grad[i] = g.defined() ? 1 : 0;
+      if (b.meta) continue;
+      const Tensor& s = slot(i);
+      if (!g.defined()) {
+        s.zero_();
+      } else if (!g.is_same(s)) {
+        s.copy_(g);
+        p.set_grad(s);
+        copied_bytes += s.nbytes();
+        charge_compute("dp_bucket_copy_in", 0, 2.0 * static_cast<double>(s.nbytes()), b.dtype);
+      }
+      if (!scatter()) flags(b).narrow(0, static_cast<int64_t>(k), 1).fill_(has_grad[i]);
+    }
   }
 
   void launch(int bi) {
     Bucket& b = buckets[bi];
-    const int64_t n = b.grad_numel + static_cast<int64_t>(b.params.size());
-    void* p = b.meta ? nullptr : b.buf.raw_data();
-    b.work = group->iall_reduce(p, p, n, b.dtype, ReduceOp::avg);
+    prepare(b);
+    if (n() > 1) {
+      void* p = b.meta ? nullptr : b.buf.raw_data();
+      if (scatter()) {
+        void* s = b.meta ? nullptr : b.shard.raw_data();
+        b.work = group->ireduce_scatter(p, s, b.shard_numel, b.dtype, ReduceOp::avg);
+      } else {
+        const int64_t count = b.grad_numel + static_cast<int64_t>(b.params.size());
+        b.work = group->iall_reduce(p, p, count, b.dtype, ReduceOp::avg);
+      }
+    }
     b.launched = true;
   }
 
@@ -87,8 +109,33 @@ struct GradSync::State {
     NXD_CHECK(!arrived[i], "[GradSync] the gradient of parameter '", params[i].name,
               "' became ready twice before finish() with sync on: run all but the last "
               "microbatch's backward under no_sync() / set_sync(false)");
-    copy_in(i);
+    arrived[i] = 1;
+    --buckets[bucket_of[i]].pending;
     launch_ready();
+  }
+
+  // After the buckets' reductions completed: the results of an all_reduce into .grad, the
+  // flags of a reduce_scatter exchanged.
+  void complete() {
+    if (scatter()) {
+      if (n() > 1) {
+        std::vector<double> any(has_grad.begin(), has_grad.end());
+        group->all_reduce(any.data(), any.data(), static_cast<int64_t>(any.size()), DType::f64,
+                          ReduceOp::max);
+        for (size_t i = 0; i < any.size(); ++i) has_grad[i] = any[i] > 0 ? 1 : 0;
+      }
+      return;
+    }
+    for (auto& b : buckets) {
+      if (b.meta) continue;
+      const Tensor fl = flags(b);
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const int i = b.params[k];
+        has_grad[i] = fl.at({static_cast<int64_t>(k)}) > 0 ? 1 : 0;
+        // the slice holds the average (zeros from this rank when it had no gradient)
+        if (has_grad[i] && !params[i].param.grad().defined()) params[i].param.set_grad(slot(i));
+      }
+    }
   }
 
   void reset() {
@@ -108,7 +155,54 @@ struct GradSync::State {
         } catch (...) {
         }
   }
+
+  void build_buckets();
 };
+
+// Buckets: reverse registration order; an open bucket per parameter dtype (and device kind),
+// closed once it holds bucket_bytes; bucket order = creation order.
+void GradSync::State::build_buckets() {
+  const int np = static_cast<int>(params.size());
+  bucket_of.assign(np, -1);
+  pos_in_bucket.assign(np, -1);
+  std::map<std::pair<DType, bool>, int> open;  // (parameter dtype, meta) -> bucket index
+  for (int i = np - 1; i >= 0; --i) {
+    const Tensor& t = params[i].param;
+    const DType gdt = t.dtype() == DType::bf16 && opts.fp32_grad_acc ? DType::f32 : t.dtype();
+    const auto key = std::make_pair(t.dtype(), t.is_meta());
+    auto it = open.find(key);
+    if (it == open.end()) {
+      buckets.push_back(Bucket{.dtype = gdt, .meta = t.is_meta()});
+      it = open.emplace(key, static_cast<int>(buckets.size()) - 1).first;
+    }
+    Bucket& b = buckets[it->second];
+    bucket_of[i] = it->second;
+    pos_in_bucket[i] = static_cast<int>(b.params.size());
+    b.params.push_back(i);
+    b.offsets.push_back(b.grad_numel);
+    b.grad_numel += t.numel();
+    if (b.bytes() >= opts.bucket_bytes) open.erase(it);
+  }
+  const Device dev_meta = Device::meta;
+  for (auto& b : buckets) {
+    const Device dev = b.meta ? dev_meta : Device::host;
+    if (scatter()) {
+      b.shard_numel = (b.grad_numel + n() - 1) / n();
+      b.buf = zeros({b.shard_numel * n()}, b.dtype, dev);
+      b.shard = n() > 1 ? zeros({b.shard_numel}, b.dtype, dev) : b.buf;
+    } else {
+      b.shard_numel = b.grad_numel;
+      b.buf = zeros({b.grad_numel + static_cast<int64_t>(b.params.size())}, b.dtype, dev);
+    }
+    b.pending = static_cast<int>(b.params.size());
+  }
+  for (int i = 0; i < np; ++i) {
+    const Bucket& b = buckets[static_cast<size_t>(bucket_of[i])];
+    const Tensor& p = params[i].param;
+    slots.push_back(b.buf.narrow(0, b.offsets[pos_in_bucket[i]], p.numel()).view(p.shape()));
+    autograd::set_grad_buffer(p, slots.back());
+  }
+}
 
 GradSync::GradSync(const Module& model, GradSyncOptions opts)
     : GradSync(
@@ -127,9 +221,10 @@ GradSync::GradSync(std::vector<NamedParam> params, GradSyncOptions opts)
   NXD_CHECK(s.group != nullptr, "[GradSync] no data-parallel group");
   s.opts = std::move(opts);
   s.params = std::move(params);
-  const int n = static_cast<int>(s.params.size());
+  const int np = static_cast<int>(s.params.size());
   std::unordered_map<const TensorImpl*, int> seen;
-  for (int i = 0; i < n; ++i) {
+  bool f32_acc_needed = false;
+  for (int i = 0; i < np; ++i) {
     const NamedParam& p = s.params[i];
     NXD_CHECK(p.param.defined(), "[GradSync] parameter '", p.name, "' is undefined");
     NXD_CHECK(p.param.requires_grad() && autograd::is_leaf(p.param), "[GradSync] parameter '",
@@ -139,47 +234,26 @@ GradSync::GradSync(std::vector<NamedParam> params, GradSyncOptions opts)
     auto [it, fresh] = seen.emplace(p.param.impl(), i);
     NXD_CHECK(fresh, "[GradSync] the same tensor is listed twice: '", s.params[it->second].name,
               "' and '", p.name, "' (tied weights must be listed once)");
+    f32_acc_needed = f32_acc_needed || (p.param.dtype() == DType::bf16 && s.opts.fp32_grad_acc);
   }
-
-  // Buckets: reverse registration order; an open bucket per reduction dtype (and per device
-  // kind), closed once it holds bucket_bytes; bucket order = creation order.
-  s.bucket_of.assign(n, -1);
-  s.pos_in_bucket.assign(n, -1);
-  s.arrived.assign(n, 0);
-  std::unordered_map<int, int> open;  // key (dtype, meta) -> bucket index
-  for (int i = n - 1; i >= 0; --i) {
-    const Tensor& t = s.params[i].param;
-    const DType rdt = t.dtype() == DType::f64 ? DType::f64 : DType::f32;
-    const bool meta = t.is_meta();
-    const int key = static_cast<int>(rdt) * 2 + (meta ? 1 : 0);
-    auto it = open.find(key);
-    if (it == open.end()) {
-      s.buckets.push_back(Bucket{.dtype = rdt, .meta = meta});
-      it = open.emplace(key, static_cast<int>(s.buckets.size()) - 1).first;
-    }
-    Bucket& b = s.buckets[it->second];
-    s.bucket_of[i] = it->second;
-    s.pos_in_bucket[i] = static_cast<int>(b.params.size());
-    b.params.push_back(i);
-    b.offsets.push_back(b.grad_numel);
-    b.grad_numel += t.numel();
-    if (b.bytes() >= s.opts.bucket_bytes) open.erase(it);
-  }
-  for (auto& b : s.buckets) {
-    const int64_t total = b.grad_numel + static_cast<int64_t>(b.params.size());
-    if (s.group->size() > 1) b.buf = zeros({total}, b.dtype, b.meta ? Device::meta : Device::host);
-    b.pending = static_cast<int>(b.params.size());
-  }
-  if (s.group->size() == 1) return;  // nothing to average
+  s.arrived.assign(np, 0);
+  s.has_grad.assign(np, 0);
+  s.active = s.group->size() > 1 || s.scatter() || f32_acc_needed;
+  if (!s.active) return;  // nothing to reduce, nothing to accumulate differently
+  s.build_buckets();
+  if (s.group->size() == 1) return;  // no collectives: no hooks
   std::weak_ptr<State> weak = s_;
-  for (int i = 0; i < n; ++i)
+  for (int i = 0; i < np; ++i)
     autograd::register_hook(s.params[i].param, [weak, i](const Tensor&) {
       if (auto st = weak.lock()) st->on_ready(i);
     });
 }
 
 GradSync::~GradSync() {
-  if (s_) s_->wait_all_noexcept();
+  if (!s_) return;
+  s_->wait_all_noexcept();
+  if (s_->active)
+    for (const auto& p : s_->params) autograd::set_grad_buffer(p.param, Tensor());
 }
 
 void GradSync::set_sync(bool on) {
@@ -194,11 +268,26 @@ int GradSync::dp_size() const {
 GradSyncMode GradSync::mode() const {
   return s_->opts.mode;
 }
+DpReduction GradSync::reduction() const {
+  return s_->opts.reduction;
+}
 int64_t GradSync::bucket_bytes() const {
   return s_->opts.bucket_bytes;
 }
 int GradSync::launched_buckets() const {
   return s_->next_launch;
+}
+int64_t GradSync::copied_bytes() const {
+  return s_->copied_bytes;
+}
+bool GradSync::has_buckets() const {
+  return s_->active;
+}
+int64_t GradSync::buffer_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : s_->buckets)
+    if (!b.meta) n += b.buf.nbytes() + (b.shard.is_same(b.buf) ? 0 : b.shard.nbytes());
+  return n;
 }
 
 std::vector<std::vector<int>> GradSync::bucket_layout() const {
@@ -207,36 +296,43 @@ std::vector<std::vector<int>> GradSync::bucket_layout() const {
   return out;
 }
 
+const std::vector<NamedParam>& GradSync::params() const {
+  return s_->params;
+}
+int GradSync::num_buckets() const {
+  return static_cast<int>(s_->buckets.size());
+}
+int GradSync::bucket_of(int param) const {
+  return s_->bucket_of.at(static_cast<size_t>(param));
+}
+int64_t GradSync::offset_in_bucket(int param) const {
+  const State& s = *s_;
+  const int b = s.bucket_of.at(static_cast<size_t>(param));
+  return s.buckets[static_cast<size_t>(b)].offsets[static_cast<size_t>(s.pos_in_bucket[param])];
+}
+int64_t GradSync::shard_numel(int b) const {
+  return s_->buckets.at(static_cast<size_t>(b)).shard_numel;
+}
+Tensor GradSync::bucket_shard(int b) const {
+  NXD_CHECK(s_->scatter(), "[GradSync] bucket_shard() needs reduction reduce_scatter");
+  return s_->buckets.at(static_cast<size_t>(b)).shard;
+}
+bool GradSync::has_grad(int param) const {
+  return s_->has_grad.at(static_cast<size_t>(param)) != 0;
+}
+
 void GradSync::finish() {
   State& s = *s_;
-  if (s.group->size() == 1) return;
+  if (!s.active) return;
   NoGradGuard ng;
   try {
-    // Remaining buckets, in order: gradients whose hook did not fire in this pass are copied now.
-    for (int bi = s.next_launch; bi < static_cast<int>(s.buckets.size()); ++bi) {
-      for (int i : s.buckets[bi].params)
-        if (!s.arrived[i]) s.copy_in(i);
-    }
+    for (int bi = s.next_launch; bi < static_cast<int>(s.buckets.size()); ++bi)
+      s.buckets[bi].pending = 0;
     s.launch_ready();
     NXD_INTERNAL_CHECK(s.next_launch == static_cast<int>(s.buckets.size()),
                        "GradSync::finish left buckets unlaunched");
-    for (auto& b : s.buckets) {
-      b.work.wait();
-      charge_compute("dp_bucket_copy_out", 0, 2.0 * b.grad_numel * dtype_size(b.dtype), b.dtype);
-      if (b.meta) continue;
-      const Tensor fl = s.flags(b);
-      for (size_t k = 0; k < b.params.size(); ++k) {
-        const int i = b.params[k];
-        const Tensor& p = s.params[i].param;
-        Tensor avg = s.slot(i);
-        Tensor g = p.grad();
-        if (g.defined()) {
-          g.copy_(avg);
-        } else if (fl.at({static_cast<int64_t>(k)}) > 0) {
-          p.set_grad(avg.to(p.dtype()).clone());
-        }
-      }
-    }
+    for (auto& b : s.buckets) b.work.wait();
+    s.complete();
   } catch (...) {
     s.wait_all_noexcept();
     s.reset();

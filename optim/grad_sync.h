@@ -1,36 +1,48 @@
 #pragma once
-// Data-parallel gradient averaging in flat buckets (PyTorch DDP's reducer, NxD's
-// bucket_allreduce_gradients), over the DP group.
+// Data-parallel gradient reduction in flat buckets whose slices ARE the parameters' .grad
+// (PyTorch DDP's reducer with gradient_as_bucket_view, llm.c's flat gradient buffer; NxD's
+// bucket_allreduce_gradients, and the reduce-scatter of its ZeRO-1 optimizer), over the DP group.
 //
 // Buckets. At construction the parameters are assigned to buckets in a fixed order: reverse
 // registration order (the order in which backward finishes their gradients), a bucket being
-// closed once it holds at least `bucket_bytes` bytes of f32 (a parameter larger than a bucket
-// gets a bucket of its own). f64 parameters go to separate f64 buckets (same order); f32 and
-// bf16 gradients are reduced in f32 (bf16 is rounded once, when the average is copied back).
-// Each bucket is one contiguous buffer: the gradients of its parameters, then one "has a
-// gradient" flag per parameter (1 if this rank had a gradient, 0 if not), reduced with them.
+// closed once it holds at least `bucket_bytes` bytes (a parameter larger than a bucket gets a
+// bucket of its own). Parameters are bucketed by dtype, and a bucket holds the gradients in f32
+// for f32 parameters, f64 for f64, and for bf16 parameters f32 with `fp32_grad_acc` (NxD's
+// use_fp32_grad_acc: the gradients of bf16 parameters are accumulated and reduced in f32, and their
+// .grad is f32) or bf16 without (pure bf16; the backends reduce bf16 in f32 and round once). Each
+// bucket is one contiguous buffer, and every parameter's slice of it is the parameter's gradient
+// buffer (autograd::set_grad_buffer): backward writes the first gradient of a pass straight into
+// the slice and adds later ones in place, so the reduction runs in place with no copy in or out.
+//
+// Reductions.
+//   all_reduce      (DDP) the bucket, followed by one "has a gradient" flag per parameter (1 if
+//                   this rank had one, 0 if not), is averaged over the group in place: after
+//                   finish() every .grad holds the DP mean.
+//   reduce_scatter  (ZeRO-1) the bucket is padded with zeros to a multiple of the group size n
+//                   and reduce-scattered with the mean: DP rank r keeps elements [r*S, (r+1)*S)
+//                   of the averaged bucket in bucket_shard(b) (S = shard_numel(b)); .grad keeps
+//                   this rank's own (unreduced) gradient. has_grad(i) says whether any rank had a
+//                   gradient for parameter i (one small all-reduce of the flags in finish()).
 //
 // Modes.
-//   overlap: a hook on every parameter (autograd::register_hook) copies its final gradient of the
-//            pass into its bucket; when every gradient of a bucket has arrived the bucket's
-//            iall_reduce(avg) is launched, so communication overlaps the rest of backward.
-//            Buckets are always launched in bucket order (a bucket that fills early waits for
-//            the ones before it), so every rank issues the same collectives in the same order.
-//   at_step: hooks do nothing; finish() copies and reduces every bucket.
-// finish() launches the buckets not launched yet (copying the current .grad of parameters whose
-// hook did not fire in this pass: unused parameters, or ones used only in earlier no_sync
-// microbatches), waits for all of them in bucket order and copies the averages back into .grad
-// (in place, in the gradient's dtype). Call it once per optimizer step, after the last backward.
-// In overlap mode a gradient is copied when its hook fires, so changes made to .grad between the
-// last backward and finish() are overwritten: transformations that commute with the average go
-// after finish() — in particular allreduce_sequence_parallel_gradients (NxD runs it before the
-// DP all-reduce; sum over TP and mean over DP commute).
+//   overlap: a hook on every parameter (autograd::register_hook) counts its final gradient of the
+//            pass; when every gradient of a bucket has arrived the bucket's non-blocking reduction
+//            is launched, so communication overlaps the rest of backward. Buckets are always
+//            launched in bucket order (a bucket that fills early waits for the ones before it), so
+//            every rank issues the same collectives in the same order.
+//   at_step: hooks do nothing; finish() launches every bucket.
+// finish() launches the buckets not launched yet, waits for all of them in bucket order and gives
+// the results (above). Call it once per optimizer step, after the last backward. Anything that
+// changes .grad between the last backward and finish() must commute with the reduction in overlap
+// mode (a bucket may already be on its way): allreduce_sequence_parallel_gradients does (sum over
+// TP and mean over DP commute), so it runs after finish() there; use at_step otherwise.
 //
-// Cost: the copies into and out of the buckets are charged to the rank's cost model (sim) as
-// memory traffic; the all-reduces run on the comm stream and overlap the compute charged after
-// their launch.
+// Cost: the reductions run on the comm stream and overlap the compute charged after their launch;
+// there are no bucket copies to charge. A .grad that is not its bucket slice when its bucket is
+// launched (set by hand, or computed before the GradSync existed) is copied into the slice and
+// .grad re-pointed to it (copied_bytes() counts these copies; normally 0).
 //
-// Missing gradients: a parameter without .grad on a rank contributes zeros to the average. After
+// Missing gradients: a parameter without .grad on a rank contributes zeros. After an all_reduce
 // finish() it has the average as .grad if any rank of the group had a gradient for it, and keeps
 // no .grad if no rank had one (so the optimizer skips it on every replica alike, as on one rank).
 //
@@ -38,19 +50,24 @@
 // backward in set_sync(false) (or a NoSync guard) so only the last pass launches reductions; a
 // parameter whose gradient becomes ready twice with sync on before finish() is an error
 // (InvalidArgument naming it). finish() reduces whatever is accumulated, whatever the sync flag.
+// Zero the gradients between steps with zero_grad(set_to_none = true) (the slices stay the
+// parameters' gradient buffers).
 //
-// Determinism: the bucket layout, the launch order and the backends' fixed reduction order
-// (sim: rank order) make the averages bitwise identical on every rank, every run, and in both
-// modes. The graph must have the same structure on every rank (as DDP requires): hooks fire
-// inside backward, between the model's own (e.g. tensor-parallel) collectives.
+// Determinism: the bucket layout, the launch order and the backends' fixed reduction order (sim:
+// rank order) make the results bitwise identical on every rank, every run, in both modes, and
+// bitwise those of averaging copies of the gradients (the reduction is elementwise). The graph must
+// have the same structure on every rank (as DDP requires): hooks fire inside backward, between the
+// model's own (e.g. tensor-parallel) collectives.
 //
 // Hooks fire on every backward pass that reaches a parameter, nxd::grad() included: run such
 // passes under no_sync() too.
 //
-// A DP group of one rank makes everything a no-op (no hooks are registered). The hooks stay on
-// the parameters after the GradSync is destroyed but then do nothing. Activation checkpointing:
-// see docs/DESIGN.md (a parameter used both inside and outside a checkpointed segment fires its
-// hook early; do not share such parameters with bucketing).
+// A group of one rank with all_reduce makes everything a no-op (no buffers, no hooks) unless bf16
+// gradients are accumulated in f32, which needs the buffers. The hooks stay on the parameters
+// after the GradSync is destroyed but then do nothing; the destructor removes the gradient
+// buffers (.grad keeps its memory). Activation checkpointing: see docs/DESIGN.md (a parameter used
+// both inside and outside a checkpointed segment fires its hook early; do not share such
+// parameters with bucketing).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -64,11 +81,15 @@ namespace nxd::optim {
 
 enum class GradSyncMode { overlap, at_step };
 const char* grad_sync_mode_name(GradSyncMode m);
+enum class DpReduction { all_reduce, reduce_scatter };
+const char* dp_reduction_name(DpReduction r);
 
 struct GradSyncOptions {
   int64_t bucket_bytes = int64_t{25} << 20;  // DDP's default bucket_cap_mb = 25
   GradSyncMode mode = GradSyncMode::overlap;
   std::shared_ptr<Communicator> group;  // null: the parallel_state DP group
+  DpReduction reduction = DpReduction::all_reduce;
+  bool fp32_grad_acc = false;  // bf16 parameters: f32 gradients (see above)
 };
 
 class GradSync {
@@ -98,17 +119,38 @@ class GradSync {
   };
   NoSync no_sync() { return NoSync(*this); }
 
-  // Completes the averaging of every parameter's gradient (see above).
+  // Completes the reduction of every parameter's gradient (see above).
   void finish();
 
   // ---- introspection ----
   int dp_size() const;
   GradSyncMode mode() const;
+  DpReduction reduction() const;
   int64_t bucket_bytes() const;
   // Parameter indices (into the constructor's list) of each bucket, in bucket (launch) order.
   std::vector<std::vector<int>> bucket_layout() const;
   // Buckets launched so far in the current pass (reset by finish()).
   int launched_buckets() const;
+  // Bytes of gradients copied into bucket slices since construction (see Cost above).
+  int64_t copied_bytes() const;
+  // Whether gradients live in buckets at all (false: a one-rank all_reduce with nothing to do).
+  bool has_buckets() const;
+  // Bytes of the buckets (and reduce_scatter's shards): the gradients' memory.
+  int64_t buffer_bytes() const;
+
+  // ---- the layout, for an optimizer working on the reduced shards (ZeRO-1) ----
+  const std::vector<NamedParam>& params() const;
+  int num_buckets() const;
+  int bucket_of(int param) const;
+  int64_t offset_in_bucket(int param) const;  // elements from the bucket's start
+  // Elements of this rank's shard of bucket b (reduce_scatter: ceil(numel / n); all_reduce: the
+  // bucket's gradient elements).
+  int64_t shard_numel(int b) const;
+  // reduce_scatter, after finish(): this rank's averaged shard of bucket b, [shard_numel(b)]
+  // (bucket elements [rank * S, (rank + 1) * S)).
+  Tensor bucket_shard(int b) const;
+  // After finish(): whether any rank of the group had a gradient for parameter i in this step.
+  bool has_grad(int param) const;
 
   struct State;
 

@@ -33,6 +33,19 @@ struct bf16 {
     u += 0x7fffu + ((u >> 16) & 1u);
     return static_cast<uint16_t>(u >> 16);
   }
+  // Stochastic rounding (bf16SR): adds 16 bits of noise below the kept bits and truncates, so a
+  // value between two bf16 neighbours rounds away from zero with probability equal to its
+  // distance from the nearer-to-zero one (in units of the last place): E[round(x)] = x. NaN stays
+  // NaN (quiet), Inf stays Inf; like round to nearest, the largest finite magnitudes may round to
+  // Inf.
+  static uint16_t from_f32_stochastic(float f, uint16_t noise) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+    if ((u & 0x7fffffffu) == 0x7f800000u) return static_cast<uint16_t>(u >> 16);
+    u += noise;
+    return static_cast<uint16_t>(u >> 16);
+  }
   static float to_f32(uint16_t b) {
     uint32_t u = static_cast<uint32_t>(b) << 16;
     float f;

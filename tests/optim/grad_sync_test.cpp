@@ -220,43 +220,72 @@ TEST(GradSync, SecondReadyWithSyncOnIsAnError) {
   });
 }
 
+// bf16 gradients: reduced in f32 and rounded once (pure bf16), or accumulated and reduced in f32
+// with fp32_grad_acc (then .grad is f32); f64 in f64; one bucket per parameter dtype.
 TEST(GradSync, Bf16ReducedInF32AndF64Buckets) {
   constexpr int kDp = 4;
   constexpr int64_t N = 37;
   auto value = [](int r, int64_t i) { return 0.1 * (i + 1) * (r + 1) + 1.0 / (3 + i + r); };
-  run_ranks(kDp, [&] {
+  for (bool fp32_acc : {false, true}) {
+    SCOPED_TRACE(fp32_acc ? "fp32_grad_acc" : "bf16 gradients");
+    run_ranks(kDp, [&] {
+      parallel_state::initialize_model_parallel(1);
+      const int r = parallel_state::get_data_parallel_rank();
+      Tensor pb = zeros({N}, DType::bf16).set_requires_grad(true);
+      Tensor pd = zeros({N}, DType::f64).set_requires_grad(true);
+      Tensor pf = zeros({N}, DType::f32).set_requires_grad(true);
+      GradSync s({{"pb", pb}, {"pd", pd}, {"pf", pf}},
+                 {.mode = GradSyncMode::at_step, .fp32_grad_acc = fp32_acc});
+      EXPECT_EQ(s.bucket_layout().size(), 3u);  // f32 (pf), f64 (pd), bf16 (pb)
+      // the gradients arrive through backward: into the bucket slices
+      std::vector<double> vb(N);
+      for (int64_t i = 0; i < N; ++i) vb[i] = value(r, i);
+      Tensor gb = from_doubles(vb, {N}, DType::bf16);
+      backward(sum(mul(pb, gb)));
+      backward(sum(mul(pd, from_doubles(vb, {N}, DType::f64))));
+      if (r % 2 == 0) backward(sum(mul(pf, from_doubles(vb, {N}, DType::f32))));  // odd: none
+      EXPECT_EQ(pb.grad().dtype(), fp32_acc ? DType::f32 : DType::bf16);
+      s.finish();
+      EXPECT_EQ(s.copied_bytes(), 0);
+      std::vector<double> eb(N), ed(N), ef(N);
+      for (int64_t i = 0; i < N; ++i) {
+        float accb = 0, accf = 0;
+        double accd = 0;
+        for (int q = 0; q < kDp; ++q) {
+          accb += static_cast<float>(bf16(static_cast<float>(value(q, i))));
+          accd += value(q, i);
+          accf += q % 2 == 0 ? static_cast<float>(value(q, i)) : 0.0f;
+        }
+        eb[i] = fp32_acc ? accb / kDp : static_cast<float>(bf16(accb / kDp));  // rounded once
+        ed[i] = accd / kDp;
+        ef[i] = accf / kDp;
+      }
+      EXPECT_BITWISE_EQ(pb.grad(), from_doubles(eb, {N}, fp32_acc ? DType::f32 : DType::bf16));
+      EXPECT_BITWISE_EQ(pd.grad(), from_doubles(ed, {N}, DType::f64));
+      ASSERT_TRUE(pf.grad().defined());
+      EXPECT_BITWISE_EQ(pf.grad(), from_doubles(ef, {N}, DType::f32));
+    });
+  }
+}
+
+// A .grad that is not its bucket slice (set by hand, or computed before the GradSync existed) is
+// copied into the slice when its bucket launches, and .grad then is the slice.
+TEST(GradSync, GradSetByHandIsCopiedIntoItsSlice) {
+  run_ranks(2, [] {
     parallel_state::initialize_model_parallel(1);
     const int r = parallel_state::get_data_parallel_rank();
-    Tensor pb = zeros({N}, DType::bf16).set_requires_grad(true);
-    Tensor pd = zeros({N}, DType::f64).set_requires_grad(true);
-    Tensor pf = zeros({N}, DType::f32).set_requires_grad(true);
-    std::vector<double> vb(N);
-    for (int64_t i = 0; i < N; ++i) vb[i] = value(r, i);
-    Tensor gb = from_doubles(vb, {N}, DType::bf16), gd = from_doubles(vb, {N}, DType::f64);
-    pb.set_grad(gb);
-    pd.set_grad(gd);
-    // pf has no gradient on odd ranks
-    if (r % 2 == 0) pf.set_grad(from_doubles(vb, {N}, DType::f32));
-    GradSync s({{"pb", pb}, {"pd", pd}, {"pf", pf}}, {.mode = GradSyncMode::at_step});
-    EXPECT_EQ(s.bucket_layout().size(), 2u);  // f32 (pf, pb) and f64 (pd)
+    Tensor p = zeros({5}).set_requires_grad(true);
+    GradSync s({{"p", p}}, {.mode = GradSyncMode::at_step});
+    p.set_grad(from_doubles({1.0 + r, 2, 3, 4, 5 + r}, {5}));
     s.finish();
-    std::vector<double> eb(N), ed(N), ef(N);
-    for (int64_t i = 0; i < N; ++i) {
-      float accb = 0, accf = 0;
-      double accd = 0;
-      for (int q = 0; q < kDp; ++q) {
-        accb += static_cast<float>(bf16(static_cast<float>(value(q, i))));
-        accd += value(q, i);
-        accf += q % 2 == 0 ? static_cast<float>(value(q, i)) : 0.0f;
-      }
-      eb[i] = static_cast<float>(bf16(accb / kDp));  // rounded once
-      ed[i] = accd / kDp;
-      ef[i] = accf / kDp;
-    }
-    EXPECT_BITWISE_EQ(pb.grad(), from_doubles(eb, {N}, DType::bf16));
-    EXPECT_BITWISE_EQ(pd.grad(), from_doubles(ed, {N}, DType::f64));
-    ASSERT_TRUE(pf.grad().defined());
-    EXPECT_BITWISE_EQ(pf.grad(), from_doubles(ef, {N}, DType::f32));
+    EXPECT_EQ(s.copied_bytes(), 5 * 4);
+    EXPECT_BITWISE_EQ(p.grad(), from_doubles({1.5, 2, 3, 4, 5.5}, {5}));
+    // the next pass goes straight into the slice
+    p.set_grad(Tensor());
+    backward(sum(mul(p, from_doubles({1.0 + r, 0, 0, 0, 0}, {5}))));
+    s.finish();
+    EXPECT_EQ(s.copied_bytes(), 5 * 4);
+    EXPECT_BITWISE_EQ(p.grad(), from_doubles({1.5, 0, 0, 0, 0}, {5}));
   });
 }
 
@@ -305,7 +334,9 @@ TEST(GradSync, TiedWeightIsAveragedOnce) {
     child->register_parameter("w", w);
     m.register_module("child", child);
     m.init_parameters(kSeed);
-    GradSync s(m, {.bucket_bytes = 16});
+    // at_step: in overlap mode the bucket (w's .grad itself) may already be averaging when
+    // backward returns
+    GradSync s(m, {.bucket_bytes = 16, .mode = GradSyncMode::at_step});
     ASSERT_EQ(s.bucket_layout().size(), 1u);
     Tensor x = randn({2, 3}, 300 + r);
     backward(add(sum(matmul(x, w)), sum(mul(w, w))));  // two uses, one gradient
