@@ -1,4 +1,5 @@
-// SGD and AdamW over contiguous f32/f64 parameters: one pass per parameter, scalars in double.
+// SGD and AdamW over contiguous f32/f64/bf16 parameters: one pass per parameter, scalars in double;
+// bf16 parameters through f32 working values (optim/precision.h).
 #include "nxd/optim/optimizer.h"
 
 #include <algorithm>
@@ -6,7 +7,7 @@
 #include <functional>
 
 #include "nxd/optim/adamw_update.h"
-#include "nxd/runtime/kernels/parallel_rows.h"
+#include "nxd/optim/items.h"
 
 namespace nxd::optim {
 
@@ -35,7 +36,7 @@ std::vector<Tensor> params_of(const std::vector<NamedParam>& named) {
   return out;
 }
 
-Optimizer::Optimizer(std::vector<ParamGroup> groups, const char* kind)
+Optimizer::Optimizer(std::vector<ParamGroup> groups, const char* kind, PrecisionOptions precision)
     : groups_(std::move(groups)), kind_(kind) {
   for (const auto& g : groups_) {
     NXD_CHECK(g.lr >= 0 && std::isfinite(g.lr), "[", kind_, "] group '", g.name,
@@ -44,13 +45,66 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const char* kind)
               "': weight_decay must be >= 0, got ", g.weight_decay);
     for (const auto& p : g.params) {
       NXD_CHECK(p.param.defined(), "[", kind_, "] parameter '", p.name, "' is undefined");
-      NXD_CHECK(p.param.dtype() == DType::f32 || p.param.dtype() == DType::f64, "[", kind_,
-                "] parameter '", p.name, "' is ", p.param.desc(),
-                "; only f32/f64 parameters are supported (bf16 needs f32 master weights)");
+      NXD_CHECK(is_floating(p.param.dtype()), "[", kind_, "] parameter '", p.name, "' is ",
+                p.param.desc(), "; parameters must be f32, f64 or bf16");
       NXD_CHECK(p.param.is_contiguous() && !p.param.is_meta(), "[", kind_, "] parameter '", p.name,
                 "' must be a contiguous host tensor, got ", p.param.desc());
     }
   }
+  Optimizer::set_precision(precision);
+}
+
+void Optimizer::set_precision(const PrecisionOptions& p) {
+  NXD_CHECK(steps_ == 0, "[", kind_, "] set_precision() after ", steps_,
+            " step(s): precision is chosen before the first step");
+  const bool had = precision_.master_weights;
+  precision_ = p;
+  if (had == p.master_weights) return;
+  if (had)  // drop the master copies
+    std::erase_if(state_, [](const auto& kv) { return kv.first.ends_with(".master"); });
+  if (!p.master_weights) return;
+  NoGradGuard ng;
+  for (const auto& g : groups_)
+    for (const auto& np : g.params)
+      if (np.param.dtype() == DType::bf16) add_state(np, "master", false).copy_(np.param.detach());
+}
+
+Tensor Optimizer::master(const NamedParam& p) const {
+  if (!precision_.master_weights || p.param.dtype() != DType::bf16) return Tensor();
+  const std::string name = p.name + ".master";
+  for (const auto& [n, t] : state_)
+    if (n == name) return t;
+  return Tensor();
+}
+
+Optimizer::Working Optimizer::working(const NamedParam& p, int64_t t) const {
+  Working w;
+  if (p.param.dtype() != DType::bf16) {
+    w.values = p.param.detach();
+    return w;
+  }
+  w.round_to = p.param.detach();
+  w.values = master(p);
+  if (!w.values.defined()) w.values = p.param.detach().to(DType::f32);
+  w.stochastic = precision_.stochastic_rounding;
+  if (w.stochastic) w.noise = RoundingNoise(precision_.seed, p.name, t);
+  return w;
+}
+
+void Optimizer::Working::write_back(int64_t b, int64_t e) const {
+  if (!round_to.defined()) return;
+  round_to_bf16(round_to.data<bf16>() + b, values.data<float>() + b, e - b,
+                stochastic ? &noise : nullptr, b);
+}
+
+Tensor Optimizer::update_grad(const NamedParam& p) const {
+  Tensor g = p.param.grad();
+  if (!g.defined()) return g;
+  NXD_CHECK(g.shape() == p.param.shape(), "[", kind_, "] gradient of '", p.name, "' is ", g.desc(),
+            ", parameter is ", p.param.desc());
+  const DType want = p.param.dtype() == DType::bf16 ? DType::f32 : p.param.dtype();
+  if (g.dtype() != want) g = g.to(want);
+  return g.contiguous();
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -77,23 +131,14 @@ std::vector<NamedParam> Optimizer::named_parameters() const {
 }
 
 Tensor Optimizer::add_state(const NamedParam& p, const std::string& what, bool scalar_step) {
-  Tensor t = scalar_step ? zeros({}, DType::i64) : zeros(p.param.shape(), p.param.dtype());
+  const DType dt = p.param.dtype() == DType::bf16 ? DType::f32 : p.param.dtype();
+  Tensor t = scalar_step ? zeros({}, DType::i64) : zeros(p.param.shape(), dt);
   t.set_name(p.name + "." + what);
   state_.emplace_back(t.name(), t);
   return t;
 }
 
 namespace {
-
-// The gradient of p as a contiguous tensor of p's dtype and shape, or undefined if none.
-Tensor grad_for_update(const NamedParam& p, const char* kind) {
-  Tensor g = p.param.grad();
-  if (!g.defined()) return g;
-  NXD_CHECK(g.shape() == p.param.shape(), "[", kind, "] gradient of '", p.name, "' is ", g.desc(),
-            ", parameter is ", p.param.desc());
-  if (g.dtype() != p.param.dtype()) g = g.to(p.param.dtype());
-  return g.contiguous();
-}
 
 template <class T>
 void sgd_update(T* p, const T* g, T* buf, int64_t n, bool first, double lr, double wd,
@@ -116,30 +161,10 @@ void sgd_update(T* p, const T* g, T* buf, int64_t n, bool first, double lr, doub
   }
 }
 
-// Elements per work item of the optimizer and norm loops over all parameters.
-constexpr int64_t kItem = 16384;
-
-// Runs the element ranges of several tensors' jobs as one parallel loop: job j covers
-// [0, sizes[j]) and is cut into items of kItem elements; fn(j, begin, end) per item.
-void for_each_item(const std::vector<int64_t>& sizes, int64_t cost,
-                   const std::function<void(size_t, int64_t, int64_t)>& fn) {
-  struct Item {
-    size_t job;
-    int64_t begin, end;
-  };
-  std::vector<Item> items;
-  for (size_t j = 0; j < sizes.size(); ++j)
-    for (int64_t b = 0; b < sizes[j]; b += kItem)
-      items.push_back({j, b, std::min(sizes[j], b + kItem)});
-  kernels::for_rows(static_cast<int64_t>(items.size()), kItem * cost, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) fn(items[i].job, items[i].begin, items[i].end);
-  });
-}
-
 }  // namespace
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions opts)
-    : Optimizer(std::move(groups), "SGD"), opts_(opts) {
+    : Optimizer(std::move(groups), "SGD", opts.precision), opts_(opts) {
   NXD_CHECK(opts_.momentum >= 0, "[SGD] momentum must be >= 0, got ", opts_.momentum);
   NXD_CHECK(!opts_.nesterov || (opts_.momentum > 0 && opts_.dampening == 0),
             "[SGD] Nesterov momentum requires momentum > 0 and dampening == 0, got momentum=",
@@ -163,7 +188,7 @@ void SGD::step() {
     const ParamGroup& grp = groups_[gi];
     for (size_t pi = 0; pi < grp.params.size(); ++pi) {
       const NamedParam& np = grp.params[pi];
-      Tensor g = grad_for_update(np, "SGD");
+      Tensor g = update_grad(np);
       if (!g.defined()) continue;
       Slot& s = slots_[gi][pi];
       bool first = false;
@@ -172,20 +197,22 @@ void SGD::step() {
         first = *t == 0;
         ++*t;
       }
-      dispatch(np.param.dtype(), [&]<class T>() {
-        if constexpr (std::is_floating_point_v<T>) {
-          sgd_update<T>(np.param.data<T>(), g.data<T>(),
+      const Working w = working(np, steps_ + 1);
+      dispatch(w.values.dtype(), [&]<class T>() {
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+          sgd_update<T>(w.values.data<T>(), g.data<T>(),
                         s.buf.defined() ? s.buf.data<T>() : nullptr, np.param.numel(), first,
                         grp.lr, grp.weight_decay, opts_.momentum, opts_.dampening, opts_.nesterov);
         }
       });
+      w.write_back(0, np.param.numel());
     }
   }
   ++steps_;
 }
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
-    : Optimizer(std::move(groups), "AdamW"), opts_(opts) {
+    : Optimizer(std::move(groups), "AdamW", opts.precision), opts_(opts) {
   NXD_CHECK(opts_.beta1 >= 0 && opts_.beta1 < 1, "[AdamW] beta1 must be in [0, 1), got ",
             opts_.beta1);
   NXD_CHECK(opts_.beta2 >= 0 && opts_.beta2 < 1, "[AdamW] beta2 must be in [0, 1), got ",
@@ -203,9 +230,20 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
   }
 }
 
+void AdamW::set_precision(const PrecisionOptions& p) {
+  Optimizer::set_precision(p);
+  opts_.precision = p;
+}
+
+void SGD::set_precision(const PrecisionOptions& p) {
+  Optimizer::set_precision(p);
+  opts_.precision = p;
+}
+
 void AdamW::step() {
   NoGradGuard ng;
   std::vector<Tensor> grads;  // keeps the contiguous gradients alive during the update
+  std::vector<Working> work;  // where each job's update runs (and its rounding into bf16)
   std::vector<detail::AdamWUpdate<float>> f32;
   std::vector<detail::AdamWUpdate<double>> f64;
   std::vector<int64_t> sizes;
@@ -214,131 +252,35 @@ void AdamW::step() {
     const ParamGroup& grp = groups_[gi];
     for (size_t pi = 0; pi < grp.params.size(); ++pi) {
       const NamedParam& np = grp.params[pi];
-      Tensor g = grad_for_update(np, "AdamW");
+      Tensor g = update_grad(np);
       if (!g.defined()) continue;
       Slot& s = slots_[gi][pi];
       int64_t t = ++*s.step.data<int64_t>();
       if (np.param.numel() == 0) continue;
       grads.push_back(g);
       sizes.push_back(np.param.numel());
-      if (np.param.dtype() == DType::f32) {
+      const Working& w = work.emplace_back(working(np, t));
+      if (w.values.dtype() == DType::f32) {
         jobs.push_back({0, f32.size()});
-        f32.emplace_back(np.param.data<float>(), g.data<float>(), s.m.data<float>(),
+        f32.emplace_back(w.values.data<float>(), g.data<float>(), s.m.data<float>(),
                          s.v.data<float>(), grp.lr, grp.weight_decay, opts_.beta1, opts_.beta2,
                          opts_.eps, t);
       } else {
         jobs.push_back({1, f64.size()});
-        f64.emplace_back(np.param.data<double>(), g.data<double>(), s.m.data<double>(),
+        f64.emplace_back(w.values.data<double>(), g.data<double>(), s.m.data<double>(),
                          s.v.data<double>(), grp.lr, grp.weight_decay, opts_.beta1, opts_.beta2,
                          opts_.eps, t);
       }
     }
   }
-  for_each_item(sizes, 8, [&](size_t j, int64_t b, int64_t e) {
+  detail::for_each_item(sizes, 8, [&](size_t j, int64_t b, int64_t e) {
     if (jobs[j].first == 0)
       f32[jobs[j].second](b, e);
     else
       f64[jobs[j].second](b, e);
+    work[j].write_back(b, e);
   });
   ++steps_;
-}
-
-// ---- norms ----
-
-double grad_stat(const Tensor& grad, bool inf) {
-  Tensor g = grad.contiguous();
-  NXD_CHECK(is_floating(g.dtype()), "[grad_norm] gradient ", g.desc(), " is not floating point");
-  // 1024-element blocks, each into its own double partial (8 interleaved lanes, so the loop
-  // vectorizes, combined pairwise); the partials are added in block order
-  constexpr int64_t kPart = 1024, kLanes = 8;
-  const int64_t n = g.numel();
-  std::vector<double> part(kernels::num_chunks(n, kPart));
-  auto run = [&](auto load) {
-    kernels::for_chunks(n, kPart, 2, [&](int64_t c, int64_t i0, int64_t i1) {
-      double acc[kLanes] = {};
-      int64_t i = i0;
-      if (inf) {
-        for (; i < i1; ++i) acc[0] = std::max(acc[0], std::abs(load(i)));
-        part[c] = acc[0];
-        return;
-      }
-      for (; i + kLanes <= i1; i += kLanes)
-        for (int64_t l = 0; l < kLanes; ++l) {
-          const double x = load(i + l);
-          acc[l] += x * x;
-        }
-      for (int64_t w = kLanes / 2; w > 0; w /= 2)
-        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
-      for (; i < i1; ++i) {
-        const double x = load(i);
-        acc[0] += x * x;
-      }
-      part[c] = acc[0];
-    });
-  };
-  dispatch(g.dtype(), [&]<class T>() {
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                  std::is_same_v<T, bf16>) {
-      const T* d = g.data<T>();
-      if constexpr (std::is_same_v<T, bf16>)
-        run([d](int64_t i) { return static_cast<double>(static_cast<float>(d[i])); });
-      else
-        run([d](int64_t i) { return static_cast<double>(d[i]); });
-    }
-  });
-  double s = 0;
-  for (double p : part) s = inf ? std::max(s, p) : s + p;
-  return s;
-}
-
-double grad_norm(const std::vector<Tensor>& params, double norm_type) {
-  NXD_CHECK(norm_type == kInfNorm || norm_type == 2.0,
-            "[grad_norm] norm_type must be 2 or kInfNorm (-1), got ", norm_type);
-  NoGradGuard ng;
-  const bool inf = norm_type == kInfNorm;
-  double acc = 0.0;
-  for (const auto& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    const double s = grad_stat(g, inf);
-    acc = inf ? std::max(acc, s) : acc + s;
-  }
-  return inf ? acc : std::sqrt(acc);
-}
-
-void scale_grads(const std::vector<Tensor>& params, double coef) {
-  NoGradGuard ng;
-  std::vector<Tensor> fast;
-  std::vector<int64_t> sizes;
-  for (const auto& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (g.is_contiguous() && (g.dtype() == DType::f32 || g.dtype() == DType::f64)) {
-      fast.push_back(g);
-      sizes.push_back(g.numel());
-    } else {
-      std::vector<double> v = g.to_vector();
-      for (auto& x : v) x *= coef;
-      g.copy_(from_doubles(v, g.shape(), DType::f64));
-    }
-  }
-  for_each_item(sizes, 1, [&](size_t j, int64_t b, int64_t e) {
-    dispatch(fast[j].dtype(), [&]<class T>() {
-      if constexpr (std::is_floating_point_v<T>) {
-        T* d = fast[j].data<T>();
-        const T c = static_cast<T>(coef);
-        for (int64_t i = b; i < e; ++i) d[i] *= c;
-      }
-    });
-  });
-}
-
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double norm_type) {
-  NXD_CHECK(max_norm > 0, "[clip_grad_norm] max_norm must be > 0, got ", max_norm);
-  const double total = grad_norm(params, norm_type);
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) scale_grads(params, coef);
-  return total;
 }
 
 }  // namespace nxd::optim

@@ -10,13 +10,15 @@
 //
 // Precision: the update is one vectorizable pass over contiguous f32 (or f64) parameter, grad
 // and state; scalars are computed in double and rounded to the parameter type once, as torch
-// does. bf16 parameters are rejected for now (mixed precision with f32 master weights comes with
-// the NxD training API); state is always in the parameter's dtype.
+// does. bf16 parameters (mixed precision) are updated in f32 with f32 state, on an f32 master copy
+// or on their own value, rounded to nearest or stochastically (optim/precision.h); f32 gradients
+// of bf16 parameters (f32 gradient accumulation) are used as they are.
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "nxd/optim/precision.h"
 #include "nxd/runtime/tensor.h"
 
 namespace nxd::optim {
@@ -44,7 +46,9 @@ bool is_no_decay_param(const std::string& name);
 
 class Optimizer {
  public:
-  explicit Optimizer(std::vector<ParamGroup> groups, const char* kind);
+  // Parameters must be contiguous host tensors of f32, f64 or bf16 (InvalidArgument naming the
+  // parameter otherwise).
+  Optimizer(std::vector<ParamGroup> groups, const char* kind, PrecisionOptions precision = {});
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -78,29 +82,57 @@ class Optimizer {
   virtual void release_state() {}
   const char* kind() const { return kind_; }
 
+  // How bf16 parameters are updated (optim/precision.h). Set before the first step; with
+  // master_weights each bf16 parameter gets its f32 copy ("<name>.master") from its current value.
+  virtual void set_precision(const PrecisionOptions& p);
+  const PrecisionOptions& precision() const { return precision_; }
+  // The f32 master copy of a bf16 parameter (undefined without master weights or for f32/f64).
+  Tensor master(const NamedParam& p) const;
+
  protected:
-  // Adds a named state tensor for parameter `p` (zeros like the parameter, or a scalar i64).
+  // Adds a named state tensor for parameter `p`: zeros like the parameter (f32 for a bf16
+  // parameter), or a scalar i64.
   Tensor add_state(const NamedParam& p, const std::string& what, bool scalar_step);
+
+  // An update of a bf16 parameter runs on f32 values: its master copy, or a copy of its value
+  // that write_back() rounds into the parameter. For f32/f64 parameters: the parameter itself.
+  struct Working {
+    Tensor values;    // f32 (bf16 parameters) or the parameter (f32/f64)
+    Tensor round_to;  // the bf16 parameter to round `values` into after the update, or undefined
+    RoundingNoise noise;
+    bool stochastic = false;
+    // Rounds elements [b, e) of values into round_to (nothing for f32/f64 parameters).
+    void write_back(int64_t b, int64_t e) const;
+  };
+  // `t` is the parameter's optimizer step (1 for the first), for the rounding noise.
+  Working working(const NamedParam& p, int64_t t) const;
+  // The gradient for the update: contiguous, the parameter's dtype for f32/f64 parameters, f32
+  // for bf16 ones; undefined if none. InvalidArgument on a shape mismatch.
+  Tensor update_grad(const NamedParam& p) const;
 
   std::vector<ParamGroup> groups_;
   std::vector<std::pair<std::string, Tensor>> state_;
   int64_t steps_ = 0;
   const char* kind_;
+  PrecisionOptions precision_;
 };
 
 struct SGDOptions {
   double momentum = 0.0;
   double dampening = 0.0;
   bool nesterov = false;  // needs momentum > 0 and dampening == 0 (torch's rule)
+  PrecisionOptions precision;
 };
 
 // torch.optim.SGD:  g = grad + wd * p;  with momentum: buf = g (first step) else
 // buf = momentum * buf + (1 - dampening) * g;  g = nesterov ? g + momentum * buf : buf;
-// p -= lr * g.   State: "<name>.momentum_buffer", "<name>.step" (momentum > 0 only).
+// p -= lr * g.   State: "<name>.momentum_buffer", "<name>.step" (momentum > 0 only), and
+// "<name>.master" for a bf16 parameter with master weights.
 class SGD : public Optimizer {
  public:
   SGD(std::vector<ParamGroup> groups, SGDOptions opts = {});
   void step() override;
+  void set_precision(const PrecisionOptions& p) override;
   const SGDOptions& options() const { return opts_; }
 
  private:
@@ -115,6 +147,7 @@ struct AdamWOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+  PrecisionOptions precision;
 };
 
 // torch.optim.AdamW (decoupled weight decay, bias correction, eps outside the sqrt), per
@@ -122,11 +155,13 @@ struct AdamWOptions {
 //   p *= 1 - lr * wd
 //   m = b1 * m + (1 - b1) * g;   v = b2 * v + (1 - b2) * g * g
 //   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-// State: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step" (i64 scalar).
+// State: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step" (i64 scalar), and "<name>.master"
+// for a bf16 parameter with master weights.
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, AdamWOptions opts = {});
   void step() override;
+  void set_precision(const PrecisionOptions& p) override;
   const AdamWOptions& options() const { return opts_; }
 
  private:

@@ -7,19 +7,29 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/optim/adamw_update.h"
+#include "nxd/optim/items.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::optim {
 
 namespace {
 
-// One parameter's place in the flat buffer and what the norm and the update need of it.
+// One parameter: its place in the gradient buckets and what the norm and the update need of it.
 struct Segment {
   NamedParam p;
+  int bucket = 0;
+  int64_t offset = 0, size = 0;  // elements in the bucket
   int group = 0;
-  int64_t offset = 0, size = 0;
   double norm_weight = 1.0;  // 0: not counted on this rank (TP duplicate, shared)
   int64_t step = 0;
+};
+
+// This rank's shard of one bucket: bucket elements [begin, begin + size), at `flat` in the rank's
+// flat state (exp_avg, exp_avg_sq, masters).
+struct Shard {
+  int64_t begin = 0, size = 0, flat = 0;
+  DType param_dtype = DType::f32;
+  std::vector<int> segs;  // segments of the bucket
 };
 
 }  // namespace
@@ -27,16 +37,43 @@ struct Segment {
 struct Zero1AdamW::Impl {
   Zero1Options opts;
   std::shared_ptr<Communicator> dp;
-  std::vector<Segment> segs;
-  int64_t total = 0, shard = 0;  // padded total = shard * dp
-  Tensor m, v;                   // [shard]
-  Tensor grad_shard;             // [shard]: the reduced gradient of this step (undefined: none)
-  std::vector<bool> has_grad;    // per segment, on some DP rank (with grad_shard)
+  std::unique_ptr<GradSync> sync;
+  std::vector<Segment> segs;  // in the GradSync's parameter order
+  std::vector<Shard> shards;  // per bucket
+  int64_t total = 0;          // sum of the shards
+  Tensor m, v;                // [total] f32
+  Tensor master;              // [total] f32 with master weights (bf16 buckets' parts)
+  std::vector<Tensor> grad;   // per bucket, after reduce_gradients(): the f32 averaged shard
+  bool reduced = false;
 
-  int64_t begin() const { return static_cast<int64_t>(dp->rank()) * shard; }
-  // The part of segment s inside this rank's shard: [lo, hi) in flat coordinates.
+  // The part of segment s inside its bucket's shard: [lo, hi) in bucket coordinates.
   std::pair<int64_t, int64_t> overlap(const Segment& s) const {
-    return {std::max(s.offset, begin()), std::min(s.offset + s.size, begin() + shard)};
+    const Shard& sh = shards[static_cast<size_t>(s.bucket)];
+    return {std::max(s.offset, sh.begin), std::min(s.offset + s.size, sh.begin + sh.size)};
+  }
+  bool has_master(const Shard& sh, const PrecisionOptions& p) const {
+    return p.master_weights && sh.param_dtype == DType::bf16;
+  }
+  // Copies the shard's parameter values (as f32) into dst [sh.size]; padding stays as it is.
+  void read_params(const Shard& sh, float* dst) const {
+    for (int i : sh.segs) {
+      const Segment& s = segs[static_cast<size_t>(i)];
+      const auto [lo, hi] = overlap(s);
+      if (hi > lo)
+        convert(dst + (lo - sh.begin), DType::f32,
+                static_cast<const char*>(s.p.param.raw_data()) +
+                    (lo - s.offset) * dtype_size(sh.param_dtype),
+                sh.param_dtype, hi - lo);
+    }
+  }
+  void init_masters(const PrecisionOptions& p) {
+    master = Tensor();
+    bool any = false;
+    for (const Shard& sh : shards) any = any || has_master(sh, p);
+    if (!any) return;
+    master = zeros({total});
+    for (const Shard& sh : shards)
+      if (has_master(sh, p)) read_params(sh, master.data<float>() + sh.flat);
   }
 };
 
@@ -52,82 +89,118 @@ Zero1AdamW::Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts)
          : parallel_state::model_parallel_is_initialized()
              ? parallel_state::get_data_parallel_group_ptr()
              : make_self_communicator();
+  // the parameters' groups, and the buckets' order
+  std::map<const TensorImpl*, int> group_of;
+  std::vector<NamedParam> order;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (const NamedParam& p : groups_[g].params) {
+      NXD_CHECK(p.param.dtype() == DType::f32 || p.param.dtype() == DType::bf16,
+                "[Zero1AdamW] parameter '", p.name, "' is ", p.param.desc(),
+                ": ZeRO-1 shards f32 and bf16 parameters");
+      group_of[p.param.impl()] = static_cast<int>(g);
+      order.push_back(p);
+    }
+  if (!I.opts.registration_order.empty()) {
+    NXD_CHECK(I.opts.registration_order.size() == order.size(),
+              "[Zero1AdamW] registration_order "
+              "lists ",
+              I.opts.registration_order.size(), " parameters, the groups ", order.size());
+    for (const NamedParam& p : I.opts.registration_order)
+      NXD_CHECK(group_of.count(p.param.impl()), "[Zero1AdamW] registration_order's parameter '",
+                p.name, "' is in no parameter group");
+    order = I.opts.registration_order;
+  }
+  GradSyncOptions go;
+  go.bucket_bytes = I.opts.bucket_bytes;
+  go.mode = I.opts.mode;
+  go.group = I.dp;
+  go.reduction = DpReduction::reduce_scatter;
+  go.fp32_grad_acc = I.opts.fp32_grad_acc;
+  I.sync = std::make_unique<GradSync>(order, go);
+  const GradSync& sync = *I.sync;
+
   std::map<std::string, const NormParam*> attrs;
   for (const auto& np : I.opts.norm_params) attrs[np.name] = &np;
   const auto& tp = I.opts.norm_groups.tp;
   const int tp_size = tp ? tp->size() : 1, tp_rank = tp ? tp->rank() : 0;
-  for (size_t g = 0; g < groups_.size(); ++g)
-    for (const NamedParam& p : groups_[g].params) {
-      NXD_CHECK(p.param.dtype() == DType::f32, "[Zero1AdamW] parameter '", p.name, "' is ",
-                p.param.desc(), ": ZeRO-1 shards f32 parameters only");
-      Segment s{p, static_cast<int>(g), I.total, p.param.numel()};
-      if (auto it = attrs.find(p.name); it != attrs.end()) {
-        const NormParam& n = *it->second;
-        const bool sharded = n.attrs.tensor_model_parallel && tp_size > 1;
-        s.norm_weight = n.shared || (!sharded && tp_rank != 0)
-                            ? 0.0
-                            : 1.0 / static_cast<double>(sharded ? n.attrs.kv_replicas : 1);
-      }
-      I.total += s.size;
-      I.segs.push_back(s);
+  const int nb = sync.num_buckets();
+  I.shards.resize(static_cast<size_t>(nb));
+  for (int b = 0; b < nb; ++b) {
+    Shard& sh = I.shards[static_cast<size_t>(b)];
+    sh.size = sync.shard_numel(b);
+    sh.begin = I.dp->rank() * sh.size;
+    sh.flat = I.total;
+    I.total += sh.size;
+  }
+  for (size_t i = 0; i < sync.params().size(); ++i) {
+    const NamedParam& p = sync.params()[i];
+    Segment s{p, sync.bucket_of(static_cast<int>(i)), sync.offset_in_bucket(static_cast<int>(i)),
+              p.param.numel(), group_of.at(p.param.impl())};
+    if (auto it = attrs.find(p.name); it != attrs.end()) {
+      const NormParam& n = *it->second;
+      const bool sharded = n.attrs.tensor_model_parallel && tp_size > 1;
+      s.norm_weight = n.shared || (!sharded && tp_rank != 0)
+                          ? 0.0
+                          : 1.0 / static_cast<double>(sharded ? n.attrs.kv_replicas : 1);
     }
-  const int n = I.dp->size();
-  I.shard = (I.total + n - 1) / n;
-  I.m = zeros({I.shard});
-  I.v = zeros({I.shard});
+    Shard& sh = I.shards[static_cast<size_t>(s.bucket)];
+    sh.param_dtype = p.param.dtype();  // a bucket holds one parameter dtype
+    sh.segs.push_back(static_cast<int>(i));
+    I.segs.push_back(std::move(s));
+  }
+  I.m = zeros({I.total});
+  I.v = zeros({I.total});
+  Zero1AdamW::set_precision(I.opts.adamw.precision);
 }
 
 Zero1AdamW::~Zero1AdamW() = default;
+
+void Zero1AdamW::set_precision(const PrecisionOptions& p) {
+  NXD_CHECK(steps_ == 0, "[Zero1AdamW] set_precision() after ", steps_, " step(s)");
+  precision_ = p;  // the masters live in the shards, not in state_tensors()
+  impl_->opts.adamw.precision = p;
+  impl_->init_masters(p);
+}
 
 int Zero1AdamW::dp_size() const {
   return impl_->dp->size();
 }
 int64_t Zero1AdamW::shard_elements() const {
-  return impl_->shard;
+  return impl_->total;
 }
 int64_t Zero1AdamW::state_bytes() const {
-  return impl_->m.nbytes() + impl_->v.nbytes();
+  const Impl& I = *impl_;
+  return I.m.nbytes() + I.v.nbytes() + (I.master.defined() ? I.master.nbytes() : 0);
+}
+GradSync& Zero1AdamW::grad_sync() {
+  return *impl_->sync;
 }
 
 void Zero1AdamW::reduce_gradients() {
   Impl& I = *impl_;
   NoGradGuard ng;
-  const int n = I.dp->size();
-  std::vector<double> has(I.segs.size());
-  Tensor flat = zeros({I.shard * n});
-  float* f = flat.data<float>();
-  for (size_t i = 0; i < I.segs.size(); ++i) {
-    const Segment& s = I.segs[i];
-    Tensor g = s.p.param.grad();
-    if (!g.defined()) continue;
-    NXD_CHECK_SHAPE(g.shape() == s.p.param.shape(), "[Zero1AdamW] gradient of '", s.p.name, "' is ",
-                    g.desc(), ", parameter is ", s.p.param.desc());
-    has[i] = 1.0;
-    Tensor c = g.to(DType::f32).contiguous();
-    std::copy_n(c.data<float>(), s.size, f + s.offset);
+  I.sync->finish();
+  I.grad.clear();
+  for (int b = 0; b < I.sync->num_buckets(); ++b) {
+    Tensor g = I.sync->bucket_shard(b);
+    I.grad.push_back(g.dtype() == DType::f32 ? g : g.to(DType::f32));
   }
-  if (n > 1)
-    I.dp->all_reduce(has.data(), has.data(), static_cast<int64_t>(has.size()), DType::f64,
-                     ReduceOp::max);
-  I.has_grad.assign(I.segs.size(), false);
-  for (size_t i = 0; i < has.size(); ++i) I.has_grad[i] = has[i] > 0;
-  I.grad_shard = zeros({I.shard});
-  if (n > 1)
-    I.dp->reduce_scatter(f, I.grad_shard.data<float>(), I.shard, DType::f32, ReduceOp::avg);
-  else
-    std::copy_n(f, I.shard, I.grad_shard.data<float>());
+  I.reduced = true;
 }
 
 double Zero1AdamW::clip_grad_norm(double max_norm) {
   Impl& I = *impl_;
-  if (!I.grad_shard.defined()) reduce_gradients();
+  if (!I.reduced) reduce_gradients();
   NoGradGuard ng;
   double total = 0;
   for (size_t i = 0; i < I.segs.size(); ++i) {
     const Segment& s = I.segs[i];
     const auto [lo, hi] = I.overlap(s);
-    if (!I.has_grad[i] || hi <= lo || s.norm_weight == 0) continue;
-    total += grad_stat(I.grad_shard.narrow(0, lo - I.begin(), hi - lo), false) * s.norm_weight;
+    if (!I.sync->has_grad(static_cast<int>(i)) || hi <= lo || s.norm_weight == 0) continue;
+    const Shard& sh = I.shards[static_cast<size_t>(s.bucket)];
+    total +=
+        grad_stat(I.grad[static_cast<size_t>(s.bucket)].narrow(0, lo - sh.begin, hi - lo), false) *
+        s.norm_weight;
   }
   for (const auto& g : {I.opts.norm_groups.tp, I.opts.norm_groups.pp, I.dp})
     if (g && g->size() > 1) g->all_reduce(&total, &total, 1, DType::f64, ReduceOp::sum);
@@ -135,9 +208,13 @@ double Zero1AdamW::clip_grad_norm(double max_norm) {
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
     if (coef < 1.0) {
+      std::vector<int64_t> sizes;
+      for (const Tensor& g : I.grad) sizes.push_back(g.numel());
       const float c = static_cast<float>(coef);
-      float* g = I.grad_shard.data<float>();
-      for (int64_t k = 0; k < I.shard; ++k) g[k] *= c;
+      detail::for_each_item(sizes, 1, [&](size_t j, int64_t b, int64_t e) {
+        float* g = I.grad[j].data<float>();
+        for (int64_t k = b; k < e; ++k) g[k] *= c;
+      });
     }
   }
   return norm;
@@ -145,43 +222,76 @@ double Zero1AdamW::clip_grad_norm(double max_norm) {
 
 void Zero1AdamW::step() {
   Impl& I = *impl_;
-  if (!I.grad_shard.defined()) reduce_gradients();
+  if (!I.reduced) reduce_gradients();
   NoGradGuard ng;
   const int n = I.dp->size();
-  // this rank's shard of the parameters
-  Tensor flat = zeros({I.shard * n});
-  float* p = flat.data<float>() + I.begin();
-  for (const Segment& s : I.segs) {
-    const auto [lo, hi] = I.overlap(s);
-    if (hi > lo)
-      std::copy_n(s.p.param.contiguous().data<float>() + (lo - s.offset), hi - lo,
-                  p + (lo - I.begin()));
-  }
   const auto& a = I.opts.adamw;
-  for (size_t i = 0; i < I.segs.size(); ++i) {
-    Segment& s = I.segs[i];
-    if (!I.has_grad[i]) continue;
-    ++s.step;
-    const auto [lo, hi] = I.overlap(s);
-    if (hi <= lo) continue;
-    const int64_t k = lo - I.begin();
-    const ParamGroup& grp = groups_[static_cast<size_t>(s.group)];
-    detail::AdamWUpdate<float> up(p + k, I.grad_shard.data<float>() + k, I.m.data<float>() + k,
-                                  I.v.data<float>() + k, grp.lr, grp.weight_decay, a.beta1, a.beta2,
-                                  a.eps, s.step);
-    up(0, hi - lo);
+  for (size_t b = 0; b < I.shards.size(); ++b) {
+    const Shard& sh = I.shards[b];
+    // the shard's f32 values: the masters, or a copy of the parameters
+    Tensor work;
+    if (I.has_master(sh, precision_)) {
+      work = I.master.narrow(0, sh.flat, sh.size);
+    } else {
+      work = zeros({sh.size});
+      I.read_params(sh, work.data<float>());
+    }
+    // AdamW on the shard (per segment: its group's lr and wd, its own step count)
+    struct Job {
+      detail::AdamWUpdate<float> up;
+      int seg;
+      int64_t lo;  // bucket coordinate of the job's first element
+    };
+    std::vector<Job> jobs;
+    std::vector<int64_t> sizes;
+    float* w = work.data<float>();
+    float* g = I.grad[b].data<float>();
+    for (int i : sh.segs) {
+      Segment& s = I.segs[static_cast<size_t>(i)];
+      if (!I.sync->has_grad(i)) continue;
+      ++s.step;
+      const auto [lo, hi] = I.overlap(s);
+      if (hi <= lo) continue;
+      const int64_t k = lo - sh.begin;
+      const ParamGroup& grp = groups_[static_cast<size_t>(s.group)];
+      jobs.push_back({detail::AdamWUpdate<float>(w + k, g + k, I.m.data<float>() + sh.flat + k,
+                                                 I.v.data<float>() + sh.flat + k, grp.lr,
+                                                 grp.weight_decay, a.beta1, a.beta2, a.eps, s.step),
+                      i, lo});
+      sizes.push_back(hi - lo);
+    }
+    // the updated shard in the parameters' dtype (bf16: rounded as AdamW rounds each element)
+    Tensor send = sh.param_dtype == DType::f32 ? work : zeros({sh.size}, sh.param_dtype);
+    detail::for_each_item(sizes, 8, [&](size_t j, int64_t e0, int64_t e1) {
+      const Job& job = jobs[j];
+      job.up(e0, e1);
+      if (sh.param_dtype != DType::bf16) return;
+      const Segment& s = I.segs[static_cast<size_t>(job.seg)];
+      const int64_t k = job.lo - sh.begin;
+      const RoundingNoise noise(precision_.seed, s.p.name, s.step);
+      round_to_bf16(send.data<bf16>() + k + e0, w + k + e0, e1 - e0,
+                    precision_.stochastic_rounding ? &noise : nullptr, job.lo - s.offset + e0);
+    });
+    if (sh.param_dtype == DType::bf16)  // segments skipped this step keep their values
+      for (int i : sh.segs) {
+        const Segment& s = I.segs[static_cast<size_t>(i)];
+        const auto [lo, hi] = I.overlap(s);
+        if (!I.sync->has_grad(i) && hi > lo)
+          std::copy_n(s.p.param.data<bf16>() + (lo - s.offset), hi - lo,
+                      send.data<bf16>() + (lo - sh.begin));
+      }
+    // every rank's updated shard into every parameter
+    Tensor full = n > 1 ? zeros({sh.size * n}, sh.param_dtype) : send;
+    if (n > 1) I.dp->all_gather(send.raw_data(), full.raw_data(), sh.size, sh.param_dtype);
+    for (int i : sh.segs) {
+      const Segment& s = I.segs[static_cast<size_t>(i)];
+      Tensor dst = s.p.param.detach();
+      NXD_CHECK(dst.is_contiguous(), "[Zero1AdamW] parameter '", s.p.name, "' is not contiguous");
+      dst.view({s.size}).copy_(full.narrow(0, s.offset, s.size));
+    }
   }
-  // every rank's updated shard into every parameter
-  if (n > 1) {
-    Tensor mine = flat.narrow(0, I.begin(), I.shard).clone();
-    I.dp->all_gather(mine.data<float>(), flat.data<float>(), I.shard, DType::f32);
-  }
-  for (const Segment& s : I.segs) {
-    Tensor dst = s.p.param.detach();
-    NXD_CHECK(dst.is_contiguous(), "[Zero1AdamW] parameter '", s.p.name, "' is not contiguous");
-    std::copy_n(flat.data<float>() + s.offset, s.size, dst.data<float>());
-  }
-  I.grad_shard = Tensor();
+  I.grad.clear();
+  I.reduced = false;
   ++steps_;
 }
 
@@ -189,32 +299,50 @@ void Zero1AdamW::gather_state() {
   Impl& I = *impl_;
   NoGradGuard ng;
   const int n = I.dp->size();
-  Tensor m = zeros({I.shard * n}), v = zeros({I.shard * n});
-  I.dp->all_gather(I.m.data<float>(), m.data<float>(), I.shard, DType::f32);
-  I.dp->all_gather(I.v.data<float>(), v.data<float>(), I.shard, DType::f32);
   state_.clear();
-  for (const Segment& s : I.segs) {
-    Tensor em = add_state(s.p, "exp_avg", false), ev = add_state(s.p, "exp_avg_sq", false);
-    Tensor st = add_state(s.p, "step", true);
-    std::copy_n(m.data<float>() + s.offset, s.size, em.data<float>());
-    std::copy_n(v.data<float>() + s.offset, s.size, ev.data<float>());
-    *st.data<int64_t>() = s.step;
+  for (size_t b = 0; b < I.shards.size(); ++b) {
+    const Shard& sh = I.shards[b];
+    const bool masters = I.has_master(sh, precision_);
+    auto gather = [&](const Tensor& flat) {
+      Tensor full = zeros({sh.size * n});
+      I.dp->all_gather(flat.data<float>() + sh.flat, full.data<float>(), sh.size, DType::f32);
+      return full;
+    };
+    const Tensor m = gather(I.m), v = gather(I.v);
+    const Tensor mw = masters ? gather(I.master) : Tensor();
+    for (int i : sh.segs) {
+      const Segment& s = I.segs[static_cast<size_t>(i)];
+      add_state(s.p, "exp_avg", false).view({s.size}).copy_(m.narrow(0, s.offset, s.size));
+      add_state(s.p, "exp_avg_sq", false).view({s.size}).copy_(v.narrow(0, s.offset, s.size));
+      *add_state(s.p, "step", true).data<int64_t>() = s.step;
+      if (masters)
+        add_state(s.p, "master", false).view({s.size}).copy_(mw.narrow(0, s.offset, s.size));
+    }
   }
 }
 
 void Zero1AdamW::scatter_state() {
   Impl& I = *impl_;
-  NXD_CHECK(state_.size() == 3 * I.segs.size(),
-            "[Zero1AdamW] scatter_state() needs the state gather_state() laid out, got ",
-            state_.size(), " tensors for ", I.segs.size(), " parameters");
-  for (size_t i = 0; i < I.segs.size(); ++i) {
-    Segment& s = I.segs[i];
-    const Tensor em = state_[3 * i].second.contiguous(), ev = state_[3 * i + 1].second.contiguous();
-    s.step = *state_[3 * i + 2].second.data<int64_t>();
-    const auto [lo, hi] = I.overlap(s);
-    if (hi <= lo) continue;
-    std::copy_n(em.data<float>() + (lo - s.offset), hi - lo, I.m.data<float>() + (lo - I.begin()));
-    std::copy_n(ev.data<float>() + (lo - s.offset), hi - lo, I.v.data<float>() + (lo - I.begin()));
+  std::map<std::string, Tensor> by_name(state_.begin(), state_.end());
+  auto find = [&](const Segment& s, const char* what) {
+    auto it = by_name.find(s.p.name + "." + what);
+    NXD_CHECK(it != by_name.end(), "[Zero1AdamW] scatter_state() needs '", s.p.name, ".", what,
+              "' (laid out by gather_state())");
+    return it->second.contiguous();
+  };
+  for (const Shard& sh : I.shards) {
+    const bool masters = I.has_master(sh, precision_);
+    for (int i : sh.segs) {
+      Segment& s = I.segs[static_cast<size_t>(i)];
+      s.step = *find(s, "step").data<int64_t>();
+      const auto [lo, hi] = I.overlap(s);
+      if (hi <= lo) continue;
+      const int64_t src = lo - s.offset, dst = sh.flat + (lo - sh.begin);
+      std::copy_n(find(s, "exp_avg").data<float>() + src, hi - lo, I.m.data<float>() + dst);
+      std::copy_n(find(s, "exp_avg_sq").data<float>() + src, hi - lo, I.v.data<float>() + dst);
+      if (masters)
+        std::copy_n(find(s, "master").data<float>() + src, hi - lo, I.master.data<float>() + dst);
+    }
   }
 }
 

@@ -1,46 +1,61 @@
 #pragma once
-// ZeRO-1 (DeepSpeed's stage 1; NxD's NeuronZero1Optimizer): AdamW whose optimizer state is
-// sharded over the data-parallel group. Each step:
-//   reduce_gradients()  the parameters' gradients (each DP rank's local sum) are laid out in one
-//                       flat f32 buffer, in parameter-group order, padded to a multiple of the
-//                       DP size, and reduce-scattered with the mean: DP rank d keeps elements
-//                       [d*S, (d+1)*S) of the averaged gradient (S = padded size / DP).
+// ZeRO-1 (DeepSpeed's stage 1; NxD's NeuronZero1Optimizer): AdamW whose optimizer state (and the
+// f32 master weights of bf16 parameters) is sharded over the data-parallel group. The gradients
+// live in a GradSync's flat buckets in reduce_scatter mode (optim/grad_sync.h): every bucket is
+// padded to a multiple of the DP size n and DP rank r owns elements [r*S, (r+1)*S) of each
+// (S = the bucket's shard size). Each step:
+//   reduce_gradients()  GradSync::finish(): the buckets are reduce-scattered with the mean (in
+//                       overlap mode already launched during backward), so rank r holds the DP
+//                       average of its shard of every bucket.
 //   clip_grad_norm(c)   the global L2 norm over the shards (DP), TP and PP, each logical
 //                       parameter counted once (TP-duplicated ones on TP rank 0, K/V replicas
 //                       1/m, a tied copy marked shared not at all), as parallel_grad_norm; the
-//                       shard is scaled by c / (norm + 1e-6) when that is < 1.
+//                       shards are scaled by c / (norm + 1e-6) when that is < 1.
 //   step()              AdamW (the same kernel as AdamW: bitwise the same update of an element
-//                       from the same gradient) on this rank's shard of the parameters, with the
-//                       exp_avg / exp_avg_sq of the shard only, then an all-gather of the updated
-//                       shards into every parameter.
+//                       from the same gradient, the same rounding of bf16 parameters, stochastic
+//                       noise included) on this rank's shard, with the exp_avg / exp_avg_sq (and
+//                       master weights) of the shard only, then an all-gather of every bucket's
+//                       updated shards, in the parameters' dtype, into the parameters.
 // A parameter without a gradient on every DP rank is skipped (its step count does not advance),
 // as AdamW does; one with a gradient on some rank only contributes zeros elsewhere.
 //
-// Memory: exp_avg and exp_avg_sq of S elements per rank (1/DP of AdamW's, plus padding); the
-// flat gradient and parameter buffers are transient (allocated per step). f32 parameters only.
+// Memory: exp_avg and exp_avg_sq (f32) of the shard per rank: 1/DP of AdamW's, plus padding; with
+// master weights also the f32 masters of the shard. The gradient buckets are the parameters'
+// .grad (no copy); step() allocates one bucket's gather buffer at a time.
 //
-// Checkpoints: state_tensors() is empty between steps. gather_state() (collective over DP)
-// fills it with the full per-parameter exp_avg / exp_avg_sq / step tensors under AdamW's names,
-// so a checkpoint holds AdamW's format and loads into either optimizer at any DP size;
+// Checkpoints: state_tensors() is empty between steps. gather_state() (collective over DP) fills
+// it with the full per-parameter exp_avg / exp_avg_sq / step (and master) tensors under AdamW's
+// names, so a checkpoint holds AdamW's format and loads into either optimizer at any DP size;
 // scatter_state() (after those tensors were overwritten by a load) takes this rank's shard back
 // and release_state() frees them.
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/optim/grad_norm.h"
+#include "nxd/optim/grad_sync.h"
 #include "nxd/optim/optimizer.h"
 
 namespace nxd::optim {
 
 struct Zero1Options {
-  AdamWOptions adamw;
+  AdamWOptions adamw;                      // adamw.precision: bf16 parameters (master weights, SR)
   std::shared_ptr<Communicator> dp_group;  // null: the parallel_state DP group
   NormGroups norm_groups;                  // TP and PP groups of the norm (zero1 is dp_group)
   // The parallel attributes of the parameters, by name (parallel_parameters / norm_params of the
   // model); parameters not listed count as sharded with weight 1 in the norm.
   std::vector<NormParam> norm_params;
+  // The gradient buckets: every parameter of the groups, in the order the model registers them
+  // (buckets go in reverse of it, as backward produces the gradients); empty: the groups' order.
+  std::vector<NamedParam> registration_order;
+  int64_t bucket_bytes = int64_t{25} << 20;
+  // overlap: buckets are reduce-scattered as backward finishes them (nothing may change .grad
+  // between backward and step(), e.g. sequence-parallel sums must not be needed); at_step: at
+  // reduce_gradients().
+  GradSyncMode mode = GradSyncMode::at_step;
+  bool fp32_grad_acc = true;  // bf16 parameters' gradients accumulated and reduced in f32
 };
 
 class Zero1AdamW : public Optimizer {
@@ -52,11 +67,13 @@ class Zero1AdamW : public Optimizer {
   // Returns the norm before clipping; max_norm 0 = no clipping. Reduces first if needed.
   double clip_grad_norm(double max_norm);
   void step() override;
+  void set_precision(const PrecisionOptions& p) override;
 
   int dp_size() const;
-  int64_t shard_elements() const;  // S
-  // Bytes of optimizer state this rank holds (exp_avg and exp_avg_sq of its shard).
+  int64_t shard_elements() const;  // sum of this rank's bucket shards
+  // Bytes of optimizer state this rank holds (exp_avg, exp_avg_sq and masters of its shard).
   int64_t state_bytes() const;
+  GradSync& grad_sync();  // its gradient buckets (no_sync() for gradient accumulation)
 
   void gather_state();
   void scatter_state();
