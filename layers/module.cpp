@@ -4,6 +4,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "nxd/autograd/graph.h"
 #include "nxd/runtime/rng.h"
 
 namespace nxd {
@@ -238,40 +239,96 @@ ParamInit ParamInit::for_fan_in(int64_t fan_in) const {
   return r;
 }
 
+void ParamInit::apply(const Tensor& t, uint64_t seed, const std::string& full_name) const {
+  RngStream s{seed, stream_id(full_name.c_str())};
+  const init::Region* r = region ? &*region : nullptr;
+  switch (kind) {
+    case Kind::none:
+      break;
+    case Kind::zeros:
+      t.fill_(0.0);
+      break;
+    case Kind::ones:
+      t.fill_(1.0);
+      break;
+    case Kind::constant:
+      t.fill_(a);
+      break;
+    case Kind::normal:
+      init::normal(t, s, a, b, r);
+      break;
+    case Kind::uniform:
+      init::uniform(t, s, a, b, r);
+      break;
+    case Kind::fan_in_uniform:
+      throw InvalidArgument("[Module::init_parameters] parameter '" + full_name +
+                            "' has a fan_in_uniform rule its layer did not resolve with "
+                            "ParamInit::for_fan_in(fan_in)");
+  }
+}
+
 void Module::init_parameters(uint64_t seed, const std::string& prefix) {
   NoGradGuard ng;
   visit(prefix, [&](const std::string& pre, const Module& m) {
     for (const auto& p : m.params_) {
-      const ParamInit& in = p.init;
       Tensor t = p.tensor.detach();
-      if (t.is_meta()) continue;
-      std::string full = pre + p.name;
-      RngStream s{seed, stream_id(full.c_str())};
-      const init::Region* region = in.region ? &*in.region : nullptr;
-      switch (in.kind) {
-        case ParamInit::Kind::none:
-          break;
-        case ParamInit::Kind::zeros:
-          t.fill_(0.0);
-          break;
-        case ParamInit::Kind::ones:
-          t.fill_(1.0);
-          break;
-        case ParamInit::Kind::constant:
-          t.fill_(in.a);
-          break;
-        case ParamInit::Kind::normal:
-          init::normal(t, s, in.a, in.b, region);
-          break;
-        case ParamInit::Kind::uniform:
-          init::uniform(t, s, in.a, in.b, region);
-          break;
-        case ParamInit::Kind::fan_in_uniform:
-          throw InvalidArgument("[Module::init_parameters] parameter '" + full +
-                                "' has a fan_in_uniform rule its layer did not resolve with "
-                                "ParamInit::for_fan_in(fan_in)");
-      }
+      if (!t.is_meta()) p.init.apply(t, seed, pre + p.name);
     }
+  });
+}
+
+namespace {
+// Points t's TensorImpl at fresh contiguous storage of `dtype` on `device` (every handle on the
+// impl sees it); returns the old contents as a tensor (undefined for meta).
+Tensor rebind(const Tensor& t, DType dtype, Device device) {
+  Tensor old = t.detach();
+  TensorImpl& impl = *t.impl();
+  impl.storage = Storage::allocate(t.numel() * dtype_size(dtype), device);
+  impl.dtype = dtype;
+  impl.strides = contiguous_strides(impl.shape);
+  impl.offset = 0;
+  return old;
+}
+}  // namespace
+
+int64_t Module::materialize(uint64_t seed, const TensorInitFn& init, const std::string& prefix) {
+  NoGradGuard ng;
+  int64_t bytes = 0;
+  visit(prefix, [&](const std::string& pre, const Module& m) {
+    auto fill = [&](const Tensor& t, const std::string& name, const ParamInit* rule) {
+      if (!t.is_meta()) return;
+      rebind(t, t.dtype(), Device::host);
+      bytes += t.nbytes();
+      const Tensor d = t.detach();
+      if (init)
+        init(name, d);
+      else if (rule)
+        rule->apply(d, seed, name);
+      else
+        d.zero_();
+    };
+    for (const auto& p : m.params_) fill(p.tensor, pre + p.name, &p.init);
+    for (const auto& b : m.buffers_) fill(b.tensor, pre + b.name, nullptr);
+  });
+  return bytes;
+}
+
+void Module::to_dtype(DType dtype) {
+  NXD_CHECK(is_floating(dtype), "[Module::to_dtype] ", dtype_name(dtype),
+            " is not a floating dtype");
+  NoGradGuard ng;
+  visit("", [&](const std::string&, const Module& m) {
+    auto convert_one = [&](const Tensor& t) {
+      if (!is_floating(t.dtype()) || t.dtype() == dtype) return;
+      const Tensor old = rebind(t, dtype, t.device());
+      if (!t.is_meta()) t.detach().copy_(old);
+      if (t.requires_grad() && autograd::is_leaf(t)) {
+        t.set_grad(Tensor());
+        autograd::set_grad_buffer(t, Tensor());
+      }
+    };
+    for (const auto& p : m.params_) convert_one(p.tensor);
+    for (const auto& b : m.buffers_) convert_one(b.tensor);
   });
 }
 

@@ -12,6 +12,7 @@
 // on construction order; a tensor-parallel shard sets ParamInit::region and gets exactly its slice
 // of the weight a single rank would create.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,10 @@ struct ParamInit {
   static ParamInit fan_in_uniform(double scale = 1.0) { return {Kind::fan_in_uniform, scale}; }
   // fan_in_uniform -> uniform(+-a/sqrt(fan_in)); any other rule is returned unchanged.
   ParamInit for_fan_in(int64_t fan_in) const;
+  // Fills host tensor `t` by this rule from RngStream{seed, stream_id(full_name)} (full_name: the
+  // parameter's hierarchical name); `none` leaves it as it is. InvalidArgument naming the
+  // parameter for an unresolved fan_in_uniform rule.
+  void apply(const Tensor& t, uint64_t seed, const std::string& full_name) const;
 };
 
 // Where new parameters live.
@@ -137,7 +142,25 @@ class Module {
   LoadResult load_state_dict(const StateDict& dict, bool strict = true);
 
   // Fills every parameter (recursively) by its rule from RngStream{seed, stream_id(prefix+name)}.
+  // Meta parameters are skipped.
   void init_parameters(uint64_t seed, const std::string& prefix = "");
+
+  // ---- meta-device initialization (NxD's model_init_config.meta_device_init) and dtype ----
+  // Fills one materialized tensor: `name` is its hierarchical name (prefix included).
+  using TensorInitFn = std::function<void(const std::string& name, const Tensor& t)>;
+  // Gives every meta parameter and buffer host storage of its shape and dtype, one tensor at a
+  // time (so a rank never holds more than its own shards), and fills it: with `init` when given,
+  // else a parameter by its registered rule from `seed` — exactly the values a host build
+  // initialized with init_parameters(seed, prefix) holds — and a buffer with zeros. The tensors
+  // keep their identity (every handle on them, the layers' own included, sees the new storage).
+  // Host tensors are left as they are. Returns the bytes allocated.
+  int64_t materialize(uint64_t seed, const TensorInitFn& init = nullptr,
+                      const std::string& prefix = "");
+  // Converts every floating parameter and buffer to `dtype` in place (bf16 rounds to nearest
+  // even), keeping the tensors' identity; their .grad and gradient buffers are dropped. Integer
+  // tensors are left as they are. Call it before building optimizers or gradient buckets over the
+  // model (they hold the parameters' dtype).
+  void to_dtype(DType dtype);
 
   // ---- mode and gradients ----
   virtual void train(bool on = true);  // recursive

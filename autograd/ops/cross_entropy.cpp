@@ -32,9 +32,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
       kernels::cross_entropy_forward(rows, lse, lc, tc, opts.ignore_index, opts.label_smoothing);
   Tensor loss;
   if (opts.reduction == Reduction::none) {
-    loss = to_dtype(rows.view(lead), dt);
+    loss = rows.view(lead);
   } else {
-    loss = empty({}, dt, dev);
+    loss = empty({}, ct, dev);
     if (dev == Device::host) {
       double s = 0;
       for (double r : rows.to_vector()) s += r;

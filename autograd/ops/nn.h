@@ -33,7 +33,8 @@ struct CrossEntropyOptions {
   double label_smoothing = 0.0;  // PyTorch semantics: (1-ls)*nll + ls*mean_over_vocab(-logp)
   Reduction reduction = Reduction::mean;  // mean over non-ignored targets
 };
-// logits [N, V] (any float dtype, computed in f32/f64), targets [N] i32/i64 -> scalar (or [N]).
+// logits [N, V] (any float dtype, computed in f32/f64), targets [N] i32/i64 -> scalar (or [N]);
+// the loss is f32 for bf16 logits (Hugging Face upcasts logits before the loss).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
                      const CrossEntropyOptions& opts = {});
 

@@ -124,7 +124,7 @@ Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
         [=](const std::vector<Tensor>&) {
           g->all_reduce(empty({n}, ct0, Device::meta), ReduceOp::max);
           g->all_reduce(empty({n, 3}, ct0, Device::meta), ReduceOp::sum);
-          return std::vector<Tensor>{empty(lead, dt0, Device::meta)};
+          return std::vector<Tensor>{empty(lead, ct0, Device::meta)};
         },
         [=](const Grads&) -> Grads { return {empty(ls, dt0, Device::meta)}; })[0];
     return opts.reduction == Reduction::none ? loss : sum(loss);
@@ -154,7 +154,7 @@ Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
           CeForward<double>::run(*g, lc, tg, vl, start, vocab, ignore, a, l, prob);
         else
           CeForward<float>::run(*g, lc, tg, vl, start, vocab, ignore, a, l, prob);
-        return std::vector<Tensor>{l.view(lead).to(dt)};
+        return std::vector<Tensor>{l.view(lead)};  // bf16 logits: f32 losses
       },
       [=](const Grads& gr) -> Grads {
         Tensor dloss = gr[0].to(ct).contiguous().reshape({n});

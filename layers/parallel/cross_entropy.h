@@ -12,7 +12,8 @@
 //   S = sum_j e^(z_j-m), P = z_t - m, Z = sum_j (z_j - m)  (one all-reduce SUM of [N,3])
 //   lse = log S;  loss = (1-a)(lse - P) + a(lse - Z/V)  (PyTorch's label smoothing); ignored: 0
 //   dz_j = dL * (softmax_j - a/V - (1-a)[j == t])  (no collective in backward)
-// Computed in f32 (f64 for f64 logits); the loss and gradient have the logits' dtype.
+// Computed in f32 (f64 for f64 logits); the loss is f32 for bf16 logits (as Hugging Face upcasts
+// logits before the loss), the gradient has the logits' dtype.
 //
 // Departures from NxD (both are NxD bugs, docs/NXD_INTERNALS.md): the caller's logits are never
 // modified (NxD subtracts the max in place), and smoothing uses the global mean over all V classes

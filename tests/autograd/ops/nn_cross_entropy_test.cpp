@@ -116,7 +116,13 @@ TEST(NnOpsCrossEntropy, AllIgnoredIsNanLikeTorchAndErrors) {
       cross_entropy(empty({8, 50}, DType::f32, Device::meta), empty({8}, DType::i64, Device::meta));
   EXPECT_TRUE(m.is_meta());
   EXPECT_EQ(m.dim(), 0);
-  EXPECT_EQ(cross_entropy(randn({3, 4}, 6, DType::bf16), from_doubles({0, 1, 2}, {3}, DType::i32))
-                .dtype(),
-            DType::bf16);
+  // bf16 logits give an f32 loss (the logits are upcast, as Hugging Face does) and bf16 gradients
+  Tensor lb = randn({3, 4}, 6, DType::bf16).set_requires_grad(true);
+  Tensor lossb = cross_entropy(lb, from_doubles({0, 1, 2}, {3}, DType::i32));
+  EXPECT_EQ(lossb.dtype(), DType::f32);
+  EXPECT_EQ(
+      lossb.item(),
+      cross_entropy(lb.detach().to(DType::f32), from_doubles({0, 1, 2}, {3}, DType::i32)).item());
+  backward(lossb);
+  EXPECT_EQ(lb.grad().dtype(), DType::bf16);
 }
