@@ -9,6 +9,7 @@
 // docs/CONFIG.md is generated from the registry (config_reference_markdown()).
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,11 +84,15 @@ nlohmann::json parse_yaml(const std::string& text, const std::string& source);
 struct TrainerSection {
   int64_t max_steps;
   int64_t log_every_n_steps;
-  int64_t val_check_interval;    // validate every N steps (and at the last); 0 = never
-  int64_t limit_val_batches;     // micro batches per validation
-  double gradient_clip_val;      // max global L2 grad norm; 0 = no clipping
-  int64_t num_threads;           // BLAS threads (resolved: never 0)
-  std::string matmul_precision;  // fp32 | bf16 (blas::MatmulPrecision)
+  int64_t val_check_interval;  // validate every N steps (and at the last); 0 = never
+  int64_t limit_val_batches;   // micro batches per validation
+  double gradient_clip_val;    // max global L2 grad norm; 0 = no clipping
+  int64_t num_threads;         // BLAS threads (resolved: never 0)
+};
+
+struct PrecisionSection {
+  std::string type;  // fp32 | autocast | mixed_precision | bf16SR (resolved: never null)
+  std::optional<bool> master_weights, fp32_grad_acc;  // null: by type
 };
 
 struct DataSection {
@@ -164,6 +169,7 @@ struct TrainConfig {
   ModelSection model;
   OptimSection optim;
   DistributedSection dist;
+  PrecisionSection precision;
   GenerationSection generation;
   int64_t grad_accum_steps;  // global / (micro * dp)
   Config resolved;           // every key, derived values filled in (written as config.yaml)

@@ -98,12 +98,10 @@ std::vector<KeySpec> make_registry() {
       key("trainer.num_threads", K::integer, 0,
           "Compute (BLAS) threads; 0 = NXD_NUM_THREADS if set, else every core. The sim backend "
           "with several ranks runs each rank's BLAS on one thread (the ranks are the threads)."),
-      key("trainer.matmul_precision", K::string, "bf16",
-          "Matrix products of f32 tensors: `bf16`: inputs rounded to bf16, products accumulated "
-          "in f32 (what neuronx-cc's default `--auto-cast matmult --auto-cast-type bf16` does on "
-          "a NeuronCore; PyTorch's float32 matmul precision \"medium\"), or `fp32`. Weights, "
-          "gradients and optimizer state stay f32.",
-          {"fp32", "bf16"}),
+      key("trainer.matmul_precision", K::string, nullptr,
+          "Deprecated alias of precision.type from before it existed: `bf16` = `autocast`, "
+          "`fp32` = `fp32`. null = not used; when both are set they must agree.",
+          {"fp32", "bf16"}, true),
       // data
       key("data.kind", K::string, "text",
           "`text`: byte-level tokens (vocab 256) of a text file or of every text file under a "
@@ -210,9 +208,10 @@ std::vector<KeySpec> make_registry() {
           "interleaved (virtual stages).",
           {"gpipe", "1f1b", "interleaved"}),
       key("distributed_strategy.zero1", K::boolean, false,
-          "ZeRO-1: AdamW's state (exp_avg, exp_avg_sq) sharded over the data-parallel ranks; "
-          "gradients are reduce-scattered, each rank steps its shard of the parameters, and the "
-          "parameters are all-gathered. Checkpoints hold the unsharded AdamW layout."),
+          "ZeRO-1: AdamW's state (exp_avg, exp_avg_sq, and the f32 master weights of bf16 "
+          "parameters) sharded over the data-parallel ranks; gradients are reduce-scattered, "
+          "each rank steps its shard of the parameters, and the parameters are all-gathered. "
+          "Checkpoints hold the unsharded AdamW layout."),
       key("distributed_strategy.sequence_parallel", K::boolean, true,
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,
@@ -220,8 +219,26 @@ std::vector<KeySpec> make_registry() {
           "(NxD's kv_size_multiplier). null = max(1, TP / num_kv_heads).",
           {}, true),
       key("distributed_strategy.grad_bucket_mb", K::number, 25.0,
-          "Data-parallel gradient all-reduce bucket size in MiB (reduced as buckets fill during "
-          "the last micro batch's backward)."),
+          "Data-parallel gradient bucket size in MiB: the buckets are the parameters' gradients, "
+          "all-reduced (or reduce-scattered with ZeRO-1) as they fill during the last micro "
+          "batch's backward."),
+      // precision
+      key("precision.type", K::string, nullptr,
+          "NxD Training's precision: `fp32`; `autocast`: f32 parameters, matrix products with "
+          "inputs rounded to bf16 and f32 accumulation (neuronx-cc's default `--auto-cast "
+          "matmult`); `mixed_precision`: bf16 parameters and activations, f32 master weights in "
+          "the optimizer, f32 gradient accumulation and reduction; `bf16SR`: pure bf16, "
+          "parameter updates rounded stochastically (counter-based: runs stay reproducible). "
+          "null = autocast, or what trainer.matmul_precision says.",
+          {"fp32", "autocast", "mixed_precision", "bf16SR"}, true),
+      key("precision.master_weights", K::boolean, nullptr,
+          "bf16 parameters: keep f32 master weights in the optimizer. null = true for "
+          "mixed_precision, false for bf16SR.",
+          {}, true),
+      key("precision.fp32_grad_acc", K::boolean, nullptr,
+          "bf16 parameters: accumulate and reduce their gradients in f32. null = true for "
+          "mixed_precision, false for bf16SR.",
+          {}, true),
       // backend
       key("backend.kind", K::string, "sim",
           "sim: every rank a thread of this process on a simulated Neuron machine; mpi: one rank "

@@ -106,6 +106,28 @@ ExpManagerSection resolve_exp_manager(Resolver& r) {
   return e;
 }
 
+// precision.type, or its deprecated alias trainer.matmul_precision (bf16 = autocast).
+PrecisionSection resolve_precision_section(Resolver& r) {
+  PrecisionSection p;
+  const bool typed = !r.c.is_null("precision.type");
+  const bool alias = !r.c.is_null("trainer.matmul_precision");
+  const std::string from_alias =
+      alias && r.c.get_string("trainer.matmul_precision") == "fp32" ? "fp32" : "autocast";
+  p.type = typed ? r.c.get_string("precision.type") : alias ? from_alias : "autocast";
+  if (typed && alias) {
+    const bool bf16_products = p.type != "fp32";
+    if (bf16_products != (from_alias == "autocast"))
+      r.fail("trainer.matmul_precision=", r.c.get_string("trainer.matmul_precision"),
+             " contradicts precision.type=", p.type,
+             " (the alias means precision.type=", from_alias, "; set only precision.type)");
+  }
+  r.derive("precision.type", p.type);
+  for (auto [key, field] : {std::pair{"precision.master_weights", &p.master_weights},
+                            std::pair{"precision.fp32_grad_acc", &p.fp32_grad_acc}})
+    if (!r.c.is_null(key)) *field = r.c.get_bool(key);
+  return p;
+}
+
 TrainerSection resolve_trainer(Resolver& r) {
   TrainerSection tr;
   tr.max_steps = r.positive("trainer.max_steps");
@@ -116,7 +138,6 @@ TrainerSection resolve_trainer(Resolver& r) {
   if (!(tr.gradient_clip_val >= 0))
     r.fail("trainer.gradient_clip_val must be >= 0, got ", tr.gradient_clip_val);
   tr.num_threads = r.non_negative("trainer.num_threads");
-  tr.matmul_precision = r.c.get_string("trainer.matmul_precision");
   if (tr.num_threads == 0) {
     const char* env = std::getenv("NXD_NUM_THREADS");
     tr.num_threads = env && std::atoi(env) > 0 ? std::atoi(env)
@@ -335,6 +356,7 @@ TrainConfig resolve(const Config& in) {
   if (t.dist.zero1 && t.optim.name != "adamw")
     r.fail("distributed_strategy.zero1 shards AdamW's state: model.optim.name=", t.optim.name,
            " (use adamw)");
+  t.precision = resolve_precision_section(r);
   t.generation = resolve_generation(r, t.data);
   t.resolved = r.c;
   return t;

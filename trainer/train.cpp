@@ -64,11 +64,20 @@ class RunSummary : public Callback {
                   world > 1 && cfg_.dist.backend == "sim"
                       ? str(world, " rank threads")
                       : str(cfg_.trainer.num_threads, " thread(s)"),
-                  cfg_.trainer.matmul_precision == "fp32"
-                      ? std::string()
-                      : str(", ", cfg_.trainer.matmul_precision, " matmuls (",
-                            blas::bf16_kernel_name(blas::bf16_kernel()), ")"),
-                  "; output in ", cfg_.out_dir));
+                  ", precision ", precision_text(), "; output in ", cfg_.out_dir));
+  }
+  // "mixed_precision (bf16 parameters, f32 master weights, f32 gradients, bf16 matmuls (amx))"
+  std::string precision_text() const {
+    const ResolvedPrecision rp = resolve_precision(nxd_config_of(cfg_));
+    std::string what;
+    auto add = [&](const std::string& s) { what += (what.empty() ? "" : ", ") + s; };
+    if (rp.param_dtype == DType::bf16) add("bf16 parameters");
+    if (rp.master_weights) add("f32 master weights");
+    if (rp.param_dtype == DType::bf16) add(rp.fp32_grad_acc ? "f32 gradients" : "bf16 gradients");
+    if (rp.stochastic_rounding) add("stochastic rounding");
+    if (rp.matmul == blas::MatmulPrecision::bf16 || rp.param_dtype == DType::bf16)
+      add(str("bf16 matmuls (", blas::bf16_kernel_name(blas::bf16_kernel()), ")"));
+    return cfg_.precision.type + (what.empty() ? "" : " (" + what + ")");
   }
   // ", pipeline parallel 2 (1f1b, 4 microbatches)" and the partition, or "".
   std::string pipeline_text(TrainingModule& module) const {
@@ -166,7 +175,7 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   if (ctx.world_size() != cfg.dist.world_size)
     throw ConfigError(str("[train] backend.world_size=", cfg.dist.world_size, " but the ",
                           cfg.dist.backend, " world has ", ctx.world_size(), " rank(s)"));
-  if (ctx.world_size() > 1 && !parallel_state::model_parallel_is_initialized())
+  if (!parallel_state::model_parallel_is_initialized())  // the lead rank is needed before fit
     parallel_state::initialize_model_parallel(
         static_cast<int>(cfg.dist.tensor_model_parallel_size),
         static_cast<int>(cfg.dist.pipeline_model_parallel_size));
@@ -240,6 +249,11 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
 
 }  // namespace
 
+NxDConfig nxd_config_of(const TrainConfig& cfg) {
+  Trainer t(trainer_options(cfg));
+  return t.nxd_config();
+}
+
 TrainerOptions trainer_options(const TrainConfig& cfg) {
   TrainerOptions to;
   to.strategy.tensor_parallel_size = cfg.dist.tensor_model_parallel_size;
@@ -248,6 +262,8 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.strategy.pipeline_schedule = cfg.dist.pipeline_schedule;
   to.strategy.zero1 = cfg.dist.zero1;
   to.strategy.grad_bucket_mb = cfg.dist.grad_bucket_mb;
+  to.strategy.precision = cfg.precision.type;
+  to.strategy.mixed_precision_config = {cfg.precision.master_weights, cfg.precision.fp32_grad_acc};
   to.max_steps = cfg.trainer.max_steps;
   to.accumulate_grad_batches = cfg.grad_accum_steps;
   to.log_every_n_steps = cfg.trainer.log_every_n_steps;
@@ -263,11 +279,9 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
     throw ConfigError(str("[train] model.arch=", cfg.model.arch,
                           " is not built in (llama, gpt_neox): another architecture trains "
                           "through a module of its own (examples/new_model)"));
-  const auto precision = blas::parse_matmul_precision(cfg.trainer.matmul_precision);
-  if (!precision)
-    throw ConfigError(str("[train] trainer.matmul_precision=", cfg.trainer.matmul_precision,
-                          " is not fp32|bf16"));
-  blas::MatmulPrecisionScope precision_scope(*precision);  // process-wide: every sim rank
+  // the trainer sets the run's matmul precision (process-wide: every sim rank alike); it is
+  // restored when the run ends
+  blas::MatmulPrecisionScope precision_scope(resolve_precision(nxd_config_of(cfg)).matmul);
   if (cfg.dist.backend == "mpi" || (cfg.dist.world_size == 1 && cfg.dist.timeline.empty()))
     return train_rank(cfg, opts, /*set_threads=*/true, make_module);
   // sim: every rank a thread of this process (BLAS single-threaded while they run)

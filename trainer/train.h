@@ -50,17 +50,20 @@ struct TrainResult {
 // Builds the module of a run (default: CausalLMModule(cfg)); called on every rank.
 using ModuleFactory = std::function<std::unique_ptr<CausalLMModule>(const TrainConfig&)>;
 
-// The Trainer's options from the config (max_steps, accumulation, validation, clipping, layout);
-// callbacks and loggers are left to the caller.
+// The Trainer's options from the config (max_steps, accumulation, validation, clipping, layout,
+// precision); callbacks and loggers are left to the caller.
 TrainerOptions trainer_options(const TrainConfig& cfg);
+// The NxDConfig the Trainer runs for this config (Trainer::nxd_config of trainer_options(cfg)).
+NxDConfig nxd_config_of(const TrainConfig& cfg);
 
 // Trains as configured, writing cfg.out_dir/{config.yaml, metrics.csv, tensorboard/, sample.txt}.
 // backend.kind=sim with world > 1: sim::launch of the world on backend.instance, each rank
 // running the loop at TP x DP; backend.kind=mpi: the loop on this process's rank of the current
 // (MPI) Context, whose world must have backend.world_size ranks. Each DP rank takes its micro
-// batches of every global batch (DistributedSampler), gradients are averaged over DP in buckets
-// (GradSync), then SP gradients summed over TP, then clipped by the global norm over TP. Only rank
-// 0 prints and writes files; the loss reported is the global batch's mean (as on one rank).
+// batches of every global batch (DistributedSampler); the Trainer's NxDOptimizer reduces the
+// gradients over DP in buckets (all-reduce, or ZeRO-1's reduce-scatter), sums SP gradients over
+// TP and clips by the global norm. Only the lead rank prints and writes files; the loss reported
+// is the global batch's mean (as on one rank).
 TrainResult train(const TrainConfig& cfg, const TrainOptions& opts = {},
                   const ModuleFactory& make_module = {});
 

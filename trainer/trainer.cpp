@@ -99,9 +99,29 @@ void Trainer::message(const std::string& line) {
 }
 
 optim::Optimizer& Trainer::optimizer() {
-  if (nxd_optimizer_) return nxd_optimizer_->inner();
-  if (!optimizer_) throw InternalError("[trainer] optimizer() outside fit");
-  return *optimizer_;
+  if (!nxd_optimizer_) throw InternalError("[trainer] optimizer() outside fit");
+  return nxd_optimizer_->inner();
+}
+
+NxDModel& Trainer::nxd_model() {
+  if (!nxd_model_) throw InternalError("[trainer] nxd_model() outside fit");
+  return *nxd_model_;
+}
+
+NxDConfig Trainer::nxd_config() const {
+  const Strategy& st = opts_.strategy;
+  NxDConfig c;
+  c.tensor_parallel_size = static_cast<int>(st.tensor_parallel_size);
+  c.pipeline_parallel_size = static_cast<int>(st.pipeline_parallel_size);
+  c.pipeline_config.num_microbatches = static_cast<int>(opts_.accumulate_grad_batches);
+  c.pipeline_config.schedule = st.pipeline_schedule;
+  c.pipeline_config.virtual_pipeline_size = static_cast<int>(st.virtual_pipeline_size);
+  c.optimizer_config = {st.zero1, opts_.gradient_clip_val > 0,
+                        opts_.gradient_clip_val > 0 ? opts_.gradient_clip_val : 1.0};
+  c.precision = st.precision;
+  c.mixed_precision_config = st.mixed_precision_config;
+  c.grad_bucket_mb = st.grad_bucket_mb;
+  return c;
 }
 
 std::vector<double> Trainer::dp_sum(std::vector<double> v) const {
@@ -111,113 +131,81 @@ std::vector<double> Trainer::dp_sum(std::vector<double> v) const {
   return v;
 }
 
-// Parallel layout, model, optimizer, gradient sync and data, in that order.
+// Parallel layout, model, optimizer (with gradient buckets) and data, in that order.
 void Trainer::setup(TrainingModule& module, DataModule& data) {
   Context& ctx = current_context();
-  const int tp = static_cast<int>(opts_.strategy.tensor_parallel_size);
-  const int pp = static_cast<int>(opts_.strategy.pipeline_parallel_size);
+  nxd_config_ = nxd_config();
+  const int tp = nxd_config_.tensor_parallel_size, pp = nxd_config_.pipeline_parallel_size;
   if (ctx.world_size() % (tp * pp) != 0)
     throw ConfigError(str("[trainer] world size ", ctx.world_size(),
                           " is not a multiple of tensor_parallel_size ", tp,
                           " x pipeline_parallel_size ", pp));
-  if (ctx.world_size() > 1 && !parallel_state::model_parallel_is_initialized())
-    parallel_state::initialize_model_parallel(tp, pp);
-  else if (parallel_state::model_parallel_is_initialized() &&
-           (parallel_state::get_tensor_model_parallel_size() != tp ||
-            parallel_state::get_pipeline_model_parallel_size() != pp))
+  if (parallel_state::model_parallel_is_initialized() &&
+      (parallel_state::get_tensor_model_parallel_size() != tp ||
+       parallel_state::get_pipeline_model_parallel_size() != pp))
     throw ConfigError(str("[trainer] strategy tensor x pipeline parallel size ", tp, " x ", pp,
                           " but parallel_state is initialized with ",
                           parallel_state::get_tensor_model_parallel_size(), " x ",
                           parallel_state::get_pipeline_model_parallel_size()));
+  nxd_config_ = neuronx_distributed_config(nxd_config_);
   dp_ = parallel_state::get_data_parallel_size();
   dp_rank_ = parallel_state::get_data_parallel_rank();
   module_ = &module;
   data_ = &data;
   module.trainer_ = this;
-  if (pp > 1) {
-    setup_pipeline(module);
-  } else {
-    module.model_ = module.build_model();
-    if (!module.model_) throw ConfigError("[trainer] build_model() returned no model");
-    module.model_->train();
-  }
+  build_model(module);
   OptimizerSetup os = module.configure_optimizers();
   if (!os.optimizer) throw ConfigError("[trainer] configure_optimizers() returned no optimizer");
   schedule_ = std::move(os.schedule);
-  if (!pipeline_) {
-    // the data-parallel path is NxD's optimizer wrapper (trainer/nxd_api.h)
-    NxDConfig nc;
-    nc.tensor_parallel_size = tp;
-    nc.optimizer_config = {opts_.strategy.zero1, opts_.gradient_clip_val > 0,
-                           opts_.gradient_clip_val > 0 ? opts_.gradient_clip_val : 1.0};
-    nc.grad_bucket_mb = opts_.strategy.grad_bucket_mb;
-    nxd_optimizer_ = std::make_unique<NxDOptimizer>(nc, *module.model_, std::move(os.optimizer));
-    num_parameters_ = count_parameters(*module.model_, tp);
-  } else {
-    optimizer_ = std::move(os.optimizer);
-    if (opts_.strategy.zero1) setup_zero1();
-    std::vector<double> n = {static_cast<double>(count_norm_params(norm_params_, tp))};
+  // DP reduction or ZeRO-1, SP sums, clipping, precision: NxD's optimizer wrapper
+  nxd_optimizer_ =
+      std::make_unique<NxDOptimizer>(nxd_config_, *nxd_model_, std::move(os.optimizer));
+  std::vector<double> n = {static_cast<double>(count_norm_params(nxd_model_->norm_params(), tp))};
+  if (pipeline_)
     parallel_state::get_pipeline_model_parallel_group().all_reduce(n.data(), n.data(), 1,
                                                                    DType::f64, ReduceOp::sum);
-    num_parameters_ = static_cast<int64_t>(n[0]);
-  }
+  num_parameters_ = static_cast<int64_t>(n[0]);
   data.setup(DataSetup{dp_rank_, dp_});
-  if (opts_.val_check_interval > 0 && opts_.limit_val_batches > 0)
-    val_batches_ = data.val_batches(opts_.limit_val_batches);
-  if (pipeline_ && !val_batches_.empty()) {
-    // every DP rank runs the same number of pipeline evaluations (groups of M micro batches)
-    std::vector<double> least = {static_cast<double>(val_batches_.size())};
-    if (dp_ > 1)
-      parallel_state::get_data_parallel_group().all_reduce(least.data(), least.data(), 1,
-                                                           DType::f64, ReduceOp::min);
-    const int64_t m = opts_.accumulate_grad_batches;
-    if (static_cast<int64_t>(least[0]) < m)
-      throw ConfigError(str("[trainer] limit_val_batches=", opts_.limit_val_batches, " gives ",
-                            static_cast<int64_t>(least[0]),
-                            " validation micro batch(es) per data-parallel rank, fewer than the ",
-                            m, " microbatches of a pipeline step: raise it to at least ", m * dp_));
-    val_batches_.resize(static_cast<size_t>(static_cast<int64_t>(least[0]) / m * m));
-  }
+  setup_validation(data);
   if (!opts_.ckpt_path.empty()) resume(opts_.ckpt_path);
 }
 
-// The module's AdamW as a Zero1AdamW over the same parameter groups and options.
-void Trainer::setup_zero1() {
-  auto* adamw = dynamic_cast<optim::AdamW*>(optimizer_.get());
-  if (!adamw)
-    throw ConfigError(
-        str("[trainer] strategy.zero1 shards AdamW's state; configure_optimizers() "
-            "returned ",
-            optimizer_->kind()));
-  optim::Zero1Options zo;
-  zo.adamw = adamw->options();
-  zo.dp_group = parallel_state::model_parallel_is_initialized()
-                    ? parallel_state::get_data_parallel_group_ptr()
-                    : nullptr;
-  zo.norm_groups = pipeline_ ? pipeline_->norm_groups()
-                   : parallel_state::model_parallel_is_initialized()
-                       ? optim::NormGroups::from_parallel_state()
-                       : optim::NormGroups{};
-  zo.norm_params = pipeline_ ? pipeline_->norm_params() : optim::norm_params(*module_->model_);
-  auto z = std::make_unique<optim::Zero1AdamW>(optimizer_->param_groups(), std::move(zo));
-  zero1_ = z.get();
-  optimizer_ = std::move(z);
+// The module's model (or, with pipeline parallelism, its pipeline over the step's micro batches
+// as microbatches) in the precision's parameter dtype, wrapped in an NxDModel.
+void Trainer::build_model(TrainingModule& module) {
+  if (nxd_config_.pipeline_parallel_size > 1) {
+    module.pipeline_ = module.build_pipeline_model(pipeline_options_for(nxd_config_));
+    if (!module.pipeline_)
+      throw ConfigError("[trainer] build_pipeline_model() returned no pipeline");
+    pipeline_ = module.pipeline_.get();
+    nxd_model_ = std::make_shared<NxDModel>(nxd_config_, module.pipeline_);
+  } else {
+    module.model_ = module.build_model();
+    if (!module.model_) throw ConfigError("[trainer] build_model() returned no model");
+    nxd_model_ = std::make_shared<NxDModel>(nxd_config_, module.model_);
+  }
+  if (resolve_precision(nxd_config_).param_dtype == DType::bf16)
+    for (Module* m : nxd_model_->local_modules()) m->to_dtype(DType::bf16);
+  nxd_model_->train(true);
 }
 
-// The module's pipeline over the step's micro batches as microbatches.
-void Trainer::setup_pipeline(TrainingModule& module) {
-  pipeline::PipelineOptions po;
-  po.num_microbatches = static_cast<int>(opts_.accumulate_grad_batches);
-  po.schedule = pipeline::parse_schedule(opts_.strategy.pipeline_schedule);
-  po.virtual_pipeline_size = static_cast<int>(opts_.strategy.virtual_pipeline_size);
-  po.dp_bucket_bytes = static_cast<int64_t>(opts_.strategy.grad_bucket_mb * (1 << 20));
-  po.dp_grad_sync = !opts_.strategy.zero1;  // ZeRO-1 reduce-scatters them itself
-  module.pipeline_ = module.build_pipeline_model(po);
-  if (!module.pipeline_) throw ConfigError("[trainer] build_pipeline_model() returned no pipeline");
-  pipeline_ = module.pipeline_.get();
-  pipeline_->train(true);
-  norm_params_ = pipeline_->norm_params();
-  norm_groups_ = pipeline_->norm_groups();
+// The validation micro batches; with a pipeline, every DP rank runs the same number of
+// pipeline evaluations (groups of M micro batches).
+void Trainer::setup_validation(DataModule& data) {
+  if (opts_.val_check_interval > 0 && opts_.limit_val_batches > 0)
+    val_batches_ = data.val_batches(opts_.limit_val_batches);
+  if (!pipeline_ || val_batches_.empty()) return;
+  std::vector<double> least = {static_cast<double>(val_batches_.size())};
+  if (dp_ > 1)
+    parallel_state::get_data_parallel_group().all_reduce(least.data(), least.data(), 1, DType::f64,
+                                                         ReduceOp::min);
+  const int64_t m = opts_.accumulate_grad_batches;
+  if (static_cast<int64_t>(least[0]) < m)
+    throw ConfigError(str("[trainer] limit_val_batches=", opts_.limit_val_batches, " gives ",
+                          static_cast<int64_t>(least[0]),
+                          " validation micro batch(es) per data-parallel rank, fewer than the ", m,
+                          " microbatches of a pipeline step: raise it to at least ", m * dp_));
+  val_batches_.resize(static_cast<size_t>(static_cast<int64_t>(least[0]) / m * m));
 }
 
 nlohmann::json Trainer::loop_state() const {
@@ -285,9 +273,7 @@ void Trainer::resume(const std::string& path) {
     tag = *newest;
   }
   const nlohmann::json user =
-      pipeline_
-          ? ckpt::load_checkpoint(root, module_->model_parts(), &optimizer(), nullptr, {.tag = tag})
-          : ckpt::load_checkpoint(root, module_->model_.get(), &optimizer(), nullptr, {.tag = tag});
+      ckpt::load_checkpoint(root, nxd_model_->local_modules(), &optimizer(), nullptr, {.tag = tag});
   if (!user.is_object() || !user.contains("trainer"))
     throw ConfigError(str("[trainer] ", path,
                           " holds no trainer state (not saved by the trainer's "
@@ -305,37 +291,28 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
   if (schedule_) opt.set_lr(out.lr);
   const int64_t accum = opts_.accumulate_grad_batches;
   const double inv_accum = 1.0 / static_cast<double>(accum);
-  double loss_sum = 0;
   int64_t tokens = 0;
   if (pipeline_) {
     out.loss = pipeline_train_step(data, tokens);  // averaged over DP already
   } else {
+    double loss_sum = 0;
     for (int64_t a = 0; a < accum; ++a) {
       Batch b = data.next_train_batch();
       tokens += b.ids.defined() ? b.ids.numel() : 0;
-      // only the last micro batch's backward launches the DP all-reduces
+      // only the last micro batch's backward launches the DP reductions
       std::optional<optim::GradSync::NoSync> no_sync;
-      if (a + 1 < accum && nxd_optimizer_->grad_sync())
-        no_sync.emplace(*nxd_optimizer_->grad_sync());
+      if (a + 1 < accum) no_sync.emplace(nxd_optimizer_->sync());
       Tensor loss = scalar_loss(module.training_step(b, step_ * accum + a), "training_step");
       loss_sum += loss.item();
       backward(accum == 1 ? loss : mul(loss, inv_accum));
     }
     out.loss = dp_sum({loss_sum * inv_accum})[0] / dp_;  // the global batch's mean
-    // DP average (or ZeRO-1's reduce-scatter), SP sums, the norm and clipping, the update
-    nxd_optimizer_->step();
-    out.grad_norm = nxd_optimizer_->grad_norm();
   }
   if (step_tokens_ == 0) step_tokens_ = tokens * dp_;
-  if (pipeline_) {
-    out.grad_norm =
-        zero1_ ? zero1_->clip_grad_norm(opts_.gradient_clip_val)  // reduce-scatters first
-        : opts_.gradient_clip_val > 0
-            ? optim::clip_parallel_grad_norm(norm_params_, opts_.gradient_clip_val, norm_groups_)
-            : optim::parallel_grad_norm(norm_params_, norm_groups_);
-    opt.step();
-  }
-  opt.zero_grad(/*set_to_none=*/true);
+  // SP sums, the DP reduction (or ZeRO-1's reduce-scatter), the norm and clipping, the update
+  nxd_optimizer_->step();
+  out.grad_norm = nxd_optimizer_->grad_norm();
+  nxd_optimizer_->zero_grad();
   ++step_;
   return out;
 }
@@ -357,7 +334,7 @@ double Trainer::pipeline_train_step(DataModule& data, int64_t& tokens) {
     tokens += bs.back().ids.numel();
   }
   const Batch b = concat_batches(bs);
-  return pipeline_->run_train(b.ids, b.targets).item();
+  return nxd_model_->run_train(b.ids, b.targets).item();
 }
 
 // The mean of run_eval over groups of M validation micro batches (the same count on every DP
@@ -365,14 +342,11 @@ double Trainer::pipeline_train_step(DataModule& data, int64_t& tokens) {
 std::optional<double> Trainer::pipeline_validate() {
   const size_t m = static_cast<size_t>(opts_.accumulate_grad_batches);
   if (val_batches_.empty()) return std::nullopt;
-  NoGradGuard ng;
-  pipeline_->train(false);
   double sum = 0;
   for (size_t g = 0; g < val_batches_.size(); g += m) {
     const Batch b = concat_batches({val_batches_.begin() + g, val_batches_.begin() + g + m});
-    sum += pipeline_->run_eval(b.ids, b.targets).item();
+    sum += nxd_model_->run_eval(b.ids, b.targets).item();
   }
-  pipeline_->train(true);
   return sum / static_cast<double>(val_batches_.size() / m);
 }
 
@@ -428,11 +402,9 @@ void Trainer::teardown() {
   if (module_) module_->trainer_ = nullptr;
   module_ = nullptr;
   data_ = nullptr;
-  optimizer_.reset();
   nxd_optimizer_.reset();
+  nxd_model_.reset();
   pipeline_ = nullptr;
-  zero1_ = nullptr;
-  norm_params_.clear();
   val_batches_.clear();
 }
 

@@ -1,25 +1,24 @@
 #pragma once
 // Trainer: Lightning's Trainer over nxd's parallel runtime. fit(module, data) runs on the current
 // Context (the single rank, an MPI process, or a sim rank thread — every rank of the world calls
-// it): it lays out the ranks (parallel_state: tensor x data x pipeline parallel), builds the
-// module's model and optimizer, and runs the loop:
+// it): it applies the strategy's NxDConfig (neuronx_distributed_config: parallel_state as tensor x
+// data x pipeline parallel, the matmul precision), builds the module's model (converted to bf16
+// for mixed precision) and wraps it and the module's optimizer in NxD's wrappers (NxDModel,
+// NxDOptimizer: the one wiring path nxd's training API also gives users), and runs the loop:
 //
 //   per step:  lr = schedule(step - 1)
 //              for each of accumulate_grad_batches micro batches:
 //                loss = module.training_step(batch); backward(loss / accumulation)
-//              (DP gradient all-reduce in buckets during the last micro batch's backward)
-//              SP gradient sums over TP; global grad norm over TP (clipped); optimizer step
+//              (DP gradient reduction in buckets during the last micro batch's backward)
+//              NxDOptimizer::step: SP gradient sums over TP, the DP reduction (all-reduce, or
+//              ZeRO-1's reduce-scatter), the global grad norm (clipped), the update
 //              on_train_batch_end (module, callbacks); validation at val_check_interval and the
 //              last step; a logged row every log_every_n_steps, at validations and the last step
 //
 // With pipeline parallelism the step's micro batches are the pipeline's microbatches: they are
-// concatenated and run by PipelineModel::run_train on the schedule (DP average, SP sums and the
-// tied embedding's gradient sum happen inside it), then norm, clipping and the step as above.
-// Validation runs run_eval over groups of that many validation micro batches.
-//
-// With ZeRO-1 (strategy.zero1) there is no DP all-reduce: after the SP sums the optimizer
-// reduce-scatters the gradients, computes the norm over its shards (clipping them) and steps
-// its shard of the parameters, then all-gathers them.
+// concatenated and run by NxDModel::run_train on the schedule (SP sums and the tied embedding's
+// gradient sum happen inside it), then NxDOptimizer::step as above. Validation runs run_eval over
+// groups of that many validation micro batches.
 //
 // Losses reported are the global batch's mean, the same on every rank (reduced over DP). The
 // loop stops at max_steps or when a callback calls request_stop(). Same config and seed give
@@ -33,9 +32,6 @@
 #include <string>
 #include <vector>
 
-#include "nxd/optim/grad_norm.h"
-#include "nxd/optim/grad_sync.h"
-#include "nxd/optim/zero1.h"
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/loggers.h"
 #include "nxd/trainer/module.h"
@@ -43,7 +39,7 @@
 
 namespace nxd::trainer {
 
-// The parallel layout (the part of NxD's neuronx_distributed_config that exists today).
+// The parallel layout and precision: the NxDConfig the trainer runs (nxd_config.h).
 struct Strategy {
   int64_t tensor_parallel_size = 1;        // data-parallel size = world / (tp x pp)
   int64_t pipeline_parallel_size = 1;      // > 1: the module's build_pipeline_model
@@ -52,7 +48,12 @@ struct Strategy {
   // ZeRO-1: the module's AdamW becomes a Zero1AdamW over the same groups (optimizer state
   // sharded over DP; gradients reduce-scattered instead of all-reduced)
   bool zero1 = false;
-  double grad_bucket_mb = 25.0;  // DP all-reduce bucket size
+  double grad_bucket_mb = 25.0;  // DP gradient bucket size
+  // NxD Training's precision.type: fp32 | autocast | mixed_precision | bf16SR (nxd_config.h:
+  // resolve_precision). The module builds its model in f32; the trainer converts it to bf16
+  // for mixed_precision and bf16SR.
+  std::string precision = "fp32";
+  MixedPrecisionConfig mixed_precision_config;
 };
 
 struct TrainerOptions {
@@ -112,6 +113,9 @@ class Trainer {
   // A line for the callbacks' on_message (the progress bar prints it on the logging rank).
   void message(const std::string& line);
   optim::Optimizer& optimizer();  // during fit
+  NxDModel& nxd_model();          // during fit: the module's model or pipeline, wrapped
+  // The NxDConfig of a fit with these options (sizes, pipeline, ZeRO-1, clipping, precision).
+  NxDConfig nxd_config() const;
   const std::optional<optim::LRSchedule>& schedule() const { return schedule_; }
   int dp_rank() const { return dp_rank_; }
   int dp_size() const { return dp_; }
@@ -125,8 +129,8 @@ class Trainer {
  private:
   using Clock = std::chrono::steady_clock;
   void setup(TrainingModule& module, DataModule& data);
-  void setup_pipeline(TrainingModule& module);
-  void setup_zero1();
+  void build_model(TrainingModule& module);
+  void setup_validation(DataModule& data);
   StepOutput train_step(TrainingModule& module, DataModule& data);
   double pipeline_train_step(DataModule& data, int64_t& tokens);
   std::optional<double> validate(TrainingModule& module);
@@ -138,18 +142,16 @@ class Trainer {
   std::vector<double> dp_sum(std::vector<double> v) const;
 
   TrainerOptions opts_;
+  NxDConfig nxd_config_;  // of the current fit
   int64_t step_ = 0;
   std::string stop_reason_;
   std::map<std::string, double> pending_;
   int dp_ = 1, dp_rank_ = 0;
   int64_t num_parameters_ = 0;
   pipeline::PipelineModel* pipeline_ = nullptr;  // the module's, with pipeline parallelism
-  optim::Zero1AdamW* zero1_ = nullptr;           // optimizer_, with strategy.zero1
-  std::unique_ptr<optim::Optimizer> optimizer_;  // the optimizer with a pipeline
+  std::shared_ptr<NxDModel> nxd_model_;          // the module's model or pipeline
+  std::unique_ptr<NxDOptimizer> nxd_optimizer_;  // around the module's optimizer
   std::optional<optim::LRSchedule> schedule_;
-  std::unique_ptr<NxDOptimizer> nxd_optimizer_;  // the optimizer without a pipeline
-  std::vector<optim::NormParam> norm_params_;
-  optim::NormGroups norm_groups_;
   std::vector<Batch> val_batches_;
   TrainingModule* module_ = nullptr;
   DataModule* data_ = nullptr;
