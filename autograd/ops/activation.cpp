@@ -14,7 +14,8 @@ Tensor gelu(const Tensor& x, GeluApprox approx) {
   Tensor xc = compute(x), yc = empty_like(xc);
   kernels::gelu_forward(yc, xc, th);
   Tensor y = to_dtype(yc, dt);
-  autograd::record("gelu", {x}, {y}, [xc, th, dt](const Grads& g) -> Grads {
+  autograd::record("gelu", {x}, {y}, [xk = keep(x, xc), th, dt](const Grads& g) -> Grads {
+    const Tensor xc = compute(xk);
     Tensor dx = empty_like(xc);
     kernels::gelu_backward(dx, compute(g[0]), xc, th);
     return {to_dtype(dx, dt)};
@@ -28,7 +29,8 @@ Tensor silu(const Tensor& x) {
   Tensor xc = compute(x), yc = empty_like(xc);
   kernels::silu_forward(yc, xc);
   Tensor y = to_dtype(yc, dt);
-  autograd::record("silu", {x}, {y}, [xc, dt](const Grads& g) -> Grads {
+  autograd::record("silu", {x}, {y}, [xk = keep(x, xc), dt](const Grads& g) -> Grads {
+    const Tensor xc = compute(xk);
     Tensor dx = empty_like(xc);
     kernels::silu_backward(dx, compute(g[0]), xc);
     return {to_dtype(dx, dt)};
@@ -47,12 +49,14 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   kernels::swiglu_forward(yc, gc, uc);
   Tensor y = to_dtype(yc, dt);
   const bool ng = gate.requires_grad(), nu = up.requires_grad();
-  autograd::record("swiglu", {gate, up}, {y}, [gc, uc, ng, nu, dt](const Grads& g) -> Grads {
-    Tensor dg = ng ? empty(gc.shape(), gc.dtype(), gc.device()) : Tensor();
-    Tensor du = nu ? empty(gc.shape(), gc.dtype(), gc.device()) : Tensor();
-    kernels::swiglu_backward(dg, du, compute(g[0]), gc, uc);
-    return {to_dtype(dg, dt), to_dtype(du, dt)};
-  });
+  autograd::record("swiglu", {gate, up}, {y},
+                   [gk = keep(gate, gc), uk = keep(up, uc), ng, nu, dt](const Grads& g) -> Grads {
+                     const Tensor gc = compute(gk), uc = compute(uk);
+                     Tensor dg = ng ? empty(gc.shape(), gc.dtype(), gc.device()) : Tensor();
+                     Tensor du = nu ? empty(gc.shape(), gc.dtype(), gc.device()) : Tensor();
+                     kernels::swiglu_backward(dg, du, compute(g[0]), gc, uc);
+                     return {to_dtype(dg, dt), to_dtype(du, dt)};
+                   });
   return y;
 }
 

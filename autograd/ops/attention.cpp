@@ -39,9 +39,15 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   kernels::attention_forward(oc, probs, qc, kc, vc, causal, scale);
   Tensor out = to_dtype(oc, dt);  // oc itself for f32/f64: captured detached below
   if (!grad) return out;
+  // bf16 attention keeps bf16 inputs, output and probabilities for backward (half the bytes;
+  // the output and probabilities rounded, as PyTorch's bf16 attention keeps them), f32 keeps f32
+  const bool half = dt == DType::bf16;
   autograd::record(
       op, {q, k, v}, {out},
-      [qc, kc, vc, oc = oc.detach(), probs, causal, scale, dt](const Grads& g) -> Grads {
+      [qk = keep(q, qc), kk = keep(k, kc), vk = keep(v, vc), ok = half ? out.detach() : oc.detach(),
+       pk = half ? probs.to(DType::bf16) : probs, causal, scale, dt](const Grads& g) -> Grads {
+        const Tensor qc = compute(qk), kc = compute(kk), vc = compute(vk);
+        const Tensor oc = compute(ok), probs = compute(pk);
         Tensor dq = empty_like_layout(qc, qc.dtype());
         Tensor dk = empty_like_layout(kc, qc.dtype());
         Tensor dv = empty_like_layout(vc, qc.dtype());

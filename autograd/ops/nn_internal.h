@@ -19,6 +19,12 @@ inline Tensor compute(const Tensor& x) {
   Tensor d = x.detach();
   return d.dtype() == DType::bf16 ? d.to(DType::f32) : d;
 }
+// What an op keeps for backward of an input it computes on: a bf16 input itself (half the bytes
+// of its f32 compute copy xc, which backward gets back exactly with compute()), else xc (the same
+// tensor as the input's detached handle, or its copy). Activations of a bf16 model then stay bf16.
+inline Tensor keep(const Tensor& x, const Tensor& xc) {
+  return x.defined() && x.dtype() == DType::bf16 ? x.detach() : xc;
+}
 // y in dtype `dt` (rounds once when dt is bf16).
 inline Tensor to_dtype(const Tensor& y, DType dt) {
   return !y.defined() || y.dtype() == dt ? y : y.to(dt);

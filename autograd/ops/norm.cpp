@@ -41,16 +41,18 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   Tensor y = to_dtype(yc, dt);
   const bool need_w = weight.defined() && weight.requires_grad(),
              need_b = bias.defined() && bias.requires_grad();
-  autograd::record(op, {x, weight, bias}, {y},
-                   [xc, wc, mean, rstd, need_w, need_b, dt, ct](const Grads& g) -> Grads {
-                     const Tensor& gd = g[0];
-                     Tensor gc = compute(gd), dx = empty_like(xc);
-                     Shape ps{xc.size(-1)};
-                     Tensor dw = need_w ? empty(ps, ct, xc.device()) : Tensor();
-                     Tensor db = need_b ? empty(ps, ct, xc.device()) : Tensor();
-                     kernels::layer_norm_backward(dx, dw, db, gc, xc, mean, rstd, wc);
-                     return {to_dtype(dx, dt), to_dtype(dw, dt), to_dtype(db, dt)};
-                   });
+  autograd::record(
+      op, {x, weight, bias}, {y},
+      [xk = keep(x, xc), wc, mean, rstd, need_w, need_b, dt, ct](const Grads& g) -> Grads {
+        const Tensor& gd = g[0];
+        const Tensor xc = compute(xk);
+        Tensor gc = compute(gd), dx = empty_like(xc);
+        Shape ps{xc.size(-1)};
+        Tensor dw = need_w ? empty(ps, ct, xc.device()) : Tensor();
+        Tensor db = need_b ? empty(ps, ct, xc.device()) : Tensor();
+        kernels::layer_norm_backward(dx, dw, db, gc, xc, mean, rstd, wc);
+        return {to_dtype(dx, dt), to_dtype(dw, dt), to_dtype(db, dt)};
+      });
   return y;
 }
 
@@ -83,12 +85,14 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     y = to_dtype(yc, dt);
   }
   const bool need_w = weight.defined() && weight.requires_grad();
-  autograd::record(op, {x, weight}, {y}, [xc, wc, rstd, need_w, dt, ct](const Grads& g) -> Grads {
-    Tensor gc = compute(g[0]), dx = empty_like(xc);
-    Tensor dw = need_w ? empty({xc.size(-1)}, ct, xc.device()) : Tensor();
-    kernels::rms_norm_backward(dx, dw, gc, xc, rstd, wc);
-    return {to_dtype(dx, dt), to_dtype(dw, dt)};
-  });
+  autograd::record(op, {x, weight}, {y},
+                   [xk = keep(x, xc), wc, rstd, need_w, dt, ct](const Grads& g) -> Grads {
+                     const Tensor xc = compute(xk);
+                     Tensor gc = compute(g[0]), dx = empty_like(xc);
+                     Tensor dw = need_w ? empty({xc.size(-1)}, ct, xc.device()) : Tensor();
+                     kernels::rms_norm_backward(dx, dw, gc, xc, rstd, wc);
+                     return {to_dtype(dx, dt), to_dtype(dw, dt)};
+                   });
   return y;
 }
 

@@ -29,8 +29,12 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   else
     kernels::softmax_forward(yc, xt);
   Tensor y = to_dtype(d != last ? yc.transpose(d, last) : yc, dt);
-  // yc may be y itself: capture a detached handle (no reference cycle)
-  autograd::record(op, {x}, {y}, [yc = yc.detach(), d, last, log, dt](const Grads& g) -> Grads {
+  // yc may be y itself: capture a detached handle (no reference cycle); a bf16 softmax keeps its
+  // bf16 output (its f32 value rounded: backward uses that, as PyTorch's bf16 softmax does)
+  Tensor yk = dt == DType::bf16 ? y.detach() : yc.detach();
+  if (dt == DType::bf16 && d != last) yk = yk.transpose(d, last);
+  autograd::record(op, {x}, {y}, [yk, d, last, log, dt](const Grads& g) -> Grads {
+    const Tensor yc = compute(yk);
     Tensor gt = compute(g[0]);
     if (d != last) gt = gt.transpose(d, last);
     Tensor dx = empty_like(yc);

@@ -3,8 +3,16 @@
 // on it) — here: it initializes parallel_state and refuses ZeRO-1 without AdamW.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <optional>
+
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/basic.h"
+#include "nxd/runtime/rng.h"
+#include "support/compare.h"
 #include "nxd/trainer/nxd_api.h"
 #include "support/ranks.h"
 
@@ -73,5 +81,257 @@ TEST(NxdApi, ConfigChecksTheWorldAndInitializesParallelState) {
                                               optim::SGDOptions{});
               }).find("shards AdamW's state"),
               std::string::npos);
+  });
+}
+
+namespace {
+
+ModelConfig small_llama() {
+  ModelConfig c;
+  c.vocab_size = 64;
+  c.num_layers = 4;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_kv_heads = 2;
+  c.ffn_hidden_size = 48;
+  c.max_position_embeddings = 16;
+  c.init_method = InitMethod::nxd;
+  return c;
+}
+
+Tensor batch_ids(int dp_rank, int step, int64_t vocab) {
+  std::vector<int64_t> v(4 * 16);
+  RngStream s{700u + static_cast<uint64_t>(step), static_cast<uint64_t>(dp_rank)};
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>(s.uniform_f64(i) * vocab);
+  return from_vector<int64_t>(v, {4, 16});
+}
+
+}  // namespace
+
+TEST(NxdApi, PrecisionResolution) {
+  auto of = [](const std::string& p, std::optional<bool> mw = {}, std::optional<bool> acc = {}) {
+    NxDConfig c;
+    c.precision = p;
+    c.mixed_precision_config = {mw, acc};
+    return resolve_precision(c);
+  };
+  EXPECT_EQ(of("fp32").param_dtype, DType::f32);
+  EXPECT_EQ(of("fp32").matmul, blas::MatmulPrecision::fp32);
+  EXPECT_EQ(of("autocast").matmul, blas::MatmulPrecision::bf16);
+  EXPECT_EQ(of("autocast").param_dtype, DType::f32);
+  const ResolvedPrecision mp = of("mixed_precision");
+  EXPECT_EQ(mp.param_dtype, DType::bf16);
+  EXPECT_TRUE(mp.master_weights && mp.fp32_grad_acc && !mp.stochastic_rounding);
+  const ResolvedPrecision sr = of("bf16SR");
+  EXPECT_TRUE(!sr.master_weights && !sr.fp32_grad_acc && sr.stochastic_rounding);
+  EXPECT_FALSE(of("mixed_precision", false).master_weights);  // NxD's knobs override
+  EXPECT_TRUE(of("bf16SR", {}, true).fp32_grad_acc);
+  EXPECT_FALSE(of("fp32", true, true).master_weights);  // f32 parameters are their own masters
+  EXPECT_NE(config_error([&] { of("fp16"); }).find("precision must be fp32, autocast"),
+            std::string::npos);
+  const NxDConfig j = NxDConfig::from_json(nlohmann::json::parse(
+      R"({"precision": "mixed_precision", "mixed_precision_config": {"use_master_weights": false},
+          "model_init_config": {"meta_device_init": true, "seed": 7},
+          "pipeline_config": {"num_microbatches": 4, "schedule": "gpipe"}})"));
+  EXPECT_EQ(j.precision, "mixed_precision");
+  EXPECT_EQ(j.mixed_precision_config.use_master_weights, std::optional<bool>(false));
+  EXPECT_FALSE(j.mixed_precision_config.use_fp32_grad_acc.has_value());
+  EXPECT_TRUE(j.model_init_config.meta_device_init);
+  EXPECT_EQ(j.model_init_config.seed, 7u);
+  EXPECT_EQ(j.pipeline_config.num_microbatches, 4);
+  EXPECT_NE(config_error([] {
+              NxDConfig::from_json({{"pipeline_config", {{"microbatches", 2}}}});
+            }).find("unknown key 'pipeline_config.microbatches'"),
+            std::string::npos);
+  EXPECT_NE(config_error([] {
+              nxd::testing::run_ranks(1, [] {
+                NxDConfig c;
+                c.pipeline_config.schedule = "zigzag";
+                neuronx_distributed_config(c);
+              });
+            }).find("schedule must be gpipe, 1f1b or interleaved, got 'zigzag'"),
+            std::string::npos);
+}
+
+// Meta-device initialization: a model built on the meta device allocates nothing on the host and,
+// materialized shard by shard, holds bitwise the values of the host build, at TP 2.
+TEST(NxdApi, MetaInitMaterializesTheHostBuildsValues) {
+  nxd::testing::run_ranks(2, [] {
+    NxDConfig cfg;
+    cfg.tensor_parallel_size = 2;
+    cfg.model_init_config.meta_device_init = true;
+    cfg = neuronx_distributed_config(cfg);
+    const int64_t host_before = current_context().memory().live();
+    auto meta = initialize_parallel_model(cfg, small_llama(), 21);
+    auto host = make_causal_lm(small_llama(), 21);
+    for (const auto& p : meta->local_named_parameters()) {
+      ASSERT_FALSE(p.param.is_meta()) << p.name;
+      EXPECT_BITWISE_EQ(p.param.detach(), host->get_parameter(p.name).detach()) << p.name;
+    }
+    EXPECT_GT(current_context().memory().live(), host_before);
+    // a module of the user's own: param_init_fn fills each parameter
+    NxDConfig own = cfg;
+    own.model_init_config.param_init_fn = [](const std::string& name, const Tensor& t) {
+      t.fill_(name == "fc.weight" ? 0.5 : -1.0);
+    };
+    auto m = initialize_parallel_model(own, [](const ParamOptions& po) {
+      EXPECT_EQ(po.device, Device::meta);
+      LinearOptions lo;
+      lo.param = po;
+      auto mod = std::make_shared<Module>();
+      mod->register_module("fc", std::make_shared<Linear>(3, 2, lo));
+      return mod;
+    });
+    EXPECT_EQ(m->local_module().get_parameter("fc.weight").at({1, 2}), 0.5);
+    EXPECT_EQ(m->local_module().get_parameter("fc.bias").at({0}), -1.0);
+  });
+}
+
+// A 7B-parameter Llama shape (hidden 4096, 32 layers, ffn 11008, vocab 32000) at TP 8 builds on
+// the meta device: every rank's share is counted on the meta device, the host allocates nothing.
+TEST(NxdApi, SevenBillionParameterShapeBuildsOnTheMetaDevice) {
+  ModelConfig c;
+  c.vocab_size = 32000;
+  c.num_layers = 32;
+  c.hidden_size = 4096;
+  c.num_attention_heads = 32;
+  c.ffn_hidden_size = 11008;
+  c.max_position_embeddings = 4096;
+  c.device = Device::meta;
+  std::vector<int64_t> counts(8), meta(8);
+  const int64_t host_before = device_memory(Device::host).live();
+  int64_t host_grew = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  nxd::testing::run_ranks(8, [&] {
+    NxDConfig cfg;
+    cfg.tensor_parallel_size = 8;
+    neuronx_distributed_config(cfg);
+    const int r = current_context().rank();
+    auto lm = make_causal_lm(c, 1);
+    int64_t n = 0, bytes = 0;
+    for (const auto& [name, t] : lm->named_parameters()) {
+      EXPECT_TRUE(t.is_meta()) << name;
+      n += t.numel();
+      bytes += t.nbytes();
+    }
+    counts[r] = n;
+    meta[r] = bytes;
+    world().barrier();  // every rank's model exists
+    if (r == 0) host_grew = device_memory(Device::host).live() - host_before;
+    world().barrier();
+  });
+  std::printf("    7B shape at TP 8 on the meta device: %.2f s for 8 ranks\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const int64_t whole = 6738415616;  // Llama-2-7B's parameters
+  const int64_t norms = 65 * 4096;   // two RMSNorms per layer and the final one: on every rank
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(counts[r], (whole - norms) / 8 + norms) << "rank " << r;
+    EXPECT_EQ(meta[r], counts[r] * 4) << "rank " << r;
+  }
+  EXPECT_LT(host_grew, int64_t{64} << 20) << "host bytes allocated while building on meta";
+}
+
+namespace {
+
+struct Trace {
+  std::vector<double> losses, norms;
+  std::map<std::string, Tensor> params;  // after the last step (rank 0 of each stage)
+};
+
+// 6 steps of AdamW through initialize_parallel_model / initialize_parallel_optimizer on `world`
+// ranks; the global batch is the DP ranks' batches of batch_ids (4 rows each).
+Trace train_with_wrappers(int world, NxDConfig want, int dp) {
+  Trace t;
+  std::mutex mu;
+  nxd::testing::run_ranks(world, [&] {
+    const NxDConfig cfg = neuronx_distributed_config(want);
+    auto model = initialize_parallel_model(cfg, small_llama(), 3);
+    auto opt = initialize_parallel_optimizer(
+        cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
+        optim::AdamWOptions{});
+    const int d = parallel_state::get_data_parallel_rank();
+    for (int step = 0; step < 6; ++step) {
+      std::vector<Tensor> ids, tg;
+      // one rank holds the whole global batch; a DP rank its share
+      for (int q = dp == 1 ? 0 : d; q < (dp == 1 ? 2 : d + 1); ++q) {
+        ids.push_back(batch_ids(q, step, 64));
+        tg.push_back(batch_ids(q, 100 + step, 64));
+      }
+      const double loss = model->run_train(cat_raw(ids, 0), cat_raw(tg, 0)).item();
+      opt->step();
+      opt->zero_grad();
+      if (current_context().rank() == 0) {
+        t.losses.push_back(loss);
+        t.norms.push_back(opt->grad_norm());
+      }
+    }
+    if (parallel_state::get_data_parallel_rank() == 0 &&
+        parallel_state::get_tensor_model_parallel_rank() == 0) {
+      std::lock_guard<std::mutex> l(mu);
+      for (const auto& p : model->local_named_parameters())
+        t.params[p.name] = p.param.detach().clone();
+    }
+  });
+  return t;
+}
+
+}  // namespace
+
+// PP2 x DP2 with ZeRO-1 through NxD's wrappers (the pipeline's run_train, the ZeRO-1
+// reduce-scatter of the optimizer wrapper's buckets) against one rank: every loss and gradient
+// norm within 1e-5. Parameters after 6 AdamW steps within 1e-3: AdamW divides by sqrt(v), so an
+// element whose gradient nearly cancels between the microbatches moves by up to lr when its
+// last-bit rounding differs (the pipeline sums two microbatch gradients, one rank one batch).
+TEST(NxdApi, PipelineAndZero1ThroughTheWrappersMatchOneRank) {
+  const Trace one = train_with_wrappers(1, NxDConfig{}, 1);
+  NxDConfig pp;
+  pp.pipeline_parallel_size = 2;
+  pp.pipeline_config.num_microbatches = 2;
+  pp.optimizer_config.zero_one_enabled = true;
+  const Trace par = train_with_wrappers(4, pp, 2);
+  ASSERT_EQ(par.losses.size(), one.losses.size());
+  double worst = 0, worst_norm = 0;
+  for (size_t i = 0; i < one.losses.size(); ++i) {
+    worst = std::max(worst, std::abs(par.losses[i] - one.losses[i]) / std::abs(one.losses[i]));
+    worst_norm = std::max(worst_norm, std::abs(par.norms[i] - one.norms[i]) / one.norms[i]);
+  }
+  std::printf("    PP2 x DP2 + ZeRO-1 vs one rank: largest relative loss difference %.3g, "
+              "grad norm %.3g\n",
+              worst, worst_norm);
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_LE(worst_norm, 1e-5);
+  ASSERT_EQ(par.params.size(), one.params.size());
+  for (const auto& [name, t] : one.params)
+    EXPECT_TRUE(nxd::testing::close_rel(par.params.at(name), t, 1e-3, name));
+}
+
+// mixed_precision through the wrappers: bf16 parameters, f32 gradients (accumulated in the
+// optimizer's buckets) and f32 master weights whose rounding the parameters are, at TP2 x DP2.
+TEST(NxdApi, MixedPrecisionKeepsF32MastersOfBf16Parameters) {
+  nxd::testing::run_ranks(4, [] {
+    NxDConfig want;
+    want.tensor_parallel_size = 2;
+    want.precision = "mixed_precision";
+    const NxDConfig cfg = neuronx_distributed_config(want);
+    auto model = initialize_parallel_model(cfg, small_llama(), 3);
+    EXPECT_EQ(model->dtype(), DType::bf16);
+    auto opt = initialize_parallel_optimizer(
+        cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-2, 0.1),
+        optim::AdamWOptions{});
+    const int d = parallel_state::get_data_parallel_rank();
+    for (int step = 0; step < 3; ++step) {
+      const Tensor loss = model->run_train(batch_ids(d, step, 64), batch_ids(d, 100 + step, 64));
+      EXPECT_EQ(loss.dtype(), DType::f32);
+      for (const auto& p : model->local_named_parameters())
+        EXPECT_EQ(p.param.grad().dtype(), DType::f32) << p.name;
+      opt->step();
+      opt->zero_grad();
+    }
+    for (const auto& p : model->local_named_parameters()) {
+      ASSERT_EQ(p.param.dtype(), DType::bf16) << p.name;
+      const Tensor m = opt->inner().master(p);
+      ASSERT_TRUE(m.defined()) << p.name;
+      EXPECT_BITWISE_EQ(p.param.detach(), m.to(DType::bf16)) << p.name;
+    }
   });
 }
