@@ -120,6 +120,12 @@ void Optimizer::zero_grad(bool set_to_none) {
     }
 }
 
+int64_t Optimizer::state_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : state_) n += t.nbytes();
+  return n;
+}
+
 void Optimizer::set_lr(double lr) {
   for (auto& g : groups_) g.lr = lr * g.lr_scale;
 }

@@ -81,6 +81,8 @@ class Optimizer {
   virtual void commit_state() {}
   virtual void release_state() {}
   const char* kind() const { return kind_; }
+  // Bytes of optimizer state this rank holds (state tensors, master weights).
+  virtual int64_t state_bytes() const;
 
   // How bf16 parameters are updated (optim/precision.h). Set before the first step; with
   // master_weights each bf16 parameter gets its f32 copy ("<name>.master") from its current value.

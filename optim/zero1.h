@@ -72,7 +72,7 @@ class Zero1AdamW : public Optimizer {
   int dp_size() const;
   int64_t shard_elements() const;  // sum of this rank's bucket shards
   // Bytes of optimizer state this rank holds (exp_avg, exp_avg_sq and masters of its shard).
-  int64_t state_bytes() const;
+  int64_t state_bytes() const override;
   GradSync& grad_sync();  // its gradient buckets (no_sync() for gradient accumulation)
 
   void gather_state();

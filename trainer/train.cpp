@@ -54,7 +54,7 @@ class RunSummary : public Callback {
       std::istringstream lines(p->balance_report());
       for (std::string line; std::getline(lines, line);) t.message("pipeline: " + line);
       t.message(str("pipeline: this rank (last stage) holds ",
-                    with_commas(p->local_parameter_bytes()), " parameter bytes (allocator)"));
+                    with_commas(p->local_parameter_bytes()), " bytes of parameter tensors"));
     }
     const auto& o = cfg_.optim;
     t.message(str("train: ", cfg_.trainer.max_steps, " steps of ", cfg_.data.global_batch_size,
@@ -124,9 +124,10 @@ void print_result(const TrainConfig& cfg, const FitResult& fr, std::FILE* out) {
   std::fprintf(out, "\n");
   if (fr.activation_peak_bytes > 0)
     std::fprintf(out,
-                 "memory: activation peak %.2f MiB (largest rank: peak above the resident "
-                 "parameters and optimizer state)\n",
-                 static_cast<double>(fr.activation_peak_bytes) / (1 << 20));
+                 "memory (allocator, the largest rank): activation peak %.2f MiB (peak above the "
+                 "resident parameters, gradients and optimizer state), optimizer state %.2f MiB\n",
+                 static_cast<double>(fr.activation_peak_bytes) / (1 << 20),
+                 static_cast<double>(fr.optimizer_state_bytes) / (1 << 20));
   if (fr.sim_bubble >= 0) {
     pipeline::ScheduleConfig s;
     s.pp = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
@@ -227,6 +228,7 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   res.stop_reason = fr.stop_reason;
   res.sim_bubble = fr.sim_bubble;
   res.activation_peak_bytes = fr.activation_peak_bytes;
+  res.optimizer_state_bytes = fr.optimizer_state_bytes;
   if (talk) print_result(cfg, fr, opts.out);
 
   const auto& g = cfg.generation;

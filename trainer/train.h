@@ -45,6 +45,7 @@ struct TrainResult {
   std::string stop_reason;            // "" = ran trainer.max_steps (else: early stopping's reason)
   double sim_bubble = -1;             // sim with pipeline parallelism: the modeled bubble (else -1)
   int64_t activation_peak_bytes = 0;  // the largest rank's peak above its resident state
+  int64_t optimizer_state_bytes = 0;  // the largest rank's optimizer state
 };
 
 // Builds the module of a run (default: CausalLMModule(cfg)); called on every rank.

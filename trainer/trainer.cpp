@@ -471,9 +471,11 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
   }
   {
     const MemoryCounter& mem = current_context().memory();
-    std::vector<double> act = {static_cast<double>(mem.peak() - mem.live())};
-    world().all_reduce(act.data(), act.data(), 1, DType::f64, ReduceOp::max);
-    res.activation_peak_bytes = static_cast<int64_t>(act[0]);
+    std::vector<double> most = {static_cast<double>(mem.peak() - mem.live()),
+                                static_cast<double>(optimizer().state_bytes())};
+    world().all_reduce(most.data(), most.data(), 2, DType::f64, ReduceOp::max);
+    res.activation_peak_bytes = static_cast<int64_t>(most[0]);
+    res.optimizer_state_bytes = static_cast<int64_t>(most[1]);
   }
   for (auto& cb : opts_.callbacks) cb->on_fit_end(*this, module);
   module.on_fit_end();

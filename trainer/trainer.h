@@ -93,6 +93,8 @@ struct FitResult {
   // The largest rank's device-memory peak above what stays resident between steps (parameters,
   // optimizer state): activations, gradients and temporaries (the allocator's counters).
   int64_t activation_peak_bytes = 0;
+  // The largest rank's optimizer state (Optimizer::state_bytes: 1/DP of AdamW's with ZeRO-1).
+  int64_t optimizer_state_bytes = 0;
 };
 
 class Trainer {
