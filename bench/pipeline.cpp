@@ -7,10 +7,14 @@
 // (pp - 1) / (M + pp - 1) (divided by vpp when interleaved).
 //
 //   nxd-bench-pipeline [--steps S] [--rounds R] [--microbatches M]
-// Also one rank and PP2 with activation checkpointing (selective, full): the step time and
-// peak_mb, the largest rank's peak device memory (the allocator's counter) against none.
-// One line per configuration: config=... world=... tokens_per_s=... ratio=... sim_ms_per_step=...
-// bubble=... bubble_analytical=... peak_mb=...
+// Activation checkpointing (model.activations_checkpoint_granularity) none / selective / full on
+// one rank and on PP2 (1f1b): the host step time (ms_per_step), the modeled one and peak_mb, the
+// largest rank's peak device memory (the allocator's counter); each checkpointed line also gives
+// its baseline measured in the same run (vs=, the same layout without checkpointing) and
+// time_ratio (host step time / baseline's) and peak_ratio (peak / baseline's).
+// One line per configuration: config=... world=... ckpt=... ms_per_step=... tokens_per_s=...
+// ratio=... (tokens/s / single's) sim_ms_per_step=... bubble=... bubble_analytical=... peak_mb=...
+// [vs=... time_ratio=... peak_ratio=...]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -123,6 +127,18 @@ Result run(const Par& p, int steps, int M) {
   return res;
 }
 
+// The configuration with k's layout and no activation checkpointing (k itself without one).
+size_t baseline_of(const std::vector<Par>& pars, size_t k) {
+  const Par& p = pars[k];
+  for (size_t b = 0; b < pars.size(); ++b) {
+    const Par& q = pars[b];
+    if (q.ckpt == CheckpointGranularity::none && q.tp == p.tp && q.pp == p.pp && q.dp == p.dp &&
+        q.vpp == p.vpp && q.kind == p.kind)
+      return b;
+  }
+  return k;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,6 +172,8 @@ int main(int argc, char** argv) {
       {"single-ckpt-selective", 1, 1, 1, 1, ScheduleKind::one_f_one_b,
        CheckpointGranularity::selective},
       {"single-ckpt-full", 1, 1, 1, 1, ScheduleKind::one_f_one_b, CheckpointGranularity::full},
+      {"pp2-1f1b-ckpt-selective", 1, 2, 1, 1, ScheduleKind::one_f_one_b,
+       CheckpointGranularity::selective},
       {"pp2-1f1b-ckpt-full", 1, 2, 1, 1, ScheduleKind::one_f_one_b, CheckpointGranularity::full},
   };
   std::vector<Result> best(pars.size());
@@ -183,12 +201,20 @@ int main(int argc, char** argv) {
     sc.kind = p.kind;
     sc.num_microbatches = std::max(1, M / p.dp);
     std::printf(
-        "config=%s world=%d tokens_per_s=%.0f ratio=%.2f sim_ms_per_step=%.3f bubble=%.3f "
-        "bubble_analytical=%.3f peak_mb=%.2f\n",
-        p.name.c_str(), p.tp * p.pp * p.dp, best[k].tokens_per_s,
+        "config=%s world=%d ckpt=%s ms_per_step=%.2f tokens_per_s=%.0f ratio=%.2f "
+        "sim_ms_per_step=%.3f bubble=%.3f bubble_analytical=%.3f peak_mb=%.2f",
+        p.name.c_str(), p.tp * p.pp * p.dp,
+        p.ckpt == CheckpointGranularity::none ? "none" : checkpoint_granularity_name(p.ckpt),
+        1e3 * kBatch * kSeq / best[k].tokens_per_s, best[k].tokens_per_s,
         best[k].tokens_per_s / best[0].tokens_per_s, best[k].sim_step_s * 1e3, best[k].bubble,
         p.pp > 1 ? analytical_bubble(sc) : 0.0,
         static_cast<double>(best[k].peak_bytes) / (1 << 20));
+    const size_t b = baseline_of(pars, k);
+    if (b != k)
+      std::printf(" vs=%s time_ratio=%.2f peak_ratio=%.2f", pars[b].name.c_str(),
+                  best[b].tokens_per_s / best[k].tokens_per_s,
+                  static_cast<double>(best[k].peak_bytes) / best[b].peak_bytes);
+    std::printf("\n");
   }
   return 0;
 }

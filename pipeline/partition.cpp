@@ -1,24 +1,31 @@
 #include "nxd/pipeline/partition.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
-#include "nxd/layers/models/causal_lm.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::pipeline {
 
-std::string layer_prefix(const ModelConfig& cfg) {
-  return cfg.arch == "gpt_neox" ? "gpt_neox.layers." : "model.layers.";
+const char* partition_balance_name(PartitionBalance b) {
+  return b == PartitionBalance::modeled_cost ? "modeled_cost" : "parameters";
+}
+
+PartitionBalance parse_partition_balance(const std::string& s) {
+  if (s == "parameters") return PartitionBalance::parameters;
+  if (s == "modeled_cost") return PartitionBalance::modeled_cost;
+  throw ConfigError(
+      str("[pipeline] partition balance '", s, "' is not one of parameters, modeled_cost"));
 }
 
 namespace {
 
-void check_stages(const ModelConfig& cfg, int num_stages) {
+void check_stages(int64_t num_layers, int num_stages) {
   if (num_stages < 1) throw ConfigError(str("pipeline: ", num_stages, " stages"));
-  if (cfg.num_layers < num_stages)
-    throw ConfigError(str("pipeline: num_layers=", cfg.num_layers, " cannot be split into ",
-                          num_stages, " stages (pp x vpp) of at least one layer each"));
+  if (num_layers < num_stages)
+    throw ConfigError(str("pipeline: num_layers=", num_layers, " cannot be split into ", num_stages,
+                          " stages (pp x vpp) of at least one layer each"));
 }
 
 std::vector<ModelPart> parts_from_ends(const std::vector<int64_t>& ends) {
@@ -36,81 +43,63 @@ std::vector<ModelPart> parts_from_ends(const std::vector<int64_t>& ends) {
   return parts;
 }
 
+// Decoder layer index of a cut name, or -1.
+int64_t cut_layer(const std::string& c, const std::string& prefix) {
+  if (prefix.empty() || c.rfind(prefix, 0) != 0 || c.size() == prefix.size()) return -1;
+  const std::string n = c.substr(prefix.size());
+  if (n.find_first_not_of("0123456789") != std::string::npos || n.size() >= 10) return -1;
+  return std::stoll(n);
+}
+
+// What auto_partition compares: parameters, or modeled seconds in whole picoseconds (integers,
+// so that equal layers tie exactly and ties go to the earliest cut).
+int64_t weight(const PieceSize& p, PartitionBalance b) {
+  return b == PartitionBalance::parameters ? p.parameters : std::llround(p.seconds * 1e12);
+}
+
 }  // namespace
 
-std::vector<ModelPart> partition_by_cuts(const ModelConfig& cfg,
+std::vector<ModelPart> partition_by_cuts(const ModelPieces& pieces,
                                          const std::vector<std::string>& cuts, int num_stages) {
-  check_stages(cfg, num_stages);
+  const int64_t L = pieces.num_layers();
+  check_stages(L, num_stages);
   if (static_cast<int>(cuts.size()) != num_stages - 1)
     throw ConfigError(str("pipeline_cuts: ", cuts.size(), " cuts for ", num_stages,
                           " stages (pp x vpp); need ", num_stages - 1));
-  const std::string prefix = layer_prefix(cfg);
+  const std::string& prefix = pieces.layer_prefix;
+  if (prefix.empty() && !cuts.empty())
+    throw ConfigError(str("pipeline_cuts: '", cuts.front(),
+                          "': the model's decoder layers have no parameters to name them by"));
   std::vector<int64_t> ends;
   for (const std::string& c : cuts) {
-    int64_t layer = -1;
-    if (c.rfind(prefix, 0) == 0 && c.size() > prefix.size()) {
-      const std::string n = c.substr(prefix.size());
-      if (n.find_first_not_of("0123456789") == std::string::npos && n.size() < 10)
-        layer = std::stoll(n);
-    }
-    if (layer < 0 || layer >= cfg.num_layers)
+    const int64_t layer = cut_layer(c, prefix);
+    if (layer < 0 || layer >= L)
       throw ConfigError(str("pipeline_cuts: '", c, "' is not a decoder layer (", prefix, "0 .. ",
-                            prefix, cfg.num_layers - 1, ")"));
+                            prefix, L - 1, ")"));
     const int64_t end = layer + 1;
-    if ((ends.empty() && end < 1) || (!ends.empty() && end <= ends.back()))
+    if (!ends.empty() && end <= ends.back())
       throw ConfigError(str("pipeline_cuts: '", c, "' does not come after the previous cut"));
-    if (end >= cfg.num_layers)
+    if (end >= L)
       throw ConfigError(str("pipeline_cuts: '", c, "' leaves the last stage without layers"));
     ends.push_back(end);
   }
-  ends.push_back(cfg.num_layers);
+  ends.push_back(L);
   return parts_from_ends(ends);
 }
 
-ParameterCounts count_parameters(const ModelConfig& cfg) {
-  // shapes only (per rank at the current TP degree)
-  ModelConfig meta = cfg;
-  meta.device = Device::meta;
-  std::shared_ptr<CausalLM> m = make_causal_lm(meta, 0);
-  ParameterCounts c;
-  c.layers.assign(cfg.num_layers, 0);
-  const std::string prefix = layer_prefix(cfg);
-  for (const auto& [name, t] : m->named_parameters()) {
-    if (name.rfind(prefix, 0) == 0) {
-      const int64_t l = std::stoll(name.substr(prefix.size()));
-      c.layers.at(l) += t.numel();
-    } else if (name.find("embed_tokens") != std::string::npos ||
-               name.find("embed_in") != std::string::npos) {
-      c.embedding += t.numel();
-    } else {
-      c.head += t.numel();
-    }
-  }
-  return c;
-}
-
-int64_t part_parameters(const ModelConfig& cfg, const ParameterCounts& counts,
-                        const ModelPart& part) {
-  int64_t n = 0;
-  for (int64_t l = part.layer_begin; l < part.end(cfg); ++l) n += counts.layers.at(l);
-  if (part.embedding || (part.head && cfg.tie_word_embeddings)) n += counts.embedding;
-  if (part.head) n += counts.head;
-  return n;
-}
-
-std::vector<ModelPart> auto_partition(const ModelConfig& cfg, int num_stages) {
-  check_stages(cfg, num_stages);
-  const ParameterCounts counts = count_parameters(cfg);
-  const int64_t L = cfg.num_layers;
+std::vector<ModelPart> auto_partition(const ModelPieces& pieces, int num_stages,
+                                      PartitionBalance balance) {
+  const int64_t L = pieces.num_layers();
+  check_stages(L, num_stages);
   const int S = num_stages;
-  // prefix sums of layer counts
+  // prefix sums of the layers' weights
   std::vector<int64_t> pre(L + 1, 0);
-  for (int64_t l = 0; l < L; ++l) pre[l + 1] = pre[l] + counts.layers[l];
-  const int64_t tail = counts.head + (cfg.tie_word_embeddings ? counts.embedding : 0);
+  for (int64_t l = 0; l < L; ++l) pre[l + 1] = pre[l] + weight(pieces.layers[l], balance);
+  const int64_t embedding = weight(pieces.embedding, balance), head = weight(pieces.head, balance);
   auto cost = [&](int s, int64_t begin, int64_t end) {
     int64_t c = pre[end] - pre[begin];
-    if (s == 0) c += counts.embedding;
-    if (s == S - 1) c += tail;
+    if (s == 0) c += embedding;
+    if (s == S - 1) c += head;
     return c;
   };
   constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
@@ -133,6 +122,12 @@ std::vector<ModelPart> auto_partition(const ModelConfig& cfg, int num_stages) {
     e = from[s][e];
   }
   return parts_from_ends(ends);
+}
+
+std::vector<ModelPart> auto_partition(const ModelConfig& cfg, int num_stages,
+                                      PartitionBalance balance, const PieceOptions& opts) {
+  check_stages(cfg.num_layers, num_stages);
+  return auto_partition(measure_pieces(cfg, opts), num_stages, balance);
 }
 
 }  // namespace nxd::pipeline

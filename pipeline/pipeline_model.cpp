@@ -1,10 +1,11 @@
 #include "nxd/pipeline/pipeline_model.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/attributes.h"
-#include "nxd/pipeline/partition.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::pipeline {
@@ -46,14 +47,16 @@ PipelineModel::PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOpti
   sched_.vpp = opts_.virtual_pipeline_size;
   sched_.kind = opts_.schedule;
   sched_.validate();
+  pieces_ = measure_pieces(cfg_, opts_.pieces);
   parts_ = opts_.pipeline_cuts.empty()
-               ? auto_partition(cfg_, sched_.num_stages())
-               : partition_by_cuts(cfg_, opts_.pipeline_cuts, sched_.num_stages());
+               ? auto_partition(pieces_, sched_.num_stages(), opts_.balance)
+               : partition_by_cuts(pieces_, opts_.pipeline_cuts, sched_.num_stages());
   pp_group_ = init ? ps::get_pipeline_model_parallel_group_ptr() : make_self_communicator();
   dp_group_ = init ? ps::get_data_parallel_group_ptr() : nullptr;
   const int rank = pp_group_->rank();
   for (int c = 0; c < sched_.vpp; ++c)
-    chunks_.push_back(make_causal_lm(cfg_, seed, parts_.at(stage_of(sched_, rank, c))));
+    chunks_.push_back(
+        build_part(opts_.pieces.build, cfg_, seed, parts_.at(stage_of(sched_, rank, c))));
   if (cfg_.tie_word_embeddings && sched_.pp > 1)
     tied_group_ = pp_group_->split(rank == 0 || rank == sched_.pp - 1 ? 0 : -1, rank);
   executor_ = std::make_unique<Executor>(pp_group_, sched_);
@@ -68,10 +71,6 @@ PipelineModel::PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOpti
 
 PipelineModel::~PipelineModel() = default;
 
-std::string PipelineModel::tied_name() const {
-  return cfg_.arch == "gpt_neox" ? "gpt_neox.embed_in.weight" : "model.embed_tokens.weight";
-}
-
 std::vector<optim::NamedParam> PipelineModel::local_named_parameters() const {
   std::vector<optim::NamedParam> out;
   for (const auto& c : chunks_)
@@ -84,7 +83,8 @@ std::vector<optim::NormParam> PipelineModel::norm_params() const {
   const bool last_rank = pp_group_->rank() == sched_.pp - 1;
   for (const auto& c : chunks_)
     for (optim::NormParam& p : optim::norm_params(*c)) {
-      p.shared = tied_group_ && last_rank && p.name == tied_name();
+      p.shared = tied_group_ && last_rank &&
+                 std::find(pieces_.tied.begin(), pieces_.tied.end(), p.name) != pieces_.tied.end();
       out.push_back(std::move(p));
     }
   return out;
@@ -137,9 +137,11 @@ void PipelineModel::finish_gradients() {
     if (c->sequence_parallel()) allreduce_sequence_parallel_gradients(*c);
   if (tied_group_) {
     const bool first = pp_group_->rank() == 0;
-    Tensor w = (first ? chunks_.front() : chunks_.back())->get_parameter(tied_name());
-    if (!w.grad().defined()) w.set_grad(zeros_like(w.detach()));
-    tied_group_->all_reduce(w.grad(), ReduceOp::sum);
+    for (const std::string& name : pieces_.tied) {
+      Tensor w = (first ? chunks_.front() : chunks_.back())->get_parameter(name);
+      if (!w.grad().defined()) w.set_grad(zeros_like(w.detach()));
+      tied_group_->all_reduce(w.grad(), ReduceOp::sum);
+    }
   }
 }
 
@@ -150,12 +152,24 @@ int64_t PipelineModel::local_parameter_bytes() const {
 }
 
 std::string PipelineModel::balance_report() const {
-  const ParameterCounts counts = count_parameters(cfg_);
   std::ostringstream o;
+  if (!opts_.pipeline_cuts.empty()) {
+    o << "cut after";
+    for (const std::string& c : opts_.pipeline_cuts) o << " " << c;
+    o << " (pipeline_cuts)";
+  } else {
+    o << "balanced by " << partition_balance_name(opts_.balance);
+  }
+  o << "; modeled cost: " << pieces_.cost_model << "\n";
+  double total = 0;
+  for (const ModelPart& p : parts_) total += pieces_.part_size(p).seconds;
   for (int s = 0; s < sched_.num_stages(); ++s) {
-    const int64_t n = part_parameters(cfg_, counts, parts_[s]);
-    o << "stage " << s << " (pp rank " << s % sched_.pp << "): " << parts_[s].str(cfg_) << ", " << n
-      << " parameters, " << n * dtype_size(cfg_.dtype) << " bytes per rank\n";
+    const PieceSize n = pieces_.part_size(parts_[s]);
+    char cost[96];
+    std::snprintf(cost, sizeof cost, "modeled cost %.1f%% (%.3g us at TP 1)",
+                  total > 0 ? 100.0 * n.seconds / total : 0.0, n.seconds * 1e6);
+    o << "stage " << s << " (pp rank " << s % sched_.pp << "): " << parts_[s].str(cfg_) << ", "
+      << n.parameters << " parameters, " << n.bytes << " bytes per rank, " << cost << "\n";
   }
   return o.str();
 }

@@ -2,9 +2,10 @@
 // PipelineModel: a CausalLM cut into pipeline stages over parallel_state's pipeline group (NxD's
 // NxDPPModel). Every rank of the world builds one with the same config and seed; pipeline rank r
 // builds its chunks c (stages pp*c + r) only, each a CausalLM part (layers/models/config.h)
-// whose parameters have the whole model's names and initial values. Tensor (and sequence)
-// parallelism works inside each stage as in the plain model; the data-parallel group averages
-// gradients.
+// whose parameters have the whole model's names and initial values. The parts are built by
+// PipelineOptions::pieces.build: make_causal_lm's families by default, or a user's own CausalLM
+// subclass (pieces.h says what its builder must do). Tensor (and sequence) parallelism works
+// inside each stage as in the plain model; the data-parallel group averages gradients.
 //
 // run_train(ids, targets): the batch [B,S] (given on every rank; B divisible by the number of
 // microbatches M) is cut into M contiguous row slices; the schedule runs forward and backward;
@@ -22,6 +23,7 @@
 #include "nxd/optim/grad_norm.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/pipeline/executor.h"
+#include "nxd/pipeline/partition.h"
 #include "nxd/pipeline/schedule.h"
 
 namespace nxd::pipeline {
@@ -30,9 +32,13 @@ struct PipelineOptions {
   int num_microbatches = 1;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int virtual_pipeline_size = 1;  // chunks per rank (interleaved)
-  // NxD's pipeline_cuts ("model.layers.3": a stage starts after it); empty: auto_partition
-  // (balanced by parameter count).
+  // NxD's pipeline_cuts ("model.layers.3": a stage starts after it); empty: auto_partition,
+  // balanced by `balance`.
   std::vector<std::string> pipeline_cuts;
+  PartitionBalance balance = PartitionBalance::parameters;
+  // How the stages (and the measured pieces) are built, and the microbatch the modeled cost
+  // prices (pieces.h).
+  PieceOptions pieces;
   CrossEntropyOptions loss;  // per microbatch; reduction must be mean
   int64_t dp_bucket_bytes = int64_t{25} << 20;
   // Average the gradients over DP at the end of run_train; off when the optimizer reduces them
@@ -43,7 +49,8 @@ struct PipelineOptions {
 class PipelineModel {
  public:
   // Collective over the world (builds groups). ConfigError naming the numbers for an impossible
-  // (pp, M, vpp, num_layers, cuts) combination.
+  // (pp, M, vpp, num_layers, cuts) combination or a part builder that does not build the part
+  // it is given.
   PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOptions opts = {});
   ~PipelineModel();
 
@@ -62,9 +69,12 @@ class PipelineModel {
 
   const std::vector<std::shared_ptr<CausalLM>>& chunks() const { return chunks_; }
   const std::vector<ModelPart>& stages() const { return parts_; }  // every stage's part
+  const ModelPieces& pieces() const { return pieces_; }            // the model's measured pieces
   const ScheduleConfig& schedule() const { return sched_; }
   int num_microbatches() const { return sched_.num_microbatches; }
-  // One line per stage: its part, parameter elements and bytes on a rank of that stage.
+  // How the stages were cut (a first line), then one line per stage: its part, parameter
+  // elements and bytes on a rank of that stage, and its share of the modeled cost (forward +
+  // backward of one microbatch: ModelPieces::seconds).
   std::string balance_report() const;
   int64_t local_parameter_bytes() const;
   // On the sim clock, summed over run_train calls: the schedules' span on this rank and the time
@@ -76,11 +86,11 @@ class PipelineModel {
   class Runner;
   Tensor step(const Tensor& ids, const Tensor& targets, bool train);
   void finish_gradients();
-  std::string tied_name() const;
 
   ModelConfig cfg_;
   PipelineOptions opts_;
   ScheduleConfig sched_;
+  ModelPieces pieces_;
   std::vector<ModelPart> parts_;
   std::vector<std::shared_ptr<CausalLM>> chunks_;  // chunk c = stage pp*c + rank
   std::shared_ptr<Communicator> pp_group_, dp_group_, tied_group_;

@@ -130,7 +130,8 @@ struct DistributedSection {
   int64_t tensor_model_parallel_size;
   int64_t pipeline_model_parallel_size;
   int64_t virtual_pipeline_model_parallel_size;
-  std::string pipeline_schedule;  // gpipe | 1f1b | interleaved
+  std::string pipeline_schedule;   // gpipe | 1f1b | interleaved
+  std::string pipeline_partition;  // parameters | modeled_cost
   bool zero1;
   bool sequence_parallel;
   int64_t kv_replicator;  // resolved: max(1, tp / kv heads) unless set

@@ -197,7 +197,7 @@ std::vector<KeySpec> make_registry() {
           "pipeline_model_parallel_size)."),
       key("distributed_strategy.pipeline_model_parallel_size", K::integer, 1,
           "Pipeline-parallel degree: the decoder layers are cut into this many stages (times "
-          "virtual_pipeline_model_parallel_size), balanced by parameter count; each step's "
+          "virtual_pipeline_model_parallel_size), balanced as pipeline_partition says; each step's "
           "global_batch_size / (micro_batch_size x data-parallel size) micro batches are the "
           "pipeline's microbatches."),
       key("distributed_strategy.virtual_pipeline_model_parallel_size", K::integer, 1,
@@ -207,6 +207,13 @@ std::vector<KeySpec> make_registry() {
           "gpipe (all forwards, then all backwards), 1f1b (NxD's one-forward-one-backward) or "
           "interleaved (virtual stages).",
           {"gpipe", "1f1b", "interleaved"}),
+      key("distributed_strategy.pipeline_partition", K::string, "parameters",
+          "How the decoder layers are split into stages (nxd's key; NxD splits evenly): "
+          "contiguous runs minimizing the largest stage's parameters (`parameters`, the embedding "
+          "counted on the first stage and the head on the last) or its modeled time "
+          "(`modeled_cost`: each piece's forward and backward of one micro batch of "
+          "data.micro_batch_size x data.seq_length on the sim NeuronCore's roofline).",
+          {"parameters", "modeled_cost"}),
       key("distributed_strategy.zero1", K::boolean, false,
           "ZeRO-1: AdamW's state (exp_avg, exp_avg_sq, and the f32 master weights of bf16 "
           "parameters) sharded over the data-parallel ranks; gradients are reduce-scattered, "

@@ -216,6 +216,7 @@ DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
   ds.virtual_pipeline_model_parallel_size =
       r.positive("distributed_strategy.virtual_pipeline_model_parallel_size");
   ds.pipeline_schedule = r.c.get_string("distributed_strategy.pipeline_schedule");
+  ds.pipeline_partition = r.c.get_string("distributed_strategy.pipeline_partition");
   ds.zero1 = r.c.get_bool("distributed_strategy.zero1");
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");
@@ -338,11 +339,6 @@ TrainConfig resolve(const Config& in) {
     } catch (const ConfigError& e) {
       r.fail(e.what());
     }
-    if (t.dist.pipeline_model_parallel_size > 1 && !is_builtin_arch(t.model.arch))
-      r.fail(
-          "distributed_strategy.pipeline_model_parallel_size=", t.dist.pipeline_model_parallel_size,
-          " needs a built-in model.arch (llama, "
-          "gpt_neox): the pipeline cuts those families into stages");
   }
   if (t.dist.tensor_model_parallel_size > 1) {
     try {

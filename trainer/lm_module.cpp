@@ -23,17 +23,25 @@ std::string with_commas(int64_t v) {
 }  // namespace
 
 std::shared_ptr<Module> CausalLMModule::build_model() {
-  lm_ = build_causal_lm();
+  lm_ = build_causal_lm(model_config(cfg_), cfg_.seed, ModelPart{});
   return lm_;
 }
 
-std::shared_ptr<CausalLM> CausalLMModule::build_causal_lm() {
-  return make_causal_lm(model_config(cfg_), cfg_.seed);
+std::shared_ptr<CausalLM> CausalLMModule::build_causal_lm(const ModelConfig& cfg, uint64_t seed,
+                                                          const ModelPart& part) {
+  return make_causal_lm(cfg, seed, part);
 }
 
 std::shared_ptr<pipeline::PipelineModel> CausalLMModule::build_pipeline_model(
     const pipeline::PipelineOptions& opts) {
-  return std::make_shared<pipeline::PipelineModel>(model_config(cfg_), cfg_.seed, opts);
+  pipeline::PipelineOptions o = opts;
+  o.balance = pipeline::parse_partition_balance(cfg_.dist.pipeline_partition);
+  o.pieces.build = [this](const ModelConfig& c, uint64_t seed, const ModelPart& part) {
+    return build_causal_lm(c, seed, part);
+  };
+  o.pieces.micro_batch_size = cfg_.data.micro_batch_size;
+  o.pieces.seq_length = cfg_.data.seq_length;
+  return std::make_shared<pipeline::PipelineModel>(model_config(cfg_), cfg_.seed, o);
 }
 
 CausalLM& CausalLMModule::lm() const {

@@ -1,8 +1,8 @@
 #pragma once
 // nxd-train's built-in module and data: a decoder language model (model.arch: Llama or GPT-NeoX)
 // trained with the optimizer and schedule of model.optim.*, on the data of data.*. To train
-// another architecture with nxd-train's configuration, derive from CausalLMModule and override
-// build_causal_lm() (examples/new_model/ does).
+// another architecture with nxd-train's configuration (pipeline parallelism included), derive from
+// CausalLMModule and override build_causal_lm() (examples/new_model/ does).
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,7 +17,9 @@ class CausalLMModule : public TrainingModule {
  public:
   explicit CausalLMModule(TrainConfig cfg) : cfg_(std::move(cfg)) {}
   std::shared_ptr<Module> build_model() override;
-  // Pipeline parallelism: a PipelineModel of model_config(config()) (built-in families only).
+  // Pipeline parallelism: a PipelineModel of model_config(config()) whose stages are parts built by
+  // build_causal_lm, cut by distributed_strategy.pipeline_partition (the modeled cost prices a
+  // microbatch of data.micro_batch_size x data.seq_length).
   std::shared_ptr<pipeline::PipelineModel> build_pipeline_model(
       const pipeline::PipelineOptions& opts) override;
   // lm().loss(ids, targets): the mean token cross entropy (vocab-parallel at TP > 1).
@@ -30,8 +32,12 @@ class CausalLMModule : public TrainingModule {
   const TrainConfig& config() const { return cfg_; }
 
  protected:
-  // The model, over the current TP group: make_causal_lm(model_config(config()), seed).
-  virtual std::shared_ptr<CausalLM> build_causal_lm();
+  // `part` of the model cfg describes, over the current TP group: make_causal_lm(cfg, seed, part).
+  // cfg is model_config(config()) and seed config().seed, except that the pipeline also builds
+  // single pieces on the meta device to measure them; the whole model is the default part. An
+  // override builds its own CausalLM subclass of that part (pipeline/pieces.h, PartBuilder).
+  virtual std::shared_ptr<CausalLM> build_causal_lm(const ModelConfig& cfg, uint64_t seed,
+                                                    const ModelPart& part);
 
  private:
   TrainConfig cfg_;

@@ -20,12 +20,14 @@ void read_pipeline(const nlohmann::json& v, PipelineConfig& p) {
       p.schedule = x.get<std::string>();
     else if (k == "virtual_pipeline_size")
       p.virtual_pipeline_size = x.get<int>();
+    else if (k == "partition")
+      p.partition = x.get<std::string>();
     else if (k == "pipeline_cuts")
       p.pipeline_cuts =
           x.is_null() ? std::vector<std::string>{} : x.get<std::vector<std::string>>();
     else
       unknown("pipeline_config.", k,
-              "num_microbatches, schedule, virtual_pipeline_size, pipeline_cuts");
+              "num_microbatches, schedule, virtual_pipeline_size, pipeline_cuts, partition");
   }
 }
 
@@ -161,6 +163,8 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
          pc.num_microbatches, " and ", pc.virtual_pipeline_size);
   if (pc.schedule != "gpipe" && pc.schedule != "1f1b" && pc.schedule != "interleaved")
     fail("pipeline_config.schedule must be gpipe, 1f1b or interleaved, got '", pc.schedule, "'");
+  if (pc.partition != "parameters" && pc.partition != "modeled_cost")
+    fail("pipeline_config.partition must be parameters or modeled_cost, got '", pc.partition, "'");
   const std::string& ac = c.activation_checkpoint_config;
   if (!ac.empty() && ac != "full" && ac != "selective")
     fail("activation_checkpoint_config must be empty, full or selective, got '", ac, "'");

@@ -40,8 +40,10 @@ struct PipelineConfig {
   int num_microbatches = 1;
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
   int virtual_pipeline_size = 1;  // model chunks per pipeline rank (interleaved)
-  // "model.layers.3": a stage starts after this layer; empty: auto_partition
+  // "model.layers.3": a stage starts after this layer; empty: auto_partition, balanced by
+  // `partition`: parameters (per stage) or modeled_cost (the sim device's forward + backward time)
   std::vector<std::string> pipeline_cuts;
+  std::string partition = "parameters";
 };
 
 struct ModelInitConfig {
@@ -71,7 +73,8 @@ struct NxDConfig {
   double grad_bucket_mb = 25.0;    // the DP gradient buckets (DDP's bucket_cap_mb)
 
   // NxD's keys from JSON (or YAML parsed to JSON): tensor_parallel_size, pipeline_parallel_size,
-  // pipeline_config {num_microbatches, schedule, virtual_pipeline_size, pipeline_cuts},
+  // pipeline_config {num_microbatches, schedule, virtual_pipeline_size, pipeline_cuts,
+  // partition},
   // optimizer_config {zero_one_enabled, grad_clipping, max_grad_norm},
   // activation_checkpoint_config, pad_model, sequence_parallel, model_init_config
   // {meta_device_init, seed}, mixed_precision_config {use_master_weights, use_fp32_grad_acc},

@@ -16,13 +16,6 @@ void finish_module(const NxDConfig& cfg, Module& m, DType param_dtype) {
   if (param_dtype == DType::bf16) m.to_dtype(DType::bf16);
 }
 
-std::shared_ptr<CausalLM> build_part(const PartBuilder& build, const ModelConfig& mc, uint64_t seed,
-                                     const ModelPart& part) {
-  auto lm = build ? build(mc, seed, part) : make_causal_lm(mc, seed, part);
-  if (!lm) throw ConfigError("[initialize_parallel_model] the part builder returned no model");
-  return lm;
-}
-
 }  // namespace
 
 ModelConfig model_config_for(const NxDConfig& cfg, ModelConfig mc) {
@@ -41,6 +34,7 @@ pipeline::PipelineOptions pipeline_options_for(const NxDConfig& cfg) {
   po.schedule = pipeline::parse_schedule(pc.schedule);
   po.virtual_pipeline_size = pc.virtual_pipeline_size;
   po.pipeline_cuts = pc.pipeline_cuts;
+  po.balance = pipeline::parse_partition_balance(pc.partition);
   po.dp_bucket_bytes = static_cast<int64_t>(cfg.grad_bucket_mb * (1 << 20));
   po.dp_grad_sync = false;  // the optimizer wrapper's gradient buckets reduce over DP
   return po;
@@ -178,11 +172,13 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
   NxDConfig fc = cfg;
   fc.model_init_config = init;
   if (cfg.pipeline_parallel_size > 1) {
-    auto pm = std::make_shared<pipeline::PipelineModel>(c, seed, pipeline_options_for(cfg));
+    pipeline::PipelineOptions po = pipeline_options_for(cfg);
+    po.pieces.build = build;
+    auto pm = std::make_shared<pipeline::PipelineModel>(c, seed, po);
     for (const auto& chunk : pm->chunks()) finish_module(fc, *chunk, c.dtype);
     return std::make_shared<NxDModel>(cfg, std::move(pm));
   }
-  std::shared_ptr<Module> m = build_part(build, c, seed, ModelPart{});
+  std::shared_ptr<Module> m = pipeline::build_part(build, c, seed, ModelPart{});
   finish_module(fc, *m, c.dtype);
   return std::make_shared<NxDModel>(cfg, std::move(m));
 }

@@ -38,9 +38,8 @@ namespace nxd::trainer {
 // Builds a module in the given parameter dtype and device (meta with meta_device_init).
 using ModelFn = std::function<std::shared_ptr<Module>(const ParamOptions&)>;
 // Builds the part of a decoder model a pipeline stage holds (ModelPart: its layers, the embedding,
-// the head), in cfg's dtype and device; null: make_causal_lm (the built-in families).
-using PartBuilder = std::function<std::shared_ptr<CausalLM>(const ModelConfig& cfg, uint64_t seed,
-                                                            const ModelPart& part)>;
+// the head), in cfg's dtype and device; empty: make_causal_lm (pipeline/pieces.h).
+using PartBuilder = pipeline::PartBuilder;
 
 class NxDModel {
  public:

@@ -1,6 +1,7 @@
 #pragma once
 // A third architecture on nxd's trainer, outside the library: GPT-2 (learned positions, pre-norm
-// blocks, tanh GELU, no rotary; GPT-2's names), tensor-parallel through nxd's attention and MLP.
+// blocks, tanh GELU, no rotary; GPT-2's names), tensor-parallel through nxd's attention and MLP,
+// and pipeline-parallel: built from a ModelPart, a stage holds only its own pieces.
 #include <memory>
 
 #include "nxd/layers/models/causal_lm.h"
@@ -46,17 +47,18 @@ class Block : public Module {
   std::shared_ptr<Mlp> mlp_;
 };
 
-class Body : public Module {
+class Body : public Module {  // a pipeline stage's part holds only its pieces (ModelPart)
  public:
-  explicit Body(const ModelConfig& c) : Module("GPT2Model") {
+  Body(const ModelConfig& c, const ModelPart& part) : Module("GPT2Model") {
     const int tp = model_tensor_parallel_size();
     const ParamOptions p{c.dtype, c.device};
-    if (tp == 1) {
+    const bool wte = part.embedding || (part.head && c.tie_word_embeddings);  // tied head: wte
+    if (wte && tp == 1) {
       wte_ = register_module(
           "wte", std::make_shared<Embedding>(c.vocab_size, c.hidden_size,
                                              EmbeddingOptions{c.init_scheme().embedding(), p}));
       wte_weight_ = wte_->weight();
-    } else {  // vocabulary-parallel; the tied head uses this shard
+    } else if (wte) {  // vocabulary-parallel; the tied head uses this shard
       ParallelEmbeddingOptions eo;
       eo.weight_init = c.init_scheme().embedding();
       eo.param = p;
@@ -64,17 +66,20 @@ class Body : public Module {
                               std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size, eo));
       wte_weight_ = pwte_->weight();
     }
-    wpe_ = register_module(
-        "wpe", std::make_shared<Embedding>(c.max_position_embeddings, c.hidden_size,
-                                           EmbeddingOptions{ParamInit::normal(0.01), p}));
-    h_ = register_module("h", std::make_shared<ModuleList>());
-    for (int64_t l = 0; l < c.num_layers; ++l) h_->push_back(std::make_shared<Block>(c, tp));
-    ln_f_ =
-        register_module("ln_f", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
+    if (part.embedding)
+      wpe_ = register_module(
+          "wpe", std::make_shared<Embedding>(c.max_position_embeddings, c.hidden_size,
+                                             EmbeddingOptions{ParamInit::normal(0.01), p}));
+    h_ = register_module("h", std::make_shared<ModuleList>(part.layer_begin));  // whole-model names
+    for (int64_t l = part.layer_begin; l < part.end(c); ++l)
+      h_->push_back(std::make_shared<Block>(c, tp));
+    if (part.head)
+      ln_f_ =
+          register_module("ln_f", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
   }
   Tensor embed(const Tensor& ids) const { return wte_ ? wte_->forward(ids) : pwte_->forward(ids); }
-  Tensor layers(const Tensor& x, int64_t pos) const {  // + wpe[pos, pos + S)
-    Tensor h = add(x, narrow(wpe_->weight(), 0, pos, x.size(1)));
+  Tensor layers(const Tensor& x, int64_t pos) const {  // + wpe[pos, pos + S) on the first stage
+    Tensor h = wpe_ ? add(x, narrow(wpe_->weight(), 0, pos, x.size(1))) : x;
     for (const auto& b : *h_) h = static_cast<const Block&>(*b).forward(h, pos);
     return h;
   }
@@ -91,10 +96,11 @@ class Body : public Module {
 
 class GPT2LMHeadModel : public CausalLM {
  public:
-  explicit GPT2LMHeadModel(const ModelConfig& c) : CausalLM(c, "GPT2LMHeadModel") {
+  explicit GPT2LMHeadModel(const ModelConfig& c, const ModelPart& part = {})
+      : CausalLM(c, "GPT2LMHeadModel", part) {
     if (sequence_parallel())  // wpe would need the shard's positions and an SP gradient sum
       throw ConfigError("[gpt2] needs distributed_strategy.sequence_parallel=false");
-    body_ = register_module("transformer", std::make_shared<Body>(cfg_));
+    body_ = register_module("transformer", std::make_shared<Body>(cfg_, part_));
     register_output_head("lm_head");  // none when tied (GPT-2 ties: model.tie_word_embeddings)
   }
 
@@ -108,17 +114,18 @@ class GPT2LMHeadModel : public CausalLM {
   std::shared_ptr<Body> body_;
 };
 
-// nxd-train's language-model module with this model: data, optimizer, schedule, logging and
-// checkpoints come from the same configuration keys.
+// nxd-train's language-model module with this model: data, optimizer, schedule, logging,
+// checkpoints and pipeline stages come from the same configuration keys.
 class LMModule : public trainer::CausalLMModule {
  public:
   using CausalLMModule::CausalLMModule;
   std::string transformer_layer_type() const override { return "GPT2Block"; }
 
  protected:
-  std::shared_ptr<CausalLM> build_causal_lm() override {
-    auto m = std::make_shared<GPT2LMHeadModel>(trainer::model_config(config()));
-    m->init_parameters(config().seed);
+  std::shared_ptr<CausalLM> build_causal_lm(const ModelConfig& c, uint64_t seed,
+                                            const ModelPart& part) override {
+    auto m = std::make_shared<GPT2LMHeadModel>(c, part);
+    m->init_parameters(seed);
     return m;
   }
 };

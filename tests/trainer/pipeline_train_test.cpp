@@ -139,8 +139,9 @@ TEST(TrainPipeline, ImpossibleSettingsAreConfigErrorsNamingTheNumbers) {
                      "data.global_batch_size=6", "data.micro_batch_size=2"})
                 .find("3"),
             std::string::npos);
-  EXPECT_NE(message({"backend.world_size=2", pp + "2", "model.num_layers=4", "model.arch=gpt2"})
-                .find("needs a built-in model.arch"),
+  EXPECT_NE(message({"backend.world_size=2", pp + "2", "model.num_layers=4",
+                     "distributed_strategy.pipeline_partition=cost"})
+                .find("pipeline_partition: \"cost\" is not one of parameters, modeled_cost"),
             std::string::npos);
 }
 
