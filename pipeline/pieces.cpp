@@ -56,12 +56,21 @@ ModelPart piece_part(int64_t begin, int64_t end, bool embedding, bool head) {
 struct Counted {
   PieceSize size;
   std::vector<std::string> names;
-  std::vector<PieceSize> sizes;  // of each name
+  std::vector<PieceSize> sizes;          // of each name
+  std::vector<std::string> typed;        // modules of PieceOptions::layer_type
+  std::vector<std::string> other_types;  // every module type it holds (for messages)
 };
 
-Counted count(const PartBuilder& build, const ModelConfig& meta, const ModelPart& part) {
+Counted count(const PartBuilder& build, const ModelConfig& meta, const ModelPart& part,
+              const std::string& layer_type) {
   Counted c;
-  for (const auto& [name, t] : build_part(build, meta, 0, part)->named_parameters()) {
+  std::shared_ptr<CausalLM> m = build_part(build, meta, 0, part);
+  if (!layer_type.empty())
+    for (const auto& [name, mod] : m->named_modules()) {
+      if (mod->type_name() == layer_type) c.typed.push_back(name);
+      c.other_types.push_back(mod->type_name());
+    }
+  for (const auto& [name, t] : m->named_parameters()) {
     PieceSize s;
     s.parameters = t.numel();
     s.bytes = t.nbytes();
@@ -98,15 +107,32 @@ std::string layer_prefix_of(const std::vector<std::string>& names, int64_t l) {
   return module.substr(0, module.size() - std::to_string(l).size());
 }
 
-void count_pieces(const ModelConfig& cfg, const PartBuilder& build, ModelPieces& p) {
+// With a declared layer type: the one module of that type in layer l's piece, named by l.
+void check_layer_type(const Counted& c, const std::string& type, int64_t l,
+                      const std::string& prefix) {
+  if (type.empty()) return;
+  std::string held;
+  for (const std::string& t : c.other_types) held += (held.empty() ? "" : ", ") + t;
+  if (c.typed.size() != 1)
+    throw ConfigError(str("[pipeline] the model declares its transformer layers as '", type,
+                          "', but decoder layer ", l, "'s part holds ", c.typed.size(),
+                          " module(s) of that type (it holds: ", held, ")"));
+  if (!prefix.empty() && c.typed.front() != prefix + std::to_string(l))
+    throw ConfigError(str("[pipeline] decoder layer ", l, "'s ", type, " is '", c.typed.front(),
+                          "', not '", prefix, l, "' where its parameters are"));
+}
+
+void count_pieces(const ModelConfig& cfg, const PieceOptions& o, ModelPieces& p) {
+  const PartBuilder& build = o.build;
   ModelConfig meta = cfg;
   meta.device = Device::meta;
   const int64_t L = cfg.num_layers;
   int64_t named = -1;  // the first layer with parameters
   for (int64_t l = 0; l < L; ++l) {
-    Counted c = count(build, meta, piece_part(l, l + 1, false, false));
+    Counted c = count(build, meta, piece_part(l, l + 1, false, false), o.layer_type);
     p.layers.push_back(c.size);
     const std::string prefix = layer_prefix_of(c.names, l);
+    check_layer_type(c, o.layer_type, l, prefix);
     if (prefix.empty()) continue;
     if (named >= 0 && prefix != p.layer_prefix)
       throw ConfigError(str("[pipeline] decoder layer ", l, " is named '", prefix, l,
@@ -114,8 +140,8 @@ void count_pieces(const ModelConfig& cfg, const PartBuilder& build, ModelPieces&
                             "': the layers need one prefix for pipeline_cuts"));
     if (named < 0) named = l, p.layer_prefix = prefix;
   }
-  const Counted emb = count(build, meta, piece_part(0, 0, true, false));
-  const Counted head = count(build, meta, piece_part(L, L, false, true));
+  const Counted emb = count(build, meta, piece_part(0, 0, true, false), "");
+  const Counted head = count(build, meta, piece_part(L, L, false, true), "");
   p.embedding = emb.size;
   p.head = head.size;
   if (!cfg.tie_word_embeddings) return;
@@ -193,7 +219,7 @@ ModelPieces measure_pieces(const ModelConfig& cfg, const PieceOptions& opts) {
                           " is not in [0, max_position_embeddings=", cfg.max_position_embeddings,
                           "]"));
   ModelPieces p;
-  count_pieces(cfg, opts.build, p);
+  count_pieces(cfg, opts, p);
   price_pieces(cfg, opts, p);
   return p;
 }

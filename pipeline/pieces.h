@@ -34,6 +34,11 @@ struct PieceOptions {
   // seq_length] (seq_length 0: max_position_embeddings).
   int64_t micro_batch_size = 1;
   int64_t seq_length = 0;
+  // The decoder layer's module type (TrainingModule::transformer_layer_type, NxD's
+  // transformer_layer_cls), e.g. "LlamaDecoderLayer": when set, every layer piece must hold
+  // exactly one module of that type, named by the layer's index (ConfigError naming the types it
+  // holds otherwise). Empty: the layers are found by their parameters' names alone.
+  std::string layer_type;
 };
 
 struct PieceSize {

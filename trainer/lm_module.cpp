@@ -41,6 +41,7 @@ std::shared_ptr<pipeline::PipelineModel> CausalLMModule::build_pipeline_model(
   };
   o.pieces.micro_batch_size = cfg_.data.micro_batch_size;
   o.pieces.seq_length = cfg_.data.seq_length;
+  o.pieces.layer_type = transformer_layer_type();  // how the pipeline knows a decoder layer
   return std::make_shared<pipeline::PipelineModel>(model_config(cfg_), cfg_.seed, o);
 }
 

@@ -73,8 +73,10 @@ class TrainingModule {
   virtual void on_train_batch_end(const StepOutput& out) { (void)out; }
   virtual void on_fit_start() {}
   virtual void on_fit_end() {}
-  // The class name of the model's repeated transformer layer ("LlamaDecoderLayer"): what
-  // pipeline cuts and activation checkpointing wrap. "" = none declared.
+  // The class name (Module::type_name) of the model's repeated transformer layer
+  // ("LlamaDecoderLayer", NxD's transformer_layer_cls): the unit pipeline cuts and activation
+  // checkpointing work on. A pipeline checks that every decoder layer it cuts is one module of
+  // this type (PieceOptions::layer_type). "" = none declared.
   virtual std::string transformer_layer_type() const { return ""; }
 
   // Pipeline parallelism: this rank's stages of the model as a PipelineModel over the pipeline

@@ -473,3 +473,22 @@ TEST(Partition, ABuilderThatIgnoresThePartIsAConfigError) {
             }).find("the part builder returned no model for layers [0, 1)"),
             std::string::npos);
 }
+
+// A declared transformer layer type (TrainingModule::transformer_layer_type, NxD's
+// transformer_layer_cls) is checked against every layer piece: one module of that type, where
+// the layer's parameters are.
+TEST(Partition, DeclaredLayerTypeIsCheckedOnEveryLayer) {
+  for (const auto& [arch, type] : std::vector<std::pair<std::string, std::string>>{
+           {"llama", "LlamaDecoderLayer"}, {"gpt_neox", "GPTNeoXLayer"}}) {
+    PieceOptions o;
+    o.layer_type = type;
+    EXPECT_EQ(measure_pieces(tiny(arch, 4, 32), o).num_layers(), 4) << arch;
+    o.layer_type = "MyDecoderLayer";
+    const std::string e = error_of([&] { measure_pieces(tiny(arch, 4, 32), o); });
+    EXPECT_NE(e.find("declares its transformer layers as 'MyDecoderLayer', but decoder layer 0's "
+                     "part holds 0 module(s) of that type (it holds: "),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find(type), std::string::npos) << e;  // the types it does hold are listed
+  }
+}

@@ -123,8 +123,9 @@ struct Worst {
   std::mutex mu;
   double rel = 0;
   std::string what;
+  double tol = kTol;
   void add(const Tensor& a, const Tensor& b, const std::string& w) {
-    EXPECT_TRUE(nxd::testing::close_rel(a, b, kTol, w));
+    EXPECT_TRUE(nxd::testing::close_rel(a, b, tol, w));
     if (a.shape() != b.shape()) return;
     const double d = nxd::testing::diff(a, b).rel();
     std::lock_guard<std::mutex> g(mu);
@@ -272,9 +273,10 @@ TEST(PipelineModel, TensorSequenceAndDataParallelInsideThePipeline) {
 TEST(PipelineModel, TiedEmbeddingsStayBitwiseEqualOverSteps) {
   ModelConfig cfg = tiny("llama", 4);
   cfg.tie_word_embeddings = true;
-  constexpr int kSteps = 4, kM = 2;
+  constexpr int kSteps = 20, kM = 2;
   const Reference ref = reference(cfg, 8, 8, kM, kSteps);
   Worst worst;
+  worst.tol = 1e-4;  // 20 SGD steps: the single rank's losses within 1e-4 per step
   run_ranks(2, [&] {
     ps::initialize_model_parallel(1, 2);
     PipelineOptions o;
