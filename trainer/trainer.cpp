@@ -408,6 +408,17 @@ void Trainer::teardown() {
   val_batches_.clear();
 }
 
+FitResult Trainer::fit(TrainingModule& module, DataModule& data, const std::string& ckpt_path) {
+  const std::string saved = opts_.ckpt_path;
+  opts_.ckpt_path = ckpt_path;
+  struct Restore {
+    TrainerOptions& o;
+    std::string path;
+    ~Restore() { o.ckpt_path = path; }
+  } restore{opts_, saved};
+  return fit(module, data);
+}
+
 FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
   struct Teardown {
     Trainer* t;

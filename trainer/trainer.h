@@ -101,6 +101,9 @@ class Trainer {
  public:
   explicit Trainer(TrainerOptions opts);  // ConfigError on impossible options
   FitResult fit(TrainingModule& module, DataModule& data);
+  // Lightning's fit(model, datamodule, ckpt_path): resumes from ckpt_path ("" = start fresh;
+  // otherwise it overrides TrainerOptions::ckpt_path for this fit).
+  FitResult fit(TrainingModule& module, DataModule& data, const std::string& ckpt_path);
 
   // ---- for callbacks and modules ----
   const TrainerOptions& options() const { return opts_; }

@@ -68,8 +68,7 @@ std::map<int64_t, double> run(int tp, int64_t steps, const std::string& save_dir
   if (!save_dir.empty())
     o.callbacks.push_back(std::make_shared<ModelCheckpoint>(
         ModelCheckpointOptions{.dirpath = save_dir, .every_n_train_steps = 3, .save_top_k = 2}));
-  o.ckpt_path = resume;
-  Trainer(o).fit(module, data);
+  Trainer(o).fit(module, data, resume);  // Lightning's fit(model, datamodule, ckpt_path)
   return rec->loss;
 }
 

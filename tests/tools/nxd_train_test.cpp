@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -211,4 +213,38 @@ TEST(NxdTrain, SimParallelRunIsDeterministic) {
   EXPECT_NE(m1.rows.back()[8], "");  // the modeled step time
   EXPECT_EQ(slurp(d / "a" / "sample.txt"), slurp(d / "b" / "sample.txt"));
   EXPECT_EQ(slurp(d / "a" / "sample.txt").size(), 7u + 16u);
+}
+
+namespace {
+std::string output_of(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    pclose(p);
+  }
+  return out;
+}
+}  // namespace
+
+// The README's first command, as a user runs it: nxd-train's default configuration from the root
+// of a fresh clone of the repository (shortened to 2 steps) leaves `git status` clean.
+TEST(NxdTrainCli, DefaultRunFromTheRepositoryRootLeavesGitStatusClean) {
+  const fs::path src = NXD_SOURCE_DIR;
+  if (!fs::exists(src / ".git")) GTEST_SKIP() << "not a git checkout";
+  if (std::system("git --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "no git";
+  const fs::path d = temp_dir(), repo = d / "repo";
+  const std::string clone = "git clone -q '" + src.string() + "' '" + repo.string() + "'";
+  ASSERT_EQ(std::system(clone.c_str()), 0) << clone;
+  ASSERT_EQ(output_of("git -C '" + repo.string() + "' status --porcelain"), "");
+  const std::string train = "cd '" + repo.string() + "' && '" + NXD_TRAIN_BIN +
+                            "' --set trainer.max_steps=2 --set trainer.val_check_interval=1 "
+                            "--set trainer.limit_val_batches=1 --set generation.max_new_tokens=4";
+  const ProcResult r = nxd::testing::run_process({"/bin/sh", "-c", train}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(repo / "runs" / "nxd_train" / "metrics.csv"));
+  EXPECT_TRUE(fs::exists(repo / "runs" / "nxd_train" / "tensorboard"));
+  EXPECT_EQ(output_of("git -C '" + repo.string() + "' status --porcelain --untracked-files=all"),
+            "")
+      << "nxd-train's default run left files git sees";
 }
