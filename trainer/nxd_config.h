@@ -65,7 +65,10 @@ struct NxDConfig {
   OptimizerConfig optimizer_config;
   // "" (none), "full" or "selective": the decoder models' activations_checkpoint_granularity
   std::string activation_checkpoint_config;
-  bool pad_model = false;  // pad attention heads to a multiple of tensor_parallel_size
+  // Decoder models (the ModelConfig overload of initialize_parallel_model): attention heads that
+  // do not split over tensor_parallel_size are padded with zero heads that stay zero
+  // (layers/parallel/pad.h), so the model computes and trains as the unpadded one.
+  bool pad_model = false;
   bool sequence_parallel = false;
   ModelInitConfig model_init_config;
   MixedPrecisionConfig mixed_precision_config;

@@ -3,6 +3,7 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/layers/parallel/pad.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::trainer {
@@ -156,6 +157,10 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
               "' applies to decoder models; a module of your own checkpoints with "
               "autograd::checkpoint in its forward");
   NXD_CHECK_T(ConfigError, model_fn != nullptr, "[initialize_parallel_model] no model_fn");
+  NXD_CHECK_T(ConfigError, !cfg.pad_model,
+              "[initialize_parallel_model] pad_model pads decoder models given by their "
+              "ModelConfig; a module of your own pads its state with nxd::pad_model "
+              "(layers/parallel/pad.h) and builds its attention with pad_attention_options");
   const DType dt = resolve_precision(cfg).param_dtype;
   ParamOptions po{dt, cfg.model_init_config.meta_device_init ? Device::meta : Device::host};
   std::shared_ptr<Module> m = model_fn(po);
@@ -167,6 +172,8 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
 std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const ModelConfig& mc,
                                                     uint64_t seed, const PartBuilder& build) {
   ModelConfig c = model_config_for(cfg, mc);
+  HeadPadding plan;  // pad_model: heads padded to a multiple of the TP size, padded ones zero
+  if (cfg.pad_model) c = pad_model_config(c, cfg.tensor_parallel_size, &plan);
   ModelInitConfig init = cfg.model_init_config;
   init.seed = seed;  // the parts' registered rules are seeded like a host build
   NxDConfig fc = cfg;
@@ -175,11 +182,15 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
     pipeline::PipelineOptions po = pipeline_options_for(cfg);
     po.pieces.build = build;
     auto pm = std::make_shared<pipeline::PipelineModel>(c, seed, po);
-    for (const auto& chunk : pm->chunks()) finish_module(fc, *chunk, c.dtype);
+    for (const auto& chunk : pm->chunks()) {
+      finish_module(fc, *chunk, c.dtype);
+      zero_padded_heads(*chunk, plan);
+    }
     return std::make_shared<NxDModel>(cfg, std::move(pm));
   }
   std::shared_ptr<Module> m = pipeline::build_part(build, c, seed, ModelPart{});
   finish_module(fc, *m, c.dtype);
+  zero_padded_heads(*m, plan);
   return std::make_shared<NxDModel>(cfg, std::move(m));
 }
 

@@ -57,7 +57,10 @@ void ModelConfig::validate() const {
     fail("ffn_hidden_size must be positive (or 0 = default), got ", ffn_hidden_size);
   if (max_position_embeddings <= 0)
     fail("max_position_embeddings must be positive, got ", max_position_embeddings);
-  if (hidden_size % num_attention_heads != 0)
+  if (attention_head_dim < 0)
+    fail("attention_head_dim must be positive (or 0 = hidden_size / heads), got ",
+         attention_head_dim);
+  if (attention_head_dim == 0 && hidden_size % num_attention_heads != 0)
     fail("num_attention_heads=", num_attention_heads, " does not divide hidden_size=", hidden_size);
   if (num_attention_heads % kv_heads() != 0)
     fail("num_kv_heads=", kv_heads(), " does not divide num_attention_heads=", num_attention_heads);

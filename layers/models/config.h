@@ -31,7 +31,10 @@ struct ModelConfig {
   int64_t num_layers = 4;
   int64_t hidden_size = 256;
   int64_t num_attention_heads = 4;
-  int64_t num_kv_heads = 0;     // 0 = num_attention_heads (GPT-NeoX: must equal it)
+  int64_t num_kv_heads = 0;  // 0 = num_attention_heads (GPT-NeoX: must equal it)
+  // Size of one attention head; 0 = hidden_size / num_attention_heads. Set when the heads do not
+  // tile hidden_size, as in a model whose heads were padded for tensor parallelism (pad.h).
+  int64_t attention_head_dim = 0;
   int64_t ffn_hidden_size = 0;  // 0 = default: llama 256-aligned 8/3*hidden, gpt_neox 4*hidden
   int64_t max_position_embeddings = 2048;
   double rotary_pct = 0.25;  // gpt_neox: rotary on int(head_dim * rotary_pct) features; llama: all
@@ -66,7 +69,9 @@ struct ModelConfig {
   void validate_parallel(int tp) const;
 
   InitScheme init_scheme() const { return {init_method, init_std, num_layers}; }
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const {
+    return attention_head_dim > 0 ? attention_head_dim : hidden_size / num_attention_heads;
+  }
   int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_attention_heads; }
   int64_t ffn_size() const;
   int64_t rotary_dim() const;  // features rotated per head

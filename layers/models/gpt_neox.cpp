@@ -21,6 +21,7 @@ GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
   a.hidden_size = c.hidden_size;
   a.num_heads = c.num_attention_heads;
   a.num_kv_heads = c.num_attention_heads;
+  a.head_dim = c.head_dim();
   a.rotary_dim = c.rotary_dim();
   a.rope_theta = c.rope_theta;
   a.bias = true;

@@ -11,6 +11,7 @@ AttentionOptions llama_attention(const ModelConfig& c, int tp) {
   a.hidden_size = c.hidden_size;
   a.num_heads = c.num_attention_heads;
   a.num_kv_heads = c.kv_heads();
+  a.head_dim = c.head_dim();
   a.rotary_dim = c.head_dim();
   a.rope_theta = c.rope_theta;
   a.bias = false;

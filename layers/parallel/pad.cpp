@@ -1,5 +1,10 @@
 #include "nxd/layers/parallel/pad.h"
 
+#include <algorithm>
+#include <optional>
+
+#include "nxd/autograd/graph.h"
+
 namespace nxd {
 
 int64_t get_number_of_extra_heads(int64_t num_heads, int64_t tp) {
@@ -125,6 +130,89 @@ Tensor head_padding_mask(const HeadPadding& plan, int64_t head_dim) {
   for (int64_t q = 0; q < plan.padded_heads; ++q)
     if (plan.q_source[q] >= 0) m.narrow(0, q * head_dim, head_dim).fill_(1.0);
   return m;
+}
+
+ModelConfig pad_model_config(const ModelConfig& cfg, int64_t tp, HeadPadding* plan) {
+  const HeadPadding p = plan_head_padding(cfg.num_attention_heads, cfg.kv_heads(), tp);
+  if (plan) *plan = p;
+  if (!p.needed()) return cfg;
+  ModelConfig c = cfg;
+  c.attention_head_dim = cfg.head_dim();
+  c.num_attention_heads = p.padded_heads;
+  c.num_kv_heads = p.padded_kv_heads;
+  c.kv_size_multiplier = std::max<int64_t>(1, tp / p.padded_kv_heads);
+  return c;
+}
+
+namespace {
+
+// Which heads a parameter of an attention module indexes, along which dim, in blocks of what.
+struct HeadAxis {
+  int64_t dim = 0, block = 0;
+  const std::vector<int64_t>* source = nullptr;  // padded head -> original (-1: padded)
+};
+
+std::optional<HeadAxis> head_axis(const std::string& name, int64_t d, QkvLayout layout,
+                                  const HeadPadding& plan) {
+  auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  if (layout == QkvLayout::separate) {
+    if (starts("q_proj.")) return HeadAxis{0, d, &plan.q_source};
+    if (starts("k_proj.") || starts("v_proj.")) return HeadAxis{0, d, &plan.kv_source};
+    if (name == "o_proj.weight") return HeadAxis{1, d, &plan.q_source};
+  } else {
+    if (starts("query_key_value.")) return HeadAxis{0, 3 * d, &plan.q_source};
+    if (name == "dense.weight") return HeadAxis{1, d, &plan.q_source};
+  }
+  return std::nullopt;
+}
+
+// 0 for the local elements along ax.dim that belong to padded heads, 1 elsewhere ([size(dim)]).
+std::vector<char> keep_mask(const Tensor& t, const ParamInit& init, const HeadAxis& ax) {
+  const int64_t n = t.size(ax.dim);
+  const int64_t start = init.region ? init.region->start.at(static_cast<size_t>(ax.dim)) : 0;
+  std::vector<char> keep(static_cast<size_t>(n), 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t head = (start + i) / ax.block;
+    if (head >= static_cast<int64_t>(ax.source->size()) || (*ax.source)[head] < 0) keep[i] = 0;
+  }
+  return keep;
+}
+
+void zero_where(const Tensor& t, int64_t dim, const std::vector<char>& keep) {
+  for (size_t i = 0; i < keep.size(); ++i)
+    if (!keep[i]) t.narrow(dim, static_cast<int64_t>(i), 1).zero_();
+}
+
+}  // namespace
+
+int zero_padded_heads(Module& model, const HeadPadding& plan) {
+  if (!plan.needed()) return 0;
+  NoGradGuard ng;
+  int count = 0;
+  for (auto& [mname, m] : model.named_modules()) {
+    auto* a = dynamic_cast<CausalSelfAttention*>(m);
+    if (!a) continue;
+    NXD_CHECK(a->num_heads() == plan.padded_heads && a->num_kv_heads() == plan.padded_kv_heads,
+              "[zero_padded_heads] attention ", mname, " has ", a->num_heads(), "/",
+              a->num_kv_heads(), " heads, the plan pads to ", plan.padded_heads, "/",
+              plan.padded_kv_heads);
+    ++count;
+    for (auto& [pname, t] : a->named_parameters()) {
+      const auto ax = head_axis(pname, a->head_dim(), a->layout(), plan);
+      if (!ax) continue;
+      const std::vector<char> keep = keep_mask(t, a->param_init(pname), *ax);
+      if (!t.is_meta()) zero_where(t.detach(), ax->dim, keep);
+      if (ax->dim != 1) continue;  // the output projection: keep its padded columns untrained
+      autograd::register_hook(t, [keep, dim = ax->dim](const Tensor& leaf) {
+        Tensor g = leaf.grad();
+        if (g.defined() && !g.is_meta()) {
+          NoGradGuard ng;
+          zero_where(g, dim, keep);
+        }
+      });
+    }
+  }
+  return count;
 }
 
 }  // namespace nxd

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "nxd/layers/models/config.h"
 #include "nxd/layers/module.h"
 #include "nxd/layers/transformer.h"
 
@@ -58,5 +59,19 @@ StateDict pad_model(Module& model, int64_t tp, HeadPadding* plan = nullptr);
 // 1 for the columns of the padded attention's output projection that belong to original heads, 0
 // for padded heads: [padded_heads * head_dim].
 Tensor head_padding_mask(const HeadPadding& plan, int64_t head_dim);
+
+// ---- padding a model that is built padded (NxDConfig::pad_model, initialize_parallel_model) ----
+// The config of `cfg`'s model with its heads padded for `tp` (attention_head_dim fixed to the
+// original head size, kv_size_multiplier max(1, tp / padded kv heads)); `plan` receives the plan.
+// Returns cfg unchanged when nothing needs padding.
+ModelConfig pad_model_config(const ModelConfig& cfg, int64_t tp, HeadPadding* plan);
+// For a model built with padded head counts: zeroes, in every CausalSelfAttention, the padded
+// heads' rows of q/k/v (weights and biases) and columns of the output projection, on this rank's
+// shards (their init regions say where each shard sits), and registers a gradient hook that keeps
+// the output projection's padded columns at zero gradient (a padded query head of grouped-query
+// attention reads a real KV head, so those columns would otherwise train). The padded model then
+// computes and trains as a model of the original head counts: padded q/k/v get zero gradients,
+// and decoupled weight decay keeps zeros zero. Returns the number of attention modules padded.
+int zero_padded_heads(Module& model, const HeadPadding& plan);
 
 }  // namespace nxd

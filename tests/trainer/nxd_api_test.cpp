@@ -11,9 +11,10 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/basic.h"
+#include "nxd/layers/parallel/pad.h"
 #include "nxd/runtime/rng.h"
-#include "support/compare.h"
 #include "nxd/trainer/nxd_api.h"
+#include "support/compare.h"
 #include "support/ranks.h"
 
 using namespace nxd;
@@ -295,9 +296,10 @@ TEST(NxdApi, PipelineAndZero1ThroughTheWrappersMatchOneRank) {
     worst = std::max(worst, std::abs(par.losses[i] - one.losses[i]) / std::abs(one.losses[i]));
     worst_norm = std::max(worst_norm, std::abs(par.norms[i] - one.norms[i]) / one.norms[i]);
   }
-  std::printf("    PP2 x DP2 + ZeRO-1 vs one rank: largest relative loss difference %.3g, "
-              "grad norm %.3g\n",
-              worst, worst_norm);
+  std::printf(
+      "    PP2 x DP2 + ZeRO-1 vs one rank: largest relative loss difference %.3g, "
+      "grad norm %.3g\n",
+      worst, worst_norm);
   EXPECT_LE(worst, 1e-5);
   EXPECT_LE(worst_norm, 1e-5);
   ASSERT_EQ(par.params.size(), one.params.size());
@@ -334,4 +336,93 @@ TEST(NxdApi, MixedPrecisionKeepsF32MastersOfBf16Parameters) {
       EXPECT_BITWISE_EQ(p.param.detach(), m.to(DType::bf16)) << p.name;
     }
   });
+}
+
+namespace {
+
+// Losses of 5 AdamW steps of `m` (one rank, every parameter in one group).
+std::vector<double> adamw_losses(CausalLM& m, int vocab) {
+  std::vector<optim::NamedParam> ps;
+  for (auto& [n, t] : m.named_parameters()) ps.push_back({n, t});
+  optim::AdamW opt({optim::ParamGroup{"all", ps, 1e-2, 0.0}});
+  std::vector<double> out;
+  for (int step = 0; step < 5; ++step) {
+    Tensor loss = m.loss(batch_ids(0, step, vocab), batch_ids(0, 100 + step, vocab));
+    backward(loss);
+    opt.step();
+    opt.zero_grad(true);
+    out.push_back(loss.item());
+  }
+  return out;
+}
+
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_LE(std::abs(a[i] - b[i]), tol * std::abs(b[i])) << what << ", step " << i;
+}
+
+}  // namespace
+
+// pad_model: 6 heads (multi-head, and grouped 6/2) at TP 4 are padded to 8. On one rank the padded
+// model loaded with an unpadded model's weights trains as it does (padded heads stay inert,
+// grouped-query's padded output columns masked); at TP 4 initialize_parallel_model builds the
+// padded model whose shards are the one-rank padded model's, and trains like it.
+TEST(NxdApi, PadModelTrainsAsTheUnpaddedModel) {
+  for (int64_t kv : {6, 2}) {
+    SCOPED_TRACE("kv heads " + std::to_string(kv));
+    ModelConfig base = small_llama();
+    base.hidden_size = 48;
+    base.num_attention_heads = 6;
+    base.num_kv_heads = kv;
+    HeadPadding plan;
+    const ModelConfig padded = pad_model_config(base, 4, &plan);
+    ASSERT_TRUE(plan.needed());
+    EXPECT_EQ(padded.num_attention_heads, 8);
+    EXPECT_EQ(padded.head_dim(), 8);
+    std::vector<double> unpadded, padded_one, padded_tp4;
+    nxd::testing::run_ranks(1, [&] {
+      auto u = make_causal_lm(base, 9);
+      auto p = make_causal_lm(padded, 9);
+      p->load_state_dict(pad_model(*u, 4));  // the unpadded weights, zero padded heads
+      EXPECT_EQ(zero_padded_heads(*p, plan), 4);
+      unpadded = adamw_losses(*u, 64);
+      const std::vector<double> loaded = adamw_losses(*p, 64);
+      expect_close(loaded, unpadded, 1e-6, "padded model loaded with the unpadded weights");
+      auto fresh = make_causal_lm(padded, 9);
+      zero_padded_heads(*fresh, plan);
+      padded_one = adamw_losses(*fresh, 64);
+    });
+    nxd::testing::run_ranks(4, [&] {
+      NxDConfig want;
+      want.tensor_parallel_size = 4;
+      want.pad_model = true;
+      want.optimizer_config.grad_clipping = false;  // as the one-rank AdamW
+      const NxDConfig cfg = neuronx_distributed_config(want);
+      auto model = initialize_parallel_model(cfg, base, 9);
+      auto& lm = dynamic_cast<CausalLM&>(model->local_module());
+      EXPECT_EQ(lm.config().num_attention_heads, 8);
+      auto opt = initialize_parallel_optimizer(
+          cfg, *model, {optim::ParamGroup{"all", model->local_named_parameters(), 1e-2, 0.0}},
+          optim::AdamWOptions{});
+      std::vector<double> mine;
+      for (int step = 0; step < 5; ++step) {
+        mine.push_back(
+            model->run_train(batch_ids(0, step, 64), batch_ids(0, 100 + step, 64)).item());
+        opt->step();
+        opt->zero_grad();
+      }
+      if (current_context().rank() == 0) padded_tp4 = mine;
+    });
+    expect_close(padded_tp4, padded_one, 1e-5, "TP 4 padded against one rank padded");
+  }
+  // a module of the user's own is padded by hand
+  EXPECT_NE(config_error([] {
+              NxDConfig c;
+              c.pad_model = true;
+              initialize_parallel_model(
+                  c, [](const ParamOptions&) { return std::make_shared<Module>(); });
+            }).find("pad_model pads decoder models"),
+            std::string::npos);
 }
