@@ -130,6 +130,13 @@ Tensor NxDModel::run_train(const Tensor& ids, const Tensor& targets) {
   return run_train([&](Module& m) { return as_lm(m).loss(ids, targets); });
 }
 
+Tensor NxDModel::forward(const Tensor& ids) {
+  NXD_CHECK_T(ConfigError, !pipeline_,
+              "[NxDModel] forward() with pipeline parallelism: a pipelined model runs "
+              "run_train / run_eval");
+  return as_lm(*module_).forward(ids);
+}
+
 Tensor NxDModel::run_eval(const Tensor& ids, const Tensor& targets) {
   if (pipeline_) {
     NoGradGuard ng;

@@ -55,6 +55,9 @@ class NxDModel {
   Tensor run_train(const Tensor& ids, const Tensor& targets);
   // The same loss without gradients, in eval mode.
   Tensor run_eval(const Tensor& ids, const Tensor& targets);
+  // A decoder model's forward: ids [B,S] -> logits [B,S,V] (with gradients when grad mode is on).
+  // ConfigError with a pipeline (a pipelined model has run_train and run_eval only, as NxD's).
+  Tensor forward(const Tensor& ids);
 
   bool is_pipeline() const { return pipeline_ != nullptr; }
   pipeline::PipelineModel* pipeline() const { return pipeline_.get(); }

@@ -165,6 +165,11 @@ TEST(NxdApi, MetaInitMaterializesTheHostBuildsValues) {
     const int64_t host_before = current_context().memory().live();
     auto meta = initialize_parallel_model(cfg, small_llama(), 21);
     auto host = make_causal_lm(small_llama(), 21);
+    {
+      NoGradGuard ng;  // the wrapper's forward is the model's: the full logits
+      const Tensor ids = batch_ids(0, 0, 64);
+      EXPECT_BITWISE_EQ(meta->forward(ids), host->forward(ids));
+    }
     for (const auto& p : meta->local_named_parameters()) {
       ASSERT_FALSE(p.param.is_meta()) << p.name;
       EXPECT_BITWISE_EQ(p.param.detach(), host->get_parameter(p.name).detach()) << p.name;
