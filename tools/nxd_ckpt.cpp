@@ -1,17 +1,20 @@
 // nxd-ckpt: look at, check and convert nxd checkpoints without a training job.
 //   inspect DIR               the checkpoints under DIR (or DIR itself): complete or not, step,
-//                             degrees; with --tensors every tensor's dtype, full shape, bytes,
-//                             split
+//                             degrees (zero1: optimizer state in per-DP-rank files); with
+//                             --tensors every tensor's dtype, full shape, bytes, split
 //   verify DIR                every file and checksum of DIR's newest complete checkpoint (or DIR);
 //                             exit 1 at the first bad one, naming it
 //   export DIR OUT            the model as one safetensors file of full tensors
 //   reshard DIR --tp N [--pp N] [--dp N] --out DIR2
-//                             the checkpoint at other degrees (CausalLM checkpoints)
-//   import FILE --tp N [--dp N] [--tag T] --out DIR2
-//                             an exported file back into a checkpoint (model only)
+//                             the checkpoint at other degrees (CausalLM checkpoints; ZeRO-1
+//                             state is written per DP rank of the new DP degree)
+//   import FILE OUT [--tp N] [--dp N] [--tag T]
+//                             an exported file back into a checkpoint OUT/T (model only)
 //   export-hf DIR OUT_DIR     model.safetensors + config.json for Hugging Face transformers
-//   import-hf HF_DIR --tp N [--dp N] [--tag T] --out DIR2
-//                             a transformers folder (Llama, GPT-NeoX) into a checkpoint
+//   import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]
+//                             a transformers folder (Llama, GPT-NeoX) into a checkpoint OUT/T
+// import and import-hf also take OUT as --out OUT (the earlier form); --tp and --dp default to 1,
+// --tag to "imported".
 // Exit codes: 0 ok, 1 verify found damage (or an internal error), 2 a user mistake.
 #include <cstdio>
 #include <cstring>
@@ -32,9 +35,9 @@ const char* kUsage =
     "       nxd-ckpt verify DIR\n"
     "       nxd-ckpt export DIR OUT.safetensors\n"
     "       nxd-ckpt reshard DIR --tp N [--pp N] [--dp N] --out DIR2\n"
-    "       nxd-ckpt import FILE.safetensors --tp N [--dp N] [--tag T] --out DIR2\n"
+    "       nxd-ckpt import FILE.safetensors OUT [--tp N] [--dp N] [--tag T]\n"
     "       nxd-ckpt export-hf DIR OUT_DIR\n"
-    "       nxd-ckpt import-hf HF_DIR --tp N [--dp N] [--tag T] --out DIR2\n"
+    "       nxd-ckpt import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]\n"
     "DIR is a checkpoint folder (<path>/<tag>) or a folder of checkpoints (its newest complete "
     "one)\n";
 
@@ -59,9 +62,10 @@ int to_int(const std::string& flag, const std::string& v) {
 void print_tag(const fs::path& dir, bool tensors) {
   const json m = nxd::ckpt::read_metadata(dir);
   const auto& p = m["parallel"];
-  std::printf("%s: complete, step %lld, tp %d pp %d dp %d, format %d (nxd %s)%s\n",
+  std::printf("%s: complete, step %lld, tp %d pp %d dp %d%s, format %d (nxd %s)%s\n",
               dir.string().c_str(), static_cast<long long>(m.value("step", int64_t{0})),
-              p.value("tp", 1), p.value("pp", 1), p.value("dp", 1), m["format_version"].get<int>(),
+              p.value("tp", 1), p.value("pp", 1), p.value("dp", 1),
+              p.value("zero1", false) ? " zero1" : "", m["format_version"].get<int>(),
               m.value("nxd_version", "?").c_str(), m.value("compressed", false) ? ", zstd" : "");
   if (m.contains("model_config"))
     std::printf("  model_config %s\n", m["model_config"].dump().c_str());
@@ -126,6 +130,7 @@ int run(const std::vector<std::string>& a) {
   std::vector<std::string> pos;
   std::string out, tag_name = "imported";
   int tp = 0, dp = 1, pp = 1;
+  bool tp_given = false;
   bool tensors = false;
   for (size_t i = 1; i < a.size(); ++i) {
     auto value = [&]() -> const std::string& {
@@ -137,7 +142,9 @@ int run(const std::vector<std::string>& a) {
     else if (a[i] == "--out")
       out = value();
     else if (a[i] == "--tp")
-      tp = to_int("--tp", value());
+      tp = to_int("--tp", value()), tp_given = true;
+    else if (a[i] == "--tag")
+      tag_name = value();
     else if (a[i] == "--dp")
       dp = to_int("--dp", value());
     else if (a[i] == "--pp")
@@ -176,12 +183,23 @@ int run(const std::vector<std::string>& a) {
                 (fs::path(out) / tag.filename()).string().c_str(), tp, pp, dp);
     return 0;
   }
-  if (cmd == "import") {
-    want(1);
-    if (tp == 0 || out.empty()) throw Usage("import needs --tp N and --out DIR");
-    if (!fs::is_regular_file(pos[0])) throw Usage(nxd::str(pos[0], " is not a file"));
+  // import FILE OUT / import-hf HF_DIR OUT (or OUT as --out)
+  auto import_target = [&](const char* src) {
+    if (pos.size() == 2 && !out.empty())
+      throw Usage(nxd::str(cmd, " got OUT twice: '", pos[1], "' and --out '", out, "'"));
+    if (pos.size() == 2) out = pos[1];
+    if (pos.size() < 1 || pos.size() > 2 || out.empty())
+      throw Usage(nxd::str(cmd, " takes ", src, " OUT, got ", pos.size(), " argument(s)"));
+    if (!tp_given) tp = 1;
+    if (tag_name.empty() || tag_name == "." || tag_name == ".." ||
+        tag_name.find('/') != std::string::npos)
+      throw Usage(nxd::str("--tag must be a plain folder name, got '", tag_name, "'"));
     if (fs::exists(fs::path(out) / tag_name))
       throw Usage(nxd::str((fs::path(out) / tag_name).string(), " already exists"));
+  };
+  if (cmd == "import") {
+    import_target("FILE");
+    if (!fs::is_regular_file(pos[0])) throw Usage(nxd::str(pos[0], " is not a file"));
     nxd::ckpt::import_merged(pos[0], out, tag_name, tp, dp);
     std::printf("%s -> %s (tp %d dp %d)\n", pos[0].c_str(),
                 (fs::path(out) / tag_name).string().c_str(), tp, dp);
@@ -195,12 +213,11 @@ int run(const std::vector<std::string>& a) {
     return 0;
   }
   if (cmd == "import-hf") {
-    want(1);
-    if (tp == 0 || out.empty()) throw Usage("import-hf needs --tp N and --out DIR");
+    import_target("HF_DIR");
     if (!fs::is_regular_file(fs::path(pos[0]) / "config.json"))
       throw Usage(nxd::str(pos[0], " has no config.json"));
-    if (fs::exists(fs::path(out) / tag_name))
-      throw Usage(nxd::str((fs::path(out) / tag_name).string(), " already exists"));
+    if (!fs::is_regular_file(fs::path(pos[0]) / "model.safetensors"))
+      throw Usage(nxd::str(pos[0], " has no model.safetensors"));
     nxd::ckpt::import_hf(pos[0], out, tag_name, tp, dp);
     std::printf("%s -> %s (tp %d dp %d)\n", pos[0].c_str(),
                 (fs::path(out) / tag_name).string().c_str(), tp, dp);

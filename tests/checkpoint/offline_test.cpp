@@ -11,6 +11,7 @@
 #include "nxd/checkpoint/safetensors.h"
 #include "support/files.h"
 #include "support/ranks.h"
+#include "zero1_util.h"
 
 namespace nxd::ckpt {
 namespace {
@@ -142,6 +143,39 @@ TEST(Offline, HuggingFaceRoundTripBothFamilies) {
   }
   nlohmann::json bad = {{"model_type", "bert"}};
   EXPECT_THROW(model_config_from_hf(bad), CheckpointError);
+}
+
+// ZeRO-1 state at TP2 x DP2 resharded offline to TP1 x DP2, TP4 x DP1 and TP2 x PP2 x DP1 stays
+// ZeRO-1 (a file per DP rank) and holds the same state: loaded into AdamW on one rank, bitwise
+// the original's.
+TEST(Offline, ReshardKeepsZero1State) {
+  const nxd::testing::ScratchDir root_scratch("nxd_offline_");
+  const fs::path& root = root_scratch.path;
+  run_ranks(4, [&] {
+    parallel_state::initialize_model_parallel(2);
+    nxd::testing::Zero1Trainee t(2, true);
+    t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
+    t.step(1, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
+    save_checkpoint(root / "src", "s", t.model.get(), t.opt.get(), t.sched.get());
+  });
+  nxd::testing::Zero1Trainee want(1, false, 9);
+  load_checkpoint(root / "src", want.model.get(), want.opt.get(), nullptr);
+  const auto expected = nxd::testing::snapshot(*want.model, want.opt.get());
+  struct Case {
+    const char* name;
+    int tp, dp, pp;
+  };
+  for (const Case& c :
+       {Case{"tp1dp2", 1, 2, 1}, Case{"tp4dp1", 4, 1, 1}, Case{"tp2pp2", 2, 1, 2}}) {
+    reshard_checkpoint(root / "src/s", root / c.name, c.tp, c.dp, c.pp);
+    const auto m = read_metadata(root / c.name / "s");
+    EXPECT_EQ(m["parallel"]["zero1"], true) << c.name;
+    EXPECT_EQ(m["parallel"]["dp"], c.dp) << c.name;
+    EXPECT_GT(verify_checkpoint(root / c.name / "s").tensors, 0);
+    nxd::testing::Zero1Trainee got(1, false, 8);
+    load_checkpoint(root / c.name, got.model.get(), got.opt.get(), nullptr);
+    nxd::testing::expect_same(nxd::testing::snapshot(*got.model, got.opt.get()), expected, c.name);
+  }
 }
 
 TEST(Offline, VerifyNamesTheFirstBadTensor) {
