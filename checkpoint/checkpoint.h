@@ -34,17 +34,12 @@
 #include <vector>
 
 #include "nxd/checkpoint/fileio.h"
+#include "nxd/checkpoint/metadata.h"
 #include "nxd/layers/module.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/optim/optimizer.h"
 
 namespace nxd::ckpt {
-
-// The newest metadata.json format_version this nxd reads. A checkpoint records the oldest version
-// that describes it: 1 (every optimizer tensor whole in DP rank 0's file; all checkpoints of
-// earlier nxd versions, ZeRO-1 ones included, which saved AdamW's gathered layout) or 2 (ZeRO-1
-// state in per-DP-rank files). Both load; a newer version is refused naming it.
-inline constexpr int kFormatVersion = 2;
 
 struct SaveOptions {
   // Keep only the newest this many complete checkpoints under `path` (0: keep all). Older ones
@@ -127,7 +122,8 @@ bool has_checkpoint(const std::filesystem::path& path);
 // Removes one checkpoint: its done marker first (so it stops counting), then its folder. Not
 // collective: call it on one rank, after any async save of it was finalized.
 void remove_checkpoint(const std::filesystem::path& path, const std::string& tag);
-// metadata.json of a complete checkpoint, validated (format, version); CheckpointError otherwise.
+// metadata.json of a complete checkpoint, validated (parse_metadata, checkpoint/metadata.h);
+// CheckpointError otherwise.
 nlohmann::json read_metadata(const std::filesystem::path& tag_dir);
 
 }  // namespace nxd::ckpt
