@@ -78,7 +78,7 @@ TEST(FuzzSafetensors, MutationsReadOrThrowCheckpointError) {
 fs::path zero1_checkpoint(const fs::path& root) {
   nxd::testing::run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(2);
-    nxd::testing::Zero1Trainee t(2, true);
+    nxd::testing::Zero1Trainee t(2, {.zero1 = true});
     t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
     save_checkpoint(root, "t", t.model.get(), t.opt.get(), t.sched.get());
   });
@@ -151,7 +151,7 @@ TEST(FuzzMetadata, StructuralMutationsLoadOrThrowCheckpointErrorAndNeverHalfLoad
   const fs::path dir = zero1_checkpoint(scratch.path);
   const nlohmann::json good = nlohmann::json::parse(nxd::testing::slurp(dir / "metadata.json"));
   // the target: AdamW on one rank (TP resharding and the DP files' assembly)
-  nxd::testing::Zero1Trainee t(1, false, 5);
+  nxd::testing::Zero1Trainee t(1, {.seed = 5});
   const auto before = nxd::testing::snapshot(*t.model, t.opt.get());
   std::mt19937_64 g(11);
   int parsed = 0, loaded = 0;

@@ -127,7 +127,7 @@ TEST(NxdCkpt, Zero1InspectVerifyReshardDp) {
   const fs::path& d = d_scratch.path;
   nxd::testing::run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(1);
-    nxd::testing::Zero1Trainee t(1, true);
+    nxd::testing::Zero1Trainee t(1, {.zero1 = true});
     t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 4));
     save_checkpoint(d / "run", "step_1", t.model.get(), t.opt.get(), t.sched.get());
   });
@@ -145,7 +145,7 @@ TEST(NxdCkpt, Zero1InspectVerifyReshardDp) {
   EXPECT_EQ(m["parallel"]["zero1"], true);
   EXPECT_TRUE(fs::exists(d / "dp2/step_1/optim/dp_rank_01_tp_rank_00_pp_rank_00.safetensors"));
   EXPECT_FALSE(fs::exists(d / "dp2/step_1/optim/dp_rank_02_tp_rank_00_pp_rank_00.safetensors"));
-  nxd::testing::Zero1Trainee a(1, false, 3), b(1, false, 4);
+  nxd::testing::Zero1Trainee a(1, {.seed = 3}), b(1, {.seed = 4});
   load_checkpoint(d / "run", a.model.get(), a.opt.get(), nullptr);
   load_checkpoint(d / "dp2", b.model.get(), b.opt.get(), nullptr);
   nxd::testing::expect_same(nxd::testing::snapshot(*b.model, b.opt.get()),

@@ -224,12 +224,12 @@ TEST(Offline, ReshardKeepsZero1State) {
   const fs::path& root = root_scratch.path;
   run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(2);
-    nxd::testing::Zero1Trainee t(2, true);
+    nxd::testing::Zero1Trainee t(2, {.zero1 = true});
     t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
     t.step(1, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
     save_checkpoint(root / "src", "s", t.model.get(), t.opt.get(), t.sched.get());
   });
-  nxd::testing::Zero1Trainee want(1, false, 9);
+  nxd::testing::Zero1Trainee want(1, {.seed = 9});
   load_checkpoint(root / "src", want.model.get(), want.opt.get(), nullptr);
   const auto expected = nxd::testing::snapshot(*want.model, want.opt.get());
   struct Case {
@@ -243,7 +243,7 @@ TEST(Offline, ReshardKeepsZero1State) {
     EXPECT_EQ(m["parallel"]["zero1"], true) << c.name;
     EXPECT_EQ(m["parallel"]["dp"], c.dp) << c.name;
     EXPECT_GT(verify_checkpoint(root / c.name / "s").tensors, 0);
-    nxd::testing::Zero1Trainee got(1, false, 8);
+    nxd::testing::Zero1Trainee got(1, {.seed = 8});
     load_checkpoint(root / c.name, got.model.get(), got.opt.get(), nullptr);
     nxd::testing::expect_same(nxd::testing::snapshot(*got.model, got.opt.get()), expected, c.name);
   }

@@ -43,7 +43,7 @@ TEST(Zero1Checkpoint, EveryDpRankWritesItsOwnPartWithoutGathering) {
   int64_t worst_save = 0, gathered = 0, shard = 0;
   run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(1);
-    Zero1Trainee t(1, true);
+    Zero1Trainee t(1, {.zero1 = true});
     for (int s = 0; s < 2; ++s) t.step(s, shards_of(parallel_state::get_data_parallel_rank(), 4));
     MemoryCounter& mem = current_context().memory();
     const int64_t before = mem.live();
@@ -102,7 +102,7 @@ TEST(Zero1Checkpoint, RoundTripIsBitwiseAtTheSameDegrees) {
       run_ranks(2 * tp, [&] {
         parallel_state::initialize_model_parallel(tp);
         const int d = parallel_state::get_data_parallel_rank();
-        Zero1Trainee a(tp, true);
+        Zero1Trainee a(tp, {.zero1 = true});
         a.step(0, shards_of(d, 2));
         a.step(1, shards_of(d, 2));
         const auto state = shard_snapshot(*a.opt);
@@ -111,7 +111,7 @@ TEST(Zero1Checkpoint, RoundTripIsBitwiseAtTheSameDegrees) {
         a.step(2, shards_of(d, 2));  // an async save must not see this
         const double next = a.eval_loss();
         finalize_checkpoint();
-        Zero1Trainee b(tp, true, 9);
+        Zero1Trainee b(tp, {.zero1 = true, .seed = 9});
         load_checkpoint(p, b.model.get(), b.opt.get(), b.sched.get());
         nxd::testing::expect_same(shard_snapshot(*b.opt), state, "optimizer");
         nxd::testing::expect_same(nxd::testing::snapshot(*b.model, nullptr), model, "model");
@@ -136,7 +136,7 @@ Trained train_dp4(const fs::path& dir) {
   run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(1);
     const int d = parallel_state::get_data_parallel_rank();
-    Zero1Trainee t(1, true);
+    Zero1Trainee t(1, {.zero1 = true});
     for (int s = 0; s < 3; ++s) t.step(s, shards_of(d, 4));
     const double loss = t.eval_loss();
     save_checkpoint(dir, "step_3", t.model.get(), t.opt.get(), t.sched.get());
@@ -156,15 +156,21 @@ double rel(double a, double b) {
   return std::abs(a - b) / std::abs(b);
 }
 
-// Loads `dir` at DP n (ZeRO-1 or AdamW), checks the loss and full state, continues 3 steps.
-void resume_at(const fs::path& dir, int n, bool zero1, const Trained& orig,
-               const std::string& what) {
+struct Target {
+  int dp = 1;
+  bool zero1 = false;  // Zero1AdamW, else AdamW
+};
+
+// Loads `dir` at the target's DP degree, checks the loss and full state, continues 3 steps.
+void resume_at(const fs::path& dir, Target target, const Trained& orig, const std::string& what) {
+  const int n = target.dp;
+  const bool zero1 = target.zero1;
   std::mutex mu;
   double worst = 0;
   run_ranks(n, [&] {
     parallel_state::initialize_model_parallel(1);
     const int d = parallel_state::get_data_parallel_rank();
-    Zero1Trainee t(1, zero1, 7);
+    Zero1Trainee t(1, {.zero1 = zero1, .seed = 7});
     load_checkpoint(dir, t.model.get(), t.opt.get(), t.sched.get());
     const double loss = t.eval_loss();
     EXPECT_LE(rel(loss, orig.loss), 1e-6) << what << ": loss " << loss << " vs " << orig.loss;
@@ -184,9 +190,11 @@ void resume_at(const fs::path& dir, int n, bool zero1, const Trained& orig,
 TEST(Zero1Checkpoint, Dp4ToDp2AndToAdamWOnOneRank) {
   const nxd::testing::ScratchDir dir("nxd_z1ckpt_");
   const Trained orig = train_dp4(dir.path);
-  resume_at(dir.path, 2, true, orig, "ZeRO-1 DP4 -> ZeRO-1 DP2");
-  resume_at(dir.path, 1, false, orig, "ZeRO-1 DP4 -> AdamW DP1");
-  resume_at(dir.path, 4, true, orig, "ZeRO-1 DP4 -> ZeRO-1 DP4");
+  ASSERT_EQ(orig.after.size(), 3u);
+  EXPECT_NE(orig.after[2], orig.loss) << "the continued steps change nothing";
+  resume_at(dir.path, {.dp = 2, .zero1 = true}, orig, "ZeRO-1 DP4 -> ZeRO-1 DP2");
+  resume_at(dir.path, {.dp = 1, .zero1 = false}, orig, "ZeRO-1 DP4 -> AdamW DP1");
+  resume_at(dir.path, {.dp = 4, .zero1 = true}, orig, "ZeRO-1 DP4 -> ZeRO-1 DP4");
 }
 
 // AdamW's checkpoint (DP 2) into ZeRO-1 at DP 4: every rank takes its part of the whole state.
@@ -197,7 +205,7 @@ TEST(Zero1Checkpoint, AdamWIntoZero1) {
   run_ranks(2, [&] {
     parallel_state::initialize_model_parallel(1);
     const int d = parallel_state::get_data_parallel_rank();
-    Zero1Trainee t(1, false);
+    Zero1Trainee t(1, {});
     for (int s = 0; s < 3; ++s) t.step(s, shards_of(d, 2));
     const double loss = t.eval_loss();
     save_checkpoint(dir.path, "step_3", t.model.get(), t.opt.get(), t.sched.get());
@@ -212,8 +220,8 @@ TEST(Zero1Checkpoint, AdamWIntoZero1) {
   });
   EXPECT_EQ(read_metadata(dir.path / "step_3")["parallel"]["zero1"], false);
   EXPECT_EQ(read_metadata(dir.path / "step_3")["format_version"], 1);
-  resume_at(dir.path, 4, true, orig, "AdamW DP2 -> ZeRO-1 DP4");
-  resume_at(dir.path, 2, true, orig, "AdamW DP2 -> ZeRO-1 DP2");
+  resume_at(dir.path, {.dp = 4, .zero1 = true}, orig, "AdamW DP2 -> ZeRO-1 DP4");
+  resume_at(dir.path, {.dp = 2, .zero1 = true}, orig, "AdamW DP2 -> ZeRO-1 DP2");
 }
 
 // A checkpoint written by nxd before per-rank ZeRO-1 files (fixtures/v1_zero1_dp2: a ZeRO-1
@@ -290,14 +298,14 @@ TEST(Zero1Checkpoint, BadDpShardsAreRefusedAndLeaveTheTargetUntouched) {
         save_checkpoint(dir, "t", other.get(), &z, nullptr);
         return;
       }
-      Zero1Trainee a(1, true);
+      Zero1Trainee a(1, {.zero1 = true});
       a.step(0, shards_of(parallel_state::get_data_parallel_rank(), 2));
       save_checkpoint(dir, "t", a.model.get(), a.opt.get(), nullptr);
     });
     damage(dir / "t");
     run_ranks(2, [&] {
       parallel_state::initialize_model_parallel(1);
-      Zero1Trainee b(1, true, 5);
+      Zero1Trainee b(1, {.zero1 = true, .seed = 5});
       b.step(0, shards_of(parallel_state::get_data_parallel_rank(), 2));
       const auto state = shard_snapshot(*b.opt);
       const auto model = nxd::testing::snapshot(*b.model, nullptr);
@@ -332,6 +340,33 @@ TEST(Zero1Checkpoint, BadDpShardsAreRefusedAndLeaveTheTargetUntouched) {
       },
       {"format_version " + std::to_string(kFormatVersion + 1), "newer than this nxd"});
   check([](const fs::path&) {}, {"has shape [64,32]", "another model"}, 64);
+}
+
+// bf16 parameters with f32 master weights: the masters are saved per DP rank too, round-trip
+// bitwise into ZeRO-1 and load into AdamW (with masters) as the gathered state.
+TEST(Zero1Checkpoint, MasterWeightsOfBf16Parameters) {
+  const nxd::testing::ScratchDir dir("nxd_z1ckpt_");
+  std::map<std::string, Tensor> full;
+  std::mutex mu;
+  run_ranks(2, [&] {
+    parallel_state::initialize_model_parallel(1);
+    const int d = parallel_state::get_data_parallel_rank();
+    Zero1Trainee a(1, {.zero1 = true, .bf16 = true});
+    a.step(0, shards_of(d, 2));
+    a.step(1, shards_of(d, 2));
+    const auto state = shard_snapshot(*a.opt);
+    save_checkpoint(dir.path, "t", a.model.get(), a.opt.get(), nullptr);
+    auto f = full_state(*a.opt);
+    Zero1Trainee b(1, {.zero1 = true, .seed = 4, .bf16 = true});
+    load_checkpoint(dir.path, b.model.get(), b.opt.get(), nullptr);
+    nxd::testing::expect_same(shard_snapshot(*b.opt), state, "ZeRO-1 bf16");
+    std::lock_guard<std::mutex> g(mu);
+    if (d == 0) full = std::move(f);
+  });
+  ASSERT_TRUE(full.count("model.layers.0.mlp.up_proj.weight.master"));
+  Zero1Trainee c(1, {.seed = 6, .bf16 = true});
+  load_checkpoint(dir.path, c.model.get(), c.opt.get(), nullptr);
+  nxd::testing::expect_same(full_state(*c.opt), full, "AdamW bf16 with masters");
 }
 
 }  // namespace

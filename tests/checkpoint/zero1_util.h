@@ -15,19 +15,28 @@
 
 namespace nxd::testing {
 
+struct TraineeOptions {
+  bool zero1 = false;  // Zero1AdamW, else AdamW
+  uint64_t seed = 1;
+  bool bf16 = false;  // bf16 parameters with f32 master weights
+};
+
 struct Zero1Trainee {
   std::shared_ptr<CausalLM> model;
   std::unique_ptr<optim::Optimizer> opt;  // Zero1AdamW, or AdamW
   std::unique_ptr<optim::GradSync> sync;  // AdamW's DP mean
   std::unique_ptr<optim::LRSchedule> sched;
 
-  Zero1Trainee(int tp, bool zero1, uint64_t seed = 1) {
-    model = make_causal_lm(ckpt_model_config(tp), seed);
+  Zero1Trainee(int tp, TraineeOptions o) {
+    ModelConfig c = ckpt_model_config(tp);
+    if (o.bf16) c.dtype = DType::bf16;
+    model = make_causal_lm(c, o.seed);
     std::vector<optim::NamedParam> ps;
     for (const auto& [n, t] : model->named_parameters()) ps.push_back({n, t});
-    const optim::AdamWOptions ao{0.9, 0.99, 1e-8};
+    optim::AdamWOptions ao{0.9, 0.99, 1e-8};
+    ao.precision.master_weights = o.bf16;
     auto groups = optim::default_param_groups(ps, 1e-2, 0.01);
-    if (zero1) {
+    if (o.zero1) {
       optim::Zero1Options zo;
       zo.adamw = ao;
       zo.registration_order = ps;
