@@ -115,6 +115,83 @@ optim::LRScheduleOptions scheduler_options(const fs::path& p) {
   }
 }
 
+// Everything a load commits, read and verified.
+struct Staged {
+  std::vector<Want> model, optim;
+  std::vector<optim::StateShard> records;  // a sharded optimizer's (ZeRO-1)
+  optim::LRScheduleOptions sched;
+  json user = nullptr;
+  int64_t optim_steps = 0;
+  std::vector<double> group_lrs;
+};
+
+// The tag to load (the newest complete one if none is given), global rank 0's on every rank.
+std::string agreed_tag(const fs::path& path, const std::string& wanted, const Degrees& d) {
+  std::string tag;
+  detail::run_agreed("[load_checkpoint]", [&] {
+    if (d.rank != 0) return;
+    if (!wanted.empty()) {
+      tag = wanted;
+      return;
+    }
+    auto t = newest_checkpoint(path);
+    if (!t)
+      throw CheckpointError(str("[load_checkpoint] no complete checkpoint under ", path.string()));
+    tag = *t;
+  });
+  return detail::broadcast_string(tag);
+}
+
+void stage_optimizer(detail::Stager& st, const json& meta, const fs::path& dir,
+                     const optim::Optimizer& o, const std::vector<Module*>& chunks,
+                     const LoadOptions& opts, bool whole_model, Staged& s) {
+  if (!meta.contains("optimizer"))
+    throw CheckpointError(str("[load_checkpoint] ", dir.string(), " has no optimizer state"));
+  const json& info = meta["optimizer"].at("info");
+  const std::string kind = info.at("kind").get<std::string>();
+  if (kind != o.kind())
+    throw CheckpointError(str("[load_checkpoint] ", dir.string(), ": the optimizer state is ", kind,
+                              "'s, the target optimizer is ", o.kind()));
+  s.optim_steps = info.at("steps").get<int64_t>();
+  for (const auto& g : info.at("groups")) s.group_lrs.push_back(g.at("lr").get<double>());
+  s.optim = optim_wants(o, chunks, s.records);
+  st.stage("optim", meta["optimizer"].at("tensors"), s.optim, opts.strict, whole_model);
+}
+
+Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
+                 const optim::Optimizer* optimizer, bool scheduler, const LoadOptions& opts,
+                 const Degrees& d) {
+  Staged s;
+  const json meta = read_metadata(dir);
+  check_files(dir, meta);
+  detail::Stager st(dir, meta, d);
+  const bool whole_model = d.pp == 1;  // with PP, other stages hold the other names
+  if (!chunks.empty()) {
+    if (!meta.contains("model"))
+      throw CheckpointError(str("[load_checkpoint] ", dir.string(), " has no model"));
+    s.model = model_wants(chunks);
+    st.stage("model", meta["model"], s.model, opts.strict, whole_model);
+  }
+  if (optimizer) {
+    NXD_CHECK(!chunks.empty() || d.tp == 1, "[load_checkpoint] loading the optimizer at TP=", d.tp,
+              " needs the model too (its parallel attributes say how the state is split)");
+    stage_optimizer(st, meta, dir, *optimizer, chunks, opts, whole_model, s);
+  }
+  if (scheduler) {
+    s.sched = scheduler_options(dir / detail::kScheduler);
+    optim::LRSchedule check(s.sched);  // validates before the commit
+  }
+  const fs::path uc = dir / detail::kUserContent;
+  if (fs::exists(uc)) {
+    try {
+      s.user = json::parse(read_file(uc));
+    } catch (const std::exception& e) {
+      throw CheckpointError(str("[load_checkpoint] ", uc.string(), ": ", e.what()));
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 json load_checkpoint(const fs::path& path, Module* model, optim::Optimizer* optimizer,
@@ -127,71 +204,14 @@ json load_checkpoint(const fs::path& path, Module* model, optim::Optimizer* opti
 json load_checkpoint(const fs::path& path, const std::vector<Module*>& chunks,
                      optim::Optimizer* optimizer, optim::LRSchedule* scheduler,
                      const LoadOptions& opts) {
-  const bool model = !chunks.empty();
   for (const Module* m : chunks) NXD_CHECK(m != nullptr, "[load_checkpoint] a model chunk is null");
   finalize_checkpoint();
   const Degrees d = detail::current_degrees();
-  std::string tag;
-  detail::run_agreed("[load_checkpoint]", [&] {
-    if (d.rank != 0) return;
-    if (!opts.tag.empty()) {
-      tag = opts.tag;
-    } else {
-      auto t = newest_checkpoint(path);
-      if (!t)
-        throw CheckpointError(
-            str("[load_checkpoint] no complete checkpoint under ", path.string()));
-      tag = *t;
-    }
-  });
-  tag = detail::broadcast_string(tag);
-  const fs::path dir = path / tag;
-  std::vector<Want> mw, ow;
-  std::vector<optim::StateShard> records;  // a sharded optimizer's (ZeRO-1)
-  optim::LRScheduleOptions sched_opts;
-  json user = nullptr;
-  int64_t optim_steps = 0;
-  std::vector<double> group_lrs;
-  auto stage_all = [&] {
-    const json meta = read_metadata(dir);
-    check_files(dir, meta);
-    detail::Stager st(dir, meta, d);
-    const bool whole_model = d.pp == 1;  // with PP, other stages hold the other names
-    if (model) {
-      if (!meta.contains("model"))
-        throw CheckpointError(str("[load_checkpoint] ", dir.string(), " has no model"));
-      mw = model_wants(chunks);
-      st.stage("model", meta["model"], mw, opts.strict, whole_model);
-    }
-    if (optimizer) {
-      if (!meta.contains("optimizer"))
-        throw CheckpointError(str("[load_checkpoint] ", dir.string(), " has no optimizer state"));
-      NXD_CHECK(model || d.tp == 1, "[load_checkpoint] loading the optimizer at TP=", d.tp,
-                " needs the model too (its parallel attributes say how the state is split)");
-      const json& optim_info = meta["optimizer"].at("info");
-      const std::string kind = optim_info.at("kind").get<std::string>();
-      if (kind != optimizer->kind())
-        throw CheckpointError(str("[load_checkpoint] ", dir.string(), ": the optimizer state is ",
-                                  kind, "'s, the target optimizer is ", optimizer->kind()));
-      optim_steps = optim_info.at("steps").get<int64_t>();
-      for (const auto& g : optim_info.at("groups")) group_lrs.push_back(g.at("lr").get<double>());
-      ow = optim_wants(*optimizer, chunks, records);
-      st.stage("optim", meta["optimizer"].at("tensors"), ow, opts.strict, whole_model);
-    }
-    if (scheduler) sched_opts = scheduler_options(dir / detail::kScheduler);
-    if (fs::exists(dir / detail::kUserContent)) {
-      try {
-        user = json::parse(read_file(dir / detail::kUserContent));
-      } catch (const std::exception& e) {
-        throw CheckpointError(
-            str("[load_checkpoint] ", (dir / detail::kUserContent).string(), ": ", e.what()));
-      }
-    }
-    if (scheduler) optim::LRSchedule check(sched_opts);  // validates before the commit
-  };
+  const fs::path dir = path / agreed_tag(path, opts.tag, d);
+  Staged s;
   detail::run_agreed("[load_checkpoint]", [&] {
     try {
-      stage_all();
+      s = stage_all(dir, chunks, optimizer, scheduler != nullptr, opts, d);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {  // a JSON field of the wrong type or missing
@@ -200,18 +220,18 @@ json load_checkpoint(const fs::path& path, const std::vector<Module*>& chunks,
   });
   // Commit: nothing below can fail (shapes and dtypes were checked).
   NoGradGuard ng;
-  for (auto& w : mw) w.target.detach().copy_(w.staged);
+  for (auto& w : s.model) w.target.detach().copy_(w.staged);
   if (optimizer) {
     if (optimizer->state_is_sharded())
-      optimizer->load_sharded_state(staged_records(records, ow));
+      optimizer->load_sharded_state(staged_records(s.records, s.optim));
     else
-      for (auto& w : ow) w.target.detach().copy_(w.staged);
-    optimizer->set_steps(optim_steps);
+      for (auto& w : s.optim) w.target.detach().copy_(w.staged);
+    optimizer->set_steps(s.optim_steps);
     auto& mine = optimizer->param_groups();
-    for (size_t i = 0; i < mine.size() && i < group_lrs.size(); ++i) mine[i].lr = group_lrs[i];
+    for (size_t i = 0; i < mine.size() && i < s.group_lrs.size(); ++i) mine[i].lr = s.group_lrs[i];
   }
-  if (scheduler) *scheduler = optim::LRSchedule(sched_opts);
-  return user;
+  if (scheduler) *scheduler = optim::LRSchedule(s.sched);
+  return s.user;
 }
 
 }  // namespace nxd::ckpt

@@ -34,17 +34,50 @@ Stager::Stager(fs::path dir, const json& meta, const Degrees& d) : dir_(std::mov
   compressed_ = meta.value("compressed", false);
 }
 
+void Stager::plan(const char* kind, const json& e, Want& w) {
+  const std::string where = str(dir_.string(), ": ", kind, " tensor '", w.name, "'");
+  const DType dtype = w.target.dtype();
+  const Shape full = e.at("shape").get<Shape>();
+  const std::string dt = e.at("dtype").get<std::string>();
+  if (dt != safetensors_dtype(dtype))
+    throw CheckpointError(str("[load_checkpoint] ", where, " is ", dt, " in the checkpoint but ",
+                              safetensors_dtype(dtype), " in the target"));
+  const ShardSpec saved =
+      e.contains("split") ? shard_spec_from_json(e["split"], where) : ShardSpec{};
+  const int pp = e.at("pp_rank").get<int>();
+  try {
+    const Shape target_full = full_shape(w.local, w.spec);
+    if (target_full != full)
+      throw CheckpointError(str("[load_checkpoint] ", where, " has shape ", shape_str(full),
+                                " in the checkpoint but ", shape_str(target_full),
+                                " in the target (another model?)"));
+    w.staged = empty(w.target.shape(), dtype);
+    const int64_t lo = w.ranged() ? w.lo : 0, hi = w.ranged() ? w.hi : numel_of(w.local);
+    char* dst = static_cast<char*>(w.staged.raw_data());
+    if (saved == w.spec && (!saved.split || saved.parts == d_.tp)) {
+      const int tp = saved.split ? d_.tp_rank : d_.tp_rank % saved_tp_;
+      fetch(kind, w.name, tp, pp, w.local, dtype, lo, hi, dst);
+      return;
+    }
+    Gather g{&w, empty(full, dtype), saved, {}};
+    const Shape local = local_shape(full, saved, where);
+    for (int64_t r : covering_ranks(saved)) {
+      Tensor part = empty(local, dtype);
+      g.parts.emplace_back(r, part);
+      fetch(kind, w.name, static_cast<int>(r), pp, local, dtype, 0, numel_of(local),
+            static_cast<char*>(part.raw_data()));
+    }
+    gathers_.push_back(std::move(g));
+  } catch (const ShapeError& x) {  // a split the recorded shape does not allow
+    throw CheckpointError(str("[load_checkpoint] ", where, ": ", x.what()));
+  }
+}
+
 void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants, bool strict,
                    bool check_unexpected) {
   reads_.clear();
+  gathers_.clear();
   std::vector<std::string> missing;
-  struct Gather {
-    Want* want;
-    Tensor full;
-    ShardSpec saved;
-    std::vector<std::pair<int64_t, Tensor>> parts;  // saved tp rank, its shard
-  };
-  std::vector<Gather> gathers;
   std::vector<Want*> kept;
   for (auto& w : wants) {
     if (!table.contains(w.name)) {
@@ -52,43 +85,7 @@ void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants
       continue;
     }
     kept.push_back(&w);
-    const json& e = table[w.name];
-    const std::string where = str(dir_.string(), ": ", kind, " tensor '", w.name, "'");
-    const DType dtype = w.target.dtype();
-    const Shape full = e.at("shape").get<Shape>();
-    const std::string dt = e.at("dtype").get<std::string>();
-    if (dt != safetensors_dtype(dtype))
-      throw CheckpointError(str("[load_checkpoint] ", where, " is ", dt, " in the checkpoint but ",
-                                safetensors_dtype(dtype), " in the target"));
-    const ShardSpec saved =
-        e.contains("split") ? shard_spec_from_json(e["split"], where) : ShardSpec{};
-    const int pp = e.at("pp_rank").get<int>();
-    try {
-      const Shape target_full = full_shape(w.local, w.spec);
-      if (target_full != full)
-        throw CheckpointError(str("[load_checkpoint] ", where, " has shape ", shape_str(full),
-                                  " in the checkpoint but ", shape_str(target_full),
-                                  " in the target (another model?)"));
-      w.staged = empty(w.target.shape(), dtype);
-      const int64_t lo = w.ranged() ? w.lo : 0, hi = w.ranged() ? w.hi : numel_of(w.local);
-      char* dst = static_cast<char*>(w.staged.raw_data());
-      if (saved == w.spec && (!saved.split || saved.parts == d_.tp)) {
-        const int tp = saved.split ? d_.tp_rank : d_.tp_rank % saved_tp_;
-        fetch(kind, w.name, tp, pp, w.local, dtype, lo, hi, dst);
-        continue;
-      }
-      Gather g{&w, empty(full, dtype), saved, {}};
-      const Shape local = local_shape(full, saved, where);
-      for (int64_t r : covering_ranks(saved)) {
-        Tensor part = empty(local, dtype);
-        g.parts.emplace_back(r, part);
-        fetch(kind, w.name, static_cast<int>(r), pp, local, dtype, 0, numel_of(local),
-              static_cast<char*>(part.raw_data()));
-      }
-      gathers.push_back(std::move(g));
-    } catch (const ShapeError& x) {  // a split the recorded shape does not allow
-      throw CheckpointError(str("[load_checkpoint] ", where, ": ", x.what()));
-    }
+    plan(kind, table[w.name], w);
   }
   if (strict && !missing.empty())
     throw CheckpointError(
@@ -105,7 +102,7 @@ void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants
   }
   for (auto& [rel, tensors] : reads_) read_file(rel, tensors);
   reads_.clear();
-  for (auto& g : gathers) {
+  for (auto& g : gathers_) {
     for (auto& [r, part] : g.parts) shard_view(g.full, g.saved, r).copy_(part);
     Want& w = *g.want;
     Tensor mine = shard_view(g.full, w.spec, d_.tp_rank);
@@ -114,6 +111,7 @@ void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants
     else
       w.staged.copy_(mine);
   }
+  gathers_.clear();
   wants.erase(
       std::remove_if(wants.begin(), wants.end(), [](const Want& w) { return !w.staged.defined(); }),
       wants.end());

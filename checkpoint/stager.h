@@ -52,6 +52,15 @@ class Stager {
     Shape shape;
     std::vector<Copy> copies;
   };
+  // A want whose TP split differs from the saved one: the saved shards covering the whole tensor.
+  struct Gather {
+    Want* want;
+    Tensor full;
+    ShardSpec saved;
+    std::vector<std::pair<int64_t, Tensor>> parts;  // saved tp rank, its shard
+  };
+  // Checks one want against its table entry and schedules its reads (or a gather).
+  void plan(const char* kind, const nlohmann::json& entry, Want& w);
   // Schedules the read of elements [lo, hi) of the flattened TP-local tensor `name` saved by
   // (tp, pp) into dst (hi - lo elements of `dtype`).
   void fetch(const char* kind, const std::string& name, int tp, int pp, const Shape& local,
@@ -65,6 +74,7 @@ class Stager {
   bool compressed_ = false, zero1_ = false;
   std::map<std::pair<int, int>, DpIndex> dp_;                       // by (tp, pp)
   std::map<std::string, std::map<std::string, FileTensor>> reads_;  // by file, tensor
+  std::vector<Gather> gathers_;
 };
 
 }  // namespace nxd::ckpt::detail

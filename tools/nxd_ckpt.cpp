@@ -121,109 +121,114 @@ int verify(const fs::path& dir) {
   }
 }
 
-int run(const std::vector<std::string>& a) {
-  if (a.empty() || a[0] == "--help" || a[0] == "-h") {
-    std::fputs(kUsage, a.empty() ? stderr : stdout);
-    return a.empty() ? 2 : 0;
-  }
-  const std::string cmd = a[0];
-  std::vector<std::string> pos;
-  std::string out, tag_name = "imported";
-  int tp = 0, dp = 1, pp = 1;
-  bool tp_given = false;
+// The command line after the command name.
+struct Args {
+  std::string cmd;
+  std::vector<std::string> pos;  // positional arguments
+  std::string out, tag = "imported";
+  int tp = 0, dp = 1, pp = 1;  // tp 0: not given
   bool tensors = false;
+  void want(size_t n) const {
+    if (pos.size() != n) throw Usage(nxd::str(cmd, " takes ", n, " argument(s), got ", pos.size()));
+  }
+};
+
+Args parse(const std::vector<std::string>& a) {
+  Args r;
+  r.cmd = a[0];
   for (size_t i = 1; i < a.size(); ++i) {
     auto value = [&]() -> const std::string& {
       if (i + 1 >= a.size()) throw Usage(a[i] + " needs a value");
       return a[++i];
     };
     if (a[i] == "--tensors")
-      tensors = true;
+      r.tensors = true;
     else if (a[i] == "--out")
-      out = value();
+      r.out = value();
     else if (a[i] == "--tp")
-      tp = to_int("--tp", value()), tp_given = true;
+      r.tp = to_int("--tp", value());
     else if (a[i] == "--tag")
-      tag_name = value();
+      r.tag = value();
     else if (a[i] == "--dp")
-      dp = to_int("--dp", value());
+      r.dp = to_int("--dp", value());
     else if (a[i] == "--pp")
-      pp = to_int("--pp", value());
+      r.pp = to_int("--pp", value());
     else if (a[i].rfind("--", 0) == 0)
       throw Usage("unknown option " + a[i]);
     else
-      pos.push_back(a[i]);
+      r.pos.push_back(a[i]);
   }
-  auto want = [&](size_t n) {
-    if (pos.size() != n) throw Usage(nxd::str(cmd, " takes ", n, " argument(s), got ", pos.size()));
-  };
-  if (cmd == "inspect") {
-    want(1);
-    return inspect(pos[0], tensors);
+  return r;
+}
+
+int reshard(const Args& a) {
+  a.want(1);
+  if (a.tp == 0 || a.out.empty()) throw Usage("reshard needs --tp N and --out DIR");
+  const fs::path tag = nxd::ckpt::resolve_checkpoint(a.pos[0]);
+  const fs::path dst = fs::path(a.out) / tag.filename();
+  if (fs::exists(dst)) throw Usage(nxd::str(dst.string(), " already exists"));
+  nxd::ckpt::reshard_checkpoint(tag, a.out, a.tp, a.dp, a.pp);
+  std::printf("%s -> %s (tp %d pp %d dp %d)\n", tag.string().c_str(), dst.string().c_str(), a.tp,
+              a.pp, a.dp);
+  return 0;
+}
+
+// import FILE OUT / import-hf HF_DIR OUT (OUT also as --out OUT), at --tp / --dp (default 1).
+int import(Args a) {
+  const bool hf = a.cmd == "import-hf";
+  if (a.pos.size() == 2 && !a.out.empty())
+    throw Usage(nxd::str(a.cmd, " got OUT twice: '", a.pos[1], "' and --out '", a.out, "'"));
+  if (a.pos.size() == 2) a.out = a.pos[1];
+  if (a.pos.size() < 1 || a.pos.size() > 2 || a.out.empty())
+    throw Usage(nxd::str(a.cmd, " takes ", hf ? "HF_DIR" : "FILE", " OUT, got ", a.pos.size(),
+                         " argument(s)"));
+  if (a.tp == 0) a.tp = 1;
+  if (a.tag.empty() || a.tag == "." || a.tag == ".." || a.tag.find('/') != std::string::npos)
+    throw Usage(nxd::str("--tag must be a plain folder name, got '", a.tag, "'"));
+  const fs::path src = a.pos[0], dst = fs::path(a.out) / a.tag;
+  if (fs::exists(dst)) throw Usage(nxd::str(dst.string(), " already exists"));
+  if (!hf) {
+    if (!fs::is_regular_file(src)) throw Usage(nxd::str(src.string(), " is not a file"));
+    nxd::ckpt::import_merged(src, a.out, a.tag, a.tp, a.dp);
+  } else {
+    for (const char* f : {"config.json", "model.safetensors"})
+      if (!fs::is_regular_file(src / f)) throw Usage(nxd::str(src.string(), " has no ", f));
+    nxd::ckpt::import_hf(src, a.out, a.tag, a.tp, a.dp);
   }
-  if (cmd == "verify") {
-    want(1);
-    return verify(pos[0]);
+  std::printf("%s -> %s (tp %d dp %d)\n", src.string().c_str(), dst.string().c_str(), a.tp, a.dp);
+  return 0;
+}
+
+int run(const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
+    std::fputs(kUsage, argv.empty() ? stderr : stdout);
+    return argv.empty() ? 2 : 0;
   }
-  if (cmd == "export") {
-    want(2);
-    const fs::path tag = nxd::ckpt::resolve_checkpoint(pos[0]);
-    nxd::ckpt::export_merged(tag, pos[1]);
-    std::printf("%s -> %s\n", tag.string().c_str(), pos[1].c_str());
+  const Args a = parse(argv);
+  if (a.cmd == "inspect") {
+    a.want(1);
+    return inspect(a.pos[0], a.tensors);
+  }
+  if (a.cmd == "verify") {
+    a.want(1);
+    return verify(a.pos[0]);
+  }
+  if (a.cmd == "export" || a.cmd == "export-hf") {
+    a.want(2);
+    const fs::path tag = nxd::ckpt::resolve_checkpoint(a.pos[0]);
+    if (a.cmd == "export") {
+      nxd::ckpt::export_merged(tag, a.pos[1]);
+      std::printf("%s -> %s\n", tag.string().c_str(), a.pos[1].c_str());
+    } else {
+      nxd::ckpt::export_hf(tag, a.pos[1]);
+      std::printf("%s -> %s/{model.safetensors,config.json}\n", tag.string().c_str(),
+                  a.pos[1].c_str());
+    }
     return 0;
   }
-  if (cmd == "reshard") {
-    want(1);
-    if (tp == 0 || out.empty()) throw Usage("reshard needs --tp N and --out DIR");
-    const fs::path tag = nxd::ckpt::resolve_checkpoint(pos[0]);
-    if (fs::exists(fs::path(out) / tag.filename()))
-      throw Usage(nxd::str((fs::path(out) / tag.filename()).string(), " already exists"));
-    nxd::ckpt::reshard_checkpoint(tag, out, tp, dp, pp);
-    std::printf("%s -> %s (tp %d pp %d dp %d)\n", tag.string().c_str(),
-                (fs::path(out) / tag.filename()).string().c_str(), tp, pp, dp);
-    return 0;
-  }
-  // import FILE OUT / import-hf HF_DIR OUT (or OUT as --out)
-  auto import_target = [&](const char* src) {
-    if (pos.size() == 2 && !out.empty())
-      throw Usage(nxd::str(cmd, " got OUT twice: '", pos[1], "' and --out '", out, "'"));
-    if (pos.size() == 2) out = pos[1];
-    if (pos.size() < 1 || pos.size() > 2 || out.empty())
-      throw Usage(nxd::str(cmd, " takes ", src, " OUT, got ", pos.size(), " argument(s)"));
-    if (!tp_given) tp = 1;
-    if (tag_name.empty() || tag_name == "." || tag_name == ".." ||
-        tag_name.find('/') != std::string::npos)
-      throw Usage(nxd::str("--tag must be a plain folder name, got '", tag_name, "'"));
-    if (fs::exists(fs::path(out) / tag_name))
-      throw Usage(nxd::str((fs::path(out) / tag_name).string(), " already exists"));
-  };
-  if (cmd == "import") {
-    import_target("FILE");
-    if (!fs::is_regular_file(pos[0])) throw Usage(nxd::str(pos[0], " is not a file"));
-    nxd::ckpt::import_merged(pos[0], out, tag_name, tp, dp);
-    std::printf("%s -> %s (tp %d dp %d)\n", pos[0].c_str(),
-                (fs::path(out) / tag_name).string().c_str(), tp, dp);
-    return 0;
-  }
-  if (cmd == "export-hf") {
-    want(2);
-    const fs::path tag = nxd::ckpt::resolve_checkpoint(pos[0]);
-    nxd::ckpt::export_hf(tag, pos[1]);
-    std::printf("%s -> %s/{model.safetensors,config.json}\n", tag.string().c_str(), pos[1].c_str());
-    return 0;
-  }
-  if (cmd == "import-hf") {
-    import_target("HF_DIR");
-    if (!fs::is_regular_file(fs::path(pos[0]) / "config.json"))
-      throw Usage(nxd::str(pos[0], " has no config.json"));
-    if (!fs::is_regular_file(fs::path(pos[0]) / "model.safetensors"))
-      throw Usage(nxd::str(pos[0], " has no model.safetensors"));
-    nxd::ckpt::import_hf(pos[0], out, tag_name, tp, dp);
-    std::printf("%s -> %s (tp %d dp %d)\n", pos[0].c_str(),
-                (fs::path(out) / tag_name).string().c_str(), tp, dp);
-    return 0;
-  }
-  throw Usage("unknown command '" + cmd + "'");
+  if (a.cmd == "reshard") return reshard(a);
+  if (a.cmd == "import" || a.cmd == "import-hf") return import(a);
+  throw Usage("unknown command '" + a.cmd + "'");
 }
 
 }  // namespace
