@@ -5,17 +5,23 @@
 //   checkpoint                 marker: this folder is an nxd checkpoint (written first)
 //   model/dp_rank_00_tp_rank_TT_pp_rank_PP.safetensors      parameters and persistent buffers of
 //                              one (tp, pp) rank, written by its DP rank 0
-//   optim/dp_rank_DD_tp_rank_TT_pp_rank_PP.safetensors      optimizer state (DD = 00 unless the
-//                              state is sharded over DP, ZeRO-1)
+//   optim/dp_rank_DD_tp_rank_TT_pp_rank_PP.safetensors      optimizer state. Unsharded (AdamW,
+//                              SGD): every state tensor whole, written by DP rank 0 (DD = 00).
+//                              Sharded over DP (ZeRO-1, Optimizer::state_is_sharded()): every DP
+//                              rank writes the part of each parameter's state it holds
+//                              (checkpoint/dp_shards.h), with no collective gather
 //   scheduler.json, user_content.json                       written by global rank 0
-//   metadata.json              format version, parallel degrees, step, every file with its size,
-//                              every tensor with dtype, full shape and split
+//   metadata.json              format version, parallel degrees (and zero1: whether the optimizer
+//                              state is in per-DP-rank files), step, every file with its size,
+//                              every tensor with dtype, full shape and split (ZeRO-1 state too:
+//                              the whole tensors the DP files hold parts of)
 //   done                       written last, after every rank finished: the checkpoint counts
 //                              only once it exists
 // Shards are safetensors files (".safetensors.zst" when compressed) with a CRC-32C per tensor;
 // every tensor keeps its Module::state_dict() name on every TP and PP rank, and each shard records
 // how its tensors are split (nxd.parallel in __metadata__), so a checkpoint loads into other TP, PP
-// or DP degrees than it was saved with.
+// or DP degrees than it was saved with, and ZeRO-1 state loads into ZeRO-1 at any DP degree or
+// into AdamW (and AdamW's into ZeRO-1).
 //
 // Every call is collective over the world: every rank calls it with the same arguments. A rank
 // that fails makes every rank throw (the failing rank its own error, the others a
@@ -28,13 +34,12 @@
 #include <vector>
 
 #include "nxd/checkpoint/fileio.h"
+#include "nxd/checkpoint/metadata.h"
 #include "nxd/layers/module.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/optim/optimizer.h"
 
 namespace nxd::ckpt {
-
-inline constexpr int kFormatVersion = 1;
 
 struct SaveOptions {
   // Keep only the newest this many complete checkpoints under `path` (0: keep all). Older ones
@@ -86,9 +91,10 @@ struct LoadOptions {
 // TP, PP or DP degrees differ from the saved ones, and returns the user content (null if none).
 // Everything is read and verified into staging tensors first and copied into the model and
 // optimizer only when every rank succeeded: a bad checkpoint (missing or truncated file, flipped
-// byte, other model, newer format) throws CheckpointError naming the file and tensor and leaves
-// them untouched. The optimizer must be the same kind (AdamW / SGD); at TP > 1 resharding its
-// state needs the model too.
+// byte, missing DP shard, other model, newer format) throws CheckpointError naming the file and
+// tensor and leaves them untouched. The optimizer must be the same kind (AdamW / SGD; ZeRO-1 is
+// AdamW's kind: either state loads into either optimizer, at any DP degree); at TP > 1
+// resharding its state needs the model too.
 nlohmann::json load_checkpoint(const std::filesystem::path& path, Module* model,
                                optim::Optimizer* optimizer, optim::LRSchedule* scheduler,
                                const LoadOptions& opts = {});
@@ -116,7 +122,8 @@ bool has_checkpoint(const std::filesystem::path& path);
 // Removes one checkpoint: its done marker first (so it stops counting), then its folder. Not
 // collective: call it on one rank, after any async save of it was finalized.
 void remove_checkpoint(const std::filesystem::path& path, const std::string& tag);
-// metadata.json of a complete checkpoint, validated (format, version); CheckpointError otherwise.
+// metadata.json of a complete checkpoint, validated (parse_metadata, checkpoint/metadata.h);
+// CheckpointError otherwise.
 nlohmann::json read_metadata(const std::filesystem::path& tag_dir);
 
 }  // namespace nxd::ckpt

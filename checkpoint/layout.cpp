@@ -193,22 +193,7 @@ json read_metadata(const fs::path& tag_dir) {
   if (!fs::exists(tag_dir / detail::kDone))
     throw CheckpointError(
         str("[checkpoint] ", tag_dir.string(), " is not a complete checkpoint (no done marker)"));
-  json m;
-  try {
-    m = json::parse(read_file(p));
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CheckpointError(str("[checkpoint] ", p.string(), " is not valid JSON: ", e.what()));
-  }
-  if (!m.is_object() || m.value("format", "") != "nxd-checkpoint" ||
-      !m.contains("format_version") || !m["format_version"].is_number_integer())
-    throw CheckpointError(str("[checkpoint] ", p.string(), " is not nxd checkpoint metadata"));
-  const int v = m["format_version"].get<int>();
-  if (v > kFormatVersion)
-    throw CheckpointError(str("[checkpoint] ", p.string(), " has format_version ", v,
-                              ", newer than this nxd's ", kFormatVersion, " (written by nxd ",
-                              m.value("nxd_version", "?"), "): upgrade nxd to load it"));
+  const json m = parse_metadata(read_file(p), p.string());
   return m;
 }
 

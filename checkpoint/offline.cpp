@@ -6,11 +6,13 @@
 #include <set>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/dp_shards.h"
 #include "nxd/checkpoint/layout.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/optim/zero1.h"
 #include "nxd/pipeline/pipeline_model.h"
 
 namespace nxd::ckpt {
@@ -53,6 +55,13 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
       return buf.data();
     });
   }
+  // ZeRO-1: the DP files of every (tp, pp) rank tile every state tensor
+  const json& par = meta.at("parallel");
+  if (par.value("zero1", false))
+    for (int pp = 0; pp < par.at("pp").get<int>(); ++pp)
+      for (int tp = 0; tp < par.at("tp").get<int>(); ++tp)
+        detail::index_dp_files(tag_dir, par.at("dp").get<int>(), tp, pp,
+                               meta.value("compressed", false));
   return rep;
 }
 
@@ -312,9 +321,12 @@ namespace {
 // The saved optimizer's kind, options and groups over `params` (this rank's, in order). A
 // parameter goes to the saved group that listed it; one no group listed (saved by another
 // pipeline stage) goes by NxD's rule: "no_decay" for biases and norms, else "decay", else the
-// first group.
-std::unique_ptr<optim::Optimizer> make_optimizer(const json& info,
-                                                 const std::vector<optim::NamedParam>& params) {
+// first group. A ZeRO-1 checkpoint (`zero1`) gets a Zero1AdamW over this rank's DP group, with
+// master weights if the checkpoint has them.
+std::unique_ptr<optim::Optimizer> make_optimizer(const json& optimizer,
+                                                 const std::vector<optim::NamedParam>& params,
+                                                 bool zero1) {
+  const json& info = optimizer.at("info");
   std::vector<optim::ParamGroup> groups;
   std::map<std::string, size_t> listed;
   for (const auto& g : info.at("groups")) {
@@ -349,7 +361,14 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const json& info,
     a.beta1 = o.value("beta1", a.beta1);
     a.beta2 = o.value("beta2", a.beta2);
     a.eps = o.value("eps", a.eps);
-    return std::make_unique<optim::AdamW>(std::move(groups), a);
+    if (!zero1) return std::make_unique<optim::AdamW>(std::move(groups), a);
+    for (const auto& [name, e] : optimizer.at("tensors").items())
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".master") == 0)
+        a.precision.master_weights = true;
+    optim::Zero1Options zo;
+    zo.adamw = a;
+    zo.registration_order = params;
+    return std::make_unique<optim::Zero1AdamW>(std::move(groups), zo);
   }
   if (kind == "SGD") {
     optim::SGDOptions s;
@@ -374,6 +393,7 @@ void reshard_checkpoint(const fs::path& tag_dir, const fs::path& out_root, int t
   cfg.kv_size_multiplier = std::max<int64_t>(1, tp / cfg.kv_heads());
   cfg.validate_parallel(tp);
   const bool has_optim = meta.contains("optimizer");
+  const bool zero1 = meta.at("parallel").value("zero1", false);
   const fs::path src_root = tag_dir.parent_path();
   const std::string tag = tag_dir.filename().string();
   const bool has_sched = fs::exists(tag_dir / detail::kScheduler);
@@ -393,7 +413,7 @@ void reshard_checkpoint(const fs::path& tag_dir, const fs::path& out_root, int t
       params = staged->local_named_parameters();
     }
     std::unique_ptr<optim::Optimizer> opt;
-    if (has_optim) opt = make_optimizer(meta["optimizer"].at("info"), params);
+    if (has_optim) opt = make_optimizer(meta["optimizer"], params, zero1);
     optim::LRSchedule sched({});
     const json user =
         load_checkpoint(src_root, chunks, opt.get(), has_sched ? &sched : nullptr, {.tag = tag});

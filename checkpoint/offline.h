@@ -18,8 +18,8 @@ struct VerifyReport {
   int64_t files = 0, tensors = 0, bytes = 0;  // tensor bytes read
 };
 // Reads every file of a complete checkpoint: JSON files parse, every shard listed in
-// metadata.json exists and every tensor matches its checksum. Throws CheckpointError at the
-// first problem, naming the file and tensor.
+// metadata.json exists and every tensor matches its checksum, and ZeRO-1 state's DP files tile
+// every state tensor. Throws CheckpointError at the first problem, naming the file and tensor.
 VerifyReport verify_checkpoint(const std::filesystem::path& tag_dir);
 
 // Writes the model of a complete checkpoint as one safetensors file of full (unsplit) tensors,
@@ -29,8 +29,9 @@ void export_merged(const std::filesystem::path& tag_dir, const std::filesystem::
 
 // Loads a complete checkpoint of a CausalLM (metadata.json records its model_config) at the
 // given degrees on sim ranks (pp > 1: a PipelineModel's balanced stages) and saves it under
-// out_root/<same tag> (model, optimizer if saved, scheduler, user content). ConfigError for
-// impossible degrees.
+// out_root/<same tag> (model, optimizer if saved, scheduler, user content). The optimizer keeps
+// its layout: ZeRO-1 state is written per DP rank of the new DP degree, AdamW's / SGD's whole.
+// ConfigError for impossible degrees.
 void reshard_checkpoint(const std::filesystem::path& tag_dir, const std::filesystem::path& out_root,
                         int tp, int dp, int pp = 1);
 

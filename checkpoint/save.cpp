@@ -6,10 +6,12 @@
 #include <thread>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/dp_shards.h"
 #include "nxd/checkpoint/layout.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/optim/zero1.h"
 
 #ifndef NXD_VERSION
 #define NXD_VERSION "unknown"
@@ -34,6 +36,7 @@ struct SavePlan {
   SaveOptions opts;
   Degrees deg;
   bool has_model = false, has_optim = false;
+  bool zero1 = false;  // the optimizer's state is sharded over DP: one file per DP rank
   int64_t step = 0;
   json model_config = nullptr;  // a CausalLM's config (what offline resharding rebuilds)
   std::vector<Shard> shards;    // this rank's files
@@ -81,9 +84,11 @@ json optimizer_json(const optim::Optimizer& o) {
                       {"params", names}});
   }
   json options = json::object();
-  if (const auto* a = dynamic_cast<const optim::AdamW*>(&o)) {
-    const auto& x = a->options();
-    options = {{"beta1", x.beta1}, {"beta2", x.beta2}, {"eps", x.eps}};
+  const optim::AdamWOptions* adamw = nullptr;
+  if (const auto* a = dynamic_cast<const optim::AdamW*>(&o)) adamw = &a->options();
+  if (const auto* z = dynamic_cast<const optim::Zero1AdamW*>(&o)) adamw = &z->options();
+  if (adamw) {
+    options = {{"beta1", adamw->beta1}, {"beta2", adamw->beta2}, {"eps", adamw->eps}};
   } else if (const auto* g = dynamic_cast<const optim::SGD*>(&o)) {
     const auto& x = g->options();
     options = {{"momentum", x.momentum}, {"dampening", x.dampening}, {"nesterov", x.nesterov}};
@@ -118,10 +123,40 @@ struct SnapshotPool {
   }
 };
 
+// A sharded optimizer's (ZeRO-1) file of this rank: its part of every parameter's state as it
+// holds it (checkpoint/dp_shards.h), no gathering.
+Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
+                          const std::map<std::string, ShardSpec>& specs, SnapshotPool& snap) {
+  const Degrees& d = p.deg;
+  Shard s;
+  s.file = detail::shard_file("optim", d.dp_rank, d.tp_rank, d.pp_rank, p.opts.compress);
+  std::map<std::string, ShardSpec> used;
+  const std::vector<optim::StateShard> records = opt.sharded_state();
+  std::vector<const optim::StateShard*> held;
+  for (const auto& r : records) {
+    int64_t numel = 1;
+    for (int64_t x : r.shape) numel *= x;
+    // an empty parameter's step goes with DP rank 0
+    if (r.hi <= r.lo && !(numel == 0 && d.dp_rank == 0)) continue;
+    held.push_back(&r);
+    const auto spec = specs.find(r.param);
+    for (const auto& [what, t] : r.tensors) {
+      const std::string name = r.param + "." + what;
+      s.tensors.emplace_back(name, snap.take(t));
+      if (spec != specs.end()) used[name] = spec->second;
+    }
+    s.tensors.emplace_back(r.param + ".step", snap.take(from_vector<int64_t>({r.step}, {})));
+  }
+  s.meta = shard_meta("optimizer", d, used);
+  s.meta[detail::kZero1Key] = detail::zero1_json(held);
+  s.meta["nxd.optimizer"] = optimizer_json(opt).dump();
+  return s;
+}
+
 // This rank's files, with tensors copied (async) or shared with the live model (sync).
 void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
                   const optim::Optimizer* opt, const optim::LRSchedule* sched, const json& user,
-                  SnapshotPool snap) {
+                  SnapshotPool& snap) {
   const Degrees& d = p.deg;
   const bool z = p.opts.compress;
   std::map<std::string, ShardSpec> specs;
@@ -138,7 +173,9 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
     s.meta = shard_meta("model", d, used);
     p.shards.push_back(std::move(s));
   }
-  if (opt && d.dp_rank == 0) {
+  if (opt && opt->state_is_sharded()) {
+    p.shards.push_back(sharded_optim_shard(p, *opt, specs, snap));
+  } else if (opt && d.dp_rank == 0) {
     Shard s;
     s.file = detail::shard_file("optim", 0, d.tp_rank, d.pp_rank, z);
     std::map<std::string, ShardSpec> used;
@@ -166,6 +203,37 @@ int64_t write_files(const SavePlan& p) {
     bytes += write_safetensors(p.dir / s.file, s.tensors, s.meta, w).data_bytes;
   for (const auto& [name, text] : p.texts) write_file_atomic(p.dir / name, text, p.opts.sync);
   return bytes;
+}
+
+// The ZeRO-1 files of every (tp, pp) rank, checked to tile every state tensor (dp_shards.h), into
+// metadata.json's files and optimizer table (whole TP-merged tensors, as an unsharded optimizer's
+// are listed); returns the optimizer's description.
+json index_zero1(const SavePlan& p, json& files, json& table) {
+  const Degrees& d = p.deg;
+  json info = nullptr;
+  for (int pp = 0; pp < d.pp; ++pp)
+    for (int tp = 0; tp < d.tp; ++tp) {
+      const auto idx = detail::index_dp_files(p.dir, d.dp, tp, pp, p.opts.compress);
+      for (const auto& f : idx.files) files[f.rel] = {{"bytes", f.bytes}, {"tensors", f.tensors}};
+      if (tp != 0) continue;
+      std::map<std::string, ShardSpec> specs;
+      for (const auto& f : idx.files) {
+        const auto s = detail::specs_of(f.header, f.rel);
+        specs.insert(s.begin(), s.end());
+        auto o = f.header.metadata.find("nxd.optimizer");
+        if (info.is_null() && o != f.header.metadata.end()) info = json::parse(o->second);
+      }
+      for (const auto& [name, e] : idx.tensors) {
+        auto it = specs.find(name);
+        const ShardSpec s = it == specs.end() ? ShardSpec{} : it->second;
+        json entry = {{"dtype", safetensors_dtype(e.dtype)},
+                      {"shape", full_shape(e.shape, s)},
+                      {"pp_rank", pp}};
+        if (s.split) entry["split"] = to_json(s);
+        table[name] = entry;
+      }
+    }
+  return info;
 }
 
 // Global rank 0, after every rank wrote its files: metadata.json from the shards' headers (so
@@ -196,19 +264,20 @@ void complete(const SavePlan& p) {
       }
   };
   if (p.has_model) index("model", model);
-  if (p.has_optim) index("optim", optim);
+  if (p.has_optim && !p.zero1) index("optim", optim);
+  if (p.zero1) optim_info = index_zero1(p, files, optim);
   for (const auto& [name, text] : p.texts)
     files[name] = {{"bytes", static_cast<int64_t>(fs::file_size(p.dir / name))}};
   int64_t seq = 0;
   for (const auto& t : list_checkpoints(p.path))
     if (t.complete) seq = std::max(seq, t.seq + 1);
   json m = {{"format", "nxd-checkpoint"},
-            {"format_version", kFormatVersion},
+            {"format_version", p.zero1 ? 2 : 1},
             {"nxd_version", NXD_VERSION},
             {"tag", p.tag},
             {"step", p.step},
             {"parallel",
-             {{"world", d.world}, {"tp", d.tp}, {"pp", d.pp}, {"dp", d.dp}, {"zero1", false}}},
+             {{"world", d.world}, {"tp", d.tp}, {"pp", d.pp}, {"dp", d.dp}, {"zero1", p.zero1}}},
             {"compressed", p.opts.compress},
             {"files", files}};
   if (!p.model_config.is_null()) m["model_config"] = p.model_config;
@@ -264,6 +333,7 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   plan->deg = detail::current_degrees();
   plan->has_model = !chunks.empty();
   plan->has_optim = optimizer != nullptr;
+  plan->zero1 = optimizer != nullptr && optimizer->state_is_sharded();
   for (const Module* m : chunks) {
     NXD_CHECK(m != nullptr, "[save_checkpoint] a model chunk is null");
     if (const auto* lm = dynamic_cast<const CausalLM*>(m); lm && plan->model_config.is_null())
@@ -292,20 +362,10 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   });
   SaveStats st;
   const auto t0 = clock::now();
-  // a sharded optimizer (ZeRO-1) saves its full state in AdamW's layout: gathered here,
-  // released once the shards are built (async: snapshotted)
-  auto* opt = const_cast<optim::Optimizer*>(optimizer);
-  if (opt) opt->materialize_state();
-  struct Release {
-    optim::Optimizer* o;
-    ~Release() {
-      if (o) o->release_state();
-    }
-  } release{opt};
   if (opts.async_save) {
     detail::run_agreed("[save_checkpoint]", [&] {
-      build_shards(*plan, chunks, optimizer, scheduler, user_content,
-                   {&current_context().ext<Pending>().pool});
+      SnapshotPool snap{&current_context().ext<Pending>().pool};
+      build_shards(*plan, chunks, optimizer, scheduler, user_content, snap);
     });
     for (const auto& s : plan->shards)
       for (const auto& [n, t] : s.tensors) st.bytes += t.nbytes();
@@ -324,7 +384,8 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
     return st;
   }
   detail::run_agreed("[save_checkpoint]", [&] {
-    build_shards(*plan, chunks, optimizer, scheduler, user_content, {});
+    SnapshotPool snap;
+    build_shards(*plan, chunks, optimizer, scheduler, user_content, snap);
     st.bytes = write_files(*plan);
   });
   detail::run_agreed("[save_checkpoint]", [&] {

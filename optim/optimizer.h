@@ -44,6 +44,18 @@ std::vector<ParamGroup> default_param_groups(const std::vector<NamedParam>& para
                                              double weight_decay);
 bool is_no_decay_param(const std::string& name);
 
+// One parameter's optimizer state as far as this rank holds it (a sharded optimizer, ZeRO-1):
+// elements [lo, hi) of the flattened (TP-local) parameter.
+struct StateShard {
+  std::string param;       // the parameter's name
+  Shape shape;             // the parameter's (TP-local) shape
+  int64_t lo = 0, hi = 0;  // the elements held here; lo == hi: none
+  int64_t step = 0;        // the parameter's step count (the same on every rank)
+  // The state of those elements by AdamW's state names ("exp_avg", "exp_avg_sq", and "master"
+  // with master weights), each f32 [hi - lo].
+  std::vector<std::pair<std::string, Tensor>> tensors;
+};
+
 class Optimizer {
  public:
   // Parameters must be contiguous host tensors of f32, f64 or bf16 (InvalidArgument naming the
@@ -73,13 +85,19 @@ class Optimizer {
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 
-  // Checkpoints (checkpoint/ calls these around reading or writing state_tensors()). An optimizer
-  // whose state is sharded (ZeRO-1) lays out the full per-parameter state first
-  // (materialize_state: collective over its group), takes a loaded one back into its shards
-  // (commit_state) and frees the full tensors (release_state). Defaults: nothing to do.
-  virtual void materialize_state() {}
-  virtual void commit_state() {}
-  virtual void release_state() {}
+  // Sharded state (ZeRO-1): an optimizer that holds only a part of every parameter's state on
+  // this rank says so (state_is_sharded; its state_tensors() are then empty) and exposes that part
+  // as it is: sharded_state() gives one record per parameter (every parameter, in a fixed order;
+  // lo == hi where this rank holds none of it) whose tensors are views of the live state, valid
+  // until the state changes. load_sharded_state() copies records of the same parameters and
+  // ranges back into the live state: the tensors they list (others keep their values) and the
+  // step when it is >= 0. Unsharded optimizers: false, empty, and InvalidArgument.
+  virtual bool state_is_sharded() const { return false; }
+  virtual std::vector<StateShard> sharded_state() const { return {}; }
+  virtual void load_sharded_state(const std::vector<StateShard>& records) {
+    NXD_CHECK(records.empty(), "[", kind_, "] load_sharded_state: the state is not sharded (",
+              records.size(), " records given)");
+  }
   const char* kind() const { return kind_; }
   // Bytes of optimizer state this rank holds (state tensors, master weights).
   virtual int64_t state_bytes() const;

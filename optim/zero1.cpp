@@ -350,4 +350,62 @@ void Zero1AdamW::release_state() {
   state_.clear();
 }
 
+const AdamWOptions& Zero1AdamW::options() const {
+  return impl_->opts.adamw;
+}
+
+std::vector<StateShard> Zero1AdamW::sharded_state() const {
+  const Impl& I = *impl_;
+  std::vector<StateShard> out;
+  out.reserve(I.segs.size());
+  for (const Segment& s : I.segs) {
+    const Shard& sh = I.shards[static_cast<size_t>(s.bucket)];
+    const auto [lo, hi] = I.overlap(s);
+    // an empty range still lists the state names (zero-size views)
+    const bool held = hi > lo;
+    const int64_t n = held ? hi - lo : 0, at = sh.flat + (held ? lo - sh.begin : 0);
+    StateShard r{
+        s.p.name, s.p.param.shape(), held ? lo - s.offset : 0, held ? hi - s.offset : 0, s.step,
+        {}};
+    r.tensors.emplace_back("exp_avg", I.m.narrow(0, at, n));
+    r.tensors.emplace_back("exp_avg_sq", I.v.narrow(0, at, n));
+    if (I.has_master(sh, precision_)) r.tensors.emplace_back("master", I.master.narrow(0, at, n));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void Zero1AdamW::load_sharded_state(const std::vector<StateShard>& records) {
+  const std::vector<StateShard> mine = sharded_state();
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < mine.size(); ++i) index[mine[i].param] = i;
+  // check everything before copying anything
+  for (const StateShard& r : records) {
+    const auto it = index.find(r.param);
+    NXD_CHECK(it != index.end(), "[Zero1AdamW] load_sharded_state: no parameter '", r.param, "'");
+    const StateShard& m = mine[it->second];
+    NXD_CHECK(r.shape == m.shape && r.lo == m.lo && r.hi == m.hi,
+              "[Zero1AdamW] load_sharded_state: parameter '", r.param, "' ", shape_str(r.shape),
+              " elements [", r.lo, ", ", r.hi, ") given, this rank holds ", shape_str(m.shape),
+              " elements [", m.lo, ", ", m.hi, ")");
+    for (const auto& [what, t] : r.tensors) {
+      const auto have = std::find_if(m.tensors.begin(), m.tensors.end(),
+                                     [&](const auto& x) { return x.first == what; });
+      NXD_CHECK(have != m.tensors.end(), "[Zero1AdamW] load_sharded_state: parameter '", r.param,
+                "' has no state '", what, "' here");
+      NXD_CHECK(t.shape() == have->second.shape() && t.dtype() == DType::f32,
+                "[Zero1AdamW] load_sharded_state: '", r.param, ".", what, "' is ", t.desc(),
+                ", expected f32", shape_str(have->second.shape()));
+    }
+  }
+  NoGradGuard ng;
+  for (const StateShard& r : records) {
+    const StateShard& m = mine[index.at(r.param)];
+    for (const auto& [what, t] : r.tensors)
+      for (const auto& [w, live] : m.tensors)
+        if (w == what) live.copy_(t);
+    if (r.step >= 0) impl_->segs[index.at(r.param)].step = r.step;
+  }
+}
+
 }  // namespace nxd::optim

@@ -23,11 +23,15 @@
 // master weights also the f32 masters of the shard. The gradient buckets are the parameters'
 // .grad (no copy); step() allocates one bucket's gather buffer at a time.
 //
-// Checkpoints: state_tensors() is empty between steps. gather_state() (collective over DP) fills
-// it with the full per-parameter exp_avg / exp_avg_sq / step (and master) tensors under AdamW's
-// names, so a checkpoint holds AdamW's format and loads into either optimizer at any DP size;
-// scatter_state() (after those tensors were overwritten by a load) takes this rank's shard back
-// and release_state() frees them.
+// Checkpoints: the state is sharded (state_is_sharded()); sharded_state() gives, per parameter,
+// the element range [lo, hi) of the flattened parameter that this rank's bucket shards cover
+// (the parameter's part of [r*S_b, (r+1)*S_b) of its bucket b; empty for most parameters of a
+// bucket at larger DP), views of exp_avg / exp_avg_sq / master of that range and the step count,
+// with no communication; load_sharded_state() copies such records back (checkpoint/ writes one
+// file per DP rank and reassembles them at any DP degree, docs/DESIGN.md "Checkpoints").
+// gather_state() (collective over DP) instead fills state_tensors() with the full per-parameter
+// exp_avg / exp_avg_sq / step (and master) tensors under AdamW's names (for comparing with
+// AdamW); scatter_state() takes this rank's shard back from them and release_state() frees them.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,11 +79,17 @@ class Zero1AdamW : public Optimizer {
   int64_t state_bytes() const override;
   GradSync& grad_sync();  // its gradient buckets (no_sync() for gradient accumulation)
 
+  const AdamWOptions& options() const;
+
+  bool state_is_sharded() const override { return true; }
+  std::vector<StateShard> sharded_state() const override;
+  // InvalidArgument naming the parameter if a record's parameter, shape or range is not this
+  // rank's (nothing is copied then).
+  void load_sharded_state(const std::vector<StateShard>& records) override;
+
   void gather_state();
   void scatter_state();
-  void release_state() override;
-  void materialize_state() override { gather_state(); }
-  void commit_state() override { scatter_state(); }
+  void release_state();
 
   struct Impl;
 

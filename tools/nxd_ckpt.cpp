@@ -1,17 +1,20 @@
 // nxd-ckpt: look at, check and convert nxd checkpoints without a training job.
 //   inspect DIR               the checkpoints under DIR (or DIR itself): complete or not, step,
-//                             degrees; with --tensors every tensor's dtype, full shape, bytes,
-//                             split
+//                             degrees (zero1: optimizer state in per-DP-rank files); with
+//                             --tensors every tensor's dtype, full shape, bytes, split
 //   verify DIR                every file and checksum of DIR's newest complete checkpoint (or DIR);
 //                             exit 1 at the first bad one, naming it
 //   export DIR OUT            the model as one safetensors file of full tensors
 //   reshard DIR --tp N [--pp N] [--dp N] --out DIR2
-//                             the checkpoint at other degrees (CausalLM checkpoints)
-//   import FILE --tp N [--dp N] [--tag T] --out DIR2
-//                             an exported file back into a checkpoint (model only)
+//                             the checkpoint at other degrees (CausalLM checkpoints; ZeRO-1
+//                             state is written per DP rank of the new DP degree)
+//   import FILE OUT [--tp N] [--dp N] [--tag T]
+//                             an exported file back into a checkpoint OUT/T (model only)
 //   export-hf DIR OUT_DIR     model.safetensors + config.json for Hugging Face transformers
-//   import-hf HF_DIR --tp N [--dp N] [--tag T] --out DIR2
-//                             a transformers folder (Llama, GPT-NeoX) into a checkpoint
+//   import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]
+//                             a transformers folder (Llama, GPT-NeoX) into a checkpoint OUT/T
+// import and import-hf also take OUT as --out OUT (the earlier form); --tp and --dp default to 1,
+// --tag to "imported".
 // Exit codes: 0 ok, 1 verify found damage (or an internal error), 2 a user mistake.
 #include <cstdio>
 #include <cstring>
@@ -32,9 +35,9 @@ const char* kUsage =
     "       nxd-ckpt verify DIR\n"
     "       nxd-ckpt export DIR OUT.safetensors\n"
     "       nxd-ckpt reshard DIR --tp N [--pp N] [--dp N] --out DIR2\n"
-    "       nxd-ckpt import FILE.safetensors --tp N [--dp N] [--tag T] --out DIR2\n"
+    "       nxd-ckpt import FILE.safetensors OUT [--tp N] [--dp N] [--tag T]\n"
     "       nxd-ckpt export-hf DIR OUT_DIR\n"
-    "       nxd-ckpt import-hf HF_DIR --tp N [--dp N] [--tag T] --out DIR2\n"
+    "       nxd-ckpt import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]\n"
     "DIR is a checkpoint folder (<path>/<tag>) or a folder of checkpoints (its newest complete "
     "one)\n";
 
@@ -59,9 +62,10 @@ int to_int(const std::string& flag, const std::string& v) {
 void print_tag(const fs::path& dir, bool tensors) {
   const json m = nxd::ckpt::read_metadata(dir);
   const auto& p = m["parallel"];
-  std::printf("%s: complete, step %lld, tp %d pp %d dp %d, format %d (nxd %s)%s\n",
+  std::printf("%s: complete, step %lld, tp %d pp %d dp %d%s, format %d (nxd %s)%s\n",
               dir.string().c_str(), static_cast<long long>(m.value("step", int64_t{0})),
-              p.value("tp", 1), p.value("pp", 1), p.value("dp", 1), m["format_version"].get<int>(),
+              p.value("tp", 1), p.value("pp", 1), p.value("dp", 1),
+              p.value("zero1", false) ? " zero1" : "", m["format_version"].get<int>(),
               m.value("nxd_version", "?").c_str(), m.value("compressed", false) ? ", zstd" : "");
   if (m.contains("model_config"))
     std::printf("  model_config %s\n", m["model_config"].dump().c_str());
@@ -117,96 +121,114 @@ int verify(const fs::path& dir) {
   }
 }
 
-int run(const std::vector<std::string>& a) {
-  if (a.empty() || a[0] == "--help" || a[0] == "-h") {
-    std::fputs(kUsage, a.empty() ? stderr : stdout);
-    return a.empty() ? 2 : 0;
-  }
-  const std::string cmd = a[0];
-  std::vector<std::string> pos;
-  std::string out, tag_name = "imported";
-  int tp = 0, dp = 1, pp = 1;
+// The command line after the command name.
+struct Args {
+  std::string cmd;
+  std::vector<std::string> pos;  // positional arguments
+  std::string out, tag = "imported";
+  int tp = 0, dp = 1, pp = 1;  // tp 0: not given
   bool tensors = false;
+  void want(size_t n) const {
+    if (pos.size() != n) throw Usage(nxd::str(cmd, " takes ", n, " argument(s), got ", pos.size()));
+  }
+};
+
+Args parse(const std::vector<std::string>& a) {
+  Args r;
+  r.cmd = a[0];
   for (size_t i = 1; i < a.size(); ++i) {
     auto value = [&]() -> const std::string& {
       if (i + 1 >= a.size()) throw Usage(a[i] + " needs a value");
       return a[++i];
     };
     if (a[i] == "--tensors")
-      tensors = true;
+      r.tensors = true;
     else if (a[i] == "--out")
-      out = value();
+      r.out = value();
     else if (a[i] == "--tp")
-      tp = to_int("--tp", value());
+      r.tp = to_int("--tp", value());
+    else if (a[i] == "--tag")
+      r.tag = value();
     else if (a[i] == "--dp")
-      dp = to_int("--dp", value());
+      r.dp = to_int("--dp", value());
     else if (a[i] == "--pp")
-      pp = to_int("--pp", value());
+      r.pp = to_int("--pp", value());
     else if (a[i].rfind("--", 0) == 0)
       throw Usage("unknown option " + a[i]);
     else
-      pos.push_back(a[i]);
+      r.pos.push_back(a[i]);
   }
-  auto want = [&](size_t n) {
-    if (pos.size() != n) throw Usage(nxd::str(cmd, " takes ", n, " argument(s), got ", pos.size()));
-  };
-  if (cmd == "inspect") {
-    want(1);
-    return inspect(pos[0], tensors);
+  return r;
+}
+
+int reshard(const Args& a) {
+  a.want(1);
+  if (a.tp == 0 || a.out.empty()) throw Usage("reshard needs --tp N and --out DIR");
+  const fs::path tag = nxd::ckpt::resolve_checkpoint(a.pos[0]);
+  const fs::path dst = fs::path(a.out) / tag.filename();
+  if (fs::exists(dst)) throw Usage(nxd::str(dst.string(), " already exists"));
+  nxd::ckpt::reshard_checkpoint(tag, a.out, a.tp, a.dp, a.pp);
+  std::printf("%s -> %s (tp %d pp %d dp %d)\n", tag.string().c_str(), dst.string().c_str(), a.tp,
+              a.pp, a.dp);
+  return 0;
+}
+
+// import FILE OUT / import-hf HF_DIR OUT (OUT also as --out OUT), at --tp / --dp (default 1).
+int import(Args a) {
+  const bool hf = a.cmd == "import-hf";
+  if (a.pos.size() == 2 && !a.out.empty())
+    throw Usage(nxd::str(a.cmd, " got OUT twice: '", a.pos[1], "' and --out '", a.out, "'"));
+  if (a.pos.size() == 2) a.out = a.pos[1];
+  if (a.pos.size() < 1 || a.pos.size() > 2 || a.out.empty())
+    throw Usage(nxd::str(a.cmd, " takes ", hf ? "HF_DIR" : "FILE", " OUT, got ", a.pos.size(),
+                         " argument(s)"));
+  if (a.tp == 0) a.tp = 1;
+  if (a.tag.empty() || a.tag == "." || a.tag == ".." || a.tag.find('/') != std::string::npos)
+    throw Usage(nxd::str("--tag must be a plain folder name, got '", a.tag, "'"));
+  const fs::path src = a.pos[0], dst = fs::path(a.out) / a.tag;
+  if (fs::exists(dst)) throw Usage(nxd::str(dst.string(), " already exists"));
+  if (!hf) {
+    if (!fs::is_regular_file(src)) throw Usage(nxd::str(src.string(), " is not a file"));
+    nxd::ckpt::import_merged(src, a.out, a.tag, a.tp, a.dp);
+  } else {
+    for (const char* f : {"config.json", "model.safetensors"})
+      if (!fs::is_regular_file(src / f)) throw Usage(nxd::str(src.string(), " has no ", f));
+    nxd::ckpt::import_hf(src, a.out, a.tag, a.tp, a.dp);
   }
-  if (cmd == "verify") {
-    want(1);
-    return verify(pos[0]);
+  std::printf("%s -> %s (tp %d dp %d)\n", src.string().c_str(), dst.string().c_str(), a.tp, a.dp);
+  return 0;
+}
+
+int run(const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
+    std::fputs(kUsage, argv.empty() ? stderr : stdout);
+    return argv.empty() ? 2 : 0;
   }
-  if (cmd == "export") {
-    want(2);
-    const fs::path tag = nxd::ckpt::resolve_checkpoint(pos[0]);
-    nxd::ckpt::export_merged(tag, pos[1]);
-    std::printf("%s -> %s\n", tag.string().c_str(), pos[1].c_str());
+  const Args a = parse(argv);
+  if (a.cmd == "inspect") {
+    a.want(1);
+    return inspect(a.pos[0], a.tensors);
+  }
+  if (a.cmd == "verify") {
+    a.want(1);
+    return verify(a.pos[0]);
+  }
+  if (a.cmd == "export" || a.cmd == "export-hf") {
+    a.want(2);
+    const fs::path tag = nxd::ckpt::resolve_checkpoint(a.pos[0]);
+    if (a.cmd == "export") {
+      nxd::ckpt::export_merged(tag, a.pos[1]);
+      std::printf("%s -> %s\n", tag.string().c_str(), a.pos[1].c_str());
+    } else {
+      nxd::ckpt::export_hf(tag, a.pos[1]);
+      std::printf("%s -> %s/{model.safetensors,config.json}\n", tag.string().c_str(),
+                  a.pos[1].c_str());
+    }
     return 0;
   }
-  if (cmd == "reshard") {
-    want(1);
-    if (tp == 0 || out.empty()) throw Usage("reshard needs --tp N and --out DIR");
-    const fs::path tag = nxd::ckpt::resolve_checkpoint(pos[0]);
-    if (fs::exists(fs::path(out) / tag.filename()))
-      throw Usage(nxd::str((fs::path(out) / tag.filename()).string(), " already exists"));
-    nxd::ckpt::reshard_checkpoint(tag, out, tp, dp, pp);
-    std::printf("%s -> %s (tp %d pp %d dp %d)\n", tag.string().c_str(),
-                (fs::path(out) / tag.filename()).string().c_str(), tp, pp, dp);
-    return 0;
-  }
-  if (cmd == "import") {
-    want(1);
-    if (tp == 0 || out.empty()) throw Usage("import needs --tp N and --out DIR");
-    if (!fs::is_regular_file(pos[0])) throw Usage(nxd::str(pos[0], " is not a file"));
-    if (fs::exists(fs::path(out) / tag_name))
-      throw Usage(nxd::str((fs::path(out) / tag_name).string(), " already exists"));
-    nxd::ckpt::import_merged(pos[0], out, tag_name, tp, dp);
-    std::printf("%s -> %s (tp %d dp %d)\n", pos[0].c_str(),
-                (fs::path(out) / tag_name).string().c_str(), tp, dp);
-    return 0;
-  }
-  if (cmd == "export-hf") {
-    want(2);
-    const fs::path tag = nxd::ckpt::resolve_checkpoint(pos[0]);
-    nxd::ckpt::export_hf(tag, pos[1]);
-    std::printf("%s -> %s/{model.safetensors,config.json}\n", tag.string().c_str(), pos[1].c_str());
-    return 0;
-  }
-  if (cmd == "import-hf") {
-    want(1);
-    if (tp == 0 || out.empty()) throw Usage("import-hf needs --tp N and --out DIR");
-    if (!fs::is_regular_file(fs::path(pos[0]) / "config.json"))
-      throw Usage(nxd::str(pos[0], " has no config.json"));
-    if (fs::exists(fs::path(out) / tag_name))
-      throw Usage(nxd::str((fs::path(out) / tag_name).string(), " already exists"));
-    nxd::ckpt::import_hf(pos[0], out, tag_name, tp, dp);
-    std::printf("%s -> %s (tp %d dp %d)\n", pos[0].c_str(),
-                (fs::path(out) / tag_name).string().c_str(), tp, dp);
-    return 0;
-  }
-  throw Usage("unknown command '" + cmd + "'");
+  if (a.cmd == "reshard") return reshard(a);
+  if (a.cmd == "import" || a.cmd == "import-hf") return import(a);
+  throw Usage("unknown command '" + a.cmd + "'");
 }
 
 }  // namespace

@@ -1,18 +1,54 @@
-// Drives the safetensors fuzz target (fuzz_safetensors.cpp) without libFuzzer: deterministic
+// Drives the fuzz targets without libFuzzer. Safetensors (fuzz_safetensors.cpp): deterministic
 // mutations of valid plain and zstd files (bit flips, byte changes, truncations, insertions,
-// edits of the length prefix) must each read or throw CheckpointError, nothing else.
+// edits of the length prefix) must each read or throw CheckpointError, nothing else. Metadata
+// (fuzz_metadata.cpp): byte mutations of a real ZeRO-1 checkpoint's metadata.json, and
+// structural ones (a value of another type or size, a key removed), must parse or throw
+// CheckpointError; those that parse are loaded as that checkpoint's metadata, which must load or
+// throw CheckpointError leaving the target untouched.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
 
 #include "ckpt_util.h"
 #include "nxd/checkpoint/safetensors.h"
+#include "support/ranks.h"
+#include "zero1_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+extern "C" int nxd_fuzz_metadata(const uint8_t* data, size_t size);
 
 namespace nxd::ckpt {
 namespace {
 namespace fs = std::filesystem;
+
+// 1 to 4 random edits: bit flips, byte changes, truncations, insertions, the first 8 bytes,
+// erasures.
+void mutate_bytes(std::string& s, std::mt19937_64& g) {
+  const int edits = 1 + static_cast<int>(g() % 4);
+  for (int e = 0; e < edits && !s.empty(); ++e) {
+    const size_t at = g() % s.size();
+    switch (g() % 6) {
+      case 0:
+        s[at] = static_cast<char>(s[at] ^ (1 << (g() % 8)));
+        break;
+      case 1:
+        s[at] = static_cast<char>(g());
+        break;
+      case 2:
+        s.resize(at);
+        break;
+      case 3:
+        s.insert(at, 1 + g() % 9, static_cast<char>(g()));
+        break;
+      case 4:  // the length prefix (plain files)
+        s[g() % std::min<size_t>(8, s.size())] = static_cast<char>(g());
+        break;
+      default:
+        s.erase(at, 1 + g() % 16);
+    }
+  }
+}
 
 TEST(FuzzSafetensors, MutationsReadOrThrowCheckpointError) {
   const nxd::testing::ScratchDir scratch("nxd_fuzz_");
@@ -29,35 +65,120 @@ TEST(FuzzSafetensors, MutationsReadOrThrowCheckpointError) {
     const std::string good = nxd::testing::slurp(scratch.path / f);
     for (int i = 0; i < 3000; ++i) {
       std::string s = good;
-      const int edits = 1 + static_cast<int>(g() % 4);
-      for (int e = 0; e < edits && !s.empty(); ++e) {
-        const size_t at = g() % s.size();
-        switch (g() % 6) {
-          case 0:
-            s[at] = static_cast<char>(s[at] ^ (1 << (g() % 8)));
-            break;
-          case 1:
-            s[at] = static_cast<char>(g());
-            break;
-          case 2:
-            s.resize(at);
-            break;
-          case 3:
-            s.insert(at, 1 + g() % 9, static_cast<char>(g()));
-            break;
-          case 4:  // the length prefix (plain files)
-            s[g() % std::min<size_t>(8, s.size())] = static_cast<char>(g());
-            break;
-          default:
-            s.erase(at, 1 + g() % 16);
-        }
-      }
+      mutate_bytes(s, g);
       // a crash or an exception other than CheckpointError ends the test here
       LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(s.data()), s.size());
       ++inputs;
     }
   }
   EXPECT_EQ(inputs, 6000);
+}
+
+// A ZeRO-1 checkpoint at TP 2 x DP 2 (splits, per-DP-rank optimizer files) to mutate.
+fs::path zero1_checkpoint(const fs::path& root) {
+  nxd::testing::run_ranks(4, [&] {
+    parallel_state::initialize_model_parallel(2);
+    nxd::testing::Zero1Trainee t(2, {.zero1 = true});
+    t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
+    save_checkpoint(root, "t", t.model.get(), t.opt.get(), t.sched.get());
+  });
+  return root / "t";
+}
+
+TEST(FuzzMetadata, ByteMutationsParseOrThrowCheckpointError) {
+  const nxd::testing::ScratchDir scratch("nxd_fuzz_");
+  const std::string good = nxd::testing::slurp(zero1_checkpoint(scratch.path) / "metadata.json");
+  ASSERT_EQ(nxd_fuzz_metadata(reinterpret_cast<const uint8_t*>(good.data()), good.size()), 1);
+  std::mt19937_64 g(7);
+  int parsed = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string s = good;
+    mutate_bytes(s, g);
+    parsed += nxd_fuzz_metadata(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  }
+  std::printf("    %d of 3000 byte-mutated metadata.json parsed\n", parsed);
+}
+
+// Every value of the document by JSON pointer.
+void pointers(const nlohmann::json& j, const nlohmann::json::json_pointer& at,
+              std::vector<nlohmann::json::json_pointer>& out) {
+  out.push_back(at);
+  if (j.is_object())
+    for (const auto& [k, v] : j.items()) pointers(v, at / k, out);
+  if (j.is_array())
+    for (size_t i = 0; i < j.size(); ++i) pointers(j[i], at / i, out);
+}
+
+// One structural edit: a value replaced by one of another type or size, an integer moved by one
+// or doubled, or a key removed.
+void mutate_json(nlohmann::json& doc, std::mt19937_64& g) {
+  std::vector<nlohmann::json::json_pointer> ps;
+  pointers(doc, {}, ps);
+  const auto& at = ps[1 + g() % (ps.size() - 1)];
+  nlohmann::json& v = doc[at];
+  const nlohmann::json others[] = {nullptr,
+                                   true,
+                                   -1,
+                                   0,
+                                   1,
+                                   3,
+                                   int64_t{1} << 40,
+                                   1.5,
+                                   "x",
+                                   nlohmann::json::array(),
+                                   nlohmann::json::object(),
+                                   nlohmann::json::array({0}),
+                                   1e300};
+  switch (g() % 4) {
+    case 0:
+      v = others[g() % std::size(others)];
+      break;
+    case 1:
+      if (v.is_number_integer()) v = v.get<int64_t>() + (g() % 2 ? 1 : -1);
+      break;
+    case 2:
+      if (v.is_number_integer()) v = v.get<int64_t>() * 2;
+      break;
+    default:
+      doc[at.parent_pointer()].erase(doc[at.parent_pointer()].is_object()
+                                         ? nlohmann::json(at.back())
+                                         : nlohmann::json(std::stoul(at.back())));
+  }
+}
+
+TEST(FuzzMetadata, StructuralMutationsLoadOrThrowCheckpointErrorAndNeverHalfLoad) {
+  const nxd::testing::ScratchDir scratch("nxd_fuzz_");
+  const fs::path dir = zero1_checkpoint(scratch.path);
+  const nlohmann::json good = nlohmann::json::parse(nxd::testing::slurp(dir / "metadata.json"));
+  // the target: AdamW on one rank (TP resharding and the DP files' assembly)
+  nxd::testing::Zero1Trainee t(1, {.seed = 5});
+  const auto before = nxd::testing::snapshot(*t.model, t.opt.get());
+  std::mt19937_64 g(11);
+  int parsed = 0, loaded = 0;
+  for (int i = 0; i < 1500; ++i) {
+    nlohmann::json doc = good;
+    for (int e = 1 + static_cast<int>(g() % 3); e > 0; --e) {
+      try {
+        mutate_json(doc, g);
+      } catch (const nlohmann::json::exception&) {  // an edit that no longer applies
+      }
+    }
+    const std::string text = doc.dump(1);
+    if (!nxd_fuzz_metadata(reinterpret_cast<const uint8_t*>(text.data()), text.size())) continue;
+    ++parsed;
+    std::ofstream(dir / "metadata.json", std::ios::trunc) << text;
+    try {
+      load_checkpoint(scratch.path, t.model.get(), t.opt.get(), t.sched.get(), {.tag = "t"});
+      ++loaded;  // an edit that changes nothing the load needs (or a value it takes as it is)
+      for (const auto& [n, x] : t.model->state_dict()) x.detach().copy_(before.at("m:" + n));
+      for (const auto& [n, x] : t.opt->state_tensors()) x.copy_(before.at("o:" + n));
+    } catch (const CheckpointError&) {
+      nxd::testing::expect_same(nxd::testing::snapshot(*t.model, t.opt.get()), before,
+                                "after a refused load: " + text.substr(0, 200));
+    }
+  }
+  std::printf("    1500 structural mutations: %d parsed, %d of them loaded\n", parsed, loaded);
+  EXPECT_GT(parsed, 100);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Resume through nxd-train: a run stopped after step 4 (max_steps 5, checkpoints every 4 steps)
 // and resumed with exp_manager.resume_from_checkpoint, or with resume_if_exists in the same
 // exp_dir, writes bitwise the metrics (loss, lr, grad_norm) of an uninterrupted 8-step run for
-// every later step; dropout is on, so the RNG counter matters. One rank and sim TP2 x DP2; built
-// with NXD_RESUME_MPI (label mpi), TP2 x DP2 on 4 processes under mpirun (backend.kind=mpi).
+// every later step; dropout is on, so the RNG counter matters. One rank and sim TP2 x DP2, with
+// exp_manager.async_checkpointing (one rank, and ZeRO-1 at DP 4); built with NXD_RESUME_MPI
+// (label mpi), TP2 x DP2 on 4 processes under mpirun (backend.kind=mpi).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,9 +41,15 @@ fs::path write_config(const fs::path& d, int world, int tp, int pp) {
   return y;
 }
 
-// np > 0: under mpirun with np processes (backend.kind=mpi).
-nxd::testing::ProcResult train(const fs::path& d, const std::vector<std::string>& args,
-                               int np = 0) {
+struct ResumeCase {
+  int world = 1, tp = 1;
+  int np = 0;  // > 0: under mpirun with np processes (backend.kind=mpi)
+  int pp = 1;
+  std::vector<std::string> sets;  // more --set KEY=VALUE for every run
+};
+
+nxd::testing::ProcResult train(const fs::path& d, const std::vector<std::string>& args, int np,
+                               const std::vector<std::string>& sets) {
   std::vector<std::string> argv;
 #ifdef MPIEXEC
   if (np > 0) argv = {MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(np)};
@@ -50,6 +57,7 @@ nxd::testing::ProcResult train(const fs::path& d, const std::vector<std::string>
   argv.insert(argv.end(), {NXD_TRAIN_BIN, "--config", (d / "tiny.yaml").string()});
   if (np > 0) argv.insert(argv.end(), {"--set", "backend.kind=mpi"});
   argv.insert(argv.end(), args.begin(), args.end());
+  for (const auto& kv : sets) argv.insert(argv.end(), {"--set", kv});
   return run_process(argv, d, std::chrono::seconds(300));
 }
 
@@ -60,27 +68,39 @@ std::map<std::string, std::vector<std::string>> rows(const fs::path& f) {
   return m;
 }
 
-void check_resume(int world, int tp, int np = 0, int pp = 1) {
+void check_resume(const ResumeCase& c) {
   const nxd::testing::ScratchDir s("nxd_train_resume_");
   const fs::path& d = s.path;
-  write_config(d, world, tp, pp);
-  auto r = train(d, {"--out", (d / "whole").string()}, np);
+  const int np = c.np;
+  write_config(d, c.world, c.tp, c.pp);
+  auto train = [&](const std::vector<std::string>& args, int procs) {
+    return nxd::ckpt::train(d, args, procs, c.sets);
+  };
+  const bool async = std::find(c.sets.begin(), c.sets.end(),
+                               "exp_manager.async_checkpointing=true") != c.sets.end();
+  auto r = train({"--out", (d / "whole").string()}, np);
   ASSERT_EQ(r.code, 0) << r.err;
-  r = train(d,
-            {"--set", "trainer.max_steps=5", "--set",
+  r = train({"--set", "trainer.max_steps=5", "--set",
              "exp_manager.checkpoint_callback_params.every_n_train_steps=4", "--out",
              (d / "cut").string()},
             np);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("checkpoint step_4: training stalled"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(async ? "checkpoint step_4 (async): training stalled"
+                             : "checkpoint step_4: training stalled"),
+            std::string::npos)
+      << r.out;
   EXPECT_TRUE(fs::exists(d / "cut/checkpoints/step_5/done"));  // save_last
+  if (std::find(c.sets.begin(), c.sets.end(), "distributed_strategy.zero1=true") != c.sets.end())
+    EXPECT_TRUE(fs::exists(  // every DP rank's part of the optimizer state
+        d / "cut/checkpoints/step_4/optim/dp_rank_03_tp_rank_00_pp_rank_00.safetensors"));
   fs::copy(d / "cut", d / "again", fs::copy_options::recursive);
   r = train(
-      d, {"--set", "exp_manager.resume_from_checkpoint=" + (d / "cut/checkpoints/step_4").string(),
-          "--out", (d / "resumed").string()});
+      {"--set", "exp_manager.resume_from_checkpoint=" + (d / "cut/checkpoints/step_4").string(),
+       "--out", (d / "resumed").string()},
+      0);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("at step 4"), std::string::npos) << r.out;
-  r = train(d, {"--set", "exp_manager.resume_if_exists=true", "--out", (d / "again").string()}, np);
+  r = train({"--set", "exp_manager.resume_if_exists=true", "--out", (d / "again").string()}, np);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("step_5 at step 5"), std::string::npos) << r.out;
   const auto whole = rows(d / "whole/metrics.csv"), cut = rows(d / "cut/metrics.csv"),
@@ -91,8 +111,7 @@ void check_resume(int world, int tp, int np = 0, int pp = 1) {
   for (const auto* part : {&cut, &resumed, &again})
     for (const auto& [step, v] : *part) EXPECT_EQ(v, whole.at(step)) << "step " << step;
   // resume_from_checkpoint pointing nowhere is a user error (exit 2)
-  r = train(d,
-            {"--set", "exp_manager.resume_from_checkpoint=" + (d / "nowhere").string(), "--out",
+  r = train({"--set", "exp_manager.resume_from_checkpoint=" + (d / "nowhere").string(), "--out",
              (d / "bad").string()},
             np);
   EXPECT_EQ(r.code, 2) << r.err;
@@ -101,20 +120,33 @@ void check_resume(int world, int tp, int np = 0, int pp = 1) {
 
 #ifndef NXD_RESUME_MPI
 TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunOneRank) {
-  check_resume(1, 1);
+  check_resume({.world = 1, .tp = 1});
 }
 
 TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunSimTp2Dp2) {
-  check_resume(4, 2);
+  check_resume({.world = 4, .tp = 2});
 }
 
 // Every stage's dropout counter is restored (stages draw different numbers of masks).
 TEST(NxdTrainResume, BitwiseLikeAnUninterruptedRunSimTp2Pp2Dp2) {
-  check_resume(8, 2, 0, 2);
+  check_resume({.world = 8, .tp = 2, .pp = 2});
+}
+
+// Checkpoints written by the background writer resume as the synchronous ones: one rank, and
+// ZeRO-1 at DP 4 (each DP rank's optimizer file written in the background).
+TEST(NxdTrainResume, BitwiseWithAsyncCheckpointingOneRank) {
+  check_resume({.world = 1, .tp = 1, .sets = {"exp_manager.async_checkpointing=true"}});
+}
+
+TEST(NxdTrainResume, BitwiseWithAsyncCheckpointingZero1Dp4) {
+  check_resume(
+      {.world = 4,
+       .tp = 1,
+       .sets = {"exp_manager.async_checkpointing=true", "distributed_strategy.zero1=true"}});
 }
 #else
 TEST(NxdTrainResumeMpi, BitwiseLikeAnUninterruptedRunTp2Dp2OnFourProcesses) {
-  check_resume(4, 2, 4);
+  check_resume({.world = 4, .tp = 2, .np = 4});
 }
 #endif
 

@@ -3,6 +3,7 @@
 // config recorded in metadata.json round-trips.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -11,6 +12,7 @@
 #include "nxd/checkpoint/safetensors.h"
 #include "support/files.h"
 #include "support/ranks.h"
+#include "zero1_util.h"
 
 namespace nxd::ckpt {
 namespace {
@@ -108,8 +110,75 @@ TEST(Offline, ExportThenImportIsBitwise) {
   }
 }
 
+// The safetensors format checked from its specification alone (github.com/huggingface/safetensors,
+// README "Format"), not with nxd's reader: 8 bytes of little-endian u64 N, N bytes of a UTF-8
+// JSON object (trailing spaces allowed) mapping each tensor name to {"dtype", "shape",
+// "data_offsets": [begin, end]} (offsets relative to the byte after the header) plus an optional
+// "__metadata__" of string to string; each tensor's bytes = product of the shape x the dtype's
+// size, and the tensors cover the data region (the rest of the file) exactly, without overlaps.
+// Returns the tensor names, or fails the test naming the rule.
+std::vector<std::string> check_safetensors_spec(const fs::path& p) {
+  const std::string b = nxd::testing::slurp(p);
+  EXPECT_GE(b.size(), 8u) << p;
+  if (b.size() < 8) return {};
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(b[static_cast<size_t>(i)]);
+  EXPECT_LE(8 + n, b.size()) << "header length " << n;
+  if (8 + n > b.size()) return {};
+  const std::string text = b.substr(8, n);
+  EXPECT_EQ(text.front(), '{');
+  EXPECT_EQ(text.find_last_not_of(' '), text.rfind('}')) << "only spaces may pad the header";
+  const nlohmann::json h = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  EXPECT_TRUE(h.is_object()) << "the header is not a JSON object";
+  if (!h.is_object()) return {};
+  const std::map<std::string, int64_t> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  std::vector<std::string> names;
+  for (const auto& [name, v] : h.items()) {
+    if (name == "__metadata__") {
+      EXPECT_TRUE(v.is_object());
+      for (const auto& [k, x] : v.items()) EXPECT_TRUE(x.is_string()) << "__metadata__ " << k;
+      continue;
+    }
+    names.push_back(name);
+    EXPECT_TRUE(v.is_object() && v.size() == 3 && v.contains("dtype") && v.contains("shape") &&
+                v.contains("data_offsets"))
+        << name << ": " << v.dump();
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets"))
+      continue;
+    const auto dt = sizes.find(v["dtype"].is_string() ? v["dtype"].get<std::string>() : "");
+    EXPECT_NE(dt, sizes.end()) << name << ": dtype " << v["dtype"].dump();
+    int64_t elems = 1;
+    for (const auto& d : v["shape"]) {
+      EXPECT_TRUE(d.is_number_unsigned()) << name << ": shape " << v["shape"].dump();
+      elems *= d.get<int64_t>();
+    }
+    const auto& o = v["data_offsets"];
+    EXPECT_TRUE(o.is_array() && o.size() == 2 && o[0].is_number_unsigned() &&
+                o[1].is_number_unsigned() && o[0] <= o[1])
+        << name << ": data_offsets " << o.dump();
+    if (dt == sizes.end() || !o.is_array() || o.size() != 2) continue;
+    const int64_t begin = o[0].get<int64_t>(), end = o[1].get<int64_t>();
+    EXPECT_EQ(end - begin, elems * dt->second) << name << ": bytes of " << v.dump();
+    spans.emplace_back(begin, end);
+  }
+  std::sort(spans.begin(), spans.end());
+  int64_t at = 0;
+  for (const auto& [begin, end] : spans) {
+    EXPECT_EQ(begin, at) << "a gap or an overlap in the data region";
+    at = end;
+  }
+  EXPECT_EQ(at, static_cast<int64_t>(b.size() - 8 - n)) << "the tensors must fill the data region";
+  return names;
+}
+
 // Hugging Face form for both families: the folder has transformers' names and a config.json
-// that maps back to the same model; export-hf then import-hf (at TP 2) is bitwise.
+// that maps back to the same model, its model.safetensors follows the format's specification
+// (checked without nxd's reader), and export-hf then import-hf (at TP 2) is bitwise.
 TEST(Offline, HuggingFaceRoundTripBothFamilies) {
   const nxd::testing::ScratchDir root_scratch("nxd_offline_");
   const fs::path& root = root_scratch.path;
@@ -131,6 +200,9 @@ TEST(Offline, HuggingFaceRoundTripBothFamilies) {
     EXPECT_EQ(r.kv_heads(), c.kv_heads());
     EXPECT_EQ(r.gelu_tanh, c.gelu_tanh);
     const auto names = read_map(hf / "model.safetensors");
+    const auto spec_names = check_safetensors_spec(hf / "model.safetensors");
+    EXPECT_EQ(spec_names.size(), m->state_dict().size());
+    for (const auto& n : spec_names) EXPECT_TRUE(m->state_dict().contains(n)) << n;
     EXPECT_TRUE(names.count(c.arch == "llama"
                                 ? "model.layers.0.self_attn.q_proj.weight"
                                 : "gpt_neox.layers.0.attention.query_key_value.weight"));
@@ -142,6 +214,39 @@ TEST(Offline, HuggingFaceRoundTripBothFamilies) {
   }
   nlohmann::json bad = {{"model_type", "bert"}};
   EXPECT_THROW(model_config_from_hf(bad), CheckpointError);
+}
+
+// ZeRO-1 state at TP2 x DP2 resharded offline to TP1 x DP2, TP4 x DP1 and TP2 x PP2 x DP1 stays
+// ZeRO-1 (a file per DP rank) and holds the same state: loaded into AdamW on one rank, bitwise
+// the original's.
+TEST(Offline, ReshardKeepsZero1State) {
+  const nxd::testing::ScratchDir root_scratch("nxd_offline_");
+  const fs::path& root = root_scratch.path;
+  run_ranks(4, [&] {
+    parallel_state::initialize_model_parallel(2);
+    nxd::testing::Zero1Trainee t(2, {.zero1 = true});
+    t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
+    t.step(1, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
+    save_checkpoint(root / "src", "s", t.model.get(), t.opt.get(), t.sched.get());
+  });
+  nxd::testing::Zero1Trainee want(1, {.seed = 9});
+  load_checkpoint(root / "src", want.model.get(), want.opt.get(), nullptr);
+  const auto expected = nxd::testing::snapshot(*want.model, want.opt.get());
+  struct Case {
+    const char* name;
+    int tp, dp, pp;
+  };
+  for (const Case& c :
+       {Case{"tp1dp2", 1, 2, 1}, Case{"tp4dp1", 4, 1, 1}, Case{"tp2pp2", 2, 1, 2}}) {
+    reshard_checkpoint(root / "src/s", root / c.name, c.tp, c.dp, c.pp);
+    const auto m = read_metadata(root / c.name / "s");
+    EXPECT_EQ(m["parallel"]["zero1"], true) << c.name;
+    EXPECT_EQ(m["parallel"]["dp"], c.dp) << c.name;
+    EXPECT_GT(verify_checkpoint(root / c.name / "s").tensors, 0);
+    nxd::testing::Zero1Trainee got(1, {.seed = 8});
+    load_checkpoint(root / c.name, got.model.get(), got.opt.get(), nullptr);
+    nxd::testing::expect_same(nxd::testing::snapshot(*got.model, got.opt.get()), expected, c.name);
+  }
 }
 
 TEST(Offline, VerifyNamesTheFirstBadTensor) {

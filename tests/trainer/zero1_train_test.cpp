@@ -1,12 +1,14 @@
 // ZeRO-1 through the trainer and nxd-train's keys (distributed_strategy.zero1): 20 steps at
 // TP2(SP) x DP2 and at PP2 x DP2 give the losses and grad norms of the all-reduce path within
-// 1e-5 with a lower modeled device-memory peak; a ZeRO-1 checkpoint holds AdamW's layout and
-// resumes with ZeRO-1 off (and the other way) as the uninterrupted run.
+// 1e-5 with a lower modeled device-memory peak; a ZeRO-1 checkpoint (each DP rank's part of the
+// optimizer state in its own file) resumes with ZeRO-1 off and on as the uninterrupted run, and
+// with ZeRO-1 at DP 2 within rounding.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 
+#include "nxd/checkpoint/checkpoint.h"
 #include "nxd/trainer/train.h"
 #include "train_util.h"
 
@@ -77,6 +79,13 @@ TEST(Zero1Train, CheckpointResumesWithZero1OffAndOn) {
       with({"distributed_strategy.zero1=true", "trainer.max_steps=5",
             "exp_manager.checkpoint_callback_params.every_n_train_steps=4"}));
   const std::string ckpt = (d / "cut" / "checkpoints" / "step_4").string();
+  const auto meta = ckpt::read_metadata(ckpt);
+  EXPECT_EQ(meta["parallel"]["zero1"], true);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(
+        fs::exists(fs::path(ckpt) / "optim" /
+                   ("dp_rank_0" + std::to_string(r) + "_tp_rank_00_pp_rank_00.safetensors")))
+        << r;
   for (const char* z : {"false", "true"}) {
     const Out resumed = run(d, std::string("resumed_") + z,
                             with({std::string("distributed_strategy.zero1=") + z,
@@ -85,4 +94,14 @@ TEST(Zero1Train, CheckpointResumesWithZero1OffAndOn) {
     const std::vector<double> tail(whole.rows.loss.begin() + 4, whole.rows.loss.end());
     EXPECT_LE(worst_rel(resumed.rows.loss, tail), 1e-6) << "resumed with zero1=" << z;
   }
+  // at DP 2 (two micro batches per rank for the same global batch): the DP 4 state reassembled
+  auto dp2 =
+      with({"distributed_strategy.zero1=true", "exp_manager.resume_from_checkpoint=" + ckpt});
+  dp2.push_back("backend.world_size=2");
+  const Out resumed = run(d, "resumed_dp2", dp2);
+  ASSERT_EQ(resumed.rows.loss.size(), 4u);
+  const std::vector<double> tail(whole.rows.loss.begin() + 4, whole.rows.loss.end());
+  const double w = worst_rel(resumed.rows.loss, tail);
+  std::printf("    ZeRO-1 DP4 checkpoint resumed at ZeRO-1 DP2: losses within %.3g\n", w);
+  EXPECT_LE(w, 1e-5);
 }

@@ -1,0 +1,197 @@
+#include "nxd/checkpoint/stager.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "nxd/checkpoint/checkpoint.h"
+
+namespace nxd::ckpt::detail {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string list_some(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", '" : "'") + v[i] + "'";
+  if (v.size() > 8) s += str(" and ", v.size() - 8, " more");
+  return s;
+}
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+}  // namespace
+
+Stager::Stager(fs::path dir, const json& meta, const Degrees& d) : dir_(std::move(dir)), d_(d) {
+  const auto& par = meta.at("parallel");
+  saved_tp_ = par.at("tp").get<int>();
+  saved_dp_ = par.at("dp").get<int>();
+  zero1_ = par.value("zero1", false);
+  compressed_ = meta.value("compressed", false);
+}
+
+void Stager::plan(const char* kind, const json& e, Want& w) {
+  const std::string where = str(dir_.string(), ": ", kind, " tensor '", w.name, "'");
+  const DType dtype = w.target.dtype();
+  const Shape full = e.at("shape").get<Shape>();
+  const std::string dt = e.at("dtype").get<std::string>();
+  if (dt != safetensors_dtype(dtype))
+    throw CheckpointError(str("[load_checkpoint] ", where, " is ", dt, " in the checkpoint but ",
+                              safetensors_dtype(dtype), " in the target"));
+  const ShardSpec saved =
+      e.contains("split") ? shard_spec_from_json(e["split"], where) : ShardSpec{};
+  const int pp = e.at("pp_rank").get<int>();
+  try {
+    const Shape target_full = full_shape(w.local, w.spec);
+    if (target_full != full)
+      throw CheckpointError(str("[load_checkpoint] ", where, " has shape ", shape_str(full),
+                                " in the checkpoint but ", shape_str(target_full),
+                                " in the target (another model?)"));
+    w.staged = empty(w.target.shape(), dtype);
+    const int64_t lo = w.ranged() ? w.lo : 0, hi = w.ranged() ? w.hi : numel_of(w.local);
+    char* dst = static_cast<char*>(w.staged.raw_data());
+    if (saved == w.spec && (!saved.split || saved.parts == d_.tp)) {
+      const int tp = saved.split ? d_.tp_rank : d_.tp_rank % saved_tp_;
+      fetch(kind, w.name, tp, pp, w.local, dtype, lo, hi, dst);
+      return;
+    }
+    Gather g{&w, empty(full, dtype), saved, {}};
+    const Shape local = local_shape(full, saved, where);
+    for (int64_t r : covering_ranks(saved)) {
+      Tensor part = empty(local, dtype);
+      g.parts.emplace_back(r, part);
+      fetch(kind, w.name, static_cast<int>(r), pp, local, dtype, 0, numel_of(local),
+            static_cast<char*>(part.raw_data()));
+    }
+    gathers_.push_back(std::move(g));
+  } catch (const ShapeError& x) {  // a split the recorded shape does not allow
+    throw CheckpointError(str("[load_checkpoint] ", where, ": ", x.what()));
+  }
+}
+
+void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants, bool strict,
+                   bool check_unexpected) {
+  reads_.clear();
+  gathers_.clear();
+  std::vector<std::string> missing;
+  std::vector<Want*> kept;
+  for (auto& w : wants) {
+    if (!table.contains(w.name)) {
+      missing.push_back(w.name);
+      continue;
+    }
+    kept.push_back(&w);
+    plan(kind, table[w.name], w);
+  }
+  if (strict && !missing.empty())
+    throw CheckpointError(
+        str("[load_checkpoint] ", dir_.string(), ": ", missing.size(), " ", kind,
+            " tensors of the target are not in the checkpoint: ", list_some(missing)));
+  if (strict && check_unexpected && kept.size() != table.size()) {
+    std::vector<std::string> extra;
+    for (const auto& [name, e] : table.items())
+      if (std::none_of(kept.begin(), kept.end(), [&](Want* w) { return w->name == name; }))
+        extra.push_back(name);
+    throw CheckpointError(
+        str("[load_checkpoint] ", dir_.string(), ": ", extra.size(), " ", kind,
+            " tensors of the checkpoint are not in the target: ", list_some(extra)));
+  }
+  for (auto& [rel, tensors] : reads_) read_file(rel, tensors);
+  reads_.clear();
+  for (auto& g : gathers_) {
+    for (auto& [r, part] : g.parts) shard_view(g.full, g.saved, r).copy_(part);
+    Want& w = *g.want;
+    Tensor mine = shard_view(g.full, w.spec, d_.tp_rank);
+    if (w.ranged())
+      w.staged.copy_(mine.contiguous().view({-1}).narrow(0, w.lo, w.hi - w.lo));
+    else
+      w.staged.copy_(mine);
+  }
+  gathers_.clear();
+  wants.erase(
+      std::remove_if(wants.begin(), wants.end(), [](const Want& w) { return !w.staged.defined(); }),
+      wants.end());
+}
+
+const DpIndex& Stager::dp_index(int tp, int pp) {
+  auto it = dp_.find({tp, pp});
+  if (it == dp_.end())
+    it = dp_.emplace(std::pair{tp, pp}, index_dp_files(dir_, saved_dp_, tp, pp, compressed_)).first;
+  return it->second;
+}
+
+void Stager::fetch(const char* kind, const std::string& name, int tp, int pp, const Shape& local,
+                   DType dtype, int64_t lo, int64_t hi, char* dst) {
+  if (hi <= lo) return;
+  if (!zero1_ || std::strcmp(kind, "optim") != 0) {  // the whole tensor in DP rank 0's file
+    FileTensor& ft = reads_[shard_file(kind, 0, tp, pp, compressed_)][name];
+    ft.dtype = dtype;
+    ft.shape = local;
+    ft.copies.push_back({lo, hi - lo, dst});
+    return;
+  }
+  const DpIndex& idx = dp_index(tp, pp);
+  const auto it = idx.tensors.find(name);
+  if (it == idx.tensors.end())
+    throw CheckpointError(str("[load_checkpoint] ", dir_.string(), ": optimizer tensor '", name,
+                              "' is listed in metadata.json but in no DP shard of tp rank ", tp,
+                              " pp rank ", pp));
+  const DpIndex::Entry& e = it->second;
+  if (e.shape != local || e.dtype != dtype)
+    throw CheckpointError(str("[load_checkpoint] ", dir_.string(), ": optimizer tensor '", name,
+                              "' is ", safetensors_dtype(e.dtype), shape_str(e.shape),
+                              " in the DP shards of tp rank ", tp, " pp rank ", pp, ", expected ",
+                              safetensors_dtype(dtype), shape_str(local)));
+  const int64_t es = dtype_size(dtype);
+  for (const Piece& p : e.pieces) {
+    const int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
+    if (b <= a) continue;
+    FileTensor& ft = reads_[p.file][name];
+    ft.dtype = dtype;
+    ft.shape = local.empty() ? Shape{} : Shape{p.hi - p.lo};
+    ft.copies.push_back({a - p.lo, b - a, dst + (a - lo) * es});
+    if (local.empty()) break;  // a step: the first file that has it
+  }
+}
+
+void Stager::read_file(const std::string& rel, std::map<std::string, FileTensor>& tensors) {
+  const fs::path p = dir_ / rel;
+  if (!fs::exists(p)) throw CheckpointError(str("[load_checkpoint] missing shard ", p.string()));
+  SafetensorsReader r(p);
+  for (const auto& [name, ft] : tensors) {
+    const TensorInfo* t = r.header().find(name);
+    if (!t)
+      throw CheckpointError(str("[load_checkpoint] ", p.string(), ": tensor '", name,
+                                "' is listed in metadata.json but not in the file"));
+    if (t->shape != ft.shape || t->dtype != ft.dtype)
+      throw CheckpointError(str("[load_checkpoint] ", p.string(), ": tensor '", name, "' is ",
+                                safetensors_dtype(t->dtype), shape_str(t->shape), ", expected ",
+                                safetensors_dtype(ft.dtype), shape_str(ft.shape)));
+  }
+  // a tensor read whole goes straight to its destination; parts of one through a temporary
+  std::map<std::string, Tensor> temps;
+  r.read([&](const TensorInfo& t) -> void* {
+    auto it = tensors.find(t.name);
+    if (it == tensors.end() || t.nbytes() == 0) return nullptr;
+    const FileTensor& ft = it->second;
+    const int64_t n = numel_of(ft.shape);
+    if (ft.copies.size() == 1 && ft.copies[0].src == 0 && ft.copies[0].n == n)
+      return ft.copies[0].dst;
+    Tensor tmp = empty({n}, ft.dtype);
+    temps[t.name] = tmp;
+    return tmp.raw_data();
+  });
+  for (const auto& [name, tmp] : temps) {
+    const FileTensor& ft = tensors.at(name);
+    const int64_t es = dtype_size(ft.dtype);
+    for (const Copy& c : ft.copies)
+      std::memcpy(c.dst, static_cast<const char*>(tmp.raw_data()) + c.src * es,
+                  static_cast<size_t>(c.n * es));
+  }
+}
+
+}  // namespace nxd::ckpt::detail

@@ -1,0 +1,106 @@
+#pragma once
+// ZeRO-1 pieces of the checkpoint tests: the small Llama of ckpt_util.h trained with Zero1AdamW
+// (small buckets, so parameters straddle DP ranks) or with AdamW (GradSync's DP mean), on batch
+// shards that do not depend on the DP degree: a rank computes the mean loss over the shards it is
+// given, so DP 4 with one shard per rank, DP 2 with two and one rank with all four take the same
+// steps up to rounding.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckpt_util.h"
+#include "nxd/optim/grad_sync.h"
+#include "nxd/optim/zero1.h"
+
+namespace nxd::testing {
+
+struct TraineeOptions {
+  bool zero1 = false;  // Zero1AdamW, else AdamW
+  uint64_t seed = 1;
+  bool bf16 = false;  // bf16 parameters with f32 master weights
+};
+
+struct Zero1Trainee {
+  std::shared_ptr<CausalLM> model;
+  std::unique_ptr<optim::Optimizer> opt;  // Zero1AdamW, or AdamW
+  std::unique_ptr<optim::GradSync> sync;  // AdamW's DP mean
+  std::unique_ptr<optim::LRSchedule> sched;
+
+  Zero1Trainee(int tp, TraineeOptions o) {
+    ModelConfig c = ckpt_model_config(tp);
+    if (o.bf16) c.dtype = DType::bf16;
+    model = make_causal_lm(c, o.seed);
+    std::vector<optim::NamedParam> ps;
+    for (const auto& [n, t] : model->named_parameters()) ps.push_back({n, t});
+    optim::AdamWOptions ao{0.9, 0.99, 1e-8};
+    ao.precision.master_weights = o.bf16;
+    auto groups = optim::default_param_groups(ps, 1e-2, 0.01);
+    if (o.zero1) {
+      optim::Zero1Options zo;
+      zo.adamw = ao;
+      zo.registration_order = ps;
+      zo.bucket_bytes = 3000;  // several buckets; parameters cut between DP ranks
+      opt = std::make_unique<optim::Zero1AdamW>(std::move(groups), zo);
+    } else {
+      opt = std::make_unique<optim::AdamW>(std::move(groups), ao);
+      if (parallel_state::get_data_parallel_size() > 1)
+        sync = std::make_unique<optim::GradSync>(
+            *model,
+            optim::GradSyncOptions{.bucket_bytes = 1 << 14, .mode = optim::GradSyncMode::at_step});
+    }
+    sched = std::make_unique<optim::LRSchedule>(ckpt_schedule());
+  }
+  optim::Zero1AdamW* zero1() { return dynamic_cast<optim::Zero1AdamW*>(opt.get()); }
+
+  static Tensor batch(int64_t step, const std::vector<int>& shards) {
+    std::vector<int64_t> ids;
+    for (int k : shards)
+      for (int64_t i = 0; i < 2 * 9; ++i) ids.push_back((i * 7 + step * 5 + k * 3) % 32);
+    return from_vector<int64_t>(ids, {2 * static_cast<int64_t>(shards.size()), 9});
+  }
+  // One step on the mean loss over `shards`.
+  void step(int64_t step, const std::vector<int>& shards) {
+    Tensor all = batch(step, shards);
+    opt->set_lr(sched->lr(opt->steps()));
+    backward(model->loss(all.narrow(1, 0, 8).contiguous(), all.narrow(1, 1, 8).contiguous()));
+    if (sync) sync->finish();
+    opt->step();
+    opt->zero_grad(true);
+  }
+  double eval_loss() {
+    NoGradGuard g;
+    Tensor all = batch(100, {0, 1});
+    return model->loss(all.narrow(1, 0, 8).contiguous(), all.narrow(1, 1, 8).contiguous()).item();
+  }
+};
+
+// The shards DP rank r of n computes, out of 4.
+inline std::vector<int> shards_of(int r, int n) {
+  std::vector<int> s;
+  for (int k = r * (4 / n); k < (r + 1) * (4 / n); ++k) s.push_back(k);
+  return s;
+}
+
+// Copies of a sharded optimizer's records ("<param>.<what>" [lo, hi) and "<param>.step").
+inline std::map<std::string, Tensor> shard_snapshot(const optim::Optimizer& o) {
+  std::map<std::string, Tensor> s;
+  for (const auto& r : o.sharded_state()) {
+    for (const auto& [what, t] : r.tensors) s[r.param + "." + what] = t.clone();
+    s[r.param + ".step"] = from_vector<int64_t>({r.step}, {});
+  }
+  return s;
+}
+
+// The full per-parameter state of either optimizer, in AdamW's names (ZeRO-1: gathered over DP,
+// collective).
+inline std::map<std::string, Tensor> full_state(optim::Optimizer& o) {
+  std::map<std::string, Tensor> s;
+  auto* z = dynamic_cast<optim::Zero1AdamW*>(&o);
+  if (z) z->gather_state();
+  for (const auto& [n, t] : o.state_tensors()) s[n] = t.clone();
+  if (z) z->release_state();
+  return s;
+}
+
+}  // namespace nxd::testing
