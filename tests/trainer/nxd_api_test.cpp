@@ -16,6 +16,7 @@
 #include "nxd/trainer/nxd_api.h"
 #include "support/compare.h"
 #include "support/ranks.h"
+#include "support/tiny_lm.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
@@ -88,23 +89,12 @@ TEST(NxdApi, ConfigChecksTheWorldAndInitializesParallelState) {
 namespace {
 
 ModelConfig small_llama() {
-  ModelConfig c;
-  c.vocab_size = 64;
-  c.num_layers = 4;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_kv_heads = 2;
-  c.ffn_hidden_size = 48;
-  c.max_position_embeddings = 16;
-  c.init_method = InitMethod::nxd;
-  return c;
+  return nxd::testing::tiny_gqa_llama(4);
 }
 
 Tensor batch_ids(int dp_rank, int step, int64_t vocab) {
-  std::vector<int64_t> v(4 * 16);
-  RngStream s{700u + static_cast<uint64_t>(step), static_cast<uint64_t>(dp_rank)};
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>(s.uniform_f64(i) * vocab);
-  return from_vector<int64_t>(v, {4, 16});
+  return nxd::testing::random_ids(700u + static_cast<uint64_t>(step),
+                                  static_cast<uint64_t>(dp_rank), vocab);
 }
 
 }  // namespace
