@@ -55,15 +55,18 @@ TEST(PrecisionTrain, MixedPrecisionTracksFp32AndBf16SRLearns) {
   double worst = 0;
   for (size_t i = 0; i < fp32.rows.loss.size(); ++i)
     worst = std::max(worst, std::abs(mixed.rows.loss[i] - fp32.rows.loss[i]) / fp32.rows.loss[i]);
-  const double sr_last = std::abs(sr.rows.loss.back() - fp32.rows.loss.back()) / fp32.rows.loss.back();
-  std::printf("    loss at step 100: fp32 %.4f, mixed_precision %.4f (largest relative difference "
-              "over the logged steps %.4f), bf16SR %.4f (%.4f)\n",
-              fp32.rows.loss.back(), mixed.rows.loss.back(), worst, sr.rows.loss.back(), sr_last);
-  std::printf("    modeled step: fp32 %.3f ms, mixed_precision %.3f ms, bf16SR %.3f ms; HBM peak "
-              "%.2f / %.2f / %.2f MiB\n",
-              fp32.result.sim_step_seconds * 1e3, mixed.result.sim_step_seconds * 1e3,
-              sr.result.sim_step_seconds * 1e3, fp32.result.hbm_peak_bytes / 1048576.0,
-              mixed.result.hbm_peak_bytes / 1048576.0, sr.result.hbm_peak_bytes / 1048576.0);
+  const double sr_last =
+      std::abs(sr.rows.loss.back() - fp32.rows.loss.back()) / fp32.rows.loss.back();
+  std::printf(
+      "    loss at step 100: fp32 %.4f, mixed_precision %.4f (largest relative difference "
+      "over the logged steps %.4f), bf16SR %.4f (%.4f)\n",
+      fp32.rows.loss.back(), mixed.rows.loss.back(), worst, sr.rows.loss.back(), sr_last);
+  std::printf(
+      "    modeled step: fp32 %.3f ms, mixed_precision %.3f ms, bf16SR %.3f ms; HBM peak "
+      "%.2f / %.2f / %.2f MiB\n",
+      fp32.result.sim_step_seconds * 1e3, mixed.result.sim_step_seconds * 1e3,
+      sr.result.sim_step_seconds * 1e3, fp32.result.hbm_peak_bytes / 1048576.0,
+      mixed.result.hbm_peak_bytes / 1048576.0, sr.result.hbm_peak_bytes / 1048576.0);
   EXPECT_LE(worst, 0.02);
   EXPECT_LT(sr.rows.loss.back(), sr.rows.loss.front());  // it learns
   EXPECT_LE(sr_last, 0.05);
