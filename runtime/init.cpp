@@ -2,7 +2,24 @@
 
 #include <cmath>
 
+#include "nxd/runtime/kernels/parallel_rows.h"
+
 namespace nxd::init {
+
+// Throws ShapeError unless t is a block of the region's full shape.
+static void check_region(const Tensor& t, const Region* region) {
+  if (!region) return;
+  const Shape& sh = t.shape();
+  const int64_t nd = t.dim();
+  const Shape& full = region->full_shape;
+  const Shape& start = region->start;
+  NXD_CHECK_SHAPE(
+      static_cast<int64_t>(full.size()) == nd && static_cast<int64_t>(start.size()) == nd,
+      "[init] region ", shape_str(full), " start ", shape_str(start), " does not match ", t.desc());
+  for (int64_t d = 0; d < nd; ++d)
+    NXD_CHECK_SHAPE(start[d] >= 0 && start[d] + sh[d] <= full[d], "[init] block ", t.desc(), " at ",
+                    shape_str(start), " exceeds full shape ", shape_str(full));
+}
 
 // Calls f(element pointer offset, global index) for every element of t.
 template <class F>
@@ -11,12 +28,7 @@ static void for_each_global(const Tensor& t, const Region* region, F&& f) {
   int64_t nd = t.dim();
   Shape full = region ? region->full_shape : sh;
   Shape start = region ? region->start : Shape(nd, 0);
-  NXD_CHECK_SHAPE(
-      static_cast<int64_t>(full.size()) == nd && static_cast<int64_t>(start.size()) == nd,
-      "[init] region ", shape_str(full), " start ", shape_str(start), " does not match ", t.desc());
-  for (int64_t d = 0; d < nd; ++d)
-    NXD_CHECK_SHAPE(start[d] >= 0 && start[d] + sh[d] <= full[d], "[init] block ", t.desc(), " at ",
-                    shape_str(start), " exceeds full shape ", shape_str(full));
+  check_region(t, region);
   Shape gstride = contiguous_strides(full);
   int64_t gbase = 0;
   for (int64_t d = 0; d < nd; ++d) gbase += start[d] * gstride[d];
@@ -27,12 +39,49 @@ static void for_each_global(const Tensor& t, const Region* region, F&& f) {
                });
 }
 
+// A contiguous t: p[j] = gen(global index of local element j), over the compute pool in blocks of
+// local elements (each element is a pure function of its global index: any split gives the same
+// values).
+template <class T, class G>
+static void fill_contiguous(T* p, const Shape& sh, const Region* region, G&& gen) {
+  const int64_t nd = static_cast<int64_t>(sh.size()), n = shape_numel(sh);
+  const Shape full = region ? region->full_shape : sh;
+  const Shape start = region ? region->start : Shape(sh.size(), 0);
+  const Shape gstride = contiguous_strides(full);
+  constexpr int64_t kBlock = 4096;
+  kernels::for_blocks(n, kBlock, 64, [&](int64_t b, int64_t e) {
+    // the multi-index of local element b, and its global offset
+    Shape idx(sh.size());
+    int64_t rem = b, g = 0;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      idx[d] = rem % sh[d];
+      rem /= sh[d];
+    }
+    for (int64_t d = 0; d < nd; ++d) g += (start[d] + idx[d]) * gstride[d];
+    for (int64_t j = b; j < e; ++j) {
+      p[j] = from_double<T>(gen(static_cast<uint64_t>(g)));
+      // next local element: carry through the dims, moving the global offset alike
+      for (int64_t d = nd - 1; d >= 0; --d) {
+        g += gstride[d];
+        if (++idx[d] < sh[d]) break;
+        g -= sh[d] * gstride[d];
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
 template <class G>
 static void fill(const Tensor& t, const Region* region, G&& gen) {
   if (t.is_meta()) return;
   Tensor d = t.detach();
   dispatch(d.dtype(), [&]<class T>() {
     T* p = static_cast<T*>(d.raw_data());
+    if (d.is_contiguous() && d.dim() > 0) {
+      check_region(d, region);
+      fill_contiguous<T>(p, d.shape(), region, gen);
+      return;
+    }
     for_each_global(d, region, [&](int64_t off, uint64_t gi) { p[off] = from_double<T>(gen(gi)); });
   });
 }

@@ -4,6 +4,7 @@
 
 #include "nxd/runtime/init.h"
 #include "support/compare.h"
+#include "support/threads.h"
 
 using namespace nxd;
 
@@ -73,4 +74,22 @@ TEST(Generator, StreamsDifferAndRepeat) {
   Generator a(5), b(5);
   EXPECT_EQ(a.next().stream, b.next().stream);
   EXPECT_NE(a.next().uniform(0), a.next().uniform(0));
+}
+
+// Contiguous tensors are filled over the compute pool in blocks: the values are those of the
+// element-by-element path (a strided destination), for a 3-d shard at any thread count.
+TEST(Init, ParallelFillIsThreadInvariantAndEqualsTheStridedPath) {
+  RngStream s{77, stream_id("layers.1.self_attn.q_proj.weight")};
+  const init::Region region{{6, 700, 48}, {2, 100, 16}};
+  nxd::testing::expect_thread_invariant([&] {
+    Tensor a = empty({3, 500, 24}), u = empty({3, 500, 24}, DType::bf16);
+    init::normal(a, s, 0.0, 0.02, &region);
+    init::uniform(u, s, -0.1, 0.1, &region);
+    return std::vector<Tensor>{a, u};
+  });
+  Tensor a = empty({3, 500, 24});
+  init::normal(a, s, 0.0, 0.02, &region);
+  Tensor b = empty({24, 500, 3});  // a strided view of it takes the element-by-element path
+  init::normal(b.permute({2, 1, 0}), s, 0.0, 0.02, &region);
+  EXPECT_BITWISE_EQ(b.permute({2, 1, 0}).contiguous(), a);
 }
