@@ -37,7 +37,7 @@
 
 namespace nxd {
 
-enum class ReduceOp : uint8_t { sum, avg, max, min };
+// ReduceOp (sum, avg, max, min) is declared with the kernels in algorithms/reduce.h.
 const char* reduce_op_name(ReduceOp op);
 
 // Handle on a non-blocking call. A default-constructed Work is already complete. wait() is

@@ -42,9 +42,9 @@ void halving(Communicator& c, const std::vector<int>& peers, int me, char* b, in
     char* kept = b + kb0 * es;
     // The lower member's partial first, so both halves of the tree combine in the same order.
     if (lower)
-      reduce_buffers(kept, {kept, tmp.data()}, ke0 - kb0, t, op, q);
+      reduce_buffers(kept, {kept, tmp.data()}, ke0 - kb0, {t, op, q});
     else
-      reduce_buffers(kept, {tmp.data(), kept}, ke0 - kb0, t, op, q);
+      reduce_buffers(kept, {tmp.data(), kept}, ke0 - kb0, {t, op, q});
     cb = kb;
     ce = ke;
   }
@@ -80,7 +80,7 @@ ReduceOp step_op(ReduceOp op) {
 void divide_chunk(char* b, int64_t count, int q, int k, DType t, int p) {
   auto [lo, hi] = chunk_range(count, q, k);
   const int64_t es = dtype_size(t);
-  reduce_buffers(b + lo * es, {b + lo * es}, hi - lo, t, ReduceOp::avg, p);
+  reduce_buffers(b + lo * es, {b + lo * es}, hi - lo, {t, ReduceOp::avg, p});
 }
 
 }  // namespace
@@ -137,7 +137,7 @@ void rdh_all_reduce(Communicator& c, void* buf, int64_t count, DType t, ReduceOp
     }
     tmp.resize(count * es);
     c.recv(tmp.data(), count, t, r - 1, tag);
-    reduce_buffers(b, {tmp.data(), b}, count, t, step_op(op), p);  // the even member first
+    reduce_buffers(b, {tmp.data(), b}, count, {t, step_op(op), p});  // the even member first
   }
   const int me = r < 2 * extra ? r / 2 : r - extra;
   halving(c, peers, me, b, count, t, step_op(op), tag, tmp);

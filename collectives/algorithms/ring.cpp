@@ -29,13 +29,13 @@ int ring_reduce_scatter(Communicator& c, void* buf, int64_t count, DType t, Redu
     c.recv(tmp.data(), re - rb, t, prev, tag);
     w.wait();
     // Sum only here; avg divides once at the end.
-    reduce_buffers(b + rb * es, {tmp.data(), b + rb * es}, re - rb, t,
-                   op == ReduceOp::avg ? ReduceOp::sum : op, p);
+    reduce_buffers(b + rb * es, {tmp.data(), b + rb * es}, re - rb,
+                   {t, op == ReduceOp::avg ? ReduceOp::sum : op, p});
   }
   const int mine = mod(r + 1, p);
   if (op == ReduceOp::avg && p > 1) {
     auto [mb, me] = chunk_range(count, p, mine);
-    reduce_buffers(b + mb * es, {b + mb * es}, me - mb, t, ReduceOp::avg, p);
+    reduce_buffers(b + mb * es, {b + mb * es}, me - mb, {t, ReduceOp::avg, p});
   }
   return mine;
 }

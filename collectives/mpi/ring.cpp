@@ -96,8 +96,8 @@ class Ring {
       for (int64_t j = 0; j < ns; ++j) {
         wait(&rq[j % rc_.depth]);
         const int64_t len = seg_len(n, j), off = j * se_ * es_;
-        reduce_buffers(o + off, {slot(j), mine + off}, len, t_,
-                       last && op == ReduceOp::avg ? ReduceOp::avg : step_op, P);
+        reduce_buffers(o + off, {slot(j), mine + off}, len,
+                       {t_, last && op == ReduceOp::avg ? ReduceOp::avg : step_op, P});
         if (j + rc_.depth < ns)
           irecv(slot(j), seg_len(n, j + rc_.depth), kTagReduce, &rq[j % rc_.depth]);
         if (!last)
