@@ -11,7 +11,7 @@
 
 #include "nxd/collectives/mpi/datatype.h"
 #include "nxd/collectives/mpi/mpi.h"
-#include "nxd/collectives/mpi/ring.h"
+#include "nxd/collectives/mpi/transport.h"
 
 namespace nxd::mpi {
 namespace {
@@ -147,16 +147,16 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, int rank, std::vector<int> ranks, bool owned)
       : Communicator(rank, std::move(ranks)), comm_(comm), owned_(owned) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    // The ring's messages travel on their own communicator (collective: every member constructs
-    // its communicator together), so they never match a user's send/recv.
-    check(MPI_Comm_dup(comm_, &ring_comm_), "MPI_Comm_dup", 0, DType::i32);
-    MPI_Comm_set_errhandler(ring_comm_, MPI_ERRORS_RETURN);
+    // nxd's algorithms' messages travel on their own communicator (collective: every member
+    // constructs its communicator together), so they never match a user's send/recv.
+    check(MPI_Comm_dup(comm_, &p2p_comm_), "MPI_Comm_dup", 0, DType::i32);
+    MPI_Comm_set_errhandler(p2p_comm_, MPI_ERRORS_RETURN);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    MPI_Comm_free(&ring_comm_);
+    MPI_Comm_free(&p2p_comm_);
     if (owned_) MPI_Comm_free(&comm_);
   }
   const char* backend() const override { return "mpi"; }
@@ -164,8 +164,11 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("all_reduce", n, t, op, true);
     if (!r) return;
-    if (use_ring(Op::all_reduce, n * dtype_size(t)))
-      return detail::ring_all_reduce(ring("all_reduce"), s, r, n, t, op);
+    if (const Algorithm a = choose(Op::all_reduce, n * dtype_size(t), size());
+        a != Algorithm::native) {
+      detail::MpiTransport tr = transport("all_reduce");
+      return detail::run_all_reduce(a, tr, {s, r, n, t, op});
+    }
     check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, icount("all_reduce", n), datatype(t),
                         mpi_op(op, t), comm_),
           "all_reduce", n, t);
@@ -175,8 +178,11 @@ class MpiCommunicator final : public Communicator {
     check_args("all_gather", n, t, ReduceOp::sum, false);
     if (!r) return;
     const char* mine = static_cast<const char*>(r) + rank() * n * dtype_size(t);
-    if (use_ring(Op::all_gather, size() * n * dtype_size(t)))
-      return detail::ring_all_gather(ring("all_gather"), s, r, n, t);
+    if (const Algorithm a = choose(Op::all_gather, size() * n * dtype_size(t), size());
+        a != Algorithm::native) {
+      detail::MpiTransport tr = transport("all_gather");
+      return detail::run_all_gather(a, tr, {s, r, n, t});
+    }
     check(MPI_Allgather(s == mine ? MPI_IN_PLACE : s, icount("all_gather", n), datatype(t), r,
                         icount("all_gather", n), datatype(t), comm_),
           "all_gather", n, t);
@@ -184,17 +190,20 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("reduce_scatter", n, t, op, true);
     if (!r) return;
+    const int64_t bytes = size() * n * dtype_size(t);
+    const Algorithm a = choose(Op::reduce_scatter, bytes, size());
     std::vector<char> tmp;
-    const bool ring_ok = use_ring(Op::reduce_scatter, size() * n * dtype_size(t));
-    // The ring reads send and writes recv as it goes: recv may be this member's own block of
-    // send (the in-place form) but must not overlap it elsewhere.
-    if (overlaps(s, r, n * size() * dtype_size(t)) &&
-        !(ring_ok && r == static_cast<const char*>(s) + rank() * n * dtype_size(t))) {
-      tmp.assign(static_cast<const char*>(s),
-                 static_cast<const char*>(s) + n * size() * dtype_size(t));
+    // nxd's algorithms read send and write recv as they go: recv may be this member's own block
+    // of send (the in-place form) but must not overlap it elsewhere.
+    if (overlaps(s, r, bytes) && !(a != Algorithm::native &&
+                                   r == static_cast<const char*>(s) + rank() * n * dtype_size(t))) {
+      tmp.assign(static_cast<const char*>(s), static_cast<const char*>(s) + bytes);
       s = tmp.data();
     }
-    if (ring_ok) return detail::ring_reduce_scatter(ring("reduce_scatter"), s, r, n, t, op);
+    if (a != Algorithm::native) {
+      detail::MpiTransport tr = transport("reduce_scatter");
+      return detail::run_reduce_scatter(a, tr, {s, r, n, t, op});
+    }
     check(MPI_Reduce_scatter_block(s, r, icount("reduce_scatter", n), datatype(t), mpi_op(op, t),
                                    comm_),
           "reduce_scatter", n, t);
@@ -244,7 +253,7 @@ class MpiCommunicator final : public Communicator {
   Work iall_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("all_reduce", n, t, op, true);
     if (!r) return Work();
-    if (use_ring(Op::all_reduce, n * dtype_size(t))) {  // runs now: see Tuning in mpi.h
+    if (choose(Op::all_reduce, n * dtype_size(t), size()) != Algorithm::native) {  // runs now
       all_reduce(s, r, n, t, op);
       return Work();
     }
@@ -260,7 +269,7 @@ class MpiCommunicator final : public Communicator {
   Work iall_gather(const void* s, void* r, int64_t n, DType t) override {
     check_args("all_gather", n, t, ReduceOp::sum, false);
     if (!r) return Work();
-    if (use_ring(Op::all_gather, size() * n * dtype_size(t))) {
+    if (choose(Op::all_gather, size() * n * dtype_size(t), size()) != Algorithm::native) {
       all_gather(s, r, n, t);
       return Work();
     }
@@ -274,7 +283,7 @@ class MpiCommunicator final : public Communicator {
   Work ireduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_args("reduce_scatter", n, t, op, true);
     if (!r) return Work();
-    if (use_ring(Op::reduce_scatter, size() * n * dtype_size(t))) {
+    if (choose(Op::reduce_scatter, size() * n * dtype_size(t), size()) != Algorithm::native) {
       reduce_scatter(s, r, n, t, op);
       return Work();
     }
@@ -350,26 +359,21 @@ class MpiCommunicator final : public Communicator {
         req, kind, std::move(done),
         str("[", op, "] group ", group_str(), " rank ", ranks()[rank()])));
   }
-  bool use_ring(Op op, int64_t bytes) const { return algorithm_for(op, bytes, size())[0] == 'r'; }
-  detail::RingComm ring(const char* op) {
+  detail::MpiTransport transport(const char* op) {
     const Tuning tu = tuning();
-    what_ = str(op, " on group ", group_str(), " rank ", ranks()[rank()]);
-    return detail::RingComm{.comm = ring_comm_,
-                            .rank = rank(),
-                            .size = size(),
-                            .scratch = &scratch_,
-                            .partials = &partials_,
-                            .widened = &widened_,
-                            .chunk_bytes = tu.chunk_bytes,
-                            .depth = tu.depth,
-                            .what = what_.c_str()};
+    return detail::MpiTransport(
+        {.comm = p2p_comm_,
+         .rank = rank(),
+         .size = size(),
+         .pipeline = {.segment_bytes = tu.chunk_bytes, .depth = tu.depth},
+         .scratch = &scratch_,
+         .what = str(op, " on group ", group_str(), " rank ", ranks()[rank()])});
   }
   MPI_Comm comm_;
-  MPI_Comm ring_comm_ = MPI_COMM_NULL;
+  MPI_Comm p2p_comm_ = MPI_COMM_NULL;
   bool owned_;
-  // The ring's persistent buffers: allocated (and page-faulted) once, reused by every call.
-  std::vector<char> scratch_, partials_, widened_;
-  std::string what_;
+  // nxd's algorithms' persistent buffers: allocated (and page-faulted) once, reused by every call.
+  algorithms::Scratch scratch_;
 };
 
 void terminate_handler() {
