@@ -132,8 +132,10 @@ class Communicator {
 
  protected:
   Communicator(int rank, std::vector<int> ranks) : rank_(rank), ranks_(std::move(ranks)) {}
-  // Checks shared by the backends; throw InvalidArgument naming `op`.
-  void check_args(const char* op, int64_t count, DType dtype, ReduceOp rop, bool reduces) const;
+  // Checks shared by the backends; throw InvalidArgument naming `op`: a count >= 0, and for a
+  // reduction also a floating dtype for avg.
+  void check_count(const char* op, int64_t count) const;
+  void check_reduction(const char* op, int64_t count, const Reduction& r) const;
   void check_member(const char* op, const char* what, int r) const;
 
  private:

@@ -1,6 +1,6 @@
 #pragma once
 // Argument checks of the algorithms' Communicator forms (ring.h, rdh.h): what the backends'
-// check_args check, naming the algorithm. Internal to algorithms/.
+// check_count and check_reduction check, naming the algorithm. Internal to algorithms/.
 #include "nxd/collectives/algorithms/rdh_impl.h"  // pow2
 #include "nxd/collectives/algorithms/transport.h"
 

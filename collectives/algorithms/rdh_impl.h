@@ -123,7 +123,7 @@ void rdh_all_reduce(T& tr, const Call& c) {
   if (c.count == 0) return;
   if (p == 1) return copy_if_apart(c.send, c.recv, c.count * es);
   if (c.dtype == DType::bf16)
-    return on_widened(tr, c, c.count, 0, [&](const Call& w) { rdh_all_reduce(tr, w); });
+    return on_widened(tr, c, Widened::in_place, [&](const Call& w) { rdh_all_reduce(tr, w); });
   int q = 1;
   while (q * 2 <= p) q *= 2;
   const int extra = p - q;
@@ -166,7 +166,8 @@ void rdh_reduce_scatter(T& tr, const Call& c) {
   if (c.count == 0) return;
   if (p == 1) return copy_if_apart(c.send, c.recv, c.count * es);
   if (c.dtype == DType::bf16)
-    return on_widened(tr, c, total, c.count, [&](const Call& w) { rdh_reduce_scatter(tr, w); });
+    return on_widened(tr, c, Widened::after_inputs,
+                      [&](const Call& w) { rdh_reduce_scatter(tr, w); });
   char* work = p > 2 ? Scratch::at_least(tr.scratch().partials, total * es) : nullptr;
   Rdh<T> rdh(tr, first_members(p), tr.rank(), {c.send, c.recv, total, c.dtype, c.op});
   rdh.halving({.src = static_cast<const char*>(c.send),

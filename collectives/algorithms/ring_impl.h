@@ -67,16 +67,22 @@ class Ring {
 
   int64_t segments(int64_t n) const { return (n + se_ - 1) / se_; }
   int64_t seg_len(int64_t n, int64_t j) const { return std::min(se_, n - j * se_); }
-  // Sends n elements at b in segments on `s` (collected in `into`).
-  void send_segments(const char* b, int64_t n, Stream s, std::vector<Request>& into) {
-    for (int64_t j = 0; j < segments(n); ++j) send(b + j * se_ * es_, seg_len(n, j), s, into);
+  // `n` elements at `b`.
+  struct Piece {
+    const char* b;
+    int64_t n;
+  };
+  // Sends a piece in segments on `s` (collected in `into`).
+  void send_segments(const Piece& x, Stream s, std::vector<Request>& into) {
+    for (int64_t j = 0; j < segments(x.n); ++j)
+      send({x.b + j * se_ * es_, seg_len(x.n, j)}, s, into);
   }
 
   void reduce_scatter(const ReducePlan& plan) {
     const Chunks& ch = plan.chunks;
     std::vector<std::vector<Request>> sends(p_);  // by the step whose message they are
     const auto own = [&](int k) { return plan.src + ch(k).first * es_; };
-    send_segments(own(plan.first), ch(plan.first).second, Stream::reduce, sends[0]);
+    send_segments({own(plan.first), ch(plan.first).second}, Stream::reduce, sends[0]);
     std::vector<Request> rq(depth_);
     const ReduceOp step_op = plan.op == ReduceOp::avg ? ReduceOp::sum : plan.op;
     for (int s = 0; s < p_ - 1; ++s) {
@@ -98,9 +104,9 @@ class Ring {
         reduce_buffers(out + off, {slot(j), mine + off}, len, red);
         if (j + depth_ < ns) recv(j + depth_, seg_len(n, j + depth_), rq);
         if (!last)
-          send(out + off, len, Stream::reduce, sends[s + 1]);
+          send({out + off, len}, Stream::reduce, sends[s + 1]);
         else if (plan.all_reduce)
-          send(out + off, len, Stream::gather, gather_sends_);
+          send({out + off, len}, Stream::gather, gather_sends_);
       }
     }
     for (auto& v : sends) tr_.wait_all(v);
@@ -127,7 +133,7 @@ class Ring {
     for (const Seg& g : segs) rq.push_back(tr_.irecv({g.b, g.n, t_}, prev_, Stream::gather));
     for (size_t i = 0; i < segs.size(); ++i) {
       tr_.wait(rq[i]);
-      if (segs[i].forward) send(segs[i].b, segs[i].n, Stream::gather, gather_sends_);
+      if (segs[i].forward) send({segs[i].b, segs[i].n}, Stream::gather, gather_sends_);
     }
     tr_.wait_all(gather_sends_);
   }
@@ -135,8 +141,8 @@ class Ring {
 
  private:
   char* slot(int64_t j) const { return slots_ + (j % depth_) * se_ * es_; }
-  void send(const char* b, int64_t n, Stream s, std::vector<Request>& into) {
-    into.push_back(tr_.isend({const_cast<char*>(b), n, t_}, next_, s));
+  void send(const Piece& x, Stream s, std::vector<Request>& into) {
+    into.push_back(tr_.isend({const_cast<char*>(x.b), x.n, t_}, next_, s));
   }
   void recv(int64_t j, int64_t n, std::vector<Request>& rq) {
     rq[j % depth_] = tr_.irecv({slot(j), n, t_}, prev_, Stream::reduce);
@@ -152,14 +158,20 @@ class Ring {
   std::vector<Request> gather_sends_;
 };
 
+// Where a bf16 reduction's f32 copy puts its result: over its input (all_reduce), or after the
+// size() * count inputs (reduce_scatter).
+enum class Widened : uint8_t { in_place, after_inputs };
+
 // bf16 reductions run on an f32 copy in the transport's scratch (partial sums travel in f32) and
-// round once at the end. `total` input elements are widened; the f32 call's output follows them.
+// round once at the end.
 template <Transport T, class F>
-void on_widened(T& tr, const Call& c, int64_t total, int64_t out_count, F&& run) {
+void on_widened(T& tr, const Call& c, Widened layout, F&& run) {
+  const int64_t inputs = layout == Widened::in_place ? c.count : c.count * tr.size();
+  const int64_t outputs = layout == Widened::in_place ? 0 : c.count;
   float* f = reinterpret_cast<float*>(
-      Scratch::at_least(tr.scratch().widened, (total + out_count) * int64_t{sizeof(float)}));
-  bf16_to_f32(f, static_cast<const uint16_t*>(c.send), total);
-  float* out = out_count > 0 ? f + total : f;
+      Scratch::at_least(tr.scratch().widened, (inputs + outputs) * int64_t{sizeof(float)}));
+  bf16_to_f32(f, static_cast<const uint16_t*>(c.send), inputs);
+  float* out = f + (inputs + outputs - c.count);
   run(Call{f, out, c.count, DType::f32, c.op});
   f32_to_bf16(static_cast<uint16_t*>(c.recv), out, c.count);
 }
@@ -175,7 +187,7 @@ void ring_all_reduce(T& tr, const Call& c) {
   if (c.count == 0) return;
   if (p == 1) return copy_if_apart(c.send, c.recv, c.count * dtype_size(c.dtype));
   if (c.dtype == DType::bf16)
-    return on_widened(tr, c, c.count, 0, [&](const Call& w) { ring_all_reduce(tr, w); });
+    return on_widened(tr, c, Widened::in_place, [&](const Call& w) { ring_all_reduce(tr, w); });
   const Chunks ch{.count = c.count, .p = p};
   Ring<T> ring(tr, c.dtype, ch);
   // Member r sends its own chunk r first and ends the reduce-scatter holding chunk r + 1.
@@ -195,7 +207,7 @@ void ring_reduce_scatter(T& tr, const Call& c) {
   const int64_t es = dtype_size(c.dtype), bytes = c.count * es;
   if (p == 1) return copy_if_apart(c.send, c.recv, bytes);
   if (c.dtype == DType::bf16)
-    return on_widened(tr, c, c.count * p, c.count,
+    return on_widened(tr, c, Widened::after_inputs,
                       [&](const Call& w) { ring_reduce_scatter(tr, w); });
   const Chunks ch{.per = c.count, .p = p};
   Ring<T> ring(tr, c.dtype, ch);
@@ -219,7 +231,7 @@ void ring_all_gather(T& tr, const Call& c) {
   if (p == 1) return copy_if_apart(c.send, mine, bytes);
   const Chunks ch{.per = c.count, .p = p};
   Ring<T> ring(tr, c.dtype, ch);
-  ring.send_segments(static_cast<const char*>(c.send), c.count, Stream::gather,
+  ring.send_segments({static_cast<const char*>(c.send), c.count}, Stream::gather,
                      ring.gather_sends());
   copy_if_apart(c.send, mine, bytes);  // the send buffer is only read meanwhile
   ring.all_gather(ch, r, dst);

@@ -201,7 +201,10 @@ Work SimCommunicator::run(CallDesc d, bool async) {
   const DType t = d.dtype;
   const int root = d.root;
   const char* name = coll_kind_name(kind);
-  check_args(name, n, t, d.rop, d.reduces);
+  if (d.reduces)
+    check_reduction(name, n, {t, d.rop});
+  else
+    check_count(name, n);
   if (root >= 0 || kind == CollKind::broadcast || kind == CollKind::reduce)
     check_member(name, "root", root);
   SimClock* clock = current_sim_clock();
