@@ -117,10 +117,21 @@ TEST(Coll, MpiTuningFromTheEnvironment) {
     EXPECT_EQ(t.ring_min_bytes, 2 << 20);
     EXPECT_EQ(t.depth, 3);
   }
-  for (auto [var, bad, says] : {std::tuple{"NXD_MPI_ALGO", "fast", "must be auto, mpi, ring or rdh"},
-                                std::tuple{"NXD_MPI_CHUNK", "12X", "'12X' is not a size"},
-                                std::tuple{"NXD_MPI_CHUNK", "0", "between 1 byte and 1G"},
-                                std::tuple{"NXD_MPI_DEPTH", "2.5", "integer in [1, 64]"}}) {
+  {
+    Env a("NXD_MPI_ALGO", "rdh"), b("NXD_MPI_RDH_MIN", "96K"), c("NXD_MPI_RS_RING_MIN", "1K"),
+        d("NXD_MPI_AG_RING_MIN", "8M");
+    mpi::Tuning t = mpi::tuning_from_env();
+    EXPECT_EQ(t.algorithm, mpi::Algorithm::rdh);
+    EXPECT_EQ(t.rdh_min_bytes, 96 << 10);
+    EXPECT_EQ(t.rs_ring_min_bytes, 1 << 10);
+    EXPECT_EQ(t.ag_ring_min_bytes, 8 << 20);
+  }
+  for (auto [var, bad, says] :
+       {std::tuple{"NXD_MPI_ALGO", "fast", "must be auto, mpi, ring or rdh"},
+        std::tuple{"NXD_MPI_CHUNK", "12X", "'12X' is not a size"},
+        std::tuple{"NXD_MPI_AG_RING_MIN", "-1", "'-1' is not a size"},
+        std::tuple{"NXD_MPI_CHUNK", "0", "between 1 byte and 1G"},
+        std::tuple{"NXD_MPI_DEPTH", "2.5", "integer in [1, 64]"}}) {
     Env e(var, bad);
     try {
       mpi::tuning_from_env();
