@@ -40,17 +40,29 @@ class Rdh {
         es_(dtype_size(c.dtype)),
         ch_{.count = c.count, .p = q_} {}
 
-  // Sends `out` to and receives `in` from `peer`. Empty halves (count < q) are not sent: both
-  // sides know the sizes.
-  void exchange(const Buf& out, const Buf& in, int peer) {
+  // Sends `out` to and receives `in` from `peer` (post, then finish). Empty halves (count < q)
+  // are not sent: both sides know the sizes.
+  struct Exchange {
     std::vector<typename T::Request> sends;
-    typename T::Request rq{};
-    if (out.count > 0) sends.push_back(tr_.isend(out, peers_[peer], Stream::reduce));
+    typename T::Request recv{};
+    bool receiving = false;
+  };
+  Exchange post(const Buf& out, const Buf& in, int peer) {
+    Exchange x;
+    if (out.count > 0) x.sends.push_back(tr_.isend(out, peers_[peer], Stream::reduce));
     if (in.count > 0) {
-      rq = tr_.irecv(in, peers_[peer], Stream::reduce);
-      tr_.wait(rq);
+      x.recv = tr_.irecv(in, peers_[peer], Stream::reduce);
+      x.receiving = true;
     }
-    tr_.wait_all(sends);
+    return x;
+  }
+  void finish(Exchange& x) {
+    if (x.receiving) tr_.wait(x.recv);
+    tr_.wait_all(x.sends);
+  }
+  void exchange(const Buf& out, const Buf& in, int peer) {
+    Exchange x = post(out, in, peer);
+    finish(x);
   }
 
   // lg q steps: at distance d (q/2, ..., 1) this member exchanges half of the chunks it still
@@ -82,15 +94,21 @@ class Rdh {
     }
   }
 
-  // lg q steps of distance 1, 2, ..., q/2: the range held doubles. Chunk `me` of `buf` is this
-  // member's on entry; every chunk is on return.
-  void doubling(char* buf) {
+  // lg q steps of distance 1, 2, ..., q/2: the range held doubles. This member's chunk `me` is
+  // at `own` on entry (nullptr: already in `buf`; otherwise the first step sends it from there
+  // and copies it into `buf` while the partner reads); every chunk is in `buf` on return.
+  void doubling(char* buf, const char* own = nullptr) {
     int cb = me_, ce = me_ + 1;  // chunks held
     for (int d = 1; d < q_; d *= 2) {
       const bool lower = (me_ & d) == 0;
       const int pb = lower ? ce : cb - (ce - cb), pe = lower ? ce + (ce - cb) : cb;  // partner's
       const int64_t h0 = begin(cb), hn = begin(ce) - h0, p0 = begin(pb), pn = begin(pe) - p0;
-      exchange({buf + h0 * es_, hn, t_}, {buf + p0 * es_, pn, t_}, me_ ^ d);
+      const bool from_own = d == 1 && own;
+      char* held = buf + h0 * es_;
+      Exchange x = post({from_own ? const_cast<char*>(own) : held, hn, t_},
+                        {buf + p0 * es_, pn, t_}, me_ ^ d);
+      if (from_own) copy_if_apart(own, held, hn * es_);
+      finish(x);
       cb = std::min(cb, pb);
       ce = std::max(ce, pe);
     }
@@ -184,10 +202,9 @@ void rdh_all_gather(T& tr, const Call& c) {
   NXD_CHECK(pow2(p), "[rdh_all_gather] needs a power-of-two group, got size ", p);
   const int64_t bytes = c.count * dtype_size(c.dtype);
   if (c.count == 0) return;
-  copy_if_apart(c.send, static_cast<char*>(c.recv) + r * bytes, bytes);
-  if (p == 1) return;
+  if (p == 1) return copy_if_apart(c.send, c.recv, bytes);
   Rdh<T> rdh(tr, first_members(p), r, {c.send, c.recv, c.count * p, c.dtype, c.op});
-  rdh.doubling(static_cast<char*>(c.recv));
+  rdh.doubling(static_cast<char*>(c.recv), static_cast<const char*>(c.send));
 }
 
 }  // namespace nxd::algorithms::detail
