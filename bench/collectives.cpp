@@ -5,8 +5,10 @@
 //     memcpy of the same size measured in the same run (the baseline) and the ratio, and the
 //     modeled time/busbw on --instance, plus the published nccom-test figures next to the model.
 //     Rows whose host buffers would not fit the host budget are modeled only (shape-only calls).
-//   --backend mpi (run under mpirun): nxd's MPI communicator and raw MPI_* measured in the same
-//     run, and the ratio nxd/raw busbw (target >= 0.95 from 1 MiB).
+//   --backend mpi (run under mpirun; collectives_mpi.cpp): nxd's MPI communicator, raw MPI_* and
+//     a memcpy of the same bytes on every rank, interleaved over --rounds rounds; medians, the
+//     ratio raw/nxd time with its spread (target >= 0.95 from 1 MiB), and with --algos each of
+//     nxd's algorithms forced in turn.
 // Bad flags print a message and exit with code 2.
 #include <algorithm>
 #include <cmath>
@@ -17,40 +19,20 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "collectives.h"
 #include "nxd/collectives/communicator.h"
-#include "nxd/collectives/mpi/mpi.h"
-#include "nxd/collectives/sim/collective_cost.h"
-#include "nxd/collectives/sim/launch.h"
 #include "nxd/collectives/sim/nccom_figures.h"
 
-#if NXD_WITH_MPI
-#include <mpi.h>
-
-#include "nxd/collectives/mpi/datatype.h"
-#endif
-
-using namespace nxd;
-using sim::CollKind;
-
+namespace nxd::bench::coll {
 namespace {
-
-struct Args {
-  std::string backend = "sim";
-  std::string op = "all_reduce";
-  int64_t min_bytes = 8, max_bytes = 256 << 20;
-  std::string instance;
-  int ranks = 0;
-  DType dtype = DType::f32;
-  int iters = 0;  // 0: by size
-  sim::Algorithm algorithm = sim::Algorithm::automatic;
-  double host_budget_gib = 8;
-};
 
 const char* kUsage =
     "usage: nxd-bench-collectives [--backend sim|mpi] [--op all_reduce|all_gather|reduce_scatter|"
     "broadcast|all_to_all|sendrecv]\n"
     "         [--min 8] [--max 256M] [--instance trn1.32xlarge] [--ranks N] [--dtype f32]\n"
-    "         [--iters N] [--algorithm auto|ring|rdh|mesh|kangaring] [--host-budget-gib 8]\n";
+    "         [--iters N] [--rounds N] [--algorithm auto|ring|rdh|mesh|kangaring]\n"
+    "         [--host-budget-gib 8] [--algos mpi,ring,rdh (MPI: nxd's algorithms forced in "
+    "turn)]\n";
 
 int64_t parse_size(const std::string& s) {
   NXD_CHECK(!s.empty(), "[nxd-bench-collectives] empty size");
@@ -72,12 +54,16 @@ int64_t parse_size(const std::string& s) {
   return static_cast<int64_t>(v * mul);
 }
 
-CollKind parse_op(const std::string& s) {
-  for (CollKind k : {CollKind::all_reduce, CollKind::all_gather, CollKind::reduce_scatter,
-                     CollKind::broadcast, CollKind::all_to_all})
-    if (s == sim::coll_kind_name(k)) return k;
-  if (s == "sendrecv") return CollKind::send_recv;
-  throw InvalidArgument(str("[nxd-bench-collectives] unknown --op '", s, "'"));
+std::vector<std::string> split_list(const std::string& v) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (size_t e; (e = v.find(',', b)) != std::string::npos; b = e + 1)
+    out.push_back(v.substr(b, e - b));
+  out.push_back(v.substr(b));
+  for (const std::string& x : out)
+    NXD_CHECK(x == "mpi" || x == "ring" || x == "rdh",
+              "[nxd-bench-collectives] --algos takes mpi, ring and rdh, got '", x, "'");
+  return out;
 }
 
 Args parse(int argc, char** argv) {
@@ -108,6 +94,10 @@ Args parse(int argc, char** argv) {
       a.iters = std::stoi(v);
     else if (f == "--algorithm")
       a.algorithm = sim::algorithm_from_name(v);
+    else if (f == "--rounds")
+      a.rounds = std::stoi(v);
+    else if (f == "--algos")
+      a.algos = split_list(v);
     else if (f == "--host-budget-gib")
       a.host_budget_gib = std::stod(v);
     else
@@ -120,22 +110,28 @@ Args parse(int argc, char** argv) {
   parse_op(a.op);
   NXD_CHECK(a.min_bytes <= a.max_bytes, "[nxd-bench-collectives] --min ", a.min_bytes, " > --max ",
             a.max_bytes);
-  NXD_CHECK(a.ranks >= 0 && a.iters >= 0, "[nxd-bench-collectives] --ranks/--iters must be >= 0");
-  NXD_CHECK(a.dtype != DType::f64 || true, "");
+  NXD_CHECK(a.ranks >= 0 && a.iters >= 0 && a.rounds >= 0,
+            "[nxd-bench-collectives] --ranks/--iters/--rounds must be >= 0");
   return a;
 }
 
-// Elements per rank call for a row of `bytes` (nccl-tests: S is the full array; for all-gather
-// the output, for reduce-scatter the input, for all-to-all the per-rank buffer).
-int64_t count_for(CollKind k, int64_t bytes, int p, int64_t es) {
-  int64_t n = bytes / es;
-  if (k == CollKind::all_gather || k == CollKind::reduce_scatter || k == CollKind::all_to_all)
-    n /= p;
-  return n;
+}  // namespace
+
+CollKind parse_op(const std::string& s) {
+  for (CollKind k : {CollKind::all_reduce, CollKind::all_gather, CollKind::reduce_scatter,
+                     CollKind::broadcast, CollKind::all_to_all})
+    if (s == sim::coll_kind_name(k)) return k;
+  if (s == "sendrecv") return CollKind::send_recv;
+  throw InvalidArgument(str("[nxd-bench-collectives] unknown --op '", s, "'"));
 }
 
-// Timed runs per row; each backend keeps the best (as the MPI side always has).
-constexpr int kRounds = 3;
+int64_t count_for(const Shape& s, int64_t bytes) {
+  int64_t n = bytes / dtype_size(s.dtype);
+  if (s.kind == CollKind::all_gather || s.kind == CollKind::reduce_scatter ||
+      s.kind == CollKind::all_to_all)
+    n /= s.ranks;
+  return n;
+}
 
 int iters_for(const Args& a, int64_t bytes) {
   if (a.iters > 0) return a.iters;
@@ -143,29 +139,28 @@ int iters_for(const Args& a, int64_t bytes) {
       std::clamp<int64_t>((int64_t{512} << 20) / std::max<int64_t>(bytes, 1 << 16), 3, 200));
 }
 
-// One call of the op on communicator c with buffers a (send / in-place) and b (recv).
-void run_op(Communicator& c, CollKind k, void* a, void* b, int64_t n, DType t) {
-  switch (k) {
+void run_op(Communicator& c, const Row& w) {
+  switch (w.kind) {
     case CollKind::all_reduce:
-      c.all_reduce(a, a, n, t, ReduceOp::sum);
+      c.all_reduce(w.a, w.a, w.count, w.dtype, ReduceOp::sum);
       break;
     case CollKind::all_gather:
-      c.all_gather(a, b, n, t);
+      c.all_gather(w.a, w.b, w.count, w.dtype);
       break;
     case CollKind::reduce_scatter:
-      c.reduce_scatter(a, b, n, t, ReduceOp::sum);
+      c.reduce_scatter(w.a, w.b, w.count, w.dtype, ReduceOp::sum);
       break;
     case CollKind::broadcast:
-      c.broadcast(a, n, t, 0);
+      c.broadcast(w.a, w.count, w.dtype, 0);
       break;
     case CollKind::all_to_all:
-      c.all_to_all(a, b, n, t);
+      c.all_to_all(w.a, w.b, w.count, w.dtype);
       break;
     case CollKind::send_recv: {
       const int p = c.size(), r = c.rank();
-      Work w = c.isend(a, n, t, (r + 1) % p, 0);
-      c.recv(b, n, t, (r + p - 1) % p, 0);
-      w.wait();
+      Work q = c.isend(w.a, w.count, w.dtype, (r + 1) % p, 0);
+      c.recv(w.b, w.count, w.dtype, (r + p - 1) % p, 0);
+      q.wait();
       break;
     }
     default:
@@ -173,9 +168,9 @@ void run_op(Communicator& c, CollKind k, void* a, void* b, int64_t n, DType t) {
   }
 }
 
-// Bytes of host buffers (a, b) one rank needs for a row.
-std::pair<int64_t, int64_t> buffer_elems(CollKind k, int64_t n, int p) {
-  switch (k) {
+std::pair<int64_t, int64_t> buffer_elems(const Shape& s, int64_t n) {
+  const int p = s.ranks;
+  switch (s.kind) {
     case CollKind::all_reduce:
     case CollKind::broadcast:
       return {n, 0};
@@ -195,6 +190,8 @@ std::vector<int64_t> sizes(const Args& a) {
   for (int64_t b = a.min_bytes; b <= a.max_bytes; b *= 2) s.push_back(b);
   return s;
 }
+
+namespace {
 
 // ------------------------------------------------------------------------------------------
 // sim
@@ -228,6 +225,7 @@ void print_published(CollKind k, const std::string& instance) {
 int run_sim(const Args& a) {
   const CollKind k = parse_op(a.op);
   const int p = a.ranks > 0 ? a.ranks : 2;
+  const int sim_rounds = a.rounds > 0 ? a.rounds : 3;
   NXD_CHECK(k != CollKind::send_recv || p >= 2,
             "[nxd-bench-collectives] sendrecv needs >= 2 ranks");
   sim::LaunchOptions o;
@@ -243,7 +241,7 @@ int run_sim(const Args& a) {
   std::vector<double> model_t(S.size(), 0), copy_t(S.size(), -1);
   std::vector<const char*> algo(S.size(), "");
   std::vector<int64_t> counts(S.size(), 0);
-  for (size_t i = 0; i < S.size(); ++i) counts[i] = count_for(k, S[i], p, es);
+  for (size_t i = 0; i < S.size(); ++i) counts[i] = count_for({k, p, a.dtype}, S[i]);
 
   sim::launch(o, [&] {
     Communicator& c = world();
@@ -251,7 +249,7 @@ int run_sim(const Args& a) {
     for (size_t i = 0; i < S.size(); ++i) {
       const int64_t n = counts[i];
       if (n == 0) continue;
-      auto [ea, eb] = buffer_elems(k, n, p);
+      auto [ea, eb] = buffer_elems({k, p, a.dtype}, n);
       const bool host = double(p) * (ea + eb) * es <= budget;
       const Device d = host ? Device::host : Device::meta;
       Tensor ta = empty({ea}, a.dtype, d), tb = empty({std::max<int64_t>(eb, 1)}, a.dtype, d);
@@ -263,11 +261,11 @@ int run_sim(const Args& a) {
       }
       const int iters = iters_for(a, S[i]);
       if (host)
-        for (int w = 0; w < 2; ++w) run_op(c, k, pa, pb, n, a.dtype);
+        for (int w = 0; w < 2; ++w) run_op(c, {k, pa, pb, n, a.dtype});
       sim::SimClock* clk = sim::current_sim_clock();
-      // As on the MPI side: the best of kRounds timed runs of `iters` calls (the machine's
-      // neighbours come and go); the median call over all rounds is printed as well.
-      const int reps = host ? iters : 1, rounds = host ? kRounds : 1;
+      // The best of `rounds` timed runs of `iters` calls (the machine's neighbours come and go);
+      // the median call over all rounds is printed as well.
+      const int reps = host ? iters : 1, rounds = host ? sim_rounds : 1;
       std::vector<double> per_call;
       per_call.reserve(size_t(reps) * rounds);
       double best = 1e30, m0 = 0, m1 = 0;
@@ -277,7 +275,7 @@ int run_sim(const Args& a) {
         const double t0 = bench::now_seconds();
         double q = t0;
         for (int it = 0; it < reps; ++it) {
-          run_op(c, k, pa, pb, n, a.dtype);
+          run_op(c, {k, pa, pb, n, a.dtype});
           const double q1 = bench::now_seconds();
           per_call.push_back(q1 - q);
           q = q1;
@@ -301,7 +299,7 @@ int run_sim(const Args& a) {
         if (host) {  // baseline: one thread copying the same bytes
           std::vector<char> src(S[i], 1), dst(S[i]);
           std::memcpy(dst.data(), src.data(), S[i]);
-          for (int round = 0; round < kRounds; ++round) {
+          for (int round = 0; round < sim_rounds; ++round) {
             double c0 = bench::now_seconds();
             for (int it = 0; it < iters; ++it) std::memcpy(dst.data(), src.data(), S[i]);
             const double t = (bench::now_seconds() - c0) / iters;
@@ -322,7 +320,7 @@ int run_sim(const Args& a) {
       "# host(us): best of %d runs of the mean call time (slowest rank); p50(us): median call\n"
       "# baseline: one-thread memcpy of the same size in this run; ratio = host busbw / "
       "memcpy GB/s\n",
-      kRounds);
+      sim_rounds);
   std::printf("#%11s %11s %5s | %11s %9s %9s %9s %9s %6s | %11s %9s %9s %6s\n", "size(B)", "count",
               "type", "host(us)", "p50(us)", "algbw", "busbw", "memcpy", "ratio", "model(us)",
               "algbw", "busbw", "algo");
@@ -348,128 +346,12 @@ int run_sim(const Args& a) {
   return 0;
 }
 
-// ------------------------------------------------------------------------------------------
-// mpi
-
-#if NXD_WITH_MPI
-void run_raw(CollKind k, void* a, void* b, int n, MPI_Datatype t, int p, int r) {
-  switch (k) {
-    case CollKind::all_reduce:
-      MPI_Allreduce(MPI_IN_PLACE, a, n, t, MPI_SUM, MPI_COMM_WORLD);
-      break;
-    case CollKind::all_gather:
-      MPI_Allgather(a, n, t, b, n, t, MPI_COMM_WORLD);
-      break;
-    case CollKind::reduce_scatter:
-      MPI_Reduce_scatter_block(a, b, n, t, MPI_SUM, MPI_COMM_WORLD);
-      break;
-    case CollKind::broadcast:
-      MPI_Bcast(a, n, t, 0, MPI_COMM_WORLD);
-      break;
-    case CollKind::all_to_all:
-      MPI_Alltoall(a, n, t, b, n, t, MPI_COMM_WORLD);
-      break;
-    case CollKind::send_recv:
-      MPI_Sendrecv(a, n, t, (r + 1) % p, 0, b, n, t, (r + p - 1) % p, 0, MPI_COMM_WORLD,
-                   MPI_STATUS_IGNORE);
-      break;
-    default:
-      break;
-  }
-}
-#endif
-
-int run_mpi(const Args& a, int argc, char** argv) {
-#if NXD_WITH_MPI
-  mpi::Session session(&argc, &argv);
-  Communicator& c = world();
-  const int p = c.size(), r = c.rank();
-  const CollKind k = parse_op(a.op);
-  NXD_CHECK(a.ranks == 0 || a.ranks == p, "[nxd-bench-collectives] --ranks ", a.ranks,
-            " differs from the MPI world size ", p, " (use mpirun -np)");
-  NXD_CHECK(a.dtype != DType::bf16, "[nxd-bench-collectives] raw MPI has no bf16; use f32");
-  NXD_CHECK(k != CollKind::send_recv || p >= 2,
-            "[nxd-bench-collectives] sendrecv needs >= 2 ranks");
-  const int64_t es = dtype_size(a.dtype);
-  const double f = sim::busbw_factor(k, p);
-  if (r == 0) {
-    std::printf("# nxd-bench-collectives: backend mpi, op %s, %d processes, dtype %s\n",
-                a.op.c_str(), p, dtype_name(a.dtype));
-    std::printf(
-        "# baseline: raw MPI_* on the same buffers in this run; GB/s = 1e9 B/s; busbw = "
-        "algbw x %.4f\n",
-        f);
-    const mpi::Tuning tu = mpi::tuning();
-    std::printf(
-        "# nxd algo: mpi = MPI's own collective, ring = nxd's pipelined ring (chunk %lld B, "
-        "depth %d, auto from %lld B; NXD_MPI_ALGO/CHUNK/DEPTH/RING_MIN)\n",
-        (long long)tu.chunk_bytes, tu.depth, (long long)tu.ring_min_bytes);
-    std::printf("#%11s %11s %5s | %11s %9s %9s %5s | %11s %9s %9s | %6s\n", "size(B)", "count",
-                "type", "nxd(us)", "algbw", "busbw", "algo", "raw(us)", "algbw", "busbw", "ratio");
-  }
-  for (int64_t bytes : sizes(a)) {
-    const int64_t n = count_for(k, bytes, p, es);
-    if (n == 0) continue;
-    auto [ea, eb] = buffer_elems(k, n, p);
-    std::vector<char> A(ea * es, 0), B(std::max<int64_t>(eb, 1) * es, 0);
-    const int iters = iters_for(a, bytes);
-    auto time = [&](auto&& once) {
-      for (int w = 0; w < 2; ++w) once();
-      MPI_Barrier(MPI_COMM_WORLD);
-      double t0 = MPI_Wtime();
-      for (int it = 0; it < iters; ++it) once();
-      double t = (MPI_Wtime() - t0) / iters, tmax = 0;
-      MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      return tmax;
-    };
-    // Alternate to share any drift, swapping which goes first each round (raw nxd, nxd raw,
-    // raw nxd); keep the best of each.
-    double t_raw = 1e30, t_nxd = 1e30;
-    auto raw = [&] {
-      t_raw = std::min(t_raw, time([&] {
-                         run_raw(k, A.data(), B.data(), static_cast<int>(n), mpi::datatype(a.dtype),
-                                 p, r);
-                       }));
-    };
-    auto ours = [&] {
-      t_nxd = std::min(t_nxd, time([&] { run_op(c, k, A.data(), B.data(), n, a.dtype); }));
-    };
-    for (int round = 0; round < kRounds; ++round) {
-      if (round % 2 == 0) {
-        raw();
-        ours();
-      } else {
-        ours();
-        raw();
-      }
-    }
-    if (r == 0) {
-      double an = bytes / t_nxd / 1e9, ar = bytes / t_raw / 1e9;
-      const bool reduces_or_gathers =
-          k == CollKind::all_reduce || k == CollKind::all_gather || k == CollKind::reduce_scatter;
-      std::printf(" %11lld %11lld %5s | %11.2f %9.2f %9.2f %5s | %11.2f %9.2f %9.2f | %6.3f\n",
-                  (long long)bytes, (long long)n, dtype_name(a.dtype), t_nxd * 1e6, an, an * f,
-                  reduces_or_gathers
-                      ? mpi::algorithm_for(k == CollKind::all_reduce   ? mpi::Op::all_reduce
-                                           : k == CollKind::all_gather ? mpi::Op::all_gather
-                                                                       : mpi::Op::reduce_scatter,
-                                           bytes, p)
-                      : "mpi",
-                  t_raw * 1e6, ar, ar * f, t_raw / t_nxd);
-    }
-  }
-  return 0;
-#else
-  (void)a;
-  (void)argc;
-  (void)argv;
-  throw ConfigError("[nxd-bench-collectives] --backend mpi: nxd was built without MPI");
-#endif
-}
-
 }  // namespace
+}  // namespace nxd::bench::coll
 
 int main(int argc, char** argv) {
+  using namespace nxd;
+  using namespace nxd::bench::coll;
   try {
     Args a = parse(argc, argv);
     if (a.backend == "mpi") return run_mpi(a, argc, argv);

@@ -66,12 +66,15 @@ std::string Communicator::group_str() const {
   return s + "]";
 }
 
-void Communicator::check_args(const char* op, int64_t count, DType dtype, ReduceOp rop,
-                              bool reduces) const {
+void Communicator::check_count(const char* op, int64_t count) const {
   NXD_CHECK(count >= 0, "[", op, "] negative count ", count, " on group ", group_str(), " rank ",
             rank_);
-  NXD_CHECK(!reduces || rop != ReduceOp::avg || is_floating(dtype), "[", op,
-            "] avg needs a floating dtype, got ", dtype, " on group ", group_str());
+}
+
+void Communicator::check_reduction(const char* op, int64_t count, const Reduction& r) const {
+  check_count(op, count);
+  NXD_CHECK(r.op != ReduceOp::avg || is_floating(r.dtype), "[", op,
+            "] avg needs a floating dtype, got ", r.dtype, " on group ", group_str());
 }
 
 void Communicator::check_member(const char* op, const char* what, int r) const {

@@ -37,7 +37,7 @@
 
 namespace nxd {
 
-enum class ReduceOp : uint8_t { sum, avg, max, min };
+// ReduceOp (sum, avg, max, min) is declared with the kernels in algorithms/reduce.h.
 const char* reduce_op_name(ReduceOp op);
 
 // Handle on a non-blocking call. A default-constructed Work is already complete. wait() is
@@ -132,8 +132,10 @@ class Communicator {
 
  protected:
   Communicator(int rank, std::vector<int> ranks) : rank_(rank), ranks_(std::move(ranks)) {}
-  // Checks shared by the backends; throw InvalidArgument naming `op`.
-  void check_args(const char* op, int64_t count, DType dtype, ReduceOp rop, bool reduces) const;
+  // Checks shared by the backends; throw InvalidArgument naming `op`: a count >= 0, and for a
+  // reduction also a floating dtype for avg.
+  void check_count(const char* op, int64_t count) const;
+  void check_reduction(const char* op, int64_t count, const Reduction& r) const;
   void check_member(const char* op, const char* what, int r) const;
 
  private:

@@ -1,6 +1,7 @@
 #pragma once
 // Recursive halving-doubling (Rabenseifner; Thakur, Rabenseifner, Gropp 2005), written once
-// against point-to-point messages like algorithms/ring.h. The array is cut into q contiguous
+// (rdh_impl.h) for any Transport like the ring (ring.h): the MPI backend runs it on MPI
+// point-to-point, the functions here on any Communicator. The array is cut into q contiguous
 // chunks, q the largest power of two <= size() (chunk_range).
 //
 //   rdh_reduce_scatter  lg q steps: at the step of distance d (q/2, q/4, ..., 1) member r
@@ -18,21 +19,15 @@
 // chunk's final value is computed by one member and then copied, so every member gets the same
 // bits on every run. bf16 partial sums travel in f32 and are rounded once at the end. The
 // modeled time on the sim backend is rdh_all_reduce_time (sim/collective_cost.h).
-#include "nxd/collectives/communicator.h"
+#include "nxd/collectives/algorithms/transport.h"
 
 namespace nxd::algorithms {
 
-inline constexpr int kRdhTag = 0x7a12;
-
-// In place on `buf` (count elements on every member); any group size.
-void rdh_all_reduce(Communicator& c, void* buf, int64_t count, DType dtype, ReduceOp op,
-                    int tag = kRdhTag);
-// Power-of-two groups. `buf` holds the whole array of `count` elements; on return
-// chunk_range(count, p, rank()) of it is reduced on every member (the rest is scratch).
-void rdh_reduce_scatter(Communicator& c, void* buf, int64_t count, DType dtype, ReduceOp op,
-                        int tag = kRdhTag);
-// Power-of-two groups. Member r holds chunk_range(count, p, r) of `buf` on entry; on return every
-// member holds the whole array.
-void rdh_all_gather(Communicator& c, void* buf, int64_t count, DType dtype, int tag = kRdhTag);
+// Any group size; call as ring_all_reduce.
+void rdh_all_reduce(Communicator& c, const Call& call, const P2pOptions& o = {});
+// Power-of-two groups (InvalidArgument otherwise); call as ring_reduce_scatter.
+void rdh_reduce_scatter(Communicator& c, const Call& call, const P2pOptions& o = {});
+// Power-of-two groups (InvalidArgument otherwise); call as ring_all_gather.
+void rdh_all_gather(Communicator& c, const Call& call, const P2pOptions& o = {});
 
 }  // namespace nxd::algorithms

@@ -2,6 +2,7 @@
 // (algorithms/reduce.h).
 #include "nxd/collectives/algorithms/reduce.h"
 
+#include <cstring>
 #include <type_traits>
 
 #include "nxd/collectives/communicator.h"
@@ -143,11 +144,16 @@ void reduce_typed(void* const* dsts, int nd, const void* const* srcs, int ns, in
 }
 }  // namespace
 
-void reduce_buffers_to(void* const* dsts, int nd, const void* const* srcs, int ns, int64_t count,
-                       DType dtype, ReduceOp op, int divisor) {
-  NXD_INTERNAL_CHECK(ns > 0, "reduce_buffers without sources");
-  if (count <= 0 || nd <= 0) return;
-  switch (dtype) {
+void reduce_buffers_to(std::span<void* const> dst_span, std::span<const void* const> src_span,
+                       int64_t count, const Reduction& r) {
+  NXD_INTERNAL_CHECK(!src_span.empty(), "reduce_buffers without sources");
+  if (count <= 0 || dst_span.empty()) return;
+  void* const* dsts = dst_span.data();
+  const void* const* srcs = src_span.data();
+  const int nd = static_cast<int>(dst_span.size()), ns = static_cast<int>(src_span.size());
+  const ReduceOp op = r.op;
+  const int divisor = r.divisor;
+  switch (r.dtype) {
     case DType::f32:
       return reduce_typed<float, float>(dsts, nd, srcs, ns, count, op, divisor);
     case DType::bf16:
@@ -161,10 +167,9 @@ void reduce_buffers_to(void* const* dsts, int nd, const void* const* srcs, int n
   }
 }
 
-void reduce_buffers(void* dst, const std::vector<const void*>& srcs, int64_t count, DType dtype,
-                    ReduceOp op, int divisor) {
-  NXD_INTERNAL_CHECK(!srcs.empty(), "reduce_buffers without sources");
-  reduce_buffers_to(&dst, 1, srcs.data(), static_cast<int>(srcs.size()), count, dtype, op, divisor);
+void reduce_buffers(void* dst, std::initializer_list<const void*> srcs, int64_t count,
+                    const Reduction& r) {
+  reduce_buffers_to({&dst, 1}, {srcs.begin(), srcs.size()}, count, r);
 }
 
 }  // namespace nxd

@@ -1,23 +1,31 @@
 #pragma once
-// The reduction kernels shared by the backends (sim, MPI's ring, self) and the point-to-point
-// algorithms (ring.h, rdh.h). communicator.h includes this header.
+// The reduction kernels shared by the backends (sim, self) and the point-to-point algorithms
+// (ring.h, rdh.h, which the MPI backend runs). communicator.h includes this header.
 #include <cstdint>
-#include <vector>
+#include <initializer_list>
+#include <span>
 
 #include "nxd/runtime/dtype.h"
 
 namespace nxd {
 
-enum class ReduceOp : uint8_t;  // communicator.h
+enum class ReduceOp : uint8_t { sum, avg, max, min };
 
-// Reduction kernel shared by the backends: dst[i] = op(srcs[0][i], ..., srcs[k-1][i]) in source
-// order (bf16 accumulates in f32, rounds once; avg divides by `divisor`). dst may alias srcs[j].
-void reduce_buffers(void* dst, const std::vector<const void*>& srcs, int64_t count, DType dtype,
-                    ReduceOp op, int divisor);
-// The same result written to each of `nd` destinations in one pass (L1-sized blocks: every
-// source block is combined, then stored to every destination). A destination may alias a source
-// at the same offsets.
-void reduce_buffers_to(void* const* dsts, int nd, const void* const* srcs, int ns, int64_t count,
-                       DType dtype, ReduceOp op, int divisor);
+// How a call combines values: element type, op, and the divisor of avg (the group size).
+struct Reduction {
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+  int divisor = 1;
+};
+
+// dst[i] = op(srcs[0][i], ..., srcs[k-1][i]) in source order (bf16 accumulates in f32 and rounds
+// once; avg divides by r.divisor). dst may alias a source at the same offsets.
+void reduce_buffers(void* dst, std::initializer_list<const void*> srcs, int64_t count,
+                    const Reduction& r);
+// The same result written to every destination in one pass (L1-sized blocks: every source block
+// is combined, then stored to every destination). A destination may alias a source at the same
+// offsets.
+void reduce_buffers_to(std::span<void* const> dsts, std::span<const void* const> srcs,
+                       int64_t count, const Reduction& r);
 
 }  // namespace nxd

@@ -3,8 +3,9 @@
 // hostfile). Collectives map to MPI's own (MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block,
 // MPI_Bcast, MPI_Reduce, MPI_Alltoall, MPI_Send/MPI_Recv) and their non-blocking forms for the
 // async calls; sub-groups use MPI_Comm_split; bf16 is a custom datatype with user reduction ops
-// (each step adds in f32 and rounds). Large all_reduce and reduce_scatter (all_gather when forced)
-// run nxd's own pipelined ring over MPI_Isend/MPI_Irecv instead (mpi/ring.h; see Tuning). MPI
+// (each step adds in f32 and rounds). all_reduce, reduce_scatter and all_gather run nxd's own
+// ring or recursive halving-doubling over MPI_Isend/MPI_Irecv where that measured faster (see
+// Tuning; mpi/transport.h). MPI
 // errors are returned (MPI_ERRORS_RETURN) and thrown as CommError naming the operation, the group
 // and the rank. Built when NXD_WITH_MPI; otherwise every entry point throws ConfigError.
 #include <cstdint>
@@ -23,33 +24,43 @@ bool available();
 bool under_launcher();
 
 // How the MPI backend runs all_reduce, reduce_scatter and all_gather (and their non-blocking
-// forms), process-wide. OpenMPI's own algorithms fall off a cliff from 32 MiB on a single host
-// (a fresh buffer per call, page-faulted every time: docs/DESIGN.md, "MPI backend"); nxd's ring
-// keeps a persistent scratch and does not. Session reads the environment; set_tuning overrides.
+// forms), process-wide: MPI's own collective, or one of nxd's point-to-point algorithms
+// (algorithms/ring.h, rdh.h: the same code as on a Communicator, on MPI_Isend/MPI_Irecv over a
+// duplicate of the group's communicator, with a persistent scratch). OpenMPI's own collectives
+// fall off a cliff at large sizes on one host and its reduce-scatter is slow at every size
+// (docs/DESIGN.md, "MPI backend"). Session reads the environment; set_tuning overrides.
 enum class Algorithm : uint8_t {
-  automatic,  // NXD_MPI_ALGO=auto: by op and size (measured, docs/DESIGN.md "MPI backend"):
-              // all_reduce on the ring from ring_min_bytes, reduce_scatter from
-              // rs_ring_min_bytes, all_gather on MPI's own (it has no cliff)
+  automatic,  // NXD_MPI_ALGO=auto: by op, size and group (thresholds below, measured in
+              // docs/DESIGN.md "MPI backend")
   native,     // NXD_MPI_ALGO=mpi: always MPI_Allreduce / MPI_Reduce_scatter_block / ...
-  ring,       // NXD_MPI_ALGO=ring: always the ring (groups of 2 or more)
+  ring,       // NXD_MPI_ALGO=ring: always the pipelined ring (groups of 2 or more)
+  rdh,        // NXD_MPI_ALGO=rdh: always recursive halving-doubling where it exists (all_reduce
+              // on any group, reduce_scatter and all_gather on power-of-two groups), else the ring
 };
 struct Tuning {
   Algorithm algorithm = Algorithm::automatic;
-  int64_t ring_min_bytes = int64_t{32} << 20;     // NXD_MPI_RING_MIN (bytes, K/M/G suffixes)
-  int64_t rs_ring_min_bytes = int64_t{64} << 10;  // NXD_MPI_RS_RING_MIN
+  // Algorithm::automatic by the bytes a call moves (the whole array: all_reduce's buffer,
+  // all_gather's output, reduce_scatter's input; byte values take K/M/G suffixes):
+  int64_t rdh_min_bytes = int64_t{32} << 20;      // NXD_MPI_RDH_MIN: all_reduce on RDH from here,
+  int64_t ring_min_bytes = int64_t{32} << 20;     // NXD_MPI_RING_MIN: on the ring from here
+  int64_t rs_ring_min_bytes = int64_t{64} << 10;  // NXD_MPI_RS_RING_MIN: reduce_scatter's ring
+  int64_t ag_ring_min_bytes = int64_t{1} << 62;   // NXD_MPI_AG_RING_MIN: all_gather's ring
   int64_t chunk_bytes = int64_t{1} << 20;         // NXD_MPI_CHUNK: the ring's pipeline segment
   int depth = 4;                                  // NXD_MPI_DEPTH: segments received in flight
 };
 Tuning tuning();
 void set_tuning(const Tuning& t);
-// Tuning{} with NXD_MPI_ALGO, NXD_MPI_RING_MIN, NXD_MPI_RS_RING_MIN, NXD_MPI_CHUNK and
-// NXD_MPI_DEPTH applied; throws
-// ConfigError naming the variable and its value when one is malformed.
+// Tuning{} with NXD_MPI_ALGO, NXD_MPI_RDH_MIN, NXD_MPI_RING_MIN, NXD_MPI_RS_RING_MIN,
+// NXD_MPI_AG_RING_MIN, NXD_MPI_CHUNK and NXD_MPI_DEPTH applied; throws ConfigError naming the
+// variable and its value when one is malformed.
 Tuning tuning_from_env();
-// The algorithm used for a call on a group of `size` members moving `bytes` (the whole array:
-// all_reduce's buffer, all_gather's output, reduce_scatter's input): "mpi" or "ring".
 enum class Op : uint8_t { all_reduce, reduce_scatter, all_gather };
-const char* algorithm_for(Op op, int64_t bytes, int size);
+// The algorithm the current tuning runs for a call on a group of `size` members moving `bytes`
+// (never automatic; native for groups of one), and its name as the bench prints it: "mpi",
+// "ring" or "rdh".
+Algorithm choose(Op op, int64_t bytes, int size);
+const char* algorithm_name(Algorithm a);
+const char* algorithm_for(Op op, int64_t bytes, int size);  // algorithm_name(choose(...))
 
 // Initializes MPI (MPI_Init_thread, FUNNELED) and makes a Context for this process's rank, with
 // the MPI world as its world communicator, current on the constructing thread, and applies

@@ -11,7 +11,7 @@
 
 #include "nxd/collectives/mpi/datatype.h"
 #include "nxd/collectives/mpi/mpi.h"
-#include "nxd/collectives/mpi/ring.h"
+#include "nxd/collectives/mpi/transport.h"
 
 namespace nxd::mpi {
 namespace {
@@ -55,30 +55,6 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
   return MPI_OP_NULL;
 }
 
-// Divides by p in place (the avg op: MPI sums, we divide once).
-void divide(void* buf, int64_t n, DType t, int p) {
-  if (!buf) return;
-  switch (t) {
-    case DType::f32: {
-      float* x = static_cast<float*>(buf);
-      for (int64_t i = 0; i < n; ++i) x[i] /= p;
-      break;
-    }
-    case DType::f64: {
-      double* x = static_cast<double*>(buf);
-      for (int64_t i = 0; i < n; ++i) x[i] /= p;
-      break;
-    }
-    case DType::bf16: {
-      uint16_t* x = static_cast<uint16_t*>(buf);
-      for (int64_t i = 0; i < n; ++i) x[i] = bf16::from_f32(bf16::to_f32(x[i]) / p);
-      break;
-    }
-    default:
-      break;
-  }
-}
-
 // One MPI request, owned: a Work dropped without wait() does not leak it. A dropped receive is
 // cancelled (its buffer may be gone, and a posted receive would take a later message); a dropped
 // send is released to complete on its own (MPI_Request_free); a dropped collective is completed
@@ -86,8 +62,13 @@ void divide(void* buf, int64_t n, DType t, int p) {
 class RequestWork : public Work::Impl {
  public:
   enum class Kind : uint8_t { collective, send, recv };
-  RequestWork(MPI_Request req, Kind kind, std::function<void()> done, std::string what)
-      : req_(req), kind_(kind), done_(std::move(done)), what_(std::move(what)) {}
+  struct Request {
+    MPI_Request req = MPI_REQUEST_NULL;
+    Kind kind = Kind::collective;
+    std::function<void()> done;  // after completion (avg's division), also when dropped
+  };
+  RequestWork(Request r, std::string what)
+      : req_(r.req), kind_(r.kind), done_(std::move(r.done)), what_(std::move(what)) {}
   ~RequestWork() override {
     if (finished_ || req_ == MPI_REQUEST_NULL) return;
     int finalized = 0;
@@ -147,120 +128,126 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, int rank, std::vector<int> ranks, bool owned)
       : Communicator(rank, std::move(ranks)), comm_(comm), owned_(owned) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    // The ring's messages travel on their own communicator (collective: every member constructs
-    // its communicator together), so they never match a user's send/recv.
-    check(MPI_Comm_dup(comm_, &ring_comm_), "MPI_Comm_dup", 0, DType::i32);
-    MPI_Comm_set_errhandler(ring_comm_, MPI_ERRORS_RETURN);
+    // nxd's algorithms' messages travel on their own communicator (collective: every member
+    // constructs its communicator together), so they never match a user's send/recv.
+    check(MPI_Comm_dup(comm_, &p2p_comm_), {"MPI_Comm_dup", 0, DType::i32});
+    MPI_Comm_set_errhandler(p2p_comm_, MPI_ERRORS_RETURN);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    MPI_Comm_free(&ring_comm_);
+    MPI_Comm_free(&p2p_comm_);
     if (owned_) MPI_Comm_free(&comm_);
   }
   const char* backend() const override { return "mpi"; }
 
   void all_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
-    check_args("all_reduce", n, t, op, true);
+    check_reduction("all_reduce", n, {t, op});
     if (!r) return;
-    if (use_ring(Op::all_reduce, n * dtype_size(t)))
-      return detail::ring_all_reduce(ring("all_reduce"), s, r, n, t, op);
+    if (const Algorithm a = choose(Op::all_reduce, n * dtype_size(t), size());
+        a != Algorithm::native) {
+      detail::MpiTransport tr = transport("all_reduce");
+      return detail::run_all_reduce(a, tr, {s, r, n, t, op});
+    }
     check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, icount("all_reduce", n), datatype(t),
                         mpi_op(op, t), comm_),
-          "all_reduce", n, t);
-    if (op == ReduceOp::avg) divide(r, n, t, size());
+          {"all_reduce", n, t});
+    if (op == ReduceOp::avg) divide(r, n, t);
   }
   void all_gather(const void* s, void* r, int64_t n, DType t) override {
-    check_args("all_gather", n, t, ReduceOp::sum, false);
+    check_count("all_gather", n);
     if (!r) return;
     const char* mine = static_cast<const char*>(r) + rank() * n * dtype_size(t);
-    if (use_ring(Op::all_gather, size() * n * dtype_size(t)))
-      return detail::ring_all_gather(ring("all_gather"), s, r, n, t);
+    if (const Algorithm a = choose(Op::all_gather, size() * n * dtype_size(t), size());
+        a != Algorithm::native) {
+      detail::MpiTransport tr = transport("all_gather");
+      return detail::run_all_gather(a, tr, {s, r, n, t});
+    }
     check(MPI_Allgather(s == mine ? MPI_IN_PLACE : s, icount("all_gather", n), datatype(t), r,
                         icount("all_gather", n), datatype(t), comm_),
-          "all_gather", n, t);
+          {"all_gather", n, t});
   }
   void reduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
-    check_args("reduce_scatter", n, t, op, true);
+    check_reduction("reduce_scatter", n, {t, op});
     if (!r) return;
+    const int64_t bytes = size() * n * dtype_size(t);
+    const Algorithm a = choose(Op::reduce_scatter, bytes, size());
     std::vector<char> tmp;
-    const bool ring_ok = use_ring(Op::reduce_scatter, size() * n * dtype_size(t));
-    // The ring reads send and writes recv as it goes: recv may be this member's own block of
-    // send (the in-place form) but must not overlap it elsewhere.
-    if (overlaps(s, r, n * size() * dtype_size(t)) &&
-        !(ring_ok && r == static_cast<const char*>(s) + rank() * n * dtype_size(t))) {
-      tmp.assign(static_cast<const char*>(s),
-                 static_cast<const char*>(s) + n * size() * dtype_size(t));
+    // nxd's algorithms read send and write recv as they go: recv may be this member's own block
+    // of send (the in-place form) but must not overlap it elsewhere.
+    if (overlaps(s, r, bytes) && !(a != Algorithm::native &&
+                                   r == static_cast<const char*>(s) + rank() * n * dtype_size(t))) {
+      tmp.assign(static_cast<const char*>(s), static_cast<const char*>(s) + bytes);
       s = tmp.data();
     }
-    if (ring_ok) return detail::ring_reduce_scatter(ring("reduce_scatter"), s, r, n, t, op);
+    if (a != Algorithm::native) {
+      detail::MpiTransport tr = transport("reduce_scatter");
+      return detail::run_reduce_scatter(a, tr, {s, r, n, t, op});
+    }
     check(MPI_Reduce_scatter_block(s, r, icount("reduce_scatter", n), datatype(t), mpi_op(op, t),
                                    comm_),
-          "reduce_scatter", n, t);
-    if (op == ReduceOp::avg) divide(r, n, t, size());
+          {"reduce_scatter", n, t});
+    if (op == ReduceOp::avg) divide(r, n, t);
   }
   void broadcast(void* b, int64_t n, DType t, int root) override {
-    check_args("broadcast", n, t, ReduceOp::sum, false);
+    check_count("broadcast", n);
     check_member("broadcast", "root", root);
     if (!b) return;
-    check(MPI_Bcast(b, icount("broadcast", n), datatype(t), root, comm_), "broadcast", n, t);
+    check(MPI_Bcast(b, icount("broadcast", n), datatype(t), root, comm_), {"broadcast", n, t});
   }
   void reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op, int root) override {
-    check_args("reduce", n, t, op, true);
+    check_reduction("reduce", n, {t, op});
     check_member("reduce", "root", root);
     if (!s) return;
     const void* snd = (rank() == root && s == r) ? MPI_IN_PLACE : s;
     check(MPI_Reduce(snd, r, icount("reduce", n), datatype(t), mpi_op(op, t), root, comm_),
-          "reduce", n, t);
-    if (op == ReduceOp::avg && rank() == root) divide(r, n, t, size());
+          {"reduce", n, t});
+    if (op == ReduceOp::avg && rank() == root) divide(r, n, t);
   }
   void all_to_all(const void* s, void* r, int64_t n, DType t) override {
-    check_args("all_to_all", n, t, ReduceOp::sum, false);
+    check_count("all_to_all", n);
     NXD_CHECK(!s || s != r, "[all_to_all] in-place all_to_all is not supported");
     if (!r) return;
     check(MPI_Alltoall(s, icount("all_to_all", n), datatype(t), r, icount("all_to_all", n),
                        datatype(t), comm_),
-          "all_to_all", n, t);
+          {"all_to_all", n, t});
   }
   void send(const void* b, int64_t n, DType t, int dst, int tag) override {
     check_member("send", "destination", dst);
     if (!b) return;
-    check(MPI_Send(b, icount("send", n), datatype(t), dst, tag, comm_), "send", n, t);
+    check(MPI_Send(b, icount("send", n), datatype(t), dst, tag, comm_), {"send", n, t});
   }
   void recv(void* b, int64_t n, DType t, int src, int tag) override {
     check_member("recv", "source", src);
     if (!b) return;
     MPI_Status st;
-    check(MPI_Recv(b, icount("recv", n), datatype(t), src, tag, comm_, &st), "recv", n, t);
+    check(MPI_Recv(b, icount("recv", n), datatype(t), src, tag, comm_, &st), {"recv", n, t});
     int got = 0;
     MPI_Get_count(&st, datatype(t), &got);
     NXD_CHECK_T(CommError, got == n, "[recv] rank ", ranks()[rank()], " expected ", t, " count ", n,
                 " from rank ", ranks()[src], " (tag ", tag, ", group ", group_str(),
                 "), got count ", got);
   }
-  void barrier() override { check(MPI_Barrier(comm_), "barrier", 0, DType::f32); }
+  void barrier() override { check(MPI_Barrier(comm_), {"barrier", 0, DType::f32}); }
 
   Work iall_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
-    check_args("all_reduce", n, t, op, true);
+    check_reduction("all_reduce", n, {t, op});
     if (!r) return Work();
-    if (use_ring(Op::all_reduce, n * dtype_size(t))) {  // runs now: see Tuning in mpi.h
+    if (choose(Op::all_reduce, n * dtype_size(t), size()) != Algorithm::native) {  // runs now
       all_reduce(s, r, n, t, op);
       return Work();
     }
     MPI_Request req;
     check(MPI_Iallreduce(s == r ? MPI_IN_PLACE : s, r, icount("iall_reduce", n), datatype(t),
                          mpi_op(op, t), comm_, &req),
-          "iall_reduce", n, t);
-    int p = size();
-    return work(req, RequestWork::Kind::collective,
-                op == ReduceOp::avg ? std::function<void()>([=] { divide(r, n, t, p); }) : nullptr,
-                "iall_reduce");
+          {"iall_reduce", n, t});
+    return work({req, RequestWork::Kind::collective, divide_after(r, n, {t, op})}, "iall_reduce");
   }
   Work iall_gather(const void* s, void* r, int64_t n, DType t) override {
-    check_args("all_gather", n, t, ReduceOp::sum, false);
+    check_count("all_gather", n);
     if (!r) return Work();
-    if (use_ring(Op::all_gather, size() * n * dtype_size(t))) {
+    if (choose(Op::all_gather, size() * n * dtype_size(t), size()) != Algorithm::native) {
       all_gather(s, r, n, t);
       return Work();
     }
@@ -268,13 +255,13 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     check(MPI_Iallgather(s == mine ? MPI_IN_PLACE : s, icount("iall_gather", n), datatype(t), r,
                          icount("iall_gather", n), datatype(t), comm_, &req),
-          "iall_gather", n, t);
-    return work(req, RequestWork::Kind::collective, nullptr, "iall_gather");
+          {"iall_gather", n, t});
+    return work({req, RequestWork::Kind::collective}, "iall_gather");
   }
   Work ireduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
-    check_args("reduce_scatter", n, t, op, true);
+    check_reduction("reduce_scatter", n, {t, op});
     if (!r) return Work();
-    if (use_ring(Op::reduce_scatter, size() * n * dtype_size(t))) {
+    if (choose(Op::reduce_scatter, size() * n * dtype_size(t), size()) != Algorithm::native) {
       reduce_scatter(s, r, n, t, op);
       return Work();
     }
@@ -283,39 +270,37 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     check(MPI_Ireduce_scatter_block(s, r, icount("ireduce_scatter", n), datatype(t), mpi_op(op, t),
                                     comm_, &req),
-          "ireduce_scatter", n, t);
-    int p = size();
-    return work(req, RequestWork::Kind::collective,
-                op == ReduceOp::avg ? std::function<void()>([=] { divide(r, n, t, p); }) : nullptr,
+          {"ireduce_scatter", n, t});
+    return work({req, RequestWork::Kind::collective, divide_after(r, n, {t, op})},
                 "ireduce_scatter");
   }
   Work ibroadcast(void* b, int64_t n, DType t, int root) override {
     check_member("ibroadcast", "root", root);
     if (!b) return Work();
     MPI_Request req;
-    check(MPI_Ibcast(b, icount("ibroadcast", n), datatype(t), root, comm_, &req), "ibroadcast", n,
-          t);
-    return work(req, RequestWork::Kind::collective, nullptr, "ibroadcast");
+    check(MPI_Ibcast(b, icount("ibroadcast", n), datatype(t), root, comm_, &req),
+          {"ibroadcast", n, t});
+    return work({req, RequestWork::Kind::collective}, "ibroadcast");
   }
   Work isend(const void* b, int64_t n, DType t, int dst, int tag) override {
     check_member("isend", "destination", dst);
     if (!b) return Work();
     MPI_Request req;
-    check(MPI_Isend(b, icount("isend", n), datatype(t), dst, tag, comm_, &req), "isend", n, t);
-    return work(req, RequestWork::Kind::send, nullptr, "isend");
+    check(MPI_Isend(b, icount("isend", n), datatype(t), dst, tag, comm_, &req), {"isend", n, t});
+    return work({req, RequestWork::Kind::send}, "isend");
   }
   Work irecv(void* b, int64_t n, DType t, int src, int tag) override {
     check_member("irecv", "source", src);
     if (!b) return Work();
     MPI_Request req;
-    check(MPI_Irecv(b, icount("irecv", n), datatype(t), src, tag, comm_, &req), "irecv", n, t);
-    return work(req, RequestWork::Kind::recv, nullptr, "irecv");
+    check(MPI_Irecv(b, icount("irecv", n), datatype(t), src, tag, comm_, &req), {"irecv", n, t});
+    return work({req, RequestWork::Kind::recv}, "irecv");
   }
 
   std::shared_ptr<Communicator> split(int color, int key) override {
     MPI_Comm nc = MPI_COMM_NULL;
-    check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &nc), "split", 0,
-          DType::i32);
+    check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &nc),
+          {"split", 0, DType::i32});
     if (nc == MPI_COMM_NULL) return nullptr;
     int r = 0, n = 0;
     MPI_Comm_rank(nc, &r);
@@ -336,40 +321,50 @@ class MpiCommunicator final : public Communicator {
               group_str());
     return static_cast<int>(n);
   }
-  void check(int rc, const char* op, int64_t n, DType t) const {
+  // The call an MPI error message names.
+  struct What {
+    const char* op;
+    int64_t count;
+    DType dtype;
+  };
+  void check(int rc, const What& w) const {
     if (rc == MPI_SUCCESS) return;
     char s[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, s, &len);
-    throw CommError(str("[", op, "] MPI error on group ", group_str(), " at rank ", ranks()[rank()],
-                        " (", t, ", count ", n, "): ", std::string(s, len)));
+    throw CommError(str("[", w.op, "] MPI error on group ", group_str(), " at rank ",
+                        ranks()[rank()], " (", w.dtype, ", count ", w.count,
+                        "): ", std::string(s, len)));
   }
-  Work work(MPI_Request req, RequestWork::Kind kind, std::function<void()> done,
-            const char* op) const {
+  // avg: MPI sums; nxd divides once by the group size afterwards (the reduction kernel, one
+  // source).
+  void divide(void* r, int64_t n, DType t) const {
+    if (r) reduce_buffers(r, {r}, n, {t, ReduceOp::avg, size()});
+  }
+  std::function<void()> divide_after(void* r, int64_t n, const Reduction& red) const {
+    if (red.op != ReduceOp::avg) return nullptr;
+    const int p = size();
+    return [=] { reduce_buffers(r, {r}, n, {red.dtype, ReduceOp::avg, p}); };
+  }
+  Work work(RequestWork::Request q, const char* op) const {
     return Work(std::make_shared<RequestWork>(
-        req, kind, std::move(done),
-        str("[", op, "] group ", group_str(), " rank ", ranks()[rank()])));
+        std::move(q), str("[", op, "] group ", group_str(), " rank ", ranks()[rank()])));
   }
-  bool use_ring(Op op, int64_t bytes) const { return algorithm_for(op, bytes, size())[0] == 'r'; }
-  detail::RingComm ring(const char* op) {
+  detail::MpiTransport transport(const char* op) {
     const Tuning tu = tuning();
-    what_ = str(op, " on group ", group_str(), " rank ", ranks()[rank()]);
-    return detail::RingComm{.comm = ring_comm_,
-                            .rank = rank(),
-                            .size = size(),
-                            .scratch = &scratch_,
-                            .partials = &partials_,
-                            .widened = &widened_,
-                            .chunk_bytes = tu.chunk_bytes,
-                            .depth = tu.depth,
-                            .what = what_.c_str()};
+    return detail::MpiTransport(
+        {.comm = p2p_comm_,
+         .rank = rank(),
+         .size = size(),
+         .pipeline = {.segment_bytes = tu.chunk_bytes, .depth = tu.depth},
+         .scratch = &scratch_,
+         .what = str(op, " on group ", group_str(), " rank ", ranks()[rank()])});
   }
   MPI_Comm comm_;
-  MPI_Comm ring_comm_ = MPI_COMM_NULL;
+  MPI_Comm p2p_comm_ = MPI_COMM_NULL;
   bool owned_;
-  // The ring's persistent buffers: allocated (and page-faulted) once, reused by every call.
-  std::vector<char> scratch_, partials_, widened_;
-  std::string what_;
+  // nxd's algorithms' persistent buffers: allocated (and page-faulted) once, reused by every call.
+  algorithms::Scratch scratch_;
 };
 
 void terminate_handler() {

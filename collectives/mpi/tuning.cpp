@@ -2,6 +2,7 @@
 // (mpi.h).
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "nxd/collectives/mpi/mpi.h"
 
@@ -38,6 +39,27 @@ int64_t parse_bytes(const char* var, const std::string& v) {
               "' is not a size in bytes (e.g. 262144, 256K, 16M)");
   return static_cast<int64_t>(x * mul);
 }
+
+int parse_depth(const std::string& d) {
+  size_t pos = 0;
+  int x = 0;
+  try {
+    x = std::stoi(d, &pos);
+  } catch (...) {
+  }
+  NXD_CHECK_T(ConfigError, pos == d.size() && x >= 1 && x <= 64, "[mpi] NXD_MPI_DEPTH='", d,
+              "' must be an integer in [1, 64]");
+  return x;
+}
+
+Algorithm parse_algorithm(const std::string& a) {
+  if (a == "auto") return Algorithm::automatic;
+  if (a == "mpi") return Algorithm::native;
+  if (a == "ring") return Algorithm::ring;
+  if (a == "rdh") return Algorithm::rdh;
+  throw ConfigError(str("[mpi] NXD_MPI_ALGO='", a, "' must be auto, mpi, ring or rdh"));
+}
+
 }  // namespace
 
 Tuning tuning() {
@@ -49,57 +71,67 @@ void set_tuning(const Tuning& t) {
             "[mpi::set_tuning] chunk_bytes ", t.chunk_bytes, " must be in [1, 1 GiB]");
   NXD_CHECK(t.depth >= 1 && t.depth <= 64, "[mpi::set_tuning] depth ", t.depth,
             " must be in [1, 64]");
-  NXD_CHECK(t.ring_min_bytes >= 0, "[mpi::set_tuning] ring_min_bytes ", t.ring_min_bytes,
-            " must be >= 0");
+  for (auto [name, v] :
+       {std::pair{"rdh_min_bytes", t.rdh_min_bytes}, std::pair{"ring_min_bytes", t.ring_min_bytes},
+        std::pair{"rs_ring_min_bytes", t.rs_ring_min_bytes},
+        std::pair{"ag_ring_min_bytes", t.ag_ring_min_bytes}})
+    NXD_CHECK(v >= 0, "[mpi::set_tuning] ", name, " ", v, " must be >= 0");
   g_tuning = t;
 }
 
 Tuning tuning_from_env() {
   Tuning t;
-  if (const char* v = std::getenv("NXD_MPI_ALGO")) {
-    const std::string a = v;
-    NXD_CHECK_T(ConfigError, a == "auto" || a == "mpi" || a == "ring", "[mpi] NXD_MPI_ALGO='", a,
-                "' must be auto, mpi or ring");
-    t.algorithm = a == "mpi"    ? Algorithm::native
-                  : a == "ring" ? Algorithm::ring
-                                : Algorithm::automatic;
-  }
-  if (const char* v = std::getenv("NXD_MPI_RS_RING_MIN"))
-    t.rs_ring_min_bytes = parse_bytes("NXD_MPI_RS_RING_MIN", v);
-  if (const char* v = std::getenv("NXD_MPI_RING_MIN"))
-    t.ring_min_bytes = parse_bytes("NXD_MPI_RING_MIN", v);
+  if (const char* v = std::getenv("NXD_MPI_ALGO")) t.algorithm = parse_algorithm(v);
+  for (auto [var, field] : {std::pair{"NXD_MPI_RDH_MIN", &t.rdh_min_bytes},
+                            std::pair{"NXD_MPI_RING_MIN", &t.ring_min_bytes},
+                            std::pair{"NXD_MPI_RS_RING_MIN", &t.rs_ring_min_bytes},
+                            std::pair{"NXD_MPI_AG_RING_MIN", &t.ag_ring_min_bytes}})
+    if (const char* v = std::getenv(var)) *field = parse_bytes(var, v);
   if (const char* v = std::getenv("NXD_MPI_CHUNK")) {
     t.chunk_bytes = parse_bytes("NXD_MPI_CHUNK", v);
     NXD_CHECK_T(ConfigError, t.chunk_bytes >= 1 && t.chunk_bytes <= (int64_t{1} << 30),
                 "[mpi] NXD_MPI_CHUNK='", v, "' must be between 1 byte and 1G");
   }
-  if (const char* v = std::getenv("NXD_MPI_DEPTH")) {
-    const std::string d = v;
-    size_t pos = 0;
-    int x = 0;
-    try {
-      x = std::stoi(d, &pos);
-    } catch (...) {
-    }
-    NXD_CHECK_T(ConfigError, pos == d.size() && x >= 1 && x <= 64, "[mpi] NXD_MPI_DEPTH='", d,
-                "' must be an integer in [1, 64]");
-    t.depth = x;
-  }
+  if (const char* v = std::getenv("NXD_MPI_DEPTH")) t.depth = parse_depth(v);
   return t;
 }
 
-const char* algorithm_for(Op op, int64_t bytes, int size) {
-  if (size < 2 || g_tuning.algorithm == Algorithm::native) return "mpi";
-  if (g_tuning.algorithm == Algorithm::ring) return "ring";
+Algorithm choose(Op op, int64_t bytes, int size) {
+  const Tuning& t = g_tuning;
+  if (size < 2 || t.algorithm == Algorithm::native) return Algorithm::native;
+  const bool pow2 = (size & (size - 1)) == 0;
+  // RDH's reduce_scatter and all_gather exist for power-of-two groups only.
+  if (t.algorithm == Algorithm::rdh && op != Op::all_reduce && !pow2) return Algorithm::ring;
+  if (t.algorithm != Algorithm::automatic) return t.algorithm;
   switch (op) {
     case Op::all_reduce:
-      return bytes >= g_tuning.ring_min_bytes ? "ring" : "mpi";
+      return bytes >= t.ring_min_bytes  ? Algorithm::ring
+             : bytes >= t.rdh_min_bytes ? Algorithm::rdh
+                                        : Algorithm::native;
     case Op::reduce_scatter:
-      return bytes >= g_tuning.rs_ring_min_bytes ? "ring" : "mpi";
+      return bytes >= t.rs_ring_min_bytes ? Algorithm::ring : Algorithm::native;
     case Op::all_gather:
-      return "mpi";
+      return bytes >= t.ag_ring_min_bytes ? Algorithm::ring : Algorithm::native;
   }
-  return "mpi";
+  return Algorithm::native;
+}
+
+const char* algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::automatic:
+      return "auto";
+    case Algorithm::native:
+      return "mpi";
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::rdh:
+      return "rdh";
+  }
+  return "?";
+}
+
+const char* algorithm_for(Op op, int64_t bytes, int size) {
+  return algorithm_name(choose(op, bytes, size));
 }
 
 }  // namespace nxd::mpi

@@ -13,28 +13,28 @@ class SelfCommunicator final : public Communicator {
   explicit SelfCommunicator(int global) : Communicator(0, {global}) {}
   const char* backend() const override { return "self"; }
   void all_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
-    check_args("all_reduce", n, t, op, true);
+    check_reduction("all_reduce", n, {t, op});
     copy(s, r, n, t);
   }
   void all_gather(const void* s, void* r, int64_t n, DType t) override {
-    check_args("all_gather", n, t, ReduceOp::sum, false);
+    check_count("all_gather", n);
     copy(s, r, n, t);
   }
   void reduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
-    check_args("reduce_scatter", n, t, op, true);
+    check_reduction("reduce_scatter", n, {t, op});
     copy(s, r, n, t);
   }
   void broadcast(void*, int64_t n, DType t, int root) override {
-    check_args("broadcast", n, t, ReduceOp::sum, false);
+    check_count("broadcast", n);
     check_member("broadcast", "root", root);
   }
   void reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op, int root) override {
-    check_args("reduce", n, t, op, true);
+    check_reduction("reduce", n, {t, op});
     check_member("reduce", "root", root);
     copy(s, r, n, t);
   }
   void all_to_all(const void* s, void* r, int64_t n, DType t) override {
-    check_args("all_to_all", n, t, ReduceOp::sum, false);
+    check_count("all_to_all", n);
     NXD_CHECK(s != r || !s, "[all_to_all] in-place all_to_all is not supported");
     copy(s, r, n, t);
   }

@@ -155,14 +155,15 @@ void SimCommunicator::do_item(const std::vector<CallDesc>& calls, int m, int64_t
         const int dk = k == 0 ? m : (k <= m ? k - 1 : k);  // member m's buffer first
         dsts_[k] = rcv(dk) + b * es;
       }
-      reduce_buffers_to(dsts_.data(), p, srcs_.data(), p, len, d.dtype, d.rop, p);
+      reduce_buffers_to({dsts_.data(), size_t(p)}, {srcs_.data(), size_t(p)}, len,
+                        {d.dtype, d.rop, p});
       break;
     }
     case CollKind::reduce_scatter: {
       const int64_t off = j * per_item, len = std::min(per_item, n - off);
       for (int k = 0; k < p; ++k) srcs_[k] = snd(k) + (m * n + off) * es;
       void* dst = rcv(m) + off * es;
-      reduce_buffers_to(&dst, 1, srcs_.data(), p, len, d.dtype, d.rop, p);
+      reduce_buffers_to({&dst, 1}, {srcs_.data(), size_t(p)}, len, {d.dtype, d.rop, p});
       break;
     }
     case CollKind::all_gather:
@@ -184,7 +185,7 @@ void SimCommunicator::do_item(const std::vector<CallDesc>& calls, int m, int64_t
       const int64_t off = j * per_item, len = std::min(per_item, n - off);
       for (int k = 0; k < p; ++k) srcs_[k] = snd(k) + off * es;
       void* dst = rcv(m) + off * es;
-      reduce_buffers_to(&dst, 1, srcs_.data(), p, len, d.dtype, d.rop, p);
+      reduce_buffers_to({&dst, 1}, {srcs_.data(), size_t(p)}, len, {d.dtype, d.rop, p});
       break;
     }
     default:
@@ -200,7 +201,10 @@ Work SimCommunicator::run(CallDesc d, bool async) {
   const DType t = d.dtype;
   const int root = d.root;
   const char* name = coll_kind_name(kind);
-  check_args(name, n, t, d.rop, d.reduces);
+  if (d.reduces)
+    check_reduction(name, n, {t, d.rop});
+  else
+    check_count(name, n);
   if (root >= 0 || kind == CollKind::broadcast || kind == CollKind::reduce)
     check_member(name, "root", root);
   SimClock* clock = current_sim_clock();

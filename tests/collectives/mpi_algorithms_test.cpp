@@ -1,7 +1,7 @@
-// The MPI backend's algorithms (mpi::Tuning): MPI's own collectives and nxd's pipelined ring,
-// each forced in turn, on all_reduce, reduce_scatter and all_gather against the serial
-// reference; dropped non-blocking Works under MPI; the NXD_MPI_* environment. The MPI cases run
-// when ctest starts the binary under mpirun (-np 2 and 4: groups of 2, 3 and 4).
+// The MPI backend's algorithms (mpi::Tuning): MPI's own collectives, nxd's pipelined ring and
+// recursive halving-doubling, each forced in turn, on all_reduce, reduce_scatter and all_gather
+// against the serial reference; dropped non-blocking Works under MPI; the NXD_MPI_* environment.
+// The MPI cases run when ctest starts the binary under mpirun (-np 2 and 4: groups of 2, 3 and 4).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "algorithm_checks.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "reference.h"
@@ -37,6 +38,7 @@ const AlgoCase kAlgoCases[] = {
     {mpi::Algorithm::ring, 24, 1, "ring chunk 24 B depth 1"},
     {mpi::Algorithm::ring, 40, 3, "ring chunk 40 B depth 3"},
     {mpi::Algorithm::ring, 1 << 20, 4, "ring chunk 1 MiB"},
+    {mpi::Algorithm::rdh, 1 << 20, 4, "rdh"},
 };
 
 // Restores the process-wide tuning when a test ends.
@@ -44,71 +46,6 @@ struct TuningGuard {
   mpi::Tuning saved = mpi::tuning();
   ~TuningGuard() { mpi::set_tuning(saved); }
 };
-
-// `ring`: also bitwise equal in place and out of place, blocking or not (nxd's ring reduces in
-// one order; OpenMPI picks different algorithms for those forms, so bf16 may differ there).
-void expect_all_reduce(Communicator& c, const std::string& what, DType t, ReduceOp op, int64_t n,
-                       bool nonblocking, bool ring) {
-  const int p = c.size();
-  Tensor ref = reference(p, n, t, op);
-  Tensor x = rank_tensor(c.rank(), n, t);
-  if (nonblocking)
-    c.iall_reduce(x.raw_data(), x.raw_data(), n, t, op).wait();
-  else
-    c.all_reduce(x.raw_data(), x.raw_data(), n, t, op);
-  EXPECT_TRUE(::nxd::testing::close_rel(x, ref, tol(t), what + " in place"));
-  expect_same_on_all_ranks(c, x);
-  Tensor in = rank_tensor(c.rank(), n, t), y = empty({n}, t);
-  c.all_reduce(in.raw_data(), y.raw_data(), n, t, op);
-  if (ring) {
-    EXPECT_EQ(0, std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()))
-        << what << ": in place and out of place differ";
-  } else {
-    EXPECT_TRUE(::nxd::testing::close_rel(y, ref, tol(t), what + " out of place"));
-  }
-  EXPECT_BITWISE_EQ(in, rank_tensor(c.rank(), n, t));  // the input is left alone
-}
-
-void expect_reduce_scatter(Communicator& c, const std::string& what, DType t, ReduceOp op,
-                           int64_t n, bool nonblocking, bool ring) {
-  const int p = c.size(), r = c.rank();
-  const int64_t es = dtype_size(t);
-  Tensor ref = reference(p, p * n, t, op).narrow(0, r * n, n).contiguous();
-  Tensor x = rank_tensor(r, p * n, t), out = empty({n}, t);
-  if (nonblocking)
-    c.ireduce_scatter(x.raw_data(), out.raw_data(), n, t, op).wait();
-  else
-    c.reduce_scatter(x.raw_data(), out.raw_data(), n, t, op);
-  EXPECT_TRUE(::nxd::testing::close_rel(out, ref, tol(t), what));
-  EXPECT_BITWISE_EQ(x, rank_tensor(r, p * n, t));
-  // In place: the result lands in this member's own block of the input.
-  char* own = static_cast<char*>(x.raw_data()) + r * n * es;
-  c.reduce_scatter(x.raw_data(), own, n, t, op);
-  Tensor got = x.narrow(0, r * n, n).contiguous();
-  if (ring)
-    EXPECT_TRUE(::nxd::testing::bitwise_equal(got, out, what + " in place"));
-  else
-    EXPECT_TRUE(::nxd::testing::close_rel(got, ref, tol(t), what + " in place"));
-}
-
-void expect_all_gather(Communicator& c, const std::string& what, DType t, int64_t n,
-                       bool nonblocking) {
-  const int p = c.size(), r = c.rank();
-  std::vector<Tensor> parts;
-  for (int q = 0; q < p; ++q) parts.push_back(rank_tensor(q, n, t, 1000 * q));
-  Tensor want = cat_raw(parts, 0);
-  Tensor x = rank_tensor(r, n, t, 1000 * r), out = empty({p * n}, t);
-  if (nonblocking)
-    c.iall_gather(x.raw_data(), out.raw_data(), n, t).wait();
-  else
-    c.all_gather(x.raw_data(), out.raw_data(), n, t);
-  EXPECT_TRUE(::nxd::testing::bitwise_equal(out, want, what));
-  Tensor in_place = zeros({p * n}, t);
-  in_place.narrow(0, r * n, n).copy_(x);
-  c.all_gather(static_cast<char*>(in_place.raw_data()) + r * n * dtype_size(t), in_place.raw_data(),
-               n, t);
-  EXPECT_TRUE(::nxd::testing::bitwise_equal(in_place, want, what + " in place"));
-}
 
 }  // namespace
 
@@ -120,19 +57,26 @@ TEST(Coll, MpiAlgorithmsMatchTheReference) {
     for (int p = 2; p <= max_ranks(); ++p) {
       run_ranks(p, [&] {
         Communicator& c = world();
+        // rdh's all_gather and reduce_scatter exist for power-of-two groups; the ring elsewhere.
+        const bool pow2 = (p & (p - 1)) == 0;
         ASSERT_STREQ(mpi::algorithm_for(mpi::Op::all_gather, 1, p),
-                     k.algorithm == mpi::Algorithm::ring ? "ring" : "mpi");
+                     k.algorithm == mpi::Algorithm::native        ? "mpi"
+                     : k.algorithm == mpi::Algorithm::rdh && pow2 ? "rdh"
+                                                                  : "ring");
         for (DType t : kDtypes)
           for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{257}}) {  // below, at, above p
             const bool nb = n == 3;  // the non-blocking forms once per dtype
             for (ReduceOp op : ops_for(t)) {
               const std::string what = str(k.name, " p=", p, " ", t, " ", reduce_op_name(op),
                                            " n=", n, nb ? " non-blocking" : "");
-              const bool ring = k.algorithm == mpi::Algorithm::ring;
-              expect_all_reduce(c, "all_reduce " + what, t, op, n, nb, ring);
-              expect_reduce_scatter(c, "reduce_scatter " + what, t, op, n, nb, ring);
+              const bool ring = k.algorithm != mpi::Algorithm::native;  // nxd's: one order
+              expect_all_reduce(c, {"all_reduce " + what, t, op, n, nb, ring});
+              expect_reduce_scatter(c, {"reduce_scatter " + what, t, op, n, nb, ring});
             }
-            expect_all_gather(c, str("all_gather ", k.name, " p=", p, " ", t, " n=", n), t, n, nb);
+            expect_all_gather(c, {.what = str("all_gather ", k.name, " p=", p, " ", t, " n=", n),
+                                  .dtype = t,
+                                  .count = n,
+                                  .nonblocking = nb});
           }
       });
     }
@@ -173,10 +117,21 @@ TEST(Coll, MpiTuningFromTheEnvironment) {
     EXPECT_EQ(t.ring_min_bytes, 2 << 20);
     EXPECT_EQ(t.depth, 3);
   }
-  for (auto [var, bad, says] : {std::tuple{"NXD_MPI_ALGO", "fast", "must be auto, mpi or ring"},
-                                std::tuple{"NXD_MPI_CHUNK", "12X", "'12X' is not a size"},
-                                std::tuple{"NXD_MPI_CHUNK", "0", "between 1 byte and 1G"},
-                                std::tuple{"NXD_MPI_DEPTH", "2.5", "integer in [1, 64]"}}) {
+  {
+    Env a("NXD_MPI_ALGO", "rdh"), b("NXD_MPI_RDH_MIN", "96K"), c("NXD_MPI_RS_RING_MIN", "1K"),
+        d("NXD_MPI_AG_RING_MIN", "8M");
+    mpi::Tuning t = mpi::tuning_from_env();
+    EXPECT_EQ(t.algorithm, mpi::Algorithm::rdh);
+    EXPECT_EQ(t.rdh_min_bytes, 96 << 10);
+    EXPECT_EQ(t.rs_ring_min_bytes, 1 << 10);
+    EXPECT_EQ(t.ag_ring_min_bytes, 8 << 20);
+  }
+  for (auto [var, bad, says] :
+       {std::tuple{"NXD_MPI_ALGO", "fast", "must be auto, mpi, ring or rdh"},
+        std::tuple{"NXD_MPI_CHUNK", "12X", "'12X' is not a size"},
+        std::tuple{"NXD_MPI_AG_RING_MIN", "-1", "'-1' is not a size"},
+        std::tuple{"NXD_MPI_CHUNK", "0", "between 1 byte and 1G"},
+        std::tuple{"NXD_MPI_DEPTH", "2.5", "integer in [1, 64]"}}) {
     Env e(var, bad);
     try {
       mpi::tuning_from_env();

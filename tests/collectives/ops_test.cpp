@@ -348,7 +348,7 @@ TEST(Coll, RingAlgorithmsOverPointToPoint) {
       Communicator& c = world();
       expect_all_reduce_algorithm(c, "ring",
                                   [](Communicator& g, void* buf, int64_t n, DType t, ReduceOp op) {
-                                    algorithms::ring_all_reduce(g, buf, n, t, op);
+                                    algorithms::ring_all_reduce(g, {buf, buf, n, t, op});
                                   });
       for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{17}}) {
         auto [b, e] = algorithms::chunk_range(n, p, c.rank());
@@ -364,28 +364,26 @@ TEST(Coll, RecursiveHalvingDoublingOverPointToPoint) {
       Communicator& c = world();
       expect_all_reduce_algorithm(c, "rdh",
                                   [](Communicator& g, void* buf, int64_t n, DType t, ReduceOp op) {
-                                    algorithms::rdh_all_reduce(g, buf, n, t, op);
+                                    algorithms::rdh_all_reduce(g, {buf, buf, n, t, op});
                                   });
       if ((p & (p - 1)) != 0) {
-        EXPECT_THROW(algorithms::rdh_all_gather(c, nullptr, 4, DType::f32), InvalidArgument);
+        Tensor in = zeros({4}), out = zeros({4 * p});
+        EXPECT_THROW(algorithms::rdh_all_gather(c, {in.raw_data(), out.raw_data(), 4, DType::f32}),
+                     InvalidArgument);
         return;
       }
-      // Power-of-two groups: the two halves on their own.
+      // Power-of-two groups: the two halves on their own (per-member counts).
       for (int64_t n : {int64_t{3}, int64_t{37}}) {
-        Tensor x = rank_tensor(c.rank(), n, DType::f64);
-        algorithms::rdh_reduce_scatter(c, x.raw_data(), n, DType::f64, ReduceOp::sum);
-        auto [b, e] = algorithms::chunk_range(n, p, c.rank());
+        const int r = c.rank();
+        Tensor x = rank_tensor(r, p * n, DType::f64), mine = empty({n}, DType::f64);
+        algorithms::rdh_reduce_scatter(c, {x.raw_data(), mine.raw_data(), n, DType::f64});
         EXPECT_CLOSE_REL(
-            x.narrow(0, b, e - b).contiguous(),
-            reference(p, n, DType::f64, ReduceOp::sum).narrow(0, b, e - b).contiguous(), 1e-12);
-        Tensor g = zeros({n}, DType::i64);
-        g.narrow(0, b, e - b).copy_(rank_tensor(c.rank(), n, DType::i64).narrow(0, b, e - b));
-        algorithms::rdh_all_gather(c, g.raw_data(), n, DType::i64);
+            mine, reference(p, p * n, DType::f64, ReduceOp::sum).narrow(0, r * n, n).contiguous(),
+            1e-12);
+        Tensor own = rank_tensor(r, n, DType::i64, r * n), g = zeros({p * n}, DType::i64);
+        algorithms::rdh_all_gather(c, {own.raw_data(), g.raw_data(), n, DType::i64});
         std::vector<Tensor> parts;
-        for (int r = 0; r < p; ++r) {
-          auto [rb, re] = algorithms::chunk_range(n, p, r);
-          parts.push_back(rank_tensor(r, n, DType::i64).narrow(0, rb, re - rb).contiguous());
-        }
+        for (int q = 0; q < p; ++q) parts.push_back(rank_tensor(q, n, DType::i64, q * n));
         EXPECT_BITWISE_EQ(g, cat_raw(parts, 0));
       }
     });

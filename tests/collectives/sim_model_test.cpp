@@ -291,13 +291,13 @@ TEST(SimCost, RecursiveHalvingDoublingMatchesClosedForm) {
       return res.sim_seconds();
     };
     const double t_rdh = run(Algorithm::automatic, [&](Communicator& c, Tensor& x) {
-      algorithms::rdh_all_reduce(c, x.raw_data(), n, DType::f32, ReduceOp::sum);
+      algorithms::rdh_all_reduce(c, {x.raw_data(), x.raw_data(), n, DType::f32});
     });
     EXPECT_NEAR(t_rdh, rdh_all_reduce_time(p, bytes, alpha, B), 1e-12) << "p=" << p;
     EXPECT_DOUBLE_EQ(rdh_all_reduce_time(p, bytes, alpha, B),
                      2 * std::log2(p) * alpha + 2.0 * (p - 1) / p * bytes / B);
     const double t_ring = run(Algorithm::automatic, [&](Communicator& c, Tensor& x) {
-      algorithms::ring_all_reduce(c, x.raw_data(), n, DType::f32, ReduceOp::sum);
+      algorithms::ring_all_reduce(c, {x.raw_data(), x.raw_data(), n, DType::f32});
     });
     EXPECT_NEAR(t_ring, ring_all_reduce_time(p, bytes, alpha, B), 1e-12) << "p=" << p;
     const double t_model =
