@@ -71,7 +71,7 @@ void Communicator::check_count(const char* op, int64_t count) const {
             rank_);
 }
 
-void Communicator::check_reduction(const char* op, int64_t count, const Reduction& r) const {
+void Communicator::check_reduction(const char* op, int64_t count, const ReduceSpec& r) const {
   check_count(op, count);
   NXD_CHECK(r.op != ReduceOp::avg || is_floating(r.dtype), "[", op,
             "] avg needs a floating dtype, got ", r.dtype, " on group ", group_str());

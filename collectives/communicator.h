@@ -135,7 +135,7 @@ class Communicator {
   // Checks shared by the backends; throw InvalidArgument naming `op`: a count >= 0, and for a
   // reduction also a floating dtype for avg.
   void check_count(const char* op, int64_t count) const;
-  void check_reduction(const char* op, int64_t count, const Reduction& r) const;
+  void check_reduction(const char* op, int64_t count, const ReduceSpec& r) const;
   void check_member(const char* op, const char* what, int r) const;
 
  private:

@@ -83,7 +83,7 @@ class Rdh {
       exchange({const_cast<char*>(from) + s0 * es_, sn, t_}, {tmp, kn, t_}, me_ ^ d);
       char* kept = d == 1 && h.last ? h.last : h.work + k0 * es_;
       const char* own = from + k0 * es_;
-      const Reduction red{t_, d == 1 ? h.op : step, h.divisor};
+      const ReduceSpec red{t_, d == 1 ? h.op : step, h.divisor};
       if (lower)
         reduce_buffers(kept, {own, tmp}, kn, red);
       else

@@ -145,7 +145,7 @@ void reduce_typed(void* const* dsts, int nd, const void* const* srcs, int ns, in
 }  // namespace
 
 void reduce_buffers_to(std::span<void* const> dst_span, std::span<const void* const> src_span,
-                       int64_t count, const Reduction& r) {
+                       int64_t count, const ReduceSpec& r) {
   NXD_INTERNAL_CHECK(!src_span.empty(), "reduce_buffers without sources");
   if (count <= 0 || dst_span.empty()) return;
   void* const* dsts = dst_span.data();
@@ -168,7 +168,7 @@ void reduce_buffers_to(std::span<void* const> dst_span, std::span<const void* co
 }
 
 void reduce_buffers(void* dst, std::initializer_list<const void*> srcs, int64_t count,
-                    const Reduction& r) {
+                    const ReduceSpec& r) {
   reduce_buffers_to({&dst, 1}, {srcs.begin(), srcs.size()}, count, r);
 }
 

@@ -12,7 +12,7 @@ namespace nxd {
 enum class ReduceOp : uint8_t { sum, avg, max, min };
 
 // How a call combines values: element type, op, and the divisor of avg (the group size).
-struct Reduction {
+struct ReduceSpec {
   DType dtype = DType::f32;
   ReduceOp op = ReduceOp::sum;
   int divisor = 1;
@@ -21,11 +21,11 @@ struct Reduction {
 // dst[i] = op(srcs[0][i], ..., srcs[k-1][i]) in source order (bf16 accumulates in f32 and rounds
 // once; avg divides by r.divisor). dst may alias a source at the same offsets.
 void reduce_buffers(void* dst, std::initializer_list<const void*> srcs, int64_t count,
-                    const Reduction& r);
+                    const ReduceSpec& r);
 // The same result written to every destination in one pass (L1-sized blocks: every source block
 // is combined, then stored to every destination). A destination may alias a source at the same
 // offsets.
 void reduce_buffers_to(std::span<void* const> dsts, std::span<const void* const> srcs,
-                       int64_t count, const Reduction& r);
+                       int64_t count, const ReduceSpec& r);
 
 }  // namespace nxd

@@ -96,7 +96,7 @@ class Ring {
       char* out = plan.all_reduce ? plan.dst + ch(k).first * es_
                   : last          ? plan.dst
                                   : plan.partials + (s % 2) * ch(k).second * es_;
-      const Reduction red{t_, last ? plan.op : step_op, p_};
+      const ReduceSpec red{t_, last ? plan.op : step_op, p_};
       for (int64_t j = 0; j < std::min<int64_t>(depth_, ns); ++j) recv(j, seg_len(n, j), rq);
       for (int64_t j = 0; j < ns; ++j) {
         tr_.wait(rq[j % depth_]);

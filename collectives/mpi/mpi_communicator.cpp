@@ -341,7 +341,7 @@ class MpiCommunicator final : public Communicator {
   void divide(void* r, int64_t n, DType t) const {
     if (r) reduce_buffers(r, {r}, n, {t, ReduceOp::avg, size()});
   }
-  std::function<void()> divide_after(void* r, int64_t n, const Reduction& red) const {
+  std::function<void()> divide_after(void* r, int64_t n, const ReduceSpec& red) const {
     if (red.op != ReduceOp::avg) return nullptr;
     const int p = size();
     return [=] { reduce_buffers(r, {r}, n, {red.dtype, ReduceOp::avg, p}); };
