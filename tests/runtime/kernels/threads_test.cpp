@@ -12,6 +12,7 @@
 #include "nxd/runtime/kernels/cross_entropy.h"
 #include "nxd/runtime/kernels/elementwise.h"
 #include "nxd/runtime/kernels/embedding.h"
+#include "nxd/runtime/kernels/flash_attention.h"
 #include "nxd/runtime/kernels/norm.h"
 #include "nxd/runtime/kernels/rotary.h"
 #include "nxd/runtime/kernels/softmax.h"
@@ -182,6 +183,25 @@ TEST_P(KernelThreads, Attention) {
       Tensor dq = empty_like(q), dk = empty_like(kk), dv = empty_like(v);
       k::attention_backward(dq, dk, dv, g, q, kk, v, o, p, causal, 0);
       return std::vector<Tensor>{o, p, o2, dq, dk, dv};
+    });
+  }
+}
+
+TEST_P(KernelThreads, FlashAttention) {
+  const DType dt = GetParam();
+  // 3 query blocks, the last one short; Sk > Sq; GQA 2 (forward units per query block, backward
+  // units per kv head)
+  const int64_t B = 2, hq = 4, hkv = 2, sq = 150, sk = 170, D = 48;
+  Tensor q = randn({B, hq, sq, D}, dt, 25), kk = randn({B, hkv, sk, D}, dt, 26),
+         v = randn({B, hkv, sk, D}, dt, 27), g = randn({B, hq, sq, D}, dt, 28);
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    expect_thread_invariant([&] {
+      Tensor o = empty({B, hq, sq, D}, dt), lse = empty({B, hq, sq}, dt);
+      k::flash_attention_forward(o, lse, q, kk, v, causal, 0);
+      Tensor dq = empty_like(q), dk = empty_like(kk), dv = empty_like(v);
+      k::flash_attention_backward(dq, dk, dv, g, q, kk, v, o, lse, causal, 0);
+      return std::vector<Tensor>{o, lse, dq, dk, dv};
     });
   }
 }

@@ -1,0 +1,244 @@
+#include "nxd/runtime/kernels/flash_attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/kernels/attention_common.h"
+
+namespace nxd::kernels {
+
+using namespace detail;
+
+namespace {
+
+constexpr int64_t kB = kFlashBlock;
+
+// Keys of block [j0, j0 + cols) that query row i sees: a prefix of the block.
+inline int64_t visible(const Dims& d, bool causal, int64_t i, int64_t j0, int64_t cols) {
+  if (!causal) return cols;
+  return std::clamp<int64_t>(i + d.sk - d.sq + 1 - j0, 0, cols);
+}
+
+// Keys [0, end) some row of the query block [i0, i0 + rows) sees.
+inline int64_t key_end(const Dims& d, bool causal, int64_t i0, int64_t rows) {
+  return causal ? std::min(d.sk, i0 + rows + d.sk - d.sq) : d.sk;
+}
+
+template <class T>
+struct Operands {
+  Mat<T> q, k, v, o;
+};
+
+// A [kB, kB] block in memory from Eigen's aligned allocator: every row starts at a multiple of
+// kB elements, so Eigen's vectorized exp takes the same path on a row whatever the thread (its
+// unaligned head would be computed by the scalar exp).
+template <class T>
+using Block = Arr<T>;
+
+// exp(s - shift) on the first `valid` entries of row s, zero on the rest up to cols.
+template <class T>
+void exp_row(T* s, int64_t valid, int64_t cols, T shift) {
+  if (valid > 0) {
+    ArrMap<T> r(s, valid);
+    r = (r - shift).exp();
+  }
+  std::fill(s + valid, s + cols, T(0));
+}
+
+// One (batch, query head, query block): O and the rows' log-sum-exp, streaming key blocks.
+template <class T>
+void forward_block(const Dims& d, bool causal, const Operands<T>& x, T* lse, int64_t b, int64_t h,
+                   int64_t i0, Block<T>& s, Arr<T>& m, Arr<T>& l) {
+  const int64_t g = h / d.group, rows = std::min(kB, d.sq - i0);
+  const int64_t kend = key_end(d, causal, i0, rows);
+  const T* qb = x.q.at(b, h) + i0 * x.q.ld;
+  T* ob = x.o.at(b, h) + i0 * x.o.ld;
+  for (int64_t r = 0; r < rows; ++r) std::fill(ob + r * x.o.ld, ob + r * x.o.ld + d.d, T(0));
+  m.head(rows).setConstant(-std::numeric_limits<T>::infinity());
+  l.head(rows).setZero();
+  for (int64_t j0 = 0; j0 < kend; j0 += kB) {
+    const int64_t cols = std::min(kB, kend - j0);
+    gemm<T>(false, true, rows, cols, d.d, T(d.scale), qb, x.q.ld, x.k.at(b, g) + j0 * x.k.ld,
+            x.k.ld, T(0), s.data(), kB);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* sr = s.data() + r * kB;
+      const int64_t valid = visible(d, causal, i0 + r, j0, cols);
+      T mx = m[r];
+      for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, sr[c]);
+      exp_row(sr, valid, cols, mx);
+      if (valid == 0) continue;             // mx == m[r]: nothing to rescale
+      const T alpha = std::exp(m[r] - mx);  // 0 on the first block a row sees
+      l[r] = l[r] * alpha + sum_of(sr, valid);
+      m[r] = mx;
+      if (alpha != T(1)) ArrMap<T>(ob + r * x.o.ld, d.d) *= alpha;
+    }
+    gemm<T>(false, false, rows, d.d, cols, T(1), s.data(), kB, x.v.at(b, g) + j0 * x.v.ld, x.v.ld,
+            T(1), ob, x.o.ld);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    // a row that sees no key (only without keys at all) gets zeros and lse -inf
+    const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
+    ArrMap<T>(ob + r * x.o.ld, d.d) *= inv;
+    if (lse) lse[i0 + r] = m[r] + std::log(l[r]);
+  }
+}
+
+template <class T>
+struct Grads {
+  Mat<T> dout, dq, dk, dv;
+};
+
+// Scratch of one backward unit.
+template <class T>
+struct BwdScratch {
+  Block<T> p{kB * kB}, ds{kB * kB};
+  Arr<T> delta;  // rowsum(dO * O) of the group's query rows, [group, Sq]
+};
+
+// One query block i0 of head h against key block j0 of kv head g: recomputes P from lse and
+// accumulates dV[j], dQ[i] and dK[j].
+template <class T>
+void backward_block(const Dims& d, bool causal, const Operands<T>& x, const Grads<T>& y,
+                    const T* lse, const T* delta, int64_t b, int64_t h, int64_t i0, int64_t j0,
+                    BwdScratch<T>& w) {
+  const int64_t g = h / d.group, rows = std::min(kB, d.sq - i0), cols = std::min(kB, d.sk - j0);
+  const T* qb = x.q.at(b, h) + i0 * x.q.ld;
+  const T* gb = y.dout.at(b, h) + i0 * y.dout.ld;
+  const T* kb = x.k.at(b, g) + j0 * x.k.ld;
+  const T* vb = x.v.at(b, g) + j0 * x.v.ld;
+  T* p = w.p.data();
+  T* ds = w.ds.data();
+  gemm<T>(false, true, rows, cols, d.d, T(d.scale), qb, x.q.ld, kb, x.k.ld, T(0), p, kB);
+  for (int64_t r = 0; r < rows; ++r)
+    exp_row(p + r * kB, visible(d, causal, i0 + r, j0, cols), cols, lse[i0 + r]);
+  // dV[j] += P^T dO ; dP = dO V^T
+  gemm<T>(true, false, cols, d.d, rows, T(1), p, kB, gb, y.dout.ld, T(1),
+          y.dv.at(b, g) + j0 * y.dv.ld, y.dv.ld);
+  gemm<T>(false, true, rows, cols, d.d, T(1), gb, y.dout.ld, vb, x.v.ld, T(0), ds, kB);
+  // dS = P * (dP - D), zero where masked (P is)
+  for (int64_t r = 0; r < rows; ++r) {
+    ArrMap<T> dsr(ds + r * kB, cols);
+    dsr = CArrMap<T>(p + r * kB, cols) * (dsr - delta[i0 + r]);
+  }
+  // dQ[i] += scale dS K ; dK[j] += scale dS^T Q
+  gemm<T>(false, false, rows, d.d, cols, T(d.scale), ds, kB, kb, x.k.ld, T(1),
+          y.dq.at(b, h) + i0 * y.dq.ld, y.dq.ld);
+  gemm<T>(true, false, cols, d.d, rows, T(d.scale), ds, kB, qb, x.q.ld, T(1),
+          y.dk.at(b, g) + j0 * y.dk.ld, y.dk.ld);
+}
+
+// One (batch, kv head): zeroes its dK, dV and its query heads' dQ, then key block by key block,
+// head by head, query block by query block (the fixed summation order).
+template <class T>
+void backward_unit(const Dims& d, bool causal, const Operands<T>& x, const Grads<T>& y,
+                   const T* lse, int64_t b, int64_t g, BwdScratch<T>& w) {
+  auto zero_rows = [&](const Mat<T>& m, int64_t hh, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) std::fill_n(m.at(b, hh) + i * m.ld, d.d, T(0));
+  };
+  zero_rows(y.dk, g, d.sk);
+  zero_rows(y.dv, g, d.sk);
+  w.delta.resize(d.group * d.sq);
+  for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
+    zero_rows(y.dq, h, d.sq);
+    T* delta = w.delta.data() + (h - g * d.group) * d.sq;
+    for (int64_t i = 0; i < d.sq; ++i) {
+      CArrMap<T> go(y.dout.at(b, h) + i * y.dout.ld, d.d), o(x.o.at(b, h) + i * x.o.ld, d.d);
+      delta[i] = (go * o).sum();
+    }
+  }
+  const int64_t off = causal ? d.sk - d.sq : 0;
+  for (int64_t j0 = 0; j0 < d.sk; j0 += kB) {
+    // the first query block with a row that sees key j0
+    const int64_t first = causal ? std::max<int64_t>(0, j0 - off) / kB * kB : 0;
+    for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
+      const T* lse_h = lse + (b * d.hq + h) * d.sq;
+      const T* delta = w.delta.data() + (h - g * d.group) * d.sq;
+      for (int64_t i0 = first; i0 < d.sq; i0 += kB)
+        backward_block<T>(d, causal, x, y, lse_h, delta, b, h, i0, j0, w);
+    }
+  }
+}
+
+}  // namespace
+
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, bool causal, double scale) {
+  const char* op = "flash_attention_forward";
+  Dims d = check_attention(op, q, k, v, causal, scale);
+  check_out4(op, "out", out, q.shape(), q.dtype());
+  if (lse.defined()) {
+    Shape ls{d.b, d.hq, d.sq};
+    NXD_CHECK_SHAPE(lse.shape() == ls && lse.dtype() == q.dtype(), "[", op, "] lse is ", lse.desc(),
+                    ", expected ", dtype_name(q.dtype()), shape_str(ls));
+    NXD_CHECK(lse.is_meta() || lse.is_contiguous(), "[", op, "] lse must be contiguous, got ",
+              lse.desc());
+  }
+  // the flops of the materialized kernel plus the online rescaling; HBM traffic is q, k, v, out
+  // and lse (the scores stay on chip)
+  const double bh = double(d.b * d.hq);
+  charge_compute(op, bh * (4.0 * d.sq * d.sk * d.d + 6.0 * d.sq * d.sk + 2.0 * d.sq * d.d),
+                 double(q.element_size()) * (2.0 * q.numel() + 2.0 * k.numel() + bh * d.sq),
+                 blas::matmul_compute_dtype(q.dtype()));
+  if (meta_only(op, out, {q, k, v, lse}) || out.numel() == 0) return;
+  Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v);
+  const int64_t nblk = (d.sq + kB - 1) / kB;
+  dispatch_float(op, q, [&]<class T>() {
+    Operands<T> x{mat<T>(qc), mat<T>(kc), mat<T>(vc), mat<T>(out)};
+    T* lse_p = lse.defined() ? lse.data<T>() : nullptr;
+    const double cost = 4.0 * std::min(kB, d.sq) * d.sk * d.d;
+    for_units<T>(d.b * d.hq * nblk, cost, [&](int64_t u0, int64_t u1) {
+      Block<T> s(kB * kB);
+      Arr<T> m(kB), l(kB);
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t bh_u = u / nblk, i0 = (u % nblk) * kB;
+        forward_block<T>(d, causal, x, lse_p ? lse_p + bh_u * d.sq : nullptr, bh_u / d.hq,
+                         bh_u % d.hq, i0, s, m, l);
+      }
+    });
+  });
+}
+
+void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, bool causal, double scale) {
+  const char* op = "flash_attention_backward";
+  Dims d = check_attention(op, q, k, v, causal, scale);
+  check_out4(op, "dq", dq, q.shape(), q.dtype());
+  check_out4(op, "dk", dk, k.shape(), q.dtype());
+  check_out4(op, "dv", dv, v.shape(), q.dtype());
+  check_same(op, "dout", dout, q);
+  check_same(op, "out", out, q);
+  Shape ls{d.b, d.hq, d.sq};
+  NXD_CHECK_SHAPE(lse.defined() && lse.shape() == ls && lse.dtype() == q.dtype(), "[", op,
+                  "] lse is ", lse.defined() ? lse.desc() : "undefined", ", expected ",
+                  dtype_name(q.dtype()), shape_str(ls));
+  // the materialized backward's flops plus the recomputed scores and exponentials; HBM traffic
+  // is the operands, their gradients and lse
+  const double bh = double(d.b * d.hq);
+  charge_compute(op, bh * (10.0 * d.sq * d.sk * d.d + 8.0 * d.sq * d.sk + 2.0 * d.sq * d.d),
+                 double(q.element_size()) * (5.0 * q.numel() + 4.0 * k.numel() + bh * d.sq),
+                 blas::matmul_compute_dtype(q.dtype()));
+  if (meta_only(op, dq, {dout, q, k, v, out, lse})) return;
+  if (dq.numel() == 0 || dk.numel() == 0) {
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return;
+  }
+  Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v), oc = gemm_input(out),
+         gc = gemm_input(dout), lc = in(lse);
+  dispatch_float(op, q, [&]<class T>() {
+    Operands<T> x{mat<T>(qc), mat<T>(kc), mat<T>(vc), mat<T>(oc)};
+    Grads<T> y{mat<T>(gc), mat<T>(dq), mat<T>(dk), mat<T>(dv)};
+    const T* lse_p = lc.data<T>();
+    const double cost = 10.0 * d.group * d.sq * d.sk * d.d;
+    for_units<T>(d.b * d.hkv, cost, [&](int64_t u0, int64_t u1) {
+      BwdScratch<T> w;
+      for (int64_t u = u0; u < u1; ++u)
+        backward_unit<T>(d, causal, x, y, lse_p, u / d.hkv, u % d.hkv, w);
+    });
+  });
+}
+
+}  // namespace nxd::kernels
