@@ -3,7 +3,8 @@
 // run, interleaved), at S in {128, 512, 2048} and head dim in {48, 64, 128}, batch 1.
 //
 //   nxd-bench-attention [--heads H] [--kv-heads K] [--threads T] [--precision fp32|bf16]
-//                       [--quick]
+//                       [--quick] [--blocks]
+// --blocks first times one 64x64 score block through blas::sgemm against a hand-written loop.
 // One line per case: s=... d=... fused_ms=... materialized_ms=... speedup=... (materialized /
 // fused median wall time) fused_peak_mb=... materialized_peak_mb=... peak_ratio=... The peak is
 // the host allocator's peak bytes during one forward + backward above what was live before it
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "bench_util.h"
 #include "nxd/autograd/ops.h"
@@ -55,6 +57,48 @@ int64_t step(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor&
   return mem.peak() - before;
 }
 
+// The score block of the fused kernels, S[64, 64] = Q[64, D] K[64, D]^T, two ways: blas::sgemm
+// (what the kernels call; Eigen's GEBP with packing) and a hand-written loop (K transposed into
+// a [D, 64] panel, then per row 64 accumulators in registers, the compiler's vectorization).
+void qk_hand(float* s, const float* q, const float* k, int64_t d, float* kt) {
+  constexpr int64_t n = 64;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t e = 0; e < d; ++e) kt[e * n + j] = k[j * d + e];
+  for (int64_t i = 0; i < n; i += 2) {
+    float a0[n] = {}, a1[n] = {};
+    for (int64_t e = 0; e < d; ++e) {
+      const float x0 = q[i * d + e], x1 = q[(i + 1) * d + e];
+      for (int64_t j = 0; j < n; ++j) {
+        a0[j] += x0 * kt[e * n + j];
+        a1[j] += x1 * kt[e * n + j];
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) s[i * n + j] = a0[j], s[(i + 1) * n + j] = a1[j];
+  }
+}
+
+void block_products(const bench::TimerOptions& to) {
+  for (int64_t d : {48, 64, 128}) {
+    Tensor q = randn({64, d}, 5), k = randn({64, d}, 6), s1 = empty({64, 64}), s2 = empty({64, 64});
+    std::vector<float> kt(64 * d);
+    const float *qp = q.data<float>(), *kp = k.data<float>();
+    // many blocks per call so the timer's resolution does not matter
+    auto [tg, th] = bench::time_pair(
+        [&] {
+          for (int r = 0; r < 200; ++r)
+            blas::sgemm(false, true, 64, 64, d, 1.f, qp, d, kp, d, 0.f, s1.data<float>(), 64);
+        },
+        [&] {
+          for (int r = 0; r < 200; ++r) qk_hand(s2.data<float>(), qp, kp, d, kt.data());
+        },
+        to);
+    const double flops = 200 * 2.0 * 64 * 64 * d;
+    std::printf("block=qk 64x64 d=%lld gemm_gflops=%.1f hand_gflops=%.1f hand_vs_gemm=%.2f\n",
+                static_cast<long long>(d), flops / tg.median * 1e-9, flops / th.median * 1e-9,
+                tg.median / th.median);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,6 +124,7 @@ int main(int argc, char** argv) {
   to.max_reps = quick ? 5 : 50;
   to.min_seconds = quick ? 0.05 : 0.3;
   to.block_calls = 1;
+  if (args.has("--blocks")) block_products(to);
   for (int64_t s : {128, 512, 2048}) {
     for (int64_t d : {48, 64, 128}) {
       Tensor q = randn({1, heads, s, d}, 1), k = randn({1, kv, s, d}, 2),

@@ -12,7 +12,7 @@ using namespace detail;
 
 namespace {
 
-constexpr int64_t kB = kFlashBlock;
+constexpr int64_t kBq = kFlashQueryBlock, kBk = kFlashKeyBlock;
 
 // Keys of block [j0, j0 + cols) that query row i sees: a prefix of the block.
 inline int64_t visible(const Dims& d, bool causal, int64_t i, int64_t j0, int64_t cols) {
@@ -30,8 +30,8 @@ struct Operands {
   Mat<T> q, k, v, o;
 };
 
-// A [kB, kB] block in memory from Eigen's aligned allocator: every row starts at a multiple of
-// kB elements, so Eigen's vectorized exp takes the same path on a row whatever the thread (its
+// A [kBq, kBk] block in memory from Eigen's aligned allocator: every row starts at a multiple of
+// kBk elements, so Eigen's vectorized exp takes the same path on a row whatever the thread (its
 // unaligned head would be computed by the scalar exp).
 template <class T>
 using Block = Arr<T>;
@@ -50,22 +50,22 @@ void exp_row(T* s, int64_t valid, int64_t cols, T shift) {
 template <class T>
 void forward_block(const Dims& d, bool causal, const Operands<T>& x, T* lse, int64_t b, int64_t h,
                    int64_t i0, Block<T>& s, Arr<T>& m, Arr<T>& l) {
-  const int64_t g = h / d.group, rows = std::min(kB, d.sq - i0);
+  const int64_t g = h / d.group, rows = std::min(kBq, d.sq - i0);
   const int64_t kend = key_end(d, causal, i0, rows);
   const T* qb = x.q.at(b, h) + i0 * x.q.ld;
   T* ob = x.o.at(b, h) + i0 * x.o.ld;
   for (int64_t r = 0; r < rows; ++r) std::fill(ob + r * x.o.ld, ob + r * x.o.ld + d.d, T(0));
   m.head(rows).setConstant(-std::numeric_limits<T>::infinity());
   l.head(rows).setZero();
-  for (int64_t j0 = 0; j0 < kend; j0 += kB) {
-    const int64_t cols = std::min(kB, kend - j0);
+  for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
+    const int64_t cols = std::min(kBk, kend - j0);
     gemm<T>(false, true, rows, cols, d.d, T(d.scale), qb, x.q.ld, x.k.at(b, g) + j0 * x.k.ld,
-            x.k.ld, T(0), s.data(), kB);
+            x.k.ld, T(0), s.data(), kBk);
     for (int64_t r = 0; r < rows; ++r) {
-      T* sr = s.data() + r * kB;
+      T* sr = s.data() + r * kBk;
       const int64_t valid = visible(d, causal, i0 + r, j0, cols);
-      T mx = m[r];
-      for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, sr[c]);
+      // (a max is exact in any order: Eigen's vectorized reduction is deterministic here)
+      const T mx = valid > 0 ? std::max(m[r], CArrMap<T>(sr, valid).maxCoeff()) : m[r];
       exp_row(sr, valid, cols, mx);
       if (valid == 0) continue;             // mx == m[r]: nothing to rescale
       const T alpha = std::exp(m[r] - mx);  // 0 on the first block a row sees
@@ -73,7 +73,7 @@ void forward_block(const Dims& d, bool causal, const Operands<T>& x, T* lse, int
       m[r] = mx;
       if (alpha != T(1)) ArrMap<T>(ob + r * x.o.ld, d.d) *= alpha;
     }
-    gemm<T>(false, false, rows, d.d, cols, T(1), s.data(), kB, x.v.at(b, g) + j0 * x.v.ld, x.v.ld,
+    gemm<T>(false, false, rows, d.d, cols, T(1), s.data(), kBk, x.v.at(b, g) + j0 * x.v.ld, x.v.ld,
             T(1), ob, x.o.ld);
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -92,7 +92,7 @@ struct Grads {
 // Scratch of one backward unit.
 template <class T>
 struct BwdScratch {
-  Block<T> p{kB * kB}, ds{kB * kB};
+  Block<T> p{kBq * kBk}, ds{kBq * kBk};
   Arr<T> delta;  // rowsum(dO * O) of the group's query rows, [group, Sq]
 };
 
@@ -102,29 +102,29 @@ template <class T>
 void backward_block(const Dims& d, bool causal, const Operands<T>& x, const Grads<T>& y,
                     const T* lse, const T* delta, int64_t b, int64_t h, int64_t i0, int64_t j0,
                     BwdScratch<T>& w) {
-  const int64_t g = h / d.group, rows = std::min(kB, d.sq - i0), cols = std::min(kB, d.sk - j0);
+  const int64_t g = h / d.group, rows = std::min(kBq, d.sq - i0), cols = std::min(kBk, d.sk - j0);
   const T* qb = x.q.at(b, h) + i0 * x.q.ld;
   const T* gb = y.dout.at(b, h) + i0 * y.dout.ld;
   const T* kb = x.k.at(b, g) + j0 * x.k.ld;
   const T* vb = x.v.at(b, g) + j0 * x.v.ld;
   T* p = w.p.data();
   T* ds = w.ds.data();
-  gemm<T>(false, true, rows, cols, d.d, T(d.scale), qb, x.q.ld, kb, x.k.ld, T(0), p, kB);
+  gemm<T>(false, true, rows, cols, d.d, T(d.scale), qb, x.q.ld, kb, x.k.ld, T(0), p, kBk);
   for (int64_t r = 0; r < rows; ++r)
-    exp_row(p + r * kB, visible(d, causal, i0 + r, j0, cols), cols, lse[i0 + r]);
+    exp_row(p + r * kBk, visible(d, causal, i0 + r, j0, cols), cols, lse[i0 + r]);
   // dV[j] += P^T dO ; dP = dO V^T
-  gemm<T>(true, false, cols, d.d, rows, T(1), p, kB, gb, y.dout.ld, T(1),
+  gemm<T>(true, false, cols, d.d, rows, T(1), p, kBk, gb, y.dout.ld, T(1),
           y.dv.at(b, g) + j0 * y.dv.ld, y.dv.ld);
-  gemm<T>(false, true, rows, cols, d.d, T(1), gb, y.dout.ld, vb, x.v.ld, T(0), ds, kB);
+  gemm<T>(false, true, rows, cols, d.d, T(1), gb, y.dout.ld, vb, x.v.ld, T(0), ds, kBk);
   // dS = P * (dP - D), zero where masked (P is)
   for (int64_t r = 0; r < rows; ++r) {
-    ArrMap<T> dsr(ds + r * kB, cols);
-    dsr = CArrMap<T>(p + r * kB, cols) * (dsr - delta[i0 + r]);
+    ArrMap<T> dsr(ds + r * kBk, cols);
+    dsr = CArrMap<T>(p + r * kBk, cols) * (dsr - delta[i0 + r]);
   }
   // dQ[i] += scale dS K ; dK[j] += scale dS^T Q
-  gemm<T>(false, false, rows, d.d, cols, T(d.scale), ds, kB, kb, x.k.ld, T(1),
+  gemm<T>(false, false, rows, d.d, cols, T(d.scale), ds, kBk, kb, x.k.ld, T(1),
           y.dq.at(b, h) + i0 * y.dq.ld, y.dq.ld);
-  gemm<T>(true, false, cols, d.d, rows, T(d.scale), ds, kB, qb, x.q.ld, T(1),
+  gemm<T>(true, false, cols, d.d, rows, T(d.scale), ds, kBk, qb, x.q.ld, T(1),
           y.dk.at(b, g) + j0 * y.dk.ld, y.dk.ld);
 }
 
@@ -148,13 +148,13 @@ void backward_unit(const Dims& d, bool causal, const Operands<T>& x, const Grads
     }
   }
   const int64_t off = causal ? d.sk - d.sq : 0;
-  for (int64_t j0 = 0; j0 < d.sk; j0 += kB) {
+  for (int64_t j0 = 0; j0 < d.sk; j0 += kBk) {
     // the first query block with a row that sees key j0
-    const int64_t first = causal ? std::max<int64_t>(0, j0 - off) / kB * kB : 0;
+    const int64_t first = causal ? std::max<int64_t>(0, j0 - off) / kBq * kBq : 0;
     for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
       const T* lse_h = lse + (b * d.hq + h) * d.sq;
       const T* delta = w.delta.data() + (h - g * d.group) * d.sq;
-      for (int64_t i0 = first; i0 < d.sq; i0 += kB)
+      for (int64_t i0 = first; i0 < d.sq; i0 += kBq)
         backward_block<T>(d, causal, x, y, lse_h, delta, b, h, i0, j0, w);
     }
   }
@@ -182,16 +182,16 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
                  blas::matmul_compute_dtype(q.dtype()));
   if (meta_only(op, out, {q, k, v, lse}) || out.numel() == 0) return;
   Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v);
-  const int64_t nblk = (d.sq + kB - 1) / kB;
+  const int64_t nblk = (d.sq + kBq - 1) / kBq;
   dispatch_float(op, q, [&]<class T>() {
     Operands<T> x{mat<T>(qc), mat<T>(kc), mat<T>(vc), mat<T>(out)};
     T* lse_p = lse.defined() ? lse.data<T>() : nullptr;
-    const double cost = 4.0 * std::min(kB, d.sq) * d.sk * d.d;
+    const double cost = 4.0 * std::min(kBq, d.sq) * d.sk * d.d;
     for_units<T>(d.b * d.hq * nblk, cost, [&](int64_t u0, int64_t u1) {
-      Block<T> s(kB * kB);
-      Arr<T> m(kB), l(kB);
+      Block<T> s(kBq * kBk);
+      Arr<T> m(kBq), l(kBq);
       for (int64_t u = u0; u < u1; ++u) {
-        const int64_t bh_u = u / nblk, i0 = (u % nblk) * kB;
+        const int64_t bh_u = u / nblk, i0 = (u % nblk) * kBq;
         forward_block<T>(d, causal, x, lse_p ? lse_p + bh_u * d.sq : nullptr, bh_u / d.hq,
                          bh_u % d.hq, i0, s, m, l);
       }

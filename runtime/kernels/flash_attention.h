@@ -12,8 +12,8 @@
 
 namespace nxd::kernels {
 
-// Query rows and key rows per block of the fused kernels.
-inline constexpr int64_t kFlashBlock = 64;
+// Query rows and key rows per block of the fused kernels (key blocks: a multiple of 16).
+inline constexpr int64_t kFlashQueryBlock = 64, kFlashKeyBlock = 64;
 
 // out: [B, Hq, Sq, D] (unit last stride); lse: [B, Hq, Sq] contiguous in q's dtype (the
 // log-sum-exp of each row's scaled scores, what the backward needs), or undefined (inference);
