@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/context.h"
 #include "nxd/runtime/init.h"
 #include "nxd/runtime/kernels/attention.h"
 #include "nxd/runtime/kernels/flash_attention.h"
@@ -52,6 +54,14 @@ Tensor reference_lse(const Tensor& q, const Tensor& kk, bool causal) {
       }
   return r;
 }
+
+struct CountingCost : CostModel {
+  double flops = 0, bytes = 0;
+  DType dtype = DType::i64;
+  void charge_compute(const char*, double f, double b, DType t) override {
+    flops = f, bytes = b, dtype = t;
+  }
+};
 
 class FlashAttention : public ::testing::TestWithParam<FlashCase> {};
 INSTANTIATE_TEST_SUITE_P(Cases, FlashAttention,
@@ -162,6 +172,38 @@ TEST(FlashAttentionMisc, ErrorsAndMeta) {
   k::flash_attention_forward(om, lm, qm, km, km, true, 0);
   k::flash_attention_backward(empty_like(qm), empty_like(km), empty_like(km), om, qm, km, km, om,
                               lm, true, 0);
+}
+
+// The sim device is charged the materialized kernel's flops plus the online rescaling (forward)
+// and the recomputed scores (backward), and only the linear HBM traffic: q, k, v, out, lse (and
+// the gradients), never the [Sq, Sk] scores.
+TEST(FlashAttentionMisc, ChargesFlopsAndLinearBytes) {
+  auto cost = std::make_shared<CountingCost>();
+  Context ctx;
+  ctx.set_cost_model(cost);
+  ContextGuard guard(ctx);
+  const double B = 1, H = 4, Hkv = 2, S = 2048, D = 64;
+  Tensor q = empty({1, 4, 2048, 64}, DType::f32, Device::meta),
+         kk = empty({1, 2, 2048, 64}, DType::f32, Device::meta);
+  Tensor o = empty_like(q), lse = empty({1, 4, 2048}, DType::f32, Device::meta),
+         p = empty({1, 4, 2048, 2048}, DType::f32, Device::meta);
+  k::flash_attention_forward(o, lse, q, kk, kk, true, 0);
+  EXPECT_EQ(cost->bytes, 4 * (2 * B * H * S * D + 2 * B * Hkv * S * D + B * H * S));
+  EXPECT_EQ(cost->flops, B * H * (4 * S * S * D + 6 * S * S + 2 * S * D));
+  EXPECT_EQ(cost->dtype, DType::f32);
+  const double fwd_bytes = cost->bytes;
+  k::attention_forward(o, p, q, kk, kk, true, 0);
+  EXPECT_GT(cost->bytes, 8 * fwd_bytes);  // the materialized kernel writes the probabilities
+  k::flash_attention_backward(empty_like(q), empty_like(kk), empty_like(kk), o, q, kk, kk, o, lse,
+                              true, 0);
+  const double bwd_flops = cost->flops, bwd_bytes = cost->bytes;
+  EXPECT_EQ(bwd_bytes, 4 * (5 * B * H * S * D + 4 * B * Hkv * S * D + B * H * S));
+  k::attention_backward(empty_like(q), empty_like(kk), empty_like(kk), o, q, kk, kk, o, p, true, 0);
+  EXPECT_GT(bwd_flops, 1.2 * cost->flops);  // the recomputed Q K^T
+  EXPECT_GT(cost->bytes, 8 * bwd_bytes);    // and reads them
+  blas::MatmulPrecisionScope bf16(blas::MatmulPrecision::bf16);
+  k::flash_attention_forward(o, lse, q, kk, kk, true, 0);
+  EXPECT_EQ(cost->dtype, DType::bf16);  // auto-cast products run at the core's bf16 peak
 }
 
 }  // namespace
