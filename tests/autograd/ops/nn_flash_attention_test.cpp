@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "nxd/autograd/ops.h"
+#include "nxd/runtime/allocator.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "support/compare.h"
@@ -125,4 +126,24 @@ TEST(NnOpsFlashAttention, MetaShapes) {
     EXPECT_EQ(y.shape(), (Shape{2, 8, 2048, 64}));
     EXPECT_EQ(y.dtype(), DType::bf16);
   }
+}
+
+// The fused path keeps nothing quadratic: the peak bytes of a forward + backward above what was
+// live before grow linearly with S (inputs are allocated before), the materialized path's with S^2.
+TEST(NnOpsFlashAttention, PeakMemoryIsLinearInS) {
+  auto peak = [](int64_t s, AttentionImpl impl) {
+    Tensor q = randn({1, 4, s, 32}, 22, DType::f32), k = randn({1, 2, s, 32}, 23, DType::f32),
+           v = randn({1, 2, s, 32}, 24, DType::f32), g = randn({1, 4, s, 32}, 25, DType::f32);
+    MemoryCounter& mem = device_memory(Device::host);
+    const int64_t before = mem.live();
+    mem.reset_peak();
+    run(q, k, v, g, {.impl = impl});
+    return double(mem.peak() - before);
+  };
+  const double f512 = peak(512, AttentionImpl::fused), f1024 = peak(1024, AttentionImpl::fused);
+  const double m1024 = peak(1024, AttentionImpl::materialized);
+  EXPECT_LT(f1024, 2.2 * f512) << f512 << " -> " << f1024;
+  EXPECT_LT(f1024, m1024 / 4) << "fused " << f1024 << " materialized " << m1024;
+  // what the materialized path keeps: the [1, 4, 1024, 1024] f32 probabilities
+  EXPECT_GT(m1024, 4.0 * 1024 * 1024 * 4);
 }
