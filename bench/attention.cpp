@@ -115,9 +115,12 @@ int main(int argc, char** argv) {
   }
   blas::set_matmul_precision(*p);
   set_num_threads(threads);
-  std::printf("# cpu=\"%s\" threads=%d precision=%s heads=%lld kv_heads=%lld batch=1 causal f32\n",
-              cpu_model().c_str(), threads, blas::matmul_precision_name(*p),
-              static_cast<long long>(heads), static_cast<long long>(kv));
+  std::printf(
+      "# cpu=\"%s\" threads=%d precision=%s bf16_kernel=%s heads=%lld kv_heads=%lld batch=1 "
+      "causal f32\n",
+      cpu_model().c_str(), threads, blas::matmul_precision_name(*p),
+      blas::bf16_kernel_name(blas::bf16_kernel()), static_cast<long long>(heads),
+      static_cast<long long>(kv));
   bench::TimerOptions to;
   to.warmup = 1;
   to.min_reps = 3;
