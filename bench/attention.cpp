@@ -3,8 +3,10 @@
 // run, interleaved), at S in {128, 512, 2048} and head dim in {48, 64, 128}, batch 1.
 //
 //   nxd-bench-attention [--heads H] [--kv-heads K] [--threads T] [--precision fp32|bf16]
-//                       [--quick] [--blocks]
+//                       [--quick] [--blocks] [--schedules]
 // --blocks first times one 64x64 score block through blas::sgemm against a hand-written loop.
+// --schedules times the fused path's two backward schedules (one_pass, two_pass) and the
+// materialized path instead of the default table.
 // One line per case: s=... d=... fused_ms=... materialized_ms=... speedup=... (materialized /
 // fused median wall time) fused_peak_mb=... materialized_peak_mb=... peak_ratio=... The peak is
 // the host allocator's peak bytes during one forward + backward above what was live before it
@@ -20,6 +22,7 @@
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/init.h"
+#include "nxd/runtime/kernels/flash_attention.h"
 
 using namespace nxd;
 
@@ -99,13 +102,33 @@ void block_products(const bench::TimerOptions& to) {
   }
 }
 
+// The fused path with each backward schedule (interleaved) and the materialized path.
+void compare_schedules(int64_t s, int64_t d, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& g, const bench::TimerOptions& to) {
+  using kernels::FlashBackwardSchedule;
+  auto fused = [&](FlashBackwardSchedule sc) {
+    kernels::set_flash_backward_schedule(sc);
+    step(q, k, v, g, AttentionImpl::fused);
+    kernels::set_flash_backward_schedule(FlashBackwardSchedule::one_pass);
+  };
+  auto t = bench::time_rotation<3>({[&] { fused(FlashBackwardSchedule::one_pass); },
+                                    [&] { fused(FlashBackwardSchedule::two_pass); },
+                                    [&] { step(q, k, v, g, AttentionImpl::materialized); }},
+                                   to);
+  std::printf(
+      "s=%lld d=%lld one_pass_ms=%.3f two_pass_ms=%.3f materialized_ms=%.3f "
+      "two_pass_speedup=%.2f\n",
+      static_cast<long long>(s), static_cast<long long>(d), 1e3 * t[0].median, 1e3 * t[1].median,
+      1e3 * t[2].median, t[0].median / t[1].median);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bench::Args args(argc, argv);
   const int64_t heads = args.get_int("--heads", 4), kv = args.get_int("--kv-heads", 2);
   const int threads = static_cast<int>(args.get_int("--threads", 1));
-  const bool quick = args.has("--quick");
+  const bool quick = args.has("--quick"), schedules = args.has("--schedules");
   const std::string prec = args.get_str("--precision", "fp32");
   auto p = blas::parse_matmul_precision(prec);
   if (!p) {
@@ -133,6 +156,10 @@ int main(int argc, char** argv) {
       Tensor q = randn({1, heads, s, d}, 1), k = randn({1, kv, s, d}, 2),
              v = randn({1, kv, s, d}, 3), g = randn({1, heads, s, d}, 4);
       int64_t peak_f = 0, peak_m = 0;
+      if (schedules) {
+        compare_schedules(s, d, q, k, v, g, to);
+        continue;
+      }
       auto [tf, tm] =
           bench::time_pair([&] { peak_f = step(q, k, v, g, AttentionImpl::fused); },
                            [&] { peak_m = step(q, k, v, g, AttentionImpl::materialized); }, to);

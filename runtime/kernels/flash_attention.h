@@ -15,6 +15,17 @@ namespace nxd::kernels {
 // Query rows and key rows per block of the fused kernels (key blocks: a multiple of 16).
 inline constexpr int64_t kFlashQueryBlock = 64, kFlashKeyBlock = 64;
 
+// The backward's schedule. one_pass (the default): a unit per (batch, kv head) computes dQ, dK
+// and dV together (five block GEMMs per block pair). two_pass: dK/dV per (batch, kv head, key
+// block), then dQ per (batch, query head, query block): seven GEMMs per block pair, but units
+// for every thread even when batch * kv heads is 1. Both add every gradient block in the same
+// order: the results are bitwise the same. two_pass is opt-in: on the shared 2-core machine it
+// could only be measured at 0.72-0.77x one_pass's speed (the other core was busy), and sim ranks
+// sharing the cores would pay its extra GEMMs for nothing.
+enum class FlashBackwardSchedule { one_pass, two_pass };
+void set_flash_backward_schedule(FlashBackwardSchedule s);  // process-wide (tests, benches)
+FlashBackwardSchedule flash_backward_schedule();
+
 // out: [B, Hq, Sq, D] (unit last stride); lse: [B, Hq, Sq] contiguous in q's dtype (the
 // log-sum-exp of each row's scaled scores, what the backward needs), or undefined (inference);
 // q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D] as in attention_forward (Sk >= Sq when causal; query

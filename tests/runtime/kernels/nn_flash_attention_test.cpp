@@ -174,6 +174,29 @@ TEST(FlashAttentionMisc, ErrorsAndMeta) {
                               lm, true, 0);
 }
 
+// The two backward schedules add every block in the same order: bitwise the same gradients.
+TEST(FlashAttentionMisc, BackwardSchedulesAgreeBitwise) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(str(dtype_name(dt), causal ? " causal" : " full"));
+      Tensor q = randn({2, 4, 130, 16}, dt, 9), kk = randn({2, 1, 150, 16}, dt, 10),
+             v = randn({2, 1, 150, 16}, dt, 11), g = randn({2, 4, 130, 16}, dt, 12);
+      Tensor o = empty_like(q), lse = empty({2, 4, 130}, dt);
+      k::flash_attention_forward(o, lse, q, kk, v, causal, 0);
+      std::vector<Tensor> r[2];
+      int i = 0;
+      for (auto s : {k::FlashBackwardSchedule::one_pass, k::FlashBackwardSchedule::two_pass}) {
+        k::set_flash_backward_schedule(s);
+        Tensor dq = empty_like(q), dk = empty_like(kk), dv = empty_like(v);
+        k::flash_attention_backward(dq, dk, dv, g, q, kk, v, o, lse, causal, 0);
+        r[i++] = {dq, dk, dv};
+      }
+      k::set_flash_backward_schedule(k::FlashBackwardSchedule::one_pass);
+      for (int t = 0; t < 3; ++t) EXPECT_BITWISE_EQ(r[0][t], r[1][t]) << "gradient " << t;
+    }
+  }
+}
+
 // The sim device is charged the materialized kernel's flops plus the online rescaling (forward)
 // and the recomputed scores (backward), and only the linear HBM traffic: q, k, v, out, lse (and
 // the gradients), never the [Sq, Sk] scores.
