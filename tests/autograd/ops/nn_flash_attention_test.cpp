@@ -125,6 +125,14 @@ TEST(NnOpsFlashAttention, MetaShapes) {
     EXPECT_TRUE(y.is_meta());
     EXPECT_EQ(y.shape(), (Shape{2, 8, 2048, 64}));
     EXPECT_EQ(y.dtype(), DType::bf16);
+    // and a backward on the meta device (shape-only runs, modeled cost)
+    Tensor qg = q.detach(), kg = k.detach();
+    qg.set_requires_grad(true);
+    kg.set_requires_grad(true);
+    backward(scaled_dot_product_attention(qg, kg, kg, {.impl = impl}),
+             empty({2, 8, 2048, 64}, DType::bf16, Device::meta));
+    EXPECT_TRUE(qg.grad().is_meta());
+    EXPECT_EQ(kg.grad().shape(), (Shape{2, 2, 2048, 64}));
   }
 }
 
