@@ -34,6 +34,8 @@ Engine initial_engine() {
 }
 std::atomic<Engine> g_engine{initial_engine()};
 std::atomic<int> g_threads{1};
+std::atomic<int64_t> g_f32_split_min{GemmSplitOptions{}.f32_min_work};
+std::atomic<int64_t> g_bf16_split_min{GemmSplitOptions{}.bf16_min_work};
 
 // The pthread build of OpenBLAS starts a pool of workers when the library loads and whenever
 // openblas_set_num_threads is called, and an idle worker busy-waits (sched_yield in a loop) for
@@ -99,9 +101,9 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
     return;
   }
   int t = g_threads.load(std::memory_order_relaxed);
-  // Split only products big enough to amortize a wake-up (~2 MFLOP per part).
+  // Split only products big enough to amortize a wake-up (GemmSplitOptions).
   if (t > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&
-      m * n * k >= (int64_t{1} << 20) * t) {
+      m * n * k >= g_f32_split_min.load(std::memory_order_relaxed) * t) {
     bool by_rows = m >= n;
     int64_t len = by_rows ? m : n;
     int parts = static_cast<int>(std::min<int64_t>(t, std::max<int64_t>(1, len / 16)));
@@ -223,6 +225,17 @@ void set_threads(int n) {
 
 int threads() {
   return g_threads.load();
+}
+
+GemmSplitOptions gemm_split() {
+  return {g_f32_split_min.load(), g_bf16_split_min.load()};
+}
+void set_gemm_split(const GemmSplitOptions& o) {
+  NXD_CHECK(o.f32_min_work >= 0 && o.bf16_min_work >= 0,
+            "[blas::set_gemm_split] min work must be >= 0, got f32_min_work=", o.f32_min_work,
+            " bf16_min_work=", o.bf16_min_work);
+  g_f32_split_min = o.f32_min_work;
+  g_bf16_split_min = o.bf16_min_work;
 }
 
 void stop_openblas_pool() {

@@ -42,6 +42,18 @@ const char* engine_name(Engine e);
 void set_threads(int n);  // compute threads for GEMM (OpenBLAS's pool and nxd's GEMM pool)
 int threads();
 
+// When a product is split over the compute pool (f32 on the Eigen engine, bf16 on the AMX and
+// AVX512-BF16 kernels): only if m·n·k >= min_work · threads, i.e. each part keeps at least
+// min_work multiply-adds to pay for waking a helper. The defaults are measured on the reference
+// machine (nxd-bench-matmul --split-sweep; docs/DESIGN.md "GEMM engine"). Where a product is split
+// never changes its result: each C element is one dot product over the whole K either way.
+struct GemmSplitOptions {
+  int64_t f32_min_work = int64_t{1} << 20;
+  int64_t bf16_min_work = int64_t{1} << 22;
+};
+GemmSplitOptions gemm_split();
+void set_gemm_split(const GemmSplitOptions& o);  // process-wide; throws if a value is < 0
+
 // Stops OpenBLAS's worker pool if it runs (the pthread build; a no-op for other BLAS builds).
 // An idle OpenBLAS worker busy-waits about 0.1 s after every multi-threaded call before it
 // sleeps, taking a core from whatever runs next. nxd stops the pool at load and in set_threads
