@@ -13,6 +13,7 @@
 #include "nxd/runtime/dtype.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/gemm_bf16.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/runtime/parallel.h"
 
 namespace nxd::blas {
@@ -128,9 +129,13 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 
 std::atomic<MatmulPrecision> g_precision{MatmulPrecision::fp32};
 
+// AMX where it exists. Without AMX the portable kernel (round, then the f32 engine) is the
+// default: on an AVX512-BF16 machine without AMX (this project's 2-vCPU Xeon VM) it measured
+// 0.85-0.93x the f32 path against 0.56-0.77x for the avx512_bf16 kernel (VDPBF16PS runs at the
+// f32 FMA rate there, and the packing costs the rest; docs/DESIGN.md "Matmul precision").
+// NXD_BF16_KERNEL=avx512_bf16 still selects it.
 Bf16Kernel best_bf16_kernel() {
   if (bf16_kernel_available(Bf16Kernel::amx)) return Bf16Kernel::amx;
-  if (bf16_kernel_available(Bf16Kernel::avx512_bf16)) return Bf16Kernel::avx512_bf16;
   return Bf16Kernel::portable;
 }
 
@@ -157,14 +162,34 @@ Bf16Kernel initial_bf16_kernel() {
 constexpr int kUnresolved = -1;
 std::atomic<int> g_bf16_kernel{kUnresolved};
 
+// x rounded to the nearest bf16 (ties to even; NaN stays a quiet NaN), as an f32: bitwise
+// bf16::to_f32(bf16::from_f32(x)), written without branches so a loop over it vectorizes.
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t quiet = (u | 0x00400000u) & 0xffff0000u;
+  const uint32_t r = nan ? quiet : rounded;
+  float f;
+  std::memcpy(&f, &r, 4);
+  return f;
+}
+
 // Rounds a rows x cols operand (leading dimension ld) to bf16 values, stored compactly as f32.
+// Rows are independent, so they run over the compute pool (kernels::for_rows) without changing
+// any value.
 void round_to_bf16(std::vector<float>& dst, const float* src, int64_t rows, int64_t cols,
                    int64_t ld) {
   if (dst.size() < static_cast<size_t>(rows * cols)) dst.resize(static_cast<size_t>(rows * cols));
   float* d = dst.data();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j)
-      d[r * cols + j] = bf16::to_f32(bf16::from_f32(src[r * ld + j]));
+  kernels::for_rows(rows, cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* __restrict dr = d + r * cols;
+      const float* __restrict sr = src + r * ld;
+      for (int64_t j = 0; j < cols; ++j) dr[j] = round_bf16(sr[j]);
+    }
+  });
 }
 
 // The portable bf16 kernel: round both operands, then the f32 engine on the rounded copies.

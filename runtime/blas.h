@@ -15,9 +15,11 @@
 // f32: what neuronx-cc does by default on a NeuronCore (--auto-cast matmult --auto-cast-type
 // bf16) and PyTorch's set_float32_matmul_precision("medium"). Kernels: AMX tiles (Sapphire Rapids
 // and later), AVX512-BF16 dot products (Cooper Lake, Zen 4), or the portable one (round the
-// operands into f32 scratch, then the f32 engine; also the reference for the rounding). The best
-// available one is the default; NXD_BF16_KERNEL=amx|avx512_bf16|portable overrides it. AMX and
-// AVX512-BF16 treat bf16 subnormal inputs as zero. Results do not depend on the thread count.
+// operands into f32 scratch over the compute pool, then the f32 engine; also the reference for
+// the rounding). The default is AMX where available, else portable (which measured faster than
+// avx512_bf16 on an AVX512-BF16 machine without AMX; see blas.cpp); NXD_BF16_KERNEL=amx|
+// avx512_bf16|portable overrides it. AMX and AVX512-BF16 treat bf16 subnormal inputs as zero, and
+// their results do not depend on the thread count; portable inherits the f32 engine's behaviour.
 // dgemm is never affected.
 #include <cstdint>
 #include <optional>
