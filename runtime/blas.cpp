@@ -91,9 +91,11 @@ void eigen_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     eigen_product(cm, am.transpose(), bm.transpose(), alpha, beta);
 }
 
-// The f32 product on the current engine.
+// The f32 product on the current engine; split over the pool when each part keeps at least
+// min_work multiply-adds (GemmSplitOptions).
 void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+               int64_t min_work) {
   if (g_engine.load(std::memory_order_relaxed) == Engine::openblas) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
@@ -104,7 +106,7 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   int t = g_threads.load(std::memory_order_relaxed);
   // Split only products big enough to amortize a wake-up (GemmSplitOptions).
   if (t > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&
-      m * n * k >= g_f32_split_min.load(std::memory_order_relaxed) * t) {
+      m * n * k / t >= min_work) {
     bool by_rows = m >= n;
     int64_t len = by_rows ? m : n;
     int parts = static_cast<int>(std::min<int64_t>(t, std::max<int64_t>(1, len / 16)));
@@ -200,7 +202,8 @@ void sgemm_bf16_portable(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
   const int64_t a_cols = ta ? m : k, b_cols = tb ? k : n;
   round_to_bf16(ra, a, ta ? k : m, a_cols, lda);
   round_to_bf16(rb, b, tb ? n : k, b_cols, ldb);
-  sgemm_f32(ta, tb, m, n, k, alpha, ra.data(), a_cols, rb.data(), b_cols, beta, c, ldc);
+  sgemm_f32(ta, tb, m, n, k, alpha, ra.data(), a_cols, rb.data(), b_cols, beta, c, ldc,
+            g_bf16_split_min.load(std::memory_order_relaxed));
 }
 
 }  // namespace
@@ -209,7 +212,8 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0 || g_precision.load(std::memory_order_relaxed) == MatmulPrecision::fp32) {
-    sgemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    sgemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+              g_f32_split_min.load(std::memory_order_relaxed));
     return;
   }
   const Bf16Kernel kernel = bf16_kernel();

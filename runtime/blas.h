@@ -44,14 +44,17 @@ const char* engine_name(Engine e);
 void set_threads(int n);  // compute threads for GEMM (OpenBLAS's pool and nxd's GEMM pool)
 int threads();
 
-// When a product is split over the compute pool (f32 on the Eigen engine, bf16 on the AMX and
-// AVX512-BF16 kernels): only if m·n·k >= min_work · threads, i.e. each part keeps at least
-// min_work multiply-adds to pay for waking a helper. The defaults are measured on the reference
-// machine (nxd-bench-matmul --split-sweep; docs/DESIGN.md "GEMM engine"). Where a product is split
-// never changes its result: each C element is one dot product over the whole K either way.
+// When a product is split over the compute pool (f32 on the Eigen engine; every kernel of the
+// bf16 matmul precision): only if m·n·k >= min_work · threads, i.e. each part keeps at least
+// min_work multiply-adds to pay for handing it to a helper. f32_min_work applies to fp32
+// products, bf16_min_work to products under MatmulPrecision::bf16. The defaults are measured on
+// the reference machine (nxd-bench-matmul --threads 2 --split-sweep; docs/DESIGN.md "GEMM
+// engine"): at f32 splitting pays from 64^3 (2^18, 1.24x), at bf16 (portable kernel) from
+// 256x128x128 (2^22, 1.08x). Where a product is split never changes which dot products compute a
+// C element (each is one dot product over the whole K).
 struct GemmSplitOptions {
-  int64_t f32_min_work = int64_t{1} << 20;
-  int64_t bf16_min_work = int64_t{1} << 22;
+  int64_t f32_min_work = int64_t{1} << 17;
+  int64_t bf16_min_work = int64_t{1} << 21;
 };
 GemmSplitOptions gemm_split();
 void set_gemm_split(const GemmSplitOptions& o);  // process-wide; throws if a value is < 0

@@ -296,7 +296,9 @@ TEST(GemmBf16, DefaultIsAmxOrElsePortable) {
   Restore restore;
   const Bf16Kernel expect =
       blas::bf16_kernel_available(Bf16Kernel::amx) ? Bf16Kernel::amx : Bf16Kernel::portable;
-  if (std::getenv("NXD_BF16_KERNEL") == nullptr) EXPECT_EQ(blas::bf16_kernel(), expect);
+  if (std::getenv("NXD_BF16_KERNEL") == nullptr) {
+    EXPECT_EQ(blas::bf16_kernel(), expect);
+  }
 }
 
 TEST(GemmBf16, PortableRoundingIsBitwiseFromF32AtAnyThreadCount) {
