@@ -107,7 +107,9 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   // Split only products big enough to amortize a wake-up (GemmSplitOptions).
   if (t > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&
       m * n * k / t >= min_work) {
-    bool by_rows = m >= n;
+    // By rows whenever every part gets a 16-row block: a row split gives bitwise the unsplit
+    // result (blas_test), a column split does not (Eigen's blocking depends on the part's n).
+    const bool by_rows = m >= 16 * t || m >= n;
     int64_t len = by_rows ? m : n;
     int parts = static_cast<int>(std::min<int64_t>(t, std::max<int64_t>(1, len / 16)));
     if (parts > 1) {

@@ -46,15 +46,24 @@ int64_t initial_spin_us() {
   return kDefaultSpinUs;
 }
 
-// Polls `done` for up to `us` microseconds; true if it became true.
+// Polls `done` for up to `us` microseconds; true if it became true. Pauses for the first few
+// microseconds, then yields between polls: when the machine is oversubscribed the thread being
+// waited for may need this core.
 template <class Pred>
 bool spin_until(int64_t us, Pred&& done) {
   if (us <= 0) return done();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::microseconds(us);
+  const auto pause_until = start + std::chrono::microseconds(std::min<int64_t>(us, 5));
   for (int i = 0;; ++i) {
     if (done()) return true;
-    cpu_relax();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() >= deadline) return done();
+    if ((i & 63) != 63) {
+      cpu_relax();
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return done();
+    if (now >= pause_until) std::this_thread::yield();
   }
 }
 

@@ -176,9 +176,9 @@ TEST(Blas, GemmSplitThresholdRejectsNegativeWork) {
 }
 
 TEST(Blas, SplittingSmallProductsDoesNotChangeResults) {
-  // Forcing the split (min work 0) on products far below the default threshold, as the attention
-  // and tiny-model shapes are, gives bitwise the single-thread result: split by rows (m >= n) at
-  // f32, by rows or columns at the bf16 precision's AMX / AVX512-BF16 kernels.
+  // Forcing the split (min work 0) on small products, as the attention and tiny-model shapes are,
+  // gives bitwise the single-thread result: f32 splits by rows whenever each part gets 16 rows
+  // (also when n > m); the bf16 precision's AMX / AVX512-BF16 kernels split by rows or columns.
   EngineGuard guard;
   SplitGuard split;
   blas::set_engine(blas::Engine::eigen);
