@@ -73,6 +73,9 @@ bool spin_until(int64_t us, Pred&& done) {
 class Pool {
  public:
   void resize(int helpers) {
+    // read (and check) the setting before stopping anything: a bad value leaves the pool as it was
+    const unsigned hw = std::thread::hardware_concurrency();
+    const int64_t spin = hw != 0 && static_cast<unsigned>(helpers + 1) > hw ? 0 : initial_spin_us();
     std::lock_guard run_lock(run_mu_);
     {
       std::lock_guard lk(mu_);
@@ -87,8 +90,7 @@ class Pool {
     // New helpers start at the current generation: jobs that ran before they existed are not
     // theirs to run.
     const uint64_t start = generation_;
-    const unsigned hw = std::thread::hardware_concurrency();
-    spin_us_ = hw != 0 && static_cast<unsigned>(helpers + 1) > hw ? 0 : initial_spin_us();
+    spin_us_ = spin;
     for (int i = 0; i < helpers; ++i)
       workers_.emplace_back([this, i, start] { loop(i + 1, start); });
     helpers_.store(helpers);
