@@ -1,9 +1,13 @@
-// scaled_dot_product_attention: causal, grouped-query. The output is produced in [B, S, Hq, D]
-// memory and returned as its [B, Hq, S, D] view, so the usual transpose(1, 2).reshape(B, S, -1)
-// that follows is free. Gradients take the layout of their inputs where BLAS can write it.
-#include "nxd/runtime/kernels/attention.h"
+// scaled_dot_product_attention: causal, grouped-query, fused (FlashAttention-style) or
+// materialized. The output is produced in [B, S, Hq, D] memory and returned as its [B, Hq, S, D]
+// view, so the usual transpose(1, 2).reshape(B, S, -1) that follows is free. Gradients take the
+// layout of their inputs where BLAS can write it.
+#include <array>
+
 #include "nxd/autograd/ops/nn.h"
 #include "nxd/autograd/ops/nn_internal.h"
+#include "nxd/runtime/kernels/attention.h"
+#include "nxd/runtime/kernels/flash_attention.h"
 
 namespace nxd {
 
@@ -19,10 +23,14 @@ Tensor empty_like_layout(const Tensor& x, DType dt) {
   return empty(x.shape(), dt, x.device());
 }
 
-}  // namespace
+struct Prepared {
+  DType dt;
+  Device dev;
+  Tensor qc, kc, vc, oc;  // compute-dtype inputs and the [B, S, Hq, D]-memory output
+  bool grad;
+};
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                    double scale) {
+Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v) {
   const char* op = "scaled_dot_product_attention";
   check_float(op, "q", q);
   check_float(op, "k", k);
@@ -32,30 +40,72 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
             " k=", k.desc(), " v=", v.desc());
   NXD_CHECK_SHAPE(q.dim() == 4, "[", op, "] q must be [B, Hq, S, D], got ", q.desc());
   const Device dev = device_of({q, k, v});
-  Tensor qc = compute(q), kc = compute(k), vc = compute(v);
   Tensor oc = empty({q.size(0), q.size(2), q.size(1), q.size(3)}, ct, dev).transpose(1, 2);
-  const bool grad = autograd::needs_grad({q, k, v});
-  Tensor probs = grad ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, ct, dev) : Tensor();
-  kernels::attention_forward(oc, probs, qc, kc, vc, causal, scale);
-  Tensor out = to_dtype(oc, dt);  // oc itself for f32/f64: captured detached below
-  if (!grad) return out;
+  return {dt, dev, compute(q), compute(k), compute(v), oc, autograd::needs_grad({q, k, v})};
+}
+
+// The three gradient buffers in their inputs' layouts.
+std::array<Tensor, 3> grad_buffers(const Tensor& qc, const Tensor& kc, const Tensor& vc) {
+  return {empty_like_layout(qc, qc.dtype()), empty_like_layout(kc, qc.dtype()),
+          empty_like_layout(vc, qc.dtype())};
+}
+
+Tensor materialized(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  Prepared p = prepare(q, k, v);
+  Tensor probs =
+      p.grad ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, p.oc.dtype(), p.dev) : Tensor();
+  kernels::attention_forward(p.oc, probs, p.qc, p.kc, p.vc, causal, scale);
+  Tensor out = to_dtype(p.oc, p.dt);  // oc itself for f32/f64: captured detached below
+  if (!p.grad) return out;
   // bf16 attention keeps bf16 inputs, output and probabilities for backward (half the bytes;
   // the output and probabilities rounded, as PyTorch's bf16 attention keeps them), f32 keeps f32
-  const bool half = dt == DType::bf16;
+  const bool half = p.dt == DType::bf16;
   autograd::record(
-      op, {q, k, v}, {out},
-      [qk = keep(q, qc), kk = keep(k, kc), vk = keep(v, vc), ok = half ? out.detach() : oc.detach(),
-       pk = half ? probs.to(DType::bf16) : probs, causal, scale, dt](const Grads& g) -> Grads {
+      "scaled_dot_product_attention", {q, k, v}, {out},
+      [qk = keep(q, p.qc), kk = keep(k, p.kc), vk = keep(v, p.vc),
+       ok = half ? out.detach() : p.oc.detach(), pk = half ? probs.to(DType::bf16) : probs, causal,
+       scale, dt = p.dt](const Grads& g) -> Grads {
         const Tensor qc = compute(qk), kc = compute(kk), vc = compute(vk);
-        const Tensor oc = compute(ok), probs = compute(pk);
-        Tensor dq = empty_like_layout(qc, qc.dtype());
-        Tensor dk = empty_like_layout(kc, qc.dtype());
-        Tensor dv = empty_like_layout(vc, qc.dtype());
-        kernels::attention_backward(dq, dk, dv, compute(g[0]), qc, kc, vc, oc, probs, causal,
-                                    scale);
+        auto [dq, dk, dv] = grad_buffers(qc, kc, vc);
+        kernels::attention_backward(dq, dk, dv, compute(g[0]), qc, kc, vc, compute(ok), compute(pk),
+                                    causal, scale);
         return {to_dtype(dq, dt), to_dtype(dk, dt), to_dtype(dv, dt)};
       });
   return out;
+}
+
+Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  Prepared p = prepare(q, k, v);
+  Tensor lse = p.grad ? empty({q.size(0), q.size(1), q.size(2)}, p.oc.dtype(), p.dev) : Tensor();
+  kernels::flash_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, causal, scale);
+  Tensor out = to_dtype(p.oc, p.dt);
+  if (!p.grad) return out;
+  // bf16 keeps bf16 inputs and output (rounded) and the f32 log-sum-exp
+  const bool half = p.dt == DType::bf16;
+  autograd::record("scaled_dot_product_attention", {q, k, v}, {out},
+                   [qk = keep(q, p.qc), kk = keep(k, p.kc), vk = keep(v, p.vc),
+                    ok = half ? out.detach() : p.oc.detach(), lse, causal, scale,
+                    dt = p.dt](const Grads& g) -> Grads {
+                     const Tensor qc = compute(qk), kc = compute(kk), vc = compute(vk);
+                     auto [dq, dk, dv] = grad_buffers(qc, kc, vc);
+                     kernels::flash_attention_backward(dq, dk, dv, compute(g[0]), qc, kc, vc,
+                                                       compute(ok), lse, causal, scale);
+                     return {to_dtype(dq, dt), to_dtype(dk, dt), to_dtype(dv, dt)};
+                   });
+  return out;
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const SdpaOptions& opts) {
+  return opts.impl == AttentionImpl::fused ? fused(q, k, v, opts.causal, opts.scale)
+                                           : materialized(q, k, v, opts.causal, opts.scale);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    double scale) {
+  return fused(q, k, v, causal, scale);
 }
 
 }  // namespace nxd

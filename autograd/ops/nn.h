@@ -38,9 +38,22 @@ struct CrossEntropyOptions {
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
                      const CrossEntropyOptions& opts = {});
 
-// q [B, Hq, S, D], k and v [B, Hkv, S, D] with Hkv dividing Hq (grouped-query: query head h
-// reads kv head h / (Hq / Hkv)). scale <= 0 means 1/sqrt(D). Causal masks j > i.
-// Returns [B, Hq, S, D]. Fused: softmax and mask in one pass; backward recomputes nothing it saved.
+// q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] with Hkv dividing Hq (grouped-query: query head h
+// reads kv head h / (Hq / Hkv)). scale <= 0 means 1/sqrt(D). Causal: query i sees keys
+// j <= i + Sk - Sq (Sk >= Sq). Returns [B, Hq, Sq, D].
+// fused (the default): FlashAttention-style, the scores never exist whole; backward keeps q, k,
+// v, the output and one f32 log-sum-exp per row and recomputes the probabilities block-wise
+// (runtime/kernels/flash_attention.h). materialized: the reference path, softmax and mask fused
+// between two GEMMs per head, the [B, Hq, Sq, Sk] probabilities kept for backward
+// (runtime/kernels/attention.h).
+enum class AttentionImpl { fused, materialized };
+struct SdpaOptions {
+  bool causal = true;
+  double scale = 0.0;
+  AttentionImpl impl = AttentionImpl::fused;
+};
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const SdpaOptions& opts);
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = true, double scale = 0.0);
 

@@ -2,6 +2,7 @@
 set(NXD_TESTS_KERNELS_NN
   kernels/nn_softmax_norm_test.cpp kernels/nn_activation_test.cpp
   kernels/nn_embedding_ce_test.cpp kernels/nn_attention_test.cpp
+  kernels/nn_flash_attention_test.cpp
   kernels/nn_rotary_dropout_test.cpp
   # bitwise equality at 1 and 2 threads of every kernel that runs on the compute pool
   kernels/threads_test.cpp)

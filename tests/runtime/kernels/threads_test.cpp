@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <tuple>
 #include <vector>
 
 #include "nxd/runtime/context.h"
@@ -12,6 +13,7 @@
 #include "nxd/runtime/kernels/cross_entropy.h"
 #include "nxd/runtime/kernels/elementwise.h"
 #include "nxd/runtime/kernels/embedding.h"
+#include "nxd/runtime/kernels/flash_attention.h"
 #include "nxd/runtime/kernels/norm.h"
 #include "nxd/runtime/kernels/rotary.h"
 #include "nxd/runtime/kernels/softmax.h"
@@ -183,5 +185,31 @@ TEST_P(KernelThreads, Attention) {
       k::attention_backward(dq, dk, dv, g, q, kk, v, o, p, causal, 0);
       return std::vector<Tensor>{o, p, o2, dq, dk, dv};
     });
+  }
+}
+
+TEST_P(KernelThreads, FlashAttention) {
+  const DType dt = GetParam();
+  // 3 query blocks, the last one short; Sk > Sq; GQA 2 and 4 (forward units per query block,
+  // backward units per kv head; B * Hkv = 1 also with the two-pass backward, whose units are
+  // per key block and per query block)
+  const int64_t hq = 4, sq = 150, sk = 170, D = 48;
+  for (auto [B, hkv, causal] : {std::tuple<int64_t, int64_t, bool>{2, 2, true},
+                                {2, 2, false},
+                                {1, 1, true},
+                                {1, 1, false}}) {
+    SCOPED_TRACE(str(causal ? "causal" : "full", " B=", B, " Hkv=", hkv));
+    Tensor q = randn({B, hq, sq, D}, dt, 25), kk = randn({B, hkv, sk, D}, dt, 26),
+           v = randn({B, hkv, sk, D}, dt, 27), g = randn({B, hq, sq, D}, dt, 28);
+    k::set_flash_backward_schedule(B == 1 ? k::FlashBackwardSchedule::two_pass
+                                          : k::FlashBackwardSchedule::one_pass);
+    expect_thread_invariant([&] {
+      Tensor o = empty({B, hq, sq, D}, dt), lse = empty({B, hq, sq}, dt);
+      k::flash_attention_forward(o, lse, q, kk, v, causal, 0);
+      Tensor dq = empty_like(q), dk = empty_like(kk), dv = empty_like(v);
+      k::flash_attention_backward(dq, dk, dv, g, q, kk, v, o, lse, causal, 0);
+      return std::vector<Tensor>{o, lse, dq, dk, dv};
+    });
+    k::set_flash_backward_schedule(k::FlashBackwardSchedule::one_pass);
   }
 }

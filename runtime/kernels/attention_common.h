@@ -1,0 +1,79 @@
+#pragma once
+// Internal helpers of the attention kernels (attention.cpp, flash_attention.cpp; not installed
+// API): argument checks, strided [B, H, S, D] operands as BLAS sees them, the unit loop.
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
+
+namespace nxd::kernels::detail {
+
+struct Dims {
+  int64_t b, hq, hkv, sq, sk, d, group;
+  double scale;
+};
+
+inline Dims check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                            bool causal, double scale) {
+  NXD_CHECK_SHAPE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "[", op,
+                  "] expects q [B,Hq,S,D], k and v [B,Hkv,S,D], got q=", q.desc(), " k=", k.desc(),
+                  " v=", v.desc());
+  NXD_CHECK_SHAPE(k.shape() == v.shape(), "[", op, "] k and v differ: k=", k.desc(),
+                  " v=", v.desc());
+  NXD_CHECK_SHAPE(q.size(0) == k.size(0) && q.size(3) == k.size(3), "[", op,
+                  "] batch or head dim differ: q=", q.desc(), " k=", k.desc());
+  NXD_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "[", op,
+            "] dtypes differ: q=", q.desc(), " k=", k.desc(), " v=", v.desc());
+  Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), 1, scale};
+  NXD_CHECK_SHAPE(d.hkv > 0 && d.hq % d.hkv == 0, "[", op, "] kv heads ", d.hkv,
+                  " do not divide query heads ", d.hq, ": q=", q.desc(), " k=", k.desc());
+  NXD_CHECK_SHAPE(!causal || d.sk >= d.sq, "[", op, "] causal attention needs at least as many ",
+                  "keys as queries: q=", q.desc(), " k=", k.desc());
+  d.group = d.hq / d.hkv;
+  if (!(d.scale > 0)) d.scale = 1.0 / std::sqrt(double(d.d));
+  return d;
+}
+
+// A [B, H, S, D] operand BLAS can read per (b, h) with leading dimension ld.
+template <class T>
+struct Mat {
+  T* p;
+  int64_t sb, sh, ld;
+  T* at(int64_t b, int64_t h) const { return p + b * sb + h * sh; }
+};
+
+inline bool gemmable(const Tensor& t) {
+  return (t.size(3) <= 1 || t.stride(3) == 1) && (t.size(2) <= 1 || t.stride(2) >= t.size(3));
+}
+inline Tensor gemm_input(const Tensor& t) {
+  Tensor d = t.detach();
+  return gemmable(d) ? d : d.contiguous();
+}
+template <class T>
+Mat<T> mat(const Tensor& t) {
+  int64_t ld = t.size(2) <= 1 ? std::max<int64_t>(t.size(3), 1) : t.stride(2);
+  return {static_cast<T*>(t.raw_data()), t.stride(0), t.stride(1), ld};
+}
+inline void check_out4(const char* op, const char* what, const Tensor& t, const Shape& shape,
+                       DType dtype) {
+  NXD_CHECK_SHAPE(t.shape() == shape && t.dtype() == dtype, "[", op, "] ", what, " is ", t.desc(),
+                  ", expected ", dtype_name(dtype), shape_str(shape));
+  NXD_CHECK(t.is_meta() || gemmable(t), "[", op, "] ", what, " ", t.desc(),
+            " needs a unit last stride");
+}
+
+// fn(begin, end) over [0, n) independent (batch, head) units of about `cost` flops each. f32 runs
+// the units on the compute pool (the GEMMs inside run serially, as they do for these sizes
+// anyway, so the results do not depend on the thread count); f64 (gradcheck, OpenBLAS) stays on
+// the calling thread.
+template <class T, class F>
+void for_units(int64_t n, double cost, F&& fn) {
+  if constexpr (std::is_same_v<T, float>)
+    for_rows(n, static_cast<int64_t>(std::min(cost, 1e12)), fn);
+  else
+    fn(int64_t{0}, n);
+}
+
+}  // namespace nxd::kernels::detail
