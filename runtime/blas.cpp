@@ -107,23 +107,18 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   // Split only products big enough to amortize a wake-up (GemmSplitOptions).
   if (t > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&
       m * n * k / t >= min_work) {
-    // By rows whenever every part gets a 16-row block: a row split gives bitwise the unsplit
-    // result (blas_test), a column split does not (Eigen's blocking depends on the part's n).
-    const bool by_rows = m >= 16 * t || m >= n;
-    int64_t len = by_rows ? m : n;
-    int parts = static_cast<int>(std::min<int64_t>(t, std::max<int64_t>(1, len / 16)));
+    // By rows only, every part a multiple of 16 rows but the last, which takes the rest (at least
+    // as many): the m % 16 tail rows stay the tail, and the result was bitwise the unsplit one on
+    // every shape of blas_test (ragged, transposed, 33 to 1024 rows). A tiny
+    // last part would not be (a 1-row part becomes a GEMV), nor a column split (Eigen's blocking
+    // depends on the part's n); products with fewer than 16 rows per part stay whole.
+    const int parts = static_cast<int>(std::min<int64_t>(t, m / 16));
     if (parts > 1) {
-      // Blocks are multiples of 16 rows/cols so every part keeps full SIMD panels.
-      int64_t block = ((len + parts - 1) / parts + 15) / 16 * 16;
+      const int64_t block = m / parts / 16 * 16;
       parallel::run(parts, [&](int p) {
-        int64_t s = p * block, e = std::min(len, s + block);
-        if (s >= e) return;
-        if (by_rows)
-          eigen_sgemm(ta, tb, e - s, n, k, alpha, ta ? a + s : a + s * lda, lda, b, ldb, beta,
-                      c + s * ldc, ldc);
-        else
-          eigen_sgemm(ta, tb, m, e - s, k, alpha, a, lda, tb ? b + s * ldb : b + s, ldb, beta,
-                      c + s, ldc);
+        const int64_t s = p * block, e = p == parts - 1 ? m : s + block;
+        eigen_sgemm(ta, tb, e - s, n, k, alpha, ta ? a + s : a + s * lda, lda, b, ldb, beta,
+                    c + s * ldc, ldc);
       });
       return;
     }

@@ -250,8 +250,8 @@ TEST(GemmBf16, BitwiseIdenticalOverThreadsAndRuns) {
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for_each_kernel([&](Bf16Kernel kernel) {
-          // The portable kernel is the f32 engine on rounded copies, which splits these by rows
-          // (bitwise the unsplit result); only products under 32 rows split by columns there.
+          // The portable kernel is the f32 engine on rounded copies, which splits by rows only
+          // (bitwise the unsplit result).
           SCOPED_TRACE(::testing::Message()
                        << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb);
           auto a = values(static_cast<size_t>(m * k), 5), b = values(static_cast<size_t>(k * n), 6);
