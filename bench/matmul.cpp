@@ -22,10 +22,11 @@
 // (bf16, f32, cblas; f32, cblas, bf16; cblas, bf16, f32; ...; reps: timed bf16 calls):
 //   matmul_bf16 case=fwd m=... n=... k=... threads=1 kernel=amx bf16_gflops=... f32_gflops=...
 //          blas_gflops=... bf16_vs_f32=... bf16_vs_blas=... (best_*: fastest call) reps=...
+// Before the first timed block the first case runs untimed for ~0.3 s (cold pages and caches).
 // Flags: --threads N (nxd::set_num_threads), --quick (fewer shapes), --case fwd|bwd_dx|bwd_dw|
 // attn_qk|attn_pv (only that product), --tokens T (only transformer shapes with T tokens),
 // --no-bf16 (skip the bf16 lines), --bf16-only (only the bf16 lines), --bf16-kernel
-// amx|avx512_bf16|portable (default: blas::bf16_kernel()).
+// amx|avx512_bf16|portable (default: blas::bf16_kernel()), --split-sweep (see split_sweep).
 #include <cblas.h>
 #include <sys/resource.h>
 
@@ -69,7 +70,7 @@ Tensor rand_tensor(const Shape& s, uint64_t stream) {
 
 bool swap_order = false;  // --swap: time the baseline's block first
 
-void run(const Case& c, int threads, const bench::TimerOptions& topt) {
+void run(const Case& c, int threads, const bench::TimerOptions& topt, bool print = true) {
   // x[T, in], w[out, in], y/dy[T, out]
   Tensor x = rand_tensor({c.tokens, c.in}, 1), w = rand_tensor({c.out, c.in}, 2),
          dy = rand_tensor({c.tokens, c.out}, 3);
@@ -127,7 +128,7 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt) {
     };
   }
   const double flops = 2.0 * static_cast<double>(batch) * m * n * k;
-  if (print_bf16) {
+  if (print_bf16 && print) {
     auto bf16 = [&] {
       blas::MatmulPrecisionScope scope(blas::MatmulPrecision::bf16);
       engine();
@@ -148,7 +149,7 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt) {
         t32.cpu_median / t16.cpu_median, t16.reps);
     std::fflush(stdout);
   }
-  if (!print_f32) return;
+  if (!print_f32 && print) return;
   auto [te, tb] = swap_order ? [&] {
     auto [b2, e2] = bench::time_pair(blas, engine, topt);
     return std::pair{e2, b2};
@@ -160,6 +161,7 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt) {
   engine();
   getrusage(RUSAGE_SELF, &r1);
   const long faults = r1.ru_minflt - r0.ru_minflt;
+  if (!print) return;
   const double ge = flops / te.median / 1e9, gb = flops / tb.median / 1e9;
   const double be = flops / te.min / 1e9, bb = flops / tb.min / 1e9;
   std::printf(
@@ -169,6 +171,51 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt) {
       c.name, static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
       threads, ge, gb, ge / gb, be, bb, be / bb, tb.cpu_median / te.cpu_median, faults, te.reps);
   std::fflush(stdout);
+}
+
+// --split-sweep (needs --threads >= 2): where splitting one product over the compute pool starts
+// to pay. For small products (cubes and the attention and tiny-model shapes) one blas::sgemm
+// call kept on the caller (GemmSplitOptions min work = max) against the same call split over the
+// pool (min work 0), in alternating blocks; at fp32 and at the bf16 precision. One line each:
+//   split precision=fp32 m=128 n=128 k=64 work=1048576 serial_us=... split_us=... speedup=...
+void split_sweep(int threads, const bench::TimerOptions& topt) {
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {32, 32, 32},    {48, 48, 48},    {64, 64, 64},    {96, 96, 96},    {64, 64, 128},
+      {128, 64, 64},   {128, 128, 64},  {128, 64, 128},  {128, 128, 128}, {192, 192, 192},
+      {256, 128, 128}, {256, 256, 256}, {128, 128, 512}, {512, 256, 256}, {1024, 256, 256}};
+  const blas::GemmSplitOptions saved = blas::gemm_split();
+  constexpr int64_t kNever = int64_t{1} << 62;
+  for (const auto precision : {blas::MatmulPrecision::fp32, blas::MatmulPrecision::bf16}) {
+    blas::MatmulPrecisionScope scope(precision);
+    for (const auto& [m, n, k] : shapes) {
+      std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
+          c(static_cast<size_t>(m * n));
+      // calls per timed sample: about 1 ms of work at ~100 GFLOP/s, so the timer is negligible
+      const int64_t calls = std::max<int64_t>(1, int64_t{50'000'000} / (m * n * k));
+      auto call = [&] {
+        for (int64_t i = 0; i < calls; ++i)
+          blas::sgemm(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c.data(), n);
+      };
+      auto serial = [&] {
+        blas::set_gemm_split({kNever, kNever});
+        call();
+      };
+      auto split = [&] {
+        blas::set_gemm_split({0, 0});
+        call();
+      };
+      auto [ts, tp] = bench::time_pair(serial, split, topt);
+      blas::set_gemm_split(saved);
+      std::printf(
+          "split precision=%s m=%lld n=%lld k=%lld work=%lld threads=%d serial_us=%.2f "
+          "split_us=%.2f speedup=%.3f best_speedup=%.3f reps=%d\n",
+          blas::matmul_precision_name(precision), static_cast<long long>(m),
+          static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m * n * k),
+          threads, ts.median * 1e6 / calls, tp.median * 1e6 / calls, ts.median / tp.median,
+          ts.min / tp.min, ts.reps);
+      std::fflush(stdout);
+    }
+  }
 }
 
 }  // namespace
@@ -218,6 +265,20 @@ int main(int argc, char** argv) {
   topt.min_seconds = quick ? 0.1 : 0.4;
   // raw cblas_sgemm at > 1 thread leaves OpenBLAS's worker spinning: stop it after every block
   if (threads > 1) topt.between_blocks = blas::stop_openblas_pool;
+  if (args.has("--split-sweep")) {
+    NXD_CHECK(threads >= 2, "[nxd-bench-matmul] --split-sweep needs --threads >= 2, got ", threads);
+    topt.min_reps = 20;
+    topt.min_seconds = 0.2;
+    split_sweep(threads, topt);
+    return 0;
+  }
+  // Warm up before the first timed block: the first case was measured cold (page faults of fresh
+  // output pages, caches), e.g. ratio 0.35 on 256^3 where later runs of it gave ~1.
+  if (!cases.empty()) {
+    bench::TimerOptions cold = topt;
+    cold.min_reps = 1, cold.max_reps = 1000, cold.min_seconds = 0.3, cold.warmup = 0;
+    run(cases.front(), threads, cold, /*print=*/false);
+  }
   for (const Case& c : cases) run(c, threads, topt);
   return 0;
 }

@@ -13,6 +13,7 @@
 #include "nxd/runtime/dtype.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/gemm_bf16.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/runtime/parallel.h"
 
 namespace nxd::blas {
@@ -34,6 +35,8 @@ Engine initial_engine() {
 }
 std::atomic<Engine> g_engine{initial_engine()};
 std::atomic<int> g_threads{1};
+std::atomic<int64_t> g_f32_split_min{GemmSplitOptions{}.f32_min_work};
+std::atomic<int64_t> g_bf16_split_min{GemmSplitOptions{}.bf16_min_work};
 
 // The pthread build of OpenBLAS starts a pool of workers when the library loads and whenever
 // openblas_set_num_threads is called, and an idle worker busy-waits (sched_yield in a loop) for
@@ -88,9 +91,11 @@ void eigen_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     eigen_product(cm, am.transpose(), bm.transpose(), alpha, beta);
 }
 
-// The f32 product on the current engine.
+// The f32 product on the current engine; split over the pool when each part keeps at least
+// min_work multiply-adds (GemmSplitOptions).
 void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+               int64_t min_work) {
   if (g_engine.load(std::memory_order_relaxed) == Engine::openblas) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
@@ -99,24 +104,21 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
     return;
   }
   int t = g_threads.load(std::memory_order_relaxed);
-  // Split only products big enough to amortize a wake-up (~2 MFLOP per part).
+  // Split only products big enough to amortize a wake-up (GemmSplitOptions).
   if (t > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&
-      m * n * k >= (int64_t{1} << 20) * t) {
-    bool by_rows = m >= n;
-    int64_t len = by_rows ? m : n;
-    int parts = static_cast<int>(std::min<int64_t>(t, std::max<int64_t>(1, len / 16)));
+      m * n * k / t >= min_work) {
+    // By rows only, every part a multiple of 16 rows but the last, which takes the rest (at least
+    // as many): the m % 16 tail rows stay the tail, and the result was bitwise the unsplit one on
+    // every shape of blas_test (ragged, transposed, 33 to 1024 rows). A tiny
+    // last part would not be (a 1-row part becomes a GEMV), nor a column split (Eigen's blocking
+    // depends on the part's n); products with fewer than 16 rows per part stay whole.
+    const int parts = static_cast<int>(std::min<int64_t>(t, m / 16));
     if (parts > 1) {
-      // Blocks are multiples of 16 rows/cols so every part keeps full SIMD panels.
-      int64_t block = ((len + parts - 1) / parts + 15) / 16 * 16;
+      const int64_t block = m / parts / 16 * 16;
       parallel::run(parts, [&](int p) {
-        int64_t s = p * block, e = std::min(len, s + block);
-        if (s >= e) return;
-        if (by_rows)
-          eigen_sgemm(ta, tb, e - s, n, k, alpha, ta ? a + s : a + s * lda, lda, b, ldb, beta,
-                      c + s * ldc, ldc);
-        else
-          eigen_sgemm(ta, tb, m, e - s, k, alpha, a, lda, tb ? b + s * ldb : b + s, ldb, beta,
-                      c + s, ldc);
+        const int64_t s = p * block, e = p == parts - 1 ? m : s + block;
+        eigen_sgemm(ta, tb, e - s, n, k, alpha, ta ? a + s : a + s * lda, lda, b, ldb, beta,
+                    c + s * ldc, ldc);
       });
       return;
     }
@@ -126,9 +128,13 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 
 std::atomic<MatmulPrecision> g_precision{MatmulPrecision::fp32};
 
+// AMX where it exists. Without AMX the portable kernel (round, then the f32 engine) is the
+// default: on an AVX512-BF16 machine without AMX (this project's 2-vCPU Xeon VM) it measured
+// 0.85-0.93x the f32 path against 0.56-0.77x for the avx512_bf16 kernel (VDPBF16PS runs at the
+// f32 FMA rate there, and the packing costs the rest; docs/DESIGN.md "Matmul precision").
+// NXD_BF16_KERNEL=avx512_bf16 still selects it.
 Bf16Kernel best_bf16_kernel() {
   if (bf16_kernel_available(Bf16Kernel::amx)) return Bf16Kernel::amx;
-  if (bf16_kernel_available(Bf16Kernel::avx512_bf16)) return Bf16Kernel::avx512_bf16;
   return Bf16Kernel::portable;
 }
 
@@ -155,14 +161,34 @@ Bf16Kernel initial_bf16_kernel() {
 constexpr int kUnresolved = -1;
 std::atomic<int> g_bf16_kernel{kUnresolved};
 
+// x rounded to the nearest bf16 (ties to even; NaN stays a quiet NaN), as an f32: bitwise
+// bf16::to_f32(bf16::from_f32(x)), written without branches so a loop over it vectorizes.
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t quiet = (u | 0x00400000u) & 0xffff0000u;
+  const uint32_t r = nan ? quiet : rounded;
+  float f;
+  std::memcpy(&f, &r, 4);
+  return f;
+}
+
 // Rounds a rows x cols operand (leading dimension ld) to bf16 values, stored compactly as f32.
+// Rows are independent, so they run over the compute pool (kernels::for_rows) without changing
+// any value.
 void round_to_bf16(std::vector<float>& dst, const float* src, int64_t rows, int64_t cols,
                    int64_t ld) {
   if (dst.size() < static_cast<size_t>(rows * cols)) dst.resize(static_cast<size_t>(rows * cols));
   float* d = dst.data();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j)
-      d[r * cols + j] = bf16::to_f32(bf16::from_f32(src[r * ld + j]));
+  kernels::for_rows(rows, cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* __restrict dr = d + r * cols;
+      const float* __restrict sr = src + r * ld;
+      for (int64_t j = 0; j < cols; ++j) dr[j] = round_bf16(sr[j]);
+    }
+  });
 }
 
 // The portable bf16 kernel: round both operands, then the f32 engine on the rounded copies.
@@ -173,7 +199,8 @@ void sgemm_bf16_portable(bool ta, bool tb, int64_t m, int64_t n, int64_t k, floa
   const int64_t a_cols = ta ? m : k, b_cols = tb ? k : n;
   round_to_bf16(ra, a, ta ? k : m, a_cols, lda);
   round_to_bf16(rb, b, tb ? n : k, b_cols, ldb);
-  sgemm_f32(ta, tb, m, n, k, alpha, ra.data(), a_cols, rb.data(), b_cols, beta, c, ldc);
+  sgemm_f32(ta, tb, m, n, k, alpha, ra.data(), a_cols, rb.data(), b_cols, beta, c, ldc,
+            g_bf16_split_min.load(std::memory_order_relaxed));
 }
 
 }  // namespace
@@ -182,7 +209,8 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0 || g_precision.load(std::memory_order_relaxed) == MatmulPrecision::fp32) {
-    sgemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    sgemm_f32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+              g_f32_split_min.load(std::memory_order_relaxed));
     return;
   }
   const Bf16Kernel kernel = bf16_kernel();
@@ -223,6 +251,17 @@ void set_threads(int n) {
 
 int threads() {
   return g_threads.load();
+}
+
+GemmSplitOptions gemm_split() {
+  return {g_f32_split_min.load(), g_bf16_split_min.load()};
+}
+void set_gemm_split(const GemmSplitOptions& o) {
+  NXD_CHECK(o.f32_min_work >= 0 && o.bf16_min_work >= 0,
+            "[blas::set_gemm_split] min work must be >= 0, got f32_min_work=", o.f32_min_work,
+            " bf16_min_work=", o.bf16_min_work);
+  g_f32_split_min = o.f32_min_work;
+  g_bf16_split_min = o.bf16_min_work;
 }
 
 void stop_openblas_pool() {

@@ -7,17 +7,20 @@
 // Eigen: Debian's OpenBLAS 0.3.21 runs its Haswell (AVX2) kernel on machines where
 // OPENBLAS_CORETYPE=Haswell is forced (as on our CI), and Eigen's AVX-512 kernel measured ~1.45x
 // faster on every transformer shape (see bench/matmul). NXD_GEMM=openblas|eigen overrides.
-// With n threads, an Eigen GEMM is split by rows (or columns) over a small pool that blocks
-// when idle; each element of C is still computed by one thread over the whole K.
+// With n threads, an Eigen GEMM is split by rows (at least 16 per part) over the compute pool;
+// each element of C is still computed by one thread over the whole K, and a row split gives
+// bitwise the unsplit result, so results do not depend on the thread count.
 //
 // Matmul precision. With MatmulPrecision::bf16, sgemm keeps f32 operands and result but rounds
 // the inputs of the product to bf16 (round to nearest even, as bf16::from_f32) and accumulates in
 // f32: what neuronx-cc does by default on a NeuronCore (--auto-cast matmult --auto-cast-type
 // bf16) and PyTorch's set_float32_matmul_precision("medium"). Kernels: AMX tiles (Sapphire Rapids
 // and later), AVX512-BF16 dot products (Cooper Lake, Zen 4), or the portable one (round the
-// operands into f32 scratch, then the f32 engine; also the reference for the rounding). The best
-// available one is the default; NXD_BF16_KERNEL=amx|avx512_bf16|portable overrides it. AMX and
-// AVX512-BF16 treat bf16 subnormal inputs as zero. Results do not depend on the thread count.
+// operands into f32 scratch over the compute pool, then the f32 engine; also the reference for
+// the rounding). The default is AMX where available, else portable (which measured faster than
+// avx512_bf16 on an AVX512-BF16 machine without AMX; see blas.cpp); NXD_BF16_KERNEL=amx|
+// avx512_bf16|portable overrides it. AMX and AVX512-BF16 treat bf16 subnormal inputs as zero, and
+// their results do not depend on the thread count; portable inherits the f32 engine's behaviour.
 // dgemm is never affected.
 #include <cstdint>
 #include <optional>
@@ -41,6 +44,21 @@ const char* engine_name(Engine e);
 
 void set_threads(int n);  // compute threads for GEMM (OpenBLAS's pool and nxd's GEMM pool)
 int threads();
+
+// When a product is split over the compute pool (f32 on the Eigen engine; every kernel of the
+// bf16 matmul precision): only if m·n·k >= min_work · threads, i.e. each part keeps at least
+// min_work multiply-adds to pay for handing it to a helper. f32_min_work applies to fp32
+// products, bf16_min_work to products under MatmulPrecision::bf16. The defaults are measured on
+// the reference machine (nxd-bench-matmul --threads 2 --split-sweep; docs/DESIGN.md "GEMM
+// engine"): at f32 splitting pays from 64^3 (2^18, 1.24x), at bf16 (portable kernel) from
+// 256x128x128 (2^22, 1.08x). Where a product is split never changes which dot products compute a
+// C element (each is one dot product over the whole K).
+struct GemmSplitOptions {
+  int64_t f32_min_work = int64_t{1} << 17;
+  int64_t bf16_min_work = int64_t{1} << 21;
+};
+GemmSplitOptions gemm_split();
+void set_gemm_split(const GemmSplitOptions& o);  // process-wide; throws if a value is < 0
 
 // Stops OpenBLAS's worker pool if it runs (the pthread build; a no-op for other BLAS builds).
 // An idle OpenBLAS worker busy-waits about 0.1 s after every multi-threaded call before it

@@ -5,6 +5,7 @@
 #include <new>
 #include <vector>
 
+#include "nxd/runtime/blas.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/parallel.h"
 
@@ -463,7 +464,7 @@ void gemm_bf16_x86(Bf16Kernel kernel, bool ta, bool tb, int64_t m, int64_t n, in
   int parts = 1;
   const bool by_rows = mb >= nb;
   if (threads > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&
-      m * n * k >= (int64_t{1} << 22) * threads)
+      m * n * k / threads >= gemm_split().bf16_min_work)
     parts = static_cast<int>(std::min<int64_t>(threads, by_rows ? mb : nb));
   if (parts <= 1) {
     pack_a(ta, a, lda, m, k, ksteps, 0, ms, pa);

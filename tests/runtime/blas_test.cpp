@@ -152,3 +152,66 @@ TEST(Blas, OpenBlasPoolRunsOnlyWhileItIsUsed) {
   gemm(c2);  // still correct after a stop
   EXPECT_BITWISE_EQ(c2, c);
 }
+
+namespace {
+struct SplitGuard {
+  blas::GemmSplitOptions prev = blas::gemm_split();
+  ~SplitGuard() { blas::set_gemm_split(prev); }
+};
+}  // namespace
+
+TEST(Blas, GemmSplitThresholdRejectsNegativeWork) {
+  SplitGuard guard;
+  for (auto [o, needle] :
+       {std::pair<blas::GemmSplitOptions, const char*>{{-1, 0}, "f32_min_work=-1"},
+        {{0, -5}, "bf16_min_work=-5"}}) {
+    try {
+      blas::set_gemm_split(o);
+      ADD_FAILURE() << "set_gemm_split did not throw for " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(blas::gemm_split().f32_min_work, guard.prev.f32_min_work);
+}
+
+TEST(Blas, SplittingSmallProductsDoesNotChangeResults) {
+  // Forcing the split (min work 0) on small products, as the attention and tiny-model shapes are,
+  // gives bitwise the single-thread result: f32 splits by rows only (a product with fewer than 16
+  // rows per part stays whole); the bf16 precision's AMX / AVX512-BF16 kernels split by rows or
+  // columns, and the portable one is the f32 engine.
+  EngineGuard guard;
+  SplitGuard split;
+  blas::set_engine(blas::Engine::eigen);
+  struct Shape3 {
+    int64_t m, n, k;
+  };
+  for (auto precision : {blas::MatmulPrecision::fp32, blas::MatmulPrecision::bf16}) {
+    blas::MatmulPrecisionScope scope(precision);
+    for (Shape3 s : {Shape3{128, 128, 64}, Shape3{128, 64, 128}, Shape3{50, 33, 70},
+                     Shape3{33, 50, 70}, Shape3{100, 301, 400}, Shape3{256, 768, 1024},
+                     Shape3{8, 300, 64}, Shape3{47, 200, 96}, Shape3{97, 64, 300}}) {
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          SCOPED_TRACE(str(blas::matmul_precision_name(precision), " m=", s.m, " n=", s.n,
+                           " k=", s.k, " ta=", ta, " tb=", tb));
+          Tensor a = empty(ta ? Shape{s.k, s.m} : Shape{s.m, s.k});
+          Tensor b = empty(tb ? Shape{s.n, s.k} : Shape{s.k, s.n});
+          init::uniform(a, RngStream{4, 1}, -1, 1);
+          init::uniform(b, RngStream{4, 2}, -1, 1);
+          Tensor expect;
+          for (int threads : {1, 2}) {
+            set_num_threads(threads);
+            blas::set_gemm_split({0, 0});
+            Tensor c = empty({s.m, s.n});
+            blas::sgemm(ta, tb, s.m, s.n, s.k, 1.0f, a.data<float>(), a.size(1), b.data<float>(),
+                        b.size(1), 0.0f, c.data<float>(), s.n);
+            if (!expect.defined())
+              expect = c;
+            else
+              EXPECT_BITWISE_EQ(c, expect);
+          }
+        }
+    }
+  }
+}

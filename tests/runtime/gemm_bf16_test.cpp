@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <vector>
 
@@ -248,9 +250,8 @@ TEST(GemmBf16, BitwiseIdenticalOverThreadsAndRuns) {
     for (bool ta : {false, true})
       for (bool tb : {false, true})
         for_each_kernel([&](Bf16Kernel kernel) {
-          // The portable kernel is the f32 engine on rounded copies: it has that engine's
-          // thread behaviour (Eigen's blocking depends on the size of a column split).
-          if (kernel == Bf16Kernel::portable) return;
+          // The portable kernel is the f32 engine on rounded copies, which splits by rows only
+          // (bitwise the unsplit result).
           SCOPED_TRACE(::testing::Message()
                        << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb);
           auto a = values(static_cast<size_t>(m * k), 5), b = values(static_cast<size_t>(k * n), 6);
@@ -286,5 +287,43 @@ TEST(GemmBf16, UnavailableKernelThrowsNamingIt) {
     }
     blas::detail::hide_bf16_kernel_for_testing(k, false);
     EXPECT_EQ(blas::bf16_kernel_available(k), real);
+  }
+}
+
+TEST(GemmBf16, DefaultIsAmxOrElsePortable) {
+  // avx512_bf16 is never the default: without AMX the portable kernel measured faster.
+  Restore restore;
+  const Bf16Kernel expect =
+      blas::bf16_kernel_available(Bf16Kernel::amx) ? Bf16Kernel::amx : Bf16Kernel::portable;
+  if (std::getenv("NXD_BF16_KERNEL") == nullptr) {
+    EXPECT_EQ(blas::bf16_kernel(), expect);
+  }
+}
+
+TEST(GemmBf16, PortableRoundingIsBitwiseFromF32AtAnyThreadCount) {
+  // The portable kernel's vectorized, row-parallel rounding against bf16::from_f32 value by value:
+  // A @ I returns the rounded A exactly (each C element is one product by 1 plus exact zeros).
+  // Ties to even both ways, subnormals, values that round up into the next binade, signs (no
+  // values that round to -0: -0 + 0 products sums to +0).
+  Restore restore;
+  blas::set_matmul_precision(MatmulPrecision::bf16);
+  blas::set_bf16_kernel(Bf16Kernel::portable);
+  const int64_t m = 300, k = 64;
+  std::vector<float> a = values(static_cast<size_t>(m * k), 9);
+  const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f80ffffu, 0x3fffffffu,
+                               0x00012345u, 0x80018000u, 0x00000000u, 0x00008000u, 0x7f000000u};
+  for (size_t i = 0; i < std::size(specials); ++i) std::memcpy(&a[i * 7], &specials[i], 4);
+  std::vector<float> eye(static_cast<size_t>(k * k), 0.0f);
+  for (int64_t i = 0; i < k; ++i) eye[static_cast<size_t>(i * k + i)] = 1.0f;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::vector<float> c(static_cast<size_t>(m * k), kNaN);
+    blas::sgemm(false, false, m, k, k, 1.0f, a.data(), k, eye.data(), k, 0.0f, c.data(), k);
+    for (size_t i = 0; i < a.size(); ++i) {
+      const float want = round_bf16(a[i]);
+      ASSERT_EQ(std::memcmp(&c[i], &want, 4), 0)
+          << "threads=" << threads << " a[" << i << "]=" << a[i] << " got " << c[i] << " want "
+          << want;
+    }
   }
 }

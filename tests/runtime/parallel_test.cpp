@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "nxd/runtime/blas.h"
+#include "nxd/runtime/error.h"
 
 using namespace nxd;
 
@@ -76,4 +79,25 @@ TEST(Parallel, AnExceptionInAPartReachesTheCallerAndThePoolStaysUsable) {
   std::atomic<int> n{0};
   parallel::run(4, [&](int) { n++; });
   EXPECT_EQ(n.load(), 4);
+}
+
+TEST(Parallel, PollBudgetFromTheEnvironmentIsCheckedAndABadOneChangesNothing) {
+  Threads one(1);
+  ::setenv("NXD_POOL_SPIN_US", "abc", 1);
+  try {
+    parallel::resize(2);
+    ADD_FAILURE() << "NXD_POOL_SPIN_US=abc was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("NXD_POOL_SPIN_US=abc"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parallel::threads(), 1);   // the pool is as it was
+  for (const char* v : {"0", "20"}) {  // no polling, a short poll: the pool still runs every part
+    ::setenv("NXD_POOL_SPIN_US", v, 1);
+    parallel::resize(2);
+    std::vector<std::atomic<int>> hits(64);
+    for (int rep = 0; rep < 50; ++rep) parallel::run(64, [&](int p) { ++hits[p]; });
+    for (auto& h : hits) EXPECT_EQ(h.load(), 50) << "NXD_POOL_SPIN_US=" << v;
+    parallel::resize(1);
+  }
+  ::unsetenv("NXD_POOL_SPIN_US");
 }
