@@ -68,15 +68,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                         const Tensor& probs, bool causal, double scale) {
   const char* op = "attention_backward";
   Dims d = check_attention(op, q, k, v, causal, scale);
-  check_out4(op, "dq", dq, q.shape(), q.dtype());
-  check_out4(op, "dk", dk, k.shape(), q.dtype());
-  check_out4(op, "dv", dv, v.shape(), q.dtype());
-  check_same(op, "dout", dout, q);
-  check_same(op, "out", out, q);
-  Shape ps{d.b, d.hq, d.sq, d.sk};
-  NXD_CHECK_SHAPE(probs.defined() && probs.shape() == ps && probs.dtype() == q.dtype(), "[", op,
-                  "] probs is ", probs.defined() ? probs.desc() : "undefined", ", expected ",
-                  dtype_name(q.dtype()), shape_str(ps));
+  check_backward(op, {dq, dk, dv, dout, q, k, v, out, probs, "probs", {d.b, d.hq, d.sq, d.sk}});
   double bh = double(d.b * d.hq);
   charge_compute(
       op, bh * (8.0 * d.sq * d.sk * d.d + 4.0 * d.sq * d.sk),

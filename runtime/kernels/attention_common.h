@@ -64,6 +64,26 @@ inline void check_out4(const char* op, const char* what, const Tensor& t, const 
             " needs a unit last stride");
 }
 
+// What every attention backward checks of its operands: dq, dk and dv shaped as q, k and v in q's
+// dtype with a unit last stride, dout and out as q, and the tensor the forward saved for it
+// (`saved_what`: probs or lse) defined, of `saved_shape`, in q's dtype.
+struct BackwardOperands {
+  const Tensor &dq, &dk, &dv, &dout, &q, &k, &v, &out, &saved;
+  const char* saved_what;
+  Shape saved_shape;
+};
+inline void check_backward(const char* op, const BackwardOperands& a) {
+  check_out4(op, "dq", a.dq, a.q.shape(), a.q.dtype());
+  check_out4(op, "dk", a.dk, a.k.shape(), a.q.dtype());
+  check_out4(op, "dv", a.dv, a.v.shape(), a.q.dtype());
+  check_same(op, "dout", a.dout, a.q);
+  check_same(op, "out", a.out, a.q);
+  NXD_CHECK_SHAPE(
+      a.saved.defined() && a.saved.shape() == a.saved_shape && a.saved.dtype() == a.q.dtype(), "[",
+      op, "] ", a.saved_what, " is ", a.saved.defined() ? a.saved.desc() : "undefined",
+      ", expected ", dtype_name(a.q.dtype()), shape_str(a.saved_shape));
+}
+
 // fn(begin, end) over [0, n) independent (batch, head) units of about `cost` flops each. f32 runs
 // the units on the compute pool (the GEMMs inside run serially, as they do for these sizes
 // anyway, so the results do not depend on the thread count); f64 (gradcheck, OpenBLAS) stays on

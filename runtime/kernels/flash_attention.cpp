@@ -286,15 +286,7 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
                               const Tensor& out, const Tensor& lse, bool causal, double scale) {
   const char* op = "flash_attention_backward";
   Dims d = check_attention(op, q, k, v, causal, scale);
-  check_out4(op, "dq", dq, q.shape(), q.dtype());
-  check_out4(op, "dk", dk, k.shape(), q.dtype());
-  check_out4(op, "dv", dv, v.shape(), q.dtype());
-  check_same(op, "dout", dout, q);
-  check_same(op, "out", out, q);
-  Shape ls{d.b, d.hq, d.sq};
-  NXD_CHECK_SHAPE(lse.defined() && lse.shape() == ls && lse.dtype() == q.dtype(), "[", op,
-                  "] lse is ", lse.defined() ? lse.desc() : "undefined", ", expected ",
-                  dtype_name(q.dtype()), shape_str(ls));
+  check_backward(op, {dq, dk, dv, dout, q, k, v, out, lse, "lse", {d.b, d.hq, d.sq}});
   // the materialized backward's flops plus the recomputed scores and exponentials; HBM traffic
   // is the operands, their gradients and lse
   const double bh = double(d.b * d.hq);
