@@ -14,19 +14,9 @@ namespace nxd::ckpt {
 namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using nxd::testing::error_of;
 using nxd::testing::run_ranks;
 using nxd::testing::Trainee;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
-}
 
 // Trains 2 steps, saves, trains a 3rd; a fresh model (other seed, other schedule) loaded from
 // the checkpoint equals the saved state bitwise and its 3rd step gives bitwise the same loss.

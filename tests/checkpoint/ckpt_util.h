@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "nxd/autograd/graph.h"
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/fileio.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/optim/lr_schedule.h"
@@ -20,6 +22,19 @@
 #include "support/files.h"
 
 namespace nxd::testing {
+
+// What f throws: a CheckpointError's message, "wrong exception type: ..." for any other
+// exception, or "no exception".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ckpt::CheckpointError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no exception";
+}
 
 // A fresh scratch folder <temp>/<prefix><pid>_<test name>, removed when the test ends: the pid
 // keeps runs of the same tests from other worktrees (sharing /tmp) apart.

@@ -20,6 +20,7 @@
 namespace nxd::ckpt {
 namespace {
 namespace fs = std::filesystem;
+using nxd::testing::error_of;
 using nxd::testing::slurp;
 
 void spit(const fs::path& p, const std::string& s) {
@@ -36,17 +37,6 @@ std::vector<std::pair<std::string, Tensor>> sample_tensors() {
       {"step", from_vector<int64_t>({int64_t{1} << 40}, {})},  // a scalar: shape []
       {"empty", zeros({0, 3})},
   };
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
 }
 
 TEST(Crc32c, KnownValuesAndHardwareMatchesTable) {
@@ -166,31 +156,30 @@ TEST(Safetensors, DamagedFilesNameTheFileAndTensor) {
   std::string bad = good;
   bad[h.data_start + norm->begin + 3] ^= 0x10;
   spit(p, bad);
-  std::string m = message_of([&] { SafetensorsReader(p).read_all(); });
+  std::string m = error_of([&] { SafetensorsReader(p).read_all(); });
   EXPECT_NE(m.find("checksum mismatch"), std::string::npos) << m;
   EXPECT_NE(m.find("'norm.bias'"), std::string::npos) << m;
   EXPECT_NE(m.find(p.string()), std::string::npos) << m;
 
   // truncated inside a tensor
   spit(p, good.substr(0, h.data_start + norm->begin + 5));
-  m = message_of([&] { SafetensorsReader(p).read_all(); });
+  m = error_of([&] { SafetensorsReader(p).read_all(); });
   EXPECT_NE(m.find("truncated"), std::string::npos) << m;
   EXPECT_NE(m.find("'norm.bias'"), std::string::npos) << m;
 
   // truncated inside the header, and shorter than the length prefix
   spit(p, good.substr(0, 20));
-  EXPECT_NE(message_of([&] { SafetensorsReader r(p); }).find("truncated inside"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { SafetensorsReader r(p); }).find("truncated inside"), std::string::npos);
   spit(p, good.substr(0, 5));
-  EXPECT_NE(message_of([&] { SafetensorsReader r(p); }).find("truncated"), std::string::npos);
+  EXPECT_NE(error_of([&] { SafetensorsReader r(p); }).find("truncated"), std::string::npos);
 
   // trailing garbage
   spit(p, good + "xx");
-  EXPECT_NE(message_of([&] { SafetensorsReader r(p); }).find("after the last tensor"),
+  EXPECT_NE(error_of([&] { SafetensorsReader r(p); }).find("after the last tensor"),
             std::string::npos);
 
   // a missing file
-  EXPECT_NE(message_of([&] { SafetensorsReader r(dir / "nope.safetensors"); }).find("cannot open"),
+  EXPECT_NE(error_of([&] { SafetensorsReader r(dir / "nope.safetensors"); }).find("cannot open"),
             std::string::npos);
 
   // compressed: a flipped byte in the middle and a truncated frame
@@ -200,20 +189,20 @@ TEST(Safetensors, DamagedFilesNameTheFileAndTensor) {
   std::string zb = zg;
   zb[zb.size() / 2] ^= 0x01;
   spit(z, zb);
-  m = message_of([&] { SafetensorsReader(z).read_all(); });
+  m = error_of([&] { SafetensorsReader(z).read_all(); });
   EXPECT_NE(m.find(z.string()), std::string::npos) << m;
   EXPECT_EQ(m.find("no exception"), std::string::npos) << m;
   spit(z, zg + "garbage");
-  m = message_of([&] { SafetensorsReader(z).read_all(); });
+  m = error_of([&] { SafetensorsReader(z).read_all(); });
   EXPECT_NE(m.find("data after the zstd frame"), std::string::npos) << m;
   spit(z, zg.substr(0, zg.size() - 9));
-  m = message_of([&] { SafetensorsReader(z).read_all(); });
+  m = error_of([&] { SafetensorsReader(z).read_all(); });
   EXPECT_NE(m.find("truncated"), std::string::npos) << m;
 }
 
 TEST(Safetensors, MalformedHeadersAreRefused) {
   auto check = [](const std::string& json, const std::string& expect) {
-    const std::string m = message_of([&] { parse_header(json, "f.safetensors"); });
+    const std::string m = error_of([&] { parse_header(json, "f.safetensors"); });
     EXPECT_NE(m.find(expect), std::string::npos) << json << " -> " << m;
     EXPECT_NE(m.find("f.safetensors"), std::string::npos) << m;
   };

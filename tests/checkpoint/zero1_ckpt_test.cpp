@@ -23,6 +23,7 @@ namespace nxd::ckpt {
 namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using nxd::testing::error_of;
 using nxd::testing::full_state;
 using nxd::testing::run_ranks;
 using nxd::testing::shard_snapshot;
@@ -265,17 +266,6 @@ TEST(Zero1Checkpoint, EarlierGatheredLayoutStillLoads) {
                                 nxd::testing::snapshot(*m1, nullptr), "model");
     });
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
 }
 
 // Damaged ZeRO-1 checkpoints (DP 2) are refused naming the file and tensor, on every rank, and
