@@ -43,13 +43,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   int tp = 8, threads = 2;
-  ModelConfig c;
-  c.vocab_size = 32000;
-  c.num_layers = 32;
-  c.hidden_size = 4096;
-  c.num_attention_heads = 32;
-  c.ffn_hidden_size = 11008;
-  c.max_position_embeddings = 4096;
+  ModelConfig c = ModelConfig::llama2_7b();
   c.dtype = DType::bf16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

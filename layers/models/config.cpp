@@ -118,4 +118,15 @@ void ModelConfig::validate_parallel(int tp) const {
          " (pad the vocabulary)");
 }
 
+ModelConfig ModelConfig::llama2_7b() {
+  ModelConfig c;
+  c.vocab_size = 32000;
+  c.num_layers = 32;
+  c.hidden_size = 4096;
+  c.num_attention_heads = 32;
+  c.ffn_hidden_size = 11008;
+  c.max_position_embeddings = 4096;
+  return c;
+}
+
 }  // namespace nxd

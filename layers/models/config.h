@@ -68,6 +68,10 @@ struct ModelConfig {
   // kv_size_multiplier == max(1, tp / kv heads). Nothing to check when tp == 1.
   void validate_parallel(int tp) const;
 
+  // Llama-2-7B's sizes (its Hugging Face config: vocab 32000, 32 layers, hidden 4096, 32 heads,
+  // no GQA, ffn 11008, 4096 positions, RMSNorm eps 1e-5); every other field at its default.
+  static ModelConfig llama2_7b();
+
   InitScheme init_scheme() const { return {init_method, init_std, num_layers}; }
   int64_t head_dim() const {
     return attention_head_dim > 0 ? attention_head_dim : hidden_size / num_attention_heads;

@@ -186,13 +186,7 @@ TEST(NxdApi, MetaInitMaterializesTheHostBuildsValues) {
 // A 7B-parameter Llama shape (hidden 4096, 32 layers, ffn 11008, vocab 32000) at TP 8 builds on
 // the meta device: every rank's share is counted on the meta device, the host allocates nothing.
 TEST(NxdApi, SevenBillionParameterShapeBuildsOnTheMetaDevice) {
-  ModelConfig c;
-  c.vocab_size = 32000;
-  c.num_layers = 32;
-  c.hidden_size = 4096;
-  c.num_attention_heads = 32;
-  c.ffn_hidden_size = 11008;
-  c.max_position_embeddings = 4096;
+  ModelConfig c = ModelConfig::llama2_7b();
   c.device = Device::meta;
   std::vector<int64_t> counts(8), meta(8);
   const int64_t host_before = device_memory(Device::host).live();
