@@ -12,6 +12,7 @@
 #include "nxd/runtime/init.h"
 #include "nxd/runtime/parallel.h"
 #include "support/compare.h"
+#include "support/random.h"
 #include "support/threads.h"
 
 using namespace nxd;
@@ -20,9 +21,7 @@ using namespace nxd::optim;
 namespace {
 
 Tensor randn(const Shape& s, DType dt, uint64_t seed) {
-  Tensor t = empty(s, DType::f64);
-  init::normal(t, RngStream{seed, 41}, 0.0, 1.0);
-  return t.to(dt);
+  return nxd::testing::randn_from(s, dt, {seed, 41}, 1.0);
 }
 
 using nxd::testing::expect_thread_invariant;

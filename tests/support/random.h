@@ -17,6 +17,14 @@ inline Tensor randn(const Shape& s, uint64_t seed, DType dt = DType::f64, double
   return t.to(dt);
 }
 
+// The same drawn from an explicit stream (a test file keeps its own stream number so its values
+// stay apart from other files'), converted to `dt`.
+inline Tensor randn_from(const Shape& s, DType dt, RngStream stream, double std = 1.0) {
+  Tensor t = empty(s, DType::f64);
+  init::normal(t, stream, 0.0, std);
+  return t.to(dt);
+}
+
 // gradcheck in f64, failing with `what` and the first mismatching element.
 inline void check_grad(const autograd::ForwardFn& fn, const std::vector<Tensor>& inputs,
                        const std::string& what = "") {

@@ -5,15 +5,14 @@
 #include "nxd/runtime/init.h"
 #include "nxd/runtime/kernels/attention.h"
 #include "support/compare.h"
+#include "support/random.h"
 
 using namespace nxd;
 namespace k = nxd::kernels;
 
 namespace {
 Tensor randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
-  Tensor t = empty(s, DType::f64);
-  init::normal(t, RngStream{seed, 14}, 0.0, std);
-  return t.to(dt);
+  return nxd::testing::randn_from(s, dt, {seed, 14}, std);
 }
 }  // namespace
 

@@ -6,15 +6,14 @@
 #include "nxd/runtime/kernels/cross_entropy.h"
 #include "nxd/runtime/kernels/embedding.h"
 #include "support/compare.h"
+#include "support/random.h"
 
 using namespace nxd;
 namespace k = nxd::kernels;
 
 namespace {
 Tensor randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
-  Tensor t = empty(s, DType::f64);
-  init::normal(t, RngStream{seed, 13}, 0.0, std);
-  return t.to(dt);
+  return nxd::testing::randn_from(s, dt, {seed, 13}, std);
 }
 }  // namespace
 

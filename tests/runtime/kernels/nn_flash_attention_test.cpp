@@ -11,6 +11,7 @@
 #include "nxd/runtime/kernels/attention.h"
 #include "nxd/runtime/kernels/flash_attention.h"
 #include "support/compare.h"
+#include "support/random.h"
 
 using namespace nxd;
 namespace k = nxd::kernels;
@@ -18,9 +19,7 @@ namespace k = nxd::kernels;
 namespace {
 
 Tensor randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
-  Tensor t = empty(s, DType::f64);
-  init::normal(t, RngStream{seed, 15}, 0.0, std);
-  return t.to(dt);
+  return nxd::testing::randn_from(s, dt, {seed, 15}, std);
 }
 
 struct FlashCase {

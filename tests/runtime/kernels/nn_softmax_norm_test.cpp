@@ -9,15 +9,14 @@
 #include "nxd/runtime/kernels/reduce.h"
 #include "nxd/runtime/kernels/softmax.h"
 #include "support/compare.h"
+#include "support/random.h"
 
 using namespace nxd;
 namespace k = nxd::kernels;
 
 namespace {
 Tensor randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
-  Tensor t = empty(s, DType::f64);
-  init::normal(t, RngStream{seed, 11}, 0.0, std);
-  return t.to(dt);
+  return nxd::testing::randn_from(s, dt, {seed, 11}, std);
 }
 double tol(DType dt) {
   return dt == DType::f64 ? 1e-12 : 2e-6;

@@ -19,6 +19,7 @@
 #include "nxd/runtime/kernels/softmax.h"
 #include "nxd/runtime/parallel.h"
 #include "support/compare.h"
+#include "support/random.h"
 #include "support/threads.h"
 
 using namespace nxd;
@@ -27,9 +28,7 @@ namespace k = nxd::kernels;
 namespace {
 
 Tensor randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
-  Tensor t = empty(s, DType::f64);
-  init::normal(t, RngStream{seed, 31}, 0.0, std);
-  return t.to(dt);
+  return nxd::testing::randn_from(s, dt, {seed, 31}, std);
 }
 
 using nxd::testing::expect_thread_invariant;
