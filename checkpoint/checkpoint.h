@@ -62,8 +62,9 @@ struct SaveStats {
 };
 
 // Saves model (parameters and persistent buffers), optimizer state, scheduler and user content
-// (any may be null / empty) as <path>/<tag>/. Re-saving an existing tag first removes its done
-// marker (the old contents are lost if that save does not complete).
+// (any may be null / empty) as <path>/<tag>/. Re-saving a complete tag writes the new one aside
+// (<path>/.<tag>.saving/) and exchanges the two folders once it is complete: a crash at any
+// moment leaves a complete checkpoint under the tag. Re-saving an incomplete one replaces it.
 SaveStats save_checkpoint(const std::filesystem::path& path, const std::string& tag,
                           const Module* model, const optim::Optimizer* optimizer,
                           const optim::LRSchedule* scheduler,

@@ -142,6 +142,7 @@ std::vector<TagInfo> list_checkpoints(const fs::path& path) {
   if (!fs::is_directory(path, ec)) return {};
   for (const auto& e : fs::directory_iterator(path, ec)) {
     if (!e.is_directory() || !fs::exists(e.path() / detail::kMarker)) continue;
+    if (e.path().filename().string().starts_with(".")) continue;  // a re-save's aside folder
     TagInfo t;
     t.tag = e.path().filename().string();
     if (fs::exists(e.path() / detail::kDone)) {

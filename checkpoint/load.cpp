@@ -5,6 +5,7 @@
 #include <map>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/integrity.h"
 #include "nxd/checkpoint/layout.h"
 #include "nxd/checkpoint/stager.h"
 #include "nxd/collectives/communicator.h"
@@ -171,6 +172,12 @@ Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
       throw CheckpointError(str("[load_checkpoint] ", dir.string(), " has no model"));
     s.model = model_wants(chunks);
     st.stage("model", meta["model"], s.model, opts.strict, whole_model);
+    for (const Want& w : s.model)  // NaN/Inf weights: a diverged state, refused (integrity.h)
+      if (w.staged.defined() && w.staged.is_contiguous())
+        if (const int64_t bad =
+                detail::count_nonfinite(w.staged.raw_data(), w.staged.numel(), w.staged.dtype()))
+          throw CheckpointError(str("[load_checkpoint] ", dir.string(), ": model tensor '", w.name,
+                                    "' holds ", bad, " NaN or infinite value(s)"));
   }
   if (optimizer) {
     NXD_CHECK(!chunks.empty() || d.tp == 1, "[load_checkpoint] loading the optimizer at TP=", d.tp,

@@ -7,6 +7,7 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/dp_shards.h"
+#include "nxd/checkpoint/integrity.h"
 #include "nxd/checkpoint/layout.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
@@ -28,6 +29,60 @@ fs::path resolve_checkpoint(const fs::path& dir) {
   return dir / *t;
 }
 
+namespace {
+
+// What load checks of a shard (integrity.h), and that its header agrees with metadata.json (size,
+// dtypes, whole shapes); then every tensor is read (checksums) and model tensors must be finite.
+void verify_shard(const json& meta, const std::string& rel, const json& info, SafetensorsReader& r,
+                  VerifyReport& rep) {
+  const std::string p = r.path().string();
+  detail::check_shard_identity(r.header(), rel, p, "[verify]");
+  const int64_t want_bytes = info.at("bytes").get<int64_t>();
+  if (r.file_size() != want_bytes)
+    throw CheckpointError(str("[verify] ", p, " has ", r.file_size(), " bytes, metadata.json says ",
+                              want_bytes, " (truncated or replaced)"));
+  const bool model = rel.rfind("model/", 0) == 0;
+  const bool zero1_optim = !model && meta.at("parallel").value("zero1", false);
+  if (!zero1_optim) {  // ZeRO-1 files hold parts: index_dp_files checks them below
+    const json& table = model ? meta.at("model") : meta.at("optimizer").at("tensors");
+    const auto specs = detail::specs_of(r.header(), rel);
+    for (const auto& t : r.header().tensors) {
+      if (!table.contains(t.name))
+        throw CheckpointError(
+            str("[verify] ", p, ": tensor '", t.name, "' is not listed in metadata.json"));
+      const json& e = table.at(t.name);
+      auto it = specs.find(t.name);
+      const Shape whole = full_shape(t.shape, it == specs.end() ? ShardSpec{} : it->second);
+      if (e.at("dtype").get<std::string>() != safetensors_dtype(t.dtype) ||
+          e.at("shape").get<Shape>() != whole)
+        throw CheckpointError(str("[verify] ", p, ": tensor '", t.name, "' is ",
+                                  safetensors_dtype(t.dtype), shape_str(whole),
+                                  " (whole), metadata.json says ", e.at("dtype").get<std::string>(),
+                                  e.at("shape").dump()));
+    }
+  }
+  std::vector<char> buf;
+  std::optional<TensorInfo> last;  // the tensor in buf, checked when the next one starts
+  auto finite = [&] {
+    if (!last || !model) return;
+    if (const int64_t bad = detail::count_nonfinite(
+            buf.data(), last->nbytes() / dtype_size(last->dtype), last->dtype))
+      throw CheckpointError(str("[verify] ", p, ": model tensor '", last->name, "' holds ", bad,
+                                " NaN or infinite value(s)"));
+  };
+  r.read([&](const TensorInfo& t) -> void* {
+    finite();
+    ++rep.tensors;
+    rep.bytes += t.nbytes();
+    buf.resize(static_cast<size_t>(t.nbytes()) + 1);
+    last = t;
+    return buf.data();
+  });
+  finite();
+}
+
+}  // namespace
+
 VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   const json meta = read_metadata(tag_dir);
   VerifyReport rep;
@@ -47,13 +102,7 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
       continue;
     }
     SafetensorsReader r(p);
-    std::vector<char> buf;
-    r.read([&](const TensorInfo& t) -> void* {
-      ++rep.tensors;
-      rep.bytes += t.nbytes();
-      buf.resize(static_cast<size_t>(t.nbytes()) + 1);
-      return buf.data();
-    });
+    verify_shard(meta, rel, info, r, rep);
   }
   // ZeRO-1: the DP files of every (tp, pp) rank tile every state tensor
   const json& par = meta.at("parallel");

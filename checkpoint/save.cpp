@@ -1,6 +1,9 @@
 // save_checkpoint: this rank's shards (plain or async), then global rank 0 completes the
 // checkpoint (metadata.json, done, retention) once every rank has written its files.
+#include <fcntl.h>
+
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <memory>
 #include <thread>
@@ -31,8 +34,9 @@ struct Shard {
 };
 
 struct SavePlan {
-  fs::path path, dir;
+  fs::path path, dir;  // dir: where the files go (path/tag, or the aside folder of a re-save)
   std::string tag;
+  bool swap = false;  // re-saving a complete tag: dir is aside, swapped in once complete
   SaveOptions opts;
   Degrees deg;
   bool has_model = false, has_optim = false;
@@ -236,6 +240,35 @@ json index_zero1(const SavePlan& p, json& files, json& table) {
   return info;
 }
 
+// A re-save of a complete tag, itself complete in its aside folder, becomes the tag: the two
+// folders are exchanged in one rename (renameat2 RENAME_EXCHANGE), so path/tag is a complete
+// checkpoint at every moment, then the old one (now aside) is removed. Filesystems without the
+// exchange get two renames (a crash between them leaves the tag only as .<tag>.old).
+void swap_in(const SavePlan& p) {
+  const fs::path target = p.path / p.tag;
+  std::error_code ec;
+  if (renameat2(AT_FDCWD, p.dir.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+    const fs::path old = p.path / ("." + p.tag + ".old");
+    fs::remove_all(old, ec);
+    fs::rename(target, old, ec);
+    if (ec)
+      throw CheckpointError(
+          str("[save_checkpoint] cannot move ", target.string(), " aside: ", ec.message()));
+    fs::rename(p.dir, target, ec);
+    if (ec)
+      throw CheckpointError(str("[save_checkpoint] cannot rename ", p.dir.string(), " to ",
+                                target.string(), ": ", ec.message()));
+    fsync_dir(p.path);
+    fs::remove_all(old, ec);
+    fsync_dir(p.path);
+    return;
+  }
+  fsync_dir(p.path);
+  fs::remove(p.dir / detail::kDone, ec);  // the old contents, now aside
+  fs::remove_all(p.dir, ec);
+  fsync_dir(p.path);
+}
+
 // Global rank 0, after every rank wrote its files: metadata.json from the shards' headers (so
 // every shard exists and parses before the checkpoint counts), then done, then retention.
 void complete(const SavePlan& p) {
@@ -286,6 +319,7 @@ void complete(const SavePlan& p) {
   write_file_atomic(p.dir / detail::kMetadata, m.dump(1), p.opts.sync);
   write_file_atomic(p.dir / detail::kDone, json{{"tag", p.tag}, {"seq", seq}}.dump() + "\n",
                     p.opts.sync);
+  if (p.swap) swap_in(p);
   detail::apply_retention(p.path, p.opts.num_kept_ckpts, p.tag);
 }
 
@@ -343,12 +377,26 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   NXD_CHECK(!(optimizer && chunks.empty() && plan->deg.tp > 1),
             "[save_checkpoint] saving the optimizer at TP=", plan->deg.tp,
             " needs the model too (its parallel attributes say how the state is split)");
+  std::string aside;
   detail::run_agreed("[save_checkpoint]", [&] {
     if (plan->deg.rank != 0) return;
     std::error_code ec;
-    if (fs::exists(plan->dir)) {
-      // Re-saving a tag: it stops counting first, then the old files go (a save at other
-      // degrees would leave shards that no longer belong to it).
+    // aside folders left by a crashed re-save (no save is in flight: finalized above)
+    if (fs::is_directory(path, ec))
+      for (const auto& e : fs::directory_iterator(path, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n.size() > 8 && n[0] == '.' && n.ends_with(".saving") &&
+            fs::exists(e.path() / detail::kMarker))
+          fs::remove_all(e.path(), ec);
+      }
+    if (fs::exists(plan->dir / detail::kDone)) {
+      // Re-saving a complete tag: written aside and swapped in when complete (swap_in), so a
+      // crash at any moment leaves a complete checkpoint under the tag.
+      aside = "." + tag + ".saving";
+      plan->dir = path / aside;
+    } else if (fs::exists(plan->dir)) {
+      // Re-saving an incomplete tag: it stops counting first, then the old files go (a save at
+      // other degrees would leave shards that no longer belong to it).
       fs::remove(plan->dir / detail::kDone, ec);
       fsync_dir(plan->dir);
       for (const auto& e : fs::directory_iterator(plan->dir))
@@ -360,6 +408,11 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
     write_file_atomic(plan->dir / detail::kMarker, "nxd checkpoint\n", opts.sync);
     fsync_dir(path);
   });
+  aside = detail::broadcast_string(aside);
+  if (!aside.empty()) {
+    plan->dir = path / aside;
+    plan->swap = true;
+  }
   SaveStats st;
   const auto t0 = clock::now();
   if (opts.async_save) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/integrity.h"
 
 namespace nxd::ckpt::detail {
 namespace fs = std::filesystem;
@@ -162,6 +163,7 @@ void Stager::read_file(const std::string& rel, std::map<std::string, FileTensor>
   const fs::path p = dir_ / rel;
   if (!fs::exists(p)) throw CheckpointError(str("[load_checkpoint] missing shard ", p.string()));
   SafetensorsReader r(p);
+  check_shard_identity(r.header(), rel, p.string(), "[load_checkpoint]");
   for (const auto& [name, ft] : tensors) {
     const TensorInfo* t = r.header().find(name);
     if (!t)

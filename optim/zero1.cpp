@@ -295,6 +295,12 @@ void Zero1AdamW::step() {
   ++steps_;
 }
 
+void Zero1AdamW::discard_gradients() {
+  Impl& I = *impl_;
+  I.grad.clear();
+  I.reduced = false;
+}
+
 void Zero1AdamW::gather_state() {
   Impl& I = *impl_;
   NoGradGuard ng;

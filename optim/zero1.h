@@ -70,6 +70,9 @@ class Zero1AdamW : public Optimizer {
   void reduce_gradients();
   // Returns the norm before clipping; max_norm 0 = no clipping. Reduces first if needed.
   double clip_grad_norm(double max_norm);
+  // Drops the reduced gradients of this step without an update (a step skipped because its
+  // gradient norm is not finite); the next backward starts afresh.
+  void discard_gradients();
   void step() override;
   void set_precision(const PrecisionOptions& p) override;
 

@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+void refuse_to_overwrite(const std::string& cmd, const fs::path& out);
 
 const char* kUsage =
     "usage: nxd-ckpt inspect DIR [--tensors]\n"
@@ -216,6 +217,7 @@ int run(const std::vector<std::string>& argv) {
   if (a.cmd == "export" || a.cmd == "export-hf") {
     a.want(2);
     const fs::path tag = nxd::ckpt::resolve_checkpoint(a.pos[0]);
+    refuse_to_overwrite(a.cmd, a.pos[1]);
     if (a.cmd == "export") {
       nxd::ckpt::export_merged(tag, a.pos[1]);
       std::printf("%s -> %s\n", tag.string().c_str(), a.pos[1].c_str());
@@ -229,6 +231,23 @@ int run(const std::vector<std::string>& argv) {
   if (a.cmd == "reshard") return reshard(a);
   if (a.cmd == "import" || a.cmd == "import-hf") return import(a);
   throw Usage("unknown command '" + a.cmd + "'");
+}
+
+// export writes OUT, export-hf OUT/{model.safetensors,config.json}: none may exist already.
+void refuse_to_overwrite(const std::string& cmd, const fs::path& out) {
+  std::error_code ec;
+  std::vector<fs::path> taken;
+  if (cmd == "export" && fs::exists(out, ec)) taken.push_back(out);
+  if (cmd == "export-hf") {
+    if (fs::exists(out, ec) && !fs::is_directory(out, ec))
+      throw nxd::IoError("[nxd-ckpt] export-hf: " + out.string() +
+                         " is an existing file, not a folder (not overwritten)");
+    for (const char* f : {"model.safetensors", "config.json"})
+      if (fs::exists(out / f, ec)) taken.push_back(out / f);
+  }
+  if (!taken.empty())
+    throw nxd::IoError("[nxd-ckpt] " + cmd + ": " + taken.front().string() +
+                       " exists already (not overwritten: remove it or choose another OUT)");
 }
 
 }  // namespace

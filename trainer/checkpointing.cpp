@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/runtime/error.h"
@@ -28,6 +29,7 @@ void ModelCheckpoint::on_fit_start(Trainer& trainer, TrainingModule&) {
         "[ModelCheckpoint] monitor=val_loss needs validation (val_check_interval > 0)");
   kept_.clear();
   last_saved_ = -1;
+  start_step_ = trainer.global_step();  // the resumed step, or 0
   have_val_ = false;
   stall_ = 0;
 }
@@ -41,21 +43,52 @@ void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainingModule& modul
                                          const StepOutput& out) {
   last_loss_ = out.loss;
   const int64_t n = opts_.every_n_train_steps;
-  if (n > 0 && out.step % n == 0) save(trainer, module, out.step, out.loss);
+  if (n > 0 && out.step % n == 0) {
+    if (out.skipped) {  // a non-finite step is never checkpointed (its update was not applied)
+      trainer.message(str("checkpoint step_", out.step,
+                          " not saved: the step's loss or gradient "
+                          "norm is not finite"));
+      return;
+    }
+    save(trainer, module, out.step, out.loss);
+  }
 }
 
 void ModelCheckpoint::on_fit_end(Trainer& trainer, TrainingModule& module) {
   const int64_t step = trainer.global_step();
-  if (opts_.save_last && step > 0 && last_saved_ != step) save(trainer, module, step, last_loss_);
+  const bool save = opts_.save_last || trainer.preempted_by() != 0;  // preemption: always
+  if (save && step > 0 && last_saved_ != step) this->save(trainer, module, step, last_loss_);
   ckpt::finalize_checkpoint();
+}
+
+// The tag is a complete checkpoint this fit resumed from and has not trained past: saving would
+// rewrite the same state.
+bool ModelCheckpoint::holds_this_state(const Trainer& trainer, int64_t step,
+                                       const std::string& tag) const {
+  namespace fs = std::filesystem;
+  const std::string& from = trainer.options().ckpt_path;
+  if (from.empty() || step != start_step_) return false;
+  std::error_code ec;
+  const fs::path dir = fs::path(opts_.dirpath) / tag;
+  if (!fs::exists(dir / "done", ec)) return false;
+  const fs::path f = fs::weakly_canonical(from, ec);
+  return f == fs::weakly_canonical(opts_.dirpath, ec) || f == fs::weakly_canonical(dir, ec);
 }
 
 void ModelCheckpoint::save(Trainer& trainer, TrainingModule& module, int64_t step, double loss) {
   const std::string tag = "step_" + std::to_string(step);
+  if (holds_this_state(trainer, step, tag)) {
+    last_saved_ = step;
+    trainer.message(str("checkpoint ", tag,
+                        " already holds this state (resumed from it): not "
+                        "saved again"));
+    return;
+  }
   double value = 0;
   if (opts_.monitor == "loss") value = loss;
   if (opts_.monitor == "val_loss") value = have_val_ ? last_val_ : INFINITY;
   if (opts_.mode == "max" && !opts_.monitor.empty()) value = -value;  // kept_ ranks by min
+  if (std::isnan(value)) value = INFINITY;  // a NaN monitor ranks worst, never best
   nlohmann::json user = {{"trainer", trainer.loop_state()}};
   if (!opts_.monitor.empty()) user[opts_.monitor] = opts_.mode == "max" ? -value : value;
   ckpt::SaveOptions so;

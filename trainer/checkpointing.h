@@ -45,9 +45,11 @@ class ModelCheckpoint : public Callback {
 
  private:
   void save(Trainer& trainer, TrainingModule& module, int64_t step, double loss);
+  bool holds_this_state(const Trainer& trainer, int64_t step, const std::string& tag) const;
   ModelCheckpointOptions opts_;
   std::vector<std::pair<double, std::string>> kept_;
   int64_t last_saved_ = -1;
+  int64_t start_step_ = 0;
   double last_loss_ = 0, last_val_ = 0;
   bool have_val_ = false;
   double stall_ = 0;

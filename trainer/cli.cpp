@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,9 @@
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/runtime/error.h"
+#include "nxd/trainer/env_check.h"
+#include "nxd/trainer/preempt.h"
+#include "nxd/trainer/run_dir.h"
 
 namespace nxd::trainer {
 
@@ -43,6 +48,40 @@ std::string one_line(std::string s) {
 }
 
 enum class Action { train, print_config, done };
+
+// After a run: 0, or 128 + the signal that preempted it (preempt.h), saying where it stopped.
+int preempted_exit(const CliOptions& o, const TrainConfig& tc, const TrainResult& res, bool print) {
+  const int sig = preemption_signal();
+  if (sig == 0) return 0;
+  if (print) {
+    const std::string tag = str(tc.exp.checkpoint.dirpath, "/step_", res.steps);
+    std::error_code ec;
+    const std::string where =
+        std::filesystem::exists(tag + "/done", ec)
+            ? str("checkpoint ", tag, " (resume with exp_manager.resume_if_exists=true)")
+            : std::string("no checkpoint was written");
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: preempted by %s after step %lld: %s\n", o.program.c_str(),
+                 signal_name(sig).c_str(), static_cast<long long>(res.steps), where.c_str());
+    std::fflush(stderr);
+  }
+  return 128 + sig;
+}
+
+// Locks --out and checks it holds no other run (run_dir.h); prints what it did.
+std::unique_ptr<RunDir> open_run_dir(const CliOptions& o, const Config& cfg,
+                                     const TrainConfig& tc) {
+  auto rd = std::make_unique<RunDir>(
+      RunDirOptions{.out_dir = tc.out_dir,
+                    .checkpoint_dir = tc.exp.checkpoint.dirpath,
+                    .resume_if_exists = tc.exp.resume_if_exists,
+                    .resume_from = tc.exp.resume_from_checkpoint,
+                    .existing_run = cfg.get_string("exp_manager.existing_run"),
+                    .program = o.program});
+  for (const auto& n : rd->notes()) std::printf("%s: %s\n", o.program.c_str(), n.c_str());
+  std::fflush(stdout);
+  return rd;
+}
 
 // Reads the flags into cfg; prints --help / --help-config itself (Action::done).
 Action parse_args(const std::vector<std::string>& args, const CliOptions& o, Config& cfg) {
@@ -105,6 +144,18 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
   } catch (const UserError& e) {
     world_error = e.what();
   }
+  // rank 0 locks --out and checks its contents; every rank learns whether that failed
+  std::unique_ptr<RunDir> run_dir;
+  if (world_error.empty()) {
+    int32_t refused = 0;
+    if (session.rank() == 0) try {
+        run_dir = open_run_dir(o, cfg, tc);
+      } catch (const UserError& e) {
+        world_error = e.what(), refused = 1;
+      }
+    world().all_reduce(&refused, &refused, 1, DType::i32, ReduceOp::max);
+    if (refused && world_error.empty()) world_error = "rank 0 refused the output directory";
+  }
   if (!world_error.empty()) {
     if (session.rank() == 0) {
       std::fprintf(stderr, "%s: error: %s\n", o.program.c_str(), one_line(world_error).c_str());
@@ -117,8 +168,10 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
   }
   int code = 0;
   std::string what;
+  PreemptionGuard preemption;
+  TrainResult res;
   try {
-    train(tc, {}, o.make_module);
+    res = train(tc, {}, o.make_module);
   } catch (const UserError& e) {
     code = 2, what = str("error: rank ", session.rank(), ": ", e.what());
   } catch (const OutOfDeviceMemory& e) {  // the config asks for more than the machine has
@@ -134,10 +187,13 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
     MPI_Abort(MPI_COMM_WORLD, code);  // the peers may be waiting in a collective
 #endif
   }
+  // preempted: every rank stopped after the same step; rank 0 says where the checkpoint is
+  if (code == 0) code = preempted_exit(o, tc, res, session.rank() == 0);
   return code;
 }
 
 int run(int argc, char** argv, const CliOptions& o) {
+  check_environment();
   Config cfg;
   if (o.defaults) o.defaults(cfg);
   const Action action = parse_args(std::vector<std::string>(argv + 1, argv + argc), o, cfg);
@@ -148,8 +204,10 @@ int run(int argc, char** argv, const CliOptions& o) {
     return 0;
   }
   if (tc.dist.backend == "mpi") return run_mpi(argc, argv, o, cfg, std::move(tc));
-  train(tc, {}, o.make_module);
-  return 0;
+  const std::unique_ptr<RunDir> run_dir = open_run_dir(o, cfg, tc);
+  PreemptionGuard preemption;
+  const TrainResult res = train(tc, {}, o.make_module);
+  return preempted_exit(o, tc, res, /*print=*/true);
 }
 
 // Before MPI is initialized: this process's rank from the launcher's environment (0 if none),

@@ -88,6 +88,7 @@ struct TrainerSection {
   int64_t limit_val_batches;   // micro batches per validation
   double gradient_clip_val;    // max global L2 grad norm; 0 = no clipping
   int64_t num_threads;         // BLAS threads (resolved: never 0)
+  std::string on_nonfinite;    // stop | skip (TrainerOptions::on_nonfinite)
 };
 
 struct PrecisionSection {

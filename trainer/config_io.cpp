@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "nxd/runtime/error.h"
+#include "nxd/trainer/config_limits.h"
 
 namespace nxd::trainer {
 
@@ -29,13 +30,13 @@ std::string describe(const json& v) {
     case json::value_t::number_float:
       return str("number ", v.dump());
     case json::value_t::string:
-      return str("string ", v.dump());
+      return str("string ", shorten(v.dump()));
     case json::value_t::array:
-      return str("list ", v.dump());
+      return str("list ", shorten(v.dump()));
     case json::value_t::object:
       return "a mapping";
     default:
-      return v.dump();
+      return shorten(v.dump());
   }
 }
 
@@ -47,8 +48,9 @@ bool is_section(const std::string& path) {
 }
 
 [[noreturn]] void unknown_key(const std::string& k, const std::string& src) {
-  throw ConfigError(str("[config] unknown key '", k, "' (", src, "); did you mean '",
-                        nearest_key(k), "'? (nxd-train --help-config lists every key)"));
+  throw ConfigError(str("[config] unknown key '", shorten(k), "' (", shorten(src),
+                        "); did you mean '", nearest_key(k),
+                        "'? (nxd-train --help-config lists every key)"));
 }
 
 // Plain YAML scalar -> typed JSON value (YAML 1.2 core schema, plus yes/no as strings).
@@ -78,7 +80,8 @@ json plain_scalar(const std::string& s) {
   return s;
 }
 
-json yaml_to_json(const YAML::Node& n) {
+json yaml_to_json(const YAML::Node& n, NodeBudget& budget, int depth) {
+  budget.enter(depth);
   switch (n.Type()) {
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined:
@@ -88,12 +91,19 @@ json yaml_to_json(const YAML::Node& n) {
       return plain_scalar(n.Scalar());
     case YAML::NodeType::Sequence: {
       json a = json::array();
-      for (const auto& c : n) a.push_back(yaml_to_json(c));
+      for (const auto& c : n) a.push_back(yaml_to_json(c, budget, depth + 1));
       return a;
     }
     case YAML::NodeType::Map: {
       json o = json::object();
-      for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+      for (const auto& kv : n) {
+        const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : std::string("(a mapping)");
+        if (o.contains(k))
+          throw ConfigError(str("[config] ", budget.source, ":", kv.first.Mark().line + 1,
+                                ": duplicate key '", shorten(k),
+                                "' (each key or section may appear once in a mapping)"));
+        o[k] = yaml_to_json(kv.second, budget, depth + 1);
+      }
       return o;
     }
   }
@@ -171,31 +181,22 @@ Config::Config() {
 }
 
 json parse_yaml(const std::string& text, const std::string& source) {
+  check_utf8(text, source);
+  check_flow_depth(text, /*yaml=*/true, source);
+  NodeBudget budget{source};
   try {
-    return yaml_to_json(YAML::Load(text));
+    return yaml_to_json(YAML::Load(text), budget, 0);
   } catch (const YAML::Exception& e) {
-    throw ConfigError(str("[config] ", source, ":", e.mark.line + 1, ":", e.mark.column + 1,
-                          ": YAML syntax error: ", e.msg));
+    throw ConfigError(str("[config] ", shorten(source), ":", e.mark.line + 1, ":",
+                          e.mark.column + 1, ": YAML syntax error: ", shorten(e.msg, 200)));
   }
 }
 
 void Config::merge_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(str("[config] cannot read config file '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  json tree;
+  const std::string text = read_regular_file(path, "config file", ConfigLimits::max_file_bytes);
   const bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
-  if (is_json) {
-    try {
-      tree = json::parse(text);
-    } catch (const json::parse_error& e) {
-      throw ConfigError(str("[config] ", path, ": JSON syntax error: ", e.what()));
-    }
-  } else {
-    tree = parse_yaml(text, path);
-  }
+  const json tree = is_json ? parse_json_config(text, path) : parse_yaml(text, path);
+  check_dotted_duplicates(tree, path);
   if (tree.is_null()) return;  // empty file
   if (!tree.is_object()) {
     // a text file that is not a config parses as one long string: show its first line only
@@ -236,9 +237,10 @@ void Config::merge_node(const json& node, const std::string& prefix, const std::
 void Config::apply_override(const std::string& a) {
   const auto eq = a.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw ConfigError(str("[config] --set expects dotted.key=value, got '", a, "'"));
+    throw ConfigError(str("[config] --set expects dotted.key=value, got '", shorten(a), "'"));
+  check_utf8(a, "--set");
   const std::string k = a.substr(0, eq), text = a.substr(eq + 1);
-  const std::string src = str("--set ", a);
+  const std::string src = str("--set ", shorten(a));
   if (!find_key(k)) {
     if (is_section(k))
       throw ConfigError(str("[config] '", k, "' is a section (", src, "); set one of its keys"));
@@ -300,7 +302,7 @@ void Config::set(const std::string& k, const json& value, const std::string& src
         std::string c;
         for (size_t i = 0; i < spec->choices.size(); ++i) c += (i ? ", " : "") + spec->choices[i];
         throw ConfigError(
-            str("[config] ", k, ": ", v.dump(), " is not one of ", c, " (", src, ")"));
+            str("[config] ", k, ": ", shorten(v.dump()), " is not one of ", c, " (", src, ")"));
       }
       break;
     case KeyType::number_list: {

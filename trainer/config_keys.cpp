@@ -84,6 +84,11 @@ std::vector<KeySpec> make_registry() {
       key("exp_manager.resume_if_exists", K::boolean, false,
           "Resume from the newest complete checkpoint in `<exp_dir>/checkpoints/` if there is one "
           "(resume_from_checkpoint wins when set)."),
+      key("exp_manager.existing_run", K::string, "refuse",
+          "When `exp_dir` holds another run's outputs (metrics.csv, checkpoints/, tensorboard/, "
+          "sample.txt) and this run does not resume it: `refuse` (exit 2), or `set_aside`: move "
+          "them to `<exp_dir>/previous_runs/<k>/` first. Nothing is deleted either way.",
+          {"refuse", "set_aside"}),
       // trainer
       key("trainer.max_steps", K::integer, 700, "Optimizer steps to run."),
       key("trainer.log_every_n_steps", K::integer, 10,
@@ -95,6 +100,12 @@ std::vector<KeySpec> make_registry() {
           "validation split's size."),
       key("trainer.gradient_clip_val", K::number, 1.0,
           "Clip the global L2 gradient norm to this value; 0 = no clipping."),
+      key("trainer.on_nonfinite", K::string, "stop",
+          "A step whose loss or gradient norm is NaN or infinite never updates the model; then "
+          "`stop`: the run ends with an error (exit 2) naming the step, or `skip`: training goes "
+          "on with the next batch (the step is counted, not checkpointed). Either way no "
+          "checkpoint is saved from a non-finite step.",
+          {"stop", "skip"}),
       key("trainer.num_threads", K::integer, 0,
           "Compute (BLAS) threads; 0 = NXD_NUM_THREADS if set, else every core. The sim backend "
           "with several ranks runs each rank's BLAS on one thread (the ranks are the threads)."),

@@ -10,6 +10,7 @@
 #include "nxd/layers/models/config.h"
 #include "nxd/pipeline/schedule.h"
 #include "nxd/runtime/error.h"
+#include "nxd/trainer/env_check.h"
 
 namespace nxd::trainer {
 
@@ -60,14 +61,19 @@ struct Resolver {
   [[noreturn]] void fail(A&&... a) const {
     throw ConfigError(str("[config] ", std::forward<A>(a)...));
   }
+  // Sizes and counts stay below 2^31, so that products of them (parameters, tokens) do not
+  // overflow.
+  static constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1;
   int64_t positive(const char* k) const {
     const int64_t v = c.get_int(k);
     if (v <= 0) fail(k, " must be positive, got ", v);
+    if (v > kMaxSize) fail(k, "=", v, " is too large (at most ", kMaxSize, ")");
     return v;
   }
   int64_t non_negative(const char* k) const {
     const int64_t v = c.get_int(k);
     if (v < 0) fail(k, " must be >= 0, got ", v);
+    if (v > kMaxSize) fail(k, "=", v, " is too large (at most ", kMaxSize, ")");
     return v;
   }
   void derive(const char* k, const nlohmann::json& v) {
@@ -137,11 +143,14 @@ TrainerSection resolve_trainer(Resolver& r) {
   tr.gradient_clip_val = r.c.get_double("trainer.gradient_clip_val");
   if (!(tr.gradient_clip_val >= 0))
     r.fail("trainer.gradient_clip_val must be >= 0, got ", tr.gradient_clip_val);
+  tr.on_nonfinite = r.c.get_string("trainer.on_nonfinite");
   tr.num_threads = r.non_negative("trainer.num_threads");
+  if (tr.num_threads > kMaxThreads)
+    r.fail("trainer.num_threads=", tr.num_threads, " is more than ", kMaxThreads, " threads");
   if (tr.num_threads == 0) {
-    const char* env = std::getenv("NXD_NUM_THREADS");
-    tr.num_threads = env && std::atoi(env) > 0 ? std::atoi(env)
-                                               : std::max(1u, std::thread::hardware_concurrency());
+    const auto env = env_num_threads();  // ConfigError naming it when malformed
+    tr.num_threads =
+        env ? *env : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
     r.c.set("trainer.num_threads", tr.num_threads, "derived");  // config.yaml records the count
   }
   return tr;

@@ -10,6 +10,7 @@
 
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/rng.h"
+#include "nxd/trainer/config_limits.h"
 
 namespace fs = std::filesystem;
 
@@ -18,6 +19,7 @@ namespace nxd::trainer {
 namespace {
 
 std::string read_file(const fs::path& p) {
+  check_regular_file(p.string(), "data.path");  // a FIFO would block, /dev/zero never end
   std::ifstream in(p, std::ios::binary);
   if (!in) throw IoError(str("[data] cannot read '", p.string(), "'"));
   std::ostringstream ss;

@@ -51,6 +51,7 @@ struct StepOutput {
   double loss = 0;       // mean training loss of the global batch (the same on every rank)
   double lr = 0;         // the rate this step used
   double grad_norm = 0;  // global norm before clipping
+  bool skipped = false;  // not applied: the loss or grad_norm was not finite
 };
 
 class TrainingModule {

@@ -1,5 +1,6 @@
 #include "nxd/trainer/nxd_optimizer.h"
 
+#include <cmath>
 #include <unordered_set>
 
 #include "nxd/collectives/parallel_state.h"
@@ -86,6 +87,21 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
 NxDOptimizer::~NxDOptimizer() = default;
 
 void NxDOptimizer::step() {
+  reduce_and_clip();
+  inner_->step();
+}
+
+bool NxDOptimizer::step_if_finite(double loss) {
+  reduce_and_clip();
+  if (std::isfinite(loss) && std::isfinite(grad_norm_)) {
+    inner_->step();
+    return true;
+  }
+  if (zero1_) zero1_->discard_gradients();
+  return false;
+}
+
+void NxDOptimizer::reduce_and_clip() {
   const auto& oc = cfg_.optimizer_config;
   const double max_norm = oc.grad_clipping ? oc.max_grad_norm : 0.0;
   auto sp_sums = [&] {
@@ -101,7 +117,6 @@ void NxDOptimizer::step() {
     grad_norm_ = max_norm > 0 ? optim::clip_parallel_grad_norm(norm_params_, max_norm, groups_)
                               : optim::parallel_grad_norm(norm_params_, groups_);
   }
-  inner_->step();
 }
 
 namespace {

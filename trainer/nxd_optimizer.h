@@ -38,6 +38,9 @@ class NxDOptimizer {
   ~NxDOptimizer();
 
   void step();
+  // The same, unless the gradient norm or `loss` is not finite: then nothing is updated (every
+  // rank alike: both are global values) and it returns false.
+  bool step_if_finite(double loss);
   void zero_grad() { inner_->zero_grad(/*set_to_none=*/true); }
   double grad_norm() const { return grad_norm_; }  // of the last step, before clipping
   void set_lr(double lr) { inner_->set_lr(lr); }
@@ -48,6 +51,7 @@ class NxDOptimizer {
   bool zero1() const { return zero1_ != nullptr; }
 
  private:
+  void reduce_and_clip();  // SP sums, the DP reduction, grad_norm_ (clipped)
   NxDConfig cfg_;
   NxDModel& model_;
   std::shared_ptr<NxDModel> owned_;  // the wrapper made for a bare Module

@@ -12,6 +12,7 @@
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/trainer/log.h"
+#include "nxd/trainer/preempt.h"
 
 namespace fs = std::filesystem;
 
@@ -197,8 +198,14 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   const auto& em = cfg.exp;
   if (em.create_early_stopping_callback)
     to.callbacks.push_back(std::make_shared<EarlyStopping>(em.early_stopping));
-  if (em.create_checkpoint_callback)
+  if (em.create_checkpoint_callback) {
     to.callbacks.push_back(std::make_shared<ModelCheckpoint>(em.checkpoint));
+  } else if (preemption_enabled()) {  // checkpointing off: a save only when preempted (preempt.h)
+    ModelCheckpointOptions k = em.checkpoint;
+    k.every_n_train_steps = 0;
+    k.save_last = false;
+    to.callbacks.push_back(std::make_shared<ModelCheckpoint>(k));
+  }
   if (!em.resume_from_checkpoint.empty())
     to.ckpt_path = em.resume_from_checkpoint;
   else if (em.resume_if_exists && ckpt::has_checkpoint(em.checkpoint.dirpath))
@@ -272,6 +279,7 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.val_check_interval = cfg.trainer.val_check_interval;
   to.limit_val_batches = cfg.trainer.limit_val_batches;
   to.gradient_clip_val = cfg.trainer.gradient_clip_val;
+  to.on_nonfinite = cfg.trainer.on_nonfinite;
   return to;
 }
 

@@ -12,6 +12,7 @@
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/sim/clock.h"
+#include "nxd/trainer/preempt.h"
 
 namespace nxd::trainer {
 
@@ -67,6 +68,8 @@ Trainer::Trainer(TrainerOptions opts) : opts_(std::move(opts)) {
   if (opts_.val_check_interval < 0 || opts_.limit_val_batches < 0)
     fail("val_check_interval and limit_val_batches must be >= 0, got ", opts_.val_check_interval,
          " and ", opts_.limit_val_batches);
+  if (opts_.on_nonfinite != "stop" && opts_.on_nonfinite != "skip")
+    fail("on_nonfinite must be stop or skip, got '", opts_.on_nonfinite, "'");
   if (!(opts_.gradient_clip_val >= 0))
     fail("gradient_clip_val must be >= 0, got ", opts_.gradient_clip_val);
   if (opts_.strategy.tensor_parallel_size <= 0)
@@ -310,7 +313,7 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
   }
   if (step_tokens_ == 0) step_tokens_ = tokens * dp_;
   // SP sums, the DP reduction (or ZeRO-1's reduce-scatter), the norm and clipping, the update
-  nxd_optimizer_->step();
+  out.skipped = !nxd_optimizer_->step_if_finite(out.loss);
   out.grad_norm = nxd_optimizer_->grad_norm();
   nxd_optimizer_->zero_grad();
   ++step_;
@@ -408,6 +411,43 @@ void Trainer::teardown() {
   val_batches_.clear();
 }
 
+// Under a PreemptionGuard: whether any rank got SIGTERM/SIGINT, agreed by every rank after the
+// same step (a signal reaches ranks at different moments), so all stop after this step.
+void Trainer::check_preemption() {
+  int32_t sig = preemption_signal();
+  world().all_reduce(&sig, &sig, 1, DType::i32, ReduceOp::max);
+  if (sig == 0 || preempt_signal_ != 0) return;
+  preempt_signal_ = sig;
+  request_stop(str("preempted by ", signal_name(sig), " after step ", step_));
+}
+
+// A step that was not applied (its loss or gradient norm is not finite): logged, then the run
+// stops (on_nonfinite "stop": any async checkpoint completed first, so the newest finite one
+// counts) or goes on.
+void Trainer::on_nonfinite_step(const StepOutput& out, double sim_step_s) {
+  const std::string what = str("step ", out.step, ": loss ", out.loss, ", gradient norm ",
+                               out.grad_norm, " (not finite); the update was not applied");
+  if (opts_.on_nonfinite == "skip") {
+    message(what + ", skipped (trainer.on_nonfinite=skip)");
+    return;
+  }
+  MetricsRow row;
+  row.step = step_;
+  row.loss = out.loss;
+  row.lr = out.lr;
+  row.grad_norm = out.grad_norm;
+  if (sim_step_s >= 0) row.sim_step_s = sim_step_s;
+  log_row(row);
+  if (is_logging_rank())
+    for (auto& l : opts_.loggers) l->finalize();
+  ckpt::finalize_checkpoint();
+  world().barrier();  // every rank logged before any throws (a sim rank's throw stops the rest)
+  throw NonFiniteLoss(str("[trainer] ", what,
+                          ": training stopped with no checkpoint from this step (the newest "
+                          "saved one is the last good state; trainer.on_nonfinite=skip skips "
+                          "such steps instead)"));
+}
+
 FitResult Trainer::fit(TrainingModule& module, DataModule& data, const std::string& ckpt_path) {
   const std::string saved = opts_.ckpt_path;
   opts_.ckpt_path = ckpt_path;
@@ -426,6 +466,7 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
   } teardown{this};
   const auto t_setup = Clock::now();
   step_ = 0;
+  preempt_signal_ = 0;
   stop_reason_.clear();
   pending_.clear();
   setup(module, data);
@@ -451,11 +492,13 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
     train_seconds += step_s;
     interval_seconds_ += step_s;
     interval_tokens_ += step_tokens_;
+    if (out.skipped) on_nonfinite_step(out, clock ? sim_step : -1.0);
     if (step_ == 1) res.first_loss = out.loss;
     res.last_loss = out.loss;
     res.steps = step_;
     module.on_train_batch_end(out);
     for (auto& cb : opts_.callbacks) cb->on_train_batch_end(*this, module, out);
+    if (preemption_enabled()) check_preemption();
 
     const bool last = step_ == opts_.max_steps || should_stop();
     MetricsRow row;

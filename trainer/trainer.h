@@ -64,6 +64,10 @@ struct TrainerOptions {
   int64_t val_check_interval = 0;  // validate every N steps and at the last; 0 = never
   int64_t limit_val_batches = 8;   // validation micro batches (over all DP ranks)
   double gradient_clip_val = 0.0;  // clip the global grad norm; 0 = no clipping
+  // A step whose loss or global gradient norm is not finite is never applied (the update is
+  // skipped on every rank alike); "stop": fit throws NonFiniteLoss after logging the step,
+  // "skip": training goes on (StepOutput::skipped; callbacks see it).
+  std::string on_nonfinite = "stop";
   std::vector<std::shared_ptr<Callback>> callbacks;
   std::vector<std::shared_ptr<Logger>> loggers;  // called on the logging rank only
   std::string hparams_yaml;  // given to the loggers' log_hyperparams when not empty
@@ -71,6 +75,12 @@ struct TrainerOptions {
   // its newest complete one) at the end of setup: model, optimizer, step, data position and RNG
   // counter, so the steps after it are bitwise those of an uninterrupted run. "" = start fresh.
   std::string ckpt_path;
+};
+
+// Training diverged: a step's loss or gradient norm was NaN or infinite (on_nonfinite = "stop").
+class NonFiniteLoss : public UserError {
+ public:
+  using UserError::UserError;
 };
 
 struct FitResult {
@@ -113,6 +123,9 @@ class Trainer {
   // Ends training after the current step (every rank must ask alike; callbacks do).
   void request_stop(const std::string& reason);
   bool should_stop() const { return !stop_reason_.empty(); }
+  // The signal (SIGTERM, SIGINT) that stopped this fit under a PreemptionGuard (preempt.h), or 0;
+  // the checkpoint callback then saves the last step whatever save_last says.
+  int preempted_by() const { return preempt_signal_; }
   // A scalar for the loggers' next row (Lightning's self.log); the last value per name wins.
   void log(const std::string& name, double value);
   // A line for the callbacks' on_message (the progress bar prints it on the logging rank).
@@ -142,12 +155,15 @@ class Trainer {
   std::optional<double> pipeline_validate();
   double modeled_bubble(double span_seconds, double busy_seconds) const;
   void log_row(MetricsRow row);
+  void on_nonfinite_step(const StepOutput& out, double sim_step_s);
+  void check_preemption();
   void teardown();
   void resume(const std::string& path);
   std::vector<double> dp_sum(std::vector<double> v) const;
 
   TrainerOptions opts_;
   NxDConfig nxd_config_;  // of the current fit
+  int preempt_signal_ = 0;
   int64_t step_ = 0;
   std::string stop_reason_;
   std::map<std::string, double> pending_;

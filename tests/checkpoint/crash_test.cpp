@@ -77,5 +77,48 @@ TEST(CheckpointCrash, KillDuringSavesLeavesTheNewestCompleteCheckpointLoadable) 
               kills_mid_save);
 }
 
+// Re-saving one tag over and over (a finished job rerun with resume_if_exists re-saves its last
+// checkpoint): a kill at any moment leaves that tag complete, loadable, and holding one of the
+// saves (never older than the last one seen).
+TEST(CheckpointCrash, KillDuringAResaveOfTheSameTagLeavesItComplete) {
+  const nxd::testing::ScratchDir dir_scratch("nxd_ckpt_resave_");
+  const fs::path& dir = dir_scratch.path;
+  ModelConfig c;
+  c.vocab_size = 512;
+  c.num_layers = 2;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.max_position_embeddings = 32;
+  auto model = make_causal_lm(c, 2);
+  std::vector<optim::NamedParam> ps;
+  for (const auto& [n, t] : model->named_parameters()) ps.push_back({n, t});
+  optim::AdamW opt(optim::default_param_groups(ps, 1e-3, 0.0));
+  std::mt19937 rng(29);
+  long seen = 0, next = 1;
+  for (int round = 0; round < 12; ++round) {
+    const std::string start = std::to_string(next);
+    std::vector<char*> argv = {const_cast<char*>(NXD_CRASH_SAVER), const_cast<char*>(dir.c_str()),
+                               const_cast<char*>(start.c_str()), const_cast<char*>("last"),
+                               nullptr};
+    pid_t pid = -1;
+    ASSERT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+    const int wait_ms = static_cast<int>(80 + rng() % 300) * (seen == 0 ? 1 + round : 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int st = 0;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    if (seen == 0 && !newest_checkpoint(dir)) continue;  // killed before the first save ended
+    ASSERT_EQ(newest_checkpoint(dir), std::optional<std::string>("last")) << "round " << round;
+    const nlohmann::json user = load_checkpoint(dir, model.get(), &opt, nullptr);
+    const long k = user.at("k").get<long>();
+    EXPECT_GE(k, seen) << "round " << round << ": the checkpoint went back";
+    for (const auto& [n, t] : model->state_dict())
+      ASSERT_EQ(t.to_vector()[0], static_cast<double>(k)) << n;
+    seen = k;
+    next = k + 1;
+  }
+  EXPECT_GT(seen, 1) << "no re-save was ever completed";
+}
+
 }  // namespace
 }  // namespace nxd::ckpt

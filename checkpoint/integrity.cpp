@@ -1,0 +1,55 @@
+#include "nxd/checkpoint/integrity.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "nxd/checkpoint/fileio.h"
+
+namespace nxd::ckpt::detail {
+
+void check_shard_identity(const SafetensorsHeader& h, const std::string& rel,
+                          const std::string& path, const char* prefix) {
+  char kind[16] = {0};
+  int dp = -1, tp = -1, pp = -1;
+  if (std::sscanf(rel.c_str(), "%15[a-z]/dp_rank_%d_tp_rank_%d_pp_rank_%d", kind, &dp, &tp, &pp) !=
+      4)
+    return;  // not a shard name of this layout (checked by metadata.json's file list)
+  const std::string want_kind = std::strcmp(kind, "model") == 0 ? "model" : "optimizer";
+  auto field = [&](const char* key) -> std::string {
+    auto it = h.metadata.find(key);
+    return it == h.metadata.end() ? std::string("(none)") : it->second;
+  };
+  auto check = [&](const char* key, const std::string& want) {
+    const std::string got = field(key);
+    if (got != want)
+      throw CheckpointError(str(prefix, " ", path, ": records ", key, "=", got,
+                                " but its file name says ", want,
+                                " (a shard file swapped or copied from another rank)"));
+  };
+  check("nxd.kind", want_kind);
+  check("nxd.tp_rank", std::to_string(tp));
+  check("nxd.pp_rank", std::to_string(pp));
+  check("nxd.dp_rank", std::to_string(dp));
+  for (const auto& t : h.tensors)
+    if (!t.crc)
+      throw CheckpointError(str(prefix, " ", path, ": tensor '", t.name,
+                                "' has no checksum (nxd.crc32c.", t.name, ")"));
+}
+
+int64_t count_nonfinite(const void* data, int64_t n, DType dtype) {
+  int64_t bad = 0;
+  if (dtype == DType::f32) {
+    const float* p = static_cast<const float*>(data);
+    for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(p[i]);
+  } else if (dtype == DType::f64) {
+    const double* p = static_cast<const double*>(data);
+    for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(p[i]);
+  } else if (dtype == DType::bf16) {
+    const uint16_t* p = static_cast<const uint16_t*>(data);
+    for (int64_t i = 0; i < n; ++i) bad += (p[i] & 0x7f80) == 0x7f80;  // exponent all ones
+  }
+  return bad;
+}
+
+}  // namespace nxd::ckpt::detail
