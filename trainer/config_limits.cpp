@@ -31,7 +31,8 @@ const char* file_kind(mode_t m) {
 void check_regular_file(const std::string& path, const std::string& what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
-    throw IoError(str("[config] ", what, " '", shorten(path), "': ", std::strerror(errno)));
+    throw IoError(
+        str("[config] cannot read ", what, " '", shorten(path), "': ", std::strerror(errno)));
   if (!S_ISREG(st.st_mode))
     throw IoError(str("[config] ", what, " '", shorten(path), "' is ", file_kind(st.st_mode),
                       ", not a regular file"));

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "ckpt_util.h"
 #include "support/files.h"
@@ -52,6 +53,17 @@ TEST(NxdCkpt, InspectVerifyExportReshard) {
   EXPECT_TRUE(fs::exists(d / "imp/imported/model/dp_rank_00_tp_rank_01_pp_rank_00.safetensors"));
   r = ckpt({"export-hf", (d / "run").string(), (d / "hf").string()}, d);
   EXPECT_EQ(r.code, 0) << r.err;
+  // never overwritten (issue 25: into an existing file was exit 1): exit 2, the file unchanged
+  const std::string exported = nxd::testing::slurp(d / "m.safetensors");
+  for (const auto& [cmd, out, why] : std::vector<std::tuple<std::string, fs::path, std::string>>{
+           {"export-hf", d / "m.safetensors", "is an existing file, not a folder"},
+           {"export-hf", d / "hf", "hf/model.safetensors exists already"},
+           {"export", d / "m.safetensors", "m.safetensors exists already"}}) {
+    r = ckpt({cmd, (d / "run").string(), out.string()}, d);
+    EXPECT_EQ(r.code, 2) << cmd << " " << out << ": " << r.err;
+    EXPECT_NE(r.err.find(why), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(nxd::testing::slurp(d / "m.safetensors"), exported);
   r = ckpt({"import-hf", (d / "hf").string(), (d / "hfin").string()}, d);  // the issue's form
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(d / "hfin/imported/done"));
