@@ -235,6 +235,10 @@ int run_cli(int argc, char** argv, const CliOptions& opts) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: error: %s\n", p, one_line(e.what()).c_str());
     return 2;
+  } catch (const CommError& e) {  // a rank failed or hung (named): not a bug of nxd
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: %s\n", p, one_line(e.what()).c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (!quiet_errors)

@@ -137,12 +137,15 @@ struct DistributedSection {
   bool sequence_parallel;
   int64_t kv_replicator;  // resolved: max(1, tp / kv heads) unless set
   double grad_bucket_mb;
-  std::string backend;            // sim | mpi
-  std::string instance;           // sim machine
-  std::string timeline;           // sim: Chrome trace path ("" = none)
-  int64_t world_size;             // resolved: tp unless set (mpi: replaced by the MPI world)
-  bool world_size_from_launcher;  // mpi and backend.world_size unset
-  int64_t data_parallel_size;     // derived: world / (tp x pp)
+  std::string backend;              // sim | mpi
+  std::string instance;             // sim machine
+  std::string timeline;             // sim: Chrome trace path ("" = none)
+  int64_t world_size;               // resolved: tp unless set (mpi: replaced by the MPI world)
+  bool world_size_from_launcher;    // mpi and backend.world_size unset
+  int64_t data_parallel_size;       // derived: world / (tp x pp)
+  double collective_timeout_s;      // sim: wall seconds per wait; 0 = NXD_SIM_TIMEOUT or 300
+  int64_t fail_rank, fail_at_step;  // sim fault injection (fail_rank -1: none)
+  std::string fail_mode;            // crash | hang
 };
 
 struct GenerationSection {

@@ -274,6 +274,21 @@ std::vector<KeySpec> make_registry() {
           "sim: write every rank's modeled kernels and collectives to this file as a Chrome trace "
           "(opens in https://ui.perfetto.dev); it grows with every step, so use it on short runs. "
           "Empty = no trace."),
+      key("backend.collective_timeout_s", K::number, nullptr,
+          "sim: a rank waiting longer than this (wall seconds) in one collective or receive ends "
+          "the job with an error naming the ranks that never arrived (a hung or dead rank). "
+          "null = NXD_SIM_TIMEOUT if set, else 300. Not yet available with mpi.",
+          {}, true),
+      key("backend.fail_rank", K::integer, -1,
+          "sim fault injection (tests of recovery): this rank fails after step "
+          "backend.fail_at_step. -1 = none."),
+      key("backend.fail_at_step", K::integer, 1,
+          "sim fault injection: the step fail_rank fails "
+          "after."),
+      key("backend.fail_mode", K::string, "crash",
+          "sim fault injection: `crash` (the rank throws: the job ends naming it) or `hang` (the "
+          "rank stops answering: the others time out after backend.collective_timeout_s).",
+          {"crash", "hang"}),
       // generation
       key("generation.prompt", K::string, "Q: What",
           "Prompt of the text sample printed after training."),

@@ -218,6 +218,8 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
   return m;
 }
 
+void resolve_faults(Resolver& r, DistributedSection& ds);
+
 DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
   DistributedSection ds;
   ds.tensor_model_parallel_size = r.positive("distributed_strategy.tensor_model_parallel_size");
@@ -248,7 +250,27 @@ DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
   check_world(ds.world_size, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size);
   ds.data_parallel_size =
       ds.world_size / (ds.tensor_model_parallel_size * ds.pipeline_model_parallel_size);
+  resolve_faults(r, ds);
   return ds;
+}
+
+// backend.collective_timeout_s and the sim fault injection keys.
+void resolve_faults(Resolver& r, DistributedSection& ds) {
+  const bool timeout = !r.c.is_null("backend.collective_timeout_s");
+  ds.collective_timeout_s = timeout ? r.c.get_double("backend.collective_timeout_s") : 0.0;
+  if (timeout && !(ds.collective_timeout_s > 0 && ds.collective_timeout_s <= 1e6))
+    r.fail("backend.collective_timeout_s must be in (0, 1e6] seconds, got ",
+           ds.collective_timeout_s);
+  ds.fail_rank = r.c.get_int("backend.fail_rank");
+  ds.fail_at_step = r.positive("backend.fail_at_step");
+  ds.fail_mode = r.c.get_string("backend.fail_mode");
+  if (ds.backend == "mpi" && (timeout || ds.fail_rank >= 0))
+    r.fail(
+        "backend.collective_timeout_s and backend.fail_rank need backend.kind=sim (mpi "
+        "collectives have no timeout yet)");
+  if (ds.fail_rank < -1 || ds.fail_rank >= ds.world_size)
+    r.fail("backend.fail_rank=", ds.fail_rank, " is not a rank of the world (0 to ",
+           ds.world_size - 1, ", or -1 for none)");
 }
 
 // micro_batch_size and the accumulation steps, from the global batch and the DP size.

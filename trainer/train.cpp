@@ -11,6 +11,7 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
+#include "nxd/trainer/fault_injection.h"
 #include "nxd/trainer/log.h"
 #include "nxd/trainer/preempt.h"
 
@@ -195,6 +196,13 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
     to.callbacks.push_back(
         std::make_shared<ProgressBarCallback>(ProgressOptions{opts.out, opts.tty}));
   to.callbacks.push_back(std::make_shared<RunSummary>(cfg, data));
+  if (cfg.dist.fail_rank >= 0)  // before the checkpoint callback: the failing step is not saved
+    to.callbacks.push_back(std::make_shared<FaultInjection>(FaultOptions{
+        .rank = static_cast<int>(cfg.dist.fail_rank),
+        .at_step = cfg.dist.fail_at_step,
+        .mode = cfg.dist.fail_mode,
+        .hang_seconds =
+            2 * (cfg.dist.collective_timeout_s > 0 ? cfg.dist.collective_timeout_s : 300.0) + 1}));
   const auto& em = cfg.exp;
   if (em.create_early_stopping_callback)
     to.callbacks.push_back(std::make_shared<EarlyStopping>(em.early_stopping));
@@ -300,6 +308,7 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
   lo.instance = cfg.dist.instance;
   lo.seed = cfg.seed;
   lo.timeline_path = cfg.dist.timeline;
+  lo.timeout_s = cfg.dist.collective_timeout_s;
   if (!lo.timeline_path.empty()) {  // fail now, not after the run
     std::ofstream probe(lo.timeline_path);
     if (!probe)

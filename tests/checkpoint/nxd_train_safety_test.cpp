@@ -247,4 +247,42 @@ TEST(NxdTrainSafety, SigtermCheckpointsTheCurrentStepAndResumesBitwise) {
   EXPECT_EQ(tags(t.d / "int/checkpoints").size(), 1u);  // saved though checkpointing was off
 }
 
+// Sim fault injection: rank 2 of 4 fails after step 5 of 8 (checkpoints every 2 steps). The job
+// ends (exit 1) naming the rank; the newest complete checkpoint is step_4 and resuming from it
+// trains bitwise the uninterrupted run. A hung rank (fail_mode=hang) is detected by
+// backend.collective_timeout_s: the others stop waiting and the error names the rank that never
+// arrived.
+TEST(NxdTrainSafety, AFailedOrHungSimRankEndsTheJobNamingItAndTheNewestCheckpointResumes) {
+  Dir t;
+  const std::vector<std::string> sets = {"trainer.max_steps=8", "backend.world_size=4",
+                                         "data.micro_batch_size=2", "model.dropout=0.1",
+                                         kCkpt + "every_n_train_steps=2"};
+  ProcResult r = t.train(sets, "whole");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> fail = sets;
+  fail.insert(fail.end(), {"backend.fail_rank=2", "backend.fail_at_step=5"});
+  r = t.train(fail, "cut");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("nxd-train: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("rank 2 failed after step 5"), std::string::npos) << r.err;
+  EXPECT_EQ(nxd::ckpt::newest_checkpoint(t.d / "cut/checkpoints"),
+            std::optional<std::string>("step_4"));
+  std::vector<std::string> again = sets;
+  again.push_back("exp_manager.resume_if_exists=true");
+  r = t.train(again, "cut");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto whole = rows_by_step(t.d / "whole/metrics.csv");
+  const auto after = rows_by_step(t.d / "cut/metrics.csv");
+  ASSERT_EQ(after.size(), 4u);
+  for (const auto& [step, v] : after) EXPECT_EQ(v, whole.at(step)) << "step " << step;
+
+  fail.insert(fail.end(), {"backend.fail_mode=hang", "backend.collective_timeout_s=0.5"});
+  r = t.train(fail, "hang");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("timed out after 0.5 s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 2: still running (never arrived)"), std::string::npos) << r.err;
+  EXPECT_EQ(nxd::ckpt::newest_checkpoint(t.d / "hang/checkpoints"),
+            std::optional<std::string>("step_4"));
+}
+
 }  // namespace

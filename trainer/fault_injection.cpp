@@ -1,0 +1,24 @@
+#include "nxd/trainer/fault_injection.h"
+
+#include <chrono>
+#include <thread>
+
+#include "nxd/runtime/context.h"
+#include "nxd/runtime/error.h"
+
+namespace nxd::trainer {
+
+void FaultInjection::on_train_batch_end(Trainer&, TrainingModule&, const StepOutput& out) {
+  if (out.step != o_.at_step || current_context().rank() != o_.rank) return;
+  if (o_.mode == "hang") {
+    // a thread cannot be killed: it sleeps past the others' timeout (they abort the job, naming
+    // this rank), then ends
+    std::this_thread::sleep_for(std::chrono::duration<double>(o_.hang_seconds));
+    throw CommError(str("[fault] rank ", o_.rank, " hung after step ", out.step,
+                        " (injected: backend.fail_mode=hang)"));
+  }
+  throw CommError(str("[fault] rank ", o_.rank, " failed after step ", out.step,
+                      " (injected: backend.fail_rank)"));
+}
+
+}  // namespace nxd::trainer
