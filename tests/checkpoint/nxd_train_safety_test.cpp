@@ -285,6 +285,46 @@ TEST(NxdTrainSafety, SigtermCheckpointsTheCurrentStepAndResumesBitwise) {
   EXPECT_EQ(tags(t.d / "int/checkpoints").size(), 1u);  // saved though checkpointing was off
 }
 
+// A second signal aborts at once: the process dies by it (no checkpoint, no exit code). The first
+// one is sent mid-run, the second as soon as the run says it got the first; a model large enough
+// that finishing the step and saving takes far longer than that (retried if it did not).
+TEST(NxdTrainSafety, ASecondSignalAbortsAtOnce) {
+  Dir t;
+  const std::vector<std::string> sets = {"trainer.max_steps=3000", "model.hidden_size=256",
+                                         "model.num_attention_heads=4", "data.seq_length=128",
+                                         "model.num_layers=2"};
+  int st = 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const std::string out = "twice" + std::to_string(attempt);
+    std::vector<std::string> args = t.argv(sets, out);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    const fs::path err = t.d / (out + ".err");
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = -1;
+    ASSERT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    const fs::path csv = t.d / out / "metrics.csv";
+    for (int i = 0; i < 60000; ++i) {  // a first row: training runs
+      std::error_code ec;
+      if (fs::exists(csv, ec) && !read_csv(csv).rows.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 60000 && slurp(err).find("signal received") == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    kill(pid, SIGTERM);
+    waitpid(pid, &st, 0);
+    if (WIFSIGNALED(st)) break;
+  }
+  ASSERT_TRUE(WIFSIGNALED(st)) << "status " << st;
+  EXPECT_EQ(WTERMSIG(st), SIGTERM);
+}
+
 // Sim fault injection: rank 2 of 4 fails after step 5 of 8 (checkpoints every 2 steps). The job
 // ends (exit 1) naming the rank; the newest complete checkpoint is step_4 and resuming from it
 // trains bitwise the uninterrupted run. A hung rank (fail_mode=hang) is detected by
