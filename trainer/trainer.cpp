@@ -12,7 +12,6 @@
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/sim/clock.h"
-#include "nxd/trainer/preempt.h"
 
 namespace nxd::trainer {
 
@@ -411,43 +410,6 @@ void Trainer::teardown() {
   val_batches_.clear();
 }
 
-// Under a PreemptionGuard: whether any rank got SIGTERM/SIGINT, agreed by every rank after the
-// same step (a signal reaches ranks at different moments), so all stop after this step.
-void Trainer::check_preemption() {
-  int32_t sig = preemption_signal();
-  world().all_reduce(&sig, &sig, 1, DType::i32, ReduceOp::max);
-  if (sig == 0 || preempt_signal_ != 0) return;
-  preempt_signal_ = sig;
-  request_stop(str("preempted by ", signal_name(sig), " after step ", step_));
-}
-
-// A step that was not applied (its loss or gradient norm is not finite): logged, then the run
-// stops (on_nonfinite "stop": any async checkpoint completed first, so the newest finite one
-// counts) or goes on.
-void Trainer::on_nonfinite_step(const StepOutput& out, double sim_step_s) {
-  const std::string what = str("step ", out.step, ": loss ", out.loss, ", gradient norm ",
-                               out.grad_norm, " (not finite); the update was not applied");
-  if (opts_.on_nonfinite == "skip") {
-    message(what + ", skipped (trainer.on_nonfinite=skip)");
-    return;
-  }
-  MetricsRow row;
-  row.step = step_;
-  row.loss = out.loss;
-  row.lr = out.lr;
-  row.grad_norm = out.grad_norm;
-  if (sim_step_s >= 0) row.sim_step_s = sim_step_s;
-  log_row(row);
-  if (is_logging_rank())
-    for (auto& l : opts_.loggers) l->finalize();
-  ckpt::finalize_checkpoint();
-  world().barrier();  // every rank logged before any throws (a sim rank's throw stops the rest)
-  throw NonFiniteLoss(str("[trainer] ", what,
-                          ": training stopped with no checkpoint from this step (the newest "
-                          "saved one is the last good state; trainer.on_nonfinite=skip skips "
-                          "such steps instead)"));
-}
-
 FitResult Trainer::fit(TrainingModule& module, DataModule& data, const std::string& ckpt_path) {
   const std::string saved = opts_.ckpt_path;
   opts_.ckpt_path = ckpt_path;
@@ -498,7 +460,7 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
     res.steps = step_;
     module.on_train_batch_end(out);
     for (auto& cb : opts_.callbacks) cb->on_train_batch_end(*this, module, out);
-    if (preemption_enabled()) check_preemption();
+    check_preemption();  // only under a PreemptionGuard
 
     const bool last = step_ == opts_.max_steps || should_stop();
     MetricsRow row;
