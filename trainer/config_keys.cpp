@@ -85,9 +85,10 @@ std::vector<KeySpec> make_registry() {
           "Resume from the newest complete checkpoint in `<exp_dir>/checkpoints/` if there is one "
           "(resume_from_checkpoint wins when set)."),
       key("exp_manager.existing_run", K::string, "refuse",
-          "When `exp_dir` holds another run's outputs (metrics.csv, checkpoints/, tensorboard/, "
+          "When `exp_dir` holds another run's outputs (metrics.csv with a row, checkpoints/, "
           "sample.txt) and this run does not resume it: `refuse` (exit 2), or `set_aside`: move "
-          "them to `<exp_dir>/previous_runs/<k>/` first. Nothing is deleted either way.",
+          "them (and tensorboard/, config.yaml) to `<exp_dir>/previous_runs/<k>/` first. Nothing "
+          "is deleted either way.",
           {"refuse", "set_aside"}),
       // trainer
       key("trainer.max_steps", K::integer, 700, "Optimizer steps to run."),

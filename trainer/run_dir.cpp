@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/runtime/error.h"
@@ -29,6 +30,15 @@ std::string read_fd(int fd) {
     s.append(buf, static_cast<size_t>(n));
   while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
   return s.substr(0, 200);
+}
+
+// More than its header line.
+bool has_rows(const fs::path& csv) {
+  std::ifstream in(csv);
+  std::string line;
+  int lines = 0;
+  while (lines < 2 && std::getline(in, line)) lines += !line.empty();
+  return lines >= 2;
 }
 
 bool nonempty_dir(const fs::path& p) {
@@ -132,9 +142,9 @@ void RunDir::check_outputs(const RunDirOptions& o) {
   const fs::path out = o.out_dir;
   std::error_code ec;
   std::vector<std::string> found;
-  if (fs::exists(out / "metrics.csv", ec)) found.push_back("metrics.csv");
+  // a metrics.csv with no row (a run that failed before its first step) holds no work
+  if (has_rows(out / "metrics.csv")) found.push_back("metrics.csv");
   if (fs::exists(out / "sample.txt", ec)) found.push_back("sample.txt");
-  if (nonempty_dir(out / "tensorboard")) found.push_back("tensorboard/");
   std::string tags;
   for (const auto& t : ckpt::list_checkpoints(o.checkpoint_dir))
     tags += (tags.empty() ? "" : ", ") + t.tag + (t.complete ? "" : " (incomplete)");

@@ -8,10 +8,10 @@
 //                        owner; a lock file left by a run that died (no flock held) is stale and
 //                        taken over. Removed when the run ends.
 //
-// A directory holding another run's outputs (metrics.csv, checkpoints/, tensorboard/,
-// sample.txt) is refused unless the run resumes from it (exp_manager.resume_if_exists, or
+// A directory holding another run's outputs (metrics.csv with a row, checkpoints/, sample.txt) is
+// refused unless the run resumes from it (exp_manager.resume_if_exists, or
 // resume_from_checkpoint inside its checkpoints/) or exp_manager.existing_run=set_aside, which
-// moves those outputs (and config.yaml) to <exp_dir>/previous_runs/<k>/ first. A resumed run
+// moves them (with config.yaml and tensorboard/) to <exp_dir>/previous_runs/<k>/ first. A resumed run
 // keeps the earlier metrics.csv as metrics.<k>.csv. Nothing is ever deleted or overwritten.
 #include <string>
 #include <vector>

@@ -98,6 +98,11 @@ TEST(NxdTrainSafety, ASecondRunIntoAnotherRunsOutputIsRefusedOrSetsItAside) {
   EXPECT_EQ(tags(t.d / "out/checkpoints"), (std::set<std::string>{"step_2", "step_3"}));
   EXPECT_EQ(read_csv(t.d / "out/metrics.csv").rows.size(), 3u);
   EXPECT_FALSE(fs::exists(t.d / "out/nxd.lock"));  // released
+  // a run that failed before its first step (metrics.csv with its header only) left no work
+  fs::create_directories(t.d / "failed");
+  std::ofstream(t.d / "failed/metrics.csv") << "step,loss,val_loss,lr,grad_norm\n";
+  r = t.train({}, "failed");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 // Issue 25 (3): rerunning a finished job re-saved its last checkpoint (done removed first). Now
