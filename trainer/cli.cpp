@@ -71,13 +71,16 @@ int preempted_exit(const CliOptions& o, const TrainConfig& tc, const TrainResult
 // Locks --out and checks it holds no other run (run_dir.h); prints what it did.
 std::unique_ptr<RunDir> open_run_dir(const CliOptions& o, const Config& cfg,
                                      const TrainConfig& tc) {
-  auto rd = std::make_unique<RunDir>(
-      RunDirOptions{.out_dir = tc.out_dir,
-                    .checkpoint_dir = tc.exp.checkpoint.dirpath,
-                    .resume_if_exists = tc.exp.resume_if_exists,
-                    .resume_from = tc.exp.resume_from_checkpoint,
-                    .existing_run = cfg.get_string("exp_manager.existing_run"),
-                    .program = o.program});
+  // auto: the default folder is nxd-train's scratch space, set aside; a folder the user chose
+  // is refused.
+  std::string existing = cfg.get_string("exp_manager.existing_run");
+  if (existing == "auto") existing = tc.out_dir == kDefaultRunDir ? "set_aside" : "refuse";
+  auto rd = std::make_unique<RunDir>(RunDirOptions{.out_dir = tc.out_dir,
+                                                   .checkpoint_dir = tc.exp.checkpoint.dirpath,
+                                                   .resume_if_exists = tc.exp.resume_if_exists,
+                                                   .resume_from = tc.exp.resume_from_checkpoint,
+                                                   .existing_run = existing,
+                                                   .program = o.program});
   for (const auto& n : rd->notes()) std::printf("%s: %s\n", o.program.c_str(), n.c_str());
   std::fflush(stdout);
   return rd;

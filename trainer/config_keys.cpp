@@ -84,12 +84,13 @@ std::vector<KeySpec> make_registry() {
       key("exp_manager.resume_if_exists", K::boolean, false,
           "Resume from the newest complete checkpoint in `<exp_dir>/checkpoints/` if there is one "
           "(resume_from_checkpoint wins when set)."),
-      key("exp_manager.existing_run", K::string, "refuse",
+      key("exp_manager.existing_run", K::string, "auto",
           "When `exp_dir` holds another run's outputs (metrics.csv with a row, checkpoints/, "
           "sample.txt) and this run does not resume it: `refuse` (exit 2), or `set_aside`: move "
-          "them (and tensorboard/, config.yaml) to `<exp_dir>/previous_runs/<k>/` first. Nothing "
-          "is deleted either way.",
-          {"refuse", "set_aside"}),
+          "them (and tensorboard/, config.yaml) to `<exp_dir>/previous_runs/<k>/` first; `auto`: "
+          "`set_aside` in the default folder `runs/nxd_train` (so the quick start can run again), "
+          "`refuse` in any other. Nothing is deleted either way.",
+          {"auto", "refuse", "set_aside"}),
       // trainer
       key("trainer.max_steps", K::integer, 700, "Optimizer steps to run."),
       key("trainer.log_every_n_steps", K::integer, 10,

@@ -10,13 +10,17 @@
 //
 // A directory holding another run's outputs (metrics.csv with a row, checkpoints/, sample.txt) is
 // refused unless the run resumes from it (exp_manager.resume_if_exists, or
-// resume_from_checkpoint inside its checkpoints/) or exp_manager.existing_run=set_aside, which
-// moves them (with config.yaml and tensorboard/) to <exp_dir>/previous_runs/<k>/ first. A resumed run
-// keeps the earlier metrics.csv as metrics.<k>.csv. Nothing is ever deleted or overwritten.
+// resume_from_checkpoint inside its checkpoints/) or exp_manager.existing_run=set_aside (`auto`,
+// the default, means set_aside in kDefaultRunDir and refuse elsewhere: cli.cpp), which moves them
+// (with config.yaml and tensorboard/) to <exp_dir>/previous_runs/<k>/ first. A resumed run keeps
+// the earlier metrics.csv as metrics.<k>.csv. Nothing is ever deleted or overwritten.
 #include <string>
 #include <vector>
 
 namespace nxd::trainer {
+
+// exp_manager.exp_dir's default: exp_manager.existing_run=auto sets an earlier run aside here.
+inline constexpr const char* kDefaultRunDir = "runs/nxd_train";
 
 struct RunDirOptions {
   std::string out_dir;

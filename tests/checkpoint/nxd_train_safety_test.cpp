@@ -105,6 +105,26 @@ TEST(NxdTrainSafety, ASecondRunIntoAnotherRunsOutputIsRefusedOrSetsItAside) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// The quick start runs nxd-train without --out twice: the default folder runs/nxd_train is
+// nxd-train's own scratch space, so exp_manager.existing_run=auto sets the earlier run aside
+// there (nothing deleted) instead of refusing.
+TEST(NxdTrainSafety, TheDefaultFolderSetsAnEarlierRunAsideSoTheQuickStartRunsTwice) {
+  Dir t;
+  const std::vector<std::string> a = {  // in t.d, where runs/nxd_train is created
+      "/bin/sh", "-c",
+      "cd '" + t.d.string() + "' && exec '" NXD_TRAIN_BIN "' --config tiny.yaml"};
+  ProcResult r = nxd::testing::run_process(a, t.d, std::chrono::seconds(120));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string metrics = slurp(t.d / "runs/nxd_train/metrics.csv");
+  r = nxd::testing::run_process(a, t.d, std::chrono::seconds(120));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("previous_runs/1"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(t.d / "runs/nxd_train/previous_runs/1/metrics.csv"), metrics);
+  // a folder the user names is still refused
+  r = t.train({}, "runs/nxd_train/previous_runs/1");
+  expect_user_error(r, "holds another run's outputs");
+}
+
 // Issue 25 (3): rerunning a finished job re-saved its last checkpoint (done removed first). Now
 // it is left as it is; a resumed run keeps the earlier metrics.csv as metrics.1.csv.
 TEST(NxdTrainSafety, RerunningAFinishedJobKeepsItsLastCheckpointAndMetrics) {
