@@ -48,8 +48,9 @@ std::vector<Tensor> bucket_inputs(const std::vector<Tensor>& examples, const Buc
   std::vector<Tensor> out;
   for (const Tensor& x : examples) {
     Shape s = x.shape();
-    if (follows(s, B, S, 0)) s[0] = b.batch;
-    if (follows(s, B, S, 0) && follows(s, B, S, 1)) s[1] = b.seq;
+    const bool b0 = follows(s, B, S, 0), s1 = b0 && follows(s, B, S, 1);
+    if (b0) s[0] = b.batch;
+    if (s1) s[1] = b.seq;
     out.push_back(zeros(s, x.dtype(), x.device()));
   }
   return out;
