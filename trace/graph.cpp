@@ -52,8 +52,13 @@ void validate(const Graph& g, const std::string& where) {
     const Value& v = g.values[i];
     if (v.id != static_cast<int>(i))
       throw TraceError(str("[trace] ", where, ": value ", i, " has id ", v.id));
-    for (int64_t d : v.shape)
+    int64_t numel = 1;
+    for (int64_t d : v.shape) {
       if (d < 0) throw TraceError(str("[trace] ", where, ": value ", i, " has a negative dim"));
+      if (d > 0 && numel > (int64_t{1} << 48) / d)
+        throw TraceError(str("[trace] ", where, ": value ", i, " has more than 2^48 elements"));
+      numel *= d;
+    }
     check_id(v.alias_of, n, true, where, "an alias");
     if (v.producer < -1 || v.producer >= static_cast<int>(g.nodes.size()))
       throw TraceError(str("[trace] ", where, ": value ", i, " has producer ", v.producer));
