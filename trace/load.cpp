@@ -190,6 +190,7 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
                            "; this nxd reads version ", kTraceFormatVersion));
     to.tp_degree = man.at("tp_degree").get<int>();
     to.inline_weights = man.at("inline_weights").get<bool>();
+    to.pad_batch = man.at("pad_batch").get<bool>();
     to.args = man.at("compiler_args").get<std::string>();
     for (const auto& b : man.at("buckets"))
       buckets.push_back({b.at(0).get<int64_t>(), b.at(1).get<int64_t>()});

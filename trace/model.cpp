@@ -104,15 +104,17 @@ void write_workdir(const std::string& dir, int rank, const RankProgram& p) {
 
 // Builds and traces this rank's shard for every bucket.
 void trace_rank(const ModelFn& model_fn, const std::vector<Tensor>& examples,
-                const std::vector<Bucket>& buckets, RankProgram& p, std::vector<Graph>& graphs) {
+                const std::vector<Bucket>& buckets, const TraceOptions& opts, RankProgram& p,
+                std::vector<Graph>& graphs) {
   RankModel m = model_fn();
   NXD_CHECK(m.forward, "[parallel_model_trace] model_fn returned no forward");
   p.weights = m.params;
   p.state = m.state;
   p.owner = m.owner;
   for (const Bucket& b : buckets) {
-    TraceResult t =
-        trace_graph(m.forward, TraceInputs{m.params, bucket_inputs(examples, b), m.state});
+    std::vector<Tensor> args =
+        opts.bucket_example ? opts.bucket_example(b) : bucket_inputs(examples, b);
+    TraceResult t = trace_graph(m.forward, TraceInputs{m.params, std::move(args), m.state});
     std::vector<Tensor> ps;
     for (const auto& kv : m.params) ps.push_back(kv.second);
     p.params.push_back(std::move(ps));
@@ -148,14 +150,14 @@ std::shared_ptr<TensorParallelModel> parallel_model_trace(const ModelFn& model_f
       if (!parallel_state::model_parallel_is_initialized())
         parallel_state::initialize_model_parallel(tp);
     }
-    trace_rank(model_fn, example_inputs, buckets, ranks[0], graphs[0]);
+    trace_rank(model_fn, example_inputs, buckets, opts, ranks[0], graphs[0]);
   } else {
     sim::LaunchOptions lo;
     lo.world_size = tp;
     sim::launch(lo, [&] {
       parallel_state::initialize_model_parallel(tp);
       const int r = current_context().rank();
-      trace_rank(model_fn, example_inputs, buckets, ranks[r], graphs[r]);
+      trace_rank(model_fn, example_inputs, buckets, opts, ranks[r], graphs[r]);
     });
   }
   const int distinct = compile_rank_graphs(graphs, ranks, co, opts.max_parallel_compilations);

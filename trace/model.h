@@ -51,6 +51,12 @@ struct TraceOptions {
   // "sim": ranks as threads of this process; "mpi": this process is one rank of an mpirun whose
   // world has tp_degree processes.
   std::string backend = "sim";
+  // The example inputs of a bucket, when zeros of the bucketed shapes would not do (e.g. a
+  // decoder's cache positions and lengths); default bucket_inputs().
+  std::function<std::vector<Tensor>(const Bucket&)> bucket_example;
+  // false: a call only fits buckets of its own batch size (rows cannot be padded, e.g. the cache
+  // rows of a decoder); true: batch rows are padded too.
+  bool pad_batch = true;
 };
 
 struct BucketStats {

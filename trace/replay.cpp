@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "nxd/autograd/ops.h"
+#include "nxd/autograd/ops/inference.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
 
@@ -144,6 +145,26 @@ void add_parallel(std::map<std::string, OpInfo>& m) {
   }};
 }
 
+void add_inference(std::map<std::string, OpInfo>& m) {
+  OpInfo write;
+  write.fn = [](const V& in, const OpAttrs&) {
+    kv_cache_write(in[0], in[1], in[2], in[3], in[4]);
+    return V{};
+  };
+  write.effect = true;
+  m["kv_cache_write"] = write;
+  m["rotary_at"] = {[](const V& in, const OpAttrs& a) {
+    RotaryOptions o;
+    o.rotary_dim = a.i("rotary_dim");
+    o.base = a.f("base");
+    return V{rotary_at(in[0], in[1], o)};
+  }};
+  m["cached_attention"] = {[](const V& in, const OpAttrs& a) {
+    return V{cached_attention(in[0], in[1], in[2], in[3], in[4], in[5], a.f("scale"))};
+  }};
+  m["gather_last"] = {binary(&gather_last)};
+}
+
 struct Registry {
   std::mutex mu;
   std::map<std::string, OpInfo> ops;  // node-stable: entries are never erased
@@ -153,6 +174,7 @@ struct Registry {
     add_shapes(ops);
     add_nn(ops);
     add_parallel(ops);
+    add_inference(ops);
   }
 };
 

@@ -96,6 +96,7 @@ json manifest(const TensorParallelModel& m, const fs::path& dir) {
           {"tp_degree", tp},
           {"buckets", buckets},
           {"inline_weights", m.options().inline_weights},
+          {"pad_batch", m.options().pad_batch},
           {"compiler_args", m.options().args},
           {"example_inputs", examples},
           {"files", files}};

@@ -21,7 +21,7 @@ size_t TensorParallelModel::route(int64_t batch, int64_t seq) const {
   size_t best = buckets_.size();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& k = buckets_[b];
-    if (k.batch < batch || k.seq < seq) continue;
+    if (k.batch < batch || k.seq < seq || (!opts_.pad_batch && k.batch != batch)) continue;
     if (best == buckets_.size()) {
       best = b;
       continue;
@@ -75,7 +75,8 @@ std::vector<Tensor> pad_inputs(const std::vector<Tensor>& in, const Bucket& k) {
 std::vector<Tensor> cut_outputs(std::vector<Tensor> outs, const Bucket& k, int64_t B, int64_t S) {
   for (Tensor& y : outs) {
     if (y.dim() >= 1 && y.size(0) == k.batch && B != k.batch) y = y.narrow(0, 0, B);
-    if (y.dim() >= 2 && y.size(1) == k.seq && S != k.seq) y = y.narrow(1, 0, S);
+    // [B, S, ...] outputs follow the sequence; [B, X] ones (e.g. last-token logits) do not
+    if (y.dim() >= 3 && y.size(1) == k.seq && S != k.seq) y = y.narrow(1, 0, S);
     y = y.contiguous();
   }
   return outs;
