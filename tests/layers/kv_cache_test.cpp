@@ -14,6 +14,7 @@
 #include "nxd/autograd/ops/inference.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/models/inference_model.h"
 #include "nxd/runtime/allocator.h"
 #include "nxd/runtime/kernels/kv_cache.h"
 #include "nxd/runtime/rng.h"
@@ -360,4 +361,50 @@ TEST(Generate, TopPKeepsTheNucleus) {
   for (int i = 0; i < 50; ++i)
     EXPECT_EQ(sample_token(logits, 0.7, 3, 1.0, i / 50.0), sample_token(logits, 0.7, 3, i / 50.0));
   EXPECT_THROW(sample_token(logits, 1.0, 0, 0.0, 0.5), InvalidArgument);
+}
+
+TEST(InferenceModel, CalibratedOnLlama2_7BInf2XlargeTp2) {
+  // the one published figure the model is fitted on: 30.1 ms per output token
+  InferenceModelOptions o;
+  o.tp = 2;
+  o.instance = "inf2.xlarge";
+  o.prompt_tokens = 256;
+  o.new_tokens = 256;
+  ModelConfig c = ModelConfig::llama2_7b();
+  c.dtype = DType::bf16;
+  const AllocStats before = alloc_stats();
+  InferenceEstimate e = estimate_inference(c, o);
+  std::printf(
+      "    Llama-2-7B bf16 inf2.xlarge TP 2, 256 in / 256 out: TTFT %.2f ms, TPOT %.2f ms, "
+      "%.2f ms per output token (published 30.1)\n",
+      e.ttft * 1e3, e.tpot * 1e3, e.e2e_per_token * 1e3);
+  EXPECT_NEAR(e.e2e_per_token * 1e3, 30.1, 0.3);
+  EXPECT_EQ(alloc_stats().host_fresh, before.host_fresh);
+}
+
+TEST(InferenceModel, Llama2_70BAtTp32OnMetaWithoutAllocating) {
+  ModelConfig c = ModelConfig::llama2_7b();  // Llama-2-70B's shape
+  c.hidden_size = 8192;
+  c.num_layers = 80;
+  c.num_attention_heads = 64;
+  c.num_kv_heads = 8;
+  c.ffn_hidden_size = 28672;
+  c.vocab_size = 32000;
+  c.dtype = DType::bf16;
+  InferenceModelOptions o;
+  o.tp = 32;
+  o.instance = "trn1.32xlarge";
+  o.prompt_tokens = 256;
+  o.new_tokens = 256;
+  const AllocStats before = alloc_stats();
+  const int64_t host_live = device_memory(Device::host).live();
+  InferenceEstimate e = estimate_inference(c, o);
+  std::printf(
+      "    Llama-2-70B bf16 trn1.32xlarge TP 32, 256 in / 256 out: TTFT %.2f ms, TPOT %.2f "
+      "ms; %.2f GiB weights + %.3f GiB KV per rank\n",
+      e.ttft * 1e3, e.tpot * 1e3, e.weight_bytes / double(1 << 30), e.kv_bytes / double(1 << 30));
+  EXPECT_GT(e.tpot, 0);
+  EXPECT_GT(e.ttft, e.tpot);
+  EXPECT_EQ(alloc_stats().host_fresh, before.host_fresh);
+  EXPECT_EQ(device_memory(Device::host).live(), host_live);
 }
