@@ -179,6 +179,7 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
   TraceOptions to;
   std::vector<Bucket> buckets;
   std::vector<Tensor> examples;
+  std::map<std::string, std::string> metadata;
   try {
     MappedFile mf(mpath);
     man = json::parse(std::string(mf.data(), static_cast<size_t>(mf.size())));
@@ -191,6 +192,7 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
     to.tp_degree = man.at("tp_degree").get<int>();
     to.inline_weights = man.at("inline_weights").get<bool>();
     to.pad_batch = man.at("pad_batch").get<bool>();
+    metadata = man.at("metadata").get<std::map<std::string, std::string>>();
     to.args = man.at("compiler_args").get<std::string>();
     for (const auto& b : man.at("buckets"))
       buckets.push_back({b.at(0).get<int64_t>(), b.at(1).get<int64_t>()});
@@ -241,6 +243,7 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
     parallel_state::initialize_model_parallel(tp);
   auto m = std::make_shared<TensorParallelModel>(to, buckets, std::move(ranks), examples);
   m->set_distinct_compilations(distinct);
+  m->metadata() = std::move(metadata);
   return m;
 }
 

@@ -92,6 +92,9 @@ class TensorParallelModel {
   const std::vector<RankProgram>& ranks() const { return ranks_; }  // all ranks (sim) or this one
   std::vector<RankProgram>& ranks() { return ranks_; }
   const std::vector<Tensor>& example_inputs() const { return examples_; }
+  // Free-form strings saved in the manifest and restored by load (e.g. the model's config).
+  std::map<std::string, std::string>& metadata() { return metadata_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   int distinct_compilations() const { return distinct_; }
   void set_distinct_compilations(int n) { distinct_ = n; }
   // Bytes of weights, state, constants and arenas held (each storage counted once).
@@ -105,6 +108,7 @@ class TensorParallelModel {
   std::vector<Tensor> examples_;
   std::vector<BucketStats> stats_;
   int distinct_ = 0;
+  std::map<std::string, std::string> metadata_;
 };
 
 // Traces model_fn on every rank for every bucket (example_inputs give the arguments' dtypes and

@@ -97,6 +97,7 @@ json manifest(const TensorParallelModel& m, const fs::path& dir) {
           {"buckets", buckets},
           {"inline_weights", m.options().inline_weights},
           {"pad_batch", m.options().pad_batch},
+          {"metadata", m.metadata()},
           {"compiler_args", m.options().args},
           {"example_inputs", examples},
           {"files", files}};

@@ -155,6 +155,54 @@ TEST(NxdGenerate, UserMistakesExitTwo) {
     EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
   }
 }
+// The traced path (the default) against --eager, buckets, and a saved trace run without the
+// checkpoint.
+TEST(NxdGenerate, TracedSavedAndLoadedEqualEager) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  const std::string ck = (d / "run").string(), prompt = "Hello, nxd";
+  const std::vector<std::string> common = {"--prompt",      prompt, "--max-new-tokens", "12",
+                                           "--temperature", "0.9",  "--seed",           "4"};
+  for (std::string tp : {"1", "2"}) {
+    auto args = common;
+    args.insert(args.end(), {"--checkpoint", ck, "--tp", tp});
+    auto eager = args;
+    eager.push_back("--eager");
+    auto e = generate(eager, d);
+    ASSERT_EQ(e.code, 0) << e.err;
+    auto traced = args;
+    traced.insert(traced.end(), {"--buckets", "16,32", "--save-trace", (d / ("t" + tp)).string()});
+    auto t = generate(traced, d);
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_EQ(tokens_of(t.out), tokens_of(e.out)) << t.out;
+    EXPECT_EQ(tokens_of(t.out).size(), 22u) << t.out;
+    auto loaded = common;
+    loaded.insert(loaded.end(), {"--load-trace", (d / ("t" + tp)).string(), "--tp", tp});
+    auto l = generate(loaded, d);
+    ASSERT_EQ(l.code, 0) << l.err;
+    EXPECT_EQ(tokens_of(l.out), tokens_of(e.out)) << l.out;
+    EXPECT_NE(l.out.find("modeled on inf2.xlarge at TP " + tp), std::string::npos) << l.out;
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--load-trace", (d / "t1").string(), "--checkpoint", ck, "--prompt", "x"},
+       "--load-trace runs a saved trace"},
+      {{"--load-trace", (d / "t1").string(), "--prompt", "x", "--tp", "2"},
+       "traced at TP 1, expected TP 2"},
+      {{"--load-trace", (d / "nothing").string(), "--prompt", "x"}, "manifest.json is missing"},
+      {{"--checkpoint", ck, "--prompt", "x", "--buckets", "16,x"}, "--buckets needs an integer"},
+      {{"--checkpoint", ck, "--prompt", "x", "--buckets", "64"}, "exceeds max_position_embeddings"},
+      {{"--checkpoint", ck, "--prompt", std::string(20, 'a'), "--buckets", "16"},
+       "larger than every bucket"},
+      {{"--checkpoint", ck, "--prompt", "x", "--save-trace", (d / "t1").string()},
+       "is not an empty folder"},
+      {{"--checkpoint", ck, "--prompt", "x", "--eager", "--buckets", "16"}, "not --eager"},
+  };
+  for (const auto& [args, msg] : cases) {
+    auto r = generate(args, d);
+    EXPECT_EQ(r.code, 2) << args.back() << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+  }
+}
 #else
 TEST(NxdGenerateMpi, TpTwoUnderMpirunEqualsTheLibrary) {
   Fixture f;
