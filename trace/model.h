@@ -97,7 +97,8 @@ class TensorParallelModel {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   int distinct_compilations() const { return distinct_; }
   void set_distinct_compilations(int n) { distinct_ = n; }
-  // Bytes of weights, state, constants and arenas held (each storage counted once).
+  // Bytes of weights, state and constants held (each storage counted once) and of every graph's
+  // arena (allocated on the graph's first call).
   int64_t resident_bytes() const;
 
  private:

@@ -129,8 +129,7 @@ int64_t TensorParallelModel::resident_bytes() const {
       for (const Tensor& t : v) count(t);
     for (const auto& v : p.constants)
       for (const Tensor& t : v) count(t);
-    for (const ReplayState& s : p.replay)
-      if (s.arena && seen.insert(s.arena.get()).second) total += s.arena->nbytes();
+    for (const auto& g : p.graphs) total += g->plan.arena_bytes;  // allocated on first use
   }
   return total;
 }
