@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "nxd/runtime/context.h"
+#include "nxd/trace/fuse.h"
 
 namespace nxd::trace {
 
@@ -13,18 +14,18 @@ CompileOptions parse_compiler_args(const std::string& args) {
   std::string w;
   while (is >> w) {
     if (w == "-O0") {
-      o.dce = o.plan = false;
+      o.dce = o.fuse = o.plan = false;
     } else if (w == "-O1" || w == "-O2") {
-      o.dce = o.plan = true;
+      o.dce = o.fuse = o.plan = true;
     } else if (w == "--no-dce") {
       o.dce = false;
     } else if (w == "--no-plan") {
       o.plan = false;
     } else if (w == "--no-fuse") {
-      // accepted: there is no fusion pass (docs/DESIGN.md)
+      o.fuse = false;
     } else {
       throw TraceError(str("[compiler_args] unknown flag '", w,
-                           "' (known: -O0 -O1 -O2 --no-dce --no-plan --no-fuse)"));
+                           "' (known: -O0 -O1 -O2 --no-dce --no-fuse --no-plan)"));
     }
   }
   return o;
@@ -120,6 +121,7 @@ CompiledGraph compile(Graph g, const CompileOptions& opts) {
   CompiledGraph c;
   c.options = opts;
   if (opts.dce) c.removed_nodes = dead_code_elimination(g);
+  if (opts.fuse) c.fused_nodes = fuse_linear_residual(g);
   c.plan = plan_memory(g, opts.plan);
   for (const Node& n : g.nodes) {
     const OpInfo* info = find_op(n.op);
@@ -141,8 +143,9 @@ std::string plan_dump(const CompiledGraph& c) {
   std::ostringstream os;
   os << graph_dump(c.graph);
   os << "\n# passes: dce=" << (c.options.dce ? "on" : "off")
-     << " plan=" << (c.options.plan ? "on" : "off") << "; dce removed " << c.removed_nodes
-     << " nodes; " << c.graph.nodes.size() << " nodes remain\n";
+     << " fuse=" << (c.options.fuse ? "on" : "off") << " plan=" << (c.options.plan ? "on" : "off")
+     << "; dce removed " << c.removed_nodes << " nodes; " << c.fused_nodes
+     << " linear+add pairs fused; " << c.graph.nodes.size() << " nodes remain\n";
   os << "# arena " << c.plan.arena_bytes << " bytes for " << c.plan.intermediate_bytes
      << " bytes of planned intermediates\n";
   for (size_t v = 0; v < c.plan.offset.size(); ++v)

@@ -6,8 +6,9 @@
 //         one arena, assigned by liveness (greedy, largest first; inclusive intervals so an op's
 //         output never overlaps its inputs); views alias their base, which lives until the last
 //         use of any of its views. The replay places each op's output at its offset.
-// Arguments: "-O0" turns every pass off; "--no-dce", "--no-plan", "--no-fuse" one each ("--no-fuse"
-// is accepted for NxD-style scripts: no fusion pass exists yet, see docs/DESIGN.md).
+//   fuse  linear followed by a residual add -> one linear_add (trace/fuse.h)
+// Passes run in the order dce, fuse, plan. Arguments: "-O0" turns every pass off; "--no-dce",
+// "--no-fuse", "--no-plan" one each; "-O1"/"-O2" all on (the default).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,6 +21,7 @@ namespace nxd::trace {
 
 struct CompileOptions {
   bool dce = true;
+  bool fuse = true;  // trace/fuse.h
   bool plan = true;
 };
 // Parses compiler_args (space-separated); an unknown flag is a TraceError naming it.
@@ -36,6 +38,7 @@ struct CompiledGraph {
   Graph graph;  // after the passes
   MemoryPlan plan;
   CompileOptions options;
+  int fused_nodes = 0;                          // linear+add pairs fused
   int removed_nodes = 0;                        // by dce
   std::vector<const OpInfo*> ops;               // per node (resolved at compile time)
   std::vector<std::vector<int>> release_after;  // per node: values dropped after it runs

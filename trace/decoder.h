@@ -24,8 +24,8 @@ struct DecoderTraceOptions {
   std::vector<int64_t> prefill_buckets;  // prompt lengths; empty: powers of two up to max_len
   int64_t batch = 1;                     // cache rows (prompts per generate call)
   int64_t max_len = 0;                   // cache positions; 0: max_position_embeddings
-  std::string backend = "sim";
   std::string workdir, args;
+  std::string backend = "sim";
   int max_parallel_compilations = 1;
 };
 

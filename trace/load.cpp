@@ -234,6 +234,7 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
   CompileOptions co;
   co.dce = plans[0][0].at("dce").get<bool>();
   co.plan = plans[0][0].at("plan").get<bool>();
+  co.fuse = plans[0][0].at("fuse").get<bool>();
   const int distinct = compile_rank_graphs(graphs, ranks, co, 1);
   for (size_t i = 0; i < ranks.size(); ++i)
     for (size_t b = 0; b < buckets.size(); ++b)

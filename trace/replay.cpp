@@ -8,6 +8,7 @@
 #include "nxd/autograd/ops/inference.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/trace/fuse.h"
 
 namespace nxd::trace {
 
@@ -163,6 +164,8 @@ void add_inference(std::map<std::string, OpInfo>& m) {
     return V{cached_attention(in[0], in[1], in[2], in[3], in[4], in[5], a.f("scale"))};
   }};
   m["gather_last"] = {binary(&gather_last)};
+  m["linear_add"] = {
+      [](const V& in, const OpAttrs&) { return V{linear_add(in[0], in[1], in[2], in[3])}; }};
 }
 
 struct Registry {

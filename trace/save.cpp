@@ -16,6 +16,8 @@ namespace {
 
 json plan_json(const CompiledGraph& c) {
   return {{"dce", c.options.dce},
+          {"fuse", c.options.fuse},
+          {"fused_nodes", c.fused_nodes},
           {"plan", c.options.plan},
           {"removed_nodes", c.removed_nodes},
           {"arena_bytes", c.plan.arena_bytes},

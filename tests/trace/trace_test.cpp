@@ -29,9 +29,12 @@ void check_traced_equals_eager(const std::string& arch, int tp) {
         m->eval();
         eager = m->forward(ids);
       }
-      trace::TraceOptions o{.tp_degree = tp, .backend = "mpi"};
+      trace::TraceOptions o{.tp_degree = tp, .args = "--no-fuse", .backend = "mpi"};
       auto tm = trace::parallel_model_trace(causal_lm_fn(cfg), {ids}, o);
       EXPECT_BITWISE_EQ(tm->forward({ids})[0], eager);
+      o.args = "";
+      auto fused = trace::parallel_model_trace(causal_lm_fn(cfg), {ids}, o);
+      EXPECT_ALLCLOSE(fused->forward({ids})[0], eager, 1e-6, 1e-6);
     });
     return;
   }
@@ -44,10 +47,19 @@ void check_traced_equals_eager(const std::string& arch, int tp) {
     Tensor y = m->forward(ids);
     if (current_context().rank() == 0) eager = y;
   });
-  trace::TraceOptions o{.tp_degree = tp};
+  // fusion off: the same ops on the same inputs, bitwise
+  trace::TraceOptions o{.tp_degree = tp, .args = "--no-fuse"};
   auto tm = trace::parallel_model_trace(causal_lm_fn(cfg), {ids}, o);
   const Tensor traced = tm->forward({ids})[0];
   EXPECT_BITWISE_EQ(traced, eager);
+  // fusion on (the default): one rounding less per fused residual add
+  auto fused = trace::parallel_model_trace(causal_lm_fn(cfg), {ids}, {.tp_degree = tp});
+  EXPECT_ALLCLOSE(fused->forward({ids})[0], eager, 1e-6, 1e-6);
+  // at TP 1 both residual adds of every layer fuse with the product before them (o_proj and
+  // down_proj; GPT-NeoX's dense and dense_4h_to_h, with their biases); at TP > 1 the all-reduce
+  // sits between the product and the add
+  const int want = tp > 1 ? 0 : 2 * static_cast<int>(cfg.num_layers);
+  EXPECT_EQ(fused->ranks()[0].graphs[0]->fused_nodes, want);
   EXPECT_EQ(tm->ranks().size(), static_cast<size_t>(tp));
   // the static plan placed most intermediates in the arena
   const auto& p0 = tm->ranks()[0];
