@@ -3,13 +3,15 @@
 // prompt buckets, and the padding waste of automatic buckets on log-uniform prompt lengths.
 //   nxd-bench-trace [--layers 12] [--hidden 768] [--heads 12] [--kv-heads 12] [--ffn 2048]
 //                   [--vocab 32000] [--max-len 512] [--prefill 128] [--threads 1] [--dtype f32]
-//                   [--args "compiler args"]
+//                   [--args "compiler args"]  (the traced model; a second one adds --fuse)
 // Prints key=value lines: prefill and decode medians (eager, traced) and traced_vs_eager (traced
 // time / eager time, < 1 is faster), load_seconds / raw_read_seconds, resident bytes, padding.
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include <unistd.h>
@@ -52,9 +54,12 @@ double raw_read_seconds(const fs::path& dir) {
   return bench::now_seconds() - t0;
 }
 
-void print_pair(const char* what, const bench::Timing& eager, const bench::Timing& traced) {
-  std::printf("case=%s eager_ms=%.3f traced_ms=%.3f traced_vs_eager=%.3f\n", what,
-              eager.median * 1e3, traced.median * 1e3, traced.median / eager.median);
+void print_case(const char* what, const std::array<bench::Timing, 3>& t) {
+  std::printf(
+      "case=%s eager_ms=%.3f traced_ms=%.3f traced_fused_ms=%.3f traced_vs_eager=%.3f "
+      "fused_vs_eager=%.3f fused_vs_unfused=%.3f\n",
+      what, t[0].median * 1e3, t[1].median * 1e3, t[2].median * 1e3, t[1].median / t[0].median,
+      t[2].median / t[0].median, t[2].median / t[1].median);
 }
 
 }  // namespace
@@ -77,8 +82,13 @@ int main(int argc, char** argv) {
   auto traced = trace::trace_decoder(same, o);
   std::printf("trace_seconds=%.3f graphs=%zu arena_bytes=%lld\n", bench::now_seconds() - t0,
               traced->buckets().size(), (long long)traced->ranks()[0].graphs[0]->plan.arena_bytes);
+  o.args += " --fuse";
+  auto fused = trace::trace_decoder(same, o);
 
-  // ---- traced vs eager: prefill of P tokens, a decode step at position P ----
+  std::printf("fused_pairs=%d\n", fused->ranks()[0].graphs[0]->fused_nodes);
+
+  // ---- traced (without, with fusion) vs eager: prefill of P tokens, a decode step at position P
+  // ----
   KVCache cache = model->make_kv_cache(1, L);
   std::vector<int64_t> ids(P);
   for (int64_t i = 0; i < P; ++i) ids[i] = (i * 7919) % cfg.vocab_size;
@@ -86,19 +96,21 @@ int main(int argc, char** argv) {
   const CacheStep ps = make_cache_step({0}, {0}, {P}), ds = make_cache_step({0}, {P}, {1});
   NoGradGuard ng;
   bench::TimerOptions to{.warmup = 2, .min_reps = 5, .max_reps = 50, .min_seconds = 1.0};
-  auto [pe, pt] = bench::time_pair([&] { model->forward_cached(pid, ps, cache); },
-                                   [&] {
-                                     traced->forward({pid, ps.seq_ids, ps.start, ps.lengths});
-                                   },
-                                   to);
-  print_pair("prefill", pe, pt);
+  auto step = [&](const Tensor& x, const CacheStep& c) {
+    return std::array<std::function<void()>, 3>{
+        [&, x, c] { model->forward_cached(x, c, cache); },
+        [&, x, c] {
+          traced->forward({x, c.seq_ids, c.start, c.lengths});
+        },
+        [&, x, c] {
+          fused->forward({x, c.seq_ids, c.start, c.lengths});
+        }};
+  };
+  auto pr = bench::time_rotation(step(pid, ps), to);
+  print_case("prefill", pr);
   to.max_reps = 400;
-  auto [de, dt] = bench::time_pair([&] { model->forward_cached(did, ds, cache); },
-                                   [&] {
-                                     traced->forward({did, ds.seq_ids, ds.start, ds.lengths});
-                                   },
-                                   to);
-  print_pair("decode", de, dt);
+  auto dr = bench::time_rotation(step(did, ds), to);
+  print_case("decode", dr);
 
   // ---- resident bytes: one weight copy whatever the number of buckets ----
   auto four = trace::trace_decoder(

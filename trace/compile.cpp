@@ -15,8 +15,13 @@ CompileOptions parse_compiler_args(const std::string& args) {
   while (is >> w) {
     if (w == "-O0") {
       o.dce = o.fuse = o.plan = false;
-    } else if (w == "-O1" || w == "-O2") {
+    } else if (w == "-O1") {
+      o.dce = o.plan = true;
+      o.fuse = false;
+    } else if (w == "-O2") {
       o.dce = o.fuse = o.plan = true;
+    } else if (w == "--fuse") {
+      o.fuse = true;
     } else if (w == "--no-dce") {
       o.dce = false;
     } else if (w == "--no-plan") {
@@ -25,7 +30,7 @@ CompileOptions parse_compiler_args(const std::string& args) {
       o.fuse = false;
     } else {
       throw TraceError(str("[compiler_args] unknown flag '", w,
-                           "' (known: -O0 -O1 -O2 --no-dce --no-fuse --no-plan)"));
+                           "' (known: -O0 -O1 -O2 --no-dce --no-plan --fuse --no-fuse)"));
     }
   }
   return o;

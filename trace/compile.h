@@ -7,8 +7,8 @@
 //         output never overlaps its inputs); views alias their base, which lives until the last
 //         use of any of its views. The replay places each op's output at its offset.
 //   fuse  linear followed by a residual add -> one linear_add (trace/fuse.h)
-// Passes run in the order dce, fuse, plan. Arguments: "-O0" turns every pass off; "--no-dce",
-// "--no-fuse", "--no-plan" one each; "-O1"/"-O2" all on (the default).
+// Passes run in the order dce, fuse, plan. Arguments: "-O1" dce and plan (the default), "-O2"
+// those and fuse, "-O0" none; "--no-dce", "--no-plan", "--fuse", "--no-fuse" one each.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,7 +21,7 @@ namespace nxd::trace {
 
 struct CompileOptions {
   bool dce = true;
-  bool fuse = true;  // trace/fuse.h
+  bool fuse = false;  // trace/fuse.h: measured slower (docs/DESIGN.md), so off by default
   bool plan = true;
 };
 // Parses compiler_args (space-separated); an unknown flag is a TraceError naming it.

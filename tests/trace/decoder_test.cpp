@@ -47,7 +47,6 @@ void check_decoder(const std::string& arch, int tp, const std::string& backend) 
   trace::DecoderTraceOptions o{.tp_degree = tp,
                                .prefill_buckets = {8, 16, 32},
                                .max_len = cfg.max_position_embeddings,
-                               .args = "--no-fuse",
                                .backend = backend};
   auto d = trace::trace_decoder(factory(cfg), o);
   ASSERT_EQ(d->buckets().size(), 4u);  // three prefill buckets and one decode bucket
@@ -97,8 +96,7 @@ TEST(TraceDecoder, TracedEqualsEagerKvCachePath) {
         Eager r = eager_run(cfg, {3, 9, 27, 1, 14, 60, 2, 33}, cfg.max_position_embeddings);
         if (current_context().rank() == 0) e = r;
       });
-      trace::DecoderTraceOptions o{
-          .tp_degree = tp, .prefill_buckets = {8, 16}, .max_len = 64, .args = "--no-fuse"};
+      trace::DecoderTraceOptions o{.tp_degree = tp, .prefill_buckets = {8, 16}, .max_len = 64};
       auto d = trace::trace_decoder(factory(cfg), o);
       CacheStep s = make_cache_step({0}, {0}, {8});
       const std::vector<int64_t> prompt = {3, 9, 27, 1, 14, 60, 2, 33};

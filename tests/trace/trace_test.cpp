@@ -29,10 +29,10 @@ void check_traced_equals_eager(const std::string& arch, int tp) {
         m->eval();
         eager = m->forward(ids);
       }
-      trace::TraceOptions o{.tp_degree = tp, .args = "--no-fuse", .backend = "mpi"};
+      trace::TraceOptions o{.tp_degree = tp, .backend = "mpi"};
       auto tm = trace::parallel_model_trace(causal_lm_fn(cfg), {ids}, o);
       EXPECT_BITWISE_EQ(tm->forward({ids})[0], eager);
-      o.args = "";
+      o.args = "--fuse";
       auto fused = trace::parallel_model_trace(causal_lm_fn(cfg), {ids}, o);
       EXPECT_ALLCLOSE(fused->forward({ids})[0], eager, 1e-6, 1e-6);
     });
@@ -47,13 +47,14 @@ void check_traced_equals_eager(const std::string& arch, int tp) {
     Tensor y = m->forward(ids);
     if (current_context().rank() == 0) eager = y;
   });
-  // fusion off: the same ops on the same inputs, bitwise
-  trace::TraceOptions o{.tp_degree = tp, .args = "--no-fuse"};
+  // fusion off (the default): the same ops on the same inputs, bitwise
+  trace::TraceOptions o{.tp_degree = tp};
   auto tm = trace::parallel_model_trace(causal_lm_fn(cfg), {ids}, o);
   const Tensor traced = tm->forward({ids})[0];
   EXPECT_BITWISE_EQ(traced, eager);
-  // fusion on (the default): one rounding less per fused residual add
-  auto fused = trace::parallel_model_trace(causal_lm_fn(cfg), {ids}, {.tp_degree = tp});
+  // fusion on: one rounding less per fused residual add
+  auto fused =
+      trace::parallel_model_trace(causal_lm_fn(cfg), {ids}, {.tp_degree = tp, .args = "--fuse"});
   EXPECT_ALLCLOSE(fused->forward({ids})[0], eager, 1e-6, 1e-6);
   // at TP 1 both residual adds of every layer fuse with the product before them (o_proj and
   // down_proj; GPT-NeoX's dense and dense_4h_to_h, with their biases); at TP > 1 the all-reduce
@@ -155,6 +156,9 @@ TEST(Trace, DeadCodeIsRemovedAndPlanReusesMemory) {
   trace::CompiledGraph o0 = trace::compile(r.graph, trace::parse_compiler_args("-O0"));
   EXPECT_EQ(o0.removed_nodes, 0);
   EXPECT_EQ(o0.plan.arena_bytes, 0);
+  EXPECT_FALSE(trace::parse_compiler_args("").fuse);
+  EXPECT_TRUE(trace::parse_compiler_args("-O2").fuse);
+  EXPECT_FALSE(trace::parse_compiler_args("-O2 --no-fuse").fuse);
   EXPECT_THROW(trace::parse_compiler_args("--fast"), trace::TraceError);
 }
 
