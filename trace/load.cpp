@@ -52,21 +52,29 @@ using Files = std::map<std::string, std::shared_ptr<MappedFile>>;
 std::shared_ptr<MappedFile> open_checked(const fs::path& dir, const std::string& name,
                                          const json& files) {
   const fs::path path = dir / name;
-  if (!files.contains(name))
+  if (!files.is_object() || !files.contains(name))
     throw TraceError(str("[parallel_model_load] ", path.string(), " is not in the manifest"));
   if (!fs::exists(path))
     throw TraceError(str("[parallel_model_load] ", path.string(), " is missing"));
   auto f = std::make_shared<MappedFile>(path);
-  const json& e = files.at(name);
-  const int64_t want = e.at("bytes").get<int64_t>();
+  int64_t want = 0;
+  std::string crc;
+  try {
+    const json& e = files.at(name);
+    want = e.at("bytes").get<int64_t>();
+    crc = e.at("crc32c").get<std::string>();
+  } catch (const std::exception& e) {
+    throw TraceError(str("[parallel_model_load] ", (dir / "manifest.json").string(),
+                         ": bad entry for ", name, ": ", e.what()));
+  }
   if (f->size() != want)
     throw TraceError(str("[parallel_model_load] ", path.string(), " has ", f->size(),
                          " bytes, the manifest says ", want, " (truncated or replaced)"));
   char hex[9];
   std::snprintf(hex, sizeof hex, "%08x", ckpt::crc32c(f->data(), static_cast<size_t>(f->size())));
-  if (e.at("crc32c").get<std::string>() != hex)
+  if (crc != hex)
     throw TraceError(str("[parallel_model_load] ", path.string(), " is corrupt: CRC-32C ", hex,
-                         ", the manifest says ", e.at("crc32c").get<std::string>()));
+                         ", the manifest says ", crc));
   return f;
 }
 
@@ -111,10 +119,16 @@ Tensor take(std::map<std::string, Tensor>& m, const std::string& key, const std:
   return it->second;
 }
 
+struct SavedPlan {
+  CompileOptions opts;
+  int64_t arena_bytes = 0;
+  std::vector<int64_t> offsets;
+};
+
 struct RankFiles {
   RankProgram prog;
   std::vector<Graph> graphs;
-  std::vector<json> plans;
+  std::vector<SavedPlan> plans;
 };
 
 RankFiles load_rank(const fs::path& dir, int r, size_t nbuckets, bool inl, const json& files) {
@@ -131,7 +145,14 @@ RankFiles load_rank(const fs::path& dir, int r, size_t nbuckets, bool inl, const
     json j;
     try {
       j = json::parse(std::string(gf->data(), static_cast<size_t>(gf->size())));
-      rf.plans.push_back(j.at("compile"));
+      const json& c = j.at("compile");
+      SavedPlan sp;
+      sp.opts.dce = c.at("dce").get<bool>();
+      sp.opts.fuse = c.at("fuse").get<bool>();
+      sp.opts.plan = c.at("plan").get<bool>();
+      sp.arena_bytes = c.at("arena_bytes").get<int64_t>();
+      sp.offsets = c.at("offsets").get<std::vector<int64_t>>();
+      rf.plans.push_back(std::move(sp));
       rf.graphs.push_back(graph_from_json(j.at("graph").dump(), where));
     } catch (const TraceError&) {
       throw;
@@ -160,9 +181,12 @@ RankFiles load_rank(const fs::path& dir, int r, size_t nbuckets, bool inl, const
   return rf;
 }
 
-void check_plan(const CompiledGraph& c, const json& saved, const std::string& where) {
-  if (saved.at("arena_bytes").get<int64_t>() != c.plan.arena_bytes ||
-      saved.at("offsets").get<std::vector<int64_t>>() != c.plan.offset)
+void check_plan(const CompiledGraph& c, const SavedPlan& saved, const std::string& where) {
+  if (saved.opts.dce != c.options.dce || saved.opts.fuse != c.options.fuse ||
+      saved.opts.plan != c.options.plan)
+    throw TraceError(str("[parallel_model_load] ", where,
+                         ": compiled with other passes than the first graph"));
+  if (saved.arena_bytes != c.plan.arena_bytes || saved.offsets != c.plan.offset)
     throw TraceError(
         str("[parallel_model_load] ", where, ": the saved memory plan does not match its graph"));
 }
@@ -206,7 +230,9 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
     throw TraceError(str("[parallel_model_load] ", mpath.string(), ": ", e.what()));
   }
   const int tp = to.tp_degree;
-  if (tp < 1 || buckets.empty() || examples.empty())
+  bool bad_bucket = false;
+  for (const Bucket& b : buckets) bad_bucket = bad_bucket || b.batch < 1 || b.seq < 1;
+  if (tp < 1 || buckets.empty() || examples.empty() || bad_bucket)
     throw TraceError(str("[parallel_model_load] ", mpath.string(), ": tp_degree ", tp, ", ",
                          buckets.size(), " buckets, ", examples.size(), " example inputs"));
   if (opts.expect_tp_degree > 0 && opts.expect_tp_degree != tp)
@@ -224,17 +250,14 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
     for (int r = 0; r < (tp == 1 ? 1 : tp); ++r) which.push_back(r);
   std::vector<RankProgram> ranks;
   std::vector<std::vector<Graph>> graphs;
-  std::vector<std::vector<json>> plans;
+  std::vector<std::vector<SavedPlan>> plans;
   for (int r : which) {
     RankFiles rf = load_rank(dir, r, buckets.size(), to.inline_weights, man.at("files"));
     ranks.push_back(std::move(rf.prog));
     graphs.push_back(std::move(rf.graphs));
     plans.push_back(std::move(rf.plans));
   }
-  CompileOptions co;
-  co.dce = plans[0][0].at("dce").get<bool>();
-  co.plan = plans[0][0].at("plan").get<bool>();
-  co.fuse = plans[0][0].at("fuse").get<bool>();
+  const CompileOptions co = plans[0][0].opts;
   const int distinct = compile_rank_graphs(graphs, ranks, co, 1);
   for (size_t i = 0; i < ranks.size(); ++i)
     for (size_t b = 0; b < buckets.size(); ++b)

@@ -1,12 +1,19 @@
 // Drives the trace graph fuzz target without libFuzzer: deterministic byte mutations (bit flips,
 // byte changes, truncations, insertions, erasures) and structural ones (a number changed, a key
 // removed, a value of another type) of a real traced Llama graph must each parse or throw
-// TraceError; each graph that parses must compile or throw TraceError.
+// TraceError; each graph that parses must compile or throw TraceError. Saved folders with a
+// mutated manifest or graph must load or throw TraceError.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "nxd/checkpoint/crc32c.h"
+#include "nxd/trace/save_load.h"
+#include "support/files.h"
 #include "trace_util.h"
 
 extern "C" int nxd_fuzz_trace_graph(const uint8_t* data, size_t size);
@@ -110,4 +117,55 @@ TEST(FuzzTraceGraph, MutationsParseOrThrowTraceError) {
     mutate_tree(j, g);
     check_one(j.dump());
   }
+}
+
+namespace {
+
+// The CRC-32C the manifest records for `s` (8 hex digits).
+std::string crc_hex(const std::string& s) {
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", ckpt::crc32c(s.data(), s.size()));
+  return hex;
+}
+
+}  // namespace
+
+// Whole folders: mutations of manifest.json, and of a graph file whose size and checksum are then
+// fixed in the manifest (so the parser behind the checks is reached), must load or throw
+// TraceError.
+TEST(FuzzTraceGraph, MutatedFoldersLoadOrThrowTraceError) {
+  if (under_mpi()) GTEST_SKIP() << "sim only";
+  namespace fs = std::filesystem;
+  const fs::path base = test_temp_dir("nxd_trace_");
+  const ModelConfig cfg = trace_config("llama", 1);
+  auto m = trace::parallel_model_trace(causal_lm_fn(cfg), {trace_ids(1, 4, cfg.vocab_size)}, {});
+  trace::parallel_model_save(*m, base / "good");
+  const std::string man = slurp(base / "good/manifest.json");
+  const std::string graph = slurp(base / "good/rank0/bucket0.json");
+  std::mt19937_64 g(11);
+  int loaded = 0;
+  for (int i = 0; i < 300; ++i) {
+    const fs::path d = base / "m";
+    fs::remove_all(d);
+    fs::copy(base / "good", d, fs::copy_options::recursive);
+    if (i % 2 == 0) {
+      std::string s = man;
+      mutate_bytes(s, g);
+      std::ofstream(d / "manifest.json", std::ios::binary) << s;
+    } else {
+      json gj = json::parse(graph);
+      mutate_tree(gj, g);
+      const std::string s = gj.dump(1);
+      std::ofstream(d / "rank0/bucket0.json", std::ios::binary) << s;
+      json mj = json::parse(man);
+      mj["files"]["rank0/bucket0.json"] = {{"bytes", s.size()}, {"crc32c", crc_hex(s)}};
+      std::ofstream(d / "manifest.json", std::ios::binary) << mj.dump(1);
+    }
+    try {
+      trace::parallel_model_load(d);
+      ++loaded;
+    } catch (const trace::TraceError&) {
+    }
+  }
+  EXPECT_LT(loaded, 300);
 }
