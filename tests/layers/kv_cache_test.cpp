@@ -408,3 +408,27 @@ TEST(InferenceModel, Llama2_70BAtTp32OnMetaWithoutAllocating) {
   EXPECT_EQ(alloc_stats().host_fresh, before.host_fresh);
   EXPECT_EQ(device_memory(Device::host).live(), host_live);
 }
+
+TEST(KVCacheKernels, Bf16DecodeProductsReadTheWeightAsBf16) {
+  // linear on a few bf16 rows (the decode shape) takes the GEMV path; it equals the f32 product of
+  // the same values rounded once, and does not depend on how many rows there are
+  RngStream r{9, 2};
+  auto rnd = [&](Shape s, uint64_t off) {
+    Tensor t = empty(s, DType::f32);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = float(r.uniform_f64(off + i) * 2 - 1);
+    return t.to(DType::bf16);
+  };
+  Tensor x = rnd({1, 3, 72}, 0), w = rnd({40, 72}, 1000), b = rnd({40}, 5000);
+  NoGradGuard ng;
+  for (bool bias : {false, true}) {
+    Tensor y = bias ? linear(x, w, b) : linear(x, w);
+    Tensor yf = bias ? linear(x.to(DType::f32), w.to(DType::f32), b.to(DType::f32))
+                     : linear(x.to(DType::f32), w.to(DType::f32));
+    EXPECT_TRUE(nxd::testing::close_rel(y.to(DType::f32), yf, 8e-3, "bf16 gemv"));
+    Tensor one = bias ? linear(x.narrow(1, 1, 1).contiguous(), w, b)
+                      : linear(x.narrow(1, 1, 1).contiguous(), w);
+    EXPECT_TRUE(nxd::testing::bitwise_equal(one.select(1, 0).contiguous(),
+                                            y.select(1, 1).contiguous(), "row alone"));
+  }
+}
