@@ -15,4 +15,11 @@ inline constexpr int64_t kGemvMaxRows = 8;
 // Computes and returns true when the operands have that shape; false (nothing done) otherwise.
 bool gemv_bf16(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double beta);
 
+// The same operand shapes with any number of rows (a prefill): W is converted to f32 a block of
+// rows at a time into a cache-sized scratch and multiplied there (the f32 engine), C accumulated
+// in f32 and rounded once; never a whole f32 copy of W. Returns false (nothing done) for other
+// shapes.
+bool gemm_bf16_weight_blocks(const Tensor& c, const Tensor& a, const Tensor& b, double alpha,
+                             double beta);
+
 }  // namespace nxd::kernels::detail

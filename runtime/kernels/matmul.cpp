@@ -270,6 +270,7 @@ void bmm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double
       break;
     case DType::bf16: {
       if (detail::gemv_bf16(cd, ad, bd, alpha, beta)) break;  // a few rows: W read as bf16
+      if (detail::gemm_bf16_weight_blocks(cd, ad, bd, alpha, beta)) break;  // W in f32 blocks
       Tensor cf = beta == 0.0 ? empty(cd.shape(), DType::f32) : cd.to(DType::f32);
       bmm_typed<float>(cf, ad.to(DType::f32), bd.to(DType::f32), alpha, beta, f);
       cd.copy_(cf);

@@ -431,4 +431,12 @@ TEST(KVCacheKernels, Bf16DecodeProductsReadTheWeightAsBf16) {
     EXPECT_TRUE(nxd::testing::bitwise_equal(one.select(1, 0).contiguous(),
                                             y.select(1, 1).contiguous(), "row alone"));
   }
+  // more rows (a prefill): the weight converted to f32 a block of rows at a time
+  Tensor xs = rnd({2, 10, 72}, 9000), wide = rnd({700, 72}, 20000), wb = rnd({700}, 90000);
+  for (bool bias : {false, true}) {
+    Tensor y = bias ? linear(xs, wide, wb) : linear(xs, wide);
+    Tensor yf = bias ? linear(xs.to(DType::f32), wide.to(DType::f32), wb.to(DType::f32))
+                     : linear(xs.to(DType::f32), wide.to(DType::f32));
+    EXPECT_TRUE(nxd::testing::close_rel(y.to(DType::f32), yf, 8e-3, "bf16 weight blocks"));
+  }
 }
