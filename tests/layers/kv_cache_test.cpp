@@ -174,13 +174,15 @@ TEST(KVCache, ContinuousBatchingRequestsJoinAndLeave) {
       nxd::testing::close_rel(l.select(0, 0).contiguous(), last_logits(*m, sb), 1e-5, "B alone"));
 }
 
-TEST(KVCache, TensorParallelEqualsSingleRank) {
+TEST(KVCache, TensorParallelEqualsSingleRank) {  // TP 2, 4, 8 on sim; 2 under mpirun -np 2
   for (std::string arch : {"llama", "gpt_neox"}) {
-    for (int tp : {2, 4}) {
+    for (int tp : {2, 4, 8}) {
       if (tp > nxd::testing::max_ranks()) continue;  // under an mpirun of fewer processes
       SCOPED_TRACE(arch + " tp " + std::to_string(tp));
-      ModelConfig c = tiny(arch);
-      if (arch == "llama" && tp == 4) c.kv_size_multiplier = 2;  // 2 KV heads over 4 ranks
+      ModelConfig base = tiny(arch);
+      if (tp == 8) base.num_attention_heads = 8;  // one query head per rank
+      ModelConfig c = base;
+      if (arch == "llama") c.kv_size_multiplier = std::max(1, tp / 2);  // 2 KV heads over tp
       const auto prompt = some_ids(5, 64, 12);
       GenerateOptions g;
       g.temperature = 0.7;
@@ -189,7 +191,7 @@ TEST(KVCache, TensorParallelEqualsSingleRank) {
       std::vector<int64_t> ref;
       Tensor ref_logits;
       {
-        auto m = make_causal_lm(tiny(arch), 21);
+        auto m = make_causal_lm(base, 21);
         ref = m->generate(prompt, g);
         KVCache cache = m->make_kv_cache(1, 8);
         ref_logits = m->forward_cached(ids_of(prompt, 1, 5), make_cache_step({0}, {0}, {5}), cache);
@@ -407,4 +409,36 @@ TEST(InferenceModel, Llama2_70BAtTp32OnMetaWithoutAllocating) {
   EXPECT_GT(e.ttft, e.tpot);
   EXPECT_EQ(alloc_stats().host_fresh, before.host_fresh);
   EXPECT_EQ(device_memory(Device::host).live(), host_live);
+}
+
+TEST(KVCacheKernels, Bf16DecodeProductsReadTheWeightAsBf16) {
+  // linear on a few bf16 rows (the decode shape) takes the GEMV path; it equals the f32 product of
+  // the same values rounded once, and does not depend on how many rows there are
+  RngStream r{9, 2};
+  auto rnd = [&](Shape s, uint64_t off) {
+    Tensor t = empty(s, DType::f32);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = float(r.uniform_f64(off + i) * 2 - 1);
+    return t.to(DType::bf16);
+  };
+  Tensor x = rnd({1, 3, 72}, 0), w = rnd({40, 72}, 1000), b = rnd({40}, 5000);
+  NoGradGuard ng;
+  for (bool bias : {false, true}) {
+    Tensor y = bias ? linear(x, w, b) : linear(x, w);
+    Tensor yf = bias ? linear(x.to(DType::f32), w.to(DType::f32), b.to(DType::f32))
+                     : linear(x.to(DType::f32), w.to(DType::f32));
+    EXPECT_TRUE(nxd::testing::close_rel(y.to(DType::f32), yf, 8e-3, "bf16 gemv"));
+    Tensor one = bias ? linear(x.narrow(1, 1, 1).contiguous(), w, b)
+                      : linear(x.narrow(1, 1, 1).contiguous(), w);
+    EXPECT_TRUE(nxd::testing::bitwise_equal(one.select(1, 0).contiguous(),
+                                            y.select(1, 1).contiguous(), "row alone"));
+  }
+  // more rows (a prefill): the weight converted to f32 a block of rows at a time
+  Tensor xs = rnd({2, 10, 72}, 9000), wide = rnd({700, 72}, 20000), wb = rnd({700}, 90000);
+  for (bool bias : {false, true}) {
+    Tensor y = bias ? linear(xs, wide, wb) : linear(xs, wide);
+    Tensor yf = bias ? linear(xs.to(DType::f32), wide.to(DType::f32), wb.to(DType::f32))
+                     : linear(xs.to(DType::f32), wide.to(DType::f32));
+    EXPECT_TRUE(nxd::testing::close_rel(y.to(DType::f32), yf, 8e-3, "bf16 weight blocks"));
+  }
 }
