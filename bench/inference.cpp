@@ -8,6 +8,10 @@
 //   nxd-bench-inference [--threads T] [--precision fp32|bf16] [--prompt N] [--reps N]
 //   nxd-bench-inference --export DIR     (model.safetensors, config.json, prefill_logits.f32)
 //   nxd-bench-inference --tp-compare [--precision P]
+// Unless --no-traced, the same prefill and decode step also run on the traced decoder
+// (trace/decoder.h, sharing the model's weights; fusion off, the default): case=traced_prefill
+// and case=traced_decode print traced_vs_eager=<traced time / eager time>, timed interleaved
+// with the eager path.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +25,7 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
+#include "nxd/trace/decoder.h"
 
 using namespace nxd;
 namespace fs = std::filesystem;
@@ -117,6 +122,36 @@ Timed time_model(CausalLM& m, int64_t P, int reps) {
   return {bench::median_of(tp), bench::median_of(td), decode_bytes(m, cache, P + 1)};
 }
 
+// Eager forward_cached against the traced decoder on the same weights, interleaved blocks.
+void run_traced(const std::shared_ptr<CausalLM>& m, const std::string& prec, int threads,
+                int64_t P) {
+  const double t0 = bench::now_seconds();
+  auto traced = trace::trace_decoder([m] { return m; }, {.prefill_buckets = {P}, .max_len = P + 1});
+  const double trace_s = bench::now_seconds() - t0;
+  const auto ids = prompt_ids(P, m->config().vocab_size);
+  KVCache cache = m->make_kv_cache(1, P + 1);
+  const Tensor pid = from_vector<int64_t>(ids, {1, P}),
+               tok = from_vector<int64_t>({ids[0]}, {1, 1});
+  const CacheStep pre = make_cache_step({0}, {0}, {P}), dec = make_cache_step({0}, {P}, {1});
+  NoGradGuard ng;
+  bench::TimerOptions o{.warmup = 1, .min_reps = 3, .max_reps = 30, .min_seconds = 0.5};
+  for (const char* c : {"prefill", "decode"}) {
+    const bool is_pre = c[0] == 'p';
+    const Tensor& x = is_pre ? pid : tok;
+    const CacheStep& st = is_pre ? pre : dec;
+    if (!is_pre) o.max_reps = 200;
+    auto [e, t] = bench::time_pair([&] { m->forward_cached(x, st, cache); },
+                                   [&] {
+                                     traced->forward({x, st.seq_ids, st.start, st.lengths});
+                                   },
+                                   o);
+    std::printf(
+        "case=traced_%s threads=%d precision=%s eager_ms=%.3f traced_ms=%.3f traced_vs_eager=%.3f "
+        "trace_seconds=%.2f\n",
+        c, threads, prec.c_str(), e.median * 1e3, t.median * 1e3, t.median / e.median, trace_s);
+  }
+}
+
 int run_export(const fs::path& dir) {
   auto m = make_causal_lm(bench_model(DType::f32), 1);
   fs::create_directories(dir);
@@ -178,5 +213,6 @@ int main(int argc, char** argv) {
       "stream_ms=%.3f roofline_fraction=%.3f\n",
       threads, prec.c_str(), t.decode * 1e3, 1 / t.decode, static_cast<long long>(t.bytes),
       stream * 1e3, stream / t.decode);
+  if (!a.has("--no-traced")) run_traced(m, prec, threads, P);
   return 0;
 }
