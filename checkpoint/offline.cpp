@@ -175,34 +175,53 @@ void import_with_config(const fs::path& file, ModelConfig cfg, const fs::path& o
   sim::launch(tp * dp, [&] {
     parallel_state::initialize_model_parallel(tp);
     auto model = make_causal_lm(cfg, 0);
-    std::map<std::string, ShardSpec> spec;
-    for (const auto& p : parallel_parameters(*model)) spec[p.name] = shard_spec(p.attrs);
-    const int rank = parallel_state::get_tensor_model_parallel_rank();
-    std::set<std::string> used;
-    NoGradGuard g;
-    for (const auto& [n, t] : model->state_dict()) {
-      const auto it = full.find(n);
-      if (it == full.end())
-        throw CheckpointError(str("[import] ", file.string(), " has no tensor '", n, "'"));
-      const ShardSpec s = spec.count(n) ? spec[n] : ShardSpec{};
-      const Shape want = full_shape(t.shape(), s);
-      if (it->second.shape() != want || it->second.dtype() != t.dtype())
-        throw CheckpointError(str("[import] ", file.string(), ": tensor '", n, "' is ",
-                                  safetensors_dtype(it->second.dtype()),
-                                  shape_str(it->second.shape()), ", the model needs ",
-                                  safetensors_dtype(t.dtype()), shape_str(want)));
-      t.detach().copy_(shard_view(it->second, s, rank));
-      used.insert(n);
-    }
-    if (used.size() != full.size())
-      for (const auto& [n, t] : full)
-        if (!used.count(n))
-          throw CheckpointError(str("[import] ", file.string(), ": tensor '", n,
-                                    "' is not a parameter of the model"));
+    load_full_state(*model, full, file);
     save_checkpoint(out_root, tag, model.get(), nullptr, nullptr);
   });
 }
 }  // namespace
+
+void load_full_state(Module& model, const std::map<std::string, Tensor>& full,
+                     const fs::path& file) {
+  std::map<std::string, ShardSpec> spec;
+  for (const auto& p : parallel_parameters(model)) spec[p.name] = shard_spec(p.attrs);
+  const int rank = parallel_state::model_parallel_is_initialized()
+                       ? parallel_state::get_tensor_model_parallel_rank()
+                       : 0;
+  std::set<std::string> used;
+  NoGradGuard g;
+  for (const auto& [n, t] : model.state_dict()) {
+    const auto it = full.find(n);
+    if (it == full.end())
+      throw CheckpointError(str("[import] ", file.string(), " has no tensor '", n, "'"));
+    const ShardSpec s = spec.count(n) ? spec[n] : ShardSpec{};
+    const Shape want = full_shape(t.shape(), s);
+    if (it->second.shape() != want || it->second.dtype() != t.dtype())
+      throw CheckpointError(str("[import] ", file.string(), ": tensor '", n, "' is ",
+                                safetensors_dtype(it->second.dtype()),
+                                shape_str(it->second.shape()), ", the model needs ",
+                                safetensors_dtype(t.dtype()), shape_str(want)));
+    t.detach().copy_(shard_view(it->second, s, rank));
+    used.insert(n);
+  }
+  if (used.size() != full.size())
+    for (const auto& [n, t] : full)
+      if (!used.count(n))
+        throw CheckpointError(
+            str("[import] ", file.string(), ": tensor '", n, "' is not a parameter of the model"));
+}
+
+ModelConfig read_hf_config(const fs::path& hf_dir) {
+  json j;
+  try {
+    j = json::parse(read_file(hf_dir / "config.json"));
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CheckpointError(str("[import-hf] ", (hf_dir / "config.json").string(), ": ", e.what()));
+  }
+  return model_config_from_hf(j);
+}
 
 void import_merged(const fs::path& file, const fs::path& out_root, const std::string& tag, int tp,
                    int dp) {
@@ -302,15 +321,7 @@ void export_hf(const fs::path& tag_dir, const fs::path& out_dir) {
 
 void import_hf(const fs::path& hf_dir, const fs::path& out_root, const std::string& tag, int tp,
                int dp) {
-  json j;
-  try {
-    j = json::parse(read_file(hf_dir / "config.json"));
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CheckpointError(str("[import-hf] ", (hf_dir / "config.json").string(), ": ", e.what()));
-  }
-  import_with_config(hf_dir / "model.safetensors", model_config_from_hf(j), out_root, tag, tp, dp);
+  import_with_config(hf_dir / "model.safetensors", read_hf_config(hf_dir), out_root, tag, tp, dp);
 }
 
 json model_config_json(const ModelConfig& c) {

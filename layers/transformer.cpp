@@ -3,6 +3,7 @@
 #include <array>
 
 #include "nxd/autograd/function.h"
+#include "nxd/autograd/ops/inference.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/qkv.h"
 
@@ -160,7 +161,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
   return reshape(transpose(o, 1, 2), {q.size(0), q.size(2), q.size(1) * q.size(3)});
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) const {
+std::vector<Tensor> CausalSelfAttention::project(const Tensor& x) const {
   NXD_CHECK_SHAPE(x.dim() == 3 && x.size(2) == hidden_, "[CausalSelfAttention] expected x [B,S",
                   sp_ ? "/tp" : "", ",", hidden_, "], got ", x.desc());
   // q, k, v as [B, heads, S, D]: this rank's heads under tensor parallelism (hl_, hkvl_), else
@@ -179,8 +180,37 @@ Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) co
   } else {
     qkv = split_fused_qkv(pfused_ ? pfused_->forward(x) : qkv_->forward(x), hl_, d_);
   }
+  return qkv;
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) const {
+  std::vector<Tensor> qkv = project(x);
   Tensor o =
       causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset, recompute_core_);
+  return po_ ? po_->forward(o) : o_->forward(o);
+}
+
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, const CacheStep& step,
+                                           const Tensor& k_cache, const Tensor& v_cache) const {
+  NXD_CHECK(!sp_,
+            "[CausalSelfAttention::forward_cached] needs a model built without sequence "
+            "parallelism (set sequence_parallel=false for inference)");
+  NXD_CHECK_SHAPE(k_cache.dim() == 4 && k_cache.size(1) == hkvl_ && k_cache.size(3) == d_,
+                  "[CausalSelfAttention::forward_cached] cache must be [Bmax, ", hkvl_, ", L, ", d_,
+                  "], got ", k_cache.desc());
+  std::vector<Tensor> qkv = project(x);
+  Tensor q = qkv[0], k = qkv[1];
+  if (rot_ > 0) {
+    RotaryOptions ro;
+    ro.rotary_dim = rot_;
+    ro.base = theta_;
+    q = rotary_at(q, step.start, ro);
+    k = rotary_at(k, step.start, ro);
+  }
+  kv_cache_write(k_cache, k, step.seq_ids, step.start, step.lengths);
+  kv_cache_write(v_cache, qkv[2], step.seq_ids, step.start, step.lengths);
+  Tensor o = cached_attention(q, k_cache, v_cache, step.seq_ids, step.start, step.lengths);
+  o = reshape(transpose(o, 1, 2), {x.size(0), x.size(1), hl_ * d_});
   return po_ ? po_->forward(o) : o_->forward(o);
 }
 

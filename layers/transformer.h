@@ -35,6 +35,7 @@
 
 #include "nxd/layers/basic.h"
 #include "nxd/layers/init_scheme.h"
+#include "nxd/layers/models/kv_cache.h"
 
 namespace nxd {
 
@@ -81,6 +82,12 @@ class CausalSelfAttention : public Module {
   explicit CausalSelfAttention(const AttentionOptions& opts);
   // x [B,S,hidden] -> [B,S,hidden]; positions start at position_offset.
   Tensor forward(const Tensor& x, int64_t position_offset = 0) const;
+  // The KV-cache path (forward only, no graph; not under sequence parallelism): x [B,S,hidden]
+  // at the per-row positions of `step` (kv_cache.h); writes this step's rotated K and V into
+  // k_cache, v_cache [Bmax, local_kv_heads, L, D] in place and attends each token to its row's
+  // cache positions [0, p] -> [B,S,hidden] (padding rows: the output projection of zeros).
+  Tensor forward_cached(const Tensor& x, const CacheStep& step, const Tensor& k_cache,
+                        const Tensor& v_cache) const;
 
   int64_t num_heads() const { return h_; }
   int64_t num_kv_heads() const { return hkv_; }
@@ -93,6 +100,7 @@ class CausalSelfAttention : public Module {
 
  private:
   void build_parallel(const AttentionOptions& o);
+  std::vector<Tensor> project(const Tensor& x) const;  // q, k, v [B, heads, S, D] (local heads)
   int64_t hidden_, h_, hkv_, d_, rot_;
   double theta_;
   bool recompute_core_ = false;

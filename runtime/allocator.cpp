@@ -10,6 +10,7 @@
 
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
@@ -81,6 +82,8 @@ HostCache& host_cache() {
   static HostCache* c = new HostCache();  // never destroyed: storages may outlive statics
   return *c;
 }
+std::atomic<int64_t> g_storages{0}, g_fresh{0}, g_fresh_bytes{0}, g_reused{0};
+
 size_t rounded(size_t n) {
   return n <= 4096 ? (n + 63) & ~size_t(63) : (n + 4095) & ~size_t(4095);
 }
@@ -95,11 +98,14 @@ void* host_alloc(size_t n) {
       void* p = it->second.back();
       it->second.pop_back();
       c.cached -= n;
+      g_reused.fetch_add(1, std::memory_order_relaxed);
       return p;
     }
   }
   void* p = std::aligned_alloc(64, n);
   if (!p) throw std::bad_alloc();
+  g_fresh.fetch_add(1, std::memory_order_relaxed);
+  g_fresh_bytes.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
   return p;
 }
 
@@ -117,6 +123,11 @@ void host_free(void* p, size_t n) {
   std::free(p);
 }
 }  // namespace
+
+AllocStats alloc_stats() {
+  return {g_storages.load(std::memory_order_relaxed), g_fresh.load(std::memory_order_relaxed),
+          g_fresh_bytes.load(std::memory_order_relaxed), g_reused.load(std::memory_order_relaxed)};
+}
 
 void release_host_cache() {
   host_cache().release();
@@ -162,11 +173,18 @@ void check_scratch(int64_t bytes, const char* what) {
 
 std::shared_ptr<Storage> Storage::allocate(int64_t nbytes, Device device) {
   NXD_CHECK(nbytes >= 0, "[alloc] negative size ", nbytes);
+  if (device == Device::host)
+    if (PlacementSlot* p = current_context().find_ext<PlacementSlot>();
+        p && p->armed && p->nbytes == nbytes) {
+      p->armed = false;
+      return wrap(p->data, nbytes, [](void*) {});
+    }
   // Tensors beyond the machine's RAM would only be granted by overcommit and then get the
   // process killed when touched: refuse them with the numbers instead.
   if (device == Device::host && device_memory(Device::host).live() + nbytes > host_ram_bytes())
     host_out_of_memory(current_context().memory(), nbytes, "more than the RAM");
   std::shared_ptr<Storage> s(new Storage());
+  g_storages.fetch_add(1, std::memory_order_relaxed);
   s->nbytes_ = nbytes;
   s->device_ = device;
   s->rank_counter_ = current_context().memory_ptr();

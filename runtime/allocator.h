@@ -48,6 +48,18 @@ int64_t host_ram_bytes();
 // machine's RAM — before the allocation fails with std::bad_alloc or overcommits.
 void check_scratch(int64_t bytes, const char* what);
 
+// Allocation counters (process-wide, every rank): storages allocated (tensors on any device),
+// and of the host blocks behind them those served fresh by the system allocator (cache misses)
+// or reused from the cache below. A loop that allocates the same shapes every iteration shows
+// fresh == 0 per iteration once warm (e.g. a decode step).
+struct AllocStats {
+  int64_t storages = 0;    // Storage::allocate calls
+  int64_t host_fresh = 0;  // host blocks from aligned_alloc
+  int64_t host_fresh_bytes = 0;
+  int64_t host_reused = 0;  // host blocks from the cache
+};
+AllocStats alloc_stats();
+
 // Frees the host blocks kept for reuse (live tensors are unaffected).
 void release_host_cache();
 int64_t host_cache_bytes();

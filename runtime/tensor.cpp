@@ -1,4 +1,5 @@
 #include "nxd/runtime/tensor.h"
+#include "nxd/runtime/trace_hook.h"
 
 #include <algorithm>
 #include <cmath>
@@ -146,6 +147,7 @@ double Tensor::at(std::initializer_list<int64_t> idx) const {
 }
 
 double Tensor::at(const std::vector<int64_t>& idx) const {
+  check_host_read("Tensor::at", *this);
   int64_t off = linear_offset(*this, idx, "at");
   return dispatch(dtype(), [&]<class T>() { return to_double(static_cast<T*>(raw_data())[off]); });
 }
@@ -156,6 +158,7 @@ void Tensor::set(const std::vector<int64_t>& idx, double v) const {
 }
 
 double Tensor::item() const {
+  check_host_read("Tensor::item", *this);
   NXD_CHECK_SHAPE(numel() == 1, "[item] needs a one-element tensor, got ", desc());
   return dispatch(dtype(), [&]<class T>() { return to_double(static_cast<T*>(raw_data())[0]); });
 }
@@ -166,6 +169,7 @@ std::vector<double> Tensor::to_vector() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector_as() const {
+  check_host_read("Tensor::to_vector", *this);
   Tensor c = detach().to(dtype_of<T>()).contiguous();
   const T* p = c.data<T>();
   return std::vector<T>(p, p + c.numel());

@@ -8,6 +8,7 @@
 #include "nxd/autograd/ops/nn_internal.h"
 #include "nxd/runtime/kernels/attention.h"
 #include "nxd/runtime/kernels/flash_attention.h"
+#include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
@@ -99,13 +100,32 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, dou
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const SdpaOptions& opts) {
-  return opts.impl == AttentionImpl::fused ? fused(q, k, v, opts.causal, opts.scale)
-                                           : materialized(q, k, v, opts.causal, opts.scale);
+  OpScope scope_("sdpa");
+  return scope_.out(
+      [&]() -> Tensor {
+        return opts.impl == AttentionImpl::fused ? fused(q, k, v, opts.causal, opts.scale)
+                                                 : materialized(q, k, v, opts.causal, opts.scale);
+      }(),
+      [&] {
+        return OpCall{{q, k, v},
+                      OpAttrs()
+                          .set("causal", int64_t(opts.causal))
+                          .set("scale", opts.scale)
+                          .set("impl", int64_t(opts.impl))};
+      });
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double scale) {
-  return fused(q, k, v, causal, scale);
+  OpScope scope_("sdpa");
+  return scope_.out([&]() -> Tensor { return fused(q, k, v, causal, scale); }(),
+                    [&] {
+                      return OpCall{{q, k, v},
+                                    OpAttrs()
+                                        .set("causal", int64_t(causal))
+                                        .set("scale", scale)
+                                        .set("impl", int64_t(AttentionImpl::fused))};
+                    });
 }
 
 }  // namespace nxd

@@ -3,6 +3,7 @@
 #include "nxd/runtime/kernels/elementwise.h"
 #include "nxd/autograd/ops/basic.h"
 #include "nxd/runtime/kernels/reduce.h"
+#include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
@@ -104,55 +105,123 @@ Tensor unary_op(const Tensor& x, Unary op, double p = 0.0) {
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  return binary_op(a, b, Binary::add);
+  OpScope scope_("add");
+  return scope_.out([&]() -> Tensor { return binary_op(a, b, Binary::add); }(),
+                    [&] {
+                      return OpCall{{a, b}, OpAttrs()};
+                    });
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
-  return binary_op(a, b, Binary::sub);
+  OpScope scope_("sub");
+  return scope_.out([&]() -> Tensor { return binary_op(a, b, Binary::sub); }(),
+                    [&] {
+                      return OpCall{{a, b}, OpAttrs()};
+                    });
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
-  return binary_op(a, b, Binary::mul);
+  OpScope scope_("mul");
+  return scope_.out([&]() -> Tensor { return binary_op(a, b, Binary::mul); }(),
+                    [&] {
+                      return OpCall{{a, b}, OpAttrs()};
+                    });
 }
 Tensor div(const Tensor& a, const Tensor& b) {
-  return binary_op(a, b, Binary::div);
+  OpScope scope_("div");
+  return scope_.out([&]() -> Tensor { return binary_op(a, b, Binary::div); }(),
+                    [&] {
+                      return OpCall{{a, b}, OpAttrs()};
+                    });
 }
 Tensor add(const Tensor& a, double s) {
-  return unary_op(a, Unary::add_scalar, s);
+  OpScope scope_("add_scalar");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::add_scalar, s); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs().set("s", s)};
+                    });
 }
 Tensor mul(const Tensor& a, double s) {
-  return unary_op(a, Unary::mul_scalar, s);
+  OpScope scope_("mul_scalar");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::mul_scalar, s); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs().set("s", s)};
+                    });
 }
 Tensor neg(const Tensor& a) {
-  return unary_op(a, Unary::neg);
+  OpScope scope_("neg");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::neg); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor exp(const Tensor& a) {
-  return unary_op(a, Unary::exp);
+  OpScope scope_("exp");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::exp); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor log(const Tensor& a) {
-  return unary_op(a, Unary::log);
+  OpScope scope_("log");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::log); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor sqrt(const Tensor& a) {
-  return unary_op(a, Unary::sqrt);
+  OpScope scope_("sqrt");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::sqrt); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor rsqrt(const Tensor& a) {
-  return unary_op(a, Unary::rsqrt);
+  OpScope scope_("rsqrt");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::rsqrt); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor tanh(const Tensor& a) {
-  return unary_op(a, Unary::tanh);
+  OpScope scope_("tanh");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::tanh); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor sigmoid(const Tensor& a) {
-  return unary_op(a, Unary::sigmoid);
+  OpScope scope_("sigmoid");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::sigmoid); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor relu(const Tensor& a) {
-  return unary_op(a, Unary::relu);
+  OpScope scope_("relu");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::relu); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor square(const Tensor& a) {
-  return unary_op(a, Unary::square);
+  OpScope scope_("square");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::square); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor abs(const Tensor& a) {
-  return unary_op(a, Unary::abs);
+  OpScope scope_("abs");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::abs); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs()};
+                    });
 }
 Tensor pow(const Tensor& a, double exponent) {
-  return unary_op(a, Unary::pow, exponent);
+  OpScope scope_("pow");
+  return scope_.out([&]() -> Tensor { return unary_op(a, Unary::pow, exponent); }(),
+                    [&] {
+                      return OpCall{{a}, OpAttrs().set("exponent", exponent)};
+                    });
 }
 
 }  // namespace nxd

@@ -3,6 +3,7 @@
 #include "nxd/runtime/kernels/reduce.h"
 #include "nxd/autograd/ops/basic.h"
 #include "nxd/runtime/kernels/elementwise.h"
+#include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
@@ -44,57 +45,81 @@ Tensor sum_impl(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
 }  // namespace
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return sum_impl(x, dims, keepdim, false);
+  OpScope scope_("sum");
+  return scope_.out(
+      [&]() -> Tensor { return sum_impl(x, dims, keepdim, false); }(),
+      [&] {
+        return OpCall{{x}, OpAttrs().set("dims", dims).set("keepdim", int64_t(keepdim))};
+      });
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return sum_impl(x, dims, keepdim, true);
+  OpScope scope_("mean");
+  return scope_.out(
+      [&]() -> Tensor { return sum_impl(x, dims, keepdim, true); }(),
+      [&] {
+        return OpCall{{x}, OpAttrs().set("dims", dims).set("keepdim", int64_t(keepdim))};
+      });
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
-  check_input(x, "sum_to");
-  Tensor y = empty(shape, x.dtype(), x.device());
-  kernels::sum_to(y, x.detach());
-  if (!autograd::needs_grad({x})) return y;
-  const Shape xs = x.shape();
-  autograd::record("sum_to", {x}, {y}, [xs](const Grads& g) -> Grads {
-    Tensor dx = empty(xs, g[0].dtype(), g[0].device());
-    dx.copy_(g[0]);
-    return {dx};
-  });
-  return y;
+  OpScope scope_("sum_to");
+  return scope_.out(
+      [&]() -> Tensor {
+        check_input(x, "sum_to");
+        Tensor y = empty(shape, x.dtype(), x.device());
+        kernels::sum_to(y, x.detach());
+        if (!autograd::needs_grad({x})) return y;
+        const Shape xs = x.shape();
+        autograd::record("sum_to", {x}, {y}, [xs](const Grads& g) -> Grads {
+          Tensor dx = empty(xs, g[0].dtype(), g[0].device());
+          dx.copy_(g[0]);
+          return {dx};
+        });
+        return y;
+      }(),
+      [&] {
+        return OpCall{{x}, OpAttrs().set("shape", shape)};
+      });
 }
 
 Tensor amax(const Tensor& x, int64_t dim, bool keepdim) {
-  check_input(x, "amax");
-  const int64_t d = wrap_dim(dim, x.dim(), "amax");
-  const Shape s = kernels::reduced_shape(x.shape(), {d}, keepdim, "amax");
-  Tensor y = empty(s, x.dtype(), x.device());
-  const bool grad = autograd::needs_grad({x});
-  Tensor idx = grad ? empty(s, DType::i64, x.device()) : Tensor();
-  kernels::amax(y, idx, x.detach(), d, keepdim);
-  if (!grad) return y;
-  const Shape xs = x.shape();
-  autograd::record("amax", {x}, {y}, [xs, d, idx](const Grads& g) -> Grads {
-    Tensor dx = zeros(xs, g[0].dtype(), g[0].device());
-    if (dx.is_meta()) return {dx};
-    int64_t outer = 1, inner = 1;
-    const int64_t len = xs[d];
-    for (int64_t i = 0; i < d; ++i) outer *= xs[i];
-    for (size_t i = d + 1; i < xs.size(); ++i) inner *= xs[i];
-    Tensor gc = g[0].contiguous();
-    Tensor ic = idx.contiguous();
-    const int64_t* ip = ic.data<int64_t>();
-    dispatch(dx.dtype(), [&]<class T>() {
-      T* dp = dx.data<T>();
-      const T* gp = gc.data<T>();
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t i = 0; i < inner; ++i)
-          dp[(o * len + ip[o * inner + i]) * inner + i] = gp[o * inner + i];
-    });
-    return {dx};
-  });
-  return y;
+  OpScope scope_("amax");
+  return scope_.out(
+      [&]() -> Tensor {
+        check_input(x, "amax");
+        const int64_t d = wrap_dim(dim, x.dim(), "amax");
+        const Shape s = kernels::reduced_shape(x.shape(), {d}, keepdim, "amax");
+        Tensor y = empty(s, x.dtype(), x.device());
+        const bool grad = autograd::needs_grad({x});
+        Tensor idx = grad ? empty(s, DType::i64, x.device()) : Tensor();
+        kernels::amax(y, idx, x.detach(), d, keepdim);
+        if (!grad) return y;
+        const Shape xs = x.shape();
+        autograd::record("amax", {x}, {y}, [xs, d, idx](const Grads& g) -> Grads {
+          Tensor dx = zeros(xs, g[0].dtype(), g[0].device());
+          if (dx.is_meta()) return {dx};
+          int64_t outer = 1, inner = 1;
+          const int64_t len = xs[d];
+          for (int64_t i = 0; i < d; ++i) outer *= xs[i];
+          for (size_t i = d + 1; i < xs.size(); ++i) inner *= xs[i];
+          Tensor gc = g[0].contiguous();
+          Tensor ic = idx.contiguous();
+          const int64_t* ip = ic.data<int64_t>();
+          dispatch(dx.dtype(), [&]<class T>() {
+            T* dp = dx.data<T>();
+            const T* gp = gc.data<T>();
+            for (int64_t o = 0; o < outer; ++o)
+              for (int64_t i = 0; i < inner; ++i)
+                dp[(o * len + ip[o * inner + i]) * inner + i] = gp[o * inner + i];
+          });
+          return {dx};
+        });
+        return y;
+      }(),
+      [&] {
+        return OpCall{{x}, OpAttrs().set("dim", dim).set("keepdim", int64_t(keepdim))};
+      });
 }
 
 }  // namespace nxd

@@ -2,6 +2,7 @@
 #include "nxd/runtime/kernels/rotary.h"
 #include "nxd/autograd/ops/nn.h"
 #include "nxd/autograd/ops/nn_internal.h"
+#include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
@@ -18,17 +19,28 @@ Tensor empty_like_layout(const Tensor& x, DType dt) {
 }  // namespace
 
 Tensor rotary(const Tensor& x, const RotaryOptions& opts) {
-  check_float("rotary", "input", x);
-  const DType dt = x.dtype();
-  Tensor xc = compute(x), yc = empty_like_layout(xc, xc.dtype());
-  kernels::rotary_forward(yc, xc, opts.rotary_dim, opts.base, opts.position_offset);
-  Tensor y = to_dtype(yc, dt);
-  autograd::record("rotary", {x}, {y}, [opts, dt](const Grads& g) -> Grads {
-    Tensor gc = compute(g[0]), dx = empty_like_layout(gc, gc.dtype());
-    kernels::rotary_forward(dx, gc, opts.rotary_dim, opts.base, opts.position_offset, true);
-    return {to_dtype(dx, dt)};
-  });
-  return y;
+  OpScope scope_("rotary");
+  return scope_.out(
+      [&]() -> Tensor {
+        check_float("rotary", "input", x);
+        const DType dt = x.dtype();
+        Tensor xc = compute(x), yc = empty_like_layout(xc, xc.dtype());
+        kernels::rotary_forward(yc, xc, opts.rotary_dim, opts.base, opts.position_offset);
+        Tensor y = to_dtype(yc, dt);
+        autograd::record("rotary", {x}, {y}, [opts, dt](const Grads& g) -> Grads {
+          Tensor gc = compute(g[0]), dx = empty_like_layout(gc, gc.dtype());
+          kernels::rotary_forward(dx, gc, opts.rotary_dim, opts.base, opts.position_offset, true);
+          return {to_dtype(dx, dt)};
+        });
+        return y;
+      }(),
+      [&] {
+        return OpCall{{x},
+                      OpAttrs()
+                          .set("rotary_dim", opts.rotary_dim)
+                          .set("base", opts.base)
+                          .set("position_offset", opts.position_offset)};
+      });
 }
 
 }  // namespace nxd

@@ -3,6 +3,7 @@
 #include "nxd/runtime/kernels/softmax.h"
 #include "nxd/autograd/ops/nn.h"
 #include "nxd/autograd/ops/nn_internal.h"
+#include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
@@ -50,10 +51,18 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
-  return softmax_impl(x, dim, false);
+  OpScope scope_("softmax");
+  return scope_.out([&]() -> Tensor { return softmax_impl(x, dim, false); }(),
+                    [&] {
+                      return OpCall{{x}, OpAttrs().set("dim", dim)};
+                    });
 }
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  return softmax_impl(x, dim, true);
+  OpScope scope_("log_softmax");
+  return scope_.out([&]() -> Tensor { return softmax_impl(x, dim, true); }(),
+                    [&] {
+                      return OpCall{{x}, OpAttrs().set("dim", dim)};
+                    });
 }
 
 }  // namespace nxd

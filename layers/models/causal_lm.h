@@ -34,6 +34,7 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/layers/basic.h"
 #include "nxd/layers/models/config.h"
+#include "nxd/layers/models/kv_cache.h"
 #include "nxd/layers/module.h"
 
 namespace nxd {
@@ -44,8 +45,24 @@ struct GenerateOptions {
   int64_t max_new_tokens = 64;
   double temperature = 1.0;   // 0 = greedy (argmax, first on ties)
   int64_t top_k = 0;          // > 0: sample among the k most likely tokens only
+  double top_p = 1.0;         // < 1: then among the most likely tokens whose mass reaches top_p
   uint64_t seed = 0;          // sampling draws from RngStream{seed, stream_id("nxd.generate")}
   int64_t eos_token_id = -1;  // >= 0: stop after generating it
+};
+
+// What CausalLM::generate_batch returns: per prompt, the prompt followed by its generated ids and
+// why it stopped; the times of the prefill (one forward_cached of all prompts) and of the decode
+// steps (wall clock, and modeled by the sim device when the rank runs on it, else 0).
+struct GenerateResult {
+  std::vector<std::vector<int64_t>> sequences;
+  // "max_new_tokens", "eos", or "max_position_embeddings" (the sequence reached the model's
+  // maximum length before max_new_tokens: generation stops rather than slide the window)
+  std::vector<std::string> stop_reasons;
+  int64_t prefill_tokens = 0;  // real prompt tokens
+  int64_t decode_steps = 0;    // forward_cached calls after the prefill
+  int64_t decode_tokens = 0;   // tokens those steps fed (rows active in each step)
+  double prefill_seconds = 0, decode_seconds = 0;
+  double modeled_prefill_seconds = 0, modeled_decode_seconds = 0;
 };
 
 class CausalLM : public Module {
@@ -81,10 +98,30 @@ class CausalLM : public Module {
   // Final norm, output head and cross entropy against targets [B,S] (needs part().head).
   Tensor head_loss(const Tensor& h, const Tensor& targets, const CrossEntropyOptions& opts = {});
 
+  // ---- the KV-cache path (kv_cache.h has the contract; docs/DESIGN.md "KV cache and
+  // generation"). Forward only, without a graph, in whatever mode the model is (dropout is not
+  // applied); needs the whole model and no sequence parallelism.
+  // K/V heads of this rank's cache (the attention's local_kv_heads()).
+  virtual int64_t cache_kv_heads() const;
+  // One K and one V per decoder layer, [max_batch, cache_kv_heads(), max_len, head_dim] in the
+  // model's dtype on its device (zeros on the host); max_len <= max_position_embeddings.
+  KVCache make_kv_cache(int64_t max_batch, int64_t max_len) const;
+  // ids [B,S] i32/i64 (rows right-padded), step's rows as kv_cache.h says: writes the real
+  // tokens' K/V at [start, start+len) of cache row seq_ids[b] in place and returns the logits
+  // [B, V] of each row's last real token (the full vocabulary on every TP rank).
+  Tensor forward_cached(const Tensor& ids, const CacheStep& step, KVCache& cache);
+
   // hidden_states, lm_head, forward, loss and generate need the whole model (InvalidArgument).
-  // prompt followed by up to max_new_tokens generated ids. Runs without a graph and in eval mode
-  // (the mode is restored). No KV cache: each token reruns the model on the last
-  // max_position_embeddings ids, computing the head only for the last position.
+  // Each prompt followed by up to max_new_tokens generated ids, with the KV cache: one prefill
+  // of all prompts (right-padded), then one decode step per token for the rows still running
+  // (rows leave the batch when they stop). Runs without a graph and in eval mode (restored).
+  // Row b samples with u = RngStream{seed, stream_id("nxd.generate")}.uniform_f64(i) for its
+  // i-th new token, so a batch gives each prompt exactly what it gives alone. A sequence stops at
+  // max_position_embeddings (stop reason says so). A model built with sequence parallelism falls
+  // back to rerunning the whole sequence for every token (no cache), with the same semantics.
+  GenerateResult generate_batch(const std::vector<std::vector<int64_t>>& prompts,
+                                const GenerateOptions& opts);
+  // generate_batch of one prompt: its sequence.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, const GenerateOptions& opts);
 
  protected:
@@ -95,6 +132,8 @@ class CausalLM : public Module {
   virtual Tensor embed_tokens(const Tensor& ids) = 0;
   virtual Tensor run_layers(const Tensor& h, int64_t position_offset) = 0;
   virtual Tensor final_norm(const Tensor& h) = 0;
+  // The decoder layers on the KV-cache path (kv_cache.h); families without one throw.
+  virtual Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache);
   // The input embedding's weight (this rank's vocabulary rows at TP > 1).
   virtual const Tensor& embedding_weight() const = 0;
   // Registers the untied output head `name` (Linear [V, hidden] without bias, or its
@@ -110,6 +149,11 @@ class CausalLM : public Module {
   bool sp_ = false;
 
  private:
+  void check_generate(const std::vector<std::vector<int64_t>>& prompts,
+                      const GenerateOptions& opts) const;
+  // The fallback without a cache (sequence-parallel models): reruns the sequence per token.
+  GenerateResult generate_recompute(const std::vector<std::vector<int64_t>>& prompts,
+                                    const GenerateOptions& opts);
   Tensor head_weight_;                                   // undefined when tied
   std::shared_ptr<ColumnParallelLinear> parallel_head_;  // TP > 1, untied
 };
@@ -131,6 +175,12 @@ Tensor checkpoint_layer(const std::function<Tensor(const Tensor&)>& layer, const
 // with the uniform number u in [0, 1).
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
                      double u);
+// The same with nucleus sampling: top_p in (0, 1] keeps, of those, the most likely tokens in
+// decreasing probability (ties by lower id) up to and including the first whose cumulative
+// probability reaches top_p, renormalized, and samples among them in that order with u. top_p = 1
+// is exactly the four-argument form.
+int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
+                     double top_p, double u);
 
 // The families make_causal_lm builds: "llama" and "gpt_neox". ModelConfig::arch may name any
 // other family a user's own CausalLM subclass implements (examples/new_model).

@@ -56,6 +56,15 @@ Tensor GPTNeoXLayer::forward(const Tensor& h, int64_t position_offset) const {
                                mlp_->forward(post_attention_layernorm_->forward(a)), sp_));
 }
 
+Tensor GPTNeoXLayer::forward_cached(const Tensor& h, const CacheStep& step, const Tensor& k_cache,
+                                    const Tensor& v_cache) const {
+  Tensor attn = attention_->forward_cached(input_layernorm_->forward(h), step, k_cache, v_cache);
+  if (parallel_residual_)
+    return add(add(h, attn), mlp_->forward(post_attention_layernorm_->forward(h)));
+  Tensor a = add(h, attn);
+  return add(a, mlp_->forward(post_attention_layernorm_->forward(a)));
+}
+
 GPTNeoXModel::GPTNeoXModel(const ModelConfig& c, const ModelPart& part)
     : Module("GPTNeoXModel"),
       full_checkpoint_(c.activations_checkpoint_granularity == CheckpointGranularity::full) {
@@ -105,6 +114,18 @@ Tensor GPTNeoXModel::run_layers(const Tensor& h, int64_t position_offset) const 
                   [&l, position_offset](const Tensor& y) { return l.forward(y, position_offset); },
                   x)
             : l.forward(x, position_offset);
+  }
+  return x;
+}
+
+Tensor GPTNeoXModel::run_layers_cached(const Tensor& h, const CacheStep& step,
+                                       KVCache& cache) const {
+  Tensor x = h;
+  size_t i = 0;
+  for (const auto& layer : *layers_) {
+    x = static_cast<const GPTNeoXLayer&>(*layer).forward_cached(x, step, cache.k.at(i),
+                                                                cache.v.at(i));
+    ++i;
   }
   return x;
 }

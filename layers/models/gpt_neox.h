@@ -31,6 +31,9 @@ class GPTNeoXLayer : public Module {
  public:
   explicit GPTNeoXLayer(const ModelConfig& cfg);
   Tensor forward(const Tensor& h, int64_t position_offset = 0) const;
+  // The KV-cache path (kv_cache.h): this layer's K/V cache tensors written in place.
+  Tensor forward_cached(const Tensor& h, const CacheStep& step, const Tensor& k_cache,
+                        const Tensor& v_cache) const;
 
  private:
   bool parallel_residual_;
@@ -50,6 +53,7 @@ class GPTNeoXModel : public Module {
   Tensor forward(const Tensor& ids, int64_t position_offset = 0) const;
   Tensor embed(const Tensor& ids) const;  // with the embedding dropout
   Tensor run_layers(const Tensor& h, int64_t position_offset = 0) const;
+  Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) const;
   Tensor final_norm(const Tensor& h) const;
   // embed_in.weight (this rank's vocabulary rows at TP > 1).
   const Tensor& embed_in_weight() const { return embed_weight_; }
@@ -77,6 +81,9 @@ class GPTNeoXForCausalLM : public CausalLM {
     return gpt_neox_->run_layers(h, position_offset);
   }
   Tensor final_norm(const Tensor& h) override { return gpt_neox_->final_norm(h); }
+  Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) override {
+    return gpt_neox_->run_layers_cached(h, step, cache);
+  }
   const Tensor& embedding_weight() const override { return gpt_neox_->embed_in_weight(); }
 
  private:

@@ -52,6 +52,13 @@ Tensor LlamaDecoderLayer::forward(const Tensor& h, int64_t position_offset) cons
              hidden_dropout(*dropout_, mlp_->forward(post_attention_layernorm_->forward(a)), sp_));
 }
 
+Tensor LlamaDecoderLayer::forward_cached(const Tensor& h, const CacheStep& step,
+                                         const Tensor& k_cache, const Tensor& v_cache) const {
+  Tensor a =
+      add(h, self_attn_->forward_cached(input_layernorm_->forward(h), step, k_cache, v_cache));
+  return add(a, mlp_->forward(post_attention_layernorm_->forward(a)));
+}
+
 LlamaModel::LlamaModel(const ModelConfig& c, const ModelPart& part)
     : Module("LlamaModel"),
       full_checkpoint_(c.activations_checkpoint_granularity == CheckpointGranularity::full) {
@@ -98,6 +105,17 @@ Tensor LlamaModel::run_layers(const Tensor& h, int64_t position_offset) const {
                   [&l, position_offset](const Tensor& y) { return l.forward(y, position_offset); },
                   x)
             : l.forward(x, position_offset);
+  }
+  return x;
+}
+
+Tensor LlamaModel::run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) const {
+  Tensor x = h;
+  size_t i = 0;
+  for (const auto& layer : *layers_) {
+    x = static_cast<const LlamaDecoderLayer&>(*layer).forward_cached(x, step, cache.k.at(i),
+                                                                     cache.v.at(i));
+    ++i;
   }
   return x;
 }

@@ -26,6 +26,10 @@ class LlamaDecoderLayer : public Module {
  public:
   explicit LlamaDecoderLayer(const ModelConfig& cfg);
   Tensor forward(const Tensor& h, int64_t position_offset = 0) const;
+  // The KV-cache path (kv_cache.h): this layer's K/V cache tensors written in place.
+  Tensor forward_cached(const Tensor& h, const CacheStep& step, const Tensor& k_cache,
+                        const Tensor& v_cache) const;
+  const CausalSelfAttention& self_attn() const { return *self_attn_; }
 
  private:
   std::shared_ptr<ParallelRMSNorm> input_layernorm_, post_attention_layernorm_;
@@ -44,6 +48,7 @@ class LlamaModel : public Module {
   Tensor forward(const Tensor& ids, int64_t position_offset = 0) const;
   Tensor embed(const Tensor& ids) const;
   Tensor run_layers(const Tensor& h, int64_t position_offset = 0) const;
+  Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) const;
   Tensor final_norm(const Tensor& h) const;
   // embed_tokens.weight (this rank's vocabulary rows at TP > 1).
   const Tensor& embed_tokens_weight() const { return embed_weight_; }
@@ -69,6 +74,9 @@ class LlamaForCausalLM : public CausalLM {
     return model_->run_layers(h, position_offset);
   }
   Tensor final_norm(const Tensor& h) override { return model_->final_norm(h); }
+  Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) override {
+    return model_->run_layers_cached(h, step, cache);
+  }
   const Tensor& embedding_weight() const override { return model_->embed_tokens_weight(); }
 
  private:

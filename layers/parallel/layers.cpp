@@ -2,6 +2,7 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
@@ -224,19 +225,12 @@ ParallelEmbedding::ParallelEmbedding(int64_t num, int64_t dim, const ParallelEmb
   set_parallel_attrs("weight", wa);
 }
 
-Tensor ParallelEmbedding::forward(const Tensor& ids) const {
+Tensor vocab_parallel_lookup(const Tensor& ids, const Tensor& weight, int64_t num, int64_t start) {
   const char* op = "ParallelEmbedding";
-  NXD_CHECK(ids.defined() && (ids.dtype() == DType::i32 || ids.dtype() == DType::i64), "[", op,
-            "] ids must be i32 or i64, got ", ids.defined() ? ids.desc() : "undefined");
-  if (tp_ == 1) return embedding(ids, weight_);
-  if (o_.shard_across_embedding) {
-    Tensor y = gather_from_tensor_model_parallel_region(embedding(ids, weight_), *group_);
-    return o_.sequence_parallel_enabled
-               ? scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
-               : y;
-  }
-  // Vocabulary-parallel lookup: out-of-range ids read local row 0 and are masked to zero.
-  const int64_t per = num_ / tp_, start = group_->rank() * per;
+  OpScope scope_("vocab_parallel_lookup");
+  // Out-of-range ids read local row 0 and are masked to zero.
+  const int64_t per = weight.size(0), num_ = num;
+  const Tensor& weight_ = weight;
   Shape mshape = ids.shape();
   mshape.push_back(1);
   const bool meta = ids.is_meta() || weight_.is_meta();  // shapes only (the planner)
@@ -255,7 +249,23 @@ Tensor ParallelEmbedding::forward(const Tensor& ids) const {
     }
     mask.copy_(from_doubles(m, mshape, DType::f64));
   }
-  Tensor y = mul(embedding(local, weight_), mask);
+  return scope_.out(mul(embedding(local, weight_), mask), [&] {
+    return OpCall{{ids, weight}, OpAttrs().set("num", num).set("start", start)};
+  });
+}
+
+Tensor ParallelEmbedding::forward(const Tensor& ids) const {
+  const char* op = "ParallelEmbedding";
+  NXD_CHECK(ids.defined() && (ids.dtype() == DType::i32 || ids.dtype() == DType::i64), "[", op,
+            "] ids must be i32 or i64, got ", ids.defined() ? ids.desc() : "undefined");
+  if (tp_ == 1) return embedding(ids, weight_);
+  if (o_.shard_across_embedding) {
+    Tensor y = gather_from_tensor_model_parallel_region(embedding(ids, weight_), *group_);
+    return o_.sequence_parallel_enabled
+               ? scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
+               : y;
+  }
+  Tensor y = vocab_parallel_lookup(ids, weight_, num_, group_->rank() * (num_ / tp_));
   return o_.sequence_parallel_enabled
              ? reduce_scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
              : reduce_from_tensor_model_parallel_region(y, *group_);

@@ -141,6 +141,11 @@ struct ParallelEmbeddingOptions {
   std::shared_ptr<Communicator> group;
 };
 
+// The vocabulary-parallel lookup of one rank: weight [per, D] holds rows [start, start + per) of
+// a [num, D] table; ids outside them give zero rows (summed over the group afterwards). An op of
+// its own so the tracer records and replays it (it reads the ids on the host).
+Tensor vocab_parallel_lookup(const Tensor& ids, const Tensor& weight, int64_t num, int64_t start);
+
 // ids [...] -> [..., dim]; weight [num_embeddings, dim] sharded along the vocabulary (rank r owns
 // ids [r*V/tp, (r+1)*V/tp)) or, with shard_across_embedding, along dim.
 //

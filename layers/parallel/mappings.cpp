@@ -2,6 +2,7 @@
 
 #include "nxd/autograd/function.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
@@ -64,79 +65,132 @@ Tensor unary(const char* name, const Tensor& x, std::function<Tensor(const Tenso
 }  // namespace
 
 Tensor copy_to_tensor_model_parallel_region(const Tensor& x, Communicator& group) {
-  if (group.size() == 1) return x;
-  Communicator* g = &group;
-  return unary(
-      "copy_to_tensor_model_parallel_region", x, [](const Tensor& t) { return t; },
-      [g](const Tensor& dy) { return all_reduce_sum(*g, dy); });
+  OpScope scope_("tp_copy");
+  return scope_.out(
+      [&]() -> Tensor {
+        if (group.size() == 1) return x;
+        Communicator* g = &group;
+        return unary(
+            "copy_to_tensor_model_parallel_region", x, [](const Tensor& t) { return t; },
+            [g](const Tensor& dy) { return all_reduce_sum(*g, dy); });
+      }(),
+      [&] {
+        return OpCall{{x}, OpAttrs()};
+      });
 }
 
 Tensor reduce_from_tensor_model_parallel_region(const Tensor& x, Communicator& group) {
-  if (group.size() == 1) return x;
-  Communicator* g = &group;
-  return unary(
-      "reduce_from_tensor_model_parallel_region", x,
-      [g](const Tensor& t) { return all_reduce_sum(*g, t); }, [](const Tensor& dy) { return dy; });
+  OpScope scope_("tp_all_reduce");
+  return scope_.out(
+      [&]() -> Tensor {
+        if (group.size() == 1) return x;
+        Communicator* g = &group;
+        return unary(
+            "reduce_from_tensor_model_parallel_region", x,
+            [g](const Tensor& t) { return all_reduce_sum(*g, t); },
+            [](const Tensor& dy) { return dy; });
+      }(),
+      [&] {
+        return OpCall{{x}, OpAttrs()};
+      });
 }
 
 Tensor scatter_to_tensor_model_parallel_region(const Tensor& x, Communicator& group) {
-  if (group.size() == 1) return x;
-  Communicator* g = &group;
-  static const char* op = "scatter_to_tensor_model_parallel_region";
-  NXD_CHECK(x.defined() && x.dim() >= 1, "[", op, "] needs a tensor with a last dim");
-  check_divisible(op, "last dim", x.size(-1), group.size());
-  return unary(
-      op, x, [g](const Tensor& t) { return split_own(*g, t, -1, op); },
-      [g](const Tensor& dy) { return all_gather(*g, dy, -1); });
+  OpScope scope_("tp_scatter");
+  return scope_.out(
+      [&]() -> Tensor {
+        if (group.size() == 1) return x;
+        Communicator* g = &group;
+        static const char* op = "scatter_to_tensor_model_parallel_region";
+        NXD_CHECK(x.defined() && x.dim() >= 1, "[", op, "] needs a tensor with a last dim");
+        check_divisible(op, "last dim", x.size(-1), group.size());
+        return unary(
+            op, x, [g](const Tensor& t) { return split_own(*g, t, -1, op); },
+            [g](const Tensor& dy) { return all_gather(*g, dy, -1); });
+      }(),
+      [&] {
+        return OpCall{{x}, OpAttrs()};
+      });
 }
 
 Tensor gather_from_tensor_model_parallel_region(const Tensor& x, Communicator& group) {
-  if (group.size() == 1) return x;
-  Communicator* g = &group;
-  static const char* op = "gather_from_tensor_model_parallel_region";
-  NXD_CHECK(x.defined() && x.dim() >= 1, "[", op, "] needs a tensor with a last dim");
-  return unary(
-      op, x, [g](const Tensor& t) { return all_gather(*g, t, -1); },
-      [g](const Tensor& dy) { return split_own(*g, dy, -1, op); });
+  OpScope scope_("tp_all_gather");
+  return scope_.out(
+      [&]() -> Tensor {
+        if (group.size() == 1) return x;
+        Communicator* g = &group;
+        static const char* op = "gather_from_tensor_model_parallel_region";
+        NXD_CHECK(x.defined() && x.dim() >= 1, "[", op, "] needs a tensor with a last dim");
+        return unary(
+            op, x, [g](const Tensor& t) { return all_gather(*g, t, -1); },
+            [g](const Tensor& dy) { return split_own(*g, dy, -1, op); });
+      }(),
+      [&] {
+        return OpCall{{x}, OpAttrs()};
+      });
 }
 
 Tensor scatter_to_sequence_parallel_region(const Tensor& x, int64_t seq_dim, Communicator& group) {
-  if (group.size() == 1) return x;
-  Communicator* g = &group;
-  static const char* op = "scatter_to_sequence_parallel_region";
-  NXD_CHECK(x.defined(), "[", op, "] undefined input");
-  int64_t d = wrap_dim(seq_dim, x.dim(), op);
-  check_divisible(op, "sequence length", x.size(d), group.size());
-  return unary(
-      op, x, [g, d](const Tensor& t) { return split_own(*g, t, d, op); },
-      [g, d](const Tensor& dy) { return all_gather(*g, dy, d); });
+  OpScope scope_("sp_scatter");
+  return scope_.out(
+      [&]() -> Tensor {
+        if (group.size() == 1) return x;
+        Communicator* g = &group;
+        static const char* op = "scatter_to_sequence_parallel_region";
+        NXD_CHECK(x.defined(), "[", op, "] undefined input");
+        int64_t d = wrap_dim(seq_dim, x.dim(), op);
+        check_divisible(op, "sequence length", x.size(d), group.size());
+        return unary(
+            op, x, [g, d](const Tensor& t) { return split_own(*g, t, d, op); },
+            [g, d](const Tensor& dy) { return all_gather(*g, dy, d); });
+      }(),
+      [&] {
+        return OpCall{{x}, OpAttrs().set("dim", seq_dim)};
+      });
 }
 
 Tensor gather_from_sequence_parallel_region(const Tensor& x, int64_t seq_dim,
                                             bool to_model_parallel, Communicator& group) {
-  if (group.size() == 1) return x;
-  Communicator* g = &group;
-  static const char* op = "gather_from_sequence_parallel_region";
-  NXD_CHECK(x.defined(), "[", op, "] undefined input");
-  int64_t d = wrap_dim(seq_dim, x.dim(), op);
-  return unary(
-      op, x, [g, d](const Tensor& t) { return all_gather(*g, t, d); },
-      [g, d, to_model_parallel](const Tensor& dy) {
-        return to_model_parallel ? reduce_scatter_sum(*g, dy, d, op) : split_own(*g, dy, d, op);
+  OpScope scope_("sp_all_gather");
+  return scope_.out(
+      [&]() -> Tensor {
+        if (group.size() == 1) return x;
+        Communicator* g = &group;
+        static const char* op = "gather_from_sequence_parallel_region";
+        NXD_CHECK(x.defined(), "[", op, "] undefined input");
+        int64_t d = wrap_dim(seq_dim, x.dim(), op);
+        return unary(
+            op, x, [g, d](const Tensor& t) { return all_gather(*g, t, d); },
+            [g, d, to_model_parallel](const Tensor& dy) {
+              return to_model_parallel ? reduce_scatter_sum(*g, dy, d, op)
+                                       : split_own(*g, dy, d, op);
+            });
+      }(),
+      [&] {
+        return OpCall{
+            {x},
+            OpAttrs().set("dim", seq_dim).set("to_model_parallel", int64_t(to_model_parallel))};
       });
 }
 
 Tensor reduce_scatter_to_sequence_parallel_region(const Tensor& x, int64_t seq_dim,
                                                   Communicator& group) {
-  if (group.size() == 1) return x;
-  Communicator* g = &group;
-  static const char* op = "reduce_scatter_to_sequence_parallel_region";
-  NXD_CHECK(x.defined(), "[", op, "] undefined input");
-  int64_t d = wrap_dim(seq_dim, x.dim(), op);
-  check_divisible(op, "sequence length", x.size(d), group.size());
-  return unary(
-      op, x, [g, d](const Tensor& t) { return reduce_scatter_sum(*g, t, d, op); },
-      [g, d](const Tensor& dy) { return all_gather(*g, dy, d); });
+  OpScope scope_("sp_reduce_scatter");
+  return scope_.out(
+      [&]() -> Tensor {
+        if (group.size() == 1) return x;
+        Communicator* g = &group;
+        static const char* op = "reduce_scatter_to_sequence_parallel_region";
+        NXD_CHECK(x.defined(), "[", op, "] undefined input");
+        int64_t d = wrap_dim(seq_dim, x.dim(), op);
+        check_divisible(op, "sequence length", x.size(d), group.size());
+        return unary(
+            op, x, [g, d](const Tensor& t) { return reduce_scatter_sum(*g, t, d, op); },
+            [g, d](const Tensor& dy) { return all_gather(*g, dy, d); });
+      }(),
+      [&] {
+        return OpCall{{x}, OpAttrs().set("dim", seq_dim)};
+      });
 }
 
 // ---- default group ----

@@ -185,7 +185,9 @@ std::array<Tensor, 3> GQAQKVColumnParallelLinear::forward(const Tensor& x) const
   Tensor wk = param_or_none(*k_, "weight"), bk = param_or_none(*k_, "bias");
   Tensor wv = param_or_none(*v_, "weight"), bv = param_or_none(*v_, "bias");
   Tensor q, k, v;
-  if (tp_ == 1) {
+  // Without a graph (inference) and without SP the custom function's forward is these three
+  // products (its copy-to-region is the identity): run them as plain ops, which the tracer records.
+  if (tp_ == 1 || (!GradMode::is_enabled() && !o_.sequence_parallel_enabled)) {
     q = linear(x, wq, bq);
     k = linear(x, wk, bk);
     v = linear(x, wv, bv);

@@ -5,6 +5,7 @@
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/kernels/common.h"
+#include "nxd/runtime/kernels/gemv_bf16.h"
 
 namespace nxd::kernels {
 
@@ -268,6 +269,8 @@ void bmm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double
       bmm_typed<double>(cd, ad, bd, alpha, beta, f);
       break;
     case DType::bf16: {
+      if (detail::gemv_bf16(cd, ad, bd, alpha, beta)) break;  // a few rows: W read as bf16
+      if (detail::gemm_bf16_weight_blocks(cd, ad, bd, alpha, beta)) break;  // W in f32 blocks
       Tensor cf = beta == 0.0 ? empty(cd.shape(), DType::f32) : cd.to(DType::f32);
       bmm_typed<float>(cf, ad.to(DType::f32), bd.to(DType::f32), alpha, beta, f);
       cd.copy_(cf);

@@ -3,4 +3,4 @@
 set(NXD_KERNELS_NN
   kernels/softmax.cpp kernels/norm.cpp kernels/activation.cpp kernels/embedding.cpp
   kernels/cross_entropy.cpp kernels/attention.cpp kernels/flash_attention.cpp kernels/rotary.cpp
-  kernels/dropout.cpp)
+  kernels/dropout.cpp kernels/kv_cache.cpp)

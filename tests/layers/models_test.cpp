@@ -321,7 +321,7 @@ TEST(Models, SampleTokenRespectsTopK) {
 TEST(Models, GenerateGreedyIsDeterministicArgmaxAndSamplingSeeded) {
   for (std::string arch : {"llama", "gpt_neox"}) {
     ModelConfig c = tiny(arch);
-    c.max_position_embeddings = 8;  // generation beyond it slides the window
+    c.max_position_embeddings = 16;  // generation stops there (KVCache.GenerateStops...)
     auto m = make_causal_lm(c, 5);
     std::vector<int64_t> prompt = {1, 2, 3};
     GenerateOptions g;

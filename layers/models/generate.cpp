@@ -1,0 +1,294 @@
+// CausalLM's KV-cache path (make_kv_cache, forward_cached) and generation on top of it.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "nxd/autograd/ops/inference.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/runtime/rng.h"
+#include "nxd/runtime/sim/clock.h"
+
+namespace nxd {
+
+int64_t CausalLM::cache_kv_heads() const {
+  const int64_t hkv = cfg_.arch == "gpt_neox" ? cfg_.num_attention_heads : cfg_.kv_heads();
+  return tp_ == 1 ? hkv : hkv * cfg_.kv_size_multiplier / tp_;
+}
+
+KVCache CausalLM::make_kv_cache(int64_t max_batch, int64_t max_len) const {
+  check_whole("make_kv_cache");
+  NXD_CHECK(max_batch >= 1 && max_len >= 1 && max_len <= cfg_.max_position_embeddings, "[",
+            type_name(), "::make_kv_cache] need max_batch >= 1 and 1 <= max_len <= ",
+            "max_position_embeddings=", cfg_.max_position_embeddings, ", got max_batch=", max_batch,
+            " max_len=", max_len);
+  KVCache c;
+  c.max_batch = max_batch;
+  c.max_len = max_len;
+  const Shape shape{max_batch, cache_kv_heads(), max_len, cfg_.head_dim()};
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const bool meta = cfg_.device == Device::meta;
+    c.k.push_back(meta ? empty(shape, cfg_.dtype, Device::meta) : zeros(shape, cfg_.dtype));
+    c.v.push_back(meta ? empty(shape, cfg_.dtype, Device::meta) : zeros(shape, cfg_.dtype));
+  }
+  return c;
+}
+
+Tensor CausalLM::run_layers_cached(const Tensor&, const CacheStep&, KVCache&) {
+  throw InvalidArgument(str("[", type_name(),
+                            "::forward_cached] this model family has no "
+                            "KV-cache path (override run_layers_cached)"));
+}
+
+Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCache& cache) {
+  check_whole("forward_cached");
+  const char* op = "forward_cached";
+  NXD_CHECK(!sp_, "[", type_name(), "::", op, "] needs a model built without sequence ",
+            "parallelism (sequence_parallel=false for inference)");
+  NXD_CHECK_SHAPE(ids.dim() == 2 && (ids.dtype() == DType::i64 || ids.dtype() == DType::i32), "[",
+                  type_name(), "::", op, "] ids must be i32/i64 [B,S], got ", ids.desc());
+  NXD_CHECK_SHAPE(ids.size(0) <= cache.max_batch &&
+                      static_cast<int64_t>(cache.k.size()) == cfg_.num_layers &&
+                      cache.v.size() == cache.k.size(),
+                  "[", type_name(), "::", op, "] ids ", ids.desc(), " do not fit the cache of ",
+                  cache.max_batch, " rows and ", cache.k.size(), " layers (the model has ",
+                  cfg_.num_layers, ")");
+  NoGradGuard ng;
+  Tensor h = run_layers_cached(embed_tokens(ids), step, cache);
+  return lm_head(final_norm(gather_last(h, step.lengths)));
+}
+
+int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
+                     double u) {
+  return sample_token(logits, temperature, top_k, 1.0, u);
+}
+
+int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
+                     double top_p, double u) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  NXD_CHECK(V > 0, "[sample_token] empty logits");
+  NXD_CHECK(temperature >= 0.0, "[sample_token] temperature must be >= 0, got ", temperature);
+  NXD_CHECK(top_k >= 0, "[sample_token] top_k must be >= 0, got ", top_k);
+  NXD_CHECK(top_p > 0.0 && top_p <= 1.0, "[sample_token] top_p must be in (0, 1], got ", top_p);
+  if (temperature == 0.0)
+    return std::max_element(logits.begin(), logits.end()) - logits.begin();  // first max
+  std::vector<int64_t> idx(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  int64_t k = (top_k > 0 && top_k < V) ? top_k : V;
+  auto better = [&](int64_t a, int64_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  if (top_p < 1.0) {
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
+    idx.resize(k);
+  } else if (k < V) {
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
+    idx.resize(k);
+  }
+  double mx = -INFINITY;
+  for (int64_t i : idx) mx = std::max(mx, logits[i]);
+  std::vector<double> p(idx.size());
+  double z = 0;
+  for (size_t j = 0; j < idx.size(); ++j) z += p[j] = std::exp((logits[idx[j]] - mx) / temperature);
+  if (top_p < 1.0) {  // idx is in decreasing probability: keep the nucleus
+    double c = 0;
+    size_t keep = idx.size();
+    for (size_t j = 0; j < idx.size(); ++j) {
+      c += p[j] / z;
+      if (c >= top_p) {
+        keep = j + 1;
+        break;
+      }
+    }
+    idx.resize(keep), p.resize(keep);
+    z = 0;
+    for (double x : p) z += x;
+  }
+  double target = u * z, c = 0;
+  for (size_t j = 0; j < idx.size(); ++j) {
+    c += p[j];
+    if (target < c) return idx[j];
+  }
+  return idx.back();
+}
+
+void CausalLM::check_generate(const std::vector<std::vector<int64_t>>& prompts,
+                              const GenerateOptions& opts) const {
+  check_whole("generate");
+  NXD_CHECK(!prompts.empty(), "[generate] no prompts");
+  NXD_CHECK(opts.max_new_tokens >= 0, "[generate] max_new_tokens must be >= 0, got ",
+            opts.max_new_tokens);
+  NXD_CHECK(opts.temperature >= 0.0, "[generate] temperature must be >= 0, got ", opts.temperature);
+  NXD_CHECK(opts.top_k >= 0, "[generate] top_k must be >= 0, got ", opts.top_k);
+  NXD_CHECK(opts.top_p > 0.0 && opts.top_p <= 1.0, "[generate] top_p must be in (0, 1], got ",
+            opts.top_p);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    NXD_CHECK(!prompts[b].empty(), "[generate] empty prompt ", b);
+    NXD_CHECK(static_cast<int64_t>(prompts[b].size()) <= cfg_.max_position_embeddings,
+              "[generate] prompt ", b, " has ", prompts[b].size(),
+              " tokens, more than max_position_embeddings=", cfg_.max_position_embeddings);
+    for (int64_t id : prompts[b])
+      NXD_CHECK(id >= 0 && id < cfg_.vocab_size, "[generate] prompt id ", id,
+                " outside the vocabulary [0, ", cfg_.vocab_size, ")");
+  }
+}
+
+namespace {
+
+struct EvalMode {  // eval mode for the call, the previous mode restored
+  Module* m;
+  bool was;
+  explicit EvalMode(Module* mod) : m(mod), was(mod->is_training()) { m->eval(); }
+  ~EvalMode() { m->train(was); }
+};
+
+double wall() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+double modeled() {
+  const sim::SimClock* c = sim::current_sim_clock();
+  return c ? c->now() : 0.0;
+}
+
+// Row state of a generation: the sequence, its new tokens, and whether (and why) it stopped.
+struct Row {
+  std::vector<int64_t> seq;
+  int64_t generated = 0;
+  std::string stop;
+};
+
+// Samples row r's next token from its logits and appends it; sets the stop reason when done.
+void advance(Row& r, const std::vector<double>& logits, const GenerateOptions& o,
+             const RngStream& stream, int64_t max_pos) {
+  const int64_t next = sample_token(logits, o.temperature, o.top_k, o.top_p,
+                                    stream.uniform_f64(static_cast<uint64_t>(r.generated)));
+  r.seq.push_back(next);
+  ++r.generated;
+  if (next == o.eos_token_id)
+    r.stop = "eos";
+  else if (r.generated >= o.max_new_tokens)
+    r.stop = "max_new_tokens";
+  else if (static_cast<int64_t>(r.seq.size()) >= max_pos)
+    r.stop = "max_position_embeddings";
+}
+
+std::vector<double> row_of(const std::vector<double>& all, int64_t row, int64_t V) {
+  return std::vector<double>(all.begin() + row * V, all.begin() + (row + 1) * V);
+}
+
+GenerateResult finish(std::vector<Row>& rows, GenerateResult r) {
+  for (auto& row : rows) {
+    r.sequences.push_back(std::move(row.seq));
+    r.stop_reasons.push_back(row.stop);
+  }
+  return r;
+}
+
+}  // namespace
+
+GenerateResult CausalLM::generate_batch(const std::vector<std::vector<int64_t>>& prompts,
+                                        const GenerateOptions& opts) {
+  check_generate(prompts, opts);
+  if (sp_) return generate_recompute(prompts, opts);
+  NoGradGuard ng;
+  EvalMode mode(this);
+  const int64_t B = static_cast<int64_t>(prompts.size()), V = cfg_.vocab_size;
+  const int64_t max_pos = cfg_.max_position_embeddings;
+  const RngStream stream{opts.seed, stream_id("nxd.generate")};
+  std::vector<Row> rows(B);
+  int64_t S = 0, L = 1;
+  GenerateResult res;
+  for (int64_t b = 0; b < B; ++b) {
+    rows[b].seq = prompts[b];
+    const int64_t P = static_cast<int64_t>(prompts[b].size());
+    S = std::max(S, P);
+    L = std::max(L, std::min(P + opts.max_new_tokens, max_pos));
+    res.prefill_tokens += P;
+    if (opts.max_new_tokens == 0)
+      rows[b].stop = "max_new_tokens";
+    else if (P >= max_pos)
+      rows[b].stop = "max_position_embeddings";
+  }
+  if (std::all_of(rows.begin(), rows.end(), [](const Row& r) { return !r.stop.empty(); }))
+    return finish(rows, res);
+  KVCache cache = make_kv_cache(B, L);
+  // prefill: every prompt, right-padded to the longest
+  std::vector<int64_t> ids(B * S, 0), seq_ids(B), start(B, 0), len(B);
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy(prompts[b].begin(), prompts[b].end(), ids.begin() + b * S);
+    seq_ids[b] = b;
+    len[b] = static_cast<int64_t>(prompts[b].size());
+  }
+  double t0 = wall(), m0 = modeled();
+  std::vector<double> logits =
+      forward_cached(from_vector<int64_t>(ids, {B, S}), make_cache_step(seq_ids, start, len), cache)
+          .to_vector();
+  for (int64_t b = 0; b < B; ++b)
+    if (rows[b].stop.empty()) advance(rows[b], row_of(logits, b, V), opts, stream, max_pos);
+  res.prefill_seconds = wall() - t0;
+  res.modeled_prefill_seconds = modeled() - m0;
+  t0 = wall(), m0 = modeled();
+  // decode: the rows still running feed their last token at its position (rows leave the batch
+  // as they stop; each keeps its cache row)
+  while (true) {
+    std::vector<int64_t> active;
+    for (int64_t b = 0; b < B; ++b)
+      if (rows[b].stop.empty()) active.push_back(b);
+    if (active.empty()) break;
+    const int64_t n = static_cast<int64_t>(active.size());
+    std::vector<int64_t> tok(n), sid(n), st(n), one(n, 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const Row& r = rows[active[i]];
+      tok[i] = r.seq.back();
+      sid[i] = active[i];
+      st[i] = static_cast<int64_t>(r.seq.size()) - 1;
+    }
+    logits = forward_cached(from_vector<int64_t>(tok, {n, 1}), make_cache_step(sid, st, one), cache)
+                 .to_vector();
+    ++res.decode_steps;
+    res.decode_tokens += n;
+    for (int64_t i = 0; i < n; ++i)
+      advance(rows[active[i]], row_of(logits, i, V), opts, stream, max_pos);
+  }
+  res.decode_seconds = wall() - t0;
+  res.modeled_decode_seconds = modeled() - m0;
+  return finish(rows, res);
+}
+
+GenerateResult CausalLM::generate_recompute(const std::vector<std::vector<int64_t>>& prompts,
+                                            const GenerateOptions& opts) {
+  NoGradGuard ng;
+  EvalMode mode(this);
+  const int64_t max_pos = cfg_.max_position_embeddings;
+  const RngStream stream{opts.seed, stream_id("nxd.generate")};
+  GenerateResult res;
+  std::vector<Row> rows(prompts.size());
+  const double t0 = wall(), m0 = modeled();
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    Row& r = rows[b];
+    r.seq = prompts[b];
+    res.prefill_tokens += static_cast<int64_t>(r.seq.size());
+    if (opts.max_new_tokens == 0)
+      r.stop = "max_new_tokens";
+    else if (static_cast<int64_t>(r.seq.size()) >= max_pos)
+      r.stop = "max_position_embeddings";
+    while (r.stop.empty()) {
+      const int64_t len = static_cast<int64_t>(r.seq.size());
+      Tensor h = hidden_states(from_vector<int64_t>(r.seq, {1, len}));  // [1,len,d]
+      advance(r, lm_head(h.select(1, len - 1)).to_vector(), opts, stream, max_pos);
+      ++res.decode_steps;
+      res.decode_tokens += len;
+    }
+  }
+  res.decode_seconds = wall() - t0;
+  res.modeled_decode_seconds = modeled() - m0;
+  return finish(rows, res);
+}
+
+std::vector<int64_t> CausalLM::generate(const std::vector<int64_t>& prompt,
+                                        const GenerateOptions& opts) {
+  NXD_CHECK(!prompt.empty(), "[generate] empty prompt");
+  return generate_batch({prompt}, opts).sequences.at(0);
+}
+
+}  // namespace nxd

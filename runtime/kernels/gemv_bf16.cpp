@@ -1,0 +1,98 @@
+#include "nxd/runtime/kernels/gemv_bf16.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
+
+namespace nxd::kernels::detail {
+
+namespace {
+
+inline float bf(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// sum_k x[k] * w[k] over 16 lanes (vectorizes), lanes combined pairwise, then the tail.
+inline float dot(const float* __restrict x, const uint16_t* __restrict w, int64_t k) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += x[i + j] * bf(w[i + j]);
+  for (int s = 8; s >= 1; s /= 2)
+    for (int j = 0; j < s; ++j) acc[j] += acc[j + s];
+  float r = acc[0];
+  for (; i < k; ++i) r += x[i] * bf(w[i]);
+  return r;
+}
+
+}  // namespace
+
+bool gemv_bf16(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double beta) {
+  if (c.dtype() != DType::bf16 || a.dtype() != DType::bf16 || b.dtype() != DType::bf16)
+    return false;
+  if (b.dim() != 2 || a.dim() < 2 || c.dim() != a.dim()) return false;
+  const int64_t K = b.size(0), N = b.size(1);
+  if (a.size(-1) != K || c.size(-1) != N || K < 16) return false;
+  const int64_t M = a.numel() / K;
+  if (M < 1 || M > kGemvMaxRows || c.numel() != M * N) return false;
+  if (b.stride(0) != 1 || b.stride(1) != K) return false;  // W [N, K] row-major, viewed as W^T
+  if (!a.is_contiguous() || !c.is_contiguous()) return false;
+  if (beta != 0.0 && beta != 1.0) return false;
+  const uint16_t* w = static_cast<const uint16_t*>(b.raw_data());
+  const uint16_t* ap = static_cast<const uint16_t*>(a.raw_data());
+  uint16_t* cp = static_cast<uint16_t*>(c.raw_data());
+  thread_local std::vector<float> xs;
+  if (static_cast<int64_t>(xs.size()) < M * K) xs.resize(M * K);
+  float* x = xs.data();
+  for (int64_t i = 0; i < M * K; ++i) x[i] = bf(ap[i]);
+  const float al = static_cast<float>(alpha);
+  const bool acc = beta == 1.0;
+  for_rows(N, 2 * M * K, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint16_t* wr = w + n * K;
+      for (int64_t m = 0; m < M; ++m) {
+        float v = al * dot(x + m * K, wr, K);
+        if (acc) v += bf(cp[m * N + n]);
+        cp[m * N + n] = bf16::from_f32(v);
+      }
+    }
+  });
+  return true;
+}
+
+bool gemm_bf16_weight_blocks(const Tensor& c, const Tensor& a, const Tensor& b, double alpha,
+                             double beta) {
+  if (c.dtype() != DType::bf16 || a.dtype() != DType::bf16 || b.dtype() != DType::bf16)
+    return false;
+  if (b.dim() != 2 || a.dim() < 2 || c.dim() != a.dim()) return false;
+  const int64_t K = b.size(0), N = b.size(1);
+  if (a.size(-1) != K || c.size(-1) != N || K < 1) return false;
+  const int64_t M = a.numel() / K;
+  if (M < 1 || c.numel() != M * N) return false;
+  if (b.stride(0) != 1 || b.stride(1) != K) return false;
+  if (!a.is_contiguous() || !c.is_contiguous()) return false;
+  const uint16_t* w = static_cast<const uint16_t*>(b.raw_data());
+  thread_local std::vector<float> xs, cs, ws;
+  if (static_cast<int64_t>(xs.size()) < M * K) xs.resize(M * K);
+  if (static_cast<int64_t>(cs.size()) < M * N) cs.resize(M * N);
+  bf16_to_f32(xs.data(), static_cast<const uint16_t*>(a.raw_data()), M * K);
+  if (beta != 0.0) bf16_to_f32(cs.data(), static_cast<const uint16_t*>(c.raw_data()), M * N);
+  const int64_t nb = std::clamp<int64_t>((int64_t{1} << 19) / (4 * K), 16, N);
+  if (static_cast<int64_t>(ws.size()) < nb * K) ws.resize(nb * K);
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t n = std::min(nb, N - n0);
+    bf16_to_f32(ws.data(), w + n0 * K, n * K);
+    blas::sgemm(false, true, M, n, K, static_cast<float>(alpha), xs.data(), K, ws.data(), K,
+                static_cast<float>(beta), cs.data() + n0, N);
+  }
+  f32_to_bf16(static_cast<uint16_t*>(c.raw_data()), cs.data(), M * N);
+  return true;
+}
+
+}  // namespace nxd::kernels::detail

@@ -1,0 +1,355 @@
+#include "nxd/runtime/kernels/kv_cache.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "nxd/runtime/kernels/common.h"
+#include "nxd/runtime/kernels/nn_common.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
+
+namespace nxd::kernels {
+
+using namespace detail;
+
+namespace {
+
+std::atomic<int64_t> g_bytes_written{0}, g_writes{0}, g_bytes_read{0};
+
+// Checks the per-row index tensors [B] against the batch B (values only on the host).
+void check_rows(const char* op, const Tensor& t, const char* what, int64_t B) {
+  NXD_CHECK(t.defined(), "[", op, "] ", what, " is undefined");
+  NXD_CHECK_SHAPE(t.dtype() == DType::i64 && t.dim() == 1 && t.size(0) == B, "[", op, "] ", what,
+                  " must be i64 [", B, "], got ", t.desc());
+}
+
+struct Rows {
+  const int64_t *seq = nullptr, *start = nullptr, *len = nullptr;
+};
+
+// Validates seq_ids/start/lengths for B rows of S tokens against a cache [Bmax, *, L, *]; the
+// values are read unless `meta`.
+Rows check_step(const char* op, const Tensor& seq_ids, const Tensor& start, const Tensor& lengths,
+                int64_t B, int64_t S, int64_t Bmax, int64_t L, bool meta) {
+  check_rows(op, seq_ids, "seq_ids", B);
+  check_rows(op, start, "start", B);
+  check_rows(op, lengths, "lengths", B);
+  if (meta) return {};
+  for (const Tensor* t : {&seq_ids, &start, &lengths})
+    NXD_CHECK(!t->is_meta() && t->is_contiguous(), "[", op,
+              "] row indices must be contiguous host "
+              "tensors for a host computation, got ",
+              t->desc());
+  Rows r{seq_ids.data<int64_t>(), start.data<int64_t>(), lengths.data<int64_t>()};
+  for (int64_t b = 0; b < B; ++b) {
+    NXD_CHECK(r.seq[b] >= 0 && r.seq[b] < Bmax, "[", op, "] seq_ids[", b, "]=", r.seq[b],
+              " outside the cache's ", Bmax, " rows");
+    for (int64_t c = 0; c < b; ++c)
+      NXD_CHECK(r.seq[c] != r.seq[b], "[", op, "] seq_ids[", c, "] and seq_ids[", b,
+                "] both name cache row ", r.seq[b]);
+    NXD_CHECK(r.len[b] >= 1 && r.len[b] <= S, "[", op, "] lengths[", b, "]=", r.len[b],
+              " must be in [1, S=", S, "]");
+    NXD_CHECK(r.start[b] >= 0 && r.start[b] + r.len[b] <= L, "[", op, "] row ", b,
+              " writes positions [", r.start[b], ", ", r.start[b] + r.len[b],
+              ") outside the cache length ", L);
+  }
+  return r;
+}
+
+void check_cache(const char* op, const Tensor& c, const char* what) {
+  NXD_CHECK(c.defined(), "[", op, "] ", what, " is undefined");
+  NXD_CHECK_SHAPE(c.dim() == 4, "[", op, "] ", what, " must be [Bmax, H, L, D], got ", c.desc());
+  NXD_CHECK(c.is_meta() || c.is_contiguous(), "[", op, "] ", what, " must be contiguous, got ",
+            c.desc());
+}
+
+inline float load(float x) {
+  return x;
+}
+inline double load(double x) {
+  return x;
+}
+inline float load(bf16 x) {
+  return bf16::to_f32(x.bits);
+}
+
+// Thread-local scratch that only grows (no allocation once warm).
+template <class T>
+T* scratch(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// One (b, kv head) item of cached attention: the g query heads reading kv head `kh` and their S
+// rows, as one GEMM against the n = start + len keys of the row.
+template <class T, class C>
+void attend_group(const Tensor& out, const Tensor& q, const C* kc, const C* vc, int64_t b,
+                  int64_t kh, int64_t g, int64_t D, int64_t st, int64_t len, T scale) {
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const int64_t n = st + len, rows = g * len;
+  thread_local std::vector<T> qbuf, sbuf, kbuf, vbuf;
+  T* qp = scratch(qbuf, rows * D);
+  T* sp = scratch(sbuf, rows * n);
+  const T* qsrc = q.data<T>();
+  for (int64_t j = 0; j < g; ++j)
+    for (int64_t s = 0; s < len; ++s) {
+      const T* src = qsrc + b * q.stride(0) + (kh * g + j) * q.stride(1) + s * q.stride(2);
+      std::memcpy(qp + (j * len + s) * D, src, sizeof(T) * D);
+    }
+  const T *kp, *vp;
+  if constexpr (std::is_same_v<C, T>) {
+    kp = kc, vp = vc;
+  } else {  // bf16 cache: loaded into f32 rows
+    T* kb = scratch(kbuf, n * D);
+    T* vb = scratch(vbuf, n * D);
+    for (int64_t i = 0; i < n * D; ++i) kb[i] = load(kc[i]), vb[i] = load(vc[i]);
+    kp = kb, vp = vb;
+  }
+  Eigen::Map<const Mat> Q(qp, rows, D), K(kp, n, D), V(vp, n, D);
+  Eigen::Map<Mat> Sm(sp, rows, n);
+  Sm.noalias() = (Q * K.transpose()) * scale;
+  T* op = out.data<T>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = r / len, s = r % len, visible = st + s + 1;
+    T* sr = sp + r * n;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t k = 0; k < visible; ++k) mx = std::max(mx, sr[k]);
+    T z = 0;
+    for (int64_t k = 0; k < visible; ++k) z += sr[k] = std::exp(sr[k] - mx);
+    const T inv = T(1) / z;
+    for (int64_t k = 0; k < visible; ++k) sr[k] *= inv;
+    for (int64_t k = visible; k < n; ++k) sr[k] = 0;
+    T* orow = op + b * out.stride(0) + (kh * g + j) * out.stride(1) + s * out.stride(2);
+    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> O(orow, D);
+    O.noalias() = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(sr, n) * V;
+  }
+}
+
+}  // namespace
+
+KVCacheCounters kv_cache_counters() {
+  return {g_bytes_written.load(), g_writes.load(), g_bytes_read.load()};
+}
+
+void kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& seq_ids,
+                    const Tensor& start, const Tensor& lengths) {
+  const char* op = "kv_cache_write";
+  check_cache(op, cache, "cache");
+  NXD_CHECK_SHAPE(x.dim() == 4 && x.size(1) == cache.size(1) && x.size(3) == cache.size(3) &&
+                      x.size(0) <= cache.size(0),
+                  "[", op, "] x must be [B<=", cache.size(0), ", ", cache.size(1), ", S, ",
+                  cache.size(3), "] for cache ", cache.desc(), ", got ", x.desc());
+  NXD_CHECK(x.dtype() == cache.dtype(), "[", op, "] x ", x.desc(), " and cache ", cache.desc(),
+            " dtypes differ");
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), L = cache.size(2);
+  const bool meta = meta_output(cache, {&x, &seq_ids, &start, &lengths}, op);
+  Rows r = check_step(op, seq_ids, start, lengths, B, S, cache.size(0), L, meta);
+  charge_compute(op, 0.0, 2.0 * x.nbytes(), cache.dtype());
+  if (meta || x.numel() == 0) return;
+  NXD_CHECK(x.size(3) <= 1 || x.stride(3) == 1, "[", op, "] x needs a unit last stride, got ",
+            x.desc());
+  const int64_t es = dtype_size(x.dtype()), row = D * es;
+  const char* xp = static_cast<const char*>(x.raw_data());
+  char* cp = static_cast<char*>(cache.raw_data());
+  int64_t written = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t s = 0; s < r.len[b]; ++s) {
+        const char* src = xp + (b * x.stride(0) + h * x.stride(1) + s * x.stride(2)) * es;
+        char* dst = cp + (((r.seq[b] * H + h) * L) + r.start[b] + s) * row;
+        std::memcpy(dst, src, row);
+        written += row;
+      }
+  g_bytes_written += written;
+  g_writes += 1;
+}
+
+void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, int64_t rotary_dim,
+                       double base) {
+  const char* op = "rotary_at_forward";
+  NXD_CHECK_SHAPE(x.dim() == 4 && y.shape() == x.shape() && y.dtype() == x.dtype(), "[", op,
+                  "] expects x and y [B,H,S,D] alike, got x=", x.desc(), " y=", y.desc());
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
+  const int64_t r = rotary_dim == 0 ? D : rotary_dim, half = r / 2;
+  NXD_CHECK(r > 0 && r % 2 == 0 && r <= D, "[", op, "] rotary_dim ", rotary_dim,
+            " must be even and in (0, D=", D, "]");
+  check_rows(op, start, "start", B);
+  charge_compute(op, 3.0 * x.numel() * r / D, 2.0 * x.nbytes(), x.dtype());
+  if (meta_only(op, y, {x, start}) || x.numel() == 0) return;
+  NXD_CHECK((D <= 1 || (x.stride(3) == 1 && y.stride(3) == 1)), "[", op,
+            "] x and y need unit last strides");
+  const int64_t* st = start.contiguous().data<int64_t>();
+  dispatch_float(op, x, [&]<class T>() {
+    // cos/sin per (b, s) exactly as rotary_forward's tables: inv = 1 / base^(2i/r), a = p * inv
+    thread_local std::vector<T> inv, cs, sn;
+    T* iv = scratch(inv, half);
+    for (int64_t i = 0; i < half; ++i) iv[i] = T(1) / std::pow(T(base), T(2 * i) / T(r));
+    T* c = scratch(cs, B * S * half);
+    T* s = scratch(sn, B * S * half);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t p = 0; p < S; ++p)
+        for (int64_t i = 0; i < half; ++i) {
+          const T a = T(st[b] + p) * iv[i];
+          c[(b * S + p) * half + i] = std::cos(a);
+          s[(b * S + p) * half + i] = std::sin(a);
+        }
+    const T* xp = x.data<T>();
+    T* yp = y.data<T>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t p = 0; p < S; ++p) {
+          const T* xr = xp + b * x.stride(0) + h * x.stride(1) + p * x.stride(2);
+          T* yr = yp + b * y.stride(0) + h * y.stride(1) + p * y.stride(2);
+          const T* cr = c + (b * S + p) * half;
+          const T* sr = s + (b * S + p) * half;
+          for (int64_t j = 0; j < half; ++j) {
+            yr[j] = xr[j] * cr[j] - xr[j + half] * sr[j];
+            yr[j + half] = xr[j + half] * cr[j] + xr[j] * sr[j];
+          }
+          if (r < D) std::memcpy(yr + r, xr + r, sizeof(T) * (D - r));
+        }
+  });
+}
+
+void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
+                              const Tensor& lengths, double scale) {
+  const char* op = "cached_attention";
+  check_cache(op, k_cache, "k_cache");
+  check_cache(op, v_cache, "v_cache");
+  NXD_CHECK_SHAPE(k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype(), "[", op,
+                  "] k_cache ", k_cache.desc(), " and v_cache ", v_cache.desc(), " differ");
+  NXD_CHECK_SHAPE(q.dim() == 4 && q.size(3) == k_cache.size(3) && q.size(0) <= k_cache.size(0) &&
+                      q.size(1) % k_cache.size(1) == 0,
+                  "[", op, "] q must be [B, Hq, S, D] with Hkv=", k_cache.size(1),
+                  " dividing Hq and D=", k_cache.size(3), ", got q=", q.desc(), " cache ",
+                  k_cache.desc());
+  NXD_CHECK_SHAPE(out.shape() == q.shape() && out.dtype() == q.dtype(), "[", op, "] out ",
+                  out.desc(), " must match q ", q.desc());
+  NXD_CHECK(
+      k_cache.dtype() == q.dtype() || (k_cache.dtype() == DType::bf16 && q.dtype() == DType::f32),
+      "[", op, "] cache ", k_cache.desc(), " for q ", q.desc(),
+      ": the cache must have q's dtype or be bf16 with f32 q");
+  const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3);
+  const int64_t Hkv = k_cache.size(1), L = k_cache.size(2), g = Hq / Hkv;
+  const bool meta = meta_output(out, {&q, &k_cache, &v_cache, &seq_ids, &start, &lengths}, op);
+  Rows r = check_step(op, seq_ids, start, lengths, B, S, k_cache.size(0), L, meta);
+  const double keys = S == 1 ? double(L) : double(S) * (S + 1) / 2 / S;  // per query row
+  const double kv_bytes = 2.0 * B * Hkv * (S == 1 ? L : S) * D * dtype_size(k_cache.dtype());
+  charge_compute(op, 4.0 * B * Hq * S * keys * D, kv_bytes + 2.0 * q.nbytes(), q.dtype());
+  if (meta || q.numel() == 0) return;
+  NXD_CHECK(D <= 1 || (q.stride(3) == 1 && out.stride(3) == 1), "[", op,
+            "] q and out need unit last strides");
+  const double sc = scale > 0 ? scale : 1.0 / std::sqrt(double(D));
+  int64_t read = 0;
+  for (int64_t b = 0; b < B; ++b) read += 2 * Hkv * (r.start[b] + r.len[b]) * D;
+  g_bytes_read += read * dtype_size(k_cache.dtype());
+  auto run = [&]<class T, class C>() {
+    const C* kc = static_cast<const C*>(k_cache.raw_data());
+    const C* vc = static_cast<const C*>(v_cache.raw_data());
+    T* op0 = out.data<T>();
+    for_rows(B * Hkv, g * S * L * D, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t b = i / Hkv, kh = i % Hkv, len = r.len[b];
+        const int64_t off = (r.seq[b] * Hkv + kh) * L * D;
+        attend_group<T, C>(out, q, kc + off, vc + off, b, kh, g, D, r.start[b], len, T(sc));
+        for (int64_t j = 0; j < g; ++j)  // padding queries: zeros
+          for (int64_t s = len; s < S; ++s)
+            std::memset(op0 + b * out.stride(0) + (kh * g + j) * out.stride(1) + s * out.stride(2),
+                        0, sizeof(T) * D);
+      }
+    });
+  };
+  if (q.dtype() == DType::f64)
+    run.template operator()<double, double>();
+  else if (k_cache.dtype() == DType::bf16)
+    run.template operator()<float, bf16>();
+  else
+    run.template operator()<float, float>();
+}
+
+void gather_last_forward(const Tensor& out, const Tensor& h, const Tensor& lengths) {
+  const char* op = "gather_last";
+  NXD_CHECK_SHAPE(h.dim() == 3, "[", op, "] h must be [B, S, H], got ", h.desc());
+  const int64_t B = h.size(0), S = h.size(1), H = h.size(2);
+  NXD_CHECK_SHAPE(out.dim() == 2 && out.size(0) == B && out.size(1) == H &&
+                      out.dtype() == h.dtype() && (out.is_meta() || out.is_contiguous()),
+                  "[", op, "] out must be contiguous [", B, ", ", H, "] of h's dtype, got ",
+                  out.desc());
+  check_rows(op, lengths, "lengths", B);
+  charge_compute(op, 0.0, 2.0 * out.nbytes(), h.dtype());
+  if (meta_only(op, out, {h, lengths}) || out.numel() == 0) return;
+  Tensor lc = lengths.contiguous();
+  const int64_t* len = lc.data<int64_t>();
+  const int64_t es = dtype_size(h.dtype());
+  const char* hp = static_cast<const char*>(h.raw_data());
+  char* o = static_cast<char*>(out.raw_data());
+  for (int64_t b = 0; b < B; ++b) {
+    NXD_CHECK(len[b] >= 1 && len[b] <= S, "[", op, "] lengths[", b, "]=", len[b],
+              " must be in [1, S=", S, "]");
+    const char* src = hp + (b * h.stride(0) + (len[b] - 1) * h.stride(1)) * es;
+    if (H <= 1 || h.stride(2) == 1) {
+      std::memcpy(o + b * H * es, src, H * es);
+    } else {
+      for (int64_t j = 0; j < H; ++j)
+        std::memcpy(o + (b * H + j) * es, src + j * h.stride(2) * es, es);
+    }
+  }
+}
+
+namespace ref {
+
+void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
+                              const Tensor& lengths, double scale) {
+  const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3);
+  const int64_t g = Hq / k_cache.size(1);
+  const double sc = scale > 0 ? scale : 1.0 / std::sqrt(double(D));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t sid = seq_ids.at({b}), st = start.at({b}), len = lengths.at({b});
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t s = 0; s < S; ++s) {
+        if (s >= len) {
+          for (int64_t d = 0; d < D; ++d) out.set({b, h, s, d}, 0.0);
+          continue;
+        }
+        const int64_t n = st + s + 1;
+        std::vector<double> w(n);
+        double mx = -INFINITY, z = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          double a = 0;
+          for (int64_t d = 0; d < D; ++d) a += q.at({b, h, s, d}) * k_cache.at({sid, h / g, j, d});
+          w[j] = a * sc;
+          mx = std::max(mx, w[j]);
+        }
+        for (auto& x : w) z += x = std::exp(x - mx);
+        for (int64_t d = 0; d < D; ++d) {
+          double o = 0;
+          for (int64_t j = 0; j < n; ++j) o += w[j] / z * v_cache.at({sid, h / g, j, d});
+          out.set({b, h, s, d}, o);
+        }
+      }
+  }
+}
+
+void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, int64_t rotary_dim,
+                       double base) {
+  const int64_t D = x.size(3), r = rotary_dim == 0 ? D : rotary_dim, half = r / 2;
+  for (int64_t b = 0; b < x.size(0); ++b)
+    for (int64_t h = 0; h < x.size(1); ++h)
+      for (int64_t p = 0; p < x.size(2); ++p) {
+        const double pos = double(start.at({b}) + p);
+        for (int64_t i = 0; i < half; ++i) {
+          const double th = pos * std::pow(base, -2.0 * i / r);
+          const double a = x.at({b, h, p, i}), c = x.at({b, h, p, i + half});
+          y.set({b, h, p, i}, a * std::cos(th) - c * std::sin(th));
+          y.set({b, h, p, i + half}, c * std::cos(th) + a * std::sin(th));
+        }
+        for (int64_t i = r; i < D; ++i) y.set({b, h, p, i}, x.at({b, h, p, i}));
+      }
+}
+
+}  // namespace ref
+}  // namespace nxd::kernels

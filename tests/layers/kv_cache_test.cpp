@@ -1,0 +1,444 @@
+// The KV-cache path (layers/models/kv_cache.h) against full recomputation (CausalLM::forward):
+// decode steps, batches of prompts of different lengths, continuous batching, TP 2/4 against
+// TP 1 (sim ranks, or the processes of an mpirun), meta tensors, and the allocator's counters.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "nxd/autograd/ops/inference.h"
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/models/inference_model.h"
+#include "nxd/runtime/allocator.h"
+#include "nxd/runtime/kernels/kv_cache.h"
+#include "nxd/runtime/rng.h"
+#include "support/compare.h"
+#include "support/ranks.h"
+
+using namespace nxd;
+using nxd::testing::run_ranks;
+
+namespace {
+
+// Llama with grouped-query attention (4 heads, 2 KV heads) or GPT-NeoX (partial rotary).
+ModelConfig tiny(const std::string& arch, DType dt = DType::f32) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 64;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_kv_heads = arch == "llama" ? 2 : 0;
+  c.ffn_hidden_size = 48;
+  c.max_position_embeddings = 96;
+  c.rotary_pct = 0.5;
+  c.init_std = 0.2;
+  c.dtype = dt;
+  return c;
+}
+
+std::vector<int64_t> some_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  RngStream s{seed, 77};
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(s.uniform_f64(i) * vocab);
+  return v;
+}
+
+// The logits of the last position of forward(seq): [V].
+Tensor last_logits(CausalLM& m, const std::vector<int64_t>& seq) {
+  NoGradGuard ng;
+  const int64_t n = static_cast<int64_t>(seq.size());
+  return m.forward(from_vector<int64_t>(seq, {1, n})).select(1, n - 1).select(0, 0).contiguous();
+}
+
+int64_t argmax(const Tensor& row) {
+  std::vector<double> v = row.to_vector();
+  return std::max_element(v.begin(), v.end()) - v.begin();
+}
+
+Tensor ids_of(const std::vector<int64_t>& v, int64_t B, int64_t S) {
+  return from_vector<int64_t>(v, {B, S});
+}
+
+// Prefill `prompt` into cache row `row`, then `steps` greedy decode steps; each step's logits are
+// compared with full recomputation. Returns the greedy tokens.
+std::vector<int64_t> decode_against_forward(CausalLM& m, const std::vector<int64_t>& prompt,
+                                            int64_t steps, double* worst) {
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  KVCache cache = m.make_kv_cache(1, P + steps);
+  std::vector<int64_t> seq = prompt;
+  Tensor logits = m.forward_cached(ids_of(prompt, 1, P), make_cache_step({0}, {0}, {P}), cache);
+  for (int64_t t = 0;; ++t) {
+    Tensor ref = last_logits(m, seq);
+    EXPECT_TRUE(nxd::testing::close_rel(logits.select(0, 0).contiguous(), ref, 1e-5,
+                                        "step " + std::to_string(t)));
+    *worst = std::max(*worst, nxd::testing::diff(logits.select(0, 0).contiguous(), ref).rel());
+    EXPECT_EQ(argmax(logits.select(0, 0)), argmax(ref)) << "step " << t;
+    seq.push_back(argmax(ref));
+    if (t == steps) break;
+    const int64_t pos = static_cast<int64_t>(seq.size()) - 1;
+    logits = m.forward_cached(ids_of({seq.back()}, 1, 1), make_cache_step({0}, {pos}, {1}), cache);
+  }
+  return seq;
+}
+
+}  // namespace
+
+TEST(KVCache, SixtyFourDecodeStepsMatchFullRecomputation) {
+  for (std::string arch : {"llama", "gpt_neox"}) {
+    SCOPED_TRACE(arch);
+    auto m = make_causal_lm(tiny(arch), 3);
+    double worst = 0;
+    auto seq = decode_against_forward(*m, some_ids(9, 64, 1), 64, &worst);
+    std::printf("    [%s] 64 decode steps: largest relative logit difference %.3g\n", arch.c_str(),
+                worst);
+    // generate (greedy) gives the same tokens
+    GenerateOptions g;
+    g.temperature = 0;
+    g.max_new_tokens = 65;
+    EXPECT_EQ(m->generate(some_ids(9, 64, 1), g), seq);
+  }
+}
+
+TEST(KVCache, BatchOfDifferentLengthsEqualsEachAlone) {
+  for (std::string arch : {"llama", "gpt_neox"}) {
+    SCOPED_TRACE(arch);
+    auto m = make_causal_lm(tiny(arch), 4);
+    std::vector<std::vector<int64_t>> prompts = {some_ids(3, 64, 5), some_ids(11, 64, 6),
+                                                 some_ids(6, 64, 7)};
+    // prefill logits: the batch (right-padded) against each prompt alone
+    std::vector<int64_t> ids(3 * 11, 0);
+    for (int b = 0; b < 3; ++b)
+      std::copy(prompts[b].begin(), prompts[b].end(), ids.begin() + b * 11);
+    KVCache cache = m->make_kv_cache(3, 16);
+    Tensor batch = m->forward_cached(ids_of(ids, 3, 11),
+                                     make_cache_step({0, 1, 2}, {0, 0, 0}, {3, 11, 6}), cache);
+    for (int b = 0; b < 3; ++b)
+      EXPECT_TRUE(nxd::testing::close_rel(batch.select(0, b).contiguous(),
+                                          last_logits(*m, prompts[b]), 1e-5, "row"));
+    for (double temp : {0.0, 0.8}) {
+      GenerateOptions g;
+      g.temperature = temp;
+      g.top_k = temp > 0 ? 20 : 0;
+      g.top_p = temp > 0 ? 0.9 : 1.0;
+      g.seed = 11;
+      g.max_new_tokens = 12;
+      GenerateResult r = m->generate_batch(prompts, g);
+      for (int b = 0; b < 3; ++b) {
+        EXPECT_EQ(r.sequences[b], m->generate(prompts[b], g)) << "prompt " << b << " temp " << temp;
+        EXPECT_EQ(r.stop_reasons[b], "max_new_tokens");
+      }
+      EXPECT_EQ(r.prefill_tokens, 20);
+      EXPECT_EQ(r.decode_steps, 11);
+    }
+  }
+}
+
+TEST(KVCache, ContinuousBatchingRequestsJoinAndLeave) {
+  auto m = make_causal_lm(tiny("llama"), 5);
+  const auto a = some_ids(7, 64, 8), b = some_ids(4, 64, 9);
+  KVCache cache = m->make_kv_cache(2, 32);
+  // request A in cache row 1: prefill and two decode steps alone
+  std::vector<int64_t> sa = a, sb = b;
+  Tensor la = m->forward_cached(ids_of(a, 1, 7), make_cache_step({1}, {0}, {7}), cache);
+  for (int t = 0; t < 2; ++t) {
+    sa.push_back(argmax(la.select(0, 0)));
+    la = m->forward_cached(ids_of({sa.back()}, 1, 1),
+                           make_cache_step({1}, {int64_t(sa.size()) - 1}, {1}), cache);
+  }
+  // request B joins in row 0; then both decode together (batch rows ordered B, A)
+  Tensor lb = m->forward_cached(ids_of(b, 1, 4), make_cache_step({0}, {0}, {4}), cache);
+  sa.push_back(argmax(la.select(0, 0)));
+  sb.push_back(argmax(lb.select(0, 0)));
+  for (int t = 0; t < 4; ++t) {
+    Tensor l = m->forward_cached(
+        ids_of({sb.back(), sa.back()}, 2, 1),
+        make_cache_step({0, 1}, {int64_t(sb.size()) - 1, int64_t(sa.size()) - 1}, {1, 1}), cache);
+    EXPECT_TRUE(
+        nxd::testing::close_rel(l.select(0, 0).contiguous(), last_logits(*m, sb), 1e-5, "B"));
+    EXPECT_TRUE(
+        nxd::testing::close_rel(l.select(0, 1).contiguous(), last_logits(*m, sa), 1e-5, "A"));
+    sb.push_back(argmax(l.select(0, 0)));
+    sa.push_back(argmax(l.select(0, 1)));
+  }
+  // A leaves; B goes on alone in its row
+  Tensor l = m->forward_cached(ids_of({sb.back()}, 1, 1),
+                               make_cache_step({0}, {int64_t(sb.size()) - 1}, {1}), cache);
+  EXPECT_TRUE(
+      nxd::testing::close_rel(l.select(0, 0).contiguous(), last_logits(*m, sb), 1e-5, "B alone"));
+}
+
+TEST(KVCache, TensorParallelEqualsSingleRank) {  // TP 2, 4, 8 on sim; 2 under mpirun -np 2
+  for (std::string arch : {"llama", "gpt_neox"}) {
+    for (int tp : {2, 4, 8}) {
+      if (tp > nxd::testing::max_ranks()) continue;  // under an mpirun of fewer processes
+      SCOPED_TRACE(arch + " tp " + std::to_string(tp));
+      ModelConfig base = tiny(arch);
+      if (tp == 8) base.num_attention_heads = 8;  // one query head per rank
+      ModelConfig c = base;
+      if (arch == "llama") c.kv_size_multiplier = std::max(1, tp / 2);  // 2 KV heads over tp
+      const auto prompt = some_ids(5, 64, 12);
+      GenerateOptions g;
+      g.temperature = 0.7;
+      g.seed = 3;
+      g.max_new_tokens = 10;
+      std::vector<int64_t> ref;
+      Tensor ref_logits;
+      {
+        auto m = make_causal_lm(base, 21);
+        ref = m->generate(prompt, g);
+        KVCache cache = m->make_kv_cache(1, 8);
+        ref_logits = m->forward_cached(ids_of(prompt, 1, 5), make_cache_step({0}, {0}, {5}), cache);
+      }
+      run_ranks(tp, [&] {
+        parallel_state::initialize_model_parallel(tp);
+        auto m = make_causal_lm(c, 21);
+        ASSERT_EQ(m->tensor_parallel_size(), tp);
+        EXPECT_EQ(m->generate(prompt, g), ref);
+        KVCache cache = m->make_kv_cache(1, 8);
+        EXPECT_EQ(cache.k[0].size(1), m->cache_kv_heads());
+        Tensor l = m->forward_cached(ids_of(prompt, 1, 5), make_cache_step({0}, {0}, {5}), cache);
+        EXPECT_TRUE(nxd::testing::close_rel(l, ref_logits, 1e-5, "prefill logits"));
+      });
+    }
+  }
+}
+
+TEST(KVCache, MetaTensorsGiveShapesWithoutAllocating) {
+  ModelConfig c = tiny("llama", DType::bf16);
+  c.device = Device::meta;
+  auto m = make_causal_lm(c, 1);
+  const AllocStats before = alloc_stats();
+  const int64_t host_live = device_memory(Device::host).live();
+  KVCache cache = m->make_kv_cache(4, 64);
+  EXPECT_EQ(cache.k.size(), 2u);
+  EXPECT_EQ(cache.k[0].shape(), (Shape{4, 2, 64, 8}));
+  EXPECT_EQ(cache.nbytes(), 2 * 2 * 4 * 2 * 64 * 8 * 2);
+  Tensor prefill = m->forward_cached(
+      empty({4, 16}, DType::i64, Device::meta),
+      make_cache_step({0, 1, 2, 3}, {0, 0, 0, 0}, {16, 16, 16, 16}, Device::meta), cache);
+  EXPECT_TRUE(prefill.is_meta());
+  EXPECT_EQ(prefill.shape(), (Shape{4, 64}));
+  Tensor step = m->forward_cached(
+      empty({4, 1}, DType::i64, Device::meta),
+      make_cache_step({0, 1, 2, 3}, {16, 16, 16, 16}, {1, 1, 1, 1}, Device::meta), cache);
+  EXPECT_EQ(step.shape(), (Shape{4, 64}));
+  EXPECT_EQ(alloc_stats().host_fresh, before.host_fresh);
+  EXPECT_EQ(device_memory(Device::host).live(), host_live);
+}
+
+TEST(KVCache, DecodeStepsAllocateNothingAndCopyNoCache) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto m = make_causal_lm(tiny("llama", dt), 6);
+    KVCache cache = m->make_kv_cache(1, 64);
+    std::vector<const void*> ptrs;
+    for (auto& t : cache.k) ptrs.push_back(t.raw_data());
+    const auto prompt = some_ids(8, 64, 2);
+    int64_t tok =
+        argmax(m->forward_cached(ids_of(prompt, 1, 8), make_cache_step({0}, {0}, {8}), cache)
+                   .select(0, 0)
+                   .to(DType::f32));
+    auto step = [&](int64_t pos) {
+      tok = argmax(m->forward_cached(ids_of({tok}, 1, 1), make_cache_step({0}, {pos}, {1}), cache)
+                       .select(0, 0)
+                       .to(DType::f32));
+    };
+    for (int64_t p = 8; p < 12; ++p) step(p);  // warm-up
+    const AllocStats a0 = alloc_stats();
+    const kernels::KVCacheCounters k0 = kernels::kv_cache_counters();
+    for (int64_t p = 12; p < 28; ++p) step(p);
+    const AllocStats a1 = alloc_stats();
+    const kernels::KVCacheCounters k1 = kernels::kv_cache_counters();
+    EXPECT_EQ(a1.host_fresh - a0.host_fresh, 0)
+        << "fresh host blocks in 16 decode steps (" << a1.host_fresh_bytes - a0.host_fresh_bytes
+        << " bytes)";
+    // exactly the new token's K and V per layer were written; the cache never moved
+    const int64_t per_step = 2 * 2 * 2 * 8 * dtype_size(dt);  // layers * (K,V) * kv heads * D
+    EXPECT_EQ(k1.bytes_written - k0.bytes_written, 16 * per_step);
+    for (size_t l = 0; l < cache.k.size(); ++l) EXPECT_EQ(cache.k[l].raw_data(), ptrs[l]);
+    std::printf(
+        "    [%s] 16 decode steps: %lld storages (reused), %lld fresh host blocks, %lld "
+        "KV bytes written\n",
+        dtype_name(dt), static_cast<long long>(a1.storages - a0.storages),
+        static_cast<long long>(a1.host_fresh - a0.host_fresh),
+        static_cast<long long>(k1.bytes_written - k0.bytes_written));
+  }
+}
+
+TEST(KVCache, GenerateStopsAtMaxPositionEmbeddings) {
+  ModelConfig c = tiny("gpt_neox");
+  c.max_position_embeddings = 12;
+  auto m = make_causal_lm(c, 2);
+  GenerateOptions g;
+  g.temperature = 0;
+  g.max_new_tokens = 20;
+  GenerateResult r = m->generate_batch({some_ids(5, 64, 1), some_ids(10, 64, 2)}, g);
+  EXPECT_EQ(r.sequences[0].size(), 12u);
+  EXPECT_EQ(r.sequences[1].size(), 12u);
+  EXPECT_EQ(r.stop_reasons[0], "max_position_embeddings");
+  EXPECT_EQ(r.stop_reasons[1], "max_position_embeddings");
+  EXPECT_THROW(m->generate(some_ids(13, 64, 1), g), InvalidArgument);
+}
+
+TEST(KVCache, StepErrorsNameTheRow) {
+  auto m = make_causal_lm(tiny("llama"), 2);
+  KVCache cache = m->make_kv_cache(2, 16);
+  auto msg = [&](const CacheStep& s, int64_t S) {
+    try {
+      m->forward_cached(ids_of(std::vector<int64_t>(2 * S, 1), 2, S), s, cache);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(msg(make_cache_step({0, 0}, {0, 0}, {2, 2}), 2).find("both name cache row 0"),
+            std::string::npos);
+  EXPECT_NE(msg(make_cache_step({0, 1}, {0, 15}, {2, 2}), 2).find("outside the cache length 16"),
+            std::string::npos);
+  EXPECT_NE(msg(make_cache_step({0, 1}, {0, 0}, {2, 3}), 2).find("lengths[1]=3"),
+            std::string::npos);
+  EXPECT_NE(msg(make_cache_step({0, 2}, {0, 0}, {1, 1}), 1).find("seq_ids[1]=2"),
+            std::string::npos);
+  EXPECT_THROW(m->make_kv_cache(1, 97), InvalidArgument);
+}
+
+TEST(KVCacheKernels, CachedAttentionMatchesReference) {
+  // 2 batch rows over a 3-row cache, GQA 4:2, rows at different positions, one padded
+  const int64_t B = 2, Hq = 4, Hkv = 2, S = 3, D = 8, L = 10;
+  RngStream r{5, 1};
+  auto rnd = [&](Shape s, uint64_t off) {
+    Tensor t = empty(s, DType::f32);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = float(r.uniform_f64(off + i) * 2 - 1);
+    return t;
+  };
+  Tensor q = rnd({B, Hq, S, D}, 0), kc = rnd({3, Hkv, L, D}, 1000), vc = rnd({3, Hkv, L, D}, 2000);
+  CacheStep st = make_cache_step({2, 0}, {4, 0}, {3, 2});
+  for (DType cd : {DType::f32, DType::bf16}) {
+    Tensor k = kc.to(cd), v = vc.to(cd);
+    Tensor out = empty({B, Hq, S, D}, DType::f32);  // the kernel takes a bf16 cache with f32 q
+    kernels::cached_attention_forward(out, q, k, v, st.seq_ids, st.start, st.lengths, 0);
+    Tensor ref = empty({B, Hq, S, D}, DType::f64);
+    kernels::ref::cached_attention_forward(ref, q.to(DType::f64), k.to(DType::f64),
+                                           v.to(DType::f64), st.seq_ids, st.start, st.lengths, 0);
+    EXPECT_TRUE(nxd::testing::close_rel(out.to(DType::f64), ref, 1e-5, "cached_attention"));
+    EXPECT_EQ(out.at({1, 0, 2, 0}), 0.0);  // row 1's padding query
+  }
+  // rotary_at equals rotary at a fixed offset, row by row
+  Tensor x = rnd({2, 2, 3, 8}, 3000);
+  RotaryOptions ro;
+  ro.rotary_dim = 4;
+  Tensor y = rotary_at(x, from_vector<int64_t>({5, 0}, {2}), ro);
+  ro.position_offset = 5;
+  EXPECT_TRUE(nxd::testing::bitwise_equal(y.select(0, 0).contiguous(),
+                                          rotary(x, ro).select(0, 0).contiguous(), "row 0"));
+  Tensor yr = empty({2, 2, 3, 8}, DType::f64);
+  kernels::ref::rotary_at_forward(yr, x.to(DType::f64), from_vector<int64_t>({5, 0}, {2}), 4,
+                                  10000.0);
+  EXPECT_TRUE(nxd::testing::close_rel(y.to(DType::f64), yr, 1e-6, "rotary_at"));
+  // forward-only: an input that requires grad is refused
+  Tensor g = q.detach().clone();
+  g.set_requires_grad(true);
+  EXPECT_THROW(cached_attention(g, kc, vc, st.seq_ids, st.start, st.lengths), InvalidArgument);
+}
+
+TEST(Generate, TopPKeepsTheNucleus) {
+  std::vector<double> logits = {std::log(0.5), std::log(0.3), std::log(0.15), std::log(0.05)};
+  std::set<int64_t> seen;
+  const int n = 2000;
+  std::map<int64_t, int> counts;
+  for (int i = 0; i < n; ++i) counts[sample_token(logits, 1.0, 0, 0.75, (i + 0.5) / n)]++;
+  for (auto& [t, k] : counts) seen.insert(t);
+  EXPECT_EQ(seen, (std::set<int64_t>{0, 1}));  // 0.5 + 0.3 reaches 0.75
+  EXPECT_NEAR(counts[0] / double(n), 0.5 / 0.8, 0.01);
+  EXPECT_EQ(sample_token(logits, 1.0, 0, 0.4, 0.99), 0);  // the top token alone reaches 0.4
+  // top_p = 1 is the four-argument form
+  for (int i = 0; i < 50; ++i)
+    EXPECT_EQ(sample_token(logits, 0.7, 3, 1.0, i / 50.0), sample_token(logits, 0.7, 3, i / 50.0));
+  EXPECT_THROW(sample_token(logits, 1.0, 0, 0.0, 0.5), InvalidArgument);
+}
+
+TEST(InferenceModel, CalibratedOnLlama2_7BInf2XlargeTp2) {
+  // the one published figure the model is fitted on: 30.1 ms per output token
+  InferenceModelOptions o;
+  o.tp = 2;
+  o.instance = "inf2.xlarge";
+  o.prompt_tokens = 256;
+  o.new_tokens = 256;
+  ModelConfig c = ModelConfig::llama2_7b();
+  c.dtype = DType::bf16;
+  const AllocStats before = alloc_stats();
+  InferenceEstimate e = estimate_inference(c, o);
+  std::printf(
+      "    Llama-2-7B bf16 inf2.xlarge TP 2, 256 in / 256 out: TTFT %.2f ms, TPOT %.2f ms, "
+      "%.2f ms per output token (published 30.1)\n",
+      e.ttft * 1e3, e.tpot * 1e3, e.e2e_per_token * 1e3);
+  EXPECT_NEAR(e.e2e_per_token * 1e3, 30.1, 0.3);
+  EXPECT_EQ(alloc_stats().host_fresh, before.host_fresh);
+}
+
+TEST(InferenceModel, Llama2_70BAtTp32OnMetaWithoutAllocating) {
+  ModelConfig c = ModelConfig::llama2_7b();  // Llama-2-70B's shape
+  c.hidden_size = 8192;
+  c.num_layers = 80;
+  c.num_attention_heads = 64;
+  c.num_kv_heads = 8;
+  c.ffn_hidden_size = 28672;
+  c.vocab_size = 32000;
+  c.dtype = DType::bf16;
+  InferenceModelOptions o;
+  o.tp = 32;
+  o.instance = "trn1.32xlarge";
+  o.prompt_tokens = 256;
+  o.new_tokens = 256;
+  const AllocStats before = alloc_stats();
+  const int64_t host_live = device_memory(Device::host).live();
+  InferenceEstimate e = estimate_inference(c, o);
+  std::printf(
+      "    Llama-2-70B bf16 trn1.32xlarge TP 32, 256 in / 256 out: TTFT %.2f ms, TPOT %.2f "
+      "ms; %.2f GiB weights + %.3f GiB KV per rank\n",
+      e.ttft * 1e3, e.tpot * 1e3, e.weight_bytes / double(1 << 30), e.kv_bytes / double(1 << 30));
+  EXPECT_GT(e.tpot, 0);
+  EXPECT_GT(e.ttft, e.tpot);
+  EXPECT_EQ(alloc_stats().host_fresh, before.host_fresh);
+  EXPECT_EQ(device_memory(Device::host).live(), host_live);
+}
+
+TEST(KVCacheKernels, Bf16DecodeProductsReadTheWeightAsBf16) {
+  // linear on a few bf16 rows (the decode shape) takes the GEMV path; it equals the f32 product of
+  // the same values rounded once, and does not depend on how many rows there are
+  RngStream r{9, 2};
+  auto rnd = [&](Shape s, uint64_t off) {
+    Tensor t = empty(s, DType::f32);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = float(r.uniform_f64(off + i) * 2 - 1);
+    return t.to(DType::bf16);
+  };
+  Tensor x = rnd({1, 3, 72}, 0), w = rnd({40, 72}, 1000), b = rnd({40}, 5000);
+  NoGradGuard ng;
+  for (bool bias : {false, true}) {
+    Tensor y = bias ? linear(x, w, b) : linear(x, w);
+    Tensor yf = bias ? linear(x.to(DType::f32), w.to(DType::f32), b.to(DType::f32))
+                     : linear(x.to(DType::f32), w.to(DType::f32));
+    EXPECT_TRUE(nxd::testing::close_rel(y.to(DType::f32), yf, 8e-3, "bf16 gemv"));
+    Tensor one = bias ? linear(x.narrow(1, 1, 1).contiguous(), w, b)
+                      : linear(x.narrow(1, 1, 1).contiguous(), w);
+    EXPECT_TRUE(nxd::testing::bitwise_equal(one.select(1, 0).contiguous(),
+                                            y.select(1, 1).contiguous(), "row alone"));
+  }
+  // more rows (a prefill): the weight converted to f32 a block of rows at a time
+  Tensor xs = rnd({2, 10, 72}, 9000), wide = rnd({700, 72}, 20000), wb = rnd({700}, 90000);
+  for (bool bias : {false, true}) {
+    Tensor y = bias ? linear(xs, wide, wb) : linear(xs, wide);
+    Tensor yf = bias ? linear(xs.to(DType::f32), wide.to(DType::f32), wb.to(DType::f32))
+                     : linear(xs.to(DType::f32), wide.to(DType::f32));
+    EXPECT_TRUE(nxd::testing::close_rel(y.to(DType::f32), yf, 8e-3, "bf16 weight blocks"));
+  }
+}

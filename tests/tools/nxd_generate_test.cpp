@@ -1,0 +1,224 @@
+// nxd-generate end to end: from an nxd checkpoint (Llama, GQA) and from a transformers folder
+// (GPT-NeoX), the printed tokens equal CausalLM::generate's with the same options, at TP 1 and 2;
+// the report lines; exit code 2 for every user mistake. Under mpirun (NXD_GENERATE_MPI): the
+// mpi backend at TP 2 gives the same tokens.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <filesystem>
+#include <sstream>
+
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/offline.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "support/files.h"
+#include "support/proc.h"
+
+namespace {
+namespace fs = std::filesystem;
+using namespace nxd;
+using nxd::testing::run_process;
+
+ModelConfig byte_model(const std::string& arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 256;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_kv_heads = arch == "llama" ? 2 : 0;
+  c.ffn_hidden_size = 48;
+  c.max_position_embeddings = 48;
+  c.rotary_pct = 0.5;
+  c.init_std = 0.3;
+  return c;
+}
+
+nxd::testing::ProcResult generate(const std::vector<std::string>& args, const fs::path& dir) {
+  std::vector<std::string> argv;
+#ifdef MPIEXEC
+  argv = {MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np", "2"};
+#endif
+  argv.push_back(NXD_GENERATE_BIN);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, dir, std::chrono::seconds(120));
+}
+
+// The ids of the `tokens:` line.
+std::vector<int64_t> tokens_of(const std::string& out) {
+  const auto p = out.find("\ntokens:");
+  if (p == std::string::npos) return {};
+  std::istringstream s(out.substr(p + 8, out.find('\n', p + 1) - p - 8));
+  std::vector<int64_t> v;
+  for (int64_t x; s >> x;) v.push_back(x);
+  return v;
+}
+
+std::vector<int64_t> bytes(const std::string& s) {
+  std::vector<int64_t> v;
+  for (unsigned char c : s) v.push_back(c);
+  return v;
+}
+
+// A saved Llama checkpoint (d/run) and a GPT-NeoX transformers folder (d/hf), and the models.
+// A fresh scratch folder, removed at the end (the pid keeps other worktrees' runs apart).
+struct Scratch {
+  fs::path path = nxd::testing::test_temp_dir("nxd_generate_" + std::to_string(::getpid()) + "_");
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+struct Fixture {
+  Scratch dir;
+  std::shared_ptr<CausalLM> llama = make_causal_lm(byte_model("llama"), 7);
+  std::shared_ptr<CausalLM> neox = make_causal_lm(byte_model("gpt_neox"), 8);
+  Fixture() {
+    ckpt::save_checkpoint(dir.path / "run", "step_1", llama.get(), nullptr, nullptr);
+    ckpt::save_checkpoint(dir.path / "neox", "step_1", neox.get(), nullptr, nullptr);
+    ckpt::export_hf(dir.path / "neox/step_1", dir.path / "hf");
+  }
+};
+
+}  // namespace
+
+#ifndef MPIEXEC
+TEST(NxdGenerate, TokensEqualTheLibrarysGenerate) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  GenerateOptions g;
+  g.max_new_tokens = 12;
+  g.temperature = 0;
+  const std::string prompt = "Hello, nxd";
+  const auto want = f.llama->generate(bytes(prompt), g);
+  for (std::string tp : {"1", "2"}) {
+    auto r = generate({"--checkpoint", (d / "run").string(), "--prompt", prompt, "--max-new-tokens",
+                       "12", "--tp", tp, "--eager"},
+                      d);
+    ASSERT_EQ(r.code, 0) << r.err;
+    if (tp == "2") std::printf("%s", r.out.c_str());
+    EXPECT_EQ(tokens_of(r.out), want) << "tp " << tp << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind(prompt, 0), 0u) << r.out;  // the text first
+    EXPECT_NE(r.out.find("\nprefill: 10 tokens in "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\ndecode: 11 tokens in "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("modeled on inf2.xlarge at TP " + tp + ": time to first token "),
+              std::string::npos)
+        << r.out;
+  }
+  // sampling from the transformers folder
+  g.temperature = 0.8;
+  g.top_k = 40;
+  g.top_p = 0.9;
+  g.seed = 5;
+  auto r = generate(
+      {"--hf", (d / "hf").string(), "--prompt", prompt, "--max-new-tokens", "12", "--temperature",
+       "0.8", "--top-k", "40", "--top-p", "0.9", "--seed", "5", "--instance", "trn1.2xlarge"},
+      d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), f.neox->generate(bytes(prompt), g)) << r.out;
+  EXPECT_NE(r.out.find("modeled on trn1.2xlarge at TP 1"), std::string::npos) << r.out;
+  // the sequence stops at max_position_embeddings=48 and says so
+  r = generate({"--hf", (d / "hf").string(), "--prompt", prompt, "--max-new-tokens", "100"}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out).size(), 48u);
+  EXPECT_NE(r.out.find("stopped: the sequence reached max_position_embeddings=48"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(NxdGenerate, UserMistakesExitTwo) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  const std::string ck = (d / "run").string();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--prompt", "x"}, "give one of --checkpoint DIR or --hf DIR"},
+      {{"--checkpoint", ck, "--hf", ck, "--prompt", "x"}, "give one of"},
+      {{"--checkpoint", ck}, "--prompt TEXT is required"},
+      {{"--checkpoint", ck, "--prompt", "x", "--tp", "0"}, "--tp needs an integer"},
+      {{"--checkpoint", ck, "--prompt", "x", "--top-p", "1.5"}, "--top-p needs a number"},
+      {{"--checkpoint", ck, "--prompt", "x", "--temperature", "-1"}, "--temperature"},
+      {{"--checkpoint", ck, "--prompt", "x", "--backend", "gpu"}, "--backend must be sim or mpi"},
+      {{"--checkpoint", ck, "--prompt", "x", "--instance", "p4d"}, "unknown type 'p4d'"},
+      {{"--checkpoint", ck, "--prompt", "x", "--tp", "4", "--instance", "inf2.xlarge"},
+       "exceeds the 2 NeuronCores of inf2.xlarge"},
+      {{"--checkpoint", ck, "--prompt", "x", "--tp", "3"}, "not divisible"},
+      {{"--checkpoint", (d / "nothing").string(), "--prompt", "x"}, "nothing"},
+      {{"--hf", (d / "run").string(), "--prompt", "x"}, "config.json"},
+      {{"--checkpoint", ck, "--prompt", std::string(49, 'a')}, "max_position_embeddings=48"},
+      {{"--checkpoint", ck, "--prompt", "x", "--bogus", "1"}, "unknown flag '--bogus'"},
+  };
+  for (const auto& [args, msg] : cases) {
+    auto r = generate(args, d);
+    EXPECT_EQ(r.code, 2) << args.back() << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  }
+}
+// The traced path (the default) against --eager, buckets, and a saved trace run without the
+// checkpoint.
+TEST(NxdGenerate, TracedSavedAndLoadedEqualEager) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  const std::string ck = (d / "run").string(), prompt = "Hello, nxd";
+  const std::vector<std::string> common = {"--prompt",      prompt, "--max-new-tokens", "12",
+                                           "--temperature", "0.9",  "--seed",           "4"};
+  for (std::string tp : {"1", "2"}) {
+    auto args = common;
+    args.insert(args.end(), {"--checkpoint", ck, "--tp", tp});
+    auto eager = args;
+    eager.push_back("--eager");
+    auto e = generate(eager, d);
+    ASSERT_EQ(e.code, 0) << e.err;
+    auto traced = args;
+    traced.insert(traced.end(), {"--buckets", "16,32", "--save-trace", (d / ("t" + tp)).string()});
+    auto t = generate(traced, d);
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_EQ(tokens_of(t.out), tokens_of(e.out)) << t.out;
+    EXPECT_EQ(tokens_of(t.out).size(), 22u) << t.out;
+    auto loaded = common;
+    loaded.insert(loaded.end(), {"--load-trace", (d / ("t" + tp)).string(), "--tp", tp});
+    auto l = generate(loaded, d);
+    ASSERT_EQ(l.code, 0) << l.err;
+    EXPECT_EQ(tokens_of(l.out), tokens_of(e.out)) << l.out;
+    EXPECT_NE(l.out.find("modeled on inf2.xlarge at TP " + tp), std::string::npos) << l.out;
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--load-trace", (d / "t1").string(), "--checkpoint", ck, "--prompt", "x"},
+       "--load-trace runs a saved trace"},
+      {{"--load-trace", (d / "t1").string(), "--prompt", "x", "--tp", "2"},
+       "traced at TP 1, expected TP 2"},
+      {{"--load-trace", (d / "nothing").string(), "--prompt", "x"}, "manifest.json is missing"},
+      {{"--checkpoint", ck, "--prompt", "x", "--buckets", "16,x"}, "--buckets needs an integer"},
+      {{"--checkpoint", ck, "--prompt", "x", "--buckets", "64"}, "exceeds max_position_embeddings"},
+      {{"--checkpoint", ck, "--prompt", std::string(20, 'a'), "--buckets", "16"},
+       "larger than every bucket"},
+      {{"--checkpoint", ck, "--prompt", "x", "--save-trace", (d / "t1").string()},
+       "is not an empty folder"},
+      {{"--checkpoint", ck, "--prompt", "x", "--eager", "--buckets", "16"}, "not --eager"},
+  };
+  for (const auto& [args, msg] : cases) {
+    auto r = generate(args, d);
+    EXPECT_EQ(r.code, 2) << args.back() << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+  }
+}
+#else
+TEST(NxdGenerateMpi, TpTwoUnderMpirunEqualsTheLibrary) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  GenerateOptions g;
+  g.max_new_tokens = 10;
+  g.temperature = 0.7;
+  g.seed = 3;
+  auto r =
+      generate({"--checkpoint", (d / "run").string(), "--prompt", "mpi prompt", "--max-new-tokens",
+                "10", "--temperature", "0.7", "--seed", "3", "--tp", "2", "--backend", "mpi"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), f.llama->generate(bytes("mpi prompt"), g)) << r.out;
+  r = generate({"--checkpoint", (d / "run").string(), "--prompt", "x", "--backend", "mpi"}, d);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;  // --tp 1 but 2 processes
+  EXPECT_NE(r.err.find("--tp 1 but mpirun started 2 process(es)"), std::string::npos) << r.err;
+}
+#endif

@@ -1,0 +1,141 @@
+// Saved-then-loaded equals traced bitwise (shared and inlined weights, TP 1 and 2, and under
+// mpirun -np 2); damaged trace folders are refused naming the file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "nxd/trace/save_load.h"
+#include "support/compare.h"
+#include "support/files.h"
+#include "trace_util.h"
+
+using namespace nxd;
+using namespace nxd::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const trace::TraceError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+void flip_byte(const fs::path& p, int64_t at) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x20;
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+std::shared_ptr<trace::TensorParallelModel> traced(int tp, bool inl, const std::string& backend) {
+  const ModelConfig cfg = trace_config("llama", tp);
+  trace::TraceOptions o{.tp_degree = tp,
+                        .bucket_config = trace::BucketConfig::explicit_shapes({{1, 8}, {2, 16}}),
+                        .inline_weights = inl,
+                        .backend = backend};
+  return trace::parallel_model_trace(causal_lm_fn(cfg), {trace_ids(1, 8, cfg.vocab_size)}, o);
+}
+
+}  // namespace
+
+TEST(TraceSaveLoad, LoadedEqualsTracedBitwise) {
+  if (under_mpi()) {
+    const fs::path dir = fs::temp_directory_path() / "nxd_trace_save_mpi";
+    run_ranks(2, [&] {
+      if (world().rank() == 0) fs::remove_all(dir);
+      world().barrier();
+      auto m = traced(2, false, "mpi");
+      const Tensor ids = trace_ids(2, 11, 64, 3);
+      const Tensor want = m->forward({ids})[0];
+      trace::parallel_model_save(*m, dir);
+      auto l = trace::parallel_model_load(dir, {.backend = "mpi"});
+      EXPECT_BITWISE_EQ(l->forward({ids})[0], want);
+    });
+    return;
+  }
+  for (int tp : {1, 2})
+    for (bool inl : {false, true}) {
+      SCOPED_TRACE(str("tp=", tp, " inline=", inl));
+      const fs::path dir = test_temp_dir("nxd_trace_") / "model";
+      auto m = traced(tp, inl, "sim");
+      const Tensor ids = trace_ids(2, 11, 64, 3);
+      const Tensor want = m->forward({ids})[0];
+      trace::parallel_model_save(*m, dir);
+      auto l = trace::parallel_model_load(dir);
+      EXPECT_EQ(l->tp_degree(), tp);
+      EXPECT_EQ(l->buckets().size(), 2u);
+      // the same weights, constants, graph and plan
+      for (size_t i = 0; i < l->ranks()[0].params[1].size(); ++i)
+        EXPECT_BITWISE_EQ(l->ranks()[0].params[1][i], m->ranks()[0].params[1][i]) << i;
+      for (size_t i = 0; i < l->ranks()[0].constants[1].size(); ++i)
+        EXPECT_BITWISE_EQ(l->ranks()[0].constants[1][i], m->ranks()[0].constants[1][i]) << i;
+      EXPECT_EQ(l->ranks()[0].graphs[1]->plan.arena_bytes,
+                m->ranks()[0].graphs[1]->plan.arena_bytes);
+      EXPECT_EQ(trace::graph_to_json(l->ranks()[0].graphs[1]->graph),
+                trace::graph_to_json(m->ranks()[0].graphs[1]->graph));
+      EXPECT_BITWISE_EQ(l->forward({ids})[0], want);
+      // shared weights: one copy for both buckets; inlined: one per bucket
+      const int64_t w = l->resident_bytes();
+      EXPECT_EQ(inl, w > m->resident_bytes() + 1000) << w << " vs " << m->resident_bytes();
+      EXPECT_THROW(trace::parallel_model_save(*m, dir), InvalidArgument);  // never overwrites
+    }
+}
+
+TEST(TraceSaveLoad, DamagedFilesAreRefusedNamingTheFile) {
+  if (under_mpi()) GTEST_SKIP() << "sim only";
+  const fs::path base = test_temp_dir("nxd_trace_");
+  auto m = traced(2, false, "sim");
+  auto fresh = [&](const std::string& name) {
+    const fs::path d = base / name;
+    trace::parallel_model_save(*m, d);
+    return d;
+  };
+  {  // truncated
+    const fs::path d = fresh("trunc");
+    fs::resize_file(d / "rank1/weights.safetensors",
+                    fs::file_size(d / "rank1/weights.safetensors") - 5);
+    const std::string e = error_of([&] { trace::parallel_model_load(d); });
+    EXPECT_NE(e.find("rank1/weights.safetensors"), std::string::npos) << e;
+    EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  }
+  {  // a flipped byte in a graph
+    const fs::path d = fresh("flip");
+    flip_byte(d / "rank0/bucket1.json", 40);
+    const std::string e = error_of([&] { trace::parallel_model_load(d); });
+    EXPECT_NE(e.find("rank0/bucket1.json"), std::string::npos) << e;
+    EXPECT_NE(e.find("corrupt"), std::string::npos) << e;
+  }
+  {  // another format version
+    const fs::path d = fresh("version");
+    std::string man = slurp(d / "manifest.json");
+    const auto at = man.find("\"version\": 1");
+    ASSERT_NE(at, std::string::npos);
+    man.replace(at, 12, "\"version\": 7");
+    std::ofstream(d / "manifest.json") << man;
+    const std::string e = error_of([&] { trace::parallel_model_load(d); });
+    EXPECT_NE(e.find("manifest.json has format version 7"), std::string::npos) << e;
+  }
+  {  // a missing rank
+    const fs::path d = fresh("missing");
+    fs::remove_all(d / "rank1");
+    const std::string e = error_of([&] { trace::parallel_model_load(d); });
+    EXPECT_NE(e.find("rank1/weights.safetensors is missing"), std::string::npos) << e;
+  }
+  {  // the wrong TP degree
+    const fs::path d = fresh("tp");
+    const std::string e = error_of([&] { trace::parallel_model_load(d, {.expect_tp_degree = 4}); });
+    EXPECT_NE(e.find("traced at TP 2, expected TP 4"), std::string::npos) << e;
+  }
+  {  // no manifest
+    const std::string e = error_of([&] { trace::parallel_model_load(base / "none"); });
+    EXPECT_NE(e.find("manifest.json is missing"), std::string::npos) << e;
+  }
+}

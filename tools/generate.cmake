@@ -1,0 +1,5 @@
+# nxd-generate: text from a checkpoint or a transformers folder with the KV cache.
+add_executable(nxd-generate nxd_generate.cpp)
+target_link_libraries(nxd-generate PRIVATE nxd_trace nxd_checkpoint)
+nxd_compile_options(nxd-generate)
+install(TARGETS nxd-generate RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,0 +1,174 @@
+#include "nxd/trace/decoder.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "nxd/layers/models/kv_cache.h"
+
+namespace nxd::trace {
+
+ModelFn causal_lm_decoder_fn(CausalLMFactory make, int64_t batch, int64_t max_len) {
+  return [make, batch, max_len] {
+    std::shared_ptr<CausalLM> m = make();
+    m->eval();
+    const int64_t L = max_len > 0 ? max_len : m->config().max_position_embeddings;
+    auto cache = std::make_shared<KVCache>(m->make_kv_cache(batch, L));
+    RankModel rm;
+    rm.params = m->named_parameters();
+    for (size_t l = 0; l < cache->k.size(); ++l) {
+      rm.state.emplace_back(str("k", l), cache->k[l]);
+      rm.state.emplace_back(str("v", l), cache->v[l]);
+    }
+    rm.forward = [m, cache](const std::vector<Tensor>& a) {
+      return std::vector<Tensor>{m->forward_cached(a[0], CacheStep{a[1], a[2], a[3]}, *cache)};
+    };
+    rm.owner =
+        std::make_shared<std::pair<std::shared_ptr<CausalLM>, std::shared_ptr<KVCache>>>(m, cache);
+    return rm;
+  };
+}
+
+namespace {
+// Valid example inputs of a bucket: rows 0..B-1 of the cache, each with S real tokens at 0.
+std::vector<Tensor> decoder_example(const Bucket& b) {
+  std::vector<int64_t> seq(b.batch), zero(b.batch, 0), len(b.batch, b.seq);
+  for (int64_t i = 0; i < b.batch; ++i) seq[i] = i;
+  CacheStep s = make_cache_step(seq, zero, len);
+  return {zeros({b.batch, b.seq}, DType::i64), s.seq_ids, s.start, s.lengths};
+}
+}  // namespace
+
+std::shared_ptr<TensorParallelModel> trace_decoder(CausalLMFactory make,
+                                                   const DecoderTraceOptions& o) {
+  NXD_CHECK(o.batch >= 1, "[trace_decoder] batch must be >= 1, got ", o.batch);
+  int64_t L = o.max_len;
+  std::vector<int64_t> prefill = o.prefill_buckets;
+  NXD_CHECK(L > 0 || !prefill.empty(), "[trace_decoder] give max_len or prefill buckets");
+  if (L <= 0) L = *std::max_element(prefill.begin(), prefill.end());
+  if (prefill.empty())
+    for (const Bucket& b : BucketConfig::automatic(1, 1, L).buckets) prefill.push_back(b.seq);
+  std::vector<Bucket> buckets;
+  for (int64_t s : prefill) {
+    NXD_CHECK(s >= 1 && s <= L, "[trace_decoder] prefill bucket ", s, " is outside [1, max_len=", L,
+              "]");
+    if (s > 1) buckets.push_back({o.batch, s});
+  }
+  for (int64_t n = 1; n <= o.batch; ++n) buckets.push_back({n, 1});
+  TraceOptions t;
+  t.tp_degree = o.tp_degree;
+  t.bucket_config = BucketConfig::explicit_shapes(buckets);
+  t.workdir = o.workdir;
+  t.args = o.args;
+  t.max_parallel_compilations = o.max_parallel_compilations;
+  t.backend = o.backend;
+  t.bucket_example = decoder_example;
+  t.pad_batch = false;
+  return parallel_model_trace(causal_lm_decoder_fn(std::move(make), o.batch, L),
+                              decoder_example({o.batch, 1}), t);
+}
+
+namespace {
+
+struct Row {
+  std::vector<int64_t> seq;
+  int64_t generated = 0;
+  std::string stop;
+};
+
+void advance(Row& r, const std::vector<double>& logits, const GenerateOptions& o,
+             const RngStream& stream, int64_t max_pos) {
+  const int64_t next = sample_token(logits, o.temperature, o.top_k, o.top_p,
+                                    stream.uniform_f64(static_cast<uint64_t>(r.generated)));
+  r.seq.push_back(next);
+  ++r.generated;
+  if (next == o.eos_token_id)
+    r.stop = "eos";
+  else if (r.generated >= o.max_new_tokens)
+    r.stop = "max_new_tokens";
+  else if (static_cast<int64_t>(r.seq.size()) >= max_pos)
+    r.stop = "max_position_embeddings";
+}
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<double> row(const Tensor& logits, int64_t i) {
+  return logits.select(0, i).to_vector();
+}
+
+}  // namespace
+
+GenerateResult traced_generate(TensorParallelModel& model,
+                               const std::vector<std::vector<int64_t>>& prompts,
+                               const GenerateOptions& opts) {
+  const char* op = "traced_generate";
+  NXD_CHECK(!model.ranks().empty() && !model.ranks()[0].state.empty(), "[", op,
+            "] the model is not a traced decoder (no KV cache state)");
+  const Tensor& k0 = model.ranks()[0].state[0].second;
+  const int64_t batch = k0.size(0), max_pos = k0.size(2);
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  NXD_CHECK(B >= 1 && B <= batch, "[", op, "] ", B, " prompts for a decoder of ", batch,
+            " cache rows");
+  const RngStream stream{opts.seed, stream_id("nxd.generate")};
+  std::vector<Row> rows(B);
+  int64_t S = 0;
+  GenerateResult res;
+  for (int64_t b = 0; b < B; ++b) {
+    NXD_CHECK(!prompts[b].empty(), "[", op, "] prompt ", b, " is empty");
+    rows[b].seq = prompts[b];
+    S = std::max<int64_t>(S, static_cast<int64_t>(prompts[b].size()));
+    res.prefill_tokens += static_cast<int64_t>(prompts[b].size());
+    if (opts.max_new_tokens == 0)
+      rows[b].stop = "max_new_tokens";
+    else if (static_cast<int64_t>(prompts[b].size()) >= max_pos)
+      rows[b].stop = "max_position_embeddings";
+  }
+  if (std::all_of(rows.begin(), rows.end(), [](const Row& r) { return !r.stop.empty(); })) {
+    for (auto& r : rows) res.sequences.push_back(r.seq), res.stop_reasons.push_back(r.stop);
+    return res;
+  }
+  // prefill: the decoder's batch of rows (rows without a prompt repeat prompt 0 in their own
+  // cache row and are ignored)
+  std::vector<int64_t> ids(batch * S, 0), seq(batch), start(batch, 0), len(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto& p = prompts[b < B ? b : 0];
+    std::copy(p.begin(), p.end(), ids.begin() + b * S);
+    seq[b] = b;
+    len[b] = static_cast<int64_t>(p.size());
+  }
+  double t0 = now();
+  CacheStep st = make_cache_step(seq, start, len);
+  Tensor logits =
+      model.forward({from_vector<int64_t>(ids, {batch, S}), st.seq_ids, st.start, st.lengths})[0];
+  for (int64_t b = 0; b < B; ++b)
+    if (rows[b].stop.empty()) advance(rows[b], row(logits, b), opts, stream, max_pos);
+  res.prefill_seconds = now() - t0;
+  t0 = now();
+  while (true) {
+    std::vector<int64_t> active;
+    for (int64_t b = 0; b < B; ++b)
+      if (rows[b].stop.empty()) active.push_back(b);
+    if (active.empty()) break;
+    const int64_t n = static_cast<int64_t>(active.size());
+    std::vector<int64_t> tok(n), sid(n), pos(n), one(n, 1);
+    for (int64_t i = 0; i < n; ++i) {
+      tok[i] = rows[active[i]].seq.back();
+      sid[i] = active[i];
+      pos[i] = static_cast<int64_t>(rows[active[i]].seq.size()) - 1;
+    }
+    CacheStep d = make_cache_step(sid, pos, one);
+    logits = model.forward({from_vector<int64_t>(tok, {n, 1}), d.seq_ids, d.start, d.lengths})[0];
+    ++res.decode_steps;
+    res.decode_tokens += n;
+    for (int64_t i = 0; i < n; ++i) advance(rows[active[i]], row(logits, i), opts, stream, max_pos);
+  }
+  res.decode_seconds = now() - t0;
+  for (auto& r : rows) {
+    res.sequences.push_back(std::move(r.seq));
+    res.stop_reasons.push_back(r.stop);
+  }
+  return res;
+}
+
+}  // namespace nxd::trace

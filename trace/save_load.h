@@ -1,0 +1,35 @@
+#pragma once
+// parallel_model_save / parallel_model_load: a traced model as a folder (format version 1,
+// documented in docs/DESIGN.md, "Traced models: the file format"):
+//   manifest.json                 format, version, TP degree, buckets, example inputs, compiler
+//                                 args, and every other file with its size and CRC-32C
+//   rank<r>/bucket<b>.json        the compiled graph of rank r for bucket b and its memory plan
+//   rank<r>/weights.safetensors   rank r's weights (unless inlined) and state tensors
+//   rank<r>/bucket<b>.safetensors the graph's constants, and its own copy of the weights when
+//                                 inline_weights was set
+// Loading maps the files (mmap), checks every size and checksum in the manifest, parses and
+// recompiles every graph (its plan must equal the saved one) before anything runs: a truncated,
+// corrupt, missing or unknown-version file is a TraceError naming it.
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "nxd/trace/model.h"
+
+namespace nxd::trace {
+
+inline constexpr int kTraceFormatVersion = 1;
+
+// Writes the model into `dir`, which must not exist or be empty (nothing is overwritten). On
+// sim every rank's files; under mpirun each process writes its rank and rank 0 the manifest (a
+// shared folder).
+void parallel_model_save(const TensorParallelModel& model, const std::filesystem::path& dir);
+
+struct LoadOptions {
+  std::string backend = "sim";  // "mpi": this process loads its rank of an mpirun
+  int expect_tp_degree = 0;     // > 0: refuse a model traced at another TP degree
+};
+std::shared_ptr<TensorParallelModel> parallel_model_load(const std::filesystem::path& dir,
+                                                         const LoadOptions& opts = {});
+
+}  // namespace nxd::trace
