@@ -161,6 +161,13 @@ struct ExpManagerSection {
   bool resume_if_exists;
 };
 
+// model.init_from (trainer/init_from.h): the source of the run's initial weights.
+struct InitFromSection {
+  std::string path;                  // "" = none
+  std::optional<ModelConfig> model;  // the model the source records
+  std::string description;           // "the transformers folder X (llama)"
+};
+
 struct TrainConfig {
   uint64_t seed;
   std::string out_dir;  // exp_manager.exp_dir
@@ -172,6 +179,7 @@ struct TrainConfig {
   DistributedSection dist;
   PrecisionSection precision;
   GenerationSection generation;
+  InitFromSection init;
   int64_t grad_accum_steps;  // global / (micro * dp)
   Config resolved;           // every key, derived values filled in (written as config.yaml)
 };

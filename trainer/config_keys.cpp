@@ -85,7 +85,10 @@ std::vector<KeySpec> make_registry() {
           "Resume from the newest complete checkpoint in `<exp_dir>/checkpoints/` if there is one "
           "(resume_from_checkpoint wins when set)."),
       // trainer
-      key("trainer.max_steps", K::integer, 700, "Optimizer steps to run."),
+      key("trainer.max_steps", K::integer, 700,
+          "Optimizer steps to run; 0 = evaluate only (`--eval`): the validation loss and "
+          "perplexity of model.init_from's or the resumed weights over the whole validation "
+          "split."),
       key("trainer.log_every_n_steps", K::integer, 10,
           "A metrics.csv row and progress update every N steps (and at the last step)."),
       key("trainer.val_check_interval", K::integer, 100,
@@ -132,6 +135,13 @@ std::vector<KeySpec> make_registry() {
       key("model.arch", K::string, "llama",
           "Model family: `llama` or `gpt_neox` (built in), or the name a program's own module "
           "builds (examples/new_model trains `gpt2`)."),
+      key("model.init_from", K::string, nullptr,
+          "Fine-tuning: start from these weights (a transformers folder with config.json, an nxd "
+          "checkpoint of any TP/PP/DP degree or a run folder, or a file of `nxd-ckpt export`), "
+          "resharded to this run's layout, with a fresh optimizer at step 0. The model.* keys "
+          "left at their defaults take the source's values; one set otherwise is an error. null "
+          "= initialize as model.init_method says.",
+          {}, true),
       key("model.vocab_size", K::integer, 256,
           "Vocabulary size; at least 256 for byte-level text, above every id of a token file."),
       key("model.num_layers", K::integer, 4, "Decoder layers."),

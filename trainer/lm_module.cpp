@@ -5,6 +5,7 @@
 
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/runtime/error.h"
+#include "nxd/trainer/init_from.h"
 
 namespace fs = std::filesystem;
 
@@ -24,6 +25,7 @@ std::string with_commas(int64_t v) {
 
 std::shared_ptr<Module> CausalLMModule::build_model() {
   lm_ = build_causal_lm(model_config(cfg_), cfg_.seed, ModelPart{});
+  init_notes_ = load_init_weights(cfg_, {lm_.get()}, /*whole=*/true);
   return lm_;
 }
 
@@ -42,7 +44,11 @@ std::shared_ptr<pipeline::PipelineModel> CausalLMModule::build_pipeline_model(
   o.pieces.micro_batch_size = cfg_.data.micro_batch_size;
   o.pieces.seq_length = cfg_.data.seq_length;
   o.pieces.layer_type = transformer_layer_type();  // how the pipeline knows a decoder layer
-  return std::make_shared<pipeline::PipelineModel>(model_config(cfg_), cfg_.seed, o);
+  auto p = std::make_shared<pipeline::PipelineModel>(model_config(cfg_), cfg_.seed, o);
+  std::vector<Module*> chunks;
+  for (const auto& c : p->chunks()) chunks.push_back(c.get());
+  init_notes_ = load_init_weights(cfg_, chunks, /*whole=*/false);
+  return p;
 }
 
 CausalLM& CausalLMModule::lm() const {

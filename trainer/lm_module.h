@@ -30,6 +30,8 @@ class CausalLMModule : public TrainingModule {
 
   CausalLM& lm() const;  // the built model (the whole model: not under pipeline parallelism)
   const TrainConfig& config() const { return cfg_; }
+  // model.init_from: what loading the weights noted (buffers ignored, shards read).
+  const std::vector<std::string>& init_notes() const { return init_notes_; }
 
  protected:
   // `part` of the model cfg describes, over the current TP group: make_causal_lm(cfg, seed, part).
@@ -42,6 +44,7 @@ class CausalLMModule : public TrainingModule {
  private:
   TrainConfig cfg_;
   std::shared_ptr<CausalLM> lm_;
+  std::vector<std::string> init_notes_;
 };
 
 struct TrainData {

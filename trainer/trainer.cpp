@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <filesystem>
 
@@ -59,7 +60,7 @@ int64_t count_norm_params(const std::vector<optim::NormParam>& ps, int tp) {
 
 Trainer::Trainer(TrainerOptions opts) : opts_(std::move(opts)) {
   auto fail = [](auto&&... a) { throw ConfigError(str("[trainer] ", a...)); };
-  if (opts_.max_steps <= 0) fail("max_steps must be positive, got ", opts_.max_steps);
+  if (opts_.max_steps < 0) fail("max_steps must be >= 0 (0: evaluate only), got ", opts_.max_steps);
   if (opts_.accumulate_grad_batches <= 0)
     fail("accumulate_grad_batches must be positive, got ", opts_.accumulate_grad_batches);
   if (opts_.log_every_n_steps <= 0)
@@ -439,6 +440,17 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
 
   sim::SimClock* clock = sim_clock();
   res.initial_val_loss = opts_.val_check_interval > 0 ? validate(module) : std::nullopt;
+  const int64_t start_step = step_;  // > 0 after a resume: res counts only this fit's steps
+  res.start_step = start_step;
+  if (opts_.max_steps == 0 && res.initial_val_loss && is_logging_rank()) {  // evaluation only
+    MetricsRow row;
+    row.step = step_;
+    row.loss = std::numeric_limits<double>::quiet_NaN();  // no training loss: an empty cell
+    row.val_loss = res.initial_val_loss;
+    row.epoch = data_->epoch();
+    for (auto& l : opts_.loggers)
+      l->log_metrics(row, {{"val_perplexity", std::exp(*res.initial_val_loss)}});
+  }
   t0_ = Clock::now();
   double train_seconds = 0, sim_train_seconds = 0;
   while (step_ < opts_.max_steps && !should_stop()) {
@@ -451,9 +463,9 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
     train_seconds += step_s;
     interval_seconds_ += step_s;
     interval_tokens_ += step_tokens_;
-    if (step_ == 1) res.first_loss = out.loss;
+    if (step_ == start_step + 1) res.first_loss = out.loss;
     res.last_loss = out.loss;
-    res.steps = step_;
+    res.steps = step_ - start_step;
     module.on_train_batch_end(out);
     for (auto& cb : opts_.callbacks) cb->on_train_batch_end(*this, module, out);
 
