@@ -38,6 +38,10 @@ std::map<std::string, Tensor> read_hf_weights(const std::filesystem::path& hf_di
                                               const ModelConfig& cfg,
                                               std::vector<std::string>* notes = nullptr);
 
+// transformers' rope_scaling of a config.json (`j` the whole config) and back (null for none).
+RopeScaling read_rope_scaling(const nlohmann::json& j);
+nlohmann::json rope_scaling_json(const RopeScaling& s);
+
 // Where a run's weights come from (model.init_from).
 struct WeightSource {
   enum class Kind { hf_folder, checkpoint, merged_file };

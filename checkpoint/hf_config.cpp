@@ -18,15 +18,50 @@ namespace {
   throw CheckpointError(str("[import-hf] config.json: ", what, " is not supported by nxd's model"));
 }
 
-// transformers writes rope_scaling: null; a non-null one (linear, dynamic, llama3, yarn, ...)
-// changes the rotary frequencies, which nxd's rotary kernel does not scale.
-void refuse_rope_scaling(const json& j) {
-  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return;
+// rope_scaling: null, or of type linear (factor) or llama3 (factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings); other types (dynamic, yarn, longrope, ...)
+// are refused. transformers names the type "rope_type" (older: "type").
+}  // namespace
+
+RopeScaling read_rope_scaling(const json& j) {
+  RopeScaling s;
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return s;
   const json& r = j["rope_scaling"];
   std::string type = "?";
   if (r.is_object()) type = r.value("rope_type", r.value("type", std::string("?")));
-  refuse(str("rope_scaling of type '", type, "' (", r.dump(), ")"));
+  if (type == "default") return s;
+  if (type == "linear") {
+    s.kind = RopeScaling::Kind::linear;
+    s.factor = r.at("factor").get<double>();
+  } else if (type == "llama3") {
+    s.kind = RopeScaling::Kind::llama3;
+    s.factor = r.at("factor").get<double>();
+    s.low_freq_factor = r.at("low_freq_factor").get<double>();
+    s.high_freq_factor = r.at("high_freq_factor").get<double>();
+    s.original_max_position_embeddings = r.at("original_max_position_embeddings").get<int64_t>();
+  } else {
+    refuse(str("rope_scaling of type '", type, "' (", r.dump(), "; linear and llama3 are)"));
+  }
+  return s;
 }
+
+json rope_scaling_json(const RopeScaling& s) {
+  switch (s.kind) {
+    case RopeScaling::Kind::linear:
+      return {{"rope_type", "linear"}, {"factor", s.factor}};
+    case RopeScaling::Kind::llama3:
+      return {{"rope_type", "llama3"},
+              {"factor", s.factor},
+              {"low_freq_factor", s.low_freq_factor},
+              {"high_freq_factor", s.high_freq_factor},
+              {"original_max_position_embeddings", s.original_max_position_embeddings}};
+    case RopeScaling::Kind::none:
+      break;
+  }
+  return nullptr;
+}
+
+namespace {
 
 void read_llama(const json& j, ModelConfig& c) {
   c.arch = "llama";
@@ -34,9 +69,14 @@ void read_llama(const json& j, ModelConfig& c) {
   c.norm_eps = j.at("rms_norm_eps").get<double>();
   c.rope_theta = j.value("rope_theta", 10000.0);
   const std::string act = j.value("hidden_act", std::string("silu"));
-  if (act != "silu") refuse(str("llama hidden_act '", act, "' (nxd's Llama MLP is SwiGLU: silu)"));
-  if (j.value("attention_bias", false)) refuse("llama attention_bias: true");
-  if (j.value("mlp_bias", false)) refuse("llama mlp_bias: true");
+  if (act == "silu" || act == "gelu" || act == "gelu_new")
+    c.hidden_act = act;
+  else if (act == "gelu_pytorch_tanh")
+    c.hidden_act = "gelu_new";  // the same tanh approximation
+  else
+    refuse(str("llama hidden_act '", act, "' (silu, gelu, gelu_new, gelu_pytorch_tanh are)"));
+  c.attention_bias = j.value("attention_bias", false);
+  c.mlp_bias = j.value("mlp_bias", false);
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
     const int64_t hd = j["head_dim"].get<int64_t>();
     if (hd != c.hidden_size / c.num_attention_heads || c.hidden_size % c.num_attention_heads != 0)
@@ -78,7 +118,7 @@ json hf_config_json(const ModelConfig& c) {
             {"max_position_embeddings", c.max_position_embeddings},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"initializer_range", c.init_std},
-            {"rope_scaling", nullptr},
+            {"rope_scaling", rope_scaling_json(c.rope_scaling)},
             {"torch_dtype", c.dtype == DType::bf16  ? "bfloat16"
                             : c.dtype == DType::f64 ? "float64"
                                                     : "float32"}};
@@ -88,10 +128,10 @@ json hf_config_json(const ModelConfig& c) {
     j["num_key_value_heads"] = c.kv_heads();
     j["rms_norm_eps"] = c.norm_eps;
     j["rope_theta"] = c.rope_theta;
-    j["hidden_act"] = "silu";
+    j["hidden_act"] = c.hidden_act;
     j["head_dim"] = c.head_dim();
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = c.mlp_bias;
   } else if (c.arch == "gpt_neox") {
     if (c.attention_head_dim > 0 && c.attention_head_dim * c.num_attention_heads != c.hidden_size)
       throw CheckpointError(
@@ -128,7 +168,7 @@ ModelConfig model_config_from_hf(const json& j) {
     c.init_std = j.value("initializer_range", 0.02);
     c.init_method = InitMethod::normal;
     c.dtype = DType::f32;  // weights are cast to f32 as transformers does (hf.h)
-    refuse_rope_scaling(j);
+    c.rope_scaling = read_rope_scaling(j);
     if (type == "llama")
       read_llama(j, c);
     else if (type == "gpt_neox")

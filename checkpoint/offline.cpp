@@ -189,6 +189,7 @@ json model_config_json(const ModelConfig& c) {
           {"max_position_embeddings", c.max_position_embeddings},
           {"rotary_pct", c.rotary_pct},
           {"rope_theta", c.rope_theta},
+          {"rope_scaling", rope_scaling_json(c.rope_scaling)},
           {"norm_eps", c.norm_eps},
           {"init_method", init_method_name(c.init_method)},
           {"init_std", c.init_std},
@@ -196,6 +197,9 @@ json model_config_json(const ModelConfig& c) {
           {"dropout", c.dropout},
           {"gelu_tanh", c.gelu_tanh},
           {"use_parallel_residual", c.use_parallel_residual},
+          {"hidden_act", c.hidden_act},
+          {"attention_bias", c.attention_bias},
+          {"mlp_bias", c.mlp_bias},
           {"dtype", dtype_name(c.dtype)},
           {"sequence_parallel", c.sequence_parallel},
           {"kv_size_multiplier", c.kv_size_multiplier}};
@@ -215,6 +219,7 @@ ModelConfig model_config_from_json(const json& j) {
     c.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
     c.rotary_pct = j.at("rotary_pct").get<double>();
     c.rope_theta = j.at("rope_theta").get<double>();
+    c.rope_scaling = read_rope_scaling(j);
     c.norm_eps = j.at("norm_eps").get<double>();
     c.init_method = parse_init_method(j.value("init_method", std::string("normal")));
     c.init_std = j.at("init_std").get<double>();
@@ -222,6 +227,9 @@ ModelConfig model_config_from_json(const json& j) {
     c.dropout = j.at("dropout").get<double>();
     c.gelu_tanh = j.at("gelu_tanh").get<bool>();
     c.use_parallel_residual = j.at("use_parallel_residual").get<bool>();
+    c.hidden_act = j.value("hidden_act", std::string("silu"));
+    c.attention_bias = j.value("attention_bias", false);
+    c.mlp_bias = j.value("mlp_bias", false);
     c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
     c.sequence_parallel = j.at("sequence_parallel").get<bool>();
     c.kv_size_multiplier = j.at("kv_size_multiplier").get<int64_t>();

@@ -52,6 +52,10 @@ ModelConfig model_config(const TrainConfig& cfg) {
     mc.attention_head_dim = cfg.init.model->attention_head_dim;
     mc.gelu_tanh = cfg.init.model->gelu_tanh;
     mc.use_parallel_residual = cfg.init.model->use_parallel_residual;
+    mc.rope_scaling = cfg.init.model->rope_scaling;
+    mc.hidden_act = cfg.init.model->hidden_act;
+    mc.attention_bias = cfg.init.model->attention_bias;
+    mc.mlp_bias = cfg.init.model->mlp_bias;
   }
   return mc;
 }

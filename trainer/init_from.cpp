@@ -130,7 +130,11 @@ InitFromSection resolve_init_from(Config& c) {
   check_eval(c);
   InitFromSection s;
   if (c.is_null("model.init_from") || c.get_string("model.init_from").empty()) {
-    if (auto r = resume_source(c)) apply_source_keys(c, *r, "exp_manager.resume_from_checkpoint");
+    if (auto r = resume_source(c)) {
+      apply_source_keys(c, *r, "exp_manager.resume_from_checkpoint");
+      s.model = r->config;  // what no key says (rope_scaling, head_dim, ...); path stays "": the
+                            // trainer's resume loads the weights
+    }
     return s;
   }
   s.path = c.get_string("model.init_from");

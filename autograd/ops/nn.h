@@ -5,6 +5,7 @@
 
 #include "nxd/autograd/graph.h"
 #include "nxd/runtime/rng.h"
+#include "nxd/runtime/rope_scaling.h"
 
 namespace nxd {
 
@@ -65,6 +66,7 @@ struct RotaryOptions {
   int64_t rotary_dim = 0;  // 0 = the whole head dim
   double base = 10000.0;
   int64_t position_offset = 0;
+  RopeScaling scaling;  // rope_scaling (linear, llama3): runtime/rope_scaling.h
 };
 Tensor rotary(const Tensor& x, const RotaryOptions& opts = {});
 
