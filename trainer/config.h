@@ -99,6 +99,7 @@ struct DataSection {
   std::string kind;         // text | tokens | random
   std::string path;         // text: file or folder; tokens: binary file
   std::string token_dtype;  // tokens: uint16 | uint32
+  std::string tokenizer;    // text: a tokenizer.json ("" = byte level)
   int64_t seq_length;
   int64_t micro_batch_size;
   int64_t global_batch_size;

@@ -115,6 +115,12 @@ std::vector<KeySpec> make_registry() {
           "The text file or folder (`text`), or the token file (`tokens`). Folders are read "
           "recursively in sorted order; files that are not text (NUL bytes, invalid UTF-8) are "
           "skipped with a note."),
+      key("data.tokenizer", K::string, nullptr,
+          "`text`: a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, GPT-NeoX, "
+          "Llama 3 pre-tokenizers) that tokenizes the text and the generation prompt and decodes "
+          "the sample; its ids are the `tokenizers` library's (without special tokens). "
+          "model.vocab_size must cover its ids. null = byte-level tokens (vocab 256).",
+          {}, true),
       key("data.token_dtype", K::string, "uint16",
           "Element type of a `tokens` file (little-endian).", {"uint16", "uint32"}),
       key("data.seq_length", K::integer, 128, "Tokens per sample."),

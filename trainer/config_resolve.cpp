@@ -163,6 +163,9 @@ DataSection resolve_data(Resolver& r) {
   d.kind = r.c.get_string("data.kind");
   d.path = r.c.get_string("data.path");
   d.token_dtype = r.c.get_string("data.token_dtype");
+  d.tokenizer = r.c.is_null("data.tokenizer") ? "" : r.c.get_string("data.tokenizer");
+  if (!d.tokenizer.empty() && d.kind != "text")
+    r.fail("data.tokenizer tokenizes text: data.kind=", d.kind, " (use data.kind=text)");
   d.seq_length = r.positive("data.seq_length");
   d.global_batch_size = r.positive("data.global_batch_size");
   d.val_fraction = r.c.get_double("data.val_fraction");
@@ -213,7 +216,7 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
                                              ? CheckpointGranularity::none
                                              : parse_checkpoint_granularity(r.c.get_string(
                                                    "model.activations_checkpoint_granularity"));
-  if (d.kind == "text" && m.vocab_size < 256)
+  if (d.kind == "text" && d.tokenizer.empty() && m.vocab_size < 256)
     r.fail("model.vocab_size=", m.vocab_size,
            " is too small for byte-level text (data.kind=text needs >= 256)");
   return m;

@@ -108,6 +108,22 @@ std::string summarize_skipped(const std::vector<SkippedFile>& skipped) {
   return out;
 }
 
+// The byte tokens of a text corpus re-tokenized by data.tokenizer (ConfigError when the model's
+// vocabulary does not cover the tokenizer's ids).
+std::shared_ptr<const Tokenizer> tokenize_corpus(Corpus& corpus, const std::string& path,
+                                                 const TrainConfig& cfg) {
+  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(path));
+  if (tok->vocab_size() > cfg.model.vocab_size)
+    throw ConfigError(str("[data] data.tokenizer ", path, " has ", tok->vocab_size(),
+                          " ids but model.vocab_size=", cfg.model.vocab_size));
+  std::string text(corpus.tokens.size(), '\0');
+  for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(corpus.tokens[i]);
+  const std::vector<int64_t> ids = tok->encode(text);
+  corpus.tokens.assign(ids.begin(), ids.end());
+  corpus.vocab_size = tok->vocab_size();
+  return tok;
+}
+
 TrainData build_data(const TrainConfig& cfg) {
   const auto& d = cfg.data;
   TrainData td;
@@ -122,11 +138,13 @@ TrainData build_data(const TrainConfig& cfg) {
         d.kind == "text"
             ? load_text_corpus(d.path)
             : load_token_file(d.path, d.token_dtype == "uint16" ? 2 : 4, cfg.model.vocab_size));
+    if (!d.tokenizer.empty()) td.tokenizer = tokenize_corpus(*corpus, d.tokenizer, cfg);
     td.skipped = corpus->skipped;
     all = std::make_shared<CorpusDataset>(corpus, d.seq_length, str("corpus '", d.path, "'"));
     td.description = str(with_commas(static_cast<int64_t>(corpus->tokens.size())),
-                         d.kind == "text" ? " bytes" : " tokens", " from ", corpus->files.size(),
-                         " file(s) in ", d.path);
+                         d.kind == "text" && !td.tokenizer ? " bytes" : " tokens", " from ",
+                         corpus->files.size(), " file(s) in ", d.path,
+                         td.tokenizer ? " (" + td.tokenizer->description() + ")" : "");
   }
   Split sp = split_dataset(all, d.val_fraction, cfg.seed);
   td.train = sp.train;

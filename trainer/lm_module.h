@@ -10,6 +10,7 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/trainer/config.h"
 #include "nxd/trainer/module.h"
+#include "nxd/trainer/tokenizer.h"
 
 namespace nxd::trainer {
 
@@ -49,6 +50,7 @@ class CausalLMModule : public TrainingModule {
 
 struct TrainData {
   std::shared_ptr<const Dataset> train, val;
+  std::shared_ptr<const Tokenizer> tokenizer;  // data.tokenizer (null: byte level)
   std::string description;           // one line: source, tokens, files, samples
   std::vector<SkippedFile> skipped;  // files of a text folder that were not read
 };

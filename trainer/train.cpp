@@ -180,10 +180,14 @@ void print_result(const TrainConfig& cfg, const FitResult& fr, std::FILE* out) {
 // The sample: the prompt and up to generation.max_new_tokens more, every token seeing the whole
 // sequence from position 0 (no sliding window): it stops where the model's context
 // (max_position_embeddings) is full, and `note` says so.
-std::string generate_sample(const TrainConfig& cfg, CausalLM& lm, std::string& note) {
+std::string generate_sample(const TrainConfig& cfg, CausalLM& lm, const Tokenizer* tok,
+                            std::string& note) {
   const auto& g = cfg.generation;
   std::vector<int64_t> prompt;
-  for (unsigned char ch : g.prompt) prompt.push_back(ch);
+  if (tok)
+    prompt = tok->encode(g.prompt);
+  else
+    for (unsigned char ch : g.prompt) prompt.push_back(ch);
   const int64_t ctx = cfg.model.max_position_embeddings;
   const int64_t room = ctx - static_cast<int64_t>(prompt.size());
   if (room <= 0) {
@@ -201,8 +205,9 @@ std::string generate_sample(const TrainConfig& cfg, CausalLM& lm, std::string& n
   go.top_k = g.top_k;
   go.seed = cfg.seed;
   std::string sample;
-  for (int64_t id : lm.generate(prompt, go))
-    sample.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+  const std::vector<int64_t> ids = lm.generate(prompt, go);
+  if (tok) return tok->decode(ids);
+  for (int64_t id : ids) sample.push_back(static_cast<char>(static_cast<unsigned char>(id)));
   return sample;
 }
 
@@ -335,7 +340,7 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
                    static_cast<long long>(cfg.dist.pipeline_model_parallel_size));
   } else if (g.max_new_tokens > 0 && cfg.data.kind == "text") {
     std::string note;
-    res.sample = generate_sample(cfg, module->lm(), note);
+    res.sample = generate_sample(cfg, module->lm(), data.tokenizer.get(), note);
     if (rank0) std::ofstream(fs::path(cfg.out_dir) / "sample.txt", std::ios::binary) << res.sample;
     if (talk) {
       std::fprintf(opts.out, "sample (temperature %g, top_k %lld%s):\n", g.temperature,
