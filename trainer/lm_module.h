@@ -51,8 +51,8 @@ class CausalLMModule : public TrainingModule {
 struct TrainData {
   std::shared_ptr<const Dataset> train, val;
   std::shared_ptr<const Tokenizer> tokenizer;  // data.tokenizer (null: byte level)
-  std::string description;           // one line: source, tokens, files, samples
-  std::vector<SkippedFile> skipped;  // files of a text folder that were not read
+  std::string description;                     // one line: source, tokens, files, samples
+  std::vector<SkippedFile> skipped;            // files of a text folder that were not read
 };
 // Loads the data of cfg.data (throws IoError / ConfigError naming the path and keys).
 TrainData build_data(const TrainConfig& cfg);

@@ -53,7 +53,9 @@ const ByteChars& byte_chars() {
   return c;
 }
 
-size_t utf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4; }
+size_t utf8_len(unsigned char c) {
+  return c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+}
 
 [[noreturn]] void unsupported(const std::string& path, const std::string& what) {
   throw ConfigError(str("[tokenizer] ", path, ": ", what, " is not supported (byte-level BPE is)"));
@@ -128,9 +130,9 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
     for (const auto& [piece, id] : model.at("vocab").items()) t.vocab_[piece] = id.get<int64_t>();
     int64_t rank = 0;
     for (const auto& m : model.at("merges")) {
-      const std::string key = m.is_string() ? m.get<std::string>()
-                                            : m.at(0).get<std::string>() + " " +
-                                                  m.at(1).get<std::string>();
+      const std::string key = m.is_string()
+                                  ? m.get<std::string>()
+                                  : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>();
       t.merge_rank_.emplace(key, rank++);
     }
     for (const auto& a : j.value("added_tokens", json::array()))
@@ -139,9 +141,9 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
               [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
     // the pre-tokenizer: ByteLevel, or a Sequence of Splits and a ByteLevel
     const json& pre = j.at("pre_tokenizer");
-    std::vector<json> steps =
-        pre.at("type") == "Sequence" ? pre.at("pretokenizers").get<std::vector<json>>()
-                                     : std::vector<json>{pre};
+    std::vector<json> steps = pre.at("type") == "Sequence"
+                                  ? pre.at("pretokenizers").get<std::vector<json>>()
+                                  : std::vector<json>{pre};
     bool byte_level = false;
     for (const json& s : steps) {
       const std::string type = s.at("type");
@@ -220,8 +222,8 @@ void Tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
   for (const auto& s : sym) {
     const auto it = vocab_.find(s);
     if (it == vocab_.end())
-      throw ConfigError(str("[tokenizer] ", path_, ": piece '", s, "' of '", word,
-                            "' is not in the vocabulary"));
+      throw ConfigError(
+          str("[tokenizer] ", path_, ": piece '", s, "' of '", word, "' is not in the vocabulary"));
     out.push_back(it->second);
   }
 }
@@ -286,8 +288,8 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
       const size_t n = utf8_len(static_cast<unsigned char>(p[k]));
       const auto it = bc.byte_of.find(p.substr(k, n));
       if (it == bc.byte_of.end())
-        throw ConfigError(str("[tokenizer] ", path_, ": piece '", p, "' of id ", id,
-                              " is not byte-level"));
+        throw ConfigError(
+            str("[tokenizer] ", path_, ": piece '", p, "' of id ", id, " is not byte-level"));
       out += static_cast<char>(it->second);
       k += n;
     }

@@ -8,8 +8,8 @@
 //      first and give their own ids (the longest one at a position wins);
 //   2. the pre-tokenizer cuts the rest into words: ByteLevel (GPT-2's regex
 //      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+, with
-//      add_prefix_space if set), or a Sequence of Split (any regex, behavior Isolated, as Llama 3's)
-//      and ByteLevel without its regex; the regexes run on ICU's engine (Unicode properties);
+//      add_prefix_space if set), or a Sequence of Split (any regex, behavior Isolated, as Llama
+//      3's) and ByteLevel without its regex; the regexes run on ICU's engine (Unicode properties);
 //   3. each word's UTF-8 bytes become GPT-2's byte-level characters (bytes_to_unicode), and BPE
 //      merges the adjacent pair of lowest merge rank until none applies (ignore_merges: a word
 //      that is itself in the vocabulary is taken whole, as Llama 3's file says);
@@ -50,7 +50,7 @@ class Tokenizer {
   struct Regexes;
   std::string path_;
   std::unordered_map<std::string, int64_t> vocab_;
-  std::vector<std::string> pieces_;  // id -> piece ("" if none)
+  std::vector<std::string> pieces_;                      // id -> piece ("" if none)
   std::unordered_map<std::string, int64_t> merge_rank_;  // "a b" -> rank
   std::vector<std::pair<std::string, int64_t>> added_;   // content, id (longest first)
   std::vector<bool> is_added_;

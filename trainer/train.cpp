@@ -206,7 +206,15 @@ std::string generate_sample(const TrainConfig& cfg, CausalLM& lm, const Tokenize
   go.seed = cfg.seed;
   std::string sample;
   const std::vector<int64_t> ids = lm.generate(prompt, go);
-  if (tok) return tok->decode(ids);
+  if (tok) {  // ids the model's padded vocabulary has but the tokenizer not: left out, said so
+    std::vector<int64_t> known;
+    for (int64_t id : ids)
+      if (id < tok->vocab_size()) known.push_back(id);
+    if (known.size() < ids.size())
+      note += str(note.empty() ? "" : "; ", ids.size() - known.size(),
+                  " generated id(s) >= the tokenizer's ", tok->vocab_size(), " left out");
+    return tok->decode(known);
+  }
   for (int64_t id : ids) sample.push_back(static_cast<char>(static_cast<unsigned char>(id)));
   return sample;
 }

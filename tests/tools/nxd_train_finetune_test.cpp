@@ -236,3 +236,26 @@ TEST(NxdCkptExport, SaysWhenAPathIsNeitherACheckpointNorARunFolder) {
 }
 
 }  // namespace
+
+namespace {
+
+// data.tokenizer: the text and the prompt tokenized by a tokenizer.json, the sample decoded.
+TEST_F(FineTune, TokenizerTokenizesTheTextAndDecodesTheSample) {
+  const std::string tok = std::string(NXD_TOKENIZER_FIXTURES) + "/gpt2.tokenizer.json";
+  ProcResult r = train({"--set", "data.tokenizer=" + tok, "--set", "model.vocab_size=560", "--set",
+                        "trainer.max_steps=2", "--set", "generation.max_new_tokens=8", "--set",
+                        "generation.prompt=The cat"},
+                       "t");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(" tokens from 1 file(s) in "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("byte-level BPE from " + tok), std::string::npos) << r.out;
+  const std::string sample = slurp(dir_ / "t" / "sample.txt");
+  EXPECT_EQ(sample.rfind("The cat", 0), 0u) << sample;
+  EXPECT_GT(sample.size(), 8u) << "8 BPE tokens decode to more than 8 bytes here: " << sample;
+  ProcResult small =
+      train({"--set", "data.tokenizer=" + tok, "--set", "model.vocab_size=256"}, "u");
+  EXPECT_EQ(small.code, 2) << small.err;
+  EXPECT_NE(small.err.find("has 557 ids but model.vocab_size=256"), std::string::npos) << small.err;
+}
+
+}  // namespace
