@@ -99,6 +99,8 @@ void apply_source_keys(Config& c, const ckpt::WeightSource& src, const std::stri
       c.set(key, v, from);
       continue;
     }
+    // no weight depends on the context length: a run may train longer (or shorter) sequences
+    if (key == "model.max_position_embeddings") continue;
     throw ConfigError(str("[config] ", key, "=", cur.dump(), " contradicts ", via, ": ",
                           src.description, " has ", key.substr(6), "=", v.dump(),
                           " (leave the key unset to take the source's value)"));

@@ -8,9 +8,10 @@
 // num_kv_heads, ffn_hidden_size, max_position_embeddings, rope_theta, norm_eps,
 // tie_word_embeddings, and gpt_neox's rotary_pct) takes the source's value when it is at its
 // default; a value set to something else is a ConfigError naming the key, both values and the
-// source. Fields without a key (head_dim, gelu_new, use_parallel_residual) come from the source
-// (model_config(cfg) copies them). exp_manager.resume_from_checkpoint on a checkpoint without
-// optimizer and trainer state (what nxd-ckpt import / import-hf write) or on a transformers
+// source (max_position_embeddings excepted: no weight depends on it, so a run may set another
+// context length). Fields without a key (head_dim, gelu_new, use_parallel_residual) come from the
+// source (model_config(cfg) copies them). exp_manager.resume_from_checkpoint on a checkpoint
+// without optimizer and trainer state (what nxd-ckpt import / import-hf write) or on a transformers
 // folder is a ConfigError saying to use model.init_from.
 #include <string>
 #include <vector>
