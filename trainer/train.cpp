@@ -305,7 +305,7 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   const auto& em = cfg.exp;
   if (em.create_early_stopping_callback)
     to.callbacks.push_back(std::make_shared<EarlyStopping>(em.early_stopping));
-  if (em.create_checkpoint_callback)
+  if (em.create_checkpoint_callback && cfg.trainer.max_steps > 0)  // evaluation saves nothing
     to.callbacks.push_back(std::make_shared<ModelCheckpoint>(em.checkpoint));
   if (!em.resume_from_checkpoint.empty())
     to.ckpt_path = em.resume_from_checkpoint;

@@ -100,6 +100,7 @@ TEST_F(FineTune, EvalOfEverySourceEqualsTheTrainingRunsValidationLoss) {
             "e2");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(val_loss_at(dir_ / "e2" / "metrics.csv", 4), want);
+  EXPECT_FALSE(fs::exists(dir_ / "e2" / "checkpoints")) << "an evaluation saves no checkpoint";
   // export-hf of the run folder, import-hf at TP 1, evaluated at TP 1 on one rank (other
   // reduction orders: close, not bitwise)
   ProcResult x =
