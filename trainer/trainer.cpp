@@ -375,13 +375,19 @@ std::optional<double> Trainer::validate(TrainingModule& module) {
   if (n == 0) return std::nullopt;
   NoGradGuard ng;
   module.model_->eval();
-  double sum = 0;
-  for (size_t i = 0; i < val_batches_.size(); ++i)
-    sum += scalar_loss(module.validation_step(val_batches_[i], static_cast<int64_t>(i)),
-                       "validation_step")
-               .item();
+  // each micro batch's mean loss weighted by its samples: the mean over the samples validated,
+  // whatever the micro batch size (the split's last micro batch may be partial)
+  double sum = 0, samples = 0;
+  for (size_t i = 0; i < val_batches_.size(); ++i) {
+    const double b = static_cast<double>(val_batches_[i].ids.size(0));
+    sum += b * scalar_loss(module.validation_step(val_batches_[i], static_cast<int64_t>(i)),
+                           "validation_step")
+                   .item();
+    samples += b;
+  }
   module.model_->train();
-  const double v = dp_sum({sum})[0] / static_cast<double>(n);
+  const std::vector<double> t = dp_sum({sum, samples});
+  const double v = t[0] / t[1];
   for (auto& cb : opts_.callbacks) cb->on_validation_end(*this, module, step_, v);
   return v;
 }
