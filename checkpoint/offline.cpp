@@ -7,6 +7,7 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/dp_shards.h"
+#include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/integrity.h"
 #include "nxd/checkpoint/layout.h"
 #include "nxd/collectives/parallel_state.h"
@@ -114,7 +115,7 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   return rep;
 }
 
-void export_merged(const fs::path& tag_dir, const fs::path& out) {
+std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& tag_dir) {
   const json meta = read_metadata(tag_dir);
   if (!meta.contains("model"))
     throw CheckpointError(str("[export] ", tag_dir.string(), " holds no model"));
@@ -157,71 +158,39 @@ void export_merged(const fs::path& tag_dir, const fs::path& out) {
     for (auto& [name, t] : part)
       shard_view(full[index.at(name)].second, spec[name], want[name]).copy_(t);
   }
+  return full;
+}
+
+void export_merged(const fs::path& tag_dir, const fs::path& out) {
+  const json meta = read_metadata(tag_dir);
+  const auto full = read_merged_model(tag_dir);
   std::map<std::string, std::string> md{{"nxd.source", tag_dir.string()}};
   if (meta.contains("model_config")) md["nxd.model_config"] = meta["model_config"].dump();
   write_safetensors(out, full, md);
 }
 
 namespace {
-void import_with_config(const fs::path& file, ModelConfig cfg, const fs::path& out_root,
-                        const std::string& tag, int tp, int dp) {
+void import_with_config(const std::map<std::string, Tensor>& full, const std::string& source,
+                        ModelConfig cfg, const fs::path& out_root, const std::string& tag, int tp,
+                        int dp) {
   NXD_CHECK_T(ConfigError, tp >= 1 && dp >= 1, "[import] degrees must be >= 1, got tp=", tp,
               " dp=", dp);
-  SafetensorsReader r(file);
   cfg.kv_size_multiplier = std::max<int64_t>(1, tp / cfg.kv_heads());
   cfg.validate_parallel(tp);
-  std::map<std::string, Tensor> full;
-  for (auto& [n, t] : r.read_all()) full[n] = t;
   sim::launch(tp * dp, [&] {
     parallel_state::initialize_model_parallel(tp);
     auto model = make_causal_lm(cfg, 0);
-    load_full_state(*model, full, file);
+    std::set<std::string> used;
+    load_full_tensors({model.get()}, full, source, {.same_dtype = true, .used = &used});
+    if (used.size() != full.size())
+      for (const auto& [n, t] : full)
+        if (!used.count(n))
+          throw CheckpointError(
+              str("[import] ", source, ": tensor '", n, "' is not a parameter of the model"));
     save_checkpoint(out_root, tag, model.get(), nullptr, nullptr);
   });
 }
 }  // namespace
-
-void load_full_state(Module& model, const std::map<std::string, Tensor>& full,
-                     const fs::path& file) {
-  std::map<std::string, ShardSpec> spec;
-  for (const auto& p : parallel_parameters(model)) spec[p.name] = shard_spec(p.attrs);
-  const int rank = parallel_state::model_parallel_is_initialized()
-                       ? parallel_state::get_tensor_model_parallel_rank()
-                       : 0;
-  std::set<std::string> used;
-  NoGradGuard g;
-  for (const auto& [n, t] : model.state_dict()) {
-    const auto it = full.find(n);
-    if (it == full.end())
-      throw CheckpointError(str("[import] ", file.string(), " has no tensor '", n, "'"));
-    const ShardSpec s = spec.count(n) ? spec[n] : ShardSpec{};
-    const Shape want = full_shape(t.shape(), s);
-    if (it->second.shape() != want || it->second.dtype() != t.dtype())
-      throw CheckpointError(str("[import] ", file.string(), ": tensor '", n, "' is ",
-                                safetensors_dtype(it->second.dtype()),
-                                shape_str(it->second.shape()), ", the model needs ",
-                                safetensors_dtype(t.dtype()), shape_str(want)));
-    t.detach().copy_(shard_view(it->second, s, rank));
-    used.insert(n);
-  }
-  if (used.size() != full.size())
-    for (const auto& [n, t] : full)
-      if (!used.count(n))
-        throw CheckpointError(
-            str("[import] ", file.string(), ": tensor '", n, "' is not a parameter of the model"));
-}
-
-ModelConfig read_hf_config(const fs::path& hf_dir) {
-  json j;
-  try {
-    j = json::parse(read_file(hf_dir / "config.json"));
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CheckpointError(str("[import-hf] ", (hf_dir / "config.json").string(), ": ", e.what()));
-  }
-  return model_config_from_hf(j);
-}
 
 void import_merged(const fs::path& file, const fs::path& out_root, const std::string& tag, int tp,
                    int dp) {
@@ -236,77 +205,9 @@ void import_merged(const fs::path& file, const fs::path& out_root, const std::st
   } catch (const std::exception& e) {
     throw CheckpointError(str("[import] ", file.string(), ": nxd.model_config: ", e.what()));
   }
-  import_with_config(file, model_config_from_json(cj), out_root, tag, tp, dp);
-}
-
-json hf_config_json(const ModelConfig& c) {
-  json j = {{"vocab_size", c.vocab_size},
-            {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.ffn_size()},
-            {"num_hidden_layers", c.num_layers},
-            {"num_attention_heads", c.num_attention_heads},
-            {"max_position_embeddings", c.max_position_embeddings},
-            {"tie_word_embeddings", c.tie_word_embeddings},
-            {"initializer_range", c.init_std},
-            {"torch_dtype", c.dtype == DType::bf16  ? "bfloat16"
-                            : c.dtype == DType::f64 ? "float64"
-                                                    : "float32"}};
-  if (c.arch == "llama") {
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
-    j["num_key_value_heads"] = c.kv_heads();
-    j["rms_norm_eps"] = c.norm_eps;
-    j["rope_theta"] = c.rope_theta;
-    j["hidden_act"] = "silu";
-  } else if (c.arch == "gpt_neox") {
-    j["architectures"] = {"GPTNeoXForCausalLM"};
-    j["model_type"] = "gpt_neox";
-    j["rotary_pct"] = c.rotary_pct;
-    j["rotary_emb_base"] = c.rope_theta;
-    j["layer_norm_eps"] = c.norm_eps;
-    j["use_parallel_residual"] = c.use_parallel_residual;
-    j["hidden_act"] = c.gelu_tanh ? "gelu_new" : "gelu";
-  } else {
-    throw CheckpointError(str("[export-hf] no transformers form for arch '", c.arch, "'"));
-  }
-  return j;
-}
-
-ModelConfig model_config_from_hf(const json& j) {
-  try {
-    ModelConfig c;
-    const std::string type = j.at("model_type").get<std::string>();
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.hidden_size = j.at("hidden_size").get<int64_t>();
-    c.ffn_hidden_size = j.at("intermediate_size").get<int64_t>();
-    c.num_layers = j.at("num_hidden_layers").get<int64_t>();
-    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
-    c.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
-    c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-    c.init_std = j.value("initializer_range", 0.02);
-    const std::string dt = j.value("torch_dtype", "float32");
-    c.dtype = dt == "bfloat16" ? DType::bf16 : dt == "float64" ? DType::f64 : DType::f32;
-    if (type == "llama") {
-      c.arch = "llama";
-      c.num_kv_heads = j.value("num_key_value_heads", c.num_attention_heads);
-      c.norm_eps = j.at("rms_norm_eps").get<double>();
-      c.rope_theta = j.value("rope_theta", 10000.0);
-    } else if (type == "gpt_neox") {
-      c.arch = "gpt_neox";
-      c.rotary_pct = j.at("rotary_pct").get<double>();
-      c.rope_theta = j.value("rotary_emb_base", 10000.0);
-      c.norm_eps = j.at("layer_norm_eps").get<double>();
-      c.use_parallel_residual = j.value("use_parallel_residual", true);
-      c.gelu_tanh = j.value("hidden_act", "gelu") == "gelu_new";
-    } else {
-      throw CheckpointError(str("model_type '", type, "' is not llama or gpt_neox"));
-    }
-    return c;
-  } catch (const CheckpointError& e) {
-    throw CheckpointError(str("[import-hf] config.json: ", e.what()));
-  } catch (const std::exception& e) {
-    throw CheckpointError(str("[import-hf] config.json: ", e.what()));
-  }
+  std::map<std::string, Tensor> full;
+  for (auto& [n, t] : SafetensorsReader(file).read_all()) full[n] = t;
+  import_with_config(full, file.string(), model_config_from_json(cj), out_root, tag, tp, dp);
 }
 
 void export_hf(const fs::path& tag_dir, const fs::path& out_dir) {
@@ -321,7 +222,8 @@ void export_hf(const fs::path& tag_dir, const fs::path& out_dir) {
 
 void import_hf(const fs::path& hf_dir, const fs::path& out_root, const std::string& tag, int tp,
                int dp) {
-  import_with_config(hf_dir / "model.safetensors", read_hf_config(hf_dir), out_root, tag, tp, dp);
+  const ModelConfig cfg = read_hf_config(hf_dir);
+  import_with_config(read_hf_weights(hf_dir, cfg), hf_dir.string(), cfg, out_root, tag, tp, dp);
 }
 
 json model_config_json(const ModelConfig& c) {
@@ -331,10 +233,12 @@ json model_config_json(const ModelConfig& c) {
           {"hidden_size", c.hidden_size},
           {"num_attention_heads", c.num_attention_heads},
           {"num_kv_heads", c.num_kv_heads},
+          {"attention_head_dim", c.attention_head_dim},
           {"ffn_hidden_size", c.ffn_hidden_size},
           {"max_position_embeddings", c.max_position_embeddings},
           {"rotary_pct", c.rotary_pct},
           {"rope_theta", c.rope_theta},
+          {"rope_scaling", rope_scaling_json(c.rope_scaling)},
           {"norm_eps", c.norm_eps},
           {"init_method", init_method_name(c.init_method)},
           {"init_std", c.init_std},
@@ -342,6 +246,9 @@ json model_config_json(const ModelConfig& c) {
           {"dropout", c.dropout},
           {"gelu_tanh", c.gelu_tanh},
           {"use_parallel_residual", c.use_parallel_residual},
+          {"hidden_act", c.hidden_act},
+          {"attention_bias", c.attention_bias},
+          {"mlp_bias", c.mlp_bias},
           {"dtype", dtype_name(c.dtype)},
           {"sequence_parallel", c.sequence_parallel},
           {"kv_size_multiplier", c.kv_size_multiplier}};
@@ -356,10 +263,12 @@ ModelConfig model_config_from_json(const json& j) {
     c.hidden_size = j.at("hidden_size").get<int64_t>();
     c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
     c.num_kv_heads = j.at("num_kv_heads").get<int64_t>();
+    c.attention_head_dim = j.value("attention_head_dim", int64_t{0});
     c.ffn_hidden_size = j.at("ffn_hidden_size").get<int64_t>();
     c.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
     c.rotary_pct = j.at("rotary_pct").get<double>();
     c.rope_theta = j.at("rope_theta").get<double>();
+    c.rope_scaling = read_rope_scaling(j);
     c.norm_eps = j.at("norm_eps").get<double>();
     c.init_method = parse_init_method(j.value("init_method", std::string("normal")));
     c.init_std = j.at("init_std").get<double>();
@@ -367,6 +276,9 @@ ModelConfig model_config_from_json(const json& j) {
     c.dropout = j.at("dropout").get<double>();
     c.gelu_tanh = j.at("gelu_tanh").get<bool>();
     c.use_parallel_residual = j.at("use_parallel_residual").get<bool>();
+    c.hidden_act = j.value("hidden_act", std::string("silu"));
+    c.attention_bias = j.value("attention_bias", false);
+    c.mlp_bias = j.value("mlp_bias", false);
     c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
     c.sequence_parallel = j.at("sequence_parallel").get<bool>();
     c.kv_size_multiplier = j.at("kv_size_multiplier").get<int64_t>();

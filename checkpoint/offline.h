@@ -51,15 +51,6 @@ void import_merged(const std::filesystem::path& file, const std::filesystem::pat
 void export_hf(const std::filesystem::path& tag_dir, const std::filesystem::path& out_dir);
 void import_hf(const std::filesystem::path& hf_dir, const std::filesystem::path& out_root,
                const std::string& tag, int tp, int dp);
-// <hf_dir>/config.json as a model config (CheckpointError naming the file if unreadable or
-// unsupported).
-ModelConfig read_hf_config(const std::filesystem::path& hf_dir);
-// Copies this rank's shard (its TP rank's slice, as parallel_parameters says) of every parameter
-// and buffer of `model` from `full` (full tensors by name, read from `file`: a merged export or a
-// transformers model.safetensors). CheckpointError naming the file and tensor when one is missing,
-// of another shape or dtype, or not a parameter of the model.
-void load_full_state(Module& model, const std::map<std::string, Tensor>& full,
-                     const std::filesystem::path& file);
 // The transformers config.json of a model config, and back (CheckpointError if unsupported).
 nlohmann::json hf_config_json(const ModelConfig& c);
 ModelConfig model_config_from_hf(const nlohmann::json& j);

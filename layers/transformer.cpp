@@ -56,6 +56,7 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
       d_(o.head_dim > 0 ? o.head_dim : (o.num_heads > 0 ? o.hidden_size / o.num_heads : 0)),
       rot_(o.rotary_dim < 0 ? d_ : o.rotary_dim),
       theta_(o.rope_theta),
+      rope_scaling_(o.rope_scaling),
       recompute_core_(o.recompute_core),
       layout_(o.layout),
       hl_(h_),
@@ -141,13 +142,15 @@ std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t he
 }
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rotary_dim,
-                        double rope_theta, int64_t position_offset, bool recompute_core) {
+                        double rope_theta, int64_t position_offset, bool recompute_core,
+                        const RopeScaling& rope_scaling) {
   Tensor qr = q, kr = k;
   if (rotary_dim > 0) {
     RotaryOptions ro;
     ro.rotary_dim = rotary_dim;
     ro.base = rope_theta;
     ro.position_offset = position_offset;
+    ro.scaling = rope_scaling;
     qr = rotary(q, ro);
     kr = rotary(k, ro);
   }
@@ -185,8 +188,8 @@ std::vector<Tensor> CausalSelfAttention::project(const Tensor& x) const {
 
 Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) const {
   std::vector<Tensor> qkv = project(x);
-  Tensor o =
-      causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset, recompute_core_);
+  Tensor o = causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset,
+                              recompute_core_, rope_scaling_);
   return po_ ? po_->forward(o) : o_->forward(o);
 }
 
@@ -204,6 +207,7 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const CacheStep& ste
     RotaryOptions ro;
     ro.rotary_dim = rot_;
     ro.base = theta_;
+    ro.scaling = rope_scaling_;
     q = rotary_at(q, step.start, ro);
     k = rotary_at(k, step.start, ro);
   }
@@ -236,7 +240,7 @@ Tensor Mlp::forward(const Tensor& x) const {
 }
 
 GatedMlp::GatedMlp(int64_t hidden_size, int64_t ffn_hidden_size, const GatedMlpOptions& o)
-    : Module("GatedMlp") {
+    : Module("GatedMlp"), act_(o.act) {
   if (o.tensor_parallel) {
     const auto co = column_options(o);
     pgate_ = register_module(
@@ -254,9 +258,15 @@ GatedMlp::GatedMlp(int64_t hidden_size, int64_t ffn_hidden_size, const GatedMlpO
       "down_proj", std::make_shared<Linear>(ffn_hidden_size, hidden_size, linear_options(o, true)));
 }
 
+Tensor GatedMlp::gated(const Tensor& g, const Tensor& u) const {
+  using A = GatedMlpOptions::Act;
+  if (act_ == A::silu) return swiglu(g, u);
+  return mul(gelu(g, act_ == A::gelu_tanh ? GeluApprox::tanh : GeluApprox::none), u);
+}
+
 Tensor GatedMlp::forward(const Tensor& x) const {
-  if (pgate_) return pdown_->forward(swiglu(pgate_->forward(x), pup_->forward(x)));
-  return down_->forward(swiglu(gate_->forward(x), up_->forward(x)));
+  if (pgate_) return pdown_->forward(gated(pgate_->forward(x), pup_->forward(x)));
+  return down_->forward(gated(gate_->forward(x), up_->forward(x)));
 }
 
 }  // namespace nxd

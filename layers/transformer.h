@@ -36,6 +36,7 @@
 #include "nxd/layers/basic.h"
 #include "nxd/layers/init_scheme.h"
 #include "nxd/layers/models/kv_cache.h"
+#include "nxd/runtime/rope_scaling.h"
 
 namespace nxd {
 
@@ -54,7 +55,8 @@ std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t he
 // [B,S,H,D] memory). recompute_core: the attention op runs under autograd::checkpoint (selective
 // activation checkpointing: its saved state is recomputed from q, k, v in backward).
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rotary_dim,
-                        double rope_theta, int64_t position_offset, bool recompute_core = false);
+                        double rope_theta, int64_t position_offset, bool recompute_core = false,
+                        const RopeScaling& rope_scaling = {});
 
 enum class QkvLayout { separate, fused_neox };
 
@@ -65,7 +67,8 @@ struct AttentionOptions {
   int64_t head_dim = 0;      // 0 = hidden_size / num_heads
   int64_t rotary_dim = -1;   // -1 = head_dim; 0 = no rotary
   double rope_theta = 10000.0;
-  bool bias = false;  // biases on the projections (GPT-NeoX: true)
+  RopeScaling rope_scaling;  // transformers' rope_scaling (linear, llama3)
+  bool bias = false;         // biases on the projections (GPT-NeoX: true)
   QkvLayout layout = QkvLayout::separate;
   InitScheme init;  // projection weights and biases (nxd_layers' init_scheme.h)
   ParamOptions param;
@@ -103,6 +106,7 @@ class CausalSelfAttention : public Module {
   std::vector<Tensor> project(const Tensor& x) const;  // q, k, v [B, heads, S, D] (local heads)
   int64_t hidden_, h_, hkv_, d_, rot_;
   double theta_;
+  RopeScaling rope_scaling_;
   bool recompute_core_ = false;
   QkvLayout layout_;
   int64_t hl_, hkvl_;
@@ -138,6 +142,9 @@ class Mlp : public Module {
 
 struct GatedMlpOptions {
   bool bias = false;
+  // The gate's activation (transformers' hidden_act): silu (SwiGLU, the fused swiglu op), gelu
+  // (erf) or gelu_tanh (gelu_new / gelu_pytorch_tanh).
+  enum class Act { silu, gelu, gelu_tanh } act = Act::silu;
   InitScheme init;  // projection weights and biases (nxd_layers' init_scheme.h)
   ParamOptions param;
   bool tensor_parallel = false;
@@ -151,6 +158,8 @@ class GatedMlp : public Module {
   Tensor forward(const Tensor& x) const;
 
  private:
+  GatedMlpOptions::Act act_ = GatedMlpOptions::Act::silu;
+  Tensor gated(const Tensor& g, const Tensor& u) const;
   std::shared_ptr<Linear> gate_, up_, down_;
   std::shared_ptr<ColumnParallelLinear> pgate_, pup_;
   std::shared_ptr<RowParallelLinear> pdown_;

@@ -11,6 +11,7 @@
 //   import FILE OUT [--tp N] [--dp N] [--tag T]
 //                             an exported file back into a checkpoint OUT/T (model only)
 //   export-hf DIR OUT_DIR     model.safetensors + config.json for Hugging Face transformers
+//                             (export and export-hf also take a run folder: its checkpoints/)
 //   import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]
 //                             a transformers folder (Llama, GPT-NeoX) into a checkpoint OUT/T
 // import and import-hf also take OUT as --out OUT (the earlier form); --tp and --dp default to 1,
@@ -40,7 +41,7 @@ const char* kUsage =
     "       nxd-ckpt export-hf DIR OUT_DIR\n"
     "       nxd-ckpt import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]\n"
     "DIR is a checkpoint folder (<path>/<tag>) or a folder of checkpoints (its newest complete "
-    "one)\n";
+    "one); export and export-hf also take a run folder (its checkpoints/)\n";
 
 struct Usage : nxd::UserError {
   using UserError::UserError;
@@ -122,6 +123,23 @@ int verify(const fs::path& dir) {
   }
 }
 
+// A checkpoint, a folder of checkpoints (its newest complete one) or a run folder (the newest
+// complete checkpoint in its checkpoints/, said so).
+fs::path resolve_export_source(const fs::path& dir) {
+  if (fs::is_directory(dir) && !fs::exists(dir / "checkpoint") && !nxd::ckpt::has_checkpoint(dir)) {
+    if (nxd::ckpt::has_checkpoint(dir / "checkpoints")) {
+      const fs::path tag = nxd::ckpt::resolve_checkpoint(dir / "checkpoints");
+      std::printf("%s is a run folder: exporting its newest complete checkpoint %s\n",
+                  dir.string().c_str(), tag.string().c_str());
+      return tag;
+    }
+    throw Usage(nxd::str(dir.string(),
+                         " is neither a checkpoint, a folder of complete checkpoints, nor a run "
+                         "folder with complete checkpoints in checkpoints/"));
+  }
+  return nxd::ckpt::resolve_checkpoint(dir);
+}
+
 // The command line after the command name.
 struct Args {
   std::string cmd;
@@ -192,8 +210,12 @@ int import(Args a) {
     if (!fs::is_regular_file(src)) throw Usage(nxd::str(src.string(), " is not a file"));
     nxd::ckpt::import_merged(src, a.out, a.tag, a.tp, a.dp);
   } else {
-    for (const char* f : {"config.json", "model.safetensors"})
-      if (!fs::is_regular_file(src / f)) throw Usage(nxd::str(src.string(), " has no ", f));
+    if (!fs::is_regular_file(src / "config.json"))
+      throw Usage(nxd::str(src.string(), " has no config.json"));
+    if (!fs::is_regular_file(src / "model.safetensors") &&
+        !fs::is_regular_file(src / "model.safetensors.index.json"))
+      throw Usage(nxd::str(src.string(),
+                           " has neither model.safetensors nor model.safetensors.index.json"));
     nxd::ckpt::import_hf(src, a.out, a.tag, a.tp, a.dp);
   }
   std::printf("%s -> %s (tp %d dp %d)\n", src.string().c_str(), dst.string().c_str(), a.tp, a.dp);
@@ -216,7 +238,7 @@ int run(const std::vector<std::string>& argv) {
   }
   if (a.cmd == "export" || a.cmd == "export-hf") {
     a.want(2);
-    const fs::path tag = nxd::ckpt::resolve_checkpoint(a.pos[0]);
+    const fs::path tag = resolve_export_source(a.pos[0]);
     refuse_to_overwrite(a.cmd, a.pos[1]);
     if (a.cmd == "export") {
       nxd::ckpt::export_merged(tag, a.pos[1]);

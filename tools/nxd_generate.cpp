@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/mpi/mpi.h"
@@ -186,7 +187,7 @@ GenerateCli parse_args(int argc, char** argv) {
 struct ModelSource {
   ModelConfig cfg;
   fs::path tag_dir;                    // --checkpoint: the checkpoint folder
-  fs::path file;                       // --hf: its model.safetensors
+  std::string hf_dir;                  // --hf: the transformers folder
   std::map<std::string, Tensor> full;  // --hf: the full tensors (read-only, shared by sim ranks)
 };
 
@@ -200,10 +201,9 @@ ModelSource resolve_source(const GenerateCli& c) {
                                       " records no model_config (not a CausalLM checkpoint)"));
     s.cfg = ckpt::model_config_from_json(meta["model_config"]);
   } else {
-    s.cfg = ckpt::read_hf_config(c.hf);
-    s.file = fs::path(c.hf) / "model.safetensors";
-    ckpt::SafetensorsReader r(s.file);
-    for (auto& [n, t] : r.read_all()) s.full[n] = t;
+    s.cfg = ckpt::read_hf_config(c.hf);  // sharded, F16/BF16 files as transformers reads them
+    s.hf_dir = c.hf;
+    s.full = ckpt::read_hf_weights(c.hf, s.cfg);
   }
   s.cfg.sequence_parallel = false;  // inference: no sequence parallelism
   s.cfg.dropout = 0.0;
@@ -226,7 +226,7 @@ std::shared_ptr<CausalLM> build_model(const ModelSource& s) {
     lo.tag = s.tag_dir.filename().string();
     ckpt::load_checkpoint(s.tag_dir.parent_path(), m.get(), nullptr, nullptr, lo);
   } else {
-    ckpt::load_full_state(*m, s.full, s.file);
+    ckpt::load_full_tensors({m.get()}, s.full, s.hf_dir);
   }
   return m;
 }

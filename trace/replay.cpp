@@ -104,13 +104,8 @@ void add_nn(std::map<std::string, OpInfo>& m) {
       [](const V& in, const OpAttrs& a) { return V{layer_norm(in[0], in[1], in[2], a.f("eps"))}; }};
   m["rms_norm"] = {
       [](const V& in, const OpAttrs& a) { return V{rms_norm(in[0], in[1], a.f("eps"))}; }};
-  m["rotary"] = {[](const V& in, const OpAttrs& a) {
-    RotaryOptions o;
-    o.rotary_dim = a.i("rotary_dim");
-    o.base = a.f("base");
-    o.position_offset = a.i("position_offset");
-    return V{rotary(in[0], o)};
-  }};
+  m["rotary"] = {
+      [](const V& in, const OpAttrs& a) { return V{rotary(in[0], rotary_options_from(a))}; }};
   m["sdpa"] = {[](const V& in, const OpAttrs& a) {
     SdpaOptions o;
     o.causal = a.i("causal") != 0;
@@ -155,10 +150,7 @@ void add_inference(std::map<std::string, OpInfo>& m) {
   write.effect = true;
   m["kv_cache_write"] = write;
   m["rotary_at"] = {[](const V& in, const OpAttrs& a) {
-    RotaryOptions o;
-    o.rotary_dim = a.i("rotary_dim");
-    o.base = a.f("base");
-    return V{rotary_at(in[0], in[1], o)};
+    return V{rotary_at(in[0], in[1], rotary_options_from(a))};
   }};
   m["cached_attention"] = {[](const V& in, const OpAttrs& a) {
     return V{cached_attention(in[0], in[1], in[2], in[3], in[4], in[5], a.f("scale"))};

@@ -36,6 +36,9 @@ std::string usage(const CliOptions& o) {
       "  --config FILE        YAML or JSON (.json) configuration; may be given more than once\n"
       "  --set KEY=VALUE      override one key (VALUE read as YAML: 3e-4, true, [0.9, 0.95])\n"
       "  --out DIR            output directory (exp_manager.exp_dir)\n"
+      "  --eval               evaluate only (trainer.max_steps=0): the validation loss and\n"
+      "                       perplexity of model.init_from's or the resumed checkpoint's weights\n"
+      "                       over the whole validation split\n"
       "  --print-config       print the resolved configuration as YAML and exit\n"
       "  --help-config        print every key with its type, default and description\n"
       "  -h, --help           this text\n");
@@ -89,6 +92,7 @@ std::unique_ptr<RunDir> open_run_dir(const CliOptions& o, const Config& cfg,
 // Reads the flags into cfg; prints --help / --help-config itself (Action::done).
 Action parse_args(const std::vector<std::string>& args, const CliOptions& o, Config& cfg) {
   std::string out;
+  bool eval = false;
   Action action = Action::train;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -116,12 +120,15 @@ Action parse_args(const std::vector<std::string>& args, const CliOptions& o, Con
       cfg.apply_override(value("--set"));
     } else if (is("--out")) {
       out = value("--out");
+    } else if (a == "--eval") {
+      eval = true;
     } else {
       throw ConfigError(
           str("[", o.program, "] unknown argument '", a, "' (", o.program, " --help lists them)"));
     }
   }
   if (!out.empty()) cfg.set("exp_manager.exp_dir", out, "--out");
+  if (eval) cfg.set("trainer.max_steps", 0, "--eval");
   return action;
 }
 

@@ -100,6 +100,7 @@ struct DataSection {
   std::string kind;         // text | tokens | random
   std::string path;         // text: file or folder; tokens: binary file
   std::string token_dtype;  // tokens: uint16 | uint32
+  std::string tokenizer;    // text: a tokenizer.json ("" = byte level)
   int64_t seq_length;
   int64_t micro_batch_size;
   int64_t global_batch_size;
@@ -165,6 +166,13 @@ struct ExpManagerSection {
   bool resume_if_exists;
 };
 
+// model.init_from (trainer/init_from.h): the source of the run's initial weights.
+struct InitFromSection {
+  std::string path;                  // "" = none
+  std::optional<ModelConfig> model;  // the model the source records
+  std::string description;           // "the transformers folder X (llama)"
+};
+
 struct TrainConfig {
   uint64_t seed;
   std::string out_dir;  // exp_manager.exp_dir
@@ -176,6 +184,7 @@ struct TrainConfig {
   DistributedSection dist;
   PrecisionSection precision;
   GenerationSection generation;
+  InitFromSection init;
   int64_t grad_accum_steps;  // global / (micro * dp)
   Config resolved;           // every key, derived values filled in (written as config.yaml)
 };

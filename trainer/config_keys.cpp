@@ -92,7 +92,10 @@ std::vector<KeySpec> make_registry() {
           "`refuse` in any other. Nothing is deleted either way.",
           {"auto", "refuse", "set_aside"}),
       // trainer
-      key("trainer.max_steps", K::integer, 700, "Optimizer steps to run."),
+      key("trainer.max_steps", K::integer, 700,
+          "Optimizer steps to run; 0 = evaluate only (`--eval`): the validation loss and "
+          "perplexity of model.init_from's or the resumed weights over the whole validation "
+          "split."),
       key("trainer.log_every_n_steps", K::integer, 10,
           "A metrics.csv row and progress update every N steps (and at the last step)."),
       key("trainer.val_check_interval", K::integer, 100,
@@ -125,6 +128,12 @@ std::vector<KeySpec> make_registry() {
           "The text file or folder (`text`), or the token file (`tokens`). Folders are read "
           "recursively in sorted order; files that are not text (NUL bytes, invalid UTF-8) are "
           "skipped with a note."),
+      key("data.tokenizer", K::string, nullptr,
+          "`text`: a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, GPT-NeoX, "
+          "Llama 3 pre-tokenizers) that tokenizes the text and the generation prompt and decodes "
+          "the sample; its ids are the `tokenizers` library's (without special tokens). "
+          "model.vocab_size must cover its ids. null = byte-level tokens (vocab 256).",
+          {}, true),
       key("data.token_dtype", K::string, "uint16",
           "Element type of a `tokens` file (little-endian).", {"uint16", "uint32"}),
       key("data.seq_length", K::integer, 128, "Tokens per sample."),
@@ -145,6 +154,13 @@ std::vector<KeySpec> make_registry() {
       key("model.arch", K::string, "llama",
           "Model family: `llama` or `gpt_neox` (built in), or the name a program's own module "
           "builds (examples/new_model trains `gpt2`)."),
+      key("model.init_from", K::string, nullptr,
+          "Fine-tuning: start from these weights (a transformers folder with config.json, an nxd "
+          "checkpoint of any TP/PP/DP degree or a run folder, or a file of `nxd-ckpt export`), "
+          "resharded to this run's layout, with a fresh optimizer at step 0. The model.* keys "
+          "left at their defaults take the source's values; one set otherwise is an error. null "
+          "= initialize as model.init_method says.",
+          {}, true),
       key("model.vocab_size", K::integer, 256,
           "Vocabulary size; at least 256 for byte-level text, above every id of a token file."),
       key("model.num_layers", K::integer, 4, "Decoder layers."),

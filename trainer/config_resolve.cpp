@@ -1,5 +1,6 @@
 // Resolution of a Config into the typed, validated TrainConfig, one section at a time.
 #include "nxd/trainer/config.h"
+#include "nxd/trainer/init_from.h"
 
 #include <algorithm>
 #include <cmath>
@@ -48,6 +49,15 @@ ModelConfig model_config(const TrainConfig& cfg) {
   mc.activations_checkpoint_granularity = m.activations_checkpoint_granularity;
   mc.sequence_parallel = cfg.dist.sequence_parallel;
   mc.kv_size_multiplier = cfg.dist.kv_replicator;
+  if (cfg.init.model) {  // what no key expresses comes from model.init_from's source
+    mc.attention_head_dim = cfg.init.model->attention_head_dim;
+    mc.gelu_tanh = cfg.init.model->gelu_tanh;
+    mc.use_parallel_residual = cfg.init.model->use_parallel_residual;
+    mc.rope_scaling = cfg.init.model->rope_scaling;
+    mc.hidden_act = cfg.init.model->hidden_act;
+    mc.attention_bias = cfg.init.model->attention_bias;
+    mc.mlp_bias = cfg.init.model->mlp_bias;
+  }
   return mc;
 }
 
@@ -136,7 +146,7 @@ PrecisionSection resolve_precision_section(Resolver& r) {
 
 TrainerSection resolve_trainer(Resolver& r) {
   TrainerSection tr;
-  tr.max_steps = r.positive("trainer.max_steps");
+  tr.max_steps = r.non_negative("trainer.max_steps");  // 0: evaluate only (--eval)
   tr.log_every_n_steps = r.positive("trainer.log_every_n_steps");
   tr.val_check_interval = r.non_negative("trainer.val_check_interval");
   tr.limit_val_batches = r.non_negative("trainer.limit_val_batches");
@@ -162,6 +172,9 @@ DataSection resolve_data(Resolver& r) {
   d.kind = r.c.get_string("data.kind");
   d.path = r.c.get_string("data.path");
   d.token_dtype = r.c.get_string("data.token_dtype");
+  d.tokenizer = r.c.is_null("data.tokenizer") ? "" : r.c.get_string("data.tokenizer");
+  if (!d.tokenizer.empty() && d.kind != "text")
+    r.fail("data.tokenizer tokenizes text: data.kind=", d.kind, " (use data.kind=text)");
   d.seq_length = r.positive("data.seq_length");
   d.global_batch_size = r.positive("data.global_batch_size");
   d.val_fraction = r.c.get_double("data.val_fraction");
@@ -212,7 +225,7 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
                                              ? CheckpointGranularity::none
                                              : parse_checkpoint_granularity(r.c.get_string(
                                                    "model.activations_checkpoint_granularity"));
-  if (d.kind == "text" && m.vocab_size < 256)
+  if (d.kind == "text" && d.tokenizer.empty() && m.vocab_size < 256)
     r.fail("model.vocab_size=", m.vocab_size,
            " is too small for byte-level text (data.kind=text needs >= 256)");
   return m;
@@ -308,7 +321,7 @@ OptimSection resolve_optim(Resolver& r, const TrainerSection& tr) {
   o.sched_name = r.c.get_string("model.optim.sched.name");
   if (o.sched_name == "LinearAnnealingWithWarmUp") o.sched_name = "linear";
   if (o.sched_name == "CosineAnnealing") o.sched_name = "cosine";
-  r.derive("model.optim.sched.max_steps", tr.max_steps);
+  r.derive("model.optim.sched.max_steps", std::max<int64_t>(1, tr.max_steps));
   r.derive("model.optim.sched.warmup_steps",
            std::min<int64_t>(50, r.c.get_int("model.optim.sched.max_steps") / 10));
   o.warmup_steps = r.non_negative("model.optim.sched.warmup_steps");
@@ -339,6 +352,7 @@ GenerationSection resolve_generation(Resolver& r, const DataSection& d) {
 TrainConfig resolve(const Config& in) {
   Resolver r{in};
   TrainConfig t;
+  t.init = resolve_init_from(r.c);
   t.seed = static_cast<uint64_t>(r.c.get_int("seed"));
   t.out_dir = r.c.get_string("exp_manager.exp_dir");
   if (t.out_dir.empty()) r.fail("exp_manager.exp_dir must not be empty");

@@ -5,6 +5,7 @@
 
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/runtime/error.h"
+#include "nxd/trainer/init_from.h"
 
 namespace fs = std::filesystem;
 
@@ -24,6 +25,7 @@ std::string with_commas(int64_t v) {
 
 std::shared_ptr<Module> CausalLMModule::build_model() {
   lm_ = build_causal_lm(model_config(cfg_), cfg_.seed, ModelPart{});
+  init_notes_ = load_init_weights(cfg_, {lm_.get()}, /*whole=*/true);
   return lm_;
 }
 
@@ -42,7 +44,11 @@ std::shared_ptr<pipeline::PipelineModel> CausalLMModule::build_pipeline_model(
   o.pieces.micro_batch_size = cfg_.data.micro_batch_size;
   o.pieces.seq_length = cfg_.data.seq_length;
   o.pieces.layer_type = transformer_layer_type();  // how the pipeline knows a decoder layer
-  return std::make_shared<pipeline::PipelineModel>(model_config(cfg_), cfg_.seed, o);
+  auto p = std::make_shared<pipeline::PipelineModel>(model_config(cfg_), cfg_.seed, o);
+  std::vector<Module*> chunks;
+  for (const auto& c : p->chunks()) chunks.push_back(c.get());
+  init_notes_ = load_init_weights(cfg_, chunks, /*whole=*/false);
+  return p;
 }
 
 CausalLM& CausalLMModule::lm() const {
@@ -102,6 +108,22 @@ std::string summarize_skipped(const std::vector<SkippedFile>& skipped) {
   return out;
 }
 
+// The byte tokens of a text corpus re-tokenized by data.tokenizer (ConfigError when the model's
+// vocabulary does not cover the tokenizer's ids).
+std::shared_ptr<const Tokenizer> tokenize_corpus(Corpus& corpus, const std::string& path,
+                                                 const TrainConfig& cfg) {
+  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(path));
+  if (tok->vocab_size() > cfg.model.vocab_size)
+    throw ConfigError(str("[data] data.tokenizer ", path, " has ", tok->vocab_size(),
+                          " ids but model.vocab_size=", cfg.model.vocab_size));
+  std::string text(corpus.tokens.size(), '\0');
+  for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(corpus.tokens[i]);
+  const std::vector<int64_t> ids = tok->encode(text);
+  corpus.tokens.assign(ids.begin(), ids.end());
+  corpus.vocab_size = tok->vocab_size();
+  return tok;
+}
+
 TrainData build_data(const TrainConfig& cfg) {
   const auto& d = cfg.data;
   TrainData td;
@@ -116,11 +138,13 @@ TrainData build_data(const TrainConfig& cfg) {
         d.kind == "text"
             ? load_text_corpus(d.path)
             : load_token_file(d.path, d.token_dtype == "uint16" ? 2 : 4, cfg.model.vocab_size));
+    if (!d.tokenizer.empty()) td.tokenizer = tokenize_corpus(*corpus, d.tokenizer, cfg);
     td.skipped = corpus->skipped;
     all = std::make_shared<CorpusDataset>(corpus, d.seq_length, str("corpus '", d.path, "'"));
     td.description = str(with_commas(static_cast<int64_t>(corpus->tokens.size())),
-                         d.kind == "text" ? " bytes" : " tokens", " from ", corpus->files.size(),
-                         " file(s) in ", d.path);
+                         d.kind == "text" && !td.tokenizer ? " bytes" : " tokens", " from ",
+                         corpus->files.size(), " file(s) in ", d.path,
+                         td.tokenizer ? " (" + td.tokenizer->description() + ")" : "");
   }
   Split sp = split_dataset(all, d.val_fraction, cfg.seed);
   td.train = sp.train;

@@ -10,6 +10,7 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/trainer/config.h"
 #include "nxd/trainer/module.h"
+#include "nxd/trainer/tokenizer.h"
 
 namespace nxd::trainer {
 
@@ -30,6 +31,8 @@ class CausalLMModule : public TrainingModule {
 
   CausalLM& lm() const;  // the built model (the whole model: not under pipeline parallelism)
   const TrainConfig& config() const { return cfg_; }
+  // model.init_from: what loading the weights noted (buffers ignored, shards read).
+  const std::vector<std::string>& init_notes() const { return init_notes_; }
 
  protected:
   // `part` of the model cfg describes, over the current TP group: make_causal_lm(cfg, seed, part).
@@ -42,12 +45,14 @@ class CausalLMModule : public TrainingModule {
  private:
   TrainConfig cfg_;
   std::shared_ptr<CausalLM> lm_;
+  std::vector<std::string> init_notes_;
 };
 
 struct TrainData {
   std::shared_ptr<const Dataset> train, val;
-  std::string description;           // one line: source, tokens, files, samples
-  std::vector<SkippedFile> skipped;  // files of a text folder that were not read
+  std::shared_ptr<const Tokenizer> tokenizer;  // data.tokenizer (null: byte level)
+  std::string description;                     // one line: source, tokens, files, samples
+  std::vector<SkippedFile> skipped;            // files of a text folder that were not read
 };
 // Loads the data of cfg.data (throws IoError / ConfigError naming the path and keys).
 TrainData build_data(const TrainConfig& cfg);

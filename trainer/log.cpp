@@ -39,11 +39,13 @@ std::string MetricsWriter::header() {
 std::string MetricsWriter::format(const MetricsRow& r) {
   char val[40] = "";
   if (r.val_loss) std::snprintf(val, sizeof val, "%.9g", *r.val_loss);
+  char loss[40] = "";  // empty on evaluation-only rows (NaN)
+  if (!std::isnan(r.loss)) std::snprintf(loss, sizeof loss, "%.9g", r.loss);
   char sim[40] = "";
   if (r.sim_step_s) std::snprintf(sim, sizeof sim, "%.6g", *r.sim_step_s);
   char buf[300];
-  std::snprintf(buf, sizeof buf, "%lld,%.9g,%s,%.9g,%.9g,%.1f,%lld,%.3f,%s",
-                static_cast<long long>(r.step), r.loss, val, r.lr, r.grad_norm, r.tokens_per_s,
+  std::snprintf(buf, sizeof buf, "%lld,%s,%s,%.9g,%.9g,%.1f,%lld,%.3f,%s",
+                static_cast<long long>(r.step), loss, val, r.lr, r.grad_norm, r.tokens_per_s,
                 static_cast<long long>(r.epoch), r.elapsed_s, sim);
   return buf;
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -156,11 +157,11 @@ std::string event_text(double wall_time, const std::string& tag, const std::stri
 
 std::map<std::string, double> tensorboard_scalars(const MetricsRow& row,
                                                   const std::map<std::string, double>& extra) {
-  std::map<std::string, double> s{{"loss", row.loss},
-                                  {"lr", row.lr},
+  std::map<std::string, double> s{{"lr", row.lr},
                                   {"grad_norm", row.grad_norm},
                                   {"tokens_per_s", row.tokens_per_s},
                                   {"epoch", static_cast<double>(row.epoch)}};
+  if (!std::isnan(row.loss)) s["loss"] = row.loss;  // NaN: an evaluation-only row
   if (row.val_loss) s["val_loss"] = *row.val_loss;
   if (row.sim_step_s) s["sim_step_ms"] = *row.sim_step_s * 1e3;
   if (row.hbm_peak_bytes) s["hbm_peak_mib"] = static_cast<double>(*row.hbm_peak_bytes) / (1 << 20);

@@ -1,6 +1,7 @@
 #include "nxd/trainer/train.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -58,7 +59,15 @@ class RunSummary : public Callback {
       t.message(str("pipeline: this rank (last stage) holds ",
                     with_commas(p->local_parameter_bytes()), " bytes of parameter tensors"));
     }
+    init_text(t, module);
     const auto& o = cfg_.optim;
+    if (cfg_.trainer.max_steps == 0) {
+      t.message(
+          str("eval: no training (trainer.max_steps=0): the validation loss over the whole "
+              "validation split, micro batch ",
+              cfg_.data.micro_batch_size, "; output in ", cfg_.out_dir));
+      return;
+    }
     t.message(str("train: ", cfg_.trainer.max_steps, " steps of ", cfg_.data.global_batch_size,
                   " x ", cfg_.data.seq_length, " tokens (micro batch ", cfg_.data.micro_batch_size,
                   ", ", cfg_.grad_accum_steps, " accumulation step(s)), ", o.name, " lr ", o.lr,
@@ -67,6 +76,20 @@ class RunSummary : public Callback {
                       ? str(world, " rank threads")
                       : str(cfg_.trainer.num_threads, " thread(s)"),
                   ", precision ", precision_text(), "; output in ", cfg_.out_dir));
+  }
+  // model.init_from: where the weights came from (or that a resume replaced them)
+  void init_text(Trainer& t, TrainingModule& module) const {
+    if (cfg_.init.path.empty()) return;
+    if (t.global_step() > 0) {
+      t.message(str("init: model.init_from not used: resumed at step ", t.global_step()));
+      return;
+    }
+    t.message(str("init: weights from ", cfg_.init.description, ", resharded to tp ",
+                  cfg_.dist.tensor_model_parallel_size, " pp ",
+                  cfg_.dist.pipeline_model_parallel_size, " dp ", t.dp_size(),
+                  "; fresh optimizer at step 0"));
+    if (auto* lm = dynamic_cast<CausalLMModule*>(&module))
+      for (const auto& n : lm->init_notes()) t.message("init: " + n);
   }
   // "mixed_precision (bf16 parameters, f32 master weights, f32 gradients, bf16 matmuls (amx))"
   std::string precision_text() const {
@@ -91,7 +114,10 @@ class RunSummary : public Callback {
                s.vpp > 1 ? str(", ", s.vpp, " virtual stages per rank") : std::string(), ")");
   }
   void on_validation_end(Trainer& t, TrainingModule&, int64_t step, double v) override {
-    if (step == 0) t.message(str("step 0: val_loss ", v));
+    if (cfg_.trainer.max_steps == 0)
+      t.message(str("eval at step ", step, ": val_loss ", v, ", perplexity ", std::exp(v)));
+    else if (step == 0)
+      t.message(str("step 0: val_loss ", v));
   }
 
  private:
@@ -111,10 +137,19 @@ void write_config(const TrainConfig& cfg) {
 }
 
 void print_result(const TrainConfig& cfg, const FitResult& fr, std::FILE* out) {
-  std::fprintf(out, "done: %lld steps in %s (setup %.1f s), %.0f tokens/s, loss %.4f",
-               static_cast<long long>(fr.steps), format_duration(fr.seconds).c_str(),
-               fr.setup_seconds, fr.tokens_per_s, fr.last_loss);
-  if (fr.sim_step_seconds > 0)
+  // this fit's steps and time only (after a resume: since the checkpoint's step); no loss
+  // without a step
+  std::fprintf(out, "done: %lld steps%s in %s (setup %.1f s)", static_cast<long long>(fr.steps),
+               fr.start_step > 0 ? str(" (resumed at step ", fr.start_step, ", now at ",
+                                       fr.start_step + fr.steps, ")")
+                                       .c_str()
+                                 : "",
+               format_duration(fr.seconds).c_str(), fr.setup_seconds);
+  if (fr.steps > 0) std::fprintf(out, ", %.0f tokens/s, loss %.4f", fr.tokens_per_s, fr.last_loss);
+  if (fr.steps == 0 && fr.initial_val_loss)
+    std::fprintf(out, ", val_loss %.6f, perplexity %.4f", *fr.initial_val_loss,
+                 std::exp(*fr.initial_val_loss));
+  if (fr.sim_step_seconds > 0 && fr.steps > 0)
     std::fprintf(
         out, "; modeled on %s: %.2f ms/step (%.0f tokens/s), HBM peak %.1f MiB per NeuronCore",
         cfg.dist.instance.c_str(), fr.sim_step_seconds * 1e3,
@@ -144,19 +179,92 @@ void print_result(const TrainConfig& cfg, const FitResult& fr, std::FILE* out) {
   if (!fr.stop_reason.empty()) std::fprintf(out, "stopped: %s\n", fr.stop_reason.c_str());
 }
 
-std::string generate_sample(const TrainConfig& cfg, CausalLM& lm) {
+// The sample: the prompt and up to generation.max_new_tokens more, every token seeing the whole
+// sequence from position 0 (no sliding window): it stops where the model's context
+// (max_position_embeddings) is full, and `note` says so.
+std::string generate_sample(const TrainConfig& cfg, CausalLM& lm, const Tokenizer* tok,
+                            std::string& note) {
   const auto& g = cfg.generation;
   std::vector<int64_t> prompt;
-  for (unsigned char ch : g.prompt) prompt.push_back(ch);
+  if (tok)
+    prompt = tok->encode(g.prompt);
+  else
+    for (unsigned char ch : g.prompt) prompt.push_back(ch);
+  const int64_t ctx = cfg.model.max_position_embeddings;
+  const int64_t room = ctx - static_cast<int64_t>(prompt.size());
+  if (room <= 0) {
+    note = str("none: the prompt's ", prompt.size(),
+               " tokens fill the model's context (max_position_embeddings=", ctx, ")");
+    return "";
+  }
   GenerateOptions go;
-  go.max_new_tokens = g.max_new_tokens;
+  go.max_new_tokens = std::min(g.max_new_tokens, room);
+  if (go.max_new_tokens < g.max_new_tokens)
+    note =
+        str("stopped after ", go.max_new_tokens, " of generation.max_new_tokens=", g.max_new_tokens,
+            " new tokens: the model's context (max_position_embeddings=", ctx, ") is full");
   go.temperature = g.temperature;
   go.top_k = g.top_k;
   go.seed = cfg.seed;
   std::string sample;
-  for (int64_t id : lm.generate(prompt, go))
-    sample.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+  const std::vector<int64_t> ids = lm.generate(prompt, go);
+  if (tok) {  // ids the model's padded vocabulary has but the tokenizer not: left out, said so
+    std::vector<int64_t> known;
+    for (int64_t id : ids)
+      if (id < tok->vocab_size()) known.push_back(id);
+    if (known.size() < ids.size())
+      note += str(note.empty() ? "" : "; ", ids.size() - known.size(),
+                  " generated id(s) >= the tokenizer's ", tok->vocab_size(), " left out");
+    return tok->decode(known);
+  }
+  for (int64_t id : ids) sample.push_back(static_cast<char>(static_cast<unsigned char>(id)));
   return sample;
+}
+
+// `s` for a terminal, every byte of it: valid UTF-8, newlines and tabs as they are, other
+// control bytes and bytes that are not UTF-8 as \xNN (a backslash as \\).
+std::string printable_bytes(const std::string& s) {
+  std::string out;
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  auto hex = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  };
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = b[i];
+    if (c == '\\') {
+      out += "\\\\";
+      ++i;
+    } else if (c == '\n' || c == '\t' || (c >= 0x20 && c < 0x7f)) {
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c < 0x80) {
+      hex(c);
+      ++i;
+    } else {
+      const size_t len = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+      bool ok = len > 0 && i + len <= n && len <= 4;
+      for (size_t k = 1; ok && k < len; ++k) ok = (b[i + k] & 0xc0) == 0x80;
+      if (ok && len == 3) {  // no overlongs or surrogates
+        const unsigned v = ((c & 0x0fu) << 6) | (b[i + 1] & 0x3fu);
+        ok = v >= 0x20 && !(v >= 0x360 && v < 0x380);
+      }
+      if (ok && len == 4) {
+        const unsigned v = ((c & 0x07u) << 6) | (b[i + 1] & 0x3fu);
+        ok = v >= 0x10 && v < 0x110;
+      }
+      if (ok) {
+        out.append(s, i, len);
+        i += len;
+      } else {
+        hex(c);
+        ++i;
+      }
+    }
+  }
+  return out;
 }
 
 // The rank that prints and writes the files: data- and tensor-parallel rank 0 of the last
@@ -206,7 +314,9 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   const auto& em = cfg.exp;
   if (em.create_early_stopping_callback)
     to.callbacks.push_back(std::make_shared<EarlyStopping>(em.early_stopping));
-  if (em.create_checkpoint_callback) {
+  if (cfg.trainer.max_steps == 0) {
+    // evaluation: no checkpoint
+  } else if (em.create_checkpoint_callback) {
     to.callbacks.push_back(std::make_shared<ModelCheckpoint>(em.checkpoint));
   } else if (preemption_enabled()) {  // checkpointing off: a save only when preempted (preempt.h)
     ModelCheckpointOptions k = em.checkpoint;
@@ -254,11 +364,16 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
                    "pipeline stages)\n",
                    static_cast<long long>(cfg.dist.pipeline_model_parallel_size));
   } else if (g.max_new_tokens > 0 && cfg.data.kind == "text") {
-    res.sample = generate_sample(cfg, module->lm());
+    std::string note;
+    res.sample = generate_sample(cfg, module->lm(), data.tokenizer.get(), note);
     if (rank0) std::ofstream(fs::path(cfg.out_dir) / "sample.txt", std::ios::binary) << res.sample;
-    if (talk)
-      std::fprintf(opts.out, "sample (temperature %g, top_k %lld):\n%s\n", g.temperature,
-                   static_cast<long long>(g.top_k), res.sample.c_str());
+    if (talk) {
+      std::fprintf(opts.out, "sample (temperature %g, top_k %lld%s):\n", g.temperature,
+                   static_cast<long long>(g.top_k), note.empty() ? "" : ("; " + note).c_str());
+      const std::string shown = printable_bytes(res.sample);
+      std::fwrite(shown.data(), 1, shown.size(), opts.out);
+      std::fputc('\n', opts.out);
+    }
   }
   std::fflush(opts.out);
   return res;
@@ -282,6 +397,10 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.strategy.precision = cfg.precision.type;
   to.strategy.mixed_precision_config = {cfg.precision.master_weights, cfg.precision.fp32_grad_acc};
   to.max_steps = cfg.trainer.max_steps;
+  if (cfg.trainer.max_steps == 0) {  // evaluation: one validation over the whole split
+    to.val_check_interval = 1;
+    to.limit_val_batches = int64_t{1} << 40;  // capped by the split (DataModule::val_batches)
+  }
   to.accumulate_grad_batches = cfg.grad_accum_steps;
   to.log_every_n_steps = cfg.trainer.log_every_n_steps;
   to.val_check_interval = cfg.trainer.val_check_interval;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <filesystem>
 
@@ -59,7 +60,7 @@ int64_t count_norm_params(const std::vector<optim::NormParam>& ps, int tp) {
 
 Trainer::Trainer(TrainerOptions opts) : opts_(std::move(opts)) {
   auto fail = [](auto&&... a) { throw ConfigError(str("[trainer] ", a...)); };
-  if (opts_.max_steps <= 0) fail("max_steps must be positive, got ", opts_.max_steps);
+  if (opts_.max_steps < 0) fail("max_steps must be >= 0 (0: evaluate only), got ", opts_.max_steps);
   if (opts_.accumulate_grad_batches <= 0)
     fail("accumulate_grad_batches must be positive, got ", opts_.accumulate_grad_batches);
   if (opts_.log_every_n_steps <= 0)
@@ -376,13 +377,19 @@ std::optional<double> Trainer::validate(TrainingModule& module) {
   if (n == 0) return std::nullopt;
   NoGradGuard ng;
   module.model_->eval();
-  double sum = 0;
-  for (size_t i = 0; i < val_batches_.size(); ++i)
-    sum += scalar_loss(module.validation_step(val_batches_[i], static_cast<int64_t>(i)),
-                       "validation_step")
-               .item();
+  // each micro batch's mean loss weighted by its samples: the mean over the samples validated,
+  // whatever the micro batch size (the split's last micro batch may be partial)
+  double sum = 0, samples = 0;
+  for (size_t i = 0; i < val_batches_.size(); ++i) {
+    const double b = static_cast<double>(val_batches_[i].ids.size(0));
+    sum += b * scalar_loss(module.validation_step(val_batches_[i], static_cast<int64_t>(i)),
+                           "validation_step")
+                   .item();
+    samples += b;
+  }
   module.model_->train();
-  const double v = dp_sum({sum})[0] / static_cast<double>(n);
+  const std::vector<double> t = dp_sum({sum, samples});
+  const double v = t[0] / t[1];
   for (auto& cb : opts_.callbacks) cb->on_validation_end(*this, module, step_, v);
   return v;
 }
@@ -442,6 +449,17 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
 
   sim::SimClock* clock = sim_clock();
   res.initial_val_loss = opts_.val_check_interval > 0 ? validate(module) : std::nullopt;
+  const int64_t start_step = step_;  // > 0 after a resume: res counts only this fit's steps
+  res.start_step = start_step;
+  if (opts_.max_steps == 0 && res.initial_val_loss && is_logging_rank()) {  // evaluation only
+    MetricsRow row;
+    row.step = step_;
+    row.loss = std::numeric_limits<double>::quiet_NaN();  // no training loss: an empty cell
+    row.val_loss = res.initial_val_loss;
+    row.epoch = data_->epoch();
+    for (auto& l : opts_.loggers)
+      l->log_metrics(row, {{"val_perplexity", std::exp(*res.initial_val_loss)}});
+  }
   t0_ = Clock::now();
   double train_seconds = 0, sim_train_seconds = 0;
   while (step_ < opts_.max_steps && !should_stop()) {
@@ -455,9 +473,9 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
     interval_seconds_ += step_s;
     interval_tokens_ += step_tokens_;
     if (out.skipped) on_nonfinite_step(out, clock ? sim_step : -1.0);
-    if (step_ == 1) res.first_loss = out.loss;
+    if (step_ == start_step + 1) res.first_loss = out.loss;
     res.last_loss = out.loss;
-    res.steps = step_;
+    res.steps = step_ - start_step;
     module.on_train_batch_end(out);
     for (auto& cb : opts_.callbacks) cb->on_train_batch_end(*this, module, out);
     check_preemption();  // only under a PreemptionGuard

@@ -58,7 +58,7 @@ struct Strategy {
 
 struct TrainerOptions {
   Strategy strategy;
-  int64_t max_steps = 100;
+  int64_t max_steps = 100;  // 0: evaluate only (the validation at the start, logged as a row)
   int64_t accumulate_grad_batches = 1;  // micro batches per optimizer step on each DP rank
   int64_t log_every_n_steps = 10;
   int64_t val_check_interval = 0;  // validate every N steps and at the last; 0 = never
@@ -84,7 +84,8 @@ class NonFiniteLoss : public UserError {
 };
 
 struct FitResult {
-  int64_t steps = 0;
+  int64_t steps = 0;       // optimizer steps run by this fit (after a resume: since start_step)
+  int64_t start_step = 0;  // the step the fit started at (the checkpoint's after a resume)
   double first_loss = 0, last_loss = 0;
   std::optional<double> initial_val_loss, final_val_loss;  // before training, last validation
   double seconds = 0;                                      // loop wall time (validation included)

@@ -36,9 +36,9 @@ Tensor rotary_at(const Tensor& x, const Tensor& start, const RotaryOptions& opts
              .transpose(1, 2);
   else
     yc = empty(xc.shape(), xc.dtype(), xc.device());
-  kernels::rotary_at_forward(yc, xc, start, opts.rotary_dim, opts.base);
+  kernels::rotary_at_forward(yc, xc, start, opts.rotary_dim, opts.base, opts.scaling);
   return scope_.out(to_dtype(yc, x.dtype()), [&] {
-    return OpCall{{x, start}, OpAttrs().set("rotary_dim", opts.rotary_dim).set("base", opts.base)};
+    return OpCall{{x, start}, rotary_attrs(opts)};
   });
 }
 

@@ -5,6 +5,8 @@
 
 #include "nxd/autograd/graph.h"
 #include "nxd/runtime/rng.h"
+#include "nxd/runtime/rope_scaling.h"
+#include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
@@ -65,8 +67,13 @@ struct RotaryOptions {
   int64_t rotary_dim = 0;  // 0 = the whole head dim
   double base = 10000.0;
   int64_t position_offset = 0;
+  RopeScaling scaling;  // rope_scaling (linear, llama3): runtime/rope_scaling.h
 };
 Tensor rotary(const Tensor& x, const RotaryOptions& opts = {});
+// The attributes a tracer records for RotaryOptions (rotary, rotary_at), and back (a missing
+// position_offset reads as 0).
+OpAttrs rotary_attrs(const RotaryOptions& opts);
+RotaryOptions rotary_options_from(const OpAttrs& attrs);
 
 // Inverted dropout with probability p of zeroing; identity when !training or p == 0. The mask is
 // drawn from `stream` (default: a fresh stream from the current context's generator).

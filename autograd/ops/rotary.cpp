@@ -18,6 +18,35 @@ Tensor empty_like_layout(const Tensor& x, DType dt) {
 }
 }  // namespace
 
+OpAttrs rotary_attrs(const RotaryOptions& o) {
+  const RopeScaling& r = o.scaling;
+  return OpAttrs()
+      .set("rotary_dim", o.rotary_dim)
+      .set("base", o.base)
+      .set("position_offset", o.position_offset)
+      .set("scaling", static_cast<int64_t>(r.kind))
+      .set("scaling_factor", r.factor)
+      .set("low_freq_factor", r.low_freq_factor)
+      .set("high_freq_factor", r.high_freq_factor)
+      .set("original_max_position_embeddings", r.original_max_position_embeddings);
+}
+
+RotaryOptions rotary_options_from(const OpAttrs& a) {
+  RotaryOptions o;
+  o.rotary_dim = a.i("rotary_dim");
+  o.base = a.f("base");
+  o.position_offset = a.has("position_offset") ? a.i("position_offset") : 0;
+  const int64_t kind = a.i("scaling");
+  NXD_CHECK(kind >= 0 && kind <= static_cast<int64_t>(RopeScaling::Kind::llama3),
+            "[rotary] unknown rope scaling kind ", kind);
+  o.scaling.kind = static_cast<RopeScaling::Kind>(kind);
+  o.scaling.factor = a.f("scaling_factor");
+  o.scaling.low_freq_factor = a.f("low_freq_factor");
+  o.scaling.high_freq_factor = a.f("high_freq_factor");
+  o.scaling.original_max_position_embeddings = a.i("original_max_position_embeddings");
+  return o;
+}
+
 Tensor rotary(const Tensor& x, const RotaryOptions& opts) {
   OpScope scope_("rotary");
   return scope_.out(
@@ -25,21 +54,19 @@ Tensor rotary(const Tensor& x, const RotaryOptions& opts) {
         check_float("rotary", "input", x);
         const DType dt = x.dtype();
         Tensor xc = compute(x), yc = empty_like_layout(xc, xc.dtype());
-        kernels::rotary_forward(yc, xc, opts.rotary_dim, opts.base, opts.position_offset);
+        kernels::rotary_forward(yc, xc, opts.rotary_dim, opts.base, opts.position_offset, false,
+                                opts.scaling);
         Tensor y = to_dtype(yc, dt);
         autograd::record("rotary", {x}, {y}, [opts, dt](const Grads& g) -> Grads {
           Tensor gc = compute(g[0]), dx = empty_like_layout(gc, gc.dtype());
-          kernels::rotary_forward(dx, gc, opts.rotary_dim, opts.base, opts.position_offset, true);
+          kernels::rotary_forward(dx, gc, opts.rotary_dim, opts.base, opts.position_offset, true,
+                                  opts.scaling);
           return {to_dtype(dx, dt)};
         });
         return y;
       }(),
       [&] {
-        return OpCall{{x},
-                      OpAttrs()
-                          .set("rotary_dim", opts.rotary_dim)
-                          .set("base", opts.base)
-                          .set("position_offset", opts.position_offset)};
+        return OpCall{{x}, rotary_attrs(opts)};
       });
 }
 

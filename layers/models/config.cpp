@@ -73,7 +73,19 @@ void ModelConfig::validate() const {
     fail("rotary dims per head must be even: head_dim=", head_dim(), " rotary_pct=", rotary_pct,
          " give ", rotary_dim());
   if (!(rope_theta > 0.0)) fail("rope_theta must be positive, got ", rope_theta);
+  if (rope_scaling.kind != RopeScaling::Kind::none &&
+      !(rope_scaling.factor > 0 && rope_scaling.low_freq_factor > 0 &&
+        rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+        rope_scaling.original_max_position_embeddings > 0))
+    fail("rope_scaling ", rope_scaling_name(rope_scaling.kind),
+         " needs factor > 0, 0 < "
+         "low_freq_factor < high_freq_factor and original_max_position_embeddings > 0, got factor=",
+         rope_scaling.factor, " low_freq_factor=", rope_scaling.low_freq_factor,
+         " high_freq_factor=", rope_scaling.high_freq_factor,
+         " original_max_position_embeddings=", rope_scaling.original_max_position_embeddings);
   if (!(norm_eps > 0.0)) fail("norm_eps must be positive, got ", norm_eps);
+  if (arch == "llama" && hidden_act != "silu" && hidden_act != "gelu" && hidden_act != "gelu_new")
+    fail("llama hidden_act must be silu, gelu or gelu_new, got '", hidden_act, "'");
   if (!(init_std >= 0.0)) fail("init_std must be >= 0, got ", init_std);
   if (!(dropout >= 0.0 && dropout < 1.0)) fail("dropout must be in [0, 1), got ", dropout);
   if (!is_floating(dtype)) fail("dtype must be floating, got ", dtype_name(dtype));

@@ -12,6 +12,7 @@
 #include "nxd/layers/init_scheme.h"
 #include "nxd/runtime/allocator.h"
 #include "nxd/runtime/dtype.h"
+#include "nxd/runtime/rope_scaling.h"
 
 namespace nxd {
 
@@ -39,7 +40,8 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   double rotary_pct = 0.25;  // gpt_neox: rotary on int(head_dim * rotary_pct) features; llama: all
   double rope_theta = 10000.0;
-  double norm_eps = 1e-5;  // RMSNorm (llama) / LayerNorm (gpt_neox) epsilon
+  RopeScaling rope_scaling;  // transformers' rope_scaling: linear or llama3 (rope_scaling.h)
+  double norm_eps = 1e-5;    // RMSNorm (llama) / LayerNorm (gpt_neox) epsilon
   // Initialization (layers/init_scheme.h): normal = Hugging Face's normal(0, init_std) weights and
   // zero biases; nxd = PyTorch's/NxD's layer defaults; scaled_normal = normal with the residual
   // outputs at init_std / sqrt(2 num_layers).
@@ -49,8 +51,13 @@ struct ModelConfig {
   double dropout = 0.0;               // on the attention and MLP outputs (training only)
   bool gelu_tanh = false;             // gpt_neox: tanh GELU ("gelu_new") instead of erf ("gelu")
   bool use_parallel_residual = true;  // gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
-  DType dtype = DType::f32;           // parameter dtype
-  Device device = Device::host;       // meta: shapes only
+  // llama (transformers' LlamaConfig): the MLP gate's activation (silu, gelu, gelu_new), and
+  // biases on q/k/v/o_proj (attention_bias) and gate/up/down_proj (mlp_bias)
+  std::string hidden_act = "silu";
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  DType dtype = DType::f32;      // parameter dtype
+  Device device = Device::host;  // meta: shapes only
   // TP > 1: hidden states are split along the sequence between the tensor-parallel regions
   // (NxD's sequence_parallel; docs/NXD_INTERNALS.md).
   bool sequence_parallel = false;

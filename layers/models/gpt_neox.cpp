@@ -24,6 +24,7 @@ GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
   a.head_dim = c.head_dim();
   a.rotary_dim = c.rotary_dim();
   a.rope_theta = c.rope_theta;
+  a.rope_scaling = c.rope_scaling;
   a.bias = true;
   a.layout = QkvLayout::fused_neox;
   a.init = c.init_scheme();

@@ -14,7 +14,8 @@ AttentionOptions llama_attention(const ModelConfig& c, int tp) {
   a.head_dim = c.head_dim();
   a.rotary_dim = c.head_dim();
   a.rope_theta = c.rope_theta;
-  a.bias = false;
+  a.rope_scaling = c.rope_scaling;
+  a.bias = c.attention_bias;
   a.layout = QkvLayout::separate;
   a.init = c.init_scheme();
   a.param = {c.dtype, c.device};
@@ -31,6 +32,10 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) : Module("LlamaDecode
   self_attn_ =
       register_module("self_attn", std::make_shared<CausalSelfAttention>(llama_attention(c, tp)));
   GatedMlpOptions mo;
+  mo.bias = c.mlp_bias;
+  mo.act = c.hidden_act == "gelu"       ? GatedMlpOptions::Act::gelu
+           : c.hidden_act == "gelu_new" ? GatedMlpOptions::Act::gelu_tanh
+                                        : GatedMlpOptions::Act::silu;
   mo.init = c.init_scheme();
   mo.param = p;
   mo.tensor_parallel = tp > 1;

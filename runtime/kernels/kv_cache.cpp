@@ -167,7 +167,7 @@ void kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& seq_ids,
 }
 
 void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, int64_t rotary_dim,
-                       double base) {
+                       double base, const RopeScaling& scaling) {
   const char* op = "rotary_at_forward";
   NXD_CHECK_SHAPE(x.dim() == 4 && y.shape() == x.shape() && y.dtype() == x.dtype(), "[", op,
                   "] expects x and y [B,H,S,D] alike, got x=", x.desc(), " y=", y.desc());
@@ -185,7 +185,8 @@ void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, in
     // cos/sin per (b, s) exactly as rotary_forward's tables: inv = 1 / base^(2i/r), a = p * inv
     thread_local std::vector<T> inv, cs, sn;
     T* iv = scratch(inv, half);
-    for (int64_t i = 0; i < half; ++i) iv[i] = T(1) / std::pow(T(base), T(2 * i) / T(r));
+    for (int64_t i = 0; i < half; ++i)
+      iv[i] = scaling.apply(T(1) / std::pow(T(base), T(2 * i) / T(r)));
     T* c = scratch(cs, B * S * half);
     T* s = scratch(sn, B * S * half);
     for (int64_t b = 0; b < B; ++b)
@@ -335,14 +336,14 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
 }
 
 void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, int64_t rotary_dim,
-                       double base) {
+                       double base, const RopeScaling& scaling) {
   const int64_t D = x.size(3), r = rotary_dim == 0 ? D : rotary_dim, half = r / 2;
   for (int64_t b = 0; b < x.size(0); ++b)
     for (int64_t h = 0; h < x.size(1); ++h)
       for (int64_t p = 0; p < x.size(2); ++p) {
         const double pos = double(start.at({b}) + p);
         for (int64_t i = 0; i < half; ++i) {
-          const double th = pos * std::pow(base, -2.0 * i / r);
+          const double th = pos * scaling.apply(std::pow(base, -2.0 * i / r));
           const double a = x.at({b, h, p, i}), c = x.at({b, h, p, i + half});
           y.set({b, h, p, i}, a * std::cos(th) - c * std::sin(th));
           y.set({b, h, p, i + half}, c * std::cos(th) + a * std::sin(th));

@@ -12,6 +12,7 @@
 // S > 1 (a prefill: the context-encoding graph attends the prompt only).
 #include <cstdint>
 
+#include "nxd/runtime/rope_scaling.h"
 #include "nxd/runtime/tensor.h"
 
 namespace nxd::kernels {
@@ -35,7 +36,7 @@ void kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& seq_ids,
 // rotary_forward (rotary.h) with the position of (b, s) = start[b] + s. y, x [B, H, S, D] f32 or
 // f64, unit last stride.
 void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, int64_t rotary_dim,
-                       double base);
+                       double base, const RopeScaling& scaling = {});
 
 // out [B, Hq, S, D] (unit last stride) = softmax(scale q k^T) v over the cache: query (b, h, s)
 // at position p = start[b] + s attends positions [0, p] of cache row seq_ids[b], kv head
@@ -55,7 +56,7 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
                               const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
                               const Tensor& lengths, double scale);
 void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, int64_t rotary_dim,
-                       double base);
+                       double base, const RopeScaling& scaling = {});
 }  // namespace ref
 
 }  // namespace nxd::kernels

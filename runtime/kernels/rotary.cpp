@@ -29,10 +29,11 @@ int64_t check_rotary(const char* op, const Tensor& y, const Tensor& x, int64_t r
 // cos/sin tables [S, r/2] as HF computes them: inv_freq = 1 / base^(2i/r), angle = p * inv_freq.
 template <class T>
 void tables(std::vector<T>& c, std::vector<T>& s, int64_t seq, int64_t r, double base,
-            int64_t offset) {
+            int64_t offset, const RopeScaling& scaling) {
   int64_t half = r / 2;
   std::vector<T> inv(half);
-  for (int64_t i = 0; i < half; ++i) inv[i] = T(1) / std::pow(T(base), T(2 * i) / T(r));
+  for (int64_t i = 0; i < half; ++i)
+    inv[i] = scaling.apply(T(1) / std::pow(T(base), T(2 * i) / T(r)));
   c.resize(seq * half), s.resize(seq * half);
   for (int64_t p = 0; p < seq; ++p)
     for (int64_t i = 0; i < half; ++i) {
@@ -60,14 +61,16 @@ template <class T>
 struct Tables {
   int64_t seq = -1, r = 0, offset = 0;
   double base = 0;
+  RopeScaling scaling;
   std::vector<T> c, s;
 };
 template <class T>
-const Tables<T>& cached_tables(int64_t seq, int64_t r, double base, int64_t offset) {
+const Tables<T>& cached_tables(int64_t seq, int64_t r, double base, int64_t offset,
+                               const RopeScaling& scaling) {
   thread_local Tables<T> t;
-  if (t.seq != seq || t.r != r || t.base != base || t.offset != offset) {
-    tables<T>(t.c, t.s, seq, r, base, offset);
-    t.seq = seq, t.r = r, t.base = base, t.offset = offset;
+  if (t.seq != seq || t.r != r || t.base != base || t.offset != offset || !(t.scaling == scaling)) {
+    tables<T>(t.c, t.s, seq, r, base, offset, scaling);
+    t.seq = seq, t.r = r, t.base = base, t.offset = offset, t.scaling = scaling;
   }
   return t;
 }
@@ -75,7 +78,7 @@ const Tables<T>& cached_tables(int64_t seq, int64_t r, double base, int64_t offs
 }  // namespace
 
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
-                    int64_t position_offset, bool inverse) {
+                    int64_t position_offset, bool inverse, const RopeScaling& scaling) {
   const char* op = "rotary_forward";
   int64_t r = check_rotary(op, y, x, rotary_dim, base);
   charge_compute(op, 3.0 * x.numel() * r / x.size(3), 2.0 * x.nbytes(), x.dtype());
@@ -84,7 +87,7 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
   if (!(xc.size(3) <= 1 || xc.stride(3) == 1)) xc = xc.contiguous();
   int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), half = r / 2;
   dispatch_float(op, x, [&]<class T>() {
-    const Tables<T>& tab = cached_tables<T>(S, r, base, position_offset);
+    const Tables<T>& tab = cached_tables<T>(S, r, base, position_offset, scaling);
     const std::vector<T>&c = tab.c, &s = tab.s;
     const T sign = inverse ? T(-1) : T(1);
     const T* xp = xc.data<T>();
@@ -112,7 +115,7 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
 namespace ref {
 
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
-                    int64_t position_offset, bool inverse) {
+                    int64_t position_offset, bool inverse, const RopeScaling& scaling) {
   int64_t r = check_rotary("ref::rotary_forward", y, x, rotary_dim, base);
   int64_t half = r / 2;
   Tensor out = x.to(DType::f64).contiguous().clone();
@@ -120,7 +123,7 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
     for (int64_t h = 0; h < x.size(1); ++h)
       for (int64_t p = 0; p < x.size(2); ++p)
         for (int64_t i = 0; i < half; ++i) {
-          double th = double(p + position_offset) * std::pow(base, -2.0 * i / r);
+          double th = double(p + position_offset) * scaling.apply(std::pow(base, -2.0 * i / r));
           if (inverse) th = -th;
           double a = x.at({b, h, p, i}), bb = x.at({b, h, p, i + half});
           out.set({b, h, p, i}, a * std::cos(th) - bb * std::sin(th));

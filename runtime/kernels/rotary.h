@@ -8,6 +8,7 @@
 // rotation by -theta. f32 computes the angles in f32 as HF does; f64 in f64.
 #include <cstdint>
 
+#include "nxd/runtime/rope_scaling.h"
 #include "nxd/runtime/tensor.h"
 
 namespace nxd::kernels {
@@ -15,13 +16,14 @@ namespace nxd::kernels {
 // y, x: [B, H, S, D], any layouts with unit last stride (e.g. [B, S, H, D] memory), not
 // overlapping. Position of
 // sequence index s is position_offset + s. rotary_dim even, 0 < rotary_dim <= D (0 means D).
-// inverse: rotate by -theta (the backward; dy in, dx out).
+// inverse: rotate by -theta (the backward; dy in, dx out). scaling: inv_freq scaled as
+// rope_scaling.h says (Llama 3.1's llama3, linear).
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
-                    int64_t position_offset, bool inverse = false);
+                    int64_t position_offset, bool inverse = false, const RopeScaling& scaling = {});
 
 namespace ref {
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
-                    int64_t position_offset, bool inverse = false);
+                    int64_t position_offset, bool inverse = false, const RopeScaling& scaling = {});
 }  // namespace ref
 
 }  // namespace nxd::kernels

@@ -118,7 +118,8 @@ TEST(NxdCkpt, UserMistakesExitWithCode2) {
   };
   fs::create_directories(d / "noweights");  // a config.json, no weights
   std::ofstream(d / "noweights/config.json") << "{}";
-  cases.push_back({{"import-hf", (d / "noweights").string(), none}, "has no model.safetensors"});
+  cases.push_back({{"import-hf", (d / "noweights").string(), none},
+                   "has neither model.safetensors nor model.safetensors.index.json"});
   fs::create_directories(d / "hf");
   std::ofstream(d / "hf/config.json") << "{}";
   std::ofstream(d / "hf/model.safetensors") << "x";

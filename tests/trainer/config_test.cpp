@@ -170,7 +170,12 @@ TEST(Config, ImpossibleSizes) {
              "data.global_batch_size=20 is not a multiple of data.micro_batch_size=8");
   expect_has(err({"model.max_position_embeddings=64", "data.seq_length=128"}),
              "data.seq_length=128 exceeds model.max_position_embeddings=64");
-  expect_has(err({"trainer.max_steps=0"}), "trainer.max_steps must be positive, got 0");
+  expect_has(err({"trainer.max_steps=-1"}), "trainer.max_steps must be >= 0, got -1");
+  // 0 evaluates (--eval): weights must come from somewhere, onto a validation split
+  expect_has(err({"trainer.max_steps=0"}),
+             "trainer.max_steps=0 (--eval) evaluates existing weights: set model.init_from");
+  expect_has(err({"trainer.max_steps=0", "data.val_fraction=0"}),
+             "data.val_fraction=0 holds none out");
   expect_has(err({"model.vocab_size=100"}), "too small for byte-level text");
   expect_has(err({"model.optim.sched.min_lr=1"}), "model.optim.sched.min_lr=1");
   expect_has(err({"backend.world_size=6", "distributed_strategy.tensor_model_parallel_size=4"}),

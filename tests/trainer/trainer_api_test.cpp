@@ -245,7 +245,7 @@ TEST(TrainerApi, ModuleContractErrorsNameTheProblem) {
     EXPECT_NE(std::string(e.what()).find("scalar loss, got shape [2,16]"), std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(Trainer(TrainerOptions{.max_steps = 0}), ConfigError);
+  EXPECT_THROW(Trainer(TrainerOptions{.max_steps = -1}), ConfigError);  // 0: evaluate only
 }
 
 TEST(TrainerApi, RunsOnSimRanksWithTensorAndDataParallel) {

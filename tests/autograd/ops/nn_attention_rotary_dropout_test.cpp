@@ -104,6 +104,20 @@ TEST(NnOpsRotary, ClosedFormAndGradcheck) {
              {randn({1, 2, 3, 8}, 14)}, "rotary partial");
   check_grad([](const auto& in) { return std::vector<Tensor>{rotary(transpose(in[0], 1, 2))}; },
              {randn({2, 3, 2, 4}, 15)}, "rotary of a [B,S,H,D] view");
+  // rope_scaling (Llama 3.1's llama3 bands, linear): the backward rotates by the scaled angles
+  RotaryOptions l3;
+  l3.base = 500.0;
+  l3.position_offset = 5;
+  l3.scaling = {.kind = RopeScaling::Kind::llama3,
+                .factor = 8.0,
+                .low_freq_factor = 1.0,
+                .high_freq_factor = 4.0,
+                .original_max_position_embeddings = 64};
+  RotaryOptions lin = l3;
+  lin.scaling = {.kind = RopeScaling::Kind::linear, .factor = 2.0};
+  for (const RotaryOptions& o : {l3, lin})
+    check_grad([o](const auto& in) { return std::vector<Tensor>{rotary(in[0], o)}; },
+               {randn({1, 2, 3, 8}, 17)}, "rotary with rope_scaling");
 }
 
 TEST(NnOpsDropout, DeterministicScaledAndIdentities) {

@@ -33,6 +33,35 @@ TEST(NnRotary, MatchesReferenceFullAndPartial) {
   }
 }
 
+// rope_scaling: the kernel against the reference, and closed forms of each llama3 band.
+TEST(NnRotary, RopeScalingLinearAndLlama3) {
+  RopeScaling lin{.kind = RopeScaling::Kind::linear, .factor = 2.0};
+  RopeScaling l3{.kind = RopeScaling::Kind::llama3,
+                 .factor = 8.0,
+                 .low_freq_factor = 1.0,
+                 .high_freq_factor = 4.0,
+                 .original_max_position_embeddings = 64};
+  for (DType dt : {DType::f32, DType::f64})
+    for (const RopeScaling& sc : {lin, l3})
+      for (bool inv : {false, true}) {
+        Tensor x = randn({2, 3, 9, 8}, dt, 3), y = empty_like(x), r = empty_like(x);
+        k::rotary_forward(y, x, 0, 500.0, 3, inv, sc);
+        k::ref::rotary_forward(r, x, 0, 500.0, 3, inv, sc);
+        EXPECT_CLOSE_REL(y, r, dt == DType::f64 ? 1e-13 : 2e-6);
+        Tensor plain = empty_like(x);  // scaling changes the result
+        k::rotary_forward(plain, x, 0, 500.0, 3, inv);
+        EXPECT_GT(nxd::testing::diff(plain, y).max_abs, 1e-3);
+      }
+  // inv_freq of head dim 8, base 500: 1, 500^-1/4, 500^-1/2, 500^-3/4 (wavelengths 6.3, 29.7,
+  // 140, 662): high frequencies (< 64/4) kept, low (> 64/1) divided by 8, the middle smoothed
+  const double f1 = std::pow(500.0, -0.25), f2 = std::pow(500.0, -0.5);
+  EXPECT_DOUBLE_EQ(l3.apply(1.0), 1.0);
+  EXPECT_DOUBLE_EQ(l3.apply(f2), f2 / 8);
+  const double s = (64 / (2 * M_PI / f1) - 1.0) / (4.0 - 1.0);
+  EXPECT_NEAR(l3.apply(f1), (1 - s) * f1 / 8 + s * f1, 1e-15);
+  EXPECT_DOUBLE_EQ(lin.apply(f1), f1 / 2);
+}
+
 TEST(NnRotary, ClosedFormSinglePair) {
   // head dim 6, rotary_dim 4 (half 2): the pair (1, 3) at position 5 rotates by
   // theta = 5 * 500^(-2*1/4).

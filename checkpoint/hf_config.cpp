@@ -1,0 +1,209 @@
+// transformers' config.json <-> ModelConfig (LlamaForCausalLM, GPTNeoXForCausalLM). Every key
+// that changes the model's math is either mapped or refused by name; keys that do not (token ids,
+// use_cache, architectures, transformers_version, ...) are ignored, as transformers' modeling
+// code ignores them.
+#include <cmath>
+
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/hf.h"
+#include "nxd/checkpoint/offline.h"
+
+namespace nxd::ckpt {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+[[noreturn]] void refuse(const std::string& what) {
+  throw CheckpointError(str("[import-hf] config.json: ", what, " is not supported by nxd's model"));
+}
+
+// rope_scaling: null, or of type linear (factor) or llama3 (factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings); other types (dynamic, yarn, longrope, ...)
+// are refused. transformers names the type "rope_type" (older: "type").
+}  // namespace
+
+RopeScaling read_rope_scaling(const json& j) {
+  RopeScaling s;
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return s;
+  const json& r = j["rope_scaling"];
+  std::string type = "?";
+  if (r.is_object()) type = r.value("rope_type", r.value("type", std::string("?")));
+  if (type == "default") return s;
+  if (type == "linear") {
+    s.kind = RopeScaling::Kind::linear;
+    s.factor = r.at("factor").get<double>();
+  } else if (type == "llama3") {
+    s.kind = RopeScaling::Kind::llama3;
+    s.factor = r.at("factor").get<double>();
+    s.low_freq_factor = r.at("low_freq_factor").get<double>();
+    s.high_freq_factor = r.at("high_freq_factor").get<double>();
+    s.original_max_position_embeddings = r.at("original_max_position_embeddings").get<int64_t>();
+  } else {
+    refuse(str("rope_scaling of type '", type, "' (", r.dump(), "; linear and llama3 are)"));
+  }
+  return s;
+}
+
+json rope_scaling_json(const RopeScaling& s) {
+  switch (s.kind) {
+    case RopeScaling::Kind::linear:
+      return {{"rope_type", "linear"}, {"factor", s.factor}};
+    case RopeScaling::Kind::llama3:
+      return {{"rope_type", "llama3"},
+              {"factor", s.factor},
+              {"low_freq_factor", s.low_freq_factor},
+              {"high_freq_factor", s.high_freq_factor},
+              {"original_max_position_embeddings", s.original_max_position_embeddings}};
+    case RopeScaling::Kind::none:
+      break;
+  }
+  return nullptr;
+}
+
+namespace {
+
+void read_llama(const json& j, ModelConfig& c) {
+  c.arch = "llama";
+  c.num_kv_heads = j.value("num_key_value_heads", c.num_attention_heads);
+  c.norm_eps = j.at("rms_norm_eps").get<double>();
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  const std::string act = j.value("hidden_act", std::string("silu"));
+  if (act == "silu" || act == "gelu" || act == "gelu_new")
+    c.hidden_act = act;
+  else if (act == "gelu_pytorch_tanh")
+    c.hidden_act = "gelu_new";  // the same tanh approximation
+  else
+    refuse(str("llama hidden_act '", act, "' (silu, gelu, gelu_new, gelu_pytorch_tanh are)"));
+  c.attention_bias = j.value("attention_bias", false);
+  c.mlp_bias = j.value("mlp_bias", false);
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    const int64_t hd = j["head_dim"].get<int64_t>();
+    if (hd != c.hidden_size / c.num_attention_heads || c.hidden_size % c.num_attention_heads != 0)
+      c.attention_head_dim = hd;
+  }
+}
+
+void read_gpt_neox(const json& j, ModelConfig& c) {
+  c.arch = "gpt_neox";
+  // newer transformers call rotary_pct partial_rotary_factor and rotary_emb_base rope_theta
+  c.rotary_pct = j.contains("rotary_pct") ? j["rotary_pct"].get<double>()
+                                          : j.at("partial_rotary_factor").get<double>();
+  c.rope_theta = j.contains("rotary_emb_base") ? j["rotary_emb_base"].get<double>()
+                                               : j.value("rope_theta", 10000.0);
+  c.norm_eps = j.at("layer_norm_eps").get<double>();
+  c.use_parallel_residual = j.value("use_parallel_residual", true);
+  const std::string act = j.value("hidden_act", std::string("gelu"));
+  if (act == "gelu")
+    c.gelu_tanh = false;
+  else if (act == "gelu_new" || act == "gelu_pytorch_tanh")
+    c.gelu_tanh = true;  // the same tanh approximation
+  else
+    refuse(str("gpt_neox hidden_act '", act, "' (gelu, gelu_new, gelu_pytorch_tanh are)"));
+  if (!j.value("attention_bias", true)) refuse("gpt_neox attention_bias: false");
+  if (j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null() &&
+      j["num_key_value_heads"].get<int64_t>() != c.num_attention_heads)
+    refuse(str("gpt_neox num_key_value_heads ", j["num_key_value_heads"].get<int64_t>(),
+               " != num_attention_heads ", c.num_attention_heads));
+}
+
+}  // namespace
+
+json hf_config_json(const ModelConfig& c) {
+  json j = {{"vocab_size", c.vocab_size},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.ffn_size()},
+            {"num_hidden_layers", c.num_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            {"initializer_range", c.init_std},
+            {"rope_scaling", rope_scaling_json(c.rope_scaling)},
+            {"torch_dtype", c.dtype == DType::bf16  ? "bfloat16"
+                            : c.dtype == DType::f64 ? "float64"
+                                                    : "float32"}};
+  if (c.arch == "llama") {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["num_key_value_heads"] = c.kv_heads();
+    j["rms_norm_eps"] = c.norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    j["hidden_act"] = c.hidden_act;
+    j["head_dim"] = c.head_dim();
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = c.mlp_bias;
+  } else if (c.arch == "gpt_neox") {
+    if (c.attention_head_dim > 0 && c.attention_head_dim * c.num_attention_heads != c.hidden_size)
+      throw CheckpointError(
+          str("[export-hf] gpt_neox in transformers has head_dim = hidden_size / "
+              "num_attention_heads; this model's is ",
+              c.attention_head_dim));
+    j["architectures"] = {"GPTNeoXForCausalLM"};
+    j["model_type"] = "gpt_neox";
+    j["rotary_pct"] = c.rotary_pct;
+    j["rotary_emb_base"] = c.rope_theta;
+    j["layer_norm_eps"] = c.norm_eps;
+    j["use_parallel_residual"] = c.use_parallel_residual;
+    j["hidden_act"] = c.gelu_tanh ? "gelu_new" : "gelu";
+    j["attention_bias"] = true;
+  } else {
+    throw CheckpointError(str("[export-hf] no transformers form for arch '", c.arch, "'"));
+  }
+  return j;
+}
+
+ModelConfig model_config_from_hf(const json& j) {
+  try {
+    ModelConfig c;
+    const std::string type = j.at("model_type").get<std::string>();
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.hidden_size = j.at("hidden_size").get<int64_t>();
+    c.ffn_hidden_size = j.at("intermediate_size").get<int64_t>();
+    c.num_layers = j.at("num_hidden_layers").get<int64_t>();
+    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
+    c.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
+    // transformers' default for both architectures' configs: Llama ties only when asked, and
+    // GPTNeoXConfig's default is False too
+    c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+    c.init_std = j.value("initializer_range", 0.02);
+    c.init_method = InitMethod::normal;
+    c.dtype = DType::f32;  // weights are cast to f32 as transformers does (hf.h)
+    c.rope_scaling = read_rope_scaling(j);
+    if (type == "llama")
+      read_llama(j, c);
+    else if (type == "gpt_neox")
+      read_gpt_neox(j, c);
+    else
+      throw CheckpointError(str("model_type '", type, "' is not llama or gpt_neox"));
+    c.validate();
+    return c;
+  } catch (const CheckpointError& e) {
+    const std::string m = e.what();
+    if (m.rfind("[import-hf]", 0) == 0) throw;
+    throw CheckpointError(str("[import-hf] config.json: ", m));
+  } catch (const std::exception& e) {
+    throw CheckpointError(str("[import-hf] config.json: ", e.what()));
+  }
+}
+
+ModelConfig read_hf_config(const fs::path& hf_dir) {
+  const fs::path f = hf_dir / "config.json";
+  json j;
+  try {
+    j = json::parse(read_file(f));
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CheckpointError(str("[import-hf] ", f.string(), ": ", e.what()));
+  }
+  try {
+    return model_config_from_hf(j);
+  } catch (const UserError& e) {
+    std::string m = e.what();
+    const std::string p = "[import-hf] config.json";
+    if (m.rfind(p, 0) == 0) m = "[import-hf] " + f.string() + m.substr(p.size());
+    throw CheckpointError(m);
+  }
+}
+
+}  // namespace nxd::ckpt
