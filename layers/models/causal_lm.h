@@ -118,7 +118,8 @@ class CausalLM : public Module {
   // Row b samples with u = RngStream{seed, stream_id("nxd.generate")}.uniform_f64(i) for its
   // i-th new token, so a batch gives each prompt exactly what it gives alone. A sequence stops at
   // max_position_embeddings (stop reason says so). A model built with sequence parallelism falls
-  // back to rerunning the whole sequence for every token (no cache), with the same semantics.
+  // back to rerunning the whole sequence for every token (no cache), with the same semantics, as
+  // does a family without a KV-cache path (a user's CausalLM subclass).
   GenerateResult generate_batch(const std::vector<std::vector<int64_t>>& prompts,
                                 const GenerateOptions& opts);
   // generate_batch of one prompt: its sequence.
@@ -132,8 +133,10 @@ class CausalLM : public Module {
   virtual Tensor embed_tokens(const Tensor& ids) = 0;
   virtual Tensor run_layers(const Tensor& h, int64_t position_offset) = 0;
   virtual Tensor final_norm(const Tensor& h) = 0;
-  // The decoder layers on the KV-cache path (kv_cache.h); families without one throw.
+  // The decoder layers on the KV-cache path (kv_cache.h); families without one throw, and
+  // generate falls back to recomputation for them (supports_kv_cache() false).
   virtual Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache);
+  virtual bool supports_kv_cache() const { return false; }
   // The input embedding's weight (this rank's vocabulary rows at TP > 1).
   virtual const Tensor& embedding_weight() const = 0;
   // Registers the untied output head `name` (Linear [V, hidden] without bias, or its

@@ -189,7 +189,7 @@ GenerateResult finish(std::vector<Row>& rows, GenerateResult r) {
 GenerateResult CausalLM::generate_batch(const std::vector<std::vector<int64_t>>& prompts,
                                         const GenerateOptions& opts) {
   check_generate(prompts, opts);
-  if (sp_) return generate_recompute(prompts, opts);
+  if (sp_ || !supports_kv_cache()) return generate_recompute(prompts, opts);
   NoGradGuard ng;
   EvalMode mode(this);
   const int64_t B = static_cast<int64_t>(prompts.size()), V = cfg_.vocab_size;

@@ -81,6 +81,7 @@ class GPTNeoXForCausalLM : public CausalLM {
     return gpt_neox_->run_layers(h, position_offset);
   }
   Tensor final_norm(const Tensor& h) override { return gpt_neox_->final_norm(h); }
+  bool supports_kv_cache() const override { return true; }
   Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) override {
     return gpt_neox_->run_layers_cached(h, step, cache);
   }

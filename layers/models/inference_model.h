@@ -14,8 +14,9 @@ namespace nxd {
 
 // Fitted once on Llama-2-7B, BF16, batch 1, inf2.xlarge, TP 2, 256 tokens in / 256 out: 30.1 ms
 // per output token (end-to-end latency / output tokens, prefill included; PyTorch blog
-// "High-Performance Llama 2 Deployments with AWS Inferentia2 using TorchServe", transformers-neuronx,
-// Neuron SDK 2.13: https://pytorch.org/blog/high-performance-llama/). docs/HARDWARE.md.
+// "High-Performance Llama 2 Deployments with AWS Inferentia2 using TorchServe",
+// transformers-neuronx, Neuron SDK 2.13: https://pytorch.org/blog/high-performance-llama/).
+// docs/HARDWARE.md.
 inline constexpr double kInferenceHbmEfficiency = 0.517;
 
 struct InferenceModelOptions {

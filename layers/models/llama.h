@@ -74,6 +74,7 @@ class LlamaForCausalLM : public CausalLM {
     return model_->run_layers(h, position_offset);
   }
   Tensor final_norm(const Tensor& h) override { return model_->final_norm(h); }
+  bool supports_kv_cache() const override { return true; }
   Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) override {
     return model_->run_layers_cached(h, step, cache);
   }

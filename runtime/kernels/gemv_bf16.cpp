@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "nxd/runtime/blas.h"
+#include "nxd/runtime/gemm_bf16.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::kernels::detail {
@@ -85,11 +86,17 @@ bool gemm_bf16_weight_blocks(const Tensor& c, const Tensor& a, const Tensor& b, 
   if (beta != 0.0) bf16_to_f32(cs.data(), static_cast<const uint16_t*>(c.raw_data()), M * N);
   const int64_t nb = std::clamp<int64_t>((int64_t{1} << 19) / (4 * K), 16, N);
   if (static_cast<int64_t>(ws.size()) < nb * K) ws.resize(nb * K);
+  // the operands are bf16 values: the bf16 GEMM kernel (AMX / AVX512-BF16) takes them exactly
+  const blas::Bf16Kernel kernel = blas::bf16_kernel();
+  const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
   for (int64_t n0 = 0; n0 < N; n0 += nb) {
     const int64_t n = std::min(nb, N - n0);
     bf16_to_f32(ws.data(), w + n0 * K, n * K);
-    blas::sgemm(false, true, M, n, K, static_cast<float>(alpha), xs.data(), K, ws.data(), K,
-                static_cast<float>(beta), cs.data() + n0, N);
+    if (kernel == blas::Bf16Kernel::portable)
+      blas::sgemm(false, true, M, n, K, al, xs.data(), K, ws.data(), K, be, cs.data() + n0, N);
+    else
+      blas::detail::gemm_bf16_x86(kernel, false, true, M, n, K, al, xs.data(), K, ws.data(), K, be,
+                                  cs.data() + n0, N, blas::threads());
   }
   f32_to_bf16(static_cast<uint16_t*>(c.raw_data()), cs.data(), M * N);
   return true;

@@ -16,9 +16,9 @@ inline constexpr int64_t kGemvMaxRows = 8;
 bool gemv_bf16(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double beta);
 
 // The same operand shapes with any number of rows (a prefill): W is converted to f32 a block of
-// rows at a time into a cache-sized scratch and multiplied there (the f32 engine), C accumulated
-// in f32 and rounded once; never a whole f32 copy of W. Returns false (nothing done) for other
-// shapes.
+// rows at a time into a cache-sized scratch and multiplied there by the bf16 GEMM kernel (AMX or
+// AVX512-BF16, exact on bf16 operands; the f32 engine on CPUs with neither), C accumulated in f32
+// and rounded once; never a whole f32 copy of W. Returns false (nothing done) for other shapes.
 bool gemm_bf16_weight_blocks(const Tensor& c, const Tensor& a, const Tensor& b, double alpha,
                              double beta);
 

@@ -15,6 +15,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/inference_model.h"
+#include "nxd/layers/models/llama.h"
 #include "nxd/runtime/allocator.h"
 #include "nxd/runtime/kernels/kv_cache.h"
 #include "nxd/runtime/rng.h"
@@ -441,4 +442,28 @@ TEST(KVCacheKernels, Bf16DecodeProductsReadTheWeightAsBf16) {
                      : linear(xs.to(DType::f32), wide.to(DType::f32));
     EXPECT_TRUE(nxd::testing::close_rel(y.to(DType::f32), yf, 8e-3, "bf16 weight blocks"));
   }
+}
+
+namespace {
+// A family without a KV-cache path (as a user's CausalLM subclass): generate recomputes.
+class NoCacheLlama : public LlamaForCausalLM {
+ public:
+  using LlamaForCausalLM::LlamaForCausalLM;
+  bool supports_kv_cache() const override { return false; }
+};
+}  // namespace
+
+TEST(KVCache, FamiliesWithoutACachePathRecomputeWithTheSameSemantics) {
+  auto cached = make_causal_lm(tiny("llama"), 7);
+  auto plain = std::make_shared<NoCacheLlama>(tiny("llama"));
+  plain->init_parameters(7);
+  GenerateOptions g;
+  g.temperature = 0.9;
+  g.top_p = 0.95;
+  g.seed = 4;
+  g.max_new_tokens = 9;
+  const std::vector<std::vector<int64_t>> prompts = {some_ids(4, 64, 1), some_ids(7, 64, 2)};
+  GenerateResult a = cached->generate_batch(prompts, g), b = plain->generate_batch(prompts, g);
+  EXPECT_EQ(a.sequences, b.sequences);
+  EXPECT_EQ(a.stop_reasons, b.stop_reasons);
 }
