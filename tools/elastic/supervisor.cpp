@@ -158,7 +158,9 @@ int supervise(const SupervisorOptions& o) {
   const auto t0 = clock::now();
   std::vector<Host> hosts = o.hosts;
   auto layout = choose_layout(o.request, total_slots(hosts));
-  const std::set<std::string> pieces_before = metrics_pieces(o.exp_dir);
+  // metrics.<k>.csv there before the first relaunch: not this session's pieces (the first launch
+  // may itself resume an earlier run; its history is left as nxd-train keeps it)
+  std::set<std::string> pieces_before;
   std::vector<std::string> restarts;
   int64_t lost_total = 0;
   int code = 1;
@@ -235,13 +237,14 @@ int supervise(const SupervisorOptions& o) {
       break;
     }
     layout = next;
+    if (restarts.empty()) pieces_before = metrics_pieces(o.exp_dir);
     restarts.push_back("restart " + std::to_string(restarts.size() + 1) + ": " + describe(old) +
                        " -> " + describe(*layout) + ", resuming at step " + std::to_string(resume) +
                        " (" + std::to_string(lost) + " steps lost); relaunched " +
                        fmt_s(std::chrono::duration<double>(clock::now() - failed_at).count()) +
                        " after the failure");
   }
-  merge_session_metrics(o, pieces_before);
+  if (!restarts.empty()) merge_session_metrics(o, pieces_before);
   const double total = std::chrono::duration<double>(clock::now() - t0).count();
   note(o, std::string("summary: ") +
               (code == 0 ? "done" : "failed (exit " + std::to_string(code) + ")") + " in " +
