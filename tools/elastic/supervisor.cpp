@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -151,6 +152,55 @@ std::string drop_what_died(const SupervisorOptions& o, std::vector<Host>& hosts,
   return why;
 }
 
+// The exit code when a launch ends the run (done, signalled, a user mistake, not started).
+std::optional<int> end_code(const SupervisorOptions& o, const LaunchResult& r, int launch) {
+  if (!r.started) {
+    note(o, r.err);
+    return 2;
+  }
+  if (r.signalled) {
+    note(o, std::string("stopped by ") + (r.signal == SIGINT ? "SIGINT" : "SIGTERM") +
+                " (passed on to the ranks; mpirun exit " + std::to_string(r.code) + ")");
+    return 128 + r.signal;
+  }
+  if (r.code == 0) return 0;
+  if (r.code == 2) {  // nxd-train's user mistake: a relaunch would fail alike
+    note(o, "launch " + std::to_string(launch + 1) +
+                " ended with exit 2 (a user mistake nxd-train reported): not restarted");
+    return 2;
+  }
+  return std::nullopt;
+}
+
+struct Failure {
+  int64_t resume = -1, lost = 0;
+};
+
+// What died (ranks named by mpirun, hosts that no longer answer): their slots leave `hosts`;
+// logs the failure.
+Failure assess_failure(const SupervisorOptions& o, std::vector<Host>& hosts, const LaunchResult& r,
+                       int launch) {
+  const FailureReport f = parse_failure(r.err);
+  const std::set<std::string> dead = dead_hosts(o, hosts);
+  std::string ranks;
+  for (int k : f.ranks) {
+    if (!ranks.empty()) ranks += ',';
+    ranks += std::to_string(k);
+  }
+  const std::string why = drop_what_died(o, hosts, f, dead);
+  const int64_t last = r.first_row_s >= 0 ? last_step(o.exp_dir / "metrics.csv") : -1;
+  Failure out;
+  out.resume = newest_step(o.checkpoint_dir);
+  out.lost = last >= 0 ? last - std::max<int64_t>(out.resume, 0) : 0;
+  note(o, "launch " + std::to_string(launch + 1) + " failed after " + fmt_s(r.seconds) +
+              " (mpirun exit " + std::to_string(r.code) + (r.stalled ? ", stalled" : "") +
+              "; failed ranks: " + (ranks.empty() ? "not named" : ranks) + ";" +
+              (why.empty() ? " nothing dropped;" : why) + " last step " + std::to_string(last) +
+              ", newest checkpoint step " + std::to_string(out.resume) + ", " +
+              std::to_string(out.lost) + " steps lost)");
+  return out;
+}
+
 }  // namespace
 
 int supervise(const SupervisorOptions& o) {
@@ -178,50 +228,14 @@ int supervise(const SupervisorOptions& o) {
                              : "; no step trained";
       note(o, restarts.back());
     }
-    if (!r.started) {
-      note(o, r.err);
-      code = 2;
-      break;
-    }
-    if (r.signalled) {
-      note(o, std::string("stopped by ") + (r.signal == SIGINT ? "SIGINT" : "SIGTERM") +
-                  " (passed on to the ranks; mpirun exit " + std::to_string(r.code) + ")");
-      code = 128 + r.signal;
-      break;
-    }
-    if (r.code == 0) {
-      code = 0;
-      break;
-    }
-    if (r.code == 2) {  // nxd-train's user mistake: a relaunch would fail alike
-      note(o, "launch " + std::to_string(launch + 1) +
-                  " ended with exit 2 (a user mistake nxd-train reported): not restarted");
-      code = 2;
+    if (const auto end = end_code(o, r, launch)) {
+      code = *end;
       break;
     }
     const auto failed_at = clock::now();
-    // what died: ranks named by mpirun, hosts that no longer answer
-    const FailureReport f = parse_failure(r.err);
-    const std::set<std::string> dead = dead_hosts(o, hosts);
-    std::string ranks;
-    for (int k : f.ranks) {
-      if (!ranks.empty()) ranks += ',';
-      ranks += std::to_string(k);
-    }
     const Layout old = *layout;
-    const std::string why = drop_what_died(o, hosts, f, dead);
-    const int64_t last = r.first_row_s >= 0 ? last_step(o.exp_dir / "metrics.csv") : -1;
-    const int64_t resume = newest_step(o.checkpoint_dir);
-    const int64_t lost = last >= 0 ? last - std::max<int64_t>(resume, 0) : 0;
-    lost_total += lost;
-    std::string line = "launch " + std::to_string(launch + 1) + " failed after " +
-                       fmt_s(r.seconds) + " (mpirun exit " + std::to_string(r.code) +
-                       (r.stalled ? ", stalled" : "") +
-                       "; failed ranks: " + (ranks.empty() ? "not named" : ranks) + ";" +
-                       (why.empty() ? " nothing dropped;" : why) + " last step " +
-                       std::to_string(last) + ", newest checkpoint step " + std::to_string(resume) +
-                       ", " + std::to_string(lost) + " steps lost)";
-    note(o, line);
+    const Failure f = assess_failure(o, hosts, r, launch);
+    lost_total += f.lost;
     if (launch >= o.max_restarts) {
       note(o, "giving up: " + std::to_string(o.max_restarts) + " restarts used (--max-restarts)");
       code = 1;
@@ -239,8 +253,9 @@ int supervise(const SupervisorOptions& o) {
     layout = next;
     if (restarts.empty()) pieces_before = metrics_pieces(o.exp_dir);
     restarts.push_back("restart " + std::to_string(restarts.size() + 1) + ": " + describe(old) +
-                       " -> " + describe(*layout) + ", resuming at step " + std::to_string(resume) +
-                       " (" + std::to_string(lost) + " steps lost); relaunched " +
+                       " -> " + describe(*layout) + ", resuming at step " +
+                       std::to_string(f.resume) + " (" + std::to_string(f.lost) +
+                       " steps lost); relaunched " +
                        fmt_s(std::chrono::duration<double>(clock::now() - failed_at).count()) +
                        " after the failure");
   }
