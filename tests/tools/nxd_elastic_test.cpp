@@ -64,6 +64,11 @@ TEST(NxdElasticPlan, HostsAndLayouts) {
   EXPECT_EQ(total_slots(h), 6);
   EXPECT_EQ(host_of_rank(h, 3).value_or(""), "b");
   EXPECT_FALSE(host_of_rank(h, 6));
+  const fs::path d = nxd::testing::test_temp_dir("nxd_elastic_");
+  std::ofstream(d / "hosts") << "# two nodes\nn1 slots=4\nn2 slots=2 max_slots=8\n\nn3\n";
+  EXPECT_EQ(host_arg(read_hostfile(d / "hosts")), "n1:4,n2:2,n3:1");
+  std::ofstream(d / "bad") << "n1 slots=x\n";
+  EXPECT_THROW(read_hostfile(d / "bad"), UsageError);
   EXPECT_THROW(parse_hosts("a:0"), UsageError);
   EXPECT_THROW(parse_hosts("a:2,,b"), UsageError);
   EXPECT_THROW(parse_hosts(":2"), UsageError);

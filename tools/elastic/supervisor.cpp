@@ -261,11 +261,13 @@ int supervise(const SupervisorOptions& o) {
   }
   if (!restarts.empty()) merge_session_metrics(o, pieces_before);
   const double total = std::chrono::duration<double>(clock::now() - t0).count();
-  note(o, std::string("summary: ") +
-              (code == 0 ? "done" : "failed (exit " + std::to_string(code) + ")") + " in " +
-              fmt_s(total) + ", " + std::to_string(restarts.size()) + " restart(s), " +
-              std::to_string(lost_total) + " steps trained again, final layout " +
-              describe(*layout));
+  note(o,
+       std::string("summary: ") +
+           (code == 0
+                ? "done"
+                : (code > 128 ? "stopped (exit " : "failed (exit ") + std::to_string(code) + ")") +
+           " in " + fmt_s(total) + ", " + std::to_string(restarts.size()) + " restart(s), " +
+           std::to_string(lost_total) + " steps trained again, final layout " + describe(*layout));
   return code;
 }
 
