@@ -135,13 +135,32 @@ int run(int argc, char** argv) {
                .global_batch = tc0.data.global_batch_size};
   if (!cfg.is_null("data.micro_batch_size"))
     o.request.micro_batch = cfg.get_int("data.micro_batch_size");
+  // a layout fits when nxd-train's whole configuration resolves with it (PP's micro batches, ...)
+  o.fits = [cfg](const Layout& l) {
+    nxd::trainer::Config c = cfg;
+    try {
+      c.set("backend.world_size", l.world(), "nxd-elastic");
+      c.set("data.micro_batch_size", l.micro_batch, "nxd-elastic");
+      c.set("backend.fail_rank", -1, "nxd-elastic");  // as relaunches run (checked once, below)
+      nxd::trainer::resolve(c);
+      return true;
+    } catch (const nxd::UserError&) {
+      return false;
+    }
+  };
   const int slots = total_slots(o.hosts);
-  const auto layout = choose_layout(o.request, slots);
-  if (!layout)
+  const auto layout = choose_layout(o.request, slots, o.fits);
+  if (!layout) {
+    if (const auto plain = choose_layout(o.request, slots)) {  // the configuration's own error
+      cfg.set("backend.world_size", plain->world(), "nxd-elastic");
+      cfg.set("data.micro_batch_size", plain->micro_batch, "nxd-elastic");
+      nxd::trainer::resolve(cfg);
+    }
     throw UsageError("the hosts give " + std::to_string(slots) +
                      " slots: TP x PP = " + std::to_string(o.request.tp * o.request.pp) +
                      " with a DP dividing the global batch " +
                      std::to_string(o.request.global_batch) + " does not fit");
+  }
   // the first launch's full config must resolve (a mistake is reported here, once)
   cfg.set("backend.world_size", layout->world(), "nxd-elastic");
   cfg.set("data.micro_batch_size", layout->micro_batch, "nxd-elastic");

@@ -129,16 +129,18 @@ std::string describe(const Layout& l) {
   return s.str();
 }
 
-std::optional<Layout> choose_layout(const LayoutRequest& req, int slots) {
+std::optional<Layout> choose_layout(const LayoutRequest& req, int slots,
+                                    const std::function<bool(const Layout&)>& fits) {
   const int64_t m = req.tp * req.pp;
   for (int64_t dp = slots / m; dp >= 1; --dp) {
     const int64_t mb = req.micro_batch ? *req.micro_batch : req.global_batch / dp;
     if (mb < 1 || req.global_batch % (mb * dp) != 0) continue;
-    return Layout{.tp = req.tp,
-                  .pp = req.pp,
-                  .dp = dp,
-                  .micro_batch = mb,
-                  .accumulation = req.global_batch / (mb * dp)};
+    const Layout l{.tp = req.tp,
+                   .pp = req.pp,
+                   .dp = dp,
+                   .micro_batch = mb,
+                   .accumulation = req.global_batch / (mb * dp)};
+    if (!fits || fits(l)) return l;
   }
   return std::nullopt;
 }

@@ -5,6 +5,7 @@
 // the metrics.csv pieces written across restarts (docs/DESIGN.md, "Run safety").
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -36,9 +37,10 @@ struct LayoutRequest {
   int64_t tp = 1, pp = 1, global_batch = 1;
   std::optional<int64_t> micro_batch;  // null: global / DP (then pinned for later launches)
 };
-// The largest DP with tp*pp*dp <= slots and global_batch divisible by micro_batch * dp; nullopt
-// when not even DP 1 fits.
-std::optional<Layout> choose_layout(const LayoutRequest& req, int slots);
+// The largest DP with tp*pp*dp <= slots, global_batch divisible by micro_batch * dp and `fits`
+// (when given: the whole configuration resolves with it); nullopt when not even DP 1 fits.
+std::optional<Layout> choose_layout(const LayoutRequest& req, int slots,
+                                    const std::function<bool(const Layout&)>& fits = {});
 
 // What a failed launch's stderr says: the ranks that died or aborted, and the nodes named.
 struct FailureReport {

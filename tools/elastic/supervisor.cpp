@@ -1,5 +1,9 @@
 #include "supervisor.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -152,6 +156,24 @@ std::string drop_what_died(const SupervisorOptions& o, std::vector<Host>& hosts,
   return why;
 }
 
+// Waits (30 s at most) until no process of the failed launch holds <exp_dir>/nxd.lock: mpirun
+// can end before every rank it started has exited, and a relaunch finding the lock held would
+// be refused as another run. A shared flock() taken and dropped at once, as nxd-train's is
+// non-blocking.
+void wait_for_lock_release(const SupervisorOptions& o) {
+  const fs::path lock = o.exp_dir / "nxd.lock";
+  for (int i = 0; i < 300; ++i) {
+    const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;  // removed: its run ended
+    const bool free = ::flock(fd, LOCK_SH | LOCK_NB) == 0;
+    ::close(fd);  // drops the shared lock too
+    if (free) return;
+    if (i == 0) note(o, "waiting for the failed launch's ranks to release " + lock.string());
+    ::usleep(100 * 1000);
+  }
+  note(o, lock.string() + " is still held after 30 s: relaunching anyway");
+}
+
 // The exit code when a launch ends the run (done, signalled, a user mistake, not started).
 std::optional<int> end_code(const SupervisorOptions& o, const LaunchResult& r, int launch) {
   if (!r.started) {
@@ -207,7 +229,7 @@ int supervise(const SupervisorOptions& o) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   std::vector<Host> hosts = o.hosts;
-  auto layout = choose_layout(o.request, total_slots(hosts));
+  auto layout = choose_layout(o.request, total_slots(hosts), o.fits);
   // metrics.<k>.csv there before the first relaunch: not this session's pieces (the first launch
   // may itself resume an earlier run; its history is left as nxd-train keeps it)
   std::set<std::string> pieces_before;
@@ -241,16 +263,17 @@ int supervise(const SupervisorOptions& o) {
       code = 1;
       break;
     }
-    const auto next = choose_layout(o.request, total_slots(hosts));
+    const auto next = choose_layout(o.request, total_slots(hosts), o.fits);
     if (!next) {
       note(o, "giving up: " + std::to_string(total_slots(hosts)) + " slots left (" +
                   host_arg(hosts) +
                   "), fewer than TP x PP = " + std::to_string(o.request.tp * o.request.pp) +
-                  " or no DP dividing the global batch");
+                  " or no DP that divides the global batch and resolves");
       code = 1;
       break;
     }
     layout = next;
+    wait_for_lock_release(o);
     if (restarts.empty()) pieces_before = metrics_pieces(o.exp_dir);
     restarts.push_back("restart " + std::to_string(restarts.size() + 1) + ": " + describe(old) +
                        " -> " + describe(*layout) + ", resuming at step " +
