@@ -276,9 +276,10 @@ int supervise(const SupervisorOptions& o) {
     wait_for_lock_release(o);
     if (restarts.empty()) pieces_before = metrics_pieces(o.exp_dir);
     restarts.push_back("restart " + std::to_string(restarts.size() + 1) + ": " + describe(old) +
-                       " -> " + describe(*layout) + ", resuming at step " +
-                       std::to_string(f.resume) + " (" + std::to_string(f.lost) +
-                       " steps lost); relaunched " +
+                       " -> " + describe(*layout) + ", " +
+                       (f.resume >= 0 ? "resuming at step " + std::to_string(f.resume)
+                                      : std::string("from step 0 (no complete checkpoint)")) +
+                       " (" + std::to_string(f.lost) + " steps lost); relaunched " +
                        fmt_s(std::chrono::duration<double>(clock::now() - failed_at).count()) +
                        " after the failure");
   }
