@@ -295,18 +295,20 @@ std::vector<KeySpec> make_registry() {
       key("backend.collective_timeout_s", K::number, nullptr,
           "sim: a rank waiting longer than this (wall seconds) in one collective or receive ends "
           "the job with an error naming the ranks that never arrived (a hung or dead rank). "
-          "null = NXD_SIM_TIMEOUT if set, else 300. Not yet available with mpi.",
+          "null = NXD_SIM_TIMEOUT if set, else 300. Not yet available with mpi (nxd-elastic "
+          "--stall-timeout ends a hung mpi job).",
           {}, true),
       key("backend.fail_rank", K::integer, -1,
-          "sim fault injection (tests of recovery): this rank fails after step "
+          "Fault injection (tests of recovery; sim and mpi): this rank fails after step "
           "backend.fail_at_step. -1 = none."),
       key("backend.fail_at_step", K::integer, 1,
-          "sim fault injection: the step fail_rank fails "
-          "after."),
+          "Fault injection: the step fail_rank fails after."),
       key("backend.fail_mode", K::string, "crash",
-          "sim fault injection: `crash` (the rank throws: the job ends naming it) or `hang` (the "
-          "rank stops answering: the others time out after backend.collective_timeout_s).",
-          {"crash", "hang"}),
+          "Fault injection: `crash` (the rank throws: the job ends naming it), `hang` (the rank "
+          "stops answering: on sim the others time out after backend.collective_timeout_s; "
+          "under mpi nxd-elastic --stall-timeout ends the job) or "
+          "`kill` (mpi: the rank's process dies by SIGKILL, as a lost node's would).",
+          {"crash", "hang", "kill"}),
       // generation
       key("generation.prompt", K::string, "Q: What",
           "Prompt of the text sample printed after training."),

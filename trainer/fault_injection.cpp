@@ -1,6 +1,8 @@
 #include "nxd/trainer/fault_injection.h"
 
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <thread>
 
 #include "nxd/runtime/context.h"
@@ -16,6 +18,12 @@ void FaultInjection::on_train_batch_end(Trainer&, TrainingModule&, const StepOut
     std::this_thread::sleep_for(std::chrono::duration<double>(o_.hang_seconds));
     throw CommError(str("[fault] rank ", o_.rank, " hung after step ", out.step,
                         " (injected: backend.fail_mode=hang)"));
+  }
+  if (o_.mode == "kill") {  // mpi: this process dies at once, as on a lost node (no cleanup)
+    std::fprintf(stderr, "[fault] rank %d killed itself after step %lld (backend.fail_mode=kill)\n",
+                 o_.rank, static_cast<long long>(out.step));
+    std::fflush(stderr);
+    ::raise(SIGKILL);
   }
   throw CommError(str("[fault] rank ", o_.rank, " failed after step ", out.step,
                       " (injected: backend.fail_rank)"));

@@ -1,8 +1,8 @@
 #pragma once
-// Sim fault injection (backend.fail_rank, fail_at_step, fail_mode): one rank fails after a given
-// step, so the failure paths (the job ending cleanly, naming the rank; the newest checkpoint
-// staying usable; a hung rank detected by backend.collective_timeout_s) are tested in one
-// process (docs/DESIGN.md, "Run safety").
+// Fault injection (backend.fail_rank, fail_at_step, fail_mode; sim, and crash/kill under mpi): one
+// rank fails after a given step, so the failure paths (the job ending cleanly, naming the rank; the
+// newest checkpoint staying usable; a hung rank detected by backend.collective_timeout_s) are
+// tested in one process (docs/DESIGN.md, "Run safety").
 #include <cstdint>
 #include <string>
 
@@ -13,7 +13,8 @@ namespace nxd::trainer {
 struct FaultOptions {
   int rank = -1;               // the world rank that fails (-1: none)
   int64_t at_step = 1;         // after this optimizer step (before the checkpoint callback's save)
-  std::string mode = "crash";  // crash: throws; hang: stops answering for hang_seconds, then throws
+  std::string mode = "crash";  // crash: throws; hang: stops answering for hang_seconds, then
+                               // throws; kill: SIGKILL to this process (mpi)
   double hang_seconds = 1;
 };
 

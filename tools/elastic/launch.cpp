@@ -1,0 +1,148 @@
+#include "launch.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "plan.h"
+
+extern char** environ;
+
+namespace nxd::elastic {
+
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+
+void on_signal(int sig) {
+  g_signal = sig;
+}
+
+// The inode of a file (0 if none): a resumed nxd-train moves the old metrics.csv aside and
+// writes a new one, so a new inode with a row is this launch's first step.
+ino_t inode_of(const std::filesystem::path& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+}  // namespace
+
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+LaunchResult run_launch(const LaunchOptions& o) {
+  using clock = std::chrono::steady_clock;
+  LaunchResult r;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    r.err = std::string("pipe: ") + std::strerror(errno);
+    return r;
+  }
+  std::vector<char*> args;
+  for (const auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+  posix_spawnattr_t at;
+  posix_spawnattr_init(&at);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);  // its own group: killed whole on stall
+  posix_spawnattr_setpgroup(&at, 0);
+  pid_t pid = -1;
+  const auto t0 = clock::now();
+  const ino_t old_inode = inode_of(o.metrics);
+  const int rc = posix_spawnp(&pid, args[0], &fa, &at, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    r.err = "cannot start " + o.argv[0] + ": " + std::strerror(rc);
+    return r;
+  }
+  r.started = true;
+  int64_t rows = 0;
+  auto progress_at = clock::now();
+  auto kill_at = clock::time_point::max();
+  bool open = true, passed_on = false;
+  int status = 0;
+  auto since = [&](clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  };
+  for (;;) {
+    if (open) {
+      pollfd p{fds[0], POLLIN, 0};
+      if (::poll(&p, 1, 200) > 0) {
+        char buf[4096];
+        const ssize_t n = ::read(fds[0], buf, sizeof buf);
+        if (n > 0) {
+          r.err.append(buf, n);
+          (void)!::write(2, buf, n);
+        } else if (n == 0 || errno != EINTR) {
+          open = false;
+        }
+      }
+    } else {
+      ::usleep(100 * 1000);
+    }
+    if (g_signal && !passed_on) {  // mpirun passes it on to the ranks (they checkpoint)
+      r.signalled = true, r.signal = g_signal, passed_on = true;
+      ::kill(pid, g_signal);
+    }
+    // progress: rows of this launch's metrics.csv
+    const ino_t ino = inode_of(o.metrics);
+    if (ino != 0 && ino != old_inode) {
+      const int64_t now_rows = data_rows(o.metrics);
+      if (now_rows > rows) {
+        if (rows == 0) r.first_row_s = since(t0);
+        rows = now_rows, progress_at = clock::now();
+      }
+    }
+    // stalled: no new row for stall_timeout_s (before the first row: startup_timeout_s)
+    const double allowed = rows == 0 ? o.startup_timeout_s : o.stall_timeout_s;
+    if (allowed > 0 && !r.stalled && since(progress_at) > allowed) {
+      r.stalled = true;
+      const std::string note = "nxd-elastic: no new step for " + std::to_string(allowed) +
+                               " s (--stall-timeout): stopping the launch\n";
+      (void)!::write(2, note.data(), note.size());
+      ::kill(pid, SIGTERM);  // mpirun ends its ranks (TERM, then KILL)
+      kill_at = clock::now() + std::chrono::seconds(10);
+    }
+    if (clock::now() > kill_at) {  // mpirun did not end: its whole group
+      ::kill(-pid, SIGKILL);
+      kill_at = clock::time_point::max();
+    }
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+  }
+  // what is left in the pipe (ranks' last words)
+  if (open) {  // without blocking: a rank mpirun left behind may still hold the pipe
+    ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fds[0], buf, sizeof buf)) > 0) {
+      r.err.append(buf, n);
+      (void)!::write(2, buf, n);
+    }
+  }
+  ::close(fds[0]);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = since(t0);
+  return r;
+}
+
+}  // namespace nxd::elastic
