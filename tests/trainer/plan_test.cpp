@@ -1,0 +1,118 @@
+// The memory plan on meta tensors (trainer/plan.h) against the allocator: every rank's planned
+// total equals the peak the allocator measures in the real run of the same configuration within
+// 5%, across tensor, pipeline (1F1B, GPipe, interleaved) and data parallelism, ZeRO-1, the four
+// precision types and activation checkpointing; and a run that cannot fit in the host RAM its
+// sim ranks share is refused before anything is allocated.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "nxd/runtime/error.h"
+#include "nxd/trainer/plan.h"
+#include "nxd/trainer/train.h"
+#include "train_util.h"
+
+using namespace nxd;
+using namespace nxd::trainer;
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainConfig small(const fs::path& d, const std::string& name, std::vector<std::string> extra) {
+  for (const char* s :
+       {"model.num_layers=4", "model.hidden_size=64", "model.num_attention_heads=4",
+        "data.seq_length=32", "data.global_batch_size=16", "data.micro_batch_size=2",
+        "trainer.max_steps=3", "trainer.val_check_interval=0", "generation.max_new_tokens=0",
+        "model.optim.sched.warmup_steps=1", "distributed_strategy.tensor_model_parallel_size=1"})
+    extra.insert(extra.begin(), s);
+  return nxd::testing::tiny(d / name, nxd::testing::tiny_corpus(d), extra);
+}
+
+}  // namespace
+
+TEST(MemoryPlan, EqualsTheAllocatorsPeaksWithinFivePercent) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_");
+  const std::vector<std::vector<std::string>> runs = {
+      {"backend.world_size=2", "distributed_strategy.tensor_model_parallel_size=2",
+       "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.sequence_parallel=true", "precision.type=autocast"},
+      {"backend.world_size=4", "distributed_strategy.zero1=true", "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.zero1=true", "precision.type=mixed_precision"},
+      {"backend.world_size=2", "precision.type=bf16SR"},
+      {"backend.world_size=4", "distributed_strategy.zero1=true", "precision.type=bf16SR"},
+      {"backend.world_size=2", "model.activations_checkpoint_granularity=full"},
+      {"backend.world_size=2", "model.activations_checkpoint_granularity=selective",
+       "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+       "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=4",
+       "distributed_strategy.pipeline_schedule=gpipe", "precision.type=fp32"},
+      {"backend.world_size=8", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.pipeline_model_parallel_size=2", "distributed_strategy.zero1=true",
+       "precision.type=mixed_precision"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+       "distributed_strategy.virtual_pipeline_model_parallel_size=2",
+       "distributed_strategy.pipeline_schedule=interleaved", "precision.type=fp32"},
+  };
+  double worst = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const TrainConfig cfg = small(d, "run" + std::to_string(i), runs[i]);
+    const MemoryPlan plan = plan_memory(cfg);
+    const TrainResult res = train(cfg, {.quiet = true});
+    ASSERT_EQ(res.rank_peak_bytes.size(), plan.ranks.size());
+    std::string what;
+    for (const auto& s : runs[i]) what += " " + s;
+    for (size_t r = 0; r < plan.ranks.size(); ++r) {
+      const double planned = static_cast<double>(plan.ranks[r].total());
+      const double measured = static_cast<double>(res.rank_peak_bytes[r]);
+      const double err = (planned - measured) / measured;
+      worst = std::max(worst, std::abs(err));
+      EXPECT_LE(std::abs(err), 0.05) << what << ": rank " << r << " planned " << planned
+                                     << " bytes, the allocator's peak " << measured;
+      if (r == 0 || r + 1 == plan.ranks.size())
+        std::printf("    %s: rank %zu planned %s, measured %s (%+.2f%%)\n", what.c_str(), r,
+                    format_bytes(plan.ranks[r].total()).c_str(),
+                    format_bytes(res.rank_peak_bytes[r]).c_str(), 100 * err);
+    }
+  }
+  std::printf("    largest difference %.2f%%\n", 100 * worst);
+}
+
+// The plan is deterministic: the same configuration plans the same bytes.
+TEST(MemoryPlan, IsDeterministic) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_det_");
+  const TrainConfig cfg =
+      small(d, "a",
+            {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+             "distributed_strategy.zero1=true"});
+  const MemoryPlan a = plan_memory(cfg), b = plan_memory(cfg);
+  ASSERT_EQ(a.ranks.size(), b.ranks.size());
+  for (size_t r = 0; r < a.ranks.size(); ++r) {
+    EXPECT_EQ(a.ranks[r].total(), b.ranks[r].total());
+    EXPECT_EQ(a.ranks[r].activation_peak, b.ranks[r].activation_peak);
+  }
+}
+
+// Eight sim ranks that each fit a NeuronCore but together exceed the host RAM they share are
+// refused before anything is allocated, naming the ranks' total, the RAM and what to change.
+TEST(MemoryPlan, RefusesARunOverTheSharedHostRam) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_host_");
+  const TrainConfig cfg = small(d, "a", {"backend.world_size=8"});
+  const MemoryPlan fits = plan_memory(cfg);
+  EXPECT_TRUE(fits.fits());
+  const MemoryPlan tight = plan_memory(cfg, {.host_ram_bytes = fits.host_bytes() - 1});
+  EXPECT_TRUE(tight.fits_hbm());
+  EXPECT_FALSE(tight.fits_host());
+  try {
+    check_fits(tight, cfg);
+    ADD_FAILURE() << "check_fits accepted a run over the host RAM";
+  } catch (const OutOfDeviceMemory& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("does not fit in host memory"), std::string::npos) << m;
+    EXPECT_NE(m.find("8 sim rank(s)"), std::string::npos) << m;
+    EXPECT_NE(m.find("optimizer state"), std::string::npos) << m;
+    EXPECT_NE(m.find("To fit:"), std::string::npos) << m;
+  }
+}
