@@ -15,8 +15,10 @@
 #include "nxd/pipeline/partition.h"
 #include "nxd/pipeline/pipeline_model.h"
 #include "nxd/runtime/allocator.h"
+#include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/trainer/nxd_model.h"
+#include "nxd/trainer/plan_internal.h"
 #include "nxd/trainer/train.h"
 
 namespace nxd::trainer {
@@ -35,6 +37,8 @@ std::string format_bytes(int64_t b) {
 
 namespace {
 
+using detail::MetaModel;
+
 struct GradOn {
   bool prev = GradMode::is_enabled();
   GradOn() { GradMode::set_enabled(true); }
@@ -48,19 +52,15 @@ struct ChunkCost {
   int64_t grads_added = 0;  // what stays allocated after the backward (new .grad tensors)
 };
 
-// The model this rank holds, on the meta device, as the trainer builds it.
-struct MetaModel {
-  std::shared_ptr<pipeline::PipelineModel> pipe;
-  std::vector<std::shared_ptr<CausalLM>> chunks;
-  std::vector<optim::NamedParam> params;  // registration order
-};
-
-MetaModel build_meta_model(const TrainConfig& cfg, const NxDConfig& nc, DType param_dtype) {
+// `timing_microbatches`: the pipeline's microbatches when the step is timed (plan_step.cpp).
+MetaModel build_meta_model(const TrainConfig& cfg, const NxDConfig& nc, DType param_dtype,
+                           int timing_microbatches) {
   MetaModel mm;
   ModelConfig mc = model_config(cfg);
   mc.device = Device::meta;
   if (nc.pipeline_parallel_size > 1) {
     pipeline::PipelineOptions o = pipeline_options_for(nc);
+    o.num_microbatches = timing_microbatches;
     o.balance = pipeline::parse_partition_balance(cfg.dist.pipeline_partition);
     o.pieces.micro_batch_size = cfg.data.micro_batch_size;
     o.pieces.seq_length = cfg.data.seq_length;
@@ -150,7 +150,7 @@ int64_t state_bytes_per_element(const TrainConfig& cfg, DType dtype, bool master
   return 8 + master;
 }
 
-RankMemory plan_rank(const TrainConfig& cfg) {
+RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
   const int tp = static_cast<int>(cfg.dist.tensor_model_parallel_size);
   const int pp = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
   parallel_state::initialize_model_parallel(tp, pp);
@@ -163,7 +163,9 @@ RankMemory plan_rank(const TrainConfig& cfg) {
   const int dp = parallel_state::get_data_parallel_size();
 
   int64_t before = mem.live();
-  MetaModel mm = build_meta_model(cfg, nc, rp.param_dtype);
+  // the pipeline runs the step over at most 2 x pp microbatches (the others are alike)
+  const int M = static_cast<int>(cfg.grad_accum_steps);
+  MetaModel mm = build_meta_model(cfg, nc, rp.param_dtype, std::min(M, 2 * pp));
   r.parameters = mem.live() - before;
 
   // gradients: the optimizer's buckets (GradSync's layout), or .grad per parameter
@@ -221,6 +223,7 @@ RankMemory plan_rank(const TrainConfig& cfg) {
   int pp_rank = 0;
   if (mm.pipe) {
     sc = mm.pipe->schedule();
+    sc.num_microbatches = M;  // the memory walks the whole step's schedule
     pp_rank = parallel_state::get_pipeline_model_parallel_rank();
     hidden = hidden_like(model_config(cfg), ids, rp.param_dtype);
     actions = pipeline::build_schedule(sc, pp_rank);
@@ -245,6 +248,7 @@ RankMemory plan_rank(const TrainConfig& cfg) {
     for (const auto& c : cost) r.gradients += c[0].grads_added;
     r.activation_peak -= r.gradients;
   }
+  if (opts.time_step) detail::time_meta_step(cfg, rp, mm, sync.get(), r);
   for (const auto& p : mm.params) autograd::set_grad_buffer(p.param, Tensor());
   return r;
 }
@@ -276,13 +280,18 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
   sim::LaunchOptions lo;
   lo.world_size = static_cast<int>(cfg.dist.world_size);
-  lo.instance = cfg.dist.backend == "sim" ? cfg.dist.instance : std::string();
+  lo.instance = !opts.instance.empty()      ? opts.instance
+                : cfg.dist.backend == "sim" ? cfg.dist.instance
+                                            : std::string();
+  if (opts.time_step) lo.timeline_path = opts.timeline_path;
   lo.seed = cfg.seed;
   lo.memory_capacity = 0;  // measure, do not refuse
   MemoryPlan plan;
   plan.ranks.resize(static_cast<size_t>(lo.world_size));
+  // the run's matmul precision (autocast: bf16 products, charged at the bf16 peak)
+  blas::MatmulPrecisionScope precision_scope(resolve_precision(nxd_config_of(cfg)).matmul);
   const sim::LaunchResult lr = sim::launch(lo, [&] {
-    RankMemory r = plan_rank(cfg);
+    RankMemory r = plan_rank(cfg, opts);
     plan.ranks[static_cast<size_t>(r.rank)] = r;
   });
   plan.machine = lr.machine.name;
@@ -332,8 +341,9 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
   const int64_t resident = w.parameters + w.gradients + w.optimizer_state;
   if (resident > w.activation_peak) {
     add(str(
-        "shard the model over more NeuronCores (distributed_strategy.tensor_model_parallel_size=",
-        tp, " or pipeline_model_parallel_size=", pp, " higher, with backend.world_size to match)"));
+        "shard the model over more NeuronCores (raise distributed_strategy.tensor_model_parallel_"
+        "size, now ",
+        tp, ", or pipeline_model_parallel_size, now ", pp, ", with backend.world_size to match)"));
     if (!cfg.dist.zero1 && dp > 1)
       add(str("distributed_strategy.zero1=true (optimizer state ", format_bytes(w.optimizer_state),
               " -> about ", format_bytes(w.optimizer_state / dp), " per rank)"));

@@ -47,6 +47,13 @@ struct RankMemory {
   int64_t optimizer_state = 0;
   int64_t activation_peak = 0;
   int64_t collective_buffers = 0;
+  // The modeled step (PlanOptions::time_step): this rank's simulated time from the common start
+  // of the step to its end, its kernels, and the pipeline bubble (its time inside the schedule
+  // outside forwards and backwards); the rest of the step is exposed communication.
+  double step_seconds = 0, compute_seconds = 0, bubble_seconds = 0;
+  double exposed_comm_seconds() const {
+    return std::max(0.0, step_seconds - compute_seconds - bubble_seconds);
+  }
   // The step's peak: the resident state plus the larger of the activations (forward and
   // backward) and the optimizer step's buffers (which run after the activations are freed).
   int64_t total() const {
@@ -76,6 +83,12 @@ struct PlanOptions {
   // The host RAM the check uses; 0: the machine's (runtime/allocator.h host_ram_bytes()), or the
   // NXD_HOST_RAM_BYTES environment variable when set (tests use a small one).
   int64_t host_ram_bytes = 0;
+  // After the memory is measured, every rank runs one whole training step on meta tensors (the
+  // pipeline's executor and schedule, the accumulation microbatches, the DP reduction of the
+  // gradient buckets, the optimizer's update charged and ZeRO-1's all-gathers) on the sim clock.
+  bool time_step = false;
+  std::string timeline_path;  // with time_step: the step's Chrome trace
+  std::string instance;       // overrides backend.instance (e.g. "32xtrn1.32xlarge")
 };
 
 // Plans cfg's run (built-in architectures: ConfigError for another model.arch). Collective over

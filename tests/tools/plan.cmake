@@ -28,3 +28,37 @@ if(TARGET nxd-train)
   set_tests_properties(NxdTrain.RefusesAOneRankModelOverHbm NxdTrain.RefusesAnEightRankModelOverHbm
     NxdTrain.RefusesARunOverTheSharedHostRam PROPERTIES LABELS tools TIMEOUT 60)
 endif()
+# nxd-plan: a 256-rank plan (8 trn1.32xlarge nodes; about 4 s), and --search finding layouts that
+# fit a model whose configured layout (one rank per replica, micro batch 8 of 8192 tokens) does
+# not (exit 3 for a plan that does not fit).
+if(TARGET nxd-plan)
+  add_test(NAME NxdPlan.PlansTwoHundredFiftySixRanks
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=on 8xtrn1.32xlarge \\(256 NeuronCores\\): TP 8 x PP 4 x DP 8.*memory plan: stage 3 .*step \\(modeled, rank [0-9]+, stage [0-9]\\): [0-9.]+ s = compute [0-9.]+ s \\+ exposed communication [0-9.]+ s \\+ pipeline bubble [0-9.]+ s.*predicted: [0-9.]+ seq/s, [0-9]+ tokens/s, MFU [0-9.]+, step [0-9.]+ s, memory [0-9.]+ GiB of 16.00 GiB per core \\(fits\\).*planner: [0-9.]+ s, peak RSS [0-9.]+ MiB"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --nodes 8 --set model.hidden_size=256 --set model.num_attention_heads=8
+            --set model.num_layers=8 --set distributed_strategy.tensor_model_parallel_size=8
+            --set distributed_strategy.pipeline_model_parallel_size=4 --set data.seq_length=256
+            --set data.global_batch_size=64 --set data.micro_batch_size=1)
+  set(_big --nodes 1 --set model.hidden_size=2048 --set model.num_attention_heads=16
+           --set model.num_layers=2 --set data.seq_length=8192
+           --set model.max_position_embeddings=8192 --set data.global_batch_size=256
+           --set data.micro_batch_size=8 --set precision.type=fp32
+           --set distributed_strategy.tensor_model_parallel_size=1)
+  add_test(NAME NxdPlan.ConfiguredLayoutDoesNotFit
+    COMMAND ${CMAKE_COMMAND} -DCODE=3
+            "-DREGEX=memory [0-9.]+ GiB of 16.00 GiB per core \\(does not fit\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan> ${_big})
+  add_test(NAME NxdPlan.SearchFindsLayoutsThatFit
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=[0-9]+ fit; the fastest:\n 1\\. TP [0-9]+ x PP [0-9]+ x DP [0-9]+, micro batch [0-9]+.*memory [0-9.]+ GiB\n 2\\. "
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan> ${_big}
+            --search)
+  add_test(NAME NxdPlan.UnknownModelIsAUserMistake
+    COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=unknown --model 'llama9'"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --model llama9)
+  set_tests_properties(NxdPlan.PlansTwoHundredFiftySixRanks NxdPlan.ConfiguredLayoutDoesNotFit
+    NxdPlan.SearchFindsLayoutsThatFit NxdPlan.UnknownModelIsAUserMistake
+    PROPERTIES LABELS tools TIMEOUT 300)
+endif()

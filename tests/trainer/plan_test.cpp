@@ -116,3 +116,30 @@ TEST(MemoryPlan, RefusesARunOverTheSharedHostRam) {
     EXPECT_NE(m.find("To fit:"), std::string::npos) << m;
   }
 }
+
+// The modeled step of the plan (one training step on meta tensors) against the sim clock of the
+// real run of the same configuration: the mean modeled time of its steps.
+TEST(MemoryPlan, ModeledStepMatchesTheSimClockOfARealRun) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_time_");
+  const std::vector<std::vector<std::string>> runs = {
+      {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=2"},
+      {"backend.world_size=4", "distributed_strategy.zero1=true", "data.micro_batch_size=1"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2"},
+      {"backend.world_size=8", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.pipeline_model_parallel_size=2", "distributed_strategy.zero1=true",
+       "precision.type=mixed_precision", "data.micro_batch_size=1"},
+  };
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const TrainConfig cfg = small(d, "run" + std::to_string(i), runs[i]);
+    const MemoryPlan plan = plan_memory(cfg, {.time_step = true});
+    const TrainResult res = train(cfg, {.quiet = true});
+    double planned = 0;
+    for (const auto& r : plan.ranks) planned = std::max(planned, r.step_seconds);
+    const double err = (planned - res.sim_step_seconds) / res.sim_step_seconds;
+    std::string what;
+    for (const auto& s : runs[i]) what += " " + s;
+    std::printf("    %s: planned step %.1f us, the real run's sim clock %.1f us (%+.2f%%)\n",
+                what.c_str(), planned * 1e6, res.sim_step_seconds * 1e6, 100 * err);
+    EXPECT_LE(std::abs(err), 0.07) << what;
+  }
+}
