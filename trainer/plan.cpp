@@ -322,7 +322,9 @@ std::string MemoryPlan::report() const {
       s += str("\nmemory plan: stage ", st, " (rank ", r->rank, "): parameters ",
                format_bytes(r->parameters), ", gradients ", format_bytes(r->gradients),
                ", optimizer state ", format_bytes(r->optimizer_state), ", activation peak ",
-               format_bytes(r->activation_peak), " = ", format_bytes(r->total()));
+               format_bytes(r->activation_peak), ", collective buffers ",
+               format_bytes(r->collective_buffers), " = ", format_bytes(r->total()), " (",
+               r->total() <= hbm_bytes ? "fits" : "does not fit", ")");
   if (host_ram_bytes > 0)
     s += str("\nmemory plan: the host holds ", format_bytes(host_bytes()),
              host_shared ? str(" for all ", ranks.size(), " rank(s)") : std::string(), " of ",

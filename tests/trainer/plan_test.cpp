@@ -80,18 +80,24 @@ TEST(MemoryPlan, EqualsTheAllocatorsPeaksWithinFivePercent) {
   std::printf("    largest difference %.2f%%\n", 100 * worst);
 }
 
-// The plan is deterministic: the same configuration plans the same bytes.
+// The plan is deterministic: the same configuration plans the same bytes and the same modeled
+// step, bitwise.
 TEST(MemoryPlan, IsDeterministic) {
   auto d = nxd::testing::test_temp_dir("nxd_plan_det_");
   const TrainConfig cfg =
       small(d, "a",
             {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
              "distributed_strategy.zero1=true"});
-  const MemoryPlan a = plan_memory(cfg), b = plan_memory(cfg);
+  const MemoryPlan a = plan_memory(cfg, {.time_step = true});
+  const MemoryPlan b = plan_memory(cfg, {.time_step = true});
   ASSERT_EQ(a.ranks.size(), b.ranks.size());
   for (size_t r = 0; r < a.ranks.size(); ++r) {
     EXPECT_EQ(a.ranks[r].total(), b.ranks[r].total());
     EXPECT_EQ(a.ranks[r].activation_peak, b.ranks[r].activation_peak);
+    EXPECT_GT(a.ranks[r].step_seconds, 0);
+    EXPECT_EQ(a.ranks[r].step_seconds, b.ranks[r].step_seconds);
+    EXPECT_EQ(a.ranks[r].compute_seconds, b.ranks[r].compute_seconds);
+    EXPECT_EQ(a.ranks[r].bubble_seconds, b.ranks[r].bubble_seconds);
   }
 }
 
