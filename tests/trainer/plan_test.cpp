@@ -8,7 +8,10 @@
 #include <cmath>
 #include <string>
 
+#include "nxd/autograd/ops.h"
+#include "nxd/collectives/sim/launch.h"
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/sim/clock.h"
 #include "nxd/trainer/plan.h"
 #include "nxd/trainer/train.h"
 #include "train_util.h"
@@ -148,4 +151,26 @@ TEST(MemoryPlan, ModeledStepMatchesTheSimClockOfARealRun) {
                 what.c_str(), planned * 1e6, res.sim_step_seconds * 1e6, 100 * err);
     EXPECT_LE(std::abs(err), 0.07) << what;
   }
+}
+
+// bf16 attention is priced at the NeuronCore's bf16 rate: the op runs the kernels on f32 copies
+// of its bf16 inputs, which used to be charged at the f32 peak (4x the time of a compute-bound
+// forward and backward); f32 inputs keep the f32 rate.
+TEST(MemoryPlan, Bf16AttentionIsPricedAtTheBf16Rate) {
+  double seconds[2] = {0, 0};
+  sim::launch(1, [&] {
+    for (int i = 0; i < 2; ++i) {
+      const DType dt = i == 0 ? DType::f32 : DType::bf16;
+      auto* clock = sim::current_sim_clock();
+      const double c0 = clock->compute_seconds();
+      Tensor q = zeros({1, 8, 4096, 128}, dt, Device::meta);
+      q.set_requires_grad(true);
+      const Tensor kv = zeros({1, 8, 4096, 128}, dt, Device::meta);
+      backward(sum(scaled_dot_product_attention(q, kv, kv)));
+      seconds[i] = clock->compute_seconds() - c0;
+    }
+  });
+  std::printf("    attention forward + backward [1, 8, 4096, 128]: f32 %.1f us, bf16 %.1f us\n",
+              seconds[0] * 1e6, seconds[1] * 1e6);
+  EXPECT_NEAR(seconds[1] / seconds[0], 0.25, 0.02);
 }
