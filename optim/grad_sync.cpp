@@ -189,7 +189,8 @@ void GradSync::State::build_buckets() {
     if (scatter()) {
       b.shard_numel = (b.grad_numel + n() - 1) / n();
       b.buf = zeros({b.shard_numel * n()}, b.dtype, dev);
-      b.shard = n() > 1 ? zeros({b.shard_numel}, b.dtype, dev) : b.buf;
+      // in place: this rank's block of the bucket receives its reduced shard
+      b.shard = b.buf.narrow(0, group->rank() * b.shard_numel, b.shard_numel);
     } else {
       b.shard_numel = b.grad_numel;
       b.buf = zeros({b.grad_numel + static_cast<int64_t>(b.params.size())}, b.dtype, dev);
@@ -286,7 +287,7 @@ bool GradSync::has_buckets() const {
 int64_t GradSync::buffer_bytes() const {
   int64_t n = 0;
   for (const auto& b : s_->buckets)
-    if (!b.meta) n += b.buf.nbytes() + (b.shard.is_same(b.buf) ? 0 : b.shard.nbytes());
+    if (!b.meta) n += b.buf.nbytes();  // reduce_scatter's shard is a block of it
   return n;
 }
 

@@ -19,9 +19,11 @@
 //                   this rank had one, 0 if not), is averaged over the group in place: after
 //                   finish() every .grad holds the DP mean.
 //   reduce_scatter  (ZeRO-1) the bucket is padded with zeros to a multiple of the group size n
-//                   and reduce-scattered with the mean: DP rank r keeps elements [r*S, (r+1)*S)
-//                   of the averaged bucket in bucket_shard(b) (S = shard_numel(b)); .grad keeps
-//                   this rank's own (unreduced) gradient. has_grad(i) says whether any rank had a
+//                   and reduce-scattered with the mean in place: DP rank r's block of the bucket,
+//                   elements [r*S, (r+1)*S) (S = shard_numel(b)), receives the average of that
+//                   block over the group, and bucket_shard(b) is a view of it (no second buffer);
+//                   the rest of .grad is undefined after finish() (this rank's own gradient on the
+//                   sim backend, MPI may overwrite it). has_grad(i) says whether any rank had a
 //                   gradient for parameter i (one small all-reduce of the flags in finish()).
 //
 // Modes.
@@ -135,7 +137,7 @@ class GradSync {
   int64_t copied_bytes() const;
   // Whether gradients live in buckets at all (false: a one-rank all_reduce with nothing to do).
   bool has_buckets() const;
-  // Bytes of the buckets (and reduce_scatter's shards): the gradients' memory.
+  // Bytes of the buckets: the gradients' memory (reduce_scatter's shards are blocks of them).
   int64_t buffer_bytes() const;
 
   // ---- the layout, for an optimizer working on the reduced shards (ZeRO-1) ----

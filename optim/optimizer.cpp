@@ -224,6 +224,10 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
   NXD_CHECK(opts_.beta2 >= 0 && opts_.beta2 < 1, "[AdamW] beta2 must be in [0, 1), got ",
             opts_.beta2);
   NXD_CHECK(opts_.eps >= 0, "[AdamW] eps must be >= 0, got ", opts_.eps);
+  if (!opts_.defer_state) allocate_state();
+}
+
+void AdamW::allocate_state() {
   for (const auto& g : groups_) {
     auto& row = slots_.emplace_back();
     for (const auto& p : g.params) {
@@ -248,6 +252,7 @@ void SGD::set_precision(const PrecisionOptions& p) {
 
 void AdamW::step() {
   NoGradGuard ng;
+  if (slots_.size() != groups_.size()) allocate_state();  // defer_state
   std::vector<Tensor> grads;  // keeps the contiguous gradients alive during the update
   std::vector<Working> work;  // where each job's update runs (and its rounding into bf16)
   std::vector<detail::AdamWUpdate<float>> f32;

@@ -168,6 +168,11 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   PrecisionOptions precision;
+  // The state (exp_avg, exp_avg_sq, step) is allocated at the first step() instead of at
+  // construction: for an AdamW that only carries the options and groups to an optimizer that
+  // replaces it (ZeRO-1 in NxDOptimizer), so its full-size state never exists. state_tensors()
+  // is empty until then (a checkpoint cannot be loaded into it before its first step).
+  bool defer_state = false;
 };
 
 // torch.optim.AdamW (decoupled weight decay, bias correction, eps outside the sqrt), per
@@ -190,6 +195,7 @@ class AdamW : public Optimizer {
     Tensor m, v, step;
   };
   std::vector<std::vector<Slot>> slots_;
+  void allocate_state();
 };
 
 // ---- gradient norm and clipping ----

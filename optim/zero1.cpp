@@ -44,8 +44,50 @@ struct Zero1AdamW::Impl {
   Tensor m, v;                // [total] f32
   Tensor master;              // [total] f32 with master weights (bf16 buckets' parts)
   std::vector<Tensor> grad;   // per bucket, after reduce_gradients(): the f32 averaged shard
+  // Per bucket: the parameters' flat buffer [S * n], laid out as the gradient bucket (padding
+  // included); every parameter of the bucket is a view of it, so the updated shards are
+  // all-gathered in place with no full-size temporary.
+  std::vector<Tensor> pbuf;
   bool reduced = false;
 
+  // This rank's block of bucket b's parameter buffer.
+  Tensor param_shard(size_t b) const { return pbuf[b].narrow(0, shards[b].begin, shards[b].size); }
+  // Moves every parameter into its bucket's flat buffer (one bucket at a time: the old storage
+  // of a parameter is freed as it moves). Views taken of a parameter before keep the old memory.
+  void flatten_params() {
+    NoGradGuard ng;
+    pbuf.clear();
+    const int n = dp->size();
+    for (const Shard& sh : shards) {
+      const bool meta = !sh.segs.empty() && segs[static_cast<size_t>(sh.segs[0])].p.param.is_meta();
+      pbuf.push_back(zeros({sh.size * n}, sh.param_dtype, meta ? Device::meta : Device::host));
+      for (int i : sh.segs) {
+        const Segment& s = segs[static_cast<size_t>(i)];
+        NXD_CHECK(s.p.param.is_meta() == meta, "[Zero1AdamW] parameter '", s.p.name,
+                  "' is on another device than the rest of its bucket");
+        bind(s);
+      }
+    }
+  }
+  // Whether segment s's parameter is (still) the view of its bucket's buffer.
+  bool bound(const Segment& s) const {
+    const TensorImpl& impl = *s.p.param.impl();
+    const Tensor& buf = pbuf[static_cast<size_t>(s.bucket)];
+    return impl.storage == buf.impl()->storage && impl.offset == buf.offset() + s.offset &&
+           s.p.param.is_contiguous();
+  }
+  // Copies the parameter's values into its slice of the bucket's buffer and makes the parameter
+  // a view of that slice (every handle on the parameter's TensorImpl sees it).
+  void bind(const Segment& s) {
+    const Tensor& p = s.p.param;
+    NXD_CHECK(p.is_contiguous(), "[Zero1AdamW] parameter '", s.p.name, "' is not contiguous");
+    Tensor dst = pbuf[static_cast<size_t>(s.bucket)].narrow(0, s.offset, s.size);
+    if (!p.is_meta()) dst.copy_(p.detach().view({s.size}));
+    TensorImpl& impl = *p.impl();
+    impl.storage = dst.impl()->storage;
+    impl.offset = dst.offset();
+    impl.strides = contiguous_strides(impl.shape);
+  }
   // The part of segment s inside its bucket's shard: [lo, hi) in bucket coordinates.
   std::pair<int64_t, int64_t> overlap(const Segment& s) const {
     const Shard& sh = shards[static_cast<size_t>(s.bucket)];
@@ -148,6 +190,7 @@ Zero1AdamW::Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts)
     sh.segs.push_back(static_cast<int>(i));
     I.segs.push_back(std::move(s));
   }
+  I.flatten_params();
   I.m = zeros({I.total});
   I.v = zeros({I.total});
   Zero1AdamW::set_precision(I.opts.adamw.precision);
@@ -228,10 +271,19 @@ void Zero1AdamW::step() {
   const auto& a = I.opts.adamw;
   for (size_t b = 0; b < I.shards.size(); ++b) {
     const Shard& sh = I.shards[b];
-    // the shard's f32 values: the masters, or a copy of the parameters
+    // A parameter re-pointed since (another optimizer built on the same model moved it into its
+    // own buffer) comes back, with its current values.
+    for (int i : sh.segs)
+      if (!I.bound(I.segs[static_cast<size_t>(i)])) I.bind(I.segs[static_cast<size_t>(i)]);
+    // this rank's block of the parameters, updated in place, then all-gathered in place
+    const Tensor mine = I.param_shard(b);
+    // the shard's f32 values: the masters, the parameters themselves (f32), or an f32 copy of
+    // the shard (bf16 without masters: 1/DP of the bucket)
     Tensor work;
     if (I.has_master(sh, precision_)) {
       work = I.master.narrow(0, sh.flat, sh.size);
+    } else if (sh.param_dtype == DType::f32) {
+      work = mine;
     } else {
       work = zeros({sh.size});
       I.read_params(sh, work.data<float>());
@@ -260,8 +312,8 @@ void Zero1AdamW::step() {
                       i, lo});
       sizes.push_back(hi - lo);
     }
-    // the updated shard in the parameters' dtype (bf16: rounded as AdamW rounds each element)
-    Tensor send = sh.param_dtype == DType::f32 ? work : zeros({sh.size}, sh.param_dtype);
+    // bf16 parameters: the updated values rounded into the parameters' block as AdamW rounds
+    // each element (segments skipped this step keep their values)
     detail::for_each_item(sizes, 8, [&](size_t j, int64_t e0, int64_t e1) {
       const Job& job = jobs[j];
       job.up(e0, e1);
@@ -269,26 +321,11 @@ void Zero1AdamW::step() {
       const Segment& s = I.segs[static_cast<size_t>(job.seg)];
       const int64_t k = job.lo - sh.begin;
       const RoundingNoise noise(precision_.seed, s.p.name, s.step);
-      round_to_bf16(send.data<bf16>() + k + e0, w + k + e0, e1 - e0,
+      round_to_bf16(mine.data<bf16>() + k + e0, w + k + e0, e1 - e0,
                     precision_.stochastic_rounding ? &noise : nullptr, job.lo - s.offset + e0);
     });
-    if (sh.param_dtype == DType::bf16)  // segments skipped this step keep their values
-      for (int i : sh.segs) {
-        const Segment& s = I.segs[static_cast<size_t>(i)];
-        const auto [lo, hi] = I.overlap(s);
-        if (!I.sync->has_grad(i) && hi > lo)
-          std::copy_n(s.p.param.data<bf16>() + (lo - s.offset), hi - lo,
-                      send.data<bf16>() + (lo - sh.begin));
-      }
-    // every rank's updated shard into every parameter
-    Tensor full = n > 1 ? zeros({sh.size * n}, sh.param_dtype) : send;
-    if (n > 1) I.dp->all_gather(send.raw_data(), full.raw_data(), sh.size, sh.param_dtype);
-    for (int i : sh.segs) {
-      const Segment& s = I.segs[static_cast<size_t>(i)];
-      Tensor dst = s.p.param.detach();
-      NXD_CHECK(dst.is_contiguous(), "[Zero1AdamW] parameter '", s.p.name, "' is not contiguous");
-      dst.view({s.size}).copy_(full.narrow(0, s.offset, s.size));
-    }
+    // every rank's updated block into every rank's buffer, in place
+    if (n > 1) I.dp->all_gather(mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
   }
   I.grad.clear();
   I.reduced = false;

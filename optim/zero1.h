@@ -15,13 +15,21 @@
 //                       from the same gradient, the same rounding of bf16 parameters, stochastic
 //                       noise included) on this rank's shard, with the exp_avg / exp_avg_sq (and
 //                       master weights) of the shard only, then an all-gather of every bucket's
-//                       updated shards, in the parameters' dtype, into the parameters.
+//                       updated shards, in the parameters' dtype, in place: the parameters live
+//                       in one flat buffer per bucket, laid out as the gradient bucket (padding
+//                       included), so rank r updates its block [r*S, (r+1)*S) where it lies and
+//                       the all-gather fills the others' blocks around it.
 // A parameter without a gradient on every DP rank is skipped (its step count does not advance),
 // as AdamW does; one with a gradient on some rank only contributes zeros elsewhere.
 //
 // Memory: exp_avg and exp_avg_sq (f32) of the shard per rank: 1/DP of AdamW's, plus padding; with
 // master weights also the f32 masters of the shard. The gradient buckets are the parameters'
-// .grad (no copy); step() allocates one bucket's gather buffer at a time.
+// .grad (no copy) and the reduce-scatter writes each rank's averaged block into its bucket; the
+// parameters are views of flat per-bucket buffers (the constructor moves them there: a view of
+// a parameter taken before construction keeps the old memory and no longer follows it). step()
+// allocates nothing full-size: with f32 parameters, or master weights, nothing at all; bf16
+// without master weights an f32 copy of one bucket's shard at a time (and bf16 gradients without
+// f32 accumulation an f32 copy of the shard at reduce_gradients()).
 //
 // Checkpoints: the state is sharded (state_is_sharded()); sharded_state() gives, per parameter,
 // the element range [lo, hi) of the flattened parameter that this rank's bucket shards cover

@@ -42,9 +42,10 @@ void Executor::send(const Tensor& t, int to_stage, bool grad, const Key& key) {
     int64_t* p = h.data<int64_t>();
     p[0] = buf.dim();
     for (int64_t d = 0; d < buf.dim(); ++d) p[1 + d] = buf.size(d);
-    p[kHeader - 1] = static_cast<int64_t>(buf.dtype());
+    // the dtype, and 256 for a meta activation (a shape-only step: the receiver's is meta too)
+    p[kHeader - 1] = static_cast<int64_t>(buf.dtype()) + (buf.is_meta() ? 256 : 0);
     pending_.emplace_back(group_->isend(h, dst, shape_tag(to_stage)), h);
-    shapes_[key] = Meta{buf.shape(), buf.dtype()};
+    shapes_[key] = Meta{buf.shape(), buf.dtype(), buf.is_meta()};
   } else if (!grad) {
     const Meta& m = shapes_.at(key);
     NXD_CHECK_SHAPE(m.shape == buf.shape() && m.dtype == buf.dtype(), "[pipeline] stage ",
@@ -64,10 +65,12 @@ Tensor Executor::recv_activation(int stage, const Key& key) {
     const int64_t* p = h.data<int64_t>();
     Meta m;
     for (int64_t d = 0; d < p[0]; ++d) m.shape.push_back(p[1 + d]);
-    m.dtype = static_cast<DType>(p[kHeader - 1]);
+    m.dtype = static_cast<DType>(p[kHeader - 1] % 256);
+    m.meta = p[kHeader - 1] >= 256;
     it = shapes_.emplace(key, m).first;
   }
-  Tensor x = empty(it->second.shape, it->second.dtype);
+  Tensor x =
+      empty(it->second.shape, it->second.dtype, it->second.meta ? Device::meta : Device::host);
   group_->recv(x, src, act_tag(stage));
   return x;
 }

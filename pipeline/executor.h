@@ -60,6 +60,7 @@ class Executor {
   struct Meta {
     Shape shape;
     DType dtype = DType::f32;
+    bool meta = false;  // a meta activation (shapes only)
   };
   using Key = std::tuple<int, int64_t, int64_t>;  // receiving stage, rows, seq
   void send(const Tensor& t, int to_stage, bool grad, const Key& key);

@@ -122,7 +122,8 @@ Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, bool train)
   StepResult res = executor_->run(runner, train, ids.size(0) / M, ids.size(1));
   if (train) span_seconds_ += res.span_seconds, phase_seconds_ += res.phase_seconds;
   double sum = 0;
-  for (const Tensor& l : res.losses) sum += l.item();
+  for (const Tensor& l : res.losses)
+    if (!l.is_meta()) sum += l.item();  // a meta step (the planner) has no values
   // each returned loss is already divided by M
   Tensor loss = scalar(sum, DType::f32);
   if (dp_group_ && dp_group_->size() > 1) dp_group_->all_reduce(loss, ReduceOp::avg);

@@ -72,8 +72,11 @@ OptimizerSetup CausalLMModule::configure_optimizers() {
     s.optimizer = std::make_unique<optim::SGD>(std::move(groups),
                                                optim::SGDOptions{o.momentum, 0.0, o.nesterov});
   else
-    s.optimizer = std::make_unique<optim::AdamW>(std::move(groups),
-                                                 optim::AdamWOptions{o.beta1, o.beta2, o.eps});
+    // with ZeRO-1 the NxDOptimizer replaces this AdamW by Zero1AdamW: its state never exists
+    s.optimizer = std::make_unique<optim::AdamW>(
+        std::move(groups),
+        optim::AdamWOptions{
+            .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .defer_state = cfg_.dist.zero1});
   s.schedule = optim::LRSchedule({optim::schedule_kind_from_name(o.sched_name), o.lr, o.min_lr,
                                   o.warmup_steps, o.decay_steps});
   return s;

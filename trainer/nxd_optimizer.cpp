@@ -69,7 +69,9 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.bucket_bytes = bucket;
     zo.mode = mode;
     zo.fp32_grad_acc = rp.fp32_grad_acc;
-    auto z = std::make_unique<optim::Zero1AdamW>(inner->param_groups(), std::move(zo));
+    std::vector<optim::ParamGroup> groups = inner->param_groups();
+    inner.reset();  // AdamW's full state (unless deferred) goes before ZeRO-1's is allocated
+    auto z = std::make_unique<optim::Zero1AdamW>(std::move(groups), std::move(zo));
     zero1_ = z.get();
     inner_ = std::move(z);
     return;

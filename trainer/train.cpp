@@ -15,6 +15,7 @@
 #include "nxd/trainer/fault_injection.h"
 #include "nxd/trainer/log.h"
 #include "nxd/trainer/preempt.h"
+#include "nxd/trainer/plan.h"
 
 namespace fs = std::filesystem;
 
@@ -419,6 +420,8 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
   // the trainer sets the run's matmul precision (process-wide: every sim rank alike); it is
   // restored when the run ends
   blas::MatmulPrecisionScope precision_scope(resolve_precision(nxd_config_of(cfg)).matmul);
+  // a model that cannot fit is refused before anything is allocated (trainer/plan.h)
+  plan_before_training(cfg, static_cast<bool>(make_module), opts.quiet ? nullptr : opts.out);
   if (cfg.dist.backend == "mpi" || (cfg.dist.world_size == 1 && cfg.dist.timeline.empty()))
     return train_rank(cfg, opts, /*set_threads=*/true, make_module);
   // sim: every rank a thread of this process (BLAS single-threaded while they run)
@@ -439,7 +442,10 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
     TrainResult r = train_rank(cfg, opts, /*set_threads=*/false, make_module);
     if (is_lead_rank()) res = r;
   });
-  for (const auto& rr : lr.ranks) res.hbm_peak_bytes = std::max(res.hbm_peak_bytes, rr.peak_bytes);
+  for (const auto& rr : lr.ranks) {
+    res.hbm_peak_bytes = std::max(res.hbm_peak_bytes, rr.peak_bytes);
+    res.rank_peak_bytes.push_back(rr.peak_bytes);
+  }
   res.sim_seconds = lr.sim_seconds();
   return res;
 }

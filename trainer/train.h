@@ -46,6 +46,7 @@ struct TrainResult {
   double sim_bubble = -1;             // sim with pipeline parallelism: the modeled bubble (else -1)
   int64_t activation_peak_bytes = 0;  // the largest rank's peak above its resident state
   int64_t optimizer_state_bytes = 0;  // the largest rank's optimizer state
+  std::vector<int64_t> rank_peak_bytes;  // sim: every rank's device-memory peak, by rank
 };
 
 // Builds the module of a run (default: CausalLMModule(cfg)); called on every rank.

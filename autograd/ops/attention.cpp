@@ -55,7 +55,10 @@ Tensor materialized(const Tensor& q, const Tensor& k, const Tensor& v, bool caus
   Prepared p = prepare(q, k, v);
   Tensor probs =
       p.grad ? empty({q.size(0), q.size(1), q.size(2), k.size(2)}, p.oc.dtype(), p.dev) : Tensor();
-  kernels::attention_forward(p.oc, probs, p.qc, p.kc, p.vc, causal, scale);
+  {
+    const kernels::AttentionPricing priced(p.dt);  // bf16 inputs: priced at the bf16 rate
+    kernels::attention_forward(p.oc, probs, p.qc, p.kc, p.vc, causal, scale);
+  }
   Tensor out = to_dtype(p.oc, p.dt);  // oc itself for f32/f64: captured detached below
   if (!p.grad) return out;
   // bf16 attention keeps bf16 inputs, output and probabilities for backward (half the bytes;
@@ -68,6 +71,7 @@ Tensor materialized(const Tensor& q, const Tensor& k, const Tensor& v, bool caus
        scale, dt = p.dt](const Grads& g) -> Grads {
         const Tensor qc = compute(qk), kc = compute(kk), vc = compute(vk);
         auto [dq, dk, dv] = grad_buffers(qc, kc, vc);
+        const kernels::AttentionPricing priced(dt);
         kernels::attention_backward(dq, dk, dv, compute(g[0]), qc, kc, vc, compute(ok), compute(pk),
                                     causal, scale);
         return {to_dtype(dq, dt), to_dtype(dk, dt), to_dtype(dv, dt)};
@@ -78,7 +82,10 @@ Tensor materialized(const Tensor& q, const Tensor& k, const Tensor& v, bool caus
 Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   Prepared p = prepare(q, k, v);
   Tensor lse = p.grad ? empty({q.size(0), q.size(1), q.size(2)}, p.oc.dtype(), p.dev) : Tensor();
-  kernels::flash_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, causal, scale);
+  {
+    const kernels::AttentionPricing priced(p.dt);  // bf16 inputs: priced at the bf16 rate
+    kernels::flash_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, causal, scale);
+  }
   Tensor out = to_dtype(p.oc, p.dt);
   if (!p.grad) return out;
   // bf16 keeps bf16 inputs and output (rounded) and the f32 log-sum-exp
@@ -89,6 +96,7 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, dou
                     dt = p.dt](const Grads& g) -> Grads {
                      const Tensor qc = compute(qk), kc = compute(kk), vc = compute(vk);
                      auto [dq, dk, dv] = grad_buffers(qc, kc, vc);
+                     const kernels::AttentionPricing priced(dt);
                      kernels::flash_attention_backward(dq, dk, dv, compute(g[0]), qc, kc, vc,
                                                        compute(ok), lse, causal, scale);
                      return {to_dtype(dq, dt), to_dtype(dk, dt), to_dtype(dv, dt)};

@@ -265,8 +265,25 @@ class MpiCommunicator final : public Communicator {
       reduce_scatter(s, r, n, t, op);
       return Work();
     }
-    NXD_CHECK(!overlaps(s, r, n * size() * dtype_size(t)),
-              "[ireduce_scatter] in-place non-blocking reduce_scatter is not supported");
+    const int64_t es = dtype_size(t);
+    if (r == static_cast<const char*>(s) + rank() * n * es) {
+      // In place (recv is this member's block of send, as ZeRO-1's buckets call it): MPI leaves
+      // the result at the start of the buffer; it is moved to this member's block on completion.
+      void* base = const_cast<void*>(s);
+      MPI_Request req;
+      check(MPI_Ireduce_scatter_block(MPI_IN_PLACE, base, icount("ireduce_scatter", n), datatype(t),
+                                      mpi_op(op, t), comm_, &req),
+            {"ireduce_scatter", n, t});
+      std::function<void()> div = divide_after(r, n, {t, op});
+      return work({req, RequestWork::Kind::collective,
+                   [=] {
+                     if (r != base) std::memmove(r, base, static_cast<size_t>(n * es));
+                     if (div) div();
+                   }},
+                  "ireduce_scatter");
+    }
+    NXD_CHECK(!overlaps(s, r, n * size() * es),
+              "[ireduce_scatter] recv overlaps send other than as this member's block");
     MPI_Request req;
     check(MPI_Ireduce_scatter_block(s, r, icount("ireduce_scatter", n), datatype(t), mpi_op(op, t),
                                     comm_, &req),

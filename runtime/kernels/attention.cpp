@@ -11,6 +11,20 @@
 
 namespace nxd::kernels {
 
+namespace {
+thread_local int attention_priced_as = -1;  // a DType, or -1 outside an AttentionPricing scope
+}  // namespace
+
+AttentionPricing::AttentionPricing(DType priced_as) : prev_(attention_priced_as) {
+  attention_priced_as = static_cast<int>(priced_as);
+}
+AttentionPricing::~AttentionPricing() {
+  attention_priced_as = prev_;
+}
+DType AttentionPricing::dtype(DType operand) {
+  return attention_priced_as < 0 ? operand : static_cast<DType>(attention_priced_as);
+}
+
 using namespace detail;
 
 namespace {
@@ -32,10 +46,11 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, 
     NXD_CHECK(probs.is_meta() || probs.is_contiguous(), "[", op, "] probs must be contiguous");
   }
   double bh = double(d.b * d.hq);
+  const DType priced = AttentionPricing::dtype(q.dtype());
   charge_compute(op, bh * (4.0 * d.sq * d.sk * d.d + 5.0 * d.sq * d.sk),
-                 double(q.element_size()) *
+                 double(dtype_size(priced)) *
                      (2.0 * q.numel() + 2.0 * k.numel() + (probs.defined() ? bh * d.sq * d.sk : 0)),
-                 blas::matmul_compute_dtype(q.dtype()));
+                 blas::matmul_compute_dtype(priced));
   if (meta_only(op, out, {q, k, v}) || out.numel() == 0) return;
   if (!probs.defined()) check_scratch(d.sq * d.sk * q.element_size(), "attention scores");
   Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v);
@@ -70,10 +85,11 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   Dims d = check_attention(op, q, k, v, causal, scale);
   check_backward(op, {dq, dk, dv, dout, q, k, v, out, probs, "probs", {d.b, d.hq, d.sq, d.sk}});
   double bh = double(d.b * d.hq);
+  const DType priced = AttentionPricing::dtype(q.dtype());
   charge_compute(
       op, bh * (8.0 * d.sq * d.sk * d.d + 4.0 * d.sq * d.sk),
-      double(q.element_size()) * (5.0 * q.numel() + 4.0 * k.numel() + 2.0 * bh * d.sq * d.sk),
-      blas::matmul_compute_dtype(q.dtype()));
+      double(dtype_size(priced)) * (5.0 * q.numel() + 4.0 * k.numel() + 2.0 * bh * d.sq * d.sk),
+      blas::matmul_compute_dtype(priced));
   if (meta_only(op, dq, {dout, q, k, v, out, probs})) return;
   dk.zero_();
   dv.zero_();

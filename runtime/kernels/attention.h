@@ -11,6 +11,23 @@
 
 namespace nxd::kernels {
 
+// The dtype the sim device prices the attention kernels' products and bytes at. The kernels run
+// on f32 copies of bf16 inputs (the op converts them), which a NeuronCore would multiply at its
+// bf16 rate from bf16 operands: the op of bf16 attention sets bf16 for its kernel calls. Scoped
+// and thread-local (sim ranks are threads); undefined outside a scope: the operands' own dtype.
+class AttentionPricing {
+ public:
+  explicit AttentionPricing(DType priced_as);
+  ~AttentionPricing();
+  AttentionPricing(const AttentionPricing&) = delete;
+  AttentionPricing& operator=(const AttentionPricing&) = delete;
+  // `operand` (the kernel's q dtype), or the scope's dtype inside one.
+  static DType dtype(DType operand);
+
+ private:
+  int prev_;
+};
+
 // out: [B, Hq, Sq, D] (any layout with unit last stride); probs: [B, Hq, Sq, Sk] contiguous, or
 // undefined when the probabilities need not be kept (inference); q: [B, Hq, Sq, D];
 // k, v: [B, Hkv, Sk, D] with Hkv dividing Hq and Sk >= Sq when causal (query i sits at key

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "nxd/runtime/blas.h"
+#include "nxd/runtime/kernels/attention.h"
 #include "nxd/runtime/kernels/attention_common.h"
 
 namespace nxd::kernels {
@@ -259,9 +260,10 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   // the flops of the materialized kernel plus the online rescaling; HBM traffic is q, k, v, out
   // and lse (the scores stay on chip)
   const double bh = double(d.b * d.hq);
+  const DType priced = AttentionPricing::dtype(q.dtype());
   charge_compute(op, bh * (4.0 * d.sq * d.sk * d.d + 6.0 * d.sq * d.sk + 2.0 * d.sq * d.d),
-                 double(q.element_size()) * (2.0 * q.numel() + 2.0 * k.numel() + bh * d.sq),
-                 blas::matmul_compute_dtype(q.dtype()));
+                 double(dtype_size(priced)) * (2.0 * q.numel() + 2.0 * k.numel() + bh * d.sq),
+                 blas::matmul_compute_dtype(priced));
   if (meta_only(op, out, {q, k, v, lse}) || out.numel() == 0) return;
   Tensor qc = gemm_input(q), kc = gemm_input(k), vc = gemm_input(v);
   const int64_t nblk = (d.sq + kBq - 1) / kBq;
@@ -290,9 +292,10 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   // the materialized backward's flops plus the recomputed scores and exponentials; HBM traffic
   // is the operands, their gradients and lse
   const double bh = double(d.b * d.hq);
+  const DType priced = AttentionPricing::dtype(q.dtype());
   charge_compute(op, bh * (10.0 * d.sq * d.sk * d.d + 8.0 * d.sq * d.sk + 2.0 * d.sq * d.d),
-                 double(q.element_size()) * (5.0 * q.numel() + 4.0 * k.numel() + bh * d.sq),
-                 blas::matmul_compute_dtype(q.dtype()));
+                 double(dtype_size(priced)) * (5.0 * q.numel() + 4.0 * k.numel() + bh * d.sq),
+                 blas::matmul_compute_dtype(priced));
   if (meta_only(op, dq, {dout, q, k, v, out, lse})) return;
   if (dq.numel() == 0 || dk.numel() == 0) {
     dq.zero_();

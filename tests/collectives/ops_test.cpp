@@ -143,6 +143,43 @@ TEST(Coll, ReduceScatterFlatAndAlongDims) {
   }
 }
 
+// The in-place forms ZeRO-1's buckets use: a reduce-scatter (blocking and non-blocking) whose
+// recv is this member's block of its send buffer, and an all-gather whose send is this member's
+// block of its recv buffer. (MPI's non-blocking reduce-scatter goes through MPI_IN_PLACE, the
+// result moved into the block on completion.)
+TEST(Coll, ReduceScatterAndAllGatherInPlaceInTheMembersBlock) {
+  for (int p = 1; p <= max_ranks(); ++p) {
+    run_ranks(p, [&] {
+      Communicator& c = world();
+      for (DType t : {DType::f32, DType::bf16, DType::f64})
+        for (bool async : {false, true}) {
+          const int64_t n = 1037;  // per rank
+          const int64_t es = dtype_size(t);
+          Tensor x = rank_tensor(c.rank(), p * n, t);
+          char* base = static_cast<char*>(x.raw_data());
+          char* mine = base + c.rank() * n * es;
+          if (async)
+            c.ireduce_scatter(base, mine, n, t, ReduceOp::avg).wait();
+          else
+            c.reduce_scatter(base, mine, n, t, ReduceOp::avg);
+          Tensor ref =
+              reference(p, p * n, t, ReduceOp::avg).narrow(0, c.rank() * n, n).contiguous();
+          EXPECT_TRUE(::nxd::testing::close_rel(
+              x.narrow(0, c.rank() * n, n).contiguous(), ref, backend_tol(t),
+              str("reduce_scatter in place p=", p, " ", t, async ? " async" : "")));
+          // every member's block back into every member's buffer, in place
+          c.all_gather(mine, base, n, t);
+          for (int r = 0; r < p; ++r) {
+            Tensor want = reference(p, p * n, t, ReduceOp::avg).narrow(0, r * n, n).contiguous();
+            EXPECT_TRUE(::nxd::testing::close_rel(x.narrow(0, r * n, n).contiguous(), want,
+                                                  backend_tol(t),
+                                                  str("all_gather in place p=", p, " block ", r)));
+          }
+        }
+    });
+  }
+}
+
 TEST(Coll, BroadcastAndReduceFromEveryRoot) {
   for (int p = 1; p <= max_ranks(); ++p) {
     run_ranks(p, [&] {

@@ -1,0 +1,64 @@
+# nxd-train refuses a model that cannot fit before allocating anything (trainer/plan.h), exit 2
+# with the rank, the breakdown, the capacity and what to change: issue 24's two commands (one fp32
+# rank of 4.8B parameters; the default 8-rank layout at hidden 16384 x 16 layers), each of which
+# grew to 19-22 GB of host memory before the kernel killed it; and a run over the host RAM its sim
+# ranks share (NXD_HOST_RAM_BYTES makes the machine small).
+if(TARGET nxd-train)
+  set(_plan_out ${CMAKE_CURRENT_BINARY_DIR}/plan_refusals)
+  add_test(NAME NxdTrain.RefusesAOneRankModelOverHbm
+    COMMAND ${CMAKE_COMMAND} -DCODE=2
+            "-DREGEX=rank 0 \\(stage 0\\) needs parameters 18.11 GiB, gradients 18.11 GiB, optimizer state 36.22 GiB.* over the 16.00 GiB HBM of a trn1.32xlarge NeuronCore. To fit: "
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-train>
+            --set model.hidden_size=8192 --set model.num_attention_heads=64
+            --set model.num_layers=6 --set backend.world_size=1
+            --set distributed_strategy.tensor_model_parallel_size=1 --set precision.type=fp32
+            --out ${_plan_out}/one)
+  add_test(NAME NxdTrain.RefusesAnEightRankModelOverHbm
+    COMMAND ${CMAKE_COMMAND} -DCODE=2
+            "-DREGEX=the model does not fit: rank [0-9]+ \\(stage 0\\) needs parameters 96.14 GiB.*HBM.*distributed_strategy.zero1=true"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-train>
+            --set model.hidden_size=16384 --set model.num_attention_heads=64
+            --set model.num_layers=16 --out ${_plan_out}/eight)
+  add_test(NAME NxdTrain.RefusesARunOverTheSharedHostRam
+    COMMAND ${CMAKE_COMMAND} -DCODE=2
+            "-DREGEX=does not fit in host memory: its 8 sim rank\\(s\\) need .* over the 1.0 MiB of RAM they share"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake
+            ${CMAKE_COMMAND} -E env NXD_HOST_RAM_BYTES=1048576 $<TARGET_FILE:nxd-train>
+            --set trainer.max_steps=1 --out ${_plan_out}/host)
+  set_tests_properties(NxdTrain.RefusesAOneRankModelOverHbm NxdTrain.RefusesAnEightRankModelOverHbm
+    NxdTrain.RefusesARunOverTheSharedHostRam PROPERTIES LABELS tools TIMEOUT 60)
+endif()
+# nxd-plan: a 256-rank plan (8 trn1.32xlarge nodes; about 4 s), and --search finding layouts that
+# fit a model whose configured layout (one rank per replica, micro batch 8 of 8192 tokens) does
+# not (exit 3 for a plan that does not fit).
+if(TARGET nxd-plan)
+  add_test(NAME NxdPlan.PlansTwoHundredFiftySixRanks
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=on 8xtrn1.32xlarge \\(256 NeuronCores\\): TP 8 x PP 4 x DP 8.*memory plan: stage 3 .*step \\(modeled, rank [0-9]+, stage [0-9]\\): [0-9.]+ s = compute [0-9.]+ s \\+ exposed communication [0-9.]+ s \\+ pipeline bubble [0-9.]+ s.*predicted: [0-9.]+ seq/s, [0-9]+ tokens/s, MFU [0-9.]+, step [0-9.]+ s, memory [0-9.]+ GiB of 16.00 GiB per core \\(fits\\).*planner: [0-9.]+ s, peak RSS [0-9.]+ MiB"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --nodes 8 --set model.hidden_size=256 --set model.num_attention_heads=8
+            --set model.num_layers=8 --set distributed_strategy.tensor_model_parallel_size=8
+            --set distributed_strategy.pipeline_model_parallel_size=4 --set data.seq_length=256
+            --set data.global_batch_size=64 --set data.micro_batch_size=1)
+  set(_big --nodes 1 --set model.hidden_size=2048 --set model.num_attention_heads=16
+           --set model.num_layers=2 --set data.seq_length=8192
+           --set model.max_position_embeddings=8192 --set data.global_batch_size=256
+           --set data.micro_batch_size=8 --set precision.type=fp32
+           --set distributed_strategy.tensor_model_parallel_size=1)
+  add_test(NAME NxdPlan.ConfiguredLayoutDoesNotFit
+    COMMAND ${CMAKE_COMMAND} -DCODE=3
+            "-DREGEX=memory [0-9.]+ GiB of 16.00 GiB per core \\(does not fit\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan> ${_big})
+  add_test(NAME NxdPlan.SearchFindsLayoutsThatFit
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=[0-9]+ fit; the fastest:\n 1\\. TP [0-9]+ x PP [0-9]+ x DP [0-9]+, micro batch [0-9]+.*memory [0-9.]+ GiB\n 2\\. "
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan> ${_big}
+            --search)
+  add_test(NAME NxdPlan.UnknownModelIsAUserMistake
+    COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=unknown --model 'llama9'"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --model llama9)
+  set_tests_properties(NxdPlan.PlansTwoHundredFiftySixRanks NxdPlan.ConfiguredLayoutDoesNotFit
+    NxdPlan.SearchFindsLayoutsThatFit NxdPlan.UnknownModelIsAUserMistake
+    PROPERTIES LABELS tools TIMEOUT 300)
+endif()

@@ -1,0 +1,176 @@
+// The memory plan on meta tensors (trainer/plan.h) against the allocator: every rank's planned
+// total equals the peak the allocator measures in the real run of the same configuration within
+// 5%, across tensor, pipeline (1F1B, GPipe, interleaved) and data parallelism, ZeRO-1, the four
+// precision types and activation checkpointing; and a run that cannot fit in the host RAM its
+// sim ranks share is refused before anything is allocated.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "nxd/autograd/ops.h"
+#include "nxd/collectives/sim/launch.h"
+#include "nxd/runtime/error.h"
+#include "nxd/runtime/sim/clock.h"
+#include "nxd/trainer/plan.h"
+#include "nxd/trainer/train.h"
+#include "train_util.h"
+
+using namespace nxd;
+using namespace nxd::trainer;
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainConfig small(const fs::path& d, const std::string& name, std::vector<std::string> extra) {
+  for (const char* s :
+       {"model.num_layers=4", "model.hidden_size=64", "model.num_attention_heads=4",
+        "data.seq_length=32", "data.global_batch_size=16", "data.micro_batch_size=2",
+        "trainer.max_steps=3", "trainer.val_check_interval=0", "generation.max_new_tokens=0",
+        "model.optim.sched.warmup_steps=1", "distributed_strategy.tensor_model_parallel_size=1"})
+    extra.insert(extra.begin(), s);
+  return nxd::testing::tiny(d / name, nxd::testing::tiny_corpus(d), extra);
+}
+
+}  // namespace
+
+TEST(MemoryPlan, EqualsTheAllocatorsPeaksWithinFivePercent) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_");
+  const std::vector<std::vector<std::string>> runs = {
+      {"backend.world_size=2", "distributed_strategy.tensor_model_parallel_size=2",
+       "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.sequence_parallel=true", "precision.type=autocast"},
+      {"backend.world_size=4", "distributed_strategy.zero1=true", "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.zero1=true", "precision.type=mixed_precision"},
+      {"backend.world_size=2", "precision.type=bf16SR"},
+      {"backend.world_size=4", "distributed_strategy.zero1=true", "precision.type=bf16SR"},
+      {"backend.world_size=2", "model.activations_checkpoint_granularity=full"},
+      {"backend.world_size=2", "model.activations_checkpoint_granularity=selective",
+       "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+       "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=4",
+       "distributed_strategy.pipeline_schedule=gpipe", "precision.type=fp32"},
+      {"backend.world_size=8", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.pipeline_model_parallel_size=2", "distributed_strategy.zero1=true",
+       "precision.type=mixed_precision"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+       "distributed_strategy.virtual_pipeline_model_parallel_size=2",
+       "distributed_strategy.pipeline_schedule=interleaved", "precision.type=fp32"},
+  };
+  double worst = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const TrainConfig cfg = small(d, "run" + std::to_string(i), runs[i]);
+    const MemoryPlan plan = plan_memory(cfg);
+    const TrainResult res = train(cfg, {.quiet = true});
+    ASSERT_EQ(res.rank_peak_bytes.size(), plan.ranks.size());
+    std::string what;
+    for (const auto& s : runs[i]) what += " " + s;
+    for (size_t r = 0; r < plan.ranks.size(); ++r) {
+      const double planned = static_cast<double>(plan.ranks[r].total());
+      const double measured = static_cast<double>(res.rank_peak_bytes[r]);
+      const double err = (planned - measured) / measured;
+      worst = std::max(worst, std::abs(err));
+      EXPECT_LE(std::abs(err), 0.05) << what << ": rank " << r << " planned " << planned
+                                     << " bytes, the allocator's peak " << measured;
+      if (r == 0 || r + 1 == plan.ranks.size())
+        std::printf("    %s: rank %zu planned %s, measured %s (%+.2f%%)\n", what.c_str(), r,
+                    format_bytes(plan.ranks[r].total()).c_str(),
+                    format_bytes(res.rank_peak_bytes[r]).c_str(), 100 * err);
+    }
+  }
+  std::printf("    largest difference %.2f%%\n", 100 * worst);
+}
+
+// The plan is deterministic: the same configuration plans the same bytes and the same modeled
+// step, bitwise.
+TEST(MemoryPlan, IsDeterministic) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_det_");
+  const TrainConfig cfg =
+      small(d, "a",
+            {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+             "distributed_strategy.zero1=true"});
+  const MemoryPlan a = plan_memory(cfg, {.time_step = true});
+  const MemoryPlan b = plan_memory(cfg, {.time_step = true});
+  ASSERT_EQ(a.ranks.size(), b.ranks.size());
+  for (size_t r = 0; r < a.ranks.size(); ++r) {
+    EXPECT_EQ(a.ranks[r].total(), b.ranks[r].total());
+    EXPECT_EQ(a.ranks[r].activation_peak, b.ranks[r].activation_peak);
+    EXPECT_GT(a.ranks[r].step_seconds, 0);
+    EXPECT_EQ(a.ranks[r].step_seconds, b.ranks[r].step_seconds);
+    EXPECT_EQ(a.ranks[r].compute_seconds, b.ranks[r].compute_seconds);
+    EXPECT_EQ(a.ranks[r].bubble_seconds, b.ranks[r].bubble_seconds);
+  }
+}
+
+// Eight sim ranks that each fit a NeuronCore but together exceed the host RAM they share are
+// refused before anything is allocated, naming the ranks' total, the RAM and what to change.
+TEST(MemoryPlan, RefusesARunOverTheSharedHostRam) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_host_");
+  const TrainConfig cfg = small(d, "a", {"backend.world_size=8"});
+  const MemoryPlan fits = plan_memory(cfg);
+  EXPECT_TRUE(fits.fits());
+  const MemoryPlan tight = plan_memory(cfg, {.host_ram_bytes = fits.host_bytes() - 1});
+  EXPECT_TRUE(tight.fits_hbm());
+  EXPECT_FALSE(tight.fits_host());
+  try {
+    check_fits(tight, cfg);
+    ADD_FAILURE() << "check_fits accepted a run over the host RAM";
+  } catch (const OutOfDeviceMemory& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("does not fit in host memory"), std::string::npos) << m;
+    EXPECT_NE(m.find("8 sim rank(s)"), std::string::npos) << m;
+    EXPECT_NE(m.find("optimizer state"), std::string::npos) << m;
+    EXPECT_NE(m.find("To fit:"), std::string::npos) << m;
+  }
+}
+
+// The modeled step of the plan (one training step on meta tensors) against the sim clock of the
+// real run of the same configuration: the mean modeled time of its steps.
+TEST(MemoryPlan, ModeledStepMatchesTheSimClockOfARealRun) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_time_");
+  const std::vector<std::vector<std::string>> runs = {
+      {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=2"},
+      {"backend.world_size=4", "distributed_strategy.zero1=true", "data.micro_batch_size=1"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2"},
+      {"backend.world_size=8", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.pipeline_model_parallel_size=2", "distributed_strategy.zero1=true",
+       "precision.type=mixed_precision", "data.micro_batch_size=1"},
+  };
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const TrainConfig cfg = small(d, "run" + std::to_string(i), runs[i]);
+    const MemoryPlan plan = plan_memory(cfg, {.time_step = true});
+    const TrainResult res = train(cfg, {.quiet = true});
+    double planned = 0;
+    for (const auto& r : plan.ranks) planned = std::max(planned, r.step_seconds);
+    const double err = (planned - res.sim_step_seconds) / res.sim_step_seconds;
+    std::string what;
+    for (const auto& s : runs[i]) what += " " + s;
+    std::printf("    %s: planned step %.1f us, the real run's sim clock %.1f us (%+.2f%%)\n",
+                what.c_str(), planned * 1e6, res.sim_step_seconds * 1e6, 100 * err);
+    EXPECT_LE(std::abs(err), 0.07) << what;
+  }
+}
+
+// bf16 attention is priced at the NeuronCore's bf16 rate: the op runs the kernels on f32 copies
+// of its bf16 inputs, which used to be charged at the f32 peak (4x the time of a compute-bound
+// forward and backward); f32 inputs keep the f32 rate.
+TEST(MemoryPlan, Bf16AttentionIsPricedAtTheBf16Rate) {
+  double seconds[2] = {0, 0};
+  sim::launch(1, [&] {
+    for (int i = 0; i < 2; ++i) {
+      const DType dt = i == 0 ? DType::f32 : DType::bf16;
+      auto* clock = sim::current_sim_clock();
+      const double c0 = clock->compute_seconds();
+      Tensor q = zeros({1, 8, 4096, 128}, dt, Device::meta);
+      q.set_requires_grad(true);
+      const Tensor kv = zeros({1, 8, 4096, 128}, dt, Device::meta);
+      backward(sum(scaled_dot_product_attention(q, kv, kv)));
+      seconds[i] = clock->compute_seconds() - c0;
+    }
+  });
+  std::printf("    attention forward + backward [1, 8, 4096, 128]: f32 %.1f us, bf16 %.1f us\n",
+              seconds[0] * 1e6, seconds[1] * 1e6);
+  EXPECT_NEAR(seconds[1] / seconds[0], 0.25, 0.02);
+}
