@@ -69,25 +69,7 @@ std::shared_ptr<TensorParallelModel> trace_decoder(CausalLMFactory make,
 
 namespace {
 
-struct Row {
-  std::vector<int64_t> seq;
-  int64_t generated = 0;
-  std::string stop;
-};
-
-void advance(Row& r, const std::vector<double>& logits, const GenerateOptions& o,
-             const RngStream& stream, int64_t max_pos) {
-  const int64_t next = sample_token(logits, o.temperature, o.top_k, o.top_p,
-                                    stream.uniform_f64(static_cast<uint64_t>(r.generated)));
-  r.seq.push_back(next);
-  ++r.generated;
-  if (next == o.eos_token_id)
-    r.stop = "eos";
-  else if (r.generated >= o.max_new_tokens)
-    r.stop = "max_new_tokens";
-  else if (static_cast<int64_t>(r.seq.size()) >= max_pos)
-    r.stop = "max_position_embeddings";
-}
+using Row = GenerationRow;
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -142,7 +124,8 @@ GenerateResult traced_generate(TensorParallelModel& model,
   Tensor logits =
       model.forward({from_vector<int64_t>(ids, {batch, S}), st.seq_ids, st.start, st.lengths})[0];
   for (int64_t b = 0; b < B; ++b)
-    if (rows[b].stop.empty()) advance(rows[b], row(logits, b), opts, stream, max_pos);
+    if (rows[b].stop.empty())
+      advance_generation_row(rows[b], row(logits, b), opts, stream, max_pos);
   res.prefill_seconds = now() - t0;
   t0 = now();
   while (true) {
@@ -161,7 +144,8 @@ GenerateResult traced_generate(TensorParallelModel& model,
     logits = model.forward({from_vector<int64_t>(tok, {n, 1}), d.seq_ids, d.start, d.lengths})[0];
     ++res.decode_steps;
     res.decode_tokens += n;
-    for (int64_t i = 0; i < n; ++i) advance(rows[active[i]], row(logits, i), opts, stream, max_pos);
+    for (int64_t i = 0; i < n; ++i)
+      advance_generation_row(rows[active[i]], row(logits, i), opts, stream, max_pos);
   }
   res.decode_seconds = now() - t0;
   for (auto& r : rows) {

@@ -36,6 +36,7 @@
 #include "nxd/layers/models/config.h"
 #include "nxd/layers/models/kv_cache.h"
 #include "nxd/layers/module.h"
+#include "nxd/runtime/rng.h"
 
 namespace nxd {
 
@@ -184,6 +185,19 @@ int64_t sample_token(const std::vector<double>& logits, double temperature, int6
 // is exactly the four-argument form.
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
                      double top_p, double u);
+
+// One sequence being generated (by generate_batch, or a traced decoder): the prompt and the ids
+// generated so far, and why it stopped ("" while it runs).
+struct GenerationRow {
+  std::vector<int64_t> seq;
+  int64_t generated = 0;
+  std::string stop;
+};
+// Samples r's next token from its logits with draw number r.generated of `stream` (so a row's
+// tokens do not depend on the other rows of its batch), appends it, and sets r.stop to "eos",
+// "max_new_tokens" or "max_position_embeddings" (the sequence reached max_pos) when it is done.
+void advance_generation_row(GenerationRow& r, const std::vector<double>& logits,
+                            const GenerateOptions& o, const RngStream& stream, int64_t max_pos);
 
 // The families make_causal_lm builds: "llama" and "gpt_neox". ModelConfig::arch may name any
 // other family a user's own CausalLM subclass implements (examples/new_model).

@@ -150,27 +150,7 @@ double modeled() {
   return c ? c->now() : 0.0;
 }
 
-// Row state of a generation: the sequence, its new tokens, and whether (and why) it stopped.
-struct Row {
-  std::vector<int64_t> seq;
-  int64_t generated = 0;
-  std::string stop;
-};
-
-// Samples row r's next token from its logits and appends it; sets the stop reason when done.
-void advance(Row& r, const std::vector<double>& logits, const GenerateOptions& o,
-             const RngStream& stream, int64_t max_pos) {
-  const int64_t next = sample_token(logits, o.temperature, o.top_k, o.top_p,
-                                    stream.uniform_f64(static_cast<uint64_t>(r.generated)));
-  r.seq.push_back(next);
-  ++r.generated;
-  if (next == o.eos_token_id)
-    r.stop = "eos";
-  else if (r.generated >= o.max_new_tokens)
-    r.stop = "max_new_tokens";
-  else if (static_cast<int64_t>(r.seq.size()) >= max_pos)
-    r.stop = "max_position_embeddings";
-}
+using Row = GenerationRow;
 
 std::vector<double> row_of(const std::vector<double>& all, int64_t row, int64_t V) {
   return std::vector<double>(all.begin() + row * V, all.begin() + (row + 1) * V);
@@ -224,7 +204,8 @@ GenerateResult CausalLM::generate_batch(const std::vector<std::vector<int64_t>>&
       forward_cached(from_vector<int64_t>(ids, {B, S}), make_cache_step(seq_ids, start, len), cache)
           .to_vector();
   for (int64_t b = 0; b < B; ++b)
-    if (rows[b].stop.empty()) advance(rows[b], row_of(logits, b, V), opts, stream, max_pos);
+    if (rows[b].stop.empty())
+      advance_generation_row(rows[b], row_of(logits, b, V), opts, stream, max_pos);
   res.prefill_seconds = wall() - t0;
   res.modeled_prefill_seconds = modeled() - m0;
   t0 = wall(), m0 = modeled();
@@ -248,7 +229,7 @@ GenerateResult CausalLM::generate_batch(const std::vector<std::vector<int64_t>>&
     ++res.decode_steps;
     res.decode_tokens += n;
     for (int64_t i = 0; i < n; ++i)
-      advance(rows[active[i]], row_of(logits, i, V), opts, stream, max_pos);
+      advance_generation_row(rows[active[i]], row_of(logits, i, V), opts, stream, max_pos);
   }
   res.decode_seconds = wall() - t0;
   res.modeled_decode_seconds = modeled() - m0;
@@ -275,7 +256,7 @@ GenerateResult CausalLM::generate_recompute(const std::vector<std::vector<int64_
     while (r.stop.empty()) {
       const int64_t len = static_cast<int64_t>(r.seq.size());
       Tensor h = hidden_states(from_vector<int64_t>(r.seq, {1, len}));  // [1,len,d]
-      advance(r, lm_head(h.select(1, len - 1)).to_vector(), opts, stream, max_pos);
+      advance_generation_row(r, lm_head(h.select(1, len - 1)).to_vector(), opts, stream, max_pos);
       ++res.decode_steps;
       res.decode_tokens += len;
     }
@@ -289,6 +270,20 @@ std::vector<int64_t> CausalLM::generate(const std::vector<int64_t>& prompt,
                                         const GenerateOptions& opts) {
   NXD_CHECK(!prompt.empty(), "[generate] empty prompt");
   return generate_batch({prompt}, opts).sequences.at(0);
+}
+
+void advance_generation_row(GenerationRow& r, const std::vector<double>& logits,
+                            const GenerateOptions& o, const RngStream& stream, int64_t max_pos) {
+  const int64_t next = sample_token(logits, o.temperature, o.top_k, o.top_p,
+                                    stream.uniform_f64(static_cast<uint64_t>(r.generated)));
+  r.seq.push_back(next);
+  ++r.generated;
+  if (next == o.eos_token_id)
+    r.stop = "eos";
+  else if (r.generated >= o.max_new_tokens)
+    r.stop = "max_new_tokens";
+  else if (static_cast<int64_t>(r.seq.size()) >= max_pos)
+    r.stop = "max_position_embeddings";
 }
 
 }  // namespace nxd
