@@ -21,10 +21,10 @@ struct MetricsRow {
                                           // so far (TensorBoard only; not a metrics.csv column)
 };
 
-// Columns: step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s,sim_step_s (empty
-// without a simulated device). Losses, lr and the
-// norm with 9 significant digits (a float round-trips); val_loss is empty on rows without
-// validation. Each row is flushed, so a crashed run keeps its rows.
+// Columns: step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s,sim_step_s (sim_step_s
+// is empty without a simulated device). Losses, lr and the norm are written with 9 significant
+// digits (a float round-trips); val_loss is empty on rows without validation. Each row is
+// flushed, so a crashed run keeps its rows.
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path);  // throws IoError

@@ -3,10 +3,11 @@
 // config says (meta-device initialization, bf16 parameters, activation checkpointing, pipeline
 // stages), behind one interface whether or not it is pipelined.
 //
-//   auto cfg = neuronx_distributed_config({.tensor_parallel_size = 2, .precision =
-//   "mixed_precision"}); auto model = initialize_parallel_model(cfg, [](const ParamOptions& po) {
-//     return std::make_shared<MyNet>(po);  // built from NxD's parallel layers, in po's
-//     dtype/device
+//   auto cfg = neuronx_distributed_config(
+//       {.tensor_parallel_size = 2, .precision = "mixed_precision"});
+//   auto model = initialize_parallel_model(cfg, [](const ParamOptions& po) {
+//     // MyNet: built from NxD's parallel layers, in po's dtype and device
+//     return std::make_shared<MyNet>(po);
 //   });
 //   auto opt = initialize_parallel_optimizer(cfg, *model, groups, optim::AdamWOptions{});
 //   Tensor loss = model->run_train([&](Module& m) { return as<MyNet>(m).loss(batch); });

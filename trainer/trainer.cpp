@@ -321,7 +321,7 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
 }
 
 namespace {
-// `n` batches from `at` as one batch (rows concatenated).
+// The micro batches `bs` as one batch (their rows concatenated in order).
 Batch concat_batches(const std::vector<Batch>& bs) {
   std::vector<Tensor> ids, tg;
   for (const Batch& b : bs) ids.push_back(b.ids), tg.push_back(b.targets);
