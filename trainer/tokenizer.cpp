@@ -272,6 +272,15 @@ std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
   return out;
 }
 
+std::string Tokenizer::decode_model_output(const std::vector<int64_t>& ids,
+                                           int64_t& left_out) const {
+  std::vector<int64_t> known;
+  for (int64_t id : ids)
+    if (id < vocab_size_) known.push_back(id);
+  left_out = static_cast<int64_t>(ids.size() - known.size());
+  return decode(known);
+}
+
 std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
   const ByteChars& bc = byte_chars();
   std::string out;

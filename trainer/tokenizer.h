@@ -37,6 +37,9 @@ class Tokenizer {
 
   std::vector<int64_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int64_t>& ids) const;  // unknown ids: ConfigError
+  // A model's output: decode of the ids below vocab_size() (a model's vocabulary padded past the
+  // tokenizer's gives ids it has no text for); `left_out` is how many ids were left out.
+  std::string decode_model_output(const std::vector<int64_t>& ids, int64_t& left_out) const;
   // One more than the largest id (vocabulary and added tokens).
   int64_t vocab_size() const { return vocab_size_; }
   const std::string& path() const { return path_; }

@@ -14,8 +14,8 @@
 #include "nxd/runtime/context.h"
 #include "nxd/trainer/fault_injection.h"
 #include "nxd/trainer/log.h"
-#include "nxd/trainer/preempt.h"
 #include "nxd/trainer/plan.h"
+#include "nxd/trainer/preempt.h"
 
 namespace fs = std::filesystem;
 
@@ -210,13 +210,12 @@ std::string generate_sample(const TrainConfig& cfg, CausalLM& lm, const Tokenize
   std::string sample;
   const std::vector<int64_t> ids = lm.generate(prompt, go);
   if (tok) {  // ids the model's padded vocabulary has but the tokenizer not: left out, said so
-    std::vector<int64_t> known;
-    for (int64_t id : ids)
-      if (id < tok->vocab_size()) known.push_back(id);
-    if (known.size() < ids.size())
-      note += str(note.empty() ? "" : "; ", ids.size() - known.size(),
-                  " generated id(s) >= the tokenizer's ", tok->vocab_size(), " left out");
-    return tok->decode(known);
+    int64_t left_out = 0;
+    std::string text = tok->decode_model_output(ids, left_out);
+    if (left_out > 0)
+      note += str(note.empty() ? "" : "; ", left_out, " generated id(s) >= the tokenizer's ",
+                  tok->vocab_size(), " left out");
+    return text;
   }
   for (int64_t id : ids) sample.push_back(static_cast<char>(static_cast<unsigned char>(id)));
   return sample;

@@ -1,7 +1,7 @@
 // nxd-generate end to end: from an nxd checkpoint (Llama, GQA) and from a transformers folder
 // (GPT-NeoX), the printed tokens equal CausalLM::generate's with the same options, at TP 1 and 2;
-// the report lines; exit code 2 for every user mistake. Under mpirun (NXD_GENERATE_MPI): the
-// mpi backend at TP 2 gives the same tokens.
+// the report lines; exit code 2 for every user mistake; a tokenizer.json's ids and text. Under
+// mpirun (NXD_GENERATE_MPI): the mpi backend at TP 2 gives the same tokens.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -11,6 +11,7 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/trainer/tokenizer.h"
 #include "support/files.h"
 #include "support/proc.h"
 
@@ -201,6 +202,100 @@ TEST(NxdGenerate, TracedSavedAndLoadedEqualEager) {
     auto r = generate(args, d);
     EXPECT_EQ(r.code, 2) << args.back() << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+  }
+}
+
+// A tokenizer.json (the GPT-2 fixture, 557 ids) on a model of 1024 ids: the prompt's ids are the
+// Tokenizer's encode, the text its decode of the ids below 557 (the others left out, said so).
+TEST(NxdGenerate, TokenizerJsonEncodesThePromptAndDecodesTheText) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  const fs::path fx = NXD_TOKENIZER_FIXTURES;
+  const std::string gpt2 = (fx / "gpt2.tokenizer.json").string();
+  const Tokenizer tok = Tokenizer::from_file(gpt2);
+  ModelConfig cfg = byte_model("llama");
+  cfg.vocab_size = 1024;
+  auto llama = make_causal_lm(cfg, 11);
+  ckpt::save_checkpoint(d / "tok", "step_1", llama.get(), nullptr, nullptr);
+  const std::string prompt = "Hello world, it's nxd's tokenizer.";
+  const std::vector<int64_t> ids = tok.encode(prompt);
+  auto print = [](const char* what, const std::vector<int64_t>& v) {
+    std::printf("%s:", what);
+    for (int64_t x : v) std::printf(" %lld", (long long)x);
+    std::printf("\n");
+  };
+  print("Tokenizer::encode(prompt)", ids);
+  ASSERT_LT(ids.size(), prompt.size());  // merges applied: not bytes
+  GenerateOptions g{.max_new_tokens = 12, .temperature = 50.0, .seed = 2};
+  auto r = generate({"--checkpoint", (d / "tok").string(), "--prompt", prompt, "--tokenizer", gpt2,
+                     "--max-new-tokens", "12", "--temperature", "50", "--seed", "2", "--eager"},
+                    d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<int64_t> got = tokens_of(r.out);
+  print("nxd-generate tokens", got);
+  ASSERT_GE(got.size(), ids.size()) << r.out;
+  EXPECT_EQ(std::vector<int64_t>(got.begin(), got.begin() + ids.size()), ids) << r.out;
+  EXPECT_EQ(got, llama->generate(ids, g)) << r.out;
+  int64_t left_out = 0;
+  const std::string text = tok.decode_model_output(got, left_out);
+  EXPECT_EQ(r.out.substr(0, text.size() + 1), text + "\n") << r.out;
+  EXPECT_EQ(r.out.rfind(prompt, 0), 0u) << r.out;
+  // a near-uniform draw over 1024 ids: some are past the tokenizer's 557
+  EXPECT_GT(left_out, 0) << r.out;
+  EXPECT_NE(r.out.find(str("\ntext: ", left_out,
+                           " generated id(s) >= the tokenizer's 557 left out (model "
+                           "vocab_size=1024)")),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\ntokenizer: " + gpt2 + ": byte-level BPE"), std::string::npos) << r.out;
+}
+
+// --hf DIR: DIR/tokenizer.json by default (traced path); --tokenizer bytes forces bytes; a
+// tokenizer larger than the model (256 ids) and a missing one exit 2.
+TEST(NxdGenerate, HfFoldersTokenizerByDefaultAndTokenizerMistakesExitTwo) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  const fs::path fx = NXD_TOKENIZER_FIXTURES;
+  const std::string gpt2 = (fx / "gpt2.tokenizer.json").string();
+  const std::string prompt = "Hello world, it's nxd's tokenizer.";
+  ModelConfig cfg = byte_model("gpt_neox");
+  cfg.vocab_size = 1024;
+  auto neox = make_causal_lm(cfg, 12);
+  ckpt::save_checkpoint(d / "neox2", "step_1", neox.get(), nullptr, nullptr);
+  ckpt::export_hf(d / "neox2/step_1", d / "hf2");
+  fs::copy_file(fx / "neox.tokenizer.json", d / "hf2/tokenizer.json");
+  const Tokenizer neox_tok = Tokenizer::from_file((fx / "neox.tokenizer.json").string());
+  const GenerateOptions greedy{.max_new_tokens = 8, .temperature = 0.0};
+  auto r = generate({"--hf", (d / "hf2").string(), "--prompt", prompt, "--max-new-tokens", "8"}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), neox->generate(neox_tok.encode(prompt), greedy)) << r.out;
+  EXPECT_NE(r.out.find("\ntokenizer: " + (d / "hf2/tokenizer.json").string() + ": byte-level BPE"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(found in --hf's folder; --tokenizer bytes for byte tokens)"),
+            std::string::npos)
+      << r.out;
+  r = generate({"--hf", (d / "hf2").string(), "--prompt", prompt, "--max-new-tokens", "8",
+                "--tokenizer", "bytes"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), neox->generate(bytes(prompt), greedy)) << r.out;
+  EXPECT_NE(r.out.find("\ntokenizer: bytes"), std::string::npos) << r.out;
+  // user mistakes: a tokenizer larger than the model (256 ids), a missing file
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--checkpoint", (d / "run").string(), "--prompt", "x", "--tokenizer", gpt2},
+       "the tokenizer " + gpt2 + " has 557 ids but the model's vocab_size is 256"},
+      {{"--checkpoint", (d / "run").string(), "--prompt", "x", "--tokenizer", gpt2, "--eager"},
+       "has 557 ids but the model's vocab_size is 256"},
+      {{"--checkpoint", (d / "run").string(), "--prompt", "x", "--tokenizer",
+        (d / "none.json").string(), "--eager"},
+       "none.json"},
+  };
+  for (const auto& [args, msg] : cases) {
+    auto e = generate(args, d);
+    EXPECT_EQ(e.code, 2) << args.back() << "\n" << e.out << e.err;
+    EXPECT_NE(e.err.find(msg), std::string::npos) << e.err;
+    EXPECT_EQ(e.err.find("internal error"), std::string::npos) << e.err;
   }
 }
 #else

@@ -35,6 +35,22 @@ TEST(Tokenizer, IdsAndDecodingEqualTheTokenizersLibrarys) {
   }
 }
 
+// A model's output over a vocabulary padded past the tokenizer's: the ids past it are left out
+// of the text and counted (nxd-train's sample, nxd-generate's text).
+TEST(Tokenizer, ModelOutputLeavesOutIdsPastTheVocabulary) {
+  const nxd::Tokenizer t = nxd::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json");
+  const std::vector<int64_t> known = t.encode("Hello world");
+  std::vector<int64_t> ids = known;
+  ids.insert(ids.begin() + 1, t.vocab_size());
+  ids.push_back(t.vocab_size() + 2);
+  int64_t left_out = -1;
+  EXPECT_EQ(t.decode_model_output(ids, left_out), "Hello world");
+  EXPECT_EQ(left_out, 2);
+  EXPECT_EQ(t.decode_model_output(known, left_out), "Hello world");
+  EXPECT_EQ(left_out, 0);
+  EXPECT_THROW(t.decode(ids), nxd::ConfigError);
+}
+
 TEST(Tokenizer, TheThreePreTokenizersDiffer) {
   const std::string text = "I'LL pay 12345 now";
   const auto a = nxd::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json").encode(text);
