@@ -26,6 +26,8 @@ fs::path resolve_checkpoint(const fs::path& dir) {
   if (!fs::is_directory(dir))
     throw CheckpointError(str("[nxd-ckpt] ", dir.string(), " is not a folder"));
   auto t = newest_checkpoint(dir);
+  if (!t && fs::is_directory(dir / "checkpoints"))  // a run folder (nxd-train's --out)
+    if (auto r = newest_checkpoint(dir / "checkpoints")) return dir / "checkpoints" / *r;
   if (!t) throw CheckpointError(str("[nxd-ckpt] no complete checkpoint under ", dir.string()));
   return dir / *t;
 }

@@ -13,7 +13,8 @@
 namespace nxd::ckpt {
 
 // `dir` itself if it is a checkpoint folder (has the `checkpoint` marker), else the newest
-// complete checkpoint under it. CheckpointError if there is none.
+// complete checkpoint under it, or under dir/checkpoints/ when dir is a run folder (nxd-train's
+// --out). CheckpointError if there is none.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& dir);
 
 struct VerifyReport {

@@ -107,6 +107,13 @@ TEST(NxdGenerate, TokensEqualTheLibrarysGenerate) {
               std::string::npos)
         << r.out;
   }
+  // a run folder (nxd-train's --out): its newest complete checkpoint in checkpoints/
+  ckpt::save_checkpoint(d / "out/checkpoints", "step_1", f.llama.get(), nullptr, nullptr);
+  auto rf = generate({"--checkpoint", (d / "out").string(), "--prompt", prompt, "--max-new-tokens",
+                      "12", "--eager"},
+                     d);
+  ASSERT_EQ(rf.code, 0) << rf.err;
+  EXPECT_EQ(tokens_of(rf.out), want) << rf.out;
   // sampling from the transformers folder
   g.temperature = 0.8;
   g.top_k = 40;
