@@ -184,8 +184,8 @@ RankFiles load_rank(const fs::path& dir, int r, size_t nbuckets, bool inl, const
 void check_plan(const CompiledGraph& c, const SavedPlan& saved, const std::string& where) {
   if (saved.opts.dce != c.options.dce || saved.opts.fuse != c.options.fuse ||
       saved.opts.plan != c.options.plan)
-    throw TraceError(str("[parallel_model_load] ", where,
-                         ": compiled with other passes than the first graph"));
+    throw TraceError(
+        str("[parallel_model_load] ", where, ": compiled with other passes than the first graph"));
   if (saved.arena_bytes != c.plan.arena_bytes || saved.offsets != c.plan.offset)
     throw TraceError(
         str("[parallel_model_load] ", where, ": the saved memory plan does not match its graph"));

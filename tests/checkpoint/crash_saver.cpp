@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "crash_model.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/optim/optimizer.h"
@@ -15,16 +16,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s DIR START [TAG]\n", argv[0]);
     return 2;
   }
-  ModelConfig c;
-  c.vocab_size = 512;
-  c.num_layers = 2;
-  c.hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.max_position_embeddings = 32;
-  auto model = make_causal_lm(c, 1);
-  std::vector<optim::NamedParam> ps;
-  for (const auto& [n, t] : model->named_parameters()) ps.push_back({n, t});
-  optim::AdamW opt(optim::default_param_groups(ps, 1e-3, 0.0));
+  ckpt::CrashModel crash(1);
+  auto& model = crash.model;
+  auto& opt = crash.opt;
   for (long k = std::atol(argv[2]);; ++k) {
     {
       NoGradGuard g;

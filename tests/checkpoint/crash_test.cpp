@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "ckpt_util.h"
+#include "crash_model.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/optim/optimizer.h"
@@ -26,16 +27,9 @@ namespace fs = std::filesystem;
 TEST(CheckpointCrash, KillDuringSavesLeavesTheNewestCompleteCheckpointLoadable) {
   const nxd::testing::ScratchDir dir_scratch("nxd_ckpt_crash_");
   const fs::path& dir = dir_scratch.path;
-  ModelConfig c;
-  c.vocab_size = 512;
-  c.num_layers = 2;
-  c.hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.max_position_embeddings = 32;
-  auto model = make_causal_lm(c, 2);
-  std::vector<optim::NamedParam> ps;
-  for (const auto& [n, t] : model->named_parameters()) ps.push_back({n, t});
-  optim::AdamW opt(optim::default_param_groups(ps, 1e-3, 0.0));
+  CrashModel crash(2);
+  auto& model = crash.model;
+  auto& opt = crash.opt;
   std::mt19937 rng(13);
   long next = 1, completed = 0;
   int kills_mid_save = 0;
@@ -83,16 +77,9 @@ TEST(CheckpointCrash, KillDuringSavesLeavesTheNewestCompleteCheckpointLoadable) 
 TEST(CheckpointCrash, KillDuringAResaveOfTheSameTagLeavesItComplete) {
   const nxd::testing::ScratchDir dir_scratch("nxd_ckpt_resave_");
   const fs::path& dir = dir_scratch.path;
-  ModelConfig c;
-  c.vocab_size = 512;
-  c.num_layers = 2;
-  c.hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.max_position_embeddings = 32;
-  auto model = make_causal_lm(c, 2);
-  std::vector<optim::NamedParam> ps;
-  for (const auto& [n, t] : model->named_parameters()) ps.push_back({n, t});
-  optim::AdamW opt(optim::default_param_groups(ps, 1e-3, 0.0));
+  CrashModel crash(2);
+  auto& model = crash.model;
+  auto& opt = crash.opt;
   std::mt19937 rng(29);
   long seen = 0, next = 1;
   for (int round = 0; round < 12; ++round) {

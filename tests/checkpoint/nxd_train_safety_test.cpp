@@ -110,9 +110,9 @@ TEST(NxdTrainSafety, ASecondRunIntoAnotherRunsOutputIsRefusedOrSetsItAside) {
 // there (nothing deleted) instead of refusing.
 TEST(NxdTrainSafety, TheDefaultFolderSetsAnEarlierRunAsideSoTheQuickStartRunsTwice) {
   Dir t;
-  const std::vector<std::string> a = {  // in t.d, where runs/nxd_train is created
-      "/bin/sh", "-c",
-      "cd '" + t.d.string() + "' && exec '" NXD_TRAIN_BIN "' --config tiny.yaml"};
+  const std::vector<std::string> a = {
+      // in t.d, where runs/nxd_train is created
+      "/bin/sh", "-c", "cd '" + t.d.string() + "' && exec '" NXD_TRAIN_BIN "' --config tiny.yaml"};
   ProcResult r = nxd::testing::run_process(a, t.d, std::chrono::seconds(120));
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string metrics = slurp(t.d / "runs/nxd_train/metrics.csv");
