@@ -21,10 +21,7 @@ using nxd::testing::read_csv;
 using nxd::testing::run_process;
 
 fs::path write_config(const fs::path& d, int world, int tp, int pp) {
-  {
-    std::ofstream f(d / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
-  }
+  { nxd::testing::tiny_corpus(d, 300); }
   const fs::path y = d / "tiny.yaml";
   std::ofstream(y) << "seed: 7\n"
                    << "trainer: {max_steps: 8, log_every_n_steps: 1, val_check_interval: 0, "

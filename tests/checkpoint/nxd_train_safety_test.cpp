@@ -36,8 +36,7 @@ struct Dir {
   nxd::testing::ScratchDir s{"nxd_train_safety_"};
   fs::path d = s.path;
   Dir() {
-    std::ofstream f(d / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
+    nxd::testing::tiny_corpus(d, 300);
     std::ofstream(d / "tiny.yaml")
         << "seed: 7\n"
         << "trainer: {max_steps: 4, log_every_n_steps: 1, val_check_interval: 0, num_threads: 1}\n"

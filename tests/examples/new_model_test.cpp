@@ -68,10 +68,7 @@ TrainResult run(const TrainConfig& c) {
 
 TEST(NewModel, Gpt2LearnsAndTp2Dp2MatchesOneRank) {
   auto d = nxd::testing::test_temp_dir("nxd_new_model_test");
-  {
-    std::ofstream f(d / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
-  }
+  { nxd::testing::tiny_corpus(d, 300); }
   TrainResult one = run(gpt2_config(d / "one", d / "corpus.txt", {}));
   TrainResult four = run(
       gpt2_config(d / "tp2dp2", d / "corpus.txt",
@@ -176,10 +173,7 @@ TEST(NewModel, Gpt2PipelineStagesMatchOneRank) {
 // rank's losses.
 TEST(NewModel, Gpt2TrainsAtPp2LikeOneRank) {
   auto d = nxd::testing::test_temp_dir("nxd_new_model_pp_test");
-  {
-    std::ofstream f(d / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
-  }
+  { nxd::testing::tiny_corpus(d, 300); }
   run(gpt2_config(d / "one", d / "corpus.txt", {}));
   TrainResult pp2 = run(
       gpt2_config(d / "pp2", d / "corpus.txt",

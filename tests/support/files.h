@@ -29,6 +29,14 @@ inline std::filesystem::path test_temp_dir(const std::string& prefix) {
   return d;
 }
 
+// A small repetitive text a tiny model learns within a few dozen steps: `lines` lines written to
+// dir/corpus.txt, whose path it returns.
+inline std::filesystem::path tiny_corpus(const std::filesystem::path& dir, int lines = 300) {
+  std::ofstream f(dir / "corpus.txt");
+  for (int i = 0; i < lines; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
+  return dir / "corpus.txt";
+}
+
 // A CSV file: the header line and the rows split at commas (no quoting; an empty last column is
 // kept).
 struct Csv {

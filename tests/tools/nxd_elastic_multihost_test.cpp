@@ -71,8 +71,7 @@ struct Hosts {
                                   << ") ns=" << b << " ;; *) exit 255 ;; esac\n"
                                   << "exec " << ip << " netns exec \"$ns\" /bin/sh -c \"$*\"\n";
     fs::permissions(d / "agent.sh", fs::perms::owner_all);
-    std::ofstream f(d / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
+    nxd::testing::tiny_corpus(d, 300);
   }
   ~Hosts() {
     for (const auto& n : {b, a}) {

@@ -25,8 +25,7 @@ namespace {
 struct Job {
   fs::path d = nxd::testing::test_temp_dir("nxd_elastic_");
   Job() {
-    std::ofstream f(d / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
+    nxd::testing::tiny_corpus(d, 300);
     std::ofstream(d / "tiny.yaml")
         << "seed: 7\n"
         << "trainer: {max_steps: 6, log_every_n_steps: 1, val_check_interval: 0, num_threads: 1}\n"

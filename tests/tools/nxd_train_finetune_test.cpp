@@ -31,10 +31,7 @@ ProcResult run(const char* bin, const std::vector<std::string>& args, const fs::
 
 // A tiny run's configuration at TP 2 on 2 sim ranks; the validation covers the whole split.
 fs::path tiny_config(const fs::path& dir) {
-  {
-    std::ofstream f(dir / "corpus.txt");
-    for (int i = 0; i < 200; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
-  }
+  { nxd::testing::tiny_corpus(dir, 200); }
   std::ofstream(dir / "tiny.yaml") << "seed: 7\n"
                                       "trainer: {max_steps: 4, log_every_n_steps: 2, "
                                       "val_check_interval: 4, limit_val_batches: 1000, "

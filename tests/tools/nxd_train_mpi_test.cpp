@@ -34,10 +34,7 @@ ProcResult run(int np, const std::vector<std::string>& args, const fs::path& dir
 }
 
 std::vector<std::string> tiny_args(const fs::path& dir) {
-  {
-    std::ofstream f(dir / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
-  }
+  { nxd::testing::tiny_corpus(dir, 300); }
   std::vector<std::string> sets{"seed=7", "trainer.max_steps=20", "trainer.log_every_n_steps=1",
                                 "trainer.val_check_interval=0", "trainer.num_threads=1",
                                 // f32 products: the property tested is that TP x DP computes

@@ -32,10 +32,7 @@ ProcResult run(const std::vector<std::string>& args, const fs::path& dir) {
 }
 
 fs::path tiny_config(const fs::path& dir) {
-  {
-    std::ofstream f(dir / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
-  }
+  { nxd::testing::tiny_corpus(dir, 300); }
   std::ofstream(dir / "tiny.yaml") << "seed: 7\n"
                                       "trainer:\n"
                                       "  max_steps: 30\n"

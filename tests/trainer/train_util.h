@@ -12,12 +12,7 @@
 
 namespace nxd::testing {
 
-// A small repetitive text a tiny model learns within a few dozen steps.
-inline std::filesystem::path tiny_corpus(const std::filesystem::path& dir) {
-  std::ofstream f(dir / "corpus.txt");
-  for (int i = 0; i < 300; ++i) f << "the cat sat on the mat. " << (i % 7) << " dogs ran.\n";
-  return dir / "corpus.txt";
-}
+// tiny_corpus(dir): support/files.h.
 
 // One rank, 30 steps of a one-layer Llama on the corpus, then `extra` overrides.
 inline trainer::TrainConfig tiny(const std::filesystem::path& out,
