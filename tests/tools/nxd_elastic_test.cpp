@@ -228,11 +228,18 @@ TEST(NxdElasticMpi, ARankCrashingAfterStep5WithPp2AndZero1ResumesFromStep4) {
   const ProcResult r = t.elastic(kMpi, sets);
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string log = slurp(t.d / "out/elastic.log");
-  EXPECT_NE(log.find("rank 3's slot on localhost dropped"), std::string::npos) << log;
-  EXPECT_NE(log.find("-> TP1 x PP2 x DP1 (world 2, micro batch 2 x 4 accumulation steps), "
-                     "resuming at step 4"),
-            std::string::npos)
-      << log;
+  // Open MPI names the rank that called MPI_Abort in most runs, but on a loaded machine its
+  // message is sometimes missing (seen about once in ten under ctest -j 2): nxd-elastic then
+  // drops nothing and relaunches at the same size, still from step_4.
+  if (log.find("failed ranks: not named") == std::string::npos) {
+    EXPECT_NE(log.find("rank 3's slot on localhost dropped"), std::string::npos) << log;
+    EXPECT_NE(log.find("-> TP1 x PP2 x DP1 (world 2, micro batch 2 x 4 accumulation steps), "
+                       "resuming at step 4"),
+              std::string::npos)
+        << log;
+  } else {
+    EXPECT_NE(log.find("resuming at step 4"), std::string::npos) << log;
+  }
   expect_every_step_once(t, reference(t, layout));
 }
 
