@@ -3,6 +3,8 @@
 // as the tests read the metrics the trainer writes.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,11 +21,14 @@ inline std::string slurp(const std::filesystem::path& p) {
   return ss.str();
 }
 
-// A fresh, empty folder <temp>/<prefix><name of the running test>.
+// A fresh, empty folder <temp>/<prefix><name of the running test>_<parent pid>. The parent's pid
+// (ctest's, or mpirun's for every rank of one job) keeps two suites running at once from sharing
+// folders while the ranks of one job still share theirs.
 inline std::filesystem::path test_temp_dir(const std::string& prefix) {
   namespace fs = std::filesystem;
   fs::path d = fs::temp_directory_path() /
-               (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+               (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+                std::to_string(::getppid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
