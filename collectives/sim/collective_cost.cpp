@@ -16,6 +16,10 @@ double lg(int p) {
 }
 constexpr double kMeshMax = 1 << 20;  // Mesh below ~1 MB (size-to-algorithm figure)
 constexpr double kRdhMax = 56 << 20;  // RDH 1-56 MB, KangaRing above
+// KangaRing's HBM touches per byte against a ring's (intranode-collective-comm docs): all-gather
+// 3 instead of 4, reduce-scatter 4 instead of 6.
+constexpr double kKangaAgSpeedup = 4.0 / 3.0;
+constexpr double kKangaRsSpeedup = 6.0 / 4.0;
 }  // namespace
 
 const char* coll_kind_name(CollKind k) {
@@ -143,6 +147,13 @@ GroupLinks group_links(const MachineSpec& m, const std::vector<int>& ranks) {
                           ? m.link_bandwidth * m.links_per_chip / 2.0 / m.cores_per_chip
                           : m.collective_busbw;
   g.bw = one_chip ? m.collective_busbw : std::min(m.collective_busbw, link_share);
+  // KangaRing: a ring of the chips' primaries; a chip receives once for its two cores over all
+  // its links (the torus's two Hamiltonian cycles, both directions), so its cap is the chip's
+  // NeuronLink share, not the per-core one
+  const double chip_in = m.links_per_chip > 0 ? m.link_bandwidth * m.links_per_chip / 2.0
+                                              : m.collective_busbw * kKangaRsSpeedup;
+  g.kanga_ag_bw = std::min(m.collective_busbw * kKangaAgSpeedup, chip_in);
+  g.kanga_rs_bw = std::min(m.collective_busbw * kKangaRsSpeedup, chip_in);
   g.inter_alpha = m.efa_latency;
   g.inter_bw = m.efa_bandwidth / m.cores_per_instance();
   return g;
@@ -177,9 +188,13 @@ CollCost intra(CollKind kind, int p, double n, const GroupLinks& g, Algorithm fo
     case Algorithm::rdh:
       c.seconds = ar ? rdh_all_reduce_time(p, n, al, bw) : rdh_all_gather_time(p, n, al, bw);
       break;
-    case Algorithm::kangaring:  // ring over chip primaries: p/2 steps per phase
-      c.seconds = (ar ? 2.0 : 1.0) * (p / 2) * al + (ar ? 2.0 : 1.0) * (p - 1) / p * n / bw;
+    case Algorithm::kangaring: {  // ring over chip primaries: p/2 steps per phase
+      const double moved = double(p - 1) / p * n;
+      const bool rs = ar || kind == CollKind::reduce_scatter, ag = kind != CollKind::reduce_scatter;
+      c.seconds = (ar ? 2.0 : 1.0) * (p / 2) * al + (rs ? moved / g.kanga_rs_bw : 0) +
+                  (ag ? moved / g.kanga_ag_bw : 0);
       break;
+    }
     default:
       c.seconds = ar ? ring_all_reduce_time(p, n, al, bw) : ring_all_gather_time(p, n, al, bw);
   }
@@ -208,7 +223,8 @@ CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<
       if (!multi) {
         c = intra(kind, p, n, g, force);
       } else {
-        // Hierarchical: X instances x Y ranks.
+        // Hierarchical: X instances x Y ranks. Each stage is an algorithm of its own (internode
+        // docs) and pays its own launch: the call's launch below, and one more per extra stage.
         int X = g.instances, Y = g.per_instance;
         double t_rs = Y > 1 ? intra(CollKind::reduce_scatter, Y, n, g, force).seconds : 0;
         double t_ag = Y > 1 ? intra(CollKind::all_gather, Y, n, g, force).seconds : 0;
@@ -219,6 +235,8 @@ CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<
           c.seconds = ring_all_gather_time(X, sub, g.inter_alpha, g.inter_bw) + t_ag;
         else
           c.seconds = t_rs + ring_reduce_scatter_time(X, sub, g.inter_alpha, g.inter_bw);
+        const int stages = Y > 1 ? (kind == CollKind::all_reduce ? 3 : 2) : 1;
+        c.seconds += (stages - 1) * g.launch;
         c.algorithm = Algorithm::hierarchical;
       }
       break;
