@@ -143,14 +143,33 @@ GroupLinks group_links(const MachineSpec& m, const std::vector<int>& ranks) {
       }
   g.mesh_hops = pairs > 0 ? std::max(1.0, hop_sum / pairs) : 1.0;
   bool one_chip = per_chip.size() == 1;
-  double link_share = m.links_per_chip > 0
-                          ? m.link_bandwidth * m.links_per_chip / 2.0 / m.cores_per_chip
-                          : m.collective_busbw;
+  // The links a group's traffic can use are those between its own chips (the other links carry
+  // the other groups' collectives): the fewest any member chip has to other member chips of its
+  // instance (a torus row: 2 of 4; two rows: 3; the whole instance: 4), each shared by the
+  // group's cores on that chip.
+  int cores_on_chip = 1;
+  for (auto& [c, n] : per_chip) cores_on_chip = std::max(cores_on_chip, n);
+  int in_links = m.links_per_chip;
+  if (!one_chip && m.links_per_chip > 0) {
+    std::map<int, int> first_rank;  // global chip -> a member rank on it
+    for (int r : ranks) first_rank.emplace(m.chip_of(r), r);
+    for (auto& [ca, ra] : first_rank) {
+      int links = 0;
+      for (auto& [cb, rb] : first_rank)
+        if (ca != cb && m.instance_of(ra) == m.instance_of(rb) && m.chip_hops(ra, rb) == 1) ++links;
+      in_links = std::min(in_links, links);
+    }
+    // no two member chips adjacent (a strided group): its traffic is routed over the chips'
+    // links as a whole
+    if (in_links == 0) in_links = m.links_per_chip;
+  }
+  double link_share =
+      m.links_per_chip > 0 ? m.link_bandwidth * in_links / 2.0 / cores_on_chip : m.collective_busbw;
   g.bw = one_chip ? m.collective_busbw : std::min(m.collective_busbw, link_share);
-  // KangaRing: a ring of the chips' primaries; a chip receives once for its two cores over all
-  // its links (the torus's two Hamiltonian cycles, both directions), so its cap is the chip's
-  // NeuronLink share, not the per-core one
-  const double chip_in = m.links_per_chip > 0 ? m.link_bandwidth * m.links_per_chip / 2.0
+  // KangaRing: a ring of the chips' primaries; a chip receives once for its two cores over the
+  // group's links (the torus's two Hamiltonian cycles, both directions, for a whole instance),
+  // so its cap is those links' share of the chip, not the per-core one
+  const double chip_in = m.links_per_chip > 0 ? m.link_bandwidth * in_links / 2.0
                                               : m.collective_busbw * kKangaRsSpeedup;
   g.kanga_ag_bw = std::min(m.collective_busbw * kKangaAgSpeedup, chip_in);
   g.kanga_rs_bw = std::min(m.collective_busbw * kKangaRsSpeedup, chip_in);

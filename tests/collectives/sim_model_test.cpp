@@ -71,9 +71,13 @@ TEST(SimCost, RingCollectivesMatchClosedForms) {
     std::vector<int> ranks(p);
     for (int i = 0; i < p; ++i) ranks[i] = i;
     GroupLinks g = group_links(m, ranks);
-    const double alpha = m.hop_latency * (p > 2 ? 1 : 1), B = m.collective_busbw;
+    // ranks 0..p-1: one chip (p = 2: the calibrated busbw), two neighbouring chips (p = 4: one
+    // NeuronLink between them, 96 GiB/s / 2 directions / 2 cores), a torus row of four chips
+    // (p = 8: two links per chip, 48 GiB/s per core, under the 52.83 calibrated)
+    const double alpha = m.hop_latency,
+                 B = p == 2 ? m.collective_busbw : m.link_bandwidth * (p == 4 ? 1 : 2) / 2 / 2;
     EXPECT_DOUBLE_EQ(g.alpha, alpha);
-    EXPECT_DOUBLE_EQ(g.bw, B);
+    EXPECT_DOUBLE_EQ(g.bw, B) << "p=" << p;
     const int64_t n = 1 << 16;  // f32 elements per rank call
     const double bytes = 4.0 * n;
     // all-reduce: 2(p-1) alpha + 2 (p-1)/p n/B, plus the launch latency.
