@@ -62,6 +62,20 @@ Algorithm parse_algorithm(const std::string& a) {
 
 }  // namespace
 
+namespace {
+double g_collective_timeout = 0;
+}  // namespace
+
+void set_collective_timeout(double seconds) {
+  NXD_CHECK_T(ConfigError, seconds >= 0 && seconds <= 1e6, "[mpi::set_collective_timeout] ",
+              seconds, " s is not in [0, 1e6] (0: no timeout)");
+  g_collective_timeout = seconds;
+}
+
+double collective_timeout() {
+  return g_collective_timeout;
+}
+
 Tuning tuning() {
   return g_tuning;
 }
