@@ -70,6 +70,9 @@ const char* algorithm_for(Op op, int64_t bytes, int size);  // algorithm_name(ch
 // sleeping back-off (at most 1 ms) instead of blocking in MPI. ConfigError outside [0, 1e6].
 void set_collective_timeout(double seconds);
 double collective_timeout();
+// set_collective_timeout(NXD_MPI_TIMEOUT) when the variable is set (Session calls it); ConfigError
+// naming it when malformed.
+void set_collective_timeout_from_env();
 
 // Initializes MPI (MPI_Init_thread, FUNNELED) and makes a Context for this process's rank, with
 // the MPI world as its world communicator, current on the constructing thread, and applies

@@ -431,6 +431,7 @@ Session::Session(int* argc, char*** argv, uint64_t seed) {
   NXD_CHECK_T(ConfigError, !inited,
               "[mpi::Session] MPI is already initialized (one Session per process)");
   set_tuning(tuning_from_env());
+  set_collective_timeout_from_env();
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
   std::set_terminate(terminate_handler);

@@ -154,6 +154,8 @@ std::vector<int> awaited(const Waiting& w) {
   msg += elsewhere + "; aborting the job";
   std::fprintf(stderr, "%s\n", msg.c_str());
   std::fflush(stderr);
+  // a moment for the launcher to forward the line before MPI_Abort tears the job down
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();
 }
