@@ -107,7 +107,8 @@ DpIndex index_dp_files(const fs::path& dir, int dp, int tp, int pp, bool compres
   DpIndex idx;
   std::vector<std::string> missing;
   for (int d = 0; d < dp; ++d) {
-    const std::string rel = shard_file("optim", d, tp, pp, compressed);
+    const std::string rel =
+        shard_file("optim", {.dp_rank = d, .tp_rank = tp, .pp_rank = pp, .compressed = compressed});
     if (!fs::exists(dir / rel)) {
       missing.push_back((dir / rel).string());
       continue;

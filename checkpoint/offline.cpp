@@ -141,7 +141,9 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& ta
     spec[name] = s;
     const int pp = e.at("pp_rank").get<int>();
     for (int64_t r : covering_ranks(s))
-      by_file[detail::shard_file("model", 0, static_cast<int>(r), pp, z)].emplace_back(name, r);
+      by_file[detail::shard_file("model",
+                                 {.tp_rank = static_cast<int>(r), .pp_rank = pp, .compressed = z})]
+          .emplace_back(name, r);
   }
   for (const auto& [rel, items] : by_file) {
     std::map<std::string, int64_t> want(items.begin(), items.end());

@@ -60,10 +60,15 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
 
 using detail::RequestWork;
 
+// Whether a communicator frees its MPI_Comm (a split's) or borrows it (MPI_COMM_WORLD).
+enum class CommOwnership : uint8_t { borrowed, owned };
+
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, int rank, std::vector<int> ranks, bool owned)
-      : Communicator(rank, std::move(ranks)), comm_(comm), owned_(owned) {
+  MpiCommunicator(MPI_Comm comm, int rank, std::vector<int> ranks, CommOwnership ownership)
+      : Communicator(rank, std::move(ranks)),
+        comm_(comm),
+        owned_(ownership == CommOwnership::owned) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     // nxd's algorithms' messages travel on their own communicator (collective: every member
     // constructs its communicator together), so they never match a user's send/recv.
@@ -309,7 +314,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<int> globals(n);
     int me = g_world_rank;
     MPI_Allgather(&me, 1, MPI_INT, globals.data(), 1, MPI_INT, nc);
-    return std::make_shared<MpiCommunicator>(nc, r, std::move(globals), true);
+    return std::make_shared<MpiCommunicator>(nc, r, std::move(globals), CommOwnership::owned);
   }
 
  private:
@@ -450,7 +455,8 @@ Session::Session(int* argc, char*** argv, uint64_t seed) {
       ContextOptions{.rank = r, .world_size = n, .seed = seed, .name = str("rank ", r)});
   std::vector<int> all(n);
   for (int i = 0; i < n; ++i) all[i] = i;
-  set_world(*ctx_, std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, r, all, false));
+  set_world(*ctx_,
+            std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, r, all, CommOwnership::borrowed));
   guard_ = std::make_unique<ContextGuard>(*ctx_);
 }
 
