@@ -157,8 +157,9 @@ std::vector<int> awaited(const Waiting& w) {
   msg += elsewhere + "; aborting the job";
   std::fprintf(stderr, "%s\n", msg.c_str());
   std::fflush(stderr);
-  // a moment for the launcher to forward the line before MPI_Abort tears the job down
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // a moment for the launcher to forward the line before MPI_Abort tears the job down (Open MPI
+  // drops a rank's last output now and then: 200 ms lost it once on a loaded machine)
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();
 }
