@@ -112,8 +112,10 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   if (par.value("zero1", false))
     for (int pp = 0; pp < par.at("pp").get<int>(); ++pp)
       for (int tp = 0; tp < par.at("tp").get<int>(); ++tp)
-        detail::index_dp_files(tag_dir, par.at("dp").get<int>(), tp, pp,
-                               meta.value("compressed", false));
+        detail::index_dp_files(tag_dir, {.dp_size = par.at("dp").get<int>(),
+                                         .tp_rank = tp,
+                                         .pp_rank = pp,
+                                         .compressed = meta.value("compressed", false)});
   return rep;
 }
 

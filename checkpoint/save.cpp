@@ -222,7 +222,8 @@ json index_zero1(const SavePlan& p, json& files, json& table) {
   json info = nullptr;
   for (int pp = 0; pp < d.pp; ++pp)
     for (int tp = 0; tp < d.tp; ++tp) {
-      const auto idx = detail::index_dp_files(p.dir, d.dp, tp, pp, p.opts.compress);
+      const auto idx = detail::index_dp_files(
+          p.dir, {.dp_size = d.dp, .tp_rank = tp, .pp_rank = pp, .compressed = p.opts.compress});
       for (const auto& f : idx.files) files[f.rel] = {{"bytes", f.bytes}, {"tensors", f.tensors}};
       if (tp != 0) continue;
       std::map<std::string, ShardSpec> specs;

@@ -122,7 +122,11 @@ void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants
 const DpIndex& Stager::dp_index(int tp, int pp) {
   auto it = dp_.find({tp, pp});
   if (it == dp_.end())
-    it = dp_.emplace(std::pair{tp, pp}, index_dp_files(dir_, saved_dp_, tp, pp, compressed_)).first;
+    it = dp_.emplace(std::pair{tp, pp}, index_dp_files(dir_, {.dp_size = saved_dp_,
+                                                              .tp_rank = tp,
+                                                              .pp_rank = pp,
+                                                              .compressed = compressed_}))
+             .first;
   return it->second;
 }
 
