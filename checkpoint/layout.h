@@ -28,8 +28,11 @@ inline constexpr const char* kScheduler = "scheduler.json";
 inline constexpr const char* kUserContent = "user_content.json";
 
 // "model/dp_rank_00_tp_rank_01_pp_rank_00.safetensors" (+ ".zst" when compressed).
-std::string shard_file(const std::string& kind, int dp_rank, int tp_rank, int pp_rank,
-                       bool compressed);
+struct ShardName {
+  int dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  bool compressed = false;
+};
+std::string shard_file(const std::string& kind, const ShardName& s);
 
 // Runs f() on every rank and agrees on the outcome: if any rank threw, every rank throws (the
 // lowest failing rank's exception is rethrown there; the others get a CheckpointError carrying

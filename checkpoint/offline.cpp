@@ -112,8 +112,10 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   if (par.value("zero1", false))
     for (int pp = 0; pp < par.at("pp").get<int>(); ++pp)
       for (int tp = 0; tp < par.at("tp").get<int>(); ++tp)
-        detail::index_dp_files(tag_dir, par.at("dp").get<int>(), tp, pp,
-                               meta.value("compressed", false));
+        detail::index_dp_files(tag_dir, {.dp_size = par.at("dp").get<int>(),
+                                         .tp_rank = tp,
+                                         .pp_rank = pp,
+                                         .compressed = meta.value("compressed", false)});
   return rep;
 }
 
@@ -141,7 +143,9 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& ta
     spec[name] = s;
     const int pp = e.at("pp_rank").get<int>();
     for (int64_t r : covering_ranks(s))
-      by_file[detail::shard_file("model", 0, static_cast<int>(r), pp, z)].emplace_back(name, r);
+      by_file[detail::shard_file("model",
+                                 {.tp_rank = static_cast<int>(r), .pp_rank = pp, .compressed = z})]
+          .emplace_back(name, r);
   }
   for (const auto& [rel, items] : by_file) {
     std::map<std::string, int64_t> want(items.begin(), items.end());

@@ -133,7 +133,10 @@ Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
                           const std::map<std::string, ShardSpec>& specs, SnapshotPool& snap) {
   const Degrees& d = p.deg;
   Shard s;
-  s.file = detail::shard_file("optim", d.dp_rank, d.tp_rank, d.pp_rank, p.opts.compress);
+  s.file = detail::shard_file("optim", {.dp_rank = d.dp_rank,
+                                        .tp_rank = d.tp_rank,
+                                        .pp_rank = d.pp_rank,
+                                        .compressed = p.opts.compress});
   std::map<std::string, ShardSpec> used;
   const std::vector<optim::StateShard> records = opt.sharded_state();
   std::vector<const optim::StateShard*> held;
@@ -167,7 +170,8 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
   specs = detail::model_specs(chunks);
   if (!chunks.empty() && d.dp_rank == 0) {
     Shard s;
-    s.file = detail::shard_file("model", 0, d.tp_rank, d.pp_rank, z);
+    s.file =
+        detail::shard_file("model", {.tp_rank = d.tp_rank, .pp_rank = d.pp_rank, .compressed = z});
     std::map<std::string, ShardSpec> used;
     for (const Module* m : chunks)
       for (const auto& [name, t] : m->state_dict()) {
@@ -181,7 +185,8 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
     p.shards.push_back(sharded_optim_shard(p, *opt, specs, snap));
   } else if (opt && d.dp_rank == 0) {
     Shard s;
-    s.file = detail::shard_file("optim", 0, d.tp_rank, d.pp_rank, z);
+    s.file =
+        detail::shard_file("optim", {.tp_rank = d.tp_rank, .pp_rank = d.pp_rank, .compressed = z});
     std::map<std::string, ShardSpec> used;
     for (const auto& [name, t] : opt->state_tensors()) {
       s.tensors.emplace_back(name, snap.take(t));
@@ -217,7 +222,8 @@ json index_zero1(const SavePlan& p, json& files, json& table) {
   json info = nullptr;
   for (int pp = 0; pp < d.pp; ++pp)
     for (int tp = 0; tp < d.tp; ++tp) {
-      const auto idx = detail::index_dp_files(p.dir, d.dp, tp, pp, p.opts.compress);
+      const auto idx = detail::index_dp_files(
+          p.dir, {.dp_size = d.dp, .tp_rank = tp, .pp_rank = pp, .compressed = p.opts.compress});
       for (const auto& f : idx.files) files[f.rel] = {{"bytes", f.bytes}, {"tensors", f.tensors}};
       if (tp != 0) continue;
       std::map<std::string, ShardSpec> specs;
@@ -278,7 +284,8 @@ void complete(const SavePlan& p) {
   auto index = [&](const char* kind, json& table) {
     for (int pp = 0; pp < d.pp; ++pp)
       for (int tp = 0; tp < d.tp; ++tp) {
-        const std::string rel = detail::shard_file(kind, 0, tp, pp, p.opts.compress);
+        const std::string rel =
+            detail::shard_file(kind, {.tp_rank = tp, .pp_rank = pp, .compressed = p.opts.compress});
         SafetensorsReader r(p.dir / rel);
         files[rel] = {{"bytes", r.file_size()}, {"tensors", r.header().tensors.size()}};
         if (tp != 0) continue;

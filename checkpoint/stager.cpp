@@ -74,8 +74,9 @@ void Stager::plan(const char* kind, const json& e, Want& w) {
   }
 }
 
-void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants, bool strict,
-                   bool check_unexpected) {
+void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants,
+                   StageOptions opts) {
+  const bool strict = opts.strict, check_unexpected = opts.check_unexpected;
   reads_.clear();
   gathers_.clear();
   std::vector<std::string> missing;
@@ -121,7 +122,11 @@ void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants
 const DpIndex& Stager::dp_index(int tp, int pp) {
   auto it = dp_.find({tp, pp});
   if (it == dp_.end())
-    it = dp_.emplace(std::pair{tp, pp}, index_dp_files(dir_, saved_dp_, tp, pp, compressed_)).first;
+    it = dp_.emplace(std::pair{tp, pp}, index_dp_files(dir_, {.dp_size = saved_dp_,
+                                                              .tp_rank = tp,
+                                                              .pp_rank = pp,
+                                                              .compressed = compressed_}))
+             .first;
   return it->second;
 }
 
@@ -129,7 +134,8 @@ void Stager::fetch(const char* kind, const std::string& name, int tp, int pp, co
                    DType dtype, int64_t lo, int64_t hi, char* dst) {
   if (hi <= lo) return;
   if (!zero1_ || std::strcmp(kind, "optim") != 0) {  // the whole tensor in DP rank 0's file
-    FileTensor& ft = reads_[shard_file(kind, 0, tp, pp, compressed_)][name];
+    FileTensor& ft =
+        reads_[shard_file(kind, {.tp_rank = tp, .pp_rank = pp, .compressed = compressed_})][name];
     ft.dtype = dtype;
     ft.shape = local;
     ft.copies.push_back({lo, hi - lo, dst});

@@ -35,11 +35,14 @@ class Stager {
  public:
   Stager(std::filesystem::path dir, const nlohmann::json& meta, const Degrees& d);
 
+  struct StageOptions {
+    bool strict = true;             // a want the table lacks is an error naming it (else dropped)
+    bool check_unexpected = false;  // strict also refuses table names no want has
+  };
   // Fills every want.staged from the table `kind` ("model" or "optim") of metadata.json (name ->
-  // {dtype, shape, pp_rank, split}). Wants the table lacks are dropped (strict: an error naming
-  // them); with check_unexpected, strict also refuses table names no want has.
-  void stage(const char* kind, const nlohmann::json& table, std::vector<Want>& wants, bool strict,
-             bool check_unexpected);
+  // {dtype, shape, pp_rank, split}).
+  void stage(const char* kind, const nlohmann::json& table, std::vector<Want>& wants,
+             StageOptions opts);
 
  private:
   // A copy of elements [src, src + n) of a file's tensor to `dst`.

@@ -293,10 +293,13 @@ std::vector<KeySpec> make_registry() {
           "(opens in https://ui.perfetto.dev); it grows with every step, so use it on short runs. "
           "Empty = no trace."),
       key("backend.collective_timeout_s", K::number, nullptr,
-          "sim: a rank waiting longer than this (wall seconds) in one collective or receive ends "
-          "the job with an error naming the ranks that never arrived (a hung or dead rank). "
-          "null = NXD_SIM_TIMEOUT if set, else 300. Not yet available with mpi (nxd-elastic "
-          "--stall-timeout ends a hung mpi job).",
+          "A rank waiting longer than this (wall seconds) in one collective or receive ends "
+          "the job with an error naming the ranks that never arrived (a hung or dead rank), the "
+          "call, its group and sequence number; under mpi the job is aborted (exit 1, so "
+          "nxd-elastic restarts it) and waits poll with a sleeping back-off instead of blocking. "
+          "Keep it above the longest phase one rank spends outside collectives (a checkpoint "
+          "write). null = sim: NXD_SIM_TIMEOUT if set, else 300; mpi: NXD_MPI_TIMEOUT if set, "
+          "else none.",
           {}, true),
       key("backend.fail_rank", K::integer, -1,
           "Fault injection (tests of recovery; sim and mpi): this rank fails after step "
@@ -305,8 +308,8 @@ std::vector<KeySpec> make_registry() {
           "Fault injection: the step fail_rank fails after."),
       key("backend.fail_mode", K::string, "crash",
           "Fault injection: `crash` (the rank throws: the job ends naming it), `hang` (the rank "
-          "stops answering: on sim the others time out after backend.collective_timeout_s; "
-          "under mpi nxd-elastic --stall-timeout ends the job) or "
+          "stops answering: the others time out after backend.collective_timeout_s, or under "
+          "mpi without one nxd-elastic --stall-timeout ends the job) or "
           "`kill` (mpi: the rank's process dies by SIGKILL, as a lost node's would).",
           {"crash", "hang", "kill"}),
       // generation

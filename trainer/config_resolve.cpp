@@ -277,10 +277,6 @@ void resolve_faults(Resolver& r, DistributedSection& ds) {
   ds.fail_rank = r.c.get_int("backend.fail_rank");
   ds.fail_at_step = r.positive("backend.fail_at_step");
   ds.fail_mode = r.c.get_string("backend.fail_mode");
-  if (ds.backend == "mpi" && timeout)
-    r.fail(
-        "backend.collective_timeout_s needs backend.kind=sim (mpi collectives have no timeout "
-        "yet: nxd-elastic --stall-timeout ends a hung mpi job)");
   if (ds.backend == "sim" && ds.fail_rank >= 0 && ds.fail_mode == "kill")
     r.fail("backend.fail_mode=kill needs backend.kind=mpi (on sim it would kill every rank)");
   // under mpirun the world is known only once MPI starts: a rank beyond it never fails
