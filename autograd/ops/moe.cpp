@@ -43,6 +43,13 @@ std::vector<Tensor> topk(const Tensor& x, int64_t k) {
             x.desc());
   const DType dt = x.dtype(), ct = compute_dtype(dt);
   const int64_t n = x.size(0), e = x.size(1);
+  if (x.is_meta()) {  // shapes only (the planner): no selection, a meta gradient
+    Tensor vals = empty({n, k}, dt, Device::meta), idx = empty({n, k}, DType::i64, Device::meta);
+    autograd::record(op, {x}, {vals}, [n, e, dt](const Grads&) -> Grads {
+      return {empty({n, e}, dt, Device::meta)};
+    });
+    return {vals, idx};
+  }
   Tensor xc = compute(x).contiguous();
   Tensor vals = empty({n, k}, ct), idx = empty({n, k}, DType::i64);
   if (ct == DType::f64)
@@ -71,12 +78,12 @@ Tensor scatter_add_rows(const Tensor& src, const Tensor& idx, int64_t n) {
   NXD_CHECK(n >= 0, "[", op, "] n=", n, " must be >= 0");
   const DType dt = src.dtype(), ct = compute_dtype(dt);
   Tensor idd = idx.detach().contiguous();
-  Tensor y = zeros({n, src.size(1)}, ct);
+  Tensor y = zeros({n, src.size(1)}, ct, device_of({src, idx}));
   kernels::embedding_backward(y, compute(src).contiguous(), idd);  // checks idx in [0, n)
   y = to_dtype(y, dt);
   autograd::record(op, {src}, {y}, [idd](const Grads& g) -> Grads {
     Tensor gd = g[0].contiguous();
-    Tensor ds = empty({idd.size(0), gd.size(1)}, gd.dtype());
+    Tensor ds = empty({idd.size(0), gd.size(1)}, gd.dtype(), device_of({gd, idd}));
     kernels::embedding_forward(ds, idd, gd);
     return {ds};
   });

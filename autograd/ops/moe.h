@@ -12,7 +12,7 @@ namespace nxd {
 // x [N, E] floating, 1 <= k <= E -> {values [N, k] (x's dtype), indices [N, k] i64}: the k
 // largest entries of each row in decreasing order, ties by lower index (torch.topk's values; its
 // tie order is unspecified). Backward scatters the values' gradient into zeros of x's shape; the
-// indices carry no gradient.
+// indices carry no gradient. A meta x gives meta values and indices.
 std::vector<Tensor> topk(const Tensor& x, int64_t k);
 
 // src [M, D] floating, idx [M] i32/i64 with values in [0, n) -> y [n, D], y[idx[i]] += src[i]

@@ -84,7 +84,12 @@ struct MoeMlp::Routing {
 
 MoeMlp::Routing MoeMlp::route(const Tensor&, const Tensor& idx) const {
   const int64_t T = idx.size(0), k = idx.size(1), E = cfg_.num_experts;
-  const std::vector<int64_t> e_of = idx.contiguous().to_vector_as<int64_t>();
+  std::vector<int64_t> e_of(static_cast<size_t>(T * k));
+  if (idx.is_meta()) {  // shapes only (the planner): a balanced routing, token t -> t, t+1, ...
+    for (int64_t a = 0; a < T * k; ++a) e_of[static_cast<size_t>(a)] = (a / k + a % k) % E;
+  } else {
+    e_of = idx.contiguous().to_vector_as<int64_t>();
+  }
   Routing r;
   r.load.assign(static_cast<size_t>(E), 0);
   r.per_expert.assign(static_cast<size_t>(E), 0);
@@ -178,20 +183,21 @@ Tensor MoeMlp::forward(const Tensor& x) const {
   // load balancing: E/k * sum_e (load_e / T) * mean_t p_te
   std::vector<double> f(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) f[e] = static_cast<double>(r.load[e]) / static_cast<double>(T);
-  Tensor lb = mul(sum(mul(mean(probs, {0}), from_doubles(f, {E}, probs.dtype()))),
-                  static_cast<double>(E) / static_cast<double>(k));
+  const bool meta = probs.is_meta();
+  Tensor ft = meta ? empty({E}, probs.dtype(), Device::meta) : from_doubles(f, {E}, probs.dtype());
+  Tensor lb = mul(sum(mul(mean(probs, {0}), ft)), static_cast<double>(E) / static_cast<double>(k));
   aux_ = mul(lb, cfg_.router_aux_loss_coef);
   stats_ = MoeStats{};
   if (cfg_.router_z_loss_coef > 0) {
     Tensor lse = select(sub(logits, log_softmax(logits, -1)), 1, 0);  // logsumexp per token
     Tensor z = mean(square(lse));
     aux_ = add(aux_, mul(z, cfg_.router_z_loss_coef));
-    stats_.z_loss = z.item();
+    if (!meta) stats_.z_loss = z.item();
   }
   stats_.tokens = T;
   stats_.assignments = T * k;
   stats_.dropped = r.dropped;
-  stats_.aux_loss = lb.item();
+  stats_.aux_loss = meta ? 0.0 : lb.item();
   stats_.expert_load = r.load;
 
   const int64_t M = static_cast<int64_t>(r.tok.size());
@@ -200,6 +206,17 @@ Tensor MoeMlp::forward(const Tensor& x) const {
   Tensor wr = embedding(from_vector(r.slot, {M}), reshape(w, {T * k, 1}));  // [M,1]
   Tensor ys = ep_size() > 1 ? run_parallel(rows, r) : run_experts(rows, r.per_expert);
   return reshape(scatter_add_rows(mul(ys, wr), tok, T), x.shape());
+}
+
+std::shared_ptr<Communicator> moe_expert_parallel_group() {
+  return nullptr;
+}
+
+std::vector<const MoeMlp*> moe_layers(Module& root) {
+  std::vector<const MoeMlp*> out;
+  for (auto& [name, m] : root.named_modules())
+    if (const auto* moe = dynamic_cast<const MoeMlp*>(m)) out.push_back(moe);
+  return out;
 }
 
 }  // namespace nxd

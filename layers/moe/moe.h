@@ -93,4 +93,11 @@ class MoeMlp : public Module {
   mutable MoeStats stats_;
 };
 
+// The expert-parallel group models build their MoE layers over: the parallel_state EP group, or
+// null (every expert local) when parallel_state is not initialized or EP is 1.
+std::shared_ptr<Communicator> moe_expert_parallel_group();
+
+// The MoE layers of a model (each MoeMlp under root, in named_modules() order).
+std::vector<const MoeMlp*> moe_layers(Module& root);
+
 }  // namespace nxd
