@@ -6,6 +6,7 @@
 
 #include "nxd/autograd/ops.h"
 #include "nxd/autograd/ops/moe.h"
+#include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/moe/dispatch.h"
 #include "nxd/runtime/error.h"
 
@@ -209,7 +210,18 @@ Tensor MoeMlp::forward(const Tensor& x) const {
 }
 
 std::shared_ptr<Communicator> moe_expert_parallel_group() {
-  return nullptr;
+  namespace ps = parallel_state;
+  if (!ps::model_parallel_is_initialized() || ps::get_expert_model_parallel_size() == 1)
+    return nullptr;
+  return ps::get_expert_model_parallel_group_ptr();
+}
+
+std::vector<Tensor> moe_expert_parameters(Module& root) {
+  std::vector<Tensor> out;
+  for (auto& [name, m] : root.named_modules())
+    if (auto* moe = dynamic_cast<MoeMlp*>(m))
+      for (auto& [n, p] : moe->get_child("experts")->named_parameters()) out.push_back(p);
+  return out;
 }
 
 std::vector<const MoeMlp*> moe_layers(Module& root) {

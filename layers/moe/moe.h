@@ -97,6 +97,10 @@ class MoeMlp : public Module {
 // null (every expert local) when parallel_state is not initialized or EP is 1.
 std::shared_ptr<Communicator> moe_expert_parallel_group();
 
+// The experts' weights of every MoE layer under root (distinct on each expert-parallel rank: their
+// gradients are averaged over the expert-data-parallel group and their norm summed over EP).
+std::vector<Tensor> moe_expert_parameters(Module& root);
+
 // The MoE layers of a model (each MoeMlp under root, in named_modules() order).
 std::vector<const MoeMlp*> moe_layers(Module& root);
 
