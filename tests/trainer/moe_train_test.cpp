@@ -15,6 +15,7 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/trainer/config.h"
 #include "nxd/trainer/nxd_api.h"
 #include "support/compare.h"
 #include "support/ranks.h"
@@ -169,4 +170,42 @@ TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
             optim::AdamWOptions{}),
         ConfigError);
   });
+}
+
+// nxd-train's keys: the impossible combinations are ConfigErrors naming the keys.
+TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
+  auto err = [](std::vector<std::string> sets) -> std::string {
+    Config c;
+    for (const char* s :
+         {"data.kind=random", "model.moe.num_experts=4",
+          "distributed_strategy.tensor_model_parallel_size=1", "backend.world_size=4"})
+      c.apply_override(s);
+    for (auto& s : sets) c.apply_override(s);
+    try {
+      resolve(c);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(err({"distributed_strategy.expert_model_parallel_size=2"}), "");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"model.moe.top_k=5"}, "top_k=5 must be in [1, num_experts=4]"},
+      {{"distributed_strategy.expert_model_parallel_size=3"},
+       "expert_model_parallel_size=3 does not divide the data-parallel size 4"},
+      {{"distributed_strategy.expert_model_parallel_size=4", "model.moe.num_experts=6"},
+       "model.moe.num_experts=6 is not divisible by"},
+      {{"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"},
+       "zero1 with expert_model_parallel_size=2"},
+      {{"distributed_strategy.pipeline_model_parallel_size=2"}, "pipeline_model_parallel_size=2"},
+      {{"distributed_strategy.tensor_model_parallel_size=2"}, "sequence_parallel=false"},
+      {{"model.moe.num_experts=0", "distributed_strategy.expert_model_parallel_size=2"},
+       "needs a mixture-of-experts model"},
+      {{"model.arch=gpt_neox"}, "needs model.arch llama or mixtral"},
+      {{"model.moe.num_experts=0", "model.arch=mixtral"}, "mixtral needs model.moe.num_experts"},
+      {{"model.activations_checkpoint_granularity=full"}, "granularity=full is not supported"}};
+  for (const auto& [sets, want] : bad) {
+    const std::string m = err(sets);
+    EXPECT_NE(m.find(want), std::string::npos) << sets[0] << ": got '" << m << "'";
+  }
 }
