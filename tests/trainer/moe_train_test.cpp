@@ -13,11 +13,13 @@
 #include <map>
 #include <mutex>
 
+#include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/trainer/config.h"
 #include "nxd/trainer/nxd_api.h"
 #include "support/compare.h"
+#include "support/files.h"
 #include "support/ranks.h"
 #include "support/tiny_lm.h"
 
@@ -208,4 +210,57 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
     const std::string m = err(sets);
     EXPECT_NE(m.find(want), std::string::npos) << sets[0] << ": got '" << m << "'";
   }
+}
+
+// Checkpoints with experts: saved at EP 4 (DP ranks 0..3 each write their experts), loaded at EP 2
+// and on one rank (every expert from the file of the rank that held it): every parameter and
+// AdamW state tensor bitwise the saved one (the loading runs start from other seeds).
+TEST(MoeTrain, CheckpointSavedAtEp4LoadsAtEp2AndOnOneRank) {
+  const auto dir = nxd::testing::test_temp_dir("moe_ckpt");
+  std::map<std::string, Tensor> saved;  // parameters and optimizer state, by name
+  std::mutex mu;
+  auto run = [&](int world, int ep, uint64_t seed, bool save) {
+    nxd::testing::run_ranks(world, [&] {
+      const NxDConfig cfg = neuronx_distributed_config(sizes(1, ep));
+      auto model = initialize_parallel_model(cfg, moe_llama(), seed);
+      auto opt = initialize_parallel_optimizer(
+          cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
+          optim::AdamWOptions{});
+      Module& m = *model->local_modules().at(0);
+      const int d = ps::get_data_parallel_rank();
+      if (save) {
+        for (int step = 0; step < 2; ++step) {
+          model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900));
+          opt->step();
+          opt->zero_grad();
+        }
+        ckpt::save_checkpoint(dir, "s2", &m, &opt->inner(), nullptr);
+        std::lock_guard<std::mutex> l(mu);
+        for (const auto& [n, t] : m.named_parameters()) saved[n] = t.detach().clone();
+        for (const auto& [n, t] : opt->inner().state_tensors()) saved["optim." + n] = t.detach().clone();
+        return;
+      }
+      ckpt::load_checkpoint(dir, &m, &opt->inner(), nullptr, {.tag = "s2"});
+      for (const auto& [n, t] : m.named_parameters()) {
+        ASSERT_TRUE(saved.count(n)) << n;
+        EXPECT_BITWISE_EQ(t, saved.at(n));
+      }
+      int64_t states = 0;
+      for (const auto& [n, t] : opt->inner().state_tensors()) {
+        ASSERT_TRUE(saved.count("optim." + n)) << n;
+        EXPECT_BITWISE_EQ(t, saved.at("optim." + n));
+        ++states;
+      }
+      EXPECT_GT(states, 0);
+    });
+  };
+  run(4, 4, 3, true);
+  EXPECT_EQ(saved.count("model.layers.2.block_sparse_moe.experts.3.w2.weight"), 1u);
+  for (const char* f : {"model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors",
+                        "model/dp_rank_03_tp_rank_00_pp_rank_00.safetensors",
+                        "optim/dp_rank_03_tp_rank_00_pp_rank_00.safetensors"})
+    EXPECT_TRUE(std::filesystem::exists(dir / "s2" / f)) << f;
+  run(2, 2, 99, false);  // EP 4 -> EP 2, another init
+  run(1, 1, 98, false);  // EP 4 -> one rank
+  std::filesystem::remove_all(dir);
 }
