@@ -14,6 +14,8 @@
 #include <mutex>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/offline.h"
+#include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/trainer/config.h"
@@ -237,7 +239,8 @@ TEST(MoeTrain, CheckpointSavedAtEp4LoadsAtEp2AndOnOneRank) {
         ckpt::save_checkpoint(dir, "s2", &m, &opt->inner(), nullptr);
         std::lock_guard<std::mutex> l(mu);
         for (const auto& [n, t] : m.named_parameters()) saved[n] = t.detach().clone();
-        for (const auto& [n, t] : opt->inner().state_tensors()) saved["optim." + n] = t.detach().clone();
+        for (const auto& [n, t] : opt->inner().state_tensors())
+          saved["optim." + n] = t.detach().clone();
         return;
       }
       ckpt::load_checkpoint(dir, &m, &opt->inner(), nullptr, {.tag = "s2"});
@@ -263,4 +266,53 @@ TEST(MoeTrain, CheckpointSavedAtEp4LoadsAtEp2AndOnOneRank) {
   run(2, 2, 99, false);  // EP 4 -> EP 2, another init
   run(1, 1, 98, false);  // EP 4 -> one rank
   std::filesystem::remove_all(dir);
+}
+
+// The mixtral architecture in transformers' form: export-hf writes MixtralForCausalLM's config
+// and tensor names (block_sparse_moe.gate, experts.E.w1/w2/w3 with transformers' shapes), and
+// import-hf reads them back bitwise into a checkpoint (at TP 1 and 2).
+TEST(MoeTrain, MixtralHuggingFaceRoundTrip) {
+  const auto root = nxd::testing::test_temp_dir("moe_hf");
+  ModelConfig c = moe_llama();
+  c.arch = "mixtral";
+  c.moe.frequency = 1;
+  c.moe.router_z_loss_coef = 0;
+  c.num_kv_heads = 2;
+  auto m = make_causal_lm(c, 4);
+  EXPECT_EQ(m->type_name(), "MixtralForCausalLM");
+  ckpt::save_checkpoint(root / "src", "a", m.get(), nullptr, nullptr);
+  ckpt::export_hf(root / "src" / "a", root / "hf");
+  const auto j = nlohmann::json::parse(nxd::testing::slurp(root / "hf" / "config.json"));
+  EXPECT_EQ(j["model_type"], "mixtral");
+  EXPECT_EQ(j["architectures"][0], "MixtralForCausalLM");
+  EXPECT_EQ(j["num_local_experts"], 4);
+  EXPECT_EQ(j["num_experts_per_tok"], 2);
+  EXPECT_EQ(j["intermediate_size"], 24);
+  EXPECT_DOUBLE_EQ(j["router_aux_loss_coef"].get<double>(), 0.05 / 2);
+  const ModelConfig r = ckpt::model_config_from_hf(j);
+  EXPECT_EQ(r.arch, "mixtral");
+  EXPECT_EQ(r.moe.num_experts, 4);
+  EXPECT_EQ(r.moe.top_k, 2);
+  EXPECT_DOUBLE_EQ(r.moe.router_aux_loss_coef, 0.05);
+  std::map<std::string, Shape> shapes;
+  ckpt::SafetensorsReader rd(root / "hf" / "model.safetensors");
+  for (const auto& t : rd.header().tensors) shapes[t.name] = t.shape;
+  EXPECT_EQ(shapes.size(), m->state_dict().size());
+  const std::string l = "model.layers.2.block_sparse_moe.";
+  EXPECT_EQ(shapes.at(l + "gate.weight"), (Shape{4, 16}));
+  EXPECT_EQ(shapes.at(l + "experts.3.w1.weight"), (Shape{24, 16}));
+  EXPECT_EQ(shapes.at(l + "experts.3.w3.weight"), (Shape{24, 16}));
+  EXPECT_EQ(shapes.at(l + "experts.3.w2.weight"), (Shape{16, 24}));
+  EXPECT_EQ(shapes.count("model.layers.1.mlp.gate_proj.weight"), 0u);  // every layer is MoE
+  for (int tp : {1, 2}) {
+    const std::string tag = "b" + std::to_string(tp);
+    ckpt::import_hf(root / "hf", root / "back", tag, tp, 1);
+    auto m2 = make_causal_lm(c, 99);
+    ckpt::load_checkpoint(root / "back", m2.get(), nullptr, nullptr, {.tag = tag});
+    for (const auto& [n, x] : m->state_dict())
+      EXPECT_TRUE(nxd::testing::bitwise_equal(m2->state_dict().at(n), x.detach(), n));
+  }
+  c.moe.frequency = 2;  // not transformers' Mixtral
+  EXPECT_THROW(ckpt::hf_config_json(c), ckpt::CheckpointError);
+  std::filesystem::remove_all(root);
 }
