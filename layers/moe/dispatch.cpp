@@ -4,6 +4,8 @@
 #include <numeric>
 
 #include "nxd/autograd/function.h"
+#include "nxd/runtime/context.h"
+#include "nxd/runtime/sim/clock.h"
 
 namespace nxd {
 
@@ -17,11 +19,33 @@ std::vector<int64_t> exchange_counts(Communicator& g, const std::vector<int64_t>
 }
 
 namespace {
+struct A2aSeconds {
+  double total = 0;
+};
+sim::SimClock* clock() {
+  return dynamic_cast<sim::SimClock*>(current_context().cost_model());
+}
+}  // namespace
+
+double moe_all_to_all_seconds() {
+  return current_context().ext<A2aSeconds>().total;
+}
+
+namespace {
 // The raw padded exchange: rows of x grouped by destination (send counts) -> grouped by source.
 Tensor exchange_rows(const Tensor& x, const std::vector<int64_t>& send,
                      const std::vector<int64_t>& recv, Communicator& g) {
   const int P = g.size();
   const int64_t D = x.size(1);
+  sim::SimClock* c = clock();
+  const double t0 = c ? c->now() : 0;
+  struct Charge {  // the exchange's modeled time, whichever way it returns
+    sim::SimClock* c;
+    double t0;
+    ~Charge() {
+      if (c) current_context().ext<A2aSeconds>().total += c->now() - t0;
+    }
+  } charge{c, t0};
   int64_t local_max = 0;
   for (int p = 0; p < P; ++p) local_max = std::max({local_max, send[p], recv[p]});
   int64_t cap = local_max;

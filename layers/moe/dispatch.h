@@ -23,4 +23,8 @@ std::vector<int64_t> exchange_counts(Communicator& g, const std::vector<int64_t>
 // other way (send and recv swapped). The group must outlive the graph.
 Tensor all_to_all_rows(const Tensor& x, const RowCounts& counts, Communicator& g);
 
+// Modeled seconds this rank spent in all_to_all_rows' exchanges (forward and backward, the count
+// agreement included) since the rank started: the sim clock's advance over them; 0 off the sim.
+double moe_all_to_all_seconds();
+
 }  // namespace nxd
