@@ -107,8 +107,11 @@ void read_gpt_neox(const json& j, ModelConfig& c) {
                " != num_attention_heads ", c.num_attention_heads));
 }
 
-// transformers' MixtralConfig: the llama keys it shares, and the experts. Its load-balancing loss
-// is top_k times nxd's (layers/moe/config.h), so its router_aux_loss_coef is nxd's / top_k.
+// transformers' MixtralConfig: the llama keys it shares, and the experts. transformers computes one
+// load-balancing loss over every layer's router logits concatenated, E * sum_e f_e P_e (top_k
+// when balanced); nxd adds one E/k * sum_e f_e P_e per MoE layer (1 each when balanced,
+// layers/moe/config.h). The coefficients are converted so that a balanced router costs the same:
+// nxd's = transformers' * top_k / num_layers (the functions differ away from balance).
 void write_mixtral(const ModelConfig& c, json& j) {
   if (c.moe.frequency != 1 || !c.moe.dropless || !c.moe.normalize_top_k_affinities ||
       c.attention_bias || c.mlp_bias || c.moe.router_z_loss_coef > 0)
@@ -124,7 +127,8 @@ void write_mixtral(const ModelConfig& c, json& j) {
   j.erase("mlp_bias");
   j["num_local_experts"] = c.moe.num_experts;
   j["num_experts_per_tok"] = c.moe.top_k;
-  j["router_aux_loss_coef"] = c.moe.router_aux_loss_coef / static_cast<double>(c.moe.top_k);
+  j["router_aux_loss_coef"] = c.moe.router_aux_loss_coef * static_cast<double>(c.num_layers) /
+                              static_cast<double>(c.moe.top_k);
   j["output_router_logits"] = false;
   j["router_jitter_noise"] = 0.0;
   j["sliding_window"] = nullptr;
@@ -143,8 +147,8 @@ void read_mixtral(const json& j, ModelConfig& c) {
   c.moe.frequency = 1;
   c.moe.dropless = true;
   c.moe.normalize_top_k_affinities = true;
-  c.moe.router_aux_loss_coef =
-      j.value("router_aux_loss_coef", 0.001) * static_cast<double>(c.moe.top_k);
+  c.moe.router_aux_loss_coef = j.value("router_aux_loss_coef", 0.001) *
+                               static_cast<double>(c.moe.top_k) / static_cast<double>(c.num_layers);
 }
 
 }  // namespace
