@@ -27,6 +27,7 @@ Degrees current_degrees() {
   d.tp_rank = ps::get_tensor_model_parallel_rank();
   d.pp_rank = ps::get_pipeline_model_parallel_rank();
   d.dp_rank = ps::get_data_parallel_rank();
+  d.ep = ps::get_expert_model_parallel_size();
   return d;
 }
 

@@ -17,6 +17,9 @@ struct Degrees {
   int world = 1, rank = 0;
   int tp = 1, pp = 1, dp = 1;
   int tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  // Expert parallelism: DP ranks 0..ep-1 (expert-DP rank 0 of each EP rank) write the MoE
+  // experts they hold into their own model/optim files (DP rank 0's also has everything else).
+  int ep = 1;
 };
 // This rank's place in parallel_state (TP = PP = 1 in a one-rank world that never set it up).
 Degrees current_degrees();

@@ -167,7 +167,8 @@ Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
   const json meta = read_metadata(dir);
   check_files(dir, meta);
   detail::Stager st(dir, meta, d);
-  const bool whole_model = d.pp == 1;  // with PP, other stages hold the other names
+  // with PP, other stages hold the other names; with EP, other EP ranks the other experts
+  const bool whole_model = d.pp == 1 && d.ep == 1;
   if (!chunks.empty()) {
     if (!meta.contains("model"))
       throw CheckpointError(str("[load_checkpoint] ", dir.string(), " has no model"));

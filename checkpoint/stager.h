@@ -67,7 +67,7 @@ class Stager {
   // Schedules the read of elements [lo, hi) of the flattened TP-local tensor `name` saved by
   // (tp, pp) into dst (hi - lo elements of `dtype`).
   void fetch(const char* kind, const std::string& name, int tp, int pp, const Shape& local,
-             DType dtype, int64_t lo, int64_t hi, char* dst);
+             DType dtype, int64_t lo, int64_t hi, char* dst, int dp = 0);
   const DpIndex& dp_index(int tp, int pp);
   void read_file(const std::string& rel, std::map<std::string, FileTensor>& tensors);
 

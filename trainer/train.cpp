@@ -287,9 +287,10 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
     throw ConfigError(str("[train] backend.world_size=", cfg.dist.world_size, " but the ",
                           cfg.dist.backend, " world has ", ctx.world_size(), " rank(s)"));
   if (!parallel_state::model_parallel_is_initialized())  // the lead rank is needed before fit
-    parallel_state::initialize_model_parallel(
-        static_cast<int>(cfg.dist.tensor_model_parallel_size),
-        static_cast<int>(cfg.dist.pipeline_model_parallel_size));
+    parallel_state::initialize_model_parallel(parallel_state::ParallelSizes{
+        .tensor = static_cast<int>(cfg.dist.tensor_model_parallel_size),
+        .pipeline = static_cast<int>(cfg.dist.pipeline_model_parallel_size),
+        .expert = static_cast<int>(cfg.dist.expert_model_parallel_size)});
   const bool rank0 = is_lead_rank();
   const bool talk = rank0 && !opts.quiet;
   if (rank0) write_config(cfg);
@@ -390,6 +391,7 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   TrainerOptions to;
   to.strategy.tensor_parallel_size = cfg.dist.tensor_model_parallel_size;
   to.strategy.pipeline_parallel_size = cfg.dist.pipeline_model_parallel_size;
+  to.strategy.expert_parallel_size = cfg.dist.expert_model_parallel_size;
   to.strategy.virtual_pipeline_size = cfg.dist.virtual_pipeline_model_parallel_size;
   to.strategy.pipeline_schedule = cfg.dist.pipeline_schedule;
   to.strategy.zero1 = cfg.dist.zero1;

@@ -116,6 +116,7 @@ NxDConfig Trainer::nxd_config() const {
   NxDConfig c;
   c.tensor_parallel_size = static_cast<int>(st.tensor_parallel_size);
   c.pipeline_parallel_size = static_cast<int>(st.pipeline_parallel_size);
+  c.expert_parallel_size = static_cast<int>(st.expert_parallel_size);
   c.pipeline_config.num_microbatches = static_cast<int>(opts_.accumulate_grad_batches);
   c.pipeline_config.schedule = st.pipeline_schedule;
   c.pipeline_config.virtual_pipeline_size = static_cast<int>(st.virtual_pipeline_size);

@@ -44,6 +44,7 @@ namespace nxd::trainer {
 struct Strategy {
   int64_t tensor_parallel_size = 1;        // data-parallel size = world / (tp x pp)
   int64_t pipeline_parallel_size = 1;      // > 1: the module's build_pipeline_model
+  int64_t expert_parallel_size = 1;        // MoE experts split over this many DP ranks
   int64_t virtual_pipeline_size = 1;       // model chunks per pipeline rank (interleaved)
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
   // ZeRO-1: the module's AdamW becomes a Zero1AdamW over the same groups (optimizer state

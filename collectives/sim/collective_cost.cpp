@@ -178,6 +178,30 @@ GroupLinks group_links(const MachineSpec& m, const std::vector<int>& ranks) {
   return g;
 }
 
+double pairwise_all_to_all_time(const MachineSpec& m, const std::vector<int>& ranks, double n) {
+  const int p = static_cast<int>(ranks.size());
+  if (p <= 1) return 0;
+  const double chunk = n / p;
+  const double link_share = m.links_per_chip > 0
+                                ? m.link_bandwidth * m.links_per_chip / 2.0 / m.cores_per_chip
+                                : m.collective_busbw;
+  const double chip_bw = std::min(m.collective_busbw, link_share);
+  const double efa_bw = m.efa_bandwidth / m.cores_per_instance();
+  auto pair = [&](int a, int b) {
+    if (m.instance_of(a) != m.instance_of(b)) return m.efa_latency + chunk / efa_bw;
+    if (m.chip_of(a) == m.chip_of(b)) return m.hop_latency + chunk / m.collective_busbw;
+    const int hops = std::max(1, m.chip_hops(a, b));
+    return m.hop_latency * hops + chunk / (chip_bw / hops);
+  };
+  double t = 0;
+  for (int i = 1; i < p; ++i) {  // round i: member k sends its chunk to member (k + i) % p
+    double round = 0;
+    for (int k = 0; k < p; ++k) round = std::max(round, pair(ranks[k], ranks[(k + i) % p]));
+    t += round;
+  }
+  return t;
+}
+
 namespace {
 
 // Intra-instance time of `kind` over p ranks with links g.
@@ -266,8 +290,8 @@ CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<
       c.algorithm = tree < chain ? Algorithm::tree : Algorithm::ring;
       break;
     }
-    case CollKind::all_to_all:
-      c.seconds = al + double(p - 1) / p * n / bw;
+    case CollKind::all_to_all:  // pairwise exchange over the topology (up to 64 ranks)
+      c.seconds = p <= 64 ? pairwise_all_to_all_time(m, ranks, n) : al + double(p - 1) / p * n / bw;
       c.algorithm = Algorithm::direct;
       break;
     case CollKind::send_recv: {

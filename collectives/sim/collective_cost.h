@@ -84,5 +84,12 @@ double mesh_all_gather_time(int p, double n, double alpha, double bw);  // a + (
 // nccl-tests bus-bandwidth factor (PERFORMANCE.md): all-reduce 2(p-1)/p, all-gather,
 // reduce-scatter and all-to-all (p-1)/p, others 1.
 double busbw_factor(CollKind k, int p);
+// All-to-all of n bytes per rank (n/p to each member) as a pairwise exchange over the machine's
+// topology: p-1 rounds, in round i member k sends to member (k+i) % p, and a round lasts its
+// slowest pair: hop latency + n/p at the core's collective bandwidth on one chip; hop latency x
+// hops + n/p at the chip-link share / hops between chips of an instance; EFA latency + n/p at the
+// core's EFA share between instances. collective_cost uses it up to 64 ranks (beyond: the
+// group-bottleneck form (p-1)/p n/B, to keep the O(p^2) pair scan out of large plans).
+double pairwise_all_to_all_time(const MachineSpec& m, const std::vector<int>& ranks, double n);
 
 }  // namespace nxd::sim

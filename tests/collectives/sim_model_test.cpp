@@ -323,3 +323,33 @@ TEST(SimCost, RecursiveHalvingDoublingMatchesClosedForm) {
                 t_rdh * 1e6, t_ring * 1e6, t_model * 1e6);
   }
 }
+
+// All-to-all priced pair by pair over the topology: on one chip p-1 rounds of hop latency + n/p
+// at the core bandwidth (hand formula), slower across chips and slowest across instances; the
+// modeled time of a sim all_to_all is that plus the launch latency.
+TEST(SimCost, AllToAllIsPricedPairByPair) {
+  MachineSpec m = machine("trn1.32xlarge");
+  const double n = 4.0 * (1 << 16);
+  EXPECT_NEAR(pairwise_all_to_all_time(m, {0, 1}, n), m.hop_latency + n / 2 / m.collective_busbw,
+              1e-15);
+  const double one_chip = pairwise_all_to_all_time(m, {0, 1}, n);
+  const double two_chips = pairwise_all_to_all_time(m, {0, 2}, n);
+  std::vector<int> r8(8), strided8;
+  for (int i = 0; i < 8; ++i) r8[i] = i, strided8.push_back(4 * i);
+  EXPECT_LE(one_chip, two_chips);  // one hop between neighbour chips costs as much on trn1
+  EXPECT_LT(pairwise_all_to_all_time(m, r8, n), pairwise_all_to_all_time(m, strided8, n));
+  MachineSpec c = machine("2xtrn1.32xlarge");
+  EXPECT_LT(pairwise_all_to_all_time(c, {0, 2}, n), pairwise_all_to_all_time(c, {0, 32}, n));
+  const int64_t count = 1 << 14;  // f32 per member, 4 members
+  double t = modeled(4, 0, [&](Communicator& g) {
+    Tensor x = ones({4 * count}), y = empty({4 * count});
+    g.all_to_all(x.raw_data(), y.raw_data(), count, DType::f32);
+  });
+  EXPECT_NEAR(t, m.launch_latency + pairwise_all_to_all_time(m, {0, 1, 2, 3}, 4.0 * 4 * count),
+              1e-12);
+  std::printf(
+      "all_to_all of 256 KiB per rank: 2 cores of a chip %.2f us, 2 chips %.2f us, 8 "
+      "cores %.2f us, 8 chips %.2f us\n",
+      one_chip * 1e6, two_chips * 1e6, pairwise_all_to_all_time(m, r8, n) * 1e6,
+      pairwise_all_to_all_time(m, strided8, n) * 1e6);
+}
