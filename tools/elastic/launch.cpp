@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "plan.h"
@@ -76,6 +77,7 @@ LaunchResult run_launch(const LaunchOptions& o) {
   }
   r.started = true;
   int64_t rows = 0;
+  double pace = 0;  // seconds: the slowest step so far (see LaunchOptions)
   auto progress_at = clock::now();
   auto kill_at = clock::time_point::max();
   bool open = true, passed_on = false;
@@ -103,22 +105,31 @@ LaunchResult run_launch(const LaunchOptions& o) {
       r.signalled = true, r.signal = g_signal, passed_on = true;
       ::kill(pid, g_signal);
     }
-    // progress: rows of this launch's metrics.csv
+    // progress: rows of this launch's metrics.csv; pace: the slowest step so far
     const ino_t ino = inode_of(o.metrics);
     if (ino != 0 && ino != old_inode) {
       const int64_t now_rows = data_rows(o.metrics);
       if (now_rows > rows) {
-        if (rows == 0) r.first_row_s = since(t0);
+        if (rows == 0)
+          r.first_row_s = since(t0), pace = r.first_row_s;
+        else if (rows == 1 || since(progress_at) > pace)
+          pace = since(progress_at);
         rows = now_rows, progress_at = clock::now();
       }
     }
-    // stalled: no new row for stall_timeout_s (before the first row: startup_timeout_s)
-    const double allowed = rows == 0 ? o.startup_timeout_s : o.stall_timeout_s;
+    // stalled: no new row for the allowance (before the first row: startup_timeout_s)
+    const double allowed = rows == 0 ? o.startup_timeout_s
+                           : o.stall_timeout_s > 0
+                               ? std::max(o.stall_timeout_s, o.stall_pace_factor * pace)
+                               : 0;
     if (allowed > 0 && !r.stalled && since(progress_at) > allowed) {
-      r.stalled = true;
-      const std::string note = "nxd-elastic: no new step for " + std::to_string(allowed) +
-                               " s (--stall-timeout): stopping the launch\n";
-      (void)!::write(2, note.data(), note.size());
+      r.stalled = true, r.stall_allowed_s = allowed;
+      char note[200];
+      std::snprintf(note, sizeof note,
+                    "nxd-elastic: no new step for %.1f s (--stall-timeout %.1f s, slowest step "
+                    "so far %.1f s): stopping the launch\n",
+                    allowed, o.stall_timeout_s, pace);
+      (void)!::write(2, note, std::strlen(note));
       ::kill(pid, SIGTERM);  // mpirun ends its ranks (TERM, then KILL)
       kill_at = clock::now() + std::chrono::seconds(10);
     }
