@@ -62,6 +62,59 @@ struct Job {
   }
 };
 
+// The nxd-train ranks of one run (argv[0] nxd-train, --out `out`; mpirun's own command line
+// names both too, so argv[0] decides), alive (not zombies), as world rank -> pid (sim: 0).
+std::map<int, pid_t> live_ranks(const fs::path& out) {
+  std::map<int, pid_t> ranks;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = slurp(e.path() / "cmdline");
+    std::vector<std::string> argv;
+    for (std::stringstream ss(cmd); std::getline(ss, cmd, '\0');) argv.push_back(cmd);
+    if (argv.empty() || fs::path(argv[0]).filename() != "nxd-train") continue;
+    if (std::find(argv.begin(), argv.end(), out.string()) == argv.end()) continue;
+    const std::string stat = slurp(e.path() / "stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z') continue;
+    std::string env = slurp(e.path() / "environ"), var;
+    int rank = 0;  // sim: one process
+    for (std::stringstream ss(env); std::getline(ss, var, '\0');)
+      if (var.rfind("OMPI_COMM_WORLD_RANK=", 0) == 0) rank = std::stoi(var.substr(21));
+    ranks[rank] = static_cast<pid_t>(std::stoi(name));
+  }
+  return ranks;
+}
+
+// A seed for the random moments: NXD_KILL_SEED if set (to repeat a failure), else a new one.
+unsigned kill_seed() {
+  const char* s = std::getenv("NXD_KILL_SEED");
+  return s ? static_cast<unsigned>(std::stoul(s)) : static_cast<unsigned>(std::random_device{}());
+}
+
+// Waits (up to 120 s) until `ranks` processes of a run into `out` that were not seen before run
+// and its metrics.csv is a new file (not `last_inode`) with a row: a launch that trains. Returns
+// them (empty on timeout) and updates last_inode.
+std::map<int, pid_t> wait_for_training(const fs::path& out, size_t ranks,
+                                       const std::set<pid_t>& seen, ino_t& last_inode) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto live = live_ranks(out);
+    if (live.size() != ranks) continue;
+    bool fresh = true;
+    for (auto& [k, pid] : live) fresh = fresh && !seen.count(pid);
+    struct stat st {};
+    if (!fresh || ::stat((out / "metrics.csv").c_str(), &st) != 0 || st.st_ino == last_inode ||
+        read_csv(out / "metrics.csv").rows.empty())
+      continue;
+    last_inode = st.st_ino;
+    return live;
+  }
+  return {};
+}
+
 #ifndef NXD_ELASTIC_MPI
 
 TEST(NxdElasticPlan, HostsAndLayouts) {
@@ -176,6 +229,64 @@ TEST(NxdElasticCli, UserMistakesExit2) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("cannot start"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(t.d / "out"));
+}
+
+// The sim job (TP2 x DP2, four ranks in one process) kill -9'd at 5 seeded random moments (0 to
+// 0.3 s after each launch's first metrics row (steps take ~50 ms idle): mid-forward,
+// mid-collective, mid-backward, mid-save of the checkpoint written every step, or between steps),
+// each relaunch resuming its newest complete checkpoint as nxd-elastic's do; the pieces merged as
+// nxd-elastic merges them have every step once, with the uninterrupted run's losses (within 2%;
+// resume is bitwise).
+TEST(NxdElasticSim, AJobKilledAtFiveRandomMomentsResumesWithEveryStepOnce) {
+  Job t;
+  const unsigned seed = kill_seed();
+  std::mt19937 rng(seed);
+  std::vector<std::string> sets = {"backend.world_size=4", "trainer.max_steps=40",
+                                   "exp_manager.checkpoint_callback_params.every_n_train_steps=1"};
+  std::string moments = "seed " + std::to_string(seed) + " (NXD_KILL_SEED to repeat):";
+  const fs::path out = t.d / "out";
+  std::set<pid_t> seen;
+  ino_t last_inode = 0;
+  for (int launch = 0; launch <= 5; ++launch) {
+    std::vector<std::string> a = {NXD_TRAIN_BIN};
+    for (auto& x : t.train_args(sets)) a.push_back(x);
+    ProcResult r;
+    std::thread run([&] { r = nxd::testing::run_process(a, t.d, std::chrono::seconds(120)); });
+    if (launch < 5) {
+      const auto live = wait_for_training(out, 1, seen, last_inode);
+      const double delay = std::uniform_real_distribution<double>(0, 0.3)(rng);
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+      const size_t rows = read_csv(out / "metrics.csv").rows.size();
+      if (!live.empty()) ::kill(live.begin()->second, SIGKILL), seen.insert(live.begin()->second);
+      moments += " kill " + std::to_string(launch + 1) + ": " + std::to_string(delay).substr(0, 5) +
+                 " s after the launch's first row (" + std::to_string(rows) + " rows);";
+    }
+    run.join();
+    if (launch < 5)
+      ASSERT_EQ(r.code, -1) << moments << " launch " << launch + 1 << " was not killed\n" << r.err;
+    else
+      ASSERT_EQ(r.code, 0) << moments << "\n" << r.err;
+    if (launch == 0) sets.push_back("exp_manager.resume_if_exists=true");
+  }
+  std::vector<fs::path> pieces;
+  for (int k = 1; k <= 5; ++k) pieces.push_back(out / ("metrics." + std::to_string(k) + ".csv"));
+  pieces.push_back(out / "metrics.csv");
+  const MergeResult m = merge_metrics(pieces);
+  ASSERT_TRUE(m.ok) << moments << " " << m.why;
+  std::ofstream(out / "merged.csv") << m.text;
+  std::vector<std::string> ref_sets(sets.begin(), sets.begin() + 2);  // no resume
+  std::vector<std::string> ra = {NXD_TRAIN_BIN};
+  for (auto& x : t.train_args(ref_sets, "ref")) ra.push_back(x);
+  ASSERT_EQ(nxd::testing::run_process(ra, t.d).code, 0);
+  const auto ref = read_csv(t.d / "ref/metrics.csv").rows;
+  const auto got = read_csv(out / "merged.csv").rows;
+  ASSERT_EQ(got.size(), ref.size()) << moments << "\n" << m.text;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(got[i][0], std::to_string(i + 1)) << moments;
+    const double want = std::stod(ref[i][1]), loss = std::stod(got[i][1]);
+    EXPECT_LE(std::fabs(loss - want), 0.02 * std::fabs(want))
+        << moments << " step " << i + 1 << ": " << loss << " vs uninterrupted " << want;
+  }
 }
 
 #else  // under mpirun
@@ -320,43 +431,17 @@ TEST(NxdElasticMpi, GivesUpAfterMaxRestartsAndNeverTakesAnotherRunsFolder) {
   EXPECT_EQ(slurp(t.d / "other/metrics.csv"), "step,loss\n1,5.0\n");
 }
 
-// The nxd-train ranks of one run (argv[0] nxd-train, --out `out`; mpirun's own command line
-// names both too, so argv[0] decides), alive (not zombies), as world rank -> pid.
-std::map<int, pid_t> live_ranks(const fs::path& out) {
-  std::map<int, pid_t> ranks;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmd = slurp(e.path() / "cmdline");
-    std::vector<std::string> argv;
-    for (std::stringstream ss(cmd); std::getline(ss, cmd, '\0');) argv.push_back(cmd);
-    if (argv.empty() || fs::path(argv[0]).filename() != "nxd-train") continue;
-    if (std::find(argv.begin(), argv.end(), out.string()) == argv.end()) continue;
-    const std::string stat = slurp(e.path() / "stat");
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z') continue;
-    std::string env = slurp(e.path() / "environ"), var;
-    for (std::stringstream ss(env); std::getline(ss, var, '\0');)
-      if (var.rfind("OMPI_COMM_WORLD_RANK=", 0) == 0)
-        ranks[std::stoi(var.substr(21))] = static_cast<pid_t>(std::stoi(name));
-  }
-  return ranks;
-}
-
 // kill -9 of a random rank at 5 random moments of one run (TP2 x DP2, a checkpoint every step,
 // --keep-failed-slots so each relaunch has 4 slots again): each moment is a seeded delay of 0 to
-// 1.5 s after the launch's first metrics row, so kills land mid-forward, mid-collective,
+// 1 s after the launch's first metrics row, so kills land mid-forward, mid-collective,
 // mid-backward, mid-save or between steps. The run ends with every step once and the losses of
 // the uninterrupted run; on failure the seed and the moments are printed (NXD_KILL_SEED=<seed>
 // repeats them, as closely as the machine's timing allows).
 TEST(NxdElasticMpi, ARankKilledAtFiveRandomMomentsFinishesWithEveryStepOnce) {
   Job t;
-  const char* env_seed = std::getenv("NXD_KILL_SEED");
-  const unsigned seed = env_seed ? static_cast<unsigned>(std::stoul(env_seed))
-                                 : static_cast<unsigned>(std::random_device{}());
+  const unsigned seed = kill_seed();
   std::mt19937 rng(seed);
-  const std::vector<std::string> sets = {"trainer.max_steps=24",
+  const std::vector<std::string> sets = {"trainer.max_steps=20",
                                          "exp_manager.checkpoint_callback_params.every_n_train_"
                                          "steps=1"};
   std::string moments = "seed " + std::to_string(seed) + " (NXD_KILL_SEED to repeat):";
@@ -367,21 +452,11 @@ TEST(NxdElasticMpi, ARankKilledAtFiveRandomMomentsFinishesWithEveryStepOnce) {
   const fs::path out = t.d / "out", metrics = out / "metrics.csv";
   std::set<pid_t> seen;
   ino_t last_inode = 0;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(150);
   int kills = 0;
-  while (kills < 5 && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    // a new launch (no pid seen before) that has written its first row
-    const auto ranks = live_ranks(out);
-    if (ranks.size() != 4) continue;
-    bool fresh = true;
-    for (auto& [k, pid] : ranks) fresh = fresh && !seen.count(pid);
-    struct stat st {};
-    if (!fresh || ::stat(metrics.c_str(), &st) != 0 || st.st_ino == last_inode ||
-        read_csv(metrics).rows.empty())
-      continue;
-    last_inode = st.st_ino;
-    const double delay = std::uniform_real_distribution<double>(0, 1.5)(rng);
+  while (kills < 5) {
+    const auto ranks = wait_for_training(out, 4, seen, last_inode);
+    if (ranks.empty()) break;
+    const double delay = std::uniform_real_distribution<double>(0, 1.0)(rng);
     const int victim = static_cast<int>(rng() % 4);
     std::this_thread::sleep_for(std::chrono::duration<double>(delay));
     for (auto& [k, pid] : ranks) seen.insert(pid);
