@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "plan.h"
 
@@ -32,6 +34,32 @@ void on_signal(int sig) {
 ino_t inode_of(const std::filesystem::path& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+// The elapsed_s column of metrics.csv's last row (seconds since the launch began training; -1 if
+// there is none): the first step's time without mpirun's startup.
+double last_elapsed_s(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::string header, line, last;
+  if (!std::getline(f, header)) return -1;
+  while (std::getline(f, line))
+    if (!line.empty()) last = line;
+  auto field = [](const std::string& s, size_t k) {
+    std::stringstream ss(s);
+    std::string x;
+    for (size_t i = 0; i <= k; ++i)
+      if (!std::getline(ss, x, ',')) return std::string();
+    return x;
+  };
+  for (size_t k = 0;; ++k) {
+    const std::string name = field(header, k);
+    if (name.empty()) return -1;
+    if (name != "elapsed_s") continue;
+    const std::string v = field(last, k);
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    return !v.empty() && end && *end == '\0' ? x : -1;
+  }
 }
 
 }  // namespace
@@ -110,9 +138,11 @@ LaunchResult run_launch(const LaunchOptions& o) {
     if (ino != 0 && ino != old_inode) {
       const int64_t now_rows = data_rows(o.metrics);
       if (now_rows > rows) {
-        if (rows == 0)
+        if (rows == 0) {  // the first step's time (elapsed_s), else all the launch took so far
           r.first_row_s = since(t0), pace = r.first_row_s;
-        else if (rows == 1 || since(progress_at) > pace)
+          const double e = last_elapsed_s(o.metrics);
+          if (e > 0 && e < pace) pace = e;
+        } else if (rows == 1 || since(progress_at) > pace)
           pace = since(progress_at);
         rows = now_rows, progress_at = clock::now();
       }

@@ -14,8 +14,8 @@ struct LaunchOptions {
   // Stopped when no new metrics row comes for max(stall_timeout_s, stall_pace_factor x the
   // launch's slowest step so far): a machine that slows down stretches the allowance with it, so
   // a slow step is not taken for a hang. The slowest step is the longest gap between two rows
-  // seen; before the second row, the time from the start to the first (startup included: on the
-  // safe side). 0 = off.
+  // seen; before the second row, the first row's elapsed_s (the first step, warm-up included),
+  // or the time from the start to the first row if the row has none. 0 = off.
   double stall_timeout_s = 0;
   double stall_pace_factor = 4;
   double startup_timeout_s = 0;  // no first row for this long: stopped (0 = off)
