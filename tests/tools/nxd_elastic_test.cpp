@@ -289,6 +289,47 @@ TEST(NxdElasticSim, AJobKilledAtFiveRandomMomentsResumesWithEveryStepOnce) {
   }
 }
 
+// A stand-in for mpirun (a shell script): the host probe (`... true`) succeeds; a launch writes
+// `rows` metrics rows `gap` seconds apart into --out's metrics.csv (elapsed_s as nxd-train
+// writes it), then ends (exit 0) or, with `hang`, stops writing for good.
+fs::path fake_mpirun(const fs::path& dir, const std::string& name, double gap, int rows,
+                     bool hang) {
+  const fs::path p = dir / name;
+  std::ofstream(p) << "#!/bin/sh\nout=; prev=\n"
+                   << "for a in \"$@\"; do [ \"$prev\" = --out ] && out=$a; prev=$a; done\n"
+                   << "case \" $* \" in *\" true \"*) exit 0;; esac\nmkdir -p \"$out\"\n"
+                   << "echo step,loss,val_loss,lr,grad_norm,tokens_per_s,epoch,elapsed_s,"
+                      "sim_step_s > \"$out/metrics.csv\"\n"
+                   << "for s in $(seq 1 " << rows << "); do sleep " << gap
+                   << "; echo $s,5.0,,0.1,1.0,10.0,0,$(awk \"BEGIN{print " << gap
+                   << " * $s}\"), >> \"$out/metrics.csv\"; done\n"
+                   << (hang ? "exec sleep 600\n" : "exit 0\n");
+  fs::permissions(p, fs::perms::owner_all);
+  return p;
+}
+
+// --stall-timeout is a floor: steps of 1.2 s under --stall-timeout 0.5 are a slow run, not a hang
+// (the allowance is 4 x the slowest step so far), while a run that stops writing rows after its
+// first (0.3 s) step is stopped (allowance max(0.5, 4 x 0.3) s) and counts as failed.
+TEST(NxdElasticCli, TheStallAllowanceFollowsTheStepTime) {
+  Job t;
+  const auto slow = fake_mpirun(t.d, "slow-mpirun", 1.2, 3, false);
+  ProcResult r = t.elastic({"--hosts", "localhost:4", "--mpirun", slow.string(), "--stall-timeout",
+                            "0.5", "--max-restarts", "0"},
+                           {});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("no new step"), std::string::npos) << r.err;
+  const auto hung = fake_mpirun(t.d, "hung-mpirun", 0.3, 1, true);
+  r = t.elastic({"--hosts", "localhost:4", "--mpirun", hung.string(), "--stall-timeout", "0.5",
+                 "--max-restarts", "0"},
+                {}, "out2");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("no new step for 1.2 s (--stall-timeout 0.5 s, slowest step so far 0.3 s)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(slurp(t.d / "out2/elastic.log").find("stalled"), std::string::npos);
+}
+
 #else  // under mpirun
 
 const std::vector<std::string> kMpi = {"--hosts",       "localhost:4",
