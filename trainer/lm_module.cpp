@@ -5,6 +5,7 @@
 
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/runtime/error.h"
+#include "nxd/trainer/corpus.h"
 #include "nxd/trainer/init_from.h"
 
 namespace fs = std::filesystem;

@@ -9,6 +9,7 @@
 
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/trainer/config.h"
+#include "nxd/trainer/corpus.h"
 #include "nxd/trainer/module.h"
 #include "nxd/trainer/tokenizer.h"
 

@@ -11,7 +11,7 @@
 #include "nxd/runtime/error.h"
 #include "nxd/trainer/config.h"
 #include "nxd/trainer/config_limits.h"
-#include "nxd/trainer/data.h"
+#include "nxd/trainer/corpus.h"
 #include "nxd/trainer/env_check.h"
 #include "support/files.h"
 
