@@ -32,10 +32,10 @@
 #include <string>
 #include <vector>
 
+#include "nxd/api/nxd_api.h"
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/loggers.h"
 #include "nxd/trainer/module.h"
-#include "nxd/trainer/nxd_api.h"
 
 namespace nxd::trainer {
 

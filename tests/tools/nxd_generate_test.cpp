@@ -11,7 +11,7 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/layers/models/causal_lm.h"
-#include "nxd/trainer/tokenizer.h"
+#include "nxd/train/tokenizer.h"
 #include "support/files.h"
 #include "support/proc.h"
 

@@ -1,4 +1,4 @@
-// NxD's config and optimizer wrapper (trainer/nxd_api.h): NxD's keys and defaults, the errors
+// NxD's config and optimizer wrapper (api/nxd_api.h): NxD's keys and defaults, the errors
 // for impossible settings, and that the wrapper's step is the Trainer's (its training tests run
 // on it) — here: it initializes parallel_state and refuses ZeRO-1 without AdamW.
 #include <gtest/gtest.h>
@@ -9,11 +9,11 @@
 #include <mutex>
 #include <optional>
 
+#include "nxd/api/nxd_api.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/basic.h"
 #include "nxd/layers/parallel/pad.h"
 #include "nxd/runtime/rng.h"
-#include "nxd/trainer/nxd_api.h"
 #include "support/compare.h"
 #include "support/ranks.h"
 #include "support/tiny_lm.h"

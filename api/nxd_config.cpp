@@ -1,4 +1,4 @@
-#include "nxd/trainer/nxd_config.h"
+#include "nxd/api/nxd_config.h"
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/runtime/context.h"

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "nxd/trainer/config.h"
+#include "nxd/train/config.h"
 
 namespace nxd::trainer {
 

@@ -1,12 +1,12 @@
-#include "nxd/trainer/lm_module.h"
+#include "nxd/train/lm_module.h"
 
 #include <filesystem>
 #include <map>
 
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/corpus.h"
-#include "nxd/trainer/init_from.h"
+#include "nxd/train/corpus.h"
+#include "nxd/train/init_from.h"
 
 namespace fs = std::filesystem;
 

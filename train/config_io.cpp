@@ -1,5 +1,5 @@
 // Config values: YAML/JSON files, --set overrides, typed access, YAML output and the key reference.
-#include "nxd/trainer/config.h"
+#include "nxd/train/config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/config_limits.h"
+#include "nxd/train/config_limits.h"
 
 namespace nxd::trainer {
 
@@ -151,7 +151,7 @@ std::string config_reference_markdown() {
   std::ostringstream os;
   os << "# nxd-train configuration\n\n"
      << "Every key `nxd-train` accepts, with its type and default. This file is generated from "
-        "the registry in\n`trainer/config_keys.cpp` (`nxd-train --help-config`); a test checks "
+        "the registry in\n`train/config_keys.cpp` (`nxd-train --help-config`); a test checks "
         "they "
         "agree.\n\n"
      << "Keys follow NxD Training's YAML names. Set them in a YAML or JSON file (`--config "

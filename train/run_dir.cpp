@@ -1,4 +1,4 @@
-#include "nxd/trainer/run_dir.h"
+#include "nxd/train/run_dir.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,4 +1,4 @@
-#include "nxd/trainer/fault_injection.h"
+#include "nxd/train/fault_injection.h"
 
 #include <chrono>
 #include <csignal>

@@ -19,10 +19,10 @@
 #include <variant>
 #include <vector>
 
+#include "nxd/api/nxd_model.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/optimizer.h"
 #include "nxd/optim/zero1.h"
-#include "nxd/trainer/nxd_model.h"
 
 namespace nxd::trainer {
 

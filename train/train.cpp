@@ -1,4 +1,4 @@
-#include "nxd/trainer/train.h"
+#include "nxd/train/train.h"
 
 #include <cerrno>
 #include <cmath>
@@ -12,9 +12,9 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
-#include "nxd/trainer/fault_injection.h"
+#include "nxd/train/fault_injection.h"
+#include "nxd/train/plan.h"
 #include "nxd/trainer/log.h"
-#include "nxd/trainer/plan.h"
 #include "nxd/trainer/preempt.h"
 
 namespace fs = std::filesystem;
@@ -419,7 +419,7 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
   // the trainer sets the run's matmul precision (process-wide: every sim rank alike); it is
   // restored when the run ends
   blas::MatmulPrecisionScope precision_scope(resolve_precision(nxd_config_of(cfg)).matmul);
-  // a model that cannot fit is refused before anything is allocated (trainer/plan.h)
+  // a model that cannot fit is refused before anything is allocated (train/plan.h)
   plan_before_training(cfg, static_cast<bool>(make_module), opts.quiet ? nullptr : opts.out);
   if (cfg.dist.backend == "mpi" || (cfg.dist.world_size == 1 && cfg.dist.timeline.empty()))
     return train_rank(cfg, opts, /*set_threads=*/true, make_module);

@@ -1,4 +1,4 @@
-#include "nxd/trainer/config_limits.h"
+#include "nxd/train/config_limits.h"
 
 #include <sys/stat.h>
 

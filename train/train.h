@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "nxd/trainer/config.h"
-#include "nxd/trainer/lm_module.h"
+#include "nxd/train/config.h"
+#include "nxd/train/lm_module.h"
 #include "nxd/trainer/trainer.h"
 
 namespace nxd::trainer {

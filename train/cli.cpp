@@ -1,4 +1,4 @@
-#include "nxd/trainer/cli.h"
+#include "nxd/train/cli.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,9 +15,9 @@
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/env_check.h"
+#include "nxd/train/env_check.h"
+#include "nxd/train/run_dir.h"
 #include "nxd/trainer/preempt.h"
-#include "nxd/trainer/run_dir.h"
 
 namespace nxd::trainer {
 

@@ -1,5 +1,5 @@
 // The configuration key registry (every key nxd-train accepts, as data) and key lookup.
-#include "nxd/trainer/config.h"
+#include "nxd/train/config.h"
 
 #include <algorithm>
 #include <climits>

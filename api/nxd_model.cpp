@@ -1,4 +1,4 @@
-#include "nxd/trainer/nxd_model.h"
+#include "nxd/api/nxd_model.h"
 
 #include "nxd/autograd/ops.h"
 #include "nxd/collectives/parallel_state.h"

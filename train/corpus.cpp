@@ -1,4 +1,4 @@
-#include "nxd/trainer/corpus.h"
+#include "nxd/train/corpus.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/config_limits.h"
+#include "nxd/train/config_limits.h"
 
 namespace fs = std::filesystem;
 

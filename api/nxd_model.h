@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "nxd/api/nxd_config.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/optim/grad_norm.h"
 #include "nxd/pipeline/pipeline_model.h"
-#include "nxd/trainer/nxd_config.h"
 
 namespace nxd::trainer {
 

@@ -14,8 +14,8 @@
 #include <functional>
 #include <string>
 
-#include "nxd/trainer/config.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/config.h"
+#include "nxd/train/train.h"
 
 namespace nxd::trainer {
 

@@ -166,7 +166,7 @@ struct ExpManagerSection {
   bool resume_if_exists;
 };
 
-// model.init_from (trainer/init_from.h): the source of the run's initial weights.
+// model.init_from (train/init_from.h): the source of the run's initial weights.
 struct InitFromSection {
   std::string path;                  // "" = none
   std::optional<ModelConfig> model;  // the model the source records

@@ -1,6 +1,6 @@
 // Resolution of a Config into the typed, validated TrainConfig, one section at a time.
-#include "nxd/trainer/config.h"
-#include "nxd/trainer/init_from.h"
+#include "nxd/train/config.h"
+#include "nxd/train/init_from.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "nxd/layers/models/config.h"
 #include "nxd/pipeline/schedule.h"
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/env_check.h"
+#include "nxd/train/env_check.h"
 
 namespace nxd::trainer {
 

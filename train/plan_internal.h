@@ -3,10 +3,10 @@
 #include <memory>
 #include <vector>
 
+#include "nxd/api/nxd_config.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/pipeline/pipeline_model.h"
-#include "nxd/trainer/nxd_config.h"
-#include "nxd/trainer/plan.h"
+#include "nxd/train/plan.h"
 
 namespace nxd::trainer::detail {
 

@@ -1,4 +1,4 @@
-#include "nxd/trainer/tokenizer.h"
+#include "nxd/train/tokenizer.h"
 
 #include <unicode/regex.h>
 #include <unicode/utext.h>

@@ -1,4 +1,4 @@
-#include "nxd/trainer/env_check.h"
+#include "nxd/train/env_check.h"
 
 #include <cerrno>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "nxd/trainer/init_from.h"
+#include "nxd/train/init_from.h"
 
 #include <filesystem>
 #include <optional>

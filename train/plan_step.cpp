@@ -5,7 +5,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/runtime/context.h"
-#include "nxd/trainer/plan_internal.h"
+#include "nxd/train/plan_internal.h"
 
 namespace nxd::trainer::detail {
 

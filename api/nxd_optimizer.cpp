@@ -1,4 +1,4 @@
-#include "nxd/trainer/nxd_optimizer.h"
+#include "nxd/api/nxd_optimizer.h"
 
 #include <cmath>
 #include <unordered_set>

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "nxd/layers/models/causal_lm.h"
-#include "nxd/trainer/config.h"
-#include "nxd/trainer/corpus.h"
+#include "nxd/train/config.h"
+#include "nxd/train/corpus.h"
+#include "nxd/train/tokenizer.h"
 #include "nxd/trainer/module.h"
-#include "nxd/trainer/tokenizer.h"
 
 namespace nxd::trainer {
 

@@ -1,4 +1,4 @@
-#include "nxd/trainer/plan.h"
+#include "nxd/train/plan.h"
 
 #include <algorithm>
 #include <array>
@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 
+#include "nxd/api/nxd_model.h"
 #include "nxd/autograd/graph.h"
 #include "nxd/autograd/ops.h"
 #include "nxd/collectives/parallel_state.h"
@@ -17,9 +18,8 @@
 #include "nxd/runtime/allocator.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
-#include "nxd/trainer/nxd_model.h"
-#include "nxd/trainer/plan_internal.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/plan_internal.h"
+#include "nxd/train/train.h"
 
 namespace nxd::trainer {
 

@@ -15,6 +15,6 @@
 //   for (...) { model->run_train(loss_fn); opt->step(); opt->zero_grad(); }
 //
 // The Trainer (trainer.h) and nxd-train run on these same three pieces.
-#include "nxd/trainer/nxd_config.h"
-#include "nxd/trainer/nxd_model.h"
-#include "nxd/trainer/nxd_optimizer.h"
+#include "nxd/api/nxd_config.h"
+#include "nxd/api/nxd_model.h"
+#include "nxd/api/nxd_optimizer.h"

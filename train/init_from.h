@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "nxd/layers/module.h"
-#include "nxd/trainer/config.h"
+#include "nxd/train/config.h"
 
 namespace nxd::trainer {
 
