@@ -1,4 +1,12 @@
 #pragma once
+// api/ (library nxd_api): NxD's training API, the lowest of the three ways to train (docs/MAP.md).
+// It turns a user's model and optimizer into parallel ones and runs their step NxD's way, and
+// nothing more: no loop, no data, no logs, no checkpoints. nxd_config.h sets up the parallel
+// layout (parallel_state) and precision, nxd_model.h wraps the model (pipeline stages, the
+// forward/backward of a step), nxd_optimizer.h wraps the optimizer (DP gradient buckets or
+// ZeRO-1, SP gradient sums, clipping, mixed precision). It links pipeline, optim and layers, and
+// nothing in it includes the Trainer (trainer/) or nxd-train (train/), which are built on it.
+//
 // NxD's training API in C++ (the API guide's "Neuronx-Distributed Training APIs"): for a research
 // prototype that writes its own model and loop, the parallel layout, the model and the optimizer
 // step NxD's way, without wiring parallel_state, gradient buckets, ZeRO-1, mixed precision and

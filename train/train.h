@@ -1,4 +1,11 @@
 #pragma once
+// train/ (library nxd_train): the nxd-train application as a library, the top way to train
+// (docs/MAP.md). It reads a YAML/JSON configuration (config.h: the key registry, the reader, the
+// resolver into a TrainConfig), loads the data (corpus.h, tokenizer.h), builds the decoder-LM
+// module (lm_module.h, init_from.h), checks the memory plan (plan.h), locks the run directory
+// (run_dir.h) and runs a Trainer (trainer/) on the configured backend: train() here, and the
+// command line with its exit codes in cli.h (run_cli, what tools/nxd_train.cpp calls).
+//
 // nxd-train's run: a resolved TrainConfig turned into a Trainer (trainer.h) with the built-in
 // CausalLMModule (or a module of the caller's), its data, callbacks and loggers, on the backend
 // the config names.

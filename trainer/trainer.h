@@ -1,4 +1,12 @@
 #pragma once
+// trainer/ (library nxd_trainer): the Lightning-style Trainer, the middle way to train
+// (docs/MAP.md). A user writes a TrainingModule (its model, loss and optimizer) and a DataModule
+// (module.h; datasets, the DP sampler and the loader in data.h) and calls Trainer::fit, which runs
+// the loop on NxD's training API (api/): accumulation, validation, callbacks (callbacks.h, the
+// checkpoint callback in checkpointing.h), loggers (loggers.h, metrics.csv in log.h) and graceful
+// preemption (preempt.h). It knows no configuration file and no particular model: nxd-train
+// (train/) is one user of it.
+//
 // Trainer: Lightning's Trainer over nxd's parallel runtime. fit(module, data) runs on the current
 // Context (the single rank, an MPI process, or a sim rank thread — every rank of the world calls
 // it): it applies the strategy's NxDConfig (neuronx_distributed_config: parallel_state as tensor x
