@@ -109,16 +109,6 @@ struct DataSection {
   int64_t random_num_samples;  // random: windows in the synthetic dataset
 };
 
-struct ModelSection {
-  std::string arch;
-  int64_t vocab_size, num_layers, hidden_size, num_attention_heads, num_kv_heads, ffn_hidden_size,
-      max_position_embeddings;
-  double rotary_pct, rope_theta, norm_eps, init_std, dropout;
-  bool tie_word_embeddings;
-  InitMethod init_method;
-  CheckpointGranularity activations_checkpoint_granularity;
-};
-
 struct OptimSection {
   std::string name;  // adamw | sgd
   double lr, weight_decay, beta1, beta2, eps, momentum;
@@ -179,7 +169,7 @@ struct TrainConfig {
   ExpManagerSection exp;
   TrainerSection trainer;
   DataSection data;
-  ModelSection model;
+  ModelConfig model;  // the model.* keys; the rest at ModelConfig's defaults (see model_config)
   OptimSection optim;
   DistributedSection dist;
   PrecisionSection precision;
@@ -192,8 +182,9 @@ struct TrainConfig {
 // Checks cross-key constraints and fills derived values; throws ConfigError naming the keys.
 TrainConfig resolve(const Config& cfg);
 
-// The model the config describes: every model.* value plus the parallel layout's
-// sequence_parallel and kv_replicator (kv_size_multiplier). Used to build the model and, by
+// The model the config describes: cfg.model (every model.* value) plus the parallel layout's
+// sequence_parallel and kv_replicator (kv_size_multiplier) and what model.init_from's source
+// records beyond the keys (head_dim, biases, activation, ...). Used to build the model and, by
 // resolve(), to check that it splits over tensor_model_parallel_size.
 ModelConfig model_config(const TrainConfig& cfg);
 

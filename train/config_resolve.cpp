@@ -29,24 +29,7 @@ void check_world(int64_t world_size, int64_t tp, int64_t pp) {
 }
 
 ModelConfig model_config(const TrainConfig& cfg) {
-  const auto& m = cfg.model;
-  ModelConfig mc;
-  mc.arch = m.arch;
-  mc.vocab_size = m.vocab_size;
-  mc.num_layers = m.num_layers;
-  mc.hidden_size = m.hidden_size;
-  mc.num_attention_heads = m.num_attention_heads;
-  mc.num_kv_heads = m.num_kv_heads;
-  mc.ffn_hidden_size = m.ffn_hidden_size;
-  mc.max_position_embeddings = m.max_position_embeddings;
-  mc.rotary_pct = m.rotary_pct;
-  mc.rope_theta = m.rope_theta;
-  mc.norm_eps = m.norm_eps;
-  mc.init_method = m.init_method;
-  mc.init_std = m.init_std;
-  mc.dropout = m.dropout;
-  mc.tie_word_embeddings = m.tie_word_embeddings;
-  mc.activations_checkpoint_granularity = m.activations_checkpoint_granularity;
+  ModelConfig mc = cfg.model;
   mc.sequence_parallel = cfg.dist.sequence_parallel;
   mc.kv_size_multiplier = cfg.dist.kv_replicator;
   if (cfg.init.model) {  // what no key expresses comes from model.init_from's source
@@ -186,8 +169,8 @@ DataSection resolve_data(Resolver& r) {
   return d;
 }
 
-ModelSection resolve_model(Resolver& r, const DataSection& d) {
-  ModelSection m;
+ModelConfig resolve_model(Resolver& r, const DataSection& d) {
+  ModelConfig m;
   m.arch = r.c.get_string("model.arch");
   m.vocab_size = r.positive("model.vocab_size");
   m.num_layers = r.positive("model.num_layers");
@@ -233,7 +216,7 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
 
 void resolve_faults(Resolver& r, DistributedSection& ds);
 
-DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
+DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
   DistributedSection ds;
   ds.tensor_model_parallel_size = r.positive("distributed_strategy.tensor_model_parallel_size");
   ds.pipeline_model_parallel_size = r.positive("distributed_strategy.pipeline_model_parallel_size");

@@ -267,17 +267,8 @@ std::string printable_bytes(const std::string& s) {
   return out;
 }
 
-// The rank that prints and writes the files: data- and tensor-parallel rank 0 of the last
-// pipeline stage (the trainer's logging rank; rank 0 without pipeline parallelism).
-bool is_lead_rank() {
-  if (!parallel_state::model_parallel_is_initialized()) return current_context().rank() == 0;
-  return parallel_state::get_data_parallel_rank() == 0 &&
-         parallel_state::get_tensor_model_parallel_rank() == 0 &&
-         parallel_state::is_pipeline_last_stage();
-}
-
 // The run on this rank (the current Context: a sim rank thread, an MPI process, or the single
-// rank). Every rank runs it; the lead rank alone prints and writes the files.
+// rank). Every rank runs it; the logging rank alone prints and writes the files.
 TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool set_threads,
                        const ModuleFactory& make_module) {
   if (set_threads) set_num_threads(static_cast<int>(cfg.trainer.num_threads));
@@ -286,11 +277,11 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   if (ctx.world_size() != cfg.dist.world_size)
     throw ConfigError(str("[train] backend.world_size=", cfg.dist.world_size, " but the ",
                           cfg.dist.backend, " world has ", ctx.world_size(), " rank(s)"));
-  if (!parallel_state::model_parallel_is_initialized())  // the lead rank is needed before fit
+  if (!parallel_state::model_parallel_is_initialized())  // the logging rank is needed before fit
     parallel_state::initialize_model_parallel(
         static_cast<int>(cfg.dist.tensor_model_parallel_size),
         static_cast<int>(cfg.dist.pipeline_model_parallel_size));
-  const bool rank0 = is_lead_rank();
+  const bool rank0 = is_logging_rank();
   const bool talk = rank0 && !opts.quiet;
   if (rank0) write_config(cfg);
 
@@ -339,21 +330,7 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   Trainer trainer(std::move(to));
   const FitResult fr = trainer.fit(*module, *data_module);
 
-  TrainResult res;
-  res.steps = fr.steps;
-  res.first_loss = fr.first_loss;
-  res.last_loss = fr.last_loss;
-  res.initial_val_loss = fr.initial_val_loss;
-  res.final_val_loss = fr.final_val_loss;
-  res.seconds = fr.seconds;
-  res.tokens_per_s = fr.tokens_per_s;
-  res.num_parameters = fr.num_parameters;
-  res.sim_step_seconds = fr.sim_step_seconds;
-  res.hbm_peak_bytes = fr.hbm_peak_bytes;
-  res.stop_reason = fr.stop_reason;
-  res.sim_bubble = fr.sim_bubble;
-  res.activation_peak_bytes = fr.activation_peak_bytes;
-  res.optimizer_state_bytes = fr.optimizer_state_bytes;
+  TrainResult res{fr};
   if (talk) print_result(cfg, fr, opts.out);
 
   const auto& g = cfg.generation;
@@ -382,8 +359,7 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
 }  // namespace
 
 NxDConfig nxd_config_of(const TrainConfig& cfg) {
-  Trainer t(trainer_options(cfg));
-  return t.nxd_config();
+  return nxd_config_of(trainer_options(cfg));
 }
 
 TrainerOptions trainer_options(const TrainConfig& cfg) {
@@ -439,7 +415,7 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
   TrainResult res;
   sim::LaunchResult lr = sim::launch(lo, [&] {
     TrainResult r = train_rank(cfg, opts, /*set_threads=*/false, make_module);
-    if (is_lead_rank()) res = r;
+    if (is_logging_rank()) res = r;
   });
   for (const auto& rr : lr.ranks) {
     res.hbm_peak_bytes = std::max(res.hbm_peak_bytes, rr.peak_bytes);

@@ -36,23 +36,12 @@ struct TrainOptions {
   bool quiet = false;       // no terminal output at all
 };
 
-struct TrainResult {
-  int64_t steps = 0;
-  double first_loss = 0, last_loss = 0;
-  std::optional<double> initial_val_loss, final_val_loss;  // before training, after the last step
-  double seconds = 0;       // training loop wall time (validation included)
-  double tokens_per_s = 0;  // training tokens / training time (validation excluded)
-  int64_t num_parameters = 0;
-  std::string sample;  // the generated text (bytes) or ids, "" when disabled
-  // sim backend (world > 1): modeled seconds per training step (rank 0's clock), the largest
-  // device-memory peak of any rank, and the slowest rank's modeled total (setup included).
-  double sim_step_seconds = 0;
-  int64_t hbm_peak_bytes = 0;
-  double sim_seconds = 0;
-  std::string stop_reason;            // "" = ran trainer.max_steps (else: early stopping's reason)
-  double sim_bubble = -1;             // sim with pipeline parallelism: the modeled bubble (else -1)
-  int64_t activation_peak_bytes = 0;  // the largest rank's peak above its resident state
-  int64_t optimizer_state_bytes = 0;  // the largest rank's optimizer state
+// The logging rank's FitResult (trainer.h; stop_reason "" = ran trainer.max_steps) and what the
+// run adds. sim backend (world > 1): hbm_peak_bytes becomes the largest device-memory peak of
+// any rank.
+struct TrainResult : FitResult {
+  std::string sample;                    // the generated text (bytes) or ids, "" when disabled
+  double sim_seconds = 0;                // sim: the slowest rank's modeled total (setup included)
   std::vector<int64_t> rank_peak_bytes;  // sim: every rank's device-memory peak, by rank
 };
 
@@ -62,7 +51,7 @@ using ModuleFactory = std::function<std::unique_ptr<CausalLMModule>(const TrainC
 // The Trainer's options from the config (max_steps, accumulation, validation, clipping, layout,
 // precision); callbacks and loggers are left to the caller.
 TrainerOptions trainer_options(const TrainConfig& cfg);
-// The NxDConfig the Trainer runs for this config (Trainer::nxd_config of trainer_options(cfg)).
+// The NxDConfig the Trainer runs for this config (nxd_config_of(trainer_options(cfg))).
 NxDConfig nxd_config_of(const TrainConfig& cfg);
 
 // Trains as configured, writing cfg.out_dir/{config.yaml, metrics.csv, tensorboard/, sample.txt}.

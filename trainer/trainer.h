@@ -116,6 +116,14 @@ struct FitResult {
   int64_t optimizer_state_bytes = 0;
 };
 
+// DP rank 0, TP rank 0 (and, with pipelines, the last stage) of the current parallel_state, or
+// world rank 0 before it is initialized: the rank that prints and logs.
+bool is_logging_rank();
+
+// ConfigError on impossible options (what the Trainer's constructor checks); otherwise the
+// NxDConfig a Trainer with these options runs (Trainer::nxd_config), without building one.
+NxDConfig nxd_config_of(const TrainerOptions& opts);
+
 class Trainer {
  public:
   explicit Trainer(TrainerOptions opts);  // ConfigError on impossible options
@@ -127,8 +135,8 @@ class Trainer {
   // ---- for callbacks and modules ----
   const TrainerOptions& options() const { return opts_; }
   int64_t global_step() const { return step_; }
-  // DP rank 0, TP rank 0 (and, with pipelines, the last stage): the rank that prints and logs.
-  bool is_logging_rank() const;
+  // The rank that prints and logs (the free is_logging_rank()).
+  bool is_logging_rank() const { return trainer::is_logging_rank(); }
   // Ends training after the current step (every rank must ask alike; callbacks do).
   void request_stop(const std::string& reason);
   bool should_stop() const { return !stop_reason_.empty(); }
