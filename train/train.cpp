@@ -364,14 +364,15 @@ NxDConfig nxd_config_of(const TrainConfig& cfg) {
 
 TrainerOptions trainer_options(const TrainConfig& cfg) {
   TrainerOptions to;
-  to.strategy.tensor_parallel_size = cfg.dist.tensor_model_parallel_size;
-  to.strategy.pipeline_parallel_size = cfg.dist.pipeline_model_parallel_size;
-  to.strategy.virtual_pipeline_size = cfg.dist.virtual_pipeline_model_parallel_size;
-  to.strategy.pipeline_schedule = cfg.dist.pipeline_schedule;
-  to.strategy.zero1 = cfg.dist.zero1;
-  to.strategy.grad_bucket_mb = cfg.dist.grad_bucket_mb;
-  to.strategy.precision = cfg.precision.type;
-  to.strategy.mixed_precision_config = {cfg.precision.master_weights, cfg.precision.fp32_grad_acc};
+  to.nxd.tensor_parallel_size = static_cast<int>(cfg.dist.tensor_model_parallel_size);
+  to.nxd.pipeline_parallel_size = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
+  to.nxd.pipeline_config.virtual_pipeline_size =
+      static_cast<int>(cfg.dist.virtual_pipeline_model_parallel_size);
+  to.nxd.pipeline_config.schedule = cfg.dist.pipeline_schedule;
+  to.nxd.optimizer_config.zero_one_enabled = cfg.dist.zero1;
+  to.nxd.grad_bucket_mb = cfg.dist.grad_bucket_mb;
+  to.nxd.precision = cfg.precision.type;
+  to.nxd.mixed_precision_config = {cfg.precision.master_weights, cfg.precision.fp32_grad_acc};
   to.max_steps = cfg.trainer.max_steps;
   if (cfg.trainer.max_steps == 0) {  // evaluation: one validation over the whole split
     to.val_check_interval = 1;

@@ -71,14 +71,15 @@ void check_options(const TrainerOptions& opts) {
     fail("on_nonfinite must be stop or skip, got '", opts.on_nonfinite, "'");
   if (!(opts.gradient_clip_val >= 0))
     fail("gradient_clip_val must be >= 0, got ", opts.gradient_clip_val);
-  if (opts.strategy.tensor_parallel_size <= 0)
-    fail("strategy.tensor_parallel_size must be positive, got ",
-         opts.strategy.tensor_parallel_size);
-  if (opts.strategy.pipeline_parallel_size <= 0 || opts.strategy.virtual_pipeline_size <= 0)
-    fail("strategy.pipeline_parallel_size and virtual_pipeline_size must be positive, got ",
-         opts.strategy.pipeline_parallel_size, " and ", opts.strategy.virtual_pipeline_size);
-  if (!(opts.strategy.grad_bucket_mb > 0))
-    fail("strategy.grad_bucket_mb must be positive, got ", opts.strategy.grad_bucket_mb);
+  if (opts.nxd.tensor_parallel_size <= 0)
+    fail("nxd.tensor_parallel_size must be positive, got ", opts.nxd.tensor_parallel_size);
+  if (opts.nxd.pipeline_parallel_size <= 0 || opts.nxd.pipeline_config.virtual_pipeline_size <= 0)
+    fail(
+        "nxd.pipeline_parallel_size and pipeline_config.virtual_pipeline_size must be positive, "
+        "got ",
+        opts.nxd.pipeline_parallel_size, " and ", opts.nxd.pipeline_config.virtual_pipeline_size);
+  if (!(opts.nxd.grad_bucket_mb > 0))
+    fail("nxd.grad_bucket_mb must be positive, got ", opts.nxd.grad_bucket_mb);
 }
 }  // namespace
 
@@ -121,18 +122,10 @@ NxDConfig Trainer::nxd_config() const {
 
 NxDConfig nxd_config_of(const TrainerOptions& opts) {
   check_options(opts);
-  const Strategy& st = opts.strategy;
-  NxDConfig c;
-  c.tensor_parallel_size = static_cast<int>(st.tensor_parallel_size);
-  c.pipeline_parallel_size = static_cast<int>(st.pipeline_parallel_size);
+  NxDConfig c = opts.nxd;
   c.pipeline_config.num_microbatches = static_cast<int>(opts.accumulate_grad_batches);
-  c.pipeline_config.schedule = st.pipeline_schedule;
-  c.pipeline_config.virtual_pipeline_size = static_cast<int>(st.virtual_pipeline_size);
-  c.optimizer_config = {st.zero1, opts.gradient_clip_val > 0,
-                        opts.gradient_clip_val > 0 ? opts.gradient_clip_val : 1.0};
-  c.precision = st.precision;
-  c.mixed_precision_config = st.mixed_precision_config;
-  c.grad_bucket_mb = st.grad_bucket_mb;
+  c.optimizer_config.grad_clipping = opts.gradient_clip_val > 0;
+  c.optimizer_config.max_grad_norm = opts.gradient_clip_val > 0 ? opts.gradient_clip_val : 1.0;
   return c;
 }
 

@@ -47,25 +47,16 @@
 
 namespace nxd::trainer {
 
-// The parallel layout and precision: the NxDConfig the trainer runs (nxd_config.h).
-struct Strategy {
-  int64_t tensor_parallel_size = 1;        // data-parallel size = world / (tp x pp)
-  int64_t pipeline_parallel_size = 1;      // > 1: the module's build_pipeline_model
-  int64_t virtual_pipeline_size = 1;       // model chunks per pipeline rank (interleaved)
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
-  // ZeRO-1: the module's AdamW becomes a Zero1AdamW over the same groups (optimizer state
-  // sharded over DP; gradients reduce-scattered instead of all-reduced)
-  bool zero1 = false;
-  double grad_bucket_mb = 25.0;  // DP gradient bucket size
-  // NxD Training's precision.type: fp32 | autocast | mixed_precision | bf16SR (nxd_config.h:
-  // resolve_precision). The module builds its model in f32; the trainer converts it to bf16
-  // for mixed_precision and bf16SR.
-  std::string precision = "fp32";
-  MixedPrecisionConfig mixed_precision_config;
-};
-
 struct TrainerOptions {
-  Strategy strategy;
+  // The parallel layout and precision the trainer runs, as NxD's config (api/nxd_config.h):
+  // tensor_parallel_size and pipeline_parallel_size (data-parallel size = world / (tp x pp); pp >
+  // 1: the module's build_pipeline_model), pipeline_config (schedule, virtual_pipeline_size,
+  // cuts), optimizer_config.zero_one_enabled (the module's AdamW becomes a Zero1AdamW over the
+  // same groups), precision and mixed_precision_config (the module builds its model in f32; the
+  // trainer converts it to bf16 for mixed_precision and bf16SR), grad_bucket_mb. The trainer
+  // sets pipeline_config.num_microbatches and optimizer_config's clipping itself, from
+  // accumulate_grad_batches and gradient_clip_val below (nxd_config_of).
+  NxDConfig nxd;
   int64_t max_steps = 100;  // 0: evaluate only (the validation at the start, logged as a row)
   int64_t accumulate_grad_batches = 1;  // micro batches per optimizer step on each DP rank
   int64_t log_every_n_steps = 10;
