@@ -89,6 +89,8 @@ NxDConfig NxDConfig::from_json(const nlohmann::json& j) {
         c.tensor_parallel_size = v.get<int>();
       } else if (k == "pipeline_parallel_size") {
         c.pipeline_parallel_size = v.get<int>();
+      } else if (k == "expert_parallel_size") {
+        c.expert_parallel_size = v.get<int>();
       } else if (k == "pipeline_config") {
         read_pipeline(section(v, "pipeline_config"), c.pipeline_config);
       } else if (k == "optimizer_config") {
@@ -109,7 +111,8 @@ NxDConfig NxDConfig::from_json(const nlohmann::json& j) {
         c.grad_bucket_mb = v.get<double>();
       } else {
         unknown("", k,
-                "tensor_parallel_size, pipeline_parallel_size, pipeline_config, "
+                "tensor_parallel_size, pipeline_parallel_size, expert_parallel_size, "
+                "pipeline_config, "
                 "optimizer_config, activation_checkpoint_config, pad_model, sequence_parallel, "
                 "model_init_config, mixed_precision_config, precision, grad_bucket_mb");
       }
@@ -157,6 +160,11 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
   if (world % (c.tensor_parallel_size * c.pipeline_parallel_size) != 0)
     fail("the world of ", world, " rank(s) is not tensor_parallel_size ", c.tensor_parallel_size,
          " x pipeline_parallel_size ", c.pipeline_parallel_size, " x a data-parallel size");
+  if (c.expert_parallel_size < 1 ||
+      (world / (c.tensor_parallel_size * c.pipeline_parallel_size)) % c.expert_parallel_size != 0)
+    fail("expert_parallel_size ", c.expert_parallel_size,
+         " must be >= 1 and divide the data-parallel size ",
+         world / (c.tensor_parallel_size * c.pipeline_parallel_size));
   const PipelineConfig& pc = c.pipeline_config;
   if (pc.num_microbatches < 1 || pc.virtual_pipeline_size < 1)
     fail("pipeline_config.num_microbatches and virtual_pipeline_size must be >= 1, got ",
@@ -174,13 +182,19 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
   if (!(c.grad_bucket_mb > 0)) fail("grad_bucket_mb must be > 0, got ", c.grad_bucket_mb);
   const ResolvedPrecision rp = resolve_precision(c);
   if (!parallel_state::model_parallel_is_initialized()) {
-    parallel_state::initialize_model_parallel(c.tensor_parallel_size, c.pipeline_parallel_size);
+    parallel_state::ParallelSizes ps;
+    ps.tensor = c.tensor_parallel_size;
+    ps.pipeline = c.pipeline_parallel_size;
+    ps.expert = c.expert_parallel_size;
+    parallel_state::initialize_model_parallel(ps);
   } else if (parallel_state::get_tensor_model_parallel_size() != c.tensor_parallel_size ||
-             parallel_state::get_pipeline_model_parallel_size() != c.pipeline_parallel_size) {
-    fail("parallel_state is already initialized with tensor x pipeline parallel size ",
+             parallel_state::get_pipeline_model_parallel_size() != c.pipeline_parallel_size ||
+             parallel_state::get_expert_model_parallel_size() != c.expert_parallel_size) {
+    fail("parallel_state is already initialized with tensor x pipeline x expert parallel size ",
          parallel_state::get_tensor_model_parallel_size(), " x ",
-         parallel_state::get_pipeline_model_parallel_size(), ", the config asks for ",
-         c.tensor_parallel_size, " x ", c.pipeline_parallel_size);
+         parallel_state::get_pipeline_model_parallel_size(), " x ",
+         parallel_state::get_expert_model_parallel_size(), ", the config asks for ",
+         c.tensor_parallel_size, " x ", c.pipeline_parallel_size, " x ", c.expert_parallel_size);
   }
   blas::set_matmul_precision(rp.matmul);
   return c;

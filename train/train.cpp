@@ -278,9 +278,10 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
     throw ConfigError(str("[train] backend.world_size=", cfg.dist.world_size, " but the ",
                           cfg.dist.backend, " world has ", ctx.world_size(), " rank(s)"));
   if (!parallel_state::model_parallel_is_initialized())  // the logging rank is needed before fit
-    parallel_state::initialize_model_parallel(
-        static_cast<int>(cfg.dist.tensor_model_parallel_size),
-        static_cast<int>(cfg.dist.pipeline_model_parallel_size));
+    parallel_state::initialize_model_parallel(parallel_state::ParallelSizes{
+        .tensor = static_cast<int>(cfg.dist.tensor_model_parallel_size),
+        .pipeline = static_cast<int>(cfg.dist.pipeline_model_parallel_size),
+        .expert = static_cast<int>(cfg.dist.expert_model_parallel_size)});
   const bool rank0 = is_logging_rank();
   const bool talk = rank0 && !opts.quiet;
   if (rank0) write_config(cfg);
@@ -366,6 +367,7 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   TrainerOptions to;
   to.nxd.tensor_parallel_size = static_cast<int>(cfg.dist.tensor_model_parallel_size);
   to.nxd.pipeline_parallel_size = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
+  to.nxd.expert_parallel_size = static_cast<int>(cfg.dist.expert_model_parallel_size);
   to.nxd.pipeline_config.virtual_pipeline_size =
       static_cast<int>(cfg.dist.virtual_pipeline_model_parallel_size);
   to.nxd.pipeline_config.schedule = cfg.dist.pipeline_schedule;

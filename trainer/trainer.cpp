@@ -494,6 +494,8 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
       if (row.val_loss) res.final_val_loss = row.val_loss;
     }
     if (step_ % opts_.log_every_n_steps == 0 || last || row.val_loss) log_row(row);
+    for (auto& cb : opts_.callbacks)
+      cb->on_step_end(*this, module, out);  // checkpoints: after the row
   }
   res.seconds = seconds_since(t0_);
   res.tokens_per_s = train_seconds > 0 ? res.steps * step_tokens_ / train_seconds : 0;

@@ -22,6 +22,7 @@
 //              ZeRO-1's reduce-scatter), the global grad norm (clipped), the update
 //              on_train_batch_end (module, callbacks); validation at val_check_interval and the
 //              last step; a logged row every log_every_n_steps, at validations and the last step
+//              (written and flushed); callbacks' on_step_end (ModelCheckpoint saves: after the row)
 //
 // With pipeline parallelism the step's micro batches are the pipeline's microbatches: they are
 // concatenated and run by NxDModel::run_train on the schedule (SP sums and the tied embedding's
