@@ -16,7 +16,7 @@
 #include "elastic/plan.h"
 #include "elastic/supervisor.h"
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/config.h"
+#include "nxd/train/config.h"
 
 namespace fs = std::filesystem;
 using namespace nxd::elastic;

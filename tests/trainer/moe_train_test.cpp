@@ -13,17 +13,17 @@
 #include <map>
 #include <mutex>
 
+#include "nxd/api/nxd_api.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
-#include "nxd/trainer/config.h"
-#include "nxd/trainer/nxd_api.h"
+#include "nxd/train/config.h"
 #include "support/compare.h"
 #include "support/files.h"
 #include "support/ranks.h"
-#include "support/tiny_lm.h"
+#include "support/tiny_models.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
