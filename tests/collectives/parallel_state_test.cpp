@@ -148,3 +148,68 @@ TEST(ParallelState, PerRankStateAndReinitialize) {
     EXPECT_EQ(ps::get_pipeline_model_parallel_next_rank(), 0);
   });
 }
+
+// 16 ranks TP2 CP2 DP4 EP2: rank = 4*dp + 2*cp + tp (arange(16).reshape(PP1, DP4, CP2, TP2)).
+TEST(ParallelState, ContextAndExpertGroupsTp2Cp2Dp4Ep2) {
+  const ps::ParallelSizes sizes{.tensor = 2, .context = 2, .expert = 2};
+  const Groups tp = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}};
+  const Groups cp = {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}};
+  const Groups dp = {{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}};
+  const Groups dp_cp = {{0, 2, 4, 6, 8, 10, 12, 14}, {1, 3, 5, 7, 9, 11, 13, 15}};
+  const Groups ep = {{0, 4}, {8, 12}, {1, 5}, {9, 13}, {2, 6}, {10, 14}, {3, 7}, {11, 15}};
+  const Groups edp = {{0, 8}, {4, 12}, {1, 9}, {5, 13}, {2, 10}, {6, 14}, {3, 11}, {7, 15}};
+  ps::Layout l = ps::make_layout(16, sizes);
+  EXPECT_EQ(l.dp, 4);
+  EXPECT_EQ(l.tp_groups, tp);
+  EXPECT_EQ(l.cp_groups, cp);
+  EXPECT_EQ(l.dp_groups, dp);
+  EXPECT_EQ(l.dp_cp_groups, dp_cp);
+  EXPECT_EQ(l.ep_groups, ep);
+  EXPECT_EQ(l.expert_dp_groups, edp);
+  sim::launch(16, [&] {
+    ps::initialize_model_parallel(sizes);
+    const int r = world().rank();
+    const auto& cg = group_of(cp, r);
+    const auto& dcg = group_of(dp_cp, r);
+    const auto& eg = group_of(ep, r);
+    const auto& edg = group_of(edp, r);
+    EXPECT_EQ(ps::get_context_parallel_size(), 2);
+    EXPECT_EQ(ps::get_context_parallel_group().ranks(), cg) << "rank " << r;
+    EXPECT_EQ(ps::get_context_parallel_rank(), index_in(cg, r));
+    EXPECT_EQ(ps::get_data_context_parallel_size(), 8);
+    EXPECT_EQ(ps::get_data_context_parallel_group().ranks(), dcg) << "rank " << r;
+    EXPECT_EQ(ps::get_data_context_parallel_rank(), index_in(dcg, r));
+    EXPECT_EQ(ps::get_expert_model_parallel_size(), 2);
+    EXPECT_EQ(ps::get_expert_model_parallel_group().ranks(), eg) << "rank " << r;
+    EXPECT_EQ(ps::get_expert_model_parallel_rank(), index_in(eg, r));
+    EXPECT_EQ(ps::get_expert_data_parallel_size(), 2);
+    EXPECT_EQ(ps::get_expert_data_parallel_group().ranks(), edg) << "rank " << r;
+    EXPECT_EQ(ps::get_expert_data_parallel_rank(), index_in(edg, r));
+    EXPECT_EQ(ps::get_data_parallel_group().ranks(), group_of(dp, r)) << "rank " << r;
+    EXPECT_EQ(ps::get_expert_model_parallel_replica_groups(), ep);
+    // The new groups really communicate: sums of global ranks.
+    for (Communicator* g :
+         {&ps::get_context_parallel_group(), &ps::get_expert_model_parallel_group(),
+          &ps::get_expert_data_parallel_group(), &ps::get_data_context_parallel_group()}) {
+      Tensor x = full({1}, r, DType::i64);
+      g->all_reduce(x);
+      int64_t want = 0;
+      for (int m : g->ranks()) want += m;
+      EXPECT_EQ(x.item(), double(want)) << "rank " << r;
+    }
+    ps::destroy_model_parallel();
+  });
+}
+
+TEST(ParallelState, ContextAndExpertSizesThatDoNotDivideAreErrors) {
+  EXPECT_THROW(ps::make_layout(8, ps::ParallelSizes{.tensor = 2, .context = 3}), ConfigError);
+  try {
+    ps::make_layout(8, ps::ParallelSizes{.tensor = 2, .expert = 3});  // DP 4, EP 3
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("expert_model_parallel_size (3)"), std::string::npos) << m;
+    EXPECT_NE(m.find("data-parallel size 4"), std::string::npos) << m;
+  }
+  EXPECT_THROW(ps::make_layout(8, ps::ParallelSizes{.context = 0}), ConfigError);
+}
