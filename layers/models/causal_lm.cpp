@@ -8,6 +8,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/gpt_neox.h"
 #include "nxd/layers/models/llama.h"
+#include "nxd/layers/parallel/context_parallel.h"
 #include "nxd/layers/parallel/cross_entropy.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
@@ -22,6 +23,8 @@ CausalLM::CausalLM(const ModelConfig& cfg, std::string type_name, const ModelPar
   part_.validate(cfg_);
   part_.layer_end = part_.end(cfg_);
   sp_ = cfg_.sequence_parallel && tp_ > 1;
+  cp_group_ = model_context_parallel_group();
+  cp_ = cp_group_ ? cp_group_->size() : 1;
 }
 
 void CausalLM::check_whole(const char* what) const {
@@ -99,9 +102,15 @@ void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
   NXD_CHECK_SHAPE(ids.dim() == 2, "[", type_name(), "] ids must be [B,S], got ", ids.desc());
   NXD_CHECK(ids.dtype() == DType::i64 || ids.dtype() == DType::i32, "[", type_name(),
             "] ids must be i32 or i64, got ", ids.desc());
-  NXD_CHECK(position_offset >= 0 && position_offset + ids.size(1) <= cfg_.max_position_embeddings,
-            "[", type_name(), "] positions [", position_offset, ", ", position_offset + ids.size(1),
+  const int64_t seq = ids.size(1) * cp_;  // the whole sequence under context parallelism
+  NXD_CHECK(position_offset >= 0 && position_offset + seq <= cfg_.max_position_embeddings, "[",
+            type_name(), "] positions [", position_offset, ", ", position_offset + seq,
             ") exceed max_position_embeddings=", cfg_.max_position_embeddings);
+  // SP pads a sequence to a multiple of TP at its end: under CP that would be inside the sequence
+  NXD_CHECK_SHAPE(cp_ == 1 || !sp_ || ids.size(1) % tp_ == 0, "[", type_name(),
+                  "] context parallelism with sequence parallelism needs each rank's ", ids.size(1),
+                  " tokens to divide by tensor parallel size ", tp_, ": ids=", ids.desc(),
+                  " (context parallel size ", cp_, ")");
 }
 
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts) {
@@ -125,6 +134,19 @@ Tensor CausalLM::decoder_layers(const Tensor& h, int64_t position_offset) {
 
 Tensor CausalLM::head_loss(const Tensor& h_local, const Tensor& targets,
                            const CrossEntropyOptions& opts) {
+  if (!cp_group_ || opts.reduction == Reduction::none)
+    return local_head_loss(h_local, targets, opts);
+  CrossEntropyOptions sum_opts = opts;
+  sum_opts.reduction = Reduction::sum;
+  Tensor s = local_head_loss(h_local, targets, sum_opts);
+  if (opts.reduction == Reduction::sum) return context_parallel_sum_loss(s, *cp_group_);
+  int64_t counted = 0;
+  for (double t : targets.detach().to_vector()) counted += int64_t(t) != opts.ignore_index;
+  return context_parallel_mean_loss(s, counted, *cp_group_);
+}
+
+Tensor CausalLM::local_head_loss(const Tensor& h_local, const Tensor& targets,
+                                 const CrossEntropyOptions& opts) {
   NXD_CHECK(part_.head, "[", type_name(), "::head_loss] this part (", part_.str(cfg_),
             ") has no head");
   NXD_CHECK_SHAPE(targets.dim() == 2 && h_local.dim() == 3 && targets.size(0) == h_local.size(0),

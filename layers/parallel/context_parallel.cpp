@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "nxd/autograd/function.h"
+#include "nxd/collectives/parallel_state.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/kernels/flash_attention.h"
 
@@ -274,6 +275,65 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
         std::vector<Tensor> d = ring_backward(*st, compute_copy(g[0]));
         return {to_dt(d[0]), to_dt(d[1]), to_dt(d[2])};
       })[0];
+}
+
+std::shared_ptr<Communicator> model_context_parallel_group() {
+  if (!parallel_state::model_parallel_is_initialized()) return nullptr;
+  if (parallel_state::get_context_parallel_size() == 1) return nullptr;
+  return parallel_state::get_context_parallel_group_ptr();
+}
+
+int model_context_parallel_size() {
+  auto g = model_context_parallel_group();
+  return g ? g->size() : 1;
+}
+
+Tensor context_parallel_rotary(const Tensor& x, const RotaryOptions& opts, Communicator& group,
+                               CpLayout layout) {
+  NXD_CHECK_SHAPE(x.defined() && x.dim() == 4, "[context_parallel_rotary] expects [B,H,S,D], got ",
+                  x.defined() ? x.desc() : "undefined");
+  const int64_t local = x.size(2);
+  std::vector<Tensor> parts;
+  int64_t off = 0;
+  for (auto [start, len] :
+       context_parallel_spans(local * group.size(), group.rank(), group.size(), layout)) {
+    RotaryOptions o = opts;
+    o.position_offset = opts.position_offset + start;
+    parts.push_back(rotary(narrow(x, 2, off, len), o));
+    off += len;
+  }
+  return parts.size() == 1 ? parts[0] : cat(parts, 2);
+}
+
+namespace {
+// Forward: all-reduce SUM over the group, times `fwd_scale`; backward: the gradient times
+// `bwd_scale`.
+Tensor reduce_scaled(const char* name, const Tensor& x, Communicator& group, double fwd_scale,
+                     double bwd_scale) {
+  Communicator* g = &group;
+  return autograd::custom(
+      name, {x},
+      [g, fwd_scale](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+        Tensor t = in[0].dtype() == DType::bf16 ? in[0].to(DType::f32) : in[0].clone();
+        g->all_reduce(t, ReduceOp::sum);
+        Tensor s = mul(t, fwd_scale);
+        return {s.dtype() == in[0].dtype() ? s : s.to(in[0].dtype())};
+      },
+      [bwd_scale](const Grads& gr) -> Grads { return {mul(gr[0], bwd_scale)}; })[0];
+}
+}  // namespace
+
+Tensor context_parallel_mean_loss(const Tensor& local_sum, int64_t local_count,
+                                  Communicator& group) {
+  double count = double(local_count);
+  group.all_reduce(&count, &count, 1, DType::f64, ReduceOp::sum);
+  // no counted token anywhere: the loss is 0/0 as cross_entropy's mean gives
+  return reduce_scaled("context_parallel_mean_loss", local_sum, group, 1.0 / count,
+                       group.size() / count);
+}
+
+Tensor context_parallel_sum_loss(const Tensor& local_sum, Communicator& group) {
+  return reduce_scaled("context_parallel_sum_loss", local_sum, group, 1.0, group.size());
 }
 
 }  // namespace nxd

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "nxd/autograd/ops.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/runtime/tensor.h"
 
@@ -58,5 +59,29 @@ struct RingAttentionOptions {
 // must outlive the graph (a parallel_state group does).
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& group,
                       const RingAttentionOptions& opts = {});
+
+// ---- the models' side (layers/models: a model is built over the parallel_state CP group current
+// at construction, as over its TP group) ----
+
+// The context-parallel group models are built over: parallel_state's CP group when it has more
+// than one rank, else null.
+std::shared_ptr<Communicator> model_context_parallel_group();
+int model_context_parallel_size();  // its size, 1 without one
+
+// Rotary embeddings of this rank's rows x [B, H, S/P, D] at their global positions
+// (position_offset + each span's start): one rotary per span, concatenated.
+Tensor context_parallel_rotary(const Tensor& x, const RotaryOptions& opts, Communicator& group,
+                               CpLayout layout = CpLayout::balanced);
+
+// The loss over the whole sequence from this rank's share: `local_sum` (a scalar, the sum of
+// this rank's token losses) over the total `count` of counted tokens of every member (raw
+// all-reduce of `local_count`): sum over the group / count, the same value on every member. Its
+// backward gives each member's local_sum the gradient group.size() / count (Megatron-core
+// multiplies the loss by the CP size): the mean of the members' parameter gradients over the
+// data x context group, which the gradient reduction takes, is then the gradient of the loss.
+Tensor context_parallel_mean_loss(const Tensor& local_sum, int64_t local_count,
+                                  Communicator& group);
+// The same for a loss summed over the tokens: sum over the group, backward scaled by size().
+Tensor context_parallel_sum_loss(const Tensor& local_sum, Communicator& group);
 
 }  // namespace nxd
