@@ -89,6 +89,8 @@ NxDConfig NxDConfig::from_json(const nlohmann::json& j) {
         c.tensor_parallel_size = v.get<int>();
       } else if (k == "pipeline_parallel_size") {
         c.pipeline_parallel_size = v.get<int>();
+      } else if (k == "context_parallel_size") {
+        c.context_parallel_size = v.get<int>();
       } else if (k == "pipeline_config") {
         read_pipeline(section(v, "pipeline_config"), c.pipeline_config);
       } else if (k == "optimizer_config") {
@@ -150,13 +152,16 @@ ResolvedPrecision resolve_precision(const NxDConfig& c) {
 
 NxDConfig neuronx_distributed_config(NxDConfig c) {
   auto fail = [](auto&&... a) { throw ConfigError(str("[neuronx_distributed_config] ", a...)); };
-  if (c.tensor_parallel_size < 1 || c.pipeline_parallel_size < 1)
-    fail("tensor_parallel_size and pipeline_parallel_size must be >= 1, got ",
-         c.tensor_parallel_size, " and ", c.pipeline_parallel_size);
+  if (c.tensor_parallel_size < 1 || c.pipeline_parallel_size < 1 || c.context_parallel_size < 1)
+    fail(
+        "tensor_parallel_size, pipeline_parallel_size and context_parallel_size must be >= 1, "
+        "got ",
+        c.tensor_parallel_size, ", ", c.pipeline_parallel_size, " and ", c.context_parallel_size);
   const int world = current_context().world_size();
-  if (world % (c.tensor_parallel_size * c.pipeline_parallel_size) != 0)
+  if (world % (c.tensor_parallel_size * c.pipeline_parallel_size * c.context_parallel_size) != 0)
     fail("the world of ", world, " rank(s) is not tensor_parallel_size ", c.tensor_parallel_size,
-         " x pipeline_parallel_size ", c.pipeline_parallel_size, " x a data-parallel size");
+         " x pipeline_parallel_size ", c.pipeline_parallel_size, " x context_parallel_size ",
+         c.context_parallel_size, " x a data-parallel size");
   const PipelineConfig& pc = c.pipeline_config;
   if (pc.num_microbatches < 1 || pc.virtual_pipeline_size < 1)
     fail("pipeline_config.num_microbatches and virtual_pipeline_size must be >= 1, got ",
@@ -174,13 +179,18 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
   if (!(c.grad_bucket_mb > 0)) fail("grad_bucket_mb must be > 0, got ", c.grad_bucket_mb);
   const ResolvedPrecision rp = resolve_precision(c);
   if (!parallel_state::model_parallel_is_initialized()) {
-    parallel_state::initialize_model_parallel(c.tensor_parallel_size, c.pipeline_parallel_size);
+    parallel_state::initialize_model_parallel(
+        parallel_state::ParallelSizes{.tensor = c.tensor_parallel_size,
+                                      .pipeline = c.pipeline_parallel_size,
+                                      .context = c.context_parallel_size});
   } else if (parallel_state::get_tensor_model_parallel_size() != c.tensor_parallel_size ||
-             parallel_state::get_pipeline_model_parallel_size() != c.pipeline_parallel_size) {
-    fail("parallel_state is already initialized with tensor x pipeline parallel size ",
+             parallel_state::get_pipeline_model_parallel_size() != c.pipeline_parallel_size ||
+             parallel_state::get_context_parallel_size() != c.context_parallel_size) {
+    fail("parallel_state is already initialized with tensor x pipeline x context parallel size ",
          parallel_state::get_tensor_model_parallel_size(), " x ",
-         parallel_state::get_pipeline_model_parallel_size(), ", the config asks for ",
-         c.tensor_parallel_size, " x ", c.pipeline_parallel_size);
+         parallel_state::get_pipeline_model_parallel_size(), " x ",
+         parallel_state::get_context_parallel_size(), ", the config asks for ",
+         c.tensor_parallel_size, " x ", c.pipeline_parallel_size, " x ", c.context_parallel_size);
   }
   blas::set_matmul_precision(rp.matmul);
   return c;

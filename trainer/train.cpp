@@ -267,11 +267,12 @@ std::string printable_bytes(const std::string& s) {
   return out;
 }
 
-// The rank that prints and writes the files: data- and tensor-parallel rank 0 of the last
+// The rank that prints and writes the files: data-, context- and tensor-parallel rank 0 of the last
 // pipeline stage (the trainer's logging rank; rank 0 without pipeline parallelism).
 bool is_lead_rank() {
   if (!parallel_state::model_parallel_is_initialized()) return current_context().rank() == 0;
   return parallel_state::get_data_parallel_rank() == 0 &&
+         parallel_state::get_context_parallel_rank() == 0 &&
          parallel_state::get_tensor_model_parallel_rank() == 0 &&
          parallel_state::is_pipeline_last_stage();
 }
@@ -287,9 +288,10 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
     throw ConfigError(str("[train] backend.world_size=", cfg.dist.world_size, " but the ",
                           cfg.dist.backend, " world has ", ctx.world_size(), " rank(s)"));
   if (!parallel_state::model_parallel_is_initialized())  // the lead rank is needed before fit
-    parallel_state::initialize_model_parallel(
-        static_cast<int>(cfg.dist.tensor_model_parallel_size),
-        static_cast<int>(cfg.dist.pipeline_model_parallel_size));
+    parallel_state::initialize_model_parallel(parallel_state::ParallelSizes{
+        .tensor = static_cast<int>(cfg.dist.tensor_model_parallel_size),
+        .pipeline = static_cast<int>(cfg.dist.pipeline_model_parallel_size),
+        .context = static_cast<int>(cfg.dist.context_parallel_size)});
   const bool rank0 = is_lead_rank();
   const bool talk = rank0 && !opts.quiet;
   if (rank0) write_config(cfg);
@@ -363,6 +365,13 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
                    "sample: none (generation needs the whole model; this run holds it in %lld "
                    "pipeline stages)\n",
                    static_cast<long long>(cfg.dist.pipeline_model_parallel_size));
+  } else if (g.max_new_tokens > 0 && cfg.data.kind == "text" &&
+             cfg.dist.context_parallel_size > 1) {
+    if (talk)
+      std::fprintf(opts.out,
+                   "sample: none (generation's KV cache needs the whole sequence on a rank; this "
+                   "run splits it over context_parallel_size=%lld)\n",
+                   static_cast<long long>(cfg.dist.context_parallel_size));
   } else if (g.max_new_tokens > 0 && cfg.data.kind == "text") {
     std::string note;
     res.sample = generate_sample(cfg, module->lm(), data.tokenizer.get(), note);
@@ -390,6 +399,7 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   TrainerOptions to;
   to.strategy.tensor_parallel_size = cfg.dist.tensor_model_parallel_size;
   to.strategy.pipeline_parallel_size = cfg.dist.pipeline_model_parallel_size;
+  to.strategy.context_parallel_size = cfg.dist.context_parallel_size;
   to.strategy.virtual_pipeline_size = cfg.dist.virtual_pipeline_model_parallel_size;
   to.strategy.pipeline_schedule = cfg.dist.pipeline_schedule;
   to.strategy.zero1 = cfg.dist.zero1;

@@ -41,8 +41,11 @@ namespace nxd::trainer {
 
 // The parallel layout and precision: the NxDConfig the trainer runs (nxd_config.h).
 struct Strategy {
-  int64_t tensor_parallel_size = 1;        // data-parallel size = world / (tp x pp)
-  int64_t pipeline_parallel_size = 1;      // > 1: the module's build_pipeline_model
+  int64_t tensor_parallel_size = 1;    // data-parallel size = world / (tp x pp)
+  int64_t pipeline_parallel_size = 1;  // > 1: the module's build_pipeline_model
+  // > 1: each sequence split over this many ranks; the trainer gives the module this rank's
+  // rows of every batch (context_parallel_batch); data-parallel size = world / (tp x pp x cp)
+  int64_t context_parallel_size = 1;
   int64_t virtual_pipeline_size = 1;       // model chunks per pipeline rank (interleaved)
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
   // ZeRO-1: the module's AdamW becomes a Zero1AdamW over the same groups (optimizer state

@@ -140,8 +140,11 @@ Tensor CausalLM::head_loss(const Tensor& h_local, const Tensor& targets,
   sum_opts.reduction = Reduction::sum;
   Tensor s = local_head_loss(h_local, targets, sum_opts);
   if (opts.reduction == Reduction::sum) return context_parallel_sum_loss(s, *cp_group_);
-  int64_t counted = 0;
-  for (double t : targets.detach().to_vector()) counted += int64_t(t) != opts.ignore_index;
+  int64_t counted = targets.numel();  // meta targets (the planner): every token counts
+  if (!targets.is_meta()) {
+    counted = 0;
+    for (double t : targets.detach().to_vector()) counted += int64_t(t) != opts.ignore_index;
+  }
   return context_parallel_mean_loss(s, counted, *cp_group_);
 }
 
