@@ -6,6 +6,7 @@
 #include "nxd/autograd/function.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/runtime/context.h"
+#include "nxd/runtime/kernels/attention.h"
 #include "nxd/runtime/kernels/flash_attention.h"
 
 namespace nxd {
@@ -143,7 +144,8 @@ void dispatch(const Tensor& t, F&& f) {
 struct RingState {
   Communicator* g = nullptr;
   RingAttentionOptions opts;
-  Tensor q, k, v, out, lse;  // compute dtype, contiguous
+  DType priced = DType::f32;  // the inputs' dtype: bf16 attention is priced at the bf16 rate
+  Tensor q, k, v, out, lse;   // compute dtype, contiguous
 };
 
 Tensor compute_copy(const Tensor& x) {
@@ -160,6 +162,7 @@ void ring_forward(RingState& st) {
   const Device dev = q.device();
   st.out = zeros({B, H, L, D}, dt, dev);
   st.lse = full({B, H, L}, -std::numeric_limits<double>::infinity(), dt, dev);
+  const kernels::AttentionPricing priced(st.priced);
   Tensor kc = st.k, vc = st.v;
   for (int t = 0; t < p; ++t) {
     Exchange ex;
@@ -193,6 +196,7 @@ std::vector<Tensor> ring_backward(const RingState& st, const Tensor& dout) {
   Tensor dq = zeros(q.shape(), dt, dev);
   Tensor kc = st.k, vc = st.v;
   Tensor dkc = zeros(st.k.shape(), dt, dev), dvc = zeros(st.v.shape(), dt, dev);
+  const kernels::AttentionPricing priced(st.priced);
   Exchange acc;  // the accumulators of the block being visited, arriving from the previous rank
   for (int t = 0; t < p; ++t) {
     Exchange ex;
@@ -259,6 +263,7 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
   st->g = &group;
   st->opts = opts;
   const DType dt = q.dtype();
+  st->priced = dt;
   auto to_dt = [dt](const Tensor& t) { return t.dtype() == dt ? t : t.to(dt); };
   return autograd::custom(
       "ring_attention", {q, k, v},
