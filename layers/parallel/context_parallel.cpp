@@ -145,25 +145,31 @@ struct RingState {
   Communicator* g = nullptr;
   RingAttentionOptions opts;
   DType priced = DType::f32;  // the inputs' dtype: bf16 attention is priced at the bf16 rate
-  Tensor q, k, v, out, lse;   // compute dtype, contiguous
+  Tensor q, k, v;             // the inputs (detached, their own dtype and layout: nothing copied)
+  Tensor out, lse;            // compute dtype, contiguous
 };
 
-Tensor compute_copy(const Tensor& x) {
+// x in the compute dtype (f32 for bf16; x itself otherwise), in any layout the kernels take.
+Tensor compute(const Tensor& x) {
   Tensor d = x.detach();
-  return (d.dtype() == DType::bf16 ? d.to(DType::f32) : d).contiguous();
+  return d.dtype() == DType::bf16 ? d.to(DType::f32) : d;
+}
+// A contiguous compute-dtype copy of a K/V block to send around the ring.
+Tensor compute_copy(const Tensor& x) {
+  return compute(x).contiguous();
 }
 
 void ring_forward(RingState& st) {
   Communicator& g = *st.g;
   const int p = g.size(), r = g.rank();
-  const Tensor& q = st.q;
+  const Tensor q = compute(st.q);
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3);
   const DType dt = q.dtype();
   const Device dev = q.device();
   st.out = zeros({B, H, L, D}, dt, dev);
   st.lse = full({B, H, L}, -std::numeric_limits<double>::infinity(), dt, dev);
   const kernels::AttentionPricing priced(st.priced);
-  Tensor kc = st.k, vc = st.v;
+  Tensor kc = compute_copy(st.k), vc = compute_copy(st.v);
   for (int t = 0; t < p; ++t) {
     Exchange ex;
     if (t + 1 < p) ex = start_exchange(g, {kc, vc}, kTagKv);
@@ -189,13 +195,13 @@ void ring_forward(RingState& st) {
 std::vector<Tensor> ring_backward(const RingState& st, const Tensor& dout) {
   Communicator& g = *st.g;
   const int p = g.size(), r = g.rank();
-  const Tensor& q = st.q;
+  const Tensor q = compute(st.q);
   const int64_t L = q.size(2);
   const DType dt = q.dtype();
   const Device dev = q.device();
   Tensor dq = zeros(q.shape(), dt, dev);
-  Tensor kc = st.k, vc = st.v;
-  Tensor dkc = zeros(st.k.shape(), dt, dev), dvc = zeros(st.v.shape(), dt, dev);
+  Tensor kc = compute_copy(st.k), vc = compute_copy(st.v);
+  Tensor dkc = zeros(kc.shape(), dt, dev), dvc = zeros(vc.shape(), dt, dev);
   const kernels::AttentionPricing priced(st.priced);
   Exchange acc;  // the accumulators of the block being visited, arriving from the previous rank
   for (int t = 0; t < p; ++t) {
@@ -268,16 +274,16 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
   return autograd::custom(
       "ring_attention", {q, k, v},
       [st, to_dt](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        st->q = compute_copy(in[0]);
-        st->k = compute_copy(in[1]);
-        st->v = compute_copy(in[2]);
+        st->q = in[0].detach();
+        st->k = in[1].detach();
+        st->v = in[2].detach();
         ring_forward(*st);
         Tensor out = st->out;
         st->out = out.detach();  // the state must not hold the graph's output (a cycle)
         return {to_dt(out)};
       },
       [st, to_dt](const Grads& g) -> Grads {
-        std::vector<Tensor> d = ring_backward(*st, compute_copy(g[0]));
+        std::vector<Tensor> d = ring_backward(*st, compute(g[0]));
         return {to_dt(d[0]), to_dt(d[1]), to_dt(d[2])};
       })[0];
 }
