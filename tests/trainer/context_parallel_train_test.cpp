@@ -1,13 +1,15 @@
 // Context parallelism through the trainer and nxd-train's key
 // (distributed_strategy.context_parallel_size): 20 steps at CP 2, CP 2 x TP2(SP) x ZeRO-1 and
 // CP 2 x PP2 give the single rank's losses and gradient norms within 1e-5 (the data path gives
-// every CP rank its chunks of the same sequences); a CP 2 x ZeRO-1 checkpoint resumes as the
-// uninterrupted run; impossible combinations are configuration errors.
+// every CP rank its chunks of the same sequences); a CP 2 x DP 2 x ZeRO-1 checkpoint (its state
+// in DP x CP = 4 shards) resumes as the uninterrupted run at CP 2 and at CP 1; impossible
+// combinations are configuration errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 
+#include "nxd/checkpoint/checkpoint.h"
 #include "nxd/trainer/train.h"
 #include "train_util.h"
 
@@ -81,4 +83,42 @@ TEST(ContextParallelTrain, ImpossibleCombinationsAreConfigErrors) {
                 "distributed_strategy.sequence_parallel=true",
                 "distributed_strategy.context_parallel_size=2"},
                "tokens per rank are not divisible by tensor_model_parallel_size=4");
+}
+
+TEST(ContextParallelTrain, Zero1CheckpointResumesAtCp2AndCp1) {
+  auto d = nxd::testing::test_temp_dir("nxd_cp_ckpt_");
+  const std::vector<std::string> base = {"distributed_strategy.zero1=true", "trainer.max_steps=8",
+                                         "model.optim.sched.max_steps=8"};
+  auto with = [&](int world, int cp, std::vector<std::string> extra) {
+    extra.insert(extra.begin(), base.begin(), base.end());
+    extra.push_back("backend.world_size=" + std::to_string(world));
+    extra.push_back("distributed_strategy.context_parallel_size=" + std::to_string(cp));
+    return extra;
+  };
+  const auto whole = run(d, "whole", with(4, 2, {}));
+  run(d, "cut",
+      with(
+          4, 2,
+          {"trainer.max_steps=5", "exp_manager.checkpoint_callback_params.every_n_train_steps=4"}));
+  const std::string ckpt = (d / "cut" / "checkpoints" / "step_4").string();
+  for (int r = 0; r < 4; ++r)  // ZeRO-1 shards over DP x CP
+    EXPECT_TRUE(
+        fs::exists(fs::path(ckpt) / "optim" /
+                   ("dp_rank_0" + std::to_string(r) + "_tp_rank_00_pp_rank_00.safetensors")))
+        << r;
+  const std::vector<double> tail(whole.loss.begin() + 4, whole.loss.end());
+  const auto cp2 =
+      run(d, "resumed_cp2", with(4, 2, {"exp_manager.resume_from_checkpoint=" + ckpt}));
+  ASSERT_EQ(cp2.loss.size(), 4u);
+  EXPECT_LE(worst_rel(cp2.loss, tail), 1e-6);
+  // CP 1 x DP 2: the same DP replicas' batches, the state reassembled from 4 shards into 2
+  const auto cp1 =
+      run(d, "resumed_cp1", with(2, 1, {"exp_manager.resume_from_checkpoint=" + ckpt}));
+  ASSERT_EQ(cp1.loss.size(), 4u);
+  const double w = worst_rel(cp1.loss, tail);
+  std::printf(
+      "    CP 2 x DP 2 ZeRO-1 checkpoint resumed at CP 2 within %.3g, at CP 1 x DP 2 within "
+      "%.3g\n",
+      worst_rel(cp2.loss, tail), w);
+  EXPECT_LE(w, 1e-5);
 }
