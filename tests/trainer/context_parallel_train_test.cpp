@@ -10,7 +10,10 @@
 #include <string>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/trainer/nxd_config.h"
 #include "nxd/trainer/train.h"
+#include "support/ranks.h"
 #include "train_util.h"
 
 using namespace nxd;
@@ -121,4 +124,18 @@ TEST(ContextParallelTrain, Zero1CheckpointResumesAtCp2AndCp1) {
       "%.3g\n",
       worst_rel(cp2.loss, tail), w);
   EXPECT_LE(w, 1e-5);
+}
+
+// NxD's neuronx_distributed_config key: context_parallel_size builds the CP groups.
+TEST(ContextParallelTrain, NxDConfigKeyInitializesTheGroups) {
+  const NxDConfig c = NxDConfig::from_json(
+      nlohmann::json{{"tensor_parallel_size", 1}, {"context_parallel_size", 2}});
+  EXPECT_EQ(c.context_parallel_size, 2);
+  nxd::testing::run_ranks(4, [&] {
+    neuronx_distributed_config(c);
+    EXPECT_EQ(parallel_state::get_context_parallel_size(), 2);
+    EXPECT_EQ(parallel_state::get_data_parallel_size(), 2);
+    EXPECT_EQ(parallel_state::get_data_context_parallel_size(), 4);
+  });
+  nxd::testing::run_ranks(3, [&] { EXPECT_THROW(neuronx_distributed_config(c), ConfigError); });
 }
