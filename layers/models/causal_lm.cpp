@@ -190,20 +190,24 @@ Tensor CausalLM::local_head_loss(const Tensor& h_local, const Tensor& targets,
 }
 
 Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel) {
-  if (!sequence_parallel || !d.is_training() || d.p() == 0.0) return d.forward(x);
-  auto& g = parallel_state::get_tensor_model_parallel_group();
-  if (g.size() == 1) return d.forward(x);
+  if (!d.is_training() || d.p() == 0.0) return d.forward(x);
+  const std::shared_ptr<Communicator> cp = model_context_parallel_group();
+  Communicator* tp =
+      sequence_parallel ? &parallel_state::get_tensor_model_parallel_group() : nullptr;
+  if (tp && tp->size() == 1) tp = nullptr;
+  if (!tp && !cp) return d.forward(x);
   const RngStream st = current_context().rng().next();
   const DType ct = x.dtype() == DType::f64 ? DType::f64 : DType::f32;  // mask as dropout computes
   Shape full = x.shape();
   const int64_t local = full.at(1);
-  full[1] = local * g.size();
+  full[1] = local * (tp ? tp->size() : 1) * (cp ? cp->size() : 1);
   Tensor mask;
   {
     NoGradGuard ng;
-    mask = dropout(ones(full, ct, x.device()), d.p(), true, &st)
-               .narrow(1, g.rank() * local, local)
-               .contiguous();
+    // the single rank's mask of the whole sequence; CP: this rank's chunks; SP: its TP shard
+    mask = dropout(ones(full, ct, x.device()), d.p(), true, &st);
+    if (cp) mask = context_parallel_slice(mask, 1, cp->rank(), cp->size());
+    if (tp) mask = mask.narrow(1, tp->rank() * local, local).contiguous();
   }
   return x.dtype() == ct ? mul(x, mask) : to(mul(to(x, ct), mask), x.dtype());
 }

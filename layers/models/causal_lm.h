@@ -34,8 +34,8 @@
 // the loss of the whole sequences, the same on every CP rank; its backward gives each rank
 // context_parallel_size() times its share of the gradient, so the mean over the data x context
 // group (what GradSync and ZeRO-1 reduce over) is the gradient of the loss (Megatron-core's
-// loss x cp_size). Dropout draws each rank's own masks (not the single rank's), and the KV-cache
-// path and generation need CP 1.
+// loss x cp_size). Dropout masks are the single rank's (hidden_dropout); the KV-cache path and
+// generation need CP 1.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -182,7 +182,9 @@ class CausalLM : public Module {
 // Dropout on a model's hidden states (d's p and mode). Under sequence parallelism x is this
 // rank's shard [B, S/tp, ...] of [B, S, ...] and gets that slice of the mask a single rank draws
 // for the full tensor from the same stream (every TP rank draws the full mask), so a
-// sequence-parallel model matches the single-rank model with dropout too. Without it, the
+// sequence-parallel model matches the single-rank model with dropout too. Under context
+// parallelism (parallel_state's CP group) likewise: x holds this rank's chunks of the sequence
+// and gets those rows of the whole sequence's mask. Without it, the
 // ranks of a TP group draw the single rank's masks as long as their Context seeds agree. (Ids
 // padded for SP draw the mask of the padded length: equal to the single rank's when S % tp == 0.)
 Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel);

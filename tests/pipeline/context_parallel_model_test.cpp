@@ -244,6 +244,18 @@ TEST(ContextParallelModel, WithTensorAndSequenceParallelism) {
   check_matches_single_rank({.what = "gpt_neox cp2 tp2", .cfg = tiny("gpt_neox"), .tp = 2});
 }
 
+// Dropout: every rank gets its rows of the mask the single rank draws for the whole sequence.
+TEST(ContextParallelModel, DropoutMasksAreTheSingleRanks) {
+  ModelConfig c = tiny();
+  c.dropout = 0.2;
+  check_matches_single_rank({.what = "cp2 dropout", .cfg = c});
+  c.sequence_parallel = true;
+  check_matches_single_rank({.what = "cp2 tp2 sp dropout", .cfg = c, .tp = 2});
+  ModelConfig n = tiny("gpt_neox");
+  n.dropout = 0.2;
+  check_matches_single_rank({.what = "gpt_neox cp4 dropout", .cfg = n, .cp = 4});
+}
+
 TEST(ContextParallelModel, WithDataParallelismAndZero1) {
   check_matches_single_rank({.what = "cp2 dp2", .dp = 2});
   check_matches_single_rank({.what = "cp2 dp2 zero1", .dp = 2, .zero1 = true});
