@@ -154,9 +154,10 @@ Tensor compute(const Tensor& x) {
   Tensor d = x.detach();
   return d.dtype() == DType::bf16 ? d.to(DType::f32) : d;
 }
-// A contiguous compute-dtype copy of a K/V block to send around the ring.
-Tensor compute_copy(const Tensor& x) {
-  return compute(x).contiguous();
+// A contiguous copy of a K/V block to send around the ring, in its own dtype (bf16 travels as
+// bf16: half the bytes; each rank converts the block it computes with).
+Tensor travelling(const Tensor& x) {
+  return x.detach().contiguous();
 }
 
 void ring_forward(RingState& st) {
@@ -169,12 +170,13 @@ void ring_forward(RingState& st) {
   st.out = zeros({B, H, L, D}, dt, dev);
   st.lse = full({B, H, L}, -std::numeric_limits<double>::infinity(), dt, dev);
   const kernels::AttentionPricing priced(st.priced);
-  Tensor kc = compute_copy(st.k), vc = compute_copy(st.v);
+  Tensor kt = travelling(st.k), vt = travelling(st.v);
   for (int t = 0; t < p; ++t) {
     Exchange ex;
-    if (t + 1 < p) ex = start_exchange(g, {kc, vc}, kTagKv);
+    if (t + 1 < p) ex = start_exchange(g, {kt, vt}, kTagKv);
     const Pair pr = pair_for(r, (r + p - t) % p, L, st.opts.layout);
     if (pr.any) {
+      const Tensor kc = compute(kt), vc = compute(vt);
       Tensor ob = empty({B, H, pr.qn, D}, dt, dev), lb = empty({B, H, pr.qn}, dt, dev);
       kernels::flash_attention_forward(ob, lb, q.narrow(2, pr.q0, pr.qn),
                                        kc.narrow(2, pr.k0, pr.kn), vc.narrow(2, pr.k0, pr.kn),
@@ -185,8 +187,8 @@ void ring_forward(RingState& st) {
     }
     if (t + 1 < p) {
       ex.wait();
-      kc = ex.in[0];
-      vc = ex.in[1];
+      kt = ex.in[0];
+      vt = ex.in[1];
     }
   }
 }
@@ -200,17 +202,18 @@ std::vector<Tensor> ring_backward(const RingState& st, const Tensor& dout) {
   const DType dt = q.dtype();
   const Device dev = q.device();
   Tensor dq = zeros(q.shape(), dt, dev);
-  Tensor kc = compute_copy(st.k), vc = compute_copy(st.v);
-  Tensor dkc = zeros(kc.shape(), dt, dev), dvc = zeros(vc.shape(), dt, dev);
+  Tensor kt = travelling(st.k), vt = travelling(st.v);
+  Tensor dkc = zeros(kt.shape(), dt, dev), dvc = zeros(vt.shape(), dt, dev);
   const kernels::AttentionPricing priced(st.priced);
   Exchange acc;  // the accumulators of the block being visited, arriving from the previous rank
   for (int t = 0; t < p; ++t) {
     Exchange ex;
-    if (t + 1 < p) ex = start_exchange(g, {kc, vc}, kTagKvBack);
+    if (t + 1 < p) ex = start_exchange(g, {kt, vt}, kTagKvBack);
     const Pair pr = pair_for(r, (r + p - t) % p, L, st.opts.layout);
     Tensor dqb, dkb, dvb;
     if (pr.any) {
-      const Tensor kb = kc.narrow(2, pr.k0, pr.kn), vb = vc.narrow(2, pr.k0, pr.kn);
+      const Tensor kb = compute(kt.narrow(2, pr.k0, pr.kn)),
+                   vb = compute(vt.narrow(2, pr.k0, pr.kn));
       dqb = empty({q.size(0), q.size(1), pr.qn, q.size(3)}, dt, dev);
       dkb = empty(kb.shape(), dt, dev);
       dvb = empty(vb.shape(), dt, dev);
@@ -234,8 +237,8 @@ std::vector<Tensor> ring_backward(const RingState& st, const Tensor& dout) {
     if (p > 1) acc = start_exchange(g, {dkc, dvc}, kTagDkv);
     if (t + 1 < p) {
       ex.wait();
-      kc = ex.in[0];
-      vc = ex.in[1];
+      kt = ex.in[0];
+      vt = ex.in[1];
     }
   }
   if (p == 1) return {dq, dkc, dvc};

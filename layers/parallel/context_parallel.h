@@ -20,8 +20,8 @@
 // comparison: rank r then does r + 1 blocks.
 //
 // Shapes: q [B, Hq, S/P, D], k and v [B, Hkv, S/P, D] (this rank's rows in the layout's order),
-// grouped-query as scaled_dot_product_attention; causal always. K/V travel in the compute dtype
-// (f32 for bf16 inputs).
+// grouped-query as scaled_dot_product_attention; causal always. K/V travel in their own dtype
+// (bf16 stays bf16), the dK/dV accumulators in the compute dtype (f32 for bf16 inputs).
 #include <cstdint>
 #include <memory>
 #include <utility>
