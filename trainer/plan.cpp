@@ -361,6 +361,10 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
             " or data.seq_length=", cfg.data.seq_length));
     if (cfg.model.activations_checkpoint_granularity != CheckpointGranularity::full)
       add("model.activations_checkpoint_granularity=full");
+    add(
+        str("split each sequence over more ranks (distributed_strategy.context_parallel_size, "
+            "now ",
+            cfg.dist.context_parallel_size, ", with backend.world_size to match)"));
     add("or shard the activations (tensor_model_parallel_size with sequence_parallel)");
   }
   const std::string breakdown =
