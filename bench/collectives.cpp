@@ -209,16 +209,15 @@ void print_published(CollKind k, const std::string& instance) {
                   "model(us)", "pub busbw", "mdl busbw", "err", "algo");
       header = true;
     }
-    sim::MachineSpec m = sim::machine(p.instance);
-    std::vector<int> ranks(p.ranks);
-    for (int i = 0; i < p.ranks; ++i) ranks[i] = i;
-    sim::CollCost c = sim::collective_cost(m, p.kind, ranks, p.bytes);
+    sim::CollCost c;
+    const double us = sim::nccom_model_us(p, &c);
     double f = sim::busbw_factor(p.kind, p.ranks);
     double pub_bw = p.bytes / (p.us * 1e-6) * f / sim::kGiB;
-    double mdl_bw = p.bytes / c.seconds * f / sim::kGiB;
-    std::printf("  %-40s %10.0f %12.2f %12.2f %9.2f %9.2f %+5.0f%%  %s%s\n", p.what, p.bytes, p.us,
-                c.seconds * 1e6, pub_bw, mdl_bw, (c.seconds * 1e6 / p.us - 1) * 100,
-                sim::algorithm_name(c.algorithm), p.calibration ? "  (calibration)" : "");
+    double mdl_bw = p.bytes / (us * 1e-6) * f / sim::kGiB;
+    std::printf("  %-40s %10.0f %12.2f %12.2f %9.2f %9.2f %+5.0f%%  %s%s%s\n", p.what, p.bytes,
+                p.us, us, pub_bw, mdl_bw, (us / p.us - 1) * 100, sim::algorithm_name(c.algorithm),
+                p.calibration ? "  (calibration)" : "",
+                p.sdk_floor_us > 0 ? str("  (+", p.sdk_floor_us, " us SDK floor)").c_str() : "");
   }
 }
 

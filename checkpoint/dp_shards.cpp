@@ -103,11 +103,14 @@ void add_file(DpIndex& idx, const std::string& rel, const SafetensorsHeader& h) 
 
 }  // namespace
 
-DpIndex index_dp_files(const fs::path& dir, int dp, int tp, int pp, bool compressed) {
+DpIndex index_dp_files(const fs::path& dir, const DpFiles& f) {
+  const int dp = f.dp_size, tp = f.tp_rank, pp = f.pp_rank;
+  const bool compressed = f.compressed;
   DpIndex idx;
   std::vector<std::string> missing;
   for (int d = 0; d < dp; ++d) {
-    const std::string rel = shard_file("optim", d, tp, pp, compressed);
+    const std::string rel =
+        shard_file("optim", {.dp_rank = d, .tp_rank = tp, .pp_rank = pp, .compressed = compressed});
     if (!fs::exists(dir / rel)) {
       missing.push_back((dir / rel).string());
       continue;

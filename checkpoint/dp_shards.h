@@ -47,10 +47,15 @@ struct DpIndex {
   std::vector<File> files;  // dp rank order
 };
 
-// Reads the headers of the `dp` files of one (tp, pp) rank and checks them: "nxd.zero1" parses,
-// every tensor belongs to a listed parameter with the listed range, and the ranges of every state
-// tensor tile it exactly. CheckpointError naming the file and tensor otherwise; a missing file
-// is named together with the first tensor whose elements no other file holds.
-DpIndex index_dp_files(const std::filesystem::path& dir, int dp, int tp, int pp, bool compressed);
+// The ZeRO-1 files of one (tp, pp) rank: one per DP rank.
+struct DpFiles {
+  int dp_size = 1, tp_rank = 0, pp_rank = 0;
+  bool compressed = false;
+};
+// Reads the headers of the dp_size files of `f` and checks them: "nxd.zero1" parses, every tensor
+// belongs to a listed parameter with the listed range, and the ranges of every state tensor tile
+// it exactly. CheckpointError naming the file and tensor otherwise; a missing file is named
+// together with the first tensor whose elements no other file holds.
+DpIndex index_dp_files(const std::filesystem::path& dir, const DpFiles& f);
 
 }  // namespace nxd::ckpt::detail

@@ -107,6 +107,50 @@ void read_gpt_neox(const json& j, ModelConfig& c) {
                " != num_attention_heads ", c.num_attention_heads));
 }
 
+// transformers' MixtralConfig: the llama keys it shares, and the experts. transformers computes one
+// load-balancing loss over every layer's router logits concatenated, E * sum_e f_e P_e (top_k
+// when balanced); nxd adds one E/k * sum_e f_e P_e per MoE layer (1 each when balanced,
+// layers/moe/config.h). The coefficients are converted so that a balanced router costs the same:
+// nxd's = transformers' * top_k / num_layers (the functions differ away from balance).
+void write_mixtral(const ModelConfig& c, json& j) {
+  if (c.moe.frequency != 1 || !c.moe.dropless || !c.moe.normalize_top_k_affinities ||
+      c.attention_bias || c.mlp_bias || c.moe.router_z_loss_coef > 0)
+    refuse(str("mixtral with moe.frequency=", c.moe.frequency, " dropless=", c.moe.dropless,
+               " normalize_top_k_affinities=", c.moe.normalize_top_k_affinities,
+               " router_z_loss_coef=", c.moe.router_z_loss_coef,
+               " attention_bias=", c.attention_bias, " mlp_bias=", c.mlp_bias,
+               " (transformers' Mixtral: every layer MoE, dropless, normalized, no z-loss, no "
+               "biases)"));
+  j["architectures"] = {"MixtralForCausalLM"};
+  j["model_type"] = "mixtral";
+  j.erase("attention_bias");
+  j.erase("mlp_bias");
+  j["num_local_experts"] = c.moe.num_experts;
+  j["num_experts_per_tok"] = c.moe.top_k;
+  j["router_aux_loss_coef"] = c.moe.router_aux_loss_coef * static_cast<double>(c.num_layers) /
+                              static_cast<double>(c.moe.top_k);
+  j["output_router_logits"] = false;
+  j["router_jitter_noise"] = 0.0;
+  j["sliding_window"] = nullptr;
+}
+
+void read_mixtral(const json& j, ModelConfig& c) {
+  read_llama(j, c);
+  c.arch = "mixtral";
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null() &&
+      j["sliding_window"].get<int64_t>() < c.max_position_embeddings)
+    refuse(str("mixtral sliding_window ", j["sliding_window"].get<int64_t>(),
+               " below max_position_embeddings (nxd's attention is full causal)"));
+  if (j.value("router_jitter_noise", 0.0) != 0.0) refuse("mixtral router_jitter_noise != 0");
+  c.moe.num_experts = j.at("num_local_experts").get<int64_t>();
+  c.moe.top_k = j.at("num_experts_per_tok").get<int64_t>();
+  c.moe.frequency = 1;
+  c.moe.dropless = true;
+  c.moe.normalize_top_k_affinities = true;
+  c.moe.router_aux_loss_coef = j.value("router_aux_loss_coef", 0.001) *
+                               static_cast<double>(c.moe.top_k) / static_cast<double>(c.num_layers);
+}
+
 }  // namespace
 
 json hf_config_json(const ModelConfig& c) {
@@ -122,7 +166,7 @@ json hf_config_json(const ModelConfig& c) {
             {"torch_dtype", c.dtype == DType::bf16  ? "bfloat16"
                             : c.dtype == DType::f64 ? "float64"
                                                     : "float32"}};
-  if (c.arch == "llama") {
+  if (c.arch == "llama" || c.arch == "mixtral") {
     j["architectures"] = {"LlamaForCausalLM"};
     j["model_type"] = "llama";
     j["num_key_value_heads"] = c.kv_heads();
@@ -132,6 +176,7 @@ json hf_config_json(const ModelConfig& c) {
     j["head_dim"] = c.head_dim();
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = c.mlp_bias;
+    if (c.arch == "mixtral") write_mixtral(c, j);
   } else if (c.arch == "gpt_neox") {
     if (c.attention_head_dim > 0 && c.attention_head_dim * c.num_attention_heads != c.hidden_size)
       throw CheckpointError(
@@ -173,8 +218,10 @@ ModelConfig model_config_from_hf(const json& j) {
       read_llama(j, c);
     else if (type == "gpt_neox")
       read_gpt_neox(j, c);
+    else if (type == "mixtral")
+      read_mixtral(j, c);
     else
-      throw CheckpointError(str("model_type '", type, "' is not llama or gpt_neox"));
+      throw CheckpointError(str("model_type '", type, "' is not llama, mixtral or gpt_neox"));
     c.validate();
     return c;
   } catch (const CheckpointError& e) {

@@ -29,15 +29,15 @@ Degrees current_degrees() {
   d.tp_rank = ps::get_tensor_model_parallel_rank();
   d.pp_rank = ps::get_pipeline_model_parallel_rank();
   d.dp_rank = ps::get_data_context_parallel_rank();
+  d.ep = ps::get_expert_model_parallel_size();
   return d;
 }
 
-std::string shard_file(const std::string& kind, int dp_rank, int tp_rank, int pp_rank,
-                       bool compressed) {
+std::string shard_file(const std::string& kind, const ShardName& s) {
   char buf[96];
-  std::snprintf(buf, sizeof buf, "dp_rank_%02d_tp_rank_%02d_pp_rank_%02d", dp_rank, tp_rank,
-                pp_rank);
-  return kind + "/" + buf + (compressed ? ".safetensors.zst" : ".safetensors");
+  std::snprintf(buf, sizeof buf, "dp_rank_%02d_tp_rank_%02d_pp_rank_%02d", s.dp_rank, s.tp_rank,
+                s.pp_rank);
+  return kind + "/" + buf + (s.compressed ? ".safetensors.zst" : ".safetensors");
 }
 
 std::string broadcast_string(const std::string& s) {

@@ -17,6 +17,9 @@ struct Degrees {
   int world = 1, rank = 0;
   int tp = 1, pp = 1, dp = 1;
   int tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  // Expert parallelism: DP ranks 0..ep-1 (expert-DP rank 0 of each EP rank) write the MoE
+  // experts they hold into their own model/optim files (DP rank 0's also has everything else).
+  int ep = 1;
 };
 // This rank's place in parallel_state (TP = PP = 1 in a one-rank world that never set it up).
 Degrees current_degrees();
@@ -28,8 +31,11 @@ inline constexpr const char* kScheduler = "scheduler.json";
 inline constexpr const char* kUserContent = "user_content.json";
 
 // "model/dp_rank_00_tp_rank_01_pp_rank_00.safetensors" (+ ".zst" when compressed).
-std::string shard_file(const std::string& kind, int dp_rank, int tp_rank, int pp_rank,
-                       bool compressed);
+struct ShardName {
+  int dp_rank = 0, tp_rank = 0, pp_rank = 0;
+  bool compressed = false;
+};
+std::string shard_file(const std::string& kind, const ShardName& s);
 
 // Runs f() on every rank and agrees on the outcome: if any rank threw, every rank throws (the
 // lowest failing rank's exception is rethrown there; the others get a CheckpointError carrying

@@ -156,7 +156,8 @@ void stage_optimizer(detail::Stager& st, const json& meta, const fs::path& dir,
   s.optim_steps = info.at("steps").get<int64_t>();
   for (const auto& g : info.at("groups")) s.group_lrs.push_back(g.at("lr").get<double>());
   s.optim = optim_wants(o, chunks, s.records);
-  st.stage("optim", meta["optimizer"].at("tensors"), s.optim, opts.strict, whole_model);
+  st.stage("optim", meta["optimizer"].at("tensors"), s.optim,
+           {.strict = opts.strict, .check_unexpected = whole_model});
 }
 
 Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
@@ -166,12 +167,14 @@ Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
   const json meta = read_metadata(dir);
   check_files(dir, meta);
   detail::Stager st(dir, meta, d);
-  const bool whole_model = d.pp == 1;  // with PP, other stages hold the other names
+  // with PP, other stages hold the other names; with EP, other EP ranks the other experts
+  const bool whole_model = d.pp == 1 && d.ep == 1;
   if (!chunks.empty()) {
     if (!meta.contains("model"))
       throw CheckpointError(str("[load_checkpoint] ", dir.string(), " has no model"));
     s.model = model_wants(chunks);
-    st.stage("model", meta["model"], s.model, opts.strict, whole_model);
+    st.stage("model", meta["model"], s.model,
+             {.strict = opts.strict, .check_unexpected = whole_model});
     for (const Want& w : s.model)  // NaN/Inf weights: a diverged state, refused (integrity.h)
       if (w.staged.defined() && w.staged.is_contiguous())
         if (const int64_t bad =

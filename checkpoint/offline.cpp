@@ -112,8 +112,10 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   if (par.value("zero1", false))
     for (int pp = 0; pp < par.at("pp").get<int>(); ++pp)
       for (int tp = 0; tp < par.at("tp").get<int>(); ++tp)
-        detail::index_dp_files(tag_dir, par.at("dp").get<int>(), tp, pp,
-                               meta.value("compressed", false));
+        detail::index_dp_files(tag_dir, {.dp_size = par.at("dp").get<int>(),
+                                         .tp_rank = tp,
+                                         .pp_rank = pp,
+                                         .compressed = meta.value("compressed", false)});
   return rep;
 }
 
@@ -141,7 +143,9 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& ta
     spec[name] = s;
     const int pp = e.at("pp_rank").get<int>();
     for (int64_t r : covering_ranks(s))
-      by_file[detail::shard_file("model", 0, static_cast<int>(r), pp, z)].emplace_back(name, r);
+      by_file[detail::shard_file("model",
+                                 {.tp_rank = static_cast<int>(r), .pp_rank = pp, .compressed = z})]
+          .emplace_back(name, r);
   }
   for (const auto& [rel, items] : by_file) {
     std::map<std::string, int64_t> want(items.begin(), items.end());
@@ -228,7 +232,26 @@ void import_hf(const fs::path& hf_dir, const fs::path& out_root, const std::stri
   import_with_config(read_hf_weights(hf_dir, cfg), hf_dir.string(), cfg, out_root, tag, tp, dp);
 }
 
+namespace {
+json model_config_json_dense(const ModelConfig& c);
+}  // namespace
+
 json model_config_json(const ModelConfig& c) {
+  json j = model_config_json_dense(c);
+  if (c.moe.enabled())  // dense models keep the form they always had
+    j["moe"] = {{"num_experts", c.moe.num_experts},
+                {"top_k", c.moe.top_k},
+                {"frequency", c.moe.frequency},
+                {"capacity_factor", c.moe.capacity_factor},
+                {"dropless", c.moe.dropless},
+                {"router_aux_loss_coef", c.moe.router_aux_loss_coef},
+                {"router_z_loss_coef", c.moe.router_z_loss_coef},
+                {"normalize_top_k_affinities", c.moe.normalize_top_k_affinities}};
+  return j;
+}
+
+namespace {
+json model_config_json_dense(const ModelConfig& c) {
   return {{"arch", c.arch},
           {"vocab_size", c.vocab_size},
           {"num_layers", c.num_layers},
@@ -255,6 +278,7 @@ json model_config_json(const ModelConfig& c) {
           {"sequence_parallel", c.sequence_parallel},
           {"kv_size_multiplier", c.kv_size_multiplier}};
 }
+}  // namespace
 
 ModelConfig model_config_from_json(const json& j) {
   try {
@@ -284,6 +308,17 @@ ModelConfig model_config_from_json(const json& j) {
     c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
     c.sequence_parallel = j.at("sequence_parallel").get<bool>();
     c.kv_size_multiplier = j.at("kv_size_multiplier").get<int64_t>();
+    if (j.contains("moe")) {
+      const json& m = j["moe"];
+      c.moe.num_experts = m.at("num_experts").get<int64_t>();
+      c.moe.top_k = m.at("top_k").get<int64_t>();
+      c.moe.frequency = m.at("frequency").get<int64_t>();
+      c.moe.capacity_factor = m.at("capacity_factor").get<double>();
+      c.moe.dropless = m.at("dropless").get<bool>();
+      c.moe.router_aux_loss_coef = m.at("router_aux_loss_coef").get<double>();
+      c.moe.router_z_loss_coef = m.at("router_z_loss_coef").get<double>();
+      c.moe.normalize_top_k_affinities = m.at("normalize_top_k_affinities").get<bool>();
+    }
     return c;
   } catch (const std::exception& e) {
     throw CheckpointError(str("[checkpoint] bad model_config ", j.dump(), ": ", e.what()));

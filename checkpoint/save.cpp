@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "nxd/checkpoint/checkpoint.h"
@@ -14,6 +15,7 @@
 #include "nxd/checkpoint/offline.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/moe/moe.h"
 #include "nxd/optim/zero1.h"
 
 #ifndef NXD_VERSION
@@ -133,7 +135,10 @@ Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
                           const std::map<std::string, ShardSpec>& specs, SnapshotPool& snap) {
   const Degrees& d = p.deg;
   Shard s;
-  s.file = detail::shard_file("optim", d.dp_rank, d.tp_rank, d.pp_rank, p.opts.compress);
+  s.file = detail::shard_file("optim", {.dp_rank = d.dp_rank,
+                                        .tp_rank = d.tp_rank,
+                                        .pp_rank = d.pp_rank,
+                                        .compressed = p.opts.compress});
   std::map<std::string, ShardSpec> used;
   const std::vector<optim::StateShard> records = opt.sharded_state();
   std::vector<const optim::StateShard*> held;
@@ -157,6 +162,19 @@ Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
   return s;
 }
 
+// The names of the MoE experts' weights held by these chunks (layers/moe/moe.h).
+std::set<std::string> expert_names(const std::vector<const Module*>& chunks) {
+  std::set<std::string> out;
+  for (const Module* m : chunks) {
+    auto& mm = const_cast<Module&>(*m);  // named_modules() is not const; nothing is changed
+    std::set<const TensorImpl*> ex;
+    for (const Tensor& t : moe_expert_parameters(mm)) ex.insert(t.impl());
+    for (const auto& [name, t] : mm.named_parameters())
+      if (ex.count(t.impl())) out.insert(name);
+  }
+  return out;
+}
+
 // This rank's files, with tensors copied (async) or shared with the live model (sync).
 void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
                   const optim::Optimizer* opt, const optim::LRSchedule* sched, const json& user,
@@ -165,12 +183,20 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
   const bool z = p.opts.compress;
   std::map<std::string, ShardSpec> specs;
   specs = detail::model_specs(chunks);
-  if (!chunks.empty() && d.dp_rank == 0) {
+  // expert parallelism: DP ranks 1..ep-1 write only the experts they hold (DP rank 0 everything)
+  const bool all = d.dp_rank == 0, experts_only = d.dp_rank > 0 && d.dp_rank < d.ep;
+  const std::set<std::string> experts =
+      experts_only ? expert_names(chunks) : std::set<std::string>{};
+  auto mine = [&](const std::string& param) { return all || experts.count(param) != 0; };
+  if (!chunks.empty() && (all || experts_only)) {
     Shard s;
-    s.file = detail::shard_file("model", 0, d.tp_rank, d.pp_rank, z);
+    s.file = detail::shard_file(
+        "model",
+        {.dp_rank = d.dp_rank, .tp_rank = d.tp_rank, .pp_rank = d.pp_rank, .compressed = z});
     std::map<std::string, ShardSpec> used;
     for (const Module* m : chunks)
       for (const auto& [name, t] : m->state_dict()) {
+        if (!mine(name)) continue;
         s.tensors.emplace_back(name, snap.take(t));
         if (specs.count(name)) used[name] = specs[name];
       }
@@ -179,13 +205,16 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
   }
   if (opt && opt->state_is_sharded()) {
     p.shards.push_back(sharded_optim_shard(p, *opt, specs, snap));
-  } else if (opt && d.dp_rank == 0) {
+  } else if (opt && (all || experts_only)) {
     Shard s;
-    s.file = detail::shard_file("optim", 0, d.tp_rank, d.pp_rank, z);
+    s.file = detail::shard_file(
+        "optim",
+        {.dp_rank = d.dp_rank, .tp_rank = d.tp_rank, .pp_rank = d.pp_rank, .compressed = z});
     std::map<std::string, ShardSpec> used;
     for (const auto& [name, t] : opt->state_tensors()) {
-      s.tensors.emplace_back(name, snap.take(t));
       const auto dot = name.rfind('.');
+      if (!mine(dot == std::string::npos ? name : name.substr(0, dot))) continue;
+      s.tensors.emplace_back(name, snap.take(t));
       const auto it = dot == std::string::npos ? specs.end() : specs.find(name.substr(0, dot));
       if (it != specs.end() && t.dim() > 0) used[name] = it->second;
     }
@@ -217,7 +246,8 @@ json index_zero1(const SavePlan& p, json& files, json& table) {
   json info = nullptr;
   for (int pp = 0; pp < d.pp; ++pp)
     for (int tp = 0; tp < d.tp; ++tp) {
-      const auto idx = detail::index_dp_files(p.dir, d.dp, tp, pp, p.opts.compress);
+      const auto idx = detail::index_dp_files(
+          p.dir, {.dp_size = d.dp, .tp_rank = tp, .pp_rank = pp, .compressed = p.opts.compress});
       for (const auto& f : idx.files) files[f.rel] = {{"bytes", f.bytes}, {"tensors", f.tensors}};
       if (tp != 0) continue;
       std::map<std::string, ShardSpec> specs;
@@ -276,25 +306,29 @@ void complete(const SavePlan& p) {
   json files = json::object(), model = json::object(), optim = json::object();
   json optim_info = nullptr;
   auto index = [&](const char* kind, json& table) {
-    for (int pp = 0; pp < d.pp; ++pp)
-      for (int tp = 0; tp < d.tp; ++tp) {
-        const std::string rel = detail::shard_file(kind, 0, tp, pp, p.opts.compress);
-        SafetensorsReader r(p.dir / rel);
-        files[rel] = {{"bytes", r.file_size()}, {"tensors", r.header().tensors.size()}};
-        if (tp != 0) continue;
-        const auto specs = detail::specs_of(r.header(), rel);
-        for (const auto& t : r.header().tensors) {
-          auto it = specs.find(t.name);
-          const ShardSpec s = it == specs.end() ? ShardSpec{} : it->second;
-          json e = {{"dtype", safetensors_dtype(t.dtype)},
-                    {"shape", full_shape(t.shape, s)},
-                    {"pp_rank", pp}};
-          if (s.split) e["split"] = to_json(s);
-          table[t.name] = e;
+    for (int dp = 0; dp < d.ep; ++dp)  // DP ranks 1..ep-1: experts only
+      for (int pp = 0; pp < d.pp; ++pp)
+        for (int tp = 0; tp < d.tp; ++tp) {
+          const std::string rel = detail::shard_file(
+              kind, {.dp_rank = dp, .tp_rank = tp, .pp_rank = pp, .compressed = p.opts.compress});
+          SafetensorsReader r(p.dir / rel);
+          files[rel] = {{"bytes", r.file_size()}, {"tensors", r.header().tensors.size()}};
+          if (tp != 0) continue;
+          const auto specs = detail::specs_of(r.header(), rel);
+          for (const auto& t : r.header().tensors) {
+            auto it = specs.find(t.name);
+            const ShardSpec s = it == specs.end() ? ShardSpec{} : it->second;
+            json e = {{"dtype", safetensors_dtype(t.dtype)},
+                      {"shape", full_shape(t.shape, s)},
+                      {"pp_rank", pp}};
+            if (s.split) e["split"] = to_json(s);
+            if (dp > 0) e["dp_rank"] = dp;
+            table[t.name] = e;
+          }
+          auto o = r.header().metadata.find("nxd.optimizer");
+          if (o != r.header().metadata.end() && pp == 0 && dp == 0)
+            optim_info = json::parse(o->second);
         }
-        auto o = r.header().metadata.find("nxd.optimizer");
-        if (o != r.header().metadata.end() && pp == 0) optim_info = json::parse(o->second);
-      }
   };
   if (p.has_model) index("model", model);
   if (p.has_optim && !p.zero1) index("optim", optim);
@@ -311,6 +345,7 @@ void complete(const SavePlan& p) {
             {"step", p.step},
             {"parallel",
              {{"world", d.world}, {"tp", d.tp}, {"pp", d.pp}, {"dp", d.dp}, {"zero1", p.zero1}}},
+            {"expert_parallel", d.ep},
             {"compressed", p.opts.compress},
             {"files", files}};
   if (!p.model_config.is_null()) m["model_config"] = p.model_config;

@@ -46,6 +46,7 @@ void Stager::plan(const char* kind, const json& e, Want& w) {
   const ShardSpec saved =
       e.contains("split") ? shard_spec_from_json(e["split"], where) : ShardSpec{};
   const int pp = e.at("pp_rank").get<int>();
+  const int dp = e.value("dp_rank", 0);  // expert parallelism: the file of the experts' EP rank
   try {
     const Shape target_full = full_shape(w.local, w.spec);
     if (target_full != full)
@@ -57,7 +58,7 @@ void Stager::plan(const char* kind, const json& e, Want& w) {
     char* dst = static_cast<char*>(w.staged.raw_data());
     if (saved == w.spec && (!saved.split || saved.parts == d_.tp)) {
       const int tp = saved.split ? d_.tp_rank : d_.tp_rank % saved_tp_;
-      fetch(kind, w.name, tp, pp, w.local, dtype, lo, hi, dst);
+      fetch(kind, w.name, tp, pp, w.local, dtype, lo, hi, dst, dp);
       return;
     }
     Gather g{&w, empty(full, dtype), saved, {}};
@@ -66,7 +67,7 @@ void Stager::plan(const char* kind, const json& e, Want& w) {
       Tensor part = empty(local, dtype);
       g.parts.emplace_back(r, part);
       fetch(kind, w.name, static_cast<int>(r), pp, local, dtype, 0, numel_of(local),
-            static_cast<char*>(part.raw_data()));
+            static_cast<char*>(part.raw_data()), dp);
     }
     gathers_.push_back(std::move(g));
   } catch (const ShapeError& x) {  // a split the recorded shape does not allow
@@ -74,8 +75,9 @@ void Stager::plan(const char* kind, const json& e, Want& w) {
   }
 }
 
-void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants, bool strict,
-                   bool check_unexpected) {
+void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants,
+                   StageOptions opts) {
+  const bool strict = opts.strict, check_unexpected = opts.check_unexpected;
   reads_.clear();
   gathers_.clear();
   std::vector<std::string> missing;
@@ -121,15 +123,20 @@ void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants
 const DpIndex& Stager::dp_index(int tp, int pp) {
   auto it = dp_.find({tp, pp});
   if (it == dp_.end())
-    it = dp_.emplace(std::pair{tp, pp}, index_dp_files(dir_, saved_dp_, tp, pp, compressed_)).first;
+    it = dp_.emplace(std::pair{tp, pp}, index_dp_files(dir_, {.dp_size = saved_dp_,
+                                                              .tp_rank = tp,
+                                                              .pp_rank = pp,
+                                                              .compressed = compressed_}))
+             .first;
   return it->second;
 }
 
 void Stager::fetch(const char* kind, const std::string& name, int tp, int pp, const Shape& local,
-                   DType dtype, int64_t lo, int64_t hi, char* dst) {
+                   DType dtype, int64_t lo, int64_t hi, char* dst, int dp) {
   if (hi <= lo) return;
-  if (!zero1_ || std::strcmp(kind, "optim") != 0) {  // the whole tensor in DP rank 0's file
-    FileTensor& ft = reads_[shard_file(kind, 0, tp, pp, compressed_)][name];
+  if (!zero1_ || std::strcmp(kind, "optim") != 0) {  // the whole tensor in DP rank dp's file
+    FileTensor& ft = reads_[shard_file(
+        kind, {.dp_rank = dp, .tp_rank = tp, .pp_rank = pp, .compressed = compressed_})][name];
     ft.dtype = dtype;
     ft.shape = local;
     ft.copies.push_back({lo, hi - lo, dst});

@@ -35,11 +35,14 @@ class Stager {
  public:
   Stager(std::filesystem::path dir, const nlohmann::json& meta, const Degrees& d);
 
+  struct StageOptions {
+    bool strict = true;             // a want the table lacks is an error naming it (else dropped)
+    bool check_unexpected = false;  // strict also refuses table names no want has
+  };
   // Fills every want.staged from the table `kind` ("model" or "optim") of metadata.json (name ->
-  // {dtype, shape, pp_rank, split}). Wants the table lacks are dropped (strict: an error naming
-  // them); with check_unexpected, strict also refuses table names no want has.
-  void stage(const char* kind, const nlohmann::json& table, std::vector<Want>& wants, bool strict,
-             bool check_unexpected);
+  // {dtype, shape, pp_rank, split}).
+  void stage(const char* kind, const nlohmann::json& table, std::vector<Want>& wants,
+             StageOptions opts);
 
  private:
   // A copy of elements [src, src + n) of a file's tensor to `dst`.
@@ -64,7 +67,7 @@ class Stager {
   // Schedules the read of elements [lo, hi) of the flattened TP-local tensor `name` saved by
   // (tp, pp) into dst (hi - lo elements of `dtype`).
   void fetch(const char* kind, const std::string& name, int tp, int pp, const Shape& local,
-             DType dtype, int64_t lo, int64_t hi, char* dst);
+             DType dtype, int64_t lo, int64_t hi, char* dst, int dp = 0);
   const DpIndex& dp_index(int tp, int pp);
   void read_file(const std::string& rel, std::map<std::string, FileTensor>& tensors);
 

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <unordered_set>
+
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/moe/moe.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::optim {
@@ -18,8 +21,11 @@ void reduce_over(const std::shared_ptr<Communicator>& g, double& v, bool inf) {
 }  // namespace
 
 std::vector<NormParam> norm_params(Module& root) {
+  std::unordered_set<const TensorImpl*> experts;
+  for (const Tensor& t : moe_expert_parameters(root)) experts.insert(t.impl());
   std::vector<NormParam> out;
-  for (auto& p : parallel_parameters(root)) out.push_back({p.name, p.tensor, p.attrs, false});
+  for (auto& p : parallel_parameters(root))
+    out.push_back({p.name, p.tensor, p.attrs, false, experts.count(p.tensor.impl()) != 0});
   return out;
 }
 
@@ -27,6 +33,8 @@ NormGroups NormGroups::from_parallel_state() {
   NormGroups g;
   g.tp = parallel_state::get_tensor_model_parallel_group_ptr();
   g.pp = parallel_state::get_pipeline_model_parallel_group_ptr();
+  if (parallel_state::get_expert_model_parallel_size() > 1)
+    g.ep = parallel_state::get_expert_model_parallel_group_ptr();
   return g;
 }
 
@@ -38,7 +46,7 @@ double parallel_grad_norm(const std::vector<NormParam>& params, const NormGroups
   const int tp = groups.tp ? groups.tp->size() : 1;
   const int tp_rank = groups.tp ? groups.tp->rank() : 0;
   NoGradGuard ng;
-  double total = 0.0;
+  double total = 0.0, experts = 0.0;
   for (const auto& p : params) {
     if (p.shared) continue;
     Tensor g = p.param.grad();
@@ -53,8 +61,11 @@ double parallel_grad_norm(const std::vector<NormParam>& params, const NormGroups
     NXD_CHECK(m >= 1 && tp % m == 0, "[parallel_grad_norm] parameter '", p.name,
               "' has kv_replicas ", m, " which does not divide the TP size ", tp);
     const double s = grad_stat(g, inf);
-    total = inf ? std::max(total, s) : total + s / static_cast<double>(m);
+    double& acc = p.expert ? experts : total;
+    acc = inf ? std::max(acc, s) : acc + s / static_cast<double>(m);
   }
+  reduce_over(groups.ep, experts, inf);  // each EP rank holds other experts
+  total = inf ? std::max(total, experts) : total + experts;
   reduce_over(groups.tp, total, inf);
   reduce_over(groups.pp, total, inf);
   reduce_over(groups.zero1, total, inf);

@@ -42,10 +42,13 @@ struct NormParam {
   Tensor param;  // its .grad() is read (and scaled by clipping)
   ParallelAttrs attrs;
   bool shared = false;  // counted elsewhere: left out of the norm, still clipped
+  // A mixture-of-experts expert weight: each expert-parallel rank holds different experts, so
+  // their sum of squares is summed over NormGroups::ep (the rest is identical across EP).
+  bool expert = false;
 };
 
 // Every parameter of `root` with its parallel attributes (parallel_parameters order, each tensor
-// once).
+// once); the MoE experts' weights marked expert.
 std::vector<NormParam> norm_params(Module& root);
 
 // The groups the norm is reduced over; a null group is a group of one rank.
@@ -53,7 +56,8 @@ struct NormGroups {
   std::shared_ptr<Communicator> tp;     // decides duplicated/sharded counting
   std::shared_ptr<Communicator> pp;     // stages hold different parameters
   std::shared_ptr<Communicator> zero1;  // ZeRO-1 sharding group (disjoint gradient shards)
-  // TP and PP groups of parallel_state (no ZeRO-1 group).
+  std::shared_ptr<Communicator> ep;     // expert-parallel group (expert parameters' sums)
+  // TP, PP and (EP > 1) EP groups of parallel_state (no ZeRO-1 group).
   static NormGroups from_parallel_state();
 };
 

@@ -28,7 +28,12 @@ using namespace nxd::trainer;
 namespace {
 
 // Published model sizes (Hugging Face config.json of each model: meta-llama/Llama-2-7b-hf,
-// -13b-hf, -70b-hf, meta-llama/Llama-3.1-8B, -70B, EleutherAI/gpt-neox-20b).
+// -13b-hf, -70b-hf, meta-llama/Llama-3.1-8B, -70B, EleutherAI/gpt-neox-20b). gpt3-175b: GPT-3's
+// sizes (Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1: 96 layers,
+// d_model 12288, 96 heads, context 2048; d_ff = 4 d_model) on nxd's GPT-NeoX architecture
+// (rotary positions and a parallel residual instead of GPT-3's learned positions and sequential
+// residual: the same matmul FLOPs), with GPT-2's 50,257-token vocabulary padded to 50,304 (a
+// multiple of 128, as Megatron pads it).
 struct Preset {
   const char* name;
   std::vector<std::string> keys;
@@ -61,6 +66,10 @@ const std::vector<Preset>& presets() {
        {"model.arch=gpt_neox", "model.hidden_size=6144", "model.num_layers=44",
         "model.num_attention_heads=64", "model.num_kv_heads=64", "model.ffn_hidden_size=24576",
         "model.vocab_size=50432", "model.max_position_embeddings=2048", "model.rotary_pct=0.25"}},
+      {"gpt3-175b",
+       {"model.arch=gpt_neox", "model.hidden_size=12288", "model.num_layers=96",
+        "model.num_attention_heads=96", "model.num_kv_heads=96", "model.ffn_hidden_size=49152",
+        "model.vocab_size=50304", "model.max_position_embeddings=2048"}},
   };
   return p;
 }
@@ -75,7 +84,7 @@ struct Args {
 const char* kUsage =
     "usage: nxd-plan [--config FILE]... [--set key=value]... [--model PRESET]\n"
     "                [--instance TYPE] [--nodes N] [--timeline PATH] [--search]\n"
-    "  presets: llama2-7b llama2-13b llama2-70b llama3.1-8b llama3.1-70b gpt-neox-20b\n";
+    "  presets: llama2-7b llama2-13b llama2-70b llama3.1-8b llama3.1-70b gpt-neox-20b gpt3-175b\n";
 
 Args parse(int argc, char** argv) {
   Args a;

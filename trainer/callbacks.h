@@ -20,8 +20,14 @@ class Callback {
   virtual void on_fit_start(Trainer& trainer, TrainingModule& module) {
     (void)trainer, (void)module;
   }
-  // After every optimizer step.
+  // After every optimizer step, before its validation and metrics row.
   virtual void on_train_batch_end(Trainer& trainer, TrainingModule& module, const StepOutput& out) {
+    (void)trainer, (void)module, (void)out;
+  }
+  // Last in every step, after its validation and its metrics row (written and flushed): where a
+  // step's checkpoint is saved, so a checkpoint never exists without its step's row (a rank killed
+  // between the two leaves a row whose step the relaunch trains again, never a missing row).
+  virtual void on_step_end(Trainer& trainer, TrainingModule& module, const StepOutput& out) {
     (void)trainer, (void)module, (void)out;
   }
   // After every validation (step 0 is the one before training).

@@ -39,8 +39,7 @@ void ModelCheckpoint::on_validation_end(Trainer&, TrainingModule&, int64_t, doub
   have_val_ = true;
 }
 
-void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainingModule& module,
-                                         const StepOutput& out) {
+void ModelCheckpoint::on_step_end(Trainer& trainer, TrainingModule& module, const StepOutput& out) {
   last_loss_ = out.loss;
   const int64_t n = opts_.every_n_train_steps;
   if (n > 0 && out.step % n == 0) {

@@ -2,14 +2,15 @@
 // ModelCheckpoint: Lightning's checkpoint callback (NxD Training's exp_manager
 // checkpoint_callback_params) over nxd's sharded checkpoints (checkpoint/checkpoint.h).
 //
-// Saves <dirpath>/step_<N> every every_n_train_steps optimizer steps (0: only at the end) and at
-// the end of fit (save_last): the model, the optimizer state and the loop's state (step, data
-// position, RNG counter; Trainer::loop_state) as user content under "trainer", so that
+// Saves <dirpath>/step_<N> every every_n_train_steps optimizer steps (0: only at the end), after
+// the step's validation and metrics row (Callback::on_step_end), and at the end of fit
+// (save_last): the model, the optimizer state and the loop's state (step, data position, RNG
+// counter; Trainer::loop_state) as user content under "trainer", so that
 // TrainerOptions::ckpt_path resumes with bitwise the losses of an uninterrupted run. save_top_k
 // keeps that many: the newest ones without a monitor, else the best by `monitor` ("loss": the
-// step's training loss; "val_loss": the latest validation loss seen when saving) in `mode`
-// (checkpoints of earlier runs are not ranked). -1 keeps all. async_save writes in the
-// background; the stall per save (the snapshot copy) is reported as a message.
+// step's training loss; "val_loss": the latest validation loss, the step's own on a validation
+// step) in `mode` (checkpoints of earlier runs are not ranked). -1 keeps all. async_save writes in
+// the background; the stall per save (the snapshot copy) is reported as a message.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -34,7 +35,7 @@ class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(ModelCheckpointOptions opts);  // ConfigError on bad options
   void on_fit_start(Trainer& trainer, TrainingModule& module) override;
-  void on_train_batch_end(Trainer& trainer, TrainingModule& module, const StepOutput& out) override;
+  void on_step_end(Trainer& trainer, TrainingModule& module, const StepOutput& out) override;
   void on_validation_end(Trainer& trainer, TrainingModule& module, int64_t step,
                          double val_loss) override;
   void on_fit_end(Trainer& trainer, TrainingModule& module) override;

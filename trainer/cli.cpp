@@ -138,6 +138,7 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
     throw ConfigError(
         str("[", o.program, "] backend.kind=mpi but nxd was built without MPI (NXD_WITH_MPI=OFF)"));
   mpi::Session session(&argc, &argv, tc.seed);
+  if (tc.dist.collective_timeout_s > 0) mpi::set_collective_timeout(tc.dist.collective_timeout_s);
   // errors every rank finds alike (the world does not fit the config): rank 0 prints, then all
   // leave together (a rank exiting first would make mpirun kill rank 0 before it printed)
   std::string world_error;

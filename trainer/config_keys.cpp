@@ -197,6 +197,30 @@ std::vector<KeySpec> make_registry() {
           "layer in backward; `selective` recomputes only the attention core (scores, softmax, "
           "PV). Gradients are bitwise those of null.",
           {"full", "selective"}, true),
+      // mixture of experts (NxD Training's model.moe section)
+      key("model.moe.num_experts", K::integer, 0,
+          "Mixture of experts: experts per MoE layer (0 = dense). The MLP of every "
+          "`frequency`-th decoder layer becomes a router and this many SwiGLU experts (Mixtral's "
+          "block_sparse_moe); model.arch=mixtral needs it. llama/mixtral only."),
+      key("model.moe.top_k", K::integer, 2, "Experts each token is routed to (<= num_experts)."),
+      key("model.moe.frequency", K::integer, 1,
+          "Every how many decoder layers the MLP is a MoE layer (layer l when l % frequency == "
+          "0; 1 = every layer)."),
+      key("model.moe.capacity_factor", K::number, 1.0,
+          "Without dropless: each expert takes at most ceil(capacity_factor x tokens x top_k / "
+          "num_experts) of a rank's token assignments, first come in token order; the rest are "
+          "dropped (counted in moe_metrics.csv)."),
+      key("model.moe.dropless", K::boolean, true,
+          "Every token reaches its top_k experts (no capacity)."),
+      key("model.moe.router_aux_loss_coef", K::number, 0.02,
+          "Coefficient of the load-balancing loss E/k x sum_e f_e P_e (f_e: share of the "
+          "assignments routed to expert e, P_e: its mean router probability; 1 when balanced), "
+          "added to the training loss."),
+      key("model.moe.router_z_loss_coef", K::number, 0.0,
+          "Coefficient of the router z-loss (mean squared logsumexp of the router logits; "
+          "ST-MoE); 0 = off."),
+      key("model.moe.normalize_top_k_affinities", K::boolean, true,
+          "Renormalize the top_k router probabilities of a token to sum to 1 (Mixtral)."),
       // optimizer
       key("model.optim.name", K::string, "adamw",
           "Optimizer (`adamw_fp32OptState` is NxD Training's name for AdamW).",
@@ -255,6 +279,11 @@ std::vector<KeySpec> make_registry() {
           "parameters) sharded over the data-parallel ranks; gradients are reduce-scattered, "
           "each rank steps its shard of the parameters, and the parameters are all-gathered. "
           "Checkpoints hold the unsharded AdamW layout."),
+      key("distributed_strategy.expert_model_parallel_size", K::integer, 1,
+          "Expert-parallel degree: the experts of each MoE layer are split over this many "
+          "data-parallel ranks (it divides the data-parallel size and model.moe.num_experts); "
+          "tokens reach their experts by all-to-all, and the experts' gradients are averaged "
+          "over the expert-data-parallel group. Not with zero1 or pipeline parallelism."),
       key("distributed_strategy.sequence_parallel", K::boolean, true,
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,
@@ -300,10 +329,13 @@ std::vector<KeySpec> make_registry() {
           "(opens in https://ui.perfetto.dev); it grows with every step, so use it on short runs. "
           "Empty = no trace."),
       key("backend.collective_timeout_s", K::number, nullptr,
-          "sim: a rank waiting longer than this (wall seconds) in one collective or receive ends "
-          "the job with an error naming the ranks that never arrived (a hung or dead rank). "
-          "null = NXD_SIM_TIMEOUT if set, else 300. Not yet available with mpi (nxd-elastic "
-          "--stall-timeout ends a hung mpi job).",
+          "A rank waiting longer than this (wall seconds) in one collective or receive ends "
+          "the job with an error naming the ranks that never arrived (a hung or dead rank), the "
+          "call, its group and sequence number; under mpi the job is aborted (exit 1, so "
+          "nxd-elastic restarts it) and waits poll with a sleeping back-off instead of blocking. "
+          "Keep it above the longest phase one rank spends outside collectives (a checkpoint "
+          "write). null = sim: NXD_SIM_TIMEOUT if set, else 300; mpi: NXD_MPI_TIMEOUT if set, "
+          "else none.",
           {}, true),
       key("backend.fail_rank", K::integer, -1,
           "Fault injection (tests of recovery; sim and mpi): this rank fails after step "
@@ -312,8 +344,8 @@ std::vector<KeySpec> make_registry() {
           "Fault injection: the step fail_rank fails after."),
       key("backend.fail_mode", K::string, "crash",
           "Fault injection: `crash` (the rank throws: the job ends naming it), `hang` (the rank "
-          "stops answering: on sim the others time out after backend.collective_timeout_s; "
-          "under mpi nxd-elastic --stall-timeout ends the job) or "
+          "stops answering: the others time out after backend.collective_timeout_s, or under "
+          "mpi without one nxd-elastic --stall-timeout ends the job) or "
           "`kill` (mpi: the rank's process dies by SIGKILL, as a lost node's would).",
           {"crash", "hang", "kill"}),
       // generation

@@ -50,6 +50,7 @@ ModelConfig model_config(const TrainConfig& cfg) {
   mc.dropout = m.dropout;
   mc.tie_word_embeddings = m.tie_word_embeddings;
   mc.activations_checkpoint_granularity = m.activations_checkpoint_granularity;
+  mc.moe = m.moe;
   mc.sequence_parallel = cfg.dist.sequence_parallel;
   mc.kv_size_multiplier = cfg.dist.kv_replicator;
   if (cfg.init.model) {  // what no key expresses comes from model.init_from's source
@@ -207,8 +208,9 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
   if (m.arch == "gpt_neox" && m.num_kv_heads != m.num_attention_heads)
     r.fail("model.arch=gpt_neox has no grouped-query attention: model.num_kv_heads=",
            m.num_kv_heads, " must equal model.num_attention_heads=", m.num_attention_heads);
-  r.derive("model.ffn_hidden_size",
-           m.arch == "llama" ? (8 * m.hidden_size / 3 + 255) / 256 * 256 : 4 * m.hidden_size);
+  r.derive("model.ffn_hidden_size", m.arch == "llama" || m.arch == "mixtral"
+                                        ? (8 * m.hidden_size / 3 + 255) / 256 * 256
+                                        : 4 * m.hidden_size);
   m.ffn_hidden_size = r.positive("model.ffn_hidden_size");
   r.derive("model.max_position_embeddings", d.seq_length);
   m.max_position_embeddings = r.positive("model.max_position_embeddings");
@@ -228,6 +230,28 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
                                              ? CheckpointGranularity::none
                                              : parse_checkpoint_granularity(r.c.get_string(
                                                    "model.activations_checkpoint_granularity"));
+  m.moe.num_experts = r.c.get_int("model.moe.num_experts");
+  m.moe.top_k = r.c.get_int("model.moe.top_k");
+  m.moe.frequency = r.c.get_int("model.moe.frequency");
+  m.moe.capacity_factor = r.c.get_double("model.moe.capacity_factor");
+  m.moe.dropless = r.c.get_bool("model.moe.dropless");
+  m.moe.router_aux_loss_coef = r.c.get_double("model.moe.router_aux_loss_coef");
+  m.moe.router_z_loss_coef = r.c.get_double("model.moe.router_z_loss_coef");
+  m.moe.normalize_top_k_affinities = r.c.get_bool("model.moe.normalize_top_k_affinities");
+  try {
+    m.moe.validate();
+  } catch (const ConfigError& e) {
+    r.fail("model.moe: ", e.what());
+  }
+  if (m.arch == "mixtral" && !m.moe.enabled())
+    r.fail("model.arch=mixtral needs model.moe.num_experts > 0");
+  if (m.moe.enabled() && m.arch != "llama" && m.arch != "mixtral")
+    r.fail("model.moe.num_experts=", m.moe.num_experts, " needs model.arch llama or mixtral, got ",
+           m.arch);
+  if (m.moe.enabled() && m.activations_checkpoint_granularity == CheckpointGranularity::full)
+    r.fail(
+        "model.moe with model.activations_checkpoint_granularity=full is not supported (use "
+        "selective or null)");
   if (d.kind == "text" && d.tokenizer.empty() && m.vocab_size < 256)
     r.fail("model.vocab_size=", m.vocab_size,
            " is too small for byte-level text (data.kind=text needs >= 256)");
@@ -236,11 +260,38 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
 
 void resolve_faults(Resolver& r, DistributedSection& ds);
 
+// Expert parallelism and MoE against the other strategies (every impossible combination named).
+void check_experts(Resolver& r, const DistributedSection& ds, const ModelSection& m) {
+  const int64_t ep = ds.expert_model_parallel_size;
+  if (ep > 1 && !m.moe.enabled())
+    r.fail("distributed_strategy.expert_model_parallel_size=", ep,
+           " needs a mixture-of-experts model (model.moe.num_experts > 0)");
+  if (ds.data_parallel_size % ep != 0)
+    r.fail("distributed_strategy.expert_model_parallel_size=", ep,
+           " does not divide the data-parallel size ", ds.data_parallel_size,
+           " (world size / (tensor x pipeline parallel size))");
+  if (m.moe.enabled() && m.moe.num_experts % ep != 0)
+    r.fail("model.moe.num_experts=", m.moe.num_experts,
+           " is not divisible by distributed_strategy.expert_model_parallel_size=", ep);
+  if (ep > 1 && ds.zero1)
+    r.fail("distributed_strategy.zero1 with expert_model_parallel_size=", ep,
+           " is not supported (ZeRO-1 shards over the whole data-parallel group)");
+  if (m.moe.enabled() && ds.pipeline_model_parallel_size > 1)
+    r.fail("model.moe with distributed_strategy.pipeline_model_parallel_size=",
+           ds.pipeline_model_parallel_size,
+           " is not supported (the stages do not carry the auxiliary loss)");
+  if (m.moe.enabled() && ds.sequence_parallel && ds.tensor_model_parallel_size > 1)
+    r.fail("model.moe at tensor_model_parallel_size=", ds.tensor_model_parallel_size,
+           " needs distributed_strategy.sequence_parallel=false (the experts run on the full "
+           "hidden states, duplicated over TP)");
+}
+
 DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
   DistributedSection ds;
   ds.tensor_model_parallel_size = r.positive("distributed_strategy.tensor_model_parallel_size");
   ds.pipeline_model_parallel_size = r.positive("distributed_strategy.pipeline_model_parallel_size");
   ds.context_parallel_size = r.positive("distributed_strategy.context_parallel_size");
+  ds.expert_model_parallel_size = r.positive("distributed_strategy.expert_model_parallel_size");
   ds.virtual_pipeline_model_parallel_size =
       r.positive("distributed_strategy.virtual_pipeline_model_parallel_size");
   ds.pipeline_schedule = r.c.get_string("distributed_strategy.pipeline_schedule");
@@ -270,6 +321,7 @@ DistributedSection resolve_distributed(Resolver& r, const ModelSection& m) {
   ds.data_parallel_size =
       ds.world_size /
       (ds.tensor_model_parallel_size * ds.pipeline_model_parallel_size * ds.context_parallel_size);
+  check_experts(r, ds, m);
   resolve_faults(r, ds);
   return ds;
 }
@@ -284,10 +336,6 @@ void resolve_faults(Resolver& r, DistributedSection& ds) {
   ds.fail_rank = r.c.get_int("backend.fail_rank");
   ds.fail_at_step = r.positive("backend.fail_at_step");
   ds.fail_mode = r.c.get_string("backend.fail_mode");
-  if (ds.backend == "mpi" && timeout)
-    r.fail(
-        "backend.collective_timeout_s needs backend.kind=sim (mpi collectives have no timeout "
-        "yet: nxd-elastic --stall-timeout ends a hung mpi job)");
   if (ds.backend == "sim" && ds.fail_rank >= 0 && ds.fail_mode == "kill")
     r.fail("backend.fail_mode=kill needs backend.kind=mpi (on sim it would kill every rank)");
   // under mpirun the world is known only once MPI starts: a rank beyond it never fails
@@ -362,6 +410,10 @@ GenerationSection resolve_generation(Resolver& r, const DataSection& d) {
 void check_context_parallel(Resolver& r, const TrainConfig& t) {
   const int64_t cp = t.dist.context_parallel_size, tp = t.dist.tensor_model_parallel_size;
   if (cp == 1) return;
+  if (t.model.moe.enabled())
+    r.fail("distributed_strategy.context_parallel_size=", cp,
+           " with a mixture-of-experts model (model.moe.num_experts=", t.model.moe.num_experts,
+           ") is not supported yet: use context_parallel_size=1");
   const int64_t s = t.data.seq_length;
   if (s % (2 * cp) != 0)
     r.fail("data.seq_length=", s,

@@ -55,6 +55,7 @@ void check_environment() {
   env_integer("NXD_HOST_CACHE_MB", 0, int64_t{1} << 30, "MiB from 0 to 2^30");
   env_number("NXD_SIM_TIMEOUT", 0, /*lo_open=*/true, "seconds > 0");
   env_number("NXD_SIM_SPIN_US", 0, /*lo_open=*/false, "microseconds >= 0");
+  env_number("NXD_MPI_TIMEOUT", 0, /*lo_open=*/false, "seconds >= 0");
   env_integer("NXD_POOL_SPIN_US", 0, int64_t{1} << 40, "microseconds >= 0");
   env_integer("NXD_HOST_RAM_BYTES", 1, int64_t{1} << 56, "bytes from 1 to 2^56");
 }

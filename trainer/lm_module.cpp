@@ -1,11 +1,14 @@
 #include "nxd/trainer/lm_module.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
+#include "nxd/layers/moe/moe.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/runtime/error.h"
 #include "nxd/trainer/init_from.h"
+#include "nxd/trainer/trainer.h"
 
 namespace fs = std::filesystem;
 
@@ -60,8 +63,31 @@ CausalLM& CausalLMModule::lm() const {
   return *lm_;
 }
 
+namespace {
+// The MoE layers' figures of this micro batch on this rank (the trainer logs the logging rank's
+// last ones): the weighted auxiliary loss, the assignments dropped by the capacity, and the
+// fewest and most assignments routed to one expert (over every MoE layer and expert).
+void log_moe_stats(Trainer& t, CausalLM& lm) {
+  double aux = 0, dropped = 0, lo = -1, hi = 0;
+  for (const MoeMlp* m : moe_layers(lm)) {
+    if (m->aux_loss().defined()) aux += m->aux_loss().item();
+    dropped += static_cast<double>(m->stats().dropped);
+    for (int64_t n : m->stats().expert_load) {
+      lo = lo < 0 ? static_cast<double>(n) : std::min(lo, static_cast<double>(n));
+      hi = std::max(hi, static_cast<double>(n));
+    }
+  }
+  t.log("moe_aux_loss", aux);
+  t.log("moe_tokens_dropped", dropped);
+  t.log("moe_expert_load_min", lo < 0 ? 0 : lo);
+  t.log("moe_expert_load_max", hi);
+}
+}  // namespace
+
 Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
-  return lm().loss(batch.ids, batch.targets);
+  Tensor loss = lm().loss(batch.ids, batch.targets);
+  if (cfg_.model.moe.enabled()) log_moe_stats(trainer(), lm());
+  return loss;
 }
 
 OptimizerSetup CausalLMModule::configure_optimizers() {

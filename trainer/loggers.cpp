@@ -37,8 +37,24 @@ CSVLogger::CSVLogger(const std::string& dir)
     : path_((create_dir(dir, "csv_logger"), (fs::path(dir) / "metrics.csv").string())),
       writer_(path_) {}
 
-void CSVLogger::log_metrics(const MetricsRow& row, const std::map<std::string, double>&) {
+CSVLogger::~CSVLogger() {
+  if (moe_) std::fclose(moe_);
+}
+
+void CSVLogger::log_metrics(const MetricsRow& row, const std::map<std::string, double>& extra) {
   writer_.write(row);
+  static const char* kMoe[] = {"moe_aux_loss", "moe_tokens_dropped", "moe_expert_load_min",
+                               "moe_expert_load_max"};
+  if (!extra.count(kMoe[0])) return;
+  if (!moe_) {
+    const std::string p = (fs::path(path_).parent_path() / "moe_metrics.csv").string();
+    moe_ = std::fopen(p.c_str(), "w");
+    if (!moe_) throw IoError(str("[csv_logger] cannot write ", p));
+    std::fprintf(moe_, "step,%s,%s,%s,%s\n", kMoe[0], kMoe[1], kMoe[2], kMoe[3]);
+  }
+  std::fprintf(moe_, "%lld,%.9g,%.0f,%.0f,%.0f\n", static_cast<long long>(row.step),
+               extra.at(kMoe[0]), extra.at(kMoe[1]), extra.at(kMoe[2]), extra.at(kMoe[3]));
+  std::fflush(moe_);
 }
 
 // ---- TFRecord and the Event protobuf ----

@@ -35,6 +35,11 @@ class CSVLogger : public Logger {
  private:
   std::string path_;
   MetricsWriter writer_;
+  // moe_metrics.csv (step and the moe_* figures) once a row carries them (MoE models)
+  std::FILE* moe_ = nullptr;
+
+ public:
+  ~CSVLogger() override;
 };
 
 // The scalars of a row, by TensorBoard tag: loss, val_loss (validation rows), lr, grad_norm,

@@ -91,6 +91,8 @@ NxDConfig NxDConfig::from_json(const nlohmann::json& j) {
         c.pipeline_parallel_size = v.get<int>();
       } else if (k == "context_parallel_size") {
         c.context_parallel_size = v.get<int>();
+      } else if (k == "expert_parallel_size") {
+        c.expert_parallel_size = v.get<int>();
       } else if (k == "pipeline_config") {
         read_pipeline(section(v, "pipeline_config"), c.pipeline_config);
       } else if (k == "optimizer_config") {
@@ -111,7 +113,8 @@ NxDConfig NxDConfig::from_json(const nlohmann::json& j) {
         c.grad_bucket_mb = v.get<double>();
       } else {
         unknown("", k,
-                "tensor_parallel_size, pipeline_parallel_size, pipeline_config, "
+                "tensor_parallel_size, pipeline_parallel_size, expert_parallel_size, "
+                "pipeline_config, "
                 "optimizer_config, activation_checkpoint_config, pad_model, sequence_parallel, "
                 "model_init_config, mixed_precision_config, precision, grad_bucket_mb");
       }
@@ -162,6 +165,11 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
     fail("the world of ", world, " rank(s) is not tensor_parallel_size ", c.tensor_parallel_size,
          " x pipeline_parallel_size ", c.pipeline_parallel_size, " x context_parallel_size ",
          c.context_parallel_size, " x a data-parallel size");
+  const int dp_size =
+      world / (c.tensor_parallel_size * c.pipeline_parallel_size * c.context_parallel_size);
+  if (c.expert_parallel_size < 1 || dp_size % c.expert_parallel_size != 0)
+    fail("expert_parallel_size ", c.expert_parallel_size,
+         " must be >= 1 and divide the data-parallel size ", dp_size);
   const PipelineConfig& pc = c.pipeline_config;
   if (pc.num_microbatches < 1 || pc.virtual_pipeline_size < 1)
     fail("pipeline_config.num_microbatches and virtual_pipeline_size must be >= 1, got ",
@@ -182,15 +190,21 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
     parallel_state::initialize_model_parallel(
         parallel_state::ParallelSizes{.tensor = c.tensor_parallel_size,
                                       .pipeline = c.pipeline_parallel_size,
-                                      .context = c.context_parallel_size});
+                                      .context = c.context_parallel_size,
+                                      .expert = c.expert_parallel_size});
   } else if (parallel_state::get_tensor_model_parallel_size() != c.tensor_parallel_size ||
              parallel_state::get_pipeline_model_parallel_size() != c.pipeline_parallel_size ||
-             parallel_state::get_context_parallel_size() != c.context_parallel_size) {
-    fail("parallel_state is already initialized with tensor x pipeline x context parallel size ",
-         parallel_state::get_tensor_model_parallel_size(), " x ",
-         parallel_state::get_pipeline_model_parallel_size(), " x ",
-         parallel_state::get_context_parallel_size(), ", the config asks for ",
-         c.tensor_parallel_size, " x ", c.pipeline_parallel_size, " x ", c.context_parallel_size);
+             parallel_state::get_context_parallel_size() != c.context_parallel_size ||
+             parallel_state::get_expert_model_parallel_size() != c.expert_parallel_size) {
+    fail(
+        "parallel_state is already initialized with tensor x pipeline x context x expert "
+        "parallel size ",
+        parallel_state::get_tensor_model_parallel_size(), " x ",
+        parallel_state::get_pipeline_model_parallel_size(), " x ",
+        parallel_state::get_context_parallel_size(), " x ",
+        parallel_state::get_expert_model_parallel_size(), ", the config asks for ",
+        c.tensor_parallel_size, " x ", c.pipeline_parallel_size, " x ", c.context_parallel_size,
+        " x ", c.expert_parallel_size);
   }
   blas::set_matmul_precision(rp.matmul);
   return c;

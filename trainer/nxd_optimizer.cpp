@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
@@ -50,13 +51,29 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   // stochastic rounding draws from the run's seed (every rank's Context has the same one)
   const optim::PrecisionOptions prec{rp.master_weights, rp.stochastic_rounding,
                                      current_context().rng().seed() ^ 0x5352u};
-  const std::vector<optim::NamedParam> order = in_model_order(model_, *inner);
+  std::vector<optim::NamedParam> order = in_model_order(model_, *inner);
+  const int ep = parallel_state::model_parallel_is_initialized()
+                     ? parallel_state::get_expert_model_parallel_size()
+                     : 1;
+  std::vector<optim::NamedParam> experts;
+  if (ep > 1) {
+    std::unordered_set<const TensorImpl*> is_expert;
+    for (Module* m : model_.local_modules())
+      for (const Tensor& t : moe_expert_parameters(*m)) is_expert.insert(t.impl());
+    std::vector<optim::NamedParam> dense;
+    for (auto& p : order) (is_expert.count(p.param.impl()) ? experts : dense).push_back(p);
+    order = std::move(dense);
+  }
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
   const bool zero1 = cfg_.optimizer_config.zero_one_enabled;
   // buckets go out during backward unless something must reach .grad before the reduction
   const auto mode = model_.is_pipeline() || (zero1 && sp_sums_) ? optim::GradSyncMode::at_step
                                                                 : optim::GradSyncMode::overlap;
   if (zero1) {
+    NXD_CHECK_T(ConfigError, ep == 1,
+                "[NxDOptimizer] optimizer_config.zero_one_enabled with expert_parallel_size ", ep,
+                " is not supported (ZeRO-1 shards over the whole DP group; expert parameters are "
+                "reduced over the expert-data-parallel group)");
     const auto* adamw = dynamic_cast<const optim::AdamW*>(inner.get());
     NXD_CHECK_T(ConfigError, adamw != nullptr,
                 "[NxDOptimizer] optimizer_config.zero_one_enabled shards AdamW's state, got ",
@@ -82,10 +99,15 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   inner_ = std::move(inner);
   optim::GradSyncOptions go;
   go.bucket_bytes = bucket;
-  go.mode = mode;
+  // two groups: reduce at the step so neither's buckets interleave with the other's in backward
+  go.mode = ep > 1 ? optim::GradSyncMode::at_step : mode;
   go.group = dp_group();
   go.fp32_grad_acc = rp.fp32_grad_acc;
   sync_ = std::make_unique<optim::GradSync>(order, go);
+  if (!experts.empty()) {
+    go.group = parallel_state::get_expert_data_parallel_group_ptr();
+    expert_sync_ = std::make_unique<optim::GradSync>(experts, go);
+  }
 }
 
 NxDOptimizer::~NxDOptimizer() = default;
@@ -117,6 +139,7 @@ void NxDOptimizer::reduce_and_clip() {
     grad_norm_ = zero1_->clip_grad_norm(max_norm);
   } else {
     sync_->finish();
+    if (expert_sync_) expert_sync_->finish();
     sp_sums();  // after the DP mean: they commute
     grad_norm_ = max_norm > 0 ? optim::clip_parallel_grad_norm(norm_params_, max_norm, groups_)
                               : optim::parallel_grad_norm(norm_params_, groups_);

@@ -58,6 +58,9 @@ class NxDOptimizer {
   std::unique_ptr<optim::Optimizer> inner_;
   optim::Zero1AdamW* zero1_ = nullptr;
   std::unique_ptr<optim::GradSync> sync_;
+  // Expert parallelism: the MoE experts' weights, averaged over the expert-data-parallel group
+  // (their gradients are already scaled by 1/EP in backward; layers/moe/moe.h).
+  std::unique_ptr<optim::GradSync> expert_sync_;
   std::vector<optim::NormParam> norm_params_;
   optim::NormGroups groups_;
   bool sp_sums_ = false;

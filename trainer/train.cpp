@@ -291,7 +291,8 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
     parallel_state::initialize_model_parallel(parallel_state::ParallelSizes{
         .tensor = static_cast<int>(cfg.dist.tensor_model_parallel_size),
         .pipeline = static_cast<int>(cfg.dist.pipeline_model_parallel_size),
-        .context = static_cast<int>(cfg.dist.context_parallel_size)});
+        .context = static_cast<int>(cfg.dist.context_parallel_size),
+        .expert = static_cast<int>(cfg.dist.expert_model_parallel_size)});
   const bool rank0 = is_lead_rank();
   const bool talk = rank0 && !opts.quiet;
   if (rank0) write_config(cfg);
@@ -400,6 +401,7 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.strategy.tensor_parallel_size = cfg.dist.tensor_model_parallel_size;
   to.strategy.pipeline_parallel_size = cfg.dist.pipeline_model_parallel_size;
   to.strategy.context_parallel_size = cfg.dist.context_parallel_size;
+  to.strategy.expert_parallel_size = cfg.dist.expert_model_parallel_size;
   to.strategy.virtual_pipeline_size = cfg.dist.virtual_pipeline_model_parallel_size;
   to.strategy.pipeline_schedule = cfg.dist.pipeline_schedule;
   to.strategy.zero1 = cfg.dist.zero1;

@@ -118,6 +118,7 @@ NxDConfig Trainer::nxd_config() const {
   c.tensor_parallel_size = static_cast<int>(st.tensor_parallel_size);
   c.pipeline_parallel_size = static_cast<int>(st.pipeline_parallel_size);
   c.context_parallel_size = static_cast<int>(st.context_parallel_size);
+  c.expert_parallel_size = static_cast<int>(st.expert_parallel_size);
   c.pipeline_config.num_microbatches = static_cast<int>(opts_.accumulate_grad_batches);
   c.pipeline_config.schedule = st.pipeline_schedule;
   c.pipeline_config.virtual_pipeline_size = static_cast<int>(st.virtual_pipeline_size);
@@ -496,6 +497,8 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
       if (row.val_loss) res.final_val_loss = row.val_loss;
     }
     if (step_ % opts_.log_every_n_steps == 0 || last || row.val_loss) log_row(row);
+    for (auto& cb : opts_.callbacks)
+      cb->on_step_end(*this, module, out);  // checkpoints: after the row
   }
   res.seconds = seconds_since(t0_);
   res.tokens_per_s = train_seconds > 0 ? res.steps * step_tokens_ / train_seconds : 0;

@@ -14,6 +14,7 @@
 //              ZeRO-1's reduce-scatter), the global grad norm (clipped), the update
 //              on_train_batch_end (module, callbacks); validation at val_check_interval and the
 //              last step; a logged row every log_every_n_steps, at validations and the last step
+//              (written and flushed); callbacks' on_step_end (ModelCheckpoint saves: after the row)
 //
 // With pipeline parallelism the step's micro batches are the pipeline's microbatches: they are
 // concatenated and run by NxDModel::run_train on the schedule (SP sums and the tied embedding's
@@ -46,6 +47,7 @@ struct Strategy {
   // > 1: each sequence split over this many ranks; the trainer gives the module this rank's
   // rows of every batch (context_parallel_batch); data-parallel size = world / (tp x pp x cp)
   int64_t context_parallel_size = 1;
+  int64_t expert_parallel_size = 1;        // MoE experts split over this many DP ranks
   int64_t virtual_pipeline_size = 1;       // model chunks per pipeline rank (interleaved)
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
   // ZeRO-1: the module's AdamW becomes a Zero1AdamW over the same groups (optimizer state

@@ -3,6 +3,7 @@
 #include "nxd/collectives/algorithms/reduce.h"
 
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 #include "nxd/collectives/communicator.h"
@@ -11,10 +12,10 @@ namespace nxd {
 
 namespace {
 // Two sources into one or two destinations (a 2-rank all-reduce, the common case): one fused
-// pass, no accumulator. Same arithmetic as reduce_typed: (s0 op s1), then / divisor for avg.
+// pass, no accumulator. Same arithmetic as reduce_typed: (s0 op s1), then / divide_by (avg).
 template <class T, class A, int ND, class Op>
-void reduce_pair(void* const* dsts, const void* const* srcs, int64_t count, Op op, A div,
-                 bool avg) {
+void reduce_pair(void* const* dsts, const void* const* srcs, int64_t count, Op op,
+                 std::optional<A> divide_by) {
   const T* s0 = static_cast<const T*>(srcs[0]);
   const T* s1 = static_cast<const T*>(srcs[1]);
   T* d0 = static_cast<T*>(dsts[0]);
@@ -34,7 +35,8 @@ void reduce_pair(void* const* dsts, const void* const* srcs, int64_t count, Op o
   // Destinations may alias the sources, but only at the same offsets: element i is read before
   // it is written and no iteration touches another's elements, so there is no loop-carried
   // dependence (ivdep lets the compiler vectorize without runtime overlap checks).
-  if (avg) {
+  if (divide_by) {
+    const A div = *divide_by;
 #pragma GCC ivdep
     for (int64_t i = 0; i < count; ++i) {
       const A v = op(ld(s0, i), ld(s1, i)) / div;
@@ -52,12 +54,12 @@ void reduce_pair(void* const* dsts, const void* const* srcs, int64_t count, Op o
 }
 
 template <class T, class A, class Op>
-void reduce_pair_nd(void* const* dsts, int nd, const void* const* srcs, int64_t count, Op op, A div,
-                    bool avg) {
+void reduce_pair_nd(void* const* dsts, int nd, const void* const* srcs, int64_t count, Op op,
+                    std::optional<A> divide_by) {
   if (nd == 1)
-    reduce_pair<T, A, 1>(dsts, srcs, count, op, div, avg);
+    reduce_pair<T, A, 1>(dsts, srcs, count, op, divide_by);
   else
-    reduce_pair<T, A, 2>(dsts, srcs, count, op, div, avg);
+    reduce_pair<T, A, 2>(dsts, srcs, count, op, divide_by);
 }
 
 // One pass over `count` elements in L1-sized blocks: the block of every source is combined into
@@ -68,15 +70,16 @@ void reduce_typed(void* const* dsts, int nd, const void* const* srcs, int ns, in
                   ReduceOp op, int divisor) {
   if (ns == 2 && nd <= 2) {
     const bool avg = op == ReduceOp::avg && std::is_floating_point_v<A>;
-    const A div = static_cast<A>(divisor);
+    const std::optional<A> divide_by =
+        avg ? std::optional<A>(static_cast<A>(divisor)) : std::nullopt;
     if (op == ReduceOp::sum || op == ReduceOp::avg)
       return reduce_pair_nd<T, A>(
-          dsts, nd, srcs, count, [](A x, A y) { return x + y; }, div, avg);
+          dsts, nd, srcs, count, [](A x, A y) { return x + y; }, divide_by);
     if (op == ReduceOp::max)
       return reduce_pair_nd<T, A>(
-          dsts, nd, srcs, count, [](A x, A y) { return y > x ? y : x; }, div, false);
+          dsts, nd, srcs, count, [](A x, A y) { return y > x ? y : x; }, std::nullopt);
     return reduce_pair_nd<T, A>(
-        dsts, nd, srcs, count, [](A x, A y) { return y < x ? y : x; }, div, false);
+        dsts, nd, srcs, count, [](A x, A y) { return y < x ? y : x; }, std::nullopt);
   }
   constexpr int64_t kBlock = 2048;
   alignas(64) A acc[kBlock];

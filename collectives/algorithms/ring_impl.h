@@ -53,20 +53,24 @@ class Ring {
 
   Ring(T& tr, DType wire, const Chunks& ch)
       : tr_(tr),
-        t_(wire),
-        es_(dtype_size(wire)),
-        p_(tr.size()),
-        next_(mod(tr.rank() + 1, p_)),
-        prev_(mod(tr.rank() - 1, p_)) {
+        wire_dtype_(wire),
+        elem_bytes_(dtype_size(wire)),
+        group_size_(tr.size()),
+        next_(mod(tr.rank() + 1, group_size_)),
+        prev_(mod(tr.rank() - 1, group_size_)) {
     const Pipeline pl = tr.pipeline();
     const int64_t longest = std::max<int64_t>(1, ch.longest());
-    se_ = pl.segment_bytes > 0 ? std::clamp<int64_t>(pl.segment_bytes / es_, 1, longest) : longest;
+    segment_elems_ = pl.segment_bytes > 0
+                         ? std::clamp<int64_t>(pl.segment_bytes / elem_bytes_, 1, longest)
+                         : longest;
     depth_ = static_cast<int>(std::clamp<int64_t>(pl.depth, 1, segments(longest)));
-    slots_ = Scratch::at_least(tr.scratch().segments, depth_ * se_ * es_);
+    slots_ = Scratch::at_least(tr.scratch().segments, depth_ * segment_elems_ * elem_bytes_);
   }
 
-  int64_t segments(int64_t n) const { return (n + se_ - 1) / se_; }
-  int64_t seg_len(int64_t n, int64_t j) const { return std::min(se_, n - j * se_); }
+  int64_t segments(int64_t n) const { return (n + segment_elems_ - 1) / segment_elems_; }
+  int64_t seg_len(int64_t n, int64_t j) const {
+    return std::min(segment_elems_, n - j * segment_elems_);
+  }
   // `n` elements at `b`.
   struct Piece {
     const char* b;
@@ -75,32 +79,32 @@ class Ring {
   // Sends a piece in segments on `s` (collected in `into`).
   void send_segments(const Piece& x, Stream s, std::vector<Request>& into) {
     for (int64_t j = 0; j < segments(x.n); ++j)
-      send({x.b + j * se_ * es_, seg_len(x.n, j)}, s, into);
+      send({x.b + j * segment_elems_ * elem_bytes_, seg_len(x.n, j)}, s, into);
   }
 
   void reduce_scatter(const ReducePlan& plan) {
     const Chunks& ch = plan.chunks;
-    std::vector<std::vector<Request>> sends(p_);  // by the step whose message they are
-    const auto own = [&](int k) { return plan.src + ch(k).first * es_; };
+    std::vector<std::vector<Request>> sends(group_size_);  // by the step whose message they are
+    const auto own = [&](int k) { return plan.src + ch(k).first * elem_bytes_; };
     send_segments({own(plan.first), ch(plan.first).second}, Stream::reduce, sends[0]);
     std::vector<Request> rq(depth_);
     const ReduceOp step_op = plan.op == ReduceOp::avg ? ReduceOp::sum : plan.op;
-    for (int s = 0; s < p_ - 1; ++s) {
-      const int k = mod(plan.first - s - 1, p_);
-      const bool last = s == p_ - 2;
+    for (int s = 0; s < group_size_ - 1; ++s) {
+      const int k = mod(plan.first - s - 1, group_size_);
+      const bool last = s == group_size_ - 2;
       // reduce_scatter's partials alternate: step s overwrites what step s-2 wrote and step s-1
       // sent.
       if (!plan.all_reduce && s >= 2) tr_.wait_all(sends[s - 1]);
       const int64_t n = ch(k).second, ns = segments(n);
       const char* mine = own(k);
-      char* out = plan.all_reduce ? plan.dst + ch(k).first * es_
+      char* out = plan.all_reduce ? plan.dst + ch(k).first * elem_bytes_
                   : last          ? plan.dst
-                                  : plan.partials + (s % 2) * ch(k).second * es_;
-      const ReduceSpec red{t_, last ? plan.op : step_op, p_};
+                                  : plan.partials + (s % 2) * ch(k).second * elem_bytes_;
+      const ReduceSpec red{wire_dtype_, last ? plan.op : step_op, group_size_};
       for (int64_t j = 0; j < std::min<int64_t>(depth_, ns); ++j) recv(j, seg_len(n, j), rq);
       for (int64_t j = 0; j < ns; ++j) {
         tr_.wait(rq[j % depth_]);
-        const int64_t len = seg_len(n, j), off = j * se_ * es_;
+        const int64_t len = seg_len(n, j), off = j * segment_elems_ * elem_bytes_;
         reduce_buffers(out + off, {slot(j), mine + off}, len, red);
         if (j + depth_ < ns) recv(j + depth_, seg_len(n, j + depth_), rq);
         if (!last)
@@ -122,15 +126,17 @@ class Ring {
       bool forward;
     };
     std::vector<Seg> segs;
-    for (int u = 0; u < p_ - 1; ++u) {
-      const int k = mod(held - u - 1, p_);
+    for (int u = 0; u < group_size_ - 1; ++u) {
+      const int k = mod(held - u - 1, group_size_);
       const auto [first, n] = ch(k);
       for (int64_t j = 0; j < segments(n); ++j)
-        segs.push_back({dst + (first + j * se_) * es_, seg_len(n, j), u < p_ - 2});
+        segs.push_back(
+            {dst + (first + j * segment_elems_) * elem_bytes_, seg_len(n, j), u < group_size_ - 2});
     }
     std::vector<Request> rq;
     rq.reserve(segs.size());
-    for (const Seg& g : segs) rq.push_back(tr_.irecv({g.b, g.n, t_}, prev_, Stream::gather));
+    for (const Seg& g : segs)
+      rq.push_back(tr_.irecv({g.b, g.n, wire_dtype_}, prev_, Stream::gather));
     for (size_t i = 0; i < segs.size(); ++i) {
       tr_.wait(rq[i]);
       if (segs[i].forward) send({segs[i].b, segs[i].n}, Stream::gather, gather_sends_);
@@ -140,21 +146,21 @@ class Ring {
   std::vector<Request>& gather_sends() { return gather_sends_; }
 
  private:
-  char* slot(int64_t j) const { return slots_ + (j % depth_) * se_ * es_; }
+  char* slot(int64_t j) const { return slots_ + (j % depth_) * segment_elems_ * elem_bytes_; }
   void send(const Piece& x, Stream s, std::vector<Request>& into) {
-    into.push_back(tr_.isend({const_cast<char*>(x.b), x.n, t_}, next_, s));
+    into.push_back(tr_.isend({const_cast<char*>(x.b), x.n, wire_dtype_}, next_, s));
   }
   void recv(int64_t j, int64_t n, std::vector<Request>& rq) {
-    rq[j % depth_] = tr_.irecv({slot(j), n, t_}, prev_, Stream::reduce);
+    rq[j % depth_] = tr_.irecv({slot(j), n, wire_dtype_}, prev_, Stream::reduce);
   }
 
   T& tr_;
-  DType t_;
-  int64_t es_;
-  int p_, next_, prev_;
-  int64_t se_ = 1;
-  int depth_ = 1;
-  char* slots_ = nullptr;
+  DType wire_dtype_;              // the dtype on the wire (and of every buffer)
+  int64_t elem_bytes_;            // its size in bytes
+  int group_size_, next_, prev_;  // members; the ring's next and previous member
+  int64_t segment_elems_ = 1;     // elements per pipeline segment
+  int depth_ = 1;                 // segments received in flight
+  char* slots_ = nullptr;         // depth_ receive slots of segment_elems_ each (scratch)
   std::vector<Request> gather_sends_;
 };
 

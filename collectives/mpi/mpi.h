@@ -62,6 +62,18 @@ Algorithm choose(Op op, int64_t bytes, int size);
 const char* algorithm_name(Algorithm a);
 const char* algorithm_for(Op op, int64_t bytes, int size);  // algorithm_name(choose(...))
 
+// The collective timeout, process-wide (0, the default: none, and no cost). With a timeout, a
+// rank that waits longer than `seconds` in any call of the MPI backend (a collective, the ring's
+// messages, send/recv, Work::wait; not communicator creation) asks the ranks it waits for where
+// they are over a side channel, prints the call, its group and sequence number and the ranks that
+// never arrived, and aborts the job (MPI_Abort, exit code 1): mpi/watchdog.h. Waits poll with a
+// sleeping back-off (at most 1 ms) instead of blocking in MPI. ConfigError outside [0, 1e6].
+void set_collective_timeout(double seconds);
+double collective_timeout();
+// set_collective_timeout(NXD_MPI_TIMEOUT) when the variable is set (Session calls it); ConfigError
+// naming it when malformed.
+void set_collective_timeout_from_env();
+
 // Initializes MPI (MPI_Init_thread, FUNNELED) and makes a Context for this process's rank, with
 // the MPI world as its world communicator, current on the constructing thread, and applies
 // tuning_from_env(). An uncaught exception anywhere afterwards aborts the whole job (MPI_Abort)

@@ -6,12 +6,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "nxd/collectives/mpi/datatype.h"
 #include "nxd/collectives/mpi/mpi.h"
+#include "nxd/collectives/mpi/request_work.h"
 #include "nxd/collectives/mpi/transport.h"
+#include "nxd/collectives/mpi/watchdog.h"
 
 namespace nxd::mpi {
 namespace {
@@ -55,78 +58,17 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
   return MPI_OP_NULL;
 }
 
-// One MPI request, owned: a Work dropped without wait() does not leak it. A dropped receive is
-// cancelled (its buffer may be gone, and a posted receive would take a later message); a dropped
-// send is released to complete on its own (MPI_Request_free); a dropped collective is completed
-// (it cannot be cancelled, and the other members are in it), then its `done` step runs.
-class RequestWork : public Work::Impl {
- public:
-  enum class Kind : uint8_t { collective, send, recv };
-  struct Request {
-    MPI_Request req = MPI_REQUEST_NULL;
-    Kind kind = Kind::collective;
-    std::function<void()> done;  // after completion (avg's division), also when dropped
-  };
-  RequestWork(Request r, std::string what)
-      : req_(r.req), kind_(r.kind), done_(std::move(r.done)), what_(std::move(what)) {}
-  ~RequestWork() override {
-    if (finished_ || req_ == MPI_REQUEST_NULL) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) return;
-    switch (kind_) {
-      case Kind::recv:
-        MPI_Cancel(&req_);
-        MPI_Wait(&req_, MPI_STATUS_IGNORE);
-        break;
-      case Kind::send:
-        MPI_Request_free(&req_);
-        break;
-      case Kind::collective:
-        if (MPI_Wait(&req_, MPI_STATUS_IGNORE) == MPI_SUCCESS && done_) {
-          try {
-            done_();
-          } catch (...) {  // a destructor must not throw; the values stay as MPI left them
-          }
-        }
-        break;
-    }
-  }
-  void wait() override {
-    if (finished_) return;
-    finished_ = true;
-    int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      char s[MPI_MAX_ERROR_STRING];
-      int len = 0;
-      MPI_Error_string(rc, s, &len);
-      throw CommError(str(what_, ": MPI error: ", std::string(s, len)));
-    }
-    if (done_) done_();
-  }
-  bool test() override {
-    if (finished_) return true;
-    int flag = 0;
-    MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
-    if (flag) {
-      finished_ = true;
-      if (done_) done_();
-    }
-    return flag != 0;
-  }
+using detail::RequestWork;
 
- private:
-  MPI_Request req_;
-  Kind kind_;
-  std::function<void()> done_;
-  std::string what_;
-  bool finished_ = false;
-};
+// Whether a communicator frees its MPI_Comm (a split's) or borrows it (MPI_COMM_WORLD).
+enum class CommOwnership : uint8_t { borrowed, owned };
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, int rank, std::vector<int> ranks, bool owned)
-      : Communicator(rank, std::move(ranks)), comm_(comm), owned_(owned) {
+  MpiCommunicator(MPI_Comm comm, int rank, std::vector<int> ranks, CommOwnership ownership)
+      : Communicator(rank, std::move(ranks)),
+        comm_(comm),
+        owned_(ownership == CommOwnership::owned) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     // nxd's algorithms' messages travel on their own communicator (collective: every member
     // constructs its communicator together), so they never match a user's send/recv.
@@ -150,8 +92,14 @@ class MpiCommunicator final : public Communicator {
       detail::MpiTransport tr = transport("all_reduce");
       return detail::run_all_reduce(a, tr, {s, r, n, t, op});
     }
-    check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, icount("all_reduce", n), datatype(t),
-                        mpi_op(op, t), comm_),
+    const void* in = s == r ? MPI_IN_PLACE : s;
+    const int c = icount("all_reduce", n);
+    check(run(
+              "all_reduce",
+              [&] { return MPI_Allreduce(in, r, c, datatype(t), mpi_op(op, t), comm_); },
+              [&](MPI_Request* q) {
+                return MPI_Iallreduce(in, r, c, datatype(t), mpi_op(op, t), comm_, q);
+              }),
           {"all_reduce", n, t});
     if (op == ReduceOp::avg) divide(r, n, t);
   }
@@ -164,8 +112,14 @@ class MpiCommunicator final : public Communicator {
       detail::MpiTransport tr = transport("all_gather");
       return detail::run_all_gather(a, tr, {s, r, n, t});
     }
-    check(MPI_Allgather(s == mine ? MPI_IN_PLACE : s, icount("all_gather", n), datatype(t), r,
-                        icount("all_gather", n), datatype(t), comm_),
+    const void* in = s == mine ? MPI_IN_PLACE : s;
+    const int c = icount("all_gather", n);
+    check(run(
+              "all_gather",
+              [&] { return MPI_Allgather(in, c, datatype(t), r, c, datatype(t), comm_); },
+              [&](MPI_Request* q) {
+                return MPI_Iallgather(in, c, datatype(t), r, c, datatype(t), comm_, q);
+              }),
           {"all_gather", n, t});
   }
   void reduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
@@ -185,8 +139,13 @@ class MpiCommunicator final : public Communicator {
       detail::MpiTransport tr = transport("reduce_scatter");
       return detail::run_reduce_scatter(a, tr, {s, r, n, t, op});
     }
-    check(MPI_Reduce_scatter_block(s, r, icount("reduce_scatter", n), datatype(t), mpi_op(op, t),
-                                   comm_),
+    const int c = icount("reduce_scatter", n);
+    check(run(
+              "reduce_scatter",
+              [&] { return MPI_Reduce_scatter_block(s, r, c, datatype(t), mpi_op(op, t), comm_); },
+              [&](MPI_Request* q) {
+                return MPI_Ireduce_scatter_block(s, r, c, datatype(t), mpi_op(op, t), comm_, q);
+              }),
           {"reduce_scatter", n, t});
     if (op == ReduceOp::avg) divide(r, n, t);
   }
@@ -194,14 +153,24 @@ class MpiCommunicator final : public Communicator {
     check_count("broadcast", n);
     check_member("broadcast", "root", root);
     if (!b) return;
-    check(MPI_Bcast(b, icount("broadcast", n), datatype(t), root, comm_), {"broadcast", n, t});
+    const int c = icount("broadcast", n);
+    check(run(
+              "broadcast", [&] { return MPI_Bcast(b, c, datatype(t), root, comm_); },
+              [&](MPI_Request* q) { return MPI_Ibcast(b, c, datatype(t), root, comm_, q); }),
+          {"broadcast", n, t});
   }
   void reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op, int root) override {
     check_reduction("reduce", n, {t, op});
     check_member("reduce", "root", root);
     if (!s) return;
     const void* snd = (rank() == root && s == r) ? MPI_IN_PLACE : s;
-    check(MPI_Reduce(snd, r, icount("reduce", n), datatype(t), mpi_op(op, t), root, comm_),
+    const int c = icount("reduce", n);
+    check(run(
+              "reduce",
+              [&] { return MPI_Reduce(snd, r, c, datatype(t), mpi_op(op, t), root, comm_); },
+              [&](MPI_Request* q) {
+                return MPI_Ireduce(snd, r, c, datatype(t), mpi_op(op, t), root, comm_, q);
+              }),
           {"reduce", n, t});
     if (op == ReduceOp::avg && rank() == root) divide(r, n, t);
   }
@@ -209,27 +178,47 @@ class MpiCommunicator final : public Communicator {
     check_count("all_to_all", n);
     NXD_CHECK(!s || s != r, "[all_to_all] in-place all_to_all is not supported");
     if (!r) return;
-    check(MPI_Alltoall(s, icount("all_to_all", n), datatype(t), r, icount("all_to_all", n),
-                       datatype(t), comm_),
-          {"all_to_all", n, t});
+    const int c = icount("all_to_all", n);
+    check(
+        run(
+            "all_to_all", [&] { return MPI_Alltoall(s, c, datatype(t), r, c, datatype(t), comm_); },
+            [&](MPI_Request* q) {
+              return MPI_Ialltoall(s, c, datatype(t), r, c, datatype(t), comm_, q);
+            }),
+        {"all_to_all", n, t});
   }
   void send(const void* b, int64_t n, DType t, int dst, int tag) override {
     check_member("send", "destination", dst);
     if (!b) return;
-    check(MPI_Send(b, icount("send", n), datatype(t), dst, tag, comm_), {"send", n, t});
+    const int c = icount("send", n);
+    check(
+        run(
+            "send", [&] { return MPI_Send(b, c, datatype(t), dst, tag, comm_); },
+            [&](MPI_Request* q) { return MPI_Isend(b, c, datatype(t), dst, tag, comm_, q); }, dst),
+        {"send", n, t});
   }
   void recv(void* b, int64_t n, DType t, int src, int tag) override {
     check_member("recv", "source", src);
     if (!b) return;
     MPI_Status st;
-    check(MPI_Recv(b, icount("recv", n), datatype(t), src, tag, comm_, &st), {"recv", n, t});
+    const int c = icount("recv", n);
+    check(run(
+              "recv", [&] { return MPI_Recv(b, c, datatype(t), src, tag, comm_, &st); },
+              [&](MPI_Request* q) { return MPI_Irecv(b, c, datatype(t), src, tag, comm_, q); }, src,
+              &st),
+          {"recv", n, t});
     int got = 0;
     MPI_Get_count(&st, datatype(t), &got);
     NXD_CHECK_T(CommError, got == n, "[recv] rank ", ranks()[rank()], " expected ", t, " count ", n,
                 " from rank ", ranks()[src], " (tag ", tag, ", group ", group_str(),
                 "), got count ", got);
   }
-  void barrier() override { check(MPI_Barrier(comm_), {"barrier", 0, DType::f32}); }
+  void barrier() override {
+    check(run(
+              "barrier", [&] { return MPI_Barrier(comm_); },
+              [&](MPI_Request* q) { return MPI_Ibarrier(comm_, q); }),
+          {"barrier", 0, DType::f32});
+  }
 
   Work iall_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     check_reduction("all_reduce", n, {t, op});
@@ -304,14 +293,14 @@ class MpiCommunicator final : public Communicator {
     if (!b) return Work();
     MPI_Request req;
     check(MPI_Isend(b, icount("isend", n), datatype(t), dst, tag, comm_, &req), {"isend", n, t});
-    return work({req, RequestWork::Kind::send}, "isend");
+    return work({req, RequestWork::Kind::send}, "isend", dst);
   }
   Work irecv(void* b, int64_t n, DType t, int src, int tag) override {
     check_member("irecv", "source", src);
     if (!b) return Work();
     MPI_Request req;
     check(MPI_Irecv(b, icount("irecv", n), datatype(t), src, tag, comm_, &req), {"irecv", n, t});
-    return work({req, RequestWork::Kind::recv}, "irecv");
+    return work({req, RequestWork::Kind::recv}, "irecv", src);
   }
 
   std::shared_ptr<Communicator> split(int color, int key) override {
@@ -325,7 +314,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<int> globals(n);
     int me = g_world_rank;
     MPI_Allgather(&me, 1, MPI_INT, globals.data(), 1, MPI_INT, nc);
-    return std::make_shared<MpiCommunicator>(nc, r, std::move(globals), true);
+    return std::make_shared<MpiCommunicator>(nc, r, std::move(globals), CommOwnership::owned);
   }
 
  private:
@@ -363,11 +352,29 @@ class MpiCommunicator final : public Communicator {
     const int p = size();
     return [=] { reduce_buffers(r, {r}, n, {red.dtype, ReduceOp::avg, p}); };
   }
-  Work work(RequestWork::Request q, const char* op) const {
+  // `peer`: isend/irecv's; -1 for a collective (which takes the next sequence number).
+  Work work(RequestWork::Request q, const char* op, int peer = -1) {
+    if (peer < 0) ++seq_;
+    if (detail::timed()) q.waiting = waiting(op, peer);
     return Work(std::make_shared<RequestWork>(
         std::move(q), str("[", op, "] group ", group_str(), " rank ", ranks()[rank()])));
   }
+  // A blocking call: MPI's, or with a collective timeout its nonblocking form and a timed wait
+  // (watchdog.h). `peer`: send/recv's; -1 for a collective (which takes the next sequence number).
+  template <class Blocking, class Start>
+  int run(const char* op, Blocking blocking, Start start, int peer = -1,
+          MPI_Status* st = MPI_STATUS_IGNORE) {
+    if (peer < 0) ++seq_;
+    if (!detail::timed()) return blocking();
+    MPI_Request q = MPI_REQUEST_NULL;
+    const int rc = start(&q);
+    return rc != MPI_SUCCESS ? rc : detail::wait_all(1, &q, waiting(op, peer), st);
+  }
+  detail::Waiting waiting(const char* op, int peer = -1) const {
+    return {.op = op, .group = ranks(), .rank = rank(), .seq = seq_, .peer = peer};
+  }
   detail::MpiTransport transport(const char* op) {
+    ++seq_;
     const Tuning tu = tuning();
     return detail::MpiTransport(
         {.comm = p2p_comm_,
@@ -375,11 +382,13 @@ class MpiCommunicator final : public Communicator {
          .size = size(),
          .pipeline = {.segment_bytes = tu.chunk_bytes, .depth = tu.depth},
          .scratch = &scratch_,
-         .what = str(op, " on group ", group_str(), " rank ", ranks()[rank()])});
+         .what = str(op, " on group ", group_str(), " rank ", ranks()[rank()]),
+         .waiting = detail::timed() ? waiting(op) : detail::Waiting{}});
   }
   MPI_Comm comm_;
   MPI_Comm p2p_comm_ = MPI_COMM_NULL;
   bool owned_;
+  int64_t seq_ = 0;  // collectives called on this group (the same on every member)
   // nxd's algorithms' persistent buffers: allocated (and page-faulted) once, reused by every call.
   algorithms::Scratch scratch_;
 };
@@ -427,10 +436,12 @@ Session::Session(int* argc, char*** argv, uint64_t seed) {
   NXD_CHECK_T(ConfigError, !inited,
               "[mpi::Session] MPI is already initialized (one Session per process)");
   set_tuning(tuning_from_env());
+  set_collective_timeout_from_env();
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
   std::set_terminate(terminate_handler);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  detail::watch_start();
   int r = 0, n = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -444,7 +455,8 @@ Session::Session(int* argc, char*** argv, uint64_t seed) {
       ContextOptions{.rank = r, .world_size = n, .seed = seed, .name = str("rank ", r)});
   std::vector<int> all(n);
   for (int i = 0; i < n; ++i) all[i] = i;
-  set_world(*ctx_, std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, r, all, false));
+  set_world(*ctx_,
+            std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, r, all, CommOwnership::borrowed));
   guard_ = std::make_unique<ContextGuard>(*ctx_);
 }
 
@@ -455,6 +467,7 @@ Session::~Session() {
   MPI_Op_free(&g_bf16_max);
   MPI_Op_free(&g_bf16_min);
   MPI_Type_free(&g_bf16);
+  detail::watch_stop();
   MPI_Finalize();
 }
 

@@ -51,7 +51,7 @@ MpiRequest MpiTransport::irecv(const algorithms::Buf& b, int peer, algorithms::S
 }
 
 void MpiTransport::wait(MpiRequest& q) {
-  check(MPI_Wait(q.get(), MPI_STATUS_IGNORE), "MPI_Wait");
+  check(detail::wait_all(1, q.get(), o_.waiting), "MPI_Wait");
 }
 
 void MpiTransport::wait_all(std::vector<MpiRequest>& qs) {

@@ -10,6 +10,7 @@
 
 #include "nxd/collectives/algorithms/transport.h"
 #include "nxd/collectives/mpi/mpi.h"
+#include "nxd/collectives/mpi/watchdog.h"
 
 namespace nxd::mpi::detail {
 
@@ -47,6 +48,7 @@ struct MpiTransportOptions {
   algorithms::Pipeline pipeline;
   algorithms::Scratch* scratch = nullptr;
   std::string what;  // "all_reduce on group [0,1] rank 0"
+  Waiting waiting;   // the collective, for the timeout's report (watchdog.h)
 };
 
 class MpiTransport {

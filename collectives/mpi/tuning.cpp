@@ -62,6 +62,34 @@ Algorithm parse_algorithm(const std::string& a) {
 
 }  // namespace
 
+namespace {
+double g_collective_timeout = 0;
+}  // namespace
+
+void set_collective_timeout(double seconds) {
+  NXD_CHECK_T(ConfigError, seconds >= 0 && seconds <= 1e6, "[mpi::set_collective_timeout] ",
+              seconds, " s is not in [0, 1e6] (0: no timeout)");
+  g_collective_timeout = seconds;
+}
+
+double collective_timeout() {
+  return g_collective_timeout;
+}
+
+void set_collective_timeout_from_env() {
+  const char* v = std::getenv("NXD_MPI_TIMEOUT");
+  if (!v) return;
+  size_t pos = 0;
+  double x = -1;
+  try {
+    x = std::stod(v, &pos);
+  } catch (...) {
+  }
+  NXD_CHECK_T(ConfigError, pos > 0 && v[pos] == '\0' && x >= 0 && x <= 1e6,
+              "[mpi] NXD_MPI_TIMEOUT='", v, "' must be seconds in [0, 1e6] (0: no timeout)");
+  set_collective_timeout(x);
+}
+
 Tuning tuning() {
   return g_tuning;
 }

@@ -16,6 +16,10 @@ double lg(int p) {
 }
 constexpr double kMeshMax = 1 << 20;  // Mesh below ~1 MB (size-to-algorithm figure)
 constexpr double kRdhMax = 56 << 20;  // RDH 1-56 MB, KangaRing above
+// KangaRing's HBM touches per byte against a ring's (intranode-collective-comm docs): all-gather
+// 3 instead of 4, reduce-scatter 4 instead of 6.
+constexpr double kKangaAgSpeedup = 4.0 / 3.0;
+constexpr double kKangaRsSpeedup = 6.0 / 4.0;
 }  // namespace
 
 const char* coll_kind_name(CollKind k) {
@@ -139,13 +143,63 @@ GroupLinks group_links(const MachineSpec& m, const std::vector<int>& ranks) {
       }
   g.mesh_hops = pairs > 0 ? std::max(1.0, hop_sum / pairs) : 1.0;
   bool one_chip = per_chip.size() == 1;
-  double link_share = m.links_per_chip > 0
-                          ? m.link_bandwidth * m.links_per_chip / 2.0 / m.cores_per_chip
-                          : m.collective_busbw;
+  // The links a group's traffic can use are those between its own chips (the other links carry
+  // the other groups' collectives): the fewest any member chip has to other member chips of its
+  // instance (a torus row: 2 of 4; two rows: 3; the whole instance: 4), each shared by the
+  // group's cores on that chip.
+  int cores_on_chip = 1;
+  for (auto& [c, n] : per_chip) cores_on_chip = std::max(cores_on_chip, n);
+  int in_links = m.links_per_chip;
+  if (!one_chip && m.links_per_chip > 0) {
+    std::map<int, int> first_rank;  // global chip -> a member rank on it
+    for (int r : ranks) first_rank.emplace(m.chip_of(r), r);
+    for (auto& [ca, ra] : first_rank) {
+      int links = 0;
+      for (auto& [cb, rb] : first_rank)
+        if (ca != cb && m.instance_of(ra) == m.instance_of(rb) && m.chip_hops(ra, rb) == 1) ++links;
+      in_links = std::min(in_links, links);
+    }
+    // no two member chips adjacent (a strided group): its traffic is routed over the chips'
+    // links as a whole
+    if (in_links == 0) in_links = m.links_per_chip;
+  }
+  double link_share =
+      m.links_per_chip > 0 ? m.link_bandwidth * in_links / 2.0 / cores_on_chip : m.collective_busbw;
   g.bw = one_chip ? m.collective_busbw : std::min(m.collective_busbw, link_share);
+  // KangaRing: a ring of the chips' primaries; a chip receives once for its two cores over the
+  // group's links (the torus's two Hamiltonian cycles, both directions, for a whole instance),
+  // so its cap is those links' share of the chip, not the per-core one
+  const double chip_in = m.links_per_chip > 0 ? m.link_bandwidth * in_links / 2.0
+                                              : m.collective_busbw * kKangaRsSpeedup;
+  g.kanga_ag_bw = std::min(m.collective_busbw * kKangaAgSpeedup, chip_in);
+  g.kanga_rs_bw = std::min(m.collective_busbw * kKangaRsSpeedup, chip_in);
   g.inter_alpha = m.efa_latency;
   g.inter_bw = m.efa_bandwidth / m.cores_per_instance();
   return g;
+}
+
+double pairwise_all_to_all_time(const MachineSpec& m, const std::vector<int>& ranks, double n) {
+  const int p = static_cast<int>(ranks.size());
+  if (p <= 1) return 0;
+  const double chunk = n / p;
+  const double link_share = m.links_per_chip > 0
+                                ? m.link_bandwidth * m.links_per_chip / 2.0 / m.cores_per_chip
+                                : m.collective_busbw;
+  const double chip_bw = std::min(m.collective_busbw, link_share);
+  const double efa_bw = m.efa_bandwidth / m.cores_per_instance();
+  auto pair = [&](int a, int b) {
+    if (m.instance_of(a) != m.instance_of(b)) return m.efa_latency + chunk / efa_bw;
+    if (m.chip_of(a) == m.chip_of(b)) return m.hop_latency + chunk / m.collective_busbw;
+    const int hops = std::max(1, m.chip_hops(a, b));
+    return m.hop_latency * hops + chunk / (chip_bw / hops);
+  };
+  double t = 0;
+  for (int i = 1; i < p; ++i) {  // round i: member k sends its chunk to member (k + i) % p
+    double round = 0;
+    for (int k = 0; k < p; ++k) round = std::max(round, pair(ranks[k], ranks[(k + i) % p]));
+    t += round;
+  }
+  return t;
 }
 
 namespace {
@@ -177,9 +231,13 @@ CollCost intra(CollKind kind, int p, double n, const GroupLinks& g, Algorithm fo
     case Algorithm::rdh:
       c.seconds = ar ? rdh_all_reduce_time(p, n, al, bw) : rdh_all_gather_time(p, n, al, bw);
       break;
-    case Algorithm::kangaring:  // ring over chip primaries: p/2 steps per phase
-      c.seconds = (ar ? 2.0 : 1.0) * (p / 2) * al + (ar ? 2.0 : 1.0) * (p - 1) / p * n / bw;
+    case Algorithm::kangaring: {  // ring over chip primaries: p/2 steps per phase
+      const double moved = double(p - 1) / p * n;
+      const bool rs = ar || kind == CollKind::reduce_scatter, ag = kind != CollKind::reduce_scatter;
+      c.seconds = (ar ? 2.0 : 1.0) * (p / 2) * al + (rs ? moved / g.kanga_rs_bw : 0) +
+                  (ag ? moved / g.kanga_ag_bw : 0);
       break;
+    }
     default:
       c.seconds = ar ? ring_all_reduce_time(p, n, al, bw) : ring_all_gather_time(p, n, al, bw);
   }
@@ -208,7 +266,8 @@ CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<
       if (!multi) {
         c = intra(kind, p, n, g, force);
       } else {
-        // Hierarchical: X instances x Y ranks.
+        // Hierarchical: X instances x Y ranks. Each stage is an algorithm of its own (internode
+        // docs) and pays its own launch: the call's launch below, and one more per extra stage.
         int X = g.instances, Y = g.per_instance;
         double t_rs = Y > 1 ? intra(CollKind::reduce_scatter, Y, n, g, force).seconds : 0;
         double t_ag = Y > 1 ? intra(CollKind::all_gather, Y, n, g, force).seconds : 0;
@@ -219,6 +278,8 @@ CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<
           c.seconds = ring_all_gather_time(X, sub, g.inter_alpha, g.inter_bw) + t_ag;
         else
           c.seconds = t_rs + ring_reduce_scatter_time(X, sub, g.inter_alpha, g.inter_bw);
+        const int stages = Y > 1 ? (kind == CollKind::all_reduce ? 3 : 2) : 1;
+        c.seconds += (stages - 1) * g.launch;
         c.algorithm = Algorithm::hierarchical;
       }
       break;
@@ -229,8 +290,8 @@ CollCost collective_cost(const MachineSpec& m, CollKind kind, const std::vector<
       c.algorithm = tree < chain ? Algorithm::tree : Algorithm::ring;
       break;
     }
-    case CollKind::all_to_all:
-      c.seconds = al + double(p - 1) / p * n / bw;
+    case CollKind::all_to_all:  // pairwise exchange over the topology (up to 64 ranks)
+      c.seconds = p <= 64 ? pairwise_all_to_all_time(m, ranks, n) : al + double(p - 1) / p * n / bw;
       c.algorithm = Algorithm::direct;
       break;
     case CollKind::send_recv: {

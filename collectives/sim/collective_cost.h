@@ -8,9 +8,13 @@
 // all-reduce of 1/Y of the buffer over EFA, intra all-gather. Every time includes the machine's
 // collective launch latency. Mesh moves data in one step but over multi-hop routes, so its
 // bandwidth term is divided by the group's mean chip-to-chip hop count. Bandwidth is per rank:
-// the calibrated achievable busbw, capped by the chip's NeuronLink share. Notation: p ranks, n
-// bytes of the full array (the all-gather output, the reduce-scatter input), alpha seconds per
-// step, bw per-rank bus bandwidth in bytes/s.
+// the calibrated achievable busbw, capped by the chip's NeuronLink share. The calibrated busbw is
+// a ring's (2 ranks); nxd takes it to be bound by the ring's HBM traffic, so KangaRing, which the
+// runtime docs say touches HBM 3 times per byte instead of 4 in an all-gather and 4 instead of 6
+// in a reduce-scatter (one read, two writes to the chip's two cores), runs 4/3 and 3/2 as fast,
+// up to what the chip's NeuronLinks carry into it (its primary receives for both cores). Notation:
+// p ranks, n bytes of the full array (the all-gather output, the reduce-scatter input), alpha
+// seconds per step, bw per-rank bus bandwidth in bytes/s.
 #include <vector>
 
 #include "nxd/runtime/sim/machine.h"
@@ -43,6 +47,9 @@ struct GroupLinks {
   double bw = 0;             // per-rank intra-instance bandwidth, bytes/s
   double mesh_hops = 1;      // mean NeuronLink hops between members on different chips: Mesh
                              // traffic is routed over that many links (over-subscription)
+  double kanga_ag_bw = 0;    // per-rank KangaRing bandwidth of an all-gather, bytes/s: bw_ring
+                             // x 4/3 (3 HBM touches instead of 4), capped by the chip's links
+  double kanga_rs_bw = 0;    // the same for a reduce-scatter: x 3/2 (4 touches instead of 6)
   double inter_alpha = 0;    // s per EFA step
   double inter_bw = 0;       // per-rank EFA share, bytes/s
   double launch = 0;
@@ -77,5 +84,12 @@ double mesh_all_gather_time(int p, double n, double alpha, double bw);  // a + (
 // nccl-tests bus-bandwidth factor (PERFORMANCE.md): all-reduce 2(p-1)/p, all-gather,
 // reduce-scatter and all-to-all (p-1)/p, others 1.
 double busbw_factor(CollKind k, int p);
+// All-to-all of n bytes per rank (n/p to each member) as a pairwise exchange over the machine's
+// topology: p-1 rounds, in round i member k sends to member (k+i) % p, and a round lasts its
+// slowest pair: hop latency + n/p at the core's collective bandwidth on one chip; hop latency x
+// hops + n/p at the chip-link share / hops between chips of an instance; EFA latency + n/p at the
+// core's EFA share between instances. collective_cost uses it up to 64 ranks (beyond: the
+// group-bottleneck form (p-1)/p n/B, to keep the O(p^2) pair scan out of large plans).
+double pairwise_all_to_all_time(const MachineSpec& m, const std::vector<int>& ranks, double n);
 
 }  // namespace nxd::sim

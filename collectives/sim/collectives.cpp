@@ -32,7 +32,7 @@ void SimCommunicator::release(uint64_t round, int count) {
 
 template <class Done>
 void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const CallDesc& call,
-                               bool abortable) {
+                               WaitOptions opts) {
   World& w = *w_;
   Group& g = *g_;
   // Adaptive spin: the budget doubles (up to World::spin_s) when a spin ends with the condition
@@ -45,7 +45,7 @@ void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const 
         spin_budget_ = std::min(w.spin_s, 2 * spin_budget_ + 1e-6);
         return;
       }
-      if (abortable && w.aborted.load(std::memory_order_relaxed)) break;
+      if (opts.abortable && w.aborted.load(std::memory_order_relaxed)) break;
       // Pause for the first few microseconds, then yield: when the peer waits for this core
       // (fewer free cores than expected), it runs instead of the spinner.
       if (k < 256)
@@ -62,7 +62,7 @@ void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const 
   const std::string what = str(call.str(), " on group ", g.name);
   {
     std::unique_lock lk(w.mu);
-    if (abortable && w.aborted.load()) {
+    if (opts.abortable && w.aborted.load()) {
       if (done()) return;
       w.throw_aborted_locked(op, me());
     }
@@ -78,7 +78,7 @@ void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const 
   const auto t0 = Clock::now();
   for (;;) {
     const uint32_t seen = g.wake.load();
-    if (done() || (abortable && w.aborted.load())) break;
+    if (done() || (opts.abortable && w.aborted.load())) break;
     const double left = w.opts.timeout_s - std::chrono::duration<double>(Clock::now() - t0).count();
     if (left <= 0) break;
     futex_wait(&g.wake, seen, left);
@@ -90,7 +90,7 @@ void SimCommunicator::wait_for(uint64_t round, Done done, const char* op, const 
     w.unblock_locked(me());
   }
   if (done()) return;
-  if (abortable && w.aborted.load()) w.throw_aborted_locked(op, me());
+  if (opts.abortable && w.aborted.load()) w.throw_aborted_locked(op, me());
   std::string msg = str("[", op, "] rank ", me(), " timed out after ", w.opts.timeout_s, " s in ",
                         what, "; ranks that never arrived:", missing_str(w, g, round));
   w.abort_locked(me(), std::make_exception_ptr(CommError(msg)), msg);
@@ -193,7 +193,8 @@ void SimCommunicator::do_item(const std::vector<CallDesc>& calls, int m, int64_t
   }
 }
 
-Work SimCommunicator::run(CallDesc d, bool async) {
+Work SimCommunicator::run(CallDesc d, Completion completion) {
+  const bool async = completion == Completion::async;
   const CollKind kind = d.kind;
   const void* s = d.send;
   void* r = d.recv;
@@ -295,8 +296,7 @@ Work SimCommunicator::run(CallDesc d, bool async) {
     }
     if (done > 0 && left.fetch_sub(done) == done) release(round, INT_MAX);  // the call's last
     // Completion: every member's result is written and nobody reads this member's buffers.
-    wait_for(
-        round, [&] { return left.load() == 0; }, name, d, /*abortable=*/false);
+    wait_for(round, [&] { return left.load() == 0; }, name, d, {.abortable = false});
   } else if (!d.meta && n > 0 && p == 1 && s != r && s && r && kind != CollKind::broadcast) {
     std::memcpy(r, s, n * es);
   }

@@ -16,7 +16,7 @@ void SimCommunicator::send(const void* buf, int64_t n, DType t, int dst, int tag
   check_member("send", "destination", dst);
   check_count("send", n);
   SimClock* clock = current_sim_clock();
-  Message m{t, n, buf == nullptr, clock ? clock->now() : 0, {}};
+  Message m{.dtype = t, .count = n, .meta = buf == nullptr, .sent_at = clock ? clock->now() : 0};
   const size_t nbytes = static_cast<size_t>(n * dtype_size(t));
   const int gdst = ranks()[dst];
   const std::string key = mail_key(me(), gdst, tag);
@@ -72,7 +72,7 @@ void SimCommunicator::recv(void* buf, int64_t n, DType t, int src, int tag) {
     RankState::Posted& pr = rs.posted;
     for (;;) {
       if (pr.s == RankState::Posted::filled) {  // a sender copied straight into buf
-        m = Message{t, n, false, pr.sent_at, {}};
+        m = Message{.dtype = t, .count = n, .meta = false, .sent_at = pr.sent_at};
         break;
       }
       if (pr.s == RankState::Posted::filling) {  // never leave while a sender writes into buf

@@ -61,6 +61,14 @@ class WaitFinish : public Work::Impl {
   std::string name_;
 };
 
+// How run() completes a call: before returning, or through the Work it returns (the i* calls).
+enum class Completion : uint8_t { blocking, async };
+struct WaitOptions {
+  // false: a world abort does not end the wait (the data phase of a call always completes, and
+  // peers may still be writing into this member's buffers)
+  bool abortable = true;
+};
+
 class SimCommunicator final : public Communicator {
  public:
   SimCommunicator(std::shared_ptr<World> w, std::shared_ptr<Group> g, int idx, std::string uid)
@@ -76,10 +84,11 @@ class SimCommunicator final : public Communicator {
          .reduces = true,
          .send = s,
          .recv = r},
-        false);
+        Completion::blocking);
   }
   void all_gather(const void* s, void* r, int64_t n, DType t) override {
-    run({.kind = CollKind::all_gather, .dtype = t, .count = n, .send = s, .recv = r}, false);
+    run({.kind = CollKind::all_gather, .dtype = t, .count = n, .send = s, .recv = r},
+        Completion::blocking);
   }
   void reduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     run({.kind = CollKind::reduce_scatter,
@@ -89,11 +98,11 @@ class SimCommunicator final : public Communicator {
          .reduces = true,
          .send = s,
          .recv = r},
-        false);
+        Completion::blocking);
   }
   void broadcast(void* b, int64_t n, DType t, int root) override {
     run({.kind = CollKind::broadcast, .dtype = t, .count = n, .root = root, .send = b, .recv = b},
-        false);
+        Completion::blocking);
   }
   void reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op, int root) override {
     run({.kind = CollKind::reduce,
@@ -104,15 +113,16 @@ class SimCommunicator final : public Communicator {
          .reduces = true,
          .send = s,
          .recv = r},
-        false);
+        Completion::blocking);
   }
   void all_to_all(const void* s, void* r, int64_t n, DType t) override {
     NXD_CHECK(!s || s != r, "[all_to_all] in-place all_to_all is not supported (group ", g_->name,
               ")");
-    run({.kind = CollKind::all_to_all, .dtype = t, .count = n, .send = s, .recv = r}, false);
+    run({.kind = CollKind::all_to_all, .dtype = t, .count = n, .send = s, .recv = r},
+        Completion::blocking);
   }
   void barrier() override {
-    run({.kind = CollKind::barrier, .dtype = DType::f32, .count = 0}, false);
+    run({.kind = CollKind::barrier, .dtype = DType::f32, .count = 0}, Completion::blocking);
   }
   Work iall_reduce(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     return run({.kind = CollKind::all_reduce,
@@ -122,10 +132,11 @@ class SimCommunicator final : public Communicator {
                 .reduces = true,
                 .send = s,
                 .recv = r},
-               true);
+               Completion::async);
   }
   Work iall_gather(const void* s, void* r, int64_t n, DType t) override {
-    return run({.kind = CollKind::all_gather, .dtype = t, .count = n, .send = s, .recv = r}, true);
+    return run({.kind = CollKind::all_gather, .dtype = t, .count = n, .send = s, .recv = r},
+               Completion::async);
   }
   Work ireduce_scatter(const void* s, void* r, int64_t n, DType t, ReduceOp op) override {
     return run({.kind = CollKind::reduce_scatter,
@@ -135,12 +146,12 @@ class SimCommunicator final : public Communicator {
                 .reduces = true,
                 .send = s,
                 .recv = r},
-               true);
+               Completion::async);
   }
   Work ibroadcast(void* b, int64_t n, DType t, int root) override {
     return run(
         {.kind = CollKind::broadcast, .dtype = t, .count = n, .root = root, .send = b, .recv = b},
-        true);
+        Completion::async);
   }
 
   void send(const void* buf, int64_t n, DType t, int dst, int tag) override;
@@ -150,14 +161,12 @@ class SimCommunicator final : public Communicator {
  private:
   // Posts call `d` (kind, dtype, count, root, rop, reduces, send, recv; run fills meta, ready
   // and seq), then completes it (async: returns a Work that waits for its modeled end).
-  Work run(CallDesc d, bool async);
+  Work run(CallDesc d, Completion completion);
   // Waits until done() (spin, then sleep as a blocked rank; throws on abort or timeout). `call`
   // names the call in messages (formatted only when sleeping or failing).
-  // `abortable` false: a world abort does not end the wait (the data phase of a call always
-  // completes, and peers may still be writing into this member's buffers).
   template <class Done>
   void wait_for(uint64_t round, Done done, const char* op, const CallDesc& call,
-                bool abortable = true);
+                WaitOptions opts = {});
   void release(uint64_t round, int count);
   int64_t items_of(const CallDesc& d, int m) const;
   void do_item(const std::vector<CallDesc>& calls, int m, int64_t j);

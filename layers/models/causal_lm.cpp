@@ -9,6 +9,7 @@
 #include "nxd/layers/models/gpt_neox.h"
 #include "nxd/layers/models/llama.h"
 #include "nxd/layers/parallel/context_parallel.h"
+#include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/cross_entropy.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
@@ -117,7 +118,19 @@ Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntro
   check_whole("loss");
   NXD_CHECK_SHAPE(targets.shape() == ids.shape(), "[", type_name(),
                   "::loss] targets must match ids: ids=", ids.desc(), " targets=", targets.desc());
-  return head_loss(decoder_layers(embed(ids)), targets, opts);
+  Tensor l = head_loss(decoder_layers(embed(ids)), targets, opts);
+  Tensor aux = opts.reduction == Reduction::none ? Tensor() : moe_aux_loss();
+  return aux.defined() ? add(l, to(aux, l.dtype())) : l;
+}
+
+Tensor CausalLM::moe_aux_loss() {
+  if (!cfg_.moe.enabled()) return Tensor();
+  Tensor total;
+  for (const MoeMlp* m : moe_layers(*this)) {
+    const Tensor& a = m->aux_loss();
+    if (a.defined()) total = total.defined() ? add(total, a) : a;
+  }
+  return total;
 }
 
 Tensor CausalLM::embed(const Tensor& ids) {
@@ -219,18 +232,19 @@ Tensor checkpoint_layer(const std::function<Tensor(const Tensor&)>& layer, const
 }
 
 bool is_builtin_arch(const std::string& arch) {
-  return arch == "llama" || arch == "gpt_neox";
+  return arch == "llama" || arch == "gpt_neox" || arch == "mixtral";
 }
 
 std::shared_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, uint64_t seed,
                                          const ModelPart& part) {
   cfg.validate();
   if (!is_builtin_arch(cfg.arch))
-    throw ConfigError(str("[make_causal_lm] unknown arch '", cfg.arch,
-                          "' (built in: llama, gpt_neox; another architecture derives CausalLM, "
-                          "as examples/new_model does)"));
+    throw ConfigError(
+        str("[make_causal_lm] unknown arch '", cfg.arch,
+            "' (built in: llama, gpt_neox, mixtral; another architecture derives CausalLM, "
+            "as examples/new_model does)"));
   std::shared_ptr<CausalLM> m;
-  if (cfg.arch == "llama") {
+  if (cfg.arch == "llama" || cfg.arch == "mixtral") {
     m = std::make_shared<LlamaForCausalLM>(cfg, part);
   } else {
     m = std::make_shared<GPTNeoXForCausalLM>(cfg, part);

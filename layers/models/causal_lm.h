@@ -100,7 +100,13 @@ class CausalLM : public Module {
   // Cross entropy of forward(ids) against targets [B,S] (already shifted by the caller): the mean
   // over targets != opts.ignore_index by default. TP > 1: vocab-parallel (parallel_cross_entropy),
   // the same value on every rank.
+  // With mixture-of-experts layers (cfg.moe) the mean loss also includes moe_aux_loss().
   Tensor loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts = {});
+
+  // Mixture of experts: the sum of this part's MoE layers' auxiliary losses (coefficients applied)
+  // from their last forward, a scalar in the graph; undefined for a dense model. loss() adds it;
+  // a pipeline stage's caller must add it itself.
+  Tensor moe_aux_loss();
 
   // ---- the pieces a pipeline stage runs (hidden states in the local layout: [B,S,hidden], or
   // this rank's sequence shard [B,Sp/TP,hidden] under SP, Sp = S rounded up to a multiple of TP).

@@ -8,7 +8,7 @@ namespace nxd {
 int64_t ModelConfig::ffn_size() const {
   if (ffn_hidden_size > 0) return ffn_hidden_size;
   if (arch == "gpt_neox") return 4 * hidden_size;
-  // Llama: 2/3 of 4*hidden rounded up to a multiple of 256 (Meta's multiple_of).
+  // Llama and Mixtral: 2/3 of 4*hidden rounded up to a multiple of 256 (Meta's multiple_of).
   int64_t f = (8 * hidden_size) / 3;
   return (f + 255) / 256 * 256;
 }
@@ -84,12 +84,23 @@ void ModelConfig::validate() const {
          " high_freq_factor=", rope_scaling.high_freq_factor,
          " original_max_position_embeddings=", rope_scaling.original_max_position_embeddings);
   if (!(norm_eps > 0.0)) fail("norm_eps must be positive, got ", norm_eps);
-  if (arch == "llama" && hidden_act != "silu" && hidden_act != "gelu" && hidden_act != "gelu_new")
+  if ((arch == "llama" || arch == "mixtral") && hidden_act != "silu" && hidden_act != "gelu" &&
+      hidden_act != "gelu_new")
     fail("llama hidden_act must be silu, gelu or gelu_new, got '", hidden_act, "'");
   if (!(init_std >= 0.0)) fail("init_std must be >= 0, got ", init_std);
   if (!(dropout >= 0.0 && dropout < 1.0)) fail("dropout must be in [0, 1), got ", dropout);
   if (!is_floating(dtype)) fail("dtype must be floating, got ", dtype_name(dtype));
   if (kv_size_multiplier < 1) fail("kv_size_multiplier must be >= 1, got ", kv_size_multiplier);
+  moe.validate();
+  if (arch == "mixtral" && !moe.enabled()) fail("mixtral needs moe.num_experts > 0");
+  if (moe.enabled() && arch != "llama" && arch != "mixtral")
+    fail("moe (num_experts=", moe.num_experts, ") is built for llama and mixtral, not ", arch);
+  if (moe.enabled() && hidden_act != "silu")
+    fail("moe experts are SwiGLU: hidden_act must be silu, got '", hidden_act, "'");
+  if (moe.enabled() && activations_checkpoint_granularity == CheckpointGranularity::full)
+    fail(
+        "moe with activations_checkpoint_granularity=full is not supported (the recomputed "
+        "layers would lose the auxiliary loss's gradient); use selective or null");
 }
 
 void ModelPart::validate(const ModelConfig& c) const {
@@ -109,6 +120,10 @@ void ModelConfig::validate_parallel(int tp) const {
   auto fail = [](auto&&... a) { throw ConfigError(str("[ModelConfig] ", a...)); };
   if (tp < 1) fail("tensor parallel size must be >= 1, got ", tp);
   if (tp == 1) return;
+  if (moe.enabled() && sequence_parallel)
+    fail("moe with sequence_parallel at tensor parallel size ", tp,
+         " is not supported (the experts are not split over TP: they run on the full, duplicated "
+         "hidden states)");
   const int64_t h = num_attention_heads, kv = kv_heads(), m = kv_size_multiplier;
   if (h % tp != 0)
     fail("num_attention_heads=", h, " is not divisible by tensor parallel size ", tp);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "nxd/layers/init_scheme.h"
+#include "nxd/layers/moe/config.h"
 #include "nxd/runtime/allocator.h"
 #include "nxd/runtime/dtype.h"
 #include "nxd/runtime/rope_scaling.h"
@@ -27,7 +28,7 @@ const char* checkpoint_granularity_name(CheckpointGranularity g);  // "null", "f
 CheckpointGranularity parse_checkpoint_granularity(const std::string& s);
 
 struct ModelConfig {
-  std::string arch = "llama";  // "llama" | "gpt_neox"
+  std::string arch = "llama";  // "llama" | "gpt_neox" | "mixtral" (llama with MoE MLPs)
   int64_t vocab_size = 256;
   int64_t num_layers = 4;
   int64_t hidden_size = 256;
@@ -66,6 +67,9 @@ struct ModelConfig {
   // must be max(1, TP / num_kv_heads) (checked by validate_parallel).
   int64_t kv_size_multiplier = 1;
   CheckpointGranularity activations_checkpoint_granularity = CheckpointGranularity::none;
+  // Mixture of experts (layers/moe/): llama's MLP becomes a MoeMlp (registered as Mixtral's
+  // block_sparse_moe) every moe.frequency layers; mixtral needs it. num_experts == 0: dense.
+  MoeConfig moe;
 
   // Throws ConfigError naming the offending values (unknown arch, non-positive sizes, heads not
   // dividing hidden_size, kv heads not dividing heads, odd rotary dims, eps/std/dropout ranges).

@@ -27,7 +27,8 @@ AttentionOptions llama_attention(const ModelConfig& c, int tp) {
 }
 }  // namespace
 
-LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) : Module("LlamaDecoderLayer") {
+LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t layer)
+    : Module("LlamaDecoderLayer") {
   ParamOptions p{c.dtype, c.device};
   const int tp = model_tensor_parallel_size();
   const bool sp = c.sequence_parallel && tp > 1;
@@ -43,7 +44,18 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) : Module("LlamaDecode
   mo.param = p;
   mo.tensor_parallel = tp > 1;
   mo.sequence_parallel = sp;
-  mlp_ = register_module("mlp", std::make_shared<GatedMlp>(c.hidden_size, c.ffn_size(), mo));
+  if (c.moe.is_moe_layer(layer)) {
+    MoeMlpOptions eo;
+    eo.hidden_size = c.hidden_size;
+    eo.ffn_hidden_size = c.ffn_size();
+    eo.moe = c.moe;
+    eo.init = c.init_scheme();
+    eo.param = p;
+    eo.ep_group = moe_expert_parallel_group();
+    moe_ = register_module("block_sparse_moe", std::make_shared<MoeMlp>(eo));
+  } else {
+    mlp_ = register_module("mlp", std::make_shared<GatedMlp>(c.hidden_size, c.ffn_size(), mo));
+  }
   input_layernorm_ = register_module(
       "input_layernorm", std::make_shared<ParallelRMSNorm>(c.hidden_size, c.norm_eps, sp, p));
   post_attention_layernorm_ =
@@ -56,15 +68,18 @@ Tensor LlamaDecoderLayer::forward(const Tensor& h, int64_t position_offset) cons
   Tensor a = add(
       h, hidden_dropout(*dropout_,
                         self_attn_->forward(input_layernorm_->forward(h), position_offset), sp_));
-  return add(a,
-             hidden_dropout(*dropout_, mlp_->forward(post_attention_layernorm_->forward(a)), sp_));
+  return add(a, hidden_dropout(*dropout_, mlp(post_attention_layernorm_->forward(a)), sp_));
+}
+
+Tensor LlamaDecoderLayer::mlp(const Tensor& x) const {
+  return moe_ ? moe_->forward(x) : mlp_->forward(x);
 }
 
 Tensor LlamaDecoderLayer::forward_cached(const Tensor& h, const CacheStep& step,
                                          const Tensor& k_cache, const Tensor& v_cache) const {
   Tensor a =
       add(h, self_attn_->forward_cached(input_layernorm_->forward(h), step, k_cache, v_cache));
-  return add(a, mlp_->forward(post_attention_layernorm_->forward(a)));
+  return add(a, mlp(post_attention_layernorm_->forward(a)));
 }
 
 LlamaModel::LlamaModel(const ModelConfig& c, const ModelPart& part)
@@ -92,7 +107,7 @@ LlamaModel::LlamaModel(const ModelConfig& c, const ModelPart& part)
   }
   layers_ = register_module("layers", std::make_shared<ModuleList>(part.layer_begin));
   for (int64_t l = part.layer_begin; l < part.end(c); ++l)
-    layers_->push_back(std::make_shared<LlamaDecoderLayer>(c));
+    layers_->push_back(std::make_shared<LlamaDecoderLayer>(c, l));
   if (part.head)
     norm_ =
         register_module("norm", std::make_shared<ParallelRMSNorm>(c.hidden_size, c.norm_eps, sp,
@@ -138,7 +153,7 @@ Tensor LlamaModel::forward(const Tensor& ids, int64_t position_offset) const {
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& cfg, const ModelPart& part)
-    : CausalLM(cfg, "LlamaForCausalLM", part) {
+    : CausalLM(cfg, cfg.arch == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM", part) {
   model_ = register_module("model", std::make_shared<LlamaModel>(cfg_, part_));
   register_output_head("lm_head");
 }

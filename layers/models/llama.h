@@ -16,7 +16,14 @@
 // cfg.kv_size_multiplier times, o_proj row-parallel, gate/up_proj column-parallel, down_proj
 // row-parallel, embed_tokens ParallelEmbedding (vocab), lm_head column-parallel (vocab),
 // the norms ParallelRMSNorm (sequence_parallel_enabled under SP).
+//
+// Mixture of experts (cfg.moe enabled; arch "mixtral" is this class with type name
+// MixtralForCausalLM): layer l's MLP is a MoeMlp named block_sparse_moe (Mixtral's names: gate,
+// experts.E.w1/w2/w3) when cfg.moe.is_moe_layer(l), over the expert-parallel group
+// (moe_expert_parallel_group()). Under TP the experts are not split: every TP rank runs them on the
+// full hidden states (no sequence parallelism).
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/transformer.h"
 
@@ -24,17 +31,21 @@ namespace nxd {
 
 class LlamaDecoderLayer : public Module {
  public:
-  explicit LlamaDecoderLayer(const ModelConfig& cfg);
+  // layer: the layer's index in the whole model (decides whether its MLP is a MoE).
+  explicit LlamaDecoderLayer(const ModelConfig& cfg, int64_t layer = 0);
   Tensor forward(const Tensor& h, int64_t position_offset = 0) const;
   // The KV-cache path (kv_cache.h): this layer's K/V cache tensors written in place.
   Tensor forward_cached(const Tensor& h, const CacheStep& step, const Tensor& k_cache,
                         const Tensor& v_cache) const;
   const CausalSelfAttention& self_attn() const { return *self_attn_; }
+  const MoeMlp* moe() const { return moe_.get(); }  // null on a dense layer
 
  private:
+  Tensor mlp(const Tensor& x) const;  // the dense or MoE MLP
   std::shared_ptr<ParallelRMSNorm> input_layernorm_, post_attention_layernorm_;
   std::shared_ptr<CausalSelfAttention> self_attn_;
   std::shared_ptr<GatedMlp> mlp_;
+  std::shared_ptr<MoeMlp> moe_;  // instead of mlp_ on a MoE layer
   std::shared_ptr<Dropout> dropout_;
   bool sp_ = false;
 };

@@ -40,6 +40,12 @@ constexpr const char* kSrcLaunch =
     "collective launch floor 3 us [calibrated: the model then gives 6.0 us for the nccom-test "
     "32-rank all-gather measured at 6.16 us at 1 KiB] "
     "(newer SDK output on the nccom-test page)";
+constexpr const char* kSrcKanga =
+    "KangaRing (whole-chip groups, > 56 MB) at the ring busbw x 4/3 (all-gather) and x 3/2 "
+    "(reduce-scatter): its HBM touches per byte, 3 instead of 4 and 4 instead of 6 [nxd assumes "
+    "the ring busbw is bound by them], capped by the chip's NeuronLinks: "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/"
+    "intranode-collective-comm.html";
 constexpr const char* kSrcEfa =
     "EFA per-hop latency ~15 us: "
     "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/"
@@ -68,7 +74,7 @@ MachineSpec base(const std::string& name, int chips) {
   m.launch_latency = 3e-6;
   m.efa_latency = 15e-6;
   m.link_bandwidth = 96 * kGiB;
-  m.sources = {kSrcNki, kSrcHbm, kSrcHbmBw, kSrcHop, kSrcBusbw, kSrcLaunch, kSrcEfa};
+  m.sources = {kSrcNki, kSrcHbm, kSrcHbmBw, kSrcHop, kSrcBusbw, kSrcLaunch, kSrcKanga, kSrcEfa};
   return m;
 }
 

@@ -2,7 +2,8 @@
 // ModelCheckpoint (TrainerOptions::ckpt_path) gives bitwise the losses of an uninterrupted run for
 // every later step — model, AdamW state, LR schedule position, data order across an epoch
 // boundary and the dropout RNG restored — on one rank and on sim TP2 x DP2. Plus the callback's
-// retention (save_top_k, newest or best by monitor) and its option errors.
+// retention (save_top_k, newest or best by monitor) and its option errors. A rank killed the
+// moment a step's checkpoint is complete leaves that step's metrics row written.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "ckpt_util.h"
 #include "nxd/trainer/checkpointing.h"
 #include "nxd/trainer/trainer.h"
+#include "support/files.h"
 #include "support/ranks.h"
 
 namespace nxd::trainer {
@@ -148,6 +150,51 @@ TEST(TrainerResume, TopKByMonitorAndOptionErrors) {
   bad.ckpt_path = (dir.path / "none").string();
   TinyLM m2(1);
   EXPECT_THROW(Trainer(bad).fit(m2, data), ckpt::CheckpointError);
+}
+
+// A host dying at the first moment step_3 is complete (a callback after ModelCheckpoint throws in
+// every hook once it sees step_3 committed): step 3's metrics row is already in metrics.csv, and
+// the run resumed from step_3 logs 4..6, so the two files hold every step exactly once. Before
+// the fix the checkpoint was saved ahead of the row and step 3 had no row anywhere.
+struct DieOnceCommitted : Callback {
+  fs::path ckpt;
+  void check() {
+    if (ckpt::newest_checkpoint(ckpt) == "step_3") throw CommError("[test] host died");
+  }
+  void on_train_batch_end(Trainer&, TrainingModule&, const StepOutput&) override { check(); }
+  void on_log(Trainer&, const MetricsRow&) override { check(); }
+  void on_step_end(Trainer&, TrainingModule&, const StepOutput&) override { check(); }
+};
+
+TEST(TrainerResume, AKillRightAfterACheckpointKeepsItsStepsMetricsRow) {
+  const nxd::testing::ScratchDir dir("nxd_resume_");
+  const fs::path ckpt = dir.path / "ckpt";
+  auto fit = [&](const std::string& logs, const std::string& resume, bool die) {
+    current_context().rng().set_seed(7);
+    TinyLM module(1);
+    DatasetDataModule data(std::make_shared<RandomDataset>(24, 8, 32, 11), nullptr,
+                           DatasetDataOptions{2, 5, true});
+    TrainerOptions o;
+    o.max_steps = 6;
+    o.log_every_n_steps = 1;
+    o.callbacks.push_back(std::make_shared<ModelCheckpoint>(
+        ModelCheckpointOptions{.dirpath = ckpt.string(), .every_n_train_steps = 3}));
+    if (die) {
+      auto d = std::make_shared<DieOnceCommitted>();
+      d->ckpt = ckpt;
+      o.callbacks.push_back(d);
+    }
+    o.loggers.push_back(std::make_shared<CSVLogger>((dir.path / logs).string()));
+    Trainer(o).fit(module, data, resume);
+  };
+  EXPECT_THROW(fit("first", "", true), CommError);
+  ASSERT_EQ(ckpt::newest_checkpoint(ckpt), "step_3");
+  fit("resumed", ckpt.string(), false);
+  std::vector<std::string> steps;
+  for (const char* part : {"first", "resumed"})
+    for (const auto& row : nxd::testing::read_csv(dir.path / part / "metrics.csv").rows)
+      steps.push_back(row.at(0));
+  EXPECT_EQ(steps, (std::vector<std::string>{"1", "2", "3", "4", "5", "6"}));
 }
 
 }  // namespace

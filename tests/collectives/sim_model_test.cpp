@@ -71,9 +71,13 @@ TEST(SimCost, RingCollectivesMatchClosedForms) {
     std::vector<int> ranks(p);
     for (int i = 0; i < p; ++i) ranks[i] = i;
     GroupLinks g = group_links(m, ranks);
-    const double alpha = m.hop_latency * (p > 2 ? 1 : 1), B = m.collective_busbw;
+    // ranks 0..p-1: one chip (p = 2: the calibrated busbw), two neighbouring chips (p = 4: one
+    // NeuronLink between them, 96 GiB/s / 2 directions / 2 cores), a torus row of four chips
+    // (p = 8: two links per chip, 48 GiB/s per core, under the 52.83 calibrated)
+    const double alpha = m.hop_latency,
+                 B = p == 2 ? m.collective_busbw : m.link_bandwidth * (p == 4 ? 1 : 2) / 2 / 2;
     EXPECT_DOUBLE_EQ(g.alpha, alpha);
-    EXPECT_DOUBLE_EQ(g.bw, B);
+    EXPECT_DOUBLE_EQ(g.bw, B) << "p=" << p;
     const int64_t n = 1 << 16;  // f32 elements per rank call
     const double bytes = 4.0 * n;
     // all-reduce: 2(p-1) alpha + 2 (p-1)/p n/B, plus the launch latency.
@@ -105,6 +109,19 @@ TEST(SimCost, AlgorithmChoiceAndHierarchy) {
   EXPECT_EQ(collective_cost(m, CollKind::all_reduce, r32, 64e3).algorithm, Algorithm::mesh);
   EXPECT_EQ(collective_cost(m, CollKind::all_reduce, r32, 16e6).algorithm, Algorithm::rdh);
   EXPECT_EQ(collective_cost(m, CollKind::all_reduce, r32, 256e6).algorithm, Algorithm::kangaring);
+  // KangaRing (whole chips, large): the ring's busbw x 4/3 for an all-gather (3 HBM touches per
+  // byte instead of 4) and x 3/2 for a reduce-scatter (4 instead of 6), under the chip's links.
+  {
+    const GroupLinks g = group_links(m, r32);
+    const double n = 256.0 * (1 << 20), moved = 31.0 / 32 * n, B = m.collective_busbw;
+    EXPECT_NEAR(collective_cost(m, CollKind::all_gather, r32, n).seconds,
+                m.launch_latency + 16 * g.alpha + moved / (B * 4 / 3), 1e-12);
+    EXPECT_NEAR(collective_cost(m, CollKind::reduce_scatter, r32, n).seconds,
+                m.launch_latency + 16 * g.alpha + moved / (B * 3 / 2), 1e-12);
+    EXPECT_NEAR(collective_cost(m, CollKind::all_reduce, r32, n).seconds,
+                m.launch_latency + 32 * g.alpha + moved / (B * 4 / 3) + moved / (B * 3 / 2), 1e-12);
+    EXPECT_LE(g.kanga_rs_bw, m.link_bandwidth * m.links_per_chip / 2);
+  }
   // A strided group (one core per chip) cannot use KangaRing.
   std::vector<int> strided;
   for (int i = 0; i < 32; i += 2) strided.push_back(i);
@@ -119,7 +136,8 @@ TEST(SimCost, AlgorithmChoiceAndHierarchy) {
   EXPECT_EQ(h.algorithm, Algorithm::hierarchical);
   EXPECT_EQ(g.instances, 2);
   EXPECT_EQ(g.per_instance, 32);
-  double want = c.launch_latency + 2 * ring_reduce_scatter_time(32, n, g.alpha, g.bw) +
+  // three stages, each with its launch
+  double want = 3 * c.launch_latency + 2 * ring_reduce_scatter_time(32, n, g.alpha, g.bw) +
                 ring_all_reduce_time(2, n / 32, c.efa_latency, c.efa_bandwidth / 32);
   EXPECT_NEAR(h.seconds, want, 1e-12);
   // busbw factors of nccl-tests.
@@ -252,9 +270,7 @@ TEST(SimCost, ModelAgainstPublishedNccomTestFigures) {
   // dominates and the all-gathers (latency-bound and Mesh sizes), each within its tolerance.
   for (const NccomFigure& r : kNccomFigures) {
     if (r.test_tolerance <= 0) continue;
-    std::vector<int> ranks(r.ranks);
-    for (int i = 0; i < r.ranks; ++i) ranks[i] = i;
-    double t = collective_cost(machine(r.instance), r.kind, ranks, r.bytes).seconds;
+    const double t = nccom_model_us(r) * 1e-6;
     double err = t * 1e6 / r.us - 1;
     std::printf("%s %d ranks %s %.0f B: published %.2f us, modeled %.2f us (%+.1f%%)%s\n",
                 r.instance, r.ranks, coll_kind_name(r.kind), r.bytes, r.us, t * 1e6, err * 100,
@@ -306,4 +322,34 @@ TEST(SimCost, RecursiveHalvingDoublingMatchesClosedForm) {
     std::printf("p=%d: rdh over p2p %.3f us, ring over p2p %.3f us, modeled rdh %.3f us\n", p,
                 t_rdh * 1e6, t_ring * 1e6, t_model * 1e6);
   }
+}
+
+// All-to-all priced pair by pair over the topology: on one chip p-1 rounds of hop latency + n/p
+// at the core bandwidth (hand formula), slower across chips and slowest across instances; the
+// modeled time of a sim all_to_all is that plus the launch latency.
+TEST(SimCost, AllToAllIsPricedPairByPair) {
+  MachineSpec m = machine("trn1.32xlarge");
+  const double n = 4.0 * (1 << 16);
+  EXPECT_NEAR(pairwise_all_to_all_time(m, {0, 1}, n), m.hop_latency + n / 2 / m.collective_busbw,
+              1e-15);
+  const double one_chip = pairwise_all_to_all_time(m, {0, 1}, n);
+  const double two_chips = pairwise_all_to_all_time(m, {0, 2}, n);
+  std::vector<int> r8(8), strided8;
+  for (int i = 0; i < 8; ++i) r8[i] = i, strided8.push_back(4 * i);
+  EXPECT_LE(one_chip, two_chips);  // one hop between neighbour chips costs as much on trn1
+  EXPECT_LT(pairwise_all_to_all_time(m, r8, n), pairwise_all_to_all_time(m, strided8, n));
+  MachineSpec c = machine("2xtrn1.32xlarge");
+  EXPECT_LT(pairwise_all_to_all_time(c, {0, 2}, n), pairwise_all_to_all_time(c, {0, 32}, n));
+  const int64_t count = 1 << 14;  // f32 per member, 4 members
+  double t = modeled(4, 0, [&](Communicator& g) {
+    Tensor x = ones({4 * count}), y = empty({4 * count});
+    g.all_to_all(x.raw_data(), y.raw_data(), count, DType::f32);
+  });
+  EXPECT_NEAR(t, m.launch_latency + pairwise_all_to_all_time(m, {0, 1, 2, 3}, 4.0 * 4 * count),
+              1e-12);
+  std::printf(
+      "all_to_all of 256 KiB per rank: 2 cores of a chip %.2f us, 2 chips %.2f us, 8 "
+      "cores %.2f us, 8 chips %.2f us\n",
+      one_chip * 1e6, two_chips * 1e6, pairwise_all_to_all_time(m, r8, n) * 1e6,
+      pairwise_all_to_all_time(m, strided8, n) * 1e6);
 }

@@ -58,7 +58,18 @@ if(TARGET nxd-plan)
     COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=unknown --model 'llama9'"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
             --model llama9)
+  # the gpt3-175b preset (GPT-3's widths, 2 of its 96 layers) plans at TP 32 with its vocabulary
+  # padded to a multiple of the TP size
+  add_test(NAME NxdPlan.Gpt3PresetPlans
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=gpt3-175b on trn1.32xlarge \\(32 NeuronCores\\): TP 32 x PP 1 x DP 1.*predicted: [0-9.]+ seq/s.*\\(fits\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --model gpt3-175b --set model.num_layers=2
+            --set distributed_strategy.tensor_model_parallel_size=32
+            --set distributed_strategy.sequence_parallel=true --set data.seq_length=2048
+            --set data.global_batch_size=2 --set data.micro_batch_size=1
+            --set precision.type=mixed_precision)
   set_tests_properties(NxdPlan.PlansTwoHundredFiftySixRanks NxdPlan.ConfiguredLayoutDoesNotFit
-    NxdPlan.SearchFindsLayoutsThatFit NxdPlan.UnknownModelIsAUserMistake
+    NxdPlan.SearchFindsLayoutsThatFit NxdPlan.UnknownModelIsAUserMistake NxdPlan.Gpt3PresetPlans
     PROPERTIES LABELS tools TIMEOUT 300)
 endif()

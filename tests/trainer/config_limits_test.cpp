@@ -138,6 +138,7 @@ TEST(ConfigLimits, ThreadCountsSizesAndEnvironmentAreChecked) {
            {"NXD_NUM_THREADS", "0", "NXD_NUM_THREADS='0'"},
            {"NXD_GEMM", "mkl", "NXD_GEMM='mkl': expected openblas or eigen"},
            {"NXD_SIM_TIMEOUT", "soon", "NXD_SIM_TIMEOUT='soon': expected seconds > 0"},
+           {"NXD_MPI_TIMEOUT", "-1", "NXD_MPI_TIMEOUT='-1': expected seconds >= 0"},
            {"NXD_HOST_CACHE_MB", "-5", "NXD_HOST_CACHE_MB='-5'"}}) {
     const char* old = std::getenv(var);
     const std::string keep = old ? old : "";

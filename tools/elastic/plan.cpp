@@ -152,9 +152,17 @@ FailureReport parse_failure(const std::string& err) {
       R"(process rank (\d+) with PID \d+ on node (\S+) exited on signal)");
   static const std::regex name_re(R"(Process name: \[\[\d+,\d+\],(\d+)\])");
   static const std::regex node_re(R"(Node:\s+(\S+))");
+  // the MPI backend's collective timeout (mpi/watchdog.h) names the ranks that never arrived;
+  // the rank that printed it and called MPI_Abort is healthy
+  static const std::regex hung_re(
+      R"(collective timeout: rank \d+ .* rank\(s\) ([0-9,]+) never arrived)");
+  std::set<int> hung;
   for (const std::string& line : split_lines(err)) {
     std::smatch m;
-    if (std::regex_search(line, m, abort_re) || std::regex_search(line, m, name_re)) {
+    if (std::regex_search(line, m, hung_re)) {
+      std::stringstream ranks(m[1]);
+      for (std::string r; std::getline(ranks, r, ',');) hung.insert(std::stoi(r));
+    } else if (std::regex_search(line, m, abort_re) || std::regex_search(line, m, name_re)) {
       r.ranks.insert(std::stoi(m[1]));
     } else if (std::regex_search(line, m, signal_re)) {
       r.ranks.insert(std::stoi(m[1]));
@@ -163,6 +171,7 @@ FailureReport parse_failure(const std::string& err) {
       r.nodes.insert(m[1]);
     }
   }
+  if (!hung.empty()) r = {.ranks = hung, .nodes = {}};
   return r;
 }
 

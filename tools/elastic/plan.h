@@ -42,7 +42,8 @@ struct LayoutRequest {
 std::optional<Layout> choose_layout(const LayoutRequest& req, int slots,
                                     const std::function<bool(const Layout&)>& fits = {});
 
-// What a failed launch's stderr says: the ranks that died or aborted, and the nodes named.
+// What a failed launch's stderr says: the ranks that died or aborted, and the nodes named; when a
+// rank reports a collective timeout, only the ranks it names as never arrived (no nodes).
 struct FailureReport {
   std::set<int> ranks;
   std::set<std::string> nodes;

@@ -1,0 +1,234 @@
+#include "nxd/layers/moe/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "nxd/autograd/ops.h"
+#include "nxd/autograd/ops/moe.h"
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/moe/dispatch.h"
+#include "nxd/runtime/error.h"
+
+namespace nxd {
+
+void MoeConfig::validate() const {
+  if (!enabled()) {
+    if (num_experts < 0)
+      throw ConfigError(str("[MoeConfig] num_experts=", num_experts, " must be >= 0"));
+    return;
+  }
+  if (top_k < 1 || top_k > num_experts)
+    throw ConfigError(
+        str("[MoeConfig] top_k=", top_k, " must be in [1, num_experts=", num_experts, "]"));
+  if (frequency < 1) throw ConfigError(str("[MoeConfig] frequency=", frequency, " must be >= 1"));
+  if (!dropless && !(capacity_factor > 0))
+    throw ConfigError(
+        str("[MoeConfig] capacity_factor=", capacity_factor, " must be > 0 (or set dropless)"));
+  if (router_aux_loss_coef < 0 || router_z_loss_coef < 0)
+    throw ConfigError(str("[MoeConfig] router_aux_loss_coef=", router_aux_loss_coef,
+                          " and router_z_loss_coef=", router_z_loss_coef, " must be >= 0"));
+}
+
+void MoeConfig::validate_parallel(int ep) const {
+  if (ep <= 1) return;
+  if (!enabled())
+    throw ConfigError(str("[MoeConfig] expert_model_parallel_size=", ep,
+                          " needs a mixture-of-experts model (moe.num_experts > 0)"));
+  if (num_experts % ep != 0)
+    throw ConfigError(str("[MoeConfig] num_experts=", num_experts,
+                          " is not divisible by expert_model_parallel_size=", ep));
+}
+
+MixtralExpert::MixtralExpert(int64_t hidden, int64_t ffn, const LinearOptions& in,
+                             const LinearOptions& out)
+    : Module("MixtralExpert") {
+  w1_ = register_module("w1", std::make_shared<Linear>(hidden, ffn, in));
+  w2_ = register_module("w2", std::make_shared<Linear>(ffn, hidden, out));
+  w3_ = register_module("w3", std::make_shared<Linear>(hidden, ffn, in));
+}
+
+Tensor MixtralExpert::forward(const Tensor& x, double s) const {
+  return linear(
+      swiglu(linear(x, scale_grad(w1_->weight(), s)), linear(x, scale_grad(w3_->weight(), s))),
+      scale_grad(w2_->weight(), s));
+}
+
+MoeMlp::MoeMlp(const MoeMlpOptions& o)
+    : Module("MoeMlp"), cfg_(o.moe), hidden_(o.hidden_size), ep_(o.ep_group) {
+  cfg_.validate();
+  NXD_CHECK(cfg_.enabled() && hidden_ > 0 && o.ffn_hidden_size > 0,
+            "[MoeMlp] need num_experts > 0 and positive sizes, got num_experts=", cfg_.num_experts,
+            " hidden=", hidden_, " ffn=", o.ffn_hidden_size);
+  const int ep = ep_size();
+  cfg_.validate_parallel(ep);
+  local_ = cfg_.num_experts / ep;
+  first_ = (ep_ ? ep_->rank() : 0) * local_;
+  LinearOptions lo;
+  lo.bias = false;
+  lo.weight_init = o.init.weight();
+  lo.param = o.param;
+  LinearOptions out = lo;
+  out.weight_init = o.init.weight(/*residual_output=*/true);
+  gate_ = register_module("gate", std::make_shared<Linear>(hidden_, cfg_.num_experts, lo));
+  experts_ = register_module("experts", std::make_shared<ModuleList>(first_));
+  for (int64_t e = 0; e < local_; ++e)
+    experts_->push_back(std::make_shared<MixtralExpert>(hidden_, o.ffn_hidden_size, lo, out));
+}
+
+struct MoeMlp::Routing {
+  std::vector<int64_t> tok, slot;   // kept assignments, by expert then token
+  std::vector<int64_t> per_expert;  // kept per expert [E]
+  std::vector<int64_t> load;        // routed per expert before drops [E]
+  int64_t dropped = 0;
+};
+
+MoeMlp::Routing MoeMlp::route(const Tensor&, const Tensor& idx) const {
+  const int64_t T = idx.size(0), k = idx.size(1), E = cfg_.num_experts;
+  std::vector<int64_t> e_of(static_cast<size_t>(T * k));
+  if (idx.is_meta()) {  // shapes only (the planner): a balanced routing, token t -> t, t+1, ...
+    for (int64_t a = 0; a < T * k; ++a) e_of[static_cast<size_t>(a)] = (a / k + a % k) % E;
+  } else {
+    e_of = idx.contiguous().to_vector_as<int64_t>();
+  }
+  Routing r;
+  r.load.assign(static_cast<size_t>(E), 0);
+  r.per_expert.assign(static_cast<size_t>(E), 0);
+  for (int64_t e : e_of) ++r.load[static_cast<size_t>(e)];
+  const int64_t cap =
+      cfg_.dropless
+          ? T * k
+          : static_cast<int64_t>(std::ceil(cfg_.capacity_factor * static_cast<double>(T * k) /
+                                           static_cast<double>(E)));
+  std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
+  for (int64_t a = 0; a < T * k; ++a) {  // token order: an expert keeps its first `cap`
+    auto& v = by_expert[static_cast<size_t>(e_of[static_cast<size_t>(a)])];
+    if (static_cast<int64_t>(v.size()) < cap)
+      v.push_back(a);
+    else
+      ++r.dropped;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t a : by_expert[static_cast<size_t>(e)]) {
+      r.tok.push_back(a / k);
+      r.slot.push_back(a);
+    }
+    r.per_expert[static_cast<size_t>(e)] = static_cast<int64_t>(by_expert[e].size());
+  }
+  return r;
+}
+
+Tensor MoeMlp::run_experts(const Tensor& rows, const std::vector<int64_t>& counts) const {
+  const double scale = 1.0 / static_cast<double>(ep_size());
+  std::vector<Tensor> outs;
+  int64_t off = 0;
+  for (int64_t e = 0; e < local_; ++e) {
+    const int64_t n = counts.at(static_cast<size_t>(e));
+    if (n == 0) continue;
+    outs.push_back(experts_->at<MixtralExpert>(static_cast<size_t>(e))
+                       ->forward(narrow(rows, 0, off, n), scale));
+    off += n;
+  }
+  // no rows here: keep the graph through (expert parallelism's backward exchanges need it)
+  if (outs.empty()) return mul(rows, 0.0);
+  return outs.size() == 1 ? outs[0] : cat(outs, 0);
+}
+
+Tensor MoeMlp::run_parallel(const Tensor& rows, const Routing& r) const {
+  Communicator& g = *ep_;
+  const int P = g.size();
+  const int64_t El = local_;
+  const std::vector<int64_t> got = exchange_counts(g, r.per_expert);  // [P*El] by source
+  RowCounts c;
+  c.send.assign(static_cast<size_t>(P), 0);
+  c.recv.assign(static_cast<size_t>(P), 0);
+  for (int p = 0; p < P; ++p)
+    for (int64_t e = 0; e < El; ++e) {
+      c.send[p] += r.per_expert[static_cast<size_t>(p * El + e)];
+      c.recv[p] += got[static_cast<size_t>(p * El + e)];
+    }
+  Tensor recv = all_to_all_rows(rows, c, g);  // by source, then local expert
+  // expert-major order (sources in order within an expert) and its inverse
+  std::vector<int64_t> base(static_cast<size_t>(P), 0), counts(static_cast<size_t>(El), 0);
+  for (int p = 1; p < P; ++p) base[p] = base[p - 1] + c.recv[p - 1];
+  std::vector<int64_t> perm, inv(static_cast<size_t>(recv.size(0)));
+  for (int64_t e = 0; e < El; ++e)
+    for (int p = 0; p < P; ++p) {
+      int64_t off = base[p];
+      for (int64_t f = 0; f < e; ++f) off += got[static_cast<size_t>(p * El + f)];
+      const int64_t n = got[static_cast<size_t>(p * El + e)];
+      for (int64_t i = 0; i < n; ++i) {
+        inv[static_cast<size_t>(off + i)] = static_cast<int64_t>(perm.size());
+        perm.push_back(off + i);
+      }
+      counts[static_cast<size_t>(e)] += n;
+    }
+  const int64_t R = recv.size(0);
+  Tensor y = run_experts(embedding(from_vector(perm, {R}), recv), counts);
+  Tensor back = embedding(from_vector(inv, {R}), y);
+  return all_to_all_rows(back, RowCounts{c.recv, c.send}, g);
+}
+
+Tensor MoeMlp::forward(const Tensor& x) const {
+  NXD_CHECK_SHAPE(x.dim() >= 2 && x.size(-1) == hidden_, "[MoeMlp] expected [..., ", hidden_,
+                  "], got ", x.desc());
+  const int64_t E = cfg_.num_experts, k = cfg_.top_k, T = x.numel() / hidden_;
+  Tensor X = reshape(x, {T, hidden_});
+  Tensor logits = gate_->forward(X);  // [T,E]
+  Tensor probs = softmax(logits, -1);
+  std::vector<Tensor> tk = topk(probs, k);
+  Tensor w = tk[0];
+  if (cfg_.normalize_top_k_affinities) w = div(w, sum(w, {-1}, /*keepdim=*/true));
+  const Routing r = route(probs, tk[1]);
+
+  // load balancing: E/k * sum_e (load_e / T) * mean_t p_te
+  std::vector<double> f(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) f[e] = static_cast<double>(r.load[e]) / static_cast<double>(T);
+  const bool meta = probs.is_meta();
+  Tensor ft = meta ? empty({E}, probs.dtype(), Device::meta) : from_doubles(f, {E}, probs.dtype());
+  Tensor lb = mul(sum(mul(mean(probs, {0}), ft)), static_cast<double>(E) / static_cast<double>(k));
+  aux_ = mul(lb, cfg_.router_aux_loss_coef);
+  stats_ = MoeStats{};
+  if (cfg_.router_z_loss_coef > 0) {
+    Tensor lse = select(sub(logits, log_softmax(logits, -1)), 1, 0);  // logsumexp per token
+    Tensor z = mean(square(lse));
+    aux_ = add(aux_, mul(z, cfg_.router_z_loss_coef));
+    if (!meta) stats_.z_loss = z.item();
+  }
+  stats_.tokens = T;
+  stats_.assignments = T * k;
+  stats_.dropped = r.dropped;
+  stats_.aux_loss = meta ? 0.0 : lb.item();
+  stats_.expert_load = r.load;
+
+  const int64_t M = static_cast<int64_t>(r.tok.size());
+  Tensor tok = from_vector(r.tok, {M});
+  Tensor rows = embedding(tok, X);                                          // [M,H]
+  Tensor wr = embedding(from_vector(r.slot, {M}), reshape(w, {T * k, 1}));  // [M,1]
+  Tensor ys = ep_size() > 1 ? run_parallel(rows, r) : run_experts(rows, r.per_expert);
+  return reshape(scatter_add_rows(mul(ys, wr), tok, T), x.shape());
+}
+
+std::shared_ptr<Communicator> moe_expert_parallel_group() {
+  namespace ps = parallel_state;
+  if (!ps::model_parallel_is_initialized() || ps::get_expert_model_parallel_size() == 1)
+    return nullptr;
+  return ps::get_expert_model_parallel_group_ptr();
+}
+
+std::vector<Tensor> moe_expert_parameters(Module& root) {
+  std::vector<Tensor> out;
+  for (auto& [name, m] : root.named_modules())
+    if (auto* moe = dynamic_cast<MoeMlp*>(m))
+      for (auto& [n, p] : moe->get_child("experts")->named_parameters()) out.push_back(p);
+  return out;
+}
+
+std::vector<const MoeMlp*> moe_layers(Module& root) {
+  std::vector<const MoeMlp*> out;
+  for (auto& [name, m] : root.named_modules())
+    if (const auto* moe = dynamic_cast<const MoeMlp*>(m)) out.push_back(moe);
+  return out;
+}
+
+}  // namespace nxd

@@ -1,0 +1,318 @@
+// Mixture-of-experts training through NxD's wrappers (initialize_parallel_model /
+// initialize_parallel_optimizer) at EP x TP x DP against one rank: 20 AdamW steps, every loss (the
+// DP mean) and gradient norm within 1e-5, the first step's reduced gradients of every parameter
+// within 1e-5 (TP = 1 runs: no TP shards to gather). The single rank computes the DP ranks'
+// losses one shard at a time and averages them (the auxiliary loss is per shard). AdamW at lr 1e-3:
+// at 1e-2 it amplifies the last-bit differences of the reduction order (an element whose
+// gradient nearly cancels moves by ~lr either way) to 3.5e-5 in the norm by step 18; at 1e-3 the
+// norms stay within 3e-7. Also under mpirun -np 4 (label mpi).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/offline.h"
+#include "nxd/checkpoint/safetensors.h"
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/trainer/config.h"
+#include "nxd/trainer/nxd_api.h"
+#include "support/compare.h"
+#include "support/files.h"
+#include "support/ranks.h"
+#include "support/tiny_lm.h"
+
+using namespace nxd;
+using namespace nxd::trainer;
+namespace ps = nxd::parallel_state;
+
+namespace {
+
+constexpr int kSteps = 20;
+
+ModelConfig moe_llama() {
+  ModelConfig c;
+  c.arch = "llama";
+  c.vocab_size = 32;
+  c.num_layers = 3;
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.ffn_hidden_size = 24;
+  c.max_position_embeddings = 16;
+  c.init_std = 0.2;
+  c.moe.num_experts = 4;
+  c.moe.top_k = 2;
+  c.moe.frequency = 2;  // layers 0 and 2
+  c.moe.router_aux_loss_coef = 0.05;
+  c.moe.router_z_loss_coef = 0.01;
+  return c;
+}
+
+Tensor shard_ids(int shard, int step, uint64_t base) {
+  return nxd::testing::random_ids(base + static_cast<uint64_t>(step), static_cast<uint64_t>(shard),
+                                  32);
+}
+
+struct Trace {
+  std::vector<double> losses, norms;
+  std::map<std::string, Tensor> grads0;  // step 0's reduced gradients (TP rank 0)
+};
+
+// `shards` DP batches per step: the parallel run's DP ranks take one each; one rank takes all.
+Trace train(int world, NxDConfig want, int shards) {
+  Trace t;
+  std::mutex mu;
+  nxd::testing::run_ranks(world, [&] {
+    const NxDConfig cfg = neuronx_distributed_config(want);
+    auto model = initialize_parallel_model(cfg, moe_llama(), 3);
+    auto opt = initialize_parallel_optimizer(
+        cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
+        optim::AdamWOptions{});
+    const int dp = ps::get_data_parallel_size(), d = ps::get_data_parallel_rank();
+    for (int step = 0; step < kSteps; ++step) {
+      double loss;
+      if (dp == 1) {
+        loss = model
+                   ->run_train([&](Module& m) {
+                     auto& lm = dynamic_cast<CausalLM&>(m);
+                     Tensor l;
+                     for (int q = 0; q < shards; ++q) {
+                       Tensor lq = lm.loss(shard_ids(q, step, 700), shard_ids(q, step, 900));
+                       l = l.defined() ? add(l, lq) : lq;
+                     }
+                     return mul(l, 1.0 / shards);
+                   })
+                   .item();
+      } else {
+        loss = model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900)).item();
+        ps::get_data_parallel_group().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
+        loss /= dp;
+      }
+      opt->step();
+      if (step == 0 && ps::get_tensor_model_parallel_rank() == 0 &&
+          ps::get_tensor_model_parallel_size() == 1) {
+        std::lock_guard<std::mutex> l(mu);
+        for (const auto& p : model->local_named_parameters())
+          if (p.param.grad().defined() && !t.grads0.count(p.name))
+            t.grads0[p.name] = p.param.grad().clone();
+      }
+      opt->zero_grad();
+      if (current_context().rank() == 0) {
+        t.losses.push_back(loss);
+        t.norms.push_back(opt->grad_norm());
+      }
+    }
+  });
+  return t;
+}
+
+void expect_matches(const Trace& one, const Trace& par, const std::string& what) {
+  ASSERT_EQ(par.losses.size(), one.losses.size()) << what;
+  double worst = 0, worst_norm = 0;
+  for (size_t i = 0; i < one.losses.size(); ++i) {
+    worst = std::max(worst, std::abs(par.losses[i] - one.losses[i]) / std::abs(one.losses[i]));
+    worst_norm = std::max(worst_norm, std::abs(par.norms[i] - one.norms[i]) / one.norms[i]);
+  }
+  std::printf(
+      "    %s vs one rank over %d steps: largest relative loss difference %.3g, grad norm "
+      "%.3g\n",
+      what.c_str(), kSteps, worst, worst_norm);
+  EXPECT_LE(worst, 1e-5) << what;
+  EXPECT_LE(worst_norm, 1e-5) << what;
+  // TP > 1: no gathering of shards; under mpirun a process holds its own ranks' parameters only
+  // (and the one-rank run ran on the first process)
+  if (par.grads0.empty() || one.grads0.empty()) return;
+  if (!nxd::testing::under_mpi()) EXPECT_EQ(par.grads0.size(), one.grads0.size()) << what;
+  for (const auto& [name, g] : par.grads0) {
+    ASSERT_TRUE(one.grads0.count(name)) << what << " " << name;
+    EXPECT_TRUE(nxd::testing::close_rel(g, one.grads0.at(name), 1e-5, what + " " + name));
+  }
+}
+
+NxDConfig sizes(int tp, int ep) {
+  NxDConfig c;
+  c.tensor_parallel_size = tp;
+  c.expert_parallel_size = ep;
+  return c;
+}
+
+}  // namespace
+
+TEST(MoeTrain, ExpertParallelDp2MatchesOneRank) {
+  const Trace one = train(1, NxDConfig{}, 2);
+  expect_matches(one, train(2, sizes(1, 1), 2), "EP1 TP1 DP2");
+  expect_matches(one, train(2, sizes(1, 2), 2), "EP2 TP1 DP2");
+  expect_matches(one, train(4, sizes(2, 2), 2), "EP2 TP2 DP2");
+}
+
+TEST(MoeTrain, ExpertParallelDp4MatchesOneRank) {
+  const Trace one = train(1, NxDConfig{}, 4);
+  expect_matches(one, train(4, sizes(1, 4), 4), "EP4 TP1 DP4");
+  expect_matches(one, train(4, sizes(1, 2), 4), "EP2 TP1 DP4");
+  expect_matches(one, train(8, sizes(2, 4), 4), "EP4 TP2 DP4");
+}
+
+TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
+  nxd::testing::run_ranks(4, [] {
+    NxDConfig c = sizes(1, 3);  // EP 3 does not divide DP 4
+    EXPECT_THROW(neuronx_distributed_config(c), ConfigError);
+  });
+  nxd::testing::run_ranks(4, [] {
+    const NxDConfig cfg = neuronx_distributed_config(sizes(1, 4));
+    ModelConfig m = moe_llama();
+    m.moe.num_experts = 6;  // not divisible by EP 4
+    EXPECT_THROW(initialize_parallel_model(cfg, m, 3), ConfigError);
+    NxDConfig z = cfg;
+    z.optimizer_config.zero_one_enabled = true;
+    auto model = initialize_parallel_model(cfg, moe_llama(), 3);
+    EXPECT_THROW(
+        initialize_parallel_optimizer(
+            z, *model, optim::default_param_groups(model->local_named_parameters(), 1e-2, 0.1),
+            optim::AdamWOptions{}),
+        ConfigError);
+  });
+}
+
+// nxd-train's keys: the impossible combinations are ConfigErrors naming the keys.
+TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
+  auto err = [](std::vector<std::string> sets) -> std::string {
+    Config c;
+    for (const char* s :
+         {"data.kind=random", "model.moe.num_experts=4",
+          "distributed_strategy.tensor_model_parallel_size=1", "backend.world_size=4"})
+      c.apply_override(s);
+    for (auto& s : sets) c.apply_override(s);
+    try {
+      resolve(c);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(err({"distributed_strategy.expert_model_parallel_size=2"}), "");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"model.moe.top_k=5"}, "top_k=5 must be in [1, num_experts=4]"},
+      {{"distributed_strategy.expert_model_parallel_size=3"},
+       "expert_model_parallel_size=3 does not divide the data-parallel size 4"},
+      {{"distributed_strategy.expert_model_parallel_size=4", "model.moe.num_experts=6"},
+       "model.moe.num_experts=6 is not divisible by"},
+      {{"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"},
+       "zero1 with expert_model_parallel_size=2"},
+      {{"distributed_strategy.pipeline_model_parallel_size=2"}, "pipeline_model_parallel_size=2"},
+      {{"distributed_strategy.tensor_model_parallel_size=2"}, "sequence_parallel=false"},
+      {{"model.moe.num_experts=0", "distributed_strategy.expert_model_parallel_size=2"},
+       "needs a mixture-of-experts model"},
+      {{"model.arch=gpt_neox"}, "needs model.arch llama or mixtral"},
+      {{"model.moe.num_experts=0", "model.arch=mixtral"}, "mixtral needs model.moe.num_experts"},
+      {{"model.activations_checkpoint_granularity=full"}, "granularity=full is not supported"}};
+  for (const auto& [sets, want] : bad) {
+    const std::string m = err(sets);
+    EXPECT_NE(m.find(want), std::string::npos) << sets[0] << ": got '" << m << "'";
+  }
+}
+
+// Checkpoints with experts: saved at EP 4 (DP ranks 0..3 each write their experts), loaded at EP 2
+// and on one rank (every expert from the file of the rank that held it): every parameter and
+// AdamW state tensor bitwise the saved one (the loading runs start from other seeds).
+TEST(MoeTrain, CheckpointSavedAtEp4LoadsAtEp2AndOnOneRank) {
+  const auto dir = nxd::testing::test_temp_dir("moe_ckpt");
+  std::map<std::string, Tensor> saved;  // parameters and optimizer state, by name
+  std::mutex mu;
+  auto run = [&](int world, int ep, uint64_t seed, bool save) {
+    nxd::testing::run_ranks(world, [&] {
+      const NxDConfig cfg = neuronx_distributed_config(sizes(1, ep));
+      auto model = initialize_parallel_model(cfg, moe_llama(), seed);
+      auto opt = initialize_parallel_optimizer(
+          cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
+          optim::AdamWOptions{});
+      Module& m = *model->local_modules().at(0);
+      const int d = ps::get_data_parallel_rank();
+      if (save) {
+        for (int step = 0; step < 2; ++step) {
+          model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900));
+          opt->step();
+          opt->zero_grad();
+        }
+        ckpt::save_checkpoint(dir, "s2", &m, &opt->inner(), nullptr);
+        std::lock_guard<std::mutex> l(mu);
+        for (const auto& [n, t] : m.named_parameters()) saved[n] = t.detach().clone();
+        for (const auto& [n, t] : opt->inner().state_tensors())
+          saved["optim." + n] = t.detach().clone();
+        return;
+      }
+      ckpt::load_checkpoint(dir, &m, &opt->inner(), nullptr, {.tag = "s2"});
+      for (const auto& [n, t] : m.named_parameters()) {
+        ASSERT_TRUE(saved.count(n)) << n;
+        EXPECT_BITWISE_EQ(t, saved.at(n));
+      }
+      int64_t states = 0;
+      for (const auto& [n, t] : opt->inner().state_tensors()) {
+        ASSERT_TRUE(saved.count("optim." + n)) << n;
+        EXPECT_BITWISE_EQ(t, saved.at("optim." + n));
+        ++states;
+      }
+      EXPECT_GT(states, 0);
+    });
+  };
+  run(4, 4, 3, true);
+  EXPECT_EQ(saved.count("model.layers.2.block_sparse_moe.experts.3.w2.weight"), 1u);
+  for (const char* f : {"model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors",
+                        "model/dp_rank_03_tp_rank_00_pp_rank_00.safetensors",
+                        "optim/dp_rank_03_tp_rank_00_pp_rank_00.safetensors"})
+    EXPECT_TRUE(std::filesystem::exists(dir / "s2" / f)) << f;
+  run(2, 2, 99, false);  // EP 4 -> EP 2, another init
+  run(1, 1, 98, false);  // EP 4 -> one rank
+  std::filesystem::remove_all(dir);
+}
+
+// The mixtral architecture in transformers' form: export-hf writes MixtralForCausalLM's config
+// and tensor names (block_sparse_moe.gate, experts.E.w1/w2/w3 with transformers' shapes), and
+// import-hf reads them back bitwise into a checkpoint (at TP 1 and 2).
+TEST(MoeTrain, MixtralHuggingFaceRoundTrip) {
+  const auto root = nxd::testing::test_temp_dir("moe_hf");
+  ModelConfig c = moe_llama();
+  c.arch = "mixtral";
+  c.moe.frequency = 1;
+  c.moe.router_z_loss_coef = 0;
+  c.num_kv_heads = 2;
+  auto m = make_causal_lm(c, 4);
+  EXPECT_EQ(m->type_name(), "MixtralForCausalLM");
+  ckpt::save_checkpoint(root / "src", "a", m.get(), nullptr, nullptr);
+  ckpt::export_hf(root / "src" / "a", root / "hf");
+  const auto j = nlohmann::json::parse(nxd::testing::slurp(root / "hf" / "config.json"));
+  EXPECT_EQ(j["model_type"], "mixtral");
+  EXPECT_EQ(j["architectures"][0], "MixtralForCausalLM");
+  EXPECT_EQ(j["num_local_experts"], 4);
+  EXPECT_EQ(j["num_experts_per_tok"], 2);
+  EXPECT_EQ(j["intermediate_size"], 24);
+  EXPECT_DOUBLE_EQ(j["router_aux_loss_coef"].get<double>(), 0.05 * 3 / 2);  // x layers / top_k
+  const ModelConfig r = ckpt::model_config_from_hf(j);
+  EXPECT_EQ(r.arch, "mixtral");
+  EXPECT_EQ(r.moe.num_experts, 4);
+  EXPECT_EQ(r.moe.top_k, 2);
+  EXPECT_NEAR(r.moe.router_aux_loss_coef, 0.05, 1e-15);
+  std::map<std::string, Shape> shapes;
+  ckpt::SafetensorsReader rd(root / "hf" / "model.safetensors");
+  for (const auto& t : rd.header().tensors) shapes[t.name] = t.shape;
+  EXPECT_EQ(shapes.size(), m->state_dict().size());
+  const std::string l = "model.layers.2.block_sparse_moe.";
+  EXPECT_EQ(shapes.at(l + "gate.weight"), (Shape{4, 16}));
+  EXPECT_EQ(shapes.at(l + "experts.3.w1.weight"), (Shape{24, 16}));
+  EXPECT_EQ(shapes.at(l + "experts.3.w3.weight"), (Shape{24, 16}));
+  EXPECT_EQ(shapes.at(l + "experts.3.w2.weight"), (Shape{16, 24}));
+  EXPECT_EQ(shapes.count("model.layers.1.mlp.gate_proj.weight"), 0u);  // every layer is MoE
+  for (int tp : {1, 2}) {
+    const std::string tag = "b" + std::to_string(tp);
+    ckpt::import_hf(root / "hf", root / "back", tag, tp, 1);
+    auto m2 = make_causal_lm(c, 99);
+    ckpt::load_checkpoint(root / "back", m2.get(), nullptr, nullptr, {.tag = tag});
+    for (const auto& [n, x] : m->state_dict())
+      EXPECT_TRUE(nxd::testing::bitwise_equal(m2->state_dict().at(n), x.detach(), n));
+  }
+  c.moe.frequency = 2;  // not transformers' Mixtral
+  EXPECT_THROW(ckpt::hf_config_json(c), ckpt::CheckpointError);
+  std::filesystem::remove_all(root);
+}
