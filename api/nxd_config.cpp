@@ -89,6 +89,8 @@ NxDConfig NxDConfig::from_json(const nlohmann::json& j) {
         c.tensor_parallel_size = v.get<int>();
       } else if (k == "pipeline_parallel_size") {
         c.pipeline_parallel_size = v.get<int>();
+      } else if (k == "context_parallel_size") {
+        c.context_parallel_size = v.get<int>();
       } else if (k == "expert_parallel_size") {
         c.expert_parallel_size = v.get<int>();
       } else if (k == "pipeline_config") {
@@ -153,18 +155,21 @@ ResolvedPrecision resolve_precision(const NxDConfig& c) {
 
 NxDConfig neuronx_distributed_config(NxDConfig c) {
   auto fail = [](auto&&... a) { throw ConfigError(str("[neuronx_distributed_config] ", a...)); };
-  if (c.tensor_parallel_size < 1 || c.pipeline_parallel_size < 1)
-    fail("tensor_parallel_size and pipeline_parallel_size must be >= 1, got ",
-         c.tensor_parallel_size, " and ", c.pipeline_parallel_size);
+  if (c.tensor_parallel_size < 1 || c.pipeline_parallel_size < 1 || c.context_parallel_size < 1)
+    fail(
+        "tensor_parallel_size, pipeline_parallel_size and context_parallel_size must be >= 1, "
+        "got ",
+        c.tensor_parallel_size, ", ", c.pipeline_parallel_size, " and ", c.context_parallel_size);
   const int world = current_context().world_size();
-  if (world % (c.tensor_parallel_size * c.pipeline_parallel_size) != 0)
+  if (world % (c.tensor_parallel_size * c.pipeline_parallel_size * c.context_parallel_size) != 0)
     fail("the world of ", world, " rank(s) is not tensor_parallel_size ", c.tensor_parallel_size,
-         " x pipeline_parallel_size ", c.pipeline_parallel_size, " x a data-parallel size");
-  if (c.expert_parallel_size < 1 ||
-      (world / (c.tensor_parallel_size * c.pipeline_parallel_size)) % c.expert_parallel_size != 0)
+         " x pipeline_parallel_size ", c.pipeline_parallel_size, " x context_parallel_size ",
+         c.context_parallel_size, " x a data-parallel size");
+  const int dp_size =
+      world / (c.tensor_parallel_size * c.pipeline_parallel_size * c.context_parallel_size);
+  if (c.expert_parallel_size < 1 || dp_size % c.expert_parallel_size != 0)
     fail("expert_parallel_size ", c.expert_parallel_size,
-         " must be >= 1 and divide the data-parallel size ",
-         world / (c.tensor_parallel_size * c.pipeline_parallel_size));
+         " must be >= 1 and divide the data-parallel size ", dp_size);
   const PipelineConfig& pc = c.pipeline_config;
   if (pc.num_microbatches < 1 || pc.virtual_pipeline_size < 1)
     fail("pipeline_config.num_microbatches and virtual_pipeline_size must be >= 1, got ",
@@ -182,19 +187,24 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
   if (!(c.grad_bucket_mb > 0)) fail("grad_bucket_mb must be > 0, got ", c.grad_bucket_mb);
   const ResolvedPrecision rp = resolve_precision(c);
   if (!parallel_state::model_parallel_is_initialized()) {
-    parallel_state::ParallelSizes ps;
-    ps.tensor = c.tensor_parallel_size;
-    ps.pipeline = c.pipeline_parallel_size;
-    ps.expert = c.expert_parallel_size;
-    parallel_state::initialize_model_parallel(ps);
+    parallel_state::initialize_model_parallel(
+        parallel_state::ParallelSizes{.tensor = c.tensor_parallel_size,
+                                      .pipeline = c.pipeline_parallel_size,
+                                      .context = c.context_parallel_size,
+                                      .expert = c.expert_parallel_size});
   } else if (parallel_state::get_tensor_model_parallel_size() != c.tensor_parallel_size ||
              parallel_state::get_pipeline_model_parallel_size() != c.pipeline_parallel_size ||
+             parallel_state::get_context_parallel_size() != c.context_parallel_size ||
              parallel_state::get_expert_model_parallel_size() != c.expert_parallel_size) {
-    fail("parallel_state is already initialized with tensor x pipeline x expert parallel size ",
-         parallel_state::get_tensor_model_parallel_size(), " x ",
-         parallel_state::get_pipeline_model_parallel_size(), " x ",
-         parallel_state::get_expert_model_parallel_size(), ", the config asks for ",
-         c.tensor_parallel_size, " x ", c.pipeline_parallel_size, " x ", c.expert_parallel_size);
+    fail(
+        "parallel_state is already initialized with tensor x pipeline x context x expert "
+        "parallel size ",
+        parallel_state::get_tensor_model_parallel_size(), " x ",
+        parallel_state::get_pipeline_model_parallel_size(), " x ",
+        parallel_state::get_context_parallel_size(), " x ",
+        parallel_state::get_expert_model_parallel_size(), ", the config asks for ",
+        c.tensor_parallel_size, " x ", c.pipeline_parallel_size, " x ", c.context_parallel_size,
+        " x ", c.expert_parallel_size);
   }
   blas::set_matmul_precision(rp.matmul);
   return c;

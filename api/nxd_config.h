@@ -61,6 +61,8 @@ struct MixedPrecisionConfig {
 struct NxDConfig {
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
+  int context_parallel_size =
+      1;  // ranks splitting each sequence (layers/parallel/context_parallel.h)
   // Expert parallelism (NxD's expert_parallel_size): the experts of mixture-of-experts layers are
   // split over this many data-parallel ranks (it divides the DP size; layers/moe/moe.h).
   int expert_parallel_size = 1;
@@ -79,7 +81,7 @@ struct NxDConfig {
   double grad_bucket_mb = 25.0;    // the DP gradient buckets (DDP's bucket_cap_mb)
 
   // NxD's keys from JSON (or YAML parsed to JSON): tensor_parallel_size, pipeline_parallel_size,
-  // expert_parallel_size,
+  // context_parallel_size, expert_parallel_size,
   // pipeline_config {num_microbatches, schedule, virtual_pipeline_size, pipeline_cuts,
   // partition},
   // optimizer_config {zero_one_enabled, grad_clipping, max_grad_norm},

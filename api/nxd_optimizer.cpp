@@ -13,9 +13,11 @@ namespace nxd::trainer {
 
 namespace {
 
+// The group gradients are reduced over and ZeRO-1 shards over: data x context parallel (the DP
+// group at CP 1).
 std::shared_ptr<Communicator> dp_group() {
   return parallel_state::model_parallel_is_initialized()
-             ? parallel_state::get_data_parallel_group_ptr()
+             ? parallel_state::get_data_context_parallel_group_ptr()
              : make_self_communicator();
 }
 

@@ -129,7 +129,7 @@ Zero1AdamW::Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts)
             ", ", a.eps);
   I.dp = I.opts.dp_group ? I.opts.dp_group
          : parallel_state::model_parallel_is_initialized()
-             ? parallel_state::get_data_parallel_group_ptr()
+             ? parallel_state::get_data_context_parallel_group_ptr()  // DP x CP (DP at CP 1)
              : make_self_communicator();
   // the parameters' groups, and the buckets' order
   std::map<const TensorImpl*, int> group_of;

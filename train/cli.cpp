@@ -151,7 +151,7 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
       throw ConfigError(str("[", o.program, "] backend.world_size=", tc.dist.world_size,
                             " but mpirun started ", session.size(), " process(es)"));
     check_world(tc.dist.world_size, tc.dist.tensor_model_parallel_size,
-                tc.dist.pipeline_model_parallel_size);
+                tc.dist.pipeline_model_parallel_size, tc.dist.context_parallel_size);
   } catch (const UserError& e) {
     world_error = e.what();
   }

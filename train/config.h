@@ -121,6 +121,7 @@ struct OptimSection {
 struct DistributedSection {
   int64_t tensor_model_parallel_size;
   int64_t pipeline_model_parallel_size;
+  int64_t context_parallel_size;  // CP: ranks that split each sequence (ring attention)
   int64_t expert_model_parallel_size;  // EP: divides the data-parallel size
   int64_t virtual_pipeline_model_parallel_size;
   std::string pipeline_schedule;   // gpipe | 1f1b | interleaved
@@ -134,7 +135,7 @@ struct DistributedSection {
   std::string timeline;             // sim: Chrome trace path ("" = none)
   int64_t world_size;               // resolved: tp unless set (mpi: replaced by the MPI world)
   bool world_size_from_launcher;    // mpi and backend.world_size unset
-  int64_t data_parallel_size;       // derived: world / (tp x pp)
+  int64_t data_parallel_size;       // derived: world / (tp x pp x cp)
   double collective_timeout_s;      // sim: wall seconds per wait; 0 = NXD_SIM_TIMEOUT or 300
   int64_t fail_rank, fail_at_step;  // sim fault injection (fail_rank -1: none)
   std::string fail_mode;            // crash | hang
@@ -191,6 +192,6 @@ ModelConfig model_config(const TrainConfig& cfg);
 
 // ConfigError unless world_size = tp x dp for an integer dp (pipeline size 1): names the three
 // numbers.
-void check_world(int64_t world_size, int64_t tp, int64_t pp = 1);
+void check_world(int64_t world_size, int64_t tp, int64_t pp = 1, int64_t cp = 1);
 
 }  // namespace nxd::trainer

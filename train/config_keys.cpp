@@ -253,6 +253,13 @@ std::vector<KeySpec> make_registry() {
           "virtual_pipeline_model_parallel_size), balanced as pipeline_partition says; each step's "
           "global_batch_size / (micro_batch_size x data-parallel size) micro batches are the "
           "pipeline's microbatches."),
+      key("distributed_strategy.context_parallel_size", K::integer, 1,
+          "Context-parallel degree (Megatron-core's CP; NxD's context_parallel_size): each "
+          "sequence "
+          "is split over this many ranks, each holding chunks r and 2 CP - 1 - r of 2 CP equal "
+          "chunks; attention is ring attention, every other layer runs on the rank's tokens. "
+          "data.seq_length must divide by 2 x it (and by 2 x it x tensor_model_parallel_size "
+          "with sequence_parallel). Data-parallel degree = world / (tp x pp x this)."),
       key("distributed_strategy.virtual_pipeline_model_parallel_size", K::integer, 1,
           "Model chunks per pipeline rank (interleaved schedule; > 1 needs pipeline_schedule "
           "interleaved and microbatches a multiple of pipeline_model_parallel_size)."),
@@ -314,8 +321,8 @@ std::vector<KeySpec> make_registry() {
           "time and memory)."),
       key("backend.world_size", K::integer, nullptr,
           "Ranks (NeuronCores). null = 8 (sim) or the MPI world (mpi). Must equal "
-          "tensor_model_parallel_size x pipeline_model_parallel_size x data-parallel size; 1 = "
-          "plain single-rank training.",
+          "tensor_model_parallel_size x pipeline_model_parallel_size x context_parallel_size x "
+          "data-parallel size; 1 = plain single-rank training.",
           {}, true),
       key("backend.timeline", K::string, "",
           "sim: write every rank's modeled kernels and collectives to this file as a Chrome trace "

@@ -19,13 +19,16 @@ namespace nxd::trainer {
 
 constexpr int kDefaultSimWorld = 8;  // simulated NeuronCores of the default run
 
-void check_world(int64_t world_size, int64_t tp, int64_t pp) {
-  if (world_size % (tp * pp) != 0)
+void check_world(int64_t world_size, int64_t tp, int64_t pp, int64_t cp) {
+  if (world_size % (tp * pp * cp) != 0)
     throw ConfigError(str("[config] world size ", world_size, " is not tensor_model_parallel_size ",
                           tp, " x pipeline_model_parallel_size ", pp,
-                          " x data-parallel size: ", world_size, " does not divide by ", tp * pp,
+                          cp > 1 ? str(" x context_parallel_size ", cp) : std::string(),
+                          " x data-parallel size: ", world_size, " does not divide by ",
+                          tp * pp * cp,
                           " (set backend.world_size or distributed_strategy."
-                          "tensor_model_parallel_size / pipeline_model_parallel_size)"));
+                          "tensor_model_parallel_size / pipeline_model_parallel_size",
+                          cp > 1 ? " / context_parallel_size" : "", ")"));
 }
 
 ModelConfig model_config(const TrainConfig& cfg) {
@@ -269,6 +272,7 @@ DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
   DistributedSection ds;
   ds.tensor_model_parallel_size = r.positive("distributed_strategy.tensor_model_parallel_size");
   ds.pipeline_model_parallel_size = r.positive("distributed_strategy.pipeline_model_parallel_size");
+  ds.context_parallel_size = r.positive("distributed_strategy.context_parallel_size");
   ds.expert_model_parallel_size = r.positive("distributed_strategy.expert_model_parallel_size");
   ds.virtual_pipeline_model_parallel_size =
       r.positive("distributed_strategy.virtual_pipeline_model_parallel_size");
@@ -289,13 +293,16 @@ DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
   if (!(ds.grad_bucket_mb > 0))
     r.fail("distributed_strategy.grad_bucket_mb must be positive, got ", ds.grad_bucket_mb);
   ds.world_size_from_launcher = r.c.is_null("backend.world_size") && ds.backend == "mpi";
-  r.derive("backend.world_size",
-           ds.backend == "mpi" ? ds.tensor_model_parallel_size * ds.pipeline_model_parallel_size
-                               : int64_t{kDefaultSimWorld});
+  r.derive("backend.world_size", ds.backend == "mpi" ? ds.tensor_model_parallel_size *
+                                                           ds.pipeline_model_parallel_size *
+                                                           ds.context_parallel_size
+                                                     : int64_t{kDefaultSimWorld});
   ds.world_size = r.positive("backend.world_size");
-  check_world(ds.world_size, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size);
+  check_world(ds.world_size, ds.tensor_model_parallel_size, ds.pipeline_model_parallel_size,
+              ds.context_parallel_size);
   ds.data_parallel_size =
-      ds.world_size / (ds.tensor_model_parallel_size * ds.pipeline_model_parallel_size);
+      ds.world_size /
+      (ds.tensor_model_parallel_size * ds.pipeline_model_parallel_size * ds.context_parallel_size);
   check_experts(r, ds, m);
   resolve_faults(r, ds);
   return ds;
@@ -381,6 +388,26 @@ GenerationSection resolve_generation(Resolver& r, const DataSection& d) {
   return g;
 }
 
+// What context parallelism needs of the rest of the config (layers/parallel/context_parallel.h).
+void check_context_parallel(Resolver& r, const TrainConfig& t) {
+  const int64_t cp = t.dist.context_parallel_size, tp = t.dist.tensor_model_parallel_size;
+  if (cp == 1) return;
+  if (t.model.moe.enabled())
+    r.fail("distributed_strategy.context_parallel_size=", cp,
+           " with a mixture-of-experts model (model.moe.num_experts=", t.model.moe.num_experts,
+           ") is not supported yet: use context_parallel_size=1");
+  const int64_t s = t.data.seq_length;
+  if (s % (2 * cp) != 0)
+    r.fail("data.seq_length=", s,
+           " is not divisible by 2 x distributed_strategy."
+           "context_parallel_size=",
+           2 * cp, " (each rank holds 2 of 2 x ", cp, " equal chunks)");
+  else if (t.dist.sequence_parallel && tp > 1 && (s / cp) % tp != 0)
+    r.fail("data.seq_length=", s, " / context_parallel_size ", cp, " = ", s / cp,
+           " tokens per rank are not divisible by tensor_model_parallel_size=", tp,
+           " (sequence_parallel splits them)");
+}
+
 }  // namespace
 
 TrainConfig resolve(const Config& in) {
@@ -433,6 +460,7 @@ TrainConfig resolve(const Config& in) {
            " (use adamw)");
   t.precision = resolve_precision_section(r);
   t.generation = resolve_generation(r, t.data);
+  check_context_parallel(r, t);
   t.resolved = r.c;
   return t;
 }

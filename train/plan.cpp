@@ -153,14 +153,17 @@ int64_t state_bytes_per_element(const TrainConfig& cfg, DType dtype, bool master
 RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
   const int tp = static_cast<int>(cfg.dist.tensor_model_parallel_size);
   const int pp = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
-  parallel_state::initialize_model_parallel(tp, pp);
+  const int cp = static_cast<int>(cfg.dist.context_parallel_size);
+  parallel_state::initialize_model_parallel(
+      parallel_state::ParallelSizes{.tensor = tp, .pipeline = pp, .context = cp});
   const NxDConfig nc = nxd_config_of(cfg);
   const ResolvedPrecision rp = resolve_precision(nc);
   MemoryCounter& mem = current_context().memory();
   RankMemory r;
   r.rank = current_context().rank();
   r.stage = parallel_state::get_pipeline_model_parallel_rank();
-  const int dp = parallel_state::get_data_parallel_size();
+  // gradients are reduced, and ZeRO-1 shards, over data x context parallel (DP at CP 1)
+  const int dp = parallel_state::get_data_context_parallel_size();
 
   int64_t before = mem.live();
   // the pipeline runs the step over at most 2 x pp microbatches (the others are alike)
@@ -177,7 +180,7 @@ RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
     optim::GradSyncOptions go;
     go.bucket_bytes = static_cast<int64_t>(cfg.dist.grad_bucket_mb * (1 << 20));
     go.mode = optim::GradSyncMode::at_step;
-    go.group = parallel_state::get_data_parallel_group_ptr();
+    go.group = parallel_state::get_data_context_parallel_group_ptr();
     go.reduction = zero1 ? optim::DpReduction::reduce_scatter : optim::DpReduction::all_reduce;
     go.fp32_grad_acc = rp.fp32_grad_acc;
     sync = std::make_unique<optim::GradSync>(mm.params, go);
@@ -213,9 +216,10 @@ RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
   }
   r.collective_buffers += step_transient;
 
-  // activations: every chunk's first and later microbatch, then the schedule
+  // activations: every chunk's first and later microbatch, then the schedule (CP: this rank's
+  // seq_length / CP tokens of each sequence)
   const Tensor ids =
-      zeros({cfg.data.micro_batch_size, cfg.data.seq_length}, DType::i64, Device::meta);
+      zeros({cfg.data.micro_batch_size, cfg.data.seq_length / cp}, DType::i64, Device::meta);
   std::vector<pipeline::Action> actions;
   std::vector<std::array<ChunkCost, 2>> cost(mm.chunks.size());
   Tensor hidden;
@@ -357,6 +361,10 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
             " or data.seq_length=", cfg.data.seq_length));
     if (cfg.model.activations_checkpoint_granularity != CheckpointGranularity::full)
       add("model.activations_checkpoint_granularity=full");
+    add(
+        str("split each sequence over more ranks (distributed_strategy.context_parallel_size, "
+            "now ",
+            cfg.dist.context_parallel_size, ", with backend.world_size to match)"));
     add("or shard the activations (tensor_model_parallel_size with sequence_parallel)");
   }
   const std::string breakdown =

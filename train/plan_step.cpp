@@ -26,7 +26,9 @@ void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaMod
   world().barrier();  // every rank starts the step at one simulated time
   const double t0 = clock->now(), c0 = clock->compute_seconds();
   GradOn on;
-  const int64_t mb = cfg.data.micro_batch_size, S = cfg.data.seq_length;
+  // CP: this rank's seq_length / CP tokens of each sequence
+  const int64_t mb = cfg.data.micro_batch_size,
+                S = cfg.data.seq_length / cfg.dist.context_parallel_size;
   // The step's microbatches are alike: the planner runs a few of them (a pipeline's schedule
   // over M1 <= 2 x pp microbatches, two accumulation steps) and adds the others at the
   // steady-state time of one (the slowest stage's forward and backward for a pipeline, whose
@@ -62,9 +64,9 @@ void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaMod
   if (sync) sync->finish();
   // the update: the sim device charges no time for the optimizer's elementwise pass (as in a
   // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place
-  const int dp = parallel_state::get_data_parallel_size();
+  const int dp = parallel_state::get_data_context_parallel_size();  // ZeRO-1's group: DP x CP
   if (cfg.dist.zero1 && sync && dp > 1) {
-    Communicator& g = parallel_state::get_data_parallel_group();
+    Communicator& g = parallel_state::get_data_context_parallel_group();
     for (int b = 0; b < sync->num_buckets(); ++b)
       g.all_gather(nullptr, nullptr, sync->shard_numel(b), rp.param_dtype);
   }

@@ -281,6 +281,7 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
     parallel_state::initialize_model_parallel(parallel_state::ParallelSizes{
         .tensor = static_cast<int>(cfg.dist.tensor_model_parallel_size),
         .pipeline = static_cast<int>(cfg.dist.pipeline_model_parallel_size),
+        .context = static_cast<int>(cfg.dist.context_parallel_size),
         .expert = static_cast<int>(cfg.dist.expert_model_parallel_size)});
   const bool rank0 = is_logging_rank();
   const bool talk = rank0 && !opts.quiet;
@@ -341,6 +342,13 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
                    "sample: none (generation needs the whole model; this run holds it in %lld "
                    "pipeline stages)\n",
                    static_cast<long long>(cfg.dist.pipeline_model_parallel_size));
+  } else if (g.max_new_tokens > 0 && cfg.data.kind == "text" &&
+             cfg.dist.context_parallel_size > 1) {
+    if (talk)
+      std::fprintf(opts.out,
+                   "sample: none (generation's KV cache needs the whole sequence on a rank; this "
+                   "run splits it over context_parallel_size=%lld)\n",
+                   static_cast<long long>(cfg.dist.context_parallel_size));
   } else if (g.max_new_tokens > 0 && cfg.data.kind == "text") {
     std::string note;
     res.sample = generate_sample(cfg, module->lm(), data.tokenizer.get(), note);
@@ -368,6 +376,7 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.nxd.tensor_parallel_size = static_cast<int>(cfg.dist.tensor_model_parallel_size);
   to.nxd.pipeline_parallel_size = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
   to.nxd.expert_parallel_size = static_cast<int>(cfg.dist.expert_model_parallel_size);
+  to.nxd.context_parallel_size = static_cast<int>(cfg.dist.context_parallel_size);
   to.nxd.pipeline_config.virtual_pipeline_size =
       static_cast<int>(cfg.dist.virtual_pipeline_model_parallel_size);
   to.nxd.pipeline_config.schedule = cfg.dist.pipeline_schedule;

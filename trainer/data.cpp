@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/parallel/context_parallel.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/rng.h"
 
@@ -120,6 +122,13 @@ Batch DataLoader::next() {
   std::vector<int64_t> idx(order_.begin() + pos_ * b_, order_.begin() + (pos_ + 1) * b_);
   ++pos_;
   return make_batch(*ds_, idx);
+}
+
+Batch context_parallel_batch(const Batch& b) {
+  const int cp = model_context_parallel_size();
+  if (cp == 1 || !b.ids.defined()) return b;
+  const int r = parallel_state::get_context_parallel_rank();
+  return {context_parallel_slice(b.ids, 1, r, cp), context_parallel_slice(b.targets, 1, r, cp)};
 }
 
 }  // namespace nxd::trainer

@@ -93,6 +93,11 @@ struct Batch {
 };
 // The samples `indices` of `ds` as one batch.
 Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices);
+// This rank's rows of every sequence of `b` under context parallelism (the parallel_state CP
+// group: its two balanced chunks of ids and of the already shifted targets,
+// layers/parallel/context_parallel.h); `b` itself at CP 1. ShapeError if the sequence length does
+// not divide by 2 x CP.
+Batch context_parallel_batch(const Batch& b);
 
 class DataLoader {
  public:

@@ -90,6 +90,7 @@ Trainer::Trainer(TrainerOptions opts) : opts_(std::move(opts)) {
 bool is_logging_rank() {
   if (!parallel_state::model_parallel_is_initialized()) return current_context().rank() == 0;
   return parallel_state::get_data_parallel_rank() == 0 &&
+         parallel_state::get_context_parallel_rank() == 0 &&
          parallel_state::get_tensor_model_parallel_rank() == 0 &&
          parallel_state::is_pipeline_last_stage();
 }
@@ -199,6 +200,7 @@ void Trainer::build_model(TrainingModule& module) {
 void Trainer::setup_validation(DataModule& data) {
   if (opts_.val_check_interval > 0 && opts_.limit_val_batches > 0)
     val_batches_ = data.val_batches(opts_.limit_val_batches);
+  for (Batch& b : val_batches_) b = context_parallel_batch(b);  // CP: this rank's rows
   if (!pipeline_ || val_batches_.empty()) return;
   std::vector<double> least = {static_cast<double>(val_batches_.size())};
   if (dp_ > 1)
@@ -304,6 +306,7 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
     for (int64_t a = 0; a < accum; ++a) {
       Batch b = data.next_train_batch();
       tokens += b.ids.defined() ? b.ids.numel() : 0;
+      b = context_parallel_batch(b);  // CP: this rank's rows of each sequence
       // only the last micro batch's backward launches the DP reductions
       std::optional<optim::GradSync::NoSync> no_sync;
       if (a + 1 < accum) no_sync.emplace(nxd_optimizer_->sync());
@@ -338,7 +341,7 @@ double Trainer::pipeline_train_step(DataModule& data, int64_t& tokens) {
     bs.push_back(data.next_train_batch());
     tokens += bs.back().ids.numel();
   }
-  const Batch b = concat_batches(bs);
+  const Batch b = context_parallel_batch(concat_batches(bs));
   return nxd_model_->run_train(b.ids, b.targets).item();
 }
 

@@ -50,8 +50,10 @@ namespace nxd::trainer {
 
 struct TrainerOptions {
   // The parallel layout and precision the trainer runs, as NxD's config (api/nxd_config.h):
-  // tensor_parallel_size and pipeline_parallel_size (data-parallel size = world / (tp x pp); pp >
-  // 1: the module's build_pipeline_model), pipeline_config (schedule, virtual_pipeline_size,
+  // tensor_parallel_size, pipeline_parallel_size and context_parallel_size (data-parallel size =
+  // world / (tp x pp x cp); pp > 1: the module's build_pipeline_model; cp > 1: the trainer gives
+  // the module this rank's chunks of every sequence, context_parallel_batch), expert_parallel_size
+  // (MoE experts split over that many DP ranks), pipeline_config (schedule, virtual_pipeline_size,
   // cuts), optimizer_config.zero_one_enabled (the module's AdamW becomes a Zero1AdamW over the
   // same groups), precision and mixed_precision_config (the module builds its model in f32; the
   // trainer converts it to bf16 for mixed_precision and bf16SR), grad_bucket_mb. The trainer
