@@ -45,15 +45,22 @@ class RunSummary : public Callback {
                   m.ffn_hidden_size, ", vocab ", m.vocab_size, ": ",
                   with_commas(t.num_parameters()), " parameters"));
     if (world > 1)
-      t.message(str("parallel: ", world, " rank(s) on ",
-                    cfg_.dist.backend == "sim" ? "the sim backend (" + cfg_.dist.instance + ")"
-                                               : std::string("MPI"),
-                    ": tensor parallel ", tp,
-                    cfg_.dist.sequence_parallel && tp > 1 ? " with sequence parallelism" : "",
-                    pipeline_text(module), ", data parallel ", t.dp_size(),
-                    cfg_.dist.zero1 ? " with ZeRO-1" : "",
-                    cfg_.dist.kv_replicator > 1 ? str(", kv replicator ", cfg_.dist.kv_replicator)
-                                                : std::string()));
+      t.message(
+          str("parallel: ", world, " rank(s) on ",
+              cfg_.dist.backend == "sim" ? "the sim backend (" + cfg_.dist.instance + ")"
+                                         : std::string("MPI"),
+              ": tensor parallel ", tp,
+              cfg_.dist.sequence_parallel && tp > 1 ? " with sequence parallelism" : "",
+              pipeline_text(module),
+              cfg_.dist.context_parallel_size > 1
+                  ? str(", context parallel ", cfg_.dist.context_parallel_size)
+                  : std::string(),
+              ", data parallel ", t.dp_size(), cfg_.dist.zero1 ? " with ZeRO-1" : "",
+              cfg_.dist.expert_model_parallel_size > 1
+                  ? str(" (experts split over ", cfg_.dist.expert_model_parallel_size, " of them)")
+                  : std::string(),
+              cfg_.dist.kv_replicator > 1 ? str(", kv replicator ", cfg_.dist.kv_replicator)
+                                          : std::string()));
     if (const pipeline::PipelineModel* p = module.pipeline()) {
       std::istringstream lines(p->balance_report());
       for (std::string line; std::getline(lines, line);) t.message("pipeline: " + line);

@@ -9,10 +9,10 @@
 #include <cmath>
 #include <string>
 
+#include "nxd/api/nxd_config.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
-#include "nxd/trainer/nxd_config.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/train.h"
 #include "support/ranks.h"
 #include "train_util.h"
 
