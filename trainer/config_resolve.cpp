@@ -270,9 +270,6 @@ void check_experts(Resolver& r, const DistributedSection& ds, const ModelSection
   if (m.moe.enabled() && m.moe.num_experts % ep != 0)
     r.fail("model.moe.num_experts=", m.moe.num_experts,
            " is not divisible by distributed_strategy.expert_model_parallel_size=", ep);
-  if (ep > 1 && ds.zero1)
-    r.fail("distributed_strategy.zero1 with expert_model_parallel_size=", ep,
-           " is not supported (ZeRO-1 shards over the whole data-parallel group)");
   if (m.moe.enabled() && ds.pipeline_model_parallel_size > 1)
     r.fail("model.moe with distributed_strategy.pipeline_model_parallel_size=",
            ds.pipeline_model_parallel_size,

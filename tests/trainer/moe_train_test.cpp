@@ -18,6 +18,7 @@
 #include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/optim/zero1.h"
 #include "nxd/trainer/config.h"
 #include "nxd/trainer/nxd_api.h"
 #include "support/compare.h"
@@ -92,8 +93,9 @@ Trace train(int world, NxDConfig want, int shards) {
         loss /= dp;
       }
       opt->step();
+      // (ZeRO-1: each rank's .grad holds the reduced values of its shard only)
       if (step == 0 && ps::get_tensor_model_parallel_rank() == 0 &&
-          ps::get_tensor_model_parallel_size() == 1) {
+          ps::get_tensor_model_parallel_size() == 1 && !opt->zero1()) {
         std::lock_guard<std::mutex> l(mu);
         for (const auto& p : model->local_named_parameters())
           if (p.param.grad().defined() && !t.grads0.count(p.name))
@@ -155,6 +157,21 @@ TEST(MoeTrain, ExpertParallelDp4MatchesOneRank) {
   expect_matches(one, train(8, sizes(2, 4), 4), "EP4 TP2 DP4");
 }
 
+// ZeRO-1 with experts (NxD's two ZeRO-1 optimizers): the experts' state sharded over the
+// expert-data-parallel group, the rest over DP, the norm over both.
+TEST(MoeTrain, Zero1WithExpertParallelMatchesOneRank) {
+  const Trace one = train(1, NxDConfig{}, 4);
+  NxDConfig c = sizes(1, 2);
+  c.optimizer_config.zero_one_enabled = true;
+  expect_matches(one, train(4, c, 4), "ZeRO-1 EP2 TP1 DP4");
+  c.optimizer_config.grad_clipping = true;  // the clipping coefficient from both norms
+  c.optimizer_config.max_grad_norm = 0.05;
+  NxDConfig c1;
+  c1.optimizer_config = c.optimizer_config;
+  c1.optimizer_config.zero_one_enabled = false;
+  expect_matches(train(1, c1, 4), train(4, c, 4), "ZeRO-1 EP2 TP1 DP4 clipped");
+}
+
 TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
   nxd::testing::run_ranks(4, [] {
     NxDConfig c = sizes(1, 3);  // EP 3 does not divide DP 4
@@ -165,14 +182,6 @@ TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
     ModelConfig m = moe_llama();
     m.moe.num_experts = 6;  // not divisible by EP 4
     EXPECT_THROW(initialize_parallel_model(cfg, m, 3), ConfigError);
-    NxDConfig z = cfg;
-    z.optimizer_config.zero_one_enabled = true;
-    auto model = initialize_parallel_model(cfg, moe_llama(), 3);
-    EXPECT_THROW(
-        initialize_parallel_optimizer(
-            z, *model, optim::default_param_groups(model->local_named_parameters(), 1e-2, 0.1),
-            optim::AdamWOptions{}),
-        ConfigError);
   });
 }
 
@@ -193,14 +202,15 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
     return "";
   };
   EXPECT_EQ(err({"distributed_strategy.expert_model_parallel_size=2"}), "");
+  EXPECT_EQ(
+      err({"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"}),
+      "");
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"model.moe.top_k=5"}, "top_k=5 must be in [1, num_experts=4]"},
       {{"distributed_strategy.expert_model_parallel_size=3"},
        "expert_model_parallel_size=3 does not divide the data-parallel size 4"},
       {{"distributed_strategy.expert_model_parallel_size=4", "model.moe.num_experts=6"},
        "model.moe.num_experts=6 is not divisible by"},
-      {{"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"},
-       "zero1 with expert_model_parallel_size=2"},
       {{"distributed_strategy.pipeline_model_parallel_size=2"}, "pipeline_model_parallel_size=2"},
       {{"distributed_strategy.tensor_model_parallel_size=2"}, "sequence_parallel=false"},
       {{"model.moe.num_experts=0", "distributed_strategy.expert_model_parallel_size=2"},
@@ -265,6 +275,64 @@ TEST(MoeTrain, CheckpointSavedAtEp4LoadsAtEp2AndOnOneRank) {
     EXPECT_TRUE(std::filesystem::exists(dir / "s2" / f)) << f;
   run(2, 2, 99, false);  // EP 4 -> EP 2, another init
   run(1, 1, 98, false);  // EP 4 -> one rank
+  std::filesystem::remove_all(dir);
+}
+
+// ZeRO-1 with experts in a checkpoint: saved at EP 2 x DP 4 (each DP rank's file holds its shard
+// of the dense parameters' state and of its EP rank's experts'), loaded without ZeRO-1 on one rank
+// and with ZeRO-1 at EP 2 x DP 2: every parameter and AdamW state tensor (gathered) bitwise the
+// saved one.
+TEST(MoeTrain, Zero1CheckpointWithExpertsLoadsAtOtherDegrees) {
+  const auto dir = nxd::testing::test_temp_dir("moe_zero1_ckpt");
+  std::map<std::string, Tensor> saved;  // parameters and optimizer state, by name
+  std::mutex mu;
+  auto run = [&](int world, int ep, bool zero1, uint64_t seed, bool save) {
+    nxd::testing::run_ranks(world, [&] {
+      NxDConfig want = sizes(1, ep);
+      want.optimizer_config.zero_one_enabled = zero1;
+      const NxDConfig cfg = neuronx_distributed_config(want);
+      auto model = initialize_parallel_model(cfg, moe_llama(), seed);
+      auto opt = initialize_parallel_optimizer(
+          cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
+          optim::AdamWOptions{});
+      Module& m = *model->local_modules().at(0);
+      const int d = ps::get_data_parallel_rank();
+      auto* z = dynamic_cast<optim::Zero1AdamW*>(&opt->inner());
+      auto state = [&] {  // the full per-parameter state (ZeRO-1: gathered, collective)
+        if (z) z->gather_state();
+        return opt->inner().state_tensors();
+      };
+      if (save) {
+        for (int step = 0; step < 2; ++step) {
+          model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900));
+          opt->step();
+          opt->zero_grad();
+        }
+        ckpt::save_checkpoint(dir, "z2", &m, &opt->inner(), nullptr);
+        const auto st = state();
+        std::lock_guard<std::mutex> l(mu);
+        for (const auto& [n, t] : m.named_parameters()) saved[n] = t.detach().clone();
+        for (const auto& [n, t] : st) saved["optim." + n] = t.detach().clone();
+        return;
+      }
+      ckpt::load_checkpoint(dir, &m, &opt->inner(), nullptr, {.tag = "z2"});
+      for (const auto& [n, t] : m.named_parameters()) {
+        ASSERT_TRUE(saved.count(n)) << n;
+        EXPECT_BITWISE_EQ(t, saved.at(n));
+      }
+      int64_t states = 0;
+      for (const auto& [n, t] : state()) {
+        ASSERT_TRUE(saved.count("optim." + n)) << n;
+        EXPECT_BITWISE_EQ(t, saved.at("optim." + n));
+        ++states;
+      }
+      EXPECT_GT(states, 0);
+    });
+  };
+  run(4, 2, true, 3, true);
+  EXPECT_EQ(saved.count("optim.model.layers.2.block_sparse_moe.experts.3.w2.weight.exp_avg"), 1u);
+  run(1, 1, false, 98, false);  // one rank, AdamW
+  run(2, 2, true, 99, false);   // EP 2 x DP 2, ZeRO-1
   std::filesystem::remove_all(dir);
 }
 
