@@ -1,4 +1,5 @@
 #include "nxd/pipeline/pipeline_model.h"
+#include "nxd/layers/moe/moe.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -119,6 +120,9 @@ Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, bool train)
   NXD_CHECK_SHAPE(ids.size(0) % M == 0, "[PipelineModel] batch of ", ids.size(0),
                   " rows is not divisible into ", M, " microbatches");
   Runner runner(*this, ids, targets, ids.size(0) / M);
+  // each microbatch's loss is scaled by 1/M before its backward: so is the MoE layers' injected
+  // auxiliary-loss gradient (on every stage, recomputation included)
+  MoeAuxLossScale aux_scale(1.0 / sched_.num_microbatches);
   StepResult res = executor_->run(runner, train, ids.size(0) / M, ids.size(1));
   if (train) span_seconds_ += res.span_seconds, phase_seconds_ += res.phase_seconds;
   double sum = 0;

@@ -245,10 +245,6 @@ ModelSection resolve_model(Resolver& r, const DataSection& d) {
   if (m.moe.enabled() && m.arch != "llama" && m.arch != "mixtral")
     r.fail("model.moe.num_experts=", m.moe.num_experts, " needs model.arch llama or mixtral, got ",
            m.arch);
-  if (m.moe.enabled() && m.activations_checkpoint_granularity == CheckpointGranularity::full)
-    r.fail(
-        "model.moe with model.activations_checkpoint_granularity=full is not supported (use "
-        "selective or null)");
   if (d.kind == "text" && d.tokenizer.empty() && m.vocab_size < 256)
     r.fail("model.vocab_size=", m.vocab_size,
            " is too small for byte-level text (data.kind=text needs >= 256)");

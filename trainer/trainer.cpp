@@ -1,4 +1,5 @@
 #include "nxd/trainer/trainer.h"
+#include "nxd/layers/moe/moe.h"
 
 #include <algorithm>
 #include <cmath>
@@ -300,6 +301,7 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
     out.loss = pipeline_train_step(data, tokens);  // averaged over DP already
   } else {
     double loss_sum = 0;
+    MoeAuxLossScale aux_scale(inv_accum);  // the MoE layers' injected aux-loss gradient, alike
     for (int64_t a = 0; a < accum; ++a) {
       Batch b = data.next_train_batch();
       tokens += b.ids.defined() ? b.ids.numel() : 0;

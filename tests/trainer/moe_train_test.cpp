@@ -18,6 +18,7 @@
 #include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/moe/moe.h"
 #include "nxd/optim/zero1.h"
 #include "nxd/trainer/config.h"
 #include "nxd/trainer/nxd_api.h"
@@ -76,6 +77,8 @@ Trace train(int world, NxDConfig want, int shards) {
     for (int step = 0; step < kSteps; ++step) {
       double loss;
       if (dp == 1) {
+        // the shards' losses are scaled by 1/shards: so are their auxiliary losses' gradients
+        MoeAuxLossScale aux_scale(1.0 / shards);
         loss = model
                    ->run_train([&](Module& m) {
                      auto& lm = dynamic_cast<CausalLM&>(m);
@@ -172,6 +175,18 @@ TEST(MoeTrain, Zero1WithExpertParallelMatchesOneRank) {
   expect_matches(train(1, c1, 4), train(4, c, 4), "ZeRO-1 EP2 TP1 DP4 clipped");
 }
 
+// Full activation checkpointing: the recomputed MoE layers inject the auxiliary loss's gradient in
+// the same backward (MoeAuxLossScale), so the run equals the one without recomputation.
+TEST(MoeTrain, FullActivationCheckpointingMatchesNone) {
+  NxDConfig full;
+  full.activation_checkpoint_config = "full";
+  NxDConfig full_ep = sizes(1, 2);
+  full_ep.activation_checkpoint_config = "full";
+  const Trace none = train(1, NxDConfig{}, 2);
+  expect_matches(none, train(1, full, 2), "full checkpointing, one rank");
+  expect_matches(none, train(2, full_ep, 2), "full checkpointing, EP2 DP2");
+}
+
 TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
   nxd::testing::run_ranks(4, [] {
     NxDConfig c = sizes(1, 3);  // EP 3 does not divide DP 4
@@ -202,6 +217,7 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
     return "";
   };
   EXPECT_EQ(err({"distributed_strategy.expert_model_parallel_size=2"}), "");
+  EXPECT_EQ(err({"model.activations_checkpoint_granularity=full"}), "");
   EXPECT_EQ(
       err({"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"}),
       "");
@@ -216,8 +232,7 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
       {{"model.moe.num_experts=0", "distributed_strategy.expert_model_parallel_size=2"},
        "needs a mixture-of-experts model"},
       {{"model.arch=gpt_neox"}, "needs model.arch llama or mixtral"},
-      {{"model.moe.num_experts=0", "model.arch=mixtral"}, "mixtral needs model.moe.num_experts"},
-      {{"model.activations_checkpoint_granularity=full"}, "granularity=full is not supported"}};
+      {{"model.moe.num_experts=0", "model.arch=mixtral"}, "mixtral needs model.moe.num_experts"}};
   for (const auto& [sets, want] : bad) {
     const std::string m = err(sets);
     EXPECT_NE(m.find(want), std::string::npos) << sets[0] << ": got '" << m << "'";
