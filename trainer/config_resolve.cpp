@@ -266,10 +266,6 @@ void check_experts(Resolver& r, const DistributedSection& ds, const ModelSection
   if (m.moe.enabled() && m.moe.num_experts % ep != 0)
     r.fail("model.moe.num_experts=", m.moe.num_experts,
            " is not divisible by distributed_strategy.expert_model_parallel_size=", ep);
-  if (m.moe.enabled() && ds.pipeline_model_parallel_size > 1)
-    r.fail("model.moe with distributed_strategy.pipeline_model_parallel_size=",
-           ds.pipeline_model_parallel_size,
-           " is not supported (the stages do not carry the auxiliary loss)");
   if (m.moe.enabled() && ds.sequence_parallel && ds.tensor_model_parallel_size > 1)
     r.fail("model.moe at tensor_model_parallel_size=", ds.tensor_model_parallel_size,
            " needs distributed_strategy.sequence_parallel=false (the experts run on the full "

@@ -76,7 +76,12 @@ Trace train(int world, NxDConfig want, int shards) {
     const int dp = ps::get_data_parallel_size(), d = ps::get_data_parallel_rank();
     for (int step = 0; step < kSteps; ++step) {
       double loss;
-      if (dp == 1) {
+      if (ps::get_pipeline_model_parallel_size() > 1) {  // one microbatch per shard, DP 1
+        std::vector<Tensor> ids, tg;
+        for (int q = 0; q < shards; ++q)
+          ids.push_back(shard_ids(q, step, 700)), tg.push_back(shard_ids(q, step, 900));
+        loss = model->run_train(cat(ids, 0), cat(tg, 0)).item();
+      } else if (dp == 1) {
         // the shards' losses are scaled by 1/shards: so are their auxiliary losses' gradients
         MoeAuxLossScale aux_scale(1.0 / shards);
         loss = model
@@ -187,6 +192,19 @@ TEST(MoeTrain, FullActivationCheckpointingMatchesNone) {
   expect_matches(none, train(2, full_ep, 2), "full checkpointing, EP2 DP2");
 }
 
+// Pipeline parallelism: every stage's MoE layers inject their auxiliary loss's gradient (scaled
+// 1/microbatches) in their backward, and the stages' auxiliary losses are added to the reported
+// loss, so PP 2 with one microbatch per shard equals one rank; with full checkpointing too.
+TEST(MoeTrain, PipelineMatchesOneRank) {
+  const Trace one = train(1, NxDConfig{}, 2);
+  NxDConfig pp;
+  pp.pipeline_parallel_size = 2;
+  pp.pipeline_config.num_microbatches = 2;
+  expect_matches(one, train(2, pp, 2), "PP2, 2 microbatches");
+  pp.activation_checkpoint_config = "full";
+  expect_matches(one, train(2, pp, 2), "PP2, 2 microbatches, full checkpointing");
+}
+
 TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
   nxd::testing::run_ranks(4, [] {
     NxDConfig c = sizes(1, 3);  // EP 3 does not divide DP 4
@@ -218,6 +236,7 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
   };
   EXPECT_EQ(err({"distributed_strategy.expert_model_parallel_size=2"}), "");
   EXPECT_EQ(err({"model.activations_checkpoint_granularity=full"}), "");
+  EXPECT_EQ(err({"distributed_strategy.pipeline_model_parallel_size=2"}), "");
   EXPECT_EQ(
       err({"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"}),
       "");
@@ -227,7 +246,6 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
        "expert_model_parallel_size=3 does not divide the data-parallel size 4"},
       {{"distributed_strategy.expert_model_parallel_size=4", "model.moe.num_experts=6"},
        "model.moe.num_experts=6 is not divisible by"},
-      {{"distributed_strategy.pipeline_model_parallel_size=2"}, "pipeline_model_parallel_size=2"},
       {{"distributed_strategy.tensor_model_parallel_size=2"}, "sequence_parallel=false"},
       {{"model.moe.num_experts=0", "distributed_strategy.expert_model_parallel_size=2"},
        "needs a mixture-of-experts model"},
