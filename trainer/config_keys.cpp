@@ -277,7 +277,7 @@ std::vector<KeySpec> make_registry() {
           "data-parallel ranks (it divides the data-parallel size and model.moe.num_experts); "
           "tokens reach their experts by all-to-all, and the experts' gradients are averaged "
           "over the expert-data-parallel group (with zero1 their optimizer state is sharded "
-          "over it too). Not with pipeline parallelism."),
+          "over it too)."),
       key("distributed_strategy.sequence_parallel", K::boolean, true,
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,
