@@ -22,10 +22,12 @@
 #include "nxd/optim/zero1.h"
 #include "nxd/trainer/config.h"
 #include "nxd/trainer/nxd_api.h"
+#include "nxd/trainer/train.h"
 #include "support/compare.h"
 #include "support/files.h"
 #include "support/ranks.h"
 #include "support/tiny_lm.h"
+#include "train_util.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
@@ -203,6 +205,38 @@ TEST(MoeTrain, PipelineMatchesOneRank) {
   expect_matches(one, train(2, pp, 2), "PP2, 2 microbatches");
   pp.activation_checkpoint_config = "full";
   expect_matches(one, train(2, pp, 2), "PP2, 2 microbatches, full checkpointing");
+}
+
+// nxd-train end to end: gradient accumulation over 4 micro batches on one rank (the trainer's
+// MoeAuxLossScale 1/4) against PP 2 with the same 4 micro batches as its microbatches (the
+// pipeline's 1/4): every step's loss (auxiliary losses included) and gradient norm alike.
+TEST(MoeTrain, NxdTrainAccumulationMatchesPipeline) {
+  const auto d = nxd::testing::test_temp_dir("moe_nxd_train");
+  auto run = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> s = {"model.num_layers=2", "model.moe.num_experts=4",
+                                  "model.moe.router_aux_loss_coef=0.1",
+                                  "model.moe.router_z_loss_coef=0.01", "data.global_batch_size=8"};
+    s.insert(s.end(), extra.begin(), extra.end());
+    train(nxd::testing::tiny(d / name, nxd::testing::tiny_corpus(d), nxd::testing::parallel_run(s)),
+          {.quiet = true});
+    return nxd::testing::read_rows(d / name / "metrics.csv");
+  };
+  const auto one = run("one", {});
+  const auto pp =
+      run("pp2", {"backend.world_size=2", "distributed_strategy.pipeline_model_parallel_size=2"});
+  ASSERT_EQ(one.loss.size(), 20u);
+  ASSERT_EQ(pp.loss.size(), one.loss.size());
+  double worst = 0, worst_norm = 0;
+  for (size_t i = 0; i < one.loss.size(); ++i) {
+    worst = std::max(worst, std::abs(pp.loss[i] - one.loss[i]) / one.loss[i]);
+    worst_norm =
+        std::max(worst_norm, std::abs(pp.grad_norm[i] - one.grad_norm[i]) / one.grad_norm[i]);
+  }
+  std::printf("    nxd-train accumulation 4 vs PP2 x 4 microbatches: loss %.3g, grad norm %.3g\n",
+              worst, worst_norm);
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_LE(worst_norm, 1e-5);
+  std::filesystem::remove_all(d);
 }
 
 TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
