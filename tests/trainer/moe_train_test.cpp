@@ -236,6 +236,16 @@ TEST(MoeTrain, NxdTrainAccumulationMatchesPipeline) {
               worst, worst_norm);
   EXPECT_LE(worst, 1e-5);
   EXPECT_LE(worst_norm, 1e-5);
+  // moe_metrics.csv: the last micro batch's figures, over every stage's layers under PP
+  const auto m1 = nxd::testing::read_csv(d / "one" / "moe_metrics.csv").rows;
+  const auto m2 = nxd::testing::read_csv(d / "pp2" / "moe_metrics.csv").rows;
+  ASSERT_EQ(m1.size(), 20u);
+  ASSERT_EQ(m2.size(), m1.size());
+  for (size_t i = 0; i < m1.size(); ++i) {
+    EXPECT_NEAR(std::stod(m2[i].at(1)), std::stod(m1[i].at(1)), 1e-6 * std::stod(m1[i].at(1)))
+        << "step " << i + 1 << " moe_aux_loss";
+    for (size_t c = 2; c < 5; ++c) EXPECT_EQ(m2[i].at(c), m1[i].at(c)) << "step " << i + 1;
+  }
   std::filesystem::remove_all(d);
 }
 
