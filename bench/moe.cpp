@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "nxd/api/nxd_api.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/moe/dispatch.h"
 #include "nxd/runtime/sim/clock.h"
-#include "nxd/trainer/nxd_api.h"
 
 using namespace nxd;
 using namespace nxd::trainer;

@@ -17,8 +17,8 @@
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/sim/launch.h"
+#include "nxd/train/train.h"
 #include "nxd/trainer/preempt.h"
-#include "nxd/trainer/train.h"
 
 using namespace nxd;
 using namespace nxd::trainer;

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "nxd/trainer/train.h"
+#include "nxd/train/train.h"
 
 using namespace nxd;
 using namespace nxd::trainer;

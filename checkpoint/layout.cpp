@@ -23,10 +23,12 @@ Degrees current_degrees() {
   d.rank = ctx.rank();
   d.tp = ps::get_tensor_model_parallel_size();
   d.pp = ps::get_pipeline_model_parallel_size();
-  d.dp = ps::get_data_parallel_size();
+  // the data x context group (DP at CP 1): CP ranks hold the same parameters as DP ranks do, and
+  // ZeRO-1 shards its state over both, so a checkpoint's "dp" shards are DP x CP's
+  d.dp = ps::get_data_context_parallel_size();
   d.tp_rank = ps::get_tensor_model_parallel_rank();
   d.pp_rank = ps::get_pipeline_model_parallel_rank();
-  d.dp_rank = ps::get_data_parallel_rank();
+  d.dp_rank = ps::get_data_context_parallel_rank();
   d.ep = ps::get_expert_model_parallel_size();
   return d;
 }

@@ -4,6 +4,7 @@
 
 #include "nxd/autograd/function.h"
 #include "nxd/autograd/ops/inference.h"
+#include "nxd/layers/parallel/context_parallel.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/qkv.h"
 
@@ -73,6 +74,8 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
   NXD_CHECK(layout_ == QkvLayout::separate || hkv_ == h_,
             "[CausalSelfAttention] the fused GPT-NeoX layout needs num_kv_heads == num_heads, got ",
             hkv_, " vs ", h_);
+  if (o.context_parallel_group && o.context_parallel_group->size() > 1)
+    cp_ = o.context_parallel_group;
   if (o.tensor_parallel) {
     build_parallel(o);
     return;
@@ -143,7 +146,7 @@ std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t he
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rotary_dim,
                         double rope_theta, int64_t position_offset, bool recompute_core,
-                        const RopeScaling& rope_scaling) {
+                        const RopeScaling& rope_scaling, Communicator* context_parallel) {
   Tensor qr = q, kr = k;
   if (rotary_dim > 0) {
     RotaryOptions ro;
@@ -151,16 +154,19 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
     ro.base = rope_theta;
     ro.position_offset = position_offset;
     ro.scaling = rope_scaling;
-    qr = rotary(q, ro);
-    kr = rotary(k, ro);
+    qr = context_parallel ? context_parallel_rotary(q, ro, *context_parallel) : rotary(q, ro);
+    kr = context_parallel ? context_parallel_rotary(k, ro, *context_parallel) : rotary(k, ro);
   }
-  Tensor o = recompute_core
-                 ? autograd::checkpoint(
-                       [](const std::vector<Tensor>& x) -> std::vector<Tensor> {
-                         return {scaled_dot_product_attention(x[0], x[1], x[2], true)};
-                       },
-                       {qr, kr, v})[0]
-                 : scaled_dot_product_attention(qr, kr, v, /*causal=*/true);  // [B,H,S,D]
+  auto core = [context_parallel](const Tensor& a, const Tensor& b, const Tensor& c) {
+    return context_parallel ? ring_attention(a, b, c, *context_parallel)
+                            : scaled_dot_product_attention(a, b, c, /*causal=*/true);
+  };
+  Tensor o = recompute_core ? autograd::checkpoint(
+                                  [core](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+                                    return {core(x[0], x[1], x[2])};
+                                  },
+                                  {qr, kr, v})[0]
+                            : core(qr, kr, v);  // [B,H,S,D]
   return reshape(transpose(o, 1, 2), {q.size(0), q.size(2), q.size(1) * q.size(3)});
 }
 
@@ -189,7 +195,7 @@ std::vector<Tensor> CausalSelfAttention::project(const Tensor& x) const {
 Tensor CausalSelfAttention::forward(const Tensor& x, int64_t position_offset) const {
   std::vector<Tensor> qkv = project(x);
   Tensor o = causal_attention(qkv[0], qkv[1], qkv[2], rot_, theta_, position_offset,
-                              recompute_core_, rope_scaling_);
+                              recompute_core_, rope_scaling_, cp_.get());
   return po_ ? po_->forward(o) : o_->forward(o);
 }
 
@@ -198,6 +204,10 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const CacheStep& ste
   NXD_CHECK(!sp_,
             "[CausalSelfAttention::forward_cached] needs a model built without sequence "
             "parallelism (set sequence_parallel=false for inference)");
+  NXD_CHECK(!cp_,
+            "[CausalSelfAttention::forward_cached] needs a model built without context "
+            "parallelism (context parallel size ",
+            cp_ ? cp_->size() : 1, ")");
   NXD_CHECK_SHAPE(k_cache.dim() == 4 && k_cache.size(1) == hkvl_ && k_cache.size(3) == d_,
                   "[CausalSelfAttention::forward_cached] cache must be [Bmax, ", hkvl_, ", L, ", d_,
                   "], got ", k_cache.desc());

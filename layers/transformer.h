@@ -41,6 +41,7 @@
 namespace nxd {
 
 class ColumnParallelLinear;
+class Communicator;
 class RowParallelLinear;
 class GQAQKVColumnParallelLinear;
 
@@ -54,9 +55,12 @@ std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t he
 // causal softmax(q k^T / sqrt(D)) v, heads merged -> [B, S, H*D] (free: the attention op writes
 // [B,S,H,D] memory). recompute_core: the attention op runs under autograd::checkpoint (selective
 // activation checkpointing: its saved state is recomputed from q, k, v in backward).
+// context_parallel: q, k, v are this rank's rows of the sequence (layers/parallel/
+// context_parallel.h): rotary at their global positions and ring attention over the group.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rotary_dim,
                         double rope_theta, int64_t position_offset, bool recompute_core = false,
-                        const RopeScaling& rope_scaling = {});
+                        const RopeScaling& rope_scaling = {},
+                        Communicator* context_parallel = nullptr);
 
 enum class QkvLayout { separate, fused_neox };
 
@@ -78,6 +82,10 @@ struct AttentionOptions {
   // Selective activation checkpointing: keep only q, k, v and recompute the attention core
   // (scores, softmax, PV) in backward.
   bool recompute_core = false;
+  // Context parallelism (a group of more than one rank; layers/parallel/context_parallel.h): x is
+  // this rank's rows of the sequence (its two balanced chunks), rotary uses their global
+  // positions and attention is ring attention over the group. The group must outlive the layer.
+  std::shared_ptr<Communicator> context_parallel_group;
 };
 
 class CausalSelfAttention : public Module {
@@ -111,6 +119,7 @@ class CausalSelfAttention : public Module {
   QkvLayout layout_;
   int64_t hl_, hkvl_;
   bool sp_ = false;
+  std::shared_ptr<Communicator> cp_;  // context parallelism (null: none)
   std::shared_ptr<Linear> q_, k_, v_, qkv_, o_;
   // tensor_parallel: q/k/v (separate) or query_key_value (fused), and o_proj/dense
   std::shared_ptr<GQAQKVColumnParallelLinear> pqkv_;

@@ -6,6 +6,12 @@
 
 namespace nxd::optim::detail {
 
+// The hyperparameters of one parameter's update at its step t (1 for the first update).
+struct AdamWStep {
+  double lr, weight_decay, beta1, beta2, eps;
+  int64_t t;
+};
+
 // One AdamW update of a parameter, applied to element ranges (elementwise: any split of the
 // elements gives the same result).
 template <class T>
@@ -17,9 +23,9 @@ struct AdamWUpdate {
   T decay, neg_step, bc2_sqrt, b1_t, b2_t, omb1, omb2, eps_t;
   bool do_decay;
 
-  AdamWUpdate(T* p_, const T* g_, T* m_, T* v_, double lr, double wd, double b1, double b2,
-              double eps, int64_t t)
-      : p(p_), g(g_), m(m_), v(v_) {
+  AdamWUpdate(T* p_, const T* g_, T* m_, T* v_, const AdamWStep& s) : p(p_), g(g_), m(m_), v(v_) {
+    const double lr = s.lr, wd = s.weight_decay, b1 = s.beta1, b2 = s.beta2, eps = s.eps;
+    const int64_t t = s.t;
     const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t));
     const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t));
     decay = static_cast<T>(1.0 - lr * wd);

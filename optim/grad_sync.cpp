@@ -218,7 +218,9 @@ GradSync::GradSync(std::vector<NamedParam> params, GradSyncOptions opts)
     : s_(std::make_shared<State>()) {
   State& s = *s_;
   NXD_CHECK(opts.bucket_bytes > 0, "[GradSync] bucket_bytes must be > 0, got ", opts.bucket_bytes);
-  s.group = opts.group ? opts.group : parallel_state::get_data_parallel_group_ptr();
+  // the data x context group (the DP group at CP 1): a context-parallel model's loss gives each
+  // CP rank CP times its share of the gradient, so the mean over DP x CP is the gradient
+  s.group = opts.group ? opts.group : parallel_state::get_data_context_parallel_group_ptr();
   NXD_CHECK(s.group != nullptr, "[GradSync] no data-parallel group");
   s.opts = std::move(opts);
   s.params = std::move(params);

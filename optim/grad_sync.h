@@ -89,7 +89,7 @@ const char* dp_reduction_name(DpReduction r);
 struct GradSyncOptions {
   int64_t bucket_bytes = int64_t{25} << 20;  // DDP's default bucket_cap_mb = 25
   GradSyncMode mode = GradSyncMode::overlap;
-  std::shared_ptr<Communicator> group;  // null: the parallel_state DP group
+  std::shared_ptr<Communicator> group;  // null: parallel_state data x context group (DP at CP 1)
   DpReduction reduction = DpReduction::all_reduce;
   bool fp32_grad_acc = false;  // bf16 parameters: f32 gradients (see above)
 };

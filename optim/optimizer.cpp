@@ -66,7 +66,8 @@ void Optimizer::set_precision(const PrecisionOptions& p) {
   NoGradGuard ng;
   for (const auto& g : groups_)
     for (const auto& np : g.params)
-      if (np.param.dtype() == DType::bf16) add_state(np, "master", false).copy_(np.param.detach());
+      if (np.param.dtype() == DType::bf16)
+        add_state(np, "master", StateKind::per_element).copy_(np.param.detach());
 }
 
 Tensor Optimizer::master(const NamedParam& p) const {
@@ -136,9 +137,9 @@ std::vector<NamedParam> Optimizer::named_parameters() const {
   return out;
 }
 
-Tensor Optimizer::add_state(const NamedParam& p, const std::string& what, bool scalar_step) {
+Tensor Optimizer::add_state(const NamedParam& p, const std::string& what, StateKind kind) {
   const DType dt = p.param.dtype() == DType::bf16 ? DType::f32 : p.param.dtype();
-  Tensor t = scalar_step ? zeros({}, DType::i64) : zeros(p.param.shape(), dt);
+  Tensor t = kind == StateKind::step_count ? zeros({}, DType::i64) : zeros(p.param.shape(), dt);
   t.set_name(p.name + "." + what);
   state_.emplace_back(t.name(), t);
   return t;
@@ -146,9 +147,17 @@ Tensor Optimizer::add_state(const NamedParam& p, const std::string& what, bool s
 
 namespace {
 
+// One SGD update: the group's lr and weight decay, SGDOptions' momentum terms, and whether this
+// is the momentum buffer's first step (buf = d).
+struct SgdStep {
+  double lr, weight_decay, momentum, dampening;
+  bool nesterov, first;
+};
+
 template <class T>
-void sgd_update(T* p, const T* g, T* buf, int64_t n, bool first, double lr, double wd,
-                double momentum, double dampening, bool nesterov) {
+void sgd_update(T* p, const T* g, T* buf, int64_t n, const SgdStep& s) {
+  const double lr = s.lr, wd = s.weight_decay, momentum = s.momentum, dampening = s.dampening;
+  const bool nesterov = s.nesterov, first = s.first;
   const T wd_t = static_cast<T>(wd), lr_t = static_cast<T>(lr);
   const T mom = static_cast<T>(momentum), damp = static_cast<T>(1.0 - dampening);
   if (!buf) {
@@ -180,8 +189,8 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions opts)
     for (const auto& p : g.params) {
       Slot s;
       if (opts_.momentum > 0) {
-        s.buf = add_state(p, "momentum_buffer", false);
-        s.step = add_state(p, "step", true);
+        s.buf = add_state(p, "momentum_buffer", StateKind::per_element);
+        s.step = add_state(p, "step", StateKind::step_count);
       }
       row.push_back(s);
     }
@@ -207,8 +216,13 @@ void SGD::step() {
       dispatch(w.values.dtype(), [&]<class T>() {
         if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
           sgd_update<T>(w.values.data<T>(), g.data<T>(),
-                        s.buf.defined() ? s.buf.data<T>() : nullptr, np.param.numel(), first,
-                        grp.lr, grp.weight_decay, opts_.momentum, opts_.dampening, opts_.nesterov);
+                        s.buf.defined() ? s.buf.data<T>() : nullptr, np.param.numel(),
+                        {.lr = grp.lr,
+                         .weight_decay = grp.weight_decay,
+                         .momentum = opts_.momentum,
+                         .dampening = opts_.dampening,
+                         .nesterov = opts_.nesterov,
+                         .first = first});
         }
       });
       w.write_back(0, np.param.numel());
@@ -232,9 +246,9 @@ void AdamW::allocate_state() {
     auto& row = slots_.emplace_back();
     for (const auto& p : g.params) {
       Slot s;
-      s.m = add_state(p, "exp_avg", false);
-      s.v = add_state(p, "exp_avg_sq", false);
-      s.step = add_state(p, "step", true);
+      s.m = add_state(p, "exp_avg", StateKind::per_element);
+      s.v = add_state(p, "exp_avg_sq", StateKind::per_element);
+      s.step = add_state(p, "step", StateKind::step_count);
       row.push_back(s);
     }
   }
@@ -271,16 +285,20 @@ void AdamW::step() {
       grads.push_back(g);
       sizes.push_back(np.param.numel());
       const Working& w = work.emplace_back(working(np, t));
+      const detail::AdamWStep hyper{.lr = grp.lr,
+                                    .weight_decay = grp.weight_decay,
+                                    .beta1 = opts_.beta1,
+                                    .beta2 = opts_.beta2,
+                                    .eps = opts_.eps,
+                                    .t = t};
       if (w.values.dtype() == DType::f32) {
         jobs.push_back({0, f32.size()});
         f32.emplace_back(w.values.data<float>(), g.data<float>(), s.m.data<float>(),
-                         s.v.data<float>(), grp.lr, grp.weight_decay, opts_.beta1, opts_.beta2,
-                         opts_.eps, t);
+                         s.v.data<float>(), hyper);
       } else {
         jobs.push_back({1, f64.size()});
         f64.emplace_back(w.values.data<double>(), g.data<double>(), s.m.data<double>(),
-                         s.v.data<double>(), grp.lr, grp.weight_decay, opts_.beta1, opts_.beta2,
-                         opts_.eps, t);
+                         s.v.data<double>(), hyper);
       }
     }
   }

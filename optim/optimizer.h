@@ -110,9 +110,11 @@ class Optimizer {
   Tensor master(const NamedParam& p) const;
 
  protected:
-  // Adds a named state tensor for parameter `p`: zeros like the parameter (f32 for a bf16
-  // parameter), or a scalar i64.
-  Tensor add_state(const NamedParam& p, const std::string& what, bool scalar_step);
+  // What a state tensor holds: a value per element of the parameter (zeros like it; f32 for a
+  // bf16 parameter), or the parameter's step count (a scalar i64).
+  enum class StateKind { per_element, step_count };
+  // Adds the named state tensor "<p.name>.<what>" for parameter `p`, zeroed.
+  Tensor add_state(const NamedParam& p, const std::string& what, StateKind kind);
 
   // An update of a bf16 parameter runs on f32 values: its master copy, or a copy of its value
   // that write_back() rounds into the parameter. For f32/f64 parameters: the parameter itself.

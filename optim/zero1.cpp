@@ -129,7 +129,7 @@ Zero1AdamW::Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts)
             ", ", a.eps);
   I.dp = I.opts.dp_group ? I.opts.dp_group
          : parallel_state::model_parallel_is_initialized()
-             ? parallel_state::get_data_parallel_group_ptr()
+             ? parallel_state::get_data_context_parallel_group_ptr()  // DP x CP (DP at CP 1)
              : make_self_communicator();
   // the parameters' groups (without the experts'), and the buckets' order
   const std::vector<ParamGroup> mine =
@@ -327,9 +327,14 @@ void Zero1AdamW::step() {
       if (hi <= lo) continue;
       const int64_t k = lo - sh.begin;
       const ParamGroup& grp = groups_[static_cast<size_t>(s.group)];
+      const detail::AdamWStep hyper{.lr = grp.lr,
+                                    .weight_decay = grp.weight_decay,
+                                    .beta1 = a.beta1,
+                                    .beta2 = a.beta2,
+                                    .eps = a.eps,
+                                    .t = s.step};
       jobs.push_back({detail::AdamWUpdate<float>(w + k, g + k, I.m.data<float>() + sh.flat + k,
-                                                 I.v.data<float>() + sh.flat + k, grp.lr,
-                                                 grp.weight_decay, a.beta1, a.beta2, a.eps, s.step),
+                                                 I.v.data<float>() + sh.flat + k, hyper),
                       i, lo});
       sizes.push_back(hi - lo);
     }
@@ -381,11 +386,17 @@ void Zero1AdamW::gather_state() {
     const Tensor mw = masters ? gather(I.master) : Tensor();
     for (int i : sh.segs) {
       const Segment& s = I.segs[static_cast<size_t>(i)];
-      add_state(s.p, "exp_avg", false).view({s.size}).copy_(m.narrow(0, s.offset, s.size));
-      add_state(s.p, "exp_avg_sq", false).view({s.size}).copy_(v.narrow(0, s.offset, s.size));
-      *add_state(s.p, "step", true).data<int64_t>() = s.step;
+      add_state(s.p, "exp_avg", StateKind::per_element)
+          .view({s.size})
+          .copy_(m.narrow(0, s.offset, s.size));
+      add_state(s.p, "exp_avg_sq", StateKind::per_element)
+          .view({s.size})
+          .copy_(v.narrow(0, s.offset, s.size));
+      *add_state(s.p, "step", StateKind::step_count).data<int64_t>() = s.step;
       if (masters)
-        add_state(s.p, "master", false).view({s.size}).copy_(mw.narrow(0, s.offset, s.size));
+        add_state(s.p, "master", StateKind::per_element)
+            .view({s.size})
+            .copy_(mw.narrow(0, s.offset, s.size));
     }
   }
   if (experts_) {  // over the expert-DP group: this EP rank's experts

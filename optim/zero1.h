@@ -63,7 +63,7 @@ namespace nxd::optim {
 
 struct Zero1Options {
   AdamWOptions adamw;                      // adamw.precision: bf16 parameters (master weights, SR)
-  std::shared_ptr<Communicator> dp_group;  // null: the parallel_state DP group
+  std::shared_ptr<Communicator> dp_group;  // null: parallel_state data x context group (DP at CP 1)
   NormGroups norm_groups;                  // TP and PP groups of the norm (zero1 is dp_group)
   // The parallel attributes of the parameters, by name (parallel_parameters / norm_params of the
   // model); parameters not listed count as sharded with weight 1 in the norm.

@@ -44,13 +44,16 @@ std::shared_ptr<CausalLM> build_part(const PartBuilder& build, const ModelConfig
 
 namespace {
 
-ModelPart piece_part(int64_t begin, int64_t end, bool embedding, bool head) {
-  ModelPart p;
-  p.layer_begin = begin;
-  p.layer_end = end;
-  p.embedding = embedding;
-  p.head = head;
-  return p;
+// One piece of the model on its own: decoder layer l, the input embedding, or the output head
+// (after the L layers).
+ModelPart layer_piece(int64_t l) {
+  return {.layer_begin = l, .layer_end = l + 1, .embedding = false, .head = false};
+}
+ModelPart embedding_piece() {
+  return {.layer_begin = 0, .layer_end = 0, .embedding = true, .head = false};
+}
+ModelPart head_piece(int64_t L) {
+  return {.layer_begin = L, .layer_end = L, .embedding = false, .head = true};
 }
 
 struct Counted {
@@ -129,7 +132,7 @@ void count_pieces(const ModelConfig& cfg, const PieceOptions& o, ModelPieces& p)
   const int64_t L = cfg.num_layers;
   int64_t named = -1;  // the first layer with parameters
   for (int64_t l = 0; l < L; ++l) {
-    Counted c = count(build, meta, piece_part(l, l + 1, false, false), o.layer_type);
+    Counted c = count(build, meta, layer_piece(l), o.layer_type);
     p.layers.push_back(c.size);
     const std::string prefix = layer_prefix_of(c.names, l);
     check_layer_type(c, o.layer_type, l, prefix);
@@ -140,8 +143,8 @@ void count_pieces(const ModelConfig& cfg, const PieceOptions& o, ModelPieces& p)
                             "': the layers need one prefix for pipeline_cuts"));
     if (named < 0) named = l, p.layer_prefix = prefix;
   }
-  const Counted emb = count(build, meta, piece_part(0, 0, true, false), "");
-  const Counted head = count(build, meta, piece_part(L, L, false, true), "");
+  const Counted emb = count(build, meta, embedding_piece(), "");
+  const Counted head = count(build, meta, head_piece(L), "");
   p.embedding = emb.size;
   p.head = head.size;
   if (!cfg.tie_word_embeddings) return;
@@ -185,7 +188,7 @@ void price_pieces(const ModelConfig& cfg, const PieceOptions& o, ModelPieces& p)
   };
   const Tensor ids = zeros({B, S}, DType::i64, Device::meta);
   Tensor hidden;  // the embedding's output: every stage's input
-  p.embedding.seconds = timed(piece_part(0, 0, true, false), [&](CausalLM& m) {
+  p.embedding.seconds = timed(embedding_piece(), [&](CausalLM& m) {
     Tensor h = m.decoder_layers(m.embed(ids));
     hidden = empty(h.shape(), h.dtype(), Device::meta);
     backward(h, empty_like(h));
@@ -196,13 +199,12 @@ void price_pieces(const ModelConfig& cfg, const PieceOptions& o, ModelPieces& p)
     return h;
   };
   for (int64_t l = 0; l < L; ++l)
-    p.layers.at(l).seconds = timed(piece_part(l, l + 1, false, false), [&](CausalLM& m) {
+    p.layers.at(l).seconds = timed(layer_piece(l), [&](CausalLM& m) {
       Tensor h = m.decoder_layers(input());
       backward(h, empty_like(h));
     });
-  p.head.seconds = timed(piece_part(L, L, false, true), [&](CausalLM& m) {
-    backward(m.head_loss(m.decoder_layers(input()), ids));
-  });
+  p.head.seconds = timed(
+      head_piece(L), [&](CausalLM& m) { backward(m.head_loss(m.decoder_layers(input()), ids)); });
   p.cost_model = str("forward + backward of one [", B, ", ", S, "] microbatch on the ",
                      machine.core.name, " roofline (", machine.name, ") at tensor parallel 1");
 }

@@ -68,11 +68,14 @@ PipelineModel::PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOpti
   if (cfg_.tie_word_embeddings && sched_.pp > 1)
     tied_group_ = pp_group_->split(rank == 0 || rank == sched_.pp - 1 ? 0 : -1, rank);
   executor_ = std::make_unique<Executor>(pp_group_, sched_);
-  if (dp_group_ && dp_group_->size() > 1 && opts_.dp_grad_sync) {
+  // gradients are reduced over data x context parallel (the DP group at CP 1); the loss, already
+  // the same on every CP rank, is averaged over DP
+  auto grad_group = init ? ps::get_data_context_parallel_group_ptr() : nullptr;
+  if (grad_group && grad_group->size() > 1 && opts_.dp_grad_sync) {
     optim::GradSyncOptions go;
     go.bucket_bytes = opts_.dp_bucket_bytes;
     go.mode = optim::GradSyncMode::at_step;
-    go.group = dp_group_;
+    go.group = grad_group;
     grad_sync_ = std::make_unique<optim::GradSync>(local_named_parameters(), go);
   }
 }

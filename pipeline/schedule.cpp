@@ -154,18 +154,18 @@ void interleaved(Builder& b) {
   const int pp = b.c.pp, vpp = b.c.vpp, M = b.c.num_microbatches, total = M * vpp;
   const int warmup = M == pp ? total : std::min((pp - b.r - 1) * 2 + (vpp - 1) * pp, total);
   const int steady = total - warmup;
-  auto chunk_of = [&](int k, bool forward) {
-    const int c = (k % (pp * vpp)) / pp;
-    return forward ? c : vpp - 1 - c;
-  };
+  // the k-th forward runs chunks 0, 1, .., vpp-1 in turn (pp microbatches each); the k-th
+  // backward the same chunks in reverse
+  auto fwd_chunk = [&](int k) { return (k % (pp * vpp)) / pp; };
+  auto bwd_chunk = [&](int k) { return vpp - 1 - fwd_chunk(k); };
   auto mb_of = [&](int k) { return (k / (pp * vpp)) * pp + k % pp; };
-  for (int k = 0; k < warmup; ++k) b.fwd(mb_of(k), chunk_of(k, true));
+  for (int k = 0; k < warmup; ++k) b.fwd(mb_of(k), fwd_chunk(k));
   for (int i = 0; i < steady; ++i) {
     const int k = warmup + i;
-    b.fwd(mb_of(k), chunk_of(k, true));
-    b.bwd(mb_of(i), chunk_of(i, false));
+    b.fwd(mb_of(k), fwd_chunk(k));
+    b.bwd(mb_of(i), bwd_chunk(i));
   }
-  for (int k = steady; k < total; ++k) b.bwd(mb_of(k), chunk_of(k, false));
+  for (int k = steady; k < total; ++k) b.bwd(mb_of(k), bwd_chunk(k));
 }
 
 }  // namespace

@@ -16,7 +16,7 @@
 #include "elastic/plan.h"
 #include "elastic/supervisor.h"
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/config.h"
+#include "nxd/train/config.h"
 
 namespace fs = std::filesystem;
 using namespace nxd::elastic;
@@ -26,7 +26,8 @@ namespace {
 const char* kUsage =
     "usage: nxd-elastic (--hosts h1:2,h2:2 | --hostfile F) [--max-restarts N (3)]\n"
     "                   [--mpirun-args '...'] [--mpirun PATH] [--train-bin PATH]\n"
-    "                   [--stall-timeout S (0: off)] [--keep-failed-slots]\n"
+    "                   [--stall-timeout S (0: off; at least 4 x the slowest step)]\n"
+    "                   [--keep-failed-slots]\n"
     "                   -- <nxd-train arguments>\n";
 
 std::vector<std::string> split_words(const std::string& s) {

@@ -10,7 +10,7 @@
 // graphs; --eager runs the eager KV-cache path instead (the reference). --save-trace writes the
 // traced model (trace/save_load.h); --load-trace runs a saved one without --checkpoint/--hf.
 // Tokens: a transformers tokenizer.json (--tokenizer PATH, or --hf DIR's tokenizer.json when
-// there is one; trainer/tokenizer.h) encodes the prompt and decodes the text, or bytes (as
+// there is one; train/tokenizer.h) encodes the prompt and decodes the text, or bytes (as
 // nxd-train's data without data.tokenizer; --tokenizer bytes): the prompt's bytes are its ids.
 // Prints the text (prompt and generated; bytes: ids >= 256 as '?'; a tokenizer: ids past its
 // vocabulary left out, said so), `tokens: <ids>` (the prompt's and the generated ids, what
@@ -40,7 +40,7 @@
 #include "nxd/layers/models/inference_model.h"
 #include "nxd/trace/decoder.h"
 #include "nxd/trace/save_load.h"
-#include "nxd/trainer/tokenizer.h"
+#include "nxd/train/tokenizer.h"
 
 namespace fs = std::filesystem;
 using namespace nxd;

@@ -1,7 +1,7 @@
 // nxd-plan: will this model fit, and how fast will it train, on N trn1 nodes? It runs one real
 // training step of nxd-train's configuration (the model, parallel layers, pipeline schedule,
 // ZeRO-1, precision, activation checkpointing, gradient accumulation) on meta tensors over the
-// sim backend with 32 x N ranks (trainer/plan.h): nothing is allocated for data.
+// sim backend with 32 x N ranks (train/plan.h): nothing is allocated for data.
 //
 //   nxd-plan [--config FILE]... [--set key=value]... [--model PRESET] [--instance TYPE]
 //            [--nodes N] [--timeline PATH] [--search]
@@ -19,8 +19,8 @@
 
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/sim/machine.h"
-#include "nxd/trainer/config.h"
-#include "nxd/trainer/plan.h"
+#include "nxd/train/config.h"
+#include "nxd/train/plan.h"
 
 using namespace nxd;
 using namespace nxd::trainer;

@@ -2,8 +2,8 @@
 // Trains a language model as configured (defaults: docs/CONFIG.md). Exit codes: 0 done, 2 a
 // user mistake (bad flag, config, data path, a model that does not fit: one line on stderr), 1
 // anything else. The command line, the backends and the error handling are the trainer library's
-// (trainer/cli.h), so a program training a module of its own behaves the same.
-#include "nxd/trainer/cli.h"
+// (train/cli.h), so a program training a module of its own behaves the same.
+#include "nxd/train/cli.h"
 
 int main(int argc, char** argv) {
   return nxd::trainer::run_cli(argc, argv);

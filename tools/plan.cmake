@@ -1,6 +1,6 @@
-# nxd-plan: one training step on meta tensors over the sim backend (trainer/plan.h): memory per
+# nxd-plan: one training step on meta tensors over the sim backend (train/plan.h): memory per
 # NeuronCore, the modeled step and predicted throughput; --search over layouts.
 add_executable(nxd-plan nxd_plan.cpp)
-target_link_libraries(nxd-plan PRIVATE nxd_trainer)
+target_link_libraries(nxd-plan PRIVATE nxd_train)
 nxd_compile_options(nxd-plan)
 install(TARGETS nxd-plan RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,12 +1,10 @@
 #pragma once
-// Training data: token sources, fixed-length samples, a held-out split, a data-parallel sampler
-// and the micro-batch loader.
+// Training data: fixed-length samples, a held-out split, a data-parallel sampler and the
+// micro-batch loader (the token sources nxd-train reads are in corpus.h).
 //
-//   Corpus        all tokens of a source: byte-level text (vocab 256) of a file or folder, or a
-//                 pre-tokenized binary file (uint16/uint32, little-endian)
 //   Dataset       N samples of seq_length + 1 tokens (ids and the targets shifted by one):
-//                 CorpusDataset cuts a corpus into consecutive windows (stride seq_length),
-//                 RandomDataset draws uniform tokens, SubsetDataset selects samples of another
+//                 RandomDataset draws uniform tokens, SubsetDataset selects samples of another,
+//                 CorpusDataset (corpus.h) cuts a corpus into consecutive windows
 //   split_dataset a validation subset of round(N * val_fraction) samples chosen by the seed
 //   DistributedSampler  the order of samples per epoch for one data-parallel rank: one seeded
 //                 permutation of all samples, rank r taking positions r, r + dp, r + 2dp, ...
@@ -24,30 +22,6 @@
 
 namespace nxd::trainer {
 
-struct SkippedFile {
-  std::string path;
-  std::string reason;  // "binary (NUL byte at offset 12)", "invalid UTF-8 at offset 3", ...
-};
-
-struct Corpus {
-  std::vector<uint32_t> tokens;
-  int64_t vocab_size = 256;
-  std::vector<std::string> files;    // read, in order
-  std::vector<SkippedFile> skipped;  // not read, with the reason
-};
-
-// Whether `bytes` is text: no NUL byte and valid UTF-8. On false, `reason` says why and where.
-bool is_text(const std::string& bytes, std::string* reason);
-
-// Byte-level tokens of a text file, or of every text file under a folder (recursively, sorted by
-// path; symlinks to files already read are skipped). Throws IoError if the path does not exist
-// or a file cannot be read, ConfigError if no text was found.
-Corpus load_text_corpus(const std::string& path);
-// A binary file of little-endian uint16 or uint32 token ids (element_bytes 2 or 4). Throws
-// IoError if unreadable, ConfigError if its size is not a multiple of the element or an id is
-// >= vocab_size (naming the id, its position and the vocabulary size).
-Corpus load_token_file(const std::string& path, int element_bytes, int64_t vocab_size);
-
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -55,20 +29,6 @@ class Dataset {
   virtual int64_t seq_length() const = 0;
   // Writes the seq_length + 1 tokens of sample i.
   virtual void get(int64_t i, int64_t* out) const = 0;
-};
-
-class CorpusDataset : public Dataset {
- public:
-  // Samples i = tokens [i*S, i*S + S]; throws ConfigError if there are fewer than S + 1 tokens.
-  CorpusDataset(std::shared_ptr<const Corpus> corpus, int64_t seq_length,
-                const std::string& what = "corpus");
-  int64_t size() const override { return n_; }
-  int64_t seq_length() const override { return s_; }
-  void get(int64_t i, int64_t* out) const override;
-
- private:
-  std::shared_ptr<const Corpus> corpus_;
-  int64_t s_, n_;
 };
 
 class RandomDataset : public Dataset {
@@ -133,6 +93,11 @@ struct Batch {
 };
 // The samples `indices` of `ds` as one batch.
 Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices);
+// This rank's rows of every sequence of `b` under context parallelism (the parallel_state CP
+// group: its two balanced chunks of ids and of the already shifted targets,
+// layers/parallel/context_parallel.h); `b` itself at CP 1. ShapeError if the sequence length does
+// not divide by 2 x CP.
+Batch context_parallel_batch(const Batch& b);
 
 class DataLoader {
  public:

@@ -13,8 +13,8 @@
 //   per step: training_step x accumulation, on_train_batch_end,
 //             [validation_step x n at val_check_interval and the last step]
 //   on_fit_end.
-// With pipeline parallelism (Strategy::pipeline_parallel_size > 1) build_pipeline_model replaces
-// build_model, and the pipeline computes each step's loss (its microbatches are the step's
+// With pipeline parallelism (TrainerOptions::nxd.pipeline_parallel_size > 1) build_pipeline_model
+// replaces build_model, and the pipeline computes each step's loss (its microbatches are the step's
 // micro batches): training_step and validation_step are not called.
 #include <cstdint>
 #include <memory>

@@ -58,35 +58,41 @@ int64_t count_norm_params(const std::vector<optim::NormParam>& ps, int tp) {
                : p.param.numel();
   return n;
 }
+
+void check_options(const TrainerOptions& opts) {
+  auto fail = [](auto&&... a) { throw ConfigError(str("[trainer] ", a...)); };
+  if (opts.max_steps < 0) fail("max_steps must be >= 0 (0: evaluate only), got ", opts.max_steps);
+  if (opts.accumulate_grad_batches <= 0)
+    fail("accumulate_grad_batches must be positive, got ", opts.accumulate_grad_batches);
+  if (opts.log_every_n_steps <= 0)
+    fail("log_every_n_steps must be positive, got ", opts.log_every_n_steps);
+  if (opts.val_check_interval < 0 || opts.limit_val_batches < 0)
+    fail("val_check_interval and limit_val_batches must be >= 0, got ", opts.val_check_interval,
+         " and ", opts.limit_val_batches);
+  if (opts.on_nonfinite != "stop" && opts.on_nonfinite != "skip")
+    fail("on_nonfinite must be stop or skip, got '", opts.on_nonfinite, "'");
+  if (!(opts.gradient_clip_val >= 0))
+    fail("gradient_clip_val must be >= 0, got ", opts.gradient_clip_val);
+  if (opts.nxd.tensor_parallel_size <= 0)
+    fail("nxd.tensor_parallel_size must be positive, got ", opts.nxd.tensor_parallel_size);
+  if (opts.nxd.pipeline_parallel_size <= 0 || opts.nxd.pipeline_config.virtual_pipeline_size <= 0)
+    fail(
+        "nxd.pipeline_parallel_size and pipeline_config.virtual_pipeline_size must be positive, "
+        "got ",
+        opts.nxd.pipeline_parallel_size, " and ", opts.nxd.pipeline_config.virtual_pipeline_size);
+  if (!(opts.nxd.grad_bucket_mb > 0))
+    fail("nxd.grad_bucket_mb must be positive, got ", opts.nxd.grad_bucket_mb);
+}
 }  // namespace
 
 Trainer::Trainer(TrainerOptions opts) : opts_(std::move(opts)) {
-  auto fail = [](auto&&... a) { throw ConfigError(str("[trainer] ", a...)); };
-  if (opts_.max_steps < 0) fail("max_steps must be >= 0 (0: evaluate only), got ", opts_.max_steps);
-  if (opts_.accumulate_grad_batches <= 0)
-    fail("accumulate_grad_batches must be positive, got ", opts_.accumulate_grad_batches);
-  if (opts_.log_every_n_steps <= 0)
-    fail("log_every_n_steps must be positive, got ", opts_.log_every_n_steps);
-  if (opts_.val_check_interval < 0 || opts_.limit_val_batches < 0)
-    fail("val_check_interval and limit_val_batches must be >= 0, got ", opts_.val_check_interval,
-         " and ", opts_.limit_val_batches);
-  if (opts_.on_nonfinite != "stop" && opts_.on_nonfinite != "skip")
-    fail("on_nonfinite must be stop or skip, got '", opts_.on_nonfinite, "'");
-  if (!(opts_.gradient_clip_val >= 0))
-    fail("gradient_clip_val must be >= 0, got ", opts_.gradient_clip_val);
-  if (opts_.strategy.tensor_parallel_size <= 0)
-    fail("strategy.tensor_parallel_size must be positive, got ",
-         opts_.strategy.tensor_parallel_size);
-  if (opts_.strategy.pipeline_parallel_size <= 0 || opts_.strategy.virtual_pipeline_size <= 0)
-    fail("strategy.pipeline_parallel_size and virtual_pipeline_size must be positive, got ",
-         opts_.strategy.pipeline_parallel_size, " and ", opts_.strategy.virtual_pipeline_size);
-  if (!(opts_.strategy.grad_bucket_mb > 0))
-    fail("strategy.grad_bucket_mb must be positive, got ", opts_.strategy.grad_bucket_mb);
+  check_options(opts_);
 }
 
-bool Trainer::is_logging_rank() const {
+bool is_logging_rank() {
   if (!parallel_state::model_parallel_is_initialized()) return current_context().rank() == 0;
   return parallel_state::get_data_parallel_rank() == 0 &&
+         parallel_state::get_context_parallel_rank() == 0 &&
          parallel_state::get_tensor_model_parallel_rank() == 0 &&
          parallel_state::is_pipeline_last_stage();
 }
@@ -114,19 +120,15 @@ NxDModel& Trainer::nxd_model() {
 }
 
 NxDConfig Trainer::nxd_config() const {
-  const Strategy& st = opts_.strategy;
-  NxDConfig c;
-  c.tensor_parallel_size = static_cast<int>(st.tensor_parallel_size);
-  c.pipeline_parallel_size = static_cast<int>(st.pipeline_parallel_size);
-  c.expert_parallel_size = static_cast<int>(st.expert_parallel_size);
-  c.pipeline_config.num_microbatches = static_cast<int>(opts_.accumulate_grad_batches);
-  c.pipeline_config.schedule = st.pipeline_schedule;
-  c.pipeline_config.virtual_pipeline_size = static_cast<int>(st.virtual_pipeline_size);
-  c.optimizer_config = {st.zero1, opts_.gradient_clip_val > 0,
-                        opts_.gradient_clip_val > 0 ? opts_.gradient_clip_val : 1.0};
-  c.precision = st.precision;
-  c.mixed_precision_config = st.mixed_precision_config;
-  c.grad_bucket_mb = st.grad_bucket_mb;
+  return nxd_config_of(opts_);
+}
+
+NxDConfig nxd_config_of(const TrainerOptions& opts) {
+  check_options(opts);
+  NxDConfig c = opts.nxd;
+  c.pipeline_config.num_microbatches = static_cast<int>(opts.accumulate_grad_batches);
+  c.optimizer_config.grad_clipping = opts.gradient_clip_val > 0;
+  c.optimizer_config.max_grad_norm = opts.gradient_clip_val > 0 ? opts.gradient_clip_val : 1.0;
   return c;
 }
 
@@ -200,6 +202,7 @@ void Trainer::build_model(TrainingModule& module) {
 void Trainer::setup_validation(DataModule& data) {
   if (opts_.val_check_interval > 0 && opts_.limit_val_batches > 0)
     val_batches_ = data.val_batches(opts_.limit_val_batches);
+  for (Batch& b : val_batches_) b = context_parallel_batch(b);  // CP: this rank's rows
   if (!pipeline_ || val_batches_.empty()) return;
   std::vector<double> least = {static_cast<double>(val_batches_.size())};
   if (dp_ > 1)
@@ -306,6 +309,7 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
     for (int64_t a = 0; a < accum; ++a) {
       Batch b = data.next_train_batch();
       tokens += b.ids.defined() ? b.ids.numel() : 0;
+      b = context_parallel_batch(b);  // CP: this rank's rows of each sequence
       // only the last micro batch's backward launches the DP reductions
       std::optional<optim::GradSync::NoSync> no_sync;
       if (a + 1 < accum) no_sync.emplace(nxd_optimizer_->sync());
@@ -369,7 +373,7 @@ double Trainer::pipeline_train_step(DataModule& data, int64_t& tokens) {
     bs.push_back(data.next_train_batch());
     tokens += bs.back().ids.numel();
   }
-  const Batch b = concat_batches(bs);
+  const Batch b = context_parallel_batch(concat_batches(bs));
   const double loss = nxd_model_->run_train(b.ids, b.targets).item();
   log_pipeline_moe_stats(*this, nxd_model_->local_modules());
   return loss;

@@ -1,4 +1,12 @@
 #pragma once
+// trainer/ (library nxd_trainer): the Lightning-style Trainer, the middle way to train
+// (docs/MAP.md). A user writes a TrainingModule (its model, loss and optimizer) and a DataModule
+// (module.h; datasets, the DP sampler and the loader in data.h) and calls Trainer::fit, which runs
+// the loop on NxD's training API (api/): accumulation, validation, callbacks (callbacks.h, the
+// checkpoint callback in checkpointing.h), loggers (loggers.h, metrics.csv in log.h) and graceful
+// preemption (preempt.h). It knows no configuration file and no particular model: nxd-train
+// (train/) is one user of it.
+//
 // Trainer: Lightning's Trainer over nxd's parallel runtime. fit(module, data) runs on the current
 // Context (the single rank, an MPI process, or a sim rank thread — every rank of the world calls
 // it): it applies the strategy's NxDConfig (neuronx_distributed_config: parallel_state as tensor x
@@ -33,33 +41,25 @@
 #include <string>
 #include <vector>
 
+#include "nxd/api/nxd_api.h"
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/loggers.h"
 #include "nxd/trainer/module.h"
-#include "nxd/trainer/nxd_api.h"
 
 namespace nxd::trainer {
 
-// The parallel layout and precision: the NxDConfig the trainer runs (nxd_config.h).
-struct Strategy {
-  int64_t tensor_parallel_size = 1;        // data-parallel size = world / (tp x pp)
-  int64_t pipeline_parallel_size = 1;      // > 1: the module's build_pipeline_model
-  int64_t expert_parallel_size = 1;        // MoE experts split over this many DP ranks
-  int64_t virtual_pipeline_size = 1;       // model chunks per pipeline rank (interleaved)
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
-  // ZeRO-1: the module's AdamW becomes a Zero1AdamW over the same groups (optimizer state
-  // sharded over DP; gradients reduce-scattered instead of all-reduced)
-  bool zero1 = false;
-  double grad_bucket_mb = 25.0;  // DP gradient bucket size
-  // NxD Training's precision.type: fp32 | autocast | mixed_precision | bf16SR (nxd_config.h:
-  // resolve_precision). The module builds its model in f32; the trainer converts it to bf16
-  // for mixed_precision and bf16SR.
-  std::string precision = "fp32";
-  MixedPrecisionConfig mixed_precision_config;
-};
-
 struct TrainerOptions {
-  Strategy strategy;
+  // The parallel layout and precision the trainer runs, as NxD's config (api/nxd_config.h):
+  // tensor_parallel_size, pipeline_parallel_size and context_parallel_size (data-parallel size =
+  // world / (tp x pp x cp); pp > 1: the module's build_pipeline_model; cp > 1: the trainer gives
+  // the module this rank's chunks of every sequence, context_parallel_batch), expert_parallel_size
+  // (MoE experts split over that many DP ranks), pipeline_config (schedule, virtual_pipeline_size,
+  // cuts), optimizer_config.zero_one_enabled (the module's AdamW becomes a Zero1AdamW over the
+  // same groups), precision and mixed_precision_config (the module builds its model in f32; the
+  // trainer converts it to bf16 for mixed_precision and bf16SR), grad_bucket_mb. The trainer
+  // sets pipeline_config.num_microbatches and optimizer_config's clipping itself, from
+  // accumulate_grad_batches and gradient_clip_val below (nxd_config_of).
+  NxDConfig nxd;
   int64_t max_steps = 100;  // 0: evaluate only (the validation at the start, logged as a row)
   int64_t accumulate_grad_batches = 1;  // micro batches per optimizer step on each DP rank
   int64_t log_every_n_steps = 10;
@@ -110,6 +110,14 @@ struct FitResult {
   int64_t optimizer_state_bytes = 0;
 };
 
+// DP rank 0, TP rank 0 (and, with pipelines, the last stage) of the current parallel_state, or
+// world rank 0 before it is initialized: the rank that prints and logs.
+bool is_logging_rank();
+
+// ConfigError on impossible options (what the Trainer's constructor checks); otherwise the
+// NxDConfig a Trainer with these options runs (Trainer::nxd_config), without building one.
+NxDConfig nxd_config_of(const TrainerOptions& opts);
+
 class Trainer {
  public:
   explicit Trainer(TrainerOptions opts);  // ConfigError on impossible options
@@ -121,8 +129,8 @@ class Trainer {
   // ---- for callbacks and modules ----
   const TrainerOptions& options() const { return opts_; }
   int64_t global_step() const { return step_; }
-  // DP rank 0, TP rank 0 (and, with pipelines, the last stage): the rank that prints and logs.
-  bool is_logging_rank() const;
+  // The rank that prints and logs (the free is_logging_rank()).
+  bool is_logging_rank() const { return trainer::is_logging_rank(); }
   // Ends training after the current step (every rank must ask alike; callbacks do).
   void request_stop(const std::string& reason);
   bool should_stop() const { return !stop_reason_.empty(); }

@@ -4,13 +4,13 @@
 // Task: continue arithmetic progressions mod 64. Exit 1 unless the loss halves, 2 on user errors.
 #include <cstdio>
 
+#include "nxd/api/nxd_api.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/parallel/cross_entropy.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/transformer.h"
-#include "nxd/trainer/nxd_api.h"
 
 using namespace nxd;
 constexpr int64_t kVocab = 64, kHidden = 64, kHeads = 4, kLayers = 2, kSeq = 32;

@@ -7,7 +7,7 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/transformer.h"
-#include "nxd/trainer/lm_module.h"
+#include "nxd/train/lm_module.h"
 
 namespace gpt2 {
 using namespace nxd;

@@ -1,8 +1,8 @@
 // nxd-example-new-model: gpt2.h's GPT-2 trained with nxd-train's flags, keys, backends and exit
-// codes (trainer/cli.h). Defaults differ only below. E.g. `--set trainer.max_steps=200`, or
+// codes (train/cli.h). Defaults differ only below. E.g. `--set trainer.max_steps=200`, or
 // `mpirun -np 2 nxd-example-new-model --set backend.kind=mpi`.
 #include "gpt2.h"
-#include "nxd/trainer/cli.h"
+#include "nxd/train/cli.h"
 
 int main(int argc, char** argv) {
   nxd::trainer::CliOptions o;

@@ -1,6 +1,6 @@
 // tp_mlp: a user's own two-layer MLP from NxD's parallel layers (ColumnParallelLinear -> GELU ->
 // RowParallelLinear), fit to a fixed nonlinear target with NxD's config and optimizer wrapper
-// (trainer/nxd_api.h) at tensor parallel 2 x data parallel (world / 2):
+// (api/nxd_api.h) at tensor parallel 2 x data parallel (world / 2):
 //   nxd-example-tp-mlp [--zero1]                  4 ranks on the sim backend (threads)
 //   mpirun -np 2 nxd-example-tp-mlp [--zero1]     one rank per process
 // Every rank sees its own data; the wrapper averages gradients over DP (or shards AdamW's state
@@ -10,12 +10,12 @@
 #include <cstring>
 #include <memory>
 
+#include "nxd/api/nxd_api.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/runtime/init.h"
-#include "nxd/trainer/nxd_api.h"
 
 using namespace nxd;
 

@@ -8,6 +8,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/gpt_neox.h"
 #include "nxd/layers/models/llama.h"
+#include "nxd/layers/parallel/context_parallel.h"
 #include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/cross_entropy.h"
 #include "nxd/layers/parallel/layers.h"
@@ -23,6 +24,8 @@ CausalLM::CausalLM(const ModelConfig& cfg, std::string type_name, const ModelPar
   part_.validate(cfg_);
   part_.layer_end = part_.end(cfg_);
   sp_ = cfg_.sequence_parallel && tp_ > 1;
+  cp_group_ = model_context_parallel_group();
+  cp_ = cp_group_ ? cp_group_->size() : 1;
 }
 
 void CausalLM::check_whole(const char* what) const {
@@ -100,9 +103,15 @@ void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
   NXD_CHECK_SHAPE(ids.dim() == 2, "[", type_name(), "] ids must be [B,S], got ", ids.desc());
   NXD_CHECK(ids.dtype() == DType::i64 || ids.dtype() == DType::i32, "[", type_name(),
             "] ids must be i32 or i64, got ", ids.desc());
-  NXD_CHECK(position_offset >= 0 && position_offset + ids.size(1) <= cfg_.max_position_embeddings,
-            "[", type_name(), "] positions [", position_offset, ", ", position_offset + ids.size(1),
+  const int64_t seq = ids.size(1) * cp_;  // the whole sequence under context parallelism
+  NXD_CHECK(position_offset >= 0 && position_offset + seq <= cfg_.max_position_embeddings, "[",
+            type_name(), "] positions [", position_offset, ", ", position_offset + seq,
             ") exceed max_position_embeddings=", cfg_.max_position_embeddings);
+  // SP pads a sequence to a multiple of TP at its end: under CP that would be inside the sequence
+  NXD_CHECK_SHAPE(cp_ == 1 || !sp_ || ids.size(1) % tp_ == 0, "[", type_name(),
+                  "] context parallelism with sequence parallelism needs each rank's ", ids.size(1),
+                  " tokens to divide by tensor parallel size ", tp_, ": ids=", ids.desc(),
+                  " (context parallel size ", cp_, ")");
 }
 
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts) {
@@ -138,6 +147,22 @@ Tensor CausalLM::decoder_layers(const Tensor& h, int64_t position_offset) {
 
 Tensor CausalLM::head_loss(const Tensor& h_local, const Tensor& targets,
                            const CrossEntropyOptions& opts) {
+  if (!cp_group_ || opts.reduction == Reduction::none)
+    return local_head_loss(h_local, targets, opts);
+  CrossEntropyOptions sum_opts = opts;
+  sum_opts.reduction = Reduction::sum;
+  Tensor s = local_head_loss(h_local, targets, sum_opts);
+  if (opts.reduction == Reduction::sum) return context_parallel_sum_loss(s, *cp_group_);
+  int64_t counted = targets.numel();  // meta targets (the planner): every token counts
+  if (!targets.is_meta()) {
+    counted = 0;
+    for (double t : targets.detach().to_vector()) counted += int64_t(t) != opts.ignore_index;
+  }
+  return context_parallel_mean_loss(s, counted, *cp_group_);
+}
+
+Tensor CausalLM::local_head_loss(const Tensor& h_local, const Tensor& targets,
+                                 const CrossEntropyOptions& opts) {
   NXD_CHECK(part_.head, "[", type_name(), "::head_loss] this part (", part_.str(cfg_),
             ") has no head");
   NXD_CHECK_SHAPE(targets.dim() == 2 && h_local.dim() == 3 && targets.size(0) == h_local.size(0),
@@ -178,20 +203,24 @@ Tensor CausalLM::head_loss(const Tensor& h_local, const Tensor& targets,
 }
 
 Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel) {
-  if (!sequence_parallel || !d.is_training() || d.p() == 0.0) return d.forward(x);
-  auto& g = parallel_state::get_tensor_model_parallel_group();
-  if (g.size() == 1) return d.forward(x);
+  if (!d.is_training() || d.p() == 0.0) return d.forward(x);
+  const std::shared_ptr<Communicator> cp = model_context_parallel_group();
+  Communicator* tp =
+      sequence_parallel ? &parallel_state::get_tensor_model_parallel_group() : nullptr;
+  if (tp && tp->size() == 1) tp = nullptr;
+  if (!tp && !cp) return d.forward(x);
   const RngStream st = current_context().rng().next();
   const DType ct = x.dtype() == DType::f64 ? DType::f64 : DType::f32;  // mask as dropout computes
   Shape full = x.shape();
   const int64_t local = full.at(1);
-  full[1] = local * g.size();
+  full[1] = local * (tp ? tp->size() : 1) * (cp ? cp->size() : 1);
   Tensor mask;
   {
     NoGradGuard ng;
-    mask = dropout(ones(full, ct, x.device()), d.p(), true, &st)
-               .narrow(1, g.rank() * local, local)
-               .contiguous();
+    // the single rank's mask of the whole sequence; CP: this rank's chunks; SP: its TP shard
+    mask = dropout(ones(full, ct, x.device()), d.p(), true, &st);
+    if (cp) mask = context_parallel_slice(mask, 1, cp->rank(), cp->size());
+    if (tp) mask = mask.narrow(1, tp->rank() * local, local).contiguous();
   }
   return x.dtype() == ct ? mul(x, mask) : to(mul(to(x, ct), mask), x.dtype());
 }

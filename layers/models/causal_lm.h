@@ -25,6 +25,17 @@
 //     forward()/lm_head() return the full logits (all-gathered), hidden_states() the full hidden
 //     states, all identical on every rank and differentiable for a loss computed identically on
 //     every rank.
+//
+// Context parallelism: a model is built over the parallel_state CP group current at construction
+// (context_parallel_size()). Every method then takes this rank's rows of each sequence
+// (layers/parallel/context_parallel.h: its two balanced chunks, context_parallel_slice of ids and
+// of the shifted targets) and returns its rows; only attention talks to the other CP ranks (ring
+// attention, rotary at the global positions). loss()/head_loss() with reduction mean or sum give
+// the loss of the whole sequences, the same on every CP rank; its backward gives each rank
+// context_parallel_size() times its share of the gradient, so the mean over the data x context
+// group (what GradSync and ZeRO-1 reduce over) is the gradient of the loss (Megatron-core's
+// loss x cp_size). Dropout masks are the single rank's (hidden_dropout); the KV-cache path and
+// generation need CP 1.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,6 +52,7 @@
 namespace nxd {
 
 class ColumnParallelLinear;
+class Communicator;
 
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
@@ -73,6 +85,7 @@ class CausalLM : public Module {
   const ModelConfig& config() const { return cfg_; }
   int tensor_parallel_size() const { return tp_; }
   bool sequence_parallel() const { return sp_; }  // cfg.sequence_parallel && TP > 1
+  int context_parallel_size() const { return cp_; }
   const ModelPart& part() const { return part_; }
   bool is_whole() const { return part_.whole(cfg_); }
 
@@ -157,8 +170,12 @@ class CausalLM : public Module {
   ModelPart part_;
   int tp_ = 1;
   bool sp_ = false;
+  int cp_ = 1;
+  std::shared_ptr<Communicator> cp_group_;  // null at CP 1
 
  private:
+  // head_loss on this rank's rows only (no reduction over CP).
+  Tensor local_head_loss(const Tensor& h, const Tensor& targets, const CrossEntropyOptions& opts);
   void check_generate(const std::vector<std::vector<int64_t>>& prompts,
                       const GenerateOptions& opts) const;
   // The fallback without a cache (sequence-parallel models): reruns the sequence per token.
@@ -171,7 +188,9 @@ class CausalLM : public Module {
 // Dropout on a model's hidden states (d's p and mode). Under sequence parallelism x is this
 // rank's shard [B, S/tp, ...] of [B, S, ...] and gets that slice of the mask a single rank draws
 // for the full tensor from the same stream (every TP rank draws the full mask), so a
-// sequence-parallel model matches the single-rank model with dropout too. Without it, the
+// sequence-parallel model matches the single-rank model with dropout too. Under context
+// parallelism (parallel_state's CP group) likewise: x holds this rank's chunks of the sequence
+// and gets those rows of the whole sequence's mask. Without it, the
 // ranks of a TP group draw the single rank's masks as long as their Context seeds agree. (Ids
 // padded for SP draw the mask of the padded length: equal to the single rank's when S % tp == 0.)
 Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel);

@@ -1,5 +1,7 @@
 #include "nxd/layers/models/gpt_neox.h"
 
+#include "nxd/layers/parallel/context_parallel.h"
+
 namespace nxd {
 
 GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
@@ -32,6 +34,7 @@ GPTNeoXLayer::GPTNeoXLayer(const ModelConfig& c)
   a.tensor_parallel = tp > 1;
   a.sequence_parallel = sp;
   a.recompute_core = c.activations_checkpoint_granularity == CheckpointGranularity::selective;
+  a.context_parallel_group = model_context_parallel_group();
   attention_ = register_module("attention", std::make_shared<CausalSelfAttention>(a));
   MlpOptions mo;
   mo.bias = true;

@@ -1,5 +1,7 @@
 #include "nxd/layers/models/llama.h"
 
+#include "nxd/layers/parallel/context_parallel.h"
+
 namespace nxd {
 
 namespace {
@@ -20,6 +22,7 @@ AttentionOptions llama_attention(const ModelConfig& c, int tp) {
   a.init = c.init_scheme();
   a.param = {c.dtype, c.device};
   a.recompute_core = c.activations_checkpoint_granularity == CheckpointGranularity::selective;
+  a.context_parallel_group = model_context_parallel_group();
   return a;
 }
 }  // namespace

@@ -20,6 +20,7 @@
 #include "nxd/optim/optimizer.h"
 #include "support/compare.h"
 #include "support/files.h"
+#include "support/tiny_models.h"
 
 namespace nxd::testing {
 
@@ -50,16 +51,8 @@ struct ScratchDir {
 };
 
 inline ModelConfig ckpt_model_config(int tp) {
-  ModelConfig c;
-  c.arch = "llama";
+  ModelConfig c = tiny_model("llama");
   c.vocab_size = 32;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_kv_heads = 2;
-  c.ffn_hidden_size = 48;
-  c.max_position_embeddings = 32;
-  c.init_std = 0.2;
   c.kv_size_multiplier = tp > 2 ? tp / 2 : 1;
   return c;
 }

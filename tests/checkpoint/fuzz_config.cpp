@@ -1,4 +1,4 @@
-// Fuzz target for the configuration reader (trainer/config_io.cpp, config_limits.h): any input,
+// Fuzz target for the configuration reader (train/config_io.cpp, config_limits.h): any input,
 // read as YAML and as JSON, must either become a configuration (merged and resolved) or throw a
 // UserError (ConfigError, IoError, ...); anything else (a crash, another exception, a sanitizer
 // report, unbounded memory) is a bug. Built with NXD_FUZZ_CONFIG_ENTRY it is libFuzzer's entry
@@ -9,8 +9,8 @@
 #include <string>
 
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/config.h"
-#include "nxd/trainer/config_limits.h"
+#include "nxd/train/config.h"
+#include "nxd/train/config_limits.h"
 
 // 1 for each of YAML and JSON that gave a resolved configuration.
 extern "C" int nxd_fuzz_config(const uint8_t* data, size_t size) {

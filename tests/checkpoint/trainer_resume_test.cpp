@@ -61,7 +61,7 @@ std::map<int64_t, double> run(int tp, int64_t steps, const std::string& save_dir
                          DatasetDataOptions{2, 5, true});
   auto rec = std::make_shared<Record>();
   TrainerOptions o;
-  o.strategy.tensor_parallel_size = tp;
+  o.nxd.tensor_parallel_size = tp;
   o.max_steps = steps;
   o.accumulate_grad_batches = accumulate;
   o.log_every_n_steps = 100;

@@ -12,7 +12,7 @@
 
 #include "gpt2.h"
 #include "nxd/collectives/parallel_state.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/train.h"
 #include "support/compare.h"
 #include "support/files.h"
 #include "support/ranks.h"

@@ -12,22 +12,20 @@
 #include "nxd/runtime/context.h"
 #include "support/compare.h"
 #include "support/ranks.h"
+#include "support/tiny_models.h"
 
 using namespace nxd;
 
 namespace {
 
 ModelConfig config(const std::string& arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 64;
+  ModelConfig c = nxd::testing::tiny_model(arch);
   c.num_layers = 4;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
+  c.num_kv_heads = 0;
   c.ffn_hidden_size = 64;
   c.max_position_embeddings = 128;
+  c.init_std = ModelConfig{}.init_std;
   c.dropout = 0.1;
-  if (arch == "gpt_neox") c.rotary_pct = 0.5;
   return c;
 }
 

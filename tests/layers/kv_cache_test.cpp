@@ -21,6 +21,7 @@
 #include "nxd/runtime/rng.h"
 #include "support/compare.h"
 #include "support/ranks.h"
+#include "support/tiny_models.h"
 
 using namespace nxd;
 using nxd::testing::run_ranks;
@@ -29,17 +30,9 @@ namespace {
 
 // Llama with grouped-query attention (4 heads, 2 KV heads) or GPT-NeoX (partial rotary).
 ModelConfig tiny(const std::string& arch, DType dt = DType::f32) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 64;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_kv_heads = arch == "llama" ? 2 : 0;
+  ModelConfig c = nxd::testing::tiny_model(arch);
   c.ffn_hidden_size = 48;
   c.max_position_embeddings = 96;
-  c.rotary_pct = 0.5;
-  c.init_std = 0.2;
   c.dtype = dt;
   return c;
 }

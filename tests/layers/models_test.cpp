@@ -10,23 +10,17 @@
 #include "nxd/layers/models/llama.h"
 #include "reference.h"
 #include "support/compare.h"
+#include "support/tiny_models.h"
 
 using namespace nxd;
 
 namespace {
 
 ModelConfig tiny(const std::string& arch, DType dt = DType::f32) {
-  ModelConfig c;
-  c.arch = arch;
+  ModelConfig c = nxd::testing::micro_model(arch);
   c.vocab_size = 13;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
   c.num_kv_heads = arch == "llama" ? 2 : 0;
-  c.ffn_hidden_size = 24;
   c.max_position_embeddings = 32;
-  c.rotary_pct = 0.5;
-  c.init_std = 0.3;  // large enough that every block matters in the references
   c.dtype = dt;
   return c;
 }

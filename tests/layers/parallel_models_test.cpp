@@ -17,6 +17,7 @@
 #include "nxd/layers/transformer.h"
 #include "support/compare.h"
 #include "support/ranks.h"
+#include "support/tiny_models.h"
 
 using namespace nxd;
 using nxd::testing::run_ranks;
@@ -26,24 +27,15 @@ namespace {
 constexpr double kTol = 1e-5;
 
 ModelConfig llama(int64_t kv_heads) {
-  ModelConfig c;
-  c.arch = "llama";
+  ModelConfig c = nxd::testing::tiny_model("llama");
   c.vocab_size = 32;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
   c.num_kv_heads = kv_heads;
-  c.ffn_hidden_size = 48;
-  c.max_position_embeddings = 32;
-  c.init_std = 0.2;
   return c;
 }
 
 ModelConfig neox() {
-  ModelConfig c = llama(0);
-  c.arch = "gpt_neox";
-  c.ffn_hidden_size = 64;
-  c.rotary_pct = 0.5;
+  ModelConfig c = nxd::testing::tiny_model("gpt_neox");
+  c.vocab_size = 32;
   return c;
 }
 

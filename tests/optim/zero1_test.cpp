@@ -19,16 +19,12 @@
 #include "nxd/runtime/context.h"
 #include "support/compare.h"
 #include "support/ranks.h"
-#include "support/tiny_lm.h"
+#include "support/tiny_models.h"
 
 using namespace nxd;
 using namespace nxd::optim;
 
 namespace {
-
-ModelConfig tiny_llama() {
-  return nxd::testing::tiny_gqa_llama();
-}
 
 Tensor ids_for(int dp_rank, int step, int64_t vocab) {
   return nxd::testing::random_ids(1000u + static_cast<uint64_t>(step),
@@ -55,7 +51,7 @@ void compare(int world, int tp) {
   Worst worst;
   nxd::testing::run_ranks(world, [&] {
     parallel_state::initialize_model_parallel(tp);
-    ModelConfig c = tiny_llama();
+    ModelConfig c = nxd::testing::tiny_gqa_llama();
     c.kv_size_multiplier = std::max(1, tp / 2);
     auto ref = make_causal_lm(c, 5), z = make_causal_lm(c, 5);
     const AdamWOptions ao{0.9, 0.99, 1e-8};
@@ -105,7 +101,7 @@ TEST(Zero1, OptimizerStateIsOneOverDpOfAdamW) {
     int64_t adam_bytes = 0, zero_bytes = 0, reported = 0;
     nxd::testing::run_ranks(dp, [&] {
       parallel_state::initialize_model_parallel(1);
-      auto m = make_causal_lm(tiny_llama(), 5);
+      auto m = make_causal_lm(nxd::testing::tiny_gqa_llama(), 5);
       MemoryCounter& mem = current_context().memory();
       const int64_t before = mem.live();
       int64_t a = 0, z = 0, r = 0;
@@ -133,7 +129,8 @@ TEST(Zero1, OptimizerStateIsOneOverDpOfAdamW) {
 TEST(Zero1, GatheredStateIsAdamWsAndScattersBack) {
   nxd::testing::run_ranks(2, [&] {
     parallel_state::initialize_model_parallel(1);
-    auto ref = make_causal_lm(tiny_llama(), 5), z = make_causal_lm(tiny_llama(), 5);
+    auto ref = make_causal_lm(nxd::testing::tiny_gqa_llama(), 5),
+         z = make_causal_lm(nxd::testing::tiny_gqa_llama(), 5);
     AdamW adam(default_param_groups(named(*ref), 1e-2, 0.0));
     GradSync sync(*ref, GradSyncOptions{1 << 14, GradSyncMode::at_step});
     Zero1AdamW zero(default_param_groups(named(*z), 1e-2, 0.0), {});
@@ -163,7 +160,7 @@ TEST(Zero1, GatheredStateIsAdamWsAndScattersBack) {
     again.scatter_state();
     again.release_state();
     EXPECT_TRUE(again.state_tensors().empty());
-    auto z2 = make_causal_lm(tiny_llama(), 5);
+    auto z2 = make_causal_lm(nxd::testing::tiny_gqa_llama(), 5);
     for (auto& [n, t] : z2->named_parameters()) t.detach().copy_(z->get_parameter(n).detach());
     Zero1AdamW fresh(default_param_groups(named(*z2), 1e-2, 0.0), {});
     fresh.gather_state();
@@ -189,7 +186,7 @@ TEST(Zero1, Bf16MasterWeightsAndStochasticRoundingMatchAdamWBitwise) {
       SCOPED_TRACE(std::string("dp ") + std::to_string(dp) + " " + grad_sync_mode_name(mode));
       nxd::testing::run_ranks(dp, [&] {
         parallel_state::initialize_model_parallel(1);
-        ModelConfig c = tiny_llama();
+        ModelConfig c = nxd::testing::tiny_gqa_llama();
         c.dtype = DType::bf16;
         auto ref = make_causal_lm(c, 5), z = make_causal_lm(c, 5);
         AdamWOptions ao{0.9, 0.99, 1e-8};

@@ -14,6 +14,7 @@
 #include "nxd/pipeline/partition.h"
 #include "nxd/runtime/sim/clock.h"
 #include "support/ranks.h"
+#include "support/tiny_models.h"
 #include "toy_lm.h"
 
 using namespace nxd;
@@ -23,15 +24,10 @@ using nxd::testing::run_ranks;
 namespace {
 
 ModelConfig tiny(const std::string& arch, int64_t layers, int64_t vocab, bool tied = false) {
-  ModelConfig c;
-  c.arch = arch;
+  ModelConfig c = nxd::testing::micro_model(arch);
   c.vocab_size = vocab;
   c.num_layers = layers;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.ffn_hidden_size = 24;
-  c.max_position_embeddings = 16;
-  if (arch == "gpt_neox") c.rotary_pct = 0.5;
+  c.init_std = ModelConfig{}.init_std;
   c.tie_word_embeddings = tied;
   return c;
 }

@@ -20,6 +20,7 @@
 #include "nxd/pipeline/pipeline_model.h"
 #include "support/compare.h"
 #include "support/ranks.h"
+#include "support/tiny_models.h"
 #include "toy_lm.h"
 
 using namespace nxd;
@@ -33,16 +34,8 @@ constexpr double kTol = 1e-5;
 constexpr uint64_t kSeed = 23;
 
 ModelConfig tiny(const std::string& arch = "llama", int64_t layers = 8) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 32;
+  ModelConfig c = nxd::testing::micro_model(arch);
   c.num_layers = layers;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.ffn_hidden_size = 24;
-  c.max_position_embeddings = 16;
-  c.init_std = 0.3;
-  if (arch == "gpt_neox") c.rotary_pct = 0.5;
   return c;
 }
 

@@ -17,6 +17,7 @@
 #include "nxd/pipeline/pipeline_model.h"
 #include "support/compare.h"
 #include "support/ranks.h"
+#include "support/tiny_models.h"
 
 using namespace nxd;
 using namespace nxd::pipeline;
@@ -25,14 +26,8 @@ namespace ps = nxd::parallel_state;
 namespace {
 
 ModelConfig config() {
-  ModelConfig c;
-  c.vocab_size = 32;
+  ModelConfig c = nxd::testing::micro_model();
   c.num_layers = 4;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.ffn_hidden_size = 24;
-  c.max_position_embeddings = 16;
-  c.init_std = 0.3;
   c.tie_word_embeddings = true;
   return c;
 }

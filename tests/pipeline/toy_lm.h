@@ -6,6 +6,7 @@
 
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/transformer.h"
+#include "support/tiny_models.h"
 
 namespace nxd::testing {
 
@@ -71,15 +72,10 @@ inline std::shared_ptr<CausalLM> build_toy(const ModelConfig& c, uint64_t seed,
 
 // A toy config: 16 wide, 4 heads (unused), MLPs 8, 16, 24, ... wide.
 inline ModelConfig toy_config(int64_t layers = 4, int64_t vocab = 32) {
-  ModelConfig c;
-  c.arch = "toy";
+  ModelConfig c = micro_model("toy");
   c.vocab_size = vocab;
   c.num_layers = layers;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
   c.ffn_hidden_size = 8;
-  c.max_position_embeddings = 16;
-  c.init_std = 0.3;
   return c;
 }
 

@@ -2,57 +2,12 @@
 // user mistakes (exit 2), and, under mpirun (NXD_ELASTIC_MPI, label mpi), a rank killed, crashed
 // or hung at several moments: every step ends up in metrics.csv once and the losses are the
 // uninterrupted run's (sim TP2 x DP2, bitwise the same as mpirun's) within 2%.
-#include <gtest/gtest.h>
+#include "elastic_job.h"
 
-#include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <string>
-#include <vector>
-
-#include "elastic/plan.h"
-#include "support/files.h"
-#include "support/proc.h"
-
-namespace fs = std::filesystem;
 using namespace nxd::elastic;
-using nxd::testing::ProcResult;
-using nxd::testing::read_csv;
-using nxd::testing::slurp;
+using namespace nxd::testing::elastic;
 
 namespace {
-
-struct Job {
-  fs::path d = nxd::testing::test_temp_dir("nxd_elastic_");
-  Job() {
-    nxd::testing::tiny_corpus(d, 300);
-    std::ofstream(d / "tiny.yaml")
-        << "seed: 7\n"
-        << "trainer: {max_steps: 6, log_every_n_steps: 1, val_check_interval: 0, num_threads: 1}\n"
-        << "data: {path: " << (d / "corpus.txt").string()
-        << ", seq_length: 32, micro_batch_size: 2, global_batch_size: 8}\n"
-        << "model: {num_layers: 1, hidden_size: 32, num_attention_heads: 2}\n"
-        << "generation: {max_new_tokens: 0}\n"
-        << "exp_manager: {create_tensorboard_logger: false, "
-           "checkpoint_callback_params: {every_n_train_steps: 2}}\n"
-        << "distributed_strategy: {tensor_model_parallel_size: 2, sequence_parallel: false}\n";
-  }
-  std::vector<std::string> train_args(const std::vector<std::string>& sets,
-                                      const std::string& out = "out") const {
-    std::vector<std::string> a = {"--config", (d / "tiny.yaml").string(), "--out",
-                                  (d / out).string()};
-    for (const auto& s : sets) a.insert(a.end(), {"--set", s});
-    return a;
-  }
-  ProcResult elastic(const std::vector<std::string>& flags, const std::vector<std::string>& sets,
-                     const std::string& out = "out") const {
-    std::vector<std::string> a = {NXD_ELASTIC_BIN};
-    a.insert(a.end(), flags.begin(), flags.end());
-    a.push_back("--");
-    for (auto& x : train_args(sets, out)) a.push_back(x);
-    return nxd::testing::run_process(a, d, std::chrono::seconds(180));
-  }
-};
 
 #ifndef NXD_ELASTIC_MPI
 
@@ -172,39 +127,6 @@ TEST(NxdElasticCli, UserMistakesExit2) {
 
 #else  // under mpirun
 
-const std::vector<std::string> kMpi = {"--hosts",       "localhost:4",
-                                       "--mpirun",      MPIEXEC,
-                                       "--mpirun-args", "--allow-run-as-root --oversubscribe"};
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// The uninterrupted run's losses: sim TP2 x DP2 in one process (bitwise mpirun's).
-std::vector<double> reference(const Job& t, std::vector<std::string> sets = {}) {
-  std::vector<std::string> a = {NXD_TRAIN_BIN};
-  sets.push_back("backend.world_size=4");
-  for (auto& x : t.train_args(sets, "ref")) a.push_back(x);
-  const ProcResult r = nxd::testing::run_process(a, t.d);
-  EXPECT_EQ(r.code, 0) << r.err;
-  std::vector<double> loss;
-  for (const auto& row : read_csv(t.d / "ref/metrics.csv").rows) loss.push_back(std::stod(row[1]));
-  return loss;
-}
-
-// metrics.csv holds steps 1..6 once each, losses within 2% of the reference.
-void expect_every_step_once(const Job& t, const std::vector<double>& ref) {
-  const auto csv = read_csv(t.d / "out/metrics.csv");
-  ASSERT_EQ(csv.rows.size(), ref.size()) << slurp(t.d / "out/metrics.csv");
-  for (size_t i = 0; i < ref.size(); ++i) {
-    EXPECT_EQ(csv.rows[i][0], std::to_string(i + 1));
-    const double loss = std::stod(csv.rows[i][1]);
-    EXPECT_LE(std::fabs(loss - ref[i]), 0.02 * std::fabs(ref[i]))
-        << "step " << i + 1 << ": " << loss << " vs uninterrupted " << ref[i];
-  }
-}
-
 // A rank's process killed (SIGKILL) after step 3: its slot is dropped, the job goes on on 3
 // slots as TP2 x DP1 with twice the accumulation, from step_2 resharded to DP1.
 TEST(NxdElasticMpi, ARankKilledAfterStep3ResumesResharedToDp1) {
@@ -252,8 +174,10 @@ TEST(NxdElasticMpi, ARankCrashingAfterStep5WithPp2AndZero1ResumesFromStep4) {
   expect_every_step_once(t, reference(t, layout));
 }
 
-// A rank that stops answering after step 2 (before step_2 is saved): nothing names it, the
-// stall watchdog stops the job, the relaunch (same size) trains from step 0.
+// A rank that stops answering after step 2 (before step_2 is saved; it sleeps 601 s): nothing
+// names it, the stall watchdog stops the job, the relaunch (same size) trains from step 0. The
+// allowance is max(3 s, 4 x the slowest step so far), so a machine slowed down by other builds
+// (steps of 4 s at load average 160) does not stop the relaunch again and again.
 TEST(NxdElasticMpi, AHungRankIsStoppedByTheStallTimeoutAndTheRunRestarts) {
   Job t;
   const ProcResult r =
@@ -267,16 +191,18 @@ TEST(NxdElasticMpi, AHungRankIsStoppedByTheStallTimeoutAndTheRunRestarts) {
   expect_every_step_once(t, reference(t));
 }
 
-// A rank that stops answering after step 3 under backend.collective_timeout_s=2 (no stall
-// watchdog): the ranks waiting for it abort the job naming it, its slot is dropped, and the run
-// goes on as TP2 x DP1 from step_2. Open MPI sometimes loses a rank's last line when the job is
-// aborted (seen once, with the machine's load average at 160): nxd-elastic then names the rank
-// that called MPI_Abort, drops its slot instead, and the run still ends as TP2 x DP1 from step_2.
+// A rank that stops answering after step 3 under backend.collective_timeout_s=6 (no stall
+// watchdog; 6 s, not 2: a rank computing or scheduled out that long under load would be named
+// hung too, as it cannot answer the query outside MPI): the ranks waiting for it abort the job
+// naming it, its slot is dropped, and the run goes on as TP2 x DP1 from step_2. Open MPI sometimes
+// loses a rank's last line when the job is aborted (seen once, with the machine's load average at
+// 160): nxd-elastic then names the rank that called MPI_Abort, drops its slot instead, and the run
+// still ends as TP2 x DP1 from step_2.
 TEST(NxdElasticMpi, AHungRankIsNamedByTheCollectiveTimeoutAndItsSlotDropped) {
   Job t;
   const ProcResult r =
       t.elastic(kMpi, {"backend.fail_rank=2", "backend.fail_at_step=3", "backend.fail_mode=hang",
-                       "backend.collective_timeout_s=2"});
+                       "backend.collective_timeout_s=6"});
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string log = slurp(t.d / "out/elastic.log");
   if (log.find("failed ranks: 2;") != std::string::npos)

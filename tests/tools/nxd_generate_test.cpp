@@ -11,9 +11,10 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/layers/models/causal_lm.h"
-#include "nxd/trainer/tokenizer.h"
+#include "nxd/train/tokenizer.h"
 #include "support/files.h"
 #include "support/proc.h"
+#include "support/tiny_models.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -21,16 +22,10 @@ using namespace nxd;
 using nxd::testing::run_process;
 
 ModelConfig byte_model(const std::string& arch) {
-  ModelConfig c;
-  c.arch = arch;
+  ModelConfig c = nxd::testing::tiny_model(arch);
   c.vocab_size = 256;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_kv_heads = arch == "llama" ? 2 : 0;
   c.ffn_hidden_size = 48;
   c.max_position_embeddings = 48;
-  c.rotary_pct = 0.5;
   c.init_std = 0.3;
   return c;
 }

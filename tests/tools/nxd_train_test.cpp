@@ -152,6 +152,12 @@ TEST(NxdTrain, BadInputGivesOneLineAndExitCode2) {
           d),
       "world size 6 is not tensor_model_parallel_size 4 x pipeline_model_parallel_size 1");
   expect_user_error(run({"--set", "backend.kind=cuda"}, d), "\"cuda\" is not one of sim, mpi");
+  expect_user_error(run({"--set", "distributed_strategy.context_parallel_size=3", "--set",
+                         "distributed_strategy.tensor_model_parallel_size=1", "--set",
+                         "backend.world_size=3", "--set", "data.seq_length=64"},
+                        d),
+                    "data.seq_length=64 is not divisible by 2 x "
+                    "distributed_strategy.context_parallel_size=6");
   // a text file that is not a config: named with its first line, not its whole content
   std::ofstream(d / "notes.txt") << "remember to buy milk\n" << std::string(500, 'x') << "\n";
   expect_user_error(run({"--config", (d / "notes.txt").string()}, d),

@@ -8,21 +8,13 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/trace/model.h"
 #include "support/ranks.h"
+#include "support/tiny_models.h"
 
 namespace nxd::testing {
 
 inline ModelConfig trace_config(const std::string& arch, int tp) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 64;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_kv_heads = arch == "llama" ? 2 : 0;
-  c.ffn_hidden_size = arch == "llama" ? 48 : 64;
+  ModelConfig c = tiny_model(arch);
   c.max_position_embeddings = 64;
-  c.init_std = 0.2;
-  if (arch == "gpt_neox") c.rotary_pct = 0.5;
   if (arch == "llama" && tp > 2) c.kv_size_multiplier = tp / 2;
   return c;
 }

@@ -9,10 +9,10 @@
 #include <fstream>
 
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/config.h"
-#include "nxd/trainer/config_limits.h"
-#include "nxd/trainer/data.h"
-#include "nxd/trainer/env_check.h"
+#include "nxd/train/config.h"
+#include "nxd/train/config_limits.h"
+#include "nxd/train/corpus.h"
+#include "nxd/train/env_check.h"
 #include "support/files.h"
 
 using namespace nxd;

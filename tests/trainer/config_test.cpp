@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/config.h"
+#include "nxd/train/config.h"
 #include "support/files.h"
 
 using namespace nxd;

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "nxd/runtime/error.h"
-#include "nxd/trainer/data.h"
+#include "nxd/train/corpus.h"
 #include "support/files.h"
 
 using namespace nxd;

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 
+#include "nxd/api/nxd_api.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/checkpoint/safetensors.h"
@@ -20,13 +21,12 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
 #include "nxd/optim/zero1.h"
-#include "nxd/trainer/config.h"
-#include "nxd/trainer/nxd_api.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/config.h"
+#include "nxd/train/train.h"
 #include "support/compare.h"
 #include "support/files.h"
 #include "support/ranks.h"
-#include "support/tiny_lm.h"
+#include "support/tiny_models.h"
 #include "train_util.h"
 
 using namespace nxd;

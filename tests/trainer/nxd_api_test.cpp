@@ -1,4 +1,4 @@
-// NxD's config and optimizer wrapper (trainer/nxd_api.h): NxD's keys and defaults, the errors
+// NxD's config and optimizer wrapper (api/nxd_api.h): NxD's keys and defaults, the errors
 // for impossible settings, and that the wrapper's step is the Trainer's (its training tests run
 // on it) — here: it initializes parallel_state and refuses ZeRO-1 without AdamW.
 #include <gtest/gtest.h>
@@ -9,14 +9,14 @@
 #include <mutex>
 #include <optional>
 
+#include "nxd/api/nxd_api.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/basic.h"
 #include "nxd/layers/parallel/pad.h"
 #include "nxd/runtime/rng.h"
-#include "nxd/trainer/nxd_api.h"
 #include "support/compare.h"
 #include "support/ranks.h"
-#include "support/tiny_lm.h"
+#include "support/tiny_models.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
@@ -88,10 +88,6 @@ TEST(NxdApi, ConfigChecksTheWorldAndInitializesParallelState) {
 
 namespace {
 
-ModelConfig small_llama() {
-  return nxd::testing::tiny_gqa_llama(4);
-}
-
 Tensor batch_ids(int dp_rank, int step, int64_t vocab) {
   return nxd::testing::random_ids(700u + static_cast<uint64_t>(step),
                                   static_cast<uint64_t>(dp_rank), vocab);
@@ -153,8 +149,8 @@ TEST(NxdApi, MetaInitMaterializesTheHostBuildsValues) {
     cfg.model_init_config.meta_device_init = true;
     cfg = neuronx_distributed_config(cfg);
     const int64_t host_before = current_context().memory().live();
-    auto meta = initialize_parallel_model(cfg, small_llama(), 21);
-    auto host = make_causal_lm(small_llama(), 21);
+    auto meta = initialize_parallel_model(cfg, nxd::testing::tiny_gqa_llama(4), 21);
+    auto host = make_causal_lm(nxd::testing::tiny_gqa_llama(4), 21);
     {
       NoGradGuard ng;  // the wrapper's forward is the model's: the full logits
       const Tensor ids = batch_ids(0, 0, 64);
@@ -235,7 +231,7 @@ Trace train_with_wrappers(int world, NxDConfig want, int dp) {
   std::mutex mu;
   nxd::testing::run_ranks(world, [&] {
     const NxDConfig cfg = neuronx_distributed_config(want);
-    auto model = initialize_parallel_model(cfg, small_llama(), 3);
+    auto model = initialize_parallel_model(cfg, nxd::testing::tiny_gqa_llama(4), 3);
     auto opt = initialize_parallel_optimizer(
         cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
         optim::AdamWOptions{});
@@ -304,7 +300,7 @@ TEST(NxdApi, MixedPrecisionKeepsF32MastersOfBf16Parameters) {
     want.tensor_parallel_size = 2;
     want.precision = "mixed_precision";
     const NxDConfig cfg = neuronx_distributed_config(want);
-    auto model = initialize_parallel_model(cfg, small_llama(), 3);
+    auto model = initialize_parallel_model(cfg, nxd::testing::tiny_gqa_llama(4), 3);
     EXPECT_EQ(model->dtype(), DType::bf16);
     auto opt = initialize_parallel_optimizer(
         cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-2, 0.1),
@@ -361,7 +357,7 @@ void expect_close(const std::vector<double>& a, const std::vector<double>& b, do
 TEST(NxdApi, PadModelTrainsAsTheUnpaddedModel) {
   for (int64_t kv : {6, 2}) {
     SCOPED_TRACE("kv heads " + std::to_string(kv));
-    ModelConfig base = small_llama();
+    ModelConfig base = nxd::testing::tiny_gqa_llama(4);
     base.hidden_size = 48;
     base.num_attention_heads = 6;
     base.num_kv_heads = kv;

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nxd/pipeline/schedule.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/train.h"
 #include "train_util.h"
 
 using namespace nxd;

@@ -1,4 +1,4 @@
-// The memory plan on meta tensors (trainer/plan.h) against the allocator: every rank's planned
+// The memory plan on meta tensors (train/plan.h) against the allocator: every rank's planned
 // total equals the peak the allocator measures in the real run of the same configuration within
 // 5%, across tensor, pipeline (1F1B, GPipe, interleaved) and data parallelism, ZeRO-1, the four
 // precision types and activation checkpointing; and a run that cannot fit in the host RAM its
@@ -12,8 +12,8 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/sim/clock.h"
-#include "nxd/trainer/plan.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/plan.h"
+#include "nxd/train/train.h"
 #include "train_util.h"
 
 using namespace nxd;

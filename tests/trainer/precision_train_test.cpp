@@ -11,7 +11,7 @@
 #include <map>
 #include <string>
 
-#include "nxd/trainer/train.h"
+#include "nxd/train/train.h"
 #include "train_util.h"
 
 using namespace nxd;

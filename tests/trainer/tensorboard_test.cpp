@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "nxd/train/train.h"
 #include "nxd/trainer/loggers.h"
-#include "nxd/trainer/train.h"
 #include "support/files.h"
 
 using namespace nxd;

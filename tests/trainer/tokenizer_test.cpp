@@ -2,7 +2,7 @@
 // fixtures/tokenizer/reference_ids.json were computed once by @huggingface/tokenizers with
 // make_reference.mjs from the three tokenizer.json files there: GPT-2's, GPT-NeoX's and Llama 3's
 // pre-tokenizers), and decode as the library does.
-#include "nxd/trainer/tokenizer.h"
+#include "nxd/train/tokenizer.h"
 
 #include <gtest/gtest.h>
 

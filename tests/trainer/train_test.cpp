@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "nxd/runtime/blas.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/train.h"
 #include "support/files.h"
 #include "train_util.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "nxd/trainer/config.h"
+#include "nxd/train/config.h"
 #include "support/files.h"
 
 namespace nxd::testing {

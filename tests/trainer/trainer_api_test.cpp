@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "nxd/collectives/sim/launch.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/train.h"
 #include "support/files.h"
 
 using namespace nxd;

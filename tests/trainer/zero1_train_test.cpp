@@ -9,7 +9,7 @@
 #include <string>
 
 #include "nxd/checkpoint/checkpoint.h"
-#include "nxd/trainer/train.h"
+#include "nxd/train/train.h"
 #include "train_util.h"
 
 using namespace nxd;

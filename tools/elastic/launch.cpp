@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "plan.h"
 
@@ -31,6 +34,32 @@ void on_signal(int sig) {
 ino_t inode_of(const std::filesystem::path& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+// The elapsed_s column of metrics.csv's last row (seconds since the launch began training; -1 if
+// there is none): the first step's time without mpirun's startup.
+double last_elapsed_s(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::string header, line, last;
+  if (!std::getline(f, header)) return -1;
+  while (std::getline(f, line))
+    if (!line.empty()) last = line;
+  auto field = [](const std::string& s, size_t k) {
+    std::stringstream ss(s);
+    std::string x;
+    for (size_t i = 0; i <= k; ++i)
+      if (!std::getline(ss, x, ',')) return std::string();
+    return x;
+  };
+  for (size_t k = 0;; ++k) {
+    const std::string name = field(header, k);
+    if (name.empty()) return -1;
+    if (name != "elapsed_s") continue;
+    const std::string v = field(last, k);
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    return !v.empty() && end && *end == '\0' ? x : -1;
+  }
 }
 
 }  // namespace
@@ -76,6 +105,7 @@ LaunchResult run_launch(const LaunchOptions& o) {
   }
   r.started = true;
   int64_t rows = 0;
+  double pace = 0;  // seconds: the slowest step so far (see LaunchOptions)
   auto progress_at = clock::now();
   auto kill_at = clock::time_point::max();
   bool open = true, passed_on = false;
@@ -103,22 +133,33 @@ LaunchResult run_launch(const LaunchOptions& o) {
       r.signalled = true, r.signal = g_signal, passed_on = true;
       ::kill(pid, g_signal);
     }
-    // progress: rows of this launch's metrics.csv
+    // progress: rows of this launch's metrics.csv; pace: the slowest step so far
     const ino_t ino = inode_of(o.metrics);
     if (ino != 0 && ino != old_inode) {
       const int64_t now_rows = data_rows(o.metrics);
       if (now_rows > rows) {
-        if (rows == 0) r.first_row_s = since(t0);
+        if (rows == 0) {  // the first step's time (elapsed_s), else all the launch took so far
+          r.first_row_s = since(t0), pace = r.first_row_s;
+          const double e = last_elapsed_s(o.metrics);
+          if (e > 0 && e < pace) pace = e;
+        } else if (rows == 1 || since(progress_at) > pace)
+          pace = since(progress_at);
         rows = now_rows, progress_at = clock::now();
       }
     }
-    // stalled: no new row for stall_timeout_s (before the first row: startup_timeout_s)
-    const double allowed = rows == 0 ? o.startup_timeout_s : o.stall_timeout_s;
+    // stalled: no new row for the allowance (before the first row: startup_timeout_s)
+    const double allowed = rows == 0 ? o.startup_timeout_s
+                           : o.stall_timeout_s > 0
+                               ? std::max(o.stall_timeout_s, o.stall_pace_factor * pace)
+                               : 0;
     if (allowed > 0 && !r.stalled && since(progress_at) > allowed) {
-      r.stalled = true;
-      const std::string note = "nxd-elastic: no new step for " + std::to_string(allowed) +
-                               " s (--stall-timeout): stopping the launch\n";
-      (void)!::write(2, note.data(), note.size());
+      r.stalled = true, r.stall_allowed_s = allowed;
+      char note[200];
+      std::snprintf(note, sizeof note,
+                    "nxd-elastic: no new step for %.1f s (--stall-timeout %.1f s, slowest step "
+                    "so far %.1f s): stopping the launch\n",
+                    allowed, o.stall_timeout_s, pace);
+      (void)!::write(2, note, std::strlen(note));
       ::kill(pid, SIGTERM);  // mpirun ends its ranks (TERM, then KILL)
       kill_at = clock::now() + std::chrono::seconds(10);
     }

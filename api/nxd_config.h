@@ -1,0 +1,116 @@
+#pragma once
+// NxD's neuronx_distributed_config in C++: the parallel layout and every training optimization as
+// one struct, with NxD's key names and defaults (read from JSON or YAML parsed to JSON), checked
+// and applied to the current rank by neuronx_distributed_config() (parallel_state, matmul
+// precision). initialize_parallel_model (nxd_model.h) and initialize_parallel_optimizer
+// (nxd_optimizer.h) read it.
+//
+// Where nxd departs from NxD (docs/DESIGN.md, "NxD's training API"):
+//   - `precision` (NxD Training's precision.type) is part of the config: fp32 | autocast |
+//     mixed_precision | bf16SR. It picks the parameter dtype (bf16 for the last two), the matmul
+//     precision, and the defaults of mixed_precision_config. NxD leaves the dtype to the user
+//     (model.to(bf16) or XLA_USE_BF16) and its master weights and f32 gradient accumulation to
+//     ZeRO-1 only; nxd supports both with or without ZeRO-1.
+//   - model_init_config.param_init_fn takes (name, tensor) per parameter instead of a module; it
+//     may be null with meta_device_init: each parameter is then filled by the rule its layer
+//     registered, from model_init_config.seed (the values a host build has).
+//   - activation_checkpoint_config applies to decoder models (ModelConfig): "full" or
+//     "selective" (NxD Training's granularities); NxD's "a module class" form has no C++ analogue.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nxd/layers/module.h"
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/dtype.h"
+
+namespace nxd::trainer {
+
+struct OptimizerConfig {
+  bool zero_one_enabled = false;  // ZeRO-1 (AdamW only)
+  bool grad_clipping = true;
+  double max_grad_norm = 1.0;
+};
+
+// NxD's pipeline_config (the keys nxd implements).
+struct PipelineConfig {
+  int num_microbatches = 1;
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int virtual_pipeline_size = 1;  // model chunks per pipeline rank (interleaved)
+  // "model.layers.3": a stage starts after this layer; empty: auto_partition, balanced by
+  // `partition`: parameters (per stage) or modeled_cost (the sim device's forward + backward time)
+  std::vector<std::string> pipeline_cuts;
+  std::string partition = "parameters";
+};
+
+struct ModelInitConfig {
+  bool meta_device_init = false;       // build on the meta device, then materialize shard by shard
+  Module::TensorInitFn param_init_fn;  // null: each parameter's registered rule, from `seed`
+  uint64_t seed = 0;
+};
+
+// NxD's mixed_precision_config; unset fields follow `precision` (resolve_precision()).
+struct MixedPrecisionConfig {
+  std::optional<bool> use_master_weights;
+  std::optional<bool> use_fp32_grad_acc;
+};
+
+struct NxDConfig {
+  int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  int context_parallel_size =
+      1;  // ranks splitting each sequence (layers/parallel/context_parallel.h)
+  // Expert parallelism (NxD's expert_parallel_size): the experts of mixture-of-experts layers are
+  // split over this many data-parallel ranks (it divides the DP size; layers/moe/moe.h).
+  int expert_parallel_size = 1;
+  PipelineConfig pipeline_config;
+  OptimizerConfig optimizer_config;
+  // "" (none), "full" or "selective": the decoder models' activations_checkpoint_granularity
+  std::string activation_checkpoint_config;
+  // Decoder models (the ModelConfig overload of initialize_parallel_model): attention heads that
+  // do not split over tensor_parallel_size are padded with zero heads that stay zero
+  // (layers/parallel/pad.h), so the model computes and trains as the unpadded one.
+  bool pad_model = false;
+  bool sequence_parallel = false;
+  ModelInitConfig model_init_config;
+  MixedPrecisionConfig mixed_precision_config;
+  std::string precision = "fp32";  // fp32 | autocast | mixed_precision | bf16SR
+  double grad_bucket_mb = 25.0;    // the DP gradient buckets (DDP's bucket_cap_mb)
+
+  // NxD's keys from JSON (or YAML parsed to JSON): tensor_parallel_size, pipeline_parallel_size,
+  // context_parallel_size, expert_parallel_size,
+  // pipeline_config {num_microbatches, schedule, virtual_pipeline_size, pipeline_cuts,
+  // partition},
+  // optimizer_config {zero_one_enabled, grad_clipping, max_grad_norm},
+  // activation_checkpoint_config, pad_model, sequence_parallel, model_init_config
+  // {meta_device_init, seed}, mixed_precision_config {use_master_weights, use_fp32_grad_acc},
+  // precision, grad_bucket_mb. Unknown keys and wrong types are a ConfigError naming them.
+  static NxDConfig from_json(const nlohmann::json& j);
+};
+
+// What `precision` and mixed_precision_config make of a run.
+struct ResolvedPrecision {
+  DType param_dtype = DType::f32;                              // bf16: mixed_precision, bf16SR
+  blas::MatmulPrecision matmul = blas::MatmulPrecision::fp32;  // bf16 products of f32 tensors
+  bool master_weights = false;       // f32 copies of bf16 parameters in the optimizer
+  bool fp32_grad_acc = false;        // bf16 parameters' gradients accumulated in f32
+  bool stochastic_rounding = false;  // bf16 parameter updates rounded stochastically
+};
+// fp32: f32 everything. autocast: f32 parameters, bf16 matmul inputs. mixed_precision: bf16
+// parameters and activations, f32 master weights and gradient accumulation (each overridable by
+// mixed_precision_config). bf16SR: bf16 everything, updates rounded stochastically, no masters.
+// ConfigError naming the values for an unknown precision, or master weights / f32 accumulation
+// asked for f32 parameters.
+ResolvedPrecision resolve_precision(const NxDConfig& cfg);
+
+// Checks `cfg` (ConfigError naming the values: sizes, a world not divisible by tp x pp, a bad
+// pipeline config, checkpoint kind or precision, max_grad_norm <= 0 with clipping) and applies it
+// to the current rank: initializes parallel_state unless it is already initialized with these
+// sizes, and sets the matmul precision (process-wide: every rank of a sim world sets the same).
+// Collective.
+NxDConfig neuronx_distributed_config(NxDConfig cfg = {});
+
+}  // namespace nxd::trainer

@@ -1,0 +1,106 @@
+#pragma once
+// NxD's initialize_parallel_model and NxDModel in C++: the model a rank trains, built the way the
+// config says (meta-device initialization, bf16 parameters, activation checkpointing, pipeline
+// stages), behind one interface whether or not it is pipelined.
+//
+//   auto cfg = neuronx_distributed_config(
+//       {.tensor_parallel_size = 2, .precision = "mixed_precision"});
+//   auto model = initialize_parallel_model(cfg, [](const ParamOptions& po) {
+//     // MyNet: built from NxD's parallel layers, in po's dtype and device
+//     return std::make_shared<MyNet>(po);
+//   });
+//   auto opt = initialize_parallel_optimizer(cfg, *model, groups, optim::AdamWOptions{});
+//   Tensor loss = model->run_train([&](Module& m) { return as<MyNet>(m).loss(batch); });
+//   opt->step(); opt->zero_grad();
+//
+// Decoder language models (ModelConfig: the built-in Llama and GPT-NeoX, or a user's CausalLM
+// subclass through a PartBuilder) are pipelined when pipeline_parallel_size > 1: the model is
+// then a pipeline::PipelineModel whose stages this rank holds, and run_train(ids, targets) runs
+// the schedule (NxD's NxDPPModel.run_train). Any other module needs pipeline_parallel_size 1.
+//
+// Construction, in NxD's order: the module is built on the meta device when
+// model_init_config.meta_device_init (shapes only: a 7B-parameter shape builds in seconds and
+// allocates nothing), in bf16 when the precision says so; then materialized one tensor at a time
+// (each rank allocates only its own shards) through param_init_fn, or each parameter's registered
+// rule from model_init_config.seed, which gives exactly the values of a host build; parameters
+// built in f32 are converted to bf16 for mixed_precision / bf16SR.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nxd/api/nxd_config.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/optim/grad_norm.h"
+#include "nxd/pipeline/pipeline_model.h"
+
+namespace nxd::trainer {
+
+// Builds a module in the given parameter dtype and device (meta with meta_device_init).
+using ModelFn = std::function<std::shared_ptr<Module>(const ParamOptions&)>;
+// Builds the part of a decoder model a pipeline stage holds (ModelPart: its layers, the embedding,
+// the head), in cfg's dtype and device; empty: make_causal_lm (pipeline/pieces.h).
+using PartBuilder = pipeline::PartBuilder;
+
+class NxDModel {
+ public:
+  // Wraps what a rank built (the Trainer wraps its module's model this way).
+  NxDModel(const NxDConfig& cfg, std::shared_ptr<Module> module);
+  NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::PipelineModel> pipeline);
+
+  // One training iteration. Without a pipeline: loss = loss_fn(local_module()), backward(loss),
+  // returns loss. With a pipeline use the (ids, targets) form.
+  Tensor run_train(const std::function<Tensor(Module&)>& loss_fn);
+  // A decoder model's iteration: the mean cross entropy of the batch (the pipeline's mean over
+  // its microbatches, averaged over DP; without a pipeline this rank's batch), with gradients.
+  Tensor run_train(const Tensor& ids, const Tensor& targets);
+  // The same loss without gradients, in eval mode.
+  Tensor run_eval(const Tensor& ids, const Tensor& targets);
+  // A decoder model's forward: ids [B,S] -> logits [B,S,V] (with gradients when grad mode is on).
+  // ConfigError with a pipeline (a pipelined model has run_train and run_eval only, as NxD's).
+  Tensor forward(const Tensor& ids);
+
+  bool is_pipeline() const { return pipeline_ != nullptr; }
+  pipeline::PipelineModel* pipeline() const { return pipeline_.get(); }
+  // The unwrapped module (without a pipeline; with one: its first local chunk).
+  Module& local_module() const;
+  // Every module this rank holds: the module, or the pipeline stage's chunks.
+  std::vector<Module*> local_modules() const;
+  // This rank's parameters with their whole-model names, in registration order.
+  std::vector<optim::NamedParam> local_named_parameters() const;
+  // For the gradient norm (a tied copy on the last stage is `shared`), and its groups.
+  std::vector<optim::NormParam> norm_params() const;
+  optim::NormGroups norm_groups() const;
+  // Whether gradients of sequence-parallel parameters need their sum over TP (the optimizer does
+  // it; a pipeline does it itself in run_train).
+  bool needs_sequence_parallel_sums() const;
+  int num_microbatches() const;
+  void train(bool on = true);
+  DType dtype() const;  // of the floating parameters
+  const NxDConfig& config() const { return cfg_; }
+
+ private:
+  NxDConfig cfg_;
+  std::shared_ptr<Module> module_;
+  std::shared_ptr<pipeline::PipelineModel> pipeline_;
+};
+
+// NxD's initialize_parallel_model for any module: model_fn builds it (in the config's dtype and,
+// with meta_device_init, on the meta device), then it is materialized / converted as above.
+// ConfigError with pipeline_parallel_size > 1 (a pipeline needs a decoder model: the overload
+// below) or an activation_checkpoint_config (set it in your module).
+std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const ModelFn& model_fn);
+// A decoder model of `mc` (mc.dtype, device, sequence_parallel and checkpoint granularity are set
+// from cfg), initialized from `seed`; a PipelineModel over the config's pipeline_config when
+// pipeline_parallel_size > 1.
+std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const ModelConfig& mc,
+                                                    uint64_t seed, const PartBuilder& build = {});
+
+// The ModelConfig a decoder model gets under `cfg` (dtype, device, sequence parallelism,
+// activation checkpointing): what initialize_parallel_model builds.
+ModelConfig model_config_for(const NxDConfig& cfg, ModelConfig mc);
+// The pipeline options of `cfg` (schedule, microbatches, chunks, cuts, DP bucket size; the DP
+// gradient reduction is the optimizer's).
+pipeline::PipelineOptions pipeline_options_for(const NxDConfig& cfg);
+
+}  // namespace nxd::trainer

@@ -1,0 +1,179 @@
+#include "nxd/api/nxd_optimizer.h"
+
+#include <cmath>
+#include <unordered_set>
+
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/moe/moe.h"
+#include "nxd/layers/parallel/attributes.h"
+#include "nxd/runtime/context.h"
+#include "nxd/runtime/error.h"
+
+namespace nxd::trainer {
+
+namespace {
+
+// The group gradients are reduced over and ZeRO-1 shards over: data x context parallel (the DP
+// group at CP 1).
+std::shared_ptr<Communicator> dp_group() {
+  return parallel_state::model_parallel_is_initialized()
+             ? parallel_state::get_data_context_parallel_group_ptr()
+             : make_self_communicator();
+}
+
+// The optimizer's parameters in the model's registration order (the buckets' order); a
+// parameter the model does not hold is a ConfigError naming it.
+std::vector<optim::NamedParam> in_model_order(const NxDModel& model, const optim::Optimizer& o) {
+  std::unordered_set<const TensorImpl*> mine;
+  for (const auto& p : o.named_parameters()) mine.insert(p.param.impl());
+  std::vector<optim::NamedParam> out;
+  std::unordered_set<const TensorImpl*> held;
+  for (const auto& p : model.local_named_parameters()) {
+    held.insert(p.param.impl());
+    if (mine.count(p.param.impl())) out.push_back(p);
+  }
+  for (const auto& p : o.named_parameters())
+    NXD_CHECK_T(ConfigError, held.count(p.param.impl()), "[NxDOptimizer] parameter '", p.name,
+                "' of the optimizer is not one of the model's local parameters");
+  return out;
+}
+
+}  // namespace
+
+NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
+                           std::unique_ptr<optim::Optimizer> inner)
+    : cfg_(cfg), model_(model) {
+  NXD_CHECK_T(ConfigError, inner != nullptr, "[NxDOptimizer] no optimizer");
+  norm_params_ = model_.norm_params();
+  groups_ = model_.norm_groups();
+  sp_sums_ = model_.needs_sequence_parallel_sums();
+  const ResolvedPrecision rp = resolve_precision(cfg_);
+  // stochastic rounding draws from the run's seed (every rank's Context has the same one)
+  const optim::PrecisionOptions prec{rp.master_weights, rp.stochastic_rounding,
+                                     current_context().rng().seed() ^ 0x5352u};
+  std::vector<optim::NamedParam> order = in_model_order(model_, *inner);
+  const int ep = parallel_state::model_parallel_is_initialized()
+                     ? parallel_state::get_expert_model_parallel_size()
+                     : 1;
+  std::vector<optim::NamedParam> experts;
+  if (ep > 1) {
+    std::unordered_set<const TensorImpl*> is_expert;
+    for (Module* m : model_.local_modules())
+      for (const Tensor& t : moe_expert_parameters(*m)) is_expert.insert(t.impl());
+    std::vector<optim::NamedParam> dense;
+    for (auto& p : order) (is_expert.count(p.param.impl()) ? experts : dense).push_back(p);
+    order = std::move(dense);
+  }
+  const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
+  const bool zero1 = cfg_.optimizer_config.zero_one_enabled;
+  // buckets go out during backward unless something must reach .grad before the reduction
+  const auto mode = model_.is_pipeline() || (zero1 && sp_sums_) ? optim::GradSyncMode::at_step
+                                                                : optim::GradSyncMode::overlap;
+  if (zero1) {
+    const auto* adamw = dynamic_cast<const optim::AdamW*>(inner.get());
+    NXD_CHECK_T(ConfigError, adamw != nullptr,
+                "[NxDOptimizer] optimizer_config.zero_one_enabled shards AdamW's state, got ",
+                inner->kind());
+    optim::Zero1Options zo;
+    zo.adamw = adamw->options();
+    zo.adamw.precision = prec;
+    zo.dp_group = dp_group();
+    zo.norm_groups = groups_;
+    zo.norm_params = norm_params_;
+    zo.registration_order = order;
+    zo.bucket_bytes = bucket;
+    // two groups: reduce at the step so neither's buckets interleave with the other's in backward
+    zo.mode = ep > 1 ? optim::GradSyncMode::at_step : mode;
+    // expert parallelism: NxD's second ZeRO-1 optimizer, over the expert-DP group
+    zo.expert_params = experts;
+    zo.registration_order.insert(zo.registration_order.end(), experts.begin(), experts.end());
+    if (!experts.empty())
+      zo.expert_dp_group = parallel_state::get_expert_data_parallel_group_ptr();
+    else
+      zo.norm_groups.ep = nullptr;
+    zo.fp32_grad_acc = rp.fp32_grad_acc;
+    std::vector<optim::ParamGroup> groups = inner->param_groups();
+    inner.reset();  // AdamW's full state (unless deferred) goes before ZeRO-1's is allocated
+    auto z = std::make_unique<optim::Zero1AdamW>(std::move(groups), std::move(zo));
+    zero1_ = z.get();
+    inner_ = std::move(z);
+    return;
+  }
+  inner->set_precision(prec);
+  inner_ = std::move(inner);
+  optim::GradSyncOptions go;
+  go.bucket_bytes = bucket;
+  // two groups: reduce at the step so neither's buckets interleave with the other's in backward
+  go.mode = ep > 1 ? optim::GradSyncMode::at_step : mode;
+  go.group = dp_group();
+  go.fp32_grad_acc = rp.fp32_grad_acc;
+  sync_ = std::make_unique<optim::GradSync>(order, go);
+  if (!experts.empty()) {
+    go.group = parallel_state::get_expert_data_parallel_group_ptr();
+    expert_sync_ = std::make_unique<optim::GradSync>(experts, go);
+  }
+}
+
+NxDOptimizer::~NxDOptimizer() = default;
+
+void NxDOptimizer::step() {
+  reduce_and_clip();
+  inner_->step();
+}
+
+bool NxDOptimizer::step_if_finite(double loss) {
+  reduce_and_clip();
+  if (std::isfinite(loss) && std::isfinite(grad_norm_)) {
+    inner_->step();
+    return true;
+  }
+  if (zero1_) zero1_->discard_gradients();
+  return false;
+}
+
+void NxDOptimizer::reduce_and_clip() {
+  const auto& oc = cfg_.optimizer_config;
+  const double max_norm = oc.grad_clipping ? oc.max_grad_norm : 0.0;
+  auto sp_sums = [&] {
+    if (sp_sums_)
+      for (Module* m : model_.local_modules()) allreduce_sequence_parallel_gradients(*m);
+  };
+  if (zero1_) {
+    sp_sums();  // before the reduce-scatter (at_step mode)
+    grad_norm_ = zero1_->clip_grad_norm(max_norm);
+  } else {
+    sync_->finish();
+    if (expert_sync_) expert_sync_->finish();
+    sp_sums();  // after the DP mean: they commute
+    grad_norm_ = max_norm > 0 ? optim::clip_parallel_grad_norm(norm_params_, max_norm, groups_)
+                              : optim::parallel_grad_norm(norm_params_, groups_);
+  }
+}
+
+namespace {
+std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> groups,
+                                                 const OptimizerOptions& options) {
+  if (const auto* a = std::get_if<optim::AdamWOptions>(&options))
+    return std::make_unique<optim::AdamW>(std::move(groups), *a);
+  return std::make_unique<optim::SGD>(std::move(groups), std::get<optim::SGDOptions>(options));
+}
+}  // namespace
+
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, NxDModel& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            OptimizerOptions options) {
+  return std::make_unique<NxDOptimizer>(cfg, model, make_optimizer(std::move(groups), options));
+}
+
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, Module& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            OptimizerOptions options) {
+  // a non-owning wrapper: the caller keeps the module alive
+  auto wrapper =
+      std::make_shared<NxDModel>(cfg, std::shared_ptr<Module>(std::shared_ptr<Module>(), &model));
+  auto opt = initialize_parallel_optimizer(cfg, *wrapper, std::move(groups), std::move(options));
+  opt->owned_ = std::move(wrapper);
+  return opt;
+}
+
+}  // namespace nxd::trainer

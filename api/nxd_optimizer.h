@@ -1,0 +1,86 @@
+#pragma once
+// NxD's initialize_parallel_optimizer and NxDOptimizer in C++. step() runs, in NxD's order
+// (trainer/optimizer.py), everything between backward and the update:
+//   - the sum of sequence-parallel gradients over TP (a pipeline did it in run_train);
+//   - the data-parallel reduction of the gradients in flat buckets that are the parameters'
+//     .grad (optim/grad_sync.h): an all-reduce (mean), launched from backward hooks so it overlaps
+//     backward, or with ZeRO-1 a reduce-scatter (mean) whose shards the sharded AdamW steps
+//     (with expert parallelism the MoE experts' weights over the expert-DP group, ZeRO-1 too);
+//   - the global gradient norm over TP, PP and DP (each logical parameter once), clipped to
+//     max_grad_norm when grad_clipping;
+//   - the update: bf16 parameters through f32 master weights or stochastic rounding as the
+//     precision says (optim/precision.h), ZeRO-1's shards all-gathered into the parameters.
+// grad_norm() reads the norm of the last step. zero_grad() sets .grad to none (the buckets stay
+// the parameters' gradient buffers).
+//
+// Sequence parallelism with overlapped buckets: the SP sums go after the DP all-reduce (sum over TP
+// and mean over DP commute, docs/DESIGN.md); with ZeRO-1 or a pipeline the buckets are reduced at
+// step() (SP sums and the tied-embedding sum must reach .grad first).
+#include <memory>
+#include <variant>
+#include <vector>
+
+#include "nxd/api/nxd_model.h"
+#include "nxd/optim/grad_sync.h"
+#include "nxd/optim/optimizer.h"
+#include "nxd/optim/zero1.h"
+
+namespace nxd::trainer {
+
+using OptimizerOptions = std::variant<optim::AdamWOptions, optim::SGDOptions>;
+
+class NxDOptimizer {
+ public:
+  // Around an optimizer already built over `model`'s local parameters (a TrainingModule's
+  // configure_optimizers); the precision is set on it, and with zero_one_enabled an AdamW
+  // becomes a Zero1AdamW over its groups. ConfigError naming the values for impossible settings
+  // (ZeRO-1 without AdamW, parameters that are not the model's).
+  NxDOptimizer(const NxDConfig& cfg, NxDModel& model, std::unique_ptr<optim::Optimizer> inner);
+  ~NxDOptimizer();
+
+  void step();
+  // The same, unless the gradient norm or `loss` is not finite: then nothing is updated (every
+  // rank alike: both are global values) and it returns false.
+  bool step_if_finite(double loss);
+  void zero_grad() { inner_->zero_grad(/*set_to_none=*/true); }
+  double grad_norm() const { return grad_norm_; }  // of the last step, before clipping
+  void set_lr(double lr) { inner_->set_lr(lr); }
+  optim::Optimizer& inner() { return *inner_; }
+  // Gradient accumulation: backward passes under no_sync() do not launch DP reductions.
+  optim::GradSync::NoSync no_sync() { return sync().no_sync(); }
+  optim::GradSync& sync() { return zero1_ ? zero1_->grad_sync() : *sync_; }
+  bool zero1() const { return zero1_ != nullptr; }
+
+ private:
+  void reduce_and_clip();  // SP sums, the DP reduction, grad_norm_ (clipped)
+  NxDConfig cfg_;
+  NxDModel& model_;
+  std::shared_ptr<NxDModel> owned_;  // the wrapper made for a bare Module
+  std::unique_ptr<optim::Optimizer> inner_;
+  optim::Zero1AdamW* zero1_ = nullptr;
+  std::unique_ptr<optim::GradSync> sync_;
+  // Expert parallelism: the MoE experts' weights, averaged over the expert-data-parallel group
+  // (their gradients are already scaled by 1/EP in backward; layers/moe/moe.h).
+  std::unique_ptr<optim::GradSync> expert_sync_;
+  std::vector<optim::NormParam> norm_params_;
+  optim::NormGroups groups_;
+  bool sp_sums_ = false;
+  double grad_norm_ = 0;
+
+  friend std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig&, Module&,
+                                                                     std::vector<optim::ParamGroup>,
+                                                                     OptimizerOptions);
+};
+
+// NxD's initialize_parallel_optimizer: the optimizer of `options`' kind (AdamW or SGD) over
+// `groups` of the model's local parameters, with the config's DP reduction or ZeRO-1, clipping
+// and precision.
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, NxDModel& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            OptimizerOptions options);
+// The same for a plain module (not built by initialize_parallel_model).
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, Module& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            OptimizerOptions options);
+
+}  // namespace nxd::trainer

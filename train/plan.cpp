@@ -1,0 +1,394 @@
+#include "nxd/train/plan.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+#include "nxd/api/nxd_model.h"
+#include "nxd/autograd/graph.h"
+#include "nxd/autograd/ops.h"
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/collectives/sim/launch.h"
+#include "nxd/optim/grad_sync.h"
+#include "nxd/pipeline/partition.h"
+#include "nxd/pipeline/pipeline_model.h"
+#include "nxd/runtime/allocator.h"
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/context.h"
+#include "nxd/train/plan_internal.h"
+#include "nxd/train/train.h"
+
+namespace nxd::trainer {
+
+std::string format_bytes(int64_t b) {
+  const double x = static_cast<double>(b);
+  char buf[64];
+  if (x >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", x / (1024.0 * 1024 * 1024));
+  else if (x >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", x / (1024.0 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f KiB", x / 1024.0);
+  return buf;
+}
+
+namespace {
+
+using detail::MetaModel;
+
+struct GradOn {
+  bool prev = GradMode::is_enabled();
+  GradOn() { GradMode::set_enabled(true); }
+  ~GradOn() { GradMode::set_enabled(prev); }
+};
+
+// What one chunk's microbatch costs above the resident state: the bytes its forward leaves saved
+// for backward, and the peaks of its forward and of its backward (relative to before it).
+struct ChunkCost {
+  int64_t saved = 0, forward_peak = 0, backward_peak = 0;
+  int64_t grads_added = 0;  // what stays allocated after the backward (new .grad tensors)
+};
+
+// `timing_microbatches`: the pipeline's microbatches when the step is timed (plan_step.cpp).
+MetaModel build_meta_model(const TrainConfig& cfg, const NxDConfig& nc, DType param_dtype,
+                           int timing_microbatches) {
+  MetaModel mm;
+  ModelConfig mc = model_config(cfg);
+  mc.device = Device::meta;
+  if (nc.pipeline_parallel_size > 1) {
+    pipeline::PipelineOptions o = pipeline_options_for(nc);
+    o.num_microbatches = timing_microbatches;
+    o.balance = pipeline::parse_partition_balance(cfg.dist.pipeline_partition);
+    o.pieces.micro_batch_size = cfg.data.micro_batch_size;
+    o.pieces.seq_length = cfg.data.seq_length;
+    o.pieces.layer_type = cfg.model.arch == "gpt_neox" ? "GPTNeoXLayer" : "LlamaDecoderLayer";
+    mm.pipe = std::make_shared<pipeline::PipelineModel>(mc, cfg.seed, o);
+    mm.chunks = mm.pipe->chunks();
+    mm.params = mm.pipe->local_named_parameters();
+  } else {
+    mm.chunks = {make_causal_lm(mc, cfg.seed, ModelPart{})};
+    for (auto& [n, t] : mm.chunks[0]->named_parameters()) mm.params.push_back({n, t});
+  }
+  for (auto& c : mm.chunks) {
+    if (param_dtype == DType::bf16) c->to_dtype(DType::bf16);
+    c->train(true);
+  }
+  return mm;
+}
+
+// The hidden states a stage receives: the embedding's output for one microbatch (an
+// embedding-only part built and dropped here).
+Tensor hidden_like(const ModelConfig& mc0, const Tensor& ids, DType dtype) {
+  ModelConfig mc = mc0;
+  mc.device = Device::meta;
+  auto emb = make_causal_lm(mc, 0, ModelPart{.layer_begin = 0, .layer_end = 0, .head = false});
+  if (dtype == DType::bf16) emb->to_dtype(DType::bf16);
+  NoGradGuard ng;
+  const Tensor h = emb->embed(ids);
+  return empty(h.shape(), h.dtype(), Device::meta);
+}
+
+// Forward and backward of one microbatch of chunk c on meta inputs, measured by the allocator.
+ChunkCost measure_chunk(CausalLM& m, bool first, bool last, const Tensor& ids,
+                        const Tensor& hidden) {
+  MemoryCounter& mem = current_context().memory();
+  GradOn on;
+  ChunkCost c;
+  const int64_t base = mem.live();
+  mem.reset_peak();
+  {
+    Tensor in;
+    if (!first) {  // the received activation, kept until backward
+      in = empty(hidden.shape(), hidden.dtype(), Device::meta);
+      in.set_requires_grad(true);
+    }
+    Tensor out = m.decoder_layers(first ? m.embed(ids) : in);
+    if (last) out = m.head_loss(out, ids);
+    c.saved = mem.live() - base;
+    c.forward_peak = mem.peak() - base;
+    mem.reset_peak();
+    if (last)
+      backward(out);
+    else
+      backward(out, empty_like(out));  // the received gradient
+    c.backward_peak = std::max(c.saved, mem.peak() - base);
+  }
+  c.grads_added = mem.live() - base;
+  return c;
+}
+
+// The most this rank holds above its resident state while it runs its schedule: cost[c][0] is
+// chunk c's first microbatch of the step (its backward allocates the gradients when they are not
+// resident buckets: they stay until the step), cost[c][1] any later one.
+int64_t schedule_peak(const std::vector<pipeline::Action>& actions,
+                      const std::vector<std::array<ChunkCost, 2>>& cost) {
+  int64_t live = 0, peak = 0;
+  std::vector<char> done(cost.size(), 0);
+  for (const pipeline::Action& a : actions) {
+    const size_t ci = static_cast<size_t>(a.chunk);
+    const ChunkCost& c = cost[ci][done[ci]];
+    if (a.kind == pipeline::ActionKind::forward) {
+      peak = std::max(peak, live + c.forward_peak);
+      live += c.saved;
+    } else if (a.kind == pipeline::ActionKind::backward) {
+      peak = std::max(peak, live - c.saved + c.backward_peak);
+      live += c.grads_added - c.saved;
+      done[ci] = 1;
+    }
+  }
+  return peak;
+}
+
+// Optimizer state bytes per parameter element (AdamW: two f32 moments, and an f32 master of a
+// bf16 parameter with master weights; SGD: its momentum).
+int64_t state_bytes_per_element(const TrainConfig& cfg, DType dtype, bool masters) {
+  const int64_t master = masters && dtype == DType::bf16 ? 4 : 0;
+  if (cfg.optim.name == "sgd") return (cfg.optim.momentum > 0 ? 4 : 0) + master;
+  return 8 + master;
+}
+
+RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
+  const int tp = static_cast<int>(cfg.dist.tensor_model_parallel_size);
+  const int pp = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
+  const int cp = static_cast<int>(cfg.dist.context_parallel_size);
+  parallel_state::initialize_model_parallel(
+      parallel_state::ParallelSizes{.tensor = tp, .pipeline = pp, .context = cp});
+  const NxDConfig nc = nxd_config_of(cfg);
+  const ResolvedPrecision rp = resolve_precision(nc);
+  MemoryCounter& mem = current_context().memory();
+  RankMemory r;
+  r.rank = current_context().rank();
+  r.stage = parallel_state::get_pipeline_model_parallel_rank();
+  // gradients are reduced, and ZeRO-1 shards, over data x context parallel (DP at CP 1)
+  const int dp = parallel_state::get_data_context_parallel_size();
+
+  int64_t before = mem.live();
+  // the pipeline runs the step over at most 2 x pp microbatches (the others are alike)
+  const int M = static_cast<int>(cfg.grad_accum_steps);
+  MetaModel mm = build_meta_model(cfg, nc, rp.param_dtype, std::min(M, 2 * pp));
+  r.parameters = mem.live() - before;
+
+  // gradients: the optimizer's buckets (GradSync's layout), or .grad per parameter
+  const bool zero1 = cfg.dist.zero1;
+  const bool buckets = dp > 1 || zero1 || (rp.param_dtype == DType::bf16 && rp.fp32_grad_acc);
+  std::unique_ptr<optim::GradSync> sync;
+  before = mem.live();
+  if (buckets) {
+    optim::GradSyncOptions go;
+    go.bucket_bytes = static_cast<int64_t>(cfg.dist.grad_bucket_mb * (1 << 20));
+    go.mode = optim::GradSyncMode::at_step;
+    go.group = parallel_state::get_data_context_parallel_group_ptr();
+    go.reduction = zero1 ? optim::DpReduction::reduce_scatter : optim::DpReduction::all_reduce;
+    go.fp32_grad_acc = rp.fp32_grad_acc;
+    sync = std::make_unique<optim::GradSync>(mm.params, go);
+  }
+  r.gradients = mem.live() - before;  // without buckets: measured by the first backward below
+
+  // optimizer state (and ZeRO-1's padded parameter buffers and bf16 shard copies)
+  int64_t step_transient = 0;  // ZeRO-1: the largest bucket's f32 working copy
+  if (zero1) {
+    const auto layout = sync->bucket_layout();
+    for (int b = 0; b < sync->num_buckets(); ++b) {
+      const DType pd = mm.params[static_cast<size_t>(layout[b][0])].param.dtype();
+      int64_t numel = 0;
+      for (int i : layout[b]) numel += mm.params[static_cast<size_t>(i)].param.numel();
+      const int64_t shard = sync->shard_numel(b);
+      r.parameters += (shard * dp - numel) * dtype_size(pd);  // the flat buffer's padding
+      r.optimizer_state += shard * state_bytes_per_element(cfg, pd, rp.master_weights);
+      // the step: f32 copies of bf16 gradient shards (all buckets), and of one bucket's bf16
+      // parameter shard without master weights
+      if (pd == DType::bf16 && !rp.fp32_grad_acc) r.collective_buffers += shard * 4;
+      if (pd == DType::bf16 && !rp.master_weights)
+        step_transient = std::max(step_transient, shard * 4);
+    }
+  } else {
+    for (const auto& p : mm.params) {
+      const DType pd = p.param.dtype();
+      r.optimizer_state += p.param.numel() * state_bytes_per_element(cfg, pd, rp.master_weights);
+      // the step works on f32 copies of bf16 values without masters and of bf16 gradients
+      if (pd == DType::bf16)
+        r.collective_buffers +=
+            p.param.numel() * ((rp.master_weights ? 0 : 4) + (rp.fp32_grad_acc ? 0 : 4));
+    }
+  }
+  r.collective_buffers += step_transient;
+
+  // activations: every chunk's first and later microbatch, then the schedule (CP: this rank's
+  // seq_length / CP tokens of each sequence)
+  const Tensor ids =
+      zeros({cfg.data.micro_batch_size, cfg.data.seq_length / cp}, DType::i64, Device::meta);
+  std::vector<pipeline::Action> actions;
+  std::vector<std::array<ChunkCost, 2>> cost(mm.chunks.size());
+  Tensor hidden;
+  pipeline::ScheduleConfig sc;
+  int pp_rank = 0;
+  if (mm.pipe) {
+    sc = mm.pipe->schedule();
+    sc.num_microbatches = M;  // the memory walks the whole step's schedule
+    pp_rank = parallel_state::get_pipeline_model_parallel_rank();
+    hidden = hidden_like(model_config(cfg), ids, rp.param_dtype);
+    actions = pipeline::build_schedule(sc, pp_rank);
+  } else {  // the accumulation steps one after another: the first, then the later ones alike
+    using pipeline::ActionKind;
+    for (int k = 0; k < (cfg.grad_accum_steps > 1 ? 2 : 1); ++k)
+      for (ActionKind kind : {ActionKind::forward, ActionKind::backward})
+        actions.push_back({kind, k, 0});
+  }
+  for (size_t c = 0; c < mm.chunks.size(); ++c) {
+    const int ci = static_cast<int>(c);
+    const bool first = !mm.pipe || pipeline::is_first_stage(sc, pp_rank, ci);
+    const bool last = !mm.pipe || pipeline::is_last_stage(sc, pp_rank, ci);
+    if (!buckets)  // the step starts without gradients
+      for (auto& [n, t] : mm.chunks[c]->named_parameters()) t.set_grad(Tensor());
+    cost[c][0] = measure_chunk(*mm.chunks[c], first, last, ids, hidden);
+    cost[c][1] = measure_chunk(*mm.chunks[c], first, last, ids, hidden);
+  }
+  r.activation_peak = schedule_peak(actions, cost);
+  if (!buckets) {  // the gradients the backwards allocated, counted once, as gradients
+    r.gradients = 0;
+    for (const auto& c : cost) r.gradients += c[0].grads_added;
+    r.activation_peak -= r.gradients;
+  }
+  if (opts.time_step) detail::time_meta_step(cfg, rp, mm, sync.get(), r);
+  for (const auto& p : mm.params) autograd::set_grad_buffer(p.param, Tensor());
+  return r;
+}
+
+int64_t host_ram(const PlanOptions& o) {
+  if (o.host_ram_bytes > 0) return o.host_ram_bytes;
+  if (const char* e = std::getenv("NXD_HOST_RAM_BYTES")) return std::atoll(e);
+  return host_ram_bytes();
+}
+
+}  // namespace
+
+const RankMemory& MemoryPlan::worst() const {
+  NXD_INTERNAL_CHECK(!ranks.empty(), "MemoryPlan without ranks");
+  return *std::max_element(ranks.begin(), ranks.end(),
+                           [](const auto& a, const auto& b) { return a.total() < b.total(); });
+}
+
+int64_t MemoryPlan::host_bytes() const {
+  if (!host_shared) return ranks.empty() ? 0 : ranks[0].total();
+  int64_t s = 0;
+  for (const auto& r : ranks) s += r.total();
+  return s;
+}
+
+MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts) {
+  if (!is_builtin_arch(cfg.model.arch))
+    throw ConfigError(str("[plan] model.arch=", cfg.model.arch, " is not built in"));
+  const auto t0 = std::chrono::steady_clock::now();
+  sim::LaunchOptions lo;
+  lo.world_size = static_cast<int>(cfg.dist.world_size);
+  lo.instance = !opts.instance.empty()      ? opts.instance
+                : cfg.dist.backend == "sim" ? cfg.dist.instance
+                                            : std::string();
+  if (opts.time_step) lo.timeline_path = opts.timeline_path;
+  lo.seed = cfg.seed;
+  lo.memory_capacity = 0;  // measure, do not refuse
+  MemoryPlan plan;
+  plan.ranks.resize(static_cast<size_t>(lo.world_size));
+  // the run's matmul precision (autocast: bf16 products, charged at the bf16 peak)
+  blas::MatmulPrecisionScope precision_scope(resolve_precision(nxd_config_of(cfg)).matmul);
+  const sim::LaunchResult lr = sim::launch(lo, [&] {
+    RankMemory r = plan_rank(cfg, opts);
+    plan.ranks[static_cast<size_t>(r.rank)] = r;
+  });
+  plan.machine = lr.machine.name;
+  plan.hbm_bytes = lr.machine.core.hbm_bytes;
+  plan.host_ram_bytes = host_ram(opts);
+  plan.host_shared = cfg.dist.backend == "sim";
+  plan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return plan;
+}
+
+std::string MemoryPlan::report() const {
+  const RankMemory& w = worst();
+  std::string s =
+      str("memory plan (",
+          seconds < 10 ? str(static_cast<int>(seconds * 1000), " ms")
+                       : str(static_cast<int>(seconds), " s"),
+          " on meta tensors): rank ", w.rank, " (stage ", w.stage,
+          ") holds the most per NeuronCore: parameters ", format_bytes(w.parameters),
+          ", gradients ", format_bytes(w.gradients), ", optimizer state ",
+          format_bytes(w.optimizer_state), ", activation peak ", format_bytes(w.activation_peak),
+          ", collective buffers ", format_bytes(w.collective_buffers), " = ",
+          format_bytes(w.total()), " of ", format_bytes(hbm_bytes), " HBM (", machine, ")");
+  std::map<int, const RankMemory*> stages;
+  for (const auto& r : ranks)
+    if (!stages.count(r.stage) || stages[r.stage]->total() < r.total()) stages[r.stage] = &r;
+  if (stages.size() > 1)
+    for (const auto& [st, r] : stages)
+      s += str("\nmemory plan: stage ", st, " (rank ", r->rank, "): parameters ",
+               format_bytes(r->parameters), ", gradients ", format_bytes(r->gradients),
+               ", optimizer state ", format_bytes(r->optimizer_state), ", activation peak ",
+               format_bytes(r->activation_peak), ", collective buffers ",
+               format_bytes(r->collective_buffers), " = ", format_bytes(r->total()), " (",
+               r->total() <= hbm_bytes ? "fits" : "does not fit", ")");
+  if (host_ram_bytes > 0)
+    s += str("\nmemory plan: the host holds ", format_bytes(host_bytes()),
+             host_shared ? str(" for all ", ranks.size(), " rank(s)") : std::string(), " of ",
+             format_bytes(host_ram_bytes), " RAM; ", fits() ? "fits" : "does not fit");
+  return s;
+}
+
+void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
+  if (p.fits()) return;
+  const RankMemory& w = p.worst();
+  std::string change;
+  auto add = [&](const std::string& x) { change += (change.empty() ? "" : "; ") + x; };
+  const int64_t tp = cfg.dist.tensor_model_parallel_size,
+                pp = cfg.dist.pipeline_model_parallel_size;
+  const int64_t dp = cfg.dist.data_parallel_size;
+  const int64_t resident = w.parameters + w.gradients + w.optimizer_state;
+  if (resident > w.activation_peak) {
+    add(str(
+        "shard the model over more NeuronCores (raise distributed_strategy.tensor_model_parallel_"
+        "size, now ",
+        tp, ", or pipeline_model_parallel_size, now ", pp, ", with backend.world_size to match)"));
+    if (!cfg.dist.zero1 && dp > 1)
+      add(str("distributed_strategy.zero1=true (optimizer state ", format_bytes(w.optimizer_state),
+              " -> about ", format_bytes(w.optimizer_state / dp), " per rank)"));
+    if (cfg.precision.type == "fp32" || cfg.precision.type == "autocast")
+      add("precision.type=bf16SR (bf16 parameters and gradients)");
+    add("or a smaller model (model.hidden_size, model.num_layers)");
+  } else {
+    add(str("lower data.micro_batch_size=", cfg.data.micro_batch_size,
+            " or data.seq_length=", cfg.data.seq_length));
+    if (cfg.model.activations_checkpoint_granularity != CheckpointGranularity::full)
+      add("model.activations_checkpoint_granularity=full");
+    add(
+        str("split each sequence over more ranks (distributed_strategy.context_parallel_size, "
+            "now ",
+            cfg.dist.context_parallel_size, ", with backend.world_size to match)"));
+    add("or shard the activations (tensor_model_parallel_size with sequence_parallel)");
+  }
+  const std::string breakdown =
+      str("parameters ", format_bytes(w.parameters), ", gradients ", format_bytes(w.gradients),
+          ", optimizer state ", format_bytes(w.optimizer_state), ", activation peak ",
+          format_bytes(w.activation_peak), ", collective buffers ",
+          format_bytes(w.collective_buffers), " = ", format_bytes(w.total()));
+  if (!p.fits_hbm())
+    throw OutOfDeviceMemory(str("[plan] the model does not fit: rank ", w.rank, " (stage ", w.stage,
+                                ") needs ", breakdown, " per NeuronCore, over the ",
+                                format_bytes(p.hbm_bytes), " HBM of a ", p.machine,
+                                " NeuronCore. To fit: ", change));
+  throw OutOfDeviceMemory(
+      str("[plan] the run does not fit in host memory: its ", p.ranks.size(), " sim rank(s) need ",
+          format_bytes(p.host_bytes()), " together (rank ", w.rank, ": ", breakdown, "), over the ",
+          format_bytes(p.host_ram_bytes), " of RAM they share. To fit: ", change,
+          "; or fewer ranks (backend.world_size)"));
+}
+
+void plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out) {
+  if (custom_module || cfg.dist.backend != "sim" || !is_builtin_arch(cfg.model.arch)) return;
+  const MemoryPlan plan = plan_memory(cfg);
+  if (out) std::fprintf(out, "%s\n", plan.report().c_str());
+  check_fits(plan, cfg);
+}
+
+}  // namespace nxd::trainer
