@@ -227,8 +227,9 @@ TEST(MoeLayer, AuxLossAndDropsByHand) {
   EXPECT_EQ(st.tokens, T);
   EXPECT_EQ(st.assignments, T * k);
   EXPECT_EQ(st.dropped, 8);
-  // (built element by element: GCC 12.2 -O3 -march=native filled the braced {8, 8, 0, 0} of this
-  // test with 8s once the test above changed; a compiler fault, the values are printed above)
+  // (built element by element: with GCC 12.2 -O3 -march=native a braced {8, 8, 0, 0} here read
+  // back as {8, 8, 8, 8} once the test above changed, printed right after construction; the cause
+  // was not found)
   std::vector<int64_t> want_load(4, 0);
   want_load[0] = want_load[1] = 8;
   EXPECT_EQ(st.expert_load, want_load);
