@@ -180,10 +180,6 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
                                                     uint64_t seed, const PartBuilder& build) {
   ModelConfig c = model_config_for(cfg, mc);
   c.moe.validate_parallel(cfg.expert_parallel_size);
-  NXD_CHECK_T(ConfigError, !c.moe.enabled() || cfg.pipeline_parallel_size == 1,
-              "[initialize_parallel_model] a mixture-of-experts model (moe.num_experts=",
-              c.moe.num_experts, ") with pipeline_parallel_size ", cfg.pipeline_parallel_size,
-              " is not supported: the pipeline's stages do not add the auxiliary loss");
   HeadPadding plan;  // pad_model: heads padded to a multiple of the TP size, padded ones zero
   if (cfg.pad_model) c = pad_model_config(c, cfg.tensor_parallel_size, &plan);
   ModelInitConfig init = cfg.model_init_config;

@@ -70,10 +70,6 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   const auto mode = model_.is_pipeline() || (zero1 && sp_sums_) ? optim::GradSyncMode::at_step
                                                                 : optim::GradSyncMode::overlap;
   if (zero1) {
-    NXD_CHECK_T(ConfigError, ep == 1,
-                "[NxDOptimizer] optimizer_config.zero_one_enabled with expert_parallel_size ", ep,
-                " is not supported (ZeRO-1 shards over the whole DP group; expert parameters are "
-                "reduced over the expert-data-parallel group)");
     const auto* adamw = dynamic_cast<const optim::AdamW*>(inner.get());
     NXD_CHECK_T(ConfigError, adamw != nullptr,
                 "[NxDOptimizer] optimizer_config.zero_one_enabled shards AdamW's state, got ",
@@ -86,7 +82,15 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.norm_params = norm_params_;
     zo.registration_order = order;
     zo.bucket_bytes = bucket;
-    zo.mode = mode;
+    // two groups: reduce at the step so neither's buckets interleave with the other's in backward
+    zo.mode = ep > 1 ? optim::GradSyncMode::at_step : mode;
+    // expert parallelism: NxD's second ZeRO-1 optimizer, over the expert-DP group
+    zo.expert_params = experts;
+    zo.registration_order.insert(zo.registration_order.end(), experts.begin(), experts.end());
+    if (!experts.empty())
+      zo.expert_dp_group = parallel_state::get_expert_data_parallel_group_ptr();
+    else
+      zo.norm_groups.ep = nullptr;
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     std::vector<optim::ParamGroup> groups = inner->param_groups();
     inner.reset();  // AdamW's full state (unless deferred) goes before ZeRO-1's is allocated

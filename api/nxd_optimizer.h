@@ -4,7 +4,8 @@
 //   - the sum of sequence-parallel gradients over TP (a pipeline did it in run_train);
 //   - the data-parallel reduction of the gradients in flat buckets that are the parameters'
 //     .grad (optim/grad_sync.h): an all-reduce (mean), launched from backward hooks so it overlaps
-//     backward, or with ZeRO-1 a reduce-scatter (mean) whose shards the sharded AdamW steps;
+//     backward, or with ZeRO-1 a reduce-scatter (mean) whose shards the sharded AdamW steps
+//     (with expert parallelism the MoE experts' weights over the expert-DP group, ZeRO-1 too);
 //   - the global gradient norm over TP, PP and DP (each logical parameter once), clipped to
 //     max_grad_norm when grad_clipping;
 //   - the update: bf16 parameters through f32 master weights or stochastic rounding as the

@@ -131,17 +131,22 @@ Zero1AdamW::Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts)
          : parallel_state::model_parallel_is_initialized()
              ? parallel_state::get_data_context_parallel_group_ptr()  // DP x CP (DP at CP 1)
              : make_self_communicator();
-  // the parameters' groups, and the buckets' order
+  // the parameters' groups (without the experts'), and the buckets' order
+  const std::vector<ParamGroup> mine =
+      I.opts.expert_params.empty() ? groups_ : split_experts(groups_, I.opts);
   std::map<const TensorImpl*, int> group_of;
   std::vector<NamedParam> order;
-  for (size_t g = 0; g < groups_.size(); ++g)
-    for (const NamedParam& p : groups_[g].params) {
+  for (size_t g = 0; g < mine.size(); ++g)
+    for (const NamedParam& p : mine[g].params) {
       NXD_CHECK(p.param.dtype() == DType::f32 || p.param.dtype() == DType::bf16,
                 "[Zero1AdamW] parameter '", p.name, "' is ", p.param.desc(),
                 ": ZeRO-1 shards f32 and bf16 parameters");
       group_of[p.param.impl()] = static_cast<int>(g);
       order.push_back(p);
     }
+  if (experts_)
+    std::erase_if(I.opts.registration_order,
+                  [&](const NamedParam& p) { return !group_of.count(p.param.impl()); });
   if (!I.opts.registration_order.empty()) {
     NXD_CHECK(I.opts.registration_order.size() == order.size(),
               "[Zero1AdamW] registration_order "
@@ -203,17 +208,19 @@ void Zero1AdamW::set_precision(const PrecisionOptions& p) {
   precision_ = p;  // the masters live in the shards, not in state_tensors()
   impl_->opts.adamw.precision = p;
   impl_->init_masters(p);
+  if (experts_) experts_->set_precision(p);
 }
 
 int Zero1AdamW::dp_size() const {
   return impl_->dp->size();
 }
 int64_t Zero1AdamW::shard_elements() const {
-  return impl_->total;
+  return impl_->total + (experts_ ? experts_->shard_elements() : 0);
 }
 int64_t Zero1AdamW::state_bytes() const {
   const Impl& I = *impl_;
-  return I.m.nbytes() + I.v.nbytes() + (I.master.defined() ? I.master.nbytes() : 0);
+  return I.m.nbytes() + I.v.nbytes() + (I.master.defined() ? I.master.nbytes() : 0) +
+         (experts_ ? experts_->state_bytes() : 0);
 }
 GradSync& Zero1AdamW::grad_sync() {
   return *impl_->sync;
@@ -229,9 +236,10 @@ void Zero1AdamW::reduce_gradients() {
     I.grad.push_back(g.dtype() == DType::f32 ? g : g.to(DType::f32));
   }
   I.reduced = true;
+  if (experts_) experts_->reduce_gradients();
 }
 
-double Zero1AdamW::clip_grad_norm(double max_norm) {
+double Zero1AdamW::grad_sq_sum() {
   Impl& I = *impl_;
   if (!I.reduced) reduce_gradients();
   NoGradGuard ng;
@@ -245,19 +253,32 @@ double Zero1AdamW::clip_grad_norm(double max_norm) {
         grad_stat(I.grad[static_cast<size_t>(s.bucket)].narrow(0, lo - sh.begin, hi - lo), false) *
         s.norm_weight;
   }
-  for (const auto& g : {I.opts.norm_groups.tp, I.opts.norm_groups.pp, I.dp})
+  const NormGroups& ng_ = I.opts.norm_groups;
+  for (const auto& g : {ng_.tp, ng_.pp, ng_.ep, I.dp})
     if (g && g->size() > 1) g->all_reduce(&total, &total, 1, DType::f64, ReduceOp::sum);
+  return total;
+}
+
+void Zero1AdamW::scale_grads(float c) {
+  Impl& I = *impl_;
+  std::vector<int64_t> sizes;
+  for (const Tensor& g : I.grad) sizes.push_back(g.numel());
+  detail::for_each_item(sizes, 1, [&](size_t j, int64_t b, int64_t e) {
+    float* g = I.grad[j].data<float>();
+    for (int64_t k = b; k < e; ++k) g[k] *= c;
+  });
+}
+
+double Zero1AdamW::clip_grad_norm(double max_norm) {
+  // the dense parameters' sum first, then the experts' (every rank in the same order)
+  double total = grad_sq_sum();
+  if (experts_) total += experts_->grad_sq_sum();
   const double norm = std::sqrt(total);
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
     if (coef < 1.0) {
-      std::vector<int64_t> sizes;
-      for (const Tensor& g : I.grad) sizes.push_back(g.numel());
-      const float c = static_cast<float>(coef);
-      detail::for_each_item(sizes, 1, [&](size_t j, int64_t b, int64_t e) {
-        float* g = I.grad[j].data<float>();
-        for (int64_t k = b; k < e; ++k) g[k] *= c;
-      });
+      scale_grads(static_cast<float>(coef));
+      if (experts_) experts_->scale_grads(static_cast<float>(coef));
     }
   }
   return norm;
@@ -335,12 +356,17 @@ void Zero1AdamW::step() {
   I.grad.clear();
   I.reduced = false;
   ++steps_;
+  if (experts_) {
+    sync_groups();
+    experts_->step();
+  }
 }
 
 void Zero1AdamW::discard_gradients() {
   Impl& I = *impl_;
   I.grad.clear();
   I.reduced = false;
+  if (experts_) experts_->discard_gradients();
 }
 
 void Zero1AdamW::gather_state() {
@@ -373,11 +399,19 @@ void Zero1AdamW::gather_state() {
             .copy_(mw.narrow(0, s.offset, s.size));
     }
   }
+  if (experts_) {  // over the expert-DP group: this EP rank's experts
+    experts_->gather_state();
+    state_.insert(state_.end(), experts_->state_.begin(), experts_->state_.end());
+  }
 }
 
 void Zero1AdamW::scatter_state() {
   Impl& I = *impl_;
   std::map<std::string, Tensor> by_name(state_.begin(), state_.end());
+  if (experts_) {
+    experts_->state_ = state_;
+    experts_->scatter_state();
+  }
   auto find = [&](const Segment& s, const char* what) {
     auto it = by_name.find(s.p.name + "." + what);
     NXD_CHECK(it != by_name.end(), "[Zero1AdamW] scatter_state() needs '", s.p.name, ".", what,
@@ -402,6 +436,7 @@ void Zero1AdamW::scatter_state() {
 
 void Zero1AdamW::release_state() {
   state_.clear();
+  if (experts_) experts_->release_state();
 }
 
 const AdamWOptions& Zero1AdamW::options() const {
@@ -426,6 +461,8 @@ std::vector<StateShard> Zero1AdamW::sharded_state() const {
     if (I.has_master(sh, precision_)) r.tensors.emplace_back("master", I.master.narrow(0, at, n));
     out.push_back(std::move(r));
   }
+  if (experts_)
+    for (StateShard& r : experts_->sharded_state()) out.push_back(std::move(r));
   return out;
 }
 
@@ -453,13 +490,19 @@ void Zero1AdamW::load_sharded_state(const std::vector<StateShard>& records) {
     }
   }
   NoGradGuard ng;
+  std::vector<StateShard> ex;  // the experts' step counts (their tensors are copied here)
   for (const StateShard& r : records) {
     const StateShard& m = mine[index.at(r.param)];
     for (const auto& [what, t] : r.tensors)
       for (const auto& [w, live] : m.tensors)
         if (w == what) live.copy_(t);
-    if (r.step >= 0) impl_->segs[index.at(r.param)].step = r.step;
+    if (r.step < 0) continue;
+    if (index.at(r.param) < impl_->segs.size())
+      impl_->segs[index.at(r.param)].step = r.step;
+    else
+      ex.push_back({r.param, r.shape, r.lo, r.hi, r.step, {}});
   }
+  if (experts_) experts_->load_sharded_state(ex);
 }
 
 }  // namespace nxd::optim

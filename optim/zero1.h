@@ -40,6 +40,15 @@
 // gather_state() (collective over DP) instead fills state_tensors() with the full per-parameter
 // exp_avg / exp_avg_sq / step (and master) tensors under AdamW's names (for comparing with
 // AdamW); scatter_state() takes this rank's shard back from them and release_state() frees them.
+//
+// Expert parallelism (NxD's two ZeRO-1 optimizers): Zero1Options.expert_params (the MoE experts'
+// weights, layers/moe/moe.h) go to a second Zero1AdamW inside this one, over the
+// expert-data-parallel group: their gradients are reduce-scattered (mean) over it and their state
+// sharded over it; everything else over the DP group as above. The norm adds the two sums (the
+// experts' also over the EP group: each EP rank holds other experts) and clips both alike; the
+// learning rates and weight decays of the groups apply to both. sharded_state() lists the dense
+// parameters, then the experts: the DP files of a checkpoint still tile every state tensor once
+// (an expert's pieces are in the files of its expert-DP group's ranks), so it loads at any EP.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -68,6 +77,10 @@ struct Zero1Options {
   // reduce_gradients().
   GradSyncMode mode = GradSyncMode::at_step;
   bool fp32_grad_acc = true;  // bf16 parameters' gradients accumulated and reduced in f32
+  // Expert parallelism: parameters of the groups sharded over expert_dp_group instead (their norm
+  // summed over norm_groups.ep too, which the dense parameters' is not). Empty: none.
+  std::vector<NamedParam> expert_params;
+  std::shared_ptr<Communicator> expert_dp_group;  // null: the parallel_state expert-DP group
 };
 
 class Zero1AdamW : public Optimizer {
@@ -106,6 +119,12 @@ class Zero1AdamW : public Optimizer {
 
  private:
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Zero1AdamW> experts_;  // the expert parameters' optimizer (expert_params)
+  // Builds experts_ from `groups` (the expert parameters move there) and returns the rest.
+  std::vector<ParamGroup> split_experts(std::vector<ParamGroup> groups, Zero1Options& o);
+  double grad_sq_sum();  // this optimizer's squared norm, reduced over its groups
+  void scale_grads(float c);
+  void sync_groups();  // the groups' lr and weight decay into experts_'
 };
 
 }  // namespace nxd::optim

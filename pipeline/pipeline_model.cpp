@@ -1,4 +1,5 @@
 #include "nxd/pipeline/pipeline_model.h"
+#include "nxd/layers/moe/moe.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -24,16 +25,23 @@ class PipelineModel::Runner : public StageRunner {
                    ? lm.embed(ids_.narrow(0, mb * rows_, rows_).contiguous())
                    : input;
     h = lm.decoder_layers(h);
+    // the MoE layers' auxiliary losses of this chunk and microbatch (values: their gradient is
+    // injected in the layers' backward), for the reported loss
+    if (const Tensor a = lm.moe_aux_loss(); a.defined() && !a.is_meta())
+      aux_ += a.item() / s.num_microbatches;
     if (!is_last_stage(s, rank, chunk)) return h;
     Tensor loss =
         lm.head_loss(h, targets_.narrow(0, mb * rows_, rows_).contiguous(), m_.opts_.loss);
     return mul(loss, 1.0 / s.num_microbatches);
   }
 
+  double aux() const { return aux_; }
+
  private:
   PipelineModel& m_;
   Tensor ids_, targets_;
   int64_t rows_;
+  double aux_ = 0;  // this rank's auxiliary losses, each / num_microbatches
 };
 
 PipelineModel::PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOptions opts)
@@ -122,12 +130,19 @@ Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, bool train)
   NXD_CHECK_SHAPE(ids.size(0) % M == 0, "[PipelineModel] batch of ", ids.size(0),
                   " rows is not divisible into ", M, " microbatches");
   Runner runner(*this, ids, targets, ids.size(0) / M);
+  // each microbatch's loss is scaled by 1/M before its backward: so is the MoE layers' injected
+  // auxiliary-loss gradient (on every stage, recomputation included)
+  MoeAuxLossScale aux_scale(1.0 / sched_.num_microbatches);
   StepResult res = executor_->run(runner, train, ids.size(0) / M, ids.size(1));
   if (train) span_seconds_ += res.span_seconds, phase_seconds_ += res.phase_seconds;
   double sum = 0;
   for (const Tensor& l : res.losses)
     if (!l.is_meta()) sum += l.item();  // a meta step (the planner) has no values
-  // each returned loss is already divided by M
+  // each returned loss is already divided by M; the stages' MoE auxiliary losses are added to
+  // the last stage's (every stage's part is in the sum, as CausalLM::loss adds them)
+  double aux = runner.aux();
+  if (sched_.pp > 1) pp_group_->all_reduce(&aux, &aux, 1, DType::f64, ReduceOp::sum);
+  sum += aux;
   Tensor loss = scalar(sum, DType::f32);
   if (dp_group_ && dp_group_->size() > 1) dp_group_->all_reduce(loss, ReduceOp::avg);
   if (sched_.pp > 1) pp_group_->broadcast(loss, sched_.pp - 1);

@@ -283,7 +283,8 @@ std::vector<KeySpec> make_registry() {
           "Expert-parallel degree: the experts of each MoE layer are split over this many "
           "data-parallel ranks (it divides the data-parallel size and model.moe.num_experts); "
           "tokens reach their experts by all-to-all, and the experts' gradients are averaged "
-          "over the expert-data-parallel group. Not with zero1 or pipeline parallelism."),
+          "over the expert-data-parallel group (with zero1 their optimizer state is sharded "
+          "over it too)."),
       key("distributed_strategy.sequence_parallel", K::boolean, true,
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,

@@ -230,10 +230,6 @@ ModelConfig resolve_model(Resolver& r, const DataSection& d) {
   if (m.moe.enabled() && m.arch != "llama" && m.arch != "mixtral")
     r.fail("model.moe.num_experts=", m.moe.num_experts, " needs model.arch llama or mixtral, got ",
            m.arch);
-  if (m.moe.enabled() && m.activations_checkpoint_granularity == CheckpointGranularity::full)
-    r.fail(
-        "model.moe with model.activations_checkpoint_granularity=full is not supported (use "
-        "selective or null)");
   if (d.kind == "text" && d.tokenizer.empty() && m.vocab_size < 256)
     r.fail("model.vocab_size=", m.vocab_size,
            " is too small for byte-level text (data.kind=text needs >= 256)");
@@ -255,13 +251,6 @@ void check_experts(Resolver& r, const DistributedSection& ds, const ModelConfig&
   if (m.moe.enabled() && m.moe.num_experts % ep != 0)
     r.fail("model.moe.num_experts=", m.moe.num_experts,
            " is not divisible by distributed_strategy.expert_model_parallel_size=", ep);
-  if (ep > 1 && ds.zero1)
-    r.fail("distributed_strategy.zero1 with expert_model_parallel_size=", ep,
-           " is not supported (ZeRO-1 shards over the whole data-parallel group)");
-  if (m.moe.enabled() && ds.pipeline_model_parallel_size > 1)
-    r.fail("model.moe with distributed_strategy.pipeline_model_parallel_size=",
-           ds.pipeline_model_parallel_size,
-           " is not supported (the stages do not carry the auxiliary loss)");
   if (m.moe.enabled() && ds.sequence_parallel && ds.tensor_model_parallel_size > 1)
     r.fail("model.moe at tensor_model_parallel_size=", ds.tensor_model_parallel_size,
            " needs distributed_strategy.sequence_parallel=false (the experts run on the full "

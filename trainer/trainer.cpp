@@ -9,6 +9,8 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
@@ -303,6 +305,7 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
     out.loss = pipeline_train_step(data, tokens);  // averaged over DP already
   } else {
     double loss_sum = 0;
+    MoeAuxLossScale aux_scale(inv_accum);  // the MoE layers' injected aux-loss gradient, alike
     for (int64_t a = 0; a < accum; ++a) {
       Batch b = data.next_train_batch();
       tokens += b.ids.defined() ? b.ids.numel() : 0;
@@ -332,6 +335,35 @@ Batch concat_batches(const std::vector<Batch>& bs) {
   for (const Batch& b : bs) ids.push_back(b.ids), tg.push_back(b.targets);
   return {cat_raw(ids, 0), cat_raw(tg, 0)};
 }
+
+// Mixture of experts under pipeline parallelism: the MoE layers' figures of the last microbatch
+// (as the module's training_step logs them without PP), summed over every stage's layers: the
+// weighted auxiliary loss, the assignments dropped, the fewest and most assignments of one expert.
+void log_pipeline_moe_stats(Trainer& t, const std::vector<Module*>& chunks) {
+  bool moe = false;  // the same on every stage: the model's config
+  for (Module* m : chunks)
+    if (auto* lm = dynamic_cast<CausalLM*>(m)) moe = moe || lm->config().moe.enabled();
+  if (!moe) return;
+  double sums[2] = {0, 0}, maxes[2] = {0, -std::numeric_limits<double>::infinity()};  // hi, -lo
+  for (Module* m : chunks)
+    for (const MoeMlp* l : moe_layers(*m)) {
+      if (l->aux_loss().defined() && !l->aux_loss().is_meta()) sums[0] += l->aux_loss().item();
+      sums[1] += static_cast<double>(l->stats().dropped);
+      for (int64_t n : l->stats().expert_load) {
+        maxes[0] = std::max(maxes[0], static_cast<double>(n));
+        maxes[1] = std::max(maxes[1], -static_cast<double>(n));
+      }
+    }
+  if (parallel_state::get_pipeline_model_parallel_size() > 1) {
+    Communicator& pp = parallel_state::get_pipeline_model_parallel_group();
+    pp.all_reduce(sums, sums, 2, DType::f64, ReduceOp::sum);
+    pp.all_reduce(maxes, maxes, 2, DType::f64, ReduceOp::max);
+  }
+  t.log("moe_aux_loss", sums[0]);
+  t.log("moe_tokens_dropped", sums[1]);
+  t.log("moe_expert_load_min", std::isfinite(maxes[1]) ? -maxes[1] : 0.0);
+  t.log("moe_expert_load_max", maxes[0]);
+}
 }  // namespace
 
 // One pipeline step: the accumulation micro batches are the pipeline's microbatches.
@@ -342,7 +374,9 @@ double Trainer::pipeline_train_step(DataModule& data, int64_t& tokens) {
     tokens += bs.back().ids.numel();
   }
   const Batch b = context_parallel_batch(concat_batches(bs));
-  return nxd_model_->run_train(b.ids, b.targets).item();
+  const double loss = nxd_model_->run_train(b.ids, b.targets).item();
+  log_pipeline_moe_stats(*this, nxd_model_->local_modules());
+  return loss;
 }
 
 // The mean of run_eval over groups of M validation micro batches (the same count on every DP

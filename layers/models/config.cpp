@@ -97,10 +97,6 @@ void ModelConfig::validate() const {
     fail("moe (num_experts=", moe.num_experts, ") is built for llama and mixtral, not ", arch);
   if (moe.enabled() && hidden_act != "silu")
     fail("moe experts are SwiGLU: hidden_act must be silu, got '", hidden_act, "'");
-  if (moe.enabled() && activations_checkpoint_granularity == CheckpointGranularity::full)
-    fail(
-        "moe with activations_checkpoint_granularity=full is not supported (the recomputed "
-        "layers would lose the auxiliary loss's gradient); use selective or null");
 }
 
 void ModelPart::validate(const ModelConfig& c) const {

@@ -8,6 +8,7 @@
 #include "nxd/autograd/ops/moe.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/moe/dispatch.h"
+#include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd {
@@ -169,6 +170,35 @@ Tensor MoeMlp::run_parallel(const Tensor& rows, const Routing& r) const {
   return all_to_all_rows(back, RowCounts{c.recv, c.send}, g);
 }
 
+namespace {
+// Megatron's MoEAuxLossAutoScaler: the identity on the layer's output y, whose backward also
+// seeds the auxiliary loss's gradient with `scale` (the factor the training loss is scaled by
+// before backward), so the router gets d(aux)/d(logits) x scale in the same backward pass as
+// everything else: through a recomputed layer and on a pipeline stage without the loss.
+Tensor inject_aux_grad(const Tensor& y, const Tensor& aux, double scale) {
+  if (!aux.defined() || !aux.requires_grad()) return y;
+  Tensor out = y.detach();
+  const DType dt = aux.dtype();
+  const bool meta = aux.is_meta();
+  autograd::record(
+      "moe_aux_loss_grad", {y, aux}, {out}, [scale, dt, meta](const Grads& g) -> Grads {
+        return {g[0], meta ? empty({}, dt, Device::meta) : from_doubles({scale}, {}, dt)};
+      });
+  return out;
+}
+}  // namespace
+
+double moe_aux_loss_grad_scale() {
+  return current_context().ext<MoeAuxLossScale::Slot>().scale;
+}
+
+MoeAuxLossScale::MoeAuxLossScale(double scale) : prev_(current_context().ext<Slot>().scale) {
+  current_context().ext<Slot>().scale = scale;
+}
+MoeAuxLossScale::~MoeAuxLossScale() {
+  current_context().ext<Slot>().scale = prev_;
+}
+
 Tensor MoeMlp::forward(const Tensor& x) const {
   NXD_CHECK_SHAPE(x.dim() >= 2 && x.size(-1) == hidden_, "[MoeMlp] expected [..., ", hidden_,
                   "], got ", x.desc());
@@ -206,7 +236,10 @@ Tensor MoeMlp::forward(const Tensor& x) const {
   Tensor rows = embedding(tok, X);                                          // [M,H]
   Tensor wr = embedding(from_vector(r.slot, {M}), reshape(w, {T * k, 1}));  // [M,1]
   Tensor ys = ep_size() > 1 ? run_parallel(rows, r) : run_experts(rows, r.per_expert);
-  return reshape(scatter_add_rows(mul(ys, wr), tok, T), x.shape());
+  Tensor y = reshape(scatter_add_rows(mul(ys, wr), tok, T), x.shape());
+  y = inject_aux_grad(y, aux_, moe_aux_loss_grad_scale());
+  aux_ = aux_.detach();  // its gradient comes through y's backward
+  return y;
 }
 
 std::shared_ptr<Communicator> moe_expert_parallel_group() {

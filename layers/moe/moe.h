@@ -12,8 +12,12 @@
 // Capacity (without dropless): expert e keeps its first ceil(capacity_factor*T*k/E) assignments
 // in token order; the others are dropped (the token's slot contributes nothing) and counted.
 // Auxiliary losses (config.h): the load-balancing loss and the optional router z-loss, weighted by
-// their coefficients, are kept from each forward as aux_loss() (in the graph) for the model to add
-// to its training loss; stats() has the step's counts.
+// their coefficients. Their gradient is injected in backward (Megatron's MoEAuxLossAutoScaler):
+// the layer's output goes through an identity whose backward also seeds d(aux) with the
+// MoeAuxLossScale in force at the forward (1 by default; the factor the training loss is scaled
+// by before backward, e.g. 1/microbatches), so a recomputed layer (full activation checkpointing)
+// and a pipeline stage without the loss train the router alike. aux_loss() is the value
+// (detached) for the model's reported loss and the logs; stats() has the step's counts.
 //
 // Expert parallelism (ep_group of P members, P divides E): member r holds experts
 // [r*E/P, (r+1)*E/P) under their global names (experts.<e>.w1 ...). Every member routes its own
@@ -69,8 +73,8 @@ class MoeMlp : public Module {
   explicit MoeMlp(const MoeMlpOptions& opts);
   // x [B,S,H] (or [T,H]) -> the same shape. Keeps aux_loss() and stats() of this call.
   Tensor forward(const Tensor& x) const;
-  // coef * load-balancing + z_coef * z-loss of the last forward (a scalar in the graph; undefined
-  // before the first forward).
+  // coef * load-balancing + z_coef * z-loss of the last forward (a detached scalar: its gradient
+  // is injected through the output's backward; undefined before the first forward).
   const Tensor& aux_loss() const { return aux_; }
   const MoeStats& stats() const { return stats_; }
   int64_t num_experts() const { return cfg_.num_experts; }
@@ -92,6 +96,24 @@ class MoeMlp : public Module {
   mutable Tensor aux_;
   mutable MoeStats stats_;
 };
+
+// The scale of the auxiliary losses' injected gradient while it lives (restores the previous one):
+// wrap the forward and backward of a loss that is multiplied by `scale` before backward (gradient
+// accumulation, a pipeline's microbatches), recomputation included.
+class MoeAuxLossScale {
+ public:
+  explicit MoeAuxLossScale(double scale);
+  ~MoeAuxLossScale();
+  MoeAuxLossScale(const MoeAuxLossScale&) = delete;
+  MoeAuxLossScale& operator=(const MoeAuxLossScale&) = delete;
+  struct Slot {
+    double scale = 1.0;
+  };
+
+ private:
+  double prev_;
+};
+double moe_aux_loss_grad_scale();
 
 // The expert-parallel group models build their MoE layers over: the parallel_state EP group, or
 // null (every expert local) when parallel_state is not initialized or EP is 1.

@@ -179,12 +179,30 @@ TEST(MoeLayer, GradcheckThroughLayer) {
   o.moe.capacity_factor = 0.75;
   MoeMlp m(o);
   m.init_parameters(5);
-  check_grad(
-      [&m](const std::vector<Tensor>& in) {
-        Tensor y = m.forward(in[0]);
-        return std::vector<Tensor>{y, m.aux_loss()};
-      },
-      {randn({7, 6}, 31)}, "MoeMlp");
+  // the objective sum(y * r) + aux by central differences against backward: the aux loss's
+  // gradient is injected through y's backward with scale 1 (MoeAuxLossScale's default), its factor
+  // in the objective (autograd's gradcheck seeds the output with another factor)
+  const Tensor r = randn({7, 6}, 32), x0 = randn({7, 6}, 31);
+  auto f = [&](const Tensor& x) {
+    NoGradGuard ng;
+    Tensor y = m.forward(x);
+    return objective(y, m.aux_loss(), r).item();
+  };
+  Tensor x = x0.clone().set_requires_grad(true);
+  backward(objective(m.forward(x), m.aux_loss(), r));
+  const std::vector<double> gx = x.grad().to_vector();
+  std::vector<double> xv = x0.to_vector();
+  double worst = 0;
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const double h = 1e-6, v = xv[i];
+    xv[i] = v + h;
+    const double up = f(from_doubles(xv, {7, 6}, DType::f64));
+    xv[i] = v - h;
+    const double dn = f(from_doubles(xv, {7, 6}, DType::f64));
+    xv[i] = v;
+    worst = std::max(worst, std::abs((up - dn) / (2 * h) - gx[i]));
+  }
+  EXPECT_LT(worst, 1e-6) << "largest |numeric - analytic| over dx";
 }
 
 // The load-balancing loss by hand (E/k * sum_e f_e P_e from host-computed probabilities) and the
@@ -209,7 +227,12 @@ TEST(MoeLayer, AuxLossAndDropsByHand) {
   EXPECT_EQ(st.tokens, T);
   EXPECT_EQ(st.assignments, T * k);
   EXPECT_EQ(st.dropped, 8);
-  EXPECT_EQ(st.expert_load, (std::vector<int64_t>{8, 8, 0, 0}));
+  // (built element by element: with GCC 12.2 -O3 -march=native a braced {8, 8, 0, 0} here read
+  // back as {8, 8, 8, 8} once the test above changed, printed right after construction; the cause
+  // was not found)
+  std::vector<int64_t> want_load(4, 0);
+  want_load[0] = want_load[1] = 8;
+  EXPECT_EQ(st.expert_load, want_load);
   // by hand: softmax of the logits per token, mean over tokens, f = {1, 1, 0, 0}
   std::vector<double> P(E, 0.0);
   for (int64_t t = 0; t < T; ++t) {

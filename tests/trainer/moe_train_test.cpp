@@ -19,11 +19,15 @@
 #include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/moe/moe.h"
+#include "nxd/optim/zero1.h"
 #include "nxd/train/config.h"
+#include "nxd/train/train.h"
 #include "support/compare.h"
 #include "support/files.h"
 #include "support/ranks.h"
 #include "support/tiny_models.h"
+#include "train_util.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
@@ -74,7 +78,14 @@ Trace train(int world, NxDConfig want, int shards) {
     const int dp = ps::get_data_parallel_size(), d = ps::get_data_parallel_rank();
     for (int step = 0; step < kSteps; ++step) {
       double loss;
-      if (dp == 1) {
+      if (ps::get_pipeline_model_parallel_size() > 1) {  // one microbatch per shard, DP 1
+        std::vector<Tensor> ids, tg;
+        for (int q = 0; q < shards; ++q)
+          ids.push_back(shard_ids(q, step, 700)), tg.push_back(shard_ids(q, step, 900));
+        loss = model->run_train(cat(ids, 0), cat(tg, 0)).item();
+      } else if (dp == 1) {
+        // the shards' losses are scaled by 1/shards: so are their auxiliary losses' gradients
+        MoeAuxLossScale aux_scale(1.0 / shards);
         loss = model
                    ->run_train([&](Module& m) {
                      auto& lm = dynamic_cast<CausalLM&>(m);
@@ -92,8 +103,9 @@ Trace train(int world, NxDConfig want, int shards) {
         loss /= dp;
       }
       opt->step();
+      // (ZeRO-1: each rank's .grad holds the reduced values of its shard only)
       if (step == 0 && ps::get_tensor_model_parallel_rank() == 0 &&
-          ps::get_tensor_model_parallel_size() == 1) {
+          ps::get_tensor_model_parallel_size() == 1 && !opt->zero1()) {
         std::lock_guard<std::mutex> l(mu);
         for (const auto& p : model->local_named_parameters())
           if (p.param.grad().defined() && !t.grads0.count(p.name))
@@ -155,6 +167,88 @@ TEST(MoeTrain, ExpertParallelDp4MatchesOneRank) {
   expect_matches(one, train(8, sizes(2, 4), 4), "EP4 TP2 DP4");
 }
 
+// ZeRO-1 with experts (NxD's two ZeRO-1 optimizers): the experts' state sharded over the
+// expert-data-parallel group, the rest over DP, the norm over both.
+TEST(MoeTrain, Zero1WithExpertParallelMatchesOneRank) {
+  const Trace one = train(1, NxDConfig{}, 4);
+  NxDConfig c = sizes(1, 2);
+  c.optimizer_config.zero_one_enabled = true;
+  expect_matches(one, train(4, c, 4), "ZeRO-1 EP2 TP1 DP4");
+  c.optimizer_config.grad_clipping = true;  // the clipping coefficient from both norms
+  c.optimizer_config.max_grad_norm = 0.05;
+  NxDConfig c1;
+  c1.optimizer_config = c.optimizer_config;
+  c1.optimizer_config.zero_one_enabled = false;
+  expect_matches(train(1, c1, 4), train(4, c, 4), "ZeRO-1 EP2 TP1 DP4 clipped");
+}
+
+// Full activation checkpointing: the recomputed MoE layers inject the auxiliary loss's gradient in
+// the same backward (MoeAuxLossScale), so the run equals the one without recomputation.
+TEST(MoeTrain, FullActivationCheckpointingMatchesNone) {
+  NxDConfig full;
+  full.activation_checkpoint_config = "full";
+  NxDConfig full_ep = sizes(1, 2);
+  full_ep.activation_checkpoint_config = "full";
+  const Trace none = train(1, NxDConfig{}, 2);
+  expect_matches(none, train(1, full, 2), "full checkpointing, one rank");
+  expect_matches(none, train(2, full_ep, 2), "full checkpointing, EP2 DP2");
+}
+
+// Pipeline parallelism: every stage's MoE layers inject their auxiliary loss's gradient (scaled
+// 1/microbatches) in their backward, and the stages' auxiliary losses are added to the reported
+// loss, so PP 2 with one microbatch per shard equals one rank; with full checkpointing too.
+TEST(MoeTrain, PipelineMatchesOneRank) {
+  const Trace one = train(1, NxDConfig{}, 2);
+  NxDConfig pp;
+  pp.pipeline_parallel_size = 2;
+  pp.pipeline_config.num_microbatches = 2;
+  expect_matches(one, train(2, pp, 2), "PP2, 2 microbatches");
+  pp.activation_checkpoint_config = "full";
+  expect_matches(one, train(2, pp, 2), "PP2, 2 microbatches, full checkpointing");
+}
+
+// nxd-train end to end: gradient accumulation over 4 micro batches on one rank (the trainer's
+// MoeAuxLossScale 1/4) against PP 2 with the same 4 micro batches as its microbatches (the
+// pipeline's 1/4): every step's loss (auxiliary losses included) and gradient norm alike.
+TEST(MoeTrain, NxdTrainAccumulationMatchesPipeline) {
+  const auto d = nxd::testing::test_temp_dir("moe_nxd_train");
+  auto run = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> s = {"model.num_layers=2", "model.moe.num_experts=4",
+                                  "model.moe.router_aux_loss_coef=0.1",
+                                  "model.moe.router_z_loss_coef=0.01", "data.global_batch_size=8"};
+    s.insert(s.end(), extra.begin(), extra.end());
+    train(nxd::testing::tiny(d / name, nxd::testing::tiny_corpus(d), nxd::testing::parallel_run(s)),
+          {.quiet = true});
+    return nxd::testing::read_rows(d / name / "metrics.csv");
+  };
+  const auto one = run("one", {});
+  const auto pp =
+      run("pp2", {"backend.world_size=2", "distributed_strategy.pipeline_model_parallel_size=2"});
+  ASSERT_EQ(one.loss.size(), 20u);
+  ASSERT_EQ(pp.loss.size(), one.loss.size());
+  double worst = 0, worst_norm = 0;
+  for (size_t i = 0; i < one.loss.size(); ++i) {
+    worst = std::max(worst, std::abs(pp.loss[i] - one.loss[i]) / one.loss[i]);
+    worst_norm =
+        std::max(worst_norm, std::abs(pp.grad_norm[i] - one.grad_norm[i]) / one.grad_norm[i]);
+  }
+  std::printf("    nxd-train accumulation 4 vs PP2 x 4 microbatches: loss %.3g, grad norm %.3g\n",
+              worst, worst_norm);
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_LE(worst_norm, 1e-5);
+  // moe_metrics.csv: the last micro batch's figures, over every stage's layers under PP
+  const auto m1 = nxd::testing::read_csv(d / "one" / "moe_metrics.csv").rows;
+  const auto m2 = nxd::testing::read_csv(d / "pp2" / "moe_metrics.csv").rows;
+  ASSERT_EQ(m1.size(), 20u);
+  ASSERT_EQ(m2.size(), m1.size());
+  for (size_t i = 0; i < m1.size(); ++i) {
+    EXPECT_NEAR(std::stod(m2[i].at(1)), std::stod(m1[i].at(1)), 1e-6 * std::stod(m1[i].at(1)))
+        << "step " << i + 1 << " moe_aux_loss";
+    for (size_t c = 2; c < 5; ++c) EXPECT_EQ(m2[i].at(c), m1[i].at(c)) << "step " << i + 1;
+  }
+  std::filesystem::remove_all(d);
+}
+
 TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
   nxd::testing::run_ranks(4, [] {
     NxDConfig c = sizes(1, 3);  // EP 3 does not divide DP 4
@@ -165,14 +259,6 @@ TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
     ModelConfig m = moe_llama();
     m.moe.num_experts = 6;  // not divisible by EP 4
     EXPECT_THROW(initialize_parallel_model(cfg, m, 3), ConfigError);
-    NxDConfig z = cfg;
-    z.optimizer_config.zero_one_enabled = true;
-    auto model = initialize_parallel_model(cfg, moe_llama(), 3);
-    EXPECT_THROW(
-        initialize_parallel_optimizer(
-            z, *model, optim::default_param_groups(model->local_named_parameters(), 1e-2, 0.1),
-            optim::AdamWOptions{}),
-        ConfigError);
   });
 }
 
@@ -193,21 +279,22 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
     return "";
   };
   EXPECT_EQ(err({"distributed_strategy.expert_model_parallel_size=2"}), "");
+  EXPECT_EQ(err({"model.activations_checkpoint_granularity=full"}), "");
+  EXPECT_EQ(err({"distributed_strategy.pipeline_model_parallel_size=2"}), "");
+  EXPECT_EQ(
+      err({"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"}),
+      "");
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"model.moe.top_k=5"}, "top_k=5 must be in [1, num_experts=4]"},
       {{"distributed_strategy.expert_model_parallel_size=3"},
        "expert_model_parallel_size=3 does not divide the data-parallel size 4"},
       {{"distributed_strategy.expert_model_parallel_size=4", "model.moe.num_experts=6"},
        "model.moe.num_experts=6 is not divisible by"},
-      {{"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"},
-       "zero1 with expert_model_parallel_size=2"},
-      {{"distributed_strategy.pipeline_model_parallel_size=2"}, "pipeline_model_parallel_size=2"},
       {{"distributed_strategy.tensor_model_parallel_size=2"}, "sequence_parallel=false"},
       {{"model.moe.num_experts=0", "distributed_strategy.expert_model_parallel_size=2"},
        "needs a mixture-of-experts model"},
       {{"model.arch=gpt_neox"}, "needs model.arch llama or mixtral"},
-      {{"model.moe.num_experts=0", "model.arch=mixtral"}, "mixtral needs model.moe.num_experts"},
-      {{"model.activations_checkpoint_granularity=full"}, "granularity=full is not supported"}};
+      {{"model.moe.num_experts=0", "model.arch=mixtral"}, "mixtral needs model.moe.num_experts"}};
   for (const auto& [sets, want] : bad) {
     const std::string m = err(sets);
     EXPECT_NE(m.find(want), std::string::npos) << sets[0] << ": got '" << m << "'";
@@ -265,6 +352,64 @@ TEST(MoeTrain, CheckpointSavedAtEp4LoadsAtEp2AndOnOneRank) {
     EXPECT_TRUE(std::filesystem::exists(dir / "s2" / f)) << f;
   run(2, 2, 99, false);  // EP 4 -> EP 2, another init
   run(1, 1, 98, false);  // EP 4 -> one rank
+  std::filesystem::remove_all(dir);
+}
+
+// ZeRO-1 with experts in a checkpoint: saved at EP 2 x DP 4 (each DP rank's file holds its shard
+// of the dense parameters' state and of its EP rank's experts'), loaded without ZeRO-1 on one rank
+// and with ZeRO-1 at EP 2 x DP 2: every parameter and AdamW state tensor (gathered) bitwise the
+// saved one.
+TEST(MoeTrain, Zero1CheckpointWithExpertsLoadsAtOtherDegrees) {
+  const auto dir = nxd::testing::test_temp_dir("moe_zero1_ckpt");
+  std::map<std::string, Tensor> saved;  // parameters and optimizer state, by name
+  std::mutex mu;
+  auto run = [&](int world, int ep, bool zero1, uint64_t seed, bool save) {
+    nxd::testing::run_ranks(world, [&] {
+      NxDConfig want = sizes(1, ep);
+      want.optimizer_config.zero_one_enabled = zero1;
+      const NxDConfig cfg = neuronx_distributed_config(want);
+      auto model = initialize_parallel_model(cfg, moe_llama(), seed);
+      auto opt = initialize_parallel_optimizer(
+          cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
+          optim::AdamWOptions{});
+      Module& m = *model->local_modules().at(0);
+      const int d = ps::get_data_parallel_rank();
+      auto* z = dynamic_cast<optim::Zero1AdamW*>(&opt->inner());
+      auto state = [&] {  // the full per-parameter state (ZeRO-1: gathered, collective)
+        if (z) z->gather_state();
+        return opt->inner().state_tensors();
+      };
+      if (save) {
+        for (int step = 0; step < 2; ++step) {
+          model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900));
+          opt->step();
+          opt->zero_grad();
+        }
+        ckpt::save_checkpoint(dir, "z2", &m, &opt->inner(), nullptr);
+        const auto st = state();
+        std::lock_guard<std::mutex> l(mu);
+        for (const auto& [n, t] : m.named_parameters()) saved[n] = t.detach().clone();
+        for (const auto& [n, t] : st) saved["optim." + n] = t.detach().clone();
+        return;
+      }
+      ckpt::load_checkpoint(dir, &m, &opt->inner(), nullptr, {.tag = "z2"});
+      for (const auto& [n, t] : m.named_parameters()) {
+        ASSERT_TRUE(saved.count(n)) << n;
+        EXPECT_BITWISE_EQ(t, saved.at(n));
+      }
+      int64_t states = 0;
+      for (const auto& [n, t] : state()) {
+        ASSERT_TRUE(saved.count("optim." + n)) << n;
+        EXPECT_BITWISE_EQ(t, saved.at("optim." + n));
+        ++states;
+      }
+      EXPECT_GT(states, 0);
+    });
+  };
+  run(4, 2, true, 3, true);
+  EXPECT_EQ(saved.count("optim.model.layers.2.block_sparse_moe.experts.3.w2.weight.exp_avg"), 1u);
+  run(1, 1, false, 98, false);  // one rank, AdamW
+  run(2, 2, true, 99, false);   // EP 2 x DP 2, ZeRO-1
   std::filesystem::remove_all(dir);
 }
 
