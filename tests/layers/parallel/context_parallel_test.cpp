@@ -182,7 +182,7 @@ TEST(RingAttention, CausalBalancingEqualizesAttentionFlops) {
     EXPECT_GT(*bmin, 0);
     // the score products (4 sq sk D + 6 sq sk per block) are equal on every rank; the kernels'
     // per-row terms (2 sq D: normalization, rowsum(dO O)) are not, since ranks below the visiting
-    // block's owner run 2c query rows against c keys and ranks above c rows against 2c: 0.13%
+    // block's owner run 2c query rows against c keys and ranks above c rows against 2c: 0.14%
     // at cp 4 here
     EXPECT_NEAR(*bmax / *bmin, 1.0, 5e-3);
     EXPECT_GT(*cmax / *cmin, 1.5);  // rank r of the contiguous split does r + 1 blocks
