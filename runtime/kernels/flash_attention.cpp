@@ -29,6 +29,35 @@ inline int64_t key_end(const Dims& d, bool causal, int64_t i0, int64_t rows) {
   return causal ? std::min(d.sk, i0 + rows + d.sk - d.sq) : d.sk;
 }
 
+// Score entries (rows x columns of the block pairs) the forward computes: every query block
+// against the keys [0, key_end) it sees, in key blocks (the last one cut at key_end). Under a
+// causal mask the blocks right of the diagonal are skipped: about half of Sq x Sk at long
+// sequence, (n + 1) / 2n of it for n aligned square blocks.
+double forward_scores(const Dims& d, bool causal) {
+  if (!causal) return double(d.sq) * double(d.sk);
+  double n = 0;
+  for (int64_t i0 = 0; i0 < d.sq; i0 += kBq) {
+    const int64_t rows = std::min(kBq, d.sq - i0);
+    n += double(rows) * double(key_end(d, causal, i0, rows));
+  }
+  return n;
+}
+
+// The first query block with a row that sees key j0.
+inline int64_t first_query_block(const Dims& d, bool causal, int64_t j0) {
+  return causal ? std::max<int64_t>(0, j0 - (d.sk - d.sq)) / kBq * kBq : 0;
+}
+
+// Score entries the backward recomputes: every key block against the query blocks from the
+// first that sees it, whole blocks.
+double backward_scores(const Dims& d, bool causal) {
+  if (!causal) return double(d.sq) * double(d.sk);
+  double n = 0;
+  for (int64_t j0 = 0; j0 < d.sk; j0 += kBk)
+    n += double(std::min(kBk, d.sk - j0)) * double(d.sq - first_query_block(d, causal, j0));
+  return n;
+}
+
 // The u-th of n blocks in the order 0, n-1, 1, n-2, ...: under causal masking the work of a
 // block grows (query blocks) or shrinks (key blocks) with its index, and the pool splits units
 // into contiguous ranges, so this order gives every range about the same work.
@@ -163,8 +192,7 @@ void backward_key_block(const Dims& d, bool causal, const Operands<T>& x, const 
     zero_rows(d, y.dk, b, g, j0, std::min(kBk, d.sk - j0));
     zero_rows(d, y.dv, b, g, j0, std::min(kBk, d.sk - j0));
   }
-  // the first query block with a row that sees key j0
-  const int64_t first = causal ? std::max<int64_t>(0, j0 - (d.sk - d.sq)) / kBq * kBq : 0;
+  const int64_t first = first_query_block(d, causal, j0);
   for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
     const int64_t row0 = (b * d.hq + h) * d.sq;
     for (int64_t i0 = first; i0 < d.sq; i0 += kBq)
@@ -257,11 +285,12 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
     NXD_CHECK(lse.is_meta() || lse.is_contiguous(), "[", op, "] lse must be contiguous, got ",
               lse.desc());
   }
-  // the flops of the materialized kernel plus the online rescaling; HBM traffic is q, k, v, out
-  // and lse (the scores stay on chip)
-  const double bh = double(d.b * d.hq);
+  // the flops of the score blocks the kernel visits (two products, the exponentials and the
+  // online rescaling per score; a causal mask skips the blocks above the diagonal) and the rows'
+  // normalization; HBM traffic is q, k, v, out and lse (the scores stay on chip)
+  const double bh = double(d.b * d.hq), scores = forward_scores(d, causal);
   const DType priced = AttentionPricing::dtype(q.dtype());
-  charge_compute(op, bh * (4.0 * d.sq * d.sk * d.d + 6.0 * d.sq * d.sk + 2.0 * d.sq * d.d),
+  charge_compute(op, bh * (scores * (4.0 * d.d + 6.0) + 2.0 * d.sq * d.d),
                  double(dtype_size(priced)) * (2.0 * q.numel() + 2.0 * k.numel() + bh * d.sq),
                  blas::matmul_compute_dtype(priced));
   if (meta_only(op, out, {q, k, v, lse}) || out.numel() == 0) return;
@@ -289,11 +318,12 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   const char* op = "flash_attention_backward";
   Dims d = check_attention(op, q, k, v, causal, scale);
   check_backward(op, {dq, dk, dv, dout, q, k, v, out, lse, "lse", {d.b, d.hq, d.sq}});
-  // the materialized backward's flops plus the recomputed scores and exponentials; HBM traffic
-  // is the operands, their gradients and lse
-  const double bh = double(d.b * d.hq);
+  // five block products (the recomputed scores, dV, dP, dQ, dK) and the exponentials and dS per
+  // score of the blocks the kernel visits (a causal mask skips those above the diagonal), and
+  // rowsum(dO * O); HBM traffic is the operands, their gradients and lse
+  const double bh = double(d.b * d.hq), scores = backward_scores(d, causal);
   const DType priced = AttentionPricing::dtype(q.dtype());
-  charge_compute(op, bh * (10.0 * d.sq * d.sk * d.d + 8.0 * d.sq * d.sk + 2.0 * d.sq * d.d),
+  charge_compute(op, bh * (scores * (10.0 * d.d + 8.0) + 2.0 * d.sq * d.d),
                  double(dtype_size(priced)) * (5.0 * q.numel() + 4.0 * k.numel() + bh * d.sq),
                  blas::matmul_compute_dtype(priced));
   if (meta_only(op, dq, {dout, q, k, v, out, lse})) return;

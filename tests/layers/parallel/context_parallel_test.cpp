@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <numeric>
 
 #include <cstdlib>
 #include "nxd/layers/parallel/context_parallel.h"
@@ -181,11 +182,29 @@ TEST(RingAttention, CausalBalancingEqualizesAttentionFlops) {
     EXPECT_GT(*bmin, 0);
     // the score products (4 sq sk D + 6 sq sk per block) are equal on every rank; the kernels'
     // per-row terms (2 sq D: normalization, rowsum(dO O)) are not, since ranks below the visiting
-    // block's owner run 2c query rows against c keys and ranks above c rows against 2c: 0.13%
+    // block's owner run 2c query rows against c keys and ranks above c rows against 2c: 0.14%
     // at cp 4 here
     EXPECT_NEAR(*bmax / *bmin, 1.0, 5e-3);
     EXPECT_GT(*cmax / *cmin, 1.5);  // rank r of the contiguous split does r + 1 blocks
   }
+}
+
+// The ring's block pairs do the single kernel's work, no more: a pair the mask hides is never
+// computed and a diagonal pair is a causal call, charged only its visited kernel blocks, so the
+// attention FLOPs of all ranks add up to the single rank's causal kernel (the chunks are whole
+// kernel blocks here; the residue is the per-row terms of more, shorter calls). It was 0.75 at
+// CP 2 when a causal call was charged as a full one.
+TEST(RingAttention, RanksTogetherDoTheSingleKernelsWork) {
+  if (under_mpi()) GTEST_SKIP() << "the sim device's counters";
+  const double one = attention_flops(1, CpLayout::balanced)[0];
+  for (int cp : {2, 4})
+    for (CpLayout layout : {CpLayout::balanced, CpLayout::contiguous}) {
+      const std::vector<double> f = attention_flops(cp, layout);
+      const double total = std::accumulate(f.begin(), f.end(), 0.0);
+      std::printf("    [cp=%d %s] attention flops of all ranks / one rank's: %.5f\n", cp,
+                  layout == CpLayout::balanced ? "balanced" : "contiguous", total / one);
+      EXPECT_NEAR(total / one, 1.0, 1e-2) << "cp " << cp;
+    }
 }
 
 TEST(ContextParallel, SpansAndErrors) {

@@ -196,9 +196,10 @@ TEST(FlashAttentionMisc, BackwardSchedulesAgreeBitwise) {
   }
 }
 
-// The sim device is charged the materialized kernel's flops plus the online rescaling (forward)
-// and the recomputed scores (backward), and only the linear HBM traffic: q, k, v, out, lse (and
-// the gradients), never the [Sq, Sk] scores.
+// The sim device is charged the flops of the score blocks the kernel visits (a causal mask skips
+// the blocks above the diagonal: 33 of the 32 x 32 blocks' halves here) plus the online rescaling
+// (forward) and the recomputed scores (backward), and only the linear HBM traffic: q, k, v, out,
+// lse (and the gradients), never the [Sq, Sk] scores.
 TEST(FlashAttentionMisc, ChargesFlopsAndLinearBytes) {
   auto cost = std::make_shared<CountingCost>();
   Context ctx;
@@ -211,7 +212,9 @@ TEST(FlashAttentionMisc, ChargesFlopsAndLinearBytes) {
          p = empty({1, 4, 2048, 2048}, DType::f32, Device::meta);
   k::flash_attention_forward(o, lse, q, kk, kk, true, 0);
   EXPECT_EQ(cost->bytes, 4 * (2 * B * H * S * D + 2 * B * Hkv * S * D + B * H * S));
-  EXPECT_EQ(cost->flops, B * H * (4 * S * S * D + 6 * S * S + 2 * S * D));
+  const double visited =
+      64.0 * 64.0 * (32 * 33 / 2);  // the 64 x 64 blocks on and below the diagonal
+  EXPECT_EQ(cost->flops, B * H * (visited * (4 * D + 6) + 2 * S * D));
   EXPECT_EQ(cost->dtype, DType::f32);
   const double fwd_bytes = cost->bytes;
   k::attention_forward(o, p, q, kk, kk, true, 0);
@@ -219,13 +222,53 @@ TEST(FlashAttentionMisc, ChargesFlopsAndLinearBytes) {
   k::flash_attention_backward(empty_like(q), empty_like(kk), empty_like(kk), o, q, kk, kk, o, lse,
                               true, 0);
   const double bwd_flops = cost->flops, bwd_bytes = cost->bytes;
+  EXPECT_EQ(bwd_flops, B * H * (visited * (10 * D + 8) + 2 * S * D));
   EXPECT_EQ(bwd_bytes, 4 * (5 * B * H * S * D + 4 * B * Hkv * S * D + B * H * S));
   k::attention_backward(empty_like(q), empty_like(kk), empty_like(kk), o, q, kk, kk, o, p, true, 0);
-  EXPECT_GT(bwd_flops, 1.2 * cost->flops);  // the recomputed Q K^T
-  EXPECT_GT(cost->bytes, 8 * bwd_bytes);    // and reads them
+  // the materialized kernel computes every score; the fused one recomputes Q K^T, on half of them
+  EXPECT_GT(bwd_flops, 0.6 * cost->flops);
+  EXPECT_LT(bwd_flops, 0.7 * cost->flops);
+  EXPECT_GT(cost->bytes, 8 * bwd_bytes);  // and reads them
   blas::MatmulPrecisionScope bf16(blas::MatmulPrecision::bf16);
   k::flash_attention_forward(o, lse, q, kk, kk, true, 0);
   EXPECT_EQ(cost->dtype, DType::bf16);  // auto-cast products run at the core's bf16 peak
+}
+
+// Causal attention is charged the work of the blocks the kernel visits: at long sequence about
+// half of the unmasked attention's ((n + 1) / 2n for n aligned blocks), and exactly the sum of its
+// query blocks run one at a time (query block i against keys [0, i + 64): the same blocks), in
+// the forward and the backward.
+TEST(FlashAttentionMisc, CausalIsChargedItsVisitedBlocks) {
+  auto cost = std::make_shared<CountingCost>();
+  Context ctx;
+  ctx.set_cost_model(cost);
+  ContextGuard guard(ctx);
+  const int64_t S = 8192, D = 128, n = S / k::kFlashQueryBlock;
+  auto charged = [&](int64_t sq, int64_t sk, bool causal, bool bwd) {
+    Tensor q = empty({1, 2, sq, D}, DType::bf16, Device::meta),
+           kv = empty({1, 1, sk, D}, DType::bf16, Device::meta);
+    Tensor o = empty_like(q), lse = empty({1, 2, sq}, DType::bf16, Device::meta);
+    if (bwd)
+      k::flash_attention_backward(empty_like(q), empty_like(kv), empty_like(kv), o, q, kv, kv, o,
+                                  lse, causal, 0);
+    else
+      k::flash_attention_forward(o, lse, q, kv, kv, causal, 0);
+    return cost->flops;
+  };
+  for (bool bwd : {false, true}) {
+    const double full = charged(S, S, false, bwd), causal = charged(S, S, true, bwd);
+    double blocks = 0;
+    for (int64_t i0 = 0; i0 < S; i0 += k::kFlashQueryBlock)
+      blocks += charged(k::kFlashQueryBlock, i0 + k::kFlashQueryBlock, true, bwd);
+    std::printf("    %s S=%lld: causal / unmasked %.4f (blocks: %.4f)\n",
+                bwd ? "backward" : "forward", static_cast<long long>(S), causal / full,
+                double(n + 1) / double(2 * n));
+    EXPECT_NEAR(causal / full, double(n + 1) / double(2 * n), 1e-3);
+    EXPECT_EQ(causal, blocks);
+  }
+  // more keys than queries: the queries are the last rows, every key before them is visible
+  const double tail = charged(64, 8192, true, false), open = charged(64, 8192, false, false);
+  EXPECT_EQ(tail, open);
 }
 
 }  // namespace
