@@ -2,7 +2,10 @@
 // Tensor comparison helpers for tests: every failure prints the largest difference and where.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "nxd/runtime/tensor.h"
 
@@ -28,6 +31,16 @@ Diff diff(const Tensor& a, const Tensor& b);
 // Bitwise equality of the raw bytes (same dtype and shape).
 ::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b,
                                          const std::string& what = "");
+
+// The largest relative difference |a[i] - b[i]| / |b[i]| of two series (losses, grad norms
+// per step); a failure if their lengths differ.
+inline double worst_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double w = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    w = std::max(w, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return w;
+}
 
 }  // namespace nxd::testing
 

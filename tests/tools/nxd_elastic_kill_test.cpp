@@ -11,7 +11,7 @@ namespace {
 
 #ifndef NXD_ELASTIC_MPI
 // The sim job (TP2 x DP2, four ranks in one process) kill -9'd at 5 seeded random moments (0 to
-// 0.3 s after each launch's first metrics row (steps take ~50 ms idle): mid-forward,
+// 0.3 s after each launch's first metrics row (steps take 20-50 ms idle): mid-forward,
 // mid-collective, mid-backward, mid-save of the checkpoint written every step, or between steps),
 // each relaunch resuming its newest complete checkpoint as nxd-elastic's do; the pieces merged as
 // nxd-elastic merges them have every step once, with the uninterrupted run's losses (within 2%;
@@ -20,7 +20,10 @@ TEST(NxdElasticSim, AJobKilledAtFiveRandomMomentsResumesWithEveryStepOnce) {
   Job t;
   const unsigned seed = kill_seed();
   std::mt19937 rng(seed);
-  std::vector<std::string> sets = {"backend.world_size=4", "trainer.max_steps=40",
+  // 100 steps: a launch trains at most ~15 steps (0.3 s at ~20 ms a step idle) before its kill,
+  // so five kills can never find the job already finished (seen with 40 steps: 22 rows in one
+  // launch, and the fifth launch done before its kill)
+  std::vector<std::string> sets = {"backend.world_size=4", "trainer.max_steps=100",
                                    "exp_manager.checkpoint_callback_params.every_n_train_steps=1"};
   std::string moments = "seed " + std::to_string(seed) + " (NXD_KILL_SEED to repeat):";
   const fs::path out = t.d / "out";

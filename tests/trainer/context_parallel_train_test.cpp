@@ -13,6 +13,7 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/train/train.h"
+#include "support/compare.h"
 #include "support/ranks.h"
 #include "train_util.h"
 
@@ -22,6 +23,7 @@ namespace fs = std::filesystem;
 using nxd::testing::parallel_run;
 using nxd::testing::read_rows;
 using nxd::testing::tiny;
+using nxd::testing::worst_rel;
 
 namespace {
 
@@ -29,14 +31,6 @@ nxd::testing::Rows run(const fs::path& d, const std::string& name, std::vector<s
   extra.insert(extra.begin(), "model.num_layers=2");
   train(tiny(d / name, nxd::testing::tiny_corpus(d), parallel_run(extra)), {.quiet = true});
   return read_rows(d / name / "metrics.csv");
-}
-
-double worst_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double w = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    w = std::max(w, std::abs(a[i] - b[i]) / std::abs(b[i]));
-  return w;
 }
 
 }  // namespace

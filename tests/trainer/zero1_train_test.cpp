@@ -10,6 +10,7 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/train/train.h"
+#include "support/compare.h"
 #include "train_util.h"
 
 using namespace nxd;
@@ -18,6 +19,7 @@ namespace fs = std::filesystem;
 using nxd::testing::parallel_run;
 using nxd::testing::read_rows;
 using nxd::testing::tiny;
+using nxd::testing::worst_rel;
 
 namespace {
 
@@ -33,14 +35,6 @@ Out run(const fs::path& d, const std::string& name, std::vector<std::string> ext
       train(tiny(d / name, nxd::testing::tiny_corpus(d), parallel_run(extra)), {.quiet = true});
   o.rows = read_rows(d / name / "metrics.csv");
   return o;
-}
-
-double worst_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double w = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    w = std::max(w, std::abs(a[i] - b[i]) / std::abs(b[i]));
-  return w;
 }
 
 }  // namespace
