@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     if (mode == "slow") return slow(w);
     std::vector<float> x(4096, 1.0f);
     w.all_reduce(x.data(), x.data(), 4096, nxd::DType::f32, nxd::ReduceOp::sum);  // #1: all here
-    late(w, 60);  // rank 1 hangs
+    late(w, 60);                                                                  // rank 1 hangs
     w.all_reduce(x.data(), x.data(), 4096, nxd::DType::f32, nxd::ReduceOp::sum);
     std::printf("rank %d: the hung rank's all_reduce completed\n", w.rank());
   });
