@@ -42,8 +42,13 @@ class RunSummary : public Callback {
     if (!data_.skipped.empty()) t.message("data: " + summarize_skipped(data_.skipped));
     t.message(str("model: ", m.arch, ", ", m.num_layers, " layers, hidden ", m.hidden_size, ", ",
                   m.num_attention_heads, " heads (", m.num_kv_heads, " kv), ffn ",
-                  m.ffn_hidden_size, ", vocab ", m.vocab_size, ": ",
-                  with_commas(t.num_parameters()), " parameters"));
+                  m.ffn_hidden_size,
+                  m.moe.num_experts > 0
+                      ? str(" in ", m.moe.num_experts, " experts (top ", m.moe.top_k,
+                            m.moe.frequency == 1 ? std::string(", every layer)")
+                                                 : str(", every ", m.moe.frequency, " layers)"))
+                      : std::string(),
+                  ", vocab ", m.vocab_size, ": ", with_commas(t.num_parameters()), " parameters"));
     if (world > 1)
       t.message(
           str("parallel: ", world, " rank(s) on ",
