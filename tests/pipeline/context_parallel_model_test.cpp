@@ -23,6 +23,7 @@
 #include "nxd/runtime/context.h"
 #include "support/compare.h"
 #include "support/ranks.h"
+#include "support/tiny_models.h"
 
 using namespace nxd;
 using namespace nxd::optim;
@@ -39,18 +40,13 @@ constexpr int kSteps = 20;
 constexpr double kSgdLr = 0.05, kAdamLr = 1e-2;
 constexpr int64_t kB = 4, kS = 16;
 
+// tiny_model with a smaller vocabulary, FFN 48 for both architectures, kS positions, init_std 0.1
 ModelConfig tiny(const std::string& arch = "llama") {
-  ModelConfig c;
-  c.arch = arch;
+  ModelConfig c = nxd::testing::tiny_model(arch);
   c.vocab_size = 32;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_kv_heads = arch == "llama" ? 2 : 0;
   c.ffn_hidden_size = 48;
   c.max_position_embeddings = kS;
   c.init_std = 0.1;
-  if (arch == "gpt_neox") c.rotary_pct = 0.5;
   return c;
 }
 
