@@ -142,9 +142,11 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& ta
       throw CheckpointError(str("[export] ", name, ": unknown dtype ", e.at("dtype").dump()));
     spec[name] = s;
     const int pp = e.at("pp_rank").get<int>();
+    const int dp = e.value("dp_rank", 0);  // expert parallelism: the file of the expert's EP rank
     for (int64_t r : covering_ranks(s))
-      by_file[detail::shard_file("model",
-                                 {.tp_rank = static_cast<int>(r), .pp_rank = pp, .compressed = z})]
+      by_file[detail::shard_file(
+                  "model",
+                  {.dp_rank = dp, .tp_rank = static_cast<int>(r), .pp_rank = pp, .compressed = z})]
           .emplace_back(name, r);
   }
   for (const auto& [rel, items] : by_file) {

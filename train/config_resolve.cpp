@@ -251,10 +251,6 @@ void check_experts(Resolver& r, const DistributedSection& ds, const ModelConfig&
   if (m.moe.enabled() && m.moe.num_experts % ep != 0)
     r.fail("model.moe.num_experts=", m.moe.num_experts,
            " is not divisible by distributed_strategy.expert_model_parallel_size=", ep);
-  if (m.moe.enabled() && ds.sequence_parallel && ds.tensor_model_parallel_size > 1)
-    r.fail("model.moe at tensor_model_parallel_size=", ds.tensor_model_parallel_size,
-           " needs distributed_strategy.sequence_parallel=false (the experts run on the full "
-           "hidden states, duplicated over TP)");
 }
 
 DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
@@ -380,12 +376,22 @@ GenerationSection resolve_generation(Resolver& r, const DataSection& d) {
 // What context parallelism needs of the rest of the config (layers/parallel/context_parallel.h).
 void check_context_parallel(Resolver& r, const TrainConfig& t) {
   const int64_t cp = t.dist.context_parallel_size, tp = t.dist.tensor_model_parallel_size;
-  if (cp == 1) return;
-  if (t.model.moe.enabled())
-    r.fail("distributed_strategy.context_parallel_size=", cp,
-           " with a mixture-of-experts model (model.moe.num_experts=", t.model.moe.num_experts,
-           ") is not supported yet: use context_parallel_size=1");
   const int64_t s = t.data.seq_length;
+  // SP pads the sequence to a multiple of TP: the MoE layers would route the padding tokens
+  if (t.model.moe.enabled() && t.dist.sequence_parallel && tp > 1 && (s / cp) % tp != 0)
+    r.fail("data.seq_length=", s, cp > 1 ? str(" / context_parallel_size ", cp) : std::string(),
+           " is not divisible by tensor_model_parallel_size=", tp,
+           " (model.moe with sequence_parallel: padding tokens would be routed)");
+  if (cp == 1) return;
+  if (t.model.moe.enabled() && !t.model.moe.dropless)
+    r.fail("distributed_strategy.context_parallel_size=", cp,
+           " with model.moe.dropless=false: capacity drops follow the whole sequence's token "
+           "order, which no rank holds (use model.moe.dropless=true)");
+  if (t.model.moe.enabled() && t.dist.expert_model_parallel_size > 1)
+    r.fail("distributed_strategy.context_parallel_size=", cp,
+           " with expert_model_parallel_size=", t.dist.expert_model_parallel_size,
+           " is not supported (the experts' gradients would need a reduction over "
+           "expert-data-parallel x context-parallel ranks)");
   if (s % (2 * cp) != 0)
     r.fail("data.seq_length=", s,
            " is not divisible by 2 x distributed_strategy."

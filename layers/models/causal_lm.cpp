@@ -112,6 +112,10 @@ void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
                   "] context parallelism with sequence parallelism needs each rank's ", ids.size(1),
                   " tokens to divide by tensor parallel size ", tp_, ": ids=", ids.desc(),
                   " (context parallel size ", cp_, ")");
+  // ... and the MoE layers would route (and count in their auxiliary loss) the padding tokens
+  NXD_CHECK_SHAPE(!cfg_.moe.enabled() || !sp_ || ids.size(1) % tp_ == 0, "[", type_name(),
+                  "] mixture of experts with sequence parallelism needs the ", ids.size(1),
+                  " tokens to divide by tensor parallel size ", tp_, ": ids=", ids.desc());
 }
 
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts) {

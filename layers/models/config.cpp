@@ -116,10 +116,6 @@ void ModelConfig::validate_parallel(int tp) const {
   auto fail = [](auto&&... a) { throw ConfigError(str("[ModelConfig] ", a...)); };
   if (tp < 1) fail("tensor parallel size must be >= 1, got ", tp);
   if (tp == 1) return;
-  if (moe.enabled() && sequence_parallel)
-    fail("moe with sequence_parallel at tensor parallel size ", tp,
-         " is not supported (the experts are not split over TP: they run on the full, duplicated "
-         "hidden states)");
   const int64_t h = num_attention_heads, kv = kv_heads(), m = kv_size_multiplier;
   if (h % tp != 0)
     fail("num_attention_heads=", h, " is not divisible by tensor parallel size ", tp);

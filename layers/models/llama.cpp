@@ -52,6 +52,9 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t layer)
     eo.init = c.init_scheme();
     eo.param = p;
     eo.ep_group = moe_expert_parallel_group();
+    eo.tp_group = moe_tensor_parallel_group();
+    eo.sequence_parallel = sp;
+    eo.cp_group = model_context_parallel_group();
     moe_ = register_module("block_sparse_moe", std::make_shared<MoeMlp>(eo));
   } else {
     mlp_ = register_module("mlp", std::make_shared<GatedMlp>(c.hidden_size, c.ffn_size(), mo));

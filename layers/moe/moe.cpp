@@ -8,6 +8,7 @@
 #include "nxd/autograd/ops/moe.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/moe/dispatch.h"
+#include "nxd/layers/parallel/mappings.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 
@@ -41,12 +42,23 @@ void MoeConfig::validate_parallel(int ep) const {
                           " is not divisible by expert_model_parallel_size=", ep));
 }
 
-MixtralExpert::MixtralExpert(int64_t hidden, int64_t ffn, const LinearOptions& in,
-                             const LinearOptions& out)
-    : Module("MixtralExpert") {
-  w1_ = register_module("w1", std::make_shared<Linear>(hidden, ffn, in));
-  w2_ = register_module("w2", std::make_shared<Linear>(ffn, hidden, out));
-  w3_ = register_module("w3", std::make_shared<Linear>(hidden, ffn, in));
+MixtralExpert::MixtralExpert(const Options& o) : Module("MixtralExpert") {
+  ColumnParallelLinearOptions in;
+  in.bias = false;
+  in.gather_output = false;
+  in.weight_init = o.in_init;
+  in.param = o.param;
+  in.group = o.tp_group;
+  RowParallelLinearOptions out;
+  out.bias = false;
+  out.input_is_parallel = true;
+  out.weight_init = o.out_init;
+  out.param = o.param;
+  out.group = o.tp_group;
+  const int64_t H = o.hidden_size, I = o.ffn_hidden_size;
+  w1_ = register_module("w1", std::make_shared<ColumnParallelLinear>(H, I, in));
+  w2_ = register_module("w2", std::make_shared<RowParallelLinear>(I, H, out));
+  w3_ = register_module("w3", std::make_shared<ColumnParallelLinear>(H, I, in));
 }
 
 Tensor MixtralExpert::forward(const Tensor& x, double s) const {
@@ -56,25 +68,44 @@ Tensor MixtralExpert::forward(const Tensor& x, double s) const {
 }
 
 MoeMlp::MoeMlp(const MoeMlpOptions& o)
-    : Module("MoeMlp"), cfg_(o.moe), hidden_(o.hidden_size), ep_(o.ep_group) {
+    : Module("MoeMlp"),
+      cfg_(o.moe),
+      hidden_(o.hidden_size),
+      ep_(o.ep_group),
+      tp_(o.tp_group ? o.tp_group : make_self_communicator(current_context().rank())),
+      seq_dim_(o.sequence_dimension) {
   cfg_.validate();
   NXD_CHECK(cfg_.enabled() && hidden_ > 0 && o.ffn_hidden_size > 0,
             "[MoeMlp] need num_experts > 0 and positive sizes, got num_experts=", cfg_.num_experts,
             " hidden=", hidden_, " ffn=", o.ffn_hidden_size);
   const int ep = ep_size();
   cfg_.validate_parallel(ep);
+  sp_ = o.sequence_parallel && tp_->size() > 1;
+  if (o.cp_group && o.cp_group->size() > 1) {
+    cp_ = o.cp_group;
+    NXD_CHECK_T(ConfigError, cfg_.dropless, "[MoeMlp] context parallelism (size ", cp_->size(),
+                ") needs dropless experts: capacity_factor=", cfg_.capacity_factor,
+                " drops by the whole sequence's token order, which no rank holds");
+    NXD_CHECK_T(ConfigError, ep == 1, "[MoeMlp] context parallelism (size ", cp_->size(),
+                ") with expert parallelism (size ", ep,
+                ") is not supported: the experts' gradients would need a reduction over "
+                "expert-data-parallel x context-parallel ranks");
+  }
   local_ = cfg_.num_experts / ep;
   first_ = (ep_ ? ep_->rank() : 0) * local_;
   LinearOptions lo;
   lo.bias = false;
   lo.weight_init = o.init.weight();
   lo.param = o.param;
-  LinearOptions out = lo;
-  out.weight_init = o.init.weight(/*residual_output=*/true);
   gate_ = register_module("gate", std::make_shared<Linear>(hidden_, cfg_.num_experts, lo));
   experts_ = register_module("experts", std::make_shared<ModuleList>(first_));
-  for (int64_t e = 0; e < local_; ++e)
-    experts_->push_back(std::make_shared<MixtralExpert>(hidden_, o.ffn_hidden_size, lo, out));
+  const MixtralExpert::Options eo{.hidden_size = hidden_,
+                                  .ffn_hidden_size = o.ffn_hidden_size,
+                                  .in_init = o.init.weight(),
+                                  .out_init = o.init.weight(/*residual_output=*/true),
+                                  .param = o.param,
+                                  .tp_group = tp_};
+  for (int64_t e = 0; e < local_; ++e) experts_->push_back(std::make_shared<MixtralExpert>(eo));
 }
 
 struct MoeMlp::Routing {
@@ -199,46 +230,90 @@ MoeAuxLossScale::~MoeAuxLossScale() {
   current_context().ext<Slot>().scale = prev_;
 }
 
+Tensor MoeMlp::aux_losses(const Tensor& logits, const Tensor& probs, const Routing& r,
+                          int64_t T) const {
+  const int64_t E = cfg_.num_experts, k = cfg_.top_k;
+  const bool meta = probs.is_meta();
+  // context parallelism: the loads and the token count of the whole sequence (raw sums over CP)
+  std::vector<int64_t> load = r.load;
+  int64_t Tg = T;
+  if (cp_ && meta) {  // shapes only (the planner): every member alike
+    for (int64_t& l : load) l *= cp_->size();
+    Tg = T * cp_->size();
+  } else if (cp_) {
+    load.push_back(T);
+    cp_->all_reduce(load.data(), load.data(), E + 1, DType::i64, ReduceOp::sum);
+    Tg = load.back();
+    load.pop_back();
+  }
+  const double inv = 1.0 / static_cast<double>(Tg);
+  // load balancing: E/k * sum_e (load_e / T) * mean_t p_te (under CP this rank's tokens' part)
+  std::vector<double> f(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) f[e] = static_cast<double>(load[e]) * inv;
+  Tensor ft = meta ? empty({E}, probs.dtype(), Device::meta) : from_doubles(f, {E}, probs.dtype());
+  Tensor pm = cp_ ? mul(sum(probs, {0}), inv) : mean(probs, {0});
+  Tensor lb = mul(sum(mul(pm, ft)), static_cast<double>(E) / static_cast<double>(k));
+  Tensor aux = mul(lb, cfg_.router_aux_loss_coef);
+  double figs[2] = {meta ? 0.0 : lb.item(), 0.0};  // load balancing, z-loss
+  if (cfg_.router_z_loss_coef > 0) {
+    Tensor lse = select(sub(logits, log_softmax(logits, -1)), 1, 0);  // logsumexp per token
+    Tensor z = cp_ ? mul(sum(square(lse)), inv) : mean(square(lse));
+    aux = add(aux, mul(z, cfg_.router_z_loss_coef));
+    if (!meta) figs[1] = z.item();
+  }
+  if (cp_ && !meta) cp_->all_reduce(figs, figs, 2, DType::f64, ReduceOp::sum);
+  stats_ = MoeStats{};
+  stats_.tokens = Tg;
+  stats_.assignments = Tg * k;
+  stats_.dropped = r.dropped;
+  stats_.aux_loss = figs[0];
+  stats_.z_loss = figs[1];
+  stats_.expert_load = load;
+  return aux;
+}
+
 Tensor MoeMlp::forward(const Tensor& x) const {
   NXD_CHECK_SHAPE(x.dim() >= 2 && x.size(-1) == hidden_, "[MoeMlp] expected [..., ", hidden_,
                   "], got ", x.desc());
-  const int64_t E = cfg_.num_experts, k = cfg_.top_k, T = x.numel() / hidden_;
-  Tensor X = reshape(x, {T, hidden_});
-  Tensor logits = gate_->forward(X);  // [T,E]
+  const int Q = tp_size();
+  const int64_t k = cfg_.top_k;
+  // sequence parallelism: the whole sequence on every TP rank (backward: reduce-scatter)
+  Tensor xf = sp_ ? gather_from_sequence_parallel_region(x, seq_dim_, true, *tp_) : x;
+  const int64_t T = xf.numel() / hidden_;
+  Tensor X = reshape(xf, {T, hidden_});
+  // The router's input gradient is the same on every TP rank; under SP the gather's
+  // reduce-scatter sums the Q copies. The experts' is this rank's shard's part: summed over TP.
+  Tensor Xr = sp_ ? scale_grad(X, 1.0 / Q) : X;
+  Tensor Xe = Q > 1 && !sp_ ? copy_to_tensor_model_parallel_region(X, *tp_) : X;
+  Tensor logits = gate_->forward(Xr);  // [T,E]
   Tensor probs = softmax(logits, -1);
   std::vector<Tensor> tk = topk(probs, k);
   Tensor w = tk[0];
   if (cfg_.normalize_top_k_affinities) w = div(w, sum(w, {-1}, /*keepdim=*/true));
+  // each TP rank's affinity gradient comes from its experts' shards: summed over TP
+  if (Q > 1) w = copy_to_tensor_model_parallel_region(w, *tp_);
   const Routing r = route(probs, tk[1]);
-
-  // load balancing: E/k * sum_e (load_e / T) * mean_t p_te
-  std::vector<double> f(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) f[e] = static_cast<double>(r.load[e]) / static_cast<double>(T);
-  const bool meta = probs.is_meta();
-  Tensor ft = meta ? empty({E}, probs.dtype(), Device::meta) : from_doubles(f, {E}, probs.dtype());
-  Tensor lb = mul(sum(mul(mean(probs, {0}), ft)), static_cast<double>(E) / static_cast<double>(k));
-  aux_ = mul(lb, cfg_.router_aux_loss_coef);
-  stats_ = MoeStats{};
-  if (cfg_.router_z_loss_coef > 0) {
-    Tensor lse = select(sub(logits, log_softmax(logits, -1)), 1, 0);  // logsumexp per token
-    Tensor z = mean(square(lse));
-    aux_ = add(aux_, mul(z, cfg_.router_z_loss_coef));
-    if (!meta) stats_.z_loss = z.item();
-  }
-  stats_.tokens = T;
-  stats_.assignments = T * k;
-  stats_.dropped = r.dropped;
-  stats_.aux_loss = meta ? 0.0 : lb.item();
-  stats_.expert_load = r.load;
+  aux_ = aux_losses(logits, probs, r, T);
 
   const int64_t M = static_cast<int64_t>(r.tok.size());
   Tensor tok = from_vector(r.tok, {M});
-  Tensor rows = embedding(tok, X);                                          // [M,H]
+  Tensor rows = embedding(tok, Xe);                                         // [M,H]
   Tensor wr = embedding(from_vector(r.slot, {M}), reshape(w, {T * k, 1}));  // [M,1]
   Tensor ys = ep_size() > 1 ? run_parallel(rows, r) : run_experts(rows, r.per_expert);
-  Tensor y = reshape(scatter_add_rows(mul(ys, wr), tok, T), x.shape());
-  y = inject_aux_grad(y, aux_, moe_aux_loss_grad_scale());
-  aux_ = aux_.detach();  // its gradient comes through y's backward
+  Tensor y = reshape(scatter_add_rows(mul(ys, wr), tok, T), xf.shape());
+  // TP: the partial outputs summed once for the layer
+  if (sp_)
+    y = reduce_scatter_to_sequence_parallel_region(y, seq_dim_, *tp_);
+  else if (Q > 1)
+    y = reduce_from_tensor_model_parallel_region(y, *tp_);
+  const double cp = cp_ ? static_cast<double>(cp_->size()) : 1.0;
+  y = inject_aux_grad(y, aux_, moe_aux_loss_grad_scale() * cp);
+  aux_ = aux_.detach();          // its gradient comes through y's backward
+  if (cp_ && !aux_.is_meta()) {  // the whole sequence's value
+    double v = aux_.item();
+    cp_->all_reduce(&v, &v, 1, DType::f64, ReduceOp::sum);
+    aux_ = from_doubles({v}, {}, aux_.dtype());
+  }
   return y;
 }
 
@@ -247,6 +322,13 @@ std::shared_ptr<Communicator> moe_expert_parallel_group() {
   if (!ps::model_parallel_is_initialized() || ps::get_expert_model_parallel_size() == 1)
     return nullptr;
   return ps::get_expert_model_parallel_group_ptr();
+}
+
+std::shared_ptr<Communicator> moe_tensor_parallel_group() {
+  namespace ps = parallel_state;
+  if (!ps::model_parallel_is_initialized() || ps::get_tensor_model_parallel_size() == 1)
+    return nullptr;
+  return ps::get_tensor_model_parallel_group_ptr();
 }
 
 std::vector<Tensor> moe_expert_parameters(Module& root) {

@@ -19,12 +19,37 @@
 // and a pipeline stage without the loss train the router alike. aux_loss() is the value
 // (detached) for the model's reported loss and the logs; stats() has the step's counts.
 //
+// Context parallelism (cp_group of C members, each holding its chunks of the sequences): the
+// experts run on the local tokens unchanged; the auxiliary losses are one rank's over the whole
+// sequence: the per-expert loads and the token count are summed over CP (raw all-reduce), each
+// member's loss is its tokens' part (sum of its router probabilities / the global count), its
+// injected gradient scaled by C (as the CP loss's: the gradients are averaged over DP x CP), and
+// the reported value is the sum over CP. Capacity drops depend on the whole sequence's token order,
+// hence dropless only; expert parallelism with CP would need the experts' gradients reduced over
+// expert-DP x CP (not built): rejected.
+//
 // Expert parallelism (ep_group of P members, P divides E): member r holds experts
 // [r*E/P, (r+1)*E/P) under their global names (experts.<e>.w1 ...). Every member routes its own
 // tokens; the rows for each member's experts are exchanged with all_to_all_rows (per-expert counts
 // first), computed by their expert, and sent back the same way. The experts' weights get their
 // gradient scaled by 1/P in backward, so averaging them over the expert-data-parallel group (not
 // the whole DP group) gives the global DP mean; the router's over the whole DP group as usual.
+//
+// Tensor parallelism inside each expert (tp_group of Q members; NxD's ExpertMLPs): every expert's
+// intermediate dimension is split over TP, w1/w3 by rows (partition_dim 0, as a column-parallel
+// layer) and w2 by columns (partition_dim 1, row-parallel), under their global names; the router
+// is replicated. Every TP rank routes the same tokens (the EP group is the ranks of one TP rank),
+// computes its shard of every expert and combines its partial outputs with the affinities; the
+// combined [T,H] output is then summed over TP once for the whole layer (all-reduce; under
+// sequence parallelism a reduce-scatter along the sequence), not once per expert. Backward: the
+// experts' input gradient (partial per TP rank) is all-reduced over TP (copy_to on the routed
+// path only: the router's gradient is the same on every TP rank) and so are the affinities'
+// gradients ([T,k], each rank's is the part of its shard).
+// Sequence parallelism (sequence_parallel with Q > 1): the input is this rank's sequence shard;
+// the layer all-gathers it over TP first (backward: reduce-scatter), routes the whole sequence on
+// every TP rank (so routing, capacity and the auxiliary losses are one rank's), and
+// reduce-scatters the combined output back. The router's input gradient is scaled by 1/Q on each
+// rank before that reduce-scatter sums the Q identical copies.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -33,6 +58,7 @@
 #include "nxd/layers/basic.h"
 #include "nxd/layers/init_scheme.h"
 #include "nxd/layers/moe/config.h"
+#include "nxd/layers/parallel/layers.h"
 
 namespace nxd {
 
@@ -44,6 +70,15 @@ struct MoeMlpOptions {
   ParamOptions param;
   // The expert-parallel group (null or one member: every expert local).
   std::shared_ptr<Communicator> ep_group;
+  // The tensor-parallel group the experts' intermediate dimension is split over (null or one
+  // member: whole experts).
+  std::shared_ptr<Communicator> tp_group;
+  // The input is this rank's shard of sequence_dimension (needs tp_group with > 1 member).
+  bool sequence_parallel = false;
+  int64_t sequence_dimension = 1;
+  // The context-parallel group (null or one member: the whole sequence is here). Needs dropless
+  // and no expert parallelism (ConfigError otherwise).
+  std::shared_ptr<Communicator> cp_group;
 };
 
 // One step's routing figures of one MoE layer (this rank's tokens).
@@ -56,16 +91,26 @@ struct MoeStats {
   std::vector<int64_t> expert_load;  // assignments routed to each expert (before drops) [E]
 };
 
-// An expert's SwiGLU MLP with Mixtral's names: w1 (gate) [I,H], w3 (up) [I,H], w2 (down) [H,I].
+// An expert's SwiGLU MLP with Mixtral's names: w1 (gate) [I,H], w3 (up) [I,H], w2 (down) [H,I],
+// each a TP shard over `tp_group` (w1/w3 [I/Q,H] as column-parallel layers, w2 [H,I/Q]
+// row-parallel; initialized as the slices of the whole weights, tagged for the checkpoints and the
+// gradient norm). Only the layers' weights are used: no collective per expert.
 class MixtralExpert : public Module {
  public:
-  MixtralExpert(int64_t hidden_size, int64_t ffn_hidden_size, const LinearOptions& in,
-                const LinearOptions& out);
-  // x [M,H] -> [M,H]; the weights' gradients scaled by grad_scale.
+  struct Options {
+    int64_t hidden_size = 0, ffn_hidden_size = 0;
+    ParamInit in_init, out_init;  // w1/w3's and w2's
+    ParamOptions param;
+    std::shared_ptr<Communicator> tp_group;  // must have at least one member
+  };
+  explicit MixtralExpert(const Options& opts);
+  // x [M,H] -> this TP rank's partial output [M,H] (the whole output at TP 1); the weights'
+  // gradients scaled by grad_scale.
   Tensor forward(const Tensor& x, double grad_scale = 1.0) const;
 
  private:
-  std::shared_ptr<Linear> w1_, w2_, w3_;
+  std::shared_ptr<ColumnParallelLinear> w1_, w3_;
+  std::shared_ptr<RowParallelLinear> w2_;
 };
 
 class MoeMlp : public Module {
@@ -81,16 +126,23 @@ class MoeMlp : public Module {
   int64_t first_local_expert() const { return first_; }
   int64_t num_local_experts() const { return local_; }
   int ep_size() const { return ep_ ? ep_->size() : 1; }
+  int tp_size() const { return tp_->size(); }
 
  private:
   struct Routing;
   Routing route(const Tensor& probs, const Tensor& topk_idx) const;
   Tensor run_experts(const Tensor& rows, const std::vector<int64_t>& per_expert) const;
   Tensor run_parallel(const Tensor& rows, const Routing& r) const;
+  // The weighted auxiliary losses of this rank's tokens (sets stats_; see above for CP).
+  Tensor aux_losses(const Tensor& logits, const Tensor& probs, const Routing& r, int64_t T) const;
   MoeConfig cfg_;
   int64_t hidden_;
   int64_t first_ = 0, local_ = 0;
   std::shared_ptr<Communicator> ep_;
+  std::shared_ptr<Communicator> tp_;  // one member without TP
+  std::shared_ptr<Communicator> cp_;  // null without CP
+  bool sp_ = false;
+  int64_t seq_dim_ = 1;
   std::shared_ptr<Linear> gate_;
   std::shared_ptr<ModuleList> experts_;
   mutable Tensor aux_;
@@ -118,6 +170,10 @@ double moe_aux_loss_grad_scale();
 // The expert-parallel group models build their MoE layers over: the parallel_state EP group, or
 // null (every expert local) when parallel_state is not initialized or EP is 1.
 std::shared_ptr<Communicator> moe_expert_parallel_group();
+
+// The tensor-parallel group models build their MoE layers' experts over: the parallel_state TP
+// group, or null (whole experts) when parallel_state is not initialized or TP is 1.
+std::shared_ptr<Communicator> moe_tensor_parallel_group();
 
 // The experts' weights of every MoE layer under root (distinct on each expert-parallel rank: their
 // gradients are averaged over the expert-data-parallel group and their norm summed over EP).

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 
+#include "moe_train_util.h"
 #include "nxd/api/nxd_api.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
@@ -33,125 +34,7 @@ using namespace nxd;
 using namespace nxd::trainer;
 namespace ps = nxd::parallel_state;
 
-namespace {
-
-constexpr int kSteps = 20;
-
-ModelConfig moe_llama() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 32;
-  c.num_layers = 3;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.ffn_hidden_size = 24;
-  c.max_position_embeddings = 16;
-  c.init_std = 0.2;
-  c.moe.num_experts = 4;
-  c.moe.top_k = 2;
-  c.moe.frequency = 2;  // layers 0 and 2
-  c.moe.router_aux_loss_coef = 0.05;
-  c.moe.router_z_loss_coef = 0.01;
-  return c;
-}
-
-Tensor shard_ids(int shard, int step, uint64_t base) {
-  return nxd::testing::random_ids(base + static_cast<uint64_t>(step), static_cast<uint64_t>(shard),
-                                  32);
-}
-
-struct Trace {
-  std::vector<double> losses, norms;
-  std::map<std::string, Tensor> grads0;  // step 0's reduced gradients (TP rank 0)
-};
-
-// `shards` DP batches per step: the parallel run's DP ranks take one each; one rank takes all.
-Trace train(int world, NxDConfig want, int shards) {
-  Trace t;
-  std::mutex mu;
-  nxd::testing::run_ranks(world, [&] {
-    const NxDConfig cfg = neuronx_distributed_config(want);
-    auto model = initialize_parallel_model(cfg, moe_llama(), 3);
-    auto opt = initialize_parallel_optimizer(
-        cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
-        optim::AdamWOptions{});
-    const int dp = ps::get_data_parallel_size(), d = ps::get_data_parallel_rank();
-    for (int step = 0; step < kSteps; ++step) {
-      double loss;
-      if (ps::get_pipeline_model_parallel_size() > 1) {  // one microbatch per shard, DP 1
-        std::vector<Tensor> ids, tg;
-        for (int q = 0; q < shards; ++q)
-          ids.push_back(shard_ids(q, step, 700)), tg.push_back(shard_ids(q, step, 900));
-        loss = model->run_train(cat(ids, 0), cat(tg, 0)).item();
-      } else if (dp == 1) {
-        // the shards' losses are scaled by 1/shards: so are their auxiliary losses' gradients
-        MoeAuxLossScale aux_scale(1.0 / shards);
-        loss = model
-                   ->run_train([&](Module& m) {
-                     auto& lm = dynamic_cast<CausalLM&>(m);
-                     Tensor l;
-                     for (int q = 0; q < shards; ++q) {
-                       Tensor lq = lm.loss(shard_ids(q, step, 700), shard_ids(q, step, 900));
-                       l = l.defined() ? add(l, lq) : lq;
-                     }
-                     return mul(l, 1.0 / shards);
-                   })
-                   .item();
-      } else {
-        loss = model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900)).item();
-        ps::get_data_parallel_group().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
-        loss /= dp;
-      }
-      opt->step();
-      // (ZeRO-1: each rank's .grad holds the reduced values of its shard only)
-      if (step == 0 && ps::get_tensor_model_parallel_rank() == 0 &&
-          ps::get_tensor_model_parallel_size() == 1 && !opt->zero1()) {
-        std::lock_guard<std::mutex> l(mu);
-        for (const auto& p : model->local_named_parameters())
-          if (p.param.grad().defined() && !t.grads0.count(p.name))
-            t.grads0[p.name] = p.param.grad().clone();
-      }
-      opt->zero_grad();
-      if (current_context().rank() == 0) {
-        t.losses.push_back(loss);
-        t.norms.push_back(opt->grad_norm());
-      }
-    }
-  });
-  return t;
-}
-
-void expect_matches(const Trace& one, const Trace& par, const std::string& what) {
-  ASSERT_EQ(par.losses.size(), one.losses.size()) << what;
-  double worst = 0, worst_norm = 0;
-  for (size_t i = 0; i < one.losses.size(); ++i) {
-    worst = std::max(worst, std::abs(par.losses[i] - one.losses[i]) / std::abs(one.losses[i]));
-    worst_norm = std::max(worst_norm, std::abs(par.norms[i] - one.norms[i]) / one.norms[i]);
-  }
-  std::printf(
-      "    %s vs one rank over %d steps: largest relative loss difference %.3g, grad norm "
-      "%.3g\n",
-      what.c_str(), kSteps, worst, worst_norm);
-  EXPECT_LE(worst, 1e-5) << what;
-  EXPECT_LE(worst_norm, 1e-5) << what;
-  // TP > 1: no gathering of shards; under mpirun a process holds its own ranks' parameters only
-  // (and the one-rank run ran on the first process)
-  if (par.grads0.empty() || one.grads0.empty()) return;
-  if (!nxd::testing::under_mpi()) EXPECT_EQ(par.grads0.size(), one.grads0.size()) << what;
-  for (const auto& [name, g] : par.grads0) {
-    ASSERT_TRUE(one.grads0.count(name)) << what << " " << name;
-    EXPECT_TRUE(nxd::testing::close_rel(g, one.grads0.at(name), 1e-5, what + " " + name));
-  }
-}
-
-NxDConfig sizes(int tp, int ep) {
-  NxDConfig c;
-  c.tensor_parallel_size = tp;
-  c.expert_parallel_size = ep;
-  return c;
-}
-
-}  // namespace
+using namespace nxd::testing::moe;
 
 TEST(MoeTrain, ExpertParallelDp2MatchesOneRank) {
   const Trace one = train(1, NxDConfig{}, 2);
@@ -284,13 +167,16 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
   EXPECT_EQ(
       err({"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"}),
       "");
+  // TP-sharded experts under sequence parallelism (the default at TP 2)
+  EXPECT_EQ(err({"distributed_strategy.tensor_model_parallel_size=2"}), "");
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"model.moe.top_k=5"}, "top_k=5 must be in [1, num_experts=4]"},
       {{"distributed_strategy.expert_model_parallel_size=3"},
        "expert_model_parallel_size=3 does not divide the data-parallel size 4"},
       {{"distributed_strategy.expert_model_parallel_size=4", "model.moe.num_experts=6"},
        "model.moe.num_experts=6 is not divisible by"},
-      {{"distributed_strategy.tensor_model_parallel_size=2"}, "sequence_parallel=false"},
+      {{"distributed_strategy.tensor_model_parallel_size=2", "data.seq_length=31"},
+       "padding tokens would be routed"},
       {{"model.moe.num_experts=0", "distributed_strategy.expert_model_parallel_size=2"},
        "needs a mixture-of-experts model"},
       {{"model.arch=gpt_neox"}, "needs model.arch llama or mixtral"},

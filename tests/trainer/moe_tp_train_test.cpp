@@ -1,0 +1,231 @@
+// Mixture of experts with tensor parallelism inside each expert (w1/w3 split by rows, w2 by
+// columns over TP; one all-reduce or, under sequence parallelism, one reduce-scatter for the
+// layer), with sequence parallelism, and with context parallelism, against one rank:
+//   - EP {1, 2, 4} x TP 2 with SP off and on (TP 1: moe_train_test.cpp): 20 AdamW steps, every
+//     loss and gradient norm within 1e-5, the first step's gradients with the experts' TP shards
+//     gathered within 1e-5; each rank holds 1/TP of its experts' parameters;
+//   - a TP 2 x EP 2 checkpoint loads at TP 1 x EP 1 x DP 2 and on one rank (parameters and AdamW
+//     state bitwise the gathered saved ones), and export-hf writes the whole experts;
+//   - nxd-train at CP 2 and CP 2 x TP 2 (SP) equals one rank over 20 steps (losses, gradient norms,
+//     the auxiliary loss: the experts' loads summed over CP), and what CP cannot do is a
+//     configuration error.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "moe_train_util.h"
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/hf.h"
+#include "nxd/checkpoint/offline.h"
+#include "nxd/train/config.h"
+#include "nxd/train/train.h"
+#include "train_util.h"
+
+using namespace nxd;
+using namespace nxd::trainer;
+using namespace nxd::testing::moe;
+
+namespace {
+
+int64_t expert_numel(NxDModel& model) {
+  int64_t n = 0;
+  for (Module* m : model.local_modules())
+    for (const Tensor& t : moe_expert_parameters(*m)) n += t.numel();
+  return n;
+}
+
+}  // namespace
+
+TEST(MoeTensorParallel, ShardedExpertsMatchOneRank) {
+  for (int shards : {2, 4}) {
+    const Trace one = train(1, NxDConfig{}, shards);
+    const std::vector<int> eps = shards == 2 ? std::vector<int>{1, 2} : std::vector<int>{4};
+    for (int ep : eps)
+      for (bool sp : {false, true})
+        expect_matches(
+            one, train(2 * shards, sizes(2, ep, sp), shards),
+            "EP" + std::to_string(ep) + " TP2 DP" + std::to_string(shards) + (sp ? " SP" : ""));
+  }
+}
+
+// Each TP rank holds 1/TP of every local expert's w1, w2, w3 (E/EP experts of 3 x H x I).
+TEST(MoeTensorParallel, ExpertParametersPerRankFallByTp) {
+  const ModelConfig c = moe_llama();
+  const int64_t whole = 3 * c.hidden_size * c.ffn_hidden_size;  // one expert, TP 1
+  const int64_t layers = 2;                                     // layers 0 and 2
+  for (int tp : {1, 2}) {
+    std::mutex mu;
+    std::vector<int64_t> per_rank;
+    nxd::testing::run_ranks(2 * tp, [&] {
+      const NxDConfig cfg = neuronx_distributed_config(sizes(tp, 2));
+      auto model = initialize_parallel_model(cfg, c, 3);
+      const int64_t n = expert_numel(*model);
+      std::lock_guard<std::mutex> l(mu);
+      per_rank.push_back(n);
+    });
+    for (int64_t n : per_rank) EXPECT_EQ(n, layers * (c.moe.num_experts / 2) * whole / tp) << tp;
+    std::printf("    TP %d x EP 2: %lld expert parameters per rank\n", tp,
+                static_cast<long long>(per_rank.at(0)));
+  }
+}
+
+namespace {
+
+// name -> the whole tensor (TP shards gathered) of every parameter and AdamW state tensor here.
+void record_whole(NxDModel& model, optim::Optimizer& opt, std::map<std::string, Tensor>& out,
+                  std::mutex& mu) {
+  std::map<std::string, ParallelAttrs> attrs;
+  std::map<std::string, Tensor> mine;
+  for (Module* m : model.local_modules())
+    for (const auto& p : parallel_parameters(*m)) {
+      attrs[p.name] = p.attrs;
+      mine[p.name] = gather_tp_shards(p.tensor.detach(), p.attrs);
+    }
+  for (const auto& [n, t] : opt.state_tensors()) {
+    const auto dot = n.rfind('.');
+    const auto a = attrs.find(n.substr(0, dot));
+    mine["optim." + n] = a != attrs.end() && t.dim() > 0 ? gather_tp_shards(t.detach(), a->second)
+                                                         : t.detach().clone();
+  }
+  if (ps::get_tensor_model_parallel_rank() != 0) return;
+  std::lock_guard<std::mutex> l(mu);
+  for (auto& [n, t] : mine) out.emplace(n, t);
+}
+
+}  // namespace
+
+// A checkpoint saved at TP 2 x EP 2 (experts split over TP, each EP rank's in its own files)
+// loads at TP 1 x EP 1 x DP 2 and on one rank, every parameter and AdamW state tensor bitwise
+// the gathered saved one (the loading runs start from other seeds); export-hf of it writes every
+// expert whole (Mixtral's names and shapes), bitwise.
+TEST(MoeTensorParallel, CheckpointSavedAtTp2Ep2LoadsAtTp1AndExportsWhole) {
+  const auto dir = nxd::testing::test_temp_dir("moe_tp_ckpt");
+  ModelConfig c = moe_llama();
+  c.arch = "mixtral";  // transformers' Mixtral: every layer MoE, no z-loss
+  c.moe.frequency = 1;
+  c.moe.router_z_loss_coef = 0;
+  std::map<std::string, Tensor> saved, loaded;
+  std::mutex mu;
+  auto run = [&](int world, int tp, int ep, uint64_t seed, bool save) {
+    loaded.clear();
+    nxd::testing::run_ranks(world, [&] {
+      const NxDConfig cfg = neuronx_distributed_config(sizes(tp, ep));
+      auto model = initialize_parallel_model(cfg, c, seed);
+      auto opt = initialize_parallel_optimizer(
+          cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
+          optim::AdamWOptions{});
+      Module& m = *model->local_modules().at(0);
+      const int d = ps::get_data_parallel_rank();
+      if (save) {
+        for (int step = 0; step < 2; ++step) {
+          model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900));
+          opt->step();
+          opt->zero_grad();
+        }
+        ckpt::save_checkpoint(dir, "s2", &m, &opt->inner(), nullptr);
+      } else {
+        ckpt::load_checkpoint(dir, &m, &opt->inner(), nullptr, {.tag = "s2"});
+      }
+      record_whole(*model, opt->inner(), save ? saved : loaded, mu);
+    });
+  };
+  run(4, 2, 2, 3, true);
+  ASSERT_EQ(saved.count("model.layers.2.block_sparse_moe.experts.3.w2.weight"), 1u);
+  EXPECT_EQ(saved.at("model.layers.2.block_sparse_moe.experts.3.w2.weight").shape(),
+            (Shape{16, 24}));
+  for (const char* f : {"model/dp_rank_01_tp_rank_01_pp_rank_00.safetensors",
+                        "optim/dp_rank_01_tp_rank_01_pp_rank_00.safetensors"})
+    EXPECT_TRUE(std::filesystem::exists(dir / "s2" / f)) << f;
+  for (auto [world, tp, ep] : {std::tuple{2, 1, 1}, std::tuple{1, 1, 1}}) {
+    run(world, tp, ep, 99, false);
+    EXPECT_EQ(loaded.size(), saved.size()) << world;
+    for (const auto& [n, t] : saved) {
+      ASSERT_TRUE(loaded.count(n)) << n;
+      EXPECT_TRUE(nxd::testing::bitwise_equal(loaded.at(n), t, n)) << "world " << world;
+    }
+  }
+  ckpt::export_hf(dir / "s2", dir / "hf");
+  const auto hf = ckpt::read_hf_weights(dir / "hf", c);
+  int64_t experts = 0;
+  for (const auto& [n, t] : hf) {
+    ASSERT_TRUE(saved.count(n)) << n;
+    EXPECT_TRUE(nxd::testing::bitwise_equal(t, saved.at(n), n));
+    experts += n.find(".experts.") != std::string::npos;
+  }
+  EXPECT_EQ(experts, c.num_layers * c.moe.num_experts * 3);
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+nxd::testing::Rows run_nxd_train(const std::filesystem::path& d, const std::string& name,
+                                 std::vector<std::string> extra) {
+  std::vector<std::string> s = {"model.num_layers=2", "model.moe.num_experts=4",
+                                "model.moe.router_aux_loss_coef=0.1",
+                                "model.moe.router_z_loss_coef=0.01"};
+  s.insert(s.end(), extra.begin(), extra.end());
+  trainer::train(
+      nxd::testing::tiny(d / name, nxd::testing::tiny_corpus(d), nxd::testing::parallel_run(s)),
+      {.quiet = true});
+  return nxd::testing::read_rows(d / name / "metrics.csv");
+}
+
+}  // namespace
+
+// Context parallelism: each CP rank routes its chunks' tokens; the auxiliary losses take the
+// loads and token count of the whole sequence (summed over CP), so CP 2 and CP 2 x TP 2 (SP,
+// experts split over TP) equal one rank: losses, gradient norms and the logged auxiliary loss.
+TEST(MoeContextParallel, NxdTrainMatchesOneRank) {
+  const auto d = nxd::testing::test_temp_dir("moe_cp_train");
+  const auto one = run_nxd_train(d, "one", {});
+  const auto m1 = nxd::testing::read_csv(d / "one" / "moe_metrics.csv").rows;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+      {"cp2", {"backend.world_size=2", "distributed_strategy.context_parallel_size=2"}},
+      {"cp2_tp2_sp",
+       {"backend.world_size=4", "distributed_strategy.context_parallel_size=2",
+        "distributed_strategy.tensor_model_parallel_size=2",
+        "distributed_strategy.sequence_parallel=true"}}};
+  for (const auto& [name, keys] : runs) {
+    const auto cp = run_nxd_train(d, name, keys);
+    const double wl = nxd::testing::worst_rel(cp.loss, one.loss);
+    const double wn = nxd::testing::worst_rel(cp.grad_norm, one.grad_norm);
+    const auto m2 = nxd::testing::read_csv(d / name / "moe_metrics.csv").rows;
+    ASSERT_EQ(m2.size(), m1.size()) << name;
+    std::vector<double> a1, a2;
+    for (size_t i = 0; i < m1.size(); ++i) {
+      a1.push_back(std::stod(m1[i].at(1)));
+      a2.push_back(std::stod(m2[i].at(1)));
+    }
+    const double wa = nxd::testing::worst_rel(a2, a1);
+    std::printf(
+        "    MoE %s vs one rank over 20 steps: losses %.3g, grad norms %.3g, aux loss %.3g\n",
+        name.c_str(), wl, wn, wa);
+    EXPECT_LE(wl, 1e-5) << name;
+    EXPECT_LE(wn, 1e-5) << name;
+    EXPECT_LE(wa, 1e-5) << name;
+  }
+  std::filesystem::remove_all(d);
+}
+
+TEST(MoeContextParallel, WhatItCannotDoIsAConfigError) {
+  const auto d = nxd::testing::test_temp_dir("moe_cp_config");
+  const auto corpus = nxd::testing::tiny_corpus(d);
+  auto expect_error = [&](std::vector<std::string> extra, const std::string& says) {
+    extra.insert(extra.end(),
+                 {"model.moe.num_experts=4", "distributed_strategy.context_parallel_size=2"});
+    try {
+      nxd::testing::tiny(d / "x", corpus, extra);
+      ADD_FAILURE() << "no error for " << extra.front();
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  expect_error({"backend.world_size=2", "model.moe.dropless=false"},
+               "with model.moe.dropless=false: capacity drops follow the whole sequence");
+  expect_error({"backend.world_size=4", "data.micro_batch_size=4",
+                "distributed_strategy.expert_model_parallel_size=2"},
+               "with expert_model_parallel_size=2 is not supported");
+  std::filesystem::remove_all(d);
+}
