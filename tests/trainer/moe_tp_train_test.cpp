@@ -1,9 +1,9 @@
 // Mixture of experts with tensor parallelism inside each expert (w1/w3 split by rows, w2 by
 // columns over TP; one all-reduce or, under sequence parallelism, one reduce-scatter for the
 // layer), with sequence parallelism, and with context parallelism, against one rank:
-//   - EP {1, 2, 4} x TP 2 with SP off and on (TP 1: moe_train_test.cpp): 20 AdamW steps, every
-//     loss and gradient norm within 1e-5, the first step's gradients with the experts' TP shards
-//     gathered within 1e-5; each rank holds 1/TP of its experts' parameters;
+//   - EP {1, 2, 4} x TP 2 with SP off and on (TP 1: moe_train_test.cpp), and ZeRO-1: 20 AdamW
+//     steps, every loss and gradient norm within 1e-5, the first step's gradients with the
+//     experts' TP shards gathered within 1e-5; each rank holds 1/TP of its experts' parameters;
 //   - a TP 2 x EP 2 checkpoint loads at TP 1 x EP 1 x DP 2 and on one rank (parameters and AdamW
 //     state bitwise the gathered saved ones), and export-hf writes the whole experts;
 //   - nxd-train at CP 2 and CP 2 x TP 2 (SP) equals one rank over 20 steps (losses, gradient norms,
@@ -47,6 +47,10 @@ TEST(MoeTensorParallel, ShardedExpertsMatchOneRank) {
         expect_matches(
             one, train(2 * shards, sizes(2, ep, sp), shards),
             "EP" + std::to_string(ep) + " TP2 DP" + std::to_string(shards) + (sp ? " SP" : ""));
+    if (shards != 2) continue;
+    NxDConfig z = sizes(2, 2, true);  // ZeRO-1: the experts' TP shards sharded over expert-DP
+    z.optimizer_config.zero_one_enabled = true;
+    expect_matches(one, train(4, z, 2), "ZeRO-1 EP2 TP2 DP2 SP");
   }
 }
 
