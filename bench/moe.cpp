@@ -10,6 +10,7 @@
 // `--rounds` rounds; the best host round and the (deterministic) modeled time are printed.
 //
 //   nxd-bench-moe [--steps S] [--rounds R] [--rows N] [--seq L]   (N x L tokens per rank)
+//                 [--timeline DIR]   (DIR/<config>.json: rank timelines, Chrome trace format)
 // One line per configuration: config=... tokens_per_s=... ratio=... sim_ms_per_step=...
 // sim_ratio_vs_dense=... a2a_share=...
 #include <algorithm>
@@ -36,7 +37,8 @@ struct Case {
 };
 
 constexpr int kWorld = 4, kVocab = 1024;
-int kRows = 2, kSeq = 128;  // per rank (--rows, --seq)
+int kRows = 2, kSeq = 128;   // per rank (--rows, --seq)
+std::string g_timeline_dir;  // --timeline DIR: each configuration's Chrome trace (last round)
 
 ModelConfig model(bool moe) {
   ModelConfig c;
@@ -72,6 +74,7 @@ Result run(const Case& k, int steps) {
   sim::LaunchOptions o;
   o.world_size = kWorld;
   o.instance = "trn1.32xlarge";
+  if (!g_timeline_dir.empty()) o.timeline_path = g_timeline_dir + "/" + k.name + ".json";
   const sim::LaunchResult lr = sim::launch(o, [&] {
     NxDConfig want;
     want.expert_parallel_size = std::max(1, k.ep);
@@ -117,8 +120,12 @@ int main(int argc, char** argv) {
     if ((a == "--steps" || a == "--rounds" || a == "--rows" || a == "--seq") && i + 1 < argc) {
       const int v = std::atoi(argv[++i]);
       (a == "--steps" ? steps : a == "--rounds" ? rounds : a == "--rows" ? kRows : kSeq) = v;
+    } else if (a == "--timeline" && i + 1 < argc) {
+      g_timeline_dir = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: nxd-bench-moe [--steps S] [--rounds R] [--rows N] [--seq L]\n");
+      std::fprintf(stderr,
+                   "usage: nxd-bench-moe [--steps S] [--rounds R] [--rows N] [--seq L] "
+                   "[--timeline DIR]\n");
       return 2;
     }
   }

@@ -9,15 +9,6 @@
 
 namespace nxd {
 
-std::vector<int64_t> exchange_counts(Communicator& g, const std::vector<int64_t>& in) {
-  const int64_t n = static_cast<int64_t>(in.size()) / g.size();
-  NXD_CHECK(n * g.size() == static_cast<int64_t>(in.size()), "[exchange_counts] ", in.size(),
-            " counts do not divide over ", g.size(), " members");
-  std::vector<int64_t> out(in.size());
-  g.all_to_all(in.data(), out.data(), n, DType::i64);
-  return out;
-}
-
 namespace {
 struct A2aSeconds {
   double total = 0;
@@ -31,10 +22,20 @@ double moe_all_to_all_seconds() {
   return current_context().ext<A2aSeconds>().total;
 }
 
+std::vector<int64_t> gather_counts(Communicator& g, const std::vector<int64_t>& in) {
+  sim::SimClock* c = clock();
+  const double t0 = c ? c->now() : 0;
+  const int64_t n = static_cast<int64_t>(in.size());
+  std::vector<int64_t> out(static_cast<size_t>(n * g.size()));
+  g.all_gather(in.data(), out.data(), n, DType::i64);
+  if (c) current_context().ext<A2aSeconds>().total += c->now() - t0;
+  return out;
+}
+
 namespace {
 // The raw padded exchange: rows of x grouped by destination (send counts) -> grouped by source.
 Tensor exchange_rows(const Tensor& x, const std::vector<int64_t>& send,
-                     const std::vector<int64_t>& recv, Communicator& g) {
+                     const std::vector<int64_t>& recv, int64_t known_cap, Communicator& g) {
   const int P = g.size();
   const int64_t D = x.size(1);
   sim::SimClock* c = clock();
@@ -48,8 +49,12 @@ Tensor exchange_rows(const Tensor& x, const std::vector<int64_t>& send,
   } charge{c, t0};
   int64_t local_max = 0;
   for (int p = 0; p < P; ++p) local_max = std::max({local_max, send[p], recv[p]});
-  int64_t cap = local_max;
-  g.all_reduce(&local_max, &cap, 1, DType::i64, ReduceOp::max);
+  int64_t cap = known_cap;
+  if (cap < 0)
+    g.all_reduce(&local_max, &cap, 1, DType::i64, ReduceOp::max);
+  else
+    NXD_INTERNAL_CHECK(cap >= local_max, "[all_to_all_rows] cap ", cap, " below this member's ",
+                       local_max, " rows to or from one member");
   Tensor xc = x.contiguous();
   Tensor out = empty({std::accumulate(recv.begin(), recv.end(), int64_t{0}), D}, x.dtype());
   if (cap == 0) return out;
@@ -82,10 +87,10 @@ Tensor all_to_all_rows(const Tensor& x, const RowCounts& c, Communicator& g) {
   return autograd::custom(
       "all_to_all_rows", {x},
       [counts, gp](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-        return {exchange_rows(in[0], counts.send, counts.recv, *gp)};
+        return {exchange_rows(in[0], counts.send, counts.recv, counts.cap, *gp)};
       },
       [counts, gp](const Grads& gr) -> Grads {
-        return {exchange_rows(gr[0], counts.recv, counts.send, *gp)};
+        return {exchange_rows(gr[0], counts.recv, counts.send, counts.cap, *gp)};
       })[0];
 }
 

@@ -170,15 +170,26 @@ Tensor MoeMlp::run_parallel(const Tensor& rows, const Routing& r) const {
   Communicator& g = *ep_;
   const int P = g.size();
   const int64_t El = local_;
-  const std::vector<int64_t> got = exchange_counts(g, r.per_expert);  // [P*El] by source
+  // every member's per-expert counts [P*E] (one all-gather): each pair's count, hence the
+  // padding of all four exchanges (dispatch, combine, their backward), known here
+  const int64_t E = cfg_.num_experts;
+  const std::vector<int64_t> all = gather_counts(g, r.per_expert);
+  std::vector<int64_t> got(static_cast<size_t>(P * El));  // [P*El]: to my experts, by source
   RowCounts c;
   c.send.assign(static_cast<size_t>(P), 0);
   c.recv.assign(static_cast<size_t>(P), 0);
+  c.cap = 0;
   for (int p = 0; p < P; ++p)
-    for (int64_t e = 0; e < El; ++e) {
-      c.send[p] += r.per_expert[static_cast<size_t>(p * El + e)];
-      c.recv[p] += got[static_cast<size_t>(p * El + e)];
+    for (int q = 0; q < P; ++q) {
+      int64_t n = 0;  // rows member p sends member q
+      for (int64_t e = 0; e < El; ++e) n += all[static_cast<size_t>(p * E + q * El + e)];
+      c.cap = std::max(c.cap, n);
+      if (p == g.rank()) c.send[q] = n;
+      if (q == g.rank()) c.recv[p] = n;
     }
+  for (int p = 0; p < P; ++p)
+    for (int64_t e = 0; e < El; ++e)
+      got[static_cast<size_t>(p * El + e)] = all[static_cast<size_t>(p * E + g.rank() * El + e)];
   Tensor recv = all_to_all_rows(rows, c, g);  // by source, then local expert
   // expert-major order (sources in order within an expert) and its inverse
   std::vector<int64_t> base(static_cast<size_t>(P), 0), counts(static_cast<size_t>(El), 0);
@@ -198,7 +209,7 @@ Tensor MoeMlp::run_parallel(const Tensor& rows, const Routing& r) const {
   const int64_t R = recv.size(0);
   Tensor y = run_experts(embedding(from_vector(perm, {R}), recv), counts);
   Tensor back = embedding(from_vector(inv, {R}), y);
-  return all_to_all_rows(back, RowCounts{c.recv, c.send}, g);
+  return all_to_all_rows(back, RowCounts{c.recv, c.send, c.cap}, g);
 }
 
 namespace {
