@@ -259,7 +259,8 @@ std::vector<KeySpec> make_registry() {
           "is split over this many ranks, each holding chunks r and 2 CP - 1 - r of 2 CP equal "
           "chunks; attention is ring attention, every other layer runs on the rank's tokens. "
           "data.seq_length must divide by 2 x it (and by 2 x it x tensor_model_parallel_size "
-          "with sequence_parallel). Data-parallel degree = world / (tp x pp x this)."),
+          "with sequence_parallel). Data-parallel degree = world / (tp x pp x this). With "
+          "model.moe: dropless and expert_model_parallel_size=1 only."),
       key("distributed_strategy.virtual_pipeline_model_parallel_size", K::integer, 1,
           "Model chunks per pipeline rank (interleaved schedule; > 1 needs pipeline_schedule "
           "interleaved and microbatches a multiple of pipeline_model_parallel_size)."),
@@ -284,7 +285,8 @@ std::vector<KeySpec> make_registry() {
           "data-parallel ranks (it divides the data-parallel size and model.moe.num_experts); "
           "tokens reach their experts by all-to-all, and the experts' gradients are averaged "
           "over the expert-data-parallel group (with zero1 their optimizer state is sharded "
-          "over it too)."),
+          "over it too). At tensor_model_parallel_size > 1 each expert's intermediate dimension "
+          "is split over TP as well."),
       key("distributed_strategy.sequence_parallel", K::boolean, true,
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,
