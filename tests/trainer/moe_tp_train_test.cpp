@@ -1,7 +1,7 @@
 // Mixture of experts with tensor parallelism inside each expert (w1/w3 split by rows, w2 by
 // columns over TP; one all-reduce or, under sequence parallelism, one reduce-scatter for the
 // layer), with sequence parallelism, and with context parallelism, against one rank:
-//   - EP {1, 2, 4} x TP 2 with SP off and on (TP 1: moe_train_test.cpp), and ZeRO-1: 20 AdamW
+//   - EP {1, 2, 4} x TP 2 with SP off and on (TP 1: moe_train_test.cpp), ZeRO-1, PP 2: 20 AdamW
 //     steps, every loss and gradient norm within 1e-5, the first step's gradients with the
 //     experts' TP shards gathered within 1e-5; each rank holds 1/TP of its experts' parameters;
 //   - a TP 2 x EP 2 checkpoint loads at TP 1 x EP 1 x DP 2 and on one rank (parameters and AdamW
@@ -51,6 +51,10 @@ TEST(MoeTensorParallel, ShardedExpertsMatchOneRank) {
     NxDConfig z = sizes(2, 2, true);  // ZeRO-1: the experts' TP shards sharded over expert-DP
     z.optimizer_config.zero_one_enabled = true;
     expect_matches(one, train(4, z, 2), "ZeRO-1 EP2 TP2 DP2 SP");
+    NxDConfig pp = sizes(2, 1, true);  // the stages' MoE layers split over TP too
+    pp.pipeline_parallel_size = 2;
+    pp.pipeline_config.num_microbatches = 2;
+    expect_matches(one, train(4, pp, 2), "PP2 TP2 SP");
   }
 }
 
