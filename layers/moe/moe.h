@@ -30,8 +30,9 @@
 //
 // Expert parallelism (ep_group of P members, P divides E): member r holds experts
 // [r*E/P, (r+1)*E/P) under their global names (experts.<e>.w1 ...). Every member routes its own
-// tokens; the rows for each member's experts are exchanged with all_to_all_rows (per-expert counts
-// first), computed by their expert, and sent back the same way. The experts' weights get their
+// tokens; the rows for each member's experts are exchanged with all_to_all_rows (every member's
+// per-expert counts all-gathered first, once per layer: they give the four exchanges' padding),
+// computed by their expert, and sent back the same way. The experts' weights get their
 // gradient scaled by 1/P in backward, so averaging them over the expert-data-parallel group (not
 // the whole DP group) gives the global DP mean; the router's over the whole DP group as usual.
 //
