@@ -36,26 +36,31 @@ int64_t expert_numel(NxDModel& model) {
   return n;
 }
 
+std::string name(int ep, int dp, bool sp) {
+  return "EP" + std::to_string(ep) + " TP2 DP" + std::to_string(dp) + (sp ? " SP" : "");
+}
+
 }  // namespace
 
-TEST(MoeTensorParallel, ShardedExpertsMatchOneRank) {
-  for (int shards : {2, 4}) {
-    const Trace one = train(1, NxDConfig{}, shards);
-    const std::vector<int> eps = shards == 2 ? std::vector<int>{1, 2} : std::vector<int>{4};
-    for (int ep : eps)
-      for (bool sp : {false, true})
-        expect_matches(
-            one, train(2 * shards, sizes(2, ep, sp), shards),
-            "EP" + std::to_string(ep) + " TP2 DP" + std::to_string(shards) + (sp ? " SP" : ""));
-    if (shards != 2) continue;
-    NxDConfig z = sizes(2, 2, true);  // ZeRO-1: the experts' TP shards sharded over expert-DP
-    z.optimizer_config.zero_one_enabled = true;
-    expect_matches(one, train(4, z, 2), "ZeRO-1 EP2 TP2 DP2 SP");
-    NxDConfig pp = sizes(2, 1, true);  // the stages' MoE layers split over TP too
-    pp.pipeline_parallel_size = 2;
-    pp.pipeline_config.num_microbatches = 2;
-    expect_matches(one, train(4, pp, 2), "PP2 TP2 SP");
-  }
+// 4 ranks (also under mpirun -np 4): EP 1 and 2 x TP 2 x DP 2, ZeRO-1, PP 2.
+TEST(MoeTensorParallel, ShardedExpertsDp2MatchOneRank) {
+  const Trace one = train(1, NxDConfig{}, 2);
+  for (int ep : {1, 2})
+    for (bool sp : {false, true})
+      expect_matches(one, train(4, sizes(2, ep, sp), 2), name(ep, 2, sp));
+  NxDConfig z = sizes(2, 2, true);  // ZeRO-1: the experts' TP shards sharded over expert-DP
+  z.optimizer_config.zero_one_enabled = true;
+  expect_matches(one, train(4, z, 2), "ZeRO-1 EP2 TP2 DP2 SP");
+  NxDConfig pp = sizes(2, 1, true);  // the stages' MoE layers split over TP too
+  pp.pipeline_parallel_size = 2;
+  pp.pipeline_config.num_microbatches = 2;
+  expect_matches(one, train(4, pp, 2), "PP2 TP2 SP");
+}
+
+// 8 ranks: EP 4 x TP 2 x DP 4.
+TEST(MoeTensorParallel, ShardedExpertsDp4MatchOneRank) {
+  const Trace one = train(1, NxDConfig{}, 4);
+  for (bool sp : {false, true}) expect_matches(one, train(8, sizes(2, 4, sp), 4), name(4, 4, sp));
 }
 
 // Each TP rank holds 1/TP of every local expert's w1, w2, w3 (E/EP experts of 3 x H x I).
