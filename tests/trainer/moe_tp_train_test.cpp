@@ -110,9 +110,10 @@ void record_whole(NxDModel& model, optim::Optimizer& opt, std::map<std::string, 
 }  // namespace
 
 // A checkpoint saved at TP 2 x EP 2 (experts split over TP, each EP rank's in its own files)
-// loads at TP 1 x EP 1 x DP 2 and on one rank, every parameter and AdamW state tensor bitwise
-// the gathered saved one (the loading runs start from other seeds); export-hf of it writes every
-// expert whole (Mixtral's names and shapes), bitwise.
+// loads at TP 1 x EP 1 x DP 2 and on one rank, and so does its offline reshard to TP 1 (nxd-ckpt
+// reshard): every parameter and AdamW state tensor bitwise the gathered saved one (the loading
+// runs start from other seeds); export-hf of it writes every expert whole (Mixtral's names and
+// shapes), bitwise.
 TEST(MoeTensorParallel, CheckpointSavedAtTp2Ep2LoadsAtTp1AndExportsWhole) {
   const auto dir = nxd::testing::test_temp_dir("moe_tp_ckpt");
   ModelConfig c = moe_llama();
@@ -121,7 +122,8 @@ TEST(MoeTensorParallel, CheckpointSavedAtTp2Ep2LoadsAtTp1AndExportsWhole) {
   c.moe.router_z_loss_coef = 0;
   std::map<std::string, Tensor> saved, loaded;
   std::mutex mu;
-  auto run = [&](int world, int tp, int ep, uint64_t seed, bool save) {
+  auto run = [&](int world, int tp, int ep, uint64_t seed, bool save,
+                 const std::filesystem::path& root) {
     loaded.clear();
     nxd::testing::run_ranks(world, [&] {
       const NxDConfig cfg = neuronx_distributed_config(sizes(tp, ep));
@@ -137,26 +139,29 @@ TEST(MoeTensorParallel, CheckpointSavedAtTp2Ep2LoadsAtTp1AndExportsWhole) {
           opt->step();
           opt->zero_grad();
         }
-        ckpt::save_checkpoint(dir, "s2", &m, &opt->inner(), nullptr);
+        ckpt::save_checkpoint(root, "s2", &m, &opt->inner(), nullptr);
       } else {
-        ckpt::load_checkpoint(dir, &m, &opt->inner(), nullptr, {.tag = "s2"});
+        ckpt::load_checkpoint(root, &m, &opt->inner(), nullptr, {.tag = "s2"});
       }
       record_whole(*model, opt->inner(), save ? saved : loaded, mu);
     });
   };
-  run(4, 2, 2, 3, true);
+  run(4, 2, 2, 3, true, dir);
   ASSERT_EQ(saved.count("model.layers.2.block_sparse_moe.experts.3.w2.weight"), 1u);
   EXPECT_EQ(saved.at("model.layers.2.block_sparse_moe.experts.3.w2.weight").shape(),
             (Shape{16, 24}));
   for (const char* f : {"model/dp_rank_01_tp_rank_01_pp_rank_00.safetensors",
                         "optim/dp_rank_01_tp_rank_01_pp_rank_00.safetensors"})
     EXPECT_TRUE(std::filesystem::exists(dir / "s2" / f)) << f;
-  for (auto [world, tp, ep] : {std::tuple{2, 1, 1}, std::tuple{1, 1, 1}}) {
-    run(world, tp, ep, 99, false);
-    EXPECT_EQ(loaded.size(), saved.size()) << world;
+  // nxd-ckpt reshard to TP 1 x DP 1 (offline), loaded on one rank
+  ckpt::reshard_checkpoint(dir / "s2", dir / "tp1", 1, 1, 1);
+  for (auto [world, tp, ep, root] :
+       {std::tuple{2, 1, 1, dir}, std::tuple{1, 1, 1, dir}, std::tuple{1, 1, 1, dir / "tp1"}}) {
+    run(world, tp, ep, 99, false, root);
+    EXPECT_EQ(loaded.size(), saved.size()) << root << " " << world;
     for (const auto& [n, t] : saved) {
       ASSERT_TRUE(loaded.count(n)) << n;
-      EXPECT_TRUE(nxd::testing::bitwise_equal(loaded.at(n), t, n)) << "world " << world;
+      EXPECT_TRUE(nxd::testing::bitwise_equal(loaded.at(n), t, n)) << root << " " << world;
     }
   }
   ckpt::export_hf(dir / "s2", dir / "hf");
