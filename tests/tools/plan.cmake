@@ -51,7 +51,7 @@ if(TARGET nxd-plan)
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan> ${_big})
   add_test(NAME NxdPlan.SearchFindsLayoutsThatFit
     COMMAND ${CMAKE_COMMAND} -DCODE=0
-            "-DREGEX=[0-9]+ fit; the fastest:\n 1\\. TP [0-9]+ x PP [0-9]+ x DP [0-9]+, micro batch [0-9]+.*memory [0-9.]+ GiB\n 2\\. "
+            "-DREGEX=[0-9]+ fit; the fastest:\n 1\\. TP [0-9]+ x PP [0-9]+ x DP [0-9]+, micro batch [0-9]+[^\n]*memory [0-9.]+ GiB; why: [^\n]+\n 2\\. [^\n]+\n.*1 over 2: step [0-9.]+ s against [0-9.]+ s: compute"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan> ${_big}
             --search)
   add_test(NAME NxdPlan.UnknownModelIsAUserMistake
@@ -69,7 +69,44 @@ if(TARGET nxd-plan)
             --set distributed_strategy.sequence_parallel=true --set data.seq_length=2048
             --set data.global_batch_size=2 --set data.micro_batch_size=1
             --set precision.type=mixed_precision)
+  # --search with context parallelism: one layer of hidden 1024 over sequences of 1,048,576
+  # tokens does not fit a NeuronCore at CP 1 under any TP (4 heads: TP <= 4) or micro batch, so
+  # every layout that fits splits the sequence, and says so (about 1 s)
+  add_test(NAME NxdPlan.SearchSplitsALongSequenceOverContextParallelRanks
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=[0-9]+ fit; the fastest:\n 1\\. TP [0-9]+ x PP 1 x DP [0-9]+ x CP [0-9]+, micro batch 1[^\n]*why: CP [0-9]+ does not fit TP [0-9]+ x PP 1 at any micro batch \\(at least [0-9.]+ GiB\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --nodes 1 --set model.hidden_size=1024 --set model.num_attention_heads=4
+            --set model.num_layers=1 --set data.seq_length=1048576
+            --set model.max_position_embeddings=1048576 --set data.global_batch_size=32
+            --set data.micro_batch_size=1 --set distributed_strategy.tensor_model_parallel_size=1
+            --search)
+  # --search with expert parallelism: 8 experts of 3 x 2048 x 49152 f32 weights (2.4B
+  # parameters, 19.4 GiB with their gradients) fit no NeuronCore at EP 1, ZeRO-1 or not; the
+  # fastest layouts split them (about 1 s)
+  add_test(NAME NxdPlan.SearchSplitsExpertsThatDoNotFit
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=fit; the fastest:\n 1\\. TP [0-9]+ x PP 1 x DP [0-9]+, EP [0-9]+, micro batch 1[^\n]*why: [^\n]*EP 1 does not fit \\(at least [0-9.]+ GiB\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --nodes 1 --set model.arch=mixtral --set model.moe.num_experts=8
+            --set model.moe.top_k=2 --set model.hidden_size=2048 --set model.num_attention_heads=2
+            --set model.num_kv_heads=2 --set model.ffn_hidden_size=49152 --set model.num_layers=1
+            --set data.seq_length=256 --set data.global_batch_size=32
+            --set data.micro_batch_size=1 --set precision.type=fp32
+            --set distributed_strategy.sequence_parallel=false --search)
+  # the mixtral-8x7b preset (2 of its 32 layers) plans at TP 4, EP 8 with ZeRO-1
+  add_test(NAME NxdPlan.MixtralPresetPlans
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=mixtral-8x7b on trn1.32xlarge \\(32 NeuronCores\\): TP 4 x PP 1 x DP 8, EP 8,.*predicted: [0-9.]+ seq/s.*\\(fits\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --model mixtral-8x7b --set model.num_layers=2
+            --set distributed_strategy.expert_model_parallel_size=8
+            --set distributed_strategy.tensor_model_parallel_size=4 --set data.seq_length=4096
+            --set data.global_batch_size=8 --set data.micro_batch_size=1
+            --set precision.type=mixed_precision --set distributed_strategy.zero1=true)
   set_tests_properties(NxdPlan.PlansTwoHundredFiftySixRanks NxdPlan.ConfiguredLayoutDoesNotFit
     NxdPlan.SearchFindsLayoutsThatFit NxdPlan.UnknownModelIsAUserMistake NxdPlan.Gpt3PresetPlans
+    NxdPlan.SearchSplitsALongSequenceOverContextParallelRanks
+    NxdPlan.SearchSplitsExpertsThatDoNotFit NxdPlan.MixtralPresetPlans
     PROPERTIES LABELS tools TIMEOUT 300)
 endif()
