@@ -306,6 +306,12 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
         "shard the model over more NeuronCores (raise distributed_strategy.tensor_model_parallel_"
         "size, now ",
         tp, ", or pipeline_model_parallel_size, now ", pp, ", with backend.world_size to match)"));
+    if (cfg.model.moe.enabled() && cfg.dist.expert_model_parallel_size < cfg.model.moe.num_experts)
+      add(
+          str("split the experts over more ranks (distributed_strategy.expert_model_parallel_"
+              "size, now ",
+              cfg.dist.expert_model_parallel_size, ": each rank holds ", cfg.model.moe.num_experts,
+              " / EP experts; EP divides the data-parallel size ", dp, ")"));
     if (!cfg.dist.zero1 && dp > 1)
       add(str("distributed_strategy.zero1=true (optimizer state ", format_bytes(w.optimizer_state),
               " -> about ", format_bytes(w.optimizer_state / dp), " per rank)"));

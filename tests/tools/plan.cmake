@@ -25,8 +25,20 @@ if(TARGET nxd-train)
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake
             ${CMAKE_COMMAND} -E env NXD_HOST_RAM_BYTES=1048576 $<TARGET_FILE:nxd-train>
             --set trainer.max_steps=1 --out ${_plan_out}/host)
+  # a mixture-of-experts model whose experts do not fit (8 f32 experts of 3 x 2048 x 49152):
+  # the refusal suggests expert parallelism
+  add_test(NAME NxdTrain.RefusalSuggestsExpertParallelism
+    COMMAND ${CMAKE_COMMAND} -DCODE=2
+            "-DREGEX=the model does not fit: rank 0 .* To fit: .*split the experts over more ranks \\(distributed_strategy.expert_model_parallel_size, now 1: each rank holds 8 / EP experts; EP divides the data-parallel size 4\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-train>
+            --set model.arch=mixtral --set model.moe.num_experts=8 --set model.hidden_size=2048
+            --set model.num_attention_heads=2 --set model.num_kv_heads=2
+            --set model.ffn_hidden_size=49152 --set model.num_layers=1 --set backend.world_size=4
+            --set distributed_strategy.tensor_model_parallel_size=1 --set precision.type=fp32
+            --set distributed_strategy.sequence_parallel=false --out ${_plan_out}/experts)
   set_tests_properties(NxdTrain.RefusesAOneRankModelOverHbm NxdTrain.RefusesAnEightRankModelOverHbm
-    NxdTrain.RefusesARunOverTheSharedHostRam PROPERTIES LABELS tools TIMEOUT 60)
+    NxdTrain.RefusesARunOverTheSharedHostRam NxdTrain.RefusalSuggestsExpertParallelism
+    PROPERTIES LABELS tools TIMEOUT 60)
 endif()
 # nxd-plan: a 256-rank plan (8 trn1.32xlarge nodes; about 4 s), and --search finding layouts that
 # fit a model whose configured layout (one rank per replica, micro batch 8 of 8192 tokens) does
