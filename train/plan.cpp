@@ -259,6 +259,19 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts) {
   plan.host_ram_bytes = host_ram(opts);
   plan.host_shared = cfg.dist.backend == "sim";
   plan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const MoeConfig& moe = cfg.model.moe;
+  // tests/trainer/plan_moe_test.cpp: what a run's routing does to the plan (at EP 1 nothing: a
+  // rank's experts hold its T x k rows however they are spread)
+  if (moe.enabled() && cfg.dist.expert_model_parallel_size > 1)
+    plan.assumption =
+        moe.dropless
+            ? str("the experts' tokens are planned evenly routed (", moe.top_k, " of ",
+                  moe.num_experts,
+                  " per token); dropless, a run's busiest expert-parallel rank "
+                  "holds more (set model.moe.dropless=false with a capacity_factor for a bound)")
+            : str("the experts' tokens are planned evenly routed, each expert at its capacity "
+                  "(capacity_factor ",
+                  moe.capacity_factor, "): a bound for a run's routing");
   return plan;
 }
 
@@ -289,6 +302,7 @@ std::string MemoryPlan::report() const {
     s += str("\nmemory plan: the host holds ", format_bytes(host_bytes()),
              host_shared ? str(" for all ", ranks.size(), " rank(s)") : std::string(), " of ",
              format_bytes(host_ram_bytes), " RAM; ", fits() ? "fits" : "does not fit");
+  if (!assumption.empty()) s += "\nmemory plan: " + assumption;
   return s;
 }
 
