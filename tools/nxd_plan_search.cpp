@@ -157,7 +157,7 @@ int search(const Args& a, const sim::MachineSpec& m) {
   std::printf(
       "nxd-plan --search: %zu TP x PP x DP x CP%s x micro batch layouts of %s on %s (%d choices "
       "of ZeRO-1 and checkpointing planned), %zu fit; the fastest:\n",
-      all.size(), E > 0 ? ", EP" : "", a.model.empty() ? "the model" : a.model.c_str(),
+      all.size(), E > 0 ? " x EP" : "", a.model.empty() ? "the model" : a.model.c_str(),
       m.name.c_str(), planned, fit.size());
   for (size_t i = 0; i < fit.size() && i < 10; ++i) {
     const Prediction& p = fit[i]->p;
