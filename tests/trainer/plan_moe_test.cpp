@@ -93,6 +93,9 @@ TEST(MemoryPlanMoe, EqualsTheRunAtExpertParallelOneTwoAndFour) {
       {"distributed_strategy.expert_model_parallel_size=4"},
       {"distributed_strategy.expert_model_parallel_size=2", "distributed_strategy.zero1=true"},
       {"distributed_strategy.expert_model_parallel_size=4", "precision.type=bf16SR"},
+      // each expert keeps the first half of its tokens, in the plan as in the run
+      {"distributed_strategy.expert_model_parallel_size=2", "model.moe.dropless=false",
+       "model.moe.capacity_factor=0.5"},
       {"distributed_strategy.expert_model_parallel_size=2",
        "distributed_strategy.pipeline_model_parallel_size=2", "data.micro_batch_size=1"},
   };
