@@ -64,6 +64,12 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     for (auto& p : order) (is_expert.count(p.param.impl()) ? experts : dense).push_back(p);
     order = std::move(dense);
   }
+  // Mixture of experts: an expert that no token of this rank reached has no gradient here, so
+  // its bucket would go out in backward on the other ranks and only at the step on this one (a
+  // mismatched collective order: a deadlock at DP > 1, EP 1); reduce at the step. EP > 1 also has
+  // two groups whose buckets must not interleave in backward.
+  bool moe = ep > 1;
+  for (Module* m : model_.local_modules()) moe = moe || !moe_layers(*m).empty();
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
   const bool zero1 = cfg_.optimizer_config.zero_one_enabled;
   // buckets go out during backward unless something must reach .grad before the reduction
@@ -82,8 +88,7 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.norm_params = norm_params_;
     zo.registration_order = order;
     zo.bucket_bytes = bucket;
-    // two groups: reduce at the step so neither's buckets interleave with the other's in backward
-    zo.mode = ep > 1 ? optim::GradSyncMode::at_step : mode;
+    zo.mode = moe ? optim::GradSyncMode::at_step : mode;
     // expert parallelism: NxD's second ZeRO-1 optimizer, over the expert-DP group
     zo.expert_params = experts;
     zo.registration_order.insert(zo.registration_order.end(), experts.begin(), experts.end());
@@ -103,8 +108,7 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   inner_ = std::move(inner);
   optim::GradSyncOptions go;
   go.bucket_bytes = bucket;
-  // two groups: reduce at the step so neither's buckets interleave with the other's in backward
-  go.mode = ep > 1 ? optim::GradSyncMode::at_step : mode;
+  go.mode = moe ? optim::GradSyncMode::at_step : mode;
   go.group = dp_group();
   go.fp32_grad_acc = rp.fp32_grad_acc;
   sync_ = std::make_unique<optim::GradSync>(order, go);

@@ -142,28 +142,21 @@ int64_t schedule_peak(const std::vector<pipeline::Action>& actions,
   return peak;
 }
 
-// Optimizer state bytes per parameter element (AdamW: two f32 moments, and an f32 master of a
-// bf16 parameter with master weights; SGD: its momentum).
-int64_t state_bytes_per_element(const TrainConfig& cfg, DType dtype, bool masters) {
-  const int64_t master = masters && dtype == DType::bf16 ? 4 : 0;
-  if (cfg.optim.name == "sgd") return (cfg.optim.momentum > 0 ? 4 : 0) + master;
-  return 8 + master;
-}
-
 RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
   const int tp = static_cast<int>(cfg.dist.tensor_model_parallel_size);
   const int pp = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
   const int cp = static_cast<int>(cfg.dist.context_parallel_size);
-  parallel_state::initialize_model_parallel(
-      parallel_state::ParallelSizes{.tensor = tp, .pipeline = pp, .context = cp});
+  parallel_state::initialize_model_parallel(parallel_state::ParallelSizes{
+      .tensor = tp,
+      .pipeline = pp,
+      .context = cp,
+      .expert = static_cast<int>(cfg.dist.expert_model_parallel_size)});
   const NxDConfig nc = nxd_config_of(cfg);
   const ResolvedPrecision rp = resolve_precision(nc);
   MemoryCounter& mem = current_context().memory();
   RankMemory r;
   r.rank = current_context().rank();
   r.stage = parallel_state::get_pipeline_model_parallel_rank();
-  // gradients are reduced, and ZeRO-1 shards, over data x context parallel (DP at CP 1)
-  const int dp = parallel_state::get_data_context_parallel_size();
 
   int64_t before = mem.live();
   // the pipeline runs the step over at most 2 x pp microbatches (the others are alike)
@@ -171,50 +164,11 @@ RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
   MetaModel mm = build_meta_model(cfg, nc, rp.param_dtype, std::min(M, 2 * pp));
   r.parameters = mem.live() - before;
 
-  // gradients: the optimizer's buckets (GradSync's layout), or .grad per parameter
-  const bool zero1 = cfg.dist.zero1;
-  const bool buckets = dp > 1 || zero1 || (rp.param_dtype == DType::bf16 && rp.fp32_grad_acc);
-  std::unique_ptr<optim::GradSync> sync;
-  before = mem.live();
-  if (buckets) {
-    optim::GradSyncOptions go;
-    go.bucket_bytes = static_cast<int64_t>(cfg.dist.grad_bucket_mb * (1 << 20));
-    go.mode = optim::GradSyncMode::at_step;
-    go.group = parallel_state::get_data_context_parallel_group_ptr();
-    go.reduction = zero1 ? optim::DpReduction::reduce_scatter : optim::DpReduction::all_reduce;
-    go.fp32_grad_acc = rp.fp32_grad_acc;
-    sync = std::make_unique<optim::GradSync>(mm.params, go);
-  }
-  r.gradients = mem.live() - before;  // without buckets: measured by the first backward below
-
-  // optimizer state (and ZeRO-1's padded parameter buffers and bf16 shard copies)
-  int64_t step_transient = 0;  // ZeRO-1: the largest bucket's f32 working copy
-  if (zero1) {
-    const auto layout = sync->bucket_layout();
-    for (int b = 0; b < sync->num_buckets(); ++b) {
-      const DType pd = mm.params[static_cast<size_t>(layout[b][0])].param.dtype();
-      int64_t numel = 0;
-      for (int i : layout[b]) numel += mm.params[static_cast<size_t>(i)].param.numel();
-      const int64_t shard = sync->shard_numel(b);
-      r.parameters += (shard * dp - numel) * dtype_size(pd);  // the flat buffer's padding
-      r.optimizer_state += shard * state_bytes_per_element(cfg, pd, rp.master_weights);
-      // the step: f32 copies of bf16 gradient shards (all buckets), and of one bucket's bf16
-      // parameter shard without master weights
-      if (pd == DType::bf16 && !rp.fp32_grad_acc) r.collective_buffers += shard * 4;
-      if (pd == DType::bf16 && !rp.master_weights)
-        step_transient = std::max(step_transient, shard * 4);
-    }
-  } else {
-    for (const auto& p : mm.params) {
-      const DType pd = p.param.dtype();
-      r.optimizer_state += p.param.numel() * state_bytes_per_element(cfg, pd, rp.master_weights);
-      // the step works on f32 copies of bf16 values without masters and of bf16 gradients
-      if (pd == DType::bf16)
-        r.collective_buffers +=
-            p.param.numel() * ((rp.master_weights ? 0 : 4) + (rp.fp32_grad_acc ? 0 : 4));
-    }
-  }
-  r.collective_buffers += step_transient;
+  // gradients and optimizer state, per reduction group (dense; experts at EP > 1)
+  std::vector<detail::ReductionGroup> groups = detail::plan_resident_state(cfg, rp, mm, r);
+  const bool buckets =
+      std::all_of(groups.begin(), groups.end(),
+                  [](const detail::ReductionGroup& g) { return g.sync != nullptr; });
 
   // activations: every chunk's first and later microbatch, then the schedule (CP: this rank's
   // seq_length / CP tokens of each sequence)
@@ -237,22 +191,24 @@ RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
       for (ActionKind kind : {ActionKind::forward, ActionKind::backward})
         actions.push_back({kind, k, 0});
   }
+  for (detail::ReductionGroup& g : groups)  // the step starts without unbucketed gradients
+    if (!g.sync)
+      for (auto& p : g.params) p.param.set_grad(Tensor());
   for (size_t c = 0; c < mm.chunks.size(); ++c) {
     const int ci = static_cast<int>(c);
     const bool first = !mm.pipe || pipeline::is_first_stage(sc, pp_rank, ci);
     const bool last = !mm.pipe || pipeline::is_last_stage(sc, pp_rank, ci);
-    if (!buckets)  // the step starts without gradients
-      for (auto& [n, t] : mm.chunks[c]->named_parameters()) t.set_grad(Tensor());
     cost[c][0] = measure_chunk(*mm.chunks[c], first, last, ids, hidden);
     cost[c][1] = measure_chunk(*mm.chunks[c], first, last, ids, hidden);
   }
   r.activation_peak = schedule_peak(actions, cost);
   if (!buckets) {  // the gradients the backwards allocated, counted once, as gradients
-    r.gradients = 0;
-    for (const auto& c : cost) r.gradients += c[0].grads_added;
-    r.activation_peak -= r.gradients;
+    int64_t added = 0;
+    for (const auto& c : cost) added += c[0].grads_added;
+    r.gradients += added;
+    r.activation_peak -= added;
   }
-  if (opts.time_step) detail::time_meta_step(cfg, rp, mm, sync.get(), r);
+  if (opts.time_step) detail::time_meta_step(cfg, rp, mm, groups, r);
   for (const auto& p : mm.params) autograd::set_grad_buffer(p.param, Tensor());
   return r;
 }
@@ -303,6 +259,19 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts) {
   plan.host_ram_bytes = host_ram(opts);
   plan.host_shared = cfg.dist.backend == "sim";
   plan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const MoeConfig& moe = cfg.model.moe;
+  // tests/trainer/plan_moe_test.cpp: what a run's routing does to the plan (at EP 1 nothing: a
+  // rank's experts hold its T x k rows however they are spread)
+  if (moe.enabled() && cfg.dist.expert_model_parallel_size > 1)
+    plan.assumption =
+        moe.dropless
+            ? str("the experts' tokens are planned evenly routed (", moe.top_k, " of ",
+                  moe.num_experts,
+                  " per token); dropless, a run's busiest expert-parallel rank "
+                  "holds more (set model.moe.dropless=false with a capacity_factor for a bound)")
+            : str("the experts' tokens are planned evenly routed, each expert at its capacity "
+                  "(capacity_factor ",
+                  moe.capacity_factor, "): a bound for a run's routing");
   return plan;
 }
 
@@ -333,6 +302,7 @@ std::string MemoryPlan::report() const {
     s += str("\nmemory plan: the host holds ", format_bytes(host_bytes()),
              host_shared ? str(" for all ", ranks.size(), " rank(s)") : std::string(), " of ",
              format_bytes(host_ram_bytes), " RAM; ", fits() ? "fits" : "does not fit");
+  if (!assumption.empty()) s += "\nmemory plan: " + assumption;
   return s;
 }
 
@@ -350,6 +320,12 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
         "shard the model over more NeuronCores (raise distributed_strategy.tensor_model_parallel_"
         "size, now ",
         tp, ", or pipeline_model_parallel_size, now ", pp, ", with backend.world_size to match)"));
+    if (cfg.model.moe.enabled() && cfg.dist.expert_model_parallel_size < cfg.model.moe.num_experts)
+      add(
+          str("split the experts over more ranks (distributed_strategy.expert_model_parallel_"
+              "size, now ",
+              cfg.dist.expert_model_parallel_size, ": each rank holds ", cfg.model.moe.num_experts,
+              " / EP experts; EP divides the data-parallel size ", dp, ")"));
     if (!cfg.dist.zero1 && dp > 1)
       add(str("distributed_strategy.zero1=true (optimizer state ", format_bytes(w.optimizer_state),
               " -> about ", format_bytes(w.optimizer_state / dp), " per rank)"));

@@ -68,6 +68,8 @@ struct MemoryPlan {
   bool host_shared = false;    // whether the ranks share the host (sim backend)
   std::vector<RankMemory> ranks;
   double seconds = 0;  // wall time of the plan
+  // What the plan assumes that a run may not do (a MoE model's balanced routing), or empty.
+  std::string assumption;
 
   const RankMemory& worst() const;  // the rank with the largest total
   int64_t host_bytes() const;       // what the host holds: every rank's total, or rank 0's
@@ -75,7 +77,7 @@ struct MemoryPlan {
   bool fits_host() const { return host_ram_bytes <= 0 || host_bytes() <= host_ram_bytes; }
   bool fits() const { return fits_hbm() && fits_host(); }
   // "memory plan: ..." lines: the worst rank's breakdown against HBM, each pipeline stage's
-  // worst, the host total against RAM, fits / does not fit.
+  // worst, the host total against RAM, fits / does not fit, and the assumption if any.
   std::string report() const;
 };
 

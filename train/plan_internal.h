@@ -1,5 +1,6 @@
 #pragma once
-// The planner's pieces shared by plan.cpp (memory) and plan_step.cpp (the modeled step).
+// The planner's pieces shared by plan.cpp (memory), plan_state.cpp (the gradient buckets and the
+// optimizer state) and plan_step.cpp (the modeled step).
 #include <memory>
 #include <vector>
 
@@ -17,10 +18,26 @@ struct MetaModel {
   std::vector<optim::NamedParam> params;  // registration order
 };
 
+// Parameters whose gradients are averaged (and, with ZeRO-1, whose optimizer state is sharded)
+// over one group, as the trainer's optimizer lays them out (api/nxd_optimizer.cpp): the dense
+// parameters over data x context parallel; with expert parallelism the experts' weights over the
+// expert-data-parallel group (NxD's second ZeRO-1 optimizer).
+struct ReductionGroup {
+  bool experts = false;                   // the experts' weights (EP > 1)
+  std::vector<optim::NamedParam> params;  // registration order
+  std::shared_ptr<Communicator> group;
+  std::unique_ptr<optim::GradSync> sync;  // null where the trainer has no buckets either
+};
+
+// The reduction groups of this rank's model, with their gradient buckets allocated (measured
+// into r.gradients), and the optimizer state and the step's buffers counted into r.parameters
+// (ZeRO-1's flat buffers' padding), r.optimizer_state and r.collective_buffers.
+std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg, const ResolvedPrecision& rp,
+                                                const MetaModel& mm, RankMemory& r);
+
 // One training step of `mm` on meta tensors from a common start of every rank (a barrier),
-// filling r's step, compute and bubble seconds. `sync`: the optimizer's gradient buckets (null
-// without them).
+// filling r's step, compute and bubble seconds; `groups` hold the optimizer's gradient buckets.
 void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaModel& mm,
-                    optim::GradSync* sync, RankMemory& r);
+                    std::vector<ReductionGroup>& groups, RankMemory& r);
 
 }  // namespace nxd::trainer::detail

@@ -1,5 +1,5 @@
 // One training step on meta tensors on the sim clock (plan_internal.h): what nxd-plan models.
-#include <optional>
+#include <memory>
 
 #include "nxd/autograd/ops.h"
 #include "nxd/collectives/parallel_state.h"
@@ -17,10 +17,33 @@ struct GradOn {
   ~GradOn() { GradMode::set_enabled(prev); }
 };
 
+// The groups the gradient norm sums a scalar over, in order: optim/grad_norm.cpp (EP, TP, PP);
+// ZeRO-1 (optim/zero1.cpp, zero1_experts.cpp) per reduction group: TP, PP, EP (the experts'
+// group only) and the group's own.
+std::vector<Communicator*> norm_groups(const TrainConfig& cfg,
+                                       const std::vector<ReductionGroup>& groups) {
+  namespace ps = parallel_state;
+  Communicator* tp = &ps::get_tensor_model_parallel_group();
+  Communicator* pp = &ps::get_pipeline_model_parallel_group();
+  Communicator* ep =
+      ps::get_expert_model_parallel_size() > 1 ? &ps::get_expert_model_parallel_group() : nullptr;
+  std::vector<Communicator*> out;
+  auto add = [&](Communicator* c) {
+    if (c && c->size() > 1) out.push_back(c);
+  };
+  if (!cfg.dist.zero1) {
+    for (Communicator* c : {ep, tp, pp}) add(c);
+    return out;
+  }
+  for (const ReductionGroup& g : groups)
+    for (Communicator* c : {tp, pp, g.experts ? ep : nullptr, g.group.get()}) add(c);
+  return out;
+}
+
 }  // namespace
 
 void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaModel& mm,
-                    optim::GradSync* sync, RankMemory& r) {
+                    std::vector<ReductionGroup>& groups, RankMemory& r) {
   sim::SimClock* clock = sim::current_sim_clock();
   NXD_INTERNAL_CHECK(clock != nullptr, "time_meta_step outside a sim world");
   world().barrier();  // every rank starts the step at one simulated time
@@ -51,8 +74,10 @@ void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaMod
     const Tensor ids = zeros({mb, S}, DType::i64, Device::meta);
     const int64_t accum = cfg.grad_accum_steps, run = std::min<int64_t>(accum, 2);
     for (int64_t a = 0; a < run; ++a) {
-      std::optional<optim::GradSync::NoSync> no_sync;
-      if (sync && a + 1 < run) no_sync.emplace(*sync);
+      std::vector<std::unique_ptr<optim::GradSync::NoSync>> no_sync;
+      for (ReductionGroup& g : groups)
+        if (g.sync && a + 1 < run)
+          no_sync.push_back(std::make_unique<optim::GradSync::NoSync>(*g.sync));
       const double t = clock->now(), c = clock->compute_seconds();
       backward(mm.chunks[0]->loss(ids, ids));
       if (a + 1 == run && run < accum) {  // a later microbatch, as the ones not run
@@ -61,18 +86,29 @@ void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaMod
       }
     }
   }
-  if (sync) sync->finish();
+  for (ReductionGroup& g : groups)
+    if (g.sync) g.sync->finish();
   // the update: the sim device charges no time for the optimizer's elementwise pass (as in a
-  // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place
-  const int dp = parallel_state::get_data_context_parallel_size();  // ZeRO-1's group: DP x CP
-  if (cfg.dist.zero1 && sync && dp > 1) {
-    Communicator& g = parallel_state::get_data_context_parallel_group();
-    for (int b = 0; b < sync->num_buckets(); ++b)
-      g.all_gather(nullptr, nullptr, sync->shard_numel(b), rp.param_dtype);
-  }
-  // the global gradient norm: one scalar reduced over the world
+  // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place, over each
+  // group (DP x CP; the experts' over expert-DP)
+  for (ReductionGroup& g : groups)
+    if (cfg.dist.zero1 && g.sync && g.group->size() > 1)
+      for (int b = 0; b < g.sync->num_buckets(); ++b)
+        g.group->all_gather(nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
+  // the step's loss summed over DP (Trainer::dp_sum; a pipeline averages it in run_train) and
+  // the gradient norm's sums over the groups it spans
   double norm = 0;
-  world().all_reduce(&norm, &norm, 1, DType::f64, ReduceOp::sum);
+  if (mm.pipe && cfg.model.moe.enabled() && parallel_state::get_pipeline_model_parallel_size() > 1)
+    for (int i = 0; i < 2; ++i) {  // the MoE layers' figures over the stages
+      double figures[2] = {0, 0};  // (trainer.cpp: log_pipeline_moe_stats)
+      parallel_state::get_pipeline_model_parallel_group().all_reduce(figures, figures, 2,
+                                                                     DType::f64, ReduceOp::sum);
+    }
+  if (!mm.pipe && parallel_state::get_data_parallel_size() > 1)
+    parallel_state::get_data_parallel_group().all_reduce(&norm, &norm, 1, DType::f64,
+                                                         ReduceOp::sum);
+  for (Communicator* g : norm_groups(cfg, groups))
+    g->all_reduce(&norm, &norm, 1, DType::f64, ReduceOp::sum);
   r.step_seconds = clock->now() - t0 + extra;
   r.compute_seconds = clock->compute_seconds() - c0 + extra_compute;
 }

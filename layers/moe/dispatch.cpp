@@ -56,9 +56,14 @@ Tensor exchange_rows(const Tensor& x, const std::vector<int64_t>& send,
     NXD_INTERNAL_CHECK(cap >= local_max, "[all_to_all_rows] cap ", cap, " below this member's ",
                        local_max, " rows to or from one member");
   Tensor xc = x.contiguous();
-  Tensor out = empty({std::accumulate(recv.begin(), recv.end(), int64_t{0}), D}, x.dtype());
+  const Device dev = x.device();  // meta (the planner): the buffers' bytes and the exchange's cost
+  Tensor out = empty({std::accumulate(recv.begin(), recv.end(), int64_t{0}), D}, x.dtype(), dev);
   if (cap == 0) return out;
-  Tensor sbuf = zeros({P * cap, D}, x.dtype()), rbuf = empty({P * cap, D}, x.dtype());
+  Tensor sbuf = zeros({P * cap, D}, x.dtype(), dev), rbuf = empty({P * cap, D}, x.dtype(), dev);
+  if (dev == Device::meta) {
+    g.all_to_all(nullptr, nullptr, cap * D, x.dtype());
+    return out;
+  }
   int64_t off = 0;
   for (int p = 0; p < P; ++p) {
     if (send[p] > 0) sbuf.narrow(0, p * cap, send[p]).copy_(xc.narrow(0, off, send[p]));

@@ -25,8 +25,20 @@ if(TARGET nxd-train)
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake
             ${CMAKE_COMMAND} -E env NXD_HOST_RAM_BYTES=1048576 $<TARGET_FILE:nxd-train>
             --set trainer.max_steps=1 --out ${_plan_out}/host)
+  # a mixture-of-experts model whose experts do not fit (8 f32 experts of 3 x 2048 x 49152):
+  # the refusal suggests expert parallelism
+  add_test(NAME NxdTrain.RefusalSuggestsExpertParallelism
+    COMMAND ${CMAKE_COMMAND} -DCODE=2
+            "-DREGEX=the model does not fit: rank 0 .* To fit: .*split the experts over more ranks \\(distributed_strategy.expert_model_parallel_size, now 1: each rank holds 8 / EP experts; EP divides the data-parallel size 4\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-train>
+            --set model.arch=mixtral --set model.moe.num_experts=8 --set model.hidden_size=2048
+            --set model.num_attention_heads=2 --set model.num_kv_heads=2
+            --set model.ffn_hidden_size=49152 --set model.num_layers=1 --set backend.world_size=4
+            --set distributed_strategy.tensor_model_parallel_size=1 --set precision.type=fp32
+            --set distributed_strategy.sequence_parallel=false --out ${_plan_out}/experts)
   set_tests_properties(NxdTrain.RefusesAOneRankModelOverHbm NxdTrain.RefusesAnEightRankModelOverHbm
-    NxdTrain.RefusesARunOverTheSharedHostRam PROPERTIES LABELS tools TIMEOUT 60)
+    NxdTrain.RefusesARunOverTheSharedHostRam NxdTrain.RefusalSuggestsExpertParallelism
+    PROPERTIES LABELS tools TIMEOUT 60)
 endif()
 # nxd-plan: a 256-rank plan (8 trn1.32xlarge nodes; about 4 s), and --search finding layouts that
 # fit a model whose configured layout (one rank per replica, micro batch 8 of 8192 tokens) does
@@ -51,7 +63,7 @@ if(TARGET nxd-plan)
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan> ${_big})
   add_test(NAME NxdPlan.SearchFindsLayoutsThatFit
     COMMAND ${CMAKE_COMMAND} -DCODE=0
-            "-DREGEX=[0-9]+ fit; the fastest:\n 1\\. TP [0-9]+ x PP [0-9]+ x DP [0-9]+, micro batch [0-9]+.*memory [0-9.]+ GiB\n 2\\. "
+            "-DREGEX=[0-9]+ fit; the fastest:\n 1\\. TP [0-9]+ x PP [0-9]+ x DP [0-9]+, micro batch [0-9]+[^\n]*memory [0-9.]+ GiB; why: [^\n]+\n 2\\. [^\n]+\n.*1 over 2: step [0-9.]+ s against [0-9.]+ s: compute"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan> ${_big}
             --search)
   add_test(NAME NxdPlan.UnknownModelIsAUserMistake
@@ -69,7 +81,45 @@ if(TARGET nxd-plan)
             --set distributed_strategy.sequence_parallel=true --set data.seq_length=2048
             --set data.global_batch_size=2 --set data.micro_batch_size=1
             --set precision.type=mixed_precision)
+  # --search with context parallelism: one layer of hidden 1024 over sequences of 1,048,576
+  # tokens does not fit a NeuronCore at CP 1 under any TP (4 heads: TP <= 4) or micro batch, so
+  # every layout that fits splits the sequence, and says so (about 1 s)
+  add_test(NAME NxdPlan.SearchSplitsALongSequenceOverContextParallelRanks
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=[0-9]+ fit; the fastest:\n 1\\. TP [0-9]+ x PP 1 x DP [0-9]+ x CP [0-9]+, micro batch 1[^\n]*why: CP [0-9]+ does not fit TP [0-9]+ x PP 1 at any micro batch \\(at least [0-9.]+ GiB\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --nodes 1 --set model.hidden_size=1024 --set model.num_attention_heads=4
+            --set model.num_layers=1 --set data.seq_length=1048576
+            --set model.max_position_embeddings=1048576 --set data.global_batch_size=32
+            --set data.micro_batch_size=1 --set distributed_strategy.tensor_model_parallel_size=1
+            --search)
+  # --search with expert parallelism: 8 experts of 3 x 2048 x 49152 f32 weights (2.4B
+  # parameters, 19.4 GiB with their gradients) fit no NeuronCore at EP 1, ZeRO-1 or not; the
+  # fastest layouts split them (about 1 s)
+  add_test(NAME NxdPlan.SearchSplitsExpertsThatDoNotFit
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=fit; the fastest:\n 1\\. TP [0-9]+ x PP 1 x DP [0-9]+, EP [0-9]+, micro batch 1[^\n]*why: [^\n]*EP 1 does not fit \\(at least [0-9.]+ GiB\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --nodes 1 --set model.arch=mixtral --set model.moe.num_experts=8
+            --set model.moe.top_k=2 --set model.hidden_size=2048 --set model.num_attention_heads=2
+            --set model.num_kv_heads=2 --set model.ffn_hidden_size=49152 --set model.num_layers=1
+            --set data.seq_length=256 --set data.global_batch_size=32
+            --set data.micro_batch_size=1 --set precision.type=fp32
+            --set distributed_strategy.sequence_parallel=false --search)
+  # the mixtral-8x7b preset (2 of its 32 layers) plans at TP 4, EP 8 with ZeRO-1, and says the
+  # routing it assumes
+  add_test(NAME NxdPlan.MixtralPresetPlans
+    COMMAND ${CMAKE_COMMAND} -DCODE=0
+            "-DREGEX=mixtral-8x7b on trn1.32xlarge \\(32 NeuronCores\\): TP 4 x PP 1 x DP 8, EP 8,.*memory plan: the experts' tokens are planned evenly routed \\(2 of 8 per token\\); dropless, a run's busiest expert-parallel rank holds more.*predicted: [0-9.]+ seq/s.*\\(fits\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --model mixtral-8x7b --set model.num_layers=2
+            --set distributed_strategy.expert_model_parallel_size=8
+            --set distributed_strategy.tensor_model_parallel_size=4 --set data.seq_length=4096
+            --set data.global_batch_size=8 --set data.micro_batch_size=1
+            --set precision.type=mixed_precision --set distributed_strategy.zero1=true)
   set_tests_properties(NxdPlan.PlansTwoHundredFiftySixRanks NxdPlan.ConfiguredLayoutDoesNotFit
     NxdPlan.SearchFindsLayoutsThatFit NxdPlan.UnknownModelIsAUserMistake NxdPlan.Gpt3PresetPlans
+    NxdPlan.SearchSplitsALongSequenceOverContextParallelRanks
+    NxdPlan.SearchSplitsExpertsThatDoNotFit NxdPlan.MixtralPresetPlans
     PROPERTIES LABELS tools TIMEOUT 300)
 endif()

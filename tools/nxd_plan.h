@@ -1,0 +1,42 @@
+#pragma once
+// nxd-plan's pieces shared by the command (nxd_plan.cpp: arguments, presets, one prediction)
+// and its layout search (nxd_plan_search.cpp).
+#include <string>
+#include <vector>
+
+#include "nxd/runtime/sim/machine.h"
+#include "nxd/train/config.h"
+#include "nxd/train/plan.h"
+
+namespace nxd::plan_tool {
+
+struct Args {
+  std::vector<std::string> configs, sets;
+  std::string model, instance = "trn1.32xlarge", timeline;
+  int nodes = 1;
+  bool search = false;
+};
+
+// The configuration: nxd-train's defaults, random data (nothing is read), the preset, the files,
+// the overrides, and the world of the nodes.
+trainer::Config make_config(const Args& a, const sim::MachineSpec& m);
+
+struct Prediction {
+  trainer::TrainConfig cfg;
+  trainer::MemoryPlan plan;
+  const trainer::RankMemory* slowest = nullptr;
+  double step = 0, seq_s = 0, tokens_s = 0, mfu = 0;
+};
+
+// The plan of cfg with its modeled step, and the throughput that follows.
+Prediction predict(const trainer::TrainConfig& cfg, const sim::MachineSpec& m,
+                   const std::string& timeline);
+
+// "TP 8 x PP 4 x DP 8 x CP 2, EP 2, micro batch 1 (4 per step), ZeRO-1, checkpointing full"
+std::string layout(const trainer::TrainConfig& c);
+
+// --search: prints the fastest layouts that fit and why each won; returns the exit code (0: a
+// layout fits, 3: none).
+int search(const Args& a, const sim::MachineSpec& m);
+
+}  // namespace nxd::plan_tool
