@@ -33,7 +33,7 @@ if(TARGET nxd-train)
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-train>
             --set model.arch=mixtral --set model.moe.num_experts=8 --set model.hidden_size=2048
             --set model.num_attention_heads=2 --set model.num_kv_heads=2
-            --set model.ffn_hidden_size=49152 --set model.num_layers=1 --set backend.world_size=4
+            --set model.ffn_hidden_size=98304 --set model.num_layers=1 --set backend.world_size=4
             --set distributed_strategy.tensor_model_parallel_size=1 --set precision.type=fp32
             --set distributed_strategy.sequence_parallel=false --out ${_plan_out}/experts)
   set_tests_properties(NxdTrain.RefusesAOneRankModelOverHbm NxdTrain.RefusesAnEightRankModelOverHbm
@@ -93,16 +93,16 @@ if(TARGET nxd-plan)
             --set model.max_position_embeddings=1048576 --set data.global_batch_size=32
             --set data.micro_batch_size=1 --set distributed_strategy.tensor_model_parallel_size=1
             --search)
-  # --search with expert parallelism: 8 experts of 3 x 2048 x 49152 f32 weights (2.4B
-  # parameters, 19.4 GiB with their gradients) fit no NeuronCore at EP 1, ZeRO-1 or not; the
-  # fastest layouts split them (about 1 s)
+  # --search with expert parallelism: 8 experts of 3 x 2048 x 98304 f32 weights (4.8B
+  # parameters, 38.6 GiB with their gradients; 19.9 GiB at TP 2, which splits each expert) fit
+  # no NeuronCore at EP 1, ZeRO-1 or not; the fastest layouts split them (about 1 s)
   add_test(NAME NxdPlan.SearchSplitsExpertsThatDoNotFit
     COMMAND ${CMAKE_COMMAND} -DCODE=0
             "-DREGEX=fit; the fastest:\n 1\\. TP [0-9]+ x PP 1 x DP [0-9]+, EP [0-9]+, micro batch 1[^\n]*why: [^\n]*EP 1 does not fit \\(at least [0-9.]+ GiB\\)"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
             --nodes 1 --set model.arch=mixtral --set model.moe.num_experts=8
             --set model.moe.top_k=2 --set model.hidden_size=2048 --set model.num_attention_heads=2
-            --set model.num_kv_heads=2 --set model.ffn_hidden_size=49152 --set model.num_layers=1
+            --set model.num_kv_heads=2 --set model.ffn_hidden_size=98304 --set model.num_layers=1
             --set data.seq_length=256 --set data.global_batch_size=32
             --set data.micro_batch_size=1 --set precision.type=fp32
             --set distributed_strategy.sequence_parallel=false --search)
