@@ -164,4 +164,17 @@ json parse_metadata(const std::string& text, const std::string& file) {
   return m;
 }
 
+SavedLayout saved_layout(const json& meta) {
+  const json& par = meta.at("parallel");
+  SavedLayout s;
+  s.world = par.at("world").get<int>();
+  s.tp = par.at("tp").get<int>();
+  s.pp = par.at("pp").get<int>();
+  s.dp = par.at("dp").get<int>();
+  s.ep = meta.value("expert_parallel", 1);
+  s.zero1 = par.value("zero1", false);
+  s.compressed = meta.value("compressed", false);
+  return s;
+}
+
 }  // namespace nxd::ckpt

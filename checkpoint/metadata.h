@@ -27,4 +27,14 @@ inline constexpr int kFormatVersion = 2;
 // weight_decay, lr_scale, params: strings}. `file` names the source in the errors.
 nlohmann::json parse_metadata(const std::string& text, const std::string& file);
 
+// The layout a metadata.json that parse_metadata accepted records; keys that older checkpoints
+// lack take the value they meant.
+struct SavedLayout {
+  int world = 1, tp = 1, pp = 1, dp = 1;  // dp: DP x CP ranks
+  int ep = 1;                             // expert_parallel (absent: 1)
+  bool zero1 = false;       // ZeRO-1 optimizer state in per-DP-rank files (absent: no)
+  bool compressed = false;  // zstd shards, named .safetensors.zst (absent: no)
+};
+SavedLayout saved_layout(const nlohmann::json& meta);
+
 }  // namespace nxd::ckpt

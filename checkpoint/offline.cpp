@@ -36,7 +36,7 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& ta
   const json meta = read_metadata(tag_dir);
   if (!meta.contains("model"))
     throw CheckpointError(str("[export] ", tag_dir.string(), " holds no model"));
-  const bool z = meta.value("compressed", false);
+  const bool z = saved_layout(meta).compressed;
   // name -> full tensor; each saved shard is read once and copied into its block
   std::vector<std::pair<std::string, Tensor>> full;
   std::map<std::string, size_t> index;

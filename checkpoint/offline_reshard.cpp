@@ -145,7 +145,7 @@ void reshard_checkpoint(const fs::path& tag_dir, const fs::path& out_root,
     throw CheckpointError(str("[reshard] ", dst.string(),
                               " exists already (not overwritten: choose another output folder)"));
   const bool has_optim = meta.contains("optimizer");
-  const bool zero1 = meta.at("parallel").value("zero1", false);
+  const SavedLayout saved = saved_layout(meta);
   const fs::path src_root = tag_dir.parent_path();
   const bool has_sched = fs::exists(tag_dir / detail::kScheduler);
   sim::launch(tp * pp * dp, [&] {
@@ -153,14 +153,14 @@ void reshard_checkpoint(const fs::path& tag_dir, const fs::path& out_root,
     LocalModel m = build_local_model(cfg, pp);
     std::unique_ptr<optim::Optimizer> opt;
     if (has_optim)
-      opt = make_optimizer(meta["optimizer"], m.params, {.zero1 = zero1, .experts = m.experts});
+      opt =
+          make_optimizer(meta["optimizer"], m.params, {.zero1 = saved.zero1, .experts = m.experts});
     optim::LRSchedule sched({});
     const json user =
         load_checkpoint(src_root, m.chunks, opt.get(), has_sched ? &sched : nullptr, {.tag = tag});
-    save_checkpoint(
-        out_root, tag, std::vector<const Module*>(m.chunks.begin(), m.chunks.end()), opt.get(),
-        has_sched ? &sched : nullptr, user,
-        {.compress = meta.value("compressed", false), .step = meta.value("step", int64_t{0})});
+    save_checkpoint(out_root, tag, std::vector<const Module*>(m.chunks.begin(), m.chunks.end()),
+                    opt.get(), has_sched ? &sched : nullptr, user,
+                    {.compress = saved.compressed, .step = meta.value("step", int64_t{0})});
   });
 }
 

@@ -31,7 +31,7 @@ void verify_shard(const json& meta, const std::string& rel, const json& info, Sa
     throw CheckpointError(str("[verify] ", p, " has ", r.file_size(), " bytes, metadata.json says ",
                               want_bytes, " (truncated or replaced)"));
   const bool model = rel.rfind("model/", 0) == 0;
-  const bool zero1_optim = !model && meta.at("parallel").value("zero1", false);
+  const bool zero1_optim = !model && saved_layout(meta).zero1;
   if (!zero1_optim) {  // ZeRO-1 files hold parts: index_dp_files checks them below
     const json& table = model ? meta.at("model") : meta.at("optimizer").at("tensors");
     const auto specs = detail::specs_of(r.header(), rel);
@@ -99,9 +99,8 @@ std::optional<std::pair<int64_t, std::string>> expert_of(const std::string& name
 }
 
 struct ExpertLayout {
+  SavedLayout saved;
   int64_t num_experts = 0;  // model_config's moe.num_experts (0: unknown, from the names)
-  int ep = 1;               // expert_parallel
-  bool compressed = false;  // the shards' names end in .zst
 };
 
 // One table ("model", or an unsharded optimizer's "optim"): every listed tensor is in the file of
@@ -109,13 +108,14 @@ struct ExpertLayout {
 // dp_rank metadata.json records), anything else only in DP rank 0's; every expert of every
 // expert weight is listed, with one shape.
 void check_table(const fs::path& dir, const char* kind, const json& table, const Holders& h,
-                 const ExpertLayout& x, int tp_size, VerifyReport& rep) {
+                 const ExpertLayout& x, VerifyReport& rep) {
   const std::string pre = str("[verify] ", dir.string(), ": ");
   std::map<std::string, std::map<int64_t, Shape>> weights;  // expert weight -> expert -> shape
   auto file = [&](int dp, int tp, int pp) {
     return (dir /
             detail::shard_file(
-                kind, {.dp_rank = dp, .tp_rank = tp, .pp_rank = pp, .compressed = x.compressed}))
+                kind,
+                {.dp_rank = dp, .tp_rank = tp, .pp_rank = pp, .compressed = x.saved.compressed}))
         .string();
   };
   for (const auto& [name, e] : table.items()) {
@@ -124,18 +124,19 @@ void check_table(const fs::path& dir, const char* kind, const json& table, const
     if (ex) {
       weights[ex->second][ex->first] = e.at("shape").get<Shape>();
       ++rep.experts;
-      if (x.num_experts > 0 && x.num_experts % x.ep == 0 && ex->first < x.num_experts) {
-        const int owner = static_cast<int>(ex->first / (x.num_experts / x.ep));
+      const int ep = x.saved.ep;
+      if (x.num_experts > 0 && x.num_experts % ep == 0 && ex->first < x.num_experts) {
+        const int owner = static_cast<int>(ex->first / (x.num_experts / ep));
         if (dp != owner)
           throw CheckpointError(str(pre, kind, " tensor '", name, "' of expert ", ex->first,
-                                    " is recorded at dp_rank ", dp, ", but at expert_parallel ",
-                                    x.ep, " it belongs to EP rank ", owner, "'s file"));
+                                    " is recorded at dp_rank ", dp, ", but at expert_parallel ", ep,
+                                    " it belongs to EP rank ", owner, "'s file"));
       }
     } else if (dp != 0) {
       throw CheckpointError(str(pre, kind, " tensor '", name, "' is not an expert weight but ",
                                 "metadata.json records it at dp_rank ", dp));
     }
-    for (int tp = 0; tp < tp_size; ++tp) {
+    for (int tp = 0; tp < x.saved.tp; ++tp) {
       const auto r = h.by_rank.find({kind, tp, pp});
       const std::vector<int>* in = nullptr;
       if (r != h.by_rank.end())
@@ -190,8 +191,9 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   const json meta = read_metadata(tag_dir);
   VerifyReport rep;
   Holders holders;
-  const json& par = meta.at("parallel");
-  const bool zero1 = par.value("zero1", false);
+  ExpertLayout x;
+  x.saved = saved_layout(meta);
+  const bool zero1 = x.saved.zero1;
   for (const auto& [rel, info] : meta.at("files").items()) {
     const fs::path p = tag_dir / rel;
     if (!fs::exists(p)) throw CheckpointError(str("[verify] missing file ", p.string()));
@@ -211,25 +213,21 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
     verify_shard(meta, rel, info, r, rep);
     if (!(zero1 && rel.rfind("optim/", 0) == 0)) holders.add(rel, r.header());
   }
-  ExpertLayout x;
-  x.ep = meta.value("expert_parallel", 1);
-  x.compressed = meta.value("compressed", false);
   if (meta.contains("model_config") && meta["model_config"].contains("moe"))
     x.num_experts = meta["model_config"]["moe"].value("num_experts", int64_t{0});
-  const int tp = par.at("tp").get<int>();
-  if (meta.contains("model")) check_table(tag_dir, "model", meta["model"], holders, x, tp, rep);
+  if (meta.contains("model")) check_table(tag_dir, "model", meta["model"], holders, x, rep);
   if (meta.contains("optimizer") && !zero1)
-    check_table(tag_dir, "optim", meta["optimizer"].at("tensors"), holders, x, tp, rep);
+    check_table(tag_dir, "optim", meta["optimizer"].at("tensors"), holders, x, rep);
   if (meta.contains("optimizer") && zero1)
     check_expert_names(tag_dir, meta["optimizer"].at("tensors"), x);
   // ZeRO-1: the DP files of every (tp, pp) rank tile every state tensor
   if (zero1)
-    for (int pp = 0; pp < par.at("pp").get<int>(); ++pp)
-      for (int t = 0; t < tp; ++t)
-        detail::index_dp_files(tag_dir, {.dp_size = par.at("dp").get<int>(),
-                                         .tp_rank = t,
+    for (int pp = 0; pp < x.saved.pp; ++pp)
+      for (int tp = 0; tp < x.saved.tp; ++tp)
+        detail::index_dp_files(tag_dir, {.dp_size = x.saved.dp,
+                                         .tp_rank = tp,
                                          .pp_rank = pp,
-                                         .compressed = meta.value("compressed", false)});
+                                         .compressed = x.saved.compressed});
   return rep;
 }
 

@@ -66,7 +66,7 @@ int to_int(const std::string& flag, const std::string& v) {
 void print_experts(const json& m) {
   if (!m.contains("model_config") || !m["model_config"].contains("moe")) return;
   const int64_t e = m["model_config"]["moe"].value("num_experts", int64_t{0});
-  const int ep = m.value("expert_parallel", 1);
+  const int ep = nxd::ckpt::saved_layout(m).ep;
   if (e <= 0) return;
   if (ep <= 1) {
     std::printf("  experts %lld per MoE layer, expert parallel 1 (all in the DP rank 0 files)\n",
@@ -81,14 +81,13 @@ void print_experts(const json& m) {
 
 void print_tag(const fs::path& dir, bool tensors) {
   const json m = nxd::ckpt::read_metadata(dir);
-  const auto& p = m["parallel"];
+  const nxd::ckpt::SavedLayout p = nxd::ckpt::saved_layout(m);
   const bool moe = m.contains("model_config") && m["model_config"].contains("moe");
   std::printf("%s: complete, step %lld, tp %d pp %d dp %d%s%s, format %d (nxd %s)%s\n",
-              dir.string().c_str(), static_cast<long long>(m.value("step", int64_t{0})),
-              p.value("tp", 1), p.value("pp", 1), p.value("dp", 1),
-              moe ? nxd::str(" ep ", m.value("expert_parallel", 1)).c_str() : "",
-              p.value("zero1", false) ? " zero1" : "", m["format_version"].get<int>(),
-              m.value("nxd_version", "?").c_str(), m.value("compressed", false) ? ", zstd" : "");
+              dir.string().c_str(), static_cast<long long>(m.value("step", int64_t{0})), p.tp, p.pp,
+              p.dp, moe ? nxd::str(" ep ", p.ep).c_str() : "", p.zero1 ? " zero1" : "",
+              m["format_version"].get<int>(), m.value("nxd_version", "?").c_str(),
+              p.compressed ? ", zstd" : "");
   if (m.contains("model_config"))
     std::printf("  model_config %s\n", m["model_config"].dump().c_str());
   print_experts(m);
