@@ -3,8 +3,9 @@
 // EP 2 x DP 4, EP 2 x DP 2 and one rank; a run at each of those degrees that loads the offline
 // checkpoint gets every parameter and optimizer state tensor bitwise equal to a run that loads
 // the EP 4 checkpoint itself (and to the saved values), and a continued step gives the same loss
-// and parameters bitwise. export-hf of the EP 2 checkpoint equals that of the one-rank one tensor
-// for tensor, byte for byte. Saving at CP 2 x EP 2 writes every expert once.
+// and parameters bitwise. export-hf of the EP 2 checkpoint (also resharded to PP 2 x EP 2) and of
+// the EP 4 one equal that of the one-rank one tensor for tensor, byte for byte. Saving at CP 2 x
+// EP 2 writes every expert once.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -113,6 +114,12 @@ void expect_same(const std::map<std::string, Tensor>& a, const std::map<std::str
   }
 }
 
+// export-hf of root/<from>/s2 into root/hf_<from>; its model.safetensors.
+fs::path export_to(const fs::path& root, const std::string& from) {
+  export_hf(root / from / "s2", root / ("hf_" + from));
+  return root / ("hf_" + from) / "model.safetensors";
+}
+
 void reshard_matches_online(bool zero1) {
   const nxd::testing::ScratchDir dir(zero1 ? "moe_offline_z1_" : "moe_offline_");
   const fs::path& root = dir.path;
@@ -143,24 +150,23 @@ void reshard_matches_online(bool zero1) {
         name.c_str(), zero1 ? " zero1" : "", offline.params.size(), offline.optim.size(),
         offline.loss);
   }
-  // export-hf of EP 2 and of one rank: the same tensors, byte for byte
-  export_hf(root / "dp2_ep2" / "s2", root / "hf2");
-  export_hf(root / "dp1_ep1" / "s2", root / "hf1");
-  export_hf(root / "ep4" / "s2", root / "hf4");
-  auto a = SafetensorsReader(root / "hf2" / "model.safetensors").read_all();
-  auto b = SafetensorsReader(root / "hf1" / "model.safetensors").read_all();
-  auto c = SafetensorsReader(root / "hf4" / "model.safetensors").read_all();
-  ASSERT_EQ(a.size(), saved.params.size());
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_EQ(a.size(), c.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].first, b[i].first);
-    ASSERT_EQ(a[i].first, c[i].first);
-    EXPECT_TRUE(nxd::testing::bitwise_equal(a[i].second, b[i].second, a[i].first));
-    EXPECT_TRUE(nxd::testing::bitwise_equal(c[i].second, b[i].second, c[i].first));
-    EXPECT_TRUE(nxd::testing::bitwise_equal(a[i].second, saved.params.at(a[i].first),
-                                            a[i].first + " vs saved"));
+  // pipeline stages with experts split: PP 2 x DP 2 x EP 2
+  reshard_checkpoint(root / "ep4" / "s2", root / "pp2_ep2", {.pp = 2, .dp = 2, .ep = 2});
+  EXPECT_GT(verify_checkpoint(root / "pp2_ep2" / "s2").experts, 0);
+  // export-hf of EP 2 (with and without PP), EP 4 and one rank: the same tensors, byte for byte
+  const auto one = SafetensorsReader(export_to(root, "dp1_ep1")).read_all();
+  ASSERT_EQ(one.size(), saved.params.size());
+  for (const char* from : {"dp2_ep2", "ep4", "pp2_ep2"}) {
+    const auto other = SafetensorsReader(export_to(root, from)).read_all();
+    ASSERT_EQ(other.size(), one.size()) << from;
+    for (size_t i = 0; i < one.size(); ++i) {
+      ASSERT_EQ(other[i].first, one[i].first) << from;
+      EXPECT_TRUE(nxd::testing::bitwise_equal(other[i].second, one[i].second,
+                                              str(from, " vs one rank: ", one[i].first)));
+    }
   }
+  for (const auto& [name, t] : one)
+    EXPECT_TRUE(nxd::testing::bitwise_equal(t, saved.params.at(name), name + " vs saved"));
 }
 
 TEST(MoeOffline, ReshardEp4ToEp2AndOneRankMatchesOnlineLoad) {
