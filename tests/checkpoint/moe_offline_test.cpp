@@ -14,6 +14,7 @@
 
 #include "ckpt_util.h"
 #include "nxd/api/nxd_api.h"
+#include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
@@ -167,6 +168,11 @@ void reshard_matches_online(bool zero1) {
   }
   for (const auto& [name, t] : one)
     EXPECT_TRUE(nxd::testing::bitwise_equal(t, saved.params.at(name), name + " vs saved"));
+  // model.init_from reads an EP checkpoint the same way (every expert from its EP rank's file)
+  const auto init = read_source_weights(inspect_weight_source(root / "ep4" / "s2"));
+  ASSERT_EQ(init.size(), saved.params.size());
+  for (const auto& [name, t] : init)
+    EXPECT_TRUE(nxd::testing::bitwise_equal(t, saved.params.at(name), name + " init_from"));
 }
 
 TEST(MoeOffline, ReshardEp4ToEp2AndOneRankMatchesOnlineLoad) {
