@@ -25,6 +25,7 @@ struct Degrees {
   // write the MoE experts they hold into the model/optim files of DP rank e (DP rank 0's also has
   // everything else).
   int ep = 1;
+  int expert_dp = 1;  // the expert-data-parallel group's size (DP / EP, or DP x CP / EP)
   // The DP index of the files holding this rank's experts, or -1 if it writes none.
   int expert_file() const { return cp_rank == 0 && data_rank < ep ? data_rank : -1; }
 };

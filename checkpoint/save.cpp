@@ -145,15 +145,16 @@ std::set<std::string> expert_names(const std::vector<const Module*>& chunks) {
 }
 
 // A sharded optimizer's (ZeRO-1) file of this rank: its part of every parameter's state as it
-// holds it (checkpoint/dp_shards.h), no gathering. The experts' state is sharded over the
-// expert-DP group of each CP rank alike: only CP rank 0's parts are written, so the files tile it
-// once.
+// holds it (checkpoint/dp_shards.h), no gathering. When the expert-DP group lies within one CP
+// rank's DP ranks (DP / EP members), every CP rank shards the experts' state alike: only CP rank
+// 0's parts are written, so the files tile it once.
 Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
                           const std::vector<const Module*>& chunks,
                           const std::map<std::string, ShardSpec>& specs, SnapshotPool& snap) {
   const Degrees& d = p.deg;
+  const bool per_cp_rank = d.ep > 1 && d.expert_dp * d.ep == d.dp / d.cp;
   const std::set<std::string> skip =
-      d.cp_rank > 0 && d.ep > 1 ? expert_names(chunks) : std::set<std::string>{};
+      d.cp_rank > 0 && per_cp_rank ? expert_names(chunks) : std::set<std::string>{};
   Shard s;
   s.file = detail::shard_file("optim", {.dp_rank = d.dp_rank,
                                         .tp_rank = d.tp_rank,
