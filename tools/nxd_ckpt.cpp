@@ -1,9 +1,11 @@
 // nxd-ckpt: look at, check and convert nxd checkpoints without a training job.
 //   inspect DIR               the checkpoints under DIR (or DIR itself): complete or not, step,
-//                             degrees (zero1: optimizer state in per-DP-rank files); with
-//                             --tensors every tensor's dtype, full shape, bytes, split
-//   verify DIR                every file and checksum of DIR's newest complete checkpoint (or DIR);
-//                             exit 1 at the first bad one, naming it
+//                             degrees (zero1: optimizer state in per-DP-rank files; a MoE model:
+//                             its expert-parallel degree and experts per EP rank); with
+//                             --tensors every tensor's dtype, full shape, bytes, split, dp_rank
+//   verify DIR                every file and checksum of DIR's newest complete checkpoint (or DIR),
+//                             every listed tensor in its files, every MoE expert exactly once
+//                             (in its EP rank's files); exit 1 at the first bad one, naming it
 //   export DIR OUT            the model as one safetensors file of full tensors
 //   reshard DIR --tp N [--pp N] [--dp N] [--ep N] --out DIR2
 //                             the checkpoint at other degrees (CausalLM checkpoints; ZeRO-1
