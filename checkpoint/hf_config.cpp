@@ -100,6 +100,7 @@ void read_gpt_neox(const json& j, ModelConfig& c) {
     c.gelu_tanh = true;  // the same tanh approximation
   else
     refuse(str("gpt_neox hidden_act '", act, "' (gelu, gelu_new, gelu_pytorch_tanh are)"));
+  // GPTNeoXConfig's attention_bias defaults to true; nxd's GPT-NeoX always has the biases
   if (!j.value("attention_bias", true)) refuse("gpt_neox attention_bias: false");
   if (j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null() &&
       j["num_key_value_heads"].get<int64_t>() != c.num_attention_heads)

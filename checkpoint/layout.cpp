@@ -29,7 +29,11 @@ Degrees current_degrees() {
   d.tp_rank = ps::get_tensor_model_parallel_rank();
   d.pp_rank = ps::get_pipeline_model_parallel_rank();
   d.dp_rank = ps::get_data_context_parallel_rank();
+  d.cp = ps::get_context_parallel_size();
+  d.cp_rank = ps::get_context_parallel_rank();
+  d.data_rank = ps::get_data_parallel_rank();
   d.ep = ps::get_expert_model_parallel_size();
+  d.expert_dp = ps::get_expert_data_parallel_size();
   return d;
 }
 

@@ -17,9 +17,17 @@ struct Degrees {
   int world = 1, rank = 0;
   int tp = 1, pp = 1, dp = 1;
   int tp_rank = 0, pp_rank = 0, dp_rank = 0;
-  // Expert parallelism: DP ranks 0..ep-1 (expert-DP rank 0 of each EP rank) write the MoE
-  // experts they hold into their own model/optim files (DP rank 0's also has everything else).
+  // Context parallelism: dp and dp_rank count the DP x CP ranks (CP ranks hold the same
+  // parameters as DP ranks do); data_rank is the DP index alone (dp_rank = data_rank * cp +
+  // cp_rank).
+  int cp = 1, cp_rank = 0, data_rank = 0;
+  // Expert parallelism: the ranks of DP index e < ep at CP rank 0 (expert-DP rank 0 of EP rank e)
+  // write the MoE experts they hold into the model/optim files of DP rank e (DP rank 0's also has
+  // everything else).
   int ep = 1;
+  int expert_dp = 1;  // the expert-data-parallel group's size (DP / EP, or DP x CP / EP)
+  // The DP index of the files holding this rank's experts, or -1 if it writes none.
+  int expert_file() const { return cp_rank == 0 && data_rank < ep ? data_rank : -1; }
 };
 // This rank's place in parallel_state (TP = PP = 1 in a one-rank world that never set it up).
 Degrees current_degrees();

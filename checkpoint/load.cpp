@@ -22,7 +22,7 @@ using detail::Want;
 void check_files(const fs::path& dir, const json& meta) {
   // Shards are checked by their reader (which names the tensor a truncation cuts); the JSON
   // files here. A missing ZeRO-1 shard is named with the tensors it held (dp_shards.h).
-  const bool zero1 = meta.at("parallel").value("zero1", false);
+  const bool zero1 = saved_layout(meta).zero1;
   for (const auto& [rel, info] : meta.at("files").items()) {
     if (zero1 && rel.rfind("optim/", 0) == 0) continue;
     const fs::path p = dir / rel;

@@ -28,8 +28,9 @@ struct Checker {
     if (!ok) bad(where, str("must be ", what, ", got ", v.dump()));
   }
 
-  // {"dtype", "shape", "pp_rank", "split"?} of one tensor.
-  void tensor(const json& e, int64_t pp, const std::string& where) const {
+  // {"dtype", "shape", "pp_rank", "split"?, "dp_rank"?} of one tensor (dp_rank: the EP rank whose
+  // files hold an expert's weight, below `ep`).
+  void tensor(const json& e, int64_t pp, int64_t ep, const std::string& where) const {
     type(e.is_object(), e, "an object", where);
     const json& dt = field(e, "dtype", where);
     type(dt.is_string() &&
@@ -44,6 +45,7 @@ struct Checker {
       n *= x;
     }
     integer(field(e, "pp_rank", where), 0, pp - 1, where + " pp_rank");
+    if (e.contains("dp_rank")) integer(e["dp_rank"], 0, ep - 1, where + " dp_rank");
     if (e.contains("split")) split(e["split"], shape, where + " split");
   }
 
@@ -63,9 +65,9 @@ struct Checker {
                      " blocks x stride ", stride));
   }
 
-  void table(const json& t, int64_t pp, const std::string& where) const {
+  void table(const json& t, int64_t pp, int64_t ep, const std::string& where) const {
     type(t.is_object(), t, "an object", where);
-    for (const auto& [name, e] : t.items()) tensor(e, pp, str(where, " tensor '", name, "'"));
+    for (const auto& [name, e] : t.items()) tensor(e, pp, ep, str(where, " tensor '", name, "'"));
   }
 
   void optimizer_info(const json& info, const std::string& where) const {
@@ -146,15 +148,33 @@ json parse_metadata(const std::string& text, const std::string& file) {
     c.type(par["zero1"].is_boolean(), par["zero1"], "a boolean", "parallel zero1");
     if (par["zero1"].get<bool>() && v < 2) c.bad("parallel zero1", "needs format_version 2");
   }
+  int64_t ep = 1;
+  if (m.contains("expert_parallel")) {
+    ep = c.integer(m["expert_parallel"], 1, deg[3], "expert_parallel");
+    if (deg[3] % ep != 0) c.bad("expert_parallel", str(ep, " does not divide dp ", deg[3]));
+  }
   c.files(c.field(m, "files", "metadata"));
-  if (m.contains("model")) c.table(m["model"], deg[2], "model");
+  if (m.contains("model")) c.table(m["model"], deg[2], ep, "model");
   if (m.contains("optimizer")) {
     const json& o = m["optimizer"];
     c.type(o.is_object(), o, "an object", "optimizer");
     c.optimizer_info(c.field(o, "info", "optimizer"), "optimizer info");
-    c.table(c.field(o, "tensors", "optimizer"), deg[2], "optimizer");
+    c.table(c.field(o, "tensors", "optimizer"), deg[2], ep, "optimizer");
   }
   return m;
+}
+
+SavedLayout saved_layout(const json& meta) {
+  const json& par = meta.at("parallel");
+  SavedLayout s;
+  s.world = par.at("world").get<int>();
+  s.tp = par.at("tp").get<int>();
+  s.pp = par.at("pp").get<int>();
+  s.dp = par.at("dp").get<int>();
+  s.ep = meta.value("expert_parallel", 1);
+  s.zero1 = par.value("zero1", false);
+  s.compressed = meta.value("compressed", false);
+  return s;
 }
 
 }  // namespace nxd::ckpt

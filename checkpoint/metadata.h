@@ -19,11 +19,22 @@ inline constexpr int kFormatVersion = 2;
 // with positive integers world = tp x pp x dp and an optional boolean zero1 (true only from
 // format 2 on); "files": relative paths inside the checkpoint (no "..", not absolute) to
 // {"bytes" >= 0, optional "tensors" >= 0}; optional string tag / nxd_version, integer step >= 0,
-// boolean compressed, object model_config; "model" and "optimizer"."tensors" tables of name ->
-// {"dtype": F32 | BF16 | F64 | I32 | I64, "shape": non-negative integers, "pp_rank": 0 <= r < pp,
-// optional "split" (checkpoint/reshard.h) that the shape divides into}; "optimizer"."info" with
-// string kind, integer steps >= 0 and groups of {string name, numbers lr, weight_decay, lr_scale,
-// params: strings}. `file` names the source in the errors.
+// boolean compressed, object model_config, integer expert_parallel (EP, dividing dp); "model" and
+// "optimizer"."tensors" tables of name -> {"dtype": F32 | BF16 | F64 | I32 | I64, "shape":
+// non-negative integers, "pp_rank": 0 <= r < pp, optional "split" (checkpoint/reshard.h) that the
+// shape divides into, optional "dp_rank": 0 <= r < EP (the files of a MoE expert's EP rank)};
+// "optimizer"."info" with string kind, integer steps >= 0 and groups of {string name, numbers lr,
+// weight_decay, lr_scale, params: strings}. `file` names the source in the errors.
 nlohmann::json parse_metadata(const std::string& text, const std::string& file);
+
+// The layout a metadata.json that parse_metadata accepted records; keys that older checkpoints
+// lack take the value they meant.
+struct SavedLayout {
+  int world = 1, tp = 1, pp = 1, dp = 1;  // dp: DP x CP ranks
+  int ep = 1;                             // expert_parallel (absent: 1)
+  bool zero1 = false;       // ZeRO-1 optimizer state in per-DP-rank files (absent: no)
+  bool compressed = false;  // zstd shards, named .safetensors.zst (absent: no)
+};
+SavedLayout saved_layout(const nlohmann::json& meta);
 
 }  // namespace nxd::ckpt

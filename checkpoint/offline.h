@@ -19,10 +19,16 @@ std::filesystem::path resolve_checkpoint(const std::filesystem::path& dir);
 
 struct VerifyReport {
   int64_t files = 0, tensors = 0, bytes = 0;  // tensor bytes read
+  int64_t experts = 0;                        // MoE expert tensors checked (each TP rank's once)
 };
 // Reads every file of a complete checkpoint: JSON files parse, every shard listed in
 // metadata.json exists and every tensor matches its checksum, and ZeRO-1 state's DP files tile
-// every state tensor. Throws CheckpointError at the first problem, naming the file and tensor.
+// every state tensor. With MoE experts (saved at any expert-parallel degree EP): every expert
+// tensor is in exactly one model file per (tp, pp) rank, the one of the DP rank metadata.json
+// names (EP rank e's file holds experts [e*E/EP, (e+1)*E/EP)), no other tensor is in a file of DP
+// rank > 0, every expert 0..E-1 of every expert weight is present (E: model_config's
+// moe.num_experts) with one shape, and the same holds for an unsharded optimizer's expert state.
+// Throws CheckpointError at the first problem, naming the file and tensor.
 VerifyReport verify_checkpoint(const std::filesystem::path& tag_dir);
 
 // Writes the model of a complete checkpoint as one safetensors file of full (unsplit) tensors,
@@ -30,13 +36,22 @@ VerifyReport verify_checkpoint(const std::filesystem::path& tag_dir);
 // its metadata. Holds the model's full tensors in memory.
 void export_merged(const std::filesystem::path& tag_dir, const std::filesystem::path& out);
 
+// The degrees to reshard to. dp counts every rank that holds a replica of the parameters (a
+// saved DP x CP group: context-parallel ranks are data-parallel ranks to a checkpoint); ep (the
+// expert-parallel degree of a MoE model) must divide dp and the model's num_experts.
+struct ReshardDegrees {
+  int tp = 1, pp = 1, dp = 1, ep = 1;
+};
+
 // Loads a complete checkpoint of a CausalLM (metadata.json records its model_config) at the
-// given degrees on sim ranks (pp > 1: a PipelineModel's balanced stages) and saves it under
-// out_root/<same tag> (model, optimizer if saved, scheduler, user content). The optimizer keeps
-// its layout: ZeRO-1 state is written per DP rank of the new DP degree, AdamW's / SGD's whole.
-// ConfigError for impossible degrees.
+// given degrees on sim ranks (pp > 1: a PipelineModel's balanced stages) with load_checkpoint
+// (the online path: the same resharding of TP splits, DP shards and experts as a run that loads
+// it) and saves it under out_root/<same tag> (model, optimizer if saved, scheduler, user
+// content). The optimizer keeps its layout: ZeRO-1 state is written per DP rank of the new DP
+// degree (the experts' sharded over the new expert-DP group), AdamW's / SGD's whole. ConfigError
+// for impossible degrees; CheckpointError if out_root/<tag> exists (nothing is overwritten).
 void reshard_checkpoint(const std::filesystem::path& tag_dir, const std::filesystem::path& out_root,
-                        int tp, int dp, int pp = 1);
+                        const ReshardDegrees& to);
 
 // The inverse of export_merged: a safetensors file of full tensors with "nxd.model_config" in
 // its metadata (what export_merged writes) becomes the model of a checkpoint out_root/<tag> at

@@ -67,14 +67,16 @@ void check_tag(const std::string& tag) {
             "[save_checkpoint] tag must be a plain folder name, got '", tag, "'");
 }
 
-std::map<std::string, std::string> shard_meta(const char* kind, const Degrees& d,
+// The metadata of a file of DP rank `dp` (its name's: this rank's, or the EP rank whose experts
+// it holds) written by this (tp, pp) rank.
+std::map<std::string, std::string> shard_meta(const char* kind, const Degrees& d, int dp,
                                               const std::map<std::string, ShardSpec>& specs) {
   json par = json::object();
   for (const auto& [n, s] : specs) par[n] = to_json(s);
   return {{"nxd.kind", kind},
           {"nxd.tp_rank", std::to_string(d.tp_rank)},
           {"nxd.pp_rank", std::to_string(d.pp_rank)},
-          {"nxd.dp_rank", std::to_string(d.dp_rank)},
+          {"nxd.dp_rank", std::to_string(dp)},
           {"nxd.parallel", par.dump()}};
 }
 
@@ -129,39 +131,6 @@ struct SnapshotPool {
   }
 };
 
-// A sharded optimizer's (ZeRO-1) file of this rank: its part of every parameter's state as it
-// holds it (checkpoint/dp_shards.h), no gathering.
-Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
-                          const std::map<std::string, ShardSpec>& specs, SnapshotPool& snap) {
-  const Degrees& d = p.deg;
-  Shard s;
-  s.file = detail::shard_file("optim", {.dp_rank = d.dp_rank,
-                                        .tp_rank = d.tp_rank,
-                                        .pp_rank = d.pp_rank,
-                                        .compressed = p.opts.compress});
-  std::map<std::string, ShardSpec> used;
-  const std::vector<optim::StateShard> records = opt.sharded_state();
-  std::vector<const optim::StateShard*> held;
-  for (const auto& r : records) {
-    int64_t numel = 1;
-    for (int64_t x : r.shape) numel *= x;
-    // an empty parameter's step goes with DP rank 0
-    if (r.hi <= r.lo && !(numel == 0 && d.dp_rank == 0)) continue;
-    held.push_back(&r);
-    const auto spec = specs.find(r.param);
-    for (const auto& [what, t] : r.tensors) {
-      const std::string name = r.param + "." + what;
-      s.tensors.emplace_back(name, snap.take(t));
-      if (spec != specs.end()) used[name] = spec->second;
-    }
-    s.tensors.emplace_back(r.param + ".step", snap.take(from_vector<int64_t>({r.step}, {})));
-  }
-  s.meta = shard_meta("optimizer", d, used);
-  s.meta[detail::kZero1Key] = detail::zero1_json(held);
-  s.meta["nxd.optimizer"] = optimizer_json(opt).dump();
-  return s;
-}
-
 // The names of the MoE experts' weights held by these chunks (layers/moe/moe.h).
 std::set<std::string> expert_names(const std::vector<const Module*>& chunks) {
   std::set<std::string> out;
@@ -175,6 +144,46 @@ std::set<std::string> expert_names(const std::vector<const Module*>& chunks) {
   return out;
 }
 
+// A sharded optimizer's (ZeRO-1) file of this rank: its part of every parameter's state as it
+// holds it (checkpoint/dp_shards.h), no gathering. When the expert-DP group lies within one CP
+// rank's DP ranks (DP / EP members), every CP rank shards the experts' state alike: only CP rank
+// 0's parts are written, so the files tile it once.
+Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
+                          const std::vector<const Module*>& chunks,
+                          const std::map<std::string, ShardSpec>& specs, SnapshotPool& snap) {
+  const Degrees& d = p.deg;
+  const bool per_cp_rank = d.ep > 1 && d.expert_dp * d.ep == d.dp / d.cp;
+  const std::set<std::string> skip =
+      d.cp_rank > 0 && per_cp_rank ? expert_names(chunks) : std::set<std::string>{};
+  Shard s;
+  s.file = detail::shard_file("optim", {.dp_rank = d.dp_rank,
+                                        .tp_rank = d.tp_rank,
+                                        .pp_rank = d.pp_rank,
+                                        .compressed = p.opts.compress});
+  std::map<std::string, ShardSpec> used;
+  const std::vector<optim::StateShard> records = opt.sharded_state();
+  std::vector<const optim::StateShard*> held;
+  for (const auto& r : records) {
+    int64_t numel = 1;
+    for (int64_t x : r.shape) numel *= x;
+    // an empty parameter's step goes with DP rank 0
+    if (r.hi <= r.lo && !(numel == 0 && d.dp_rank == 0)) continue;
+    if (skip.count(r.param)) continue;
+    held.push_back(&r);
+    const auto spec = specs.find(r.param);
+    for (const auto& [what, t] : r.tensors) {
+      const std::string name = r.param + "." + what;
+      s.tensors.emplace_back(name, snap.take(t));
+      if (spec != specs.end()) used[name] = spec->second;
+    }
+    s.tensors.emplace_back(r.param + ".step", snap.take(from_vector<int64_t>({r.step}, {})));
+  }
+  s.meta = shard_meta("optimizer", d, d.dp_rank, used);
+  s.meta[detail::kZero1Key] = detail::zero1_json(held);
+  s.meta["nxd.optimizer"] = optimizer_json(opt).dump();
+  return s;
+}
+
 // This rank's files, with tensors copied (async) or shared with the live model (sync).
 void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
                   const optim::Optimizer* opt, const optim::LRSchedule* sched, const json& user,
@@ -183,16 +192,17 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
   const bool z = p.opts.compress;
   std::map<std::string, ShardSpec> specs;
   specs = detail::model_specs(chunks);
-  // expert parallelism: DP ranks 1..ep-1 write only the experts they hold (DP rank 0 everything)
-  const bool all = d.dp_rank == 0, experts_only = d.dp_rank > 0 && d.dp_rank < d.ep;
+  // expert parallelism: the writers of EP ranks 1..ep-1 (Degrees::expert_file) write only the
+  // experts they hold, into the files of DP rank <EP rank> (DP rank 0 everything)
+  const bool all = d.dp_rank == 0, experts_only = !all && d.expert_file() > 0;
+  const int file_dp = all ? 0 : d.expert_file();
   const std::set<std::string> experts =
       experts_only ? expert_names(chunks) : std::set<std::string>{};
   auto mine = [&](const std::string& param) { return all || experts.count(param) != 0; };
   if (!chunks.empty() && (all || experts_only)) {
     Shard s;
     s.file = detail::shard_file(
-        "model",
-        {.dp_rank = d.dp_rank, .tp_rank = d.tp_rank, .pp_rank = d.pp_rank, .compressed = z});
+        "model", {.dp_rank = file_dp, .tp_rank = d.tp_rank, .pp_rank = d.pp_rank, .compressed = z});
     std::map<std::string, ShardSpec> used;
     for (const Module* m : chunks)
       for (const auto& [name, t] : m->state_dict()) {
@@ -200,16 +210,15 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
         s.tensors.emplace_back(name, snap.take(t));
         if (specs.count(name)) used[name] = specs[name];
       }
-    s.meta = shard_meta("model", d, used);
+    s.meta = shard_meta("model", d, file_dp, used);
     p.shards.push_back(std::move(s));
   }
   if (opt && opt->state_is_sharded()) {
-    p.shards.push_back(sharded_optim_shard(p, *opt, specs, snap));
+    p.shards.push_back(sharded_optim_shard(p, *opt, chunks, specs, snap));
   } else if (opt && (all || experts_only)) {
     Shard s;
     s.file = detail::shard_file(
-        "optim",
-        {.dp_rank = d.dp_rank, .tp_rank = d.tp_rank, .pp_rank = d.pp_rank, .compressed = z});
+        "optim", {.dp_rank = file_dp, .tp_rank = d.tp_rank, .pp_rank = d.pp_rank, .compressed = z});
     std::map<std::string, ShardSpec> used;
     for (const auto& [name, t] : opt->state_tensors()) {
       const auto dot = name.rfind('.');
@@ -218,7 +227,7 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
       const auto it = dot == std::string::npos ? specs.end() : specs.find(name.substr(0, dot));
       if (it != specs.end() && t.dim() > 0) used[name] = it->second;
     }
-    s.meta = shard_meta("optimizer", d, used);
+    s.meta = shard_meta("optimizer", d, file_dp, used);
     s.meta["nxd.optimizer"] = optimizer_json(*opt).dump();
     p.shards.push_back(std::move(s));
   }

@@ -28,11 +28,11 @@ int64_t numel_of(const Shape& s) {
 }  // namespace
 
 Stager::Stager(fs::path dir, const json& meta, const Degrees& d) : dir_(std::move(dir)), d_(d) {
-  const auto& par = meta.at("parallel");
-  saved_tp_ = par.at("tp").get<int>();
-  saved_dp_ = par.at("dp").get<int>();
-  zero1_ = par.value("zero1", false);
-  compressed_ = meta.value("compressed", false);
+  const SavedLayout saved = saved_layout(meta);
+  saved_tp_ = saved.tp;
+  saved_dp_ = saved.dp;
+  zero1_ = saved.zero1;
+  compressed_ = saved.compressed;
 }
 
 void Stager::plan(const char* kind, const json& e, Want& w) {

@@ -1,13 +1,16 @@
 // nxd-ckpt: look at, check and convert nxd checkpoints without a training job.
 //   inspect DIR               the checkpoints under DIR (or DIR itself): complete or not, step,
-//                             degrees (zero1: optimizer state in per-DP-rank files); with
-//                             --tensors every tensor's dtype, full shape, bytes, split
-//   verify DIR                every file and checksum of DIR's newest complete checkpoint (or DIR);
-//                             exit 1 at the first bad one, naming it
+//                             degrees (zero1: optimizer state in per-DP-rank files; a MoE model:
+//                             its expert-parallel degree and experts per EP rank); with
+//                             --tensors every tensor's dtype, full shape, bytes, split, dp_rank
+//   verify DIR                every file and checksum of DIR's newest complete checkpoint (or DIR),
+//                             every listed tensor in its files, every MoE expert exactly once
+//                             (in its EP rank's files); exit 1 at the first bad one, naming it
 //   export DIR OUT            the model as one safetensors file of full tensors
-//   reshard DIR --tp N [--pp N] [--dp N] --out DIR2
+//   reshard DIR --tp N [--pp N] [--dp N] [--ep N] --out DIR2
 //                             the checkpoint at other degrees (CausalLM checkpoints; ZeRO-1
-//                             state is written per DP rank of the new DP degree)
+//                             state is written per DP rank of the new DP degree; --ep: the
+//                             expert-parallel degree of a MoE model, dividing --dp, default 1)
 //   import FILE OUT [--tp N] [--dp N] [--tag T]
 //                             an exported file back into a checkpoint OUT/T (model only)
 //   export-hf DIR OUT_DIR     model.safetensors + config.json for Hugging Face transformers
@@ -36,7 +39,7 @@ const char* kUsage =
     "usage: nxd-ckpt inspect DIR [--tensors]\n"
     "       nxd-ckpt verify DIR\n"
     "       nxd-ckpt export DIR OUT.safetensors\n"
-    "       nxd-ckpt reshard DIR --tp N [--pp N] [--dp N] --out DIR2\n"
+    "       nxd-ckpt reshard DIR --tp N [--pp N] [--dp N] [--ep N] --out DIR2\n"
     "       nxd-ckpt import FILE.safetensors OUT [--tp N] [--dp N] [--tag T]\n"
     "       nxd-ckpt export-hf DIR OUT_DIR\n"
     "       nxd-ckpt import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]\n"
@@ -61,16 +64,35 @@ int to_int(const std::string& flag, const std::string& v) {
   return static_cast<int>(x);
 }
 
+// A MoE model's experts: how many, over which expert-parallel degree, in which files.
+void print_experts(const json& m) {
+  if (!m.contains("model_config") || !m["model_config"].contains("moe")) return;
+  const int64_t e = m["model_config"]["moe"].value("num_experts", int64_t{0});
+  const int ep = nxd::ckpt::saved_layout(m).ep;
+  if (e <= 0) return;
+  if (ep <= 1) {
+    std::printf("  experts %lld per MoE layer, expert parallel 1 (all in the DP rank 0 files)\n",
+                static_cast<long long>(e));
+    return;
+  }
+  std::printf(
+      "  experts %lld per MoE layer, expert parallel %d: %lld per EP rank (EP rank r's in the "
+      "files of DP rank r)\n",
+      static_cast<long long>(e), ep, static_cast<long long>(e / ep));
+}
+
 void print_tag(const fs::path& dir, bool tensors) {
   const json m = nxd::ckpt::read_metadata(dir);
-  const auto& p = m["parallel"];
-  std::printf("%s: complete, step %lld, tp %d pp %d dp %d%s, format %d (nxd %s)%s\n",
-              dir.string().c_str(), static_cast<long long>(m.value("step", int64_t{0})),
-              p.value("tp", 1), p.value("pp", 1), p.value("dp", 1),
-              p.value("zero1", false) ? " zero1" : "", m["format_version"].get<int>(),
-              m.value("nxd_version", "?").c_str(), m.value("compressed", false) ? ", zstd" : "");
+  const nxd::ckpt::SavedLayout p = nxd::ckpt::saved_layout(m);
+  const bool moe = m.contains("model_config") && m["model_config"].contains("moe");
+  std::printf("%s: complete, step %lld, tp %d pp %d dp %d%s%s, format %d (nxd %s)%s\n",
+              dir.string().c_str(), static_cast<long long>(m.value("step", int64_t{0})), p.tp, p.pp,
+              p.dp, moe ? nxd::str(" ep ", p.ep).c_str() : "", p.zero1 ? " zero1" : "",
+              m["format_version"].get<int>(), m.value("nxd_version", "?").c_str(),
+              p.compressed ? ", zstd" : "");
   if (m.contains("model_config"))
     std::printf("  model_config %s\n", m["model_config"].dump().c_str());
+  print_experts(m);
   if (m.contains("optimizer") && m["optimizer"].contains("info"))
     std::printf("  optimizer %s, %lld steps\n", m["optimizer"]["info"].value("kind", "?").c_str(),
                 static_cast<long long>(m["optimizer"]["info"].value("steps", int64_t{0})));
@@ -84,9 +106,10 @@ void print_tag(const fs::path& dir, bool tensors) {
       for (const auto& d : e["shape"]) n *= d.get<int64_t>();
       const std::string dt = e["dtype"];
       const int64_t size = dt == "BF16" ? 2 : (dt == "F32" || dt == "I32") ? 4 : 8;
-      std::printf("  %s %s %s %s %lld bytes%s\n", kind, name.c_str(), dt.c_str(),
+      std::printf("  %s %s %s %s %lld bytes%s%s\n", kind, name.c_str(), dt.c_str(),
                   e["shape"].dump().c_str(), static_cast<long long>(n * size),
-                  e.contains("split") ? (" split " + e["split"].dump()).c_str() : "");
+                  e.contains("split") ? (" split " + e["split"].dump()).c_str() : "",
+                  e.contains("dp_rank") ? nxd::str(" dp_rank ", e["dp_rank"].dump()).c_str() : "");
     }
   }
 }
@@ -145,7 +168,7 @@ struct Args {
   std::string cmd;
   std::vector<std::string> pos;  // positional arguments
   std::string out, tag = "imported";
-  int tp = 0, dp = 1, pp = 1;  // tp 0: not given
+  int tp = 0, dp = 1, pp = 1, ep = 1;  // tp 0: not given
   bool tensors = false;
   void want(size_t n) const {
     if (pos.size() != n) throw Usage(nxd::str(cmd, " takes ", n, " argument(s), got ", pos.size()));
@@ -172,6 +195,8 @@ Args parse(const std::vector<std::string>& a) {
       r.dp = to_int("--dp", value());
     else if (a[i] == "--pp")
       r.pp = to_int("--pp", value());
+    else if (a[i] == "--ep")
+      r.ep = to_int("--ep", value());
     else if (a[i].rfind("--", 0) == 0)
       throw Usage("unknown option " + a[i]);
     else
@@ -186,9 +211,9 @@ int reshard(const Args& a) {
   const fs::path tag = nxd::ckpt::resolve_checkpoint(a.pos[0]);
   const fs::path dst = fs::path(a.out) / tag.filename();
   if (fs::exists(dst)) throw Usage(nxd::str(dst.string(), " already exists"));
-  nxd::ckpt::reshard_checkpoint(tag, a.out, a.tp, a.dp, a.pp);
-  std::printf("%s -> %s (tp %d pp %d dp %d)\n", tag.string().c_str(), dst.string().c_str(), a.tp,
-              a.pp, a.dp);
+  nxd::ckpt::reshard_checkpoint(tag, a.out, {.tp = a.tp, .pp = a.pp, .dp = a.dp, .ep = a.ep});
+  std::printf("%s -> %s (tp %d pp %d dp %d%s)\n", tag.string().c_str(), dst.string().c_str(), a.tp,
+              a.pp, a.dp, a.ep > 1 ? nxd::str(" ep ", a.ep).c_str() : "");
   return 0;
 }
 

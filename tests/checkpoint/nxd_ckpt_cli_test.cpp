@@ -5,9 +5,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <tuple>
 
 #include "ckpt_util.h"
+#include "nxd/checkpoint/safetensors.h"
 #include "support/files.h"
 #include "support/proc.h"
 #include "support/ranks.h"
@@ -168,6 +170,98 @@ TEST(NxdCkpt, Zero1InspectVerifyReshardDp) {
   r = ckpt({"verify", (d / "run").string()}, d);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find(lost), std::string::npos) << r.err;
+}
+
+// Rewrites one shard of a checkpoint with edit() applied to its tensors (metadata and checksums
+// kept valid) and records its new size in metadata.json: damage that only the expert checks see.
+void rewrite_shard(const fs::path& tag, const std::string& rel,
+                   const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit,
+                   const std::function<void(json&)>& edit_meta = nullptr) {
+  SafetensorsReader r(tag / rel);
+  const auto md = r.header().metadata;
+  auto tensors = r.read_all();
+  edit(tensors);
+  write_safetensors(tag / rel, tensors, md);
+  json m = json::parse(nxd::testing::slurp(tag / "metadata.json"));
+  m["files"][rel] = {{"bytes", fs::file_size(tag / rel)}, {"tensors", tensors.size()}};
+  if (edit_meta) edit_meta(m);
+  std::ofstream(tag / "metadata.json") << m.dump(1);
+}
+
+// A Mixtral checkpoint saved at EP 2: inspect shows the experts per EP rank, verify passes, and
+// reshard --ep 1 writes every expert into DP rank 0's file; verify exits 1 naming a missing
+// expert shard (a tensor gone from its file, or gone from the file and metadata.json) and a
+// duplicated one; impossible --ep values and an existing output are user mistakes (exit 2).
+TEST(NxdCkpt, ExpertParallelInspectVerifyReshard) {
+  const nxd::testing::ScratchDir d_scratch("nxd_ckpt_cli_");
+  const fs::path& d = d_scratch.path;
+  ModelConfig c = nxd::testing::micro_model("llama");
+  c.arch = "mixtral";
+  c.moe.num_experts = 4;
+  c.moe.top_k = 2;
+  c.moe.frequency = 1;
+  nxd::testing::run_ranks(2, [&] {
+    parallel_state::initialize_model_parallel({.expert = 2});
+    auto m = make_causal_lm(c, 5);
+    save_checkpoint(d / "run", "s", m.get(), nullptr, nullptr);
+  });
+  const std::string x1 = "model/dp_rank_01_tp_rank_00_pp_rank_00.safetensors";
+  const std::string e3 = "model.layers.1.block_sparse_moe.experts.3.w2.weight";
+  auto r = ckpt({"inspect", (d / "run").string(), "--tensors"}, d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("tp 1 pp 1 dp 2 ep 2, format 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expert parallel 2: 2 per EP rank"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(e3 + " F32 [16,24] 1536 bytes dp_rank 1"), std::string::npos) << r.out;
+  r = ckpt({"verify", (d / "run").string()}, d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = ckpt({"reshard", (d / "run").string(), "--tp", "1", "--out", (d / "ep1").string()}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_metadata(d / "ep1/s").value("expert_parallel", 0), 1);
+  EXPECT_FALSE(fs::exists(d / "ep1/s" / x1));
+  SafetensorsReader one(d / "ep1/s/model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors");
+  EXPECT_NE(one.header().find(e3), nullptr);
+  EXPECT_EQ(ckpt({"verify", (d / "ep1").string()}, d).code, 0);
+  const std::string run = (d / "run").string(), out = (d / "out").string();
+  for (const auto& [args, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"reshard", run, "--tp", "1", "--dp", "3", "--ep", "3", "--out", out},
+            "num_experts=4 is not divisible by"},
+           {{"reshard", run, "--tp", "1", "--ep", "2", "--out", out}, "ep=2 does not divide dp=1"},
+           {{"reshard", run, "--tp", "1", "--ep", "0", "--out", out}, "--ep needs a positive"},
+           {{"reshard", run, "--tp", "1", "--out", run}, "already exists"}}) {
+    r = ckpt(args, d);
+    EXPECT_EQ(r.code, 2) << want << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(d / "out/s"));
+  // damage: copies of the checkpoint with one expert shard missing or duplicated
+  auto damaged = [&](const std::string& name) {
+    fs::create_directories(d / name);
+    fs::copy(d / "run/s", d / name / "s", fs::copy_options::recursive);
+    return d / name / "s";
+  };
+  auto drop_e3 = [&](std::vector<std::pair<std::string, Tensor>>& ts) {
+    std::erase_if(ts, [&](const auto& t) { return t.first == e3; });
+  };
+  rewrite_shard(damaged("missing"), x1, drop_e3);
+  rewrite_shard(damaged("unlisted"), x1, drop_e3, [&](json& m) { m["model"].erase(e3); });
+  const std::string e0 = "model.layers.0.block_sparse_moe.experts.0.w1.weight";
+  rewrite_shard(damaged("duplicated"), x1, [&](std::vector<std::pair<std::string, Tensor>>& ts) {
+    for (auto& t : SafetensorsReader(d / "run/s/model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors")
+                       .read_all())
+      if (t.first == e0) ts.push_back(t);
+  });
+  for (const auto& [name, want] : std::vector<std::pair<std::string, std::string>>{
+           {"missing", "tensor '" + e3 + "' is listed in metadata.json but not in"},
+           {"unlisted", "has no expert 3 (model_config has 4 experts): a missing expert shard"},
+           {"duplicated", "a duplicated expert shard"}}) {
+    r = ckpt({"verify", (d / name).string()}, d);
+    EXPECT_EQ(r.code, 1) << name << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << name << ": " << r.err;
+    std::printf("    %s: %s", name.c_str(), r.err.c_str());
+    if (name != "unlisted") {
+      EXPECT_NE(r.err.find(x1), std::string::npos) << r.err;
+    }
+  }
 }
 
 }  // namespace

@@ -50,9 +50,9 @@ TEST(Offline, ExportAndReshardKeepEveryTensor) {
       1u);
 
   // TP 2 -> 4 (K/V now replicated) -> 1, offline: the exported tensors never change
-  reshard_checkpoint(tag, root / "tp4", 4, 1);
-  reshard_checkpoint(root / "tp4" / "step_1", root / "tp1", 1, 2);
-  reshard_checkpoint(root / "tp4" / "step_1", root / "tp2pp2", 2, 1, 2);  // pipeline stages
+  reshard_checkpoint(tag, root / "tp4", {.tp = 4});
+  reshard_checkpoint(root / "tp4" / "step_1", root / "tp1", {.tp = 1, .dp = 2});
+  reshard_checkpoint(root / "tp4" / "step_1", root / "tp2pp2", {.tp = 2, .pp = 2});  // stages
   for (const char* d : {"tp4", "tp1", "tp2pp2"}) {
     const fs::path t = resolve_checkpoint(root / d);
     EXPECT_EQ(read_metadata(t)["step"], 1);
@@ -238,7 +238,7 @@ TEST(Offline, ReshardKeepsZero1State) {
   };
   for (const Case& c :
        {Case{"tp1dp2", 1, 2, 1}, Case{"tp4dp1", 4, 1, 1}, Case{"tp2pp2", 2, 1, 2}}) {
-    reshard_checkpoint(root / "src/s", root / c.name, c.tp, c.dp, c.pp);
+    reshard_checkpoint(root / "src/s", root / c.name, {.tp = c.tp, .pp = c.pp, .dp = c.dp});
     const auto m = read_metadata(root / c.name / "s");
     EXPECT_EQ(m["parallel"]["zero1"], true) << c.name;
     EXPECT_EQ(m["parallel"]["dp"], c.dp) << c.name;

@@ -154,7 +154,7 @@ TEST(MoeTensorParallel, CheckpointSavedAtTp2Ep2LoadsAtTp1AndExportsWhole) {
                         "optim/dp_rank_01_tp_rank_01_pp_rank_00.safetensors"})
     EXPECT_TRUE(std::filesystem::exists(dir / "s2" / f)) << f;
   // nxd-ckpt reshard to TP 1 x DP 1 (offline), loaded on one rank
-  ckpt::reshard_checkpoint(dir / "s2", dir / "tp1", 1, 1, 1);
+  ckpt::reshard_checkpoint(dir / "s2", dir / "tp1", {.tp = 1, .pp = 1, .dp = 1});
   for (auto [world, tp, ep, root] :
        {std::tuple{2, 1, 1, dir}, std::tuple{1, 1, 1, dir}, std::tuple{1, 1, 1, dir / "tp1"}}) {
     run(world, tp, ep, 99, false, root);
