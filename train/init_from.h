@@ -1,6 +1,6 @@
 #pragma once
 // model.init_from (fine-tuning): a run whose weights start from a transformers folder, an nxd
-// checkpoint of any TP/PP/DP degree (or a run folder, its checkpoints/) or a file of
+// checkpoint of any TP/PP/DP/EP degree (or a run folder, its checkpoints/) or a file of
 // `nxd-ckpt export`, resharded to the run's layout, with a fresh optimizer at step 0.
 //
 // Resolution (resolve_init_from, called by resolve() before the model section): every model.*
