@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <concepts>
 
 #include "nxd/runtime/error.h"
 
@@ -35,6 +36,10 @@ KeySpec key(std::string k, KeyType t, json def, std::string doc,
   return KeySpec{std::move(k),       t,        std::move(def), std::move(doc),
                  std::move(choices), nullable, list_size};
 }
+// The former trailing `nullable` flag: a key written as key(..., {}, true) stops here instead of
+// reading `true` as list_size 1. Give the key a null default instead.
+KeySpec key(std::string k, KeyType t, json def, std::string doc, std::vector<std::string> choices,
+            std::same_as<bool> auto nullable) = delete;
 
 std::vector<KeySpec> make_registry() {
   using K = KeyType;
