@@ -140,9 +140,9 @@ Tensor NxDModel::forward(const Tensor& ids) {
 Tensor NxDModel::run_eval(const Tensor& ids, const Tensor& targets) {
   if (pipeline_) {
     NoGradGuard ng;
-    pipeline_->train(false);
+    pipeline_->eval();
     Tensor l = pipeline_->run_eval(ids, targets);
-    pipeline_->train(true);
+    pipeline_->train();
     return l;
   }
   NoGradGuard ng;

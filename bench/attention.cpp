@@ -89,7 +89,8 @@ void block_products(const bench::TimerOptions& to) {
     auto [tg, th] = bench::time_pair(
         [&] {
           for (int r = 0; r < 200; ++r)
-            blas::sgemm(false, true, 64, 64, d, 1.f, qp, d, kp, d, 0.f, s1.data<float>(), 64);
+            blas::sgemm(/*trans_a=*/false, /*trans_b=*/true, 64, 64, d, 1.f, qp, d, kp, d, 0.f,
+                        s1.data<float>(), 64);
         },
         [&] {
           for (int r = 0; r < 200; ++r) qk_hand(s2.data<float>(), qp, kp, d, kt.data());

@@ -77,18 +77,28 @@ Flags parse(int argc, char** argv) {
   return f;
 }
 
-ModelConfig llama(int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t vocab,
-                  int64_t seq, DType dt, Device dev) {
-  ModelConfig c;
-  c.vocab_size = vocab;
-  c.num_layers = layers;
-  c.hidden_size = hidden;
-  c.num_attention_heads = heads;
-  c.num_kv_heads = kv;
-  c.max_position_embeddings = seq;
-  c.dtype = dt;
-  c.device = dev;
-  return c;
+// The measured model: the flags' sizes, bf16 on the meta device (shapes only).
+ModelConfig meta_model(const Flags& f) {
+  return {.vocab_size = f.vocab,
+          .num_layers = f.layers,
+          .hidden_size = f.hidden,
+          .num_attention_heads = f.heads,
+          .num_kv_heads = f.kv_heads,
+          .max_position_embeddings = f.seq,
+          .dtype = DType::bf16,
+          .device = Device::meta};
+}
+
+// The model trained for real: 2 layers of 2 heads (no GQA), a 256-token vocabulary, f32.
+ModelConfig real_model(const Flags& f, Device dev) {
+  return {.vocab_size = 256,
+          .num_layers = 2,
+          .hidden_size = f.real_hidden,
+          .num_attention_heads = 2,
+          .num_kv_heads = 2,
+          .max_position_embeddings = f.real_seq,
+          .dtype = DType::f32,
+          .device = dev};
 }
 
 struct StepFigures {
@@ -103,8 +113,7 @@ StepFigures meta_step(const Flags& f, int cp) {
   std::vector<double> act(cp), step(cp), comm(cp);
   sim::launch({.world_size = cp, .memory_capacity = 0}, [&] {
     ps::initialize_model_parallel(ps::ParallelSizes{.context = cp});
-    const ModelConfig c =
-        llama(f.hidden, f.layers, f.heads, f.kv_heads, f.vocab, f.seq, DType::bf16, Device::meta);
+    const ModelConfig c = meta_model(f);
     auto m = make_causal_lm(c, 1);
     optim::GradSync sync(*m, {.mode = optim::GradSyncMode::at_step});
     const Tensor ids = zeros({1, f.seq / cp}, DType::i64, Device::meta);
@@ -135,8 +144,7 @@ std::vector<double> real_train(const Flags& f, int cp, int64_t capacity, std::st
   try {
     sim::launch({.world_size = cp, .memory_capacity = capacity}, [&] {
       ps::initialize_model_parallel(ps::ParallelSizes{.context = cp});
-      const ModelConfig c =
-          llama(f.real_hidden, 2, 2, 2, 256, f.real_seq, DType::f32, Device::host);
+      const ModelConfig c = real_model(f, Device::host);
       auto m = make_causal_lm(c, 1);
       optim::GradSync sync(*m, {.mode = optim::GradSyncMode::at_step});
       std::vector<optim::NamedParam> params;
@@ -150,7 +158,7 @@ std::vector<double> real_train(const Flags& f, int cp, int64_t capacity, std::st
       const Tensor ids = context_parallel_slice(all.narrow(1, 0, f.real_seq), 1, r, cp);
       const Tensor tg = context_parallel_slice(all.narrow(1, 1, f.real_seq), 1, r, cp);
       for (int s = 0; s < f.real_steps; ++s) {
-        opt.zero_grad(true);
+        opt.zero_grad(/*set_to_none=*/true);
         Tensor loss = m->loss(ids, tg);
         backward(loss);
         sync.finish();
@@ -169,7 +177,7 @@ std::vector<double> real_train(const Flags& f, int cp, int64_t capacity, std::st
 std::pair<int64_t, int64_t> real_footprint(const Flags& f) {
   int64_t resident = 0, peak = 0;
   sim::launch({.world_size = 1, .memory_capacity = 0}, [&] {
-    const ModelConfig c = llama(f.real_hidden, 2, 2, 2, 256, f.real_seq, DType::f32, Device::meta);
+    const ModelConfig c = real_model(f, Device::meta);
     auto m = make_causal_lm(c, 1);
     std::vector<optim::NamedParam> params;
     for (auto& [n, t] : m->named_parameters()) params.push_back({n, t});

@@ -94,8 +94,8 @@ void run(const Case& c, int threads, const bench::TimerOptions& topt, bool print
     cbuf.resize(static_cast<size_t>(kHeads * m * n));
     engine = [&, m, n, k, qk] {
       for (int64_t h = 0; h < kHeads; ++h)
-        blas::sgemm(false, qk, m, n, k, 1.f, xp + h * m * k, k, wp + h * n * k, qk ? k : n, 0.f,
-                    cbuf.data() + h * m * n, n);
+        blas::sgemm(/*trans_a=*/false, /*trans_b=*/qk, m, n, k, 1.f, xp + h * m * k, k,
+                    wp + h * n * k, qk ? k : n, 0.f, cbuf.data() + h * m * n, n);
     };
     blas = [&, m, n, k, qk] {
       for (int64_t h = 0; h < kHeads; ++h)
@@ -194,7 +194,8 @@ void split_sweep(int threads, const bench::TimerOptions& topt) {
       const int64_t calls = std::max<int64_t>(1, int64_t{50'000'000} / (m * n * k));
       auto call = [&] {
         for (int64_t i = 0; i < calls; ++i)
-          blas::sgemm(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c.data(), n);
+          blas::sgemm(/*trans_a=*/false, /*trans_b=*/false, m, n, k, 1.f, a.data(), k, b.data(), n,
+                      0.f, c.data(), n);
       };
       auto serial = [&] {
         blas::set_gemm_split({kNever, kNever});

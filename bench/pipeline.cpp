@@ -163,18 +163,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::vector<Par> pars{
-      {"single"},
-      {"pp2-gpipe", 1, 2, 1, 1, ScheduleKind::gpipe},
-      {"pp2-1f1b", 1, 2},
-      {"pp2-interleaved-vpp2", 1, 2, 1, 2, ScheduleKind::interleaved},
-      {"pp4-1f1b", 1, 4},
-      {"tp2xpp2xdp2-1f1b", 2, 2, 2},
-      {"single-ckpt-selective", 1, 1, 1, 1, ScheduleKind::one_f_one_b,
-       CheckpointGranularity::selective},
-      {"single-ckpt-full", 1, 1, 1, 1, ScheduleKind::one_f_one_b, CheckpointGranularity::full},
-      {"pp2-1f1b-ckpt-selective", 1, 2, 1, 1, ScheduleKind::one_f_one_b,
-       CheckpointGranularity::selective},
-      {"pp2-1f1b-ckpt-full", 1, 2, 1, 1, ScheduleKind::one_f_one_b, CheckpointGranularity::full},
+      {.name = "single"},
+      {.name = "pp2-gpipe", .pp = 2, .kind = ScheduleKind::gpipe},
+      {.name = "pp2-1f1b", .pp = 2},
+      {.name = "pp2-interleaved-vpp2", .pp = 2, .vpp = 2, .kind = ScheduleKind::interleaved},
+      {.name = "pp4-1f1b", .pp = 4},
+      {.name = "tp2xpp2xdp2-1f1b", .tp = 2, .pp = 2, .dp = 2},
+      {.name = "single-ckpt-selective", .ckpt = CheckpointGranularity::selective},
+      {.name = "single-ckpt-full", .ckpt = CheckpointGranularity::full},
+      {.name = "pp2-1f1b-ckpt-selective", .pp = 2, .ckpt = CheckpointGranularity::selective},
+      {.name = "pp2-1f1b-ckpt-full", .pp = 2, .ckpt = CheckpointGranularity::full},
   };
   std::vector<Result> best(pars.size());
   try {

@@ -76,8 +76,8 @@ int main(int argc, char** argv) {
   const int calls = 2000;
   std::vector<double> with, without;
   for (int r = 0; r < rounds; ++r) {
-    without.push_back(allreduce_seconds(calls, false));
-    with.push_back(allreduce_seconds(calls, true));
+    without.push_back(allreduce_seconds(calls, /*reduce=*/false));
+    with.push_back(allreduce_seconds(calls, /*reduce=*/true));
   }
   const double ar = median(with) - median(without);
   std::printf("allreduce_i32_8_sim_ranks_us=%.2f (loop baseline %.3f us)\n", ar * 1e6,

@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   fs::remove_all(dir);
 
   // ---- padding waste of automatic buckets (powers of two) on log-uniform prompt lengths ----
-  const auto autob = trace::BucketConfig::automatic(1, 16, L).buckets;
+  const auto autob = trace::BucketConfig::automatic({.min_seq = 16, .max_seq = L}).buckets;
   std::mt19937_64 g(1);
   int64_t real = 0, padded = 0;
   for (int i = 0; i < 10000; ++i) {

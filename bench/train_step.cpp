@@ -64,17 +64,17 @@ std::vector<Gemm> step_gemms(CausalLM& model, int64_t tokens, int64_t batch, int
                                  name.find("embed_in") != std::string::npos;
     if (input_embedding && !c.tie_word_embeddings) continue;  // a gather, not a product
     const int64_t out = p.size(0), in = p.size(1);
-    g.push_back({tokens, out, in, 1, false, true});
-    g.push_back({tokens, in, out, 1, false, false});
-    g.push_back({out, in, tokens, 1, true, false});
+    g.push_back({.m = tokens, .n = out, .k = in, .count = 1, .tb = true});
+    g.push_back({.m = tokens, .n = in, .k = out, .count = 1});
+    g.push_back({.m = out, .n = in, .k = tokens, .count = 1, .ta = true});
   }
   const int64_t bh = batch * c.num_attention_heads * c.num_layers, d = c.head_dim();
-  g.push_back({seq, seq, d, bh, false, true});   // scores
-  g.push_back({seq, d, seq, bh, false, false});  // probs @ V
-  g.push_back({seq, seq, d, bh, false, true});   // dP
-  g.push_back({seq, d, seq, bh, true, false});   // dV
-  g.push_back({seq, d, seq, bh, false, false});  // dQ
-  g.push_back({seq, d, seq, bh, true, false});   // dK
+  g.push_back({.m = seq, .n = seq, .k = d, .count = bh, .tb = true});  // scores
+  g.push_back({.m = seq, .n = d, .k = seq, .count = bh});              // probs @ V
+  g.push_back({.m = seq, .n = seq, .k = d, .count = bh, .tb = true});  // dP
+  g.push_back({.m = seq, .n = d, .k = seq, .count = bh, .ta = true});  // dV
+  g.push_back({.m = seq, .n = d, .k = seq, .count = bh});              // dQ
+  g.push_back({.m = seq, .n = d, .k = seq, .count = bh, .ta = true});  // dK
   return g;
 }
 
@@ -132,7 +132,7 @@ void run_case(const Case& cs, int threads, int reps, blas::MatmulPrecision preci
     backward(loss);
     optim::clip_grad_norm(params, 1.0);
     opt.step();
-    opt.zero_grad(true);
+    opt.zero_grad(/*set_to_none=*/true);
   };
   // the floor: the same GEMMs on preallocated buffers
   const int64_t tokens = cs.batch * cs.seq;

@@ -8,7 +8,12 @@
 
 namespace nxd::optim {
 
-double grad_stat(const Tensor& grad, bool inf) {
+GradStat grad_stat_of_norm(double norm_type) {
+  return norm_type == kInfNorm ? GradStat::max_abs : GradStat::sum_of_squares;
+}
+
+double grad_stat(const Tensor& grad, GradStat stat) {
+  const bool inf = stat == GradStat::max_abs;
   Tensor g = grad.contiguous();
   NXD_CHECK(is_floating(g.dtype()), "[grad_norm] gradient ", g.desc(), " is not floating point");
   // 1024-element blocks, each into its own double partial (8 interleaved lanes, so the loop
@@ -63,7 +68,7 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
   for (const auto& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    const double s = grad_stat(g, inf);
+    const double s = grad_stat(g, grad_stat_of_norm(norm_type));
     acc = inf ? std::max(acc, s) : acc + s;
   }
   return inf ? acc : std::sqrt(acc);

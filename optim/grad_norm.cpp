@@ -25,7 +25,10 @@ std::vector<NormParam> norm_params(Module& root) {
   for (const Tensor& t : moe_expert_parameters(root)) experts.insert(t.impl());
   std::vector<NormParam> out;
   for (auto& p : parallel_parameters(root))
-    out.push_back({p.name, p.tensor, p.attrs, false, experts.count(p.tensor.impl()) != 0});
+    out.push_back({.name = p.name,
+                   .param = p.tensor,
+                   .attrs = p.attrs,
+                   .expert = experts.count(p.tensor.impl()) != 0});
   return out;
 }
 
@@ -60,7 +63,7 @@ double parallel_grad_norm(const std::vector<NormParam>& params, const NormGroups
     const int64_t m = sharded ? p.attrs.kv_replicas : 1;
     NXD_CHECK(m >= 1 && tp % m == 0, "[parallel_grad_norm] parameter '", p.name,
               "' has kv_replicas ", m, " which does not divide the TP size ", tp);
-    const double s = grad_stat(g, inf);
+    const double s = grad_stat(g, grad_stat_of_norm(norm_type));
     double& acc = p.expert ? experts : total;
     acc = inf ? std::max(acc, s) : acc + s / static_cast<double>(m);
   }

@@ -206,9 +206,11 @@ class AdamW : public Optimizer {
 inline constexpr double kInfNorm = -1.0;
 double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
 // The statistic grad_norm adds up per gradient (parallel_grad_norm too): the sum of squares of a
-// floating tensor's elements in double, or with inf the largest |x|. Runs on the compute pool in
-// an order fixed by the element count, so it is the same for any thread count.
-double grad_stat(const Tensor& g, bool inf);
+// floating tensor's elements in double (norm_type 2), or the largest |x| (kInfNorm). Runs on the
+// compute pool in an order fixed by the element count, so it is the same for any thread count.
+enum class GradStat { sum_of_squares, max_abs };
+GradStat grad_stat_of_norm(double norm_type);  // kInfNorm: max_abs, else sum_of_squares
+double grad_stat(const Tensor& g, GradStat stat);
 // Multiplies every gradient by `coef` in place.
 void scale_grads(const std::vector<Tensor>& params, double coef);
 // torch.nn.utils.clip_grad_norm_: total = grad_norm(params); if max_norm / (total + 1e-6) < 1

@@ -249,9 +249,9 @@ double Zero1AdamW::grad_sq_sum() {
     const auto [lo, hi] = I.overlap(s);
     if (!I.sync->has_grad(static_cast<int>(i)) || hi <= lo || s.norm_weight == 0) continue;
     const Shard& sh = I.shards[static_cast<size_t>(s.bucket)];
-    total +=
-        grad_stat(I.grad[static_cast<size_t>(s.bucket)].narrow(0, lo - sh.begin, hi - lo), false) *
-        s.norm_weight;
+    total += grad_stat(I.grad[static_cast<size_t>(s.bucket)].narrow(0, lo - sh.begin, hi - lo),
+                       GradStat::sum_of_squares) *
+             s.norm_weight;
   }
   const NormGroups& ng_ = I.opts.norm_groups;
   for (const auto& g : {ng_.tp, ng_.pp, ng_.ep, I.dp})

@@ -32,10 +32,10 @@ Executor::Executor(std::shared_ptr<Communicator> group, ScheduleConfig cfg)
   rank_ = group_->rank();
 }
 
-void Executor::send(const Tensor& t, int to_stage, bool grad, const Key& key) {
+void Executor::send_activation(const Tensor& t, int to_stage, const Key& key) {
   const int dst = to_stage % cfg_.pp;
   Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  if (!grad && !shapes_.count(key)) {
+  if (!shapes_.count(key)) {
     NXD_CHECK(buf.dim() <= kHeader - 2, "[pipeline] activation ", buf.desc(), " has more than ",
               kHeader - 2, " dims");
     Tensor h = zeros({kHeader}, DType::i64);
@@ -46,14 +46,18 @@ void Executor::send(const Tensor& t, int to_stage, bool grad, const Key& key) {
     p[kHeader - 1] = static_cast<int64_t>(buf.dtype()) + (buf.is_meta() ? 256 : 0);
     pending_.emplace_back(group_->isend(h, dst, shape_tag(to_stage)), h);
     shapes_[key] = Meta{buf.shape(), buf.dtype(), buf.is_meta()};
-  } else if (!grad) {
+  } else {
     const Meta& m = shapes_.at(key);
     NXD_CHECK_SHAPE(m.shape == buf.shape() && m.dtype == buf.dtype(), "[pipeline] stage ",
                     to_stage - 1, " sends ", buf.desc(), " where it sent ", shape_str(m.shape),
                     " before for the same microbatch shape");
   }
-  pending_.emplace_back(group_->isend(buf, dst, grad ? grad_tag(to_stage) : act_tag(to_stage)),
-                        buf);
+  pending_.emplace_back(group_->isend(buf, dst, act_tag(to_stage)), buf);
+}
+
+void Executor::send_gradient(const Tensor& t, int to_stage) {
+  Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  pending_.emplace_back(group_->isend(buf, to_stage % cfg_.pp, grad_tag(to_stage)), buf);
 }
 
 Tensor Executor::recv_activation(int stage, const Key& key) {
@@ -95,7 +99,8 @@ struct Phase {
 };
 }  // namespace
 
-StepResult Executor::run(StageRunner& runner, bool train, int64_t mb_rows, int64_t seq_len) {
+StepResult Executor::run(StageRunner& runner, StepKind kind, int64_t mb_rows, int64_t seq_len) {
+  const bool train = kind == StepKind::train;
   StepResult res;
   sim::SimClock* clock = sim::current_sim_clock();
   const double t0 = clock ? clock->now() : 0.0;
@@ -132,7 +137,7 @@ StepResult Executor::run(StageRunner& runner, bool train, int64_t mb_rows, int64
         break;
       }
       case ActionKind::send_act:
-        send(outputs.at(key).detach(), stage + 1, false, {stage + 1, mb_rows, seq_len});
+        send_activation(outputs.at(key).detach(), stage + 1, {stage + 1, mb_rows, seq_len});
         if (!train) outputs.erase(key);
         break;
       case ActionKind::recv_grad: {
@@ -156,7 +161,7 @@ StepResult Executor::run(StageRunner& runner, bool train, int64_t mb_rows, int64
       case ActionKind::send_grad: {
         Tensor x = inputs.at(key);
         Tensor g = x.grad().defined() ? x.grad() : zeros_like(x);
-        send(g, stage - 1, true, {});
+        send_gradient(g, stage - 1);
         inputs.erase(key);
         break;
       }

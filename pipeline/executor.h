@@ -39,6 +39,9 @@ class StageRunner {
   virtual Tensor forward(int chunk, int mb, const Tensor& input) = 0;
 };
 
+// A training step (forwards and backwards, gradients accumulated) or an evaluation (forwards).
+enum class StepKind { train, eval };
+
 struct StepResult {
   std::vector<Tensor> losses;  // last stage: each microbatch's returned scalar (detached)
   // On the sim clock (0 without one): the schedule's span on this rank, and the part of it spent
@@ -52,9 +55,10 @@ class Executor {
   Executor(std::shared_ptr<Communicator> group, ScheduleConfig cfg);
   const ScheduleConfig& config() const { return cfg_; }
   int rank() const { return rank_; }
-  // Runs the training schedule (train) or the inference schedule (forwards only, no graph) for
-  // microbatches whose ids slices are [mb_rows, seq_len]. Collective over the pipeline group.
-  StepResult run(StageRunner& runner, bool train, int64_t mb_rows, int64_t seq_len);
+  // Runs the training schedule (StepKind::train) or the inference schedule (StepKind::eval:
+  // forwards only, no graph) for microbatches whose ids slices are [mb_rows, seq_len]. Collective
+  // over the pipeline group.
+  StepResult run(StageRunner& runner, StepKind kind, int64_t mb_rows, int64_t seq_len);
 
  private:
   struct Meta {
@@ -63,7 +67,9 @@ class Executor {
     bool meta = false;  // a meta activation (shapes only)
   };
   using Key = std::tuple<int, int64_t, int64_t>;  // receiving stage, rows, seq
-  void send(const Tensor& t, int to_stage, bool grad, const Key& key);
+  // isends an activation to `to_stage` (its shape and dtype first, the first time for `key`)
+  void send_activation(const Tensor& t, int to_stage, const Key& key);
+  void send_gradient(const Tensor& t, int to_stage);  // the shape is the activation's
   Tensor recv_activation(int stage, const Key& key);
 
   std::shared_ptr<Communicator> group_;

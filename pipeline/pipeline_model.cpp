@@ -115,14 +115,15 @@ void PipelineModel::train(bool on) {
 }
 
 Tensor PipelineModel::run_train(const Tensor& ids, const Tensor& targets) {
-  return step(ids, targets, true);
+  return step(ids, targets, StepKind::train);
 }
 
 Tensor PipelineModel::run_eval(const Tensor& ids, const Tensor& targets) {
-  return step(ids, targets, false);
+  return step(ids, targets, StepKind::eval);
 }
 
-Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, bool train) {
+Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, StepKind kind) {
+  const bool train = kind == StepKind::train;
   NXD_CHECK_SHAPE(ids.dim() == 2 && targets.shape() == ids.shape(),
                   "[PipelineModel] ids and targets must be [B,S] alike: ids=", ids.desc(),
                   " targets=", targets.desc());
@@ -133,7 +134,7 @@ Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, bool train)
   // each microbatch's loss is scaled by 1/M before its backward: so is the MoE layers' injected
   // auxiliary-loss gradient (on every stage, recomputation included)
   MoeAuxLossScale aux_scale(1.0 / sched_.num_microbatches);
-  StepResult res = executor_->run(runner, train, ids.size(0) / M, ids.size(1));
+  StepResult res = executor_->run(runner, kind, ids.size(0) / M, ids.size(1));
   if (train) span_seconds_ += res.span_seconds, phase_seconds_ += res.phase_seconds;
   double sum = 0;
   for (const Tensor& l : res.losses)

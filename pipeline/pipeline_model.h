@@ -66,6 +66,7 @@ class PipelineModel {
   optim::NormGroups norm_groups() const;
   void zero_grad();
   void train(bool on = true);
+  void eval() { train(false); }
 
   const std::vector<std::shared_ptr<CausalLM>>& chunks() const { return chunks_; }
   const std::vector<ModelPart>& stages() const { return parts_; }  // every stage's part
@@ -84,7 +85,7 @@ class PipelineModel {
 
  private:
   class Runner;
-  Tensor step(const Tensor& ids, const Tensor& targets, bool train);
+  Tensor step(const Tensor& ids, const Tensor& targets, StepKind kind);
   void finish_gradients();
 
   ModelConfig cfg_;

@@ -1,6 +1,7 @@
 #include "nxd/pipeline/schedule.h"
 
 #include <algorithm>
+#include <compare>
 #include <deque>
 #include <map>
 #include <set>
@@ -224,8 +225,12 @@ double analytical_bubble(const ScheduleConfig& cfg) {
 
 namespace {
 
-// A message channel: (activation?, receiving stage). Its two ends are fixed ranks.
-using Channel = std::pair<bool, int>;
+// A message channel: activations or gradients bound for one stage. Its two ends are fixed ranks.
+struct Channel {
+  bool activation = true;  // else gradients
+  int to_stage = 0;
+  auto operator<=>(const Channel&) const = default;
+};
 
 struct Sim {
   const ScheduleConfig& c;
@@ -249,13 +254,13 @@ struct Sim {
     const int st = stage_of(c, r, a.chunk);
     switch (a.kind) {
       case ActionKind::send_act:
-        return {{true, st + 1}, (st + 1) % c.pp};
+        return {{.activation = true, .to_stage = st + 1}, (st + 1) % c.pp};
       case ActionKind::recv_act:
-        return {{true, st}, (st - 1) % c.pp};
+        return {{.activation = true, .to_stage = st}, (st - 1) % c.pp};
       case ActionKind::send_grad:
-        return {{false, st - 1}, (st - 1) % c.pp};
+        return {{.activation = false, .to_stage = st - 1}, (st - 1) % c.pp};
       default:
-        return {{false, st}, (st + 1) % c.pp};  // recv_grad
+        return {{.activation = false, .to_stage = st}, (st + 1) % c.pp};  // recv_grad
     }
   }
   bool fail(int r, const Action& a, const std::string& why) {
@@ -377,8 +382,8 @@ SimulationResult simulate(const ScheduleConfig& cfg, const std::vector<std::vect
   }
   for (const auto& [ch, q] : sim.queue)
     if (!q.empty()) {
-      res.error = std::string(ch.first ? "activation" : "gradient") + " for stage " +
-                  std::to_string(ch.second) + " microbatch " + std::to_string(q.front()) +
+      res.error = std::string(ch.activation ? "activation" : "gradient") + " for stage " +
+                  std::to_string(ch.to_stage) + " microbatch " + std::to_string(q.front()) +
                   " sent but never received";
       return res;
     }

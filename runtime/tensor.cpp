@@ -662,7 +662,8 @@ Tensor from_doubles(const std::vector<double>& values, const Shape& shape, DType
   return from_vector<double>(values, shape).to(dtype);
 }
 
-static void check_cat(const std::vector<Tensor>& ts, int64_t d, const char* op, bool same_shape) {
+// The tensors share dtype, device and shape except along dim d (d = -1: the whole shape).
+static void check_cat(const std::vector<Tensor>& ts, int64_t d, const char* op) {
   NXD_CHECK(!ts.empty(), "[", op, "] needs at least one tensor");
   for (size_t i = 1; i < ts.size(); ++i) {
     NXD_CHECK(ts[i].dtype() == ts[0].dtype(), "[", op, "] dtype mismatch: tensor 0 is ",
@@ -671,7 +672,7 @@ static void check_cat(const std::vector<Tensor>& ts, int64_t d, const char* op, 
               " vs ", ts[i].desc());
     bool ok = ts[i].dim() == ts[0].dim();
     for (int64_t k = 0; ok && k < ts[0].dim(); ++k)
-      ok = (k == d && !same_shape) || ts[i].shape()[k] == ts[0].shape()[k];
+      ok = k == d || ts[i].shape()[k] == ts[0].shape()[k];
     NXD_CHECK_SHAPE(ok, "[", op, "] shapes differ outside dim ", d, ": tensor 0 is ", ts[0].desc(),
                     ", tensor ", i, " is ", ts[i].desc());
   }
@@ -680,7 +681,7 @@ static void check_cat(const std::vector<Tensor>& ts, int64_t d, const char* op, 
 Tensor cat_raw(const std::vector<Tensor>& ts, int64_t dim) {
   NXD_CHECK(!ts.empty(), "[cat] needs at least one tensor");
   int64_t d = wrap_dim(dim, ts[0].dim(), "cat");
-  check_cat(ts, d, "cat", false);
+  check_cat(ts, d, "cat");
   Shape sh = ts[0].shape();
   sh[d] = 0;
   for (auto& t : ts) sh[d] += t.shape()[d];
@@ -697,7 +698,7 @@ Tensor cat_raw(const std::vector<Tensor>& ts, int64_t dim) {
 Tensor stack_raw(const std::vector<Tensor>& ts, int64_t dim) {
   NXD_CHECK(!ts.empty(), "[stack] needs at least one tensor");
   int64_t d = wrap_dim(dim, ts[0].dim() + 1, "stack");
-  check_cat(ts, -1, "stack", true);
+  check_cat(ts, /*d=*/-1, "stack");  // every dim must match
   std::vector<Tensor> us;
   for (auto& t : ts) us.push_back(t.detach().unsqueeze(d));
   return cat_raw(us, d);

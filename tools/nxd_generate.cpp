@@ -276,7 +276,9 @@ std::shared_ptr<trace::TensorParallelModel> traced_model(const GenerateCli& c, M
   const int64_t L = s.cfg.max_position_embeddings;
   std::vector<int64_t> buckets = c.buckets;
   if (buckets.empty())
-    for (const auto& b : trace::BucketConfig::automatic(1, std::min<int64_t>(128, L), L).buckets)
+    for (const auto& b :
+         trace::BucketConfig::automatic({.min_seq = std::min<int64_t>(128, L), .max_seq = L})
+             .buckets)
       buckets.push_back(b.seq);
   for (int64_t b : buckets)
     if (b > L) throw Usage(str("--buckets: ", b, " exceeds max_position_embeddings=", L));

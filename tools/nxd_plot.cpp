@@ -65,11 +65,14 @@ std::map<std::string, std::vector<double>> read_columns(const fs::path& csv) {
   return cols;
 }
 
-Series series(const std::string& name, const std::vector<double>& x,
-              const std::map<std::string, std::vector<double>>& cols, Color color, bool markers) {
-  auto it = cols.find(name);
-  return {name, x, it == cols.end() ? std::vector<double>(x.size(), NAN) : it->second, color,
-          markers};
+// The column `style.name` of `cols` against x (NaN where the CSV has no such column), drawn with
+// style's color and markers.
+Series series(const std::map<std::string, std::vector<double>>& cols, const std::vector<double>& x,
+              Series style) {
+  auto it = cols.find(style.name);
+  style.x = x;
+  style.y = it == cols.end() ? std::vector<double>(x.size(), NAN) : it->second;
+  return style;
 }
 
 int run(const std::vector<std::string>& args) {
@@ -102,8 +105,9 @@ int run(const std::vector<std::string>& args) {
   const auto& step = cols.at("step");
   std::vector<Panel> panels = {
       {"loss",
-       {series("loss", step, cols, blue, false), series("val_loss", step, cols, orange, true)}},
-      {"training tokens/s", {series("tokens_per_s", step, cols, green, false)}}};
+       {series(cols, step, {.name = "loss", .color = blue}),
+        series(cols, step, {.name = "val_loss", .color = orange, .markers = true})}},
+      {"training tokens/s", {series(cols, step, {.name = "tokens_per_s", .color = green})}}};
   write_png(out, render_chart(panels, o));
   std::printf("nxd-plot: wrote %s (%zu rows of %s)\n", out.c_str(), step.size(), csv.c_str());
   return 0;

@@ -46,7 +46,8 @@ std::shared_ptr<TensorParallelModel> trace_decoder(CausalLMFactory make,
   NXD_CHECK(L > 0 || !prefill.empty(), "[trace_decoder] give max_len or prefill buckets");
   if (L <= 0) L = *std::max_element(prefill.begin(), prefill.end());
   if (prefill.empty())
-    for (const Bucket& b : BucketConfig::automatic(1, 1, L).buckets) prefill.push_back(b.seq);
+    for (const Bucket& b : BucketConfig::automatic({.max_seq = L}).buckets)
+      prefill.push_back(b.seq);
   std::vector<Bucket> buckets;
   for (int64_t s : prefill) {
     NXD_CHECK(s >= 1 && s <= L, "[trace_decoder] prefill bucket ", s, " is outside [1, max_len=", L,

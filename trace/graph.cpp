@@ -39,11 +39,15 @@ OpAttrs attrs_from_json(const json& j) {
   return a;
 }
 
-void check_id(int id, size_t n, bool allow_absent, const std::string& where, const char* what) {
-  if (allow_absent && id == -1) return;
+// `id` names one of the graph's n values.
+void check_id(int id, size_t n, const std::string& where, const char* what) {
   if (id < 0 || static_cast<size_t>(id) >= n)
     throw TraceError(
         str("[trace] ", where, ": ", what, " refers to value ", id, " of ", n, " values"));
+}
+// `id` names one of the n values, or is -1 (none).
+void check_id_or_none(int id, size_t n, const std::string& where, const char* what) {
+  if (id != -1) check_id(id, n, where, what);
 }
 
 void validate(const Graph& g, const std::string& where) {
@@ -59,14 +63,14 @@ void validate(const Graph& g, const std::string& where) {
         throw TraceError(str("[trace] ", where, ": value ", i, " has more than 2^48 elements"));
       numel *= d;
     }
-    check_id(v.alias_of, n, true, where, "an alias");
+    check_id_or_none(v.alias_of, n, where, "an alias");
     if (v.producer < -1 || v.producer >= static_cast<int>(g.nodes.size()))
       throw TraceError(str("[trace] ", where, ": value ", i, " has producer ", v.producer));
   }
   for (size_t k = 0; k < g.nodes.size(); ++k) {
-    for (int id : g.nodes[k].inputs) check_id(id, n, true, where, "a node input");
+    for (int id : g.nodes[k].inputs) check_id_or_none(id, n, where, "a node input");
     for (int id : g.nodes[k].outputs) {
-      check_id(id, n, false, where, "a node output");
+      check_id(id, n, where, "a node output");
       if (g.values[id].producer != static_cast<int>(k))
         throw TraceError(str("[trace] ", where, ": node ", k, " (", g.nodes[k].op,
                              ") outputs value ", id, " which names producer ",
@@ -75,7 +79,7 @@ void validate(const Graph& g, const std::string& where) {
   }
   auto check_kind = [&](const std::vector<int>& ids, ValueKind kind) {
     for (int id : ids) {
-      check_id(id, n, false, where, value_kind_name(kind));
+      check_id(id, n, where, value_kind_name(kind));
       if (g.values[id].kind != kind)
         throw TraceError(str("[trace] ", where, ": value ", id, " is listed as a ",
                              value_kind_name(kind), " but is a ",
@@ -86,7 +90,7 @@ void validate(const Graph& g, const std::string& where) {
   check_kind(g.args, ValueKind::arg);
   check_kind(g.state, ValueKind::state);
   check_kind(g.constants, ValueKind::constant);
-  for (int id : g.outputs) check_id(id, n, false, where, "an output");
+  for (int id : g.outputs) check_id(id, n, where, "an output");
 }
 }  // namespace
 

@@ -15,7 +15,8 @@
 
 namespace nxd::trace {
 
-BucketConfig BucketConfig::automatic(int64_t batch, int64_t min_seq, int64_t max_seq) {
+BucketConfig BucketConfig::automatic(const AutomaticBuckets& o) {
+  const int64_t batch = o.batch, min_seq = o.min_seq, max_seq = o.max_seq;
   NXD_CHECK(batch > 0 && min_seq > 0 && max_seq >= min_seq,
             "[BucketConfig::automatic] need 0 < min_seq <= max_seq and batch > 0, got batch=",
             batch, " min_seq=", min_seq, " max_seq=", max_seq);

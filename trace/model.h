@@ -34,10 +34,17 @@ struct Bucket {
 // The input shapes graphs are traced for. A call goes to the smallest bucket (fewest tokens,
 // then shortest) whose batch and sequence both fit; its inputs are padded (ids with 0, at the
 // end: a causal model's real positions do not see them) and the outputs cut back.
+struct AutomaticBuckets {
+  int64_t batch = 1;
+  int64_t min_seq = 1;
+  int64_t max_seq = 0;  // required: >= min_seq
+};
 struct BucketConfig {
   std::vector<Bucket> buckets;  // empty: one bucket, the example inputs' shape
-  // Powers of two from min_seq up to max_seq (max_seq itself last if not a power of two).
-  static BucketConfig automatic(int64_t batch, int64_t min_seq, int64_t max_seq);
+  // Sequence lengths at powers of two from min_seq up to max_seq (max_seq itself last if not a
+  // power of two), each at `batch` rows: automatic({.min_seq = 100, .max_seq = 1000}) gives
+  // 128, 256, 512, 1000.
+  static BucketConfig automatic(const AutomaticBuckets& o);
   static BucketConfig explicit_shapes(std::vector<Bucket> shapes);
 };
 

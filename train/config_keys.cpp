@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <concepts>
 
 #include "nxd/runtime/error.h"
 
@@ -28,11 +29,17 @@ const char* key_type_name(KeyType t) {
 
 namespace {
 
+// A key whose default is null is nullable: null means "derive it" (the doc says from what).
 KeySpec key(std::string k, KeyType t, json def, std::string doc,
-            std::vector<std::string> choices = {}, bool nullable = false, int64_t list_size = 0) {
+            std::vector<std::string> choices = {}, int64_t list_size = 0) {
+  const bool nullable = def.is_null();
   return KeySpec{std::move(k),       t,        std::move(def), std::move(doc),
                  std::move(choices), nullable, list_size};
 }
+// The former trailing `nullable` flag: a key written as key(..., {}, true) stops here instead of
+// reading `true` as list_size 1. Give the key a null default instead.
+KeySpec key(std::string k, KeyType t, json def, std::string doc, std::vector<std::string> choices,
+            std::same_as<bool> auto nullable) = delete;
 
 std::vector<KeySpec> make_registry() {
   using K = KeyType;
@@ -59,8 +66,7 @@ std::vector<KeySpec> make_registry() {
           "`min`: lower is better; `max`: higher is better.", {"min", "max"}),
       key("exp_manager.create_checkpoint_callback", K::boolean, nullptr,
           "Save checkpoints to `<exp_dir>/checkpoints/step_<N>/` (checkpoint_callback_params). "
-          "null = true when every_n_train_steps > 0.",
-          {}, true),
+          "null = true when every_n_train_steps > 0."),
       key("exp_manager.checkpoint_callback_params.every_n_train_steps", K::integer, 0,
           "Save every N optimizer steps; 0 = only at the end of training."),
       key("exp_manager.checkpoint_callback_params.save_top_k", K::integer, 2,
@@ -79,8 +85,7 @@ std::vector<KeySpec> make_registry() {
       key("exp_manager.resume_from_checkpoint", K::string, nullptr,
           "Resume from this checkpoint (a `step_<N>` folder or a folder of checkpoints: its newest "
           "complete one): model, optimizer, step, data order and RNG, so later steps are bitwise "
-          "those of an uninterrupted run.",
-          {}, true),
+          "those of an uninterrupted run."),
       key("exp_manager.resume_if_exists", K::boolean, false,
           "Resume from the newest complete checkpoint in `<exp_dir>/checkpoints/` if there is one "
           "(resume_from_checkpoint wins when set)."),
@@ -117,7 +122,7 @@ std::vector<KeySpec> make_registry() {
       key("trainer.matmul_precision", K::string, nullptr,
           "Deprecated alias of precision.type from before it existed: `bf16` = `autocast`, "
           "`fp32` = `fp32`. null = not used; when both are set they must agree.",
-          {"fp32", "bf16"}, true),
+          {"fp32", "bf16"}),
       // data
       key("data.kind", K::string, "text",
           "`text`: byte-level tokens (vocab 256) of a text file or of every text file under a "
@@ -132,15 +137,13 @@ std::vector<KeySpec> make_registry() {
           "`text`: a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, GPT-NeoX, "
           "Llama 3 pre-tokenizers) that tokenizes the text and the generation prompt and decodes "
           "the sample; its ids are the `tokenizers` library's (without special tokens). "
-          "model.vocab_size must cover its ids. null = byte-level tokens (vocab 256).",
-          {}, true),
+          "model.vocab_size must cover its ids. null = byte-level tokens (vocab 256)."),
       key("data.token_dtype", K::string, "uint16",
           "Element type of a `tokens` file (little-endian).", {"uint16", "uint32"}),
       key("data.seq_length", K::integer, 128, "Tokens per sample."),
       key("data.micro_batch_size", K::integer, nullptr,
           "Samples per forward/backward pass on one rank. null = global_batch_size / data-parallel "
-          "size (no gradient accumulation).",
-          {}, true),
+          "size (no gradient accumulation)."),
       key("data.global_batch_size", K::integer, 16,
           "Samples per optimizer step: micro_batch_size x gradient-accumulation steps x "
           "data-parallel size."),
@@ -159,8 +162,7 @@ std::vector<KeySpec> make_registry() {
           "checkpoint of any TP/PP/DP/EP degree or a run folder, or a file of `nxd-ckpt export`), "
           "resharded to this run's layout, with a fresh optimizer at step 0. The model.* keys "
           "left at their defaults take the source's values; one set otherwise is an error. null "
-          "= initialize as model.init_method says.",
-          {}, true),
+          "= initialize as model.init_method says."),
       key("model.vocab_size", K::integer, 256,
           "Vocabulary size; at least 256 for byte-level text, above every id of a token file."),
       key("model.num_layers", K::integer, 4, "Decoder layers."),
@@ -168,14 +170,12 @@ std::vector<KeySpec> make_registry() {
       key("model.num_attention_heads", K::integer, 4, "Attention heads; must divide hidden_size."),
       key("model.num_kv_heads", K::integer, nullptr,
           "Key/value heads (grouped-query attention, llama); must divide num_attention_heads. "
-          "null = num_attention_heads.",
-          {}, true),
+          "null = num_attention_heads."),
       key("model.ffn_hidden_size", K::integer, nullptr,
           "MLP width. null = llama: 8/3 x hidden rounded up to a multiple of 256; any other arch: "
-          "4 x hidden.",
-          {}, true),
+          "4 x hidden."),
       key("model.max_position_embeddings", K::integer, nullptr,
-          "Longest sequence the model accepts. null = data.seq_length.", {}, true),
+          "Longest sequence the model accepts. null = data.seq_length."),
       key("model.rotary_pct", K::number, 0.25,
           "gpt_neox: fraction of each head's features that get rotary embeddings (llama: all)."),
       key("model.rope_theta", K::number, 10000.0, "Rotary base."),
@@ -196,7 +196,7 @@ std::vector<KeySpec> make_registry() {
           "Activation checkpointing: null keeps every activation; `full` recomputes each decoder "
           "layer in backward; `selective` recomputes only the attention core (scores, softmax, "
           "PV). Gradients are bitwise those of null.",
-          {"full", "selective"}, true),
+          {"full", "selective"}),
       // mixture of experts (NxD Training's model.moe section)
       key("model.moe.num_experts", K::integer, 0,
           "Mixture of experts: experts per MoE layer (0 = dense). The MLP of every "
@@ -229,7 +229,7 @@ std::vector<KeySpec> make_registry() {
       key("model.optim.weight_decay", K::number, 0.01,
           "Decoupled weight decay; biases and norm weights get none (NxD's grouping)."),
       key("model.optim.betas", K::number_list, json::array({0.9, 0.99}), "AdamW (beta1, beta2).",
-          {}, false, 2),
+          {}, /*list_size=*/2),
       key("model.optim.eps", K::number, 1e-8, "AdamW epsilon (added to sqrt(v_hat))."),
       key("model.optim.momentum", K::number, 0.0, "SGD momentum."),
       key("model.optim.nesterov", K::boolean, false, "SGD Nesterov momentum."),
@@ -238,10 +238,9 @@ std::vector<KeySpec> make_registry() {
           "(NxD Training's `LinearAnnealingWithWarmUp` and `CosineAnnealing` are accepted).",
           {"constant", "linear", "cosine", "LinearAnnealingWithWarmUp", "CosineAnnealing"}),
       key("model.optim.sched.warmup_steps", K::integer, nullptr,
-          "Linear warmup from 0 to lr over this many steps. null = min(50, max_steps / 10).", {},
-          true),
+          "Linear warmup from 0 to lr over this many steps. null = min(50, max_steps / 10)."),
       key("model.optim.sched.max_steps", K::integer, nullptr,
-          "Step where the decay reaches min_lr. null = trainer.max_steps.", {}, true),
+          "Step where the decay reaches min_lr. null = trainer.max_steps."),
       key("model.optim.sched.min_lr", K::number, 1e-4, "Floor of the decay."),
       // parallelism
       key("distributed_strategy.tensor_model_parallel_size", K::integer, 2,
@@ -291,8 +290,7 @@ std::vector<KeySpec> make_registry() {
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,
           "K/V heads replicated this many times so TP can exceed model.num_kv_heads "
-          "(NxD's kv_size_multiplier). null = max(1, TP / num_kv_heads).",
-          {}, true),
+          "(NxD's kv_size_multiplier). null = max(1, TP / num_kv_heads)."),
       key("distributed_strategy.grad_bucket_mb", K::number, 25.0,
           "Data-parallel gradient bucket size in MiB: the buckets are the parameters' gradients, "
           "all-reduced (or reduce-scattered with ZeRO-1) as they fill during the last micro "
@@ -305,15 +303,13 @@ std::vector<KeySpec> make_registry() {
           "the optimizer, f32 gradient accumulation and reduction; `bf16SR`: pure bf16, "
           "parameter updates rounded stochastically (counter-based: runs stay reproducible). "
           "null = autocast, or what trainer.matmul_precision says.",
-          {"fp32", "autocast", "mixed_precision", "bf16SR"}, true),
+          {"fp32", "autocast", "mixed_precision", "bf16SR"}),
       key("precision.master_weights", K::boolean, nullptr,
           "bf16 parameters: keep f32 master weights in the optimizer. null = true for "
-          "mixed_precision, false for bf16SR.",
-          {}, true),
+          "mixed_precision, false for bf16SR."),
       key("precision.fp32_grad_acc", K::boolean, nullptr,
           "bf16 parameters: accumulate and reduce their gradients in f32. null = true for "
-          "mixed_precision, false for bf16SR.",
-          {}, true),
+          "mixed_precision, false for bf16SR."),
       // backend
       key("backend.kind", K::string, "sim",
           "sim: every rank a thread of this process on a simulated Neuron machine; mpi: one rank "
@@ -325,8 +321,7 @@ std::vector<KeySpec> make_registry() {
       key("backend.world_size", K::integer, nullptr,
           "Ranks (NeuronCores). null = 8 (sim) or the MPI world (mpi). Must equal "
           "tensor_model_parallel_size x pipeline_model_parallel_size x context_parallel_size x "
-          "data-parallel size; 1 = plain single-rank training.",
-          {}, true),
+          "data-parallel size; 1 = plain single-rank training."),
       key("backend.timeline", K::string, "",
           "sim: write every rank's modeled kernels and collectives to this file as a Chrome trace "
           "(opens in https://ui.perfetto.dev); it grows with every step, so use it on short runs. "
@@ -338,8 +333,7 @@ std::vector<KeySpec> make_registry() {
           "nxd-elastic restarts it) and waits poll with a sleeping back-off instead of blocking. "
           "Keep it above the longest phase one rank spends outside collectives (a checkpoint "
           "write). null = sim: NXD_SIM_TIMEOUT if set, else 300; mpi: NXD_MPI_TIMEOUT if set, "
-          "else none.",
-          {}, true),
+          "else none."),
       key("backend.fail_rank", K::integer, -1,
           "Fault injection (tests of recovery; sim and mpi): this rank fails after step "
           "backend.fail_at_step. -1 = none."),

@@ -32,7 +32,7 @@ Tensor sum_impl(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
   else
     kernels::sum(y, x.detach(), dims, keepdim);
   if (!autograd::needs_grad({x})) return y;
-  const Shape xs = x.shape(), keep = kernels::reduced_shape(xs, dims, true, op);
+  const Shape xs = x.shape(), keep = kernels::reduced_shape(xs, dims, /*keepdim=*/true, op);
   const double n = static_cast<double>(shape_numel(xs)) /
                    static_cast<double>(std::max<int64_t>(shape_numel(keep), 1));
   const double scale = mean ? 1.0 / n : 1.0;
@@ -47,7 +47,7 @@ Tensor sum_impl(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   OpScope scope_("sum");
   return scope_.out(
-      [&]() -> Tensor { return sum_impl(x, dims, keepdim, false); }(),
+      [&]() -> Tensor { return sum_impl(x, dims, keepdim, /*mean=*/false); }(),
       [&] {
         return OpCall{{x}, OpAttrs().set("dims", dims).set("keepdim", int64_t(keepdim))};
       });
@@ -56,7 +56,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   OpScope scope_("mean");
   return scope_.out(
-      [&]() -> Tensor { return sum_impl(x, dims, keepdim, true); }(),
+      [&]() -> Tensor { return sum_impl(x, dims, keepdim, /*mean=*/true); }(),
       [&] {
         return OpCall{{x}, OpAttrs().set("dims", dims).set("keepdim", int64_t(keepdim))};
       });

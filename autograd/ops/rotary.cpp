@@ -54,13 +54,13 @@ Tensor rotary(const Tensor& x, const RotaryOptions& opts) {
         check_float("rotary", "input", x);
         const DType dt = x.dtype();
         Tensor xc = compute(x), yc = empty_like_layout(xc, xc.dtype());
-        kernels::rotary_forward(yc, xc, opts.rotary_dim, opts.base, opts.position_offset, false,
-                                opts.scaling);
+        kernels::rotary_forward(yc, xc, opts.rotary_dim, opts.base, opts.position_offset,
+                                kernels::RotaryDirection::forward, opts.scaling);
         Tensor y = to_dtype(yc, dt);
         autograd::record("rotary", {x}, {y}, [opts, dt](const Grads& g) -> Grads {
           Tensor gc = compute(g[0]), dx = empty_like_layout(gc, gc.dtype());
-          kernels::rotary_forward(dx, gc, opts.rotary_dim, opts.base, opts.position_offset, true,
-                                  opts.scaling);
+          kernels::rotary_forward(dx, gc, opts.rotary_dim, opts.base, opts.position_offset,
+                                  kernels::RotaryDirection::inverse, opts.scaling);
           return {to_dtype(dx, dt)};
         });
         return y;

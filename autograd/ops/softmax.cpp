@@ -52,14 +52,14 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 
 Tensor softmax(const Tensor& x, int64_t dim) {
   OpScope scope_("softmax");
-  return scope_.out([&]() -> Tensor { return softmax_impl(x, dim, false); }(),
+  return scope_.out([&]() -> Tensor { return softmax_impl(x, dim, /*log=*/false); }(),
                     [&] {
                       return OpCall{{x}, OpAttrs().set("dim", dim)};
                     });
 }
 Tensor log_softmax(const Tensor& x, int64_t dim) {
   OpScope scope_("log_softmax");
-  return scope_.out([&]() -> Tensor { return softmax_impl(x, dim, true); }(),
+  return scope_.out([&]() -> Tensor { return softmax_impl(x, dim, /*log=*/true); }(),
                     [&] {
                       return OpCall{{x}, OpAttrs().set("dim", dim)};
                     });

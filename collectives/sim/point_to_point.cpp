@@ -134,8 +134,8 @@ void SimCommunicator::recv(void* buf, int64_t n, DType t, int src, int tag) {
     CollCost c = collective_cost(w_->machine, CollKind::send_recv, {gsrc, me()}, bytes);
     double start = std::max(clock->now(), m.sent_at);
     clock->record_comm(clock->recording() ? str("recv from ", gsrc) : std::string("recv"), start,
-                       m.sent_at + c.seconds > start ? m.sent_at + c.seconds : start, false,
-                       clock->recording() ? str("bytes=", bytes) : std::string());
+                       m.sent_at + c.seconds > start ? m.sent_at + c.seconds : start,
+                       /*async=*/false, clock->recording() ? str("bytes=", bytes) : std::string());
   }
 }
 

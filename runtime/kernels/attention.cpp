@@ -67,10 +67,10 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, 
           const int64_t rows = std::min(kRowBlock, d.sq - i0);
           const int64_t kc = causal ? std::min(d.sk, i0 + rows + d.sk - d.sq) : d.sk;
           T* Pb = P + i0 * d.sk;
-          gemm<T>(false, true, rows, kc, d.d, T(d.scale), Q.at(b, h) + i0 * Q.ld, Q.ld, K.at(b, g),
-                  K.ld, T(0), Pb, d.sk);
+          gemm<T>(Trans::no, Trans::yes, rows, kc, d.d, T(d.scale), Q.at(b, h) + i0 * Q.ld, Q.ld,
+                  K.at(b, g), K.ld, T(0), Pb, d.sk);
           softmax_rows<T>(Pb, Pb, rows, d.sk, T(1), causal, rows, d.sk - d.sq + i0);
-          gemm<T>(false, false, rows, d.d, kc, T(1), Pb, d.sk, V.at(b, g), V.ld, T(0),
+          gemm<T>(Trans::no, Trans::no, rows, d.d, kc, T(1), Pb, d.sk, V.at(b, g), V.ld, T(0),
                   O.at(b, h) + i0 * O.ld, O.ld);
         }
       }
@@ -114,10 +114,11 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
             const T* Pb = P + i0 * d.sk;
             const T* Gb = G.at(b, h) + i0 * G.ld;
             // dV[g] += P^T dO
-            gemm<T>(true, false, kc, d.d, rows, T(1), Pb, d.sk, Gb, G.ld, T(1), DV.at(b, g), DV.ld);
+            gemm<T>(Trans::yes, Trans::no, kc, d.d, rows, T(1), Pb, d.sk, Gb, G.ld, T(1),
+                    DV.at(b, g), DV.ld);
             // dP = dO V^T
-            gemm<T>(false, true, rows, kc, d.d, T(1), Gb, G.ld, V.at(b, g), V.ld, T(0), dp.data(),
-                    d.sk);
+            gemm<T>(Trans::no, Trans::yes, rows, kc, d.d, T(1), Gb, G.ld, V.at(b, g), V.ld, T(0),
+                    dp.data(), d.sk);
             // dS = P * (dP - rowsum(dO * O)), zero where masked
             for (int64_t r = 0; r < rows; ++r) {
               const int64_t i = i0 + r;
@@ -129,10 +130,10 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
               for (int64_t j = valid; j < kc; ++j) dp[r * d.sk + j] = T(0);
             }
             // dQ = scale dS K ; dK[g] += scale dS^T Q
-            gemm<T>(false, false, rows, d.d, kc, T(d.scale), dp.data(), d.sk, K.at(b, g), K.ld,
-                    T(0), DQ.at(b, h) + i0 * DQ.ld, DQ.ld);
-            gemm<T>(true, false, kc, d.d, rows, T(d.scale), dp.data(), d.sk, Q.at(b, h) + i0 * Q.ld,
-                    Q.ld, T(1), DK.at(b, g), DK.ld);
+            gemm<T>(Trans::no, Trans::no, rows, d.d, kc, T(d.scale), dp.data(), d.sk, K.at(b, g),
+                    K.ld, T(0), DQ.at(b, h) + i0 * DQ.ld, DQ.ld);
+            gemm<T>(Trans::yes, Trans::no, kc, d.d, rows, T(d.scale), dp.data(), d.sk,
+                    Q.at(b, h) + i0 * Q.ld, Q.ld, T(1), DK.at(b, g), DK.ld);
           }
         }
       }

@@ -99,8 +99,8 @@ void forward_block(const Dims& d, bool causal, const Operands<T>& x, T* lse, int
   l.head(rows).setZero();
   for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
     const int64_t cols = std::min(kBk, kend - j0);
-    gemm<T>(false, true, rows, cols, d.d, T(d.scale), qb, x.q.ld, x.k.at(b, g) + j0 * x.k.ld,
-            x.k.ld, T(0), s.data(), kBk);
+    gemm<T>(Trans::no, Trans::yes, rows, cols, d.d, T(d.scale), qb, x.q.ld,
+            x.k.at(b, g) + j0 * x.k.ld, x.k.ld, T(0), s.data(), kBk);
     for (int64_t r = 0; r < rows; ++r) {
       T* sr = s.data() + r * kBk;
       const int64_t valid = visible(d, causal, i0 + r, j0, cols);
@@ -113,8 +113,8 @@ void forward_block(const Dims& d, bool causal, const Operands<T>& x, T* lse, int
       m[r] = mx;
       if (alpha != T(1)) ArrMap<T>(ob + r * x.o.ld, d.d) *= alpha;
     }
-    gemm<T>(false, false, rows, d.d, cols, T(1), s.data(), kBk, x.v.at(b, g) + j0 * x.v.ld, x.v.ld,
-            T(1), ob, x.o.ld);
+    gemm<T>(Trans::no, Trans::no, rows, d.d, cols, T(1), s.data(), kBk, x.v.at(b, g) + j0 * x.v.ld,
+            x.v.ld, T(1), ob, x.o.ld);
   }
   for (int64_t r = 0; r < rows; ++r) {
     // a row that sees no key (only without keys at all) gets zeros and lse -inf
@@ -155,14 +155,14 @@ void backward_block(const Dims& d, bool causal, const Operands<T>& x, const Grad
   const T* vb = x.v.at(b, g) + j0 * x.v.ld;
   T* p = w.p.data();
   T* ds = w.ds.data();
-  gemm<T>(false, true, rows, cols, d.d, T(d.scale), qb, x.q.ld, kb, x.k.ld, T(0), p, kBk);
+  gemm<T>(Trans::no, Trans::yes, rows, cols, d.d, T(d.scale), qb, x.q.ld, kb, x.k.ld, T(0), p, kBk);
   for (int64_t r = 0; r < rows; ++r)
     exp_row(p + r * kBk, visible(d, causal, i0 + r, j0, cols), cols, lse[i0 + r]);
   // dV[j] += P^T dO ; dP = dO V^T
   if (pass.dkv)
-    gemm<T>(true, false, cols, d.d, rows, T(1), p, kBk, gb, y.dout.ld, T(1),
+    gemm<T>(Trans::yes, Trans::no, cols, d.d, rows, T(1), p, kBk, gb, y.dout.ld, T(1),
             y.dv.at(b, g) + j0 * y.dv.ld, y.dv.ld);
-  gemm<T>(false, true, rows, cols, d.d, T(1), gb, y.dout.ld, vb, x.v.ld, T(0), ds, kBk);
+  gemm<T>(Trans::no, Trans::yes, rows, cols, d.d, T(1), gb, y.dout.ld, vb, x.v.ld, T(0), ds, kBk);
   // dS = P * (dP - D), zero where masked (P is)
   for (int64_t r = 0; r < rows; ++r) {
     ArrMap<T> dsr(ds + r * kBk, cols);
@@ -170,10 +170,10 @@ void backward_block(const Dims& d, bool causal, const Operands<T>& x, const Grad
   }
   // dQ[i] += scale dS K ; dK[j] += scale dS^T Q
   if (pass.dq)
-    gemm<T>(false, false, rows, d.d, cols, T(d.scale), ds, kBk, kb, x.k.ld, T(1),
+    gemm<T>(Trans::no, Trans::no, rows, d.d, cols, T(d.scale), ds, kBk, kb, x.k.ld, T(1),
             y.dq.at(b, h) + i0 * y.dq.ld, y.dq.ld);
   if (pass.dkv)
-    gemm<T>(true, false, cols, d.d, rows, T(d.scale), ds, kBk, qb, x.q.ld, T(1),
+    gemm<T>(Trans::yes, Trans::no, cols, d.d, rows, T(d.scale), ds, kBk, qb, x.q.ld, T(1),
             y.dk.at(b, g) + j0 * y.dk.ld, y.dk.ld);
 }
 

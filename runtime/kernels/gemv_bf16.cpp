@@ -92,11 +92,14 @@ bool gemm_bf16_weight_blocks(const Tensor& c, const Tensor& a, const Tensor& b, 
   for (int64_t n0 = 0; n0 < N; n0 += nb) {
     const int64_t n = std::min(nb, N - n0);
     bf16_to_f32(ws.data(), w + n0 * K, n * K);
+    // C[M, n] = X[M, K] @ W[n, K]^T: a as stored, b transposed
     if (kernel == blas::Bf16Kernel::portable)
-      blas::sgemm(false, true, M, n, K, al, xs.data(), K, ws.data(), K, be, cs.data() + n0, N);
+      blas::sgemm(/*trans_a=*/false, /*trans_b=*/true, M, n, K, al, xs.data(), K, ws.data(), K, be,
+                  cs.data() + n0, N);
     else
-      blas::detail::gemm_bf16_x86(kernel, false, true, M, n, K, al, xs.data(), K, ws.data(), K, be,
-                                  cs.data() + n0, N, blas::threads());
+      blas::detail::gemm_bf16_x86(kernel, /*trans_a=*/false, /*trans_b=*/true, M, n, K, al,
+                                  xs.data(), K, ws.data(), K, be, cs.data() + n0, N,
+                                  blas::threads());
   }
   f32_to_bf16(static_cast<uint16_t*>(c.raw_data()), cs.data(), M * N);
   return true;

@@ -291,7 +291,7 @@ void gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, doubl
 }
 
 void bmm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double beta) {
-  check_operands(c, a, b, "ref::matmul", false);
+  check_operands(c, a, b, "ref::matmul", /*same_dtype=*/false);
   Shape f = full_batch(c, a, b, "ref::matmul");
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   Shape fa = f, fb = f;

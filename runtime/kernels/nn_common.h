@@ -86,14 +86,19 @@ inline int64_t rows_of(const Tensor& x) {
   return n == 0 ? 0 : x.numel() / n;
 }
 
+// How gemm reads an operand: as stored, or transposed (BLAS's 'N' and 'T').
+enum class Trans { no, yes };
+
+// C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C (blas::sgemm / dgemm, row-major).
 template <class T>
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+inline void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                  int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  const bool trans_a = ta == Trans::yes, trans_b = tb == Trans::yes;
   if constexpr (std::is_same_v<T, float>)
-    blas::sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    blas::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else
-    blas::dgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    blas::dgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace nxd::kernels::detail

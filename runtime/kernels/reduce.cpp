@@ -136,9 +136,10 @@ void sum(const Tensor& out, const Tensor& x, const std::vector<int64_t>& dims, b
          double scale) {
   check_out_shape(out, reduced_shape(x.shape(), dims, keepdim, "sum"), x, "sum");
   std::vector<bool> mask = reduced_mask(x.shape(), dims, "sum");
-  Tensor ok = keepdim         ? out
-              : out.is_meta() ? out.detach().view(reduced_shape(x.shape(), dims, true, "sum"))
-                              : keepdim_view(out, x.shape(), mask);
+  Tensor ok = keepdim ? out
+              : out.is_meta()
+                  ? out.detach().view(reduced_shape(x.shape(), dims, /*keepdim=*/true, "sum"))
+                  : keepdim_view(out, x.shape(), mask);
   sum_to_impl(ok, x, scale, 0.0, "sum");
 }
 
@@ -148,9 +149,10 @@ void mean(const Tensor& out, const Tensor& x, const std::vector<int64_t>& dims, 
   for (size_t d = 0; d < mask.size(); ++d)
     if (mask[d]) n *= x.shape()[d];
   check_out_shape(out, reduced_shape(x.shape(), dims, keepdim, "mean"), x, "mean");
-  Tensor ok = keepdim         ? out
-              : out.is_meta() ? out.detach().view(reduced_shape(x.shape(), dims, true, "mean"))
-                              : keepdim_view(out, x.shape(), mask);
+  Tensor ok = keepdim ? out
+              : out.is_meta()
+                  ? out.detach().view(reduced_shape(x.shape(), dims, /*keepdim=*/true, "mean"))
+                  : keepdim_view(out, x.shape(), mask);
   sum_to_impl(ok, x, n == 0 ? std::nan("") : 1.0 / static_cast<double>(n), 0.0, "mean");
 }
 
@@ -212,7 +214,7 @@ namespace ref {
 void sum(const Tensor& out, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim,
          double scale) {
   std::vector<bool> mask = reduced_mask(x.shape(), dims, "ref::sum");
-  Shape keep = reduced_shape(x.shape(), dims, true, "ref::sum");
+  Shape keep = reduced_shape(x.shape(), dims, /*keepdim=*/true, "ref::sum");
   Tensor acc = zeros(keep, DType::f64);
   std::vector<double> xv = x.detach().to_vector();
   std::vector<double> av(static_cast<size_t>(acc.numel()), 0.0);
@@ -242,8 +244,8 @@ void sum_to(const Tensor& out, const Tensor& x, double scale, double beta) {
     rv = x.detach().to_vector();
     for (double& v : rv) v *= scale;
   } else {
-    Tensor r = zeros(reduced_shape(x.shape(), dims, true, "ref::sum_to"), DType::f64);
-    ref::sum(r, x, dims, true, scale);
+    Tensor r = zeros(reduced_shape(x.shape(), dims, /*keepdim=*/true, "ref::sum_to"), DType::f64);
+    ref::sum(r, x, dims, /*keepdim=*/true, scale);
     rv = r.to_vector();
   }
   std::vector<double> ov = out.detach().to_vector();
@@ -253,7 +255,7 @@ void sum_to(const Tensor& out, const Tensor& x, double scale, double beta) {
 
 void amax(const Tensor& out, const Tensor& indices, const Tensor& x, int64_t dim, bool keepdim) {
   const int64_t d = wrap_dim(dim, x.dim(), "ref::amax");
-  Shape keep = reduced_shape(x.shape(), {dim}, true, "ref::amax");
+  Shape keep = reduced_shape(x.shape(), {dim}, /*keepdim=*/true, "ref::amax");
   std::vector<double> best(static_cast<size_t>(shape_numel(keep)), 0.0);
   std::vector<double> bidx(best.size(), -1.0);
   std::vector<double> xv = x.detach().to_vector();

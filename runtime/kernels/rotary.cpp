@@ -78,7 +78,8 @@ const Tables<T>& cached_tables(int64_t seq, int64_t r, double base, int64_t offs
 }  // namespace
 
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
-                    int64_t position_offset, bool inverse, const RopeScaling& scaling) {
+                    int64_t position_offset, RotaryDirection direction,
+                    const RopeScaling& scaling) {
   const char* op = "rotary_forward";
   int64_t r = check_rotary(op, y, x, rotary_dim, base);
   charge_compute(op, 3.0 * x.numel() * r / x.size(3), 2.0 * x.nbytes(), x.dtype());
@@ -89,7 +90,7 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
   dispatch_float(op, x, [&]<class T>() {
     const Tables<T>& tab = cached_tables<T>(S, r, base, position_offset, scaling);
     const std::vector<T>&c = tab.c, &s = tab.s;
-    const T sign = inverse ? T(-1) : T(1);
+    const T sign = direction == RotaryDirection::inverse ? T(-1) : T(1);
     const T* xp = xc.data<T>();
     T* yp = y.data<T>();
     const int64_t xs0 = xc.stride(0), xs1 = xc.stride(1), xs2 = xc.stride(2);
@@ -115,7 +116,8 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
 namespace ref {
 
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
-                    int64_t position_offset, bool inverse, const RopeScaling& scaling) {
+                    int64_t position_offset, RotaryDirection direction,
+                    const RopeScaling& scaling) {
   int64_t r = check_rotary("ref::rotary_forward", y, x, rotary_dim, base);
   int64_t half = r / 2;
   Tensor out = x.to(DType::f64).contiguous().clone();
@@ -124,7 +126,7 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
       for (int64_t p = 0; p < x.size(2); ++p)
         for (int64_t i = 0; i < half; ++i) {
           double th = double(p + position_offset) * scaling.apply(std::pow(base, -2.0 * i / r));
-          if (inverse) th = -th;
+          if (direction == RotaryDirection::inverse) th = -th;
           double a = x.at({b, h, p, i}), bb = x.at({b, h, p, i + half});
           out.set({b, h, p, i}, a * std::cos(th) - bb * std::sin(th));
           out.set({b, h, p, i + half}, bb * std::cos(th) + a * std::sin(th));

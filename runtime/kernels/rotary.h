@@ -13,17 +13,22 @@
 
 namespace nxd::kernels {
 
+// Which way rotary_forward turns: by theta (the embedding), or by -theta (its backward; dy in,
+// dx out).
+enum class RotaryDirection { forward, inverse };
+
 // y, x: [B, H, S, D], any layouts with unit last stride (e.g. [B, S, H, D] memory), not
-// overlapping. Position of
-// sequence index s is position_offset + s. rotary_dim even, 0 < rotary_dim <= D (0 means D).
-// inverse: rotate by -theta (the backward; dy in, dx out). scaling: inv_freq scaled as
-// rope_scaling.h says (Llama 3.1's llama3, linear).
+// overlapping. Position of sequence index s is position_offset + s. rotary_dim even,
+// 0 < rotary_dim <= D (0 means D). scaling: inv_freq scaled as rope_scaling.h says (Llama 3.1's
+// llama3, linear).
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
-                    int64_t position_offset, bool inverse = false, const RopeScaling& scaling = {});
+                    int64_t position_offset, RotaryDirection direction = RotaryDirection::forward,
+                    const RopeScaling& scaling = {});
 
 namespace ref {
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
-                    int64_t position_offset, bool inverse = false, const RopeScaling& scaling = {});
+                    int64_t position_offset, RotaryDirection direction = RotaryDirection::forward,
+                    const RopeScaling& scaling = {});
 }  // namespace ref
 
 }  // namespace nxd::kernels

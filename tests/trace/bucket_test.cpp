@@ -9,7 +9,7 @@ using namespace nxd;
 using namespace nxd::testing;
 
 TEST(TraceBuckets, AutomaticPowersOfTwo) {
-  auto c = trace::BucketConfig::automatic(1, 100, 1000);
+  auto c = trace::BucketConfig::automatic({.min_seq = 100, .max_seq = 1000});
   std::vector<int64_t> seqs;
   for (const auto& b : c.buckets) seqs.push_back(b.seq);
   EXPECT_EQ(seqs, (std::vector<int64_t>{128, 256, 512, 1000}));
@@ -57,8 +57,9 @@ TEST(TraceBuckets, OneWeightCopyForAllBuckets) {
                                          trace::TraceOptions{.tp_degree = 2});
   auto four = trace::parallel_model_trace(
       causal_lm_fn(cfg), {trace_ids(1, 8, cfg.vocab_size)},
-      trace::TraceOptions{.tp_degree = 2,
-                          .bucket_config = trace::BucketConfig::automatic(1, 8, 64)});
+      trace::TraceOptions{
+          .tp_degree = 2,
+          .bucket_config = trace::BucketConfig::automatic({.min_seq = 8, .max_seq = 64})});
   ASSERT_EQ(four->buckets().size(), 4u);
   for (const Tensor& ids : {trace_ids(1, 8, 64), trace_ids(1, 60, 64)}) {
     one->forward({trace_ids(1, 8, 64)});

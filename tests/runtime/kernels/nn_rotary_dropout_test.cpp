@@ -20,10 +20,10 @@ Tensor randn(const Shape& s, DType dt, uint64_t seed, double std = 1.0) {
 TEST(NnRotary, MatchesReferenceFullAndPartial) {
   for (DType dt : {DType::f32, DType::f64}) {
     for (int64_t rd : {0, 4}) {  // Llama (whole head) and NeoX partial (4 of 8)
-      for (bool inv : {false, true}) {
+      for (k::RotaryDirection dir : {k::RotaryDirection::forward, k::RotaryDirection::inverse}) {
         Tensor x = randn({2, 3, 9, 8}, dt, 1), y = empty_like(x), r = empty_like(x);
-        k::rotary_forward(y, x, rd, 10000.0, 3, inv);
-        k::ref::rotary_forward(r, x, rd, 10000.0, 3, inv);
+        k::rotary_forward(y, x, rd, 10000.0, 3, dir);
+        k::ref::rotary_forward(r, x, rd, 10000.0, 3, dir);
         EXPECT_CLOSE_REL(y, r, dt == DType::f64 ? 1e-13 : 2e-6);
         if (rd == 4) {
           EXPECT_EQ(y.at({1, 2, 5, 6}), x.at({1, 2, 5, 6}));  // passes through
@@ -43,13 +43,13 @@ TEST(NnRotary, RopeScalingLinearAndLlama3) {
                  .original_max_position_embeddings = 64};
   for (DType dt : {DType::f32, DType::f64})
     for (const RopeScaling& sc : {lin, l3})
-      for (bool inv : {false, true}) {
+      for (k::RotaryDirection dir : {k::RotaryDirection::forward, k::RotaryDirection::inverse}) {
         Tensor x = randn({2, 3, 9, 8}, dt, 3), y = empty_like(x), r = empty_like(x);
-        k::rotary_forward(y, x, 0, 500.0, 3, inv, sc);
-        k::ref::rotary_forward(r, x, 0, 500.0, 3, inv, sc);
+        k::rotary_forward(y, x, 0, 500.0, 3, dir, sc);
+        k::ref::rotary_forward(r, x, 0, 500.0, 3, dir, sc);
         EXPECT_CLOSE_REL(y, r, dt == DType::f64 ? 1e-13 : 2e-6);
         Tensor plain = empty_like(x);  // scaling changes the result
-        k::rotary_forward(plain, x, 0, 500.0, 3, inv);
+        k::rotary_forward(plain, x, 0, 500.0, 3, dir);
         EXPECT_GT(nxd::testing::diff(plain, y).max_abs, 1e-3);
       }
   // inv_freq of head dim 8, base 500: 1, 500^-1/4, 500^-1/2, 500^-3/4 (wavelengths 6.3, 29.7,
@@ -76,7 +76,7 @@ TEST(NnRotary, ClosedFormSinglePair) {
   EXPECT_EQ(y.at({0, 0, 5, 0}), 0.0);
   // inverse rotation undoes it
   Tensor back = empty_like(x);
-  k::rotary_forward(back, y, 4, 500.0, 0, true);
+  k::rotary_forward(back, y, 4, 500.0, 0, k::RotaryDirection::inverse);
   EXPECT_CLOSE_REL(back, x, 1e-15);
 }
 

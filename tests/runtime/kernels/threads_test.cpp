@@ -139,8 +139,8 @@ TEST_P(KernelThreads, Rotary) {
   Tensor x = randn({4, 128, 6, 64}, dt, 16).transpose(1, 2);
   expect_thread_invariant([&] {
     Tensor y = empty({4, 6, 128, 64}, dt), yp = empty({4, 6, 128, 64}, dt);
-    k::rotary_forward(y, x, 0, 10000.0, 0, false);
-    k::rotary_forward(yp, x, 16, 10000.0, 3, true);
+    k::rotary_forward(y, x, 0, 10000.0, 0, k::RotaryDirection::forward);
+    k::rotary_forward(yp, x, 16, 10000.0, 3, k::RotaryDirection::inverse);
     return std::vector<Tensor>{y, yp};
   });
 }
