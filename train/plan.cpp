@@ -325,7 +325,11 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
           str("split the experts over more ranks (distributed_strategy.expert_model_parallel_"
               "size, now ",
               cfg.dist.expert_model_parallel_size, ": each rank holds ", cfg.model.moe.num_experts,
-              " / EP experts; EP divides the data-parallel size ", dp, ")"));
+              " / EP experts; EP divides the data-parallel size ", dp,
+              cfg.dist.context_parallel_size > 1
+                  ? str(" x context_parallel_size ", cfg.dist.context_parallel_size)
+                  : std::string(),
+              ")"));
     if (!cfg.dist.zero1 && dp > 1)
       add(str("distributed_strategy.zero1=true (optimizer state ", format_bytes(w.optimizer_state),
               " -> about ", format_bytes(w.optimizer_state / dp), " per rank)"));

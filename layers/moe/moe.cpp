@@ -86,10 +86,6 @@ MoeMlp::MoeMlp(const MoeMlpOptions& o)
     NXD_CHECK_T(ConfigError, cfg_.dropless, "[MoeMlp] context parallelism (size ", cp_->size(),
                 ") needs dropless experts: capacity_factor=", cfg_.capacity_factor,
                 " drops by the whole sequence's token order, which no rank holds");
-    NXD_CHECK_T(ConfigError, ep == 1, "[MoeMlp] context parallelism (size ", cp_->size(),
-                ") with expert parallelism (size ", ep,
-                ") is not supported: the experts' gradients would need a reduction over "
-                "expert-data-parallel x context-parallel ranks");
   }
   local_ = cfg_.num_experts / ep;
   first_ = (ep_ ? ep_->rank() : 0) * local_;
