@@ -156,7 +156,7 @@ std::vector<KeySpec> make_registry() {
           "builds (examples/new_model trains `gpt2`)."),
       key("model.init_from", K::string, nullptr,
           "Fine-tuning: start from these weights (a transformers folder with config.json, an nxd "
-          "checkpoint of any TP/PP/DP degree or a run folder, or a file of `nxd-ckpt export`), "
+          "checkpoint of any TP/PP/DP/EP degree or a run folder, or a file of `nxd-ckpt export`), "
           "resharded to this run's layout, with a fresh optimizer at step 0. The model.* keys "
           "left at their defaults take the source's values; one set otherwise is an error. null "
           "= initialize as model.init_method says.",
