@@ -267,8 +267,11 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts) {
         moe.dropless
             ? str("the experts' tokens are planned evenly routed (", moe.top_k, " of ",
                   moe.num_experts,
-                  " per token); dropless, a run's busiest expert-parallel rank "
-                  "holds more (set model.moe.dropless=false with a capacity_factor for a bound)")
+                  " per token); dropless, a run's busiest expert-parallel rank holds more",
+                  cfg.dist.context_parallel_size > 1
+                      ? std::string(" (context parallelism needs dropless: no bound)")
+                      : std::string(" (set model.moe.dropless=false with a capacity_factor for "
+                                    "a bound)"))
             : str("the experts' tokens are planned evenly routed, each expert at its capacity "
                   "(capacity_factor ",
                   moe.capacity_factor, "): a bound for a run's routing");
