@@ -191,7 +191,8 @@ TEST(MoeOffline, Zero1ReshardEp4ToEp2AndOneRankMatchesOnlineLoad) {
 // Context parallelism counts as data parallelism in a checkpoint: at CP 2 x EP 2 (DP 2) EP is
 // folded over the data x context ranks q = 2 dp + cp, so the experts of EP rank 1 come from q = 1
 // (DP index 0, CP rank 1: expert-DP rank 0 of EP rank 1), written once, and the experts' ZeRO-1
-// state (sharded over the expert-DP group, here the DP ranks of one CP rank) once too.
+// state (sharded over the expert-DP group, here the DP ranks of one CP rank) once too: trained 2
+// steps, saved, the checkpoint loads on one rank and at CP 2 x EP 4 bitwise.
 TEST(MoeOffline, ContextParallelSaveWritesEveryExpertOnce) {
   const nxd::testing::ScratchDir dir("moe_cp_ep_");
   for (bool zero1 : {false, true}) {
@@ -202,6 +203,11 @@ TEST(MoeOffline, ContextParallelSaveWritesEveryExpertOnce) {
     const State one = run({.world = 1, .zero1 = zero1}, dir.path, tag, false, 2);
     expect_same(one.params, saved.params, tag + " parameters");
     expect_same(one.optim, saved.optim, tag + " optimizer state");
+    // and back at CP 2 with the experts split another way (EP 4: one EP group of all four ranks,
+    // the ZeRO-1 expert state unsharded): the same tensors
+    const State ep4 = run({.world = 4, .ep = 4, .cp = 2, .zero1 = zero1}, dir.path, tag, false, 2);
+    expect_same(ep4.params, saved.params, tag + " parameters at CP 2 x EP 4");
+    expect_same(ep4.optim, saved.optim, tag + " optimizer state at CP 2 x EP 4");
   }
 }
 
