@@ -9,10 +9,10 @@
 //   - nxd-train at CP 2, CP 2 x TP 2 (SP) and CP 2 x EP 2 equals one rank over 20 steps (losses,
 //     gradient norms, the auxiliary loss: the experts' loads summed over CP), and what CP cannot
 //     do is a configuration error;
-//   - CP x EP through NxD's wrappers (EP folded over DP x CP: CP 2 x EP 2, CP 4 x EP 2 with the
-//     expert-DP group spanning CP, DP 2 x CP 2 x EP 2 and x EP 4, with ZeRO-1): losses, gradient
-//     norms and the first step's gradients within 1e-5 of one rank, and every copy of every
-//     parameter bitwise equal across the DP, CP and expert-DP replicas after the last step.
+//   - CP x EP through NxD's wrappers (EP folded over DP x CP: CP 2 x EP 2 (also x TP 2 SP), CP 4 x
+//     EP 2 with the expert-DP group spanning CP, DP 2 x CP 2 x EP 2 and x EP 4, ZeRO-1): losses,
+//     gradient norms and the first step's gradients within 1e-5 of one rank, and every copy of
+//     every parameter bitwise equal across the DP, CP and expert-DP replicas after the last step.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -262,8 +262,8 @@ TEST(MoeContextParallel, WhatItCannotDoIsAConfigError) {
 
 namespace {
 
-NxDConfig cp_ep(int cp, int ep, bool zero1 = false) {
-  NxDConfig c = sizes(1, ep);
+NxDConfig cp_ep(int cp, int ep, bool zero1 = false, int tp = 1) {
+  NxDConfig c = sizes(tp, ep, /*sp=*/tp > 1);
   c.context_parallel_size = cp;
   c.optimizer_config.zero_one_enabled = zero1;
   return c;
@@ -287,13 +287,15 @@ void expect_cp_matches(const Trace& one, const Trace& par, const std::string& wh
 
 }  // namespace
 
-// DP 1: CP 2 x EP 2 (the EP group is the CP group, expert-DP one rank) and CP 4 x EP 2 with
-// ZeRO-1 (EP groups {cp 0, 1} and {cp 2, 3}; expert-DP {0, 2} and {1, 3}: the experts' gradients
-// averaged and their AdamW state sharded across CP ranks).
+// DP 1: CP 2 x EP 2 (the EP group is the CP group, expert-DP one rank), CP 4 x EP 2 with ZeRO-1
+// (EP groups {cp 0, 1} and {cp 2, 3}; expert-DP {0, 2} and {1, 3}: the experts' gradients
+// averaged and their AdamW state sharded across CP ranks) and CP 2 x EP 2 x TP 2 with SP.
 TEST(MoeContextParallel, ExpertParallelMatchesOneRank) {
   const Trace one = train(1, NxDConfig{}, 1);
   expect_cp_matches(one, train(2, cp_ep(2, 2), 1), "CP2 EP2");
   expect_cp_matches(one, train(4, cp_ep(4, 2, true), 1), "ZeRO-1 CP4 EP2");
+  // experts split over TP 2 (SP) too: the EP groups are the CP groups of each TP rank
+  expect_cp_matches(one, train(4, cp_ep(2, 2, false, 2), 1), "CP2 EP2 TP2 SP");
 }
 
 // DP 2 x CP 2: EP 2 (EP group = the CP group, expert-DP = the DP group) and EP 4 with ZeRO-1 (one
