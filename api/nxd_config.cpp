@@ -167,9 +167,10 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
          c.context_parallel_size, " x a data-parallel size");
   const int dp_size =
       world / (c.tensor_parallel_size * c.pipeline_parallel_size * c.context_parallel_size);
-  if (c.expert_parallel_size < 1 || dp_size % c.expert_parallel_size != 0)
+  if (c.expert_parallel_size < 1 || (dp_size * c.context_parallel_size) % c.expert_parallel_size)
     fail("expert_parallel_size ", c.expert_parallel_size,
-         " must be >= 1 and divide the data-parallel size ", dp_size);
+         " must be >= 1 and divide the data-parallel size ", dp_size, " x context_parallel_size ",
+         c.context_parallel_size);
   const PipelineConfig& pc = c.pipeline_config;
   if (pc.num_microbatches < 1 || pc.virtual_pipeline_size < 1)
     fail("pipeline_config.num_microbatches and virtual_pipeline_size must be >= 1, got ",

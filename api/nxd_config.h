@@ -64,7 +64,8 @@ struct NxDConfig {
   int context_parallel_size =
       1;  // ranks splitting each sequence (layers/parallel/context_parallel.h)
   // Expert parallelism (NxD's expert_parallel_size): the experts of mixture-of-experts layers are
-  // split over this many data-parallel ranks (it divides the DP size; layers/moe/moe.h).
+  // split over this many data-parallel (data x context) ranks (it divides DP x CP;
+  // collectives/parallel_state.h, layers/moe/moe.h).
   int expert_parallel_size = 1;
   PipelineConfig pipeline_config;
   OptimizerConfig optimizer_config;

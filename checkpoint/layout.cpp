@@ -33,7 +33,9 @@ Degrees current_degrees() {
   d.cp_rank = ps::get_context_parallel_rank();
   d.data_rank = ps::get_data_parallel_rank();
   d.ep = ps::get_expert_model_parallel_size();
+  d.ep_rank = ps::get_expert_model_parallel_rank();
   d.expert_dp = ps::get_expert_data_parallel_size();
+  d.expert_dp_rank = ps::get_expert_data_parallel_rank();
   return d;
 }
 

@@ -21,13 +21,14 @@ struct Degrees {
   // parameters as DP ranks do); data_rank is the DP index alone (dp_rank = data_rank * cp +
   // cp_rank).
   int cp = 1, cp_rank = 0, data_rank = 0;
-  // Expert parallelism: the ranks of DP index e < ep at CP rank 0 (expert-DP rank 0 of EP rank e)
-  // write the MoE experts they hold into the model/optim files of DP rank e (DP rank 0's also has
-  // everything else).
-  int ep = 1;
-  int expert_dp = 1;  // the expert-data-parallel group's size (DP / EP, or DP x CP / EP)
-  // The DP index of the files holding this rank's experts, or -1 if it writes none.
-  int expert_file() const { return cp_rank == 0 && data_rank < ep ? data_rank : -1; }
+  // Expert parallelism: expert-DP rank 0 of EP rank e (data x context rank e: parallel_state
+  // folds EP over DP x CP) writes the MoE experts it holds into the model/optim files of "DP"
+  // rank e (rank 0's also have everything else). Its experts' ZeRO-1 parts are sharded over the
+  // expert-DP group, which spans CP: every rank writes its own (each part is held once).
+  int ep = 1, ep_rank = 0;
+  int expert_dp = 1, expert_dp_rank = 0;  // the expert-data-parallel group (DP x CP / EP ranks)
+  // The "DP" index of the files holding this rank's experts, or -1 if it writes none.
+  int expert_file() const { return expert_dp_rank == 0 ? ep_rank : -1; }
 };
 // This rank's place in parallel_state (TP = PP = 1 in a one-rank world that never set it up).
 Degrees current_degrees();

@@ -145,16 +145,14 @@ std::set<std::string> expert_names(const std::vector<const Module*>& chunks) {
 }
 
 // A sharded optimizer's (ZeRO-1) file of this rank: its part of every parameter's state as it
-// holds it (checkpoint/dp_shards.h), no gathering. When the expert-DP group lies within one CP
-// rank's DP ranks (DP / EP members), every CP rank shards the experts' state alike: only CP rank
-// 0's parts are written, so the files tile it once.
+// holds it (checkpoint/dp_shards.h), no gathering. The dense state is sharded over DP x CP and the
+// experts' over the expert-DP group; EP x expert-DP tiles DP x CP (parallel_state.h), so the files
+// of the DP x CP ranks hold every part once.
 Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
-                          const std::vector<const Module*>& chunks,
                           const std::map<std::string, ShardSpec>& specs, SnapshotPool& snap) {
   const Degrees& d = p.deg;
-  const bool per_cp_rank = d.ep > 1 && d.expert_dp * d.ep == d.dp / d.cp;
-  const std::set<std::string> skip =
-      d.cp_rank > 0 && per_cp_rank ? expert_names(chunks) : std::set<std::string>{};
+  NXD_INTERNAL_CHECK(d.ep * d.expert_dp == d.dp, "[save_checkpoint] EP ", d.ep, " x expert-DP ",
+                     d.expert_dp, " does not tile the ", d.dp, " data x context ranks");
   Shard s;
   s.file = detail::shard_file("optim", {.dp_rank = d.dp_rank,
                                         .tp_rank = d.tp_rank,
@@ -168,7 +166,6 @@ Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
     for (int64_t x : r.shape) numel *= x;
     // an empty parameter's step goes with DP rank 0
     if (r.hi <= r.lo && !(numel == 0 && d.dp_rank == 0)) continue;
-    if (skip.count(r.param)) continue;
     held.push_back(&r);
     const auto spec = specs.find(r.param);
     for (const auto& [what, t] : r.tensors) {
@@ -192,8 +189,8 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
   const bool z = p.opts.compress;
   std::map<std::string, ShardSpec> specs;
   specs = detail::model_specs(chunks);
-  // expert parallelism: the writers of EP ranks 1..ep-1 (Degrees::expert_file) write only the
-  // experts they hold, into the files of DP rank <EP rank> (DP rank 0 everything)
+  // expert parallelism: the writers of EP ranks 1..ep-1 (Degrees::expert_file: expert-DP rank 0)
+  // write only the experts they hold, into the files of DP rank <EP rank> (DP rank 0 everything)
   const bool all = d.dp_rank == 0, experts_only = !all && d.expert_file() > 0;
   const int file_dp = all ? 0 : d.expert_file();
   const std::set<std::string> experts =
@@ -214,7 +211,7 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
     p.shards.push_back(std::move(s));
   }
   if (opt && opt->state_is_sharded()) {
-    p.shards.push_back(sharded_optim_shard(p, *opt, chunks, specs, snap));
+    p.shards.push_back(sharded_optim_shard(p, *opt, specs, snap));
   } else if (opt && (all || experts_only)) {
     Shard s;
     s.file = detail::shard_file(

@@ -61,9 +61,10 @@ Layout make_layout(int world, const ParallelSizes& z) {
   l.ep = ep;
   l.dp = world / (tp * cp * pp);
   const int dp = l.dp;
-  NXD_CHECK_T(ConfigError, dp % ep == 0, "[initialize_model_parallel] expert_model_parallel_size (",
-              ep, ") must divide the data-parallel size ", dp, " (world ", world, " / (tp ", tp,
-              " x cp ", cp, " x pp ", pp, "))");
+  NXD_CHECK_T(ConfigError, (dp * cp) % ep == 0,
+              "[initialize_model_parallel] expert_model_parallel_size (", ep,
+              ") must divide the data-parallel size ", dp, " x context-parallel size ", cp, " = ",
+              dp * cp, " (world ", world, " / (tp ", tp, " x pp ", pp, "))");
   auto at = [&](int p, int d, int c, int t) { return ((p * dp + d) * cp + c) * tp + t; };
   auto each_pdc = [&](auto f) {
     for (int p = 0; p < pp; ++p)
@@ -115,13 +116,15 @@ Layout make_layout(int world, const ParallelSizes& z) {
     for (int p = 0; p < pp; ++p) g.push_back(at(p, d, c, t));
     return g;
   });
-  // EP and expert-DP split each DP group: EP = consecutive DP indices, expert-DP = strided.
-  for (const auto& g : l.dp_groups) {
-    for (int e = 0; e < dp / ep; ++e)
+  // EP and expert-DP split each data x context group (members in data x context rank order,
+  // q = dp * CP + cp): EP = EP consecutive q, expert-DP = the q with the same q % EP.
+  for (const auto& g : l.dp_cp_groups) {
+    const int n = static_cast<int>(g.size()) / ep;
+    for (int e = 0; e < n; ++e)
       l.ep_groups.emplace_back(g.begin() + e * ep, g.begin() + (e + 1) * ep);
     for (int j = 0; j < ep; ++j) {
       l.expert_dp_groups.emplace_back();
-      for (int e = 0; e < dp / ep; ++e) l.expert_dp_groups.back().push_back(g[e * ep + j]);
+      for (int e = 0; e < n; ++e) l.expert_dp_groups.back().push_back(g[e * ep + j]);
     }
   }
   return l;
@@ -156,12 +159,13 @@ void initialize_model_parallel(const ParallelSizes& sizes) {
   s.dp_rank = d;
   s.pp_rank = p;
   s.cp_rank = c;
-  s.ep_rank = d % l.ep;
+  const int q = d * l.cp + c;  // the data x context rank
+  s.ep_rank = q % l.ep;
   s.pp_ranks = l.pp_groups[group_index(l.pp_groups, r)];
   s.layout = std::move(l);
   NXD_INTERNAL_CHECK(s.tp->rank() == t && s.dp->rank() == d && s.pp->rank() == p &&
                          s.cp->rank() == c && s.dp_cp->rank() == d * s.layout.cp + c &&
-                         s.ep->rank() == s.ep_rank && s.expert_dp->rank() == d / s.layout.ep,
+                         s.ep->rank() == s.ep_rank && s.expert_dp->rank() == q / s.layout.ep,
                      "parallel_state group ranks disagree with the layout");
   s.initialized = true;
 }
@@ -303,11 +307,11 @@ Groups get_expert_model_parallel_replica_groups() {
 
 int get_expert_data_parallel_size() {
   const Layout& l = state().layout;
-  return l.dp / l.ep;
+  return l.dp * l.cp / l.ep;
 }
 int get_expert_data_parallel_rank() {
   State& s = state();
-  return s.dp_rank / s.layout.ep;
+  return (s.dp_rank * s.layout.cp + s.cp_rank) / s.layout.ep;
 }
 Communicator& get_expert_data_parallel_group() {
   return *state().expert_dp;

@@ -7,8 +7,9 @@
 // memory. Context parallelism is for sequences whose activations do not fit: CP 2, 4, ... is
 // tried for a TP x PP only while no layout of the smaller CP fits (a larger CP adds ring
 // exchanges and nothing else) and while it lowers the least memory needed. Expert parallelism
-// is tried at every size dividing DP and the expert count: it trades the experts' memory and
-// gradient reduction for the all-to-all, which the modeled step weighs.
+// is tried at every size dividing DP x CP (parallel_state folds it over both) and the expert
+// count: it trades the experts' memory and gradient reduction for the all-to-all, which the
+// modeled step weighs.
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -132,7 +133,7 @@ int search(const Args& a, const sim::MachineSpec& m) {
         const int64_t dp = W / (tp * pp * cp);
         bool fits = false;
         int64_t least = kNone;
-        for (int64_t ep = 1; ep <= std::max<int64_t>(E, 1) && dp % ep == 0; ep *= 2) {
+        for (int64_t ep = 1; ep <= std::max<int64_t>(E, 1) && (dp * cp) % ep == 0; ep *= 2) {
           if (ep > 1 && E % ep != 0) break;
           for (int64_t mb = base.data.micro_batch_size; mb >= 1; mb /= 2) {
             const Layout l{tp, pp, cp, ep, mb};

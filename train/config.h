@@ -122,7 +122,7 @@ struct DistributedSection {
   int64_t tensor_model_parallel_size;
   int64_t pipeline_model_parallel_size;
   int64_t context_parallel_size;       // CP: ranks that split each sequence (ring attention)
-  int64_t expert_model_parallel_size;  // EP: divides the data-parallel size
+  int64_t expert_model_parallel_size;  // EP: divides data-parallel x context-parallel size
   int64_t virtual_pipeline_model_parallel_size;
   std::string pipeline_schedule;   // gpipe | 1f1b | interleaved
   std::string pipeline_partition;  // parameters | modeled_cost

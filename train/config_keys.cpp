@@ -259,7 +259,7 @@ std::vector<KeySpec> make_registry() {
           "chunks; attention is ring attention, every other layer runs on the rank's tokens. "
           "data.seq_length must divide by 2 x it (and by 2 x it x tensor_model_parallel_size "
           "with sequence_parallel). Data-parallel degree = world / (tp x pp x this). With "
-          "model.moe: dropless and expert_model_parallel_size=1 only."),
+          "model.moe: dropless only."),
       key("distributed_strategy.virtual_pipeline_model_parallel_size", K::integer, 1,
           "Model chunks per pipeline rank (interleaved schedule; > 1 needs pipeline_schedule "
           "interleaved and microbatches a multiple of pipeline_model_parallel_size)."),
@@ -281,7 +281,8 @@ std::vector<KeySpec> make_registry() {
           "Checkpoints hold the unsharded AdamW layout."),
       key("distributed_strategy.expert_model_parallel_size", K::integer, 1,
           "Expert-parallel degree: the experts of each MoE layer are split over this many "
-          "data-parallel ranks (it divides the data-parallel size and model.moe.num_experts); "
+          "data-parallel (or data x context-parallel) ranks (it divides data-parallel size x "
+          "context_parallel_size and model.moe.num_experts); "
           "tokens reach their experts by all-to-all, and the experts' gradients are averaged "
           "over the expert-data-parallel group (with zero1 their optimizer state is sharded "
           "over it too). At tensor_model_parallel_size > 1 each expert's intermediate dimension "

@@ -244,9 +244,14 @@ void check_experts(Resolver& r, const DistributedSection& ds, const ModelConfig&
   if (ep > 1 && !m.moe.enabled())
     r.fail("distributed_strategy.expert_model_parallel_size=", ep,
            " needs a mixture-of-experts model (model.moe.num_experts > 0)");
-  if (ds.data_parallel_size % ep != 0)
+  // parallel_state folds EP over the data x context ranks (Megatron-core's expert groups)
+  const int64_t dc = ds.data_parallel_size * ds.context_parallel_size;
+  if (dc % ep != 0)
     r.fail("distributed_strategy.expert_model_parallel_size=", ep,
            " does not divide the data-parallel size ", ds.data_parallel_size,
+           ds.context_parallel_size > 1
+               ? str(" x context_parallel_size ", ds.context_parallel_size, " = ", dc)
+               : std::string(),
            " (world size / (tensor x pipeline parallel size))");
   if (m.moe.enabled() && m.moe.num_experts % ep != 0)
     r.fail("model.moe.num_experts=", m.moe.num_experts,
@@ -387,11 +392,6 @@ void check_context_parallel(Resolver& r, const TrainConfig& t) {
     r.fail("distributed_strategy.context_parallel_size=", cp,
            " with model.moe.dropless=false: capacity drops follow the whole sequence's token "
            "order, which no rank holds (use model.moe.dropless=true)");
-  if (t.model.moe.enabled() && t.dist.expert_model_parallel_size > 1)
-    r.fail("distributed_strategy.context_parallel_size=", cp,
-           " with expert_model_parallel_size=", t.dist.expert_model_parallel_size,
-           " is not supported (the experts' gradients would need a reduction over "
-           "expert-data-parallel x context-parallel ranks)");
   if (s % (2 * cp) != 0)
     r.fail("data.seq_length=", s,
            " is not divisible by 2 x distributed_strategy."

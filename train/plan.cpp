@@ -267,8 +267,11 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts) {
         moe.dropless
             ? str("the experts' tokens are planned evenly routed (", moe.top_k, " of ",
                   moe.num_experts,
-                  " per token); dropless, a run's busiest expert-parallel rank "
-                  "holds more (set model.moe.dropless=false with a capacity_factor for a bound)")
+                  " per token); dropless, a run's busiest expert-parallel rank holds more",
+                  cfg.dist.context_parallel_size > 1
+                      ? std::string(" (context parallelism needs dropless: no bound)")
+                      : std::string(" (set model.moe.dropless=false with a capacity_factor for "
+                                    "a bound)"))
             : str("the experts' tokens are planned evenly routed, each expert at its capacity "
                   "(capacity_factor ",
                   moe.capacity_factor, "): a bound for a run's routing");
@@ -325,7 +328,11 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
           str("split the experts over more ranks (distributed_strategy.expert_model_parallel_"
               "size, now ",
               cfg.dist.expert_model_parallel_size, ": each rank holds ", cfg.model.moe.num_experts,
-              " / EP experts; EP divides the data-parallel size ", dp, ")"));
+              " / EP experts; EP divides the data-parallel size ", dp,
+              cfg.dist.context_parallel_size > 1
+                  ? str(" x context_parallel_size ", cfg.dist.context_parallel_size)
+                  : std::string(),
+              ")"));
     if (!cfg.dist.zero1 && dp > 1)
       add(str("distributed_strategy.zero1=true (optimizer state ", format_bytes(w.optimizer_state),
               " -> about ", format_bytes(w.optimizer_state / dp), " per rank)"));

@@ -86,10 +86,6 @@ MoeMlp::MoeMlp(const MoeMlpOptions& o)
     NXD_CHECK_T(ConfigError, cfg_.dropless, "[MoeMlp] context parallelism (size ", cp_->size(),
                 ") needs dropless experts: capacity_factor=", cfg_.capacity_factor,
                 " drops by the whole sequence's token order, which no rank holds");
-    NXD_CHECK_T(ConfigError, ep == 1, "[MoeMlp] context parallelism (size ", cp_->size(),
-                ") with expert parallelism (size ", ep,
-                ") is not supported: the experts' gradients would need a reduction over "
-                "expert-data-parallel x context-parallel ranks");
   }
   local_ = cfg_.num_experts / ep;
   first_ = (ep_ ? ep_->rank() : 0) * local_;
@@ -245,13 +241,11 @@ Tensor MoeMlp::aux_losses(const Tensor& logits, const Tensor& probs, const Routi
                           int64_t T) const {
   const int64_t E = cfg_.num_experts, k = cfg_.top_k;
   const bool meta = probs.is_meta();
-  // context parallelism: the loads and the token count of the whole sequence (raw sums over CP)
+  // context parallelism: the loads and the token count of the whole sequence (raw sums over CP;
+  // on meta tensors (the planner) too, over its planned loads, so the collective is charged)
   std::vector<int64_t> load = r.load;
   int64_t Tg = T;
-  if (cp_ && meta) {  // shapes only (the planner): every member alike
-    for (int64_t& l : load) l *= cp_->size();
-    Tg = T * cp_->size();
-  } else if (cp_) {
+  if (cp_) {
     load.push_back(T);
     cp_->all_reduce(load.data(), load.data(), E + 1, DType::i64, ReduceOp::sum);
     Tg = load.back();
@@ -272,7 +266,7 @@ Tensor MoeMlp::aux_losses(const Tensor& logits, const Tensor& probs, const Routi
     aux = add(aux, mul(z, cfg_.router_z_loss_coef));
     if (!meta) figs[1] = z.item();
   }
-  if (cp_ && !meta) cp_->all_reduce(figs, figs, 2, DType::f64, ReduceOp::sum);
+  if (cp_) cp_->all_reduce(figs, figs, 2, DType::f64, ReduceOp::sum);
   stats_ = MoeStats{};
   stats_.tokens = Tg;
   stats_.assignments = Tg * k;
@@ -319,11 +313,12 @@ Tensor MoeMlp::forward(const Tensor& x) const {
     y = reduce_from_tensor_model_parallel_region(y, *tp_);
   const double cp = cp_ ? static_cast<double>(cp_->size()) : 1.0;
   y = inject_aux_grad(y, aux_, moe_aux_loss_grad_scale() * cp);
-  aux_ = aux_.detach();          // its gradient comes through y's backward
-  if (cp_ && !aux_.is_meta()) {  // the whole sequence's value
-    double v = aux_.item();
+  aux_ = aux_.detach();  // its gradient comes through y's backward
+  if (cp_) {             // the whole sequence's value (the planner: charged, no value)
+    const bool meta = aux_.is_meta();
+    double v = meta ? 0.0 : aux_.item();
     cp_->all_reduce(&v, &v, 1, DType::f64, ReduceOp::sum);
-    aux_ = from_doubles({v}, {}, aux_.dtype());
+    if (!meta) aux_ = from_doubles({v}, {}, aux_.dtype());
   }
   return y;
 }

@@ -25,8 +25,10 @@
 // member's loss is its tokens' part (sum of its router probabilities / the global count), its
 // injected gradient scaled by C (as the CP loss's: the gradients are averaged over DP x CP), and
 // the reported value is the sum over CP. Capacity drops depend on the whole sequence's token order,
-// hence dropless only; expert parallelism with CP would need the experts' gradients reduced over
-// expert-DP x CP (not built): rejected.
+// hence dropless only. With expert parallelism each CP rank dispatches its own tokens over its EP
+// group like a DP rank (parallel_state folds EP and expert-DP over the data x context ranks, so
+// the EP group may hold CP peers); the experts' gradients are then averaged over expert-DP, which
+// spans CP (see below).
 //
 // Expert parallelism (ep_group of P members, P divides E): member r holds experts
 // [r*E/P, (r+1)*E/P) under their global names (experts.<e>.w1 ...). Every member routes its own
@@ -35,6 +37,9 @@
 // computed by their expert, and sent back the same way. The experts' weights get their
 // gradient scaled by 1/P in backward, so averaging them over the expert-data-parallel group (not
 // the whole DP group) gives the global DP mean; the router's over the whole DP group as usual.
+// With context parallelism both are over DP x CP: EP x expert-DP tiles the data x context group
+// (parallel_state.h), so the mean over expert-DP (DP x CP / P ranks) of 1/P x the sum over an EP
+// group of its members' (CP-scaled) token gradients is the DP x CP mean the dense weights get.
 //
 // Tensor parallelism inside each expert (tp_group of Q members; NxD's ExpertMLPs): every expert's
 // intermediate dimension is split over TP, w1/w3 by rows (partition_dim 0, as a column-parallel
@@ -78,7 +83,7 @@ struct MoeMlpOptions {
   bool sequence_parallel = false;
   int64_t sequence_dimension = 1;
   // The context-parallel group (null or one member: the whole sequence is here). Needs dropless
-  // and no expert parallelism (ConfigError otherwise).
+  // (ConfigError otherwise).
   std::shared_ptr<Communicator> cp_group;
 };
 

@@ -18,6 +18,7 @@
 #include "nxd/checkpoint/offline.h"
 #include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/parallel/context_parallel.h"
 #include "nxd/optim/zero1.h"
 #include "support/ranks.h"
 
@@ -83,8 +84,12 @@ State run(const Run& r, const fs::path& root, const std::string& tag, bool save,
         for (const auto& [n, t] : opt->inner().state_tensors())
           if (!st->count(n)) (*st)[n] = t.detach().clone();
     };
+    auto here = [&](const Tensor& t) {  // this CP rank's chunks of the sequences
+      const int cp = ps::get_context_parallel_size();
+      return cp > 1 ? context_parallel_slice(t, 1, ps::get_context_parallel_rank(), cp) : t;
+    };
     auto step = [&](int k) {
-      double loss = model->run_train(ids(d, k, 700), ids(d, k, 900)).item();
+      double loss = model->run_train(here(ids(d, k, 700)), here(ids(d, k, 900))).item();
       ps::get_data_parallel_group().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
       opt->step();
       opt->zero_grad();
@@ -183,19 +188,26 @@ TEST(MoeOffline, Zero1ReshardEp4ToEp2AndOneRankMatchesOnlineLoad) {
   reshard_matches_online(true);
 }
 
-// Context parallelism counts as data parallelism in a checkpoint: at CP 2 x EP 2 (DP 2) the
-// experts of EP rank 1 come from DP index 1 (data x context rank 2), written once, and the
-// experts' ZeRO-1 state (sharded over each CP rank's expert-DP group alike) once too.
+// Context parallelism counts as data parallelism in a checkpoint: at CP 2 x EP 2 (DP 2) EP is
+// folded over the data x context ranks q = 2 dp + cp, so the experts of EP rank 1 come from q = 1
+// (DP index 0, CP rank 1: expert-DP rank 0 of EP rank 1), written once, and the experts' ZeRO-1
+// state (sharded over the expert-DP group, here the DP ranks of one CP rank) once too: trained 2
+// steps, saved, the checkpoint loads on one rank and at CP 2 x EP 4 bitwise.
 TEST(MoeOffline, ContextParallelSaveWritesEveryExpertOnce) {
   const nxd::testing::ScratchDir dir("moe_cp_ep_");
   for (bool zero1 : {false, true}) {
     const std::string tag = zero1 ? "z" : "a";
     const State saved =
-        run({.world = 4, .ep = 2, .cp = 2, .zero1 = zero1}, dir.path, tag, true, /*steps=*/0);
+        run({.world = 4, .ep = 2, .cp = 2, .zero1 = zero1}, dir.path, tag, true, /*steps=*/2);
     EXPECT_GT(verify_checkpoint(dir.path / tag).experts, 0);
-    const State one = run({.world = 1, .zero1 = zero1}, dir.path, tag, false, 0);
+    const State one = run({.world = 1, .zero1 = zero1}, dir.path, tag, false, 2);
     expect_same(one.params, saved.params, tag + " parameters");
     expect_same(one.optim, saved.optim, tag + " optimizer state");
+    // and back at CP 2 with the experts split another way (EP 4: one EP group of all four ranks,
+    // the ZeRO-1 expert state unsharded): the same tensors
+    const State ep4 = run({.world = 4, .ep = 4, .cp = 2, .zero1 = zero1}, dir.path, tag, false, 2);
+    expect_same(ep4.params, saved.params, tag + " parameters at CP 2 x EP 4");
+    expect_same(ep4.optim, saved.optim, tag + " optimizer state at CP 2 x EP 4");
   }
 }
 

@@ -1,6 +1,7 @@
 // parallel_state against NxD's ground-truth layouts (ranks = arange(world).reshape(PP, DP, TP)).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "nxd/collectives/parallel_state.h"
@@ -150,14 +151,17 @@ TEST(ParallelState, PerRankStateAndReinitialize) {
 }
 
 // 16 ranks TP2 CP2 DP4 EP2: rank = 4*dp + 2*cp + tp (arange(16).reshape(PP1, DP4, CP2, TP2)).
+// EP and expert-DP fold over DP x CP (Megatron-core's expert groups): with q = 2*dp + cp, an EP
+// group is q in {2e, 2e+1} (here the CP group), expert-DP the q of one parity: 4 ranks over 2 CP
+// ranks each (per CP slice, 2 ranks: the experts' gradients were never averaged over CP).
 TEST(ParallelState, ContextAndExpertGroupsTp2Cp2Dp4Ep2) {
   const ps::ParallelSizes sizes{.tensor = 2, .context = 2, .expert = 2};
   const Groups tp = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}};
   const Groups cp = {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}};
   const Groups dp = {{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}};
   const Groups dp_cp = {{0, 2, 4, 6, 8, 10, 12, 14}, {1, 3, 5, 7, 9, 11, 13, 15}};
-  const Groups ep = {{0, 4}, {8, 12}, {1, 5}, {9, 13}, {2, 6}, {10, 14}, {3, 7}, {11, 15}};
-  const Groups edp = {{0, 8}, {4, 12}, {1, 9}, {5, 13}, {2, 10}, {6, 14}, {3, 11}, {7, 15}};
+  const Groups ep = {{0, 2}, {4, 6}, {8, 10}, {12, 14}, {1, 3}, {5, 7}, {9, 11}, {13, 15}};
+  const Groups edp = {{0, 4, 8, 12}, {2, 6, 10, 14}, {1, 5, 9, 13}, {3, 7, 11, 15}};
   ps::Layout l = ps::make_layout(16, sizes);
   EXPECT_EQ(l.dp, 4);
   EXPECT_EQ(l.tp_groups, tp);
@@ -182,7 +186,7 @@ TEST(ParallelState, ContextAndExpertGroupsTp2Cp2Dp4Ep2) {
     EXPECT_EQ(ps::get_expert_model_parallel_size(), 2);
     EXPECT_EQ(ps::get_expert_model_parallel_group().ranks(), eg) << "rank " << r;
     EXPECT_EQ(ps::get_expert_model_parallel_rank(), index_in(eg, r));
-    EXPECT_EQ(ps::get_expert_data_parallel_size(), 2);
+    EXPECT_EQ(ps::get_expert_data_parallel_size(), 4);
     EXPECT_EQ(ps::get_expert_data_parallel_group().ranks(), edg) << "rank " << r;
     EXPECT_EQ(ps::get_expert_data_parallel_rank(), index_in(edg, r));
     EXPECT_EQ(ps::get_data_parallel_group().ranks(), group_of(dp, r)) << "rank " << r;
@@ -201,6 +205,42 @@ TEST(ParallelState, ContextAndExpertGroupsTp2Cp2Dp4Ep2) {
   });
 }
 
+// EP may exceed DP: 8 ranks TP2 CP2 DP2 EP4 (q = 2*dp + cp; rank = 2*q + tp): one EP group per TP
+// rank spans both DP indices and both CP ranks, expert-DP is every rank alone. At CP 1 the groups
+// are NxD's (EP consecutive DP indices). EP x expert-DP tiles each data x context group.
+TEST(ParallelState, ExpertGroupsFoldOverDataAndContext) {
+  ps::Layout l = ps::make_layout(8, ps::ParallelSizes{.tensor = 2, .context = 2, .expert = 4});
+  EXPECT_EQ(l.ep_groups, (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(l.expert_dp_groups, (Groups{{0}, {2}, {4}, {6}, {1}, {3}, {5}, {7}}));
+  ps::Layout n = ps::make_layout(8, ps::ParallelSizes{.tensor = 1, .expert = 2});  // DP 8
+  EXPECT_EQ(n.ep_groups, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(n.expert_dp_groups, (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  for (const ps::ParallelSizes& z :
+       {ps::ParallelSizes{.context = 2, .expert = 2}, ps::ParallelSizes{.context = 4, .expert = 2},
+        ps::ParallelSizes{.tensor = 2, .pipeline = 2, .context = 2, .expert = 4}}) {
+    const ps::Layout x = ps::make_layout(16, z);
+    for (const auto& g : x.dp_cp_groups) {
+      std::vector<int> seen;
+      for (const auto& e : x.ep_groups)
+        if (std::find(g.begin(), g.end(), e.front()) != g.end())
+          for (const auto& d : x.expert_dp_groups)
+            for (int r : d)
+              if (std::find(e.begin(), e.end(), r) != e.end()) seen.push_back(r);
+      std::sort(seen.begin(), seen.end());
+      EXPECT_EQ(seen, g) << "cp " << z.context << " ep " << z.expert;
+    }
+  }
+  sim::launch(8, [] {
+    ps::initialize_model_parallel(ps::ParallelSizes{.tensor = 2, .context = 2, .expert = 4});
+    const int r = world().rank(), q = r / 2;
+    EXPECT_EQ(ps::get_expert_model_parallel_rank(), q % 4) << "rank " << r;
+    EXPECT_EQ(ps::get_expert_data_parallel_rank(), q / 4) << "rank " << r;
+    EXPECT_EQ(ps::get_expert_data_parallel_size(), 1);
+    EXPECT_EQ(ps::get_expert_model_parallel_group().rank(), q % 4) << "rank " << r;
+    ps::destroy_model_parallel();
+  });
+}
+
 TEST(ParallelState, ContextAndExpertSizesThatDoNotDivideAreErrors) {
   EXPECT_THROW(ps::make_layout(8, ps::ParallelSizes{.tensor = 2, .context = 3}), ConfigError);
   try {
@@ -212,4 +252,8 @@ TEST(ParallelState, ContextAndExpertSizesThatDoNotDivideAreErrors) {
     EXPECT_NE(m.find("data-parallel size 4"), std::string::npos) << m;
   }
   EXPECT_THROW(ps::make_layout(8, ps::ParallelSizes{.context = 0}), ConfigError);
+  // EP divides DP x CP, not DP alone: DP 2 x CP 2 takes EP 4, not EP 3 or 8
+  EXPECT_NO_THROW(ps::make_layout(4, ps::ParallelSizes{.context = 2, .expert = 4}));
+  EXPECT_THROW(ps::make_layout(4, ps::ParallelSizes{.context = 2, .expert = 8}), ConfigError);
+  EXPECT_THROW(ps::make_layout(6, ps::ParallelSizes{.context = 2, .expert = 4}), ConfigError);
 }

@@ -5,7 +5,9 @@
 // mean) and gradient norm and the first step's reduced gradients, TP shards gathered into the
 // whole tensors (parallel_attributes: partition dim, stride), for the comparison with one rank.
 // The single rank computes the DP ranks' losses one shard at a time and averages them (the
-// auxiliary loss is per shard).
+// auxiliary loss is per shard). Under context parallelism every CP rank of a DP replica takes its
+// balanced chunks of that replica's shard (context_parallel_slice of ids and targets), and after
+// the last step every copy of a parameter (DP, CP, expert-DP replicas) is checked bitwise equal.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +22,7 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/layers/parallel/context_parallel.h"
 #include "support/compare.h"
 #include "support/ranks.h"
 #include "support/tiny_models.h"
@@ -56,7 +59,20 @@ inline Tensor shard_ids(int shard, int step, uint64_t base) {
 struct Trace {
   std::vector<double> losses, norms;
   std::map<std::string, Tensor> grads0;  // step 0's reduced gradients, TP shards gathered
+  // After the last step: each parameter's first copy (TP shards gathered), how many copies were
+  // compared with it, and the names of those that differed bitwise on some rank.
+  std::map<std::string, Tensor> final_params;
+  int64_t replica_copies = 0;
+  std::vector<std::string> replicas_differing;
 };
+
+// This rank's part of shard `shard`'s ids (base 700) or targets (900): its CP chunks under context
+// parallelism, the whole [4, 16] batch without.
+inline Tensor shard_ids_here(int shard, int step, uint64_t base) {
+  Tensor t = shard_ids(shard, step, base);
+  const int cp = ps::get_context_parallel_size();
+  return cp > 1 ? context_parallel_slice(t, 1, ps::get_context_parallel_rank(), cp) : t;
+}
 
 // The whole tensor from every TP rank's shard `local` of a parameter with attributes `a`
 // (collective over the TP group; the shard itself when it is not split).
@@ -86,6 +102,21 @@ inline void record_grads(NxDModel& model, std::map<std::string, Tensor>& out, st
     }
 }
 
+// Every parameter after the step (TP shards gathered, recorded on TP rank 0): the first copy of a
+// name is kept, every later one (another DP, CP or expert-DP replica) compared with it bitwise.
+inline void record_replicas(NxDModel& model, Trace& t, std::mutex& mu) {
+  for (Module* m : model.local_modules())
+    for (const auto& p : parallel_parameters(*m)) {
+      Tensor w = gather_tp_shards(p.tensor.detach(), p.attrs);
+      if (ps::get_tensor_model_parallel_rank() != 0) continue;
+      std::lock_guard<std::mutex> l(mu);
+      auto [it, first] = t.final_params.emplace(p.name, w);
+      if (first) continue;
+      ++t.replica_copies;
+      if (!bitwise_equal(w, it->second, p.name)) t.replicas_differing.push_back(p.name);
+    }
+}
+
 // `shards` DP batches per step: the parallel run's DP ranks take one each; one rank takes all.
 inline Trace train(int world, NxDConfig want, int shards) {
   Trace t;
@@ -112,20 +143,23 @@ inline Trace train(int world, NxDConfig want, int shards) {
                      auto& lm = dynamic_cast<CausalLM&>(m);
                      Tensor l;
                      for (int q = 0; q < shards; ++q) {
-                       Tensor lq = lm.loss(shard_ids(q, step, 700), shard_ids(q, step, 900));
+                       Tensor lq =
+                           lm.loss(shard_ids_here(q, step, 700), shard_ids_here(q, step, 900));
                        l = l.defined() ? add(l, lq) : lq;
                      }
                      return mul(l, 1.0 / shards);
                    })
                    .item();
       } else {
-        loss = model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900)).item();
+        // (under CP the loss is the whole sequences', the same on every CP rank)
+        loss = model->run_train(shard_ids_here(d, step, 700), shard_ids_here(d, step, 900)).item();
         ps::get_data_parallel_group().all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum);
         loss /= dp;
       }
       opt->step();
       // (ZeRO-1: each rank's .grad holds the reduced values of its shard only)
       if (step == 0 && !opt->zero1()) record_grads(*model, t.grads0, mu);
+      if (step == kSteps - 1) record_replicas(*model, t, mu);
       opt->zero_grad();
       if (current_context().rank() == 0) {
         t.losses.push_back(loss);
