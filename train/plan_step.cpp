@@ -40,38 +40,91 @@ std::vector<Communicator*> norm_groups(const TrainConfig& cfg,
   return out;
 }
 
+// After the update: the step's loss summed over DP (Trainer::dp_sum; a pipeline averages it in
+// run_train), the MoE layers' figures over the stages (trainer.cpp: log_pipeline_moe_stats), the
+// gradient norm's sums over the groups it spans, and nxd-train's preemption agreement (one i32
+// over the world after every step: Trainer::check_preemption under cli.cpp's PreemptionGuard).
+void step_end_collectives(const TrainConfig& cfg, const MetaModel& mm,
+                          const std::vector<ReductionGroup>& groups) {
+  double norm = 0;
+  if (mm.pipe && cfg.model.moe.enabled() && parallel_state::get_pipeline_model_parallel_size() > 1)
+    for (int i = 0; i < 2; ++i) {
+      double figures[2] = {0, 0};
+      parallel_state::get_pipeline_model_parallel_group().all_reduce(figures, figures, 2,
+                                                                     DType::f64, ReduceOp::sum);
+    }
+  if (!mm.pipe && parallel_state::get_data_parallel_size() > 1)
+    parallel_state::get_data_parallel_group().all_reduce(&norm, &norm, 1, DType::f64,
+                                                         ReduceOp::sum);
+  for (Communicator* g : norm_groups(cfg, groups))
+    g->all_reduce(&norm, &norm, 1, DType::f64, ReduceOp::sum);
+  int32_t signal = 0;
+  world().all_reduce(&signal, &signal, 1, DType::i32, ReduceOp::max);
+}
+
+// A pipeline's step: the schedule over M1 = min(M, 2 pp) microbatches, timed from the common
+// start. The schedules' step time is affine in M from M = pp (1F1B, GPipe and interleaved,
+// measured: docs/DESIGN.md), so for M > M1 a first schedule of pp microbatches (its gradients
+// kept in the buckets, as an accumulation step's) gives the cost of one more microbatch:
+// (span(M1) - span(pp)) / (M1 - pp) on this rank, which includes the point-to-point transfers a
+// stage waits for in the steady state, not only its forwards and backwards.
+StepExtrapolation time_pipeline(const TrainConfig& cfg, MetaModel& mm,
+                                std::vector<ReductionGroup>& groups, RankMemory& r, double& t0) {
+  sim::SimClock* clock = sim::current_sim_clock();
+  const int64_t mb = cfg.data.micro_batch_size,
+                S = cfg.data.seq_length / cfg.dist.context_parallel_size;
+  const int M1 = mm.pipe->num_microbatches(), pp = mm.pipe->schedule().pp;
+  const int64_t M = cfg.grad_accum_steps;
+  StepExtrapolation x;
+  if (M > M1) {
+    mm.pipe->set_num_microbatches(pp);
+    {
+      std::vector<std::unique_ptr<optim::GradSync::NoSync>> no_sync;
+      for (ReductionGroup& g : groups)
+        if (g.sync) no_sync.push_back(std::make_unique<optim::GradSync::NoSync>(*g.sync));
+      const double c = clock->compute_seconds();
+      mm.pipe->run_train(zeros({pp * mb, S}, DType::i64, Device::meta),
+                         zeros({pp * mb, S}, DType::i64, Device::meta));
+      x.seconds = -(clock->now() - t0);
+      x.compute = -(clock->compute_seconds() - c);
+    }
+    mm.pipe->set_num_microbatches(M1);
+    world().barrier();  // the step proper starts at one simulated time again
+    t0 = clock->now();
+  }
+  const Tensor ids = zeros({M1 * mb, S}, DType::i64, Device::meta);
+  const double span0 = mm.pipe->modeled_schedule_seconds();
+  const double phase0 = mm.pipe->modeled_phase_seconds(), c0 = clock->compute_seconds();
+  mm.pipe->run_train(ids, ids);
+  const double phase = mm.pipe->modeled_phase_seconds() - phase0;
+  r.bubble_seconds = std::max(0.0, (mm.pipe->modeled_schedule_seconds() - span0) - phase);
+  if (M > M1) {
+    const double n = static_cast<double>(M1 - pp);
+    x.count = M - M1;
+    x.seconds = (x.seconds + clock->now() - t0) / n;
+    x.compute = (x.compute + clock->compute_seconds() - c0) / n;
+  }
+  return x;
+}
+
 }  // namespace
 
-void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaModel& mm,
-                    std::vector<ReductionGroup>& groups, RankMemory& r) {
+StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaModel& mm,
+                                 std::vector<ReductionGroup>& groups, RankMemory& r) {
   sim::SimClock* clock = sim::current_sim_clock();
   NXD_INTERNAL_CHECK(clock != nullptr, "time_meta_step outside a sim world");
   world().barrier();  // every rank starts the step at one simulated time
-  const double t0 = clock->now(), c0 = clock->compute_seconds();
+  double t0 = clock->now();
+  const double c0 = clock->compute_seconds();
   GradOn on;
-  // CP: this rank's seq_length / CP tokens of each sequence
-  const int64_t mb = cfg.data.micro_batch_size,
-                S = cfg.data.seq_length / cfg.dist.context_parallel_size;
-  // The step's microbatches are alike: the planner runs a few of them (a pipeline's schedule
-  // over M1 <= 2 x pp microbatches, two accumulation steps) and adds the others at the
-  // steady-state time of one (the slowest stage's forward and backward for a pipeline, whose
-  // bubble does not grow with M).
-  double extra = 0, extra_compute = 0;
+  StepExtrapolation x;
   if (mm.pipe) {
-    const int64_t M1 = mm.pipe->schedule().num_microbatches, M = cfg.grad_accum_steps;
-    const Tensor ids = zeros({M1 * mb, S}, DType::i64, Device::meta);
-    const double span0 = mm.pipe->modeled_schedule_seconds();
-    const double phase0 = mm.pipe->modeled_phase_seconds(), cc0 = clock->compute_seconds();
-    mm.pipe->run_train(ids, ids);
-    const double phase = mm.pipe->modeled_phase_seconds() - phase0;
-    r.bubble_seconds = std::max(0.0, (mm.pipe->modeled_schedule_seconds() - span0) - phase);
-    double slope = phase / static_cast<double>(M1);
-    world().all_reduce(&slope, &slope, 1, DType::f64, ReduceOp::max);
-    extra = static_cast<double>(M - M1) * slope;
-    extra_compute =
-        static_cast<double>(M - M1) * (clock->compute_seconds() - cc0) / static_cast<double>(M1);
-  } else {
-    const Tensor ids = zeros({mb, S}, DType::i64, Device::meta);
+    x = time_pipeline(cfg, mm, groups, r, t0);
+  } else {  // two accumulation steps; the later ones cost what the second did
+    // CP: this rank's seq_length / CP tokens of each sequence
+    const Tensor ids =
+        zeros({cfg.data.micro_batch_size, cfg.data.seq_length / cfg.dist.context_parallel_size},
+              DType::i64, Device::meta);
     const int64_t accum = cfg.grad_accum_steps, run = std::min<int64_t>(accum, 2);
     for (int64_t a = 0; a < run; ++a) {
       std::vector<std::unique_ptr<optim::GradSync::NoSync>> no_sync;
@@ -80,10 +133,8 @@ void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaMod
           no_sync.push_back(std::make_unique<optim::GradSync::NoSync>(*g.sync));
       const double t = clock->now(), c = clock->compute_seconds();
       backward(mm.chunks[0]->loss(ids, ids));
-      if (a + 1 == run && run < accum) {  // a later microbatch, as the ones not run
-        extra = static_cast<double>(accum - run) * (clock->now() - t);
-        extra_compute = static_cast<double>(accum - run) * (clock->compute_seconds() - c);
-      }
+      if (a + 1 == run && run < accum)  // a later microbatch, as the ones not run
+        x = {accum - run, clock->now() - t, clock->compute_seconds() - c};
     }
   }
   for (ReductionGroup& g : groups)
@@ -95,22 +146,10 @@ void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaMod
     if (cfg.dist.zero1 && g.sync && g.group->size() > 1)
       for (int b = 0; b < g.sync->num_buckets(); ++b)
         g.group->all_gather(nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
-  // the step's loss summed over DP (Trainer::dp_sum; a pipeline averages it in run_train) and
-  // the gradient norm's sums over the groups it spans
-  double norm = 0;
-  if (mm.pipe && cfg.model.moe.enabled() && parallel_state::get_pipeline_model_parallel_size() > 1)
-    for (int i = 0; i < 2; ++i) {  // the MoE layers' figures over the stages
-      double figures[2] = {0, 0};  // (trainer.cpp: log_pipeline_moe_stats)
-      parallel_state::get_pipeline_model_parallel_group().all_reduce(figures, figures, 2,
-                                                                     DType::f64, ReduceOp::sum);
-    }
-  if (!mm.pipe && parallel_state::get_data_parallel_size() > 1)
-    parallel_state::get_data_parallel_group().all_reduce(&norm, &norm, 1, DType::f64,
-                                                         ReduceOp::sum);
-  for (Communicator* g : norm_groups(cfg, groups))
-    g->all_reduce(&norm, &norm, 1, DType::f64, ReduceOp::sum);
-  r.step_seconds = clock->now() - t0 + extra;
-  r.compute_seconds = clock->compute_seconds() - c0 + extra_compute;
+  step_end_collectives(cfg, mm, groups);
+  r.step_seconds = clock->now() - t0;
+  r.compute_seconds = clock->compute_seconds() - c0;
+  return x;
 }
 
 }  // namespace nxd::trainer::detail
