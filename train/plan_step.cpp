@@ -4,6 +4,7 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
+#include "nxd/layers/parallel/attributes.h"
 #include "nxd/runtime/context.h"
 #include "nxd/train/plan_internal.h"
 
@@ -60,6 +61,24 @@ void step_end_collectives(const TrainConfig& cfg, const MetaModel& mm,
     g->all_reduce(&norm, &norm, 1, DType::f64, ReduceOp::sum);
   int32_t signal = 0;
   world().all_reduce(&signal, &signal, 1, DType::i32, ReduceOp::max);
+}
+
+// The sums of every chunk's sequence-parallel weights' gradients over TP (the norms' weights:
+// allreduce_sequence_parallel_gradients, one flat all-reduce in f32 per chunk), shape only: the
+// layers' function skips meta gradients.
+void sequence_parallel_sums(const MetaModel& mm) {
+  Communicator& tp = parallel_state::get_tensor_model_parallel_group();
+  if (tp.size() == 1) return;
+  for (const auto& c : mm.chunks) {
+    int64_t total = 0;
+    DType dt = DType::f32;
+    for (const ParallelParameter& p : parallel_parameters(*c))
+      if (p.attrs.sequence_parallel_enabled) {
+        total += p.tensor.numel();
+        if (p.tensor.dtype() == DType::f64) dt = DType::f64;
+      }
+    if (total > 0) tp.all_reduce(nullptr, nullptr, total, dt, ReduceOp::sum);
+  }
 }
 
 // A pipeline's step: the schedule over M1 = min(M, 2 pp) microbatches, timed from the common
@@ -137,8 +156,12 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
         x = {accum - run, clock->now() - t, clock->compute_seconds() - c};
     }
   }
+  // the DP reduction and the sums of the sequence-parallel weights' gradients over TP, in
+  // NxDOptimizer::reduce_and_clip's order (a pipeline sums them at the end of run_train)
+  if (mm.pipe || cfg.dist.zero1) sequence_parallel_sums(mm);
   for (ReductionGroup& g : groups)
     if (g.sync) g.sync->finish();
+  if (!mm.pipe && !cfg.dist.zero1) sequence_parallel_sums(mm);
   // the update: the sim device charges no time for the optimizer's elementwise pass (as in a
   // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place, over each
   // group (DP x CP; the experts' over expert-DP)

@@ -158,6 +158,6 @@ TEST(MemoryPlanCp, EqualsTheRunAtContextParallelTwoAndFour) {
     keys.insert(keys.end(), runs[i].begin(), runs[i].end());
     const Compared c = compare(small(d, "cp" + std::to_string(i), keys), joined(runs[i]));
     EXPECT_LE(std::abs(c.worst_memory_error()), 0.005) << joined(runs[i]);
-    EXPECT_LE(std::abs(c.step_error()), 0.01) << joined(runs[i]);
+    EXPECT_LE(std::abs(c.step_error()), 0.001) << joined(runs[i]);
   }
 }
