@@ -81,6 +81,11 @@ void sequence_parallel_sums(const MetaModel& mm) {
   }
 }
 
+// Where the timed step starts on this rank's clock (its time and compute so far).
+struct StepStart {
+  double time = 0, compute = 0;
+};
+
 // A pipeline's step: the schedule over M1 = min(M, 2 pp) microbatches, timed from the common
 // start. The schedules' step time is affine in M from M = pp (1F1B, GPipe and interleaved,
 // measured: docs/DESIGN.md), so for M > M1 a first schedule of pp microbatches (its gradients
@@ -88,7 +93,8 @@ void sequence_parallel_sums(const MetaModel& mm) {
 // (span(M1) - span(pp)) / (M1 - pp) on this rank, which includes the point-to-point transfers a
 // stage waits for in the steady state, not only its forwards and backwards.
 StepExtrapolation time_pipeline(const TrainConfig& cfg, MetaModel& mm,
-                                std::vector<ReductionGroup>& groups, RankMemory& r, double& t0) {
+                                std::vector<ReductionGroup>& groups, RankMemory& r,
+                                StepStart& start) {
   sim::SimClock* clock = sim::current_sim_clock();
   const int64_t mb = cfg.data.micro_batch_size,
                 S = cfg.data.seq_length / cfg.dist.context_parallel_size;
@@ -104,24 +110,24 @@ StepExtrapolation time_pipeline(const TrainConfig& cfg, MetaModel& mm,
       const double c = clock->compute_seconds();
       mm.pipe->run_train(zeros({pp * mb, S}, DType::i64, Device::meta),
                          zeros({pp * mb, S}, DType::i64, Device::meta));
-      x.seconds = -(clock->now() - t0);
+      x.seconds = -(clock->now() - start.time);
       x.compute = -(clock->compute_seconds() - c);
     }
     mm.pipe->set_num_microbatches(M1);
     world().barrier();  // the step proper starts at one simulated time again
-    t0 = clock->now();
+    start = {clock->now(), clock->compute_seconds()};
   }
   const Tensor ids = zeros({M1 * mb, S}, DType::i64, Device::meta);
   const double span0 = mm.pipe->modeled_schedule_seconds();
-  const double phase0 = mm.pipe->modeled_phase_seconds(), c0 = clock->compute_seconds();
+  const double phase0 = mm.pipe->modeled_phase_seconds();
   mm.pipe->run_train(ids, ids);
   const double phase = mm.pipe->modeled_phase_seconds() - phase0;
   r.bubble_seconds = std::max(0.0, (mm.pipe->modeled_schedule_seconds() - span0) - phase);
   if (M > M1) {
     const double n = static_cast<double>(M1 - pp);
     x.count = M - M1;
-    x.seconds = (x.seconds + clock->now() - t0) / n;
-    x.compute = (x.compute + clock->compute_seconds() - c0) / n;
+    x.seconds = (x.seconds + clock->now() - start.time) / n;
+    x.compute = (x.compute + clock->compute_seconds() - start.compute) / n;
   }
   return x;
 }
@@ -133,12 +139,11 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
   sim::SimClock* clock = sim::current_sim_clock();
   NXD_INTERNAL_CHECK(clock != nullptr, "time_meta_step outside a sim world");
   world().barrier();  // every rank starts the step at one simulated time
-  double t0 = clock->now();
-  const double c0 = clock->compute_seconds();
+  StepStart start{clock->now(), clock->compute_seconds()};
   GradOn on;
   StepExtrapolation x;
   if (mm.pipe) {
-    x = time_pipeline(cfg, mm, groups, r, t0);
+    x = time_pipeline(cfg, mm, groups, r, start);
   } else {  // two accumulation steps; the later ones cost what the second did
     // CP: this rank's seq_length / CP tokens of each sequence
     const Tensor ids =
@@ -170,8 +175,8 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
       for (int b = 0; b < g.sync->num_buckets(); ++b)
         g.group->all_gather(nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
   step_end_collectives(cfg, mm, groups);
-  r.step_seconds = clock->now() - t0;
-  r.compute_seconds = clock->compute_seconds() - c0;
+  r.step_seconds = clock->now() - start.time;
+  r.compute_seconds = clock->compute_seconds() - start.compute;
   return x;
 }
 
