@@ -82,6 +82,14 @@ PipelineModel::PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOpti
 
 PipelineModel::~PipelineModel() = default;
 
+void PipelineModel::set_num_microbatches(int m) {
+  ScheduleConfig s = sched_;
+  s.num_microbatches = m;
+  s.validate();
+  sched_ = s;
+  executor_ = std::make_unique<Executor>(pp_group_, sched_);
+}
+
 std::vector<optim::NamedParam> PipelineModel::local_named_parameters() const {
   std::vector<optim::NamedParam> out;
   for (const auto& c : chunks_)

@@ -73,6 +73,9 @@ class PipelineModel {
   const ModelPieces& pieces() const { return pieces_; }            // the model's measured pieces
   const ScheduleConfig& schedule() const { return sched_; }
   int num_microbatches() const { return sched_.num_microbatches; }
+  // Runs the next steps over m microbatches (the planner times a schedule at two counts: the
+  // batch given to run_train must then split into m); ConfigError for an m the schedule refuses.
+  void set_num_microbatches(int m);
   // How the stages were cut (a first line), then one line per stage: its part, parameter
   // elements and bytes on a rank of that stage, and its share of the modeled cost (forward +
   // backward of one microbatch: ModelPieces::seconds).

@@ -142,7 +142,8 @@ int64_t schedule_peak(const std::vector<pipeline::Action>& actions,
   return peak;
 }
 
-RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
+RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts,
+                     detail::StepExtrapolation& extra) {
   const int tp = static_cast<int>(cfg.dist.tensor_model_parallel_size);
   const int pp = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
   const int cp = static_cast<int>(cfg.dist.context_parallel_size);
@@ -208,7 +209,7 @@ RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts) {
     r.gradients += added;
     r.activation_peak -= added;
   }
-  if (opts.time_step) detail::time_meta_step(cfg, rp, mm, groups, r);
+  if (opts.time_step) extra = detail::time_meta_step(cfg, rp, mm, groups, r);
   for (const auto& p : mm.params) autograd::set_grad_buffer(p.param, Tensor());
   return r;
 }
@@ -250,10 +251,18 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts) {
   plan.ranks.resize(static_cast<size_t>(lo.world_size));
   // the run's matmul precision (autocast: bf16 products, charged at the bf16 peak)
   blas::MatmulPrecisionScope precision_scope(resolve_precision(nxd_config_of(cfg)).matmul);
+  std::vector<detail::StepExtrapolation> extra(plan.ranks.size());
   const sim::LaunchResult lr = sim::launch(lo, [&] {
-    RankMemory r = plan_rank(cfg, opts);
-    plan.ranks[static_cast<size_t>(r.rank)] = r;
+    const size_t rank = static_cast<size_t>(current_context().rank());
+    plan.ranks[rank] = plan_rank(cfg, opts, extra[rank]);
   });
+  // the microbatches not run, at the slowest rank's cost of one (plan_internal.h)
+  double slowest = 0;
+  for (const auto& x : extra) slowest = std::max(slowest, x.seconds);
+  for (size_t i = 0; i < extra.size(); ++i) {
+    plan.ranks[i].step_seconds += static_cast<double>(extra[i].count) * slowest;
+    plan.ranks[i].compute_seconds += static_cast<double>(extra[i].count) * extra[i].compute;
+  }
   plan.machine = lr.machine.name;
   plan.hbm_bytes = lr.machine.core.hbm_bytes;
   plan.host_ram_bytes = host_ram(opts);

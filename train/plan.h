@@ -87,7 +87,9 @@ struct PlanOptions {
   int64_t host_ram_bytes = 0;
   // After the memory is measured, every rank runs one whole training step on meta tensors (the
   // pipeline's executor and schedule, the accumulation microbatches, the DP reduction of the
-  // gradient buckets, the optimizer's update charged and ZeRO-1's all-gathers) on the sim clock.
+  // gradient buckets, the sequence-parallel sums, ZeRO-1's all-gathers, the loss and norm
+  // reductions and nxd-train's preemption agreement) on the sim clock: the period between two
+  // steps' ends that nxd-train reports as its sim step (docs/DESIGN.md).
   bool time_step = false;
   std::string timeline_path;  // with time_step: the step's Chrome trace
   std::string instance;       // overrides backend.instance (e.g. "32xtrn1.32xlarge")

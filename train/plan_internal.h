@@ -35,9 +35,19 @@ struct ReductionGroup {
 std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg, const ResolvedPrecision& rp,
                                                 const MetaModel& mm, RankMemory& r);
 
-// One training step of `mm` on meta tensors from a common start of every rank (a barrier),
-// filling r's step, compute and bubble seconds; `groups` hold the optimizer's gradient buckets.
-void time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaModel& mm,
-                    std::vector<ReductionGroup>& groups, RankMemory& r);
+// The microbatches of a step the planner did not run, and what one of them costs this rank:
+// plan_memory adds count x the slowest rank's `seconds` to every rank's step (and count x its
+// own `compute` to its compute), after the ranks are done, so that the bookkeeping moves no sim
+// clock.
+struct StepExtrapolation {
+  int64_t count = 0;
+  double seconds = 0, compute = 0;
+};
+
+// One training step of `mm` on meta tensors from a common start of every rank (a barrier) to the
+// end of nxd-train's step (its preemption agreement included), filling r's step, compute and
+// bubble seconds; `groups` hold the optimizer's gradient buckets.
+StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision& rp, MetaModel& mm,
+                                 std::vector<ReductionGroup>& groups, RankMemory& r);
 
 }  // namespace nxd::trainer::detail

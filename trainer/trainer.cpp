@@ -505,19 +505,22 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
     const auto ts = Clock::now();
     const double sim_t0 = clock ? clock->now() : 0.0;
     StepOutput out = train_step(module, data);
-    const double sim_step = clock ? clock->now() - sim_t0 : 0.0;
-    sim_train_seconds += sim_step;
     const double step_s = seconds_since(ts);
     train_seconds += step_s;
     interval_seconds_ += step_s;
     interval_tokens_ += step_tokens_;
-    if (out.skipped) on_nonfinite_step(out, clock ? sim_step : -1.0);
+    if (out.skipped) on_nonfinite_step(out, clock ? clock->now() - sim_t0 : -1.0);
     if (step_ == start_step + 1) res.first_loss = out.loss;
     res.last_loss = out.loss;
     res.steps = step_ - start_step;
     module.on_train_batch_end(out);
     for (auto& cb : opts_.callbacks) cb->on_train_batch_end(*this, module, out);
     check_preemption();  // only under a PreemptionGuard
+    // The modeled step: from its start to the end of the preemption agreement, the period
+    // between consecutive steps' ends when no validation or checkpoint comes between them
+    // (the agreement's all-reduce over the world is one of every step's collectives).
+    const double sim_step = clock ? clock->now() - sim_t0 : 0.0;
+    sim_train_seconds += sim_step;
 
     const bool last = step_ == opts_.max_steps || should_stop();
     MetricsRow row;

@@ -45,8 +45,12 @@ std::vector<Tensor> topk(const Tensor& x, int64_t k) {
   const int64_t n = x.size(0), e = x.size(1);
   if (x.is_meta()) {  // shapes only (the planner): no selection, a meta gradient
     Tensor vals = empty({n, k}, dt, Device::meta), idx = empty({n, k}, DType::i64, Device::meta);
-    autograd::record(op, {x}, {vals}, [n, e, dt](const Grads&) -> Grads {
-      return {empty({n, e}, dt, Device::meta)};
+    // the backward's kernels as below, on meta tensors: the sim clock charges them alike
+    autograd::record(op, {x}, {vals}, [n, e, k, dt, ct](const Grads& g) -> Grads {
+      Tensor dx = zeros({n * e, 1}, ct, Device::meta);
+      const Tensor flat = empty({n * k}, DType::i64, Device::meta);
+      kernels::embedding_backward(dx, compute(g[0]).contiguous().view({n * k, 1}), flat);
+      return {to_dtype(dx.view({n, e}), dt)};
     });
     return {vals, idx};
   }
