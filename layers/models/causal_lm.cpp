@@ -37,34 +37,51 @@ Tensor CausalLM::body(const Tensor& ids, int64_t position_offset) {
   return final_norm(run_layers(embed_tokens(ids), position_offset));
 }
 
+void CausalLM::register_decoder_stack(const std::string& name,
+                                      std::shared_ptr<DecoderStack> stack) {
+  decoder_stack_ = register_module(name, std::move(stack));
+}
+
+const DecoderStack& CausalLM::stack(const char* what) const {
+  NXD_CHECK(decoder_stack_, "[", type_name(), "::", what,
+            "] registers no DecoderStack: a family without one overrides embed_tokens, run_layers, "
+            "final_norm and embedding_weight");
+  return *decoder_stack_;
+}
+
+Tensor CausalLM::embed_tokens(const Tensor& ids) {
+  return stack("embed_tokens").embed(ids);
+}
+
+Tensor CausalLM::run_layers(const Tensor& h, int64_t position_offset) {
+  return stack("run_layers").run_layers(h, position_offset);
+}
+
+Tensor CausalLM::final_norm(const Tensor& h) {
+  return stack("final_norm").final_norm(h);
+}
+
+const Tensor& CausalLM::embedding_weight() const {
+  return stack("embedding_weight").embedding_weight();
+}
+
 void CausalLM::register_output_head(const std::string& name) {
   if (cfg_.tie_word_embeddings || !part_.head) return;
-  const ParamOptions p{cfg_.dtype, cfg_.device};
-  if (tp_ == 1) {
-    LinearOptions lo;
-    lo.bias = false;
-    lo.weight_init = cfg_.init_scheme().weight();
-    lo.param = p;
-    head_weight_ =
-        register_module(name, std::make_shared<Linear>(cfg_.hidden_size, cfg_.vocab_size, lo))
-            ->weight();
-  } else {
-    // loss() runs it on the local hidden states (NxD's canonical head: SP all-gather saving only
-    // the local shard); lm_head() uses its weight on full hidden states.
-    ColumnParallelLinearOptions co;
-    co.bias = false;
-    co.gather_output = false;
-    co.sequence_parallel_enabled = sp_;
-    co.weight_init = cfg_.init_scheme().weight();
-    co.param = p;
-    parallel_head_ = register_module(
-        name, std::make_shared<ColumnParallelLinear>(cfg_.hidden_size, cfg_.vocab_size, co));
-    head_weight_ = parallel_head_->weight();
-  }
+  // loss() runs it on the local hidden states at TP > 1 (NxD's canonical head: SP all-gather
+  // saving only the local shard); lm_head() uses its weight on full hidden states.
+  head_ = register_module(
+      name, std::make_shared<ColumnParallelLinear>(cfg_.hidden_size, cfg_.vocab_size,
+                                                   ColumnParallelLinearOptions{
+                                                       .bias = false,
+                                                       .gather_output = false,
+                                                       .sequence_parallel_enabled = sp_,
+                                                       .weight_init = cfg_.init_scheme().weight(),
+                                                       .param = {cfg_.dtype, cfg_.device},
+                                                   }));
 }
 
 const Tensor& CausalLM::output_weight() const {
-  return head_weight_.defined() ? head_weight_ : embedding_weight();
+  return head_ ? head_->weight() : embedding_weight();
 }
 
 namespace {
@@ -183,8 +200,8 @@ Tensor CausalLM::local_head_loss(const Tensor& h_local, const Tensor& targets,
   // its backward reduce-scatters; else copy_to, whose backward all-reduces). A tied head does
   // the same with the embedding's vocabulary shard.
   Tensor logits;
-  if (parallel_head_) {
-    logits = parallel_head_->forward(h);
+  if (head_) {
+    logits = head_->forward(h);
   } else {
     Tensor x = sp_ ? gather_from_sequence_parallel_region(h, 1, /*to_model_parallel=*/true)
                    : copy_to_tensor_model_parallel_region(h);
@@ -223,6 +240,66 @@ Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel)
     if (tp) mask = mask.narrow(1, tp->rank() * local, local).contiguous();
   }
   return x.dtype() == ct ? mul(x, mask) : to(mul(to(x, ct), mask), x.dtype());
+}
+
+DecoderStack::DecoderStack(std::string type_name, const ModelConfig& c, const ModelPart& part,
+                           const DecoderStackOptions& o)
+    : Module(std::move(type_name)),
+      sequence_parallel_(c.sequence_parallel && model_tensor_parallel_size() > 1),
+      recompute_layers_(c.activations_checkpoint_granularity == CheckpointGranularity::full) {
+  // a tied head's weight is the embedding: the last stage holds it too
+  if (part.embedding || (part.head && c.tie_word_embeddings)) {
+    embedding_ = register_module(
+        o.embedding,
+        std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size,
+                                            ParallelEmbeddingOptions{
+                                                .sequence_parallel_enabled = sequence_parallel_,
+                                                .weight_init = c.init_scheme().embedding(),
+                                                .param = {c.dtype, c.device},
+                                            }));
+    embedding_weight_ = embedding_->weight();
+  }
+  if (!o.embedding_dropout.empty())
+    embedding_dropout_ = register_module(o.embedding_dropout, std::make_shared<Dropout>(c.dropout));
+  layers_ = register_module("layers", std::make_shared<ModuleList>(part.layer_begin));
+  for (int64_t l = part.layer_begin; l < part.end(c); ++l) layers_->push_back(o.make_layer(l));
+  if (part.head) final_norm_ = register_module(o.final_norm, o.make_final_norm());
+}
+
+Tensor DecoderStack::embed(const Tensor& ids) const {
+  NXD_CHECK(embedding_, "[", type_name(), "::embed] this part has no embedding");
+  Tensor h = embedding_->forward(ids);
+  return embedding_dropout_ ? hidden_dropout(*embedding_dropout_, h, sequence_parallel_) : h;
+}
+
+Tensor DecoderStack::run_layers(const Tensor& h, int64_t position_offset) const {
+  Tensor x = h;
+  for (const auto& layer : *layers_) {
+    const auto& l = static_cast<const DecoderLayer&>(*layer);
+    x = recompute_layers_
+            ? checkpoint_layer(
+                  [&l, position_offset](const Tensor& y) { return l.forward(y, position_offset); },
+                  x)
+            : l.forward(x, position_offset);
+  }
+  return x;
+}
+
+Tensor DecoderStack::run_layers_cached(const Tensor& h, const CacheStep& step,
+                                       KVCache& cache) const {
+  Tensor x = h;
+  size_t i = 0;
+  for (const auto& layer : *layers_) {
+    x = static_cast<const DecoderLayer&>(*layer).forward_cached(x, step, cache.k.at(i),
+                                                                cache.v.at(i));
+    ++i;
+  }
+  return x;
+}
+
+Tensor DecoderStack::final_norm(const Tensor& h) const {
+  NXD_CHECK(final_norm_, "[", type_name(), "::final_norm] this part has no final norm");
+  return final_norm_->forward(h);
 }
 
 Tensor checkpoint_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h) {

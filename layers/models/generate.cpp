@@ -34,10 +34,12 @@ KVCache CausalLM::make_kv_cache(int64_t max_batch, int64_t max_len) const {
   return c;
 }
 
-Tensor CausalLM::run_layers_cached(const Tensor&, const CacheStep&, KVCache&) {
-  throw InvalidArgument(str("[", type_name(),
-                            "::forward_cached] this model family has no "
-                            "KV-cache path (override run_layers_cached)"));
+Tensor CausalLM::run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) {
+  if (!decoder_stack_)
+    throw InvalidArgument(str("[", type_name(),
+                              "::forward_cached] this model family has no "
+                              "KV-cache path (override run_layers_cached)"));
+  return decoder_stack_->run_layers_cached(h, step, cache);
 }
 
 Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCache& cache) {

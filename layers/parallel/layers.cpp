@@ -2,14 +2,27 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/runtime/context.h"
 #include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
 namespace tp_detail {
 
+namespace {
+struct SingleRankGroup {  // one per Context: the group of a rank built without parallel_state
+  std::shared_ptr<Communicator> group;
+};
+}  // namespace
+
 std::shared_ptr<Communicator> resolve_group(const std::shared_ptr<Communicator>& g) {
-  return g ? g : parallel_state::get_tensor_model_parallel_group_ptr();
+  if (g) return g;
+  if (parallel_state::model_parallel_is_initialized())
+    return parallel_state::get_tensor_model_parallel_group_ptr();
+  Context& ctx = current_context();
+  auto& single = ctx.ext<SingleRankGroup>();
+  if (!single.group) single.group = make_self_communicator(ctx.rank());
+  return single.group;
 }
 
 ParamInit with_region(ParamInit init, const Shape& full, const Shape& start) {
@@ -110,6 +123,7 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                   "[ColumnParallelLinear] expected input [..., ", in_, "], got ",
                   x.defined() ? x.desc() : "undefined");
+  if (tp_ == 1) return linear(x, weight_, add_bias ? bias_ : Tensor());  // the plain Linear
   const int64_t per = out_ / tp_;
   Tensor w = weight_.dim() == 3 ? view(weight_, {per, in_}) : weight_;
   const bool shard_bias = bias_.defined() && !o_.gather_output;
@@ -184,6 +198,12 @@ Tensor RowParallelLinear::run(const Tensor& x) const {
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
+  if (tp_ == 1 && !o_.skip_bias_add) {  // the plain Linear (its bias added by the GEMM)
+    NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
+                    "[RowParallelLinear] expected input [..., ", in_, "], got ",
+                    x.defined() ? x.desc() : "undefined");
+    return linear(x, weight_, bias_);
+  }
   Tensor y = run(x);
   return (bias_.defined() && !o_.skip_bias_add) ? y + bias_ : y;
 }
@@ -269,31 +289,6 @@ Tensor ParallelEmbedding::forward(const Tensor& ids) const {
   return o_.sequence_parallel_enabled
              ? reduce_scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
              : reduce_from_tensor_model_parallel_region(y, *group_);
-}
-
-// ---------------------------------------------------------------- norms
-
-ParallelLayerNorm::ParallelLayerNorm(int64_t dim, double eps, bool bias, bool sp,
-                                     const ParamOptions& p)
-    : ParallelModule("ParallelLayerNorm"), eps_(eps) {
-  NXD_CHECK(dim > 0 && eps > 0, "[ParallelLayerNorm] need dim > 0 and eps > 0, got dim=", dim,
-            " eps=", eps);
-  weight_ = register_parameter("weight", ones({dim}, p.dtype, p.device), ParamInit::ones());
-  if (bias) bias_ = register_parameter("bias", zeros({dim}, p.dtype, p.device), ParamInit::zeros());
-  ParallelAttrs a;
-  a.sequence_parallel_enabled = sp;
-  set_parallel_attrs("weight", a);
-  if (bias) set_parallel_attrs("bias", a);
-}
-
-ParallelRMSNorm::ParallelRMSNorm(int64_t dim, double eps, bool sp, const ParamOptions& p)
-    : ParallelModule("ParallelRMSNorm"), eps_(eps) {
-  NXD_CHECK(dim > 0 && eps > 0, "[ParallelRMSNorm] need dim > 0 and eps > 0, got dim=", dim,
-            " eps=", eps);
-  weight_ = register_parameter("weight", ones({dim}, p.dtype, p.device), ParamInit::ones());
-  ParallelAttrs a;
-  a.sequence_parallel_enabled = sp;
-  set_parallel_attrs("weight", a);
 }
 
 }  // namespace nxd

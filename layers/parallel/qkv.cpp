@@ -187,10 +187,12 @@ std::array<Tensor, 3> GQAQKVColumnParallelLinear::forward(const Tensor& x) const
   Tensor q, k, v;
   // Without a graph (inference) and without SP the custom function's forward is these three
   // products (its copy-to-region is the identity): run them as plain ops, which the tracer records.
+  // v, k, q: the graph order of nxd's attention projections (it fixes the order in which backward
+  // sums dX's three terms, so TP 1 gives the bits it always gave).
   if (tp_ == 1 || (!GradMode::is_enabled() && !o_.sequence_parallel_enabled)) {
-    q = linear(x, wq, bq);
-    k = linear(x, wk, bk);
     v = linear(x, wv, bv);
+    k = linear(x, wk, bk);
+    q = linear(x, wq, bq);
   } else {
     auto out = qkv_linear(x, {wq, wk, wv}, {bq, bk, bv}, m_, o_.sequence_parallel_enabled,
                           o_.sequence_dimension, group_.get(), kv_group_.get());

@@ -351,12 +351,19 @@ TEST(ParallelNorms, LayerNormAndRMSNormWithSequenceParallel) {
   for (bool sp : {false, true})
     for (int tp : kDegrees) {
       SCOPED_TRACE(::testing::Message() << "tp=" << tp << " sp=" << sp);
-      run_norm<ParallelLayerNorm, LayerNorm>(
-          tp, sp, [&] { return std::make_shared<ParallelLayerNorm>(IN, 1e-5, true, sp); },
-          [] { return std::make_shared<LayerNorm>(IN, 1e-5, true); });
-      run_norm<ParallelRMSNorm, RMSNorm>(
-          tp, sp, [&] { return std::make_shared<ParallelRMSNorm>(IN, 1e-6, sp); },
-          [] { return std::make_shared<RMSNorm>(IN, 1e-6); });
+      run_norm<LayerNorm, LayerNorm>(
+          tp, sp,
+          [&] {
+            return std::make_shared<LayerNorm>(IN,
+                                               LayerNormOptions{.sequence_parallel_enabled = sp});
+          },
+          [] { return std::make_shared<LayerNorm>(IN); });
+      run_norm<RMSNorm, RMSNorm>(
+          tp, sp,
+          [&] {
+            return std::make_shared<RMSNorm>(IN, RMSNormOptions{.sequence_parallel_enabled = sp});
+          },
+          [] { return std::make_shared<RMSNorm>(IN); });
     }
 }
 
