@@ -15,11 +15,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, const LinearOptions& o
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, const EmbeddingOptions& opts)
-    : Module("Embedding"), num_(num_embeddings), dim_(dim) {
+    : Module("Embedding"), num_embeddings_(num_embeddings), dim_(dim) {
   NXD_CHECK(num_embeddings > 0 && dim > 0,
             "[Embedding] sizes must be positive, got num=", num_embeddings, " dim=", dim);
   const auto& p = opts.param;
-  weight_ = register_parameter("weight", zeros({num_, dim_}, p.dtype, p.device), opts.weight_init);
+  weight_ = register_parameter("weight", zeros({num_embeddings_, dim_}, p.dtype, p.device),
+                               opts.weight_init);
 }
 
 Norm::Norm(const char* type, int64_t dim, double eps, bool sp, const ParamOptions& p)

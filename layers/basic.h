@@ -46,11 +46,11 @@ class Embedding : public Module {
   Embedding(int64_t num_embeddings, int64_t dim, const EmbeddingOptions& opts = {});
   Tensor forward(const Tensor& ids) const { return embedding(ids, weight_); }
   const Tensor& weight() const { return weight_; }
-  int64_t num_embeddings() const { return num_; }
+  int64_t num_embeddings() const { return num_embeddings_; }
   int64_t dim() const { return dim_; }
 
  private:
-  int64_t num_, dim_;
+  int64_t num_embeddings_, dim_;
   Tensor weight_;
 };
 
@@ -115,7 +115,7 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.0);
   Tensor forward(const Tensor& x) const {
-    return (p_ > 0.0 && is_training()) ? dropout(x, p_, true) : x;
+    return (p_ > 0.0 && is_training()) ? dropout(x, p_, /*training=*/true) : x;
   }
   double p() const { return p_; }
 

@@ -141,7 +141,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     return cp ? ring_attention(a, b, c, *cp)
               : scaled_dot_product_attention(a, b, c, /*causal=*/true);
   };
-  Tensor out = o.recompute ? autograd::checkpoint(
+  Tensor out = o.recompute ? autograd::recompute(
                                  [core](const std::vector<Tensor>& x) -> std::vector<Tensor> {
                                    return {core(x[0], x[1], x[2])};
                                  },

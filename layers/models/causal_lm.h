@@ -86,9 +86,9 @@ class CausalLM : public Module {
   // Validates cfg, cfg.validate_parallel(TP) and part (ConfigError).
   CausalLM(const ModelConfig& cfg, std::string type_name, const ModelPart& part = {});
   const ModelConfig& config() const { return cfg_; }
-  int tensor_parallel_size() const { return tp_; }
-  bool sequence_parallel() const { return sp_; }  // cfg.sequence_parallel && TP > 1
-  int context_parallel_size() const { return cp_; }
+  int tensor_parallel_size() const { return tp_size_; }
+  bool sequence_parallel() const { return sequence_parallel_; }  // cfg.sequence_parallel && TP > 1
+  int context_parallel_size() const { return cp_size_; }
   const ModelPart& part() const { return part_; }
   bool is_whole() const { return part_.whole(cfg_); }
 
@@ -178,9 +178,9 @@ class CausalLM : public Module {
   ModelConfig cfg_;
   ModelPart part_;
   std::shared_ptr<DecoderStack> decoder_stack_;
-  int tp_ = 1;
-  bool sp_ = false;
-  int cp_ = 1;
+  int tp_size_ = 1;
+  bool sequence_parallel_ = false;
+  int cp_size_ = 1;
   std::shared_ptr<Communicator> cp_group_;  // null at CP 1
 
  private:
@@ -254,9 +254,9 @@ class DecoderStack : public Module {
 // padded for SP draw the mask of the padded length: equal to the single rank's when S % tp == 0.)
 Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel);
 
-// Full activation checkpointing of one decoder layer: layer(h) under autograd::checkpoint (only h
+// Full activation recomputation of one decoder layer: layer(h) under autograd::recompute (only h
 // is kept; the layer reruns in backward).
-Tensor checkpoint_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h);
+Tensor recompute_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h);
 
 // Picks the next token from one row of logits (exposed for tests): greedy when temperature == 0,
 // else softmax(logits / temperature) restricted to the top_k largest (ties by lower id), sampled

@@ -36,7 +36,7 @@ class ParallelLinearBase : public ParallelModule {
   const Tensor& bias() const { return bias_; }
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
-  int tp_size() const { return tp_; }
+  int tp_size() const { return tp_size_; }
   Communicator& group() const { return *group_; }
 
  protected:
@@ -44,7 +44,7 @@ class ParallelLinearBase : public ParallelModule {
   ParallelLinearBase(const char* type, int64_t in, int64_t out,
                      const std::shared_ptr<Communicator>& group);
   int64_t in_, out_;
-  int tp_;
+  int tp_size_;
   std::shared_ptr<Communicator> group_;
   Tensor weight_, bias_;
 };
@@ -92,12 +92,12 @@ class ColumnParallelLinear : public ParallelLinearBase {
   // With skip_bias_add: {Y without bias, bias} (bias undefined when bias=false). Otherwise
   // {forward(x), undefined}.
   std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
-  int64_t local_out_features() const { return out_ / tp_; }
+  int64_t local_out_features() const { return out_ / tp_size_; }
 
  private:
   Tensor run(const Tensor& x, bool add_bias) const;
   int64_t stride_;
-  ColumnParallelLinearOptions o_;
+  ColumnParallelLinearOptions opts_;
 };
 
 struct RowParallelLinearOptions {
@@ -130,11 +130,11 @@ class RowParallelLinear : public ParallelLinearBase {
                     const RowParallelLinearOptions& opts = {});
   Tensor forward(const Tensor& x) const;
   std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
-  int64_t local_in_features() const { return in_ / tp_; }
+  int64_t local_in_features() const { return in_ / tp_size_; }
 
  private:
   Tensor run(const Tensor& x) const;
-  RowParallelLinearOptions o_;
+  RowParallelLinearOptions opts_;
 };
 
 struct ParallelEmbeddingOptions {
@@ -168,14 +168,14 @@ class ParallelEmbedding : public ParallelModule {
   ParallelEmbedding(int64_t num_embeddings, int64_t dim, const ParallelEmbeddingOptions& opts = {});
   Tensor forward(const Tensor& ids) const;
   const Tensor& weight() const { return weight_; }
-  int64_t num_embeddings() const { return num_; }
+  int64_t num_embeddings() const { return num_embeddings_; }
   int64_t dim() const { return dim_; }
-  int tp_size() const { return tp_; }
+  int tp_size() const { return tp_size_; }
 
  private:
-  int64_t num_, dim_;
-  int tp_;
-  ParallelEmbeddingOptions o_;
+  int64_t num_embeddings_, dim_;
+  int tp_size_;
+  ParallelEmbeddingOptions opts_;
   std::shared_ptr<Communicator> group_;
   Tensor weight_;
 };
