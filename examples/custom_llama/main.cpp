@@ -43,8 +43,7 @@ struct MyLlama : Module {
                                          kVocab, kHidden, ParallelEmbeddingOptions{.param = po}));
     for (int i = 0; i < kLayers; ++i)
       blocks.push_back(register_module("block" + std::to_string(i), std::make_shared<Block>(po)));
-    norm = register_module(
-        "norm", std::make_shared<RMSNorm>(kHidden, RMSNormOptions{.eps = 1e-6, .param = po}));
+    norm = register_module("norm", std::make_shared<RMSNorm>(kHidden, RMSNormOptions{.param = po}));
     ColumnParallelLinearOptions ho{.bias = false, .gather_output = false, .param = po};
     head = register_module("head", std::make_shared<ColumnParallelLinear>(kHidden, kVocab, ho));
   }

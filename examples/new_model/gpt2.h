@@ -56,8 +56,9 @@ class Body : public Module {  // a pipeline stage's part holds only its pieces (
               ParallelEmbeddingOptions{.weight_init = c.init_scheme().embedding(), .param = p}));
     if (part.embedding)
       wpe_ = register_module(
-          "wpe", std::make_shared<Embedding>(c.max_position_embeddings, c.hidden_size,
-                                             EmbeddingOptions{ParamInit::normal(0.01), p}));
+          "wpe", std::make_shared<Embedding>(
+                     c.max_position_embeddings, c.hidden_size,
+                     EmbeddingOptions{.weight_init = ParamInit::normal(0.01), .param = p}));
     h_ = register_module("h", std::make_shared<ModuleList>(part.layer_begin));  // whole-model names
     for (int64_t l = part.layer_begin; l < part.end(c); ++l)
       h_->push_back(std::make_shared<Block>(c));
