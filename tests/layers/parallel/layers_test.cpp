@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/basic.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
@@ -307,6 +309,42 @@ TEST(ParallelEmbedding, IdOutOfRangeThrows) {
     EXPECT_THAT([&] { emb.forward(ids); },
                 ::testing::ThrowsMessage<InvalidArgument>(
                     ::testing::HasSubstr("[ParallelEmbedding] id 16 out of range [0, 16)")));
+  });
+}
+
+// A world of two ranks that never initialized parallel_state (data parallelism only): each rank
+// builds its parallel layers over a group of itself, and they are the plain layers bit for bit
+// (the same values, outputs and gradients), without initializing parallel_state.
+TEST(ParallelLayers, WithoutParallelStateEachRankIsItsOwnGroupAndThePlainLayerBitwise) {
+  sim::launch(2, [&] {
+    const LinearRef ref(IN, 12, true, 3, 4);
+    ColumnParallelLinearOptions co;
+    co.bias_init = ParamInit::normal(0.5);
+    RowParallelLinearOptions ro;
+    ro.bias_init = ParamInit::normal(0.5);
+    auto column = std::make_shared<ColumnParallelLinear>(IN, 12, co);
+    auto row = std::make_shared<RowParallelLinear>(IN, 12, ro);
+    for (const std::shared_ptr<ParallelLinearBase>& layer :
+         std::vector<std::shared_ptr<ParallelLinearBase>>{column, row}) {
+      EXPECT_EQ(layer->tp_size(), 1);
+      layer->init_parameters(kSeed);
+      EXPECT_BITWISE_EQ(layer->weight().detach(), ref.weight().detach());
+      EXPECT_BITWISE_EQ(layer->bias().detach(), ref.bias().detach());
+      Tensor x = leaf(ref.xf);
+      Tensor y = layer == column ? column->forward(x) : row->forward(x);
+      EXPECT_BITWISE_EQ(y.detach(), ref.y.detach());
+      backward(sum(mul(y, ref.up)));
+      EXPECT_BITWISE_EQ(x.grad(), ref.x.grad());
+      EXPECT_BITWISE_EQ(layer->weight().grad(), ref.weight().grad());
+      EXPECT_BITWISE_EQ(layer->bias().grad(), ref.bias().grad());
+    }
+    ParallelEmbedding emb(16, 4);
+    Embedding plain(16, 4);
+    emb.init_parameters(kSeed);
+    plain.init_parameters(kSeed);
+    EXPECT_EQ(emb.tp_size(), 1);
+    EXPECT_BITWISE_EQ(emb.weight().detach(), plain.weight().detach());
+    EXPECT_FALSE(parallel_state::model_parallel_is_initialized());
   });
 }
 
