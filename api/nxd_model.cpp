@@ -161,8 +161,8 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
   NXD_CHECK_T(ConfigError, cfg.activation_checkpoint_config.empty(),
               "[initialize_parallel_model] activation_checkpoint_config '",
               cfg.activation_checkpoint_config,
-              "' applies to decoder models; a module of your own checkpoints with "
-              "autograd::checkpoint in its forward");
+              "' applies to decoder models; a module of your own recomputes activations with "
+              "autograd::recompute in its forward");
   NXD_CHECK_T(ConfigError, model_fn != nullptr, "[initialize_parallel_model] no model_fn");
   NXD_CHECK_T(ConfigError, !cfg.pad_model,
               "[initialize_parallel_model] pad_model pads decoder models given by their "

@@ -26,7 +26,7 @@ std::vector<Tensor> custom(const char* name, const std::vector<Tensor>& inputs,
   return outputs;
 }
 
-std::vector<Tensor> checkpoint(const ForwardFn& fn, const std::vector<Tensor>& inputs) {
+std::vector<Tensor> recompute(const ForwardFn& fn, const std::vector<Tensor>& inputs) {
   if (!needs_grad(inputs)) return fn(inputs);
   Generator& gen = current_context().rng();
   const uint64_t rng_counter = gen.counter();
@@ -40,7 +40,7 @@ std::vector<Tensor> checkpoint(const ForwardFn& fn, const std::vector<Tensor>& i
     outputs = fn(saved);
   }
   for (auto& y : outputs) y = y.detach();
-  record("checkpoint", inputs, outputs,
+  record("recompute", inputs, outputs,
          [fn, saved, wants, rng_counter](const Grads& grads) -> Grads {
            // Recompute with the RNG where the forward found it, so dropout masks repeat.
            Generator& g = current_context().rng();

@@ -1,5 +1,5 @@
 #pragma once
-// Custom differentiable functions, activation checkpointing and gradcheck.
+// Custom differentiable functions, activation recomputation and gradcheck.
 #include <functional>
 #include <vector>
 
@@ -15,11 +15,12 @@ using ForwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& i
 std::vector<Tensor> custom(const char* name, const std::vector<Tensor>& inputs,
                            const ForwardFn& forward, BackwardFn backward);
 
-// Activation checkpointing: runs fn without recording a graph and saves only `inputs`; backward
-// reruns fn with grad on and backpropagates through the recomputed graph. Gradients are
-// bitwise-identical to running fn directly (provided fn is deterministic given its inputs and the
-// RNG state, which is saved and restored for the recomputation).
-std::vector<Tensor> checkpoint(const ForwardFn& fn, const std::vector<Tensor>& inputs);
+// Activation recomputation (PyTorch's and NxD's "activation checkpointing"; nxd keeps the word
+// checkpoint for saved training state, checkpoint/): runs fn without recording a graph and saves
+// only `inputs`; backward reruns fn with grad on and backpropagates through the recomputed graph.
+// Gradients are bitwise-identical to running fn directly (provided fn is deterministic given its
+// inputs and the RNG state, which is saved and restored for the recomputation).
+std::vector<Tensor> recompute(const ForwardFn& fn, const std::vector<Tensor>& inputs);
 
 struct GradcheckOptions {
   double eps = 1e-6;  // central-difference step

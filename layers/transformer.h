@@ -17,9 +17,9 @@
 // Mlp (GPT-NeoX: dense_h_to_4h, dense_4h_to_h):  y = W2 gelu(W1 x + b1) + b2
 // GatedMlp (Llama: gate_proj, up_proj, down_proj): y = Wd (silu(Wg x) * (Wu x))
 //
-// Tensor parallelism (options.tensor_parallel; the group is the parallel_state TP group at
-// construction): the same modules built from the parallel layers (layers/parallel/), with the same
-// parameter names, each rank holding the slice of every weight the plain module creates:
+// Every projection is a parallel layer (layers/parallel/) over the parallel_state TP group at
+// construction (a group of one rank without parallel_state: exactly the plain layers, same names,
+// same values, same ops). Each rank holds the slice of every weight the one-rank module creates:
 //   - q/k/v_proj: GQAQKVColumnParallelLinear (its q_proj/k_proj/v_proj registered here); K/V heads
 //     replicated kv_size_multiplier times (which must be max(1, tp / num_kv_heads) so each rank's
 //     query heads read its own KV heads); query_key_value: ColumnParallelLinear, contiguous rows
@@ -27,10 +27,11 @@
 //     o_proj/dense: RowParallelLinear (input_is_parallel). Attention runs on the local heads.
 //   - Mlp/GatedMlp: dense_h_to_4h, gate_proj, up_proj ColumnParallelLinear (gather_output=false),
 //     dense_4h_to_h, down_proj RowParallelLinear (input_is_parallel).
-// With sequence_parallel the input and output are this rank's sequence shard [B, S/tp, hidden]:
-// the column layers all-gather it and the row layers reduce-scatter (docs/NXD_INTERNALS.md); the
-// row biases are then tagged sequence_parallel_enabled (sum their gradients over TP after backward:
-// allreduce_sequence_parallel_gradients). Without it input and output are full and duplicated.
+// With sequence_parallel (TP > 1) the input and output are this rank's sequence shard
+// [B, S/tp, hidden]: the column layers all-gather it and the row layers reduce-scatter
+// (docs/NXD_INTERNALS.md); the row biases are then tagged sequence_parallel_enabled (sum their
+// gradients over TP after backward: allreduce_sequence_parallel_gradients). Without it input and
+// output are full and duplicated.
 #include <cstdint>
 
 #include "nxd/layers/basic.h"
@@ -53,14 +54,20 @@ Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim);
 std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t head_dim);
 // q [B,H,S,D], k/v [B,Hkv,S,D] -> rotary on the first rotary_dim features of q and k (0: none),
 // causal softmax(q k^T / sqrt(D)) v, heads merged -> [B, S, H*D] (free: the attention op writes
-// [B,S,H,D] memory). recompute_core: the attention op runs under autograd::checkpoint (selective
-// activation checkpointing: its saved state is recomputed from q, k, v in backward).
-// context_parallel: q, k, v are this rank's rows of the sequence (layers/parallel/
+// [B,S,H,D] memory). options.recompute: the attention core runs under autograd::recompute
+// (selective activation recomputation: its saved state is recomputed from q, k, v in backward).
+// options.context_parallel: q, k, v are this rank's rows of the sequence (layers/parallel/
 // context_parallel.h): rotary at their global positions and ring attention over the group.
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rotary_dim,
-                        double rope_theta, int64_t position_offset, bool recompute_core = false,
-                        const RopeScaling& rope_scaling = {},
-                        Communicator* context_parallel = nullptr);
+struct CausalAttentionOptions {
+  int64_t rotary_dim = 0;  // 0: no rotary
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t position_offset = 0;  // the position of the first row
+  bool recompute = false;
+  Communicator* context_parallel = nullptr;  // null: none
+};
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                        const CausalAttentionOptions& opts);
 
 enum class QkvLayout { separate, fused_neox };
 
@@ -76,10 +83,9 @@ struct AttentionOptions {
   QkvLayout layout = QkvLayout::separate;
   InitScheme init;  // projection weights and biases (nxd_layers' init_scheme.h)
   ParamOptions param;
-  bool tensor_parallel = false;    // build from the parallel layers over the TP group
-  bool sequence_parallel = false;  // (tensor_parallel) x and the output are sequence shards
-  int64_t kv_size_multiplier = 1;  // (tensor_parallel, separate layout) K/V replication
-  // Selective activation checkpointing: keep only q, k, v and recompute the attention core
+  bool sequence_parallel = false;  // (TP > 1) x and the output are sequence shards
+  int64_t kv_size_multiplier = 1;  // (separate layout) K/V replication over TP
+  // Selective activation recomputation: keep only q, k, v and recompute the attention core
   // (scores, softmax, PV) in backward.
   bool recompute_core = false;
   // Context parallelism (a group of more than one rank; layers/parallel/context_parallel.h): x is
@@ -100,31 +106,32 @@ class CausalSelfAttention : public Module {
   Tensor forward_cached(const Tensor& x, const CacheStep& step, const Tensor& k_cache,
                         const Tensor& v_cache) const;
 
-  int64_t num_heads() const { return h_; }
-  int64_t num_kv_heads() const { return hkv_; }
-  int64_t head_dim() const { return d_; }
-  int64_t rotary_dim() const { return rot_; }
+  int64_t num_heads() const { return num_heads_; }
+  int64_t num_kv_heads() const { return num_kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t rotary_dim() const { return rotary_dim_; }
   QkvLayout layout() const { return layout_; }
   // Heads computed on this rank (num_heads() / tp; kv: num_kv_heads() * multiplier / tp).
-  int64_t local_heads() const { return hl_; }
-  int64_t local_kv_heads() const { return hkvl_; }
+  int64_t local_heads() const { return local_heads_; }
+  int64_t local_kv_heads() const { return local_kv_heads_; }
 
  private:
-  void build_parallel(const AttentionOptions& o);
+  void build_separate(const AttentionOptions& o);
+  void build_fused(const AttentionOptions& o);
   std::vector<Tensor> project(const Tensor& x) const;  // q, k, v [B, heads, S, D] (local heads)
-  int64_t hidden_, h_, hkv_, d_, rot_;
-  double theta_;
+  CausalAttentionOptions core_options(int64_t position_offset) const;
+  int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, rotary_dim_;
+  double rope_theta_;
   RopeScaling rope_scaling_;
   bool recompute_core_ = false;
   QkvLayout layout_;
-  int64_t hl_, hkvl_;
-  bool sp_ = false;
-  std::shared_ptr<Communicator> cp_;  // context parallelism (null: none)
-  std::shared_ptr<Linear> q_, k_, v_, qkv_, o_;
-  // tensor_parallel: q/k/v (separate) or query_key_value (fused), and o_proj/dense
-  std::shared_ptr<GQAQKVColumnParallelLinear> pqkv_;
-  std::shared_ptr<ColumnParallelLinear> pfused_;
-  std::shared_ptr<RowParallelLinear> po_;
+  int64_t local_heads_, local_kv_heads_;
+  bool sequence_parallel_ = false;
+  std::shared_ptr<Communicator> context_parallel_;  // null: none
+  // the separate layout's q/k/v_proj, or the fused layout's query_key_value; then o_proj/dense
+  std::shared_ptr<GQAQKVColumnParallelLinear> qkv_proj_;
+  std::shared_ptr<ColumnParallelLinear> fused_qkv_proj_;
+  std::shared_ptr<RowParallelLinear> out_proj_;
 };
 
 struct MlpOptions {
@@ -132,8 +139,7 @@ struct MlpOptions {
   GeluApprox gelu = GeluApprox::none;  // HF "gelu" (erf); tanh = "gelu_new"
   InitScheme init;                     // projection weights and biases (nxd_layers' init_scheme.h)
   ParamOptions param;
-  bool tensor_parallel = false;
-  bool sequence_parallel = false;
+  bool sequence_parallel = false;  // (TP > 1) x and the output are sequence shards
 };
 
 // GELU MLP with GPT-NeoX's names (dense_h_to_4h, dense_4h_to_h).
@@ -144,9 +150,8 @@ class Mlp : public Module {
 
  private:
   GeluApprox gelu_;
-  std::shared_ptr<Linear> fc_in_, fc_out_;
-  std::shared_ptr<ColumnParallelLinear> pin_;
-  std::shared_ptr<RowParallelLinear> pout_;
+  std::shared_ptr<ColumnParallelLinear> fc_in_;
+  std::shared_ptr<RowParallelLinear> fc_out_;
 };
 
 struct GatedMlpOptions {
@@ -156,8 +161,7 @@ struct GatedMlpOptions {
   enum class Act { silu, gelu, gelu_tanh } act = Act::silu;
   InitScheme init;  // projection weights and biases (nxd_layers' init_scheme.h)
   ParamOptions param;
-  bool tensor_parallel = false;
-  bool sequence_parallel = false;
+  bool sequence_parallel = false;  // (TP > 1) x and the output are sequence shards
 };
 
 // SwiGLU MLP with Llama's names (gate_proj, up_proj, down_proj).
@@ -169,9 +173,8 @@ class GatedMlp : public Module {
  private:
   GatedMlpOptions::Act act_ = GatedMlpOptions::Act::silu;
   Tensor gated(const Tensor& g, const Tensor& u) const;
-  std::shared_ptr<Linear> gate_, up_, down_;
-  std::shared_ptr<ColumnParallelLinear> pgate_, pup_;
-  std::shared_ptr<RowParallelLinear> pdown_;
+  std::shared_ptr<ColumnParallelLinear> gate_, up_;
+  std::shared_ptr<RowParallelLinear> down_;
 };
 
 }  // namespace nxd

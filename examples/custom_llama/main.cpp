@@ -16,16 +16,15 @@ using namespace nxd;
 constexpr int64_t kVocab = 64, kHidden = 64, kHeads = 4, kLayers = 2, kSeq = 32;
 
 struct Block : Module {
-  std::shared_ptr<ParallelRMSNorm> ln1, ln2;
+  std::shared_ptr<RMSNorm> ln1, ln2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<GatedMlp> mlp;
   explicit Block(const ParamOptions& po) : Module("Block") {
-    ln1 = register_module("ln1", std::make_shared<ParallelRMSNorm>(kHidden, 1e-6, false, po));
-    AttentionOptions ao{
-        .hidden_size = kHidden, .num_heads = kHeads, .param = po, .tensor_parallel = true};
+    ln1 = register_module("ln1", std::make_shared<RMSNorm>(kHidden, RMSNormOptions{.param = po}));
+    AttentionOptions ao{.hidden_size = kHidden, .num_heads = kHeads, .param = po};
     attn = register_module("attn", std::make_shared<CausalSelfAttention>(ao));
-    ln2 = register_module("ln2", std::make_shared<ParallelRMSNorm>(kHidden, 1e-6, false, po));
-    GatedMlpOptions mo{.param = po, .tensor_parallel = true};
+    ln2 = register_module("ln2", std::make_shared<RMSNorm>(kHidden, RMSNormOptions{.param = po}));
+    GatedMlpOptions mo{.param = po};
     mlp = register_module("mlp", std::make_shared<GatedMlp>(kHidden, 4 * kHidden, mo));
   }
   Tensor forward(const Tensor& x) const {
@@ -37,14 +36,14 @@ struct Block : Module {
 struct MyLlama : Module {
   std::shared_ptr<ParallelEmbedding> embed;
   std::vector<std::shared_ptr<Block>> blocks;
-  std::shared_ptr<ParallelRMSNorm> norm;
+  std::shared_ptr<RMSNorm> norm;
   std::shared_ptr<ColumnParallelLinear> head;
   explicit MyLlama(const ParamOptions& po) : Module("MyLlama") {
     embed = register_module("embed", std::make_shared<ParallelEmbedding>(
                                          kVocab, kHidden, ParallelEmbeddingOptions{.param = po}));
     for (int i = 0; i < kLayers; ++i)
       blocks.push_back(register_module("block" + std::to_string(i), std::make_shared<Block>(po)));
-    norm = register_module("norm", std::make_shared<ParallelRMSNorm>(kHidden, 1e-6, false, po));
+    norm = register_module("norm", std::make_shared<RMSNorm>(kHidden, RMSNormOptions{.param = po}));
     ColumnParallelLinearOptions ho{.bias = false, .gather_output = false, .param = po};
     head = register_module("head", std::make_shared<ColumnParallelLinear>(kHidden, kVocab, ho));
   }

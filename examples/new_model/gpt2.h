@@ -14,7 +14,7 @@ using namespace nxd;
 
 class Block : public Module {
  public:
-  Block(const ModelConfig& c, int tp) : Module("GPT2Block") {
+  explicit Block(const ModelConfig& c) : Module("GPT2Block") {
     const ParamOptions p{c.dtype, c.device};
     AttentionOptions a;
     a.hidden_size = c.hidden_size;
@@ -23,17 +23,14 @@ class Block : public Module {
     a.bias = true;
     a.init = c.init_scheme();
     a.param = p;
-    a.tensor_parallel = tp > 1;
     MlpOptions m;
     m.gelu = GeluApprox::tanh;
     m.init = c.init_scheme();
     m.param = p;
-    m.tensor_parallel = tp > 1;
-    ln_1_ =
-        register_module("ln_1", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
+    const LayerNormOptions no{.eps = c.norm_eps, .param = p};
+    ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(c.hidden_size, no));
     attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(a));
-    ln_2_ =
-        register_module("ln_2", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
+    ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(c.hidden_size, no));
     mlp_ = register_module("mlp", std::make_shared<Mlp>(c.hidden_size, c.ffn_size(), m));
   }
   Tensor forward(const Tensor& x, int64_t pos) const {
@@ -50,48 +47,43 @@ class Block : public Module {
 class Body : public Module {  // a pipeline stage's part holds only its pieces (ModelPart)
  public:
   Body(const ModelConfig& c, const ModelPart& part) : Module("GPT2Model") {
-    const int tp = model_tensor_parallel_size();
     const ParamOptions p{c.dtype, c.device};
-    const bool wte = part.embedding || (part.head && c.tie_word_embeddings);  // tied head: wte
-    if (wte && tp == 1) {
-      wte_ = register_module(
-          "wte", std::make_shared<Embedding>(c.vocab_size, c.hidden_size,
-                                             EmbeddingOptions{c.init_scheme().embedding(), p}));
-      wte_weight_ = wte_->weight();
-    } else if (wte) {  // vocabulary-parallel; the tied head uses this shard
-      ParallelEmbeddingOptions eo;
-      eo.weight_init = c.init_scheme().embedding();
-      eo.param = p;
-      pwte_ = register_module("wte",
-                              std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size, eo));
-      wte_weight_ = pwte_->weight();
-    }
+    if (part.embedding || (part.head && c.tie_word_embeddings))  // a tied head reads wte
+      wte_ = register_module(  // vocabulary-parallel under TP (the tied head uses the shard)
+          "wte",
+          std::make_shared<ParallelEmbedding>(
+              c.vocab_size, c.hidden_size,
+              ParallelEmbeddingOptions{.weight_init = c.init_scheme().embedding(), .param = p}));
     if (part.embedding)
       wpe_ = register_module(
-          "wpe", std::make_shared<Embedding>(c.max_position_embeddings, c.hidden_size,
-                                             EmbeddingOptions{ParamInit::normal(0.01), p}));
+          "wpe", std::make_shared<Embedding>(
+                     c.max_position_embeddings, c.hidden_size,
+                     EmbeddingOptions{.weight_init = ParamInit::normal(0.01), .param = p}));
     h_ = register_module("h", std::make_shared<ModuleList>(part.layer_begin));  // whole-model names
     for (int64_t l = part.layer_begin; l < part.end(c); ++l)
-      h_->push_back(std::make_shared<Block>(c, tp));
+      h_->push_back(std::make_shared<Block>(c));
     if (part.head)
-      ln_f_ =
-          register_module("ln_f", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
+      ln_f_ = register_module(
+          "ln_f", std::make_shared<LayerNorm>(c.hidden_size,
+                                              LayerNormOptions{.eps = c.norm_eps, .param = p}));
   }
-  Tensor embed(const Tensor& ids) const { return wte_ ? wte_->forward(ids) : pwte_->forward(ids); }
+  Tensor embed(const Tensor& ids) const { return wte_->forward(ids); }
   Tensor layers(const Tensor& x, int64_t pos) const {  // + wpe[pos, pos + S) on the first stage
     Tensor h = wpe_ ? add(x, narrow(wpe_->weight(), 0, pos, x.size(1))) : x;
     for (const auto& b : *h_) h = static_cast<const Block&>(*b).forward(h, pos);
     return h;
   }
   Tensor norm(const Tensor& h) const { return ln_f_->forward(h); }
-  const Tensor& wte_weight() const { return wte_weight_; }
+  const Tensor& wte_weight() const {  // undefined on a stage without wte
+    static const Tensor none;
+    return wte_ ? wte_->weight() : none;
+  }
 
  private:
-  std::shared_ptr<Embedding> wte_, wpe_;
-  std::shared_ptr<ParallelEmbedding> pwte_;
+  std::shared_ptr<ParallelEmbedding> wte_;
+  std::shared_ptr<Embedding> wpe_;
   std::shared_ptr<ModuleList> h_;
   std::shared_ptr<LayerNorm> ln_f_;
-  Tensor wte_weight_;
 };
 
 class GPT2LMHeadModel : public CausalLM {

@@ -18,14 +18,14 @@
 namespace nxd {
 
 CausalLM::CausalLM(const ModelConfig& cfg, std::string type_name, const ModelPart& part)
-    : Module(std::move(type_name)), cfg_(cfg), part_(part), tp_(model_tensor_parallel_size()) {
+    : Module(std::move(type_name)), cfg_(cfg), part_(part), tp_size_(model_tensor_parallel_size()) {
   cfg_.validate();
-  cfg_.validate_parallel(tp_);
+  cfg_.validate_parallel(tp_size_);
   part_.validate(cfg_);
   part_.layer_end = part_.end(cfg_);
-  sp_ = cfg_.sequence_parallel && tp_ > 1;
+  sequence_parallel_ = cfg_.sequence_parallel && tp_size_ > 1;
   cp_group_ = model_context_parallel_group();
-  cp_ = cp_group_ ? cp_group_->size() : 1;
+  cp_size_ = cp_group_ ? cp_group_->size() : 1;
 }
 
 void CausalLM::check_whole(const char* what) const {
@@ -37,34 +37,51 @@ Tensor CausalLM::body(const Tensor& ids, int64_t position_offset) {
   return final_norm(run_layers(embed_tokens(ids), position_offset));
 }
 
+void CausalLM::register_decoder_stack(const std::string& name,
+                                      std::shared_ptr<DecoderStack> stack) {
+  decoder_stack_ = register_module(name, std::move(stack));
+}
+
+const DecoderStack& CausalLM::stack(const char* what) const {
+  NXD_CHECK(decoder_stack_, "[", type_name(), "::", what,
+            "] registers no DecoderStack: a family without one overrides embed_tokens, run_layers, "
+            "final_norm and embedding_weight");
+  return *decoder_stack_;
+}
+
+Tensor CausalLM::embed_tokens(const Tensor& ids) {
+  return stack("embed_tokens").embed(ids);
+}
+
+Tensor CausalLM::run_layers(const Tensor& h, int64_t position_offset) {
+  return stack("run_layers").run_layers(h, position_offset);
+}
+
+Tensor CausalLM::final_norm(const Tensor& h) {
+  return stack("final_norm").final_norm(h);
+}
+
+const Tensor& CausalLM::embedding_weight() const {
+  return stack("embedding_weight").embedding_weight();
+}
+
 void CausalLM::register_output_head(const std::string& name) {
   if (cfg_.tie_word_embeddings || !part_.head) return;
-  const ParamOptions p{cfg_.dtype, cfg_.device};
-  if (tp_ == 1) {
-    LinearOptions lo;
-    lo.bias = false;
-    lo.weight_init = cfg_.init_scheme().weight();
-    lo.param = p;
-    head_weight_ =
-        register_module(name, std::make_shared<Linear>(cfg_.hidden_size, cfg_.vocab_size, lo))
-            ->weight();
-  } else {
-    // loss() runs it on the local hidden states (NxD's canonical head: SP all-gather saving only
-    // the local shard); lm_head() uses its weight on full hidden states.
-    ColumnParallelLinearOptions co;
-    co.bias = false;
-    co.gather_output = false;
-    co.sequence_parallel_enabled = sp_;
-    co.weight_init = cfg_.init_scheme().weight();
-    co.param = p;
-    parallel_head_ = register_module(
-        name, std::make_shared<ColumnParallelLinear>(cfg_.hidden_size, cfg_.vocab_size, co));
-    head_weight_ = parallel_head_->weight();
-  }
+  // loss() runs it on the local hidden states at TP > 1 (NxD's canonical head: SP all-gather
+  // saving only the local shard); lm_head() uses its weight on full hidden states.
+  head_ = register_module(name, std::make_shared<ColumnParallelLinear>(
+                                    cfg_.hidden_size, cfg_.vocab_size,
+                                    ColumnParallelLinearOptions{
+                                        .bias = false,
+                                        .gather_output = false,
+                                        .sequence_parallel_enabled = sequence_parallel_,
+                                        .weight_init = cfg_.init_scheme().weight(),
+                                        .param = {cfg_.dtype, cfg_.device},
+                                    }));
 }
 
 const Tensor& CausalLM::output_weight() const {
-  return head_weight_.defined() ? head_weight_ : embedding_weight();
+  return head_ ? head_->weight() : embedding_weight();
 }
 
 namespace {
@@ -82,8 +99,8 @@ Tensor pad_sequence(const Tensor& ids, int64_t padded, double value) {
 Tensor CausalLM::hidden_states(const Tensor& ids, int64_t position_offset) {
   check_whole("hidden_states");
   check_ids(ids, position_offset);
-  if (!sp_) return body(ids, position_offset);
-  const int64_t S = ids.size(1), Sp = (S + tp_ - 1) / tp_ * tp_;
+  if (!sequence_parallel_) return body(ids, position_offset);
+  const int64_t S = ids.size(1), Sp = (S + tp_size_ - 1) / tp_size_ * tp_size_;
   // the downstream computation is duplicated on every rank: backward keeps this rank's chunk
   Tensor h = gather_from_sequence_parallel_region(body(pad_sequence(ids, Sp, 0), position_offset),
                                                   1, /*to_model_parallel=*/false);
@@ -92,7 +109,7 @@ Tensor CausalLM::hidden_states(const Tensor& ids, int64_t position_offset) {
 
 Tensor CausalLM::lm_head(const Tensor& hidden) {
   check_whole("lm_head");
-  if (tp_ == 1) return linear(hidden, output_weight());
+  if (tp_size_ == 1) return linear(hidden, output_weight());
   // X (duplicated) -> local vocab columns -> all-gathered: dX is all-reduced, each rank keeps the
   // gradient of its own columns.
   return gather_from_tensor_model_parallel_region(
@@ -103,19 +120,20 @@ void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
   NXD_CHECK_SHAPE(ids.dim() == 2, "[", type_name(), "] ids must be [B,S], got ", ids.desc());
   NXD_CHECK(ids.dtype() == DType::i64 || ids.dtype() == DType::i32, "[", type_name(),
             "] ids must be i32 or i64, got ", ids.desc());
-  const int64_t seq = ids.size(1) * cp_;  // the whole sequence under context parallelism
+  const int64_t seq = ids.size(1) * cp_size_;  // the whole sequence under context parallelism
   NXD_CHECK(position_offset >= 0 && position_offset + seq <= cfg_.max_position_embeddings, "[",
             type_name(), "] positions [", position_offset, ", ", position_offset + seq,
             ") exceed max_position_embeddings=", cfg_.max_position_embeddings);
   // SP pads a sequence to a multiple of TP at its end: under CP that would be inside the sequence
-  NXD_CHECK_SHAPE(cp_ == 1 || !sp_ || ids.size(1) % tp_ == 0, "[", type_name(),
-                  "] context parallelism with sequence parallelism needs each rank's ", ids.size(1),
-                  " tokens to divide by tensor parallel size ", tp_, ": ids=", ids.desc(),
-                  " (context parallel size ", cp_, ")");
+  NXD_CHECK_SHAPE(cp_size_ == 1 || !sequence_parallel_ || ids.size(1) % tp_size_ == 0, "[",
+                  type_name(), "] context parallelism with sequence parallelism needs each rank's ",
+                  ids.size(1), " tokens to divide by tensor parallel size ", tp_size_,
+                  ": ids=", ids.desc(), " (context parallel size ", cp_size_, ")");
   // ... and the MoE layers would route (and count in their auxiliary loss) the padding tokens
-  NXD_CHECK_SHAPE(!cfg_.moe.enabled() || !sp_ || ids.size(1) % tp_ == 0, "[", type_name(),
-                  "] mixture of experts with sequence parallelism needs the ", ids.size(1),
-                  " tokens to divide by tensor parallel size ", tp_, ": ids=", ids.desc());
+  NXD_CHECK_SHAPE(!cfg_.moe.enabled() || !sequence_parallel_ || ids.size(1) % tp_size_ == 0, "[",
+                  type_name(), "] mixture of experts with sequence parallelism needs the ",
+                  ids.size(1), " tokens to divide by tensor parallel size ", tp_size_,
+                  ": ids=", ids.desc());
 }
 
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts) {
@@ -141,8 +159,8 @@ Tensor CausalLM::embed(const Tensor& ids) {
   NXD_CHECK(part_.embedding, "[", type_name(), "::embed] this part (", part_.str(cfg_),
             ") has no embedding");
   check_ids(ids, 0);
-  if (!sp_) return embed_tokens(ids);
-  return embed_tokens(pad_sequence(ids, (ids.size(1) + tp_ - 1) / tp_ * tp_, 0));
+  if (!sequence_parallel_) return embed_tokens(ids);
+  return embed_tokens(pad_sequence(ids, (ids.size(1) + tp_size_ - 1) / tp_size_ * tp_size_, 0));
 }
 
 Tensor CausalLM::decoder_layers(const Tensor& h, int64_t position_offset) {
@@ -173,12 +191,12 @@ Tensor CausalLM::local_head_loss(const Tensor& h_local, const Tensor& targets,
                   "[", type_name(), "::head_loss] targets [B,S] for hidden states [B,S,hidden]: ",
                   "targets=", targets.desc(), " hidden=", h_local.desc());
   const int64_t B = targets.size(0), S = targets.size(1);
-  const int64_t Sp = sp_ ? (S + tp_ - 1) / tp_ * tp_ : S;
-  NXD_CHECK_SHAPE(h_local.size(1) * (sp_ ? tp_ : 1) == Sp, "[", type_name(),
+  const int64_t Sp = sequence_parallel_ ? (S + tp_size_ - 1) / tp_size_ * tp_size_ : S;
+  NXD_CHECK_SHAPE(h_local.size(1) * (sequence_parallel_ ? tp_size_ : 1) == Sp, "[", type_name(),
                   "::head_loss] hidden states ", h_local.desc(), " do not match targets ",
                   targets.desc());
   Tensor h = final_norm(h_local);  // [B,S(/tp),hidden]
-  if (tp_ == 1) {
+  if (tp_size_ == 1) {
     Tensor logits = linear(h, output_weight());  // [B,S,V]
     const int64_t n = B * S;
     return cross_entropy(view(logits, {n, cfg_.vocab_size}), targets.reshape({n}), opts);
@@ -187,10 +205,11 @@ Tensor CausalLM::local_head_loss(const Tensor& h_local, const Tensor& targets,
   // its backward reduce-scatters; else copy_to, whose backward all-reduces). A tied head does
   // the same with the embedding's vocabulary shard.
   Tensor logits;
-  if (parallel_head_) {
-    logits = parallel_head_->forward(h);
+  if (head_) {
+    logits = head_->forward(h);
   } else {
-    Tensor x = sp_ ? gather_from_sequence_parallel_region(h, 1, /*to_model_parallel=*/true)
+    Tensor x = sequence_parallel_
+                   ? gather_from_sequence_parallel_region(h, 1, /*to_model_parallel=*/true)
                    : copy_to_tensor_model_parallel_region(h);
     logits = linear(x, output_weight());
   }
@@ -222,15 +241,75 @@ Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel)
   {
     NoGradGuard ng;
     // the single rank's mask of the whole sequence; CP: this rank's chunks; SP: its TP shard
-    mask = dropout(ones(full, ct, x.device()), d.p(), true, &st);
+    mask = dropout(ones(full, ct, x.device()), d.p(), /*training=*/true, &st);
     if (cp) mask = context_parallel_slice(mask, 1, cp->rank(), cp->size());
     if (tp) mask = mask.narrow(1, tp->rank() * local, local).contiguous();
   }
   return x.dtype() == ct ? mul(x, mask) : to(mul(to(x, ct), mask), x.dtype());
 }
 
-Tensor checkpoint_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h) {
-  return autograd::checkpoint(
+DecoderStack::DecoderStack(std::string type_name, const ModelConfig& c, const ModelPart& part,
+                           const DecoderStackOptions& o)
+    : Module(std::move(type_name)),
+      sequence_parallel_(c.sequence_parallel && model_tensor_parallel_size() > 1),
+      recompute_layers_(c.activations_checkpoint_granularity == CheckpointGranularity::full) {
+  // a tied head's weight is the embedding: the last stage holds it too
+  if (part.embedding || (part.head && c.tie_word_embeddings)) {
+    embedding_ = register_module(
+        o.embedding,
+        std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size,
+                                            ParallelEmbeddingOptions{
+                                                .sequence_parallel_enabled = sequence_parallel_,
+                                                .weight_init = c.init_scheme().embedding(),
+                                                .param = {c.dtype, c.device},
+                                            }));
+    embedding_weight_ = embedding_->weight();
+  }
+  if (!o.embedding_dropout.empty())
+    embedding_dropout_ = register_module(o.embedding_dropout, std::make_shared<Dropout>(c.dropout));
+  layers_ = register_module("layers", std::make_shared<ModuleList>(part.layer_begin));
+  for (int64_t l = part.layer_begin; l < part.end(c); ++l) layers_->push_back(o.make_layer(l));
+  if (part.head) final_norm_ = register_module(o.final_norm, o.make_final_norm());
+}
+
+Tensor DecoderStack::embed(const Tensor& ids) const {
+  NXD_CHECK(embedding_, "[", type_name(), "::embed] this part has no embedding");
+  Tensor h = embedding_->forward(ids);
+  return embedding_dropout_ ? hidden_dropout(*embedding_dropout_, h, sequence_parallel_) : h;
+}
+
+Tensor DecoderStack::run_layers(const Tensor& h, int64_t position_offset) const {
+  Tensor x = h;
+  for (const auto& layer : *layers_) {
+    const auto& l = static_cast<const DecoderLayer&>(*layer);
+    x = recompute_layers_
+            ? recompute_layer(
+                  [&l, position_offset](const Tensor& y) { return l.forward(y, position_offset); },
+                  x)
+            : l.forward(x, position_offset);
+  }
+  return x;
+}
+
+Tensor DecoderStack::run_layers_cached(const Tensor& h, const CacheStep& step,
+                                       KVCache& cache) const {
+  Tensor x = h;
+  size_t i = 0;
+  for (const auto& layer : *layers_) {
+    x = static_cast<const DecoderLayer&>(*layer).forward_cached(x, step, cache.k.at(i),
+                                                                cache.v.at(i));
+    ++i;
+  }
+  return x;
+}
+
+Tensor DecoderStack::final_norm(const Tensor& h) const {
+  NXD_CHECK(final_norm_, "[", type_name(), "::final_norm] this part has no final norm");
+  return final_norm_->forward(h);
+}
+
+Tensor recompute_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h) {
+  return autograd::recompute(
       [layer](const std::vector<Tensor>& x) -> std::vector<Tensor> { return {layer(x[0])}; },
       {h})[0];
 }

@@ -1,5 +1,6 @@
 #pragma once
-// CausalLM: a decoder-only language model (ids -> next-token logits), its loss, and generation.
+// CausalLM: a decoder-only language model (ids -> next-token logits), its loss, and generation;
+// DecoderStack: the body the built-in families share (embedding, decoder layers, final norm).
 // The families are in llama.h and gpt_neox.h; make_causal_lm builds one from a ModelConfig.
 //
 // Tensor parallelism: a model is built over the parallel_state TP group current at construction
@@ -53,6 +54,8 @@ namespace nxd {
 
 class ColumnParallelLinear;
 class Communicator;
+class DecoderStack;
+class ParallelEmbedding;
 
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
@@ -83,9 +86,9 @@ class CausalLM : public Module {
   // Validates cfg, cfg.validate_parallel(TP) and part (ConfigError).
   CausalLM(const ModelConfig& cfg, std::string type_name, const ModelPart& part = {});
   const ModelConfig& config() const { return cfg_; }
-  int tensor_parallel_size() const { return tp_; }
-  bool sequence_parallel() const { return sp_; }  // cfg.sequence_parallel && TP > 1
-  int context_parallel_size() const { return cp_; }
+  int tensor_parallel_size() const { return tp_size_; }
+  bool sequence_parallel() const { return sequence_parallel_; }  // cfg.sequence_parallel && TP > 1
+  int context_parallel_size() const { return cp_size_; }
   const ModelPart& part() const { return part_; }
   bool is_whole() const { return part_.whole(cfg_); }
 
@@ -145,22 +148,28 @@ class CausalLM : public Module {
   // generate_batch of one prompt: its sequence.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, const GenerateOptions& opts);
 
+  // The body of the built-in families, null for a user's family that overrides the pieces below.
+  const DecoderStack* decoder_stack() const { return decoder_stack_.get(); }
+
  protected:
   // The body: ids [B,S] (S divisible by TP under sequence parallelism) -> final hidden states in
   // the local layout: [B,S,hidden], or this rank's sequence shard [B,S/TP,hidden] under SP:
   // final_norm(run_layers(embed_tokens(ids), position_offset)).
   Tensor body(const Tensor& ids, int64_t position_offset);
-  virtual Tensor embed_tokens(const Tensor& ids) = 0;
-  virtual Tensor run_layers(const Tensor& h, int64_t position_offset) = 0;
-  virtual Tensor final_norm(const Tensor& h) = 0;
-  // The decoder layers on the KV-cache path (kv_cache.h); families without one throw, and
-  // generate falls back to recomputation for them (supports_kv_cache() false).
+  // A family built on a DecoderStack registers it under its name ("model", "gpt_neox"); the
+  // pieces below then run it. A family without one (examples/new_model) overrides them all but
+  // run_layers_cached, whose default throws (generate then recomputes: supports_kv_cache()).
+  void register_decoder_stack(const std::string& name, std::shared_ptr<DecoderStack> stack);
+  virtual Tensor embed_tokens(const Tensor& ids);
+  virtual Tensor run_layers(const Tensor& h, int64_t position_offset);
+  virtual Tensor final_norm(const Tensor& h);
+  // The decoder layers on the KV-cache path (kv_cache.h).
   virtual Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache);
-  virtual bool supports_kv_cache() const { return false; }
+  virtual bool supports_kv_cache() const { return decoder_stack_ != nullptr; }
   // The input embedding's weight (this rank's vocabulary rows at TP > 1).
-  virtual const Tensor& embedding_weight() const = 0;
-  // Registers the untied output head `name` (Linear [V, hidden] without bias, or its
-  // vocab-parallel ColumnParallelLinear at TP > 1) unless cfg.tie_word_embeddings.
+  virtual const Tensor& embedding_weight() const;
+  // Registers the untied output head `name` (ColumnParallelLinear [V, hidden] without bias,
+  // vocabulary-parallel: at TP 1 the plain Linear) unless cfg.tie_word_embeddings.
   void register_output_head(const std::string& name);
   // The output head's weight: the head's, or embedding_weight() when tied.
   const Tensor& output_weight() const;
@@ -168,9 +177,10 @@ class CausalLM : public Module {
   void check_whole(const char* what) const;
   ModelConfig cfg_;
   ModelPart part_;
-  int tp_ = 1;
-  bool sp_ = false;
-  int cp_ = 1;
+  std::shared_ptr<DecoderStack> decoder_stack_;
+  int tp_size_ = 1;
+  bool sequence_parallel_ = false;
+  int cp_size_ = 1;
   std::shared_ptr<Communicator> cp_group_;  // null at CP 1
 
  private:
@@ -181,8 +191,57 @@ class CausalLM : public Module {
   // The fallback without a cache (sequence-parallel models): reruns the sequence per token.
   GenerateResult generate_recompute(const std::vector<std::vector<int64_t>>& prompts,
                                     const GenerateOptions& opts);
-  Tensor head_weight_;                                   // undefined when tied
-  std::shared_ptr<ColumnParallelLinear> parallel_head_;  // TP > 1, untied
+  const DecoderStack& stack(const char* what) const;  // the registered one, or throws
+  std::shared_ptr<ColumnParallelLinear> head_;        // null when tied
+};
+
+// A decoder layer of a family built on DecoderStack: hidden states [B,S,hidden] (under sequence
+// parallelism this rank's shard) -> the same.
+class DecoderLayer : public Module {
+ public:
+  using Module::Module;
+  virtual Tensor forward(const Tensor& h, int64_t position_offset = 0) const = 0;
+  // The KV-cache path (kv_cache.h): this layer's K/V cache tensors written in place.
+  virtual Tensor forward_cached(const Tensor& h, const CacheStep& step, const Tensor& k_cache,
+                                const Tensor& v_cache) const = 0;
+};
+
+// What a family's body is made of, with its Hugging Face names.
+struct DecoderStackOptions {
+  std::string embedding;          // the token embedding (vocabulary-parallel ParallelEmbedding)
+  std::string embedding_dropout;  // "" for none, else hidden_dropout on the embedded states
+  std::string final_norm;
+  // Builds decoder layer `layer` (its index in the whole model) and the final norm.
+  std::function<std::shared_ptr<DecoderLayer>(int64_t layer)> make_layer;
+  std::function<std::shared_ptr<Norm>()> make_final_norm;
+};
+
+// The body of Llama and GPT-NeoX: {embedding, [embedding dropout], layers, final norm} registered
+// in that order with the family's names, built over model_tensor_parallel_size(); with a ModelPart
+// only that part's pieces exist (config.h; a last stage of a tied model holds the embedding for
+// its head). Under sequence parallelism the embedding reduce-scatters and every later piece runs
+// on this rank's sequence shard. cfg.activations_checkpoint_granularity full recomputes each layer
+// in backward (recompute_layer).
+class DecoderStack : public Module {
+ public:
+  DecoderStack(std::string type_name, const ModelConfig& cfg, const ModelPart& part,
+               const DecoderStackOptions& opts);
+  Tensor embed(const Tensor& ids) const;
+  Tensor run_layers(const Tensor& h, int64_t position_offset = 0) const;
+  Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) const;
+  Tensor final_norm(const Tensor& h) const;
+  // The embedding's weight (this rank's vocabulary rows at TP > 1); undefined without one.
+  const Tensor& embedding_weight() const { return embedding_weight_; }
+  const ModuleList& layers() const { return *layers_; }
+
+ private:
+  std::shared_ptr<ParallelEmbedding> embedding_;
+  Tensor embedding_weight_;
+  std::shared_ptr<Dropout> embedding_dropout_;
+  std::shared_ptr<ModuleList> layers_;
+  std::shared_ptr<Norm> final_norm_;
+  bool sequence_parallel_ = false;
+  bool recompute_layers_ = false;
 };
 
 // Dropout on a model's hidden states (d's p and mode). Under sequence parallelism x is this
@@ -195,9 +254,9 @@ class CausalLM : public Module {
 // padded for SP draw the mask of the padded length: equal to the single rank's when S % tp == 0.)
 Tensor hidden_dropout(const Dropout& d, const Tensor& x, bool sequence_parallel);
 
-// Full activation checkpointing of one decoder layer: layer(h) under autograd::checkpoint (only h
+// Full activation recomputation of one decoder layer: layer(h) under autograd::recompute (only h
 // is kept; the layer reruns in backward).
-Tensor checkpoint_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h);
+Tensor recompute_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h);
 
 // Picks the next token from one row of logits (exposed for tests): greedy when temperature == 0,
 // else softmax(logits / temperature) restricted to the top_k largest (ties by lower id), sampled

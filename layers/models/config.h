@@ -17,11 +17,12 @@
 
 namespace nxd {
 
-// Activation checkpointing (NxDT's model.activations_checkpoint_granularity): none keeps every
+// Activation recomputation (NxDT calls it activation checkpointing: its key
+// model.activations_checkpoint_granularity and this enum keep NxDT's name): none keeps every
 // activation for backward; full recomputes each decoder layer from its input in backward;
 // selective recomputes only the attention core (scores, softmax, PV), whose [B,H,S,S]
 // probabilities dominate activation memory at long sequences. Gradients are bitwise those of
-// none (autograd::checkpoint replays the RNG).
+// none (autograd::recompute replays the RNG).
 enum class CheckpointGranularity { none, full, selective };
 const char* checkpoint_granularity_name(CheckpointGranularity g);  // "null", "full", "selective"
 // "null" (or "none"), "full", "selective"; ConfigError naming the string otherwise.

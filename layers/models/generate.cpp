@@ -13,7 +13,7 @@ namespace nxd {
 
 int64_t CausalLM::cache_kv_heads() const {
   const int64_t hkv = cfg_.arch == "gpt_neox" ? cfg_.num_attention_heads : cfg_.kv_heads();
-  return tp_ == 1 ? hkv : hkv * cfg_.kv_size_multiplier / tp_;
+  return tp_size_ == 1 ? hkv : hkv * cfg_.kv_size_multiplier / tp_size_;
 }
 
 KVCache CausalLM::make_kv_cache(int64_t max_batch, int64_t max_len) const {
@@ -34,16 +34,19 @@ KVCache CausalLM::make_kv_cache(int64_t max_batch, int64_t max_len) const {
   return c;
 }
 
-Tensor CausalLM::run_layers_cached(const Tensor&, const CacheStep&, KVCache&) {
-  throw InvalidArgument(str("[", type_name(),
-                            "::forward_cached] this model family has no "
-                            "KV-cache path (override run_layers_cached)"));
+Tensor CausalLM::run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) {
+  if (!decoder_stack_)
+    throw InvalidArgument(str("[", type_name(),
+                              "::forward_cached] this model family has no "
+                              "KV-cache path (override run_layers_cached)"));
+  return decoder_stack_->run_layers_cached(h, step, cache);
 }
 
 Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCache& cache) {
   check_whole("forward_cached");
   const char* op = "forward_cached";
-  NXD_CHECK(!sp_, "[", type_name(), "::", op, "] needs a model built without sequence ",
+  NXD_CHECK(!sequence_parallel_, "[", type_name(), "::", op,
+            "] needs a model built without sequence ",
             "parallelism (sequence_parallel=false for inference)");
   NXD_CHECK_SHAPE(ids.dim() == 2 && (ids.dtype() == DType::i64 || ids.dtype() == DType::i32), "[",
                   type_name(), "::", op, "] ids must be i32/i64 [B,S], got ", ids.desc());
@@ -169,7 +172,7 @@ GenerateResult finish(std::vector<Row>& rows, GenerateResult r) {
 GenerateResult CausalLM::generate_batch(const std::vector<std::vector<int64_t>>& prompts,
                                         const GenerateOptions& opts) {
   check_generate(prompts, opts);
-  if (sp_ || !supports_kv_cache()) return generate_recompute(prompts, opts);
+  if (sequence_parallel_ || !supports_kv_cache()) return generate_recompute(prompts, opts);
   NoGradGuard ng;
   EvalMode mode(this);
   const int64_t B = static_cast<int64_t>(prompts.size()), V = cfg_.vocab_size;

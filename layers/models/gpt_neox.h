@@ -19,76 +19,35 @@
 // Tensor parallelism (causal_lm.h): query_key_value column-parallel with contiguous rows (HF's
 // per-head [q|k|v] layout: rank r owns heads [r*H/tp, (r+1)*H/tp) whole), dense row-parallel,
 // dense_h_to_4h column-parallel, dense_4h_to_h row-parallel, embed_in ParallelEmbedding (vocab),
-// embed_out column-parallel (vocab), LayerNorms ParallelLayerNorm (sequence_parallel_enabled under
-// SP).
+// embed_out column-parallel (vocab), LayerNorms sequence_parallel_enabled under SP. At TP 1 these
+// are the plain layers.
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/transformer.h"
 
 namespace nxd {
 
-class GPTNeoXLayer : public Module {
+class GPTNeoXLayer : public DecoderLayer {
  public:
   explicit GPTNeoXLayer(const ModelConfig& cfg);
-  Tensor forward(const Tensor& h, int64_t position_offset = 0) const;
-  // The KV-cache path (kv_cache.h): this layer's K/V cache tensors written in place.
+  Tensor forward(const Tensor& h, int64_t position_offset = 0) const override;
   Tensor forward_cached(const Tensor& h, const CacheStep& step, const Tensor& k_cache,
-                        const Tensor& v_cache) const;
+                        const Tensor& v_cache) const override;
 
  private:
   bool parallel_residual_;
-  std::shared_ptr<ParallelLayerNorm> input_layernorm_, post_attention_layernorm_;
+  std::shared_ptr<LayerNorm> input_layernorm_, post_attention_layernorm_;
   std::shared_ptr<Dropout> post_attention_dropout_, post_mlp_dropout_;
   std::shared_ptr<CausalSelfAttention> attention_;
   std::shared_ptr<Mlp> mlp_;
-  bool sp_ = false;
+  bool sequence_parallel_ = false;
 };
 
-// The body: gpt_neox.{embed_in, layers, final_layer_norm}. Built for
-// model_tensor_parallel_size(); under sequence parallelism forward returns this rank's sequence
-// shard.
-class GPTNeoXModel : public Module {
- public:
-  explicit GPTNeoXModel(const ModelConfig& cfg, const ModelPart& part = {});
-  Tensor forward(const Tensor& ids, int64_t position_offset = 0) const;
-  Tensor embed(const Tensor& ids) const;  // with the embedding dropout
-  Tensor run_layers(const Tensor& h, int64_t position_offset = 0) const;
-  Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) const;
-  Tensor final_norm(const Tensor& h) const;
-  // embed_in.weight (this rank's vocabulary rows at TP > 1).
-  const Tensor& embed_in_weight() const { return embed_weight_; }
-  const std::shared_ptr<ModuleList>& layers() const { return layers_; }
-
- private:
-  std::shared_ptr<Embedding> embed_in_;           // TP == 1
-  std::shared_ptr<ParallelEmbedding> pembed_in_;  // TP > 1
-  Tensor embed_weight_;
-  std::shared_ptr<Dropout> emb_dropout_;
-  std::shared_ptr<ModuleList> layers_;
-  std::shared_ptr<ParallelLayerNorm> final_layer_norm_;
-  bool sp_ = false;
-  bool full_checkpoint_ = false;
-};
-
+// The whole model: gpt_neox.{embed_in, emb_dropout, layers, final_layer_norm} (a DecoderStack,
+// type GPTNeoXModel) and embed_out.
 class GPTNeoXForCausalLM : public CausalLM {
  public:
   explicit GPTNeoXForCausalLM(const ModelConfig& cfg, const ModelPart& part = {});
-  const std::shared_ptr<GPTNeoXModel>& gpt_neox() const { return gpt_neox_; }
-
- protected:
-  Tensor embed_tokens(const Tensor& ids) override { return gpt_neox_->embed(ids); }
-  Tensor run_layers(const Tensor& h, int64_t position_offset) override {
-    return gpt_neox_->run_layers(h, position_offset);
-  }
-  Tensor final_norm(const Tensor& h) override { return gpt_neox_->final_norm(h); }
-  bool supports_kv_cache() const override { return true; }
-  Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) override {
-    return gpt_neox_->run_layers_cached(h, step, cache);
-  }
-  const Tensor& embedding_weight() const override { return gpt_neox_->embed_in_weight(); }
-
- private:
-  std::shared_ptr<GPTNeoXModel> gpt_neox_;
 };
 
 }  // namespace nxd

@@ -7,9 +7,8 @@ namespace nxd {
 namespace {
 AttentionOptions llama_attention(const ModelConfig& c, int tp) {
   AttentionOptions a;
-  a.tensor_parallel = tp > 1;
   a.sequence_parallel = c.sequence_parallel && tp > 1;
-  a.kv_size_multiplier = c.kv_size_multiplier;
+  a.kv_size_multiplier = tp > 1 ? c.kv_size_multiplier : 1;  // no effect at TP 1 (config.h)
   a.hidden_size = c.hidden_size;
   a.num_heads = c.num_attention_heads;
   a.num_kv_heads = c.kv_heads();
@@ -28,11 +27,11 @@ AttentionOptions llama_attention(const ModelConfig& c, int tp) {
 }  // namespace
 
 LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t layer)
-    : Module("LlamaDecoderLayer") {
+    : DecoderLayer("LlamaDecoderLayer") {
   ParamOptions p{c.dtype, c.device};
   const int tp = model_tensor_parallel_size();
   const bool sp = c.sequence_parallel && tp > 1;
-  sp_ = sp;
+  sequence_parallel_ = sp;
   self_attn_ =
       register_module("self_attn", std::make_shared<CausalSelfAttention>(llama_attention(c, tp)));
   GatedMlpOptions mo;
@@ -42,7 +41,6 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t layer)
                                         : GatedMlpOptions::Act::silu;
   mo.init = c.init_scheme();
   mo.param = p;
-  mo.tensor_parallel = tp > 1;
   mo.sequence_parallel = sp;
   if (c.moe.is_moe_layer(layer)) {
     MoeMlpOptions eo;
@@ -59,19 +57,21 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, int64_t layer)
   } else {
     mlp_ = register_module("mlp", std::make_shared<GatedMlp>(c.hidden_size, c.ffn_size(), mo));
   }
-  input_layernorm_ = register_module(
-      "input_layernorm", std::make_shared<ParallelRMSNorm>(c.hidden_size, c.norm_eps, sp, p));
+  const RMSNormOptions no{.eps = c.norm_eps, .sequence_parallel_enabled = sp, .param = p};
+  input_layernorm_ =
+      register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, no));
   post_attention_layernorm_ =
-      register_module("post_attention_layernorm",
-                      std::make_shared<ParallelRMSNorm>(c.hidden_size, c.norm_eps, sp, p));
+      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, no));
   dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& h, int64_t position_offset) const {
-  Tensor a = add(
-      h, hidden_dropout(*dropout_,
-                        self_attn_->forward(input_layernorm_->forward(h), position_offset), sp_));
-  return add(a, hidden_dropout(*dropout_, mlp(post_attention_layernorm_->forward(a)), sp_));
+  Tensor a =
+      add(h, hidden_dropout(*dropout_,
+                            self_attn_->forward(input_layernorm_->forward(h), position_offset),
+                            sequence_parallel_));
+  return add(
+      a, hidden_dropout(*dropout_, mlp(post_attention_layernorm_->forward(a)), sequence_parallel_));
 }
 
 Tensor LlamaDecoderLayer::mlp(const Tensor& x) const {
@@ -85,79 +85,26 @@ Tensor LlamaDecoderLayer::forward_cached(const Tensor& h, const CacheStep& step,
   return add(a, mlp(post_attention_layernorm_->forward(a)));
 }
 
-LlamaModel::LlamaModel(const ModelConfig& c, const ModelPart& part)
-    : Module("LlamaModel"),
-      full_checkpoint_(c.activations_checkpoint_granularity == CheckpointGranularity::full) {
-  const int tp = model_tensor_parallel_size();
-  const bool sp = c.sequence_parallel && tp > 1;
-  // a tied head's weight is the embedding: the last stage holds it too
-  const bool embedding = part.embedding || (part.head && c.tie_word_embeddings);
-  if (embedding && tp == 1) {
-    EmbeddingOptions eo;
-    eo.weight_init = c.init_scheme().embedding();
-    eo.param = {c.dtype, c.device};
-    embed_tokens_ = register_module("embed_tokens",
-                                    std::make_shared<Embedding>(c.vocab_size, c.hidden_size, eo));
-    embed_weight_ = embed_tokens_->weight();
-  } else if (embedding) {
-    ParallelEmbeddingOptions eo;
-    eo.sequence_parallel_enabled = sp;
-    eo.weight_init = c.init_scheme().embedding();
-    eo.param = {c.dtype, c.device};
-    pembed_tokens_ = register_module(
-        "embed_tokens", std::make_shared<ParallelEmbedding>(c.vocab_size, c.hidden_size, eo));
-    embed_weight_ = pembed_tokens_->weight();
-  }
-  layers_ = register_module("layers", std::make_shared<ModuleList>(part.layer_begin));
-  for (int64_t l = part.layer_begin; l < part.end(c); ++l)
-    layers_->push_back(std::make_shared<LlamaDecoderLayer>(c, l));
-  if (part.head)
-    norm_ =
-        register_module("norm", std::make_shared<ParallelRMSNorm>(c.hidden_size, c.norm_eps, sp,
-                                                                  ParamOptions{c.dtype, c.device}));
-}
-
-Tensor LlamaModel::embed(const Tensor& ids) const {
-  NXD_CHECK(embed_tokens_ || pembed_tokens_, "[LlamaModel::embed] this part has no embedding");
-  return embed_tokens_ ? embed_tokens_->forward(ids) : pembed_tokens_->forward(ids);
-}
-
-Tensor LlamaModel::run_layers(const Tensor& h, int64_t position_offset) const {
-  Tensor x = h;
-  for (const auto& layer : *layers_) {
-    const auto& l = static_cast<const LlamaDecoderLayer&>(*layer);
-    x = full_checkpoint_
-            ? checkpoint_layer(
-                  [&l, position_offset](const Tensor& y) { return l.forward(y, position_offset); },
-                  x)
-            : l.forward(x, position_offset);
-  }
-  return x;
-}
-
-Tensor LlamaModel::run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) const {
-  Tensor x = h;
-  size_t i = 0;
-  for (const auto& layer : *layers_) {
-    x = static_cast<const LlamaDecoderLayer&>(*layer).forward_cached(x, step, cache.k.at(i),
-                                                                     cache.v.at(i));
-    ++i;
-  }
-  return x;
-}
-
-Tensor LlamaModel::final_norm(const Tensor& h) const {
-  NXD_CHECK(norm_, "[LlamaModel::final_norm] this part has no final norm");
-  return norm_->forward(h);
-}
-
-Tensor LlamaModel::forward(const Tensor& ids, int64_t position_offset) const {
-  return final_norm(run_layers(embed(ids), position_offset));
-}
-
 LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& cfg, const ModelPart& part)
     : CausalLM(cfg, cfg.arch == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM", part) {
-  model_ = register_module("model", std::make_shared<LlamaModel>(cfg_, part_));
+  const ModelConfig& c = cfg_;
+  const bool sp = sequence_parallel();
+  register_decoder_stack(
+      "model",
+      std::make_shared<DecoderStack>(
+          "LlamaModel", c, part_,
+          DecoderStackOptions{
+              .embedding = "embed_tokens",
+              .final_norm = "norm",
+              .make_layer = [&c](int64_t l) { return std::make_shared<LlamaDecoderLayer>(c, l); },
+              .make_final_norm =
+                  [&c, sp] {
+                    return std::make_shared<RMSNorm>(c.hidden_size,
+                                                     RMSNormOptions{.eps = c.norm_eps,
+                                                                    .sequence_parallel_enabled = sp,
+                                                                    .param = {c.dtype, c.device}});
+                  },
+          }));
   register_output_head("lm_head");
 }
 

@@ -15,7 +15,7 @@
 // Tensor parallelism (causal_lm.h): q/k/v_proj GQAQKVColumnParallelLinear with K/V replicated
 // cfg.kv_size_multiplier times, o_proj row-parallel, gate/up_proj column-parallel, down_proj
 // row-parallel, embed_tokens ParallelEmbedding (vocab), lm_head column-parallel (vocab),
-// the norms ParallelRMSNorm (sequence_parallel_enabled under SP).
+// the norms RMSNorm (sequence_parallel_enabled under SP). At TP 1 these are the plain layers.
 //
 // Mixture of experts (cfg.moe enabled; arch "mixtral" is this class with type name
 // MixtralForCausalLM): layer l's MLP is a MoeMlp named block_sparse_moe (Mixtral's names: gate,
@@ -29,70 +29,31 @@
 
 namespace nxd {
 
-class LlamaDecoderLayer : public Module {
+class LlamaDecoderLayer : public DecoderLayer {
  public:
   // layer: the layer's index in the whole model (decides whether its MLP is a MoE).
   explicit LlamaDecoderLayer(const ModelConfig& cfg, int64_t layer = 0);
-  Tensor forward(const Tensor& h, int64_t position_offset = 0) const;
-  // The KV-cache path (kv_cache.h): this layer's K/V cache tensors written in place.
+  Tensor forward(const Tensor& h, int64_t position_offset = 0) const override;
   Tensor forward_cached(const Tensor& h, const CacheStep& step, const Tensor& k_cache,
-                        const Tensor& v_cache) const;
+                        const Tensor& v_cache) const override;
   const CausalSelfAttention& self_attn() const { return *self_attn_; }
   const MoeMlp* moe() const { return moe_.get(); }  // null on a dense layer
 
  private:
   Tensor mlp(const Tensor& x) const;  // the dense or MoE MLP
-  std::shared_ptr<ParallelRMSNorm> input_layernorm_, post_attention_layernorm_;
+  std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
   std::shared_ptr<CausalSelfAttention> self_attn_;
   std::shared_ptr<GatedMlp> mlp_;
   std::shared_ptr<MoeMlp> moe_;  // instead of mlp_ on a MoE layer
   std::shared_ptr<Dropout> dropout_;
-  bool sp_ = false;
+  bool sequence_parallel_ = false;
 };
 
-// The body: model.{embed_tokens, layers, norm}. Built for model_tensor_parallel_size(); under
-// sequence parallelism forward returns this rank's sequence shard. With a ModelPart only that
-// part's pieces exist (config.h).
-class LlamaModel : public Module {
- public:
-  explicit LlamaModel(const ModelConfig& cfg, const ModelPart& part = {});
-  Tensor forward(const Tensor& ids, int64_t position_offset = 0) const;
-  Tensor embed(const Tensor& ids) const;
-  Tensor run_layers(const Tensor& h, int64_t position_offset = 0) const;
-  Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) const;
-  Tensor final_norm(const Tensor& h) const;
-  // embed_tokens.weight (this rank's vocabulary rows at TP > 1).
-  const Tensor& embed_tokens_weight() const { return embed_weight_; }
-  const std::shared_ptr<ModuleList>& layers() const { return layers_; }
-
- private:
-  std::shared_ptr<Embedding> embed_tokens_;           // TP == 1
-  std::shared_ptr<ParallelEmbedding> pembed_tokens_;  // TP > 1
-  Tensor embed_weight_;
-  std::shared_ptr<ModuleList> layers_;
-  std::shared_ptr<ParallelRMSNorm> norm_;
-  bool full_checkpoint_ = false;
-};
-
+// The whole model: model.{embed_tokens, layers, norm} (a DecoderStack, type LlamaModel) and
+// lm_head.
 class LlamaForCausalLM : public CausalLM {
  public:
   explicit LlamaForCausalLM(const ModelConfig& cfg, const ModelPart& part = {});
-  const std::shared_ptr<LlamaModel>& model() const { return model_; }
-
- protected:
-  Tensor embed_tokens(const Tensor& ids) override { return model_->embed(ids); }
-  Tensor run_layers(const Tensor& h, int64_t position_offset) override {
-    return model_->run_layers(h, position_offset);
-  }
-  Tensor final_norm(const Tensor& h) override { return model_->final_norm(h); }
-  bool supports_kv_cache() const override { return true; }
-  Tensor run_layers_cached(const Tensor& h, const CacheStep& step, KVCache& cache) override {
-    return model_->run_layers_cached(h, step, cache);
-  }
-  const Tensor& embedding_weight() const override { return model_->embed_tokens_weight(); }
-
- private:
-  std::shared_ptr<LlamaModel> model_;
 };
 
 }  // namespace nxd

@@ -2,14 +2,27 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/runtime/context.h"
 #include "nxd/runtime/trace_hook.h"
 
 namespace nxd {
 
 namespace tp_detail {
 
+namespace {
+struct SingleRankGroup {  // one per Context: the group of a rank built without parallel_state
+  std::shared_ptr<Communicator> group;
+};
+}  // namespace
+
 std::shared_ptr<Communicator> resolve_group(const std::shared_ptr<Communicator>& g) {
-  return g ? g : parallel_state::get_tensor_model_parallel_group_ptr();
+  if (g) return g;
+  if (parallel_state::model_parallel_is_initialized())
+    return parallel_state::get_tensor_model_parallel_group_ptr();
+  Context& ctx = current_context();
+  auto& single = ctx.ext<SingleRankGroup>();
+  if (!single.group) single.group = make_self_communicator(ctx.rank());
+  return single.group;
 }
 
 ParamInit with_region(ParamInit init, const Shape& full, const Shape& start) {
@@ -58,7 +71,7 @@ Tensor sp_column_linear(const Tensor& x, const Tensor& w, const Tensor& b, int64
 ParallelLinearBase::ParallelLinearBase(const char* type, int64_t in, int64_t out,
                                        const std::shared_ptr<Communicator>& group)
     : ParallelModule(type), in_(in), out_(out), group_(resolve_group(group)) {
-  tp_ = group_->size();
+  tp_size_ = group_->size();
   NXD_CHECK(in > 0 && out > 0, "[", type, "] sizes must be positive, got in=", in, " out=", out);
 }
 
@@ -66,25 +79,25 @@ ParallelLinearBase::ParallelLinearBase(const char* type, int64_t in, int64_t out
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out,
                                            const ColumnParallelLinearOptions& o)
-    : ParallelLinearBase("ColumnParallelLinear", in, out, o.group), stride_(o.stride), o_(o) {
+    : ParallelLinearBase("ColumnParallelLinear", in, out, o.group), stride_(o.stride), opts_(o) {
   const char* op = "ColumnParallelLinear";
   const int r = group_->rank();
   NXD_CHECK(stride_ >= 1, "[", op, "] stride must be >= 1, got ", stride_);
-  check_divisible(op, "output size", out, tp_);
-  NXD_CHECK_SHAPE(out % (stride_ * tp_) == 0, "[", op, "] output size ", out,
-                  " is not divisible by stride ", stride_, " x tensor parallel size ", tp_);
+  check_divisible(op, "output size", out, tp_size_);
+  NXD_CHECK_SHAPE(out % (stride_ * tp_size_) == 0, "[", op, "] output size ", out,
+                  " is not divisible by stride ", stride_, " x tensor parallel size ", tp_size_);
   NXD_CHECK(!(o.sequence_parallel_enabled && o.gather_output), "[", op,
             "] sequence_parallel_enabled requires gather_output=false");
   const auto& p = o.param;
-  const int64_t per = out / tp_;
+  const int64_t per = out / tp_size_;
   ParallelAttrs wa;
-  wa.tensor_model_parallel = tp_ > 1;
+  wa.tensor_model_parallel = tp_size_ > 1;
   wa.partition_dim = 0;
   wa.partition_stride = stride_;
-  wa.num_partitions = tp_;
+  wa.num_partitions = tp_size_;
   const bool shard_bias = o.bias && !o.gather_output;
   const ParamInit w_init = o.weight_init.for_fan_in(in), b_init = o.bias_init.for_fan_in(in);
-  if (stride_ == 1 || tp_ == 1) {
+  if (stride_ == 1 || tp_size_ == 1) {
     weight_ = register_parameter("weight", zeros({per, in}, p.dtype, p.device),
                                  with_region(w_init, {out, in}, {r * per, 0}));
     if (o.bias)
@@ -93,11 +106,11 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out,
   } else {
     const int64_t c = per / stride_;
     weight_ = register_parameter("weight", zeros({stride_, c, in}, p.dtype, p.device),
-                                 with_region(w_init, {stride_, tp_ * c, in}, {0, r * c, 0}));
+                                 with_region(w_init, {stride_, tp_size_ * c, in}, {0, r * c, 0}));
     if (o.bias) {
       if (shard_bias)
         bias_ = register_parameter("bias", zeros({stride_, c}, p.dtype, p.device),
-                                   with_region(b_init, {stride_, tp_ * c}, {0, r * c}));
+                                   with_region(b_init, {stride_, tp_size_ * c}, {0, r * c}));
       else
         bias_ = register_parameter("bias", zeros({out}, p.dtype, p.device), b_init);
     }
@@ -110,19 +123,20 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                   "[ColumnParallelLinear] expected input [..., ", in_, "], got ",
                   x.defined() ? x.desc() : "undefined");
-  const int64_t per = out_ / tp_;
+  if (tp_size_ == 1) return linear(x, weight_, add_bias ? bias_ : Tensor());  // the plain Linear
+  const int64_t per = out_ / tp_size_;
   Tensor w = weight_.dim() == 3 ? view(weight_, {per, in_}) : weight_;
-  const bool shard_bias = bias_.defined() && !o_.gather_output;
+  const bool shard_bias = bias_.defined() && !opts_.gather_output;
   Tensor b_local;
   if (shard_bias && add_bias) b_local = bias_.dim() == 2 ? view(bias_, {per}) : bias_;
-  Tensor y = (o_.sequence_parallel_enabled && tp_ > 1)
-                 ? sp_column_linear(x, w, b_local, o_.sequence_dimension, group_.get())
+  Tensor y = (opts_.sequence_parallel_enabled && tp_size_ > 1)
+                 ? sp_column_linear(x, w, b_local, opts_.sequence_dimension, group_.get())
                  : linear(copy_to_tensor_model_parallel_region(x, *group_), w, b_local);
-  if (o_.gather_output) {
+  if (opts_.gather_output) {
     y = gather_from_tensor_model_parallel_region(y, *group_);
-    if (stride_ > 1 && tp_ > 1) {  // [.., tp, stride, c] -> [.., stride, tp, c]
+    if (stride_ > 1 && tp_size_ > 1) {  // [.., tp, stride, c] -> [.., stride, tp, c]
       Shape lead(y.shape().begin(), y.shape().end() - 1), s5 = lead, sf = lead;
-      s5.insert(s5.end(), {int64_t(tp_), stride_, per / stride_});
+      s5.insert(s5.end(), {int64_t(tp_size_), stride_, per / stride_});
       sf.push_back(out_);
       const int64_t nd = static_cast<int64_t>(s5.size());
       y = reshape(transpose(view(y, s5), nd - 3, nd - 2), sf);
@@ -133,35 +147,35 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
-  return run(x, !o_.skip_bias_add);
+  return run(x, !opts_.skip_bias_add);
 }
 
 std::pair<Tensor, Tensor> ColumnParallelLinear::forward_and_bias(const Tensor& x) const {
-  if (!o_.skip_bias_add) return {run(x, true), Tensor()};
+  if (!opts_.skip_bias_add) return {run(x, true), Tensor()};
   Tensor b = bias_;
-  if (b.defined() && b.dim() == 2) b = view(b, {out_ / tp_});
+  if (b.defined() && b.dim() == 2) b = view(b, {out_ / tp_size_});
   return {run(x, false), b};
 }
 
 // ---------------------------------------------------------------- RowParallelLinear
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, const RowParallelLinearOptions& o)
-    : ParallelLinearBase("RowParallelLinear", in, out, o.group), o_(o) {
+    : ParallelLinearBase("RowParallelLinear", in, out, o.group), opts_(o) {
   const char* op = "RowParallelLinear";
   const int r = group_->rank();
-  check_divisible(op, "input size", in, tp_);
+  check_divisible(op, "input size", in, tp_size_);
   NXD_CHECK(!o.sequence_parallel_enabled || o.input_is_parallel, "[", op,
             "] sequence_parallel_enabled requires input_is_parallel=true");
   const auto& p = o.param;
-  const int64_t per = in / tp_;
+  const int64_t per = in / tp_size_;
   weight_ = register_parameter("weight", zeros({out, per}, p.dtype, p.device),
                                with_region(o.weight_init.for_fan_in(in), {out, in}, {0, r * per}));
   if (o.bias)
     bias_ = register_parameter("bias", zeros({out}, p.dtype, p.device), o.bias_init.for_fan_in(in));
   ParallelAttrs wa;
-  wa.tensor_model_parallel = tp_ > 1;
+  wa.tensor_model_parallel = tp_size_ > 1;
   wa.partition_dim = 1;
-  wa.num_partitions = tp_;
+  wa.num_partitions = tp_size_;
   set_parallel_attrs("weight", wa);
   if (o.bias && o.sequence_parallel_enabled) {
     ParallelAttrs ba;
@@ -171,25 +185,31 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, const RowParallelL
 }
 
 Tensor RowParallelLinear::run(const Tensor& x) const {
-  const int64_t want = o_.input_is_parallel ? in_ / tp_ : in_;
+  const int64_t want = opts_.input_is_parallel ? in_ / tp_size_ : in_;
   NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == want,
-                  "[RowParallelLinear] expected input [..., ", want, "] (in=", in_, ", tp=", tp_,
-                  o_.input_is_parallel ? ", input_is_parallel" : "", "), got ",
-                  x.defined() ? x.desc() : "undefined");
-  Tensor in = o_.input_is_parallel ? x : scatter_to_tensor_model_parallel_region(x, *group_);
+                  "[RowParallelLinear] expected input [..., ", want, "] (in=", in_,
+                  ", tp=", tp_size_, opts_.input_is_parallel ? ", input_is_parallel" : "",
+                  "), got ", x.defined() ? x.desc() : "undefined");
+  Tensor in = opts_.input_is_parallel ? x : scatter_to_tensor_model_parallel_region(x, *group_);
   Tensor y = linear(in, weight_);
-  return o_.sequence_parallel_enabled
-             ? reduce_scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
+  return opts_.sequence_parallel_enabled
+             ? reduce_scatter_to_sequence_parallel_region(y, opts_.sequence_dimension, *group_)
              : reduce_from_tensor_model_parallel_region(y, *group_);
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
+  if (tp_size_ == 1 && !opts_.skip_bias_add) {  // the plain Linear (its bias added by the GEMM)
+    NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
+                    "[RowParallelLinear] expected input [..., ", in_, "], got ",
+                    x.defined() ? x.desc() : "undefined");
+    return linear(x, weight_, bias_);
+  }
   Tensor y = run(x);
-  return (bias_.defined() && !o_.skip_bias_add) ? y + bias_ : y;
+  return (bias_.defined() && !opts_.skip_bias_add) ? y + bias_ : y;
 }
 
 std::pair<Tensor, Tensor> RowParallelLinear::forward_and_bias(const Tensor& x) const {
-  if (!o_.skip_bias_add) return {forward(x), Tensor()};
+  if (!opts_.skip_bias_add) return {forward(x), Tensor()};
   return {run(x), bias_};
 }
 
@@ -197,27 +217,27 @@ std::pair<Tensor, Tensor> RowParallelLinear::forward_and_bias(const Tensor& x) c
 
 ParallelEmbedding::ParallelEmbedding(int64_t num, int64_t dim, const ParallelEmbeddingOptions& o)
     : ParallelModule("ParallelEmbedding"),
-      num_(num),
+      num_embeddings_(num),
       dim_(dim),
-      o_(o),
+      opts_(o),
       group_(resolve_group(o.group)) {
   const char* op = "ParallelEmbedding";
-  tp_ = group_->size();
+  tp_size_ = group_->size();
   const int r = group_->rank();
   NXD_CHECK(num > 0 && dim > 0, "[", op, "] sizes must be positive, got num=", num, " dim=", dim);
   const auto& p = o.param;
   ParallelAttrs wa;
-  wa.tensor_model_parallel = tp_ > 1;
-  wa.num_partitions = tp_;
+  wa.tensor_model_parallel = tp_size_ > 1;
+  wa.num_partitions = tp_size_;
   if (o.shard_across_embedding) {
-    check_divisible(op, "embedding dim", dim, tp_);
-    const int64_t per = dim / tp_;
+    check_divisible(op, "embedding dim", dim, tp_size_);
+    const int64_t per = dim / tp_size_;
     weight_ = register_parameter("weight", zeros({num, per}, p.dtype, p.device),
                                  with_region(o.weight_init, {num, dim}, {0, r * per}));
     wa.partition_dim = 1;
   } else {
-    check_divisible(op, "vocabulary size", num, tp_);
-    const int64_t per = num / tp_;
+    check_divisible(op, "vocabulary size", num, tp_size_);
+    const int64_t per = num / tp_size_;
     weight_ = register_parameter("weight", zeros({per, dim}, p.dtype, p.device),
                                  with_region(o.weight_init, {num, dim}, {r * per, 0}));
     wa.partition_dim = 0;
@@ -229,7 +249,7 @@ Tensor vocab_parallel_lookup(const Tensor& ids, const Tensor& weight, int64_t nu
   const char* op = "ParallelEmbedding";
   OpScope scope_("vocab_parallel_lookup");
   // Out-of-range ids read local row 0 and are masked to zero.
-  const int64_t per = weight.size(0), num_ = num;
+  const int64_t per = weight.size(0), num_embeddings_ = num;
   const Tensor& weight_ = weight;
   Shape mshape = ids.shape();
   mshape.push_back(1);
@@ -242,7 +262,8 @@ Tensor vocab_parallel_lookup(const Tensor& ids, const Tensor& weight, int64_t nu
     std::vector<double> m(v.size());
     for (size_t i = 0; i < v.size(); ++i) {
       const int64_t id = static_cast<int64_t>(v[i]);
-      NXD_CHECK(id >= 0 && id < num_, "[", op, "] id ", id, " out of range [0, ", num_, ")");
+      NXD_CHECK(id >= 0 && id < num_embeddings_, "[", op, "] id ", id, " out of range [0, ",
+                num_embeddings_, ")");
       const bool mine = id >= start && id < start + per;
       lp[i] = mine ? id - start : 0;
       m[i] = mine ? 1.0 : 0.0;
@@ -258,42 +279,18 @@ Tensor ParallelEmbedding::forward(const Tensor& ids) const {
   const char* op = "ParallelEmbedding";
   NXD_CHECK(ids.defined() && (ids.dtype() == DType::i32 || ids.dtype() == DType::i64), "[", op,
             "] ids must be i32 or i64, got ", ids.defined() ? ids.desc() : "undefined");
-  if (tp_ == 1) return embedding(ids, weight_);
-  if (o_.shard_across_embedding) {
+  if (tp_size_ == 1) return embedding(ids, weight_);
+  if (opts_.shard_across_embedding) {
     Tensor y = gather_from_tensor_model_parallel_region(embedding(ids, weight_), *group_);
-    return o_.sequence_parallel_enabled
-               ? scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
+    return opts_.sequence_parallel_enabled
+               ? scatter_to_sequence_parallel_region(y, opts_.sequence_dimension, *group_)
                : y;
   }
-  Tensor y = vocab_parallel_lookup(ids, weight_, num_, group_->rank() * (num_ / tp_));
-  return o_.sequence_parallel_enabled
-             ? reduce_scatter_to_sequence_parallel_region(y, o_.sequence_dimension, *group_)
+  Tensor y = vocab_parallel_lookup(ids, weight_, num_embeddings_,
+                                   group_->rank() * (num_embeddings_ / tp_size_));
+  return opts_.sequence_parallel_enabled
+             ? reduce_scatter_to_sequence_parallel_region(y, opts_.sequence_dimension, *group_)
              : reduce_from_tensor_model_parallel_region(y, *group_);
-}
-
-// ---------------------------------------------------------------- norms
-
-ParallelLayerNorm::ParallelLayerNorm(int64_t dim, double eps, bool bias, bool sp,
-                                     const ParamOptions& p)
-    : ParallelModule("ParallelLayerNorm"), eps_(eps) {
-  NXD_CHECK(dim > 0 && eps > 0, "[ParallelLayerNorm] need dim > 0 and eps > 0, got dim=", dim,
-            " eps=", eps);
-  weight_ = register_parameter("weight", ones({dim}, p.dtype, p.device), ParamInit::ones());
-  if (bias) bias_ = register_parameter("bias", zeros({dim}, p.dtype, p.device), ParamInit::zeros());
-  ParallelAttrs a;
-  a.sequence_parallel_enabled = sp;
-  set_parallel_attrs("weight", a);
-  if (bias) set_parallel_attrs("bias", a);
-}
-
-ParallelRMSNorm::ParallelRMSNorm(int64_t dim, double eps, bool sp, const ParamOptions& p)
-    : ParallelModule("ParallelRMSNorm"), eps_(eps) {
-  NXD_CHECK(dim > 0 && eps > 0, "[ParallelRMSNorm] need dim > 0 and eps > 0, got dim=", dim,
-            " eps=", eps);
-  weight_ = register_parameter("weight", ones({dim}, p.dtype, p.device), ParamInit::ones());
-  ParallelAttrs a;
-  a.sequence_parallel_enabled = sp;
-  set_parallel_attrs("weight", a);
 }
 
 }  // namespace nxd

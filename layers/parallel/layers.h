@@ -1,13 +1,17 @@
 #pragma once
-// Tensor- and sequence-parallel layers (NxD parallel_layers/layers.py, layer_norm.py,
-// modules/rms_norm.py). Each is a ParallelModule whose parameters are this rank's shards, named
-// like the plain layer in layers/basic.h ("weight", "bias"): with one TP rank a parallel layer
-// has exactly the plain layer's parameters, and for any TP degree a rank's shard equals the slice
-// of the weight the plain layer creates with the same name and seed (init by ParamInit::region).
-// Biases that are not sharded are initialized as the unsharded layer's (same rule, same values).
+// Tensor- and sequence-parallel layers (NxD parallel_layers/layers.py; the norms, which shard
+// nothing, are LayerNorm and RMSNorm in layers/basic.h). Each is a ParallelModule whose parameters
+// are this rank's shards, named like the plain layer in layers/basic.h ("weight", "bias"): with one
+// TP rank a parallel layer has exactly the plain layer's parameters and computes exactly its
+// result (the same ops: at TP 1 no collective and no extra graph node), and for any TP degree a
+// rank's shard equals the slice of the weight the plain layer creates with the same name and seed
+// (init by ParamInit::region). Biases that are not sharded are initialized as the unsharded layer's
+// (same rule, same values).
 //
 // The group is options.group, default the current parallel_state TP group (captured at
-// construction). Sizes that do not divide by the TP size throw ShapeError at construction, e.g.
+// construction), or a group of this rank alone when parallel_state is not initialized (a model
+// built without model parallelism, e.g. data-parallel only). Sizes that do not divide by the TP
+// size throw ShapeError at construction, e.g.
 // "[ColumnParallelLinear] output size 10 is not divisible by tensor parallel size 4".
 //
 // Sequence parallelism: activations outside the TP regions are split along the sequence
@@ -19,6 +23,7 @@
 #include <utility>
 
 #include "nxd/autograd/ops.h"
+#include "nxd/layers/basic.h"  // LayerNorm, RMSNorm: the norms of a parallel model
 #include "nxd/layers/parallel/attributes.h"
 
 namespace nxd {
@@ -31,7 +36,7 @@ class ParallelLinearBase : public ParallelModule {
   const Tensor& bias() const { return bias_; }
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
-  int tp_size() const { return tp_; }
+  int tp_size() const { return tp_size_; }
   Communicator& group() const { return *group_; }
 
  protected:
@@ -39,7 +44,7 @@ class ParallelLinearBase : public ParallelModule {
   ParallelLinearBase(const char* type, int64_t in, int64_t out,
                      const std::shared_ptr<Communicator>& group);
   int64_t in_, out_;
-  int tp_;
+  int tp_size_;
   std::shared_ptr<Communicator> group_;
   Tensor weight_, bias_;
 };
@@ -87,12 +92,12 @@ class ColumnParallelLinear : public ParallelLinearBase {
   // With skip_bias_add: {Y without bias, bias} (bias undefined when bias=false). Otherwise
   // {forward(x), undefined}.
   std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
-  int64_t local_out_features() const { return out_ / tp_; }
+  int64_t local_out_features() const { return out_ / tp_size_; }
 
  private:
   Tensor run(const Tensor& x, bool add_bias) const;
   int64_t stride_;
-  ColumnParallelLinearOptions o_;
+  ColumnParallelLinearOptions opts_;
 };
 
 struct RowParallelLinearOptions {
@@ -125,11 +130,11 @@ class RowParallelLinear : public ParallelLinearBase {
                     const RowParallelLinearOptions& opts = {});
   Tensor forward(const Tensor& x) const;
   std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
-  int64_t local_in_features() const { return in_ / tp_; }
+  int64_t local_in_features() const { return in_ / tp_size_; }
 
  private:
   Tensor run(const Tensor& x) const;
-  RowParallelLinearOptions o_;
+  RowParallelLinearOptions opts_;
 };
 
 struct ParallelEmbeddingOptions {
@@ -163,53 +168,21 @@ class ParallelEmbedding : public ParallelModule {
   ParallelEmbedding(int64_t num_embeddings, int64_t dim, const ParallelEmbeddingOptions& opts = {});
   Tensor forward(const Tensor& ids) const;
   const Tensor& weight() const { return weight_; }
-  int64_t num_embeddings() const { return num_; }
+  int64_t num_embeddings() const { return num_embeddings_; }
   int64_t dim() const { return dim_; }
-  int tp_size() const { return tp_; }
+  int tp_size() const { return tp_size_; }
 
  private:
-  int64_t num_, dim_;
-  int tp_;
-  ParallelEmbeddingOptions o_;
+  int64_t num_embeddings_, dim_;
+  int tp_size_;
+  ParallelEmbeddingOptions opts_;
   std::shared_ptr<Communicator> group_;
   Tensor weight_;
 };
 
-// LayerNorm / RMSNorm over the last dim, as the plain layers (same names, same init), whose
-// parameters are tagged sequence_parallel_enabled when sequence parallelism is on: the norm then
-// runs on this rank's sequence shard, so the gradients of its (TP-duplicated) parameters are
-// partial sums; allreduce_sequence_parallel_gradients() sums them over TP. No collective in
-// forward or backward. Computation follows layers/basic.h (f32 for bf16, result cast back; NxD's
-// LayerNorm drops that cast under XLA_DOWNCAST_BF16, nxd does not).
-class ParallelLayerNorm : public ParallelModule {
- public:
-  ParallelLayerNorm(int64_t dim, double eps = 1e-5, bool bias = true,
-                    bool sequence_parallel_enabled = false, const ParamOptions& param = {});
-  Tensor forward(const Tensor& x) const { return layer_norm(x, weight_, bias_, eps_); }
-  const Tensor& weight() const { return weight_; }
-  const Tensor& bias() const { return bias_; }
-  double eps() const { return eps_; }
-
- private:
-  double eps_;
-  Tensor weight_, bias_;
-};
-
-class ParallelRMSNorm : public ParallelModule {
- public:
-  ParallelRMSNorm(int64_t dim, double eps = 1e-6, bool sequence_parallel_enabled = false,
-                  const ParamOptions& param = {});
-  Tensor forward(const Tensor& x) const { return rms_norm(x, weight_, eps_); }
-  const Tensor& weight() const { return weight_; }
-  double eps() const { return eps_; }
-
- private:
-  double eps_;
-  Tensor weight_;
-};
-
 namespace tp_detail {
-// The group a layer uses: `g` or the parallel_state TP group.
+// The group a layer uses: `g`, the parallel_state TP group, or (parallel_state not initialized)
+// a group of this rank alone.
 std::shared_ptr<Communicator> resolve_group(const std::shared_ptr<Communicator>& g);
 // `init` restricted to the block [start, start+shape) of a full tensor `full`.
 ParamInit with_region(ParamInit init, const Shape& full, const Shape& start);

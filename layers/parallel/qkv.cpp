@@ -33,7 +33,7 @@ class ProjectionShard : public ParallelModule {
 };
 
 Tensor param_or_none(const Module& m, const char* name) {
-  for (auto& [n, t] : m.named_parameters(false))
+  for (auto& [n, t] : m.named_parameters(/*recurse=*/false))
     if (n == name) return t;
   return Tensor();
 }
@@ -127,82 +127,87 @@ Tensor dereplicate(const Tensor& y, int tp, int64_t m) {
 GQAQKVColumnParallelLinear::GQAQKVColumnParallelLinear(int64_t in, int64_t q_out, int64_t kv_out,
                                                        const GQAQKVColumnParallelLinearOptions& o)
     : Module("GQAQKVColumnParallelLinear"),
-      in_(in),
+      in_features_(in),
       q_out_(q_out),
       kv_out_(kv_out),
-      m_(o.kv_size_multiplier),
-      o_(o),
+      kv_size_multiplier_(o.kv_size_multiplier),
+      opts_(o),
       group_(resolve_group(o.group)) {
   const char* op = "GQAQKVColumnParallelLinear";
-  tp_ = group_->size();
+  tp_size_ = group_->size();
   const int r = group_->rank();
   NXD_CHECK(in > 0 && q_out > 0 && kv_out > 0, "[", op, "] sizes must be positive, got in=", in,
             " q_out=", q_out, " kv_out=", kv_out);
-  NXD_CHECK(m_ >= 1, "[", op, "] kv_size_multiplier must be >= 1, got ", m_);
+  NXD_CHECK(kv_size_multiplier_ >= 1, "[", op, "] kv_size_multiplier must be >= 1, got ",
+            kv_size_multiplier_);
   NXD_CHECK(!(o.sequence_parallel_enabled && o.gather_output), "[", op,
             "] sequence_parallel_enabled requires gather_output=false");
   if (o.head_dim > 0) {
     const int64_t d = o.head_dim;
     NXD_CHECK_SHAPE(q_out % d == 0 && kv_out % d == 0, "[", op, "] output sizes q=", q_out,
                     " kv=", kv_out, " are not whole heads of head_dim ", d);
-    NXD_CHECK_SHAPE((q_out / d) % tp_ == 0, "[", op, "] ", q_out / d,
-                    " query heads are not divisible by tensor parallel size ", tp_);
-    NXD_CHECK_SHAPE(tp_ % m_ == 0, "[", op, "] tensor parallel size ", tp_,
-                    " is not divisible by kv_size_multiplier ", m_);
-    NXD_CHECK_SHAPE((kv_out / d * m_) % tp_ == 0, "[", op, "] ", kv_out / d,
-                    " key/value heads x kv_size_multiplier ", m_,
-                    " are not divisible by tensor parallel size ", tp_,
+    NXD_CHECK_SHAPE((q_out / d) % tp_size_ == 0, "[", op, "] ", q_out / d,
+                    " query heads are not divisible by tensor parallel size ", tp_size_);
+    NXD_CHECK_SHAPE(tp_size_ % kv_size_multiplier_ == 0, "[", op, "] tensor parallel size ",
+                    tp_size_, " is not divisible by kv_size_multiplier ", kv_size_multiplier_);
+    NXD_CHECK_SHAPE((kv_out / d * kv_size_multiplier_) % tp_size_ == 0, "[", op, "] ", kv_out / d,
+                    " key/value heads x kv_size_multiplier ", kv_size_multiplier_,
+                    " are not divisible by tensor parallel size ", tp_size_,
                     " (replicate the KV heads with kv_size_multiplier = tp / kv heads)");
   }
-  check_divisible(op, "query output size", q_out, tp_);
-  NXD_CHECK_SHAPE(tp_ % m_ == 0, "[", op, "] tensor parallel size ", tp_,
-                  " is not divisible by kv_size_multiplier ", m_);
-  NXD_CHECK_SHAPE((kv_out * m_) % tp_ == 0, "[", op, "] key/value output size ", kv_out,
-                  " x kv_size_multiplier ", m_, " is not divisible by tensor parallel size ", tp_,
+  check_divisible(op, "query output size", q_out, tp_size_);
+  NXD_CHECK_SHAPE(tp_size_ % kv_size_multiplier_ == 0, "[", op, "] tensor parallel size ", tp_size_,
+                  " is not divisible by kv_size_multiplier ", kv_size_multiplier_);
+  NXD_CHECK_SHAPE((kv_out * kv_size_multiplier_) % tp_size_ == 0, "[", op,
+                  "] key/value output size ", kv_out, " x kv_size_multiplier ", kv_size_multiplier_,
+                  " is not divisible by tensor parallel size ", tp_size_,
                   " (replicate the KV heads with kv_size_multiplier)");
-  const int64_t qp = q_out / tp_, kp = kv_out * m_ / tp_;
+  const int64_t qp = q_out / tp_size_, kp = kv_out * kv_size_multiplier_ / tp_size_;
   ParallelAttrs qa;
-  qa.tensor_model_parallel = tp_ > 1;
+  qa.tensor_model_parallel = tp_size_ > 1;
   qa.partition_dim = 0;
-  qa.num_partitions = tp_;
+  qa.num_partitions = tp_size_;
   ParallelAttrs ka = qa;
-  ka.kv_replicas = m_;
-  const int64_t block = r / m_;
-  q_ = register_module("q_proj",
-                       std::make_shared<ProjectionShard>(in, qp, q_out, r * qp, o.bias, o, qa));
-  k_ = register_module(
+  ka.kv_replicas = kv_size_multiplier_;
+  const int64_t block = r / kv_size_multiplier_;
+  q_proj_ = register_module(
+      "q_proj", std::make_shared<ProjectionShard>(in, qp, q_out, r * qp, o.bias, o, qa));
+  k_proj_ = register_module(
       "k_proj", std::make_shared<ProjectionShard>(in, kp, kv_out, block * kp, o.bias, o, ka));
-  v_ = register_module(
+  v_proj_ = register_module(
       "v_proj", std::make_shared<ProjectionShard>(in, kp, kv_out, block * kp, o.bias, o, ka));
-  if (m_ > 1) kv_group_ = kv_replica_group(group_, m_);
+  if (kv_size_multiplier_ > 1) kv_group_ = kv_replica_group(group_, kv_size_multiplier_);
 }
 
 std::array<Tensor, 3> GQAQKVColumnParallelLinear::forward(const Tensor& x) const {
-  NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
-                  "[GQAQKVColumnParallelLinear] expected input [..., ", in_, "], got ",
+  NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_features_,
+                  "[GQAQKVColumnParallelLinear] expected input [..., ", in_features_, "], got ",
                   x.defined() ? x.desc() : "undefined");
-  Tensor wq = param_or_none(*q_, "weight"), bq = param_or_none(*q_, "bias");
-  Tensor wk = param_or_none(*k_, "weight"), bk = param_or_none(*k_, "bias");
-  Tensor wv = param_or_none(*v_, "weight"), bv = param_or_none(*v_, "bias");
+  Tensor wq = param_or_none(*q_proj_, "weight"), bq = param_or_none(*q_proj_, "bias");
+  Tensor wk = param_or_none(*k_proj_, "weight"), bk = param_or_none(*k_proj_, "bias");
+  Tensor wv = param_or_none(*v_proj_, "weight"), bv = param_or_none(*v_proj_, "bias");
   Tensor q, k, v;
   // Without a graph (inference) and without SP the custom function's forward is these three
   // products (its copy-to-region is the identity): run them as plain ops, which the tracer records.
-  if (tp_ == 1 || (!GradMode::is_enabled() && !o_.sequence_parallel_enabled)) {
-    q = linear(x, wq, bq);
-    k = linear(x, wk, bk);
+  // v, k, q: the graph order of nxd's attention projections (it fixes the order in which backward
+  // sums dX's three terms, so TP 1 gives the bits it always gave).
+  if (tp_size_ == 1 || (!GradMode::is_enabled() && !opts_.sequence_parallel_enabled)) {
     v = linear(x, wv, bv);
+    k = linear(x, wk, bk);
+    q = linear(x, wq, bq);
   } else {
-    auto out = qkv_linear(x, {wq, wk, wv}, {bq, bk, bv}, m_, o_.sequence_parallel_enabled,
-                          o_.sequence_dimension, group_.get(), kv_group_.get());
+    auto out = qkv_linear(x, {wq, wk, wv}, {bq, bk, bv}, kv_size_multiplier_,
+                          opts_.sequence_parallel_enabled, opts_.sequence_dimension, group_.get(),
+                          kv_group_.get());
     q = out[0], k = out[1], v = out[2];
   }
-  if (o_.gather_output && tp_ > 1) {
+  if (opts_.gather_output && tp_size_ > 1) {
     q = gather_from_tensor_model_parallel_region(q, *group_);
     k = gather_from_tensor_model_parallel_region(k, *group_);
     v = gather_from_tensor_model_parallel_region(v, *group_);
-    if (m_ > 1) {
-      k = dereplicate(k, tp_, m_);
-      v = dereplicate(v, tp_, m_);
+    if (kv_size_multiplier_ > 1) {
+      k = dereplicate(k, tp_size_, kv_size_multiplier_);
+      v = dereplicate(v, tp_size_, kv_size_multiplier_);
     }
   }
   return {q, k, v};

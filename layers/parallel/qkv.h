@@ -65,21 +65,21 @@ class GQAQKVColumnParallelLinear : public Module {
   // gather_output.
   std::array<Tensor, 3> forward(const Tensor& x) const;
 
-  const std::shared_ptr<ParallelModule>& q_proj() const { return q_; }
-  const std::shared_ptr<ParallelModule>& k_proj() const { return k_; }
-  const std::shared_ptr<ParallelModule>& v_proj() const { return v_; }
-  int64_t kv_size_multiplier() const { return m_; }
-  int64_t local_q_size() const { return q_out_ / tp_; }
-  int64_t local_kv_size() const { return kv_out_ * m_ / tp_; }
+  const std::shared_ptr<ParallelModule>& q_proj() const { return q_proj_; }
+  const std::shared_ptr<ParallelModule>& k_proj() const { return k_proj_; }
+  const std::shared_ptr<ParallelModule>& v_proj() const { return v_proj_; }
+  int64_t kv_size_multiplier() const { return kv_size_multiplier_; }
+  int64_t local_q_size() const { return q_out_ / tp_size_; }
+  int64_t local_kv_size() const { return kv_out_ * kv_size_multiplier_ / tp_size_; }
   // The group of the m ranks holding this rank's K/V shard (null when m == 1).
   const std::shared_ptr<Communicator>& kv_group() const { return kv_group_; }
 
  private:
-  int64_t in_, q_out_, kv_out_, m_;
-  int tp_;
-  GQAQKVColumnParallelLinearOptions o_;
+  int64_t in_features_, q_out_, kv_out_, kv_size_multiplier_;
+  int tp_size_;
+  GQAQKVColumnParallelLinearOptions opts_;
   std::shared_ptr<Communicator> group_, kv_group_;
-  std::shared_ptr<ParallelModule> q_, k_, v_;
+  std::shared_ptr<ParallelModule> q_proj_, k_proj_, v_proj_;
 };
 
 }  // namespace nxd

@@ -173,7 +173,7 @@ TEST(Engine, CheckpointBitwiseEqualAndLowerPeakMemory) {
     Tensor w = w0.clone().set_requires_grad(true);
     ctx.memory().reset_peak();
     int64_t base = ctx.memory().live();
-    auto out = ckpt ? autograd::checkpoint(block, {x, w}) : block({x, w});
+    auto out = ckpt ? autograd::recompute(block, {x, w}) : block({x, w});
     Tensor l = sumop(out[0]);
     int64_t after_forward = ctx.memory().live() - base;
     backward(l);

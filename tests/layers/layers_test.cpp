@@ -51,8 +51,8 @@ TEST(Layers, LinearEmbeddingAndNormsAgainstFormulas) {
   ModelConfig c;
   c.norm_eps = 1e-5;
   Tensor h = randn({2, 6}, 3);
-  LayerNorm ln(6, 1e-5, true, {DType::f64});
-  RMSNorm rms(6, 1e-5, {DType::f64});
+  LayerNorm ln(6, LayerNormOptions{.eps = 1e-5, .param = {DType::f64}});
+  RMSNorm rms(6, RMSNormOptions{.eps = 1e-5, .param = {DType::f64}});
   randomize(ln, 3);
   randomize(rms, 4);
   StateDict sd;

@@ -242,7 +242,7 @@ TEST(Module, LayerSizesAndOptions) {
   EXPECT_EQ(e.weight().shape(), (Shape{11, 4}));
   RMSNorm n(4);
   EXPECT_EQ(names(n.named_parameters()), std::vector<std::string>{"weight"});
-  LayerNorm ln(4, 1e-5, /*bias=*/false);
+  LayerNorm ln(4, LayerNormOptions{.bias = false});
   EXPECT_FALSE(ln.bias().defined());
   EXPECT_THROW(Linear(0, 3), InvalidArgument);
   EXPECT_THROW(Dropout(1.0), InvalidArgument);

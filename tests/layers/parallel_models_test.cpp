@@ -527,7 +527,6 @@ TEST(ParallelModels, AttentionLayerChecksHeadsAgainstTheTPDegree) {
   f.num_heads = 2;
   f.layout = QkvLayout::fused_neox;
   f.bias = true;
-  f.tensor_parallel = true;
   std::string e = message(4, f);
   EXPECT_NE(e.find("[CausalSelfAttention] 2 attention heads are not divisible by tensor parallel "
                    "size 4"),
@@ -537,7 +536,6 @@ TEST(ParallelModels, AttentionLayerChecksHeadsAgainstTheTPDegree) {
   g.hidden_size = 16;
   g.num_heads = 4;
   g.num_kv_heads = 2;
-  g.tensor_parallel = true;
   g.kv_size_multiplier = 2;
   e = message(2, g);
   EXPECT_NE(e.find("[CausalSelfAttention] kv_size_multiplier=2 with 2 key/value heads at tensor "

@@ -1,5 +1,5 @@
 // The gradient norm across tensor-parallel ranks against the single-rank model's norm: a toy
-// transformer block built from ParallelRMSNorm, GQAQKVColumnParallelLinear (K/V replicated by
+// transformer block built from RMSNorm, GQAQKVColumnParallelLinear (K/V replicated by
 // kv_size_multiplier when TP exceeds the KV heads), RowParallelLinear and ColumnParallelLinear,
 // at TP 2/4/8 with sequence parallelism on and off, and at TP 2 x DP 2 with GradSync. The TP=1
 // block is the same class on a one-rank group (same names, same seed). Also: NxD's counting
@@ -44,14 +44,15 @@ Tensor seq_chunk(const Tensor& t, int r, int n) {
 
 // norm1 -> GQA attention -> o_proj (+ residual) -> norm2 -> up -> silu -> down (+ residual).
 struct Block : Module {
-  std::shared_ptr<ParallelRMSNorm> norm1, norm2;
+  std::shared_ptr<RMSNorm> norm1, norm2;
   std::shared_ptr<GQAQKVColumnParallelLinear> qkv;
   std::shared_ptr<RowParallelLinear> o_proj, down;
   std::shared_ptr<ColumnParallelLinear> up;
   bool sp;
 
   Block(std::shared_ptr<Communicator> group, bool sp_, int64_t m) : sp(sp_) {
-    norm1 = register_module("norm1", std::make_shared<ParallelRMSNorm>(HID, 1e-6, sp));
+    norm1 = register_module(
+        "norm1", std::make_shared<RMSNorm>(HID, RMSNormOptions{.sequence_parallel_enabled = sp}));
     GQAQKVColumnParallelLinearOptions qo;
     qo.bias = true;
     qo.sequence_parallel_enabled = sp;
@@ -71,7 +72,8 @@ struct Block : Module {
     ro.weight_init = ParamInit::normal(0.3);
     ro.group = group;
     o_proj = register_module("o_proj", std::make_shared<RowParallelLinear>(H * D, HID, ro));
-    norm2 = register_module("norm2", std::make_shared<ParallelRMSNorm>(HID, 1e-6, sp));
+    norm2 = register_module(
+        "norm2", std::make_shared<RMSNorm>(HID, RMSNormOptions{.sequence_parallel_enabled = sp}));
     ColumnParallelLinearOptions co;
     co.gather_output = false;
     co.sequence_parallel_enabled = sp;

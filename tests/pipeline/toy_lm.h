@@ -17,7 +17,9 @@ class ToyBlock : public Module {
     MlpOptions m;
     m.init = c.init_scheme();
     m.param = p;
-    ln_ = register_module("ln", std::make_shared<LayerNorm>(c.hidden_size, c.norm_eps, true, p));
+    ln_ =
+        register_module("ln", std::make_shared<LayerNorm>(
+                                  c.hidden_size, LayerNormOptions{.eps = c.norm_eps, .param = p}));
     mlp_ = register_module("mlp", std::make_shared<Mlp>(c.hidden_size, width, m));
   }
   Tensor forward(const Tensor& x) const { return add(x, mlp_->forward(ln_->forward(x))); }
@@ -43,7 +45,8 @@ class ToyLM : public CausalLM {
       blocks_->push_back(std::make_shared<ToyBlock>(cfg_, (l + 1) * cfg_.ffn_size()));
     if (part_.head)
       ln_f_ = register_module(
-          "ln_f", std::make_shared<LayerNorm>(cfg_.hidden_size, cfg_.norm_eps, true, p));
+          "ln_f", std::make_shared<LayerNorm>(cfg_.hidden_size,
+                                              LayerNormOptions{.eps = cfg_.norm_eps, .param = p}));
     register_output_head("lm_head");
   }
 

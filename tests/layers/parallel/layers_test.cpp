@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/basic.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
@@ -310,6 +312,42 @@ TEST(ParallelEmbedding, IdOutOfRangeThrows) {
   });
 }
 
+// A world of two ranks that never initialized parallel_state (data parallelism only): each rank
+// builds its parallel layers over a group of itself, and they are the plain layers bit for bit
+// (the same values, outputs and gradients), without initializing parallel_state.
+TEST(ParallelLayers, WithoutParallelStateEachRankIsItsOwnGroupAndThePlainLayerBitwise) {
+  sim::launch(2, [&] {
+    const LinearRef ref(IN, 12, true, 3, 4);
+    ColumnParallelLinearOptions co;
+    co.bias_init = ParamInit::normal(0.5);
+    RowParallelLinearOptions ro;
+    ro.bias_init = ParamInit::normal(0.5);
+    auto column = std::make_shared<ColumnParallelLinear>(IN, 12, co);
+    auto row = std::make_shared<RowParallelLinear>(IN, 12, ro);
+    for (const std::shared_ptr<ParallelLinearBase>& layer :
+         std::vector<std::shared_ptr<ParallelLinearBase>>{column, row}) {
+      EXPECT_EQ(layer->tp_size(), 1);
+      layer->init_parameters(kSeed);
+      EXPECT_BITWISE_EQ(layer->weight().detach(), ref.weight().detach());
+      EXPECT_BITWISE_EQ(layer->bias().detach(), ref.bias().detach());
+      Tensor x = leaf(ref.xf);
+      Tensor y = layer == column ? column->forward(x) : row->forward(x);
+      EXPECT_BITWISE_EQ(y.detach(), ref.y.detach());
+      backward(sum(mul(y, ref.up)));
+      EXPECT_BITWISE_EQ(x.grad(), ref.x.grad());
+      EXPECT_BITWISE_EQ(layer->weight().grad(), ref.weight().grad());
+      EXPECT_BITWISE_EQ(layer->bias().grad(), ref.bias().grad());
+    }
+    ParallelEmbedding emb(16, 4);
+    Embedding plain(16, 4);
+    emb.init_parameters(kSeed);
+    plain.init_parameters(kSeed);
+    EXPECT_EQ(emb.tp_size(), 1);
+    EXPECT_BITWISE_EQ(emb.weight().detach(), plain.weight().detach());
+    EXPECT_FALSE(parallel_state::model_parallel_is_initialized());
+  });
+}
+
 template <class Par, class Ref>
 void run_norm(int tp, bool sp, const std::function<std::shared_ptr<Par>()>& make_par,
               const std::function<std::shared_ptr<Ref>()>& make_ref) {
@@ -351,12 +389,19 @@ TEST(ParallelNorms, LayerNormAndRMSNormWithSequenceParallel) {
   for (bool sp : {false, true})
     for (int tp : kDegrees) {
       SCOPED_TRACE(::testing::Message() << "tp=" << tp << " sp=" << sp);
-      run_norm<ParallelLayerNorm, LayerNorm>(
-          tp, sp, [&] { return std::make_shared<ParallelLayerNorm>(IN, 1e-5, true, sp); },
-          [] { return std::make_shared<LayerNorm>(IN, 1e-5, true); });
-      run_norm<ParallelRMSNorm, RMSNorm>(
-          tp, sp, [&] { return std::make_shared<ParallelRMSNorm>(IN, 1e-6, sp); },
-          [] { return std::make_shared<RMSNorm>(IN, 1e-6); });
+      run_norm<LayerNorm, LayerNorm>(
+          tp, sp,
+          [&] {
+            return std::make_shared<LayerNorm>(IN,
+                                               LayerNormOptions{.sequence_parallel_enabled = sp});
+          },
+          [] { return std::make_shared<LayerNorm>(IN); });
+      run_norm<RMSNorm, RMSNorm>(
+          tp, sp,
+          [&] {
+            return std::make_shared<RMSNorm>(IN, RMSNormOptions{.sequence_parallel_enabled = sp});
+          },
+          [] { return std::make_shared<RMSNorm>(IN); });
     }
 }
 

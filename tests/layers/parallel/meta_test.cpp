@@ -20,7 +20,7 @@ TEST(ParallelLayersMeta, ShapesOnlyForwardAndBackward) {
       eo.sequence_parallel_enabled = true;
       eo.param = meta;
       ParallelEmbedding emb(V, HID, eo);
-      ParallelRMSNorm norm(HID, 1e-6, true, meta);
+      RMSNorm norm(HID, RMSNormOptions{.sequence_parallel_enabled = true, .param = meta});
       GQAQKVColumnParallelLinearOptions qo;
       qo.sequence_parallel_enabled = true;
       qo.kv_size_multiplier = std::max(1, tp / int(HKV));
