@@ -130,19 +130,12 @@ TEST(MoeTensorParallel, CheckpointSavedAtTp2Ep2LoadsAtTp1AndExportsWhole) {
                  const std::filesystem::path& root) {
     loaded.clear();
     nxd::testing::run_ranks(world, [&] {
-      const NxDConfig cfg = neuronx_distributed_config(sizes(tp, ep));
-      auto model = initialize_parallel_model(cfg, c, seed);
-      auto opt = initialize_parallel_optimizer(
-          cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
-          optim::AdamWOptions{});
+      MoeRun r = moe_run(neuronx_distributed_config(sizes(tp, ep)), c, seed);
+      auto& model = r.model;
+      auto& opt = r.opt;
       Module& m = *model->local_modules().at(0);
-      const int d = ps::get_data_parallel_rank();
       if (save) {
-        for (int step = 0; step < 2; ++step) {
-          model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900));
-          opt->step();
-          opt->zero_grad();
-        }
+        train_steps(r, 2);
         ckpt::save_checkpoint(root, "s2", &m, &opt->inner(), nullptr);
       } else {
         ckpt::load_checkpoint(root, &m, &opt->inner(), nullptr, {.tag = "s2"});

@@ -196,19 +196,11 @@ TEST(MoeTrain, CheckpointSavedAtEp4LoadsAtEp2AndOnOneRank) {
   std::mutex mu;
   auto run = [&](int world, int ep, uint64_t seed, bool save) {
     nxd::testing::run_ranks(world, [&] {
-      const NxDConfig cfg = neuronx_distributed_config(sizes(1, ep));
-      auto model = initialize_parallel_model(cfg, moe_llama(), seed);
-      auto opt = initialize_parallel_optimizer(
-          cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-3, 0.1),
-          optim::AdamWOptions{});
-      Module& m = *model->local_modules().at(0);
-      const int d = ps::get_data_parallel_rank();
+      MoeRun r = moe_run(neuronx_distributed_config(sizes(1, ep)), moe_llama(), seed);
+      auto& opt = r.opt;
+      Module& m = *r.model->local_modules().at(0);
       if (save) {
-        for (int step = 0; step < 2; ++step) {
-          model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900));
-          opt->step();
-          opt->zero_grad();
-        }
+        train_steps(r, 2);
         ckpt::save_checkpoint(dir, "s2", &m, &opt->inner(), nullptr);
         std::lock_guard<std::mutex> l(mu);
         for (const auto& [n, t] : m.named_parameters()) saved[n] = t.detach().clone();

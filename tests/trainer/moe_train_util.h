@@ -190,10 +190,35 @@ inline void expect_matches(const Trace& one, const Trace& par, const std::string
   // under mpirun a process holds its own ranks' parameters only (and the one-rank run ran on the
   // first process)
   if (par.grads0.empty() || one.grads0.empty()) return;
-  if (!under_mpi()) EXPECT_EQ(par.grads0.size(), one.grads0.size()) << what;
+  if (!under_mpi()) {
+    EXPECT_EQ(par.grads0.size(), one.grads0.size()) << what;
+  }
   for (const auto& [name, g] : par.grads0) {
     ASSERT_TRUE(one.grads0.count(name)) << what << " " << name;
     EXPECT_TRUE(close_rel(g, one.grads0.at(name), 1e-5, what + " " + name));
+  }
+}
+
+// A MoE model and its AdamW wrapper from NxD's API (the checkpoint tests' runs).
+struct MoeRun {
+  std::shared_ptr<NxDModel> model;
+  std::unique_ptr<NxDOptimizer> opt;
+};
+inline MoeRun moe_run(const NxDConfig& cfg, const ModelConfig& c, uint64_t seed) {
+  MoeRun r;
+  r.model = initialize_parallel_model(cfg, c, seed);
+  r.opt = initialize_parallel_optimizer(
+      cfg, *r.model, optim::default_param_groups(r.model->local_named_parameters(), 1e-3, 0.1),
+      optim::AdamWOptions{});
+  return r;
+}
+// `steps` training steps on this DP rank's shards of the test data.
+inline void train_steps(MoeRun& r, int steps) {
+  const int d = parallel_state::get_data_parallel_rank();
+  for (int step = 0; step < steps; ++step) {
+    r.model->run_train(shard_ids(d, step, 700), shard_ids(d, step, 900));
+    r.opt->step();
+    r.opt->zero_grad();
   }
 }
 
