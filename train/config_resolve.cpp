@@ -387,6 +387,15 @@ void check_context_parallel(Resolver& r, const TrainConfig& t) {
     r.fail("data.seq_length=", s, cp > 1 ? str(" / context_parallel_size ", cp) : std::string(),
            " is not divisible by tensor_model_parallel_size=", tp,
            " (model.moe with sequence_parallel: padding tokens would be routed)");
+  // the sample after training: a prompt of any length is padded under SP, and with a capacity
+  // the padding tokens could take real tokens' expert slots
+  if (t.model.moe.enabled() && !t.model.moe.dropless && t.dist.sequence_parallel && tp > 1 &&
+      t.generation.max_new_tokens > 0)
+    r.fail("generation.max_new_tokens=", t.generation.max_new_tokens,
+           " with model.moe.dropless=false and sequence_parallel at tensor_model_parallel_size=",
+           tp, ": the sample's prompt is padded to a multiple of ", tp,
+           " and the padding tokens would take experts' capacity (set generation.max_new_tokens=0, "
+           "model.moe.dropless=true or distributed_strategy.sequence_parallel=false)");
   if (cp == 1) return;
   if (t.model.moe.enabled() && !t.model.moe.dropless)
     r.fail("distributed_strategy.context_parallel_size=", cp,

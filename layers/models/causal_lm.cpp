@@ -129,11 +129,15 @@ void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
                   type_name(), "] context parallelism with sequence parallelism needs each rank's ",
                   ids.size(1), " tokens to divide by tensor parallel size ", tp_size_,
                   ": ids=", ids.desc(), " (context parallel size ", cp_size_, ")");
-  // ... and the MoE layers would route (and count in their auxiliary loss) the padding tokens
-  NXD_CHECK_SHAPE(!cfg_.moe.enabled() || !sequence_parallel_ || ids.size(1) % tp_size_ == 0, "[",
-                  type_name(), "] mixture of experts with sequence parallelism needs the ",
-                  ids.size(1), " tokens to divide by tensor parallel size ", tp_size_,
-                  ": ids=", ids.desc());
+  // ... and the MoE layers would route the padding tokens: in training they would count in the
+  // auxiliary loss, and with a capacity they could take real tokens' slots. Without a graph and
+  // with dropless routing (generation, evaluation) a padding token changes no real token's output.
+  const bool pads_harmless = !GradMode::is_enabled() && cfg_.moe.dropless;
+  NXD_CHECK_SHAPE(
+      !cfg_.moe.enabled() || !sequence_parallel_ || ids.size(1) % tp_size_ == 0 || pads_harmless,
+      "[", type_name(), "] mixture of experts with sequence parallelism needs the ", ids.size(1),
+      " tokens to divide by tensor parallel size ", tp_size_,
+      " in training or with a capacity (dropless=false): ids=", ids.desc());
 }
 
 Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntropyOptions& opts) {

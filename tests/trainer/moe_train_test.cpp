@@ -169,6 +169,10 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
       "");
   // TP-sharded experts under sequence parallelism (the default at TP 2)
   EXPECT_EQ(err({"distributed_strategy.tensor_model_parallel_size=2"}), "");
+  // dropless: the sample's padded prompt changes no real token's output
+  EXPECT_EQ(
+      err({"distributed_strategy.tensor_model_parallel_size=2", "generation.max_new_tokens=8"}),
+      "");
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"model.moe.top_k=5"}, "top_k=5 must be in [1, num_experts=4]"},
       {{"distributed_strategy.expert_model_parallel_size=3"},
@@ -177,6 +181,9 @@ TEST(MoeTrain, TrainKeysRejectImpossibleCombinations) {
        "model.moe.num_experts=6 is not divisible by"},
       {{"distributed_strategy.tensor_model_parallel_size=2", "data.seq_length=31"},
        "padding tokens would be routed"},
+      {{"distributed_strategy.tensor_model_parallel_size=2", "model.moe.dropless=false",
+        "generation.max_new_tokens=8"},
+       "padding tokens would take experts' capacity"},
       {{"model.moe.num_experts=0", "distributed_strategy.expert_model_parallel_size=2"},
        "needs a mixture-of-experts model"},
       {{"model.arch=gpt_neox"}, "needs model.arch llama or mixtral"},
