@@ -88,6 +88,32 @@ TEST(MoeTensorParallel, ExpertParametersPerRankFallByTp) {
   }
 }
 
+// A sequence SP pads (7 tokens at TP 2): without a graph and with dropless routing (evaluation,
+// generation) the padding tokens change no real token's output, so the logits equal one rank's;
+// with a graph (training) the layer refuses it (the padding would count in the auxiliary loss).
+TEST(MoeTensorParallel, NoGradForwardOfAPaddedSequenceMatchesOneRank) {
+  const ModelConfig c = moe_llama();
+  Tensor ids = zeros({1, 7}, DType::i64);
+  for (int64_t i = 0; i < 7; ++i) ids.data<int64_t>()[i] = (i * 37 + 5) % c.vocab_size;
+  std::mutex mu;
+  std::map<int, Tensor> logits;
+  for (int tp : {1, 2}) {
+    nxd::testing::run_ranks(tp, [&] {
+      auto model = initialize_parallel_model(neuronx_distributed_config(sizes(tp, 1, true)), c, 3);
+      Tensor out;
+      {
+        NoGradGuard ng;
+        out = model->forward(ids);
+      }
+      if (tp == 2) EXPECT_THROW(model->forward(ids), ShapeError);
+      std::lock_guard<std::mutex> l(mu);
+      if (parallel_state::get_tensor_model_parallel_rank() == 0) logits[tp] = out.detach().clone();
+    });
+  }
+  ASSERT_EQ(logits.at(2).shape(), logits.at(1).shape());
+  EXPECT_TRUE(nxd::testing::close_rel(logits.at(2), logits.at(1), 1e-5, "TP 2 SP vs one rank"));
+}
+
 namespace {
 
 // name -> the whole tensor (TP shards gathered) of every parameter and AdamW state tensor here.
