@@ -28,14 +28,8 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainConfig small(const fs::path& d, const std::string& name, std::vector<std::string> extra) {
-  for (const char* s :
-       {"model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4",
-        "data.seq_length=32", "data.global_batch_size=8", "data.micro_batch_size=2",
-        "trainer.max_steps=3", "trainer.val_check_interval=0", "generation.max_new_tokens=0",
-        "model.optim.sched.warmup_steps=1", "distributed_strategy.tensor_model_parallel_size=1",
-        "backend.world_size=4"})
-    extra.insert(extra.begin(), s);
-  return nxd::testing::tiny(d / name, nxd::testing::tiny_corpus(d), extra);
+  return nxd::testing::plan_run(
+      d, name, {"model.num_layers=2", "data.global_batch_size=8", "backend.world_size=4"}, extra);
 }
 
 // Planned and measured, per rank (bytes) and the step (seconds: the plan's slowest rank, the

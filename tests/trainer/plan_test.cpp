@@ -24,13 +24,8 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainConfig small(const fs::path& d, const std::string& name, std::vector<std::string> extra) {
-  for (const char* s :
-       {"model.num_layers=4", "model.hidden_size=64", "model.num_attention_heads=4",
-        "data.seq_length=32", "data.global_batch_size=16", "data.micro_batch_size=2",
-        "trainer.max_steps=3", "trainer.val_check_interval=0", "generation.max_new_tokens=0",
-        "model.optim.sched.warmup_steps=1", "distributed_strategy.tensor_model_parallel_size=1"})
-    extra.insert(extra.begin(), s);
-  return nxd::testing::tiny(d / name, nxd::testing::tiny_corpus(d), extra);
+  return nxd::testing::plan_run(d, name, {"model.num_layers=4", "data.global_batch_size=16"},
+                                extra);
 }
 
 }  // namespace

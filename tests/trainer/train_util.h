@@ -34,6 +34,21 @@ inline trainer::TrainConfig tiny(const std::filesystem::path& out,
   return trainer::resolve(c);
 }
 
+// The planner tests' run (tests/trainer/plan*_test.cpp): a 64-wide model, 3 steps of sequences
+// of 32, no validation or sample; `shape` sets the layers, batch and world, `extra` the case.
+inline trainer::TrainConfig plan_run(const std::filesystem::path& d, const std::string& name,
+                                     std::vector<std::string> shape,
+                                     const std::vector<std::string>& extra) {
+  for (const char* s :
+       {"model.hidden_size=64", "model.num_attention_heads=4", "data.seq_length=32",
+        "data.micro_batch_size=2", "trainer.max_steps=3", "trainer.val_check_interval=0",
+        "generation.max_new_tokens=0", "model.optim.sched.warmup_steps=1",
+        "distributed_strategy.tensor_model_parallel_size=1"})
+    shape.insert(shape.begin(), s);
+  shape.insert(shape.end(), extra.begin(), extra.end());
+  return tiny(d / name, tiny_corpus(d), shape);
+}
+
 struct Rows {
   std::vector<double> loss, grad_norm, sim_step;
   std::vector<std::string> val_loss;  // as written ("" when not validated)
