@@ -21,19 +21,13 @@
 #include "nxd/runtime/allocator.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
+#include "nxd/runtime/cpu_info.h"
 #include "nxd/runtime/init.h"
 #include "nxd/runtime/kernels/flash_attention.h"
 
 using namespace nxd;
 
 namespace {
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
 
 Tensor randn(const Shape& s, uint64_t seed) {
   Tensor t = empty(s);
@@ -126,7 +120,14 @@ void compare_schedules(int64_t s, int64_t d, const Tensor& q, const Tensor& k, c
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::Args args(argc, argv);
+  bench::Args args(argc, argv, "fused causal attention (flash) against the materialized kernel",
+                   {{"--heads", "H", "query heads"},
+                    {"--kv-heads", "H", "key/value heads"},
+                    {"--threads", "N", "compute threads"},
+                    {"--quick", "", "fewer repetitions"},
+                    {"--schedules", "", "compare the flash backward schedules"},
+                    {"--precision", "P", "matmul precision", {"fp32", "bf16"}},
+                    {"--blocks", "", "time the block products alone first"}});
   const int64_t heads = args.get_int("--heads", 4), kv = args.get_int("--kv-heads", 2);
   const int threads = static_cast<int>(args.get_int("--threads", 1));
   const bool quick = args.has("--quick"), schedules = args.has("--schedules");
@@ -139,12 +140,9 @@ int main(int argc, char** argv) {
   }
   blas::set_matmul_precision(*p);
   set_num_threads(threads);
-  std::printf(
-      "# cpu=\"%s\" threads=%d precision=%s bf16_kernel=%s heads=%lld kv_heads=%lld batch=1 "
-      "causal f32\n",
-      cpu_model().c_str(), threads, blas::matmul_precision_name(*p),
-      blas::bf16_kernel_name(blas::bf16_kernel()), static_cast<long long>(heads),
-      static_cast<long long>(kv));
+  std::printf("# %s precision=%s heads=%lld kv_heads=%lld batch=1 causal f32\n",
+              cpu::describe().c_str(), blas::matmul_precision_name(*p),
+              static_cast<long long>(heads), static_cast<long long>(kv));
   bench::TimerOptions to;
   to.warmup = 1;
   to.min_reps = 3;

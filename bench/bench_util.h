@@ -16,6 +16,7 @@
 // the min) excludes.
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -152,23 +153,105 @@ std::pair<Timing, Timing> time_pair(A&& a, B&& b, TimerOptions o = {}) {
   return {r[0], r[1]};
 }
 
-// Minimal flags: --name value and --switch.
-struct Args {
-  std::vector<std::string> argv;
-  Args(int argc, char** av) : argv(av + 1, av + argc) {}
+// Flags: each bench declares its flags (a switch, or a flag with a value), so `--help` prints
+// them and exits 0, and an unknown flag, a missing or malformed value, or a value outside the
+// flag's choices exits 2 with one line naming it (a mistyped flag never runs the full bench).
+struct Flag {
+  std::string name;                  // "--threads"
+  std::string value;                 // "N" for a flag with a value; empty for a switch
+  std::string help;                  // one line
+  std::vector<std::string> choices;  // allowed values (empty: any)
+};
+
+class Args {
+ public:
+  Args(int argc, char** av, std::string synopsis, std::vector<Flag> flags)
+      : prog_(argc > 0 ? av[0] : "bench"),
+        synopsis_(std::move(synopsis)),
+        flags_(std::move(flags)) {
+    const size_t slash = prog_.rfind('/');
+    if (slash != std::string::npos) prog_ = prog_.substr(slash + 1);
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = av[i];
+      if (a == "--help" || a == "-h") usage(0);
+      const Flag* f = find(a);
+      if (f == nullptr)
+        fail(a.rfind("--", 0) == 0 ? "unknown flag " + a : "unexpected argument " + a);
+      if (f->value.empty()) {
+        given_.emplace_back(a, "");
+        continue;
+      }
+      if (i + 1 >= argc) fail(a + " needs a value (" + f->value + ")");
+      const std::string v = av[++i];
+      if (!f->choices.empty() &&
+          std::find(f->choices.begin(), f->choices.end(), v) == f->choices.end())
+        fail(a + " " + v + ": expected one of " + join(f->choices));
+      given_.emplace_back(a, v);
+    }
+  }
   bool has(const std::string& flag) const {
-    return std::find(argv.begin(), argv.end(), flag) != argv.end();
+    declared(flag);
+    for (const auto& g : given_)
+      if (g.first == flag) return true;
+    return false;
   }
   long get_int(const std::string& flag, long dflt) const {
-    for (size_t i = 0; i + 1 < argv.size(); ++i)
-      if (argv[i] == flag) return std::strtol(argv[i + 1].c_str(), nullptr, 10);
-    return dflt;
+    const std::string* v = value(flag);
+    if (v == nullptr) return dflt;
+    char* end = nullptr;
+    errno = 0;
+    const long r = std::strtol(v->c_str(), &end, 10);
+    if (v->empty() || *end != 0 || errno != 0) fail(flag + " " + *v + ": expected an integer");
+    return r;
   }
   std::string get_str(const std::string& flag, const std::string& dflt) const {
-    for (size_t i = 0; i + 1 < argv.size(); ++i)
-      if (argv[i] == flag) return argv[i + 1];
-    return dflt;
+    const std::string* v = value(flag);
+    return v == nullptr ? dflt : *v;
   }
+
+ private:
+  const Flag* find(const std::string& name) const {
+    for (const Flag& f : flags_)
+      if (f.name == name) return &f;
+    return nullptr;
+  }
+  void declared(const std::string& flag) const {
+    if (find(flag) == nullptr) {  // a bench reading a flag it did not declare: its own bug
+      std::fprintf(stderr, "%s: internal: flag %s read but not declared\n", prog_.c_str(),
+                   flag.c_str());
+      std::exit(1);
+    }
+  }
+  const std::string* value(const std::string& flag) const {
+    declared(flag);
+    const std::string* r = nullptr;
+    for (const auto& g : given_)
+      if (g.first == flag) r = &g.second;  // the last one wins
+    return r;
+  }
+  static std::string join(const std::vector<std::string>& v) {
+    std::string r;
+    for (const auto& s : v) r += (r.empty() ? "" : ", ") + s;
+    return r;
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    std::fprintf(stderr, "%s: %s (see %s --help)\n", prog_.c_str(), what.c_str(), prog_.c_str());
+    std::exit(2);
+  }
+  [[noreturn]] void usage(int code) const {
+    std::printf("usage: %s [flags]\n%s\n\nflags:\n", prog_.c_str(), synopsis_.c_str());
+    for (const Flag& f : flags_) {
+      std::string lhs = f.name + (f.value.empty() ? "" : " " + f.value);
+      std::printf("  %-24s %s", lhs.c_str(), f.help.c_str());
+      if (!f.choices.empty()) std::printf(" (%s)", join(f.choices).c_str());
+      std::printf("\n");
+    }
+    std::printf("  %-24s %s\n", "--help", "this text");
+    std::exit(code);
+  }
+  std::string prog_, synopsis_;
+  std::vector<Flag> flags_;
+  std::vector<std::pair<std::string, std::string>> given_;
 };
 
 }  // namespace nxd::bench

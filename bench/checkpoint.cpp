@@ -79,13 +79,17 @@ void raw_read(const fs::path& file, std::vector<char>& buf) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::Args args(argc, argv);
+  bench::Args args(argc, argv, "saving and loading a sharded checkpoint against raw write/read",
+                   {{"--mb", "MiB", "model size (>= 16)"},
+                    {"--reps", "N", "repetitions"},
+                    {"--dir", "PATH", "scratch folder (removed and recreated)"},
+                    {"--nosync", "", "do not fsync"}});
   const int64_t mb = args.get_int("--mb", 1024);
   const int reps = static_cast<int>(args.get_int("--reps", 3));
   const bool sync = !args.has("--nosync");
   const fs::path dir =
       args.get_str("--dir", (fs::temp_directory_path() / "nxd_bench_ckpt").string());
-  if (mb < 16 || reps < 1 || args.has("--help")) {
+  if (mb < 16 || reps < 1) {
     std::fprintf(stderr,
                  "usage: nxd-bench-checkpoint [--mb MiB>=16] [--reps N] [--dir PATH] [--nosync]\n");
     return 2;

@@ -24,6 +24,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/runtime/cpu_info.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/trace/decoder.h"
 
@@ -192,7 +193,16 @@ int run_tp_compare(DType dt, int64_t P, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::Args a(argc, argv);
+  bench::Args a(argc, argv,
+                "generation with the KV cache on a ~125M Llama: prefill, decode against the memory "
+                "roofline, traced against eager",
+                {{"--threads", "T", "compute threads"},
+                 {"--precision", "P", "weights and activations", {"fp32", "bf16"}},
+                 {"--prompt", "N", "prompt tokens"},
+                 {"--reps", "N", "repetitions (medians)"},
+                 {"--export", "DIR", "write the model and reference logits for generate_torch.py"},
+                 {"--tp-compare", "", "TP 2 on two sim ranks against TP 1"},
+                 {"--no-traced", "", "skip the traced decoder"}});
   const std::string prec = a.get_str("--precision", "fp32");
   const DType dt = prec == "bf16" ? DType::bf16 : DType::f32;
   const int64_t P = a.get_int("--prompt", 128);
@@ -200,7 +210,12 @@ int main(int argc, char** argv) {
   if (a.has("--export")) return run_export(a.get_str("--export", "."));
   if (a.has("--tp-compare")) return run_tp_compare(dt, P, reps);
   const int threads = static_cast<int>(a.get_int("--threads", 1));
+  if (threads < 1 || P < 1 || reps < 1) {
+    std::fprintf(stderr, "nxd-bench-inference: --threads, --prompt and --reps must be >= 1\n");
+    return 2;
+  }
   set_num_threads(threads);
+  std::printf("# %s\n", cpu::describe().c_str());
   auto m = make_causal_lm(bench_model(dt), 1);
   Timed t = time_model(*m, P, reps);
   const double stream = stream_seconds(t.bytes);

@@ -39,6 +39,7 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
+#include "nxd/runtime/cpu_info.h"
 #include "nxd/runtime/init.h"
 
 using namespace nxd;
@@ -222,9 +223,28 @@ void split_sweep(int threads, const bench::TimerOptions& topt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::Args args(argc, argv);
+  bench::Args args(
+      argc, argv,
+      "nxd's f32 and bf16-precision matmul products against raw cblas_sgemm on transformer shapes",
+      {{"--threads", "N", "compute threads (nxd::set_num_threads)"},
+       {"--quick", "", "fewer shapes and repetitions"},
+       {"--case", "NAME", "only this product", {"fwd", "bwd_dx", "bwd_dw", "attn_qk", "attn_pv"}},
+       {"--tokens", "T", "only the transformer shapes with T tokens"},
+       {"--no-bf16", "", "skip the bf16-precision lines"},
+       {"--bf16-only", "", "only the bf16-precision lines"},
+       {"--bf16-kernel",
+        "K",
+        "bf16 kernel (default: the best available)",
+        {"amx", "avx512_bf16", "portable"}},
+       {"--swap", "", "time the baseline's block first"},
+       {"--split-sweep", "",
+        "where splitting one product over the pool starts to pay (--threads >= 2)"}});
   const int threads = static_cast<int>(args.get_int("--threads", 1));
   const bool quick = args.has("--quick");
+  if (threads < 1) {
+    std::fprintf(stderr, "nxd-bench-matmul: --threads %d: need at least 1\n", threads);
+    return 2;
+  }
   set_num_threads(threads);
   NoGradGuard no_grad;
 
@@ -239,7 +259,15 @@ int main(int argc, char** argv) {
   print_f32 = !args.has("--bf16-only");
   const std::string kernel = args.get_str("--bf16-kernel", "");
   for (auto kk : {blas::Bf16Kernel::amx, blas::Bf16Kernel::avx512_bf16, blas::Bf16Kernel::portable})
-    if (kernel == blas::bf16_kernel_name(kk)) blas::set_bf16_kernel(kk);
+    if (kernel == blas::bf16_kernel_name(kk)) {
+      if (!blas::bf16_kernel_available(kk)) {
+        std::fprintf(stderr, "nxd-bench-matmul: --bf16-kernel %s is not available on this CPU\n",
+                     kernel.c_str());
+        return 2;
+      }
+      blas::set_bf16_kernel(kk);
+    }
+  std::printf("# %s\n", cpu::describe().c_str());
   const std::string only = args.get_str("--case", "");
   const int64_t only_tokens = args.get_int("--tokens", 0);
   if (only_tokens > 0) {

@@ -65,7 +65,18 @@ void print_case(const char* what, const std::array<bench::Timing, 3>& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::Args a(argc, argv);
+  const bench::Args a(argc, argv, "the traced decoder against the eager KV-cache path on one rank",
+                      {{"--layers", "N", "decoder layers"},
+                       {"--hidden", "N", "hidden size"},
+                       {"--heads", "N", "attention heads"},
+                       {"--kv-heads", "N", "key/value heads"},
+                       {"--ffn", "N", "MLP hidden size"},
+                       {"--vocab", "N", "vocabulary"},
+                       {"--max-len", "N", "longest sequence"},
+                       {"--prefill", "N", "prompt tokens"},
+                       {"--threads", "N", "compute threads"},
+                       {"--dtype", "D", "weights", {"f32", "bf16", "f64"}},
+                       {"--args", "ARGS", "compiler arguments of the traced model"}});
   const ModelConfig cfg = bench_config(a);
   const int threads = static_cast<int>(a.get_int("--threads", 1));
   const int64_t P = a.get_int("--prefill", 128), L = cfg.max_position_embeddings;

@@ -206,14 +206,16 @@ void run_case(const Case& cs, int threads, int reps, blas::MatmulPrecision preci
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::Args args(argc, argv);
+  bench::Args args(argc, argv,
+                   "one training step of a small model against the same step in PyTorch",
+                   {{"--threads", "N", "compute threads (0: 1 and 2)"},
+                    {"--reps", "R", "timed steps"},
+                    {"--case", "NAME", "model", {"tiny", "gpt2", "all"}},
+                    {"--precision", "P", "matmul precision", {"fp32", "bf16"}}});
   const int threads = static_cast<int>(args.get_int("--threads", 0));
   const int reps = static_cast<int>(args.get_int("--reps", 10));
-  std::string which = "all", precision_name = "fp32";
-  for (size_t i = 0; i + 1 < args.argv.size(); ++i) {
-    if (args.argv[i] == "--case") which = args.argv[i + 1];
-    if (args.argv[i] == "--precision") precision_name = args.argv[i + 1];
-  }
+  const std::string which = args.get_str("--case", "all");
+  const std::string precision_name = args.get_str("--precision", "fp32");
   const auto precision = blas::parse_matmul_precision(precision_name);
   if (!precision || (which != "all" && which != "tiny" && which != "gpt2")) {
     std::fprintf(stderr,

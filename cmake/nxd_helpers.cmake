@@ -9,8 +9,11 @@ function(nxd_compile_options target)
   # intrinsic headers (reached through Eigen) thousands of times; the warning is false there.
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter
                                            -Wno-missing-field-initializers -Wno-maybe-uninitialized)
-  if(NXD_NATIVE AND NOT NXD_SANITIZE STREQUAL "thread")
-    target_compile_options(${target} PRIVATE -march=native)
+  if(NXD_MARCH AND NOT NXD_SANITIZE STREQUAL "thread")
+    target_compile_options(${target} PRIVATE -march=${NXD_MARCH})
+  endif()
+  if(NOT NXD_DISPATCH_ABOVE_MARCH)
+    target_compile_definitions(${target} PRIVATE NXD_NO_DISPATCH_ABOVE_MARCH=1)
   endif()
   if(NXD_SANITIZE STREQUAL "address")
     target_compile_options(${target} PUBLIC -fsanitize=address,undefined -fno-omit-frame-pointer

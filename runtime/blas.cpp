@@ -13,6 +13,7 @@
 #include "nxd/runtime/dtype.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/gemm_bf16.h"
+#include "nxd/runtime/gemv_f32.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/runtime/parallel.h"
 
@@ -20,11 +21,9 @@ namespace nxd::blas {
 
 namespace {
 
-#if defined(__AVX512F__)
+// nxd's engine on every CPU: its results do not depend on the thread count, the operands'
+// addresses or the run (blas.h). OpenBLAS's threaded sgemm gives none of these guarantees.
 constexpr Engine kDefaultEngine = Engine::eigen;
-#else
-constexpr Engine kDefaultEngine = Engine::openblas;
-#endif
 
 Engine initial_engine() {
   if (const char* e = std::getenv("NXD_GEMM")) {
@@ -103,6 +102,9 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
                 static_cast<blasint>(ldc));
     return;
   }
+  if (m <= detail::kSmallRows &&
+      detail::sgemm_small_rows(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    return;
   int t = g_threads.load(std::memory_order_relaxed);
   // Split only products big enough to amortize a wake-up (GemmSplitOptions).
   if (t > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&

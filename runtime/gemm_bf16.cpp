@@ -428,13 +428,26 @@ NXD_AMX void compute_amx(const Problem& P, int64_t ib0, int64_t ib1, int64_t jb0
 
 }  // namespace
 
+// A baseline build without dispatch above its -march (NXD_DISPATCH_ABOVE_MARCH=OFF) uses only
+// what it was compiled for, so on this machine it runs what a CPU of that level runs.
+#if defined(NXD_NO_DISPATCH_ABOVE_MARCH) && !defined(__AVX512BF16__)
+constexpr bool kMayDispatchBf16 = false;
+#else
+constexpr bool kMayDispatchBf16 = true;
+#endif
+#if defined(NXD_NO_DISPATCH_ABOVE_MARCH) && !defined(__AMX_BF16__)
+constexpr bool kMayDispatchAmx = false;
+#else
+constexpr bool kMayDispatchAmx = true;
+#endif
+
 bool cpu_has_avx512_bf16() {
-  static const bool v = detect_avx512_bf16();
+  static const bool v = kMayDispatchBf16 && detect_avx512_bf16();
   return v;
 }
 
 bool cpu_has_amx_bf16() {
-  static const bool v = detect_amx_bf16();
+  static const bool v = kMayDispatchAmx && detect_amx_bf16();
   return v;
 }
 

@@ -12,6 +12,7 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
+#include "nxd/runtime/cpu_info.h"
 #include "nxd/train/fault_injection.h"
 #include "nxd/train/plan.h"
 #include "nxd/trainer/log.h"
@@ -89,6 +90,7 @@ class RunSummary : public Callback {
                       ? str(world, " rank threads")
                       : str(cfg_.trainer.num_threads, " thread(s)"),
                   ", precision ", precision_text(), "; output in ", cfg_.out_dir));
+    t.message(str("cpu: ", cpu::describe()));
   }
   // model.init_from: where the weights came from (or that a resume replaced them)
   void init_text(Trainer& t, TrainingModule& module) const {
@@ -114,7 +116,11 @@ class RunSummary : public Callback {
     if (rp.param_dtype == DType::bf16) add(rp.fp32_grad_acc ? "f32 gradients" : "bf16 gradients");
     if (rp.stochastic_rounding) add("stochastic rounding");
     if (rp.matmul == blas::MatmulPrecision::bf16 || rp.param_dtype == DType::bf16)
-      add(str("bf16 matmuls (", blas::bf16_kernel_name(blas::bf16_kernel()), ")"));
+      add(str("bf16 matmuls (", blas::bf16_kernel_name(blas::bf16_kernel()),
+              blas::bf16_kernel() == blas::Bf16Kernel::portable
+                  ? ": this CPU has no bf16 instructions; inputs rounded to bf16, f32 engine"
+                  : "",
+              ")"));
     return cfg_.precision.type + (what.empty() ? "" : " (" + what + ")");
   }
   // ", pipeline parallel 2 (1f1b, 4 microbatches)" and the partition, or "".

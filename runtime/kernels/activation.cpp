@@ -2,6 +2,7 @@
 
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <utility>
@@ -20,15 +21,18 @@ constexpr double kInvSqrt2 = 0.7071067811865476;
 constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1/sqrt(2 pi)
 constexpr double kGeluC = 0.044715;
 // Elementwise work is done in blocks that stay in L1 and vectorize. The blocks are fixed by the
-// element count alone (Eigen's vectorized exp treats a block's unaligned head with the scalar
-// exp), so the results do not depend on how the blocks are spread over threads.
+// element count alone, and every block is computed into aligned scratch rows and copied to the
+// outputs: Eigen computes the elements before its destination's first aligned packet with the
+// scalar exp/tanh/erf, which round differently from the vectorized ones, so writing straight into
+// an output would make its bits depend on its address (detail::assign_blocks). So the results
+// depend neither on how the blocks are spread over threads nor on where the tensors lie.
 constexpr int64_t kBlock = 2048;
 
 // One block of an elementwise kernel: n elements of every operand, and an L1 scratch row.
 template <class T, size_t NO, size_t NI>
 struct Block {
   int64_t n;
-  std::array<T*, NO> out;  // null for an output that is not wanted
+  std::array<T*, NO> out;  // the block's aligned scratch row per output; null: not wanted
   std::array<const T*, NI> in;
   T* scratch;
   ArrMap<T> o(size_t k) const { return ArrMap<T>(out[k], n); }
@@ -64,12 +68,15 @@ void map_blocks(const char* op, double flops, const std::array<Tensor, NO>& outs
     for_rows(num_chunks(x.numel(), kBlock), kBlock * static_cast<int64_t>(flops),
              [&](int64_t b0, int64_t b1) {
                alignas(64) T scratch[kBlock];
+               alignas(64) T rows[NO][kBlock];
                for (int64_t b = b0; b < b1; ++b) {
-                 const int64_t s = b * kBlock;
-                 Block<T, NO, NI> blk{std::min(kBlock, x.numel() - s), {}, {}, scratch};
-                 for (size_t k = 0; k < NO; ++k) blk.out[k] = o[k] ? o[k] + s : nullptr;
+                 const int64_t s = b * kBlock, n = std::min(kBlock, x.numel() - s);
+                 Block<T, NO, NI> blk{n, {}, {}, scratch};
+                 for (size_t k = 0; k < NO; ++k) blk.out[k] = o[k] ? rows[k] : nullptr;
                  for (size_t k = 0; k < NI; ++k) blk.in[k] = ip[k] + s;
                  body(blk);
+                 for (size_t k = 0; k < NO; ++k)
+                   if (o[k]) std::copy(rows[k], rows[k] + n, o[k] + s);
                }
              });
   });

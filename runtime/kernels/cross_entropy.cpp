@@ -103,7 +103,10 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& dloss, const Te
         }
         CArrMap<T> x(xp + i * v, v);
         T g = gp[i];
-        d = ((x - sp[i]).exp() - ls / T(v)) * g;
+        const T shift = sp[i], floor = ls / T(v);
+        assign_blocks(dp + i * v, v, [&](int64_t j, int64_t w) {
+          return ((x.segment(j, w) - shift).exp() - floor) * g;
+        });
         d[t[i]] -= (T(1) - ls) * g;
       }
     });

@@ -5,6 +5,7 @@
 
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/kernels/common.h"
+#include "nxd/runtime/kernels/nn_common.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 
 namespace nxd::kernels {
@@ -281,17 +282,20 @@ bool eigen_unary(const Tensor& out, const Tensor& x, Unary op) {
   }
   T* op_ = out.data<T>();
   const T* xp = x.data<T>();
+  // Through an aligned scratch (detail::assign_blocks): the result must not depend on where the
+  // output lies.
   for_blocks(out.numel(), kBlock, 8, [&](int64_t b, int64_t e) {
-    Eigen::Map<Arr> o(op_ + b, e - b);
     Eigen::Map<const Arr> v(xp + b, e - b);
+    T* o = op_ + b;
+    const int64_t n = e - b;
     if (op == Unary::exp)
-      o = v.exp();
+      detail::assign_blocks(o, n, [&](int64_t j, int64_t w) { return v.segment(j, w).exp(); });
     else if (op == Unary::log)
-      o = v.log();
+      detail::assign_blocks(o, n, [&](int64_t j, int64_t w) { return v.segment(j, w).log(); });
     else if (op == Unary::tanh)
-      o = v.tanh();
+      detail::assign_blocks(o, n, [&](int64_t j, int64_t w) { return v.segment(j, w).tanh(); });
     else
-      o = v.logistic();
+      detail::assign_blocks(o, n, [&](int64_t j, int64_t w) { return v.segment(j, w).logistic(); });
   });
   return true;
 }

@@ -2,6 +2,7 @@
 // Internal helpers shared by the neural-network kernels (runtime/kernels/*.cpp only; not
 // installed API): float dispatch, argument checks, Eigen maps, GEMM over float/double.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -45,6 +46,26 @@ T sum_of(const T* p, int64_t n) {
   T s = acc[0];
   for (; i < n; ++i) s += p[i];
   return s;
+}
+
+// dst[0, n) = expr(j, w) for the blocks [j, j + w) of kAssignBlock elements, each evaluated into
+// an aligned L1 scratch and copied out. Use it to write an Eigen expression with a vectorized
+// transcendental function (exp, log, tanh, erf, logistic) into memory of unknown alignment: Eigen
+// computes the elements before its destination's first aligned packet with the scalar function,
+// which rounds differently from the vectorized one, so assigning straight into a tensor row makes
+// the result depend on the row's address. Here every block starts aligned: which elements take
+// the scalar path (a block's last w mod packet) depends on n alone. expr(j, w) returns the
+// expression for elements [j, j + w) (elementwise: a block reads only its own elements, so dst
+// may be one of its operands).
+inline constexpr int64_t kAssignBlock = 512;
+template <class T, class Expr>
+void assign_blocks(T* dst, int64_t n, Expr&& expr) {
+  alignas(64) T buf[kAssignBlock];
+  for (int64_t j = 0; j < n; j += kAssignBlock) {
+    const int64_t w = std::min(kAssignBlock, n - j);
+    Eigen::Map<Arr<T>, Eigen::AlignedMax>(buf, w) = expr(j, w);
+    std::copy(buf, buf + w, dst + j);
+  }
 }
 
 // A contiguous input handle (copies only when x is strided).

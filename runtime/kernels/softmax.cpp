@@ -125,7 +125,9 @@ void log_softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
         for (int64_t r = r0; r < r1; ++r) {
           CArrMap<T> ly(in[0] + r * n, n), g(in[1] + r * n, n);
           T s = sum_of(in[1] + r * n, n);
-          ArrMap<T>(dxp + r * n, n) = g - ly.exp() * s;
+          assign_blocks(dxp + r * n, n, [&](int64_t j, int64_t w) {
+            return g.segment(j, w) - ly.segment(j, w).exp() * s;
+          });
         }
       });
 }

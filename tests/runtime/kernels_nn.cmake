@@ -4,5 +4,7 @@ set(NXD_TESTS_KERNELS_NN
   kernels/nn_embedding_ce_test.cpp kernels/nn_attention_test.cpp
   kernels/nn_flash_attention_test.cpp
   kernels/nn_rotary_dropout_test.cpp
+  # the same bits at every address of every operand
+  kernels/address_test.cpp
   # bitwise equality at 1 and 2 threads of every kernel that runs on the compute pool
   kernels/threads_test.cpp)

@@ -1,0 +1,21 @@
+#pragma once
+// Internal (runtime/blas.cpp): the f32 product of a few rows, C[m, n] = alpha * op(A) @ op(B) +
+// beta * C with m <= kSmallRows. A decode step of a linear layer is this shape (one row per
+// sequence against the weight), and it is bound by reading B once: a general GEMM packs B for
+// nothing, and splitting it by rows leaves a second thread idle. Here every element of C is one
+// dot product over the whole K in a fixed order (32 lanes, combined pairwise, then the tail),
+// computed by one thread, and the columns of C are split over the compute pool: results do not
+// depend on the thread count, the split or the operands' addresses.
+#include <cstdint>
+
+namespace nxd::blas::detail {
+
+inline constexpr int64_t kSmallRows = 8;
+
+// Computes and returns true for m <= kSmallRows (any transposition); false (nothing done) for
+// larger m. m, n, k > 0.
+bool sgemm_small_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc);
+
+}  // namespace nxd::blas::detail

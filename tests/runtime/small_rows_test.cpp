@@ -1,0 +1,121 @@
+// The f32 product of a few rows (blas::sgemm with m <= 8: a decode step's linear layers) against
+// a double reference, for every transposition, ragged n and k, alpha and beta; and bitwise the
+// same for any thread count and any operand address.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/context.h"
+#include "nxd/runtime/gemv_f32.h"
+#include "support/compare.h"
+
+using namespace nxd;
+
+namespace {
+
+std::vector<float> values(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>(static_cast<int32_t>(s >> 8) % 2001 - 1000) / 700.0f;
+  }
+  return v;
+}
+
+struct Case {
+  int64_t m, n, k;
+  bool ta, tb;
+};
+
+// C = alpha op(A) op(B) + beta C into c (ldc = n), operands at the given element offsets.
+void product(const Case& s, const std::vector<float>& a, const std::vector<float>& b, float alpha,
+             float beta, std::vector<float>& c) {
+  blas::sgemm(s.ta, s.tb, s.m, s.n, s.k, alpha, a.data(), s.ta ? s.m : s.k, b.data(),
+              s.tb ? s.k : s.n, beta, c.data(), s.n);
+}
+
+struct ThreadsGuard {
+  int prev = num_threads();
+  ~ThreadsGuard() { set_num_threads(prev); }
+};
+
+}  // namespace
+
+TEST(SmallRows, MatchTheDoubleReferenceForEveryLayout) {
+  ThreadsGuard guard;
+  set_num_threads(2);
+  double worst = 0;
+  for (int64_t m : {1, 2, 3, 8})
+    for (int64_t n : {1, 9, 300, 1031})
+      for (int64_t k : {1, 7, 32, 77, 1000})
+        for (bool ta : {false, true})
+          for (bool tb : {false, true}) {
+            const Case s{m, n, k, ta, tb};
+            SCOPED_TRACE(str("m=", m, " n=", n, " k=", k, " ta=", ta, " tb=", tb));
+            const auto a = values(m * k, 1), b = values(n * k, 2), c0 = values(m * n, 3);
+            for (float beta : {0.0f, 0.25f}) {
+              std::vector<float> c = c0;
+              if (beta == 0.0f) std::fill(c.begin(), c.end(), std::nanf(""));  // C is not read
+              product(s, a, b, 0.5f, beta, c);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  double r = 0, mag = 0;
+                  for (int64_t p = 0; p < k; ++p) {
+                    const double x = a[ta ? p * m + i : i * k + p];
+                    const double y = b[tb ? j * k + p : p * n + j];
+                    r += x * y;
+                    mag += std::abs(x * y);
+                  }
+                  const double bc = beta * static_cast<double>(c0[i * n + j]);
+                  r = 0.5 * r + bc;
+                  const double err =
+                      std::abs(c[i * n + j] - r) / (0.5 * mag + std::abs(bc) + 1e-30);
+                  worst = std::max(worst, err);
+                  // the standard bound for k products summed in f32 and the alpha/beta
+                  // epilogue: (k + 3) u (|alpha| sum |a b| + |beta c|)
+                  ASSERT_LE(err, static_cast<double>(k + 3) * 0x1p-24)
+                      << "C[" << i << "," << j << "] = " << c[i * n + j] << ", reference " << r;
+                }
+            }
+          }
+  std::printf("    largest error relative to sum |a b|: %.3g (bound (k + 3) 2^-24)\n", worst);
+}
+
+TEST(SmallRows, BitwiseOverThreadCountsAndAddresses) {
+  ThreadsGuard guard;
+  for (Case s : {Case{1, 3000, 768, false, true}, Case{4, 2048, 333, false, true},
+                 Case{8, 1500, 257, false, false}, Case{3, 777, 1000, true, true}}) {
+    SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k, " ta=", s.ta, " tb=", s.tb));
+    const auto a = values(s.m * s.k, 4), b = values(s.n * s.k, 5);
+    std::vector<float> expect;
+    for (int threads : {1, 2, 4, 3})
+      for (size_t off : {0, 1, 3, 7}) {
+        set_num_threads(threads);
+        // the same values at other alignments
+        std::vector<float> ab(a.size() + 8), bb(b.size() + 8), cb(s.m * s.n + 8);
+        std::memcpy(ab.data() + off, a.data(), a.size() * 4);
+        std::memcpy(bb.data() + off, b.data(), b.size() * 4);
+        blas::sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, ab.data() + off, s.ta ? s.m : s.k,
+                    bb.data() + off, s.tb ? s.k : s.n, 0.0f, cb.data() + off, s.n);
+        std::vector<float> c(cb.begin() + off, cb.begin() + off + s.m * s.n);
+        if (expect.empty()) {
+          expect = c;
+          continue;
+        }
+        ASSERT_EQ(std::memcmp(c.data(), expect.data(), c.size() * 4), 0)
+            << "threads=" << threads << " offset=" << off;
+      }
+  }
+}
+
+TEST(SmallRows, OnlyAFewRowsTakeThisPath) {
+  // Larger products go to the engine: the kernel refuses them itself.
+  std::vector<float> a(9 * 16), b(16 * 16), c(9 * 16);
+  EXPECT_FALSE(blas::detail::sgemm_small_rows(false, false, blas::detail::kSmallRows + 1, 16, 16,
+                                              1.0f, a.data(), 16, b.data(), 16, 0.0f, c.data(),
+                                              16));
+}
