@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "support/compare.h"
 #include "support/files.h"
 #include "support/proc.h"
 
@@ -51,6 +52,13 @@ std::vector<std::string> tiny_args(const fs::path& dir) {
   std::vector<std::string> a;
   for (auto& s : sets) a.insert(a.end(), {"--set", s});
   return a;
+}
+
+// The logged loss of every step of the run in `out`.
+std::vector<double> losses(const fs::path& out) {
+  std::vector<double> l;
+  for (const auto& row : read_csv(out / "metrics.csv").rows) l.push_back(std::stod(row.at(1)));
+  return l;
 }
 
 }  // namespace
@@ -152,14 +160,9 @@ TEST(NxdTrainMpi, ExpertParallelIsCheckedAgainstTheMpiWorld) {
                         "split over 2 of them)"),
             std::string::npos)
       << rm.out;
-  auto m = read_csv(d / "mpi" / "metrics.csv").rows, s = read_csv(d / "sim" / "metrics.csv").rows;
+  const std::vector<double> m = losses(d / "mpi"), s = losses(d / "sim");
   ASSERT_EQ(m.size(), 4u);
-  ASSERT_EQ(s.size(), 4u);
-  double worst = 0;
-  for (size_t i = 0; i < m.size(); ++i) {
-    const double lm = std::stod(m[i][1]), ls = std::stod(s[i][1]);
-    worst = std::max(worst, std::abs(lm - ls) / ls);
-  }
+  const double worst = nxd::testing::worst_rel(m, s);
   std::printf("    EP 2 at DP 4 under mpirun vs the sim's: losses within %.3g\n", worst);
   EXPECT_LE(worst, 1e-6);
   ProcResult rb = run(4, bad, d);
