@@ -143,7 +143,7 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
   // leave together (a rank exiting first would make mpirun kill rank 0 before it printed)
   std::string world_error;
   try {
-    if (tc.dist.world_size_from_launcher && session.size() != tc.dist.world_size) {
+    if (tc.dist.world_size_from_launcher) {  // the checks that need the world run now
       cfg.set("backend.world_size", session.size(), "the MPI world");
       tc = resolve(cfg);
     }

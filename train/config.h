@@ -134,7 +134,7 @@ struct DistributedSection {
   std::string instance;             // sim machine
   std::string timeline;             // sim: Chrome trace path ("" = none)
   int64_t world_size;               // resolved: tp unless set (mpi: replaced by the MPI world)
-  bool world_size_from_launcher;    // mpi and backend.world_size unset
+  bool world_size_from_launcher;    // mpi and backend.world_size unset: world_size, dp not known
   int64_t data_parallel_size;       // derived: world / (tp x pp x cp)
   double collective_timeout_s;      // sim: wall seconds per wait; 0 = NXD_SIM_TIMEOUT or 300
   int64_t fail_rank, fail_at_step;  // sim fault injection (fail_rank -1: none)
@@ -182,6 +182,10 @@ struct TrainConfig {
 };
 
 // Checks cross-key constraints and fills derived values; throws ConfigError naming the keys.
+// With backend.kind=mpi and no backend.world_size the world is not known yet (world_size_from_
+// launcher): the checks that need the data-parallel size are left out (the batching ones pass at
+// DP 1 whenever they pass at any DP), and nxd-train resolves again with the MPI world, which sets
+// backend.world_size, before anything runs.
 TrainConfig resolve(const Config& cfg);
 
 // The model the config describes: cfg.model (every model.* value) plus the parallel layout's

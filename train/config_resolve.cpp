@@ -244,9 +244,11 @@ void check_experts(Resolver& r, const DistributedSection& ds, const ModelConfig&
   if (ep > 1 && !m.moe.enabled())
     r.fail("distributed_strategy.expert_model_parallel_size=", ep,
            " needs a mixture-of-experts model (model.moe.num_experts > 0)");
-  // parallel_state folds EP over the data x context ranks (Megatron-core's expert groups)
+  // parallel_state folds EP over the data x context ranks (Megatron-core's expert groups); under
+  // mpirun without backend.world_size the data-parallel size is known once MPI starts (run_mpi
+  // resolves again with the MPI world)
   const int64_t dc = ds.data_parallel_size * ds.context_parallel_size;
-  if (dc % ep != 0)
+  if (!ds.world_size_from_launcher && dc % ep != 0)
     r.fail("distributed_strategy.expert_model_parallel_size=", ep,
            " does not divide the data-parallel size ", ds.data_parallel_size,
            ds.context_parallel_size > 1

@@ -67,6 +67,9 @@ DistributedSampler::DistributedSampler(int64_t num_samples, SamplerOptions opts)
   NXD_CHECK(opts_.dp_size >= 1 && opts_.dp_rank >= 0 && opts_.dp_rank < opts_.dp_size,
             "[DistributedSampler] bad rank ", opts_.dp_rank, " of ", opts_.dp_size);
   NXD_CHECK(n_ >= 0, "[DistributedSampler] negative sample count ", n_);
+  NXD_CHECK(opts_.micro_batch >= 1 && opts_.accumulation >= 1,
+            "[DistributedSampler] micro_batch and accumulation must be positive, got ",
+            opts_.micro_batch, " and ", opts_.accumulation);
 }
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
@@ -78,9 +81,11 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
     for (int64_t i = 0; i < n_; ++i) all[i] = i;
   }
   std::vector<int64_t> mine;
-  const int64_t per = samples_per_rank();
+  const int64_t b = opts_.micro_batch, per = samples_per_rank();
   mine.reserve(per);
-  for (int64_t k = 0; k < per; ++k) mine.push_back(all[k * opts_.dp_size + opts_.dp_rank]);
+  for (int64_t j = 0; j < per / b; ++j)  // this rank's j-th micro batch: global micro batch j*dp+r
+    for (int64_t i = 0; i < b; ++i)
+      mine.push_back(all[(j * opts_.dp_size + opts_.dp_rank) * b + i]);
   return mine;
 }
 
@@ -98,15 +103,24 @@ Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices) {
   return out;
 }
 
+namespace {
+SamplerOptions with_micro_batch(SamplerOptions o, int64_t micro_batch) {
+  NXD_CHECK(micro_batch > 0, "[DataLoader] micro batch must be positive, got ", micro_batch);
+  o.micro_batch = micro_batch;
+  return o;
+}
+}  // namespace
+
 DataLoader::DataLoader(std::shared_ptr<const Dataset> ds, int64_t micro_batch, SamplerOptions opts,
                        const std::string& what)
-    : ds_(std::move(ds)), b_(micro_batch), sampler_(ds_->size(), opts) {
-  NXD_CHECK(b_ > 0, "[DataLoader] micro batch must be positive, got ", b_);
+    : ds_(std::move(ds)), b_(micro_batch), sampler_(ds_->size(), with_micro_batch(opts, b_)) {
   per_epoch_ = sampler_.samples_per_rank() / b_;
   if (per_epoch_ == 0)
     throw ConfigError(str("[data] the ", what, " split has ", ds_->size(), " samples of ",
-                          ds_->seq_length() + 1, " tokens (", sampler_.samples_per_rank(),
-                          " per data-parallel rank), fewer than data.micro_batch_size=", b_));
+                          ds_->seq_length() + 1, " tokens, fewer than one global batch of ",
+                          sampler_.global_batch(), " (data.micro_batch_size=", b_,
+                          " x data-parallel size ", opts.dp_size, " x ", opts.accumulation,
+                          " accumulation step(s))"));
 }
 
 void DataLoader::set_state(int64_t epoch, int64_t position) {

@@ -7,9 +7,14 @@
 //                 CorpusDataset (corpus.h) cuts a corpus into consecutive windows
 //   split_dataset a validation subset of round(N * val_fraction) samples chosen by the seed
 //   DistributedSampler  the order of samples per epoch for one data-parallel rank: one seeded
-//                 permutation of all samples, rank r taking positions r, r + dp, r + 2dp, ...
-//                 (torch's DistributedSampler), so every sample is seen once per epoch across
-//                 the ranks (the N mod dp samples at the end of the permutation are dropped)
+//                 permutation of all samples cut into micro batches of b consecutive positions,
+//                 rank r taking micro batches r, r + dp, r + 2dp, ... (Megatron-LM's
+//                 MegatronPretrainingSampler), and an epoch of whole global batches (dp x b x
+//                 accumulation samples; the rest at the end of the permutation are dropped). So
+//                 every sample is seen at most once per epoch, and each step's micro batches hold
+//                 the same samples whatever the split of the global batch between DP and
+//                 accumulation: statistics taken per micro batch (MoE's auxiliary loss) do not
+//                 depend on the layout. b = 1 without accumulation is torch's DistributedSampler.
 //   DataLoader    micro batches ids/targets [B, S] i64 from a dataset and a sampler, across
 //                 epochs without end; its (epoch, position) is the resumable state
 // Everything depends only on the seed, never on timing or thread count.
@@ -71,13 +76,19 @@ struct SamplerOptions {
   bool shuffle = true;
   int64_t dp_rank = 0;
   int64_t dp_size = 1;
+  int64_t micro_batch = 1;   // consecutive positions a rank takes at once (DataLoader sets it)
+  int64_t accumulation = 1;  // micro batches per rank in one global batch
 };
 
 class DistributedSampler {
  public:
   DistributedSampler(int64_t num_samples, SamplerOptions opts);
   int64_t num_samples() const { return n_; }
-  int64_t samples_per_rank() const { return n_ / opts_.dp_size; }
+  // whole global batches only: this rank's micro batches of n / global_batch() of them
+  int64_t samples_per_rank() const {
+    return n_ / global_batch() * opts_.micro_batch * opts_.accumulation;
+  }
+  int64_t global_batch() const { return opts_.dp_size * opts_.micro_batch * opts_.accumulation; }
   // This rank's sample order in `epoch` (a new permutation per epoch when shuffling).
   std::vector<int64_t> indices(int64_t epoch) const;
   const SamplerOptions& options() const { return opts_; }
@@ -101,7 +112,8 @@ Batch context_parallel_batch(const Batch& b);
 
 class DataLoader {
  public:
-  // Throws ConfigError if the rank's share of the dataset holds fewer than `micro_batch` samples.
+  // The sampler takes `micro_batch` consecutive positions at once (opts.micro_batch is replaced).
+  // Throws ConfigError if the dataset holds fewer samples than one global batch.
   DataLoader(std::shared_ptr<const Dataset> ds, int64_t micro_batch, SamplerOptions opts,
              const std::string& what = "training");
   Batch next();  // the next micro batch; a partial batch at an epoch's end is dropped

@@ -78,7 +78,11 @@ DatasetDataModule::DatasetDataModule(std::shared_ptr<const Dataset> train,
 void DatasetDataModule::setup(const DataSetup& where) {
   where_ = where;
   loader_.emplace(train_, opts_.micro_batch_size,
-                  SamplerOptions{opts_.seed, opts_.shuffle, where.dp_rank, where.dp_size});
+                  SamplerOptions{.seed = opts_.seed,
+                                 .shuffle = opts_.shuffle,
+                                 .dp_rank = where.dp_rank,
+                                 .dp_size = where.dp_size,
+                                 .accumulation = where.accumulation});
 }
 
 DataLoader& DatasetDataModule::loader() {

@@ -111,10 +111,12 @@ struct DataState {
   int64_t position = 0;  // micro batches taken in the epoch
 };
 
-// Where the trainer runs the data module: this rank's place in the data-parallel group.
+// Where the trainer runs the data module: this rank's place in the data-parallel group, and the
+// micro batches each rank takes per optimizer step (accumulate_grad_batches).
 struct DataSetup {
   int64_t dp_rank = 0;
   int64_t dp_size = 1;
+  int64_t accumulation = 1;
 };
 
 class DataModule {
@@ -138,7 +140,8 @@ class DataModule {
 };
 
 // A DataModule over a training and an optional validation Dataset: the training set through a
-// DataLoader with a DistributedSampler (shuffled per epoch from the seed), the validation set in
+// DataLoader with a DistributedSampler (shuffled per epoch from the seed, epochs of whole global
+// batches), the validation set in
 // order, its micro batches dealt round-robin over the DP ranks.
 struct DatasetDataOptions {
   int64_t micro_batch_size = 1;

@@ -173,7 +173,8 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
     parallel_state::get_pipeline_model_parallel_group().all_reduce(n.data(), n.data(), 1,
                                                                    DType::f64, ReduceOp::sum);
   num_parameters_ = static_cast<int64_t>(n[0]);
-  data.setup(DataSetup{dp_rank_, dp_});
+  data.setup(DataSetup{
+      .dp_rank = dp_rank_, .dp_size = dp_, .accumulation = opts_.accumulate_grad_batches});
   setup_validation(data);
   if (!opts_.ckpt_path.empty()) resume(opts_.ckpt_path);
 }

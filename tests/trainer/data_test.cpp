@@ -156,6 +156,54 @@ TEST(Data, SamplerCoversEverySampleOncePerEpochAcrossRanks) {
   EXPECT_EQ(plain.indices(3), (std::vector<int64_t>{1, 3}));
 }
 
+// A global batch of 8 in micro batches of 2, split between DP and accumulation (DP 1 x 4, DP 2 x
+// 2, DP 4 x 1): every step's micro batches hold the same samples in every split (what keeps MoE's
+// per-micro-batch auxiliary loss independent of the layout), over two epochs of 103 samples (an
+// epoch is 12 whole global batches, 7 samples dropped, in every split). Torch's sampler (one
+// position at a time, epochs of whole micro batches per rank) groups them differently.
+TEST(Data, MicroBatchesHoldTheSameSamplesWhateverTheSplitOfTheGlobalBatch) {
+  const int64_t n = 103, b = 2, global = 8, steps = 24;
+  // step -> its micro batches (each the samples in order), over every rank and accumulation step
+  auto micro_batches = [&](int64_t dp) {
+    std::vector<std::multiset<std::vector<int64_t>>> out(steps);
+    const int64_t accum = global / (b * dp);
+    for (int64_t r = 0; r < dp; ++r) {
+      DistributedSampler s(
+          n, {.seed = 7, .dp_rank = r, .dp_size = dp, .micro_batch = b, .accumulation = accum});
+      EXPECT_EQ(s.global_batch(), global);
+      const int64_t per_epoch = s.samples_per_rank() / b;
+      EXPECT_EQ(per_epoch, 12 * accum) << "dp " << dp;
+      for (int64_t j = 0; j < steps * accum; ++j) {
+        const auto idx = s.indices(j / per_epoch);
+        const int64_t k = j % per_epoch * b;
+        out[j / accum].insert(std::vector<int64_t>(idx.begin() + k, idx.begin() + k + b));
+      }
+    }
+    return out;
+  };
+  const auto one = micro_batches(1);
+  std::set<int64_t> first_epoch;
+  for (int64_t st = 0; st < steps / 2; ++st)
+    for (const auto& m : one[st]) first_epoch.insert(m.begin(), m.end());
+  EXPECT_EQ(first_epoch.size(), 96u);  // every sample once (7 dropped)
+  for (int64_t dp : {2, 4}) {
+    const auto split = micro_batches(dp);
+    for (int64_t st = 0; st < steps; ++st)
+      EXPECT_EQ(split[st], one[st]) << "dp " << dp << " step " << st;
+  }
+  // torch's DistributedSampler at DP 4: rank 0's first micro batch is positions 0 and 4
+  const auto torch0 = DistributedSampler(n, {.seed = 7, .dp_size = 4}).indices(0);
+  EXPECT_EQ(one[0].count(std::vector<int64_t>{torch0[0], torch0[1]}), 0u);
+  // the DataLoader takes its micro batch's positions at once: DP 4's rank 1 = one rank's second
+  auto ds = std::make_shared<RandomDataset>(n, 4, 256, 3);
+  DataLoader l1(ds, b, {.seed = 7, .accumulation = 4});
+  DataLoader l4(ds, b, {.seed = 7, .dp_rank = 1, .dp_size = 4});
+  l1.next();
+  EXPECT_EQ(l4.next().ids.to_vector_as<int64_t>(), l1.next().ids.to_vector_as<int64_t>());
+  EXPECT_EQ(l1.batches_per_epoch(), 48);
+  EXPECT_EQ(l4.batches_per_epoch(), 12);
+}
+
 TEST(Data, LoaderWrapsEpochsAndRestoresState) {
   auto ds = std::make_shared<RandomDataset>(10, 4, 256, 3);
   DataLoader a(ds, 3, {5, true, 0, 1});

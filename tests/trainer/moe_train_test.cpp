@@ -132,6 +132,62 @@ TEST(MoeTrain, NxdTrainAccumulationMatchesPipeline) {
   std::filesystem::remove_all(d);
 }
 
+// The auxiliary loss is taken per micro batch (NxD's, Megatron's and transformers' Mixtral's) and
+// averaged with the cross entropy over the global batch's micro batches; the sampler gives every
+// step the same micro batches in every layout (trainer/data.h). So nxd-train with the aux loss on
+// (8 experts, top-2, dropless, fp32, global batch 8 in micro batches of 2, 20 steps) trains alike
+// on one rank with 4 accumulation steps, at DP 4, at DP 2 x 2 accumulation steps and at EP 2 x
+// DP 2: every logged loss and the final weights (exported from the step-20 checkpoints).
+TEST(MoeTrain, NxdTrainAuxLossDoesNotDependOnTheLayout) {
+  const auto d = nxd::testing::test_temp_dir("moe_layouts");
+  const auto corpus = nxd::testing::tiny_corpus(d);
+  struct Run {
+    std::vector<double> loss;
+    std::map<std::string, Tensor> weights;
+  };
+  auto run = [&](const std::string& name, std::vector<std::string> layout) {
+    for (const char* s : {"model.num_layers=2", "model.moe.num_experts=8", "model.moe.top_k=2",
+                          "model.moe.dropless=true", "data.global_batch_size=8",
+                          "exp_manager.checkpoint_callback_params.every_n_train_steps=20"})
+      layout.push_back(s);
+    const TrainConfig c = nxd::testing::tiny(d / name, corpus, nxd::testing::parallel_run(layout));
+    EXPECT_GT(c.model.moe.router_aux_loss_coef, 0);
+    train(c, {.quiet = true});
+    Run r{nxd::testing::read_rows(d / name / "metrics.csv").loss, {}};
+    ckpt::export_merged(d / name / "checkpoints" / "step_20", d / (name + ".safetensors"));
+    for (auto& [n, t] : ckpt::SafetensorsReader(d / (name + ".safetensors")).read_all())
+      r.weights[n] = t;
+    return r;
+  };
+  const Run one = run("one", {"backend.world_size=1"});
+  ASSERT_EQ(one.loss.size(), 20u);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
+      {"DP 4", {"backend.world_size=4"}},
+      {"DP 2 x 2 accumulation steps", {"backend.world_size=2"}},
+      {"EP 2 x DP 2",
+       {"backend.world_size=4", "distributed_strategy.expert_model_parallel_size=2"}}};
+  int i = 0;
+  for (const auto& [what, layout] : layouts) {
+    const Run r = run("layout" + std::to_string(i++), layout);
+    const double wl = nxd::testing::worst_rel(r.loss, one.loss);
+    double ww = 0;
+    std::string worst;
+    ASSERT_EQ(r.weights.size(), one.weights.size()) << what;
+    for (const auto& [n, t] : one.weights) {
+      ASSERT_TRUE(r.weights.count(n)) << what << ": " << n;
+      const double w = nxd::testing::diff(r.weights.at(n), t).max_abs;
+      if (w >= ww) ww = w, worst = n;
+    }
+    std::printf(
+        "    %s vs one rank x 4 accumulation steps: losses within %.3g (relative), final "
+        "weights within %.3g (%s)\n",
+        what.c_str(), wl, ww, worst.c_str());
+    EXPECT_LE(wl, 1e-6) << what;
+    EXPECT_LE(ww, 1e-6) << what;
+  }
+  std::filesystem::remove_all(d);
+}
+
 TEST(MoeTrain, ImpossibleCombinationsAreConfigErrors) {
   nxd::testing::run_ranks(4, [] {
     NxDConfig c = sizes(1, 3);  // EP 3 does not divide DP 4
