@@ -102,7 +102,7 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
                 static_cast<blasint>(ldc));
     return;
   }
-  if (m <= detail::kSmallRows &&
+  if (m <= detail::kSmallRows && n * k >= detail::kSmallRowsMinB &&
       detail::sgemm_small_rows(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
     return;
   int t = g_threads.load(std::memory_order_relaxed);

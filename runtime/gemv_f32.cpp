@@ -85,7 +85,7 @@ void rows_times_b(int64_t m, int64_t k, const float* x, int64_t j0, int64_t j1, 
 bool sgemm_small_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                       float* c, int64_t ldc) {
-  if (m > kSmallRows) return false;
+  if (m > kSmallRows || n * k < kSmallRowsMinB) return false;
   // The rows of op(A), contiguous (a copy of m * k values; in place when they already are).
   const float* x = a;
   thread_local std::vector<float> xs;

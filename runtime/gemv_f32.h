@@ -11,9 +11,12 @@
 namespace nxd::blas::detail {
 
 inline constexpr int64_t kSmallRows = 8;
+// ... and B at least this many elements (256 KiB of f32: a weight read from memory, not a block
+// of attention that sits in L2, which stays on the engine and its results).
+inline constexpr int64_t kSmallRowsMinB = int64_t{1} << 16;
 
-// Computes and returns true for m <= kSmallRows (any transposition); false (nothing done) for
-// larger m. m, n, k > 0.
+// Computes and returns true for m <= kSmallRows and n * k >= kSmallRowsMinB (any
+// transposition); false (nothing done) otherwise. m, n, k > 0.
 bool sgemm_small_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                       float* c, int64_t ldc);

@@ -50,8 +50,8 @@ TEST(SmallRows, MatchTheDoubleReferenceForEveryLayout) {
   set_num_threads(2);
   double worst = 0;
   for (int64_t m : {1, 2, 3, 8})
-    for (int64_t n : {1, 9, 300, 1031})
-      for (int64_t k : {1, 7, 32, 77, 1000})
+    for (int64_t n : {1031, 2053})  // n * k >= kSmallRowsMinB: these take the path
+      for (int64_t k : {64, 77, 1000})
         for (bool ta : {false, true})
           for (bool tb : {false, true}) {
             const Case s{m, n, k, ta, tb};
@@ -112,10 +112,15 @@ TEST(SmallRows, BitwiseOverThreadCountsAndAddresses) {
   }
 }
 
-TEST(SmallRows, OnlyAFewRowsTakeThisPath) {
-  // Larger products go to the engine: the kernel refuses them itself.
-  std::vector<float> a(9 * 16), b(16 * 16), c(9 * 16);
-  EXPECT_FALSE(blas::detail::sgemm_small_rows(false, false, blas::detail::kSmallRows + 1, 16, 16,
-                                              1.0f, a.data(), 16, b.data(), 16, 0.0f, c.data(),
-                                              16));
+TEST(SmallRows, OnlyAFewRowsAgainstALargeOperandTakeThisPath) {
+  // More rows, or a B small enough to sit in cache (an attention block), go to the engine: the
+  // kernel refuses them itself.
+  const int64_t k = 256, n = blas::detail::kSmallRowsMinB / k;
+  std::vector<float> a(9 * k), b(n * k), c(9 * n);
+  EXPECT_FALSE(blas::detail::sgemm_small_rows(false, true, blas::detail::kSmallRows + 1, n, k, 1.0f,
+                                              a.data(), k, b.data(), k, 0.0f, c.data(), n));
+  EXPECT_FALSE(blas::detail::sgemm_small_rows(false, true, 1, n - 1, k, 1.0f, a.data(), k, b.data(),
+                                              k, 0.0f, c.data(), n));
+  EXPECT_TRUE(blas::detail::sgemm_small_rows(false, true, 1, n, k, 1.0f, a.data(), k, b.data(), k,
+                                             0.0f, c.data(), n));
 }
