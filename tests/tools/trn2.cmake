@@ -42,7 +42,7 @@ if(TARGET nxd-plan)
     COMMAND ${CMAKE_COMMAND}
             "-DREGEX=on 2xtrn2.48xlarge \\(128 NeuronCores\\): TP 4 x PP 2 x DP 16.*of 24.00 GiB HBM \\(2xtrn2.48xlarge\\).*predicted: [0-9.]+ seq/s, [0-9]+ tokens/s, MFU [0-9.]+, step [0-9.]+ s, memory [0-9.]+ GiB of 24.00 GiB per core \\(fits\\)"
             "-DIGNORE=planner: [^\n]*|\\([0-9]+ m?s on meta tensors\\)"
-            -P ${CMAKE_SOURCE_DIR}/tests/tools/same_output_twice.cmake $<TARGET_FILE:nxd-plan>
+            -P ${CMAKE_SOURCE_DIR}/tests/support/same_output_twice.cmake $<TARGET_FILE:nxd-plan>
             ${_plan2})
   add_test(NAME NxdPlan.Trn2SearchFindsLayouts
     COMMAND ${CMAKE_COMMAND} -DCODE=0

@@ -2,20 +2,12 @@
 # name two times, blanks what matches the regex IGNORE (e.g. host wall times), and passes only if
 # both runs exit 0, their outputs are then equal and match REGEX.
 #   add_test(NAME t COMMAND ${CMAKE_COMMAND} "-DREGEX=predicted" "-DIGNORE=planner:[^\n]*"
-#                           -P ${CMAKE_SOURCE_DIR}/tests/tools/same_output_twice.cmake tool --flag)
+#                           -P ${CMAKE_SOURCE_DIR}/tests/support/same_output_twice.cmake tool --flag)
 if(NOT DEFINED REGEX OR NOT DEFINED IGNORE)
   message(FATAL_ERROR "same_output_twice.cmake: pass -DREGEX=<output regex> -DIGNORE=<regex>")
 endif()
-set(cmd)
-set(first -1)
-math(EXPR last "${CMAKE_ARGC} - 1")
-foreach(i RANGE ${last})
-  if(first EQUAL -1 AND CMAKE_ARGV${i} STREQUAL "-P")
-    math(EXPR first "${i} + 2")
-  elseif(NOT first EQUAL -1 AND i GREATER_EQUAL first)
-    list(APPEND cmd "${CMAKE_ARGV${i}}")
-  endif()
-endforeach()
+set(script same_output_twice.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/script_command.cmake)
 foreach(run 1 2)
   execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc STREQUAL "0")
