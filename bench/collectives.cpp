@@ -197,14 +197,20 @@ namespace {
 // sim
 
 void print_published(CollKind k, const std::string& instance) {
+  // the rows of the instance's generation (the default machine is trn1's)
+  const std::string family = instance.find("trn2") != std::string::npos ? "trn2"
+                             : instance.empty() || instance.find("trn1") != std::string::npos
+                                 ? "trn1"
+                                 : "";
   bool header = false;
   for (const sim::NccomFigure& p : sim::kNccomFigures) {
     if (p.kind != k) continue;
-    if (!instance.empty() && instance.find("trn1") == std::string::npos) continue;
+    if (family.empty() || std::string(p.instance).find(family) == std::string::npos) continue;
     if (!header) {
       std::printf(
-          "\n# Published nccom-test figures (Trn1) vs the model (GiB/s as nccom-test "
-          "prints)\n");
+          "\n# Published nccom-test figures (%s) vs the model (GiB/s as nccom-test "
+          "prints)\n",
+          family.c_str());
       std::printf("# %-40s %10s %12s %12s %9s %9s %6s  %s\n", "case", "size(B)", "pub time(us)",
                   "model(us)", "pub busbw", "mdl busbw", "err", "algo");
       header = true;

@@ -64,7 +64,9 @@ const char* kUsage =
     "                    text (default: --hf DIR's tokenizer.json if any, else bytes; 'bytes':\n"
     "                    the prompt's bytes are its ids)\n"
     "  --instance        inf2.xlarge|inf2.8xlarge|inf2.24xlarge|inf2.48xlarge|trn1.2xlarge|\n"
-    "                    trn1.32xlarge (default: the smallest inf2 with --tp NeuronCores)\n";
+    "                    trn1.32xlarge|trn2.48xlarge|trn2u.48xlarge|trn2u (Trainium2 at LNC=2;\n"
+    "                    TYPE:lnc=1 for LNC=1) (default: the smallest inf2 with --tp "
+    "NeuronCores)\n";
 
 struct Usage : UserError {
   using UserError::UserError;
@@ -183,10 +185,12 @@ GenerateCli parse_args(int argc, char** argv) {
                  : c.tp <= 12 ? "inf2.24xlarge"
                  : c.tp <= 24 ? "inf2.48xlarge"
                               : "trn1.32xlarge";
-  const auto names = sim::machine_names();
-  if (std::find(names.begin(), names.end(), c.instance) == names.end())
-    throw Usage(str("--instance: unknown type '", c.instance, "'"));
-  const int cores = sim::machine(c.instance).world_size();
+  int cores = 0;
+  try {
+    cores = sim::machine(c.instance).world_size();  // names the known types when unknown
+  } catch (const ConfigError& e) {
+    throw Usage(str("--instance: ", e.what()));
+  }
   if (c.tp > cores)
     throw Usage(str("--tp ", c.tp, " exceeds the ", cores, " NeuronCores of ", c.instance));
   return c;

@@ -1,7 +1,9 @@
-// nxd-plan: will this model fit, and how fast will it train, on N trn1 nodes? It runs one real
+// nxd-plan: will this model fit, and how fast will it train, on N trn1 or trn2 nodes (or a Trn2
+// UltraServer)? It runs one real
 // training step of nxd-train's configuration (the model, parallel layers, pipeline schedule,
 // ZeRO-1, precision, activation checkpointing, gradient accumulation) on meta tensors over the
-// sim backend with 32 x N ranks (train/plan.h): nothing is allocated for data.
+// sim backend with one rank per NeuronCore of the N nodes (32 per trn1 node, 64 per trn2 node
+// at LNC=2; train/plan.h): nothing is allocated for data.
 //
 //   nxd-plan [--config FILE]... [--set key=value]... [--model PRESET] [--instance TYPE]
 //            [--nodes N] [--timeline PATH] [--search]
@@ -83,6 +85,9 @@ const std::vector<Preset>& presets() {
 const char* kUsage =
     "usage: nxd-plan [--config FILE]... [--set key=value]... [--model PRESET]\n"
     "                [--instance TYPE] [--nodes N] [--timeline PATH] [--search]\n"
+    "  instances: trn1.32xlarge (default) trn1n.32xlarge trn2.48xlarge trn2u.48xlarge trn2u\n"
+    "             (the Trn2 UltraServer, 4 instances; --nodes 1); a Trainium2 type runs at LNC=2,\n"
+    "             TYPE:lnc=1 at LNC=1 (twice the cores, half the memory and FLOPs each)\n"
     "  presets: llama2-7b llama2-13b llama2-70b llama3.1-8b llama3.1-70b gpt-neox-20b gpt3-175b\n"
     "           mixtral-8x7b\n";
 

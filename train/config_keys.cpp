@@ -318,7 +318,9 @@ std::vector<KeySpec> make_registry() {
           {"sim", "mpi"}),
       key("backend.instance", K::string, "trn1.32xlarge",
           "sim: the modeled instance type (its NeuronCores, HBM and links give the modeled step "
-          "time and memory)."),
+          "time and memory): trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge, "
+          "trn2u.48xlarge, trn2u (the Trn2 UltraServer), inf2.*; <N>x<type> for N instances over "
+          "EFA; a Trainium2 type runs at LNC=2, <type>:lnc=1 at LNC=1."),
       key("backend.world_size", K::integer, nullptr,
           "Ranks (NeuronCores). null = 8 (sim) or the MPI world (mpi). Must equal "
           "tensor_model_parallel_size x pipeline_model_parallel_size x context_parallel_size x "

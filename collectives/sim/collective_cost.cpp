@@ -168,8 +168,10 @@ GroupLinks group_links(const MachineSpec& m, const std::vector<int>& ranks) {
   g.bw = one_chip ? m.collective_busbw : std::min(m.collective_busbw, link_share);
   // KangaRing: a ring of the chips' primaries; a chip receives once for its two cores over the
   // group's links (the torus's two Hamiltonian cycles, both directions, for a whole instance),
-  // so its cap is those links' share of the chip, not the per-core one
-  const double chip_in = m.links_per_chip > 0 ? m.link_bandwidth * in_links / 2.0
+  // so its cap is those links' share of the chip, not the per-core one; a chip of more than
+  // two cores (Trn2: 4 at LNC=2) has one primary per pair, each receiving for its pair
+  const double primaries = std::max(1, cores_on_chip / 2);
+  const double chip_in = m.links_per_chip > 0 ? m.link_bandwidth * in_links / 2.0 / primaries
                                               : m.collective_busbw * kKangaRsSpeedup;
   g.kanga_ag_bw = std::min(m.collective_busbw * kKangaAgSpeedup, chip_in);
   g.kanga_rs_bw = std::min(m.collective_busbw * kKangaRsSpeedup, chip_in);

@@ -12,7 +12,8 @@
 // a ring's (2 ranks); nxd takes it to be bound by the ring's HBM traffic, so KangaRing, which the
 // runtime docs say touches HBM 3 times per byte instead of 4 in an all-gather and 4 instead of 6
 // in a reduce-scatter (one read, two writes to the chip's two cores), runs 4/3 and 3/2 as fast,
-// up to what the chip's NeuronLinks carry into it (its primary receives for both cores). Notation:
+// up to what the chip's NeuronLinks carry into it (its primary receives for both cores; a
+// Trainium2 chip of 4 logical cores has two primaries sharing them). Notation:
 // p ranks, n bytes of the full array (the all-gather output, the reduce-scatter input), alpha
 // seconds per step, bw per-rank bus bandwidth in bytes/s.
 #include <vector>

@@ -61,6 +61,20 @@ inline constexpr NccomFigure kNccomFigures[] = {
      "nccom-test.rst@81ce03a", false, 0.25},
     {"8 ranks all-gather (--stats example)", "trn1.32xlarge", 8, CollKind::all_gather, 512 << 10,
      14.83, "nccom-test.rst@81ce03a", false, 0.25},
+    // The --show-algorithm example (added 2026; instance not stated, taken as trn2.48xlarge at
+    // LNC=2: 16 ranks = 4 Trainium2 chips, a torus row). Its small messages take ~300 us
+    // (sdk_floor_us). Only the bandwidth-bound 512 MiB row is bounded: the 2 and 32 MiB rows
+    // take 2-3x what any alpha-beta form through the other rows gives (the page's run switches
+    // to KangaRing at 32 MiB, where the runtime docs put the switch at 56 MB), shown, not
+    // bounded (docs/HARDWARE.md, "Trainium2").
+    {"16 ranks all-reduce (--show-algorithm)", "trn2.48xlarge", 16, CollKind::all_reduce, 128 << 10,
+     574, "nccom-test.rst (2026, --show-algorithm)", false, 0, 300},
+    {"16 ranks all-reduce (--show-algorithm)", "trn2.48xlarge", 16, CollKind::all_reduce, 2 << 20,
+     686, "nccom-test.rst (2026, --show-algorithm)", false, 0, 300},
+    {"16 ranks all-reduce (--show-algorithm)", "trn2.48xlarge", 16, CollKind::all_reduce, 32 << 20,
+     2754, "nccom-test.rst (2026, --show-algorithm)", false, 0, 300},
+    {"16 ranks all-reduce (--show-algorithm)", "trn2.48xlarge", 16, CollKind::all_reduce, 512 << 20,
+     9690, "nccom-test.rst (2026, --show-algorithm)", false, 0.20, 300},
 };
 
 // The model's time for a row, in us: the collective on ranks 0..ranks-1 of the row's instance,

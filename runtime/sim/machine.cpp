@@ -52,6 +52,36 @@ constexpr const char* kSrcEfa =
     "internode-collective-comm.html";
 constexpr const char* kSrcInfNet =
     "inf2 network 15/25/50/100 Gbps: third-party table citing AWS product pages (unverified)";
+constexpr const char* kSrcNcV3 =
+    "TensorE 79 BF16/FP16/TF32 TFLOPS per NeuronCore-v3 (NeuronCore-v3 page); 20 FP32 TFLOPS "
+    "(NKI Trainium2 architecture guide); a logical core of LNC physical cores has LNC times "
+    "both [derived]: "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/"
+    "neuron-core-v3.html";
+constexpr const char* kSrcTrn2Chip =
+    "Trainium2 chip: 8 NeuronCore-v3, 96 GiB HBM at 2.9 TB/s (per logical core: / (8 / LNC) "
+    "[derived]), NeuronLink-v3 1.28 TB/s per chip: "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/"
+    "trainium2.html; 4 NeuronLink-v3 ports per chip (NKI Trainium2 architecture guide)";
+constexpr const char* kSrcTrn2 =
+    "trn2.48xlarge / trn2u.48xlarge: 16 Trainium2 chips in a 4x4 2D torus, NeuronLink-v3 "
+    "1,024 GB/s per chip inside the instance (4 ports -> 256 GB/s per link [derived]), EFAv3 "
+    "3,200 Gbps; Trn2 UltraServer: 4 trn2u.48xlarge, chips at the same coordinates in a "
+    "NeuronLink-v3 ring, 256 GB/s per chip between instances: "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/"
+    "trn2-arch.html";
+constexpr const char* kSrcLnc =
+    "LNC=2 by default on Trn2 (each visible NeuronCore is two physical ones), LNC=1 selectable: "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/tutorials/"
+    "trn2-llama3.1-405b-tutorial.html; 4 ranks per chip at LNC=2: "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/about/collectives.html";
+constexpr const char* kSrcTrn2Busbw =
+    "trn2 per-rank busbw [derived, nxd's assumption]: trn1's calibrated 52.83 GiB/s times the "
+    "ratio of HBM bandwidth per core (trn2 logical core 2.9 TB/s x LNC / 8 against trn1's "
+    "820 GiB/s / 2): the ring is taken to be bound by HBM traffic, as for KangaRing";
+constexpr const char* kSrcTrn2Efa =
+    "EFA ~15 us per hop measured on trn2.48xl (ib_write_lat HBM to HBM): "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/about/collectives.html";
 
 CoreSpec neuron_core_v2() {
   CoreSpec c;
@@ -97,7 +127,67 @@ MachineSpec inf2(const std::string& name, int chips, double net_gbps) {
   return m;
 }
 
-MachineSpec builtin(const std::string& n) {
+// Trainium2: a logical NeuronCore of `lnc` physical NeuronCore-v3 (LNC=2 by default, 1
+// selectable); the chip's 8 physical cores give 8 / lnc logical ones.
+CoreSpec neuron_core_v3(int lnc) {
+  CoreSpec c;
+  c.name = str("NeuronCore-v3 (LNC=", lnc, ")");
+  c.bf16_flops = 79e12 * lnc;
+  c.fp32_flops = 20e12 * lnc;
+  c.hbm_bandwidth = 2.9e12 * lnc / 8;
+  c.hbm_bytes = (int64_t{96} << 30) * lnc / 8;
+  return c;
+}
+
+constexpr double kTrn1CoreHbmBandwidth = 820.0 * kGiB / 2;
+
+MachineSpec trn2(const std::string& name, int lnc) {
+  NXD_CHECK_T(ConfigError, lnc == 1 || lnc == 2, "[sim::machine] ", name,
+              ": logical NeuronCore config must be lnc=1 or lnc=2, got lnc=", lnc);
+  MachineSpec m = base(name, 16);
+  m.core = neuron_core_v3(lnc);
+  m.cores_per_chip = 8 / lnc;
+  m.topology = Topology::torus_2d;
+  m.links_per_chip = 4;
+  m.link_bandwidth = 1024e9 / 4;
+  m.collective_busbw = 52.83 * kGiB * m.core.hbm_bandwidth / kTrn1CoreHbmBandwidth;
+  m.efa_bandwidth = 3200e9 / 8;
+  m.sources = {kSrcNcV3,  kSrcTrn2Chip, kSrcTrn2,      kSrcLnc,   kSrcHop,
+               kSrcBusbw, kSrcLaunch,   kSrcTrn2Busbw, kSrcKanga, kSrcTrn2Efa};
+  if (lnc != 2) m.name = str(name, ":lnc=", lnc);
+  return m;
+}
+
+// The Trn2 UltraServer: 4 trn2u.48xlarge joined by NeuronLink-v3 (a ring through the chips at
+// the same torus coordinates, 256 GB/s per chip): nxd models it as 4 instances whose
+// inter-instance fabric is that ring instead of EFA.
+MachineSpec trn2_ultraserver(int lnc) {
+  MachineSpec m = trn2("trn2u", lnc);
+  m.instances = 4;
+  m.efa_bandwidth = 256e9 * m.chips_per_instance;
+  m.efa_latency = m.hop_latency;
+  m.ultraserver = true;
+  return m;
+}
+
+// "<type>" or "<type>:lnc=<1|2>" (Trainium2 only).
+int parse_lnc(const std::string& full, std::string* type) {
+  const auto colon = full.find(':');
+  *type = full.substr(0, colon);
+  if (colon == std::string::npos) return 0;
+  const std::string opt = full.substr(colon + 1);
+  NXD_CHECK_T(ConfigError, opt == "lnc=1" || opt == "lnc=2", "[sim::machine] '", full,
+              "': the only instance option is :lnc=1 or :lnc=2 (Trainium2)");
+  NXD_CHECK_T(ConfigError, type->rfind("trn2", 0) == 0, "[sim::machine] '", full,
+              "': logical NeuronCores (:lnc=) exist on Trainium2 instances only");
+  return opt == "lnc=1" ? 1 : 2;
+}
+
+MachineSpec builtin(const std::string& full) {
+  std::string n;
+  const int lnc = parse_lnc(full, &n);
+  if (n == "trn2.48xlarge" || n == "trn2u.48xlarge") return trn2(n, lnc == 0 ? 2 : lnc);
+  if (n == "trn2u") return trn2_ultraserver(lnc == 0 ? 2 : lnc);
   if (n == "trn1.2xlarge") return trn1(n, 1, 25);
   if (n == "trn1.32xlarge") return trn1(n, 16, 800);
   if (n == "trn1n.32xlarge") {
@@ -112,7 +202,7 @@ MachineSpec builtin(const std::string& n) {
   std::string known;
   for (auto& k : machine_names()) known += " " + k;
   throw ConfigError(str("[sim::machine] unknown instance type '", n, "'; known:", known,
-                        " (and <N>x<type> clusters of trn1 types)"));
+                        " (<N>x<type> clusters of trn1 and trn2 types; :lnc=1 on trn2 types)"));
 }
 
 }  // namespace
@@ -130,8 +220,8 @@ const char* topology_name(Topology t) {
 }
 
 std::vector<std::string> machine_names() {
-  return {"trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge", "inf2.xlarge",
-          "inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge"};
+  return {"trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge",
+          "trn2u",        "inf2.xlarge",   "inf2.8xlarge",   "inf2.24xlarge", "inf2.48xlarge"};
 }
 
 MachineSpec cluster(const MachineSpec& inst, int instances) {
@@ -139,7 +229,11 @@ MachineSpec cluster(const MachineSpec& inst, int instances) {
   NXD_CHECK_T(ConfigError, instances == 1 || inst.name.rfind("inf2", 0) != 0, "[sim::cluster] ",
               inst.name,
               ": Neuron supports Inf2 collectives on a single instance only (nccom-test docs)");
+  NXD_CHECK_T(ConfigError, instances == 1 || !inst.ultraserver, "[sim::cluster] ", inst.name,
+              " is a Trn2 UltraServer (4 instances over NeuronLink-v3); clusters of "
+              "UltraServers are not modeled: use <N>xtrn2u.48xlarge (EFA between instances)");
   MachineSpec m = inst;
+  if (inst.ultraserver) return m;
   m.instances = instances;
   if (instances > 1) m.name = str(instances, "x", inst.name);
   return m;
@@ -185,8 +279,8 @@ std::string MachineSpec::describe() const {
   os << "  NeuronLink: " << links_per_chip << " x " << link_bandwidth / kGiB
      << " GiB/s per chip, hop " << hop_latency * 1e6 << " us; collective busbw "
      << collective_busbw / kGiB << " GiB/s, launch " << launch_latency * 1e6 << " us\n";
-  os << "  EFA: " << efa_bandwidth * 8 / 1e9 << " Gbps per instance, " << efa_latency * 1e6
-     << " us per hop\n";
+  os << (ultraserver ? "  between instances (NeuronLink-v3 ring): " : "  EFA: ")
+     << efa_bandwidth * 8 / 1e9 << " Gbps per instance, " << efa_latency * 1e6 << " us per hop\n";
   os << "  sources:\n";
   for (auto& s : sources) os << "   - " << s << "\n";
   return os.str();

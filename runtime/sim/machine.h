@@ -1,7 +1,9 @@
 #pragma once
-// The simulated AWS Neuron machine: spec tables for NeuronCore-v2 instances (Trn1, Trn1n, Inf2)
-// and clusters of them, with the public source of every number (machine.cpp). Ranks map to
-// cores in order: rank r is core r % 2 of chip (r / 2) % chips of instance r / cores_per_instance.
+// The simulated AWS Neuron machine: spec tables for NeuronCore-v2 instances (Trn1, Trn1n, Inf2),
+// Trainium2 instances (NeuronCore-v3, as logical cores of LNC physical ones) and clusters of
+// them, with the public source of every number (machine.cpp). Ranks map to cores in order: rank
+// r is core r % cores_per_chip of chip (r / cores_per_chip) % chips of instance
+// r / cores_per_instance.
 // Users can define their own MachineSpec and pass it to sim::launch.
 #include <cstdint>
 #include <string>
@@ -36,8 +38,10 @@ struct MachineSpec {
   double hop_latency = 0;            // s per NeuronLink (or on-chip) ring step
   double collective_busbw = 0;       // achievable per-rank collective bus bandwidth, bytes/s
   double launch_latency = 0;         // fixed start cost of one collective, s
-  double efa_bandwidth = 0;          // bytes/s per instance (all EFA devices)
+  double efa_bandwidth = 0;          // bytes/s per instance (all EFA devices; in a Trn2
+                                     // UltraServer the NeuronLink-v3 ring between instances)
   double efa_latency = 0;            // s per inter-instance step
+  bool ultraserver = false;          // a Trn2 UltraServer: its instances are one machine
   std::vector<std::string> sources;  // where every number comes from
 
   int cores_per_instance() const { return cores_per_chip * chips_per_instance; }
@@ -50,10 +54,13 @@ struct MachineSpec {
   std::string describe() const;  // multi-line table with sources
 };
 
-// Built-in instance types: trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge, inf2.xlarge,
-// inf2.8xlarge, inf2.24xlarge, inf2.48xlarge; "<N>x<type>" is a cluster of N instances over EFA
-// (e.g. "4xtrn1.32xlarge"; Inf2 clusters are refused: Neuron supports Inf2 collectives on one
-// instance only). Throws ConfigError naming the known types.
+// Built-in instance types: trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge,
+// trn2u.48xlarge, trn2u (the Trn2 UltraServer: 4 trn2u.48xlarge over NeuronLink-v3),
+// inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge; "<N>x<type>" is a cluster of N
+// instances over EFA (e.g. "4xtrn1.32xlarge"; Inf2 clusters and clusters of UltraServers are
+// refused: Neuron supports Inf2 collectives on one instance only). Trainium2 types run at LNC=2
+// (64 logical cores per instance); "<type>:lnc=1" selects LNC=1 (128). Throws ConfigError naming
+// the known types.
 MachineSpec machine(const std::string& name);
 std::vector<std::string> machine_names();
 // N instances of `inst` joined by EFA.

@@ -121,6 +121,14 @@ TEST(NxdGenerate, TokensEqualTheLibrarysGenerate) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(tokens_of(r.out), f.neox->generate(bytes(prompt), g)) << r.out;
   EXPECT_NE(r.out.find("modeled on trn1.2xlarge at TP 1"), std::string::npos) << r.out;
+  // the same on Trainium2 (a logical NeuronCore at LNC=1): the same tokens, modeled there
+  r = generate({"--hf", (d / "hf").string(), "--prompt", prompt, "--max-new-tokens", "12",
+                "--temperature", "0.8", "--top-k", "40", "--top-p", "0.9", "--seed", "5",
+                "--instance", "trn2.48xlarge:lnc=1"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), f.neox->generate(bytes(prompt), g)) << r.out;
+  EXPECT_NE(r.out.find("modeled on trn2.48xlarge:lnc=1 at TP 1"), std::string::npos) << r.out;
   // the sequence stops at max_position_embeddings=48 and says so
   r = generate({"--hf", (d / "hf").string(), "--prompt", prompt, "--max-new-tokens", "100"}, d);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -142,7 +150,10 @@ TEST(NxdGenerate, UserMistakesExitTwo) {
       {{"--checkpoint", ck, "--prompt", "x", "--top-p", "1.5"}, "--top-p needs a number"},
       {{"--checkpoint", ck, "--prompt", "x", "--temperature", "-1"}, "--temperature"},
       {{"--checkpoint", ck, "--prompt", "x", "--backend", "gpu"}, "--backend must be sim or mpi"},
-      {{"--checkpoint", ck, "--prompt", "x", "--instance", "p4d"}, "unknown type 'p4d'"},
+      {{"--checkpoint", ck, "--prompt", "x", "--instance", "p4d"},
+       "unknown instance type 'p4d'; known: trn1.2xlarge"},
+      {{"--checkpoint", ck, "--prompt", "x", "--instance", "inf2.xlarge:lnc=1"},
+       "exist on Trainium2 instances only"},
       {{"--checkpoint", ck, "--prompt", "x", "--tp", "4", "--instance", "inf2.xlarge"},
        "exceeds the 2 NeuronCores of inf2.xlarge"},
       {{"--checkpoint", ck, "--prompt", "x", "--tp", "3"}, "not divisible"},

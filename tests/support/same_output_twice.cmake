@@ -1,0 +1,27 @@
+# A CTest command that must give the same output twice: runs the command given after the script
+# name two times, blanks what matches the regex IGNORE (e.g. host wall times), and passes only if
+# both runs exit 0, their outputs are then equal and match REGEX.
+#   add_test(NAME t COMMAND ${CMAKE_COMMAND} "-DREGEX=predicted" "-DIGNORE=planner:[^\n]*"
+#                           -P ${CMAKE_SOURCE_DIR}/tests/support/same_output_twice.cmake tool --flag)
+if(NOT DEFINED REGEX OR NOT DEFINED IGNORE)
+  message(FATAL_ERROR "same_output_twice.cmake: pass -DREGEX=<output regex> -DIGNORE=<regex>")
+endif()
+set(script same_output_twice.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/script_command.cmake)
+foreach(run 1 2)
+  execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc STREQUAL "0")
+    message(FATAL_ERROR "run ${run}: exit code '${rc}' from: ${cmd}\n${out}${err}")
+  endif()
+  string(REGEX REPLACE "${IGNORE}" "" kept "${out}")
+  set(out${run} "${kept}")
+endforeach()
+set(a "${out1}")
+set(b "${out2}")
+message("${a}")
+if(NOT a STREQUAL b)
+  message(FATAL_ERROR "the two runs differ; the second:\n${b}")
+endif()
+if(NOT a MATCHES "${REGEX}")
+  message(FATAL_ERROR "output does not match '${REGEX}'")
+endif()

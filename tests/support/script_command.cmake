@@ -1,0 +1,15 @@
+# For a CTest helper run as `cmake [-D...] -P <script> <command> [args...]`: sets `cmd` to the
+# command and its arguments (what follows the script's name), or stops naming `script` if none.
+set(cmd)
+set(first -1)
+math(EXPR last "${CMAKE_ARGC} - 1")
+foreach(i RANGE ${last})
+  if(first EQUAL -1 AND CMAKE_ARGV${i} STREQUAL "-P")
+    math(EXPR first "${i} + 2")
+  elseif(NOT first EQUAL -1 AND i GREATER_EQUAL first)
+    list(APPEND cmd "${CMAKE_ARGV${i}}")
+  endif()
+endforeach()
+if(NOT cmd)
+  message(FATAL_ERROR "${script}: no command after the script name")
+endif()
