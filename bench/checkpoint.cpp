@@ -15,7 +15,7 @@
 
 #include "bench_util.h"
 #include "nxd/checkpoint/checkpoint.h"
-#include "nxd/checkpoint/crc32c.h"
+#include "nxd/io/crc32c.h"
 #include "nxd/runtime/init.h"
 
 using namespace nxd;
@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
        [&] {
          uint32_t c = 0;
          for (const auto& [n, p] : model.named_parameters())
-           c ^= ckpt::crc32c(p.raw_data(), static_cast<size_t>(p.nbytes()));
+           c ^= io::crc32c(p.raw_data(), static_cast<size_t>(p.nbytes()));
          if (c == 0x12345678u) std::printf(" ");
        }},
   };

@@ -20,9 +20,9 @@
 
 #include "bench_util.h"
 #include "nxd/checkpoint/offline.h"
-#include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
+#include "nxd/io/safetensors.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/runtime/cpu_info.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
@@ -158,7 +158,7 @@ int run_export(const fs::path& dir) {
   fs::create_directories(dir);
   std::vector<std::pair<std::string, Tensor>> ts;
   for (const auto& [n, t] : m->state_dict()) ts.push_back({n, t.detach()});
-  ckpt::write_safetensors(dir / "model.safetensors", ts);
+  io::write_safetensors(dir / "model.safetensors", ts);
   std::ofstream(dir / "config.json") << ckpt::hf_config_json(m->config()).dump(2) << "\n";
   const int64_t P = 128;
   KVCache cache = m->make_kv_cache(1, P);

@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "nxd/checkpoint/fileio.h"
+#include "nxd/checkpoint/error.h"
 #include "nxd/checkpoint/metadata.h"
 #include "nxd/layers/module.h"
 #include "nxd/optim/lr_schedule.h"

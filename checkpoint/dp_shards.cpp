@@ -24,7 +24,7 @@ struct Range {
 };
 
 // "nxd.zero1" of one file, validated.
-std::map<std::string, Range> ranges_of(const SafetensorsHeader& h, const std::string& file) {
+std::map<std::string, Range> ranges_of(const io::SafetensorsHeader& h, const std::string& file) {
   auto it = h.metadata.find(kZero1Key);
   if (it == h.metadata.end())
     throw CheckpointError(str("[checkpoint] ", file, " has no ", kZero1Key,
@@ -70,9 +70,9 @@ int64_t numel_of(const Shape& s) {
 }
 
 // Adds one file's tensors to the index.
-void add_file(DpIndex& idx, const std::string& rel, const SafetensorsHeader& h) {
+void add_file(DpIndex& idx, const std::string& rel, const io::SafetensorsHeader& h) {
   const auto ranges = ranges_of(h, rel);
-  for (const TensorInfo& t : h.tensors) {
+  for (const io::TensorInfo& t : h.tensors) {
     const auto dot = t.name.rfind('.');
     const std::string param = dot == std::string::npos ? t.name : t.name.substr(0, dot);
     const std::string what = dot == std::string::npos ? "" : t.name.substr(dot + 1);
@@ -85,8 +85,8 @@ void add_file(DpIndex& idx, const std::string& rel, const SafetensorsHeader& h) 
     const DType want_dtype = step ? DType::i64 : DType::f32;
     if (t.shape != want || t.dtype != want_dtype)
       throw CheckpointError(str("[checkpoint] ", rel, ": tensor '", t.name, "' is ",
-                                safetensors_dtype(t.dtype), shape_str(t.shape), ", expected ",
-                                safetensors_dtype(want_dtype), shape_str(want)));
+                                io::safetensors_dtype(t.dtype), shape_str(t.shape), ", expected ",
+                                io::safetensors_dtype(want_dtype), shape_str(want)));
     auto [it, fresh] = idx.tensors.try_emplace(t.name);
     DpIndex::Entry& e = it->second;
     const Shape shape = step ? Shape{} : r->second.shape;
@@ -115,7 +115,7 @@ DpIndex index_dp_files(const fs::path& dir, const DpFiles& f) {
       missing.push_back((dir / rel).string());
       continue;
     }
-    SafetensorsReader r(dir / rel);
+    io::SafetensorsReader r(dir / rel);
     add_file(idx, rel, r.header());
     idx.files.push_back(
         {rel, r.file_size(), static_cast<int64_t>(r.header().tensors.size()), r.header()});

@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "nxd/checkpoint/safetensors.h"
+#include "nxd/checkpoint/error.h"
+#include "nxd/io/safetensors.h"
 #include "nxd/optim/optimizer.h"
 
 namespace nxd::ckpt::detail {
@@ -42,7 +43,7 @@ struct DpIndex {
   struct File {
     std::string rel;
     int64_t bytes = 0, tensors = 0;
-    SafetensorsHeader header;
+    io::SafetensorsHeader header;
   };
   std::vector<File> files;  // dp rank order
 };

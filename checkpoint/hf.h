@@ -13,7 +13,7 @@
 //     transformers ties the head to the embedding and ignores the file's copy; so does nxd.
 // Whatever nxd's models cannot express (rope_scaling, Llama's biases or an activation other than
 // silu, GPT-NeoX without attention biases, ...) is a CheckpointError naming the key and value,
-// never silently ignored.
+// never silently ignored. The folder's files themselves are read by io/hf_folder.h.
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,14 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "nxd/io/hf_folder.h"
 #include "nxd/layers/models/config.h"
 #include "nxd/layers/module.h"
 #include "nxd/runtime/tensor.h"
 
 namespace nxd::ckpt {
 
-// A folder with config.json and model.safetensors or model.safetensors.index.json.
-bool is_hf_folder(const std::filesystem::path& dir);
 // config.json of a transformers folder as a ModelConfig (CheckpointError naming the file and key).
 ModelConfig read_hf_config(const std::filesystem::path& hf_dir);
 // Every weight of a transformers folder, cast to f32, with the buffers and tied head copy above
@@ -37,10 +36,6 @@ ModelConfig read_hf_config(const std::filesystem::path& hf_dir);
 std::map<std::string, Tensor> read_hf_weights(const std::filesystem::path& hf_dir,
                                               const ModelConfig& cfg,
                                               std::vector<std::string>* notes = nullptr);
-
-// transformers' rope_scaling of a config.json (`j` the whole config) and back (null for none).
-RopeScaling read_rope_scaling(const nlohmann::json& j);
-nlohmann::json rope_scaling_json(const RopeScaling& s);
 
 // Where a run's weights come from (model.init_from).
 struct WeightSource {

@@ -7,6 +7,7 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/io/hf_folder.h"
 
 namespace nxd::ckpt {
 namespace fs = std::filesystem;
@@ -17,51 +18,6 @@ namespace {
 [[noreturn]] void refuse(const std::string& what) {
   throw CheckpointError(str("[import-hf] config.json: ", what, " is not supported by nxd's model"));
 }
-
-// rope_scaling: null, or of type linear (factor) or llama3 (factor, low_freq_factor,
-// high_freq_factor, original_max_position_embeddings); other types (dynamic, yarn, longrope, ...)
-// are refused. transformers names the type "rope_type" (older: "type").
-}  // namespace
-
-RopeScaling read_rope_scaling(const json& j) {
-  RopeScaling s;
-  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return s;
-  const json& r = j["rope_scaling"];
-  std::string type = "?";
-  if (r.is_object()) type = r.value("rope_type", r.value("type", std::string("?")));
-  if (type == "default") return s;
-  if (type == "linear") {
-    s.kind = RopeScaling::Kind::linear;
-    s.factor = r.at("factor").get<double>();
-  } else if (type == "llama3") {
-    s.kind = RopeScaling::Kind::llama3;
-    s.factor = r.at("factor").get<double>();
-    s.low_freq_factor = r.at("low_freq_factor").get<double>();
-    s.high_freq_factor = r.at("high_freq_factor").get<double>();
-    s.original_max_position_embeddings = r.at("original_max_position_embeddings").get<int64_t>();
-  } else {
-    refuse(str("rope_scaling of type '", type, "' (", r.dump(), "; linear and llama3 are)"));
-  }
-  return s;
-}
-
-json rope_scaling_json(const RopeScaling& s) {
-  switch (s.kind) {
-    case RopeScaling::Kind::linear:
-      return {{"rope_type", "linear"}, {"factor", s.factor}};
-    case RopeScaling::Kind::llama3:
-      return {{"rope_type", "llama3"},
-              {"factor", s.factor},
-              {"low_freq_factor", s.low_freq_factor},
-              {"high_freq_factor", s.high_freq_factor},
-              {"original_max_position_embeddings", s.original_max_position_embeddings}};
-    case RopeScaling::Kind::none:
-      break;
-  }
-  return nullptr;
-}
-
-namespace {
 
 void read_llama(const json& j, ModelConfig& c) {
   c.arch = "llama";
@@ -163,7 +119,7 @@ json hf_config_json(const ModelConfig& c) {
             {"max_position_embeddings", c.max_position_embeddings},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"initializer_range", c.init_std},
-            {"rope_scaling", rope_scaling_json(c.rope_scaling)},
+            {"rope_scaling", io::rope_scaling_json(c.rope_scaling)},
             {"torch_dtype", c.dtype == DType::bf16  ? "bfloat16"
                             : c.dtype == DType::f64 ? "float64"
                                                     : "float32"}};
@@ -214,7 +170,7 @@ ModelConfig model_config_from_hf(const json& j) {
     c.init_std = j.value("initializer_range", 0.02);
     c.init_method = InitMethod::normal;
     c.dtype = DType::f32;  // weights are cast to f32 as transformers does (hf.h)
-    c.rope_scaling = read_rope_scaling(j);
+    c.rope_scaling = io::read_rope_scaling(j);
     if (type == "llama")
       read_llama(j, c);
     else if (type == "gpt_neox")
@@ -236,14 +192,7 @@ ModelConfig model_config_from_hf(const json& j) {
 
 ModelConfig read_hf_config(const fs::path& hf_dir) {
   const fs::path f = hf_dir / "config.json";
-  json j;
-  try {
-    j = json::parse(read_file(f));
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CheckpointError(str("[import-hf] ", f.string(), ": ", e.what()));
-  }
+  const json j = io::read_hf_config_json(hf_dir);
   try {
     return model_config_from_hf(j);
   } catch (const UserError& e) {

@@ -8,8 +8,9 @@
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/checkpoint/reshard.h"
-#include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/io/hf_folder.h"
+#include "nxd/io/safetensors.h"
 #include "nxd/layers/parallel/attributes.h"
 
 namespace nxd::ckpt {
@@ -17,93 +18,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalize
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while (!(mant & 0x400u));
-      bits = sign | ((127 - 15 - static_cast<uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// One transformers safetensors file, every tensor cast to f32 into `out`. HF files carry no
-// checksums; sizes and offsets are checked against the file.
-void read_hf_file(const fs::path& file, std::map<std::string, Tensor>& out,
-                  const std::set<std::string>* only = nullptr) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw CheckpointError(str("[import-hf] cannot read ", file.string()));
-  const auto file_size = static_cast<int64_t>(fs::file_size(file));
-  uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  if (!in || static_cast<int64_t>(n) > file_size - 8)
-    throw CheckpointError(str("[import-hf] ", file.string(), " is not a safetensors file"));
-  std::string head(n, '\0');
-  in.read(head.data(), static_cast<std::streamsize>(n));
-  json h;
-  try {
-    h = json::parse(head);
-  } catch (const std::exception& e) {
-    throw CheckpointError(str("[import-hf] ", file.string(), ": bad header: ", e.what()));
-  }
-  const int64_t data_start = 8 + static_cast<int64_t>(n);
-  std::vector<char> buf;
-  for (const auto& [name, e] : h.items()) {
-    if (name == "__metadata__" || (only && !only->count(name))) continue;
-    const std::string dt = e.at("dtype").get<std::string>();
-    const Shape shape = e.at("shape").get<Shape>();
-    const auto off = e.at("data_offsets").get<std::vector<int64_t>>();
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    const int64_t size = dt == "F32" ? 4 : (dt == "F16" || dt == "BF16") ? 2 : 0;
-    if (size == 0)
-      throw CheckpointError(str("[import-hf] ", file.string(), ": tensor '", name, "' is ", dt,
-                                " (F32, F16 and BF16 are read)"));
-    if (off.size() != 2 || off[1] - off[0] != numel * size || off[0] < 0 ||
-        data_start + off[1] > file_size)
-      throw CheckpointError(str("[import-hf] ", file.string(), ": tensor '", name, "' ", dt,
-                                shape_str(shape), " has data offsets ", e["data_offsets"].dump(),
-                                " outside the file or of the wrong size (file ", file_size,
-                                " bytes)"));
-    buf.resize(static_cast<size_t>(numel * size));
-    in.seekg(data_start + off[0]);
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (!in)
-      throw CheckpointError(str("[import-hf] ", file.string(), ": cannot read '", name, "'"));
-    Tensor t = empty(shape, DType::f32);
-    float* d = t.data<float>();
-    for (int64_t i = 0; i < numel; ++i) {
-      if (dt == "F32") {
-        std::memcpy(&d[i], buf.data() + 4 * i, 4);
-      } else {
-        uint16_t v;
-        std::memcpy(&v, buf.data() + 2 * i, 2);
-        if (dt == "F16") {
-          d[i] = half_to_float(v);
-        } else {
-          const uint32_t bits = static_cast<uint32_t>(v) << 16;
-          std::memcpy(&d[i], &bits, 4);
-        }
-      }
-    }
-    out[name] = t;
-  }
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -136,47 +50,9 @@ void drop_non_weights(std::map<std::string, Tensor>& w, const ModelConfig& cfg,
 
 }  // namespace
 
-bool is_hf_folder(const fs::path& dir) {
-  return fs::is_regular_file(dir / "config.json") &&
-         (fs::is_regular_file(dir / "model.safetensors") ||
-          fs::is_regular_file(dir / "model.safetensors.index.json"));
-}
-
 std::map<std::string, Tensor> read_hf_weights(const fs::path& hf_dir, const ModelConfig& cfg,
                                               std::vector<std::string>* notes) {
-  std::map<std::string, Tensor> w;
-  const fs::path index = hf_dir / "model.safetensors.index.json";
-  if (fs::is_regular_file(hf_dir / "model.safetensors")) {
-    read_hf_file(hf_dir / "model.safetensors", w);
-  } else if (fs::is_regular_file(index)) {
-    std::map<std::string, std::set<std::string>> by_file;
-    try {
-      const json j = json::parse(read_file(index));
-      for (const auto& [name, f] : j.at("weight_map").items())
-        by_file[f.get<std::string>()].insert(name);
-    } catch (const CheckpointError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw CheckpointError(str("[import-hf] ", index.string(), ": ", e.what()));
-    }
-    for (const auto& [f, names] : by_file) {
-      if (f.find('/') != std::string::npos || f == ".." || !fs::is_regular_file(hf_dir / f))
-        throw CheckpointError(str("[import-hf] ", index.string(), " lists shard '", f,
-                                  "', which is not a file of ", hf_dir.string()));
-      const size_t before = w.size();
-      read_hf_file(hf_dir / f, w, &names);
-      if (w.size() - before != names.size())
-        for (const auto& n : names)
-          if (!w.count(n))
-            throw CheckpointError(str("[import-hf] ", (hf_dir / f).string(), " has no tensor '", n,
-                                      "' (listed in ", index.string(), ")"));
-    }
-    if (notes)
-      notes->push_back(str("read ", by_file.size(), " shard(s) listed in ", index.string()));
-  } else {
-    throw CheckpointError(str("[import-hf] ", hf_dir.string(),
-                              " has neither model.safetensors nor model.safetensors.index.json"));
-  }
+  std::map<std::string, Tensor> w = io::read_hf_tensors(hf_dir, notes);
   drop_non_weights(w, cfg, notes);
   return w;
 }
@@ -199,9 +75,9 @@ void load_full_tensors(const std::vector<Module*>& modules,
       const Shape want = full_shape(t.shape(), s);
       if (it->second.shape() != want || (opts.same_dtype && it->second.dtype() != t.dtype()))
         throw CheckpointError(str("[import] ", source, ": tensor '", n, "' is ",
-                                  safetensors_dtype(it->second.dtype()),
+                                  io::safetensors_dtype(it->second.dtype()),
                                   shape_str(it->second.shape()), ", the model needs ",
-                                  safetensors_dtype(t.dtype()), shape_str(want)));
+                                  io::safetensors_dtype(t.dtype()), shape_str(want)));
       const Tensor src = it->second.dtype() == t.dtype() ? it->second : it->second.to(t.dtype());
       t.detach().copy_(shard_view(src, s, rank));
       if (opts.used) opts.used->insert(n);
@@ -212,14 +88,14 @@ void load_full_tensors(const std::vector<Module*>& modules,
 WeightSource inspect_weight_source(const fs::path& path) {
   WeightSource s;
   s.path = path;
-  if (fs::is_directory(path) && is_hf_folder(path)) {
+  if (fs::is_directory(path) && io::is_hf_folder(path)) {
     s.kind = WeightSource::Kind::hf_folder;
     s.config = read_hf_config(path);
     s.description = str("the transformers folder ", path.string(), " (", s.config.arch, ")");
     return s;
   }
   if (fs::is_regular_file(path)) {
-    const SafetensorsHeader h = SafetensorsReader(path).header();
+    const io::SafetensorsHeader h = io::SafetensorsReader(path).header();
     const auto mc = h.metadata.find("nxd.model_config");
     if (mc == h.metadata.end())
       throw CheckpointError(str("[init_from] ", path.string(),
@@ -261,7 +137,7 @@ std::map<std::string, Tensor> read_source_weights(const WeightSource& src,
   if (src.kind == WeightSource::Kind::hf_folder)
     return read_hf_weights(src.path, src.config, notes);
   std::vector<std::pair<std::string, Tensor>> v = src.kind == WeightSource::Kind::merged_file
-                                                      ? SafetensorsReader(src.path).read_all()
+                                                      ? io::SafetensorsReader(src.path).read_all()
                                                       : read_merged_model(src.path);
   std::map<std::string, Tensor> w;
   for (auto& [n, t] : v) w[n] = t.to(DType::f32);

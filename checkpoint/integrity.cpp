@@ -4,11 +4,11 @@
 #include <cstdio>
 #include <cstring>
 
-#include "nxd/checkpoint/fileio.h"
+#include "nxd/checkpoint/error.h"
 
 namespace nxd::ckpt::detail {
 
-void check_shard_identity(const SafetensorsHeader& h, const std::string& rel,
+void check_shard_identity(const io::SafetensorsHeader& h, const std::string& rel,
                           const std::string& path, const char* prefix) {
   char kind[16] = {0};
   int dp = -1, tp = -1, pp = -1;

@@ -10,12 +10,13 @@
 #include <cstdint>
 #include <string>
 
-#include "nxd/checkpoint/safetensors.h"
+#include "nxd/checkpoint/error.h"
+#include "nxd/io/safetensors.h"
 
 namespace nxd::ckpt::detail {
 
 // CheckpointError naming `prefix` ("[load_checkpoint]"), the file and what disagrees.
-void check_shard_identity(const SafetensorsHeader& h, const std::string& rel,
+void check_shard_identity(const io::SafetensorsHeader& h, const std::string& rel,
                           const std::string& path, const char* prefix);
 
 // The NaN and infinite values among n elements of a floating dtype (0 for integer dtypes).

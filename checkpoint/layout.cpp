@@ -102,7 +102,7 @@ std::map<std::string, ShardSpec> model_specs(const std::vector<const Module*>& c
   return out;
 }
 
-std::map<std::string, ShardSpec> specs_of(const SafetensorsHeader& h, const std::string& file) {
+std::map<std::string, ShardSpec> specs_of(const io::SafetensorsHeader& h, const std::string& file) {
   std::map<std::string, ShardSpec> out;
   auto it = h.metadata.find("nxd.parallel");
   if (it == h.metadata.end()) return out;
@@ -136,10 +136,10 @@ void apply_retention(const fs::path& path, int keep, const std::string& current)
     const fs::path dir = path / complete[i].tag;
     std::error_code ec;
     fs::remove(dir / kDone, ec);  // no longer complete before anything else goes
-    fsync_dir(dir);
+    io::fsync_dir(dir);
     fs::remove_all(dir, ec);
   }
-  fsync_dir(path);
+  io::fsync_dir(path);
 }
 
 }  // namespace detail
@@ -155,7 +155,7 @@ std::vector<TagInfo> list_checkpoints(const fs::path& path) {
     t.tag = e.path().filename().string();
     if (fs::exists(e.path() / detail::kDone)) {
       try {
-        const json d = json::parse(read_file(e.path() / detail::kDone));
+        const json d = json::parse(io::read_file(e.path() / detail::kDone));
         t.seq = d.at("seq").get<int64_t>();
         t.complete = true;
       } catch (const std::exception&) {
@@ -188,9 +188,9 @@ void remove_checkpoint(const fs::path& path, const std::string& tag) {
     throw CheckpointError(str("[remove_checkpoint] ", dir.string(), " is not a checkpoint"));
   std::error_code ec;
   fs::remove(dir / detail::kDone, ec);
-  fsync_dir(dir);
+  io::fsync_dir(dir);
   fs::remove_all(dir, ec);
-  fsync_dir(path);
+  io::fsync_dir(path);
 }
 
 bool has_checkpoint(const fs::path& path) {
@@ -202,7 +202,7 @@ json read_metadata(const fs::path& tag_dir) {
   if (!fs::exists(tag_dir / detail::kDone))
     throw CheckpointError(
         str("[checkpoint] ", tag_dir.string(), " is not a complete checkpoint (no done marker)"));
-  const json m = parse_metadata(read_file(p), p.string());
+  const json m = parse_metadata(io::read_file(p), p.string());
   return m;
 }
 

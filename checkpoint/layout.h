@@ -8,8 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "nxd/checkpoint/error.h"
 #include "nxd/checkpoint/reshard.h"
-#include "nxd/checkpoint/safetensors.h"
+#include "nxd/io/safetensors.h"
 
 namespace nxd::ckpt::detail {
 
@@ -56,7 +57,7 @@ std::string broadcast_string(const std::string& s);
 // The split of every parallel-tagged tensor of `model`, by name (unsplit ones are absent).
 std::map<std::string, ShardSpec> model_specs(const std::vector<const Module*>& chunks);
 // The split recorded in a shard's metadata ("nxd.parallel"), by tensor name.
-std::map<std::string, ShardSpec> specs_of(const SafetensorsHeader& h, const std::string& file);
+std::map<std::string, ShardSpec> specs_of(const io::SafetensorsHeader& h, const std::string& file);
 
 // Removes complete checkpoints beyond `keep` (done first, then files) and incomplete marked
 // folders other than `current`.

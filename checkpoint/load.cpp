@@ -101,7 +101,7 @@ std::vector<optim::StateShard> staged_records(const std::vector<optim::StateShar
 
 optim::LRScheduleOptions scheduler_options(const fs::path& p) {
   try {
-    const json j = json::parse(read_file(p));
+    const json j = json::parse(io::read_file(p));
     optim::LRScheduleOptions o;
     o.kind = optim::schedule_kind_from_name(j.at("kind").get<std::string>());
     o.lr = j.at("lr").get<double>();
@@ -194,7 +194,7 @@ Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
   const fs::path uc = dir / detail::kUserContent;
   if (fs::exists(uc)) {
     try {
-      s.user = json::parse(read_file(uc));
+      s.user = json::parse(io::read_file(uc));
     } catch (const std::exception& e) {
       throw CheckpointError(str("[load_checkpoint] ", uc.string(), ": ", e.what()));
     }

@@ -46,7 +46,7 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& ta
     const ShardSpec s = e.contains("split") ? shard_spec_from_json(e["split"], name) : ShardSpec{};
     bool ok = false;
     for (DType d : {DType::f32, DType::bf16, DType::f64, DType::i32, DType::i64})
-      if (e.at("dtype").get<std::string>() == safetensors_dtype(d)) {
+      if (e.at("dtype").get<std::string>() == io::safetensors_dtype(d)) {
         index[name] = full.size();
         full.emplace_back(name, empty(e.at("shape").get<Shape>(), d));
         ok = true;
@@ -64,12 +64,12 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& ta
   for (const auto& [rel, items] : by_file) {
     std::map<std::string, int64_t> want(items.begin(), items.end());
     std::map<std::string, Tensor> part;
-    SafetensorsReader r(tag_dir / rel);
+    io::SafetensorsReader r(tag_dir / rel);
     for (const auto& [name, tp] : want)
       if (!r.header().find(name))
         throw CheckpointError(str("[export] ", (tag_dir / rel).string(), ": tensor '", name,
                                   "' is listed in metadata.json but not in the file"));
-    r.read([&](const TensorInfo& t) -> void* {
+    r.read([&](const io::TensorInfo& t) -> void* {
       if (!want.count(t.name) || t.nbytes() == 0) return nullptr;
       Tensor v = shard_view(full[index.at(t.name)].second, spec[t.name], want[t.name]);
       if (v.shape() != t.shape)
@@ -90,7 +90,7 @@ void export_merged(const fs::path& tag_dir, const fs::path& out) {
   const auto full = read_merged_model(tag_dir);
   std::map<std::string, std::string> md{{"nxd.source", tag_dir.string()}};
   if (meta.contains("model_config")) md["nxd.model_config"] = meta["model_config"].dump();
-  write_safetensors(out, full, md);
+  io::write_safetensors(out, full, md);
 }
 
 namespace {
@@ -118,7 +118,7 @@ void import_with_config(const std::map<std::string, Tensor>& full, const std::st
 
 void import_merged(const fs::path& file, const fs::path& out_root, const std::string& tag, int tp,
                    int dp) {
-  const SafetensorsHeader h = SafetensorsReader(file).header();
+  const io::SafetensorsHeader h = io::SafetensorsReader(file).header();
   const auto mc = h.metadata.find("nxd.model_config");
   if (mc == h.metadata.end())
     throw CheckpointError(str("[import] ", file.string(),
@@ -130,7 +130,7 @@ void import_merged(const fs::path& file, const fs::path& out_root, const std::st
     throw CheckpointError(str("[import] ", file.string(), ": nxd.model_config: ", e.what()));
   }
   std::map<std::string, Tensor> full;
-  for (auto& [n, t] : SafetensorsReader(file).read_all()) full[n] = t;
+  for (auto& [n, t] : io::SafetensorsReader(file).read_all()) full[n] = t;
   import_with_config(full, file.string(), model_config_from_json(cj), out_root, tag, tp, dp);
 }
 
@@ -141,7 +141,7 @@ void export_hf(const fs::path& tag_dir, const fs::path& out_dir) {
   const json cfg = hf_config_json(model_config_from_json(meta["model_config"]));
   fs::create_directories(out_dir);
   export_merged(tag_dir, out_dir / "model.safetensors");
-  write_file_atomic(out_dir / "config.json", cfg.dump(2) + "\n");
+  io::write_file_atomic(out_dir / "config.json", cfg.dump(2) + "\n");
 }
 
 void import_hf(const fs::path& hf_dir, const fs::path& out_root, const std::string& tag, int tp,
@@ -181,7 +181,7 @@ json model_config_json_dense(const ModelConfig& c) {
           {"max_position_embeddings", c.max_position_embeddings},
           {"rotary_pct", c.rotary_pct},
           {"rope_theta", c.rope_theta},
-          {"rope_scaling", rope_scaling_json(c.rope_scaling)},
+          {"rope_scaling", io::rope_scaling_json(c.rope_scaling)},
           {"norm_eps", c.norm_eps},
           {"init_method", init_method_name(c.init_method)},
           {"init_std", c.init_std},
@@ -212,7 +212,7 @@ ModelConfig model_config_from_json(const json& j) {
     c.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
     c.rotary_pct = j.at("rotary_pct").get<double>();
     c.rope_theta = j.at("rope_theta").get<double>();
-    c.rope_scaling = read_rope_scaling(j);
+    c.rope_scaling = io::read_rope_scaling(j);
     c.norm_eps = j.at("norm_eps").get<double>();
     c.init_method = parse_init_method(j.value("init_method", std::string("normal")));
     c.init_std = j.at("init_std").get<double>();

@@ -1,6 +1,6 @@
 #include "nxd/checkpoint/reshard.h"
 
-#include "nxd/checkpoint/fileio.h"
+#include "nxd/checkpoint/error.h"
 
 namespace nxd::ckpt {
 

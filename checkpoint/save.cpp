@@ -236,11 +236,11 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
 
 int64_t write_files(const SavePlan& p) {
   int64_t bytes = 0;
-  SafetensorsWriteOptions w{
+  io::SafetensorsWriteOptions w{
       .compress = p.opts.compress, .zstd_level = p.opts.zstd_level, .sync = p.opts.sync};
   for (const auto& s : p.shards)
-    bytes += write_safetensors(p.dir / s.file, s.tensors, s.meta, w).data_bytes;
-  for (const auto& [name, text] : p.texts) write_file_atomic(p.dir / name, text, p.opts.sync);
+    bytes += io::write_safetensors(p.dir / s.file, s.tensors, s.meta, w).data_bytes;
+  for (const auto& [name, text] : p.texts) io::write_file_atomic(p.dir / name, text, p.opts.sync);
   return bytes;
 }
 
@@ -266,7 +266,7 @@ json index_zero1(const SavePlan& p, json& files, json& table) {
       for (const auto& [name, e] : idx.tensors) {
         auto it = specs.find(name);
         const ShardSpec s = it == specs.end() ? ShardSpec{} : it->second;
-        json entry = {{"dtype", safetensors_dtype(e.dtype)},
+        json entry = {{"dtype", io::safetensors_dtype(e.dtype)},
                       {"shape", full_shape(e.shape, s)},
                       {"pp_rank", pp}};
         if (s.split) entry["split"] = to_json(s);
@@ -294,15 +294,15 @@ void swap_in(const SavePlan& p) {
     if (ec)
       throw CheckpointError(str("[save_checkpoint] cannot rename ", p.dir.string(), " to ",
                                 target.string(), ": ", ec.message()));
-    fsync_dir(p.path);
+    io::fsync_dir(p.path);
     fs::remove_all(old, ec);
-    fsync_dir(p.path);
+    io::fsync_dir(p.path);
     return;
   }
-  fsync_dir(p.path);
+  io::fsync_dir(p.path);
   fs::remove(p.dir / detail::kDone, ec);  // the old contents, now aside
   fs::remove_all(p.dir, ec);
-  fsync_dir(p.path);
+  io::fsync_dir(p.path);
 }
 
 // Global rank 0, after every rank wrote its files: metadata.json from the shards' headers (so
@@ -317,14 +317,14 @@ void complete(const SavePlan& p) {
         for (int tp = 0; tp < d.tp; ++tp) {
           const std::string rel = detail::shard_file(
               kind, {.dp_rank = dp, .tp_rank = tp, .pp_rank = pp, .compressed = p.opts.compress});
-          SafetensorsReader r(p.dir / rel);
+          io::SafetensorsReader r(p.dir / rel);
           files[rel] = {{"bytes", r.file_size()}, {"tensors", r.header().tensors.size()}};
           if (tp != 0) continue;
           const auto specs = detail::specs_of(r.header(), rel);
           for (const auto& t : r.header().tensors) {
             auto it = specs.find(t.name);
             const ShardSpec s = it == specs.end() ? ShardSpec{} : it->second;
-            json e = {{"dtype", safetensors_dtype(t.dtype)},
+            json e = {{"dtype", io::safetensors_dtype(t.dtype)},
                       {"shape", full_shape(t.shape, s)},
                       {"pp_rank", pp}};
             if (s.split) e["split"] = to_json(s);
@@ -357,9 +357,9 @@ void complete(const SavePlan& p) {
   if (!p.model_config.is_null()) m["model_config"] = p.model_config;
   if (p.has_model) m["model"] = model;
   if (p.has_optim) m["optimizer"] = {{"info", optim_info}, {"tensors", optim}};
-  write_file_atomic(p.dir / detail::kMetadata, m.dump(1), p.opts.sync);
-  write_file_atomic(p.dir / detail::kDone, json{{"tag", p.tag}, {"seq", seq}}.dump() + "\n",
-                    p.opts.sync);
+  io::write_file_atomic(p.dir / detail::kMetadata, m.dump(1), p.opts.sync);
+  io::write_file_atomic(p.dir / detail::kDone, json{{"tag", p.tag}, {"seq", seq}}.dump() + "\n",
+                        p.opts.sync);
   if (p.swap) swap_in(p);
   detail::apply_retention(p.path, p.opts.num_kept_ckpts, p.tag);
 }
@@ -439,15 +439,15 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
       // Re-saving an incomplete tag: it stops counting first, then the old files go (a save at
       // other degrees would leave shards that no longer belong to it).
       fs::remove(plan->dir / detail::kDone, ec);
-      fsync_dir(plan->dir);
+      io::fsync_dir(plan->dir);
       for (const auto& e : fs::directory_iterator(plan->dir))
         if (e.path().filename() != detail::kMarker) fs::remove_all(e.path(), ec);
     }
     fs::create_directories(plan->dir / "model");
     fs::create_directories(plan->dir / "optim");
-    fsync_dir(plan->dir);
-    write_file_atomic(plan->dir / detail::kMarker, "nxd checkpoint\n", opts.sync);
-    fsync_dir(path);
+    io::fsync_dir(plan->dir);
+    io::write_file_atomic(plan->dir / detail::kMarker, "nxd checkpoint\n", opts.sync);
+    io::fsync_dir(path);
   });
   aside = detail::broadcast_string(aside);
   if (!aside.empty()) {

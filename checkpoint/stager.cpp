@@ -40,9 +40,9 @@ void Stager::plan(const char* kind, const json& e, Want& w) {
   const DType dtype = w.target.dtype();
   const Shape full = e.at("shape").get<Shape>();
   const std::string dt = e.at("dtype").get<std::string>();
-  if (dt != safetensors_dtype(dtype))
+  if (dt != io::safetensors_dtype(dtype))
     throw CheckpointError(str("[load_checkpoint] ", where, " is ", dt, " in the checkpoint but ",
-                              safetensors_dtype(dtype), " in the target"));
+                              io::safetensors_dtype(dtype), " in the target"));
   const ShardSpec saved =
       e.contains("split") ? shard_spec_from_json(e["split"], where) : ShardSpec{};
   const int pp = e.at("pp_rank").get<int>();
@@ -151,9 +151,9 @@ void Stager::fetch(const char* kind, const std::string& name, int tp, int pp, co
   const DpIndex::Entry& e = it->second;
   if (e.shape != local || e.dtype != dtype)
     throw CheckpointError(str("[load_checkpoint] ", dir_.string(), ": optimizer tensor '", name,
-                              "' is ", safetensors_dtype(e.dtype), shape_str(e.shape),
+                              "' is ", io::safetensors_dtype(e.dtype), shape_str(e.shape),
                               " in the DP shards of tp rank ", tp, " pp rank ", pp, ", expected ",
-                              safetensors_dtype(dtype), shape_str(local)));
+                              io::safetensors_dtype(dtype), shape_str(local)));
   const int64_t es = dtype_size(dtype);
   for (const Piece& p : e.pieces) {
     const int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
@@ -169,21 +169,21 @@ void Stager::fetch(const char* kind, const std::string& name, int tp, int pp, co
 void Stager::read_file(const std::string& rel, std::map<std::string, FileTensor>& tensors) {
   const fs::path p = dir_ / rel;
   if (!fs::exists(p)) throw CheckpointError(str("[load_checkpoint] missing shard ", p.string()));
-  SafetensorsReader r(p);
+  io::SafetensorsReader r(p);
   check_shard_identity(r.header(), rel, p.string(), "[load_checkpoint]");
   for (const auto& [name, ft] : tensors) {
-    const TensorInfo* t = r.header().find(name);
+    const io::TensorInfo* t = r.header().find(name);
     if (!t)
       throw CheckpointError(str("[load_checkpoint] ", p.string(), ": tensor '", name,
                                 "' is listed in metadata.json but not in the file"));
     if (t->shape != ft.shape || t->dtype != ft.dtype)
       throw CheckpointError(str("[load_checkpoint] ", p.string(), ": tensor '", name, "' is ",
-                                safetensors_dtype(t->dtype), shape_str(t->shape), ", expected ",
-                                safetensors_dtype(ft.dtype), shape_str(ft.shape)));
+                                io::safetensors_dtype(t->dtype), shape_str(t->shape), ", expected ",
+                                io::safetensors_dtype(ft.dtype), shape_str(ft.shape)));
   }
   // a tensor read whole goes straight to its destination; parts of one through a temporary
   std::map<std::string, Tensor> temps;
-  r.read([&](const TensorInfo& t) -> void* {
+  r.read([&](const io::TensorInfo& t) -> void* {
     auto it = tensors.find(t.name);
     if (it == tensors.end() || t.nbytes() == 0) return nullptr;
     const FileTensor& ft = it->second;

@@ -22,8 +22,8 @@ namespace {
 
 // What load checks of a shard (integrity.h), and that its header agrees with metadata.json (size,
 // dtypes, whole shapes); then every tensor is read (checksums) and model tensors must be finite.
-void verify_shard(const json& meta, const std::string& rel, const json& info, SafetensorsReader& r,
-                  VerifyReport& rep) {
+void verify_shard(const json& meta, const std::string& rel, const json& info,
+                  io::SafetensorsReader& r, VerifyReport& rep) {
   const std::string p = r.path().string();
   detail::check_shard_identity(r.header(), rel, p, "[verify]");
   const int64_t want_bytes = info.at("bytes").get<int64_t>();
@@ -42,16 +42,16 @@ void verify_shard(const json& meta, const std::string& rel, const json& info, Sa
       const json& e = table.at(t.name);
       auto it = specs.find(t.name);
       const Shape whole = full_shape(t.shape, it == specs.end() ? ShardSpec{} : it->second);
-      if (e.at("dtype").get<std::string>() != safetensors_dtype(t.dtype) ||
+      if (e.at("dtype").get<std::string>() != io::safetensors_dtype(t.dtype) ||
           e.at("shape").get<Shape>() != whole)
         throw CheckpointError(str("[verify] ", p, ": tensor '", t.name, "' is ",
-                                  safetensors_dtype(t.dtype), shape_str(whole),
+                                  io::safetensors_dtype(t.dtype), shape_str(whole),
                                   " (whole), metadata.json says ", e.at("dtype").get<std::string>(),
                                   e.at("shape").dump()));
     }
   }
   std::vector<char> buf;
-  std::optional<TensorInfo> last;  // the tensor in buf, checked when the next one starts
+  std::optional<io::TensorInfo> last;  // the tensor in buf, checked when the next one starts
   auto finite = [&] {
     if (!last || !model) return;
     if (const int64_t bad = detail::count_nonfinite(
@@ -59,7 +59,7 @@ void verify_shard(const json& meta, const std::string& rel, const json& info, Sa
       throw CheckpointError(str("[verify] ", p, ": model tensor '", last->name, "' holds ", bad,
                                 " NaN or infinite value(s)"));
   };
-  r.read([&](const TensorInfo& t) -> void* {
+  r.read([&](const io::TensorInfo& t) -> void* {
     finite();
     ++rep.tensors;
     rep.bytes += t.nbytes();
@@ -75,7 +75,7 @@ void verify_shard(const json& meta, const std::string& rel, const json& info, Sa
 struct Holders {
   // (kind, tp, pp) -> tensor name -> DP ranks of the files that hold it
   std::map<std::tuple<std::string, int, int>, std::map<std::string, std::vector<int>>> by_rank;
-  void add(const std::string& rel, const SafetensorsHeader& h) {
+  void add(const std::string& rel, const io::SafetensorsHeader& h) {
     char kind[16] = {0};
     int dp = -1, tp = -1, pp = -1;
     if (std::sscanf(rel.c_str(), "%15[a-z]/dp_rank_%d_tp_rank_%d_pp_rank_%d", kind, &dp, &tp,
@@ -200,7 +200,7 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
     ++rep.files;
     if (rel.find(".safetensors") == std::string::npos) {
       try {
-        const json parsed = json::parse(read_file(p));
+        const json parsed = json::parse(io::read_file(p));
         (void)parsed;
       } catch (const CheckpointError&) {
         throw;
@@ -209,7 +209,7 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
       }
       continue;
     }
-    SafetensorsReader r(p);
+    io::SafetensorsReader r(p);
     verify_shard(meta, rel, info, r, rep);
     if (!(zero1 && rel.rfind("optim/", 0) == 0)) holders.add(rel, r.header());
   }

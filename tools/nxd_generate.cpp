@@ -32,15 +32,15 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
-#include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
+#include "nxd/io/safetensors.h"
+#include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/inference_model.h"
 #include "nxd/trace/decoder.h"
 #include "nxd/trace/save_load.h"
-#include "nxd/train/tokenizer.h"
 
 namespace fs = std::filesystem;
 using namespace nxd;
@@ -229,8 +229,8 @@ ModelSource resolve_source(const GenerateCli& c) {
 
 // The prompt's and the text's tokens: a tokenizer.json or bytes, read before any rank starts.
 struct Tokens {
-  std::shared_ptr<const Tokenizer> tok;  // null: bytes
-  std::string line;                      // what the report's `tokenizer:` line says
+  std::shared_ptr<const io::Tokenizer> tok;  // null: bytes
+  std::string line;                          // what the report's `tokenizer:` line says
 };
 
 Tokens load_tokens(const GenerateCli& c) {
@@ -240,7 +240,7 @@ Tokens load_tokens(const GenerateCli& c) {
     why = " (found in --hf's folder; --tokenizer bytes for byte tokens)";
   }
   if (path.empty() || path == "bytes") return {nullptr, "bytes (the prompt's bytes are its ids)"};
-  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(path));
+  auto tok = std::make_shared<const io::Tokenizer>(io::Tokenizer::from_file(path));
   return {tok, str(path, ": ", tok->description(), why)};
 }
 

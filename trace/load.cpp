@@ -7,10 +7,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "nxd/checkpoint/crc32c.h"
-#include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/io/crc32c.h"
+#include "nxd/io/safetensors.h"
 #include "nxd/trace/mapped_file.h"
 #include "nxd/trace/save_load.h"
 
@@ -71,7 +71,7 @@ std::shared_ptr<MappedFile> open_checked(const fs::path& dir, const std::string&
     throw TraceError(str("[parallel_model_load] ", path.string(), " has ", f->size(),
                          " bytes, the manifest says ", want, " (truncated or replaced)"));
   char hex[9];
-  std::snprintf(hex, sizeof hex, "%08x", ckpt::crc32c(f->data(), static_cast<size_t>(f->size())));
+  std::snprintf(hex, sizeof hex, "%08x", io::crc32c(f->data(), static_cast<size_t>(f->size())));
   if (crc != hex)
     throw TraceError(str("[parallel_model_load] ", path.string(), " is corrupt: CRC-32C ", hex,
                          ", the manifest says ", crc));
@@ -83,16 +83,15 @@ std::map<std::string, Tensor> tensors_of(const std::shared_ptr<MappedFile>& f,
                                          const std::string& where) {
   std::map<std::string, Tensor> out;
   try {
-    if (f->size() < 8) throw ckpt::CheckpointError("shorter than its 8-byte header length");
+    if (f->size() < 8) throw io::FileError("shorter than its 8-byte header length");
     uint64_t n = 0;
     std::memcpy(&n, f->data(), 8);
-    if (n > static_cast<uint64_t>(f->size() - 8))
-      throw ckpt::CheckpointError("header past the end");
-    ckpt::SafetensorsHeader h =
-        ckpt::parse_header(std::string(f->data() + 8, static_cast<size_t>(n)), where);
+    if (n > static_cast<uint64_t>(f->size() - 8)) throw io::FileError("header past the end");
+    io::SafetensorsHeader h =
+        io::parse_header(std::string(f->data() + 8, static_cast<size_t>(n)), where);
     h.data_start = 8 + static_cast<int64_t>(n);
-    if (h.data_start + h.data_size > f->size()) throw ckpt::CheckpointError("data past the end");
-    for (const ckpt::TensorInfo& t : h.tensors) {
+    if (h.data_start + h.data_size > f->size()) throw io::FileError("data past the end");
+    for (const io::TensorInfo& t : h.tensors) {
       char* p = f->mutable_data() + h.data_start + t.begin;
       auto impl = std::make_shared<TensorImpl>();
       impl->shape = t.shape;

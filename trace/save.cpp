@@ -1,9 +1,9 @@
 #include <nlohmann/json.hpp>
 
-#include "nxd/checkpoint/crc32c.h"
-#include "nxd/checkpoint/fileio.h"
-#include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/communicator.h"
+#include "nxd/io/crc32c.h"
+#include "nxd/io/fileio.h"
+#include "nxd/io/safetensors.h"
 #include "nxd/trace/mapped_file.h"
 #include "nxd/trace/save_load.h"
 
@@ -46,7 +46,7 @@ std::vector<std::string> save_rank(const TensorParallelModel& m, const RankProgr
     check_savable(t, name);
     shared.emplace_back("state:" + name, t);
   }
-  ckpt::write_safetensors(dir / rd / "weights.safetensors", shared, {{"format", "pt"}});
+  io::write_safetensors(dir / rd / "weights.safetensors", shared, {{"format", "pt"}});
   files.push_back(rd + "/weights.safetensors");
   for (size_t b = 0; b < p.graphs.size(); ++b) {
     const CompiledGraph& c = *p.graphs[b];
@@ -62,10 +62,10 @@ std::vector<std::string> save_rank(const TensorParallelModel& m, const RankProgr
       own.emplace_back(str("const:", i), p.constants[b][i]);
     }
     const std::string st = str(rd, "/bucket", b, ".safetensors");
-    ckpt::write_safetensors(dir / st, own, {{"format", "pt"}});
+    io::write_safetensors(dir / st, own, {{"format", "pt"}});
     const std::string gj = str(rd, "/bucket", b, ".json");
     const json j = {{"graph", json::parse(graph_to_json(c.graph))}, {"compile", plan_json(c)}};
-    ckpt::write_file_atomic(dir / gj, j.dump(1));
+    io::write_file_atomic(dir / gj, j.dump(1));
     files.push_back(st);
     files.push_back(gj);
   }
@@ -75,7 +75,7 @@ std::vector<std::string> save_rank(const TensorParallelModel& m, const RankProgr
 json file_entry(const fs::path& path) {
   MappedFile f(path);
   char hex[9];
-  std::snprintf(hex, sizeof hex, "%08x", ckpt::crc32c(f.data(), static_cast<size_t>(f.size())));
+  std::snprintf(hex, sizeof hex, "%08x", io::crc32c(f.data(), static_cast<size_t>(f.size())));
   return {{"bytes", f.size()}, {"crc32c", hex}};
 }
 
@@ -120,7 +120,7 @@ void parallel_model_save(const TensorParallelModel& m, const fs::path& dir) {
   for (size_t i = 0; i < m.ranks().size(); ++i)
     save_rank(m, m.ranks()[i], mpi ? me : static_cast<int>(i), dir);
   if (mpi) world().barrier();
-  if (me == 0) ckpt::write_file_atomic(dir / "manifest.json", manifest(m, dir).dump(1));
+  if (me == 0) io::write_file_atomic(dir / "manifest.json", manifest(m, dir).dump(1));
   if (mpi) world().barrier();
 }
 

@@ -50,7 +50,7 @@ void check_resume_source(const Config& c) {
                           "model.init_from=",
                           p, " instead"));
   };
-  if (ckpt::is_hf_folder(p)) use_init("a transformers folder");
+  if (io::is_hf_folder(p)) use_init("a transformers folder");
   if (fs::is_regular_file(p)) use_init("a file (an exported model)");
   fs::path tag;
   try {

@@ -140,9 +140,9 @@ std::string summarize_skipped(const std::vector<SkippedFile>& skipped) {
 
 // The byte tokens of a text corpus re-tokenized by data.tokenizer (ConfigError when the model's
 // vocabulary does not cover the tokenizer's ids).
-std::shared_ptr<const Tokenizer> tokenize_corpus(Corpus& corpus, const std::string& path,
-                                                 const TrainConfig& cfg) {
-  auto tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(path));
+std::shared_ptr<const io::Tokenizer> tokenize_corpus(Corpus& corpus, const std::string& path,
+                                                     const TrainConfig& cfg) {
+  auto tok = std::make_shared<const io::Tokenizer>(io::Tokenizer::from_file(path));
   if (tok->vocab_size() > cfg.model.vocab_size)
     throw ConfigError(str("[data] data.tokenizer ", path, " has ", tok->vocab_size(),
                           " ids but model.vocab_size=", cfg.model.vocab_size));

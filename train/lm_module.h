@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/train/config.h"
 #include "nxd/train/corpus.h"
-#include "nxd/train/tokenizer.h"
 #include "nxd/trainer/module.h"
 
 namespace nxd::trainer {
@@ -51,9 +51,9 @@ class CausalLMModule : public TrainingModule {
 
 struct TrainData {
   std::shared_ptr<const Dataset> train, val;
-  std::shared_ptr<const Tokenizer> tokenizer;  // data.tokenizer (null: byte level)
-  std::string description;                     // one line: source, tokens, files, samples
-  std::vector<SkippedFile> skipped;            // files of a text folder that were not read
+  std::shared_ptr<const io::Tokenizer> tokenizer;  // data.tokenizer (null: byte level)
+  std::string description;                         // one line: source, tokens, files, samples
+  std::vector<SkippedFile> skipped;                // files of a text folder that were not read
 };
 // Loads the data of cfg.data (throws IoError / ConfigError naming the path and keys).
 TrainData build_data(const TrainConfig& cfg);

@@ -201,7 +201,7 @@ void print_result(const TrainConfig& cfg, const FitResult& fr, std::FILE* out) {
 // The sample: the prompt and up to generation.max_new_tokens more, every token seeing the whole
 // sequence from position 0 (no sliding window): it stops where the model's context
 // (max_position_embeddings) is full, and `note` says so.
-std::string generate_sample(const TrainConfig& cfg, CausalLM& lm, const Tokenizer* tok,
+std::string generate_sample(const TrainConfig& cfg, CausalLM& lm, const io::Tokenizer* tok,
                             std::string& note) {
   const auto& g = cfg.generation;
   std::vector<int64_t> prompt;

@@ -11,9 +11,9 @@
 #include <memory>
 #include <string>
 
+#include "io/io_util.h"
 #include "nxd/autograd/graph.h"
 #include "nxd/checkpoint/checkpoint.h"
-#include "nxd/checkpoint/fileio.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/optim/lr_schedule.h"
@@ -23,32 +23,6 @@
 #include "support/tiny_models.h"
 
 namespace nxd::testing {
-
-// What f throws: a CheckpointError's message, "wrong exception type: ..." for any other
-// exception, or "no exception".
-inline std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ckpt::CheckpointError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
-}
-
-// A fresh scratch folder <temp>/<prefix><pid>_<test name>, removed when the test ends: the pid
-// keeps runs of the same tests from other worktrees (sharing /tmp) apart.
-struct ScratchDir {
-  std::filesystem::path path;
-  explicit ScratchDir(const std::string& prefix)
-      : path(test_temp_dir(prefix + std::to_string(::getpid()) + "_")) {}
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  operator const std::filesystem::path&() const { return path; }
-};
 
 inline ModelConfig ckpt_model_config(int tp) {
   ModelConfig c = tiny_model("llama");

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "nxd/checkpoint/fileio.h"
+#include "nxd/checkpoint/error.h"
 #include "nxd/checkpoint/metadata.h"
 
 extern "C" int nxd_fuzz_metadata(const uint8_t* data, size_t size) {

@@ -16,8 +16,8 @@
 #include "nxd/api/nxd_api.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
-#include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/io/safetensors.h"
 #include "nxd/layers/parallel/context_parallel.h"
 #include "nxd/optim/zero1.h"
 #include "support/ranks.h"
@@ -160,10 +160,10 @@ void reshard_matches_online(bool zero1) {
   reshard_checkpoint(root / "ep4" / "s2", root / "pp2_ep2", {.pp = 2, .dp = 2, .ep = 2});
   EXPECT_GT(verify_checkpoint(root / "pp2_ep2" / "s2").experts, 0);
   // export-hf of EP 2 (with and without PP), EP 4 and one rank: the same tensors, byte for byte
-  const auto one = SafetensorsReader(export_to(root, "dp1_ep1")).read_all();
+  const auto one = io::SafetensorsReader(export_to(root, "dp1_ep1")).read_all();
   ASSERT_EQ(one.size(), saved.params.size());
   for (const char* from : {"dp2_ep2", "ep4", "pp2_ep2"}) {
-    const auto other = SafetensorsReader(export_to(root, from)).read_all();
+    const auto other = io::SafetensorsReader(export_to(root, from)).read_all();
     ASSERT_EQ(other.size(), one.size()) << from;
     for (size_t i = 0; i < one.size(); ++i) {
       ASSERT_EQ(other[i].first, one[i].first) << from;

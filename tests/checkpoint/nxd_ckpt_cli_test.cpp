@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "ckpt_util.h"
-#include "nxd/checkpoint/safetensors.h"
+#include "nxd/io/safetensors.h"
 #include "support/files.h"
 #include "support/proc.h"
 #include "support/ranks.h"
@@ -177,11 +177,11 @@ TEST(NxdCkpt, Zero1InspectVerifyReshardDp) {
 void rewrite_shard(const fs::path& tag, const std::string& rel,
                    const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit,
                    const std::function<void(json&)>& edit_meta = nullptr) {
-  SafetensorsReader r(tag / rel);
+  io::SafetensorsReader r(tag / rel);
   const auto md = r.header().metadata;
   auto tensors = r.read_all();
   edit(tensors);
-  write_safetensors(tag / rel, tensors, md);
+  io::write_safetensors(tag / rel, tensors, md);
   json m = json::parse(nxd::testing::slurp(tag / "metadata.json"));
   m["files"][rel] = {{"bytes", fs::file_size(tag / rel)}, {"tensors", tensors.size()}};
   if (edit_meta) edit_meta(m);
@@ -218,7 +218,7 @@ TEST(NxdCkpt, ExpertParallelInspectVerifyReshard) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(read_metadata(d / "ep1/s").value("expert_parallel", 0), 1);
   EXPECT_FALSE(fs::exists(d / "ep1/s" / x1));
-  SafetensorsReader one(d / "ep1/s/model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors");
+  io::SafetensorsReader one(d / "ep1/s/model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors");
   EXPECT_NE(one.header().find(e3), nullptr);
   EXPECT_EQ(ckpt({"verify", (d / "ep1").string()}, d).code, 0);
   const std::string run = (d / "run").string(), out = (d / "out").string();
@@ -246,8 +246,9 @@ TEST(NxdCkpt, ExpertParallelInspectVerifyReshard) {
   rewrite_shard(damaged("unlisted"), x1, drop_e3, [&](json& m) { m["model"].erase(e3); });
   const std::string e0 = "model.layers.0.block_sparse_moe.experts.0.w1.weight";
   rewrite_shard(damaged("duplicated"), x1, [&](std::vector<std::pair<std::string, Tensor>>& ts) {
-    for (auto& t : SafetensorsReader(d / "run/s/model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors")
-                       .read_all())
+    for (auto& t :
+         io::SafetensorsReader(d / "run/s/model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors")
+             .read_all())
       if (t.first == e0) ts.push_back(t);
   });
   for (const auto& [name, want] : std::vector<std::pair<std::string, std::string>>{

@@ -20,7 +20,7 @@
 
 #include "ckpt_util.h"
 #include "nxd/checkpoint/checkpoint.h"
-#include "nxd/checkpoint/safetensors.h"
+#include "nxd/io/safetensors.h"
 #include "support/files.h"
 #include "support/proc.h"
 
@@ -163,7 +163,7 @@ TEST(NxdTrainSafety, ALockedOutputDirIsRefusedNamingItsOwnerAndAStaleLockIsTaken
 // Every tensor of a checkpoint's model shards is finite.
 [[maybe_unused]] bool all_finite(const fs::path& tag_dir) {
   for (const auto& e : fs::directory_iterator(tag_dir / "model")) {
-    nxd::ckpt::SafetensorsReader rd(e.path());
+    nxd::io::SafetensorsReader rd(e.path());
     for (const auto& [name, t] : rd.read_all())
       for (double v : t.to_vector())
         if (!std::isfinite(v)) return false;

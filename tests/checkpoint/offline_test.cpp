@@ -9,7 +9,7 @@
 
 #include "ckpt_util.h"
 #include "nxd/checkpoint/offline.h"
-#include "nxd/checkpoint/safetensors.h"
+#include "nxd/io/safetensors.h"
 #include "support/files.h"
 #include "support/ranks.h"
 #include "zero1_util.h"
@@ -22,7 +22,7 @@ using nxd::testing::Trainee;
 
 std::map<std::string, Tensor> read_map(const fs::path& p) {
   std::map<std::string, Tensor> m;
-  for (auto& [n, t] : SafetensorsReader(p).read_all()) m[n] = t;
+  for (auto& [n, t] : io::SafetensorsReader(p).read_all()) m[n] = t;
   return m;
 }
 
@@ -45,9 +45,10 @@ TEST(Offline, ExportAndReshardKeepEveryTensor) {
   ASSERT_EQ(merged.size(), one.model->state_dict().size());
   for (const auto& [n, t] : one.model->state_dict())
     EXPECT_TRUE(nxd::testing::bitwise_equal(merged.at(n), t.detach(), n));
-  EXPECT_EQ(
-      SafetensorsReader(root / "merged.safetensors").header().metadata.count("nxd.model_config"),
-      1u);
+  EXPECT_EQ(io::SafetensorsReader(root / "merged.safetensors")
+                .header()
+                .metadata.count("nxd.model_config"),
+            1u);
 
   // TP 2 -> 4 (K/V now replicated) -> 1, offline: the exported tensors never change
   reshard_checkpoint(tag, root / "tp4", {.tp = 4});
@@ -96,12 +97,12 @@ TEST(Offline, ExportThenImportIsBitwise) {
   for (const auto& [n, x] : t.model->state_dict())
     EXPECT_TRUE(nxd::testing::bitwise_equal(back.model->state_dict().at(n), x.detach(), n));
   // a file without the model config, and one with a tensor missing
-  write_safetensors(root / "bare.safetensors", {{"x", zeros({2})}});
+  io::write_safetensors(root / "bare.safetensors", {{"x", zeros({2})}});
   EXPECT_THROW(import_merged(root / "bare.safetensors", root / "o", "c", 1, 1), CheckpointError);
-  auto all = SafetensorsReader(root / "m.safetensors").read_all();
-  const auto md = SafetensorsReader(root / "m.safetensors").header().metadata;
+  auto all = io::SafetensorsReader(root / "m.safetensors").read_all();
+  const auto md = io::SafetensorsReader(root / "m.safetensors").header().metadata;
   all.pop_back();
-  write_safetensors(root / "short.safetensors", all, md);
+  io::write_safetensors(root / "short.safetensors", all, md);
   try {
     import_merged(root / "short.safetensors", root / "o", "c", 2, 1);
     ADD_FAILURE() << "no error";
@@ -257,8 +258,8 @@ TEST(Offline, VerifyNamesTheFirstBadTensor) {
   const auto r = verify_checkpoint(root / "a");
   EXPECT_EQ(r.files, 3);  // model, optim, user_content.json
   const fs::path f = root / "a/model/dp_rank_00_tp_rank_00_pp_rank_00.safetensors";
-  SafetensorsReader rd(f);
-  const TensorInfo& first = rd.header().tensors.front();
+  io::SafetensorsReader rd(f);
+  const io::TensorInfo& first = rd.header().tensors.front();
   {
     std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
     s.seekp(rd.header().data_start + first.begin + 1);

@@ -14,7 +14,7 @@
 #include <mutex>
 
 #include "nxd/checkpoint/offline.h"
-#include "nxd/checkpoint/safetensors.h"
+#include "nxd/io/safetensors.h"
 #include "support/files.h"
 #include "support/ranks.h"
 #include "zero1_util.h"
@@ -73,7 +73,7 @@ TEST(Zero1Checkpoint, EveryDpRankWritesItsOwnPartWithoutGathering) {
   for (int d = 0; d < 4; ++d) {
     ASSERT_TRUE(fs::exists(dir.path / "t" / optim_file(d, 0))) << d;
     ASSERT_TRUE(m["files"].contains(optim_file(d, 0))) << d;
-    SafetensorsReader r(dir.path / "t" / optim_file(d, 0));
+    io::SafetensorsReader r(dir.path / "t" / optim_file(d, 0));
     EXPECT_EQ(r.header().metadata.count("nxd.zero1"), 1u);
     for (const auto& ti : r.header().tensors)
       if (ti.name.size() > 8 && ti.name.substr(ti.name.size() - 8) == ".exp_avg")
@@ -235,7 +235,7 @@ TEST(Zero1Checkpoint, EarlierGatheredLayoutStillLoads) {
   ASSERT_EQ(m["format_version"], 1);
   const ModelConfig c = model_config_from_json(m["model_config"]);
   std::map<std::string, Tensor> file;
-  for (auto& [n, t] : SafetensorsReader(dir.path / "step_3" / optim_file(0, 0)).read_all())
+  for (auto& [n, t] : io::SafetensorsReader(dir.path / "step_3" / optim_file(0, 0)).read_all())
     file[n] = t;
   auto make = [&](bool zero1) {
     auto model = make_causal_lm(c, 11);
@@ -315,8 +315,8 @@ TEST(Zero1Checkpoint, BadDpShardsAreRefusedAndLeaveTheTargetUntouched) {
         {"truncated", f1, "tensor '"});
   check(
       [&](const fs::path& d) {
-        SafetensorsReader r(d / f0);
-        const TensorInfo& t = r.header().tensors.front();
+        io::SafetensorsReader r(d / f0);
+        const io::TensorInfo& t = r.header().tensors.front();
         std::fstream s(d / f0, std::ios::in | std::ios::out | std::ios::binary);
         s.seekp(r.header().data_start + t.begin);
         s.put('\x7f');

@@ -34,6 +34,19 @@ inline std::filesystem::path test_temp_dir(const std::string& prefix) {
   return d;
 }
 
+// A fresh scratch folder <temp>/<prefix><pid>_<test name>, removed when the test ends: the pid
+// keeps runs of the same tests from other worktrees (sharing /tmp) apart.
+struct ScratchDir {
+  std::filesystem::path path;
+  explicit ScratchDir(const std::string& prefix)
+      : path(test_temp_dir(prefix + std::to_string(::getpid()) + "_")) {}
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  operator const std::filesystem::path&() const { return path; }
+};
+
 // A small repetitive text a tiny model learns within a few dozen steps: `lines` lines written to
 // dir/corpus.txt, whose path it returns.
 inline std::filesystem::path tiny_corpus(const std::filesystem::path& dir, int lines = 300) {

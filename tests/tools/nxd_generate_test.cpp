@@ -10,8 +10,8 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
-#include "nxd/train/tokenizer.h"
 #include "support/files.h"
 #include "support/proc.h"
 #include "support/tiny_models.h"
@@ -225,7 +225,7 @@ TEST(NxdGenerate, TokenizerJsonEncodesThePromptAndDecodesTheText) {
   const fs::path& d = f.dir.path;
   const fs::path fx = NXD_TOKENIZER_FIXTURES;
   const std::string gpt2 = (fx / "gpt2.tokenizer.json").string();
-  const Tokenizer tok = Tokenizer::from_file(gpt2);
+  const io::Tokenizer tok = io::Tokenizer::from_file(gpt2);
   ModelConfig cfg = byte_model("llama");
   cfg.vocab_size = 1024;
   auto llama = make_causal_lm(cfg, 11);
@@ -277,7 +277,7 @@ TEST(NxdGenerate, HfFoldersTokenizerByDefaultAndTokenizerMistakesExitTwo) {
   ckpt::save_checkpoint(d / "neox2", "step_1", neox.get(), nullptr, nullptr);
   ckpt::export_hf(d / "neox2/step_1", d / "hf2");
   fs::copy_file(fx / "neox.tokenizer.json", d / "hf2/tokenizer.json");
-  const Tokenizer neox_tok = Tokenizer::from_file((fx / "neox.tokenizer.json").string());
+  const io::Tokenizer neox_tok = io::Tokenizer::from_file((fx / "neox.tokenizer.json").string());
   const GenerateOptions greedy{.max_new_tokens = 8, .temperature = 0.0};
   auto r = generate({"--hf", (d / "hf2").string(), "--prompt", prompt, "--max-new-tokens", "8"}, d);
   ASSERT_EQ(r.code, 0) << r.err;

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "nxd/checkpoint/crc32c.h"
+#include "nxd/io/crc32c.h"
 #include "nxd/trace/save_load.h"
 #include "support/files.h"
 #include "trace_util.h"
@@ -119,17 +119,6 @@ TEST(FuzzTraceGraph, MutationsParseOrThrowTraceError) {
   }
 }
 
-namespace {
-
-// The CRC-32C the manifest records for `s` (8 hex digits).
-std::string crc_hex(const std::string& s) {
-  char hex[9];
-  std::snprintf(hex, sizeof hex, "%08x", ckpt::crc32c(s.data(), s.size()));
-  return hex;
-}
-
-}  // namespace
-
 // Whole folders: mutations of manifest.json, and of a graph file whose size and checksum are then
 // fixed in the manifest (so the parser behind the checks is reached), must load or throw
 // TraceError.
@@ -158,7 +147,8 @@ TEST(FuzzTraceGraph, MutatedFoldersLoadOrThrowTraceError) {
       const std::string s = gj.dump(1);
       std::ofstream(d / "rank0/bucket0.json", std::ios::binary) << s;
       json mj = json::parse(man);
-      mj["files"]["rank0/bucket0.json"] = {{"bytes", s.size()}, {"crc32c", crc_hex(s)}};
+      mj["files"]["rank0/bucket0.json"] = {{"bytes", s.size()},
+                                           {"crc32c", io::crc_hex(io::crc32c(s.data(), s.size()))}};
       std::ofstream(d / "manifest.json", std::ios::binary) << mj.dump(1);
     }
     try {

@@ -17,8 +17,8 @@
 #include "nxd/api/nxd_api.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
-#include "nxd/checkpoint/safetensors.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/io/safetensors.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
 #include "nxd/optim/zero1.h"
@@ -381,7 +381,7 @@ TEST(MoeTrain, MixtralHuggingFaceRoundTrip) {
   EXPECT_EQ(r.moe.top_k, 2);
   EXPECT_NEAR(r.moe.router_aux_loss_coef, 0.05, 1e-15);
   std::map<std::string, Shape> shapes;
-  ckpt::SafetensorsReader rd(root / "hf" / "model.safetensors");
+  io::SafetensorsReader rd(root / "hf" / "model.safetensors");
   for (const auto& t : rd.header().tensors) shapes[t.name] = t.shape;
   EXPECT_EQ(shapes.size(), m->state_dict().size());
   const std::string l = "model.layers.2.block_sparse_moe.";

@@ -2,7 +2,7 @@
 // fixtures/tokenizer/reference_ids.json were computed once by @huggingface/tokenizers with
 // make_reference.mjs from the three tokenizer.json files there: GPT-2's, GPT-NeoX's and Llama 3's
 // pre-tokenizers), and decode as the library does.
-#include "nxd/train/tokenizer.h"
+#include "nxd/io/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -20,7 +20,8 @@ TEST(Tokenizer, IdsAndDecodingEqualTheTokenizersLibrarys) {
   const json ref = json::parse(nxd::testing::slurp(kDir + "/reference_ids.json"));
   for (const char* name : {"gpt2", "neox", "llama3"}) {
     SCOPED_TRACE(name);
-    const nxd::Tokenizer t = nxd::Tokenizer::from_file(kDir + "/" + name + ".tokenizer.json");
+    const nxd::io::Tokenizer t =
+        nxd::io::Tokenizer::from_file(kDir + "/" + name + ".tokenizer.json");
     ASSERT_TRUE(ref.contains(name));
     int64_t n = 0;
     for (const auto& c : ref[name]) {
@@ -38,7 +39,7 @@ TEST(Tokenizer, IdsAndDecodingEqualTheTokenizersLibrarys) {
 // A model's output over a vocabulary padded past the tokenizer's: the ids past it are left out
 // of the text and counted (nxd-train's sample, nxd-generate's text).
 TEST(Tokenizer, ModelOutputLeavesOutIdsPastTheVocabulary) {
-  const nxd::Tokenizer t = nxd::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json");
+  const nxd::io::Tokenizer t = nxd::io::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json");
   const std::vector<int64_t> known = t.encode("Hello world");
   std::vector<int64_t> ids = known;
   ids.insert(ids.begin() + 1, t.vocab_size());
@@ -53,9 +54,9 @@ TEST(Tokenizer, ModelOutputLeavesOutIdsPastTheVocabulary) {
 
 TEST(Tokenizer, TheThreePreTokenizersDiffer) {
   const std::string text = "I'LL pay 12345 now";
-  const auto a = nxd::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json").encode(text);
-  const auto b = nxd::Tokenizer::from_file(kDir + "/neox.tokenizer.json").encode(text);
-  const auto c = nxd::Tokenizer::from_file(kDir + "/llama3.tokenizer.json").encode(text);
+  const auto a = nxd::io::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json").encode(text);
+  const auto b = nxd::io::Tokenizer::from_file(kDir + "/neox.tokenizer.json").encode(text);
+  const auto c = nxd::io::Tokenizer::from_file(kDir + "/llama3.tokenizer.json").encode(text);
   EXPECT_NE(a, b);  // add_prefix_space
   EXPECT_NE(a, c);  // digits in threes, case-insensitive contractions
 }
@@ -74,13 +75,13 @@ TEST(Tokenizer, UnsupportedFilesAreRefusedByName) {
     j.merge_patch(patch);
     std::ofstream(d / "t.json") << j.dump();
     try {
-      nxd::Tokenizer::from_file((d / "t.json").string());
+      nxd::io::Tokenizer::from_file((d / "t.json").string());
       ADD_FAILURE() << "accepted " << patch.dump();
     } catch (const nxd::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
-  const nxd::Tokenizer t = nxd::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json");
+  const nxd::io::Tokenizer t = nxd::io::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json");
   try {
     t.decode({t.vocab_size()});
     ADD_FAILURE();

@@ -24,7 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace nxd {
+namespace nxd::io {
 
 class Tokenizer {
  public:
@@ -64,4 +64,4 @@ class Tokenizer {
   int64_t vocab_size_ = 0;
 };
 
-}  // namespace nxd
+}  // namespace nxd::io

@@ -19,10 +19,10 @@
 #include <utility>
 #include <vector>
 
-#include "nxd/checkpoint/fileio.h"
+#include "nxd/io/fileio.h"
 #include "nxd/runtime/tensor.h"
 
-namespace nxd::ckpt {
+namespace nxd::io {
 
 const char* safetensors_dtype(DType t);  // "F32", "BF16", ...
 
@@ -50,7 +50,7 @@ std::string encode_header(const std::vector<std::pair<std::string, Tensor>>& ten
                           const std::map<std::string, std::string>& metadata);
 // Parses and validates the JSON header (`file` names the source in errors): known dtypes,
 // non-negative shapes, offsets matching shape x dtype size, tensors packed from 0 without gaps or
-// overlaps, string metadata, well-formed checksums. CheckpointError naming file and tensor.
+// overlaps, string metadata, well-formed checksums. FileError naming file and tensor.
 SafetensorsHeader parse_header(const std::string& json, const std::string& file);
 
 struct SafetensorsWriteOptions {
@@ -73,7 +73,7 @@ WriteStats write_safetensors(const std::filesystem::path& path,
 
 class SafetensorsReader {
  public:
-  // Opens the file and reads and validates its header (CheckpointError naming the file).
+  // Opens the file and reads and validates its header (FileError naming the file).
   explicit SafetensorsReader(const std::filesystem::path& path);
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
@@ -86,7 +86,7 @@ class SafetensorsReader {
 
   // Streams the data section once, in file order: for each tensor, sink(info) returns where its
   // nbytes() go (nullptr: skip it). Every tensor read is checked against its checksum. Truncation,
-  // corruption or a checksum mismatch throw CheckpointError naming the file and the tensor.
+  // corruption or a checksum mismatch throw FileError naming the file and the tensor.
   void read(const std::function<void*(const TensorInfo&)>& sink);
   // Every tensor as a new host tensor, in file order.
   std::vector<std::pair<std::string, Tensor>> read_all();
@@ -101,4 +101,4 @@ class SafetensorsReader {
   int64_t file_size_ = 0;
 };
 
-}  // namespace nxd::ckpt
+}  // namespace nxd::io

@@ -1,4 +1,4 @@
-#include "nxd/train/tokenizer.h"
+#include "nxd/io/tokenizer.h"
 
 #include <unicode/regex.h>
 #include <unicode/utext.h>
@@ -11,7 +11,7 @@
 
 #include "nxd/runtime/error.h"
 
-namespace nxd {
+namespace nxd::io {
 using json = nlohmann::json;
 
 namespace {
@@ -306,4 +306,4 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
   return out;
 }
 
-}  // namespace nxd
+}  // namespace nxd::io

@@ -1,4 +1,4 @@
-#include "nxd/checkpoint/crc32c.h"
+#include "nxd/io/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace nxd::ckpt {
+namespace nxd::io {
 namespace {
 
 constexpr uint32_t kPoly = 0x82F63B78u;
@@ -165,4 +165,4 @@ bool parse_crc_hex(const std::string& s, uint32_t* out) {
   return true;
 }
 
-}  // namespace nxd::ckpt
+}  // namespace nxd::io

@@ -1,4 +1,4 @@
-#include "nxd/checkpoint/safetensors.h"
+#include "nxd/io/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "nxd/checkpoint/crc32c.h"
+#include "nxd/io/crc32c.h"
 
-namespace nxd::ckpt {
+namespace nxd::io {
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
@@ -43,7 +43,7 @@ Tensor host_bytes(const Tensor& t, const std::string& name) {
 }
 
 [[noreturn]] void bad(const std::string& file, const std::string& what) {
-  throw CheckpointError(str("[safetensors] ", file, ": ", what));
+  throw FileError(str("[safetensors] ", file, ": ", what));
 }
 
 }  // namespace
@@ -218,8 +218,8 @@ WriteStats write_safetensors(const fs::path& path,
         ZSTD_outBuffer ob{out.data(), out.size(), 0};
         const size_t r = ZSTD_compressStream2(cctx.get(), &ob, &in, mode);
         if (ZSTD_isError(r))
-          throw CheckpointError(str("[safetensors] zstd compression of '", path.string(),
-                                    "': ", ZSTD_getErrorName(r)));
+          throw FileError(str("[safetensors] zstd compression of '", path.string(),
+                              "': ", ZSTD_getErrorName(r)));
         f.write(out.data(), ob.pos);
         if (mode == ZSTD_e_end ? r == 0 : in.pos == in.size) break;
       }
@@ -390,4 +390,4 @@ std::vector<std::pair<std::string, Tensor>> SafetensorsReader::read_all() {
   return out;
 }
 
-}  // namespace nxd::ckpt
+}  // namespace nxd::io

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace nxd::ckpt {
+namespace nxd::io {
 
 // Continues `crc` (0 to start) over n bytes.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
@@ -18,4 +18,4 @@ std::string crc_hex(uint32_t crc);
 // Parses crc_hex's form; false if `s` is not 8 hex digits.
 bool parse_crc_hex(const std::string& s, uint32_t* out);
 
-}  // namespace nxd::ckpt
+}  // namespace nxd::io

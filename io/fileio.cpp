@@ -1,4 +1,4 @@
-#include "nxd/checkpoint/fileio.h"
+#include "nxd/io/fileio.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace nxd::ckpt {
+namespace nxd::io {
 namespace fs = std::filesystem;
 
 namespace {
@@ -23,7 +23,7 @@ AtomicFile::AtomicFile(fs::path path, bool sync)
     : path_(std::move(path)), tmp_(temp_name(path_)), sync_(sync) {
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw CheckpointError(
+    throw FileError(
         str("[checkpoint] cannot create '", tmp_.string(), "': ", std::strerror(errno)));
 }
 
@@ -40,8 +40,8 @@ void AtomicFile::write(const void* data, size_t n) {
     const ssize_t w = ::write(fd_, p, n > (1u << 30) ? (1u << 30) : n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0)
-      throw CheckpointError(str("[checkpoint] write to '", tmp_.string(),
-                                "' failed: ", w < 0 ? std::strerror(errno) : "no progress"));
+      throw FileError(str("[checkpoint] write to '", tmp_.string(),
+                          "' failed: ", w < 0 ? std::strerror(errno) : "no progress"));
     p += w;
     n -= static_cast<size_t>(w);
     written_ += w;
@@ -51,15 +51,15 @@ void AtomicFile::write(const void* data, size_t n) {
 void AtomicFile::commit() {
   NXD_CHECK_T(InternalError, fd_ >= 0, "[checkpoint] '", path_.string(), "' committed twice");
   if (sync_ && ::fsync(fd_) != 0)
-    throw CheckpointError(
+    throw FileError(
         str("[checkpoint] fsync of '", tmp_.string(), "' failed: ", std::strerror(errno)));
   ::close(fd_);
   fd_ = -1;
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp_.c_str());
-    throw CheckpointError(str("[checkpoint] rename '", tmp_.string(), "' -> '", path_.string(),
-                              "' failed: ", std::strerror(e)));
+    throw FileError(str("[checkpoint] rename '", tmp_.string(), "' -> '", path_.string(),
+                        "' failed: ", std::strerror(e)));
   }
   if (sync_) fsync_dir(path_.parent_path());
 }
@@ -72,7 +72,7 @@ void write_file_atomic(const fs::path& path, const std::string& content, bool sy
 
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(str("[checkpoint] cannot read '", path.string(), "'"));
+  if (!in) throw FileError(str("[checkpoint] cannot read '", path.string(), "'"));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -85,4 +85,4 @@ void fsync_dir(const fs::path& dir) {
   ::close(fd);
 }
 
-}  // namespace nxd::ckpt
+}  // namespace nxd::io

@@ -1,7 +1,7 @@
 // Fuzz target for the safetensors reader (header parser, checksums, zstd frames): any input must
-// either read or throw CheckpointError; anything else (a crash, another exception, a sanitizer
-// report) is a bug. The libFuzzer entry point (NXD_FUZZ, tests/checkpoint/CMakeLists.txt); every
-// build drives it with fuzz_replay.cpp over deterministic mutations of valid files.
+// either read or throw FileError; anything else (a crash, another exception, a sanitizer
+// report) is a bug. The libFuzzer entry point (NXD_FUZZ, tests/CMakeLists.txt); every
+// build drives it with fuzz_safetensors_replay.cpp over deterministic mutations of valid files.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "nxd/checkpoint/safetensors.h"
+#include "nxd/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace nxd::ckpt;
+  using namespace nxd::io;
   try {
     (void)parse_header(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
-  } catch (const CheckpointError&) {
+  } catch (const FileError&) {
   }
   static const int fd = memfd_create("nxd_fuzz", 0);
   if (fd < 0) return 0;
@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       buf.resize(static_cast<size_t>(t.nbytes()) + 1);
       return buf.data();
     });
-  } catch (const CheckpointError&) {
+  } catch (const FileError&) {
   }
   return 0;
 }

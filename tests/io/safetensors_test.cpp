@@ -10,14 +10,14 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "ckpt_util.h"
-#include "nxd/checkpoint/crc32c.h"
-#include "nxd/checkpoint/safetensors.h"
+#include "io/io_util.h"
+#include "nxd/io/crc32c.h"
+#include "nxd/io/safetensors.h"
 #include "support/compare.h"
 #include "support/files.h"
 #include "support/random.h"
 
-namespace nxd::ckpt {
+namespace nxd::io {
 namespace {
 namespace fs = std::filesystem;
 using nxd::testing::error_of;
@@ -244,4 +244,4 @@ TEST(Safetensors, WriterRejectsBadInputAndLeavesNoFile) {
 }
 
 }  // namespace
-}  // namespace nxd::ckpt
+}  // namespace nxd::io

@@ -1,18 +1,20 @@
 #pragma once
-// Durable file writes for checkpoints: every file is written to a temporary name in its final
-// folder, fsync'd, renamed over the final name and the folder fsync'd, so a reader (or a crash at
-// any moment) sees either no file or the whole file, never part of one.
+// Durable file writes (checkpoints, traces, exported folders): every file is written to a
+// temporary name in its final folder, fsync'd, renamed over the final name and the folder
+// fsync'd, so a reader (or a crash at any moment) sees either no file or the whole file, never
+// part of one.
 #include <cstdint>
 #include <filesystem>
 #include <string>
 
 #include "nxd/runtime/error.h"
 
-namespace nxd::ckpt {
+namespace nxd::io {
 
-// A checkpoint that cannot be read or written as expected (truncated, corrupted, missing,
-// mismatched). A user-visible condition: tools exit with code 2.
-class CheckpointError : public IoError {
+// A file (checkpoint shard, safetensors file, transformers folder, trace) that cannot be read or
+// written as expected (truncated, corrupted, missing, mismatched). A user-visible condition: tools
+// exit with code 2. checkpoint/ calls it CheckpointError.
+class FileError : public IoError {
  public:
   using IoError::IoError;
 };
@@ -26,7 +28,7 @@ class AtomicFile {
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
 
-  void write(const void* data, size_t n);  // all of it, or CheckpointError naming the file
+  void write(const void* data, size_t n);  // all of it, or FileError naming the file
   int64_t bytes_written() const { return written_; }
   void commit();  // fsync, rename over path, fsync the folder
   const std::filesystem::path& path() const { return path_; }
@@ -41,10 +43,10 @@ class AtomicFile {
 // The whole of `content` as the file `path`, atomically.
 void write_file_atomic(const std::filesystem::path& path, const std::string& content,
                        bool sync = true);
-// The whole file (CheckpointError naming it if it cannot be read).
+// The whole file (FileError naming it if it cannot be read).
 std::string read_file(const std::filesystem::path& path);
 // fsync of a folder (makes renames and removals in it durable); errors are ignored where the
 // file system does not support it.
 void fsync_dir(const std::filesystem::path& dir);
 
-}  // namespace nxd::ckpt
+}  // namespace nxd::io
