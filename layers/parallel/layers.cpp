@@ -1,6 +1,7 @@
 #include "nxd/layers/parallel/layers.h"
 
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/parallel/lora.h"
 #include "nxd/layers/parallel/mappings.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/trace_hook.h"
@@ -123,7 +124,10 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                   "[ColumnParallelLinear] expected input [..., ", in_, "], got ",
                   x.defined() ? x.desc() : "undefined");
-  if (tp_size_ == 1) return linear(x, weight_, add_bias ? bias_ : Tensor());  // the plain Linear
+  if (tp_size_ == 1) {  // the plain Linear
+    Tensor y = linear(x, weight_, add_bias ? bias_ : Tensor());
+    return lora() ? add(y, lora()->delta(x)) : y;
+  }
   const int64_t per = out_ / tp_size_;
   Tensor w = weight_.dim() == 3 ? view(weight_, {per, in_}) : weight_;
   const bool shard_bias = bias_.defined() && !opts_.gather_output;
@@ -132,6 +136,7 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   Tensor y = (opts_.sequence_parallel_enabled && tp_size_ > 1)
                  ? sp_column_linear(x, w, b_local, opts_.sequence_dimension, group_.get())
                  : linear(copy_to_tensor_model_parallel_region(x, *group_), w, b_local);
+  if (lora()) y = add(y, lora()->delta(x));
   if (opts_.gather_output) {
     y = gather_from_tensor_model_parallel_region(y, *group_);
     if (stride_ > 1 && tp_size_ > 1) {  // [.., tp, stride, c] -> [.., stride, tp, c]
@@ -192,9 +197,10 @@ Tensor RowParallelLinear::run(const Tensor& x) const {
                   "), got ", x.defined() ? x.desc() : "undefined");
   Tensor in = opts_.input_is_parallel ? x : scatter_to_tensor_model_parallel_region(x, *group_);
   Tensor y = linear(in, weight_);
-  return opts_.sequence_parallel_enabled
-             ? reduce_scatter_to_sequence_parallel_region(y, opts_.sequence_dimension, *group_)
-             : reduce_from_tensor_model_parallel_region(y, *group_);
+  y = opts_.sequence_parallel_enabled
+          ? reduce_scatter_to_sequence_parallel_region(y, opts_.sequence_dimension, *group_)
+          : reduce_from_tensor_model_parallel_region(y, *group_);
+  return lora() ? add(y, lora()->delta(x)) : y;
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
@@ -202,7 +208,8 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
     NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                     "[RowParallelLinear] expected input [..., ", in_, "], got ",
                     x.defined() ? x.desc() : "undefined");
-    return linear(x, weight_, bias_);
+    Tensor y = linear(x, weight_, bias_);
+    return lora() ? add(y, lora()->delta(x)) : y;
   }
   Tensor y = run(x);
   return (bias_.defined() && !opts_.skip_bias_add) ? y + bias_ : y;
@@ -211,6 +218,34 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
 std::pair<Tensor, Tensor> RowParallelLinear::forward_and_bias(const Tensor& x) const {
   if (!opts_.skip_bias_add) return {forward(x), Tensor()};
   return {run(x), bias_};
+}
+
+bool ColumnParallelLinear::lora_target(LoraTarget& t) const {
+  t.style = LoraTarget::Style::column;
+  t.in = in_;
+  t.out = out_;
+  t.local_out = out_ / tp_size_;
+  t.out0 = group_->rank() * t.local_out;
+  t.sequence_parallel = opts_.sequence_parallel_enabled && tp_size_ > 1;
+  t.sequence_dimension = opts_.sequence_dimension;
+  t.group = group_;
+  t.param = {weight_.dtype(), weight_.device()};
+  t.stride = stride_;
+  return true;
+}
+
+bool RowParallelLinear::lora_target(LoraTarget& t) const {
+  t.style = LoraTarget::Style::row;
+  t.in = in_;
+  t.out = out_;
+  t.local_in = in_ / tp_size_;
+  t.in0 = group_->rank() * t.local_in;
+  t.input_is_parallel = opts_.input_is_parallel;
+  t.sequence_parallel = opts_.sequence_parallel_enabled && tp_size_ > 1;
+  t.sequence_dimension = opts_.sequence_dimension;
+  t.group = group_;
+  t.param = {weight_.dtype(), weight_.device()};
+  return true;
 }
 
 // ---------------------------------------------------------------- ParallelEmbedding
