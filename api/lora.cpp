@@ -1,6 +1,7 @@
 #include "nxd/api/lora.h"
 
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/models/causal_lm.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::trainer {
@@ -62,6 +63,12 @@ LoraSummary apply_lora_to_parts(const LoraConfig& cfg, const std::vector<Module*
   LoraSummary s;
   for (Module* p : parts) {
     reports.push_back(apply_lora(*p, cfg, seed));
+    if (dynamic_cast<CausalLM*>(p))
+      for (const std::string& n : reports.back().adapted)
+        NXD_CHECK_T(ConfigError, n != "lm_head" && n != "embed_out",
+                    "[lora] target_modules selects the output head '", n,
+                    "': a decoder model's logits read its weight directly, so nxd adapts only "
+                    "the decoder layers' projections");
     s.adapted += static_cast<int64_t>(reports.back().adapted.size());
     s.trainable += reports.back().trainable;
     s.total += reports.back().total;
