@@ -376,11 +376,13 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
           "; or fewer ranks (backend.world_size)"));
 }
 
-void plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out) {
-  if (custom_module || cfg.dist.backend != "sim" || !is_builtin_arch(cfg.model.arch)) return;
+int64_t plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out) {
+  if (custom_module || cfg.dist.backend != "sim" || !is_builtin_arch(cfg.model.arch)) return 0;
   const MemoryPlan plan = plan_memory(cfg);
-  if (out) std::fprintf(out, "%s\n", plan.report().c_str());
+  if (out)
+    std::fprintf(out, "%s%s\n", cfg.lora ? "full fine-tuning's " : "", plan.report().c_str());
   check_fits(plan, cfg);
+  return plan.worst().total();
 }
 
 }  // namespace nxd::trainer
