@@ -65,7 +65,7 @@ Tensor weight_of(const ParallelModule& m) {
 }  // namespace
 
 LoraAdapter::LoraAdapter(const LoraTarget& t, const LoraConfig& c)
-    : t_(t), scale_(c.scale()), dropout_(c.lora_dropout) {
+    : t_(t), cfg_(c), scale_(c.scale()), dropout_(c.lora_dropout) {
   NXD_CHECK(t.group != nullptr, "[lora] the adapted layer has no TP group");
   const int tp = t.group->size();
   NXD_CHECK_T(ConfigError, t.stride == 1 || tp == 1,
@@ -215,6 +215,12 @@ void check_lora_matches(const LoraConfig& cfg, const std::vector<LoraReport>& re
   for (const std::string& l : linear) known += (known.empty() ? "" : ", ") + l;
   throw ConfigError(str("[lora] target_modules ", missing,
                         " matches no linear layer of the model (its linear layers: ", known, ")"));
+}
+
+const LoraConfig* find_lora_config(Module& root) {
+  for (auto& [n, m] : root.named_modules())
+    if (auto* pm = dynamic_cast<ParallelModule*>(m); pm && pm->lora()) return &pm->lora()->config();
+  return nullptr;
 }
 
 bool is_lora_name(const std::string& n) {

@@ -91,9 +91,11 @@ class LoraAdapter {
   const std::shared_ptr<ParallelModule>& lora_A() const { return a_; }
   const std::shared_ptr<ParallelModule>& lora_B() const { return b_; }
   double scale() const { return scale_; }
+  const LoraConfig& config() const { return cfg_; }
 
  private:
   LoraTarget t_;
+  LoraConfig cfg_;
   double scale_, dropout_;
   std::shared_ptr<ParallelModule> a_, b_;
 };
@@ -116,6 +118,9 @@ LoraReport apply_lora(Module& root, const LoraConfig& cfg, uint64_t seed,
 // model) and the linear layers there are.
 void check_lora_matches(const LoraConfig& cfg, const std::vector<LoraReport>& reports,
                         const std::vector<Module*>& parts);
+
+// The config of the first adapter in `root` (every adapter of a model has the same), or null.
+const LoraConfig* find_lora_config(Module& root);
 
 // The adapters' parameters of `root` (hierarchical names ending in .lora_A.weight /
 // .lora_B.weight), registration order.
