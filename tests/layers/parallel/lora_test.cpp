@@ -10,6 +10,7 @@
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/lora.h"
 #include "nxd/layers/parallel/qkv.h"
+#include "support/lora.h"
 #include "tp_util.h"
 
 using namespace nxd;
@@ -34,23 +35,6 @@ LoraConfig lora_cfg(std::vector<std::string> targets, double dropout = 0.0) {
   c.lora_dropout = dropout;
   c.target_modules = std::move(targets);
   return c;
-}
-
-// B starts at zero (the adapted model is the base); the tests give every B the slice of a full
-// random [out, r] of its name, so gradients of A are not zero and TP layouts are checked.
-void randomize_b(Module& root) {
-  std::map<std::string, Module*> mods;
-  for (auto& [n, m] : root.named_modules()) mods[n] = m;
-  NoGradGuard ng;
-  for (auto& [name, t] : lora_parameters(root)) {
-    if (name.find("lora_B") == std::string::npos) continue;
-    const std::string layer = name.substr(0, name.size() - std::string(".lora_B.weight").size());
-    LoraTarget tg;
-    ASSERT_TRUE(dynamic_cast<ParallelModule*>(mods.at(layer))->lora_target(tg));
-    Tensor full = randn({tg.out, R}, std::hash<std::string>{}(name) % 1000, 0.5);
-    t.detach().copy_(tg.style == LoraTarget::Style::column ? full.narrow(0, tg.out0, tg.local_out)
-                                                           : full);
-  }
 }
 
 struct Chain : Module {
@@ -90,7 +74,7 @@ void run_chain(int tp, bool sp) {
     for (Chain* c : {&one, &par}) {
       c->init_parameters(kSeed);
       apply_lora(*c, lora_cfg({"up_proj", "down_proj"}), kSeed);
-      randomize_b(*c);
+      randomize_lora_b(*c);
     }
     Tensor xf = randn({B, S, HID}, 1), dir = randn({B, S, HID}, 2);
     Tensor x1 = leaf(xf), xp = leaf(sp ? chunk_of(xf, 1, r, tp) : xf);
@@ -161,7 +145,7 @@ void run_qkv(int tp, bool sp) {
     for (Qkv* c : {&one, &par}) {
       c->init_parameters(kSeed);
       apply_lora(*c, lora_cfg({"qkv_proj"}), kSeed);
-      randomize_b(*c);
+      randomize_lora_b(*c);
     }
     Tensor xf = randn({B, S, HID}, 3);
     std::array<Tensor, 3> ups = {randn({B, S, H * D}, 4), randn({B, S, HKV * D}, 5),
@@ -226,7 +210,7 @@ TEST(Lora, GradcheckF64) {
     m.register_module("r", row);
     m.init_parameters(kSeed);
     apply_lora(m, lora_cfg({"c", "r"}), kSeed);
-    randomize_b(m);
+    randomize_lora_b(m);
     Tensor x = randn({2, 3, 5}, 7, 1.0, DType::f64);
     check_grad(
         [&](const std::vector<Tensor>& in) {
@@ -254,7 +238,7 @@ TEST(Lora, MergedWeightsGiveTheAdaptedOutput) {
     Chain c(false, nullptr);
     c.init_parameters(kSeed);
     apply_lora(c, lora_cfg({"up_proj", "down_proj"}), kSeed);
-    randomize_b(c);
+    randomize_lora_b(c);
     Tensor x = randn({B, S, HID}, 12);
     NoGradGuard ng;
     Tensor adapted = c.forward(x);
