@@ -220,31 +220,32 @@ std::pair<Tensor, Tensor> RowParallelLinear::forward_and_bias(const Tensor& x) c
   return {run(x), bias_};
 }
 
-bool ColumnParallelLinear::lora_target(LoraTarget& t) const {
-  t.style = LoraTarget::Style::column;
+LoraTarget ParallelLinearBase::lora_target_of(bool sequence_parallel, int64_t seq_dim) const {
+  LoraTarget t;
   t.in = in_;
   t.out = out_;
-  t.local_out = out_ / tp_size_;
-  t.out0 = group_->rank() * t.local_out;
-  t.sequence_parallel = opts_.sequence_parallel_enabled && tp_size_ > 1;
-  t.sequence_dimension = opts_.sequence_dimension;
+  t.sequence_parallel = sequence_parallel && tp_size_ > 1;
+  t.sequence_dimension = seq_dim;
   t.group = group_;
   t.param = {weight_.dtype(), weight_.device()};
+  return t;
+}
+
+bool ColumnParallelLinear::lora_target(LoraTarget& t) const {
+  t = lora_target_of(opts_.sequence_parallel_enabled, opts_.sequence_dimension);
+  t.style = LoraTarget::Style::column;
+  t.local_out = out_ / tp_size_;
+  t.out0 = group_->rank() * t.local_out;
   t.stride = stride_;
   return true;
 }
 
 bool RowParallelLinear::lora_target(LoraTarget& t) const {
+  t = lora_target_of(opts_.sequence_parallel_enabled, opts_.sequence_dimension);
   t.style = LoraTarget::Style::row;
-  t.in = in_;
-  t.out = out_;
   t.local_in = in_ / tp_size_;
   t.in0 = group_->rank() * t.local_in;
   t.input_is_parallel = opts_.input_is_parallel;
-  t.sequence_parallel = opts_.sequence_parallel_enabled && tp_size_ > 1;
-  t.sequence_dimension = opts_.sequence_dimension;
-  t.group = group_;
-  t.param = {weight_.dtype(), weight_.device()};
   return true;
 }
 

@@ -43,6 +43,8 @@ class ParallelLinearBase : public ParallelModule {
   // Resolves `group` (null: the parallel_state TP group) and checks in, out > 0, naming `type`.
   ParallelLinearBase(const char* type, int64_t in, int64_t out,
                      const std::shared_ptr<Communicator>& group);
+  // What both layers tell a LoRA adapter: sizes, group, the weight's dtype and device, SP.
+  LoraTarget lora_target_of(bool sequence_parallel, int64_t seq_dim) const;
   int64_t in_, out_;
   int tp_size_;
   std::shared_ptr<Communicator> group_;

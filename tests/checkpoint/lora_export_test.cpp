@@ -29,12 +29,7 @@ using namespace nxd;
 namespace {
 
 LoraConfig lora() {
-  LoraConfig c;
-  c.lora_rank = 4;
-  c.lora_alpha = 8;
-  c.lora_dropout = 0;
-  c.target_modules = {"qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  return c;
+  return nxd::testing::every_projection_lora();
 }
 
 ModelConfig model(int tp) {

@@ -13,6 +13,16 @@
 
 namespace nxd::testing {
 
+// The tests' adapters: rank 4, alpha 8, no dropout, on every projection of a decoder layer.
+inline LoraConfig every_projection_lora() {
+  LoraConfig c;
+  c.lora_rank = 4;
+  c.lora_alpha = 8;
+  c.lora_dropout = 0;
+  c.target_modules = {"qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return c;
+}
+
 inline void randomize_lora_b(Module& root, double std = 0.5) {
   std::map<std::string, Module*> mods;
   for (auto& [n, m] : root.named_modules()) mods[n] = m;

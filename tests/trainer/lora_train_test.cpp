@@ -12,6 +12,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/lora.h"
 #include "support/compare.h"
+#include "support/lora.h"
 #include "support/ranks.h"
 #include "support/tiny_models.h"
 
@@ -25,12 +26,7 @@ constexpr int kDpBatches = 2;
 constexpr double kEps = 1e-4;  // the global batch: two [4, 16] batches
 
 LoraConfig lora() {
-  LoraConfig c;
-  c.lora_rank = 4;
-  c.lora_alpha = 8;
-  c.lora_dropout = 0;
-  c.target_modules = {"qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  return c;
+  return nxd::testing::every_projection_lora();
 }
 
 Tensor batch_ids(int q, int step) {
