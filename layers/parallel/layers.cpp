@@ -52,16 +52,19 @@ Tensor sp_column_linear(const Tensor& x, const Tensor& w, const Tensor& b, int64
         return std::vector<Tensor>{
             linear(tp_detail::all_gather(*g, t[0], d), t[1], has_bias ? t[2] : Tensor())};
       },
-      [xd = x.detach(), wd = w.detach(), g, d, has_bias](const Grads& gr) -> Grads {
+      [xd = x.detach(), wd = w.detach(), g, d, has_bias,
+       need_w = w.requires_grad()](const Grads& gr) -> Grads {
         const int64_t per = wd.size(0), in_f = wd.size(1);
-        Tensor x_full = tp_detail::all_gather(*g, xd, d);  // re-gathered, not saved
+        // re-gathered, not saved; a frozen weight (LoRA's base) gets no gradient and needs none
+        Tensor x_full = need_w ? tp_detail::all_gather(*g, xd, d) : Tensor();
+        Shape xs = xd.shape();
+        xs[static_cast<size_t>(d)] *= g->size();
         Tensor dy = gr[0].contiguous();
         Tensor dy2 = dy.reshape({-1, per});
         Tensor dx_full = matmul(dy2, wd);
-        Shape xs = x_full.shape();
         Grads r(has_bias ? 3 : 2);
         r[0] = reduce_scatter_sum(*g, dx_full.view(xs), d, "ColumnParallelLinear");
-        r[1] = matmul(dy2.t(), x_full.reshape({-1, in_f}));
+        if (need_w) r[1] = matmul(dy2.t(), x_full.reshape({-1, in_f}));
         if (has_bias) r[2] = sum(dy2, {0});
         return r;
       })[0];

@@ -104,10 +104,12 @@ std::vector<Tensor> qkv_linear(const Tensor& x, const std::array<Tensor, 3>& w,
         return out;
       },
       [xd = x.detach(), wq = w[0].detach(), wk = w[1].detach(), wv = w[2].detach(), has_bias, m, sp,
-       d, tp, kvg](const Grads& g) -> Grads {
+       d, tp, kvg, need_w = w[0].requires_grad()](const Grads& g) -> Grads {
         const int64_t qp = wq.size(0), kp = wk.size(0), in_f = wq.size(1);
-        Tensor xi = sp ? all_gather(*tp, xd, d) : xd;
-        Tensor x2 = xi.reshape({-1, in_f});
+        // a frozen weight (LoRA's base) gets no gradient: X is not re-gathered for it
+        Tensor xi = sp && need_w ? all_gather(*tp, xd, d) : xd;
+        Shape xs = xd.shape();
+        if (sp) xs[static_cast<size_t>(d)] *= tp->size();
         Tensor dq = g[0].contiguous().reshape({-1, qp});
         Tensor dk, dv;
         if (m > 1) {
@@ -121,13 +123,16 @@ std::vector<Tensor> qkv_linear(const Tensor& x, const std::array<Tensor, 3>& w,
         }
         Tensor dkv_x = add(matmul(dk, wk), matmul(dv, wv));
         if (m > 1) dkv_x = mul(dkv_x, 1.0 / static_cast<double>(m));
-        Tensor dx = add(matmul(dq, wq), dkv_x).view(xi.shape());
+        Tensor dx = add(matmul(dq, wq), dkv_x).view(xs);
         Grads r(has_bias ? 7 : 4);
         r[0] = sp ? reduce_scatter_sum(*tp, dx, d, "GQAQKVColumnParallelLinear")
                   : all_reduce_sum(*tp, dx);
-        r[1] = matmul(dq.t(), x2);
-        r[2] = matmul(dk.t(), x2);
-        r[3] = matmul(dv.t(), x2);
+        if (need_w) {
+          Tensor x2 = xi.reshape({-1, in_f});
+          r[1] = matmul(dq.t(), x2);
+          r[2] = matmul(dk.t(), x2);
+          r[3] = matmul(dv.t(), x2);
+        }
         if (has_bias) {
           r[4] = sum(dq, {0});
           r[5] = sum(dk, {0});
