@@ -295,7 +295,7 @@ std::vector<KeySpec> make_registry() {
           "LoRA (NxD Training's peft): the adapters' rank r. null = full fine-tuning; set, every "
           "layer target_modules selects gets y += (lora_alpha / r) B A x, everything else is "
           "frozen (no gradient, no optimizer state), and the run prints trainable vs total "
-          "parameters and its allocator peak against the plan of full fine-tuning."),
+          "parameters, its memory plan and allocator peak against the plan of full fine-tuning."),
       key("model_alignment_strategy.peft.lora_alpha", K::number, 32.0,
           "LoRA scale numerator: the adapter's output is multiplied by lora_alpha / lora_rank."),
       key("model_alignment_strategy.peft.lora_dropout", K::number, 0.05,

@@ -435,15 +435,17 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
   // restored when the run ends
   blas::MatmulPrecisionScope precision_scope(resolve_precision(nxd_config_of(cfg)).matmul);
   // a model that cannot fit is refused before anything is allocated (train/plan.h)
-  const int64_t planned =
+  const PlannedPeak planned =
       plan_before_training(cfg, static_cast<bool>(make_module), opts.quiet ? nullptr : opts.out);
   auto lora_memory = [&](const TrainResult& res) {  // LoRA's allocator peak against full FT's plan
-    if (cfg.lora && !opts.quiet && planned > 0 && res.hbm_peak_bytes > 0)
+    const int64_t full = planned.full_fine_tuning;
+    if (cfg.lora && !opts.quiet && full > 0 && res.hbm_peak_bytes > 0)
       std::fprintf(opts.out,
-                   "lora: allocator peak %s on the largest rank, against %s planned for full "
-                   "fine-tuning (%.1f%%)\n",
-                   format_bytes(res.hbm_peak_bytes).c_str(), format_bytes(planned).c_str(),
-                   100.0 * static_cast<double>(res.hbm_peak_bytes) / static_cast<double>(planned));
+                   "lora: allocator peak %s on the largest rank (planned %s), against %s planned "
+                   "for full fine-tuning (%.1f%%)\n",
+                   format_bytes(res.hbm_peak_bytes).c_str(), format_bytes(planned.planned).c_str(),
+                   format_bytes(full).c_str(),
+                   100.0 * static_cast<double>(res.hbm_peak_bytes) / static_cast<double>(full));
   };
   if (cfg.dist.backend == "mpi" || (cfg.dist.world_size == 1 && cfg.dist.timeline.empty())) {
     TrainResult res = train_rank(cfg, opts, /*set_threads=*/true, make_module);
