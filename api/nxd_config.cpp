@@ -1,5 +1,6 @@
 #include "nxd/api/nxd_config.h"
 
+#include "nxd/api/lora.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
@@ -111,12 +112,16 @@ NxDConfig NxDConfig::from_json(const nlohmann::json& j) {
         c.precision = v.get<std::string>();
       } else if (k == "grad_bucket_mb") {
         c.grad_bucket_mb = v.get<double>();
+      } else if (k == "lora_config") {
+        LoraConfig lc;
+        if (!v.is_null() && read_lora_config(v, "lora_config.", lc)) c.lora_config = lc;
       } else {
-        unknown("", k,
-                "tensor_parallel_size, pipeline_parallel_size, expert_parallel_size, "
-                "pipeline_config, "
-                "optimizer_config, activation_checkpoint_config, pad_model, sequence_parallel, "
-                "model_init_config, mixed_precision_config, precision, grad_bucket_mb");
+        unknown(
+            "", k,
+            "tensor_parallel_size, pipeline_parallel_size, expert_parallel_size, "
+            "pipeline_config, "
+            "optimizer_config, activation_checkpoint_config, pad_model, sequence_parallel, "
+            "model_init_config, mixed_precision_config, precision, grad_bucket_mb, lora_config");
       }
     }
   } catch (const nlohmann::json::exception& e) {

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nxd/layers/module.h"
+#include "nxd/layers/parallel/lora.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/dtype.h"
 
@@ -80,6 +81,10 @@ struct NxDConfig {
   MixedPrecisionConfig mixed_precision_config;
   std::string precision = "fp32";  // fp32 | autocast | mixed_precision | bf16SR
   double grad_bucket_mb = 25.0;    // the DP gradient buckets (DDP's bucket_cap_mb)
+  // NxD's lora_config (api/lora.h): LoRA adapters on the selected linear layers, everything else
+  // frozen; applied by initialize_parallel_model and the Trainer after the model is built, its
+  // adapters initialized from model_init_config.seed. Empty: full fine-tuning.
+  std::optional<LoraConfig> lora_config;
 
   // NxD's keys from JSON (or YAML parsed to JSON): tensor_parallel_size, pipeline_parallel_size,
   // context_parallel_size, expert_parallel_size,
@@ -88,7 +93,8 @@ struct NxDConfig {
   // optimizer_config {zero_one_enabled, grad_clipping, max_grad_norm},
   // activation_checkpoint_config, pad_model, sequence_parallel, model_init_config
   // {meta_device_init, seed}, mixed_precision_config {use_master_weights, use_fp32_grad_acc},
-  // precision, grad_bucket_mb. Unknown keys and wrong types are a ConfigError naming them.
+  // precision, grad_bucket_mb, lora_config {enable_lora, lora_rank, lora_alpha, lora_dropout,
+  // target_modules, ...: api/lora.h}. Unknown keys and wrong types are a ConfigError naming them.
   static NxDConfig from_json(const nlohmann::json& j);
 };
 

@@ -1,5 +1,6 @@
 #include "nxd/api/nxd_model.h"
 
+#include "nxd/api/lora.h"
 #include "nxd/autograd/ops.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/attributes.h"
@@ -172,12 +173,16 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
   ParamOptions po{dt, cfg.model_init_config.meta_device_init ? Device::meta : Device::host};
   std::shared_ptr<Module> m = model_fn(po);
   NXD_CHECK_T(ConfigError, m != nullptr, "[initialize_parallel_model] model_fn returned no model");
+  if (cfg.lora_config) apply_lora_to_parts(*cfg.lora_config, {m.get()}, cfg.model_init_config.seed);
   finish_module(cfg, *m, dt);
   return std::make_shared<NxDModel>(cfg, std::move(m));
 }
 
 std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const ModelConfig& mc,
                                                     uint64_t seed, const PartBuilder& build) {
+  NXD_CHECK_T(ConfigError, !(cfg.lora_config && cfg.pad_model),
+              "[initialize_parallel_model] lora_config with pad_model: the padded heads' adapters "
+              "would train (pad the model without LoRA)");
   ModelConfig c = model_config_for(cfg, mc);
   c.moe.validate_parallel(cfg.expert_parallel_size);
   HeadPadding plan;  // pad_model: heads padded to a multiple of the TP size, padded ones zero
@@ -190,6 +195,11 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
     pipeline::PipelineOptions po = pipeline_options_for(cfg);
     po.pieces.build = build;
     auto pm = std::make_shared<pipeline::PipelineModel>(c, seed, po);
+    if (cfg.lora_config) {
+      std::vector<Module*> parts;
+      for (const auto& chunk : pm->chunks()) parts.push_back(chunk.get());
+      apply_lora_to_parts(*cfg.lora_config, parts, seed);
+    }
     for (const auto& chunk : pm->chunks()) {
       finish_module(fc, *chunk, c.dtype);
       zero_padded_heads(*chunk, plan);
@@ -197,6 +207,7 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
     return std::make_shared<NxDModel>(cfg, std::move(pm));
   }
   std::shared_ptr<Module> m = pipeline::build_part(build, c, seed, ModelPart{});
+  if (cfg.lora_config) apply_lora_to_parts(*cfg.lora_config, {m.get()}, seed);
   finish_module(fc, *m, c.dtype);
   zero_padded_heads(*m, plan);
   return std::make_shared<NxDModel>(cfg, std::move(m));

@@ -10,6 +10,7 @@
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/integrity.h"
 #include "nxd/checkpoint/layout.h"
+#include "nxd/checkpoint/lora_files.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
@@ -134,11 +135,26 @@ void import_merged(const fs::path& file, const fs::path& out_root, const std::st
   import_with_config(full, file.string(), model_config_from_json(cj), out_root, tag, tp, dp);
 }
 
-void export_hf(const fs::path& tag_dir, const fs::path& out_dir) {
+void export_hf(const fs::path& tag_dir, const fs::path& out_dir, const ExportHfOptions& opts) {
   const json meta = read_metadata(tag_dir);
   if (!meta.contains("model_config"))
     throw CheckpointError(str("[export-hf] ", tag_dir.string(), " records no model_config"));
   const json cfg = hf_config_json(model_config_from_json(meta["model_config"]));
+  if (meta.contains("lora")) {
+    PeftAdapter a;
+    auto full = read_model_and_adapter(tag_dir, &a);
+    if (!opts.merge_lora && !a.config.merge_lora)
+      throw CheckpointError(str("[export-hf] ", tag_dir.string(),
+                                " has LoRA adapters: --merge-lora merges them into the base "
+                                "weights; nxd-ckpt export-lora writes them alone (PEFT)"));
+    merge_adapter(full, a, tag_dir.string());
+    fs::create_directories(out_dir);
+    write_safetensors(
+        out_dir / "model.safetensors", {full.begin(), full.end()},
+        {{"nxd.source", tag_dir.string()}, {"nxd.model_config", meta["model_config"].dump()}});
+    write_file_atomic(out_dir / "config.json", cfg.dump(2) + "\n");
+    return;
+  }
   fs::create_directories(out_dir);
   export_merged(tag_dir, out_dir / "model.safetensors");
   io::write_file_atomic(out_dir / "config.json", cfg.dump(2) + "\n");

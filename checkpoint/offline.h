@@ -64,7 +64,14 @@ void import_merged(const std::filesystem::path& file, const std::filesystem::pat
 // GPT-NeoX parameter names and layouts are transformers' own, GPT-NeoX's fused query_key_value
 // included) and <out_dir>/config.json (LlamaForCausalLM / GPTNeoXForCausalLM). import_hf reads
 // such a folder (config.json + model.safetensors) into a checkpoint at the given degrees.
-void export_hf(const std::filesystem::path& tag_dir, const std::filesystem::path& out_dir);
+// A checkpoint with LoRA adapters (metadata "lora", checkpoint/lora_files.h) is exported with
+// them merged into the base weights when merge_lora (or the run's peft.merge_lora) says so, and
+// refused otherwise (the adapters alone: export_lora).
+struct ExportHfOptions {
+  bool merge_lora = false;
+};
+void export_hf(const std::filesystem::path& tag_dir, const std::filesystem::path& out_dir,
+               const ExportHfOptions& opts = {});
 void import_hf(const std::filesystem::path& hf_dir, const std::filesystem::path& out_root,
                const std::string& tag, int tp, int dp);
 // The transformers config.json of a model config, and back (CheckpointError if unsupported).

@@ -2,10 +2,12 @@
 // on sim ranks and saved again, so offline and online resharding are one code path.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/layout.h"
+#include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
@@ -98,17 +100,24 @@ struct LocalModel {
   std::vector<Module*> chunks;
   std::vector<optim::NamedParam> params, experts;
 };
-LocalModel build_local_model(const ModelConfig& cfg, int pp) {
+// A LoRA checkpoint (`lora` non-null) gets its adapters (their values come from the checkpoint).
+LocalModel build_local_model(const ModelConfig& cfg, int pp, const LoraConfig* lora) {
   LocalModel m;
   if (pp == 1) {
     m.whole = make_causal_lm(cfg, 0);
     m.chunks = {m.whole.get()};
-    for (const auto& [n, t] : m.whole->named_parameters()) m.params.push_back({n, t});
   } else {
     m.staged = std::make_unique<pipeline::PipelineModel>(cfg, 0);
     for (const auto& c : m.staged->chunks()) m.chunks.push_back(c.get());
-    m.params = m.staged->local_named_parameters();
   }
+  if (lora)
+    for (Module* c : m.chunks) apply_lora(*c, *lora, 0);
+  if (pp == 1)
+    for (const auto& [n, t] : m.whole->named_parameters()) m.params.push_back({n, t});
+  else
+    m.params = m.staged->local_named_parameters();
+  if (lora)  // the optimizer holds the adapters only
+    std::erase_if(m.params, [](const optim::NamedParam& p) { return !p.param.requires_grad(); });
   if (parallel_state::get_expert_model_parallel_size() > 1) {
     std::set<const TensorImpl*> is_expert;
     for (Module* c : m.chunks)
@@ -145,12 +154,15 @@ void reshard_checkpoint(const fs::path& tag_dir, const fs::path& out_root,
     throw CheckpointError(str("[reshard] ", dst.string(),
                               " exists already (not overwritten: choose another output folder)"));
   const bool has_optim = meta.contains("optimizer");
+  std::optional<LoraConfig> lora;
+  if (meta.contains("lora"))
+    lora = lora_from_json(meta["lora"], (tag_dir / "metadata.json").string());
   const SavedLayout saved = saved_layout(meta);
   const fs::path src_root = tag_dir.parent_path();
   const bool has_sched = fs::exists(tag_dir / detail::kScheduler);
   sim::launch(tp * pp * dp, [&] {
     parallel_state::initialize_model_parallel({.tensor = tp, .pipeline = pp, .expert = ep});
-    LocalModel m = build_local_model(cfg, pp);
+    LocalModel m = build_local_model(cfg, pp, lora ? &*lora : nullptr);
     std::unique_ptr<optim::Optimizer> opt;
     if (has_optim)
       opt =

@@ -12,6 +12,7 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/dp_shards.h"
 #include "nxd/checkpoint/layout.h"
+#include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/models/causal_lm.h"
@@ -45,6 +46,7 @@ struct SavePlan {
   bool zero1 = false;  // the optimizer's state is sharded over DP: one file per DP rank
   int64_t step = 0;
   json model_config = nullptr;  // a CausalLM's config (what offline resharding rebuilds)
+  json lora = nullptr;          // the adapters' config (lora_json), when the model has any
   std::vector<Shard> shards;    // this rank's files
   std::vector<std::pair<std::string, std::string>> texts;  // this rank's JSON files
 };
@@ -355,6 +357,7 @@ void complete(const SavePlan& p) {
             {"compressed", p.opts.compress},
             {"files", files}};
   if (!p.model_config.is_null()) m["model_config"] = p.model_config;
+  if (!p.lora.is_null()) m["lora"] = p.lora;
   if (p.has_model) m["model"] = model;
   if (p.has_optim) m["optimizer"] = {{"info", optim_info}, {"tensors", optim}};
   io::write_file_atomic(p.dir / detail::kMetadata, m.dump(1), p.opts.sync);
@@ -413,6 +416,9 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
     NXD_CHECK(m != nullptr, "[save_checkpoint] a model chunk is null");
     if (const auto* lm = dynamic_cast<const CausalLM*>(m); lm && plan->model_config.is_null())
       plan->model_config = model_config_json(lm->config());
+    if (const LoraConfig* lc = find_lora_config(const_cast<Module&>(*m));
+        lc && plan->lora.is_null())
+      plan->lora = lora_json(*lc);
   }
   plan->step = opts.step >= 0 ? opts.step : optimizer ? optimizer->steps() : 0;
   NXD_CHECK(!(optimizer && chunks.empty() && plan->deg.tp > 1),

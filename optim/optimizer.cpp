@@ -22,7 +22,9 @@ std::vector<ParamGroup> default_param_groups(const std::vector<NamedParam>& para
                                              double weight_decay) {
   ParamGroup decay{"decay", {}, lr, weight_decay, 1.0};
   ParamGroup no_decay{"no_decay", {}, lr, 0.0, 1.0};
-  for (const auto& p : params) (is_no_decay_param(p.name) ? no_decay : decay).params.push_back(p);
+  for (const auto& p : params)
+    if (p.param.requires_grad())  // frozen parameters (LoRA's base) get no optimizer state
+      (is_no_decay_param(p.name) ? no_decay : decay).params.push_back(p);
   std::vector<ParamGroup> out;
   if (!decay.params.empty()) out.push_back(std::move(decay));
   if (!no_decay.params.empty()) out.push_back(std::move(no_decay));

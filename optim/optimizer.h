@@ -39,7 +39,8 @@ struct ParamGroup {
 
 // NxD's default grouping (NeuronLTModule.configure_optimizers): parameters whose name contains
 // "bias" or "norm" (e.g. "layers.0.input_layernorm.weight", "lm_head.bias") get weight decay 0,
-// all others `weight_decay`. Empty groups are dropped; order within a group is input order.
+// all others `weight_decay`. Parameters that require no gradient (frozen: LoRA's base weights)
+// are left out. Empty groups are dropped; order within a group is input order.
 std::vector<ParamGroup> default_param_groups(const std::vector<NamedParam>& params, double lr,
                                              double weight_decay);
 bool is_no_decay_param(const std::string& name);

@@ -167,6 +167,7 @@ void PipelineModel::finish_gradients() {
     const bool first = pp_group_->rank() == 0;
     for (const std::string& name : pieces_.tied) {
       Tensor w = (first ? chunks_.front() : chunks_.back())->get_parameter(name);
+      if (!w.requires_grad()) continue;  // frozen (LoRA) on both ends alike
       if (!w.grad().defined()) w.set_grad(zeros_like(w.detach()));
       tied_group_->all_reduce(w.grad(), ReduceOp::sum);
     }

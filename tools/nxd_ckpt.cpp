@@ -13,8 +13,12 @@
 //                             expert-parallel degree of a MoE model, dividing --dp, default 1)
 //   import FILE OUT [--tp N] [--dp N] [--tag T]
 //                             an exported file back into a checkpoint OUT/T (model only)
-//   export-hf DIR OUT_DIR     model.safetensors + config.json for Hugging Face transformers
-//                             (export and export-hf also take a run folder: its checkpoints/)
+//   export-hf DIR OUT_DIR [--merge-lora]
+//                             model.safetensors + config.json for Hugging Face transformers
+//                             (export and export-hf also take a run folder: its checkpoints/);
+//                             a LoRA checkpoint's adapters merged into the base weights
+//   export-lora DIR OUT_DIR   a LoRA checkpoint's adapters alone, in PEFT's layout
+//                             (adapter_config.json + adapter_model.safetensors)
 //   import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]
 //                             a transformers folder (Llama, GPT-NeoX) into a checkpoint OUT/T
 // import and import-hf also take OUT as --out OUT (the earlier form); --tp and --dp default to 1,
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
 
 namespace fs = std::filesystem;
@@ -41,7 +46,8 @@ const char* kUsage =
     "       nxd-ckpt export DIR OUT.safetensors\n"
     "       nxd-ckpt reshard DIR --tp N [--pp N] [--dp N] [--ep N] --out DIR2\n"
     "       nxd-ckpt import FILE.safetensors OUT [--tp N] [--dp N] [--tag T]\n"
-    "       nxd-ckpt export-hf DIR OUT_DIR\n"
+    "       nxd-ckpt export-hf DIR OUT_DIR [--merge-lora]\n"
+    "       nxd-ckpt export-lora DIR OUT_DIR\n"
     "       nxd-ckpt import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]\n"
     "DIR is a checkpoint folder (<path>/<tag>) or a folder of checkpoints (its newest complete "
     "one); export and export-hf also take a run folder (its checkpoints/)\n";
@@ -170,6 +176,7 @@ struct Args {
   std::string out, tag = "imported";
   int tp = 0, dp = 1, pp = 1, ep = 1;  // tp 0: not given
   bool tensors = false;
+  bool merge_lora = false;  // export-hf: merge a LoRA checkpoint's adapters
   void want(size_t n) const {
     if (pos.size() != n) throw Usage(nxd::str(cmd, " takes ", n, " argument(s), got ", pos.size()));
   }
@@ -185,6 +192,8 @@ Args parse(const std::vector<std::string>& a) {
     };
     if (a[i] == "--tensors")
       r.tensors = true;
+    else if (a[i] == "--merge-lora")
+      r.merge_lora = true;
     else if (a[i] == "--out")
       r.out = value();
     else if (a[i] == "--tp")
@@ -261,6 +270,16 @@ int run(const std::vector<std::string>& argv) {
     a.want(1);
     return verify(a.pos[0]);
   }
+  if (a.merge_lora && a.cmd != "export-hf") throw Usage("--merge-lora is an option of export-hf");
+  if (a.cmd == "export-lora") {
+    a.want(2);
+    const fs::path tag = resolve_export_source(a.pos[0]);
+    refuse_to_overwrite(a.cmd, a.pos[1]);
+    nxd::ckpt::export_lora(tag, a.pos[1]);
+    std::printf("%s -> %s/{adapter_config.json,adapter_model.safetensors}\n", tag.string().c_str(),
+                a.pos[1].c_str());
+    return 0;
+  }
   if (a.cmd == "export" || a.cmd == "export-hf") {
     a.want(2);
     const fs::path tag = resolve_export_source(a.pos[0]);
@@ -269,7 +288,7 @@ int run(const std::vector<std::string>& argv) {
       nxd::ckpt::export_merged(tag, a.pos[1]);
       std::printf("%s -> %s\n", tag.string().c_str(), a.pos[1].c_str());
     } else {
-      nxd::ckpt::export_hf(tag, a.pos[1]);
+      nxd::ckpt::export_hf(tag, a.pos[1], {.merge_lora = a.merge_lora});
       std::printf("%s -> %s/{model.safetensors,config.json}\n", tag.string().c_str(),
                   a.pos[1].c_str());
     }
@@ -285,11 +304,13 @@ void refuse_to_overwrite(const std::string& cmd, const fs::path& out) {
   std::error_code ec;
   std::vector<fs::path> taken;
   if (cmd == "export" && fs::exists(out, ec)) taken.push_back(out);
-  if (cmd == "export-hf") {
+  if (cmd == "export-hf" || cmd == "export-lora") {
     if (fs::exists(out, ec) && !fs::is_directory(out, ec))
-      throw nxd::IoError("[nxd-ckpt] export-hf: " + out.string() +
+      throw nxd::IoError("[nxd-ckpt] " + cmd + ": " + out.string() +
                          " is an existing file, not a folder (not overwritten)");
-    for (const char* f : {"model.safetensors", "config.json"})
+    const bool hf = cmd == "export-hf";
+    for (const char* f : {hf ? "model.safetensors" : "adapter_model.safetensors",
+                          hf ? "config.json" : "adapter_config.json"})
       if (fs::exists(out / f, ec)) taken.push_back(out / f);
   }
   if (!taken.empty())

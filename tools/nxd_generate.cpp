@@ -31,6 +31,7 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/hf.h"
+#include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/collectives/parallel_state.h"
@@ -52,8 +53,12 @@ const char* kUsage =
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]\n"
     "                    [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]\n"
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
+    "                    [--lora DIR]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
+    "  --lora DIR        a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
+    "                    merged into the weights before generating (a LoRA checkpoint's own\n"
+    "                    adapters are always merged)\n"
     "  --temperature 0 is greedy (the default); --top-k 0 and --top-p 1 keep every token\n"
     "  --eager           the eager KV-cache path (the reference; default: the traced model)\n"
     "  --buckets         prompt-length buckets of the traced prefill (default: powers of two\n"
@@ -75,6 +80,7 @@ struct Usage : UserError {
 // Everything the command line says.
 struct GenerateCli {
   std::string checkpoint, hf, prompt;
+  std::string lora;  // --lora: a PEFT adapter folder
   bool has_prompt = false;
   GenerateOptions gen{.max_new_tokens = 32, .temperature = 0.0};
   int tp = 1;
@@ -137,6 +143,8 @@ GenerateCli parse_args(int argc, char** argv) {
       c.checkpoint = v;
     else if (a == "--hf")
       c.hf = v;
+    else if (a == "--lora")
+      c.lora = v;
     else if (a == "--prompt")
       c.prompt = v, c.has_prompt = true;
     else if (a == "--max-new-tokens")
@@ -168,10 +176,10 @@ GenerateCli parse_args(int argc, char** argv) {
   }
   if (!c.load_trace.empty()) {
     if (!c.checkpoint.empty() || !c.hf.empty() || c.eager || !c.save_trace.empty() ||
-        !c.buckets.empty())
+        !c.buckets.empty() || !c.lora.empty())
       throw Usage(
           "--load-trace runs a saved trace: it takes no --checkpoint, --hf, --eager, "
-          "--save-trace or --buckets");
+          "--save-trace, --buckets or --lora");
   } else if (c.checkpoint.empty() == c.hf.empty()) {
     throw Usage("give one of --checkpoint DIR or --hf DIR (or --load-trace DIR)");
   }
@@ -219,6 +227,16 @@ ModelSource resolve_source(const GenerateCli& c) {
     s.hf_dir = c.hf;
     s.full = ckpt::read_hf_weights(c.hf, s.cfg);
   }
+  // LoRA: a checkpoint's own adapters and --lora's are merged into full weights
+  const bool own = !s.tag_dir.empty() && ckpt::read_metadata(s.tag_dir).contains("lora");
+  if (own || (!c.lora.empty() && !s.tag_dir.empty())) {
+    ckpt::PeftAdapter a;
+    s.full = ckpt::read_model_and_adapter(s.tag_dir, &a);
+    if (own) ckpt::merge_adapter(s.full, a, s.tag_dir.string());
+    s.hf_dir = s.tag_dir.string();
+    s.tag_dir.clear();
+  }
+  if (!c.lora.empty()) ckpt::merge_adapter(s.full, ckpt::read_peft_adapter(c.lora), c.lora);
   s.cfg.sequence_parallel = false;  // inference: no sequence parallelism
   s.cfg.dropout = 0.0;
   s.cfg.kv_size_multiplier = std::max<int64_t>(1, c.tp / s.cfg.kv_heads());

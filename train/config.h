@@ -16,12 +16,13 @@
 #include <nlohmann/json.hpp>
 
 #include "nxd/layers/models/config.h"
+#include "nxd/layers/parallel/lora.h"
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/checkpointing.h"
 
 namespace nxd::trainer {
 
-enum class KeyType { integer, number, boolean, string, number_list };
+enum class KeyType { integer, number, boolean, string, number_list, string_list };
 const char* key_type_name(KeyType t);
 
 struct KeySpec {
@@ -176,6 +177,8 @@ struct TrainConfig {
   DistributedSection dist;
   PrecisionSection precision;
   GenerationSection generation;
+  // model_alignment_strategy.peft (NxD Training's keys): LoRA when lora_rank is set
+  std::optional<LoraConfig> lora;
   InitFromSection init;
   int64_t grad_accum_steps;  // global / (micro * dp)
   Config resolved;           // every key, derived values filled in (written as config.yaml)

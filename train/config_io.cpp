@@ -305,6 +305,12 @@ void Config::set(const std::string& k, const json& value, const std::string& src
             str("[config] ", k, ": ", shorten(v.dump()), " is not one of ", c, " (", src, ")"));
       }
       break;
+    case KeyType::string_list:  // a list of strings, or one string (a pattern)
+      if (v.is_string()) break;
+      if (!v.is_array()) wrong("a list of strings or a string");
+      for (const auto& e : v)
+        if (!e.is_string()) wrong("a list of strings or a string");
+      break;
     case KeyType::number_list: {
       if (!v.is_array()) wrong(str("a list of ", spec->list_size, " numbers").c_str());
       if (spec->list_size > 0 && static_cast<int64_t>(v.size()) != spec->list_size)

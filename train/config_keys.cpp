@@ -23,6 +23,8 @@ const char* key_type_name(KeyType t) {
       return "string";
     case KeyType::number_list:
       return "list of numbers";
+    case KeyType::string_list:
+      return "list of strings";
   }
   return "?";
 }
@@ -289,6 +291,24 @@ std::vector<KeySpec> make_registry() {
           "is split over TP as well."),
       key("distributed_strategy.sequence_parallel", K::boolean, true,
           "Split activations along the sequence between the tensor-parallel regions (TP > 1)."),
+      key("model_alignment_strategy.peft.lora_rank", K::integer, nullptr,
+          "LoRA (NxD Training's peft): the adapters' rank r. null = full fine-tuning; set, every "
+          "layer target_modules selects gets y += (lora_alpha / r) B A x, everything else is "
+          "frozen (no gradient, no optimizer state), and the run prints trainable vs total "
+          "parameters, its memory plan and allocator peak against the plan of full fine-tuning."),
+      key("model_alignment_strategy.peft.lora_alpha", K::number, 32.0,
+          "LoRA scale numerator: the adapter's output is multiplied by lora_alpha / lora_rank."),
+      key("model_alignment_strategy.peft.lora_dropout", K::number, 0.05,
+          "Dropout on the adapters' input while training (0: none)."),
+      key("model_alignment_strategy.peft.target_modules", K::string_list, json::array({"qkv_proj"}),
+          "The linear layers that get adapters: a list of names, each matching a layer whose "
+          "name is it or ends with `.name` (`qkv_proj`: q_proj, k_proj and v_proj; also "
+          "o_proj, gate_proj, up_proj, down_proj; GPT-NeoX query_key_value, dense, "
+          "dense_h_to_4h, dense_4h_to_h), or one string: a regular expression the full name "
+          "matches (PEFT's forms)."),
+      key("model_alignment_strategy.peft.merge_lora", K::boolean, false,
+          "Recorded in the checkpoints: `nxd-ckpt export-hf` then merges the adapters into the "
+          "base weights (as with --merge-lora). Adapters alone: `nxd-ckpt export-lora`."),
       key("distributed_strategy.kv_replicator", K::integer, nullptr,
           "K/V heads replicated this many times so TP can exceed model.num_kv_heads "
           "(NxD's kv_size_multiplier). null = max(1, TP / num_kv_heads)."),

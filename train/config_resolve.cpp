@@ -416,6 +416,29 @@ void check_context_parallel(Resolver& r, const TrainConfig& t) {
 
 }  // namespace
 
+namespace {
+std::optional<LoraConfig> resolve_peft(Resolver& r) {
+  const std::string p = "model_alignment_strategy.peft.";
+  if (r.c.get(p + "lora_rank").is_null()) return std::nullopt;
+  LoraConfig c;
+  c.lora_rank = r.c.get_int(p + "lora_rank");
+  c.lora_alpha = r.c.get_double(p + "lora_alpha");
+  c.lora_dropout = r.c.get_double(p + "lora_dropout");
+  const nlohmann::json& tm = r.c.get(p + "target_modules");
+  if (tm.is_string())
+    c.target_regex = tm.get<std::string>();
+  else
+    c.target_modules = tm.get<std::vector<std::string>>();
+  c.merge_lora = r.c.get_bool(p + "merge_lora");
+  if (c.lora_rank < 1) r.fail(p, "lora_rank must be >= 1, got ", c.lora_rank);
+  if (!(c.lora_alpha > 0)) r.fail(p, "lora_alpha must be > 0, got ", c.lora_alpha);
+  if (!(c.lora_dropout >= 0 && c.lora_dropout < 1))
+    r.fail(p, "lora_dropout must be in [0, 1), got ", c.lora_dropout);
+  if (c.target_modules.empty() && c.target_regex.empty()) r.fail(p, "target_modules is empty");
+  return c;
+}
+}  // namespace
+
 TrainConfig resolve(const Config& in) {
   Resolver r{in};
   TrainConfig t;
@@ -434,6 +457,7 @@ TrainConfig resolve(const Config& in) {
   t.data = resolve_data(r);
   t.model = resolve_model(r, t.data);
   t.dist = resolve_distributed(r, t.model);
+  t.lora = resolve_peft(r);
   t.grad_accum_steps = resolve_batching(r, t.data, t.dist);
   if (t.dist.pipeline_model_parallel_size > 1 || t.dist.virtual_pipeline_model_parallel_size > 1 ||
       t.dist.pipeline_schedule != "1f1b") {

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 
+#include "nxd/api/lora.h"
 #include "nxd/api/nxd_model.h"
 #include "nxd/autograd/graph.h"
 #include "nxd/autograd/ops.h"
@@ -71,6 +72,17 @@ MetaModel build_meta_model(const TrainConfig& cfg, const NxDConfig& nc, DType pa
   } else {
     mm.chunks = {make_causal_lm(mc, cfg.seed, ModelPart{})};
     for (auto& [n, t] : mm.chunks[0]->named_parameters()) mm.params.push_back({n, t});
+  }
+  if (nc.lora_config) {  // as the Trainer: adapters, then frozen weights hold no gradient or state
+    std::vector<Module*> parts;
+    for (auto& c : mm.chunks) parts.push_back(c.get());
+    apply_lora_to_parts(*nc.lora_config, parts, cfg.seed);
+    mm.params.clear();
+    if (mm.pipe)
+      mm.params = mm.pipe->local_named_parameters();
+    else
+      for (auto& [n, t] : mm.chunks[0]->named_parameters()) mm.params.push_back({n, t});
+    std::erase_if(mm.params, [](const optim::NamedParam& p) { return !p.param.requires_grad(); });
   }
   for (auto& c : mm.chunks) {
     if (param_dtype == DType::bf16) c->to_dtype(DType::bf16);
@@ -376,11 +388,21 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
           "; or fewer ranks (backend.world_size)"));
 }
 
-void plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out) {
-  if (custom_module || cfg.dist.backend != "sim" || !is_builtin_arch(cfg.model.arch)) return;
+PlannedPeak plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out) {
+  if (custom_module || cfg.dist.backend != "sim" || !is_builtin_arch(cfg.model.arch)) return {};
   const MemoryPlan plan = plan_memory(cfg);
   if (out) std::fprintf(out, "%s\n", plan.report().c_str());
   check_fits(plan, cfg);
+  PlannedPeak p{.planned = plan.worst().total()};
+  if (cfg.lora) {  // the same run without LoRA, for comparison
+    TrainConfig full = cfg;
+    full.lora.reset();
+    p.full_fine_tuning = plan_memory(full).worst().total();
+    if (out)
+      std::fprintf(out, "lora: planned %s on the largest rank against %s for full fine-tuning\n",
+                   format_bytes(p.planned).c_str(), format_bytes(p.full_fine_tuning).c_str());
+  }
+  return p;
 }
 
 }  // namespace nxd::trainer

@@ -105,8 +105,13 @@ void check_fits(const MemoryPlan& plan, const TrainConfig& cfg);
 
 // nxd-train's check (train()): plans a sim run of the built-in model, prints report() to `out`
 // (null: nothing) and throws as check_fits. Runs of a module of one's own, and MPI runs, are not
-// planned.
-void plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out);
+// planned. Returns the planned peak of the largest rank (0: not planned); with LoRA (cfg.lora:
+// the plan has the adapters, and gradients and optimizer state for them alone) also the plan of
+// the same run without it, printed beside it.
+struct PlannedPeak {
+  int64_t planned = 0, full_fine_tuning = 0;
+};
+PlannedPeak plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out);
 
 std::string format_bytes(int64_t bytes);  // "1.25 GiB", "312.0 MiB", "4.0 KiB"
 

@@ -32,6 +32,13 @@ std::string with_commas(int64_t v) {
 }
 
 // Prints what the run is about to do (data, model, layout, schedule) once setup is done.
+std::string format_percent(int64_t part, int64_t whole) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f%%",
+                whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0);
+  return b;
+}
+
 class RunSummary : public Callback {
  public:
   RunSummary(const TrainConfig& cfg, const TrainData& data) : cfg_(cfg), data_(data) {}
@@ -50,6 +57,12 @@ class RunSummary : public Callback {
                                                  : str(", every ", m.moe.frequency, " layers)"))
                       : std::string(),
                   ", vocab ", m.vocab_size, ": ", with_commas(t.num_parameters()), " parameters"));
+    if (const auto& l = cfg_.lora)
+      t.message(str("lora: rank ", l->lora_rank, ", alpha ", l->lora_alpha, ", dropout ",
+                    l->lora_dropout, ": trainable ", with_commas(t.num_trainable_parameters()),
+                    " of ", with_commas(t.num_parameters()), " parameters (",
+                    format_percent(t.num_trainable_parameters(), t.num_parameters()),
+                    "), the rest frozen"));
     if (world > 1)
       t.message(
           str("parallel: ", world, " rank(s) on ",
@@ -400,6 +413,8 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.nxd.pipeline_config.schedule = cfg.dist.pipeline_schedule;
   to.nxd.optimizer_config.zero_one_enabled = cfg.dist.zero1;
   to.nxd.grad_bucket_mb = cfg.dist.grad_bucket_mb;
+  to.nxd.lora_config = cfg.lora;
+  to.nxd.model_init_config.seed = cfg.seed;  // the adapters' initialization
   to.nxd.precision = cfg.precision.type;
   to.nxd.mixed_precision_config = {cfg.precision.master_weights, cfg.precision.fp32_grad_acc};
   to.max_steps = cfg.trainer.max_steps;
@@ -426,9 +441,23 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
   // restored when the run ends
   blas::MatmulPrecisionScope precision_scope(resolve_precision(nxd_config_of(cfg)).matmul);
   // a model that cannot fit is refused before anything is allocated (train/plan.h)
-  plan_before_training(cfg, static_cast<bool>(make_module), opts.quiet ? nullptr : opts.out);
-  if (cfg.dist.backend == "mpi" || (cfg.dist.world_size == 1 && cfg.dist.timeline.empty()))
-    return train_rank(cfg, opts, /*set_threads=*/true, make_module);
+  const PlannedPeak planned =
+      plan_before_training(cfg, static_cast<bool>(make_module), opts.quiet ? nullptr : opts.out);
+  auto lora_memory = [&](const TrainResult& res) {  // LoRA's allocator peak against full FT's plan
+    const int64_t full = planned.full_fine_tuning;
+    if (cfg.lora && !opts.quiet && full > 0 && res.hbm_peak_bytes > 0)
+      std::fprintf(opts.out,
+                   "lora: allocator peak %s on the largest rank (planned %s), against %s planned "
+                   "for full fine-tuning (%.1f%%)\n",
+                   format_bytes(res.hbm_peak_bytes).c_str(), format_bytes(planned.planned).c_str(),
+                   format_bytes(full).c_str(),
+                   100.0 * static_cast<double>(res.hbm_peak_bytes) / static_cast<double>(full));
+  };
+  if (cfg.dist.backend == "mpi" || (cfg.dist.world_size == 1 && cfg.dist.timeline.empty())) {
+    TrainResult res = train_rank(cfg, opts, /*set_threads=*/true, make_module);
+    lora_memory(res);
+    return res;
+  }
   // sim: every rank a thread of this process (BLAS single-threaded while they run)
   sim::LaunchOptions lo;
   lo.world_size = static_cast<int>(cfg.dist.world_size);
@@ -452,6 +481,7 @@ TrainResult train(const TrainConfig& cfg, const TrainOptions& opts,
     res.rank_peak_bytes.push_back(rr.peak_bytes);
   }
   res.sim_seconds = lr.sim_seconds();
+  lora_memory(res);
   return res;
 }
 

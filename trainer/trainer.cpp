@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "nxd/api/lora.h"
 #include "nxd/autograd/ops.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
@@ -49,10 +50,10 @@ int64_t count_parameters(Module& model, int tensor_parallel_size) {
 
 namespace {
 // count_parameters over norm parameters (a tied copy marked shared is counted by its owner).
-int64_t count_norm_params(const std::vector<optim::NormParam>& ps, int tp) {
+int64_t count_norm_params(const std::vector<optim::NormParam>& ps, int tp, bool trainable_only) {
   int64_t n = 0;
   for (const auto& p : ps)
-    if (!p.shared)
+    if (!p.shared && (!trainable_only || p.param.requires_grad()))
       n += p.attrs.tensor_model_parallel
                ? p.param.numel() * tp / std::max<int64_t>(1, p.attrs.kv_replicas)
                : p.param.numel();
@@ -168,11 +169,14 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
   // DP reduction or ZeRO-1, SP sums, clipping, precision: NxD's optimizer wrapper
   nxd_optimizer_ =
       std::make_unique<NxDOptimizer>(nxd_config_, *nxd_model_, std::move(os.optimizer));
-  std::vector<double> n = {static_cast<double>(count_norm_params(nxd_model_->norm_params(), tp))};
+  const auto np = nxd_model_->norm_params();
+  std::vector<double> n = {static_cast<double>(count_norm_params(np, tp, /*trainable_only=*/false)),
+                           static_cast<double>(count_norm_params(np, tp, /*trainable_only=*/true))};
   if (pipeline_)
-    parallel_state::get_pipeline_model_parallel_group().all_reduce(n.data(), n.data(), 1,
+    parallel_state::get_pipeline_model_parallel_group().all_reduce(n.data(), n.data(), 2,
                                                                    DType::f64, ReduceOp::sum);
   num_parameters_ = static_cast<int64_t>(n[0]);
+  num_trainable_parameters_ = static_cast<int64_t>(n[1]);
   data.setup(DataSetup{
       .dp_rank = dp_rank_, .dp_size = dp_, .accumulation = opts_.accumulate_grad_batches});
   setup_validation(data);
@@ -193,6 +197,9 @@ void Trainer::build_model(TrainingModule& module) {
     if (!module.model_) throw ConfigError("[trainer] build_model() returned no model");
     nxd_model_ = std::make_shared<NxDModel>(nxd_config_, module.model_);
   }
+  if (nxd_config_.lora_config)  // adapters on the built (and loaded) model, the rest frozen
+    apply_lora_to_parts(*nxd_config_.lora_config, nxd_model_->local_modules(),
+                        nxd_config_.model_init_config.seed);
   if (resolve_precision(nxd_config_).param_dtype == DType::bf16)
     for (Module* m : nxd_model_->local_modules()) m->to_dtype(DType::bf16);
   nxd_model_->train(true);

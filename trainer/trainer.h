@@ -150,6 +150,8 @@ class Trainer {
   int dp_size() const { return dp_; }
   // The whole model's parameters (TP shards and tied copies counted once), after setup.
   int64_t num_parameters() const { return num_parameters_; }
+  // Those that train (with LoRA: the adapters; else num_parameters()), TP shards counted once.
+  int64_t num_trainable_parameters() const { return num_trainable_parameters_; }
   // What a checkpoint keeps of the loop besides model and optimizer (step, data position, RNG
   // counter) as JSON, and its restoration (trainer/checkpointing.h saves and loads it).
   nlohmann::json loop_state() const;
@@ -179,7 +181,7 @@ class Trainer {
   std::string stop_reason_;
   std::map<std::string, double> pending_;
   int dp_ = 1, dp_rank_ = 0;
-  int64_t num_parameters_ = 0;
+  int64_t num_parameters_ = 0, num_trainable_parameters_ = 0;
   pipeline::PipelineModel* pipeline_ = nullptr;  // the module's, with pipeline parallelism
   std::shared_ptr<NxDModel> nxd_model_;          // the module's model or pipeline
   std::unique_ptr<NxDOptimizer> nxd_optimizer_;  // around the module's optimizer

@@ -43,18 +43,29 @@ struct ParallelAttrs {
   int64_t kv_replicas = 1;
 };
 
+struct LoraTarget;
+class LoraAdapter;
+
 // A Module whose own parameters may carry ParallelAttrs (keyed by their local name).
 class ParallelModule : public Module {
  public:
   using Module::Module;
   // The attributes of one of this module's own parameters, or null if untagged.
   const ParallelAttrs* parallel_attrs(const std::string& local_name) const;
+  // LoRA (layers/parallel/lora.h). A linear layer fills `out` with what an adapter needs and
+  // returns true; other modules return false.
+  virtual bool lora_target(LoraTarget& out) const;
+  // The adapter this layer adds to its output (null: none); set_lora registers its children
+  // lora_A and lora_B (once: InvalidArgument naming the layer type otherwise).
+  const LoraAdapter* lora() const { return lora_.get(); }
+  void set_lora(std::shared_ptr<LoraAdapter> adapter);
 
  protected:
   void set_parallel_attrs(const std::string& local_name, const ParallelAttrs& attrs);
 
  private:
   std::map<std::string, ParallelAttrs> attrs_;
+  std::shared_ptr<LoraAdapter> lora_;
 };
 
 struct ParallelParameter {

@@ -1,6 +1,7 @@
 #include "nxd/layers/parallel/layers.h"
 
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/parallel/lora.h"
 #include "nxd/layers/parallel/mappings.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/trace_hook.h"
@@ -51,16 +52,19 @@ Tensor sp_column_linear(const Tensor& x, const Tensor& w, const Tensor& b, int64
         return std::vector<Tensor>{
             linear(tp_detail::all_gather(*g, t[0], d), t[1], has_bias ? t[2] : Tensor())};
       },
-      [xd = x.detach(), wd = w.detach(), g, d, has_bias](const Grads& gr) -> Grads {
+      [xd = x.detach(), wd = w.detach(), g, d, has_bias,
+       need_w = w.requires_grad()](const Grads& gr) -> Grads {
         const int64_t per = wd.size(0), in_f = wd.size(1);
-        Tensor x_full = tp_detail::all_gather(*g, xd, d);  // re-gathered, not saved
+        // re-gathered, not saved; a frozen weight (LoRA's base) gets no gradient and needs none
+        Tensor x_full = need_w ? tp_detail::all_gather(*g, xd, d) : Tensor();
+        Shape xs = xd.shape();
+        xs[static_cast<size_t>(d)] *= g->size();
         Tensor dy = gr[0].contiguous();
         Tensor dy2 = dy.reshape({-1, per});
         Tensor dx_full = matmul(dy2, wd);
-        Shape xs = x_full.shape();
         Grads r(has_bias ? 3 : 2);
         r[0] = reduce_scatter_sum(*g, dx_full.view(xs), d, "ColumnParallelLinear");
-        r[1] = matmul(dy2.t(), x_full.reshape({-1, in_f}));
+        if (need_w) r[1] = matmul(dy2.t(), x_full.reshape({-1, in_f}));
         if (has_bias) r[2] = sum(dy2, {0});
         return r;
       })[0];
@@ -123,7 +127,10 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                   "[ColumnParallelLinear] expected input [..., ", in_, "], got ",
                   x.defined() ? x.desc() : "undefined");
-  if (tp_size_ == 1) return linear(x, weight_, add_bias ? bias_ : Tensor());  // the plain Linear
+  if (tp_size_ == 1) {  // the plain Linear
+    Tensor y = linear(x, weight_, add_bias ? bias_ : Tensor());
+    return lora() ? add(y, lora()->delta(x)) : y;
+  }
   const int64_t per = out_ / tp_size_;
   Tensor w = weight_.dim() == 3 ? view(weight_, {per, in_}) : weight_;
   const bool shard_bias = bias_.defined() && !opts_.gather_output;
@@ -132,6 +139,7 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   Tensor y = (opts_.sequence_parallel_enabled && tp_size_ > 1)
                  ? sp_column_linear(x, w, b_local, opts_.sequence_dimension, group_.get())
                  : linear(copy_to_tensor_model_parallel_region(x, *group_), w, b_local);
+  if (lora()) y = add(y, lora()->delta(x));
   if (opts_.gather_output) {
     y = gather_from_tensor_model_parallel_region(y, *group_);
     if (stride_ > 1 && tp_size_ > 1) {  // [.., tp, stride, c] -> [.., stride, tp, c]
@@ -192,9 +200,10 @@ Tensor RowParallelLinear::run(const Tensor& x) const {
                   "), got ", x.defined() ? x.desc() : "undefined");
   Tensor in = opts_.input_is_parallel ? x : scatter_to_tensor_model_parallel_region(x, *group_);
   Tensor y = linear(in, weight_);
-  return opts_.sequence_parallel_enabled
-             ? reduce_scatter_to_sequence_parallel_region(y, opts_.sequence_dimension, *group_)
-             : reduce_from_tensor_model_parallel_region(y, *group_);
+  y = opts_.sequence_parallel_enabled
+          ? reduce_scatter_to_sequence_parallel_region(y, opts_.sequence_dimension, *group_)
+          : reduce_from_tensor_model_parallel_region(y, *group_);
+  return lora() ? add(y, lora()->delta(x)) : y;
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
@@ -202,7 +211,8 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
     NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                     "[RowParallelLinear] expected input [..., ", in_, "], got ",
                     x.defined() ? x.desc() : "undefined");
-    return linear(x, weight_, bias_);
+    Tensor y = linear(x, weight_, bias_);
+    return lora() ? add(y, lora()->delta(x)) : y;
   }
   Tensor y = run(x);
   return (bias_.defined() && !opts_.skip_bias_add) ? y + bias_ : y;
@@ -211,6 +221,35 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
 std::pair<Tensor, Tensor> RowParallelLinear::forward_and_bias(const Tensor& x) const {
   if (!opts_.skip_bias_add) return {forward(x), Tensor()};
   return {run(x), bias_};
+}
+
+LoraTarget ParallelLinearBase::lora_target_of(bool sequence_parallel, int64_t seq_dim) const {
+  LoraTarget t;
+  t.in = in_;
+  t.out = out_;
+  t.sequence_parallel = sequence_parallel && tp_size_ > 1;
+  t.sequence_dimension = seq_dim;
+  t.group = group_;
+  t.param = {weight_.dtype(), weight_.device()};
+  return t;
+}
+
+bool ColumnParallelLinear::lora_target(LoraTarget& t) const {
+  t = lora_target_of(opts_.sequence_parallel_enabled, opts_.sequence_dimension);
+  t.style = LoraTarget::Style::column;
+  t.local_out = out_ / tp_size_;
+  t.out0 = group_->rank() * t.local_out;
+  t.stride = stride_;
+  return true;
+}
+
+bool RowParallelLinear::lora_target(LoraTarget& t) const {
+  t = lora_target_of(opts_.sequence_parallel_enabled, opts_.sequence_dimension);
+  t.style = LoraTarget::Style::row;
+  t.local_in = in_ / tp_size_;
+  t.in0 = group_->rank() * t.local_in;
+  t.input_is_parallel = opts_.input_is_parallel;
+  return true;
 }
 
 // ---------------------------------------------------------------- ParallelEmbedding

@@ -43,6 +43,8 @@ class ParallelLinearBase : public ParallelModule {
   // Resolves `group` (null: the parallel_state TP group) and checks in, out > 0, naming `type`.
   ParallelLinearBase(const char* type, int64_t in, int64_t out,
                      const std::shared_ptr<Communicator>& group);
+  // What both layers tell a LoRA adapter: sizes, group, the weight's dtype and device, SP.
+  LoraTarget lora_target_of(bool sequence_parallel, int64_t seq_dim) const;
   int64_t in_, out_;
   int tp_size_;
   std::shared_ptr<Communicator> group_;
@@ -67,6 +69,9 @@ struct ColumnParallelLinearOptions {
   std::shared_ptr<Communicator> group;  // null: the parallel_state TP group
 };
 
+// A LoRA adapter (layers/parallel/lora.h, apply_lora) adds scale * B(A(x)) to either layer's
+// output, split as NxD splits it.
+//
 // Y = X W^T + b with W [out, in] split along out (partition_dim 0): rank r holds rows
 // [r*out/tp, (r+1)*out/tp) (stride 1). The bias is sharded like the rows unless gather_output,
 // where it is the full [out] bias added after the gather (duplicated over TP, as NxD).
@@ -93,6 +98,7 @@ class ColumnParallelLinear : public ParallelLinearBase {
   // {forward(x), undefined}.
   std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
   int64_t local_out_features() const { return out_ / tp_size_; }
+  bool lora_target(LoraTarget& out) const override;
 
  private:
   Tensor run(const Tensor& x, bool add_bias) const;
@@ -131,6 +137,7 @@ class RowParallelLinear : public ParallelLinearBase {
   Tensor forward(const Tensor& x) const;
   std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
   int64_t local_in_features() const { return in_ / tp_size_; }
+  bool lora_target(LoraTarget& out) const override;
 
  private:
   Tensor run(const Tensor& x) const;

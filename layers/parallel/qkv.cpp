@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "nxd/autograd/function.h"
+#include "nxd/layers/parallel/lora.h"
 #include "nxd/layers/parallel/mappings.h"
 #include "nxd/runtime/context.h"
 
@@ -29,7 +30,30 @@ class ProjectionShard : public ParallelModule {
                          with_region(o.bias_init.for_fan_in(in), {full_rows}, {row0}));
       set_parallel_attrs("bias", attrs);
     }
+    lora_.style = LoraTarget::Style::column;
+    lora_.in = in;
+    lora_.out = full_rows;
+    lora_.local_out = rows;
+    lora_.out0 = row0;
+    lora_.kv_replicas = attrs.kv_replicas;
+    lora_.sequence_parallel = o.sequence_parallel_enabled;
+    lora_.sequence_dimension = o.sequence_dimension;
+    lora_.param = p;
   }
+  // The groups are known once every projection is built.
+  void set_groups(const std::shared_ptr<Communicator>& tp,
+                  const std::shared_ptr<Communicator>& kv) {
+    lora_.group = tp;
+    lora_.kv_group = kv;
+    lora_.sequence_parallel = lora_.sequence_parallel && tp->size() > 1;
+  }
+  bool lora_target(LoraTarget& t) const override {
+    t = lora_;
+    return true;
+  }
+
+ private:
+  LoraTarget lora_;
 };
 
 Tensor param_or_none(const Module& m, const char* name) {
@@ -80,10 +104,12 @@ std::vector<Tensor> qkv_linear(const Tensor& x, const std::array<Tensor, 3>& w,
         return out;
       },
       [xd = x.detach(), wq = w[0].detach(), wk = w[1].detach(), wv = w[2].detach(), has_bias, m, sp,
-       d, tp, kvg](const Grads& g) -> Grads {
+       d, tp, kvg, need_w = w[0].requires_grad()](const Grads& g) -> Grads {
         const int64_t qp = wq.size(0), kp = wk.size(0), in_f = wq.size(1);
-        Tensor xi = sp ? all_gather(*tp, xd, d) : xd;
-        Tensor x2 = xi.reshape({-1, in_f});
+        // a frozen weight (LoRA's base) gets no gradient: X is not re-gathered for it
+        Tensor xi = sp && need_w ? all_gather(*tp, xd, d) : xd;
+        Shape xs = xd.shape();
+        if (sp) xs[static_cast<size_t>(d)] *= tp->size();
         Tensor dq = g[0].contiguous().reshape({-1, qp});
         Tensor dk, dv;
         if (m > 1) {
@@ -97,13 +123,16 @@ std::vector<Tensor> qkv_linear(const Tensor& x, const std::array<Tensor, 3>& w,
         }
         Tensor dkv_x = add(matmul(dk, wk), matmul(dv, wv));
         if (m > 1) dkv_x = mul(dkv_x, 1.0 / static_cast<double>(m));
-        Tensor dx = add(matmul(dq, wq), dkv_x).view(xi.shape());
+        Tensor dx = add(matmul(dq, wq), dkv_x).view(xs);
         Grads r(has_bias ? 7 : 4);
         r[0] = sp ? reduce_scatter_sum(*tp, dx, d, "GQAQKVColumnParallelLinear")
                   : all_reduce_sum(*tp, dx);
-        r[1] = matmul(dq.t(), x2);
-        r[2] = matmul(dk.t(), x2);
-        r[3] = matmul(dv.t(), x2);
+        if (need_w) {
+          Tensor x2 = xi.reshape({-1, in_f});
+          r[1] = matmul(dq.t(), x2);
+          r[2] = matmul(dk.t(), x2);
+          r[3] = matmul(dv.t(), x2);
+        }
         if (has_bias) {
           r[4] = sum(dq, {0});
           r[5] = sum(dk, {0});
@@ -177,6 +206,8 @@ GQAQKVColumnParallelLinear::GQAQKVColumnParallelLinear(int64_t in, int64_t q_out
   v_proj_ = register_module(
       "v_proj", std::make_shared<ProjectionShard>(in, kp, kv_out, block * kp, o.bias, o, ka));
   if (kv_size_multiplier_ > 1) kv_group_ = kv_replica_group(group_, kv_size_multiplier_);
+  for (const auto& p : {q_proj_, k_proj_, v_proj_})
+    static_cast<ProjectionShard&>(*p).set_groups(group_, p == q_proj_ ? nullptr : kv_group_);
 }
 
 std::array<Tensor, 3> GQAQKVColumnParallelLinear::forward(const Tensor& x) const {
@@ -201,6 +232,9 @@ std::array<Tensor, 3> GQAQKVColumnParallelLinear::forward(const Tensor& x) const
                           kv_group_.get());
     q = out[0], k = out[1], v = out[2];
   }
+  if (const LoraAdapter* l = q_proj_->lora()) q = add(q, l->delta(x));
+  if (const LoraAdapter* l = k_proj_->lora()) k = add(k, l->delta(x));
+  if (const LoraAdapter* l = v_proj_->lora()) v = add(v, l->delta(x));
   if (opts_.gather_output && tp_size_ > 1) {
     q = gather_from_tensor_model_parallel_region(q, *group_);
     k = gather_from_tensor_model_parallel_region(k, *group_);

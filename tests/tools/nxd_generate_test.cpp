@@ -1,6 +1,7 @@
 // nxd-generate end to end: from an nxd checkpoint (Llama, GQA) and from a transformers folder
 // (GPT-NeoX), the printed tokens equal CausalLM::generate's with the same options, at TP 1 and 2;
-// the report lines; exit code 2 for every user mistake; a tokenizer.json's ids and text. Under
+// the report lines; exit code 2 for every user mistake; a tokenizer.json's ids and text; LoRA
+// adapters from a checkpoint and from a PEFT folder (--lora). Under
 // mpirun (NXD_GENERATE_MPI): the mpi backend at TP 2 gives the same tokens.
 #include <gtest/gtest.h>
 
@@ -9,10 +10,12 @@
 #include <sstream>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "support/files.h"
+#include "support/lora.h"
 #include "support/proc.h"
 #include "support/tiny_models.h"
 
@@ -136,6 +139,39 @@ TEST(NxdGenerate, TokensEqualTheLibrarysGenerate) {
   EXPECT_NE(r.out.find("stopped: the sequence reached max_position_embeddings=48"),
             std::string::npos)
       << r.out;
+}
+
+// LoRA: a checkpoint with adapters (merged on load, traced) and the base checkpoint with the
+// same adapters as a PEFT folder (--lora, at TP 2) give the tokens of the adapted model's own
+// generate, which runs the adapters unmerged; the base alone gives others.
+TEST(NxdGenerate, LoraAdaptersGenerateAsTheAdaptedModel) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  auto adapted = make_causal_lm(byte_model("llama"), 7);  // the base of f.llama (d/run)
+  apply_lora(*adapted, nxd::testing::every_projection_lora(), 3);
+  nxd::testing::randomize_lora_b(*adapted, 2.0);
+  GenerateOptions g;
+  g.max_new_tokens = 12;
+  g.temperature = 0;
+  const std::string prompt = "Hello, nxd";
+  const auto want = adapted->generate(bytes(prompt), g);
+  ASSERT_NE(want, f.llama->generate(bytes(prompt), g)) << "the adapters change nothing";
+  ckpt::save_checkpoint(d / "lora", "step_1", adapted.get(), nullptr, nullptr);
+  auto r = generate(
+      {"--checkpoint", (d / "lora").string(), "--prompt", prompt, "--max-new-tokens", "12"}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), want) << r.out;
+  ckpt::export_lora(d / "lora" / "step_1", d / "peft");
+  r = generate({"--checkpoint", (d / "run").string(), "--lora", (d / "peft").string(), "--prompt",
+                prompt, "--max-new-tokens", "12", "--tp", "2", "--eager"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), want) << r.out;
+  r = generate({"--checkpoint", (d / "run").string(), "--lora", (d / "nowhere").string(),
+                "--prompt", prompt},
+               d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is not a PEFT adapter folder"), std::string::npos) << r.err;
 }
 
 TEST(NxdGenerate, UserMistakesExitTwo) {

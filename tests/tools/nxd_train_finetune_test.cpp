@@ -2,7 +2,8 @@
 // folder, a checkpoint, an import-hf checkpoint or a transformers folder; --eval's validation
 // loss equal to the training run's at the same step; the model keys taken from the source and a
 // contradicting one refused; resume_from_checkpoint on a model-only checkpoint; the summary after
-// a resume; the sample up to the model's context, every byte on stdout.
+// a resume; the sample up to the model's context, every byte on stdout; LoRA fine-tuning exported
+// merged and as a PEFT adapter.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -227,6 +228,48 @@ TEST_F(FineTune, SampleFillsTheContextAndStdoutShowsEveryByte) {
   shown = shown.substr(0, shown.size() - 1);  // the final newline
   EXPECT_EQ(unescape(shown), sample);
   EXPECT_EQ(shown.find('\0'), std::string::npos);
+}
+
+// LoRA after pretraining: nxd-train with NxD Training's peft keys from run a's weights prints
+// its trainable share and memory; export-hf refuses the adapters unless --merge-lora, and the
+// merged export evaluates to the LoRA run's validation loss; export-lora writes PEFT's folder.
+TEST_F(FineTune, LoraRunExportsMergedAndAdapterAlone) {
+  ASSERT_EQ(train({}, "a").code, 0);
+  ProcResult l =
+      train({"--set", "model.init_from=" + (dir_ / "a").string(), "--set",
+             "model_alignment_strategy.peft.lora_rank=4", "--set",
+             "model_alignment_strategy.peft.lora_dropout=0", "--set", "precision.type=fp32"},
+            "l");
+  ASSERT_EQ(l.code, 0) << l.err;
+  EXPECT_NE(l.out.find("lora: rank 4, alpha 32, dropout 0: trainable "), std::string::npos)
+      << l.out;
+  EXPECT_NE(l.out.find("planned for full fine-tuning"), std::string::npos) << l.out;
+  const double want = val_loss_at(dir_ / "l" / "metrics.csv", 4);
+  ASSERT_FALSE(std::isnan(want));
+  ProcResult no =
+      run(NXD_CKPT_BIN, {"export-hf", (dir_ / "l").string(), (dir_ / "hf").string()}, dir_);
+  EXPECT_EQ(no.code, 2) << no.err;
+  EXPECT_NE(no.err.find("has LoRA adapters: --merge-lora"), std::string::npos) << no.err;
+  ProcResult x =
+      run(NXD_CKPT_BIN,
+          {"export-hf", (dir_ / "l").string(), (dir_ / "hf").string(), "--merge-lora"}, dir_);
+  ASSERT_EQ(x.code, 0) << x.err;
+  // fp32 both: under autocast (bf16 matmul inputs) W + s B A rounds once where the adapter's
+  // path rounds W and B, A apart, and the losses differ by about 1e-5 of their value
+  ProcResult e = train({"--eval", "--set", "model.init_from=" + (dir_ / "hf").string(), "--set",
+                        "precision.type=fp32"},
+                       "e");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NEAR(val_loss_at(dir_ / "e" / "metrics.csv", 0), want, 1e-5 * want);
+  ProcResult a =
+      run(NXD_CKPT_BIN, {"export-lora", (dir_ / "l").string(), (dir_ / "peft").string()}, dir_);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(slurp(dir_ / "peft" / "adapter_config.json").find("\"peft_type\": \"LORA\""),
+            std::string::npos);
+  ProcResult none =
+      run(NXD_CKPT_BIN, {"export-lora", (dir_ / "a").string(), (dir_ / "p2").string()}, dir_);
+  EXPECT_EQ(none.code, 2) << none.err;
+  EXPECT_NE(none.err.find("has no LoRA adapters"), std::string::npos) << none.err;
 }
 
 TEST(NxdCkptExport, SaysWhenAPathIsNeitherACheckpointNorARunFolder) {

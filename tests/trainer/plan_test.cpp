@@ -28,6 +28,28 @@ TrainConfig small(const fs::path& d, const std::string& name, std::vector<std::s
                                 extra);
 }
 
+// Plans `cfg`, runs it and expects every rank's planned total within 5% of the allocator's
+// peak (printing the first and last rank); returns the plan and the largest relative difference.
+std::pair<MemoryPlan, double> plan_against_run(const TrainConfig& cfg, const std::string& what) {
+  const MemoryPlan plan = plan_memory(cfg);
+  const TrainResult res = train(cfg, {.quiet = true});
+  EXPECT_EQ(res.rank_peak_bytes.size(), plan.ranks.size());
+  double worst = 0;
+  for (size_t r = 0; r < plan.ranks.size() && r < res.rank_peak_bytes.size(); ++r) {
+    const double planned = static_cast<double>(plan.ranks[r].total());
+    const double measured = static_cast<double>(res.rank_peak_bytes[r]);
+    const double err = (planned - measured) / measured;
+    worst = std::max(worst, std::abs(err));
+    EXPECT_LE(std::abs(err), 0.05) << what << ": rank " << r << " planned " << planned
+                                   << " bytes, the allocator's peak " << measured;
+    if (r == 0 || r + 1 == plan.ranks.size())
+      std::printf("    %s: rank %zu planned %s, measured %s (%+.2f%%)\n", what.c_str(), r,
+                  format_bytes(plan.ranks[r].total()).c_str(),
+                  format_bytes(res.rank_peak_bytes[r]).c_str(), 100 * err);
+  }
+  return {plan, worst};
+}
+
 }  // namespace
 
 TEST(MemoryPlan, EqualsTheAllocatorsPeaksWithinFivePercent) {
@@ -57,24 +79,10 @@ TEST(MemoryPlan, EqualsTheAllocatorsPeaksWithinFivePercent) {
   };
   double worst = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
-    const TrainConfig cfg = small(d, "run" + std::to_string(i), runs[i]);
-    const MemoryPlan plan = plan_memory(cfg);
-    const TrainResult res = train(cfg, {.quiet = true});
-    ASSERT_EQ(res.rank_peak_bytes.size(), plan.ranks.size());
     std::string what;
     for (const auto& s : runs[i]) what += " " + s;
-    for (size_t r = 0; r < plan.ranks.size(); ++r) {
-      const double planned = static_cast<double>(plan.ranks[r].total());
-      const double measured = static_cast<double>(res.rank_peak_bytes[r]);
-      const double err = (planned - measured) / measured;
-      worst = std::max(worst, std::abs(err));
-      EXPECT_LE(std::abs(err), 0.05) << what << ": rank " << r << " planned " << planned
-                                     << " bytes, the allocator's peak " << measured;
-      if (r == 0 || r + 1 == plan.ranks.size())
-        std::printf("    %s: rank %zu planned %s, measured %s (%+.2f%%)\n", what.c_str(), r,
-                    format_bytes(plan.ranks[r].total()).c_str(),
-                    format_bytes(res.rank_peak_bytes[r]).c_str(), 100 * err);
-    }
+    worst = std::max(worst,
+                     plan_against_run(small(d, "run" + std::to_string(i), runs[i]), what).second);
   }
   std::printf("    largest difference %.2f%%\n", 100 * worst);
 }
@@ -242,4 +250,45 @@ TEST(MemoryPlan, ContextParallelIsNoFasterThanDataParallel) {
       "    2 sequences of 8192 tokens on 2 ranks: DP 2 step %.1f us, CP 2 step %.1f us (%.3fx)\n",
       step[0] * 1e6, step[1] * 1e6, step[1] / step[0]);
   EXPECT_GE(step[1], step[0]);
+}
+
+// LoRA (model_alignment_strategy.peft): the plan has the adapters, and gradients and optimizer
+// state for them alone; it equals the allocator's peaks within 5% as full fine-tuning's does, and
+// is below the plan of the same run without LoRA.
+TEST(MemoryPlan, LoraEqualsTheAllocatorsPeaksAndIsBelowFullFineTuning) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_lora_");
+  const std::vector<std::string> lora = {
+      "model_alignment_strategy.peft.lora_rank=8",
+      "model_alignment_strategy.peft.target_modules=[qkv_proj, o_proj, up_proj, down_proj]"};
+  const std::vector<std::vector<std::string>> runs = {
+      {"backend.world_size=2", "distributed_strategy.tensor_model_parallel_size=2",
+       "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.sequence_parallel=true", "precision.type=autocast",
+       "model.activations_checkpoint_granularity=full"},
+      {"backend.world_size=4", "distributed_strategy.zero1=true", "precision.type=mixed_precision"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+       "precision.type=fp32"},
+  };
+  double worst = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::vector<std::string> with = runs[i];
+    with.insert(with.end(), lora.begin(), lora.end());
+    const TrainConfig cfg = small(d, "lora" + std::to_string(i), with);
+    ASSERT_TRUE(cfg.lora.has_value());
+    TrainConfig full = cfg;
+    full.lora.reset();
+    const MemoryPlan full_plan = plan_memory(full);
+    std::string what = " LoRA";
+    for (const auto& s : runs[i]) what += " " + s;
+    const auto [plan, err] = plan_against_run(cfg, what);
+    worst = std::max(worst, err);
+    for (size_t r = 0; r < plan.ranks.size(); ++r)
+      EXPECT_LT(plan.ranks[r].gradients + plan.ranks[r].optimizer_state,
+                full_plan.ranks[r].gradients + full_plan.ranks[r].optimizer_state)
+          << what << ": rank " << r;
+    std::printf("    full fine-tuning: rank 0 planned %s\n",
+                format_bytes(full_plan.ranks[0].total()).c_str());
+  }
+  std::printf("    largest difference %.2f%%\n", 100 * worst);
 }
