@@ -41,7 +41,7 @@ std::vector<optim::NamedParam> in_model_order(const NxDModel& model, const optim
 }  // namespace
 
 NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
-                           std::unique_ptr<optim::Optimizer> inner)
+                           std::unique_ptr<optim::Optimizer> inner, optim::GradSyncMode sync)
     : cfg_(cfg), model_(model) {
   NXD_CHECK_T(ConfigError, inner != nullptr, "[NxDOptimizer] no optimizer");
   norm_params_ = model_.norm_params();
@@ -73,8 +73,10 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
   const bool zero1 = cfg_.optimizer_config.zero_one_enabled;
   // buckets go out during backward unless something must reach .grad before the reduction
-  const auto mode = model_.is_pipeline() || (zero1 && sp_sums_) ? optim::GradSyncMode::at_step
-                                                                : optim::GradSyncMode::overlap;
+  const auto mode =
+      sync == optim::GradSyncMode::at_step || model_.is_pipeline() || (zero1 && sp_sums_)
+          ? optim::GradSyncMode::at_step
+          : optim::GradSyncMode::overlap;
   if (zero1) {
     const auto* adamw = dynamic_cast<const optim::AdamW*>(inner.get());
     NXD_CHECK_T(ConfigError, adamw != nullptr,
@@ -121,12 +123,14 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
 NxDOptimizer::~NxDOptimizer() = default;
 
 void NxDOptimizer::step() {
-  reduce_and_clip();
+  reduce_and_clip_once();
+  reduced_ = false;
   inner_->step();
 }
 
 bool NxDOptimizer::step_if_finite(double loss) {
-  reduce_and_clip();
+  reduce_and_clip_once();
+  reduced_ = false;
   if (std::isfinite(loss) && std::isfinite(grad_norm_)) {
     inner_->step();
     return true;
@@ -135,23 +139,41 @@ bool NxDOptimizer::step_if_finite(double loss) {
   return false;
 }
 
-void NxDOptimizer::reduce_and_clip() {
+double NxDOptimizer::clip_grad_norm(double max_norm) {
+  NXD_CHECK(max_norm >= 0, "[NxDOptimizer] clip_grad_norm: max_norm must be >= 0, got ", max_norm);
+  if (!reduced_) reduce();
+  reduced_ = true;
+  return clip(max_norm);
+}
+
+void NxDOptimizer::reduce_and_clip_once() {
   const auto& oc = cfg_.optimizer_config;
-  const double max_norm = oc.grad_clipping ? oc.max_grad_norm : 0.0;
+  if (reduced_) return;
+  reduce();
+  clip(oc.grad_clipping ? oc.max_grad_norm : 0.0);
+}
+
+void NxDOptimizer::reduce() {
   auto sp_sums = [&] {
     if (sp_sums_)
       for (Module* m : model_.local_modules()) allreduce_sequence_parallel_gradients(*m);
   };
   if (zero1_) {
-    sp_sums();  // before the reduce-scatter (at_step mode)
-    grad_norm_ = zero1_->clip_grad_norm(max_norm);
+    sp_sums();  // before the reduce-scatter (at_step mode), which clip() runs
   } else {
     sync_->finish();
     if (expert_sync_) expert_sync_->finish();
     sp_sums();  // after the DP mean: they commute
+  }
+}
+
+double NxDOptimizer::clip(double max_norm) {
+  if (zero1_)
+    grad_norm_ = zero1_->clip_grad_norm(max_norm);  // reduce-scatters first (once per step)
+  else
     grad_norm_ = max_norm > 0 ? optim::clip_parallel_grad_norm(norm_params_, max_norm, groups_)
                               : optim::parallel_grad_norm(norm_params_, groups_);
-  }
+  return grad_norm_;
 }
 
 namespace {

@@ -35,13 +35,22 @@ class NxDOptimizer {
   // configure_optimizers); the precision is set on it, and with zero_one_enabled an AdamW
   // becomes a Zero1AdamW over its groups. ConfigError naming the values for impossible settings
   // (ZeRO-1 without AdamW, parameters that are not the model's).
-  NxDOptimizer(const NxDConfig& cfg, NxDModel& model, std::unique_ptr<optim::Optimizer> inner);
+  // `sync` overlap lets the DP buckets go out during backward where the model allows it; at_step
+  // reduces them in the step only, so any number of backward passes accumulate before a step
+  // without no_sync() (manual optimization, trainer/manual.h).
+  NxDOptimizer(const NxDConfig& cfg, NxDModel& model, std::unique_ptr<optim::Optimizer> inner,
+               optim::GradSyncMode sync = optim::GradSyncMode::overlap);
   ~NxDOptimizer();
 
   void step();
   // The same, unless the gradient norm or `loss` is not finite: then nothing is updated (every
   // rank alike: both are global values) and it returns false.
   bool step_if_finite(double loss);
+  // Reduces the gradients now (SP sums, the DP reduction) and clips their global norm to
+  // max_norm (0: measures it only); returns the norm before clipping. The next step() or
+  // step_if_finite() updates from these gradients without reducing or clipping them again
+  // (Lightning's clip_gradients in manual optimization).
+  double clip_grad_norm(double max_norm);
   void zero_grad() { inner_->zero_grad(/*set_to_none=*/true); }
   double grad_norm() const { return grad_norm_; }  // of the last step, before clipping
   void set_lr(double lr) { inner_->set_lr(lr); }
@@ -52,7 +61,9 @@ class NxDOptimizer {
   bool zero1() const { return zero1_ != nullptr; }
 
  private:
-  void reduce_and_clip();  // SP sums, the DP reduction, grad_norm_ (clipped)
+  void reduce();                 // SP sums, the DP reduction (ZeRO-1's in clip())
+  double clip(double max_norm);  // grad_norm_, clipped to max_norm (0: not clipped)
+  void reduce_and_clip_once();   // with the config's clipping, unless clip_grad_norm did it
   NxDConfig cfg_;
   NxDModel& model_;
   std::shared_ptr<NxDModel> owned_;  // the wrapper made for a bare Module
@@ -66,6 +77,7 @@ class NxDOptimizer {
   optim::NormGroups groups_;
   bool sp_sums_ = false;
   double grad_norm_ = 0;
+  bool reduced_ = false;  // this step's gradients are reduced (clip_grad_norm)
 
   friend std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig&, Module&,
                                                                      std::vector<optim::ParamGroup>,

@@ -1,5 +1,6 @@
 #include "nxd/trainer/module.h"
 
+#include "nxd/autograd/ops.h"
 #include "nxd/runtime/error.h"
 #include "nxd/trainer/trainer.h"
 
@@ -17,6 +18,10 @@ std::vector<optim::ParamGroup> param_groups_by_weight_decay(
 }
 
 Tensor TrainingModule::validation_step(const Batch& batch, int64_t batch_idx) {
+  if (!automatic_optimization)
+    throw ConfigError(
+        "[trainer] validation under manual optimization (automatic_optimization = false) needs "
+        "the module's own validation_step: its training_step steps the optimizer");
   return training_step(batch, batch_idx);
 }
 
@@ -60,6 +65,44 @@ std::vector<Module*> TrainingModule::model_parts() const {
 Trainer& TrainingModule::trainer() const {
   if (!trainer_) throw InternalError("[trainer] TrainingModule::trainer() outside Trainer::fit");
   return *trainer_;
+}
+
+namespace {
+void check_manual(const TrainingModule& m, const char* what) {
+  NXD_CHECK(!m.automatic_optimization, "[trainer] ", what,
+            " is for manual optimization: set automatic_optimization = false (the trainer runs "
+            "backward and the optimizer step in automatic optimization)");
+}
+}  // namespace
+
+ManualOptimizer& TrainingModule::optimizers() const {
+  check_manual(*this, "optimizers()");
+  return trainer().manual_optimizer();
+}
+
+LRScheduler& TrainingModule::lr_schedulers() const {
+  check_manual(*this, "lr_schedulers()");
+  LRScheduler* s = trainer().lr_scheduler();
+  if (!s)
+    throw ConfigError(
+        "[trainer] lr_schedulers(): configure_optimizers() returned no schedule "
+        "(OptimizerSetup::schedule)");
+  return *s;
+}
+
+void TrainingModule::manual_backward(const Tensor& loss) {
+  check_manual(*this, "manual_backward()");
+  NXD_CHECK(loss.defined() && loss.numel() == 1,
+            "[trainer] manual_backward needs a scalar loss, got ",
+            loss.defined() ? loss.desc() : std::string("no tensor"));
+  backward(loss);
+}
+
+double TrainingModule::clip_gradients(double gradient_clip_val) {
+  check_manual(*this, "clip_gradients()");
+  NXD_CHECK(gradient_clip_val > 0, "[trainer] clip_gradients: gradient_clip_val must be > 0, got ",
+            gradient_clip_val);
+  return optimizers().clip_grad_norm(gradient_clip_val);
 }
 
 DatasetDataModule::DatasetDataModule(std::shared_ptr<const Dataset> train,

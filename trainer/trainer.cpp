@@ -24,19 +24,18 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The loss a module's step returned, checked to be a scalar.
-const Tensor& scalar_loss(const Tensor& loss, const char* hook) {
-  if (!loss.defined() || loss.numel() != 1)
-    throw ConfigError(str("[trainer] ", hook, " must return a scalar loss, got ",
-                          loss.defined() ? "shape " + shape_str(loss.shape()) : "no tensor"));
-  return loss;
-}
-
 sim::SimClock* sim_clock() {
   return dynamic_cast<sim::SimClock*>(current_context().cost_model());
 }
 
 }  // namespace
+
+const Tensor& Trainer::scalar_loss(const Tensor& loss, const char* hook) {
+  if (!loss.defined() || loss.numel() != 1)
+    throw ConfigError(str("[trainer] ", hook, " must return a scalar loss, got ",
+                          loss.defined() ? "shape " + shape_str(loss.shape()) : "no tensor"));
+  return loss;
+}
 
 int64_t count_parameters(Module& model, int tensor_parallel_size) {
   int64_t n = 0;
@@ -161,13 +160,18 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
   module_ = &module;
   data_ = &data;
   module.trainer_ = this;
+  batches_ = 0;
+  if (!module.automatic_optimization) check_manual_options();
   build_model(module);
   OptimizerSetup os = module.configure_optimizers();
   if (!os.optimizer) throw ConfigError("[trainer] configure_optimizers() returned no optimizer");
   schedule_ = std::move(os.schedule);
-  // DP reduction or ZeRO-1, SP sums, clipping, precision: NxD's optimizer wrapper
-  nxd_optimizer_ =
-      std::make_unique<NxDOptimizer>(nxd_config_, *nxd_model_, std::move(os.optimizer));
+  // DP reduction or ZeRO-1, SP sums, clipping, precision: NxD's optimizer wrapper (manual
+  // optimization reduces in the step: its backward passes accumulate freely)
+  nxd_optimizer_ = std::make_unique<NxDOptimizer>(
+      nxd_config_, *nxd_model_, std::move(os.optimizer),
+      module.automatic_optimization ? optim::GradSyncMode::overlap : optim::GradSyncMode::at_step);
+  if (!module.automatic_optimization) setup_manual();
   std::vector<double> n = {static_cast<double>(count_norm_params(nxd_model_->norm_params(), tp))};
   if (pipeline_)
     parallel_state::get_pipeline_model_parallel_group().all_reduce(n.data(), n.data(), 1,
@@ -225,6 +229,10 @@ nlohmann::json Trainer::loop_state() const {
                       {"data", nullptr}};
   if (data_)
     if (auto d = data_->state()) s["data"] = {{"epoch", d->epoch}, {"position", d->position}};
+  if (manual_) {  // manual optimization: the batch index and the scheduler's position
+    s["batches"] = batches_;
+    if (lr_scheduler_) s["lr_scheduler_steps"] = lr_scheduler_->last_step();
+  }
   if (pipeline_ && parallel_state::get_pipeline_model_parallel_size() > 1) {
     // stages draw different numbers of dropout masks: every stage's counter (collective)
     Communicator& g = parallel_state::get_pipeline_model_parallel_group();
@@ -263,6 +271,10 @@ void Trainer::restore_loop_state(const nlohmann::json& s) {
         pos = pos * saved_dp / dp_;
       }
       data_->set_state(DataState{s["data"].at("epoch").get<int64_t>(), pos});
+    }
+    if (manual_) {
+      batches_ = s.value("batches", int64_t{0});
+      if (lr_scheduler_) lr_scheduler_->set_last_step(s.value("lr_scheduler_steps", step));
     }
     step_ = step;
   } catch (const nlohmann::json::exception& e) {
@@ -450,6 +462,8 @@ void Trainer::teardown() {
   if (module_) module_->trainer_ = nullptr;
   module_ = nullptr;
   data_ = nullptr;
+  manual_.reset();
+  lr_scheduler_.reset();
   nxd_optimizer_.reset();
   nxd_model_.reset();
   pipeline_ = nullptr;
@@ -504,7 +518,8 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
   while (step_ < opts_.max_steps && !should_stop()) {
     const auto ts = Clock::now();
     const double sim_t0 = clock ? clock->now() : 0.0;
-    StepOutput out = train_step(module, data);
+    StepOutput out =
+        module.automatic_optimization ? train_step(module, data) : manual_train_step(module, data);
     const double step_s = seconds_since(ts);
     train_seconds += step_s;
     interval_seconds_ += step_s;

@@ -29,6 +29,10 @@
 // gradient sum happen inside it), then NxDOptimizer::step as above. Validation runs run_eval over
 // groups of that many validation micro batches.
 //
+// Manual optimization (TrainingModule::automatic_optimization = false, manual.h): training_step
+// runs once per micro batch and the module calls manual_backward and the optimizer step; the
+// trainer's step ends when the module steps the optimizer.
+//
 // Losses reported are the global batch's mean, the same on every rank (reduced over DP). The
 // loop stops at max_steps or when a callback calls request_stop(). Same config and seed give
 // bitwise-identical losses on either backend.
@@ -44,6 +48,7 @@
 #include "nxd/api/nxd_api.h"
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/loggers.h"
+#include "nxd/trainer/manual.h"
 #include "nxd/trainer/module.h"
 
 namespace nxd::trainer {
@@ -142,7 +147,12 @@ class Trainer {
   // A line for the callbacks' on_message (the progress bar prints it on the logging rank).
   void message(const std::string& line);
   optim::Optimizer& optimizer();  // during fit
-  NxDModel& nxd_model();          // during fit: the module's model or pipeline, wrapped
+  // Manual optimization (trainer/manual.h), during fit: what TrainingModule::optimizers() and
+  // lr_schedulers() return (InvalidArgument in automatic optimization; the scheduler is null
+  // without a schedule).
+  ManualOptimizer& manual_optimizer();
+  LRScheduler* lr_scheduler() { return lr_scheduler_ ? &*lr_scheduler_ : nullptr; }
+  NxDModel& nxd_model();  // during fit: the module's model or pipeline, wrapped
   // The NxDConfig of a fit with these options (sizes, pipeline, ZeRO-1, clipping, precision).
   NxDConfig nxd_config() const;
   const std::optional<optim::LRSchedule>& schedule() const { return schedule_; }
@@ -161,6 +171,11 @@ class Trainer {
   void build_model(TrainingModule& module);
   void setup_validation(DataModule& data);
   StepOutput train_step(TrainingModule& module, DataModule& data);
+  StepOutput manual_train_step(TrainingModule& module, DataModule& data);  // manual.cpp
+  void check_manual_options() const;                                       // manual.cpp
+  void setup_manual();                                                     // manual.cpp
+  // The loss a module's step returned, checked to be a scalar (ConfigError naming `hook`).
+  static const Tensor& scalar_loss(const Tensor& loss, const char* hook);
   double pipeline_train_step(DataModule& data, int64_t& tokens);
   std::optional<double> validate(TrainingModule& module);
   std::optional<double> pipeline_validate();
@@ -184,6 +199,11 @@ class Trainer {
   std::shared_ptr<NxDModel> nxd_model_;          // the module's model or pipeline
   std::unique_ptr<NxDOptimizer> nxd_optimizer_;  // around the module's optimizer
   std::optional<optim::LRSchedule> schedule_;
+  // manual optimization: the module's optimizer and scheduler, the micro batches run
+  std::unique_ptr<ManualOptimizer> manual_;
+  std::optional<LRScheduler> lr_scheduler_;
+  int64_t batches_ = 0;
+  friend class ManualOptimizer;
   std::vector<Batch> val_batches_;
   TrainingModule* module_ = nullptr;
   DataModule* data_ = nullptr;
