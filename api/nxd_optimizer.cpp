@@ -78,12 +78,16 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
           ? optim::GradSyncMode::at_step
           : optim::GradSyncMode::overlap;
   if (zero1) {
-    const auto* adamw = dynamic_cast<const optim::AdamW*>(inner.get());
-    NXD_CHECK_T(ConfigError, adamw != nullptr,
-                "[NxDOptimizer] optimizer_config.zero_one_enabled shards AdamW's state, got ",
-                inner->kind());
+    std::optional<optim::ElementwiseRule> rule = inner->elementwise_rule();
+    NXD_CHECK_T(ConfigError, rule.has_value(),
+                "[NxDOptimizer] optimizer_config.zero_one_enabled shards optimizers whose update "
+                "is elementwise (Optimizer::elementwise_rule: AdamW, SGD, Lion, an "
+                "ElementwiseOptimizer), got ",
+                inner->kind(), ", which gives none");
     optim::Zero1Options zo;
-    zo.adamw = adamw->options();
+    if (const auto* adamw = dynamic_cast<const optim::AdamW*>(inner.get()))
+      zo.adamw = adamw->options();
+    zo.rule = std::move(rule);
     zo.adamw.precision = prec;
     zo.dp_group = dp_group();
     zo.norm_groups = groups_;
@@ -100,8 +104,8 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
       zo.norm_groups.ep = nullptr;
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     std::vector<optim::ParamGroup> groups = inner->param_groups();
-    inner.reset();  // AdamW's full state (unless deferred) goes before ZeRO-1's is allocated
-    auto z = std::make_unique<optim::Zero1AdamW>(std::move(groups), std::move(zo));
+    inner.reset();  // the full state (unless deferred) goes before ZeRO-1's is allocated
+    auto z = std::make_unique<optim::Zero1Optimizer>(std::move(groups), std::move(zo));
     zero1_ = z.get();
     inner_ = std::move(z);
     return;
@@ -181,6 +185,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> 
                                                  const OptimizerOptions& options) {
   if (const auto* a = std::get_if<optim::AdamWOptions>(&options))
     return std::make_unique<optim::AdamW>(std::move(groups), *a);
+  if (const auto* l = std::get_if<optim::LionOptions>(&options))
+    return std::make_unique<optim::Lion>(std::move(groups), *l);
   return std::make_unique<optim::SGD>(std::move(groups), std::get<optim::SGDOptions>(options));
 }
 }  // namespace
@@ -191,14 +197,39 @@ std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg
   return std::make_unique<NxDOptimizer>(cfg, model, make_optimizer(std::move(groups), options));
 }
 
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, NxDModel& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            const OptimizerFactory& make) {
+  NXD_CHECK_T(ConfigError, make != nullptr, "[initialize_parallel_optimizer] no optimizer factory");
+  std::unique_ptr<optim::Optimizer> o = make(std::move(groups));
+  NXD_CHECK_T(ConfigError, o != nullptr,
+              "[initialize_parallel_optimizer] the optimizer factory returned no optimizer");
+  return std::make_unique<NxDOptimizer>(cfg, model, std::move(o));
+}
+
+namespace {
+// A non-owning NxDModel around a plain module: the caller keeps the module alive.
+std::shared_ptr<NxDModel> wrap(const NxDConfig& cfg, Module& model) {
+  return std::make_shared<NxDModel>(cfg,
+                                    std::shared_ptr<Module>(std::shared_ptr<Module>(), &model));
+}
+}  // namespace
+
 std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, Module& model,
                                                             std::vector<optim::ParamGroup> groups,
                                                             OptimizerOptions options) {
-  // a non-owning wrapper: the caller keeps the module alive
-  auto wrapper =
-      std::make_shared<NxDModel>(cfg, std::shared_ptr<Module>(std::shared_ptr<Module>(), &model));
+  auto wrapper = wrap(cfg, model);
   auto opt = initialize_parallel_optimizer(cfg, *wrapper, std::move(groups), std::move(options));
-  opt->owned_ = std::move(wrapper);
+  opt->keep(std::move(wrapper));
+  return opt;
+}
+
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, Module& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            const OptimizerFactory& make) {
+  auto wrapper = wrap(cfg, model);
+  auto opt = initialize_parallel_optimizer(cfg, *wrapper, std::move(groups), make);
+  opt->keep(std::move(wrapper));
   return opt;
 }
 

@@ -16,25 +16,32 @@
 // Sequence parallelism with overlapped buckets: the SP sums go after the DP all-reduce (sum over TP
 // and mean over DP commute, docs/DESIGN.md); with ZeRO-1 or a pipeline the buckets are reduced at
 // step() (SP sums and the tied-embedding sum must reach .grad first).
+#include <functional>
 #include <memory>
 #include <variant>
 #include <vector>
 
 #include "nxd/api/nxd_model.h"
+#include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/optimizer.h"
 #include "nxd/optim/zero1.h"
 
 namespace nxd::trainer {
 
-using OptimizerOptions = std::variant<optim::AdamWOptions, optim::SGDOptions>;
+using OptimizerOptions = std::variant<optim::AdamWOptions, optim::SGDOptions, optim::LionOptions>;
+// NxD's optimizer_class with its **defaults: builds any optimizer (optim::Optimizer: state
+// tensors per parameter) over the groups it is given.
+using OptimizerFactory =
+    std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
 
 class NxDOptimizer {
  public:
   // Around an optimizer already built over `model`'s local parameters (a TrainingModule's
-  // configure_optimizers); the precision is set on it, and with zero_one_enabled an AdamW
-  // becomes a Zero1AdamW over its groups. ConfigError naming the values for impossible settings
-  // (ZeRO-1 without AdamW, parameters that are not the model's).
+  // configure_optimizers); the precision is set on it, and with zero_one_enabled it becomes a
+  // Zero1Optimizer over its groups running its elementwise rule (optim/elementwise.h).
+  // ConfigError naming the values for impossible settings (ZeRO-1 over an optimizer without an
+  // elementwise rule, parameters that are not the model's).
   // `sync` overlap lets the DP buckets go out during backward where the model allows it; at_step
   // reduces them in the step only, so any number of backward passes accumulate before a step
   // without no_sync() (manual optimization, trainer/manual.h).
@@ -68,7 +75,7 @@ class NxDOptimizer {
   NxDModel& model_;
   std::shared_ptr<NxDModel> owned_;  // the wrapper made for a bare Module
   std::unique_ptr<optim::Optimizer> inner_;
-  optim::Zero1AdamW* zero1_ = nullptr;
+  optim::Zero1Optimizer* zero1_ = nullptr;
   std::unique_ptr<optim::GradSync> sync_;
   // Expert parallelism: the MoE experts' weights, averaged over the expert-data-parallel group
   // (their gradients are already scaled by 1/EP in backward; layers/moe/moe.h).
@@ -79,20 +86,33 @@ class NxDOptimizer {
   double grad_norm_ = 0;
   bool reduced_ = false;  // this step's gradients are reduced (clip_grad_norm)
 
+  // keeps the non-owning wrapper of a plain module (initialize_parallel_optimizer(cfg, Module&))
+  void keep(std::shared_ptr<NxDModel> wrapper) { owned_ = std::move(wrapper); }
   friend std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig&, Module&,
                                                                      std::vector<optim::ParamGroup>,
                                                                      OptimizerOptions);
+  friend std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig&, Module&,
+                                                                     std::vector<optim::ParamGroup>,
+                                                                     const OptimizerFactory&);
 };
 
-// NxD's initialize_parallel_optimizer: the optimizer of `options`' kind (AdamW or SGD) over
+// NxD's initialize_parallel_optimizer: the optimizer of `options`' kind (AdamW, SGD or Lion) over
 // `groups` of the model's local parameters, with the config's DP reduction or ZeRO-1, clipping
 // and precision.
 std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, NxDModel& model,
                                                             std::vector<optim::ParamGroup> groups,
                                                             OptimizerOptions options);
-// The same for a plain module (not built by initialize_parallel_model).
+// NxD's optimizer_class form: any optimizer `make` builds over `groups` (ZeRO-1 needs its
+// elementwise rule: an optim::ElementwiseOptimizer, say).
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, NxDModel& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            const OptimizerFactory& make);
+// The same two for a plain module (not built by initialize_parallel_model).
 std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, Module& model,
                                                             std::vector<optim::ParamGroup> groups,
                                                             OptimizerOptions options);
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, Module& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            const OptimizerFactory& make);
 
 }  // namespace nxd::trainer

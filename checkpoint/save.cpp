@@ -94,12 +94,15 @@ json optimizer_json(const optim::Optimizer& o) {
   json options = json::object();
   const optim::AdamWOptions* adamw = nullptr;
   if (const auto* a = dynamic_cast<const optim::AdamW*>(&o)) adamw = &a->options();
-  if (const auto* z = dynamic_cast<const optim::Zero1AdamW*>(&o)) adamw = &z->options();
+  if (const auto* z = dynamic_cast<const optim::Zero1Optimizer*>(&o))
+    if (std::string(z->kind()) == "AdamW") adamw = &z->options();
   if (adamw) {
     options = {{"beta1", adamw->beta1}, {"beta2", adamw->beta2}, {"eps", adamw->eps}};
   } else if (const auto* g = dynamic_cast<const optim::SGD*>(&o)) {
     const auto& x = g->options();
     options = {{"momentum", x.momentum}, {"dampening", x.dampening}, {"nesterov", x.nesterov}};
+  } else {  // Lion, a ZeRO-1 optimizer over another rule, a user's optimizer
+    for (const auto& [k, v] : o.hyperparameters()) options[k] = v;
   }
   return {{"kind", o.kind()}, {"steps", o.steps()}, {"options", options}, {"groups", groups}};
 }

@@ -313,3 +313,58 @@ void AdamW::step() {
 }
 
 }  // namespace nxd::optim
+
+namespace nxd::optim {
+
+std::vector<std::pair<std::string, double>> SGD::hyperparameters() const {
+  return {{"momentum", opts_.momentum},
+          {"dampening", opts_.dampening},
+          {"nesterov", opts_.nesterov ? 1.0 : 0.0}};
+}
+
+std::optional<ElementwiseRule> SGD::elementwise_rule() const {
+  ElementwiseRule r;
+  r.kind = kind_;
+  if (opts_.momentum > 0) r.state = {"momentum_buffer"};
+  r.hyperparameters = hyperparameters();
+  r.cost = 2;
+  const SGDOptions o = opts_;
+  r.update = [o](const ElementwiseStep& e) {
+    sgd_update<float>(e.p, e.g, o.momentum > 0 ? e.state[0] : nullptr, e.n,
+                      {.lr = e.lr,
+                       .weight_decay = e.weight_decay,
+                       .momentum = o.momentum,
+                       .dampening = o.dampening,
+                       .nesterov = o.nesterov,
+                       .first = e.t == 1});
+  };
+  return r;
+}
+
+std::vector<std::pair<std::string, double>> AdamW::hyperparameters() const {
+  return adamw_rule(opts_).hyperparameters;
+}
+
+std::optional<ElementwiseRule> AdamW::elementwise_rule() const {
+  return adamw_rule(opts_);
+}
+
+ElementwiseRule adamw_rule(const AdamWOptions& opts) {
+  ElementwiseRule r;
+  r.kind = "AdamW";
+  r.state = {"exp_avg", "exp_avg_sq"};
+  r.hyperparameters = {{"beta1", opts.beta1}, {"beta2", opts.beta2}, {"eps", opts.eps}};
+  const AdamWOptions o = opts;
+  r.update = [o](const ElementwiseStep& e) {
+    detail::AdamWUpdate<float>(e.p, e.g, e.state[0], e.state[1],
+                               {.lr = e.lr,
+                                .weight_decay = e.weight_decay,
+                                .beta1 = o.beta1,
+                                .beta2 = o.beta2,
+                                .eps = o.eps,
+                                .t = e.t})(0, e.n);
+  };
+  return r;
+}
+
+}  // namespace nxd::optim

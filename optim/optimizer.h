@@ -14,10 +14,12 @@
 // or on their own value, rounded to nearest or stochastically (optim/precision.h); f32 gradients
 // of bf16 parameters (f32 gradient accumulation) are used as they are.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "nxd/optim/elementwise.h"
 #include "nxd/optim/precision.h"
 #include "nxd/runtime/tensor.h"
 
@@ -99,6 +101,11 @@ class Optimizer {
               records.size(), " records given)");
   }
   const char* kind() const { return kind_; }
+  // The update as an elementwise rule (optim/elementwise.h): what ZeRO-1 shards. nullopt: the
+  // update is not elementwise (ZeRO-1 refuses the optimizer).
+  virtual std::optional<ElementwiseRule> elementwise_rule() const { return std::nullopt; }
+  // The hyperparameters a checkpoint records besides the groups' lr and weight decay.
+  virtual std::vector<std::pair<std::string, double>> hyperparameters() const { return {}; }
   // Bytes of optimizer state this rank holds (state tensors, master weights).
   virtual int64_t state_bytes() const;
 
@@ -156,6 +163,8 @@ class SGD : public Optimizer {
   void step() override;
   void set_precision(const PrecisionOptions& p) override;
   const SGDOptions& options() const { return opts_; }
+  std::optional<ElementwiseRule> elementwise_rule() const override;
+  std::vector<std::pair<std::string, double>> hyperparameters() const override;
 
  private:
   SGDOptions opts_;
@@ -190,6 +199,8 @@ class AdamW : public Optimizer {
   void step() override;
   void set_precision(const PrecisionOptions& p) override;
   const AdamWOptions& options() const { return opts_; }
+  std::optional<ElementwiseRule> elementwise_rule() const override;
+  std::vector<std::pair<std::string, double>> hyperparameters() const override;
 
  private:
   AdamWOptions opts_;
@@ -199,6 +210,9 @@ class AdamW : public Optimizer {
   std::vector<std::vector<Slot>> slots_;
   void allocate_state();
 };
+
+// AdamW's update as an elementwise rule (what AdamW::elementwise_rule returns).
+ElementwiseRule adamw_rule(const AdamWOptions& opts);
 
 // ---- gradient norm and clipping ----
 // norm_type 2 (L2 over all gradient elements of all parameters, as one vector) or

@@ -223,13 +223,14 @@ std::vector<KeySpec> make_registry() {
           "Renormalize the top_k router probabilities of a token to sum to 1 (Mixtral)."),
       // optimizer
       key("model.optim.name", K::string, "adamw",
-          "Optimizer (`adamw_fp32OptState` is NxD Training's name for AdamW).",
-          {"adamw", "adamw_fp32OptState", "sgd"}),
+          "Optimizer (`adamw_fp32OptState` is NxD Training's name for AdamW; `lion`: Lion, one "
+          "moment per parameter, half of AdamW's state).",
+          {"adamw", "adamw_fp32OptState", "sgd", "lion"}),
       key("model.optim.lr", K::number, 3e-3, "Peak learning rate."),
       key("model.optim.weight_decay", K::number, 0.01,
           "Decoupled weight decay; biases and norm weights get none (NxD's grouping)."),
-      key("model.optim.betas", K::number_list, json::array({0.9, 0.99}), "AdamW (beta1, beta2).",
-          {}, /*list_size=*/2),
+      key("model.optim.betas", K::number_list, json::array({0.9, 0.99}),
+          "AdamW and Lion (beta1, beta2).", {}, /*list_size=*/2),
       key("model.optim.eps", K::number, 1e-8, "AdamW epsilon (added to sqrt(v_hat))."),
       key("model.optim.momentum", K::number, 0.0, "SGD momentum."),
       key("model.optim.nesterov", K::boolean, false, "SGD Nesterov momentum."),
@@ -275,10 +276,11 @@ std::vector<KeySpec> make_registry() {
           "data.micro_batch_size x data.seq_length on the sim NeuronCore's roofline).",
           {"parameters", "modeled_cost"}),
       key("distributed_strategy.zero1", K::boolean, false,
-          "ZeRO-1: AdamW's state (exp_avg, exp_avg_sq, and the f32 master weights of bf16 "
-          "parameters) sharded over the data-parallel ranks; gradients are reduce-scattered, "
-          "each rank steps its shard of the parameters, and the parameters are all-gathered. "
-          "Checkpoints hold the unsharded AdamW layout."),
+          "ZeRO-1: the optimizer's state (AdamW's exp_avg and exp_avg_sq, Lion's exp_avg, SGD's "
+          "momentum, and the f32 master weights of bf16 parameters) sharded over the "
+          "data-parallel ranks; gradients are reduce-scattered, each rank steps its shard of the "
+          "parameters, and the parameters are all-gathered. Checkpoints hold the unsharded "
+          "optimizer's layout."),
       key("distributed_strategy.expert_model_parallel_size", K::integer, 1,
           "Expert-parallel degree: the experts of each MoE layer are split over this many "
           "data-parallel (or data x context-parallel) ranks (it divides data-parallel size x "

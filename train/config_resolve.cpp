@@ -459,9 +459,6 @@ TrainConfig resolve(const Config& in) {
     }
   }
   t.optim = resolve_optim(r, t.trainer);
-  if (t.dist.zero1 && t.optim.name != "adamw")
-    r.fail("distributed_strategy.zero1 shards AdamW's state: model.optim.name=", t.optim.name,
-           " (use adamw)");
   t.precision = resolve_precision_section(r);
   t.generation = resolve_generation(r, t.data);
   check_context_parallel(r, t);

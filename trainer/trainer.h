@@ -59,8 +59,8 @@ struct TrainerOptions {
   // world / (tp x pp x cp); pp > 1: the module's build_pipeline_model; cp > 1: the trainer gives
   // the module this rank's chunks of every sequence, context_parallel_batch), expert_parallel_size
   // (MoE experts split over that many DP ranks), pipeline_config (schedule, virtual_pipeline_size,
-  // cuts), optimizer_config.zero_one_enabled (the module's AdamW becomes a Zero1AdamW over the
-  // same groups), precision and mixed_precision_config (the module builds its model in f32; the
+  // cuts), optimizer_config.zero_one_enabled (the module's optimizer becomes a Zero1Optimizer over
+  // the same groups), precision and mixed_precision_config (the module builds its model in f32; the
   // trainer converts it to bf16 for mixed_precision and bf16SR), grad_bucket_mb. The trainer
   // sets pipeline_config.num_microbatches and optimizer_config's clipping itself, from
   // accumulate_grad_batches and gradient_clip_val below (nxd_config_of).
