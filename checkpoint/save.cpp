@@ -207,7 +207,9 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
     for (const Module* m : chunks)
       for (const auto& [name, t] : m->state_dict()) {
         if (!mine(name)) continue;
-        s.tensors.emplace_back(name, snap.take(t));
+        const bool down_cast =
+            p.opts.down_cast_bf16 && is_floating(t.dtype()) && t.dtype() != DType::bf16;
+        s.tensors.emplace_back(name, down_cast ? t.detach().to(DType::bf16) : snap.take(t));
         if (specs.count(name)) used[name] = specs[name];
       }
     s.meta = shard_meta("model", d, file_dp, used);

@@ -79,6 +79,10 @@ std::vector<KeySpec> make_registry() {
           "`min`: lower monitor values are better; `max`: higher.", {"min", "max"}),
       key("exp_manager.checkpoint_callback_params.save_last", K::boolean, true,
           "Also save at the end of training."),
+      key("exp_manager.save_bf16", K::boolean, false,
+          "Write the model's weights in bf16 (half the bytes of f32 weights); the optimizer state, "
+          "f32 master weights included, is written as held. Such a checkpoint loads into f32 and "
+          "bf16 runs (its weights converted)."),
       key("exp_manager.async_checkpointing", K::boolean, false,
           "Write checkpoints on a background thread (the tensors are copied first: the stall "
           "is printed per checkpoint)."),

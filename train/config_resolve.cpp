@@ -99,6 +99,7 @@ ExpManagerSection resolve_exp_manager(Resolver& r) {
   k.mode = r.c.get_string(c + "mode");
   k.save_last = r.c.get_bool(c + "save_last");
   k.async_save = r.c.get_bool("exp_manager.async_checkpointing");
+  k.save_bf16 = r.c.get_bool("exp_manager.save_bf16");
   r.derive("exp_manager.create_checkpoint_callback", k.every_n_train_steps > 0);
   e.create_checkpoint_callback = r.c.get_bool("exp_manager.create_checkpoint_callback");
   e.resume_from_checkpoint = r.c.is_null("exp_manager.resume_from_checkpoint")
