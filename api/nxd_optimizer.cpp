@@ -135,7 +135,7 @@ void NxDOptimizer::step() {
 bool NxDOptimizer::step_if_finite(double loss) {
   reduce_and_clip_once();
   reduced_ = false;
-  if (std::isfinite(loss) && std::isfinite(grad_norm_)) {
+  if (std::isfinite(loss) && std::isfinite(*grad_norm_)) {
     inner_->step();
     return true;
   }
@@ -177,7 +177,7 @@ double NxDOptimizer::clip(double max_norm) {
   else
     grad_norm_ = max_norm > 0 ? optim::clip_parallel_grad_norm(norm_params_, max_norm, groups_)
                               : optim::parallel_grad_norm(norm_params_, groups_);
-  return grad_norm_;
+  return *grad_norm_;
 }
 
 namespace {

@@ -18,6 +18,7 @@
 // step() (SP sums and the tied-embedding sum must reach .grad first).
 #include <functional>
 #include <memory>
+#include <optional>
 #include <variant>
 #include <vector>
 
@@ -59,7 +60,9 @@ class NxDOptimizer {
   // (Lightning's clip_gradients in manual optimization).
   double clip_grad_norm(double max_norm);
   void zero_grad() { inner_->zero_grad(/*set_to_none=*/true); }
-  double grad_norm() const { return grad_norm_; }  // of the last step, before clipping
+  // The global norm of the last step's gradients before clipping; nullopt before the first step
+  // (NxD's optimizer.grad_norm is None then).
+  std::optional<double> grad_norm() const { return grad_norm_; }
   void set_lr(double lr) { inner_->set_lr(lr); }
   optim::Optimizer& inner() { return *inner_; }
   // Gradient accumulation: backward passes under no_sync() do not launch DP reductions.
@@ -83,7 +86,7 @@ class NxDOptimizer {
   std::vector<optim::NormParam> norm_params_;
   optim::NormGroups groups_;
   bool sp_sums_ = false;
-  double grad_norm_ = 0;
+  std::optional<double> grad_norm_;
   bool reduced_ = false;  // this step's gradients are reduced (clip_grad_norm)
 
   // keeps the non-owning wrapper of a plain module (initialize_parallel_optimizer(cfg, Module&))

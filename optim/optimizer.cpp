@@ -11,18 +11,20 @@
 
 namespace nxd::optim {
 
-bool is_no_decay_param(const std::string& name) {
+bool is_no_decay_param(const std::string& name, WeightDecayOptions opts) {
   std::string lower = name;
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return lower.find("bias") != std::string::npos || lower.find("norm") != std::string::npos;
+  return lower.find("bias") != std::string::npos ||
+         (!opts.do_layer_norm_weight_decay && lower.find("norm") != std::string::npos);
 }
 
 std::vector<ParamGroup> default_param_groups(const std::vector<NamedParam>& params, double lr,
-                                             double weight_decay) {
+                                             double weight_decay, WeightDecayOptions opts) {
   ParamGroup decay{"decay", {}, lr, weight_decay, 1.0};
   ParamGroup no_decay{"no_decay", {}, lr, 0.0, 1.0};
-  for (const auto& p : params) (is_no_decay_param(p.name) ? no_decay : decay).params.push_back(p);
+  for (const auto& p : params)
+    (is_no_decay_param(p.name, opts) ? no_decay : decay).params.push_back(p);
   std::vector<ParamGroup> out;
   if (!decay.params.empty()) out.push_back(std::move(decay));
   if (!no_decay.params.empty()) out.push_back(std::move(no_decay));

@@ -42,9 +42,14 @@ struct ParamGroup {
 // NxD's default grouping (NeuronLTModule.configure_optimizers): parameters whose name contains
 // "bias" or "norm" (e.g. "layers.0.input_layernorm.weight", "lm_head.bias") get weight decay 0,
 // all others `weight_decay`. Empty groups are dropped; order within a group is input order.
+// With do_layer_norm_weight_decay (NxD Training's model.do_layer_norm_weight_decay) only biases
+// are exempt: norm weights decay too.
+struct WeightDecayOptions {
+  bool do_layer_norm_weight_decay = false;
+};
 std::vector<ParamGroup> default_param_groups(const std::vector<NamedParam>& params, double lr,
-                                             double weight_decay);
-bool is_no_decay_param(const std::string& name);
+                                             double weight_decay, WeightDecayOptions opts = {});
+bool is_no_decay_param(const std::string& name, WeightDecayOptions opts = {});
 
 // One parameter's optimizer state as far as this rank holds it (a sharded optimizer, ZeRO-1):
 // elements [lo, hi) of the flattened (TP-local) parameter.

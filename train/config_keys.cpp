@@ -105,6 +105,9 @@ std::vector<KeySpec> make_registry() {
           "Optimizer steps to run; 0 = evaluate only (`--eval`): the validation loss and "
           "perplexity of model.init_from's or the resumed weights over the whole validation "
           "split."),
+      key("trainer.max_epochs", K::integer, nullptr,
+          "Stop after the optimizer step that finishes this many passes over the training data "
+          "(whichever of max_steps and max_epochs comes first); null = no limit."),
       key("trainer.log_every_n_steps", K::integer, 10,
           "A metrics.csv row and progress update every N steps (and at the last step)."),
       key("trainer.val_check_interval", K::integer, 100,
@@ -233,6 +236,9 @@ std::vector<KeySpec> make_registry() {
       key("model.optim.lr", K::number, 3e-3, "Peak learning rate."),
       key("model.optim.weight_decay", K::number, 0.01,
           "Decoupled weight decay; biases and norm weights get none (NxD's grouping)."),
+      key("model.do_layer_norm_weight_decay", K::boolean, false,
+          "Apply model.optim.weight_decay to norm weights too (NxD Training's key); biases get "
+          "none either way."),
       key("model.optim.betas", K::number_list, json::array({0.9, 0.99}),
           "AdamW and Lion (beta1, beta2).", {}, /*list_size=*/2),
       key("model.optim.eps", K::number, 1e-8, "AdamW epsilon (added to sqrt(v_hat))."),

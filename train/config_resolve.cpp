@@ -134,6 +134,7 @@ PrecisionSection resolve_precision_section(Resolver& r) {
 TrainerSection resolve_trainer(Resolver& r) {
   TrainerSection tr;
   tr.max_steps = r.non_negative("trainer.max_steps");  // 0: evaluate only (--eval)
+  tr.max_epochs = r.c.is_null("trainer.max_epochs") ? -1 : r.positive("trainer.max_epochs");
   tr.log_every_n_steps = r.positive("trainer.log_every_n_steps");
   tr.val_check_interval = r.non_negative("trainer.val_check_interval");
   tr.limit_val_batches = r.non_negative("trainer.limit_val_batches");
@@ -362,6 +363,7 @@ OptimSection resolve_optim(Resolver& r, const TrainerSection& tr) {
     r.fail("model.optim.sched.warmup_steps=", o.warmup_steps,
            " exceeds model.optim.sched.max_steps=", o.decay_steps);
   o.min_lr = r.c.get_double("model.optim.sched.min_lr");
+  o.do_layer_norm_weight_decay = r.c.get_bool("model.do_layer_norm_weight_decay");
   if (!(o.min_lr >= 0 && o.min_lr <= o.lr))
     r.fail("model.optim.sched.min_lr=", o.min_lr, " must be in [0, model.optim.lr=", o.lr, "]");
   return o;

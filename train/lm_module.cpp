@@ -94,7 +94,9 @@ Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
 
 OptimizerSetup CausalLMModule::configure_optimizers() {
   const auto& o = cfg_.optim;
-  auto groups = param_groups_by_weight_decay(local_parameters(), o.lr, o.weight_decay);
+  auto groups =
+      param_groups_by_weight_decay(local_parameters(), o.lr, o.weight_decay,
+                                   {.do_layer_norm_weight_decay = o.do_layer_norm_weight_decay});
   OptimizerSetup s;
   if (o.name == "sgd")
     s.optimizer = std::make_unique<optim::SGD>(std::move(groups),

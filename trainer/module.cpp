@@ -6,15 +6,17 @@
 
 namespace nxd::trainer {
 
-std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd) {
+std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd,
+                                                            optim::WeightDecayOptions opts) {
   std::vector<optim::NamedParam> named;
   for (auto& [name, t] : model.named_parameters()) named.push_back({name, t});
-  return optim::default_param_groups(named, lr, wd);
+  return optim::default_param_groups(named, lr, wd, opts);
 }
 
 std::vector<optim::ParamGroup> param_groups_by_weight_decay(
-    const std::vector<optim::NamedParam>& params, double lr, double wd) {
-  return optim::default_param_groups(params, lr, wd);
+    const std::vector<optim::NamedParam>& params, double lr, double wd,
+    optim::WeightDecayOptions opts) {
+  return optim::default_param_groups(params, lr, wd, opts);
 }
 
 Tensor TrainingModule::validation_step(const Batch& batch, int64_t batch_idx) {
@@ -144,6 +146,11 @@ void DatasetDataModule::set_state(const DataState& s) {
 
 int64_t DatasetDataModule::epoch() const {
   return loader_ ? loader_->epoch() : 0;
+}
+
+std::optional<int64_t> DatasetDataModule::epochs_completed() const {
+  if (!loader_) return 0;
+  return loader_->epoch() + (loader_->position() == loader_->batches_per_epoch() ? 1 : 0);
 }
 
 std::vector<Batch> DatasetDataModule::val_batches(int64_t limit) {

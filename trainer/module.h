@@ -46,9 +46,11 @@ struct OptimizerSetup {
 
 // NxD's param_groups_by_weight_decay: `model`'s parameters in two groups at rate `lr`, weight
 // decay `wd` except for biases and norm weights (names containing "bias" or "norm").
-std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd);
+std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd,
+                                                            optim::WeightDecayOptions opts = {});
 std::vector<optim::ParamGroup> param_groups_by_weight_decay(
-    const std::vector<optim::NamedParam>& params, double lr, double wd);
+    const std::vector<optim::NamedParam>& params, double lr, double wd,
+    optim::WeightDecayOptions opts = {});
 
 struct StepOutput {
   int64_t step = 0;      // optimizer steps done, this one included
@@ -151,7 +153,10 @@ class DataModule {
     (void)limit;
     return {};
   }
-  virtual int64_t epoch() const { return 0; }             // of the last training batch
+  virtual int64_t epoch() const { return 0; }  // of the last training batch
+  // Passes over the training data finished by the micro batches taken so far (an epoch whose last
+  // micro batch was taken counts); nullopt: not known (TrainerOptions::max_epochs refuses it).
+  virtual std::optional<int64_t> epochs_completed() const { return std::nullopt; }
   virtual std::string description() const { return ""; }  // one line for the log
   // Where the training stream is (epoch, micro batches taken in it), saved in checkpoints and
   // restored on resume; a module without a resumable stream returns nullopt.
@@ -175,6 +180,7 @@ class DatasetDataModule : public DataModule {
   Batch next_train_batch() override;
   std::vector<Batch> val_batches(int64_t limit) override;
   int64_t epoch() const override;
+  std::optional<int64_t> epochs_completed() const override;
   std::string description() const override { return description_; }
   std::optional<DataState> state() const override;
   void set_state(const DataState& s) override;

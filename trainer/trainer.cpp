@@ -68,6 +68,8 @@ void check_options(const TrainerOptions& opts) {
   if (opts.val_check_interval < 0 || opts.limit_val_batches < 0)
     fail("val_check_interval and limit_val_batches must be >= 0, got ", opts.val_check_interval,
          " and ", opts.limit_val_batches);
+  if (opts.max_epochs == 0 || opts.max_epochs < -1)
+    fail("max_epochs must be positive or -1 (no limit), got ", opts.max_epochs);
   if (opts.on_nonfinite != "stop" && opts.on_nonfinite != "skip")
     fail("on_nonfinite must be stop or skip, got '", opts.on_nonfinite, "'");
   if (!(opts.gradient_clip_val >= 0))
@@ -94,6 +96,11 @@ bool is_logging_rank() {
          parallel_state::get_context_parallel_rank() == 0 &&
          parallel_state::get_tensor_model_parallel_rank() == 0 &&
          parallel_state::is_pipeline_last_stage();
+}
+
+bool Trainer::is_logging_rank() const {
+  if (opts_.log_rank0) return current_context().rank() == 0;
+  return trainer::is_logging_rank();
 }
 
 void Trainer::request_stop(const std::string& reason) {
@@ -178,6 +185,10 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
                                                                    DType::f64, ReduceOp::sum);
   num_parameters_ = static_cast<int64_t>(n[0]);
   data.setup(DataSetup{dp_rank_, dp_});
+  if (opts_.max_epochs > 0 && !data.epochs_completed())
+    throw ConfigError(str("[trainer] max_epochs=", opts_.max_epochs,
+                          " needs a data module that counts its epochs "
+                          "(DataModule::epochs_completed)"));
   setup_validation(data);
   if (!opts_.ckpt_path.empty()) resume(opts_.ckpt_path);
 }
@@ -334,7 +345,7 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
   if (step_tokens_ == 0) step_tokens_ = tokens * dp_;
   // SP sums, the DP reduction (or ZeRO-1's reduce-scatter), the norm and clipping, the update
   out.skipped = !nxd_optimizer_->step_if_finite(out.loss);
-  out.grad_norm = nxd_optimizer_->grad_norm();
+  out.grad_norm = nxd_optimizer_->grad_norm().value_or(0.0);
   nxd_optimizer_->zero_grad();
   ++step_;
   return out;
@@ -525,6 +536,8 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
     interval_seconds_ += step_s;
     interval_tokens_ += step_tokens_;
     if (out.skipped) on_nonfinite_step(out, clock ? clock->now() - sim_t0 : -1.0);
+    if (opts_.max_epochs > 0 && data.epochs_completed().value_or(0) >= opts_.max_epochs)
+      request_stop(str("max_epochs=", opts_.max_epochs, " reached"));
     if (step_ == start_step + 1) res.first_loss = out.loss;
     res.last_loss = out.loss;
     res.steps = step_ - start_step;

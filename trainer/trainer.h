@@ -66,6 +66,14 @@ struct TrainerOptions {
   // accumulate_grad_batches and gradient_clip_val below (nxd_config_of).
   NxDConfig nxd;
   int64_t max_steps = 100;  // 0: evaluate only (the validation at the start, logged as a row)
+  // Lightning's max_epochs: stop after the optimizer step that finishes this many passes over
+  // the training data (DataModule::epochs_completed; whichever of max_steps and max_epochs comes
+  // first); -1: no limit.
+  int64_t max_epochs = -1;
+  // NeuronLTModule's log_rank0: loggers and the progress bar on global rank 0 instead of the last
+  // pipeline stage's first rank (the losses are already on every rank: the pipeline broadcasts
+  // them from its last stage).
+  bool log_rank0 = false;
   int64_t accumulate_grad_batches = 1;  // micro batches per optimizer step on each DP rank
   int64_t log_every_n_steps = 10;
   int64_t val_check_interval = 0;  // validate every N steps and at the last; 0 = never
@@ -134,8 +142,8 @@ class Trainer {
   // ---- for callbacks and modules ----
   const TrainerOptions& options() const { return opts_; }
   int64_t global_step() const { return step_; }
-  // The rank that prints and logs (the free is_logging_rank()).
-  bool is_logging_rank() const { return trainer::is_logging_rank(); }
+  // The rank that prints and logs (the free is_logging_rank(), or global rank 0 with log_rank0).
+  bool is_logging_rank() const;
   // Ends training after the current step (every rank must ask alike; callbacks do).
   void request_stop(const std::string& reason);
   bool should_stop() const { return !stop_reason_.empty(); }

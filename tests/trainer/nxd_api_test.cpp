@@ -281,7 +281,7 @@ Trace train_with_wrappers(int world, NxDConfig want, int dp) {
       opt->zero_grad();
       if (current_context().rank() == 0) {
         t.losses.push_back(loss);
-        t.norms.push_back(opt->grad_norm());
+        t.norms.push_back(opt->grad_norm().value());
       }
     }
     if (parallel_state::get_data_parallel_rank() == 0 &&
