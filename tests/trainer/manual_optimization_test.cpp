@@ -181,6 +181,56 @@ TEST(ManualOptimization, ClipGradientsWithZero1AtTp2Dp2EqualsAutomatic) {
 }
 
 namespace {
+// The guide's module at DP 2 for `max_steps`, checkpointing every 4 steps into `dir`, resumed
+// from `resume` ("" = fresh); rank 0's step outputs.
+std::vector<StepOutput> guide_run(const TrainConfig& cfg, int64_t max_steps, const fs::path& dir,
+                                  const std::string& resume) {
+  std::vector<std::vector<StepOutput>> steps(2);
+  sim::LaunchOptions lo;
+  lo.world_size = 2;
+  lo.seed = cfg.seed;
+  blas::MatmulPrecisionScope fp32(blas::MatmulPrecision::fp32);
+  sim::launch(lo, [&] {
+    current_context().rng().set_seed(cfg.seed);
+    TrainData data = build_data(cfg);
+    auto dm = make_data_module(data, cfg);
+    TrainerOptions to = trainer_options(cfg);
+    to.max_steps = max_steps;
+    LightningGuideModule m(cfg, to.accumulate_grad_batches, 0.0);
+    to.accumulate_grad_batches = 1;
+    auto rec = std::make_shared<StepRecorder>();
+    rec->out = &steps[static_cast<size_t>(current_context().rank())];
+    to.callbacks.push_back(rec);
+    to.callbacks.push_back(std::make_shared<ModelCheckpoint>(
+        ModelCheckpointOptions{.dirpath = dir.string(), .every_n_train_steps = 4}));
+    Trainer(to).fit(m, *dm, resume);
+  });
+  return steps[0];
+}
+}  // namespace
+
+// A checkpoint of a manual-optimization run holds the micro-batch index and the scheduler's
+// position: resumed at step 4 it continues bitwise as the uninterrupted run.
+TEST(ManualOptimization, ResumesBitwiseFromACheckpoint) {
+  auto d = nxd::testing::test_temp_dir("nxd_manual_opt_");
+  const TrainConfig cfg = guide_config(
+      d, "resume",
+      {"backend.world_size=2", "data.global_batch_size=8", "model.optim.sched.warmup_steps=6"});
+  const auto whole = guide_run(cfg, 8, d / "whole_ckpts", "");
+  guide_run(cfg, 5, d / "cut_ckpts", "");
+  const auto resumed =
+      guide_run(cfg, 8, d / "resumed_ckpts", (d / "cut_ckpts" / "step_4").string());
+  ASSERT_EQ(whole.size(), 8u);
+  ASSERT_EQ(resumed.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(resumed[i].step, whole[i + 4].step);
+    EXPECT_EQ(resumed[i].lr, whole[i + 4].lr) << "step " << i + 5;
+    EXPECT_EQ(resumed[i].loss, whole[i + 4].loss) << "step " << i + 5;
+    EXPECT_EQ(resumed[i].grad_norm, whole[i + 4].grad_norm) << "step " << i + 5;
+  }
+}
+
+namespace {
 // A module that leaves automatic optimization on but calls the manual API.
 class MisusedModule : public CausalLMModule {
  public:
