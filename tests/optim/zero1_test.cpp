@@ -69,10 +69,11 @@ class UserAdagrad : public ElementwiseOptimizer {
   }
 };
 
-// The unsharded optimizer of a kind ("AdamW", "Lion", "UserAdagrad").
+// The unsharded optimizer of a kind ("AdamW", "Lion", "SGD", "UserAdagrad").
 std::unique_ptr<Optimizer> make_reference(const std::string& kind, std::vector<ParamGroup> g) {
   if (kind == "Lion") return std::make_unique<Lion>(std::move(g), LionOptions{0.9, 0.99});
   if (kind == "UserAdagrad") return std::make_unique<UserAdagrad>(std::move(g));
+  if (kind == "SGD") return std::make_unique<SGD>(std::move(g), SGDOptions{.momentum = 0.9});
   return std::make_unique<AdamW>(std::move(g), AdamWOptions{0.9, 0.99, 1e-8});
 }
 
@@ -139,6 +140,10 @@ TEST(Zero1, LionMatchesUnshardedLionAtDp2Dp4AndTp2) {
 TEST(Zero1, AUsersElementwiseOptimizerMatchesItsUnshardedSelf) {
   compare(2, 1, "UserAdagrad");
   compare(4, 1, "UserAdagrad");
+}
+
+TEST(Zero1, SgdWithMomentumMatchesUnshardedSgd) {
+  compare(2, 1, "SGD");
 }
 
 TEST(Zero1, LionKeepsHalfOfAdamWsStateAndZero1OneOverDpOfIt) {
