@@ -3,10 +3,12 @@
 // model.do_layer_norm_weight_decay.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/train/train.h"
 #include "support/files.h"
@@ -149,4 +151,25 @@ TEST(NxdtKeys, DoLayerNormWeightDecayDecaysNormWeightsNotBiases) {
   ASSERT_EQ(with.size(), 2u);
   EXPECT_EQ(names(with[0]), "layers.0.mlp.up.weight layers.0.input_layernorm.weight ");
   EXPECT_EQ(names(with[1]), "layers.0.mlp.up.bias ");
+}
+
+// exp_manager.save_bf16: the trainer's checkpoints hold bf16 weights and the optimizer state as
+// held; an f32 run resumes from one.
+TEST(NxdtKeys, SaveBf16CheckpointsResumeInAnF32Run) {
+  auto d = nxd::testing::test_temp_dir("nxd_nxdt_keys_");
+  train(small(d / "bf16", {"exp_manager.save_bf16=true", "trainer.max_steps=3",
+                           "exp_manager.checkpoint_callback_params.every_n_train_steps=3"}),
+        {.quiet = true});
+  const fs::path ckpt = d / "bf16" / "checkpoints" / "step_3";
+  const auto meta = ckpt::read_metadata(ckpt);
+  for (const auto& [n, e] : meta["model"].items()) EXPECT_EQ(e["dtype"], "BF16") << n;
+  for (const auto& [n, e] : meta["optimizer"]["tensors"].items())
+    EXPECT_NE(e["dtype"], "BF16") << n;
+  const TrainResult r =
+      train(small(d / "f32",
+                  {"trainer.max_steps=5", "exp_manager.resume_from_checkpoint=" + ckpt.string()}),
+            {.quiet = true});
+  EXPECT_EQ(r.start_step, 3);
+  EXPECT_EQ(r.steps, 2);
+  EXPECT_TRUE(std::isfinite(r.last_loss));
 }
