@@ -41,7 +41,7 @@ std::vector<optim::NamedParam> in_model_order(const NxDModel& model, const optim
 }  // namespace
 
 NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
-                           std::unique_ptr<optim::Optimizer> inner)
+                           std::unique_ptr<optim::Optimizer> inner, optim::GradSyncMode sync)
     : cfg_(cfg), model_(model) {
   NXD_CHECK_T(ConfigError, inner != nullptr, "[NxDOptimizer] no optimizer");
   norm_params_ = model_.norm_params();
@@ -73,15 +73,21 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
   const bool zero1 = cfg_.optimizer_config.zero_one_enabled;
   // buckets go out during backward unless something must reach .grad before the reduction
-  const auto mode = model_.is_pipeline() || (zero1 && sp_sums_) ? optim::GradSyncMode::at_step
-                                                                : optim::GradSyncMode::overlap;
+  const auto mode =
+      sync == optim::GradSyncMode::at_step || model_.is_pipeline() || (zero1 && sp_sums_)
+          ? optim::GradSyncMode::at_step
+          : optim::GradSyncMode::overlap;
   if (zero1) {
-    const auto* adamw = dynamic_cast<const optim::AdamW*>(inner.get());
-    NXD_CHECK_T(ConfigError, adamw != nullptr,
-                "[NxDOptimizer] optimizer_config.zero_one_enabled shards AdamW's state, got ",
-                inner->kind());
+    std::optional<optim::ElementwiseRule> rule = inner->elementwise_rule();
+    NXD_CHECK_T(ConfigError, rule.has_value(),
+                "[NxDOptimizer] optimizer_config.zero_one_enabled shards optimizers whose update "
+                "is elementwise (Optimizer::elementwise_rule: AdamW, SGD, Lion, an "
+                "ElementwiseOptimizer), got ",
+                inner->kind(), ", which gives none");
     optim::Zero1Options zo;
-    zo.adamw = adamw->options();
+    if (const auto* adamw = dynamic_cast<const optim::AdamW*>(inner.get()))
+      zo.adamw = adamw->options();
+    zo.rule = std::move(rule);
     zo.adamw.precision = prec;
     zo.dp_group = dp_group();
     zo.norm_groups = groups_;
@@ -98,8 +104,8 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
       zo.norm_groups.ep = nullptr;
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     std::vector<optim::ParamGroup> groups = inner->param_groups();
-    inner.reset();  // AdamW's full state (unless deferred) goes before ZeRO-1's is allocated
-    auto z = std::make_unique<optim::Zero1AdamW>(std::move(groups), std::move(zo));
+    inner.reset();  // the full state (unless deferred) goes before ZeRO-1's is allocated
+    auto z = std::make_unique<optim::Zero1Optimizer>(std::move(groups), std::move(zo));
     zero1_ = z.get();
     inner_ = std::move(z);
     return;
@@ -121,13 +127,15 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
 NxDOptimizer::~NxDOptimizer() = default;
 
 void NxDOptimizer::step() {
-  reduce_and_clip();
+  reduce_and_clip_once();
+  reduced_ = false;
   inner_->step();
 }
 
 bool NxDOptimizer::step_if_finite(double loss) {
-  reduce_and_clip();
-  if (std::isfinite(loss) && std::isfinite(grad_norm_)) {
+  reduce_and_clip_once();
+  reduced_ = false;
+  if (std::isfinite(loss) && std::isfinite(*grad_norm_)) {
     inner_->step();
     return true;
   }
@@ -135,23 +143,41 @@ bool NxDOptimizer::step_if_finite(double loss) {
   return false;
 }
 
-void NxDOptimizer::reduce_and_clip() {
+double NxDOptimizer::clip_grad_norm(double max_norm) {
+  NXD_CHECK(max_norm >= 0, "[NxDOptimizer] clip_grad_norm: max_norm must be >= 0, got ", max_norm);
+  if (!reduced_) reduce();
+  reduced_ = true;
+  return clip(max_norm);
+}
+
+void NxDOptimizer::reduce_and_clip_once() {
   const auto& oc = cfg_.optimizer_config;
-  const double max_norm = oc.grad_clipping ? oc.max_grad_norm : 0.0;
+  if (reduced_) return;
+  reduce();
+  clip(oc.grad_clipping ? oc.max_grad_norm : 0.0);
+}
+
+void NxDOptimizer::reduce() {
   auto sp_sums = [&] {
     if (sp_sums_)
       for (Module* m : model_.local_modules()) allreduce_sequence_parallel_gradients(*m);
   };
   if (zero1_) {
-    sp_sums();  // before the reduce-scatter (at_step mode)
-    grad_norm_ = zero1_->clip_grad_norm(max_norm);
+    sp_sums();  // before the reduce-scatter (at_step mode), which clip() runs
   } else {
     sync_->finish();
     if (expert_sync_) expert_sync_->finish();
     sp_sums();  // after the DP mean: they commute
+  }
+}
+
+double NxDOptimizer::clip(double max_norm) {
+  if (zero1_)
+    grad_norm_ = zero1_->clip_grad_norm(max_norm);  // reduce-scatters first (once per step)
+  else
     grad_norm_ = max_norm > 0 ? optim::clip_parallel_grad_norm(norm_params_, max_norm, groups_)
                               : optim::parallel_grad_norm(norm_params_, groups_);
-  }
+  return *grad_norm_;
 }
 
 namespace {
@@ -159,6 +185,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> 
                                                  const OptimizerOptions& options) {
   if (const auto* a = std::get_if<optim::AdamWOptions>(&options))
     return std::make_unique<optim::AdamW>(std::move(groups), *a);
+  if (const auto* l = std::get_if<optim::LionOptions>(&options))
+    return std::make_unique<optim::Lion>(std::move(groups), *l);
   return std::make_unique<optim::SGD>(std::move(groups), std::get<optim::SGDOptions>(options));
 }
 }  // namespace
@@ -169,14 +197,39 @@ std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg
   return std::make_unique<NxDOptimizer>(cfg, model, make_optimizer(std::move(groups), options));
 }
 
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, NxDModel& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            const OptimizerFactory& make) {
+  NXD_CHECK_T(ConfigError, make != nullptr, "[initialize_parallel_optimizer] no optimizer factory");
+  std::unique_ptr<optim::Optimizer> o = make(std::move(groups));
+  NXD_CHECK_T(ConfigError, o != nullptr,
+              "[initialize_parallel_optimizer] the optimizer factory returned no optimizer");
+  return std::make_unique<NxDOptimizer>(cfg, model, std::move(o));
+}
+
+namespace {
+// A non-owning NxDModel around a plain module: the caller keeps the module alive.
+std::shared_ptr<NxDModel> wrap(const NxDConfig& cfg, Module& model) {
+  return std::make_shared<NxDModel>(cfg,
+                                    std::shared_ptr<Module>(std::shared_ptr<Module>(), &model));
+}
+}  // namespace
+
 std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, Module& model,
                                                             std::vector<optim::ParamGroup> groups,
                                                             OptimizerOptions options) {
-  // a non-owning wrapper: the caller keeps the module alive
-  auto wrapper =
-      std::make_shared<NxDModel>(cfg, std::shared_ptr<Module>(std::shared_ptr<Module>(), &model));
+  auto wrapper = wrap(cfg, model);
   auto opt = initialize_parallel_optimizer(cfg, *wrapper, std::move(groups), std::move(options));
-  opt->owned_ = std::move(wrapper);
+  opt->keep(std::move(wrapper));
+  return opt;
+}
+
+std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg, Module& model,
+                                                            std::vector<optim::ParamGroup> groups,
+                                                            const OptimizerFactory& make) {
+  auto wrapper = wrap(cfg, model);
+  auto opt = initialize_parallel_optimizer(cfg, *wrapper, std::move(groups), make);
+  opt->keep(std::move(wrapper));
   return opt;
 }
 

@@ -54,6 +54,11 @@ struct SaveOptions {
   int zstd_level = 1;
   bool sync = true;   // fsync files and folders (off only for benchmarks of the page cache)
   int64_t step = -1;  // recorded in metadata.json; -1: the optimizer's steps() (or 0)
+  // NxD's down_cast_bf16 (NxD Training's exp_manager.save_bf16): the model's floating tensors
+  // are written in bf16 (rounded to nearest even), half the bytes of f32 weights; the optimizer
+  // state, f32 master weights included, is written as held. load_checkpoint converts such model
+  // tensors to the target's dtype (bf16 into an f32 run: exact).
+  bool down_cast_bf16 = false;
 };
 
 struct SaveStats {
@@ -93,9 +98,10 @@ struct LoadOptions {
 // Everything is read and verified into staging tensors first and copied into the model and
 // optimizer only when every rank succeeded: a bad checkpoint (missing or truncated file, flipped
 // byte, missing DP shard, other model, newer format) throws CheckpointError naming the file and
-// tensor and leaves them untouched. The optimizer must be the same kind (AdamW / SGD; ZeRO-1 is
-// AdamW's kind: either state loads into either optimizer, at any DP degree); at TP > 1
-// resharding its state needs the model too.
+// tensor and leaves them untouched. The optimizer must be the same kind (AdamW, SGD, Lion, a
+// user's; ZeRO-1 has its rule's kind: either state loads into either optimizer, at any DP
+// degree); at TP > 1 resharding its state needs the model too. A model tensor saved in another
+// floating dtype (SaveOptions::down_cast_bf16) is converted to the target's.
 nlohmann::json load_checkpoint(const std::filesystem::path& path, Module* model,
                                optim::Optimizer* optimizer, optim::LRSchedule* scheduler,
                                const LoadOptions& opts = {});

@@ -13,6 +13,7 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
+#include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/zero1.h"
 #include "nxd/pipeline/pipeline_model.h"
 
@@ -25,9 +26,9 @@ namespace {
 // The saved optimizer's kind, options and groups over `params` (this rank's, in order). A
 // parameter goes to the saved group that listed it; one no group listed (saved by another
 // pipeline stage) goes by NxD's rule: "no_decay" for biases and norms, else "decay", else the
-// first group. A ZeRO-1 checkpoint (`zero1`) gets a Zero1AdamW over this rank's DP group, with
-// master weights if the checkpoint has them, and the MoE experts (`experts`, at EP > 1) sharded
-// over the expert-DP group, as a run's NxDOptimizer does.
+// first group. A ZeRO-1 checkpoint (`zero1`) gets a Zero1Optimizer (AdamW or Lion) over this rank's
+// DP group, with master weights if the checkpoint has them, and the MoE experts (`experts`, at EP >
+// 1) sharded over the expert-DP group, as a run's NxDOptimizer does.
 struct OptimizerLayout {
   bool zero1 = false;
   std::vector<optim::NamedParam> experts;  // ZeRO-1 at EP > 1: sharded over expert DP
@@ -66,21 +67,33 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const json& optimizer,
                groups.end());
   const std::string kind = info.at("kind").get<std::string>();
   const json o = info.value("options", json::object());
+  // ZeRO-1 over `rule`, with master weights if the checkpoint has them
+  auto zero1_over = [&](optim::AdamWOptions a, optim::ElementwiseRule rule) {
+    for (const auto& [name, e] : optimizer.at("tensors").items())
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".master") == 0)
+        a.precision.master_weights = true;
+    optim::Zero1Options zo;
+    zo.adamw = a;
+    zo.rule = std::move(rule);
+    zo.registration_order = params;
+    zo.expert_params = layout.experts;
+    if (layout.experts.empty()) zo.norm_groups.ep = nullptr;
+    return std::make_unique<optim::Zero1Optimizer>(std::move(groups), zo);
+  };
   if (kind == "AdamW") {
     optim::AdamWOptions a;
     a.beta1 = o.value("beta1", a.beta1);
     a.beta2 = o.value("beta2", a.beta2);
     a.eps = o.value("eps", a.eps);
     if (!zero1) return std::make_unique<optim::AdamW>(std::move(groups), a);
-    for (const auto& [name, e] : optimizer.at("tensors").items())
-      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".master") == 0)
-        a.precision.master_weights = true;
-    optim::Zero1Options zo;
-    zo.adamw = a;
-    zo.registration_order = params;
-    zo.expert_params = layout.experts;
-    if (layout.experts.empty()) zo.norm_groups.ep = nullptr;
-    return std::make_unique<optim::Zero1AdamW>(std::move(groups), zo);
+    return zero1_over(a, optim::adamw_rule(a));
+  }
+  if (kind == "Lion") {
+    optim::LionOptions l;
+    l.beta1 = o.value("beta1", l.beta1);
+    l.beta2 = o.value("beta2", l.beta2);
+    if (!zero1) return std::make_unique<optim::Lion>(std::move(groups), l);
+    return zero1_over({}, optim::lion_rule(l));
   }
   if (kind == "SGD") {
     optim::SGDOptions s;

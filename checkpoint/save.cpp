@@ -96,12 +96,15 @@ json optimizer_json(const optim::Optimizer& o) {
   json options = json::object();
   const optim::AdamWOptions* adamw = nullptr;
   if (const auto* a = dynamic_cast<const optim::AdamW*>(&o)) adamw = &a->options();
-  if (const auto* z = dynamic_cast<const optim::Zero1AdamW*>(&o)) adamw = &z->options();
+  if (const auto* z = dynamic_cast<const optim::Zero1Optimizer*>(&o))
+    if (std::string(z->kind()) == "AdamW") adamw = &z->options();
   if (adamw) {
     options = {{"beta1", adamw->beta1}, {"beta2", adamw->beta2}, {"eps", adamw->eps}};
   } else if (const auto* g = dynamic_cast<const optim::SGD*>(&o)) {
     const auto& x = g->options();
     options = {{"momentum", x.momentum}, {"dampening", x.dampening}, {"nesterov", x.nesterov}};
+  } else {  // Lion, a ZeRO-1 optimizer over another rule, a user's optimizer
+    for (const auto& [k, v] : o.hyperparameters()) options[k] = v;
   }
   return {{"kind", o.kind()}, {"steps", o.steps()}, {"options", options}, {"groups", groups}};
 }
@@ -206,7 +209,9 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
     for (const Module* m : chunks)
       for (const auto& [name, t] : m->state_dict()) {
         if (!mine(name)) continue;
-        s.tensors.emplace_back(name, snap.take(t));
+        const bool down_cast =
+            p.opts.down_cast_bf16 && is_floating(t.dtype()) && t.dtype() != DType::bf16;
+        s.tensors.emplace_back(name, down_cast ? t.detach().to(DType::bf16) : snap.take(t));
         if (specs.count(name)) used[name] = specs[name];
       }
     s.meta = shard_meta("model", d, file_dp, used);

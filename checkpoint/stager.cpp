@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/integrity.h"
@@ -17,6 +18,13 @@ std::string list_some(const std::vector<std::string>& v) {
   for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", '" : "'") + v[i] + "'";
   if (v.size() > 8) s += str(" and ", v.size() - 8, " more");
   return s;
+}
+
+// The floating dtype a table names ("F32", "BF16", "F64"), or nullopt.
+std::optional<DType> floating_dtype_named(const std::string& name) {
+  for (DType t : {DType::f32, DType::bf16, DType::f64})
+    if (name == io::safetensors_dtype(t)) return t;
+  return std::nullopt;
 }
 
 int64_t numel_of(const Shape& s) {
@@ -37,12 +45,18 @@ Stager::Stager(fs::path dir, const json& meta, const Degrees& d) : dir_(std::mov
 
 void Stager::plan(const char* kind, const json& e, Want& w) {
   const std::string where = str(dir_.string(), ": ", kind, " tensor '", w.name, "'");
-  const DType dtype = w.target.dtype();
+  DType dtype = w.target.dtype();
   const Shape full = e.at("shape").get<Shape>();
   const std::string dt = e.at("dtype").get<std::string>();
-  if (dt != io::safetensors_dtype(dtype))
+  // a model tensor saved in another floating dtype (a down-cast bf16 save, SaveOptions) is read
+  // as saved and converted once staged (stage())
+  const DType saved_dtype = floating_dtype_named(dt).value_or(dtype);
+  const bool convert =
+      std::string(kind) == "model" && is_floating(dtype) && floating_dtype_named(dt).has_value();
+  if (dt != io::safetensors_dtype(dtype) && !convert)
     throw CheckpointError(str("[load_checkpoint] ", where, " is ", dt, " in the checkpoint but ",
                               io::safetensors_dtype(dtype), " in the target"));
+  if (convert) dtype = saved_dtype;
   const ShardSpec saved =
       e.contains("split") ? shard_spec_from_json(e["split"], where) : ShardSpec{};
   const int pp = e.at("pp_rank").get<int>();
@@ -53,7 +67,7 @@ void Stager::plan(const char* kind, const json& e, Want& w) {
       throw CheckpointError(str("[load_checkpoint] ", where, " has shape ", shape_str(full),
                                 " in the checkpoint but ", shape_str(target_full),
                                 " in the target (another model?)"));
-    w.staged = empty(w.target.shape(), dtype);
+    w.staged = empty(w.target.shape(), dtype);  // the saved dtype
     const int64_t lo = w.ranged() ? w.lo : 0, hi = w.ranged() ? w.hi : numel_of(w.local);
     char* dst = static_cast<char*>(w.staged.raw_data());
     if (saved == w.spec && (!saved.split || saved.parts == d_.tp)) {
@@ -115,6 +129,9 @@ void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants
       w.staged.copy_(mine);
   }
   gathers_.clear();
+  for (auto& w : wants)  // a down-cast save: into the target's dtype
+    if (w.staged.defined() && w.staged.dtype() != w.target.dtype())
+      w.staged = w.staged.to(w.target.dtype());
   wants.erase(
       std::remove_if(wants.begin(), wants.end(), [](const Want& w) { return !w.staged.defined(); }),
       wants.end());

@@ -11,20 +11,21 @@
 
 namespace nxd::optim {
 
-bool is_no_decay_param(const std::string& name) {
+bool is_no_decay_param(const std::string& name, WeightDecayOptions opts) {
   std::string lower = name;
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return lower.find("bias") != std::string::npos || lower.find("norm") != std::string::npos;
+  return lower.find("bias") != std::string::npos ||
+         (!opts.do_layer_norm_weight_decay && lower.find("norm") != std::string::npos);
 }
 
 std::vector<ParamGroup> default_param_groups(const std::vector<NamedParam>& params, double lr,
-                                             double weight_decay) {
+                                             double weight_decay, WeightDecayOptions opts) {
   ParamGroup decay{"decay", {}, lr, weight_decay, 1.0};
   ParamGroup no_decay{"no_decay", {}, lr, 0.0, 1.0};
   for (const auto& p : params)
     if (p.param.requires_grad())  // frozen parameters (LoRA's base) get no optimizer state
-      (is_no_decay_param(p.name) ? no_decay : decay).params.push_back(p);
+      (is_no_decay_param(p.name, opts) ? no_decay : decay).params.push_back(p);
   std::vector<ParamGroup> out;
   if (!decay.params.empty()) out.push_back(std::move(decay));
   if (!no_decay.params.empty()) out.push_back(std::move(no_decay));
@@ -312,6 +313,61 @@ void AdamW::step() {
     work[j].write_back(b, e);
   });
   ++steps_;
+}
+
+}  // namespace nxd::optim
+
+namespace nxd::optim {
+
+std::vector<std::pair<std::string, double>> SGD::hyperparameters() const {
+  return {{"momentum", opts_.momentum},
+          {"dampening", opts_.dampening},
+          {"nesterov", opts_.nesterov ? 1.0 : 0.0}};
+}
+
+std::optional<ElementwiseRule> SGD::elementwise_rule() const {
+  ElementwiseRule r;
+  r.kind = kind_;
+  if (opts_.momentum > 0) r.state = {"momentum_buffer"};
+  r.hyperparameters = hyperparameters();
+  r.cost = 2;
+  const SGDOptions o = opts_;
+  r.update = [o](const ElementwiseStep& e) {
+    sgd_update<float>(e.p, e.g, o.momentum > 0 ? e.state[0] : nullptr, e.n,
+                      {.lr = e.lr,
+                       .weight_decay = e.weight_decay,
+                       .momentum = o.momentum,
+                       .dampening = o.dampening,
+                       .nesterov = o.nesterov,
+                       .first = e.t == 1});
+  };
+  return r;
+}
+
+std::vector<std::pair<std::string, double>> AdamW::hyperparameters() const {
+  return adamw_rule(opts_).hyperparameters;
+}
+
+std::optional<ElementwiseRule> AdamW::elementwise_rule() const {
+  return adamw_rule(opts_);
+}
+
+ElementwiseRule adamw_rule(const AdamWOptions& opts) {
+  ElementwiseRule r;
+  r.kind = "AdamW";
+  r.state = {"exp_avg", "exp_avg_sq"};
+  r.hyperparameters = {{"beta1", opts.beta1}, {"beta2", opts.beta2}, {"eps", opts.eps}};
+  const AdamWOptions o = opts;
+  r.update = [o](const ElementwiseStep& e) {
+    detail::AdamWUpdate<float>(e.p, e.g, e.state[0], e.state[1],
+                               {.lr = e.lr,
+                                .weight_decay = e.weight_decay,
+                                .beta1 = o.beta1,
+                                .beta2 = o.beta2,
+                                .eps = o.eps,
+                                .t = e.t})(0, e.n);
+  };
+  return r;
 }
 
 }  // namespace nxd::optim

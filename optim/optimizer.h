@@ -14,10 +14,12 @@
 // or on their own value, rounded to nearest or stochastically (optim/precision.h); f32 gradients
 // of bf16 parameters (f32 gradient accumulation) are used as they are.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "nxd/optim/elementwise.h"
 #include "nxd/optim/precision.h"
 #include "nxd/runtime/tensor.h"
 
@@ -41,9 +43,14 @@ struct ParamGroup {
 // "bias" or "norm" (e.g. "layers.0.input_layernorm.weight", "lm_head.bias") get weight decay 0,
 // all others `weight_decay`. Parameters that require no gradient (frozen: LoRA's base weights)
 // are left out. Empty groups are dropped; order within a group is input order.
+// With do_layer_norm_weight_decay (NxD Training's model.do_layer_norm_weight_decay) only biases
+// are exempt: norm weights decay too.
+struct WeightDecayOptions {
+  bool do_layer_norm_weight_decay = false;
+};
 std::vector<ParamGroup> default_param_groups(const std::vector<NamedParam>& params, double lr,
-                                             double weight_decay);
-bool is_no_decay_param(const std::string& name);
+                                             double weight_decay, WeightDecayOptions opts = {});
+bool is_no_decay_param(const std::string& name, WeightDecayOptions opts = {});
 
 // One parameter's optimizer state as far as this rank holds it (a sharded optimizer, ZeRO-1):
 // elements [lo, hi) of the flattened (TP-local) parameter.
@@ -100,6 +107,11 @@ class Optimizer {
               records.size(), " records given)");
   }
   const char* kind() const { return kind_; }
+  // The update as an elementwise rule (optim/elementwise.h): what ZeRO-1 shards. nullopt: the
+  // update is not elementwise (ZeRO-1 refuses the optimizer).
+  virtual std::optional<ElementwiseRule> elementwise_rule() const { return std::nullopt; }
+  // The hyperparameters a checkpoint records besides the groups' lr and weight decay.
+  virtual std::vector<std::pair<std::string, double>> hyperparameters() const { return {}; }
   // Bytes of optimizer state this rank holds (state tensors, master weights).
   virtual int64_t state_bytes() const;
 
@@ -157,6 +169,8 @@ class SGD : public Optimizer {
   void step() override;
   void set_precision(const PrecisionOptions& p) override;
   const SGDOptions& options() const { return opts_; }
+  std::optional<ElementwiseRule> elementwise_rule() const override;
+  std::vector<std::pair<std::string, double>> hyperparameters() const override;
 
  private:
   SGDOptions opts_;
@@ -191,6 +205,8 @@ class AdamW : public Optimizer {
   void step() override;
   void set_precision(const PrecisionOptions& p) override;
   const AdamWOptions& options() const { return opts_; }
+  std::optional<ElementwiseRule> elementwise_rule() const override;
+  std::vector<std::pair<std::string, double>> hyperparameters() const override;
 
  private:
   AdamWOptions opts_;
@@ -200,6 +216,9 @@ class AdamW : public Optimizer {
   std::vector<std::vector<Slot>> slots_;
   void allocate_state();
 };
+
+// AdamW's update as an elementwise rule (what AdamW::elementwise_rule returns).
+ElementwiseRule adamw_rule(const AdamWOptions& opts);
 
 // ---- gradient norm and clipping ----
 // norm_type 2 (L2 over all gradient elements of all parameters, as one vector) or

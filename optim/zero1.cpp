@@ -6,7 +6,6 @@
 #include <string>
 
 #include "nxd/collectives/parallel_state.h"
-#include "nxd/optim/adamw_update.h"
 #include "nxd/optim/items.h"
 #include "nxd/runtime/error.h"
 
@@ -25,7 +24,7 @@ struct Segment {
 };
 
 // This rank's shard of one bucket: bucket elements [begin, begin + size), at `flat` in the rank's
-// flat state (exp_avg, exp_avg_sq, masters).
+// flat state (the rule's state tensors, masters).
 struct Shard {
   int64_t begin = 0, size = 0, flat = 0;
   DType param_dtype = DType::f32;
@@ -34,14 +33,15 @@ struct Shard {
 
 }  // namespace
 
-struct Zero1AdamW::Impl {
+struct Zero1Optimizer::Impl {
   Zero1Options opts;
   std::shared_ptr<Communicator> dp;
   std::unique_ptr<GradSync> sync;
   std::vector<Segment> segs;  // in the GradSync's parameter order
   std::vector<Shard> shards;  // per bucket
   int64_t total = 0;          // sum of the shards
-  Tensor m, v;                // [total] f32
+  ElementwiseRule rule;       // the update (AdamW's unless Zero1Options::rule)
+  std::vector<Tensor> state;  // per rule.state name: [total] f32
   Tensor master;              // [total] f32 with master weights (bf16 buckets' parts)
   std::vector<Tensor> grad;   // per bucket, after reduce_gradients(): the f32 averaged shard
   // Per bucket: the parameters' flat buffer [S * n], laid out as the gradient bucket (padding
@@ -63,7 +63,7 @@ struct Zero1AdamW::Impl {
       pbuf.push_back(zeros({sh.size * n}, sh.param_dtype, meta ? Device::meta : Device::host));
       for (int i : sh.segs) {
         const Segment& s = segs[static_cast<size_t>(i)];
-        NXD_CHECK(s.p.param.is_meta() == meta, "[Zero1AdamW] parameter '", s.p.name,
+        NXD_CHECK(s.p.param.is_meta() == meta, "[Zero1Optimizer] parameter '", s.p.name,
                   "' is on another device than the rest of its bucket");
         bind(s);
       }
@@ -80,7 +80,7 @@ struct Zero1AdamW::Impl {
   // a view of that slice (every handle on the parameter's TensorImpl sees it).
   void bind(const Segment& s) {
     const Tensor& p = s.p.param;
-    NXD_CHECK(p.is_contiguous(), "[Zero1AdamW] parameter '", s.p.name, "' is not contiguous");
+    NXD_CHECK(p.is_contiguous(), "[Zero1Optimizer] parameter '", s.p.name, "' is not contiguous");
     Tensor dst = pbuf[static_cast<size_t>(s.bucket)].narrow(0, s.offset, s.size);
     if (!p.is_meta()) dst.copy_(p.detach().view({s.size}));
     TensorImpl& impl = *p.impl();
@@ -119,14 +119,27 @@ struct Zero1AdamW::Impl {
   }
 };
 
-Zero1AdamW::Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts)
-    : Optimizer(std::move(groups), "AdamW"), impl_(std::make_unique<Impl>()) {
-  Impl& I = *impl_;
-  I.opts = std::move(opts);
-  const auto& a = I.opts.adamw;
+namespace {
+ElementwiseRule rule_of(const Zero1Options& o) {
+  if (o.rule) return *o.rule;
+  const auto& a = o.adamw;
   NXD_CHECK(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1 && a.eps >= 0,
-            "[Zero1AdamW] need beta1, beta2 in [0, 1) and eps >= 0, got ", a.beta1, ", ", a.beta2,
-            ", ", a.eps);
+            "[Zero1Optimizer] need beta1, beta2 in [0, 1) and eps >= 0, got ", a.beta1, ", ",
+            a.beta2, ", ", a.eps);
+  return adamw_rule(a);
+}
+}  // namespace
+
+Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts)
+    : Optimizer(std::move(groups), opts.rule ? opts.rule->kind : "AdamW"),
+      impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.rule = rule_of(opts);
+  I.opts = std::move(opts);
+  NXD_CHECK(
+      I.rule.update != nullptr && I.rule.state.size() <= static_cast<size_t>(kMaxElementwiseState),
+      "[Zero1Optimizer] ", kind_, "'s elementwise rule needs an update and at most ",
+      kMaxElementwiseState, " state tensors, got ", I.rule.state.size());
   I.dp = I.opts.dp_group ? I.opts.dp_group
          : parallel_state::model_parallel_is_initialized()
              ? parallel_state::get_data_context_parallel_group_ptr()  // DP x CP (DP at CP 1)
@@ -139,7 +152,7 @@ Zero1AdamW::Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts)
   for (size_t g = 0; g < mine.size(); ++g)
     for (const NamedParam& p : mine[g].params) {
       NXD_CHECK(p.param.dtype() == DType::f32 || p.param.dtype() == DType::bf16,
-                "[Zero1AdamW] parameter '", p.name, "' is ", p.param.desc(),
+                "[Zero1Optimizer] parameter '", p.name, "' is ", p.param.desc(),
                 ": ZeRO-1 shards f32 and bf16 parameters");
       group_of[p.param.impl()] = static_cast<int>(g);
       order.push_back(p);
@@ -149,11 +162,11 @@ Zero1AdamW::Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts)
                   [&](const NamedParam& p) { return !group_of.count(p.param.impl()); });
   if (!I.opts.registration_order.empty()) {
     NXD_CHECK(I.opts.registration_order.size() == order.size(),
-              "[Zero1AdamW] registration_order "
+              "[Zero1Optimizer] registration_order "
               "lists ",
               I.opts.registration_order.size(), " parameters, the groups ", order.size());
     for (const NamedParam& p : I.opts.registration_order)
-      NXD_CHECK(group_of.count(p.param.impl()), "[Zero1AdamW] registration_order's parameter '",
+      NXD_CHECK(group_of.count(p.param.impl()), "[Zero1Optimizer] registration_order's parameter '",
                 p.name, "' is in no parameter group");
     order = I.opts.registration_order;
   }
@@ -196,37 +209,37 @@ Zero1AdamW::Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts)
     I.segs.push_back(std::move(s));
   }
   I.flatten_params();
-  I.m = zeros({I.total});
-  I.v = zeros({I.total});
-  Zero1AdamW::set_precision(I.opts.adamw.precision);
+  for (size_t k = 0; k < I.rule.state.size(); ++k) I.state.push_back(zeros({I.total}));
+  Zero1Optimizer::set_precision(I.opts.adamw.precision);
 }
 
-Zero1AdamW::~Zero1AdamW() = default;
+Zero1Optimizer::~Zero1Optimizer() = default;
 
-void Zero1AdamW::set_precision(const PrecisionOptions& p) {
-  NXD_CHECK(steps_ == 0, "[Zero1AdamW] set_precision() after ", steps_, " step(s)");
+void Zero1Optimizer::set_precision(const PrecisionOptions& p) {
+  NXD_CHECK(steps_ == 0, "[Zero1Optimizer] set_precision() after ", steps_, " step(s)");
   precision_ = p;  // the masters live in the shards, not in state_tensors()
   impl_->opts.adamw.precision = p;
   impl_->init_masters(p);
   if (experts_) experts_->set_precision(p);
 }
 
-int Zero1AdamW::dp_size() const {
+int Zero1Optimizer::dp_size() const {
   return impl_->dp->size();
 }
-int64_t Zero1AdamW::shard_elements() const {
+int64_t Zero1Optimizer::shard_elements() const {
   return impl_->total + (experts_ ? experts_->shard_elements() : 0);
 }
-int64_t Zero1AdamW::state_bytes() const {
+int64_t Zero1Optimizer::state_bytes() const {
   const Impl& I = *impl_;
-  return I.m.nbytes() + I.v.nbytes() + (I.master.defined() ? I.master.nbytes() : 0) +
-         (experts_ ? experts_->state_bytes() : 0);
+  int64_t n = I.master.defined() ? I.master.nbytes() : 0;
+  for (const Tensor& t : I.state) n += t.nbytes();
+  return n + (experts_ ? experts_->state_bytes() : 0);
 }
-GradSync& Zero1AdamW::grad_sync() {
+GradSync& Zero1Optimizer::grad_sync() {
   return *impl_->sync;
 }
 
-void Zero1AdamW::reduce_gradients() {
+void Zero1Optimizer::reduce_gradients() {
   Impl& I = *impl_;
   NoGradGuard ng;
   I.sync->finish();
@@ -239,7 +252,7 @@ void Zero1AdamW::reduce_gradients() {
   if (experts_) experts_->reduce_gradients();
 }
 
-double Zero1AdamW::grad_sq_sum() {
+double Zero1Optimizer::grad_sq_sum() {
   Impl& I = *impl_;
   if (!I.reduced) reduce_gradients();
   NoGradGuard ng;
@@ -259,7 +272,7 @@ double Zero1AdamW::grad_sq_sum() {
   return total;
 }
 
-void Zero1AdamW::scale_grads(float c) {
+void Zero1Optimizer::scale_grads(float c) {
   Impl& I = *impl_;
   std::vector<int64_t> sizes;
   for (const Tensor& g : I.grad) sizes.push_back(g.numel());
@@ -269,7 +282,7 @@ void Zero1AdamW::scale_grads(float c) {
   });
 }
 
-double Zero1AdamW::clip_grad_norm(double max_norm) {
+double Zero1Optimizer::clip_grad_norm(double max_norm) {
   // the dense parameters' sum first, then the experts' (every rank in the same order)
   double total = grad_sq_sum();
   if (experts_) total += experts_->grad_sq_sum();
@@ -284,12 +297,11 @@ double Zero1AdamW::clip_grad_norm(double max_norm) {
   return norm;
 }
 
-void Zero1AdamW::step() {
+void Zero1Optimizer::step() {
   Impl& I = *impl_;
   if (!I.reduced) reduce_gradients();
   NoGradGuard ng;
   const int n = I.dp->size();
-  const auto& a = I.opts.adamw;
   for (size_t b = 0; b < I.shards.size(); ++b) {
     const Shard& sh = I.shards[b];
     // A parameter re-pointed since (another optimizer built on the same model moved it into its
@@ -309,9 +321,9 @@ void Zero1AdamW::step() {
       work = zeros({sh.size});
       I.read_params(sh, work.data<float>());
     }
-    // AdamW on the shard (per segment: its group's lr and wd, its own step count)
+    // the rule on the shard (per segment: its group's lr and wd, its own step count)
     struct Job {
-      detail::AdamWUpdate<float> up;
+      ElementwiseStep up;
       int seg;
       int64_t lo;  // bucket coordinate of the job's first element
     };
@@ -327,22 +339,23 @@ void Zero1AdamW::step() {
       if (hi <= lo) continue;
       const int64_t k = lo - sh.begin;
       const ParamGroup& grp = groups_[static_cast<size_t>(s.group)];
-      const detail::AdamWStep hyper{.lr = grp.lr,
-                                    .weight_decay = grp.weight_decay,
-                                    .beta1 = a.beta1,
-                                    .beta2 = a.beta2,
-                                    .eps = a.eps,
-                                    .t = s.step};
-      jobs.push_back({detail::AdamWUpdate<float>(w + k, g + k, I.m.data<float>() + sh.flat + k,
-                                                 I.v.data<float>() + sh.flat + k, hyper),
-                      i, lo});
+      ElementwiseStep e{w + k, g + k, {}, hi - lo, grp.lr, grp.weight_decay, s.step};
+      for (size_t q = 0; q < I.state.size(); ++q)
+        e.state[q] = I.state[q].data<float>() + sh.flat + k;
+      jobs.push_back({e, i, lo});
       sizes.push_back(hi - lo);
     }
     // bf16 parameters: the updated values rounded into the parameters' block as AdamW rounds
     // each element (segments skipped this step keep their values)
-    detail::for_each_item(sizes, 8, [&](size_t j, int64_t e0, int64_t e1) {
+    detail::for_each_item(sizes, I.rule.cost, [&](size_t j, int64_t e0, int64_t e1) {
       const Job& job = jobs[j];
-      job.up(e0, e1);
+      ElementwiseStep part = job.up;
+      part.p += e0;
+      part.g += e0;
+      for (float*& st : part.state)
+        if (st) st += e0;
+      part.n = e1 - e0;
+      I.rule.update(part);
       if (sh.param_dtype != DType::bf16) return;
       const Segment& s = I.segs[static_cast<size_t>(job.seg)];
       const int64_t k = job.lo - sh.begin;
@@ -362,14 +375,14 @@ void Zero1AdamW::step() {
   }
 }
 
-void Zero1AdamW::discard_gradients() {
+void Zero1Optimizer::discard_gradients() {
   Impl& I = *impl_;
   I.grad.clear();
   I.reduced = false;
   if (experts_) experts_->discard_gradients();
 }
 
-void Zero1AdamW::gather_state() {
+void Zero1Optimizer::gather_state() {
   Impl& I = *impl_;
   NoGradGuard ng;
   const int n = I.dp->size();
@@ -382,16 +395,15 @@ void Zero1AdamW::gather_state() {
       I.dp->all_gather(flat.data<float>() + sh.flat, full.data<float>(), sh.size, DType::f32);
       return full;
     };
-    const Tensor m = gather(I.m), v = gather(I.v);
+    std::vector<Tensor> full;
+    for (const Tensor& t : I.state) full.push_back(gather(t));
     const Tensor mw = masters ? gather(I.master) : Tensor();
     for (int i : sh.segs) {
       const Segment& s = I.segs[static_cast<size_t>(i)];
-      add_state(s.p, "exp_avg", StateKind::per_element)
-          .view({s.size})
-          .copy_(m.narrow(0, s.offset, s.size));
-      add_state(s.p, "exp_avg_sq", StateKind::per_element)
-          .view({s.size})
-          .copy_(v.narrow(0, s.offset, s.size));
+      for (size_t q = 0; q < full.size(); ++q)
+        add_state(s.p, I.rule.state[q], StateKind::per_element)
+            .view({s.size})
+            .copy_(full[q].narrow(0, s.offset, s.size));
       *add_state(s.p, "step", StateKind::step_count).data<int64_t>() = s.step;
       if (masters)
         add_state(s.p, "master", StateKind::per_element)
@@ -405,16 +417,16 @@ void Zero1AdamW::gather_state() {
   }
 }
 
-void Zero1AdamW::scatter_state() {
+void Zero1Optimizer::scatter_state() {
   Impl& I = *impl_;
   std::map<std::string, Tensor> by_name(state_.begin(), state_.end());
   if (experts_) {
     experts_->state_ = state_;
     experts_->scatter_state();
   }
-  auto find = [&](const Segment& s, const char* what) {
+  auto find = [&](const Segment& s, const std::string& what) {
     auto it = by_name.find(s.p.name + "." + what);
-    NXD_CHECK(it != by_name.end(), "[Zero1AdamW] scatter_state() needs '", s.p.name, ".", what,
+    NXD_CHECK(it != by_name.end(), "[Zero1Optimizer] scatter_state() needs '", s.p.name, ".", what,
               "' (laid out by gather_state())");
     return it->second.contiguous();
   };
@@ -426,24 +438,33 @@ void Zero1AdamW::scatter_state() {
       const auto [lo, hi] = I.overlap(s);
       if (hi <= lo) continue;
       const int64_t src = lo - s.offset, dst = sh.flat + (lo - sh.begin);
-      std::copy_n(find(s, "exp_avg").data<float>() + src, hi - lo, I.m.data<float>() + dst);
-      std::copy_n(find(s, "exp_avg_sq").data<float>() + src, hi - lo, I.v.data<float>() + dst);
+      for (size_t q = 0; q < I.state.size(); ++q)
+        std::copy_n(find(s, I.rule.state[q]).data<float>() + src, hi - lo,
+                    I.state[q].data<float>() + dst);
       if (masters)
         std::copy_n(find(s, "master").data<float>() + src, hi - lo, I.master.data<float>() + dst);
     }
   }
 }
 
-void Zero1AdamW::release_state() {
+void Zero1Optimizer::release_state() {
   state_.clear();
   if (experts_) experts_->release_state();
 }
 
-const AdamWOptions& Zero1AdamW::options() const {
+const AdamWOptions& Zero1Optimizer::options() const {
   return impl_->opts.adamw;
 }
 
-std::vector<StateShard> Zero1AdamW::sharded_state() const {
+std::optional<ElementwiseRule> Zero1Optimizer::elementwise_rule() const {
+  return impl_->rule;
+}
+
+std::vector<std::pair<std::string, double>> Zero1Optimizer::hyperparameters() const {
+  return impl_->rule.hyperparameters;
+}
+
+std::vector<StateShard> Zero1Optimizer::sharded_state() const {
   const Impl& I = *impl_;
   std::vector<StateShard> out;
   out.reserve(I.segs.size());
@@ -456,8 +477,8 @@ std::vector<StateShard> Zero1AdamW::sharded_state() const {
     StateShard r{
         s.p.name, s.p.param.shape(), held ? lo - s.offset : 0, held ? hi - s.offset : 0, s.step,
         {}};
-    r.tensors.emplace_back("exp_avg", I.m.narrow(0, at, n));
-    r.tensors.emplace_back("exp_avg_sq", I.v.narrow(0, at, n));
+    for (size_t q = 0; q < I.state.size(); ++q)
+      r.tensors.emplace_back(I.rule.state[q], I.state[q].narrow(0, at, n));
     if (I.has_master(sh, precision_)) r.tensors.emplace_back("master", I.master.narrow(0, at, n));
     out.push_back(std::move(r));
   }
@@ -466,26 +487,27 @@ std::vector<StateShard> Zero1AdamW::sharded_state() const {
   return out;
 }
 
-void Zero1AdamW::load_sharded_state(const std::vector<StateShard>& records) {
+void Zero1Optimizer::load_sharded_state(const std::vector<StateShard>& records) {
   const std::vector<StateShard> mine = sharded_state();
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < mine.size(); ++i) index[mine[i].param] = i;
   // check everything before copying anything
   for (const StateShard& r : records) {
     const auto it = index.find(r.param);
-    NXD_CHECK(it != index.end(), "[Zero1AdamW] load_sharded_state: no parameter '", r.param, "'");
+    NXD_CHECK(it != index.end(), "[Zero1Optimizer] load_sharded_state: no parameter '", r.param,
+              "'");
     const StateShard& m = mine[it->second];
     NXD_CHECK(r.shape == m.shape && r.lo == m.lo && r.hi == m.hi,
-              "[Zero1AdamW] load_sharded_state: parameter '", r.param, "' ", shape_str(r.shape),
+              "[Zero1Optimizer] load_sharded_state: parameter '", r.param, "' ", shape_str(r.shape),
               " elements [", r.lo, ", ", r.hi, ") given, this rank holds ", shape_str(m.shape),
               " elements [", m.lo, ", ", m.hi, ")");
     for (const auto& [what, t] : r.tensors) {
       const auto have = std::find_if(m.tensors.begin(), m.tensors.end(),
                                      [&](const auto& x) { return x.first == what; });
-      NXD_CHECK(have != m.tensors.end(), "[Zero1AdamW] load_sharded_state: parameter '", r.param,
-                "' has no state '", what, "' here");
+      NXD_CHECK(have != m.tensors.end(), "[Zero1Optimizer] load_sharded_state: parameter '",
+                r.param, "' has no state '", what, "' here");
       NXD_CHECK(t.shape() == have->second.shape() && t.dtype() == DType::f32,
-                "[Zero1AdamW] load_sharded_state: '", r.param, ".", what, "' is ", t.desc(),
+                "[Zero1Optimizer] load_sharded_state: '", r.param, ".", what, "' is ", t.desc(),
                 ", expected f32", shape_str(have->second.shape()));
     }
   }

@@ -1,6 +1,9 @@
 #pragma once
-// ZeRO-1 (DeepSpeed's stage 1; NxD's NeuronZero1Optimizer): AdamW whose optimizer state (and the
-// f32 master weights of bf16 parameters) is sharded over the data-parallel group. The gradients
+// ZeRO-1 (DeepSpeed's stage 1; NxD's NeuronZero1Optimizer(optimizer_class, ...)): an optimizer
+// whose state (and the f32 master weights of bf16 parameters) is sharded over the data-parallel
+// group. Any optimizer with an elementwise update shards this way (optim/elementwise.h: AdamW by
+// default, SGD, Lion, or a user's ElementwiseRule in Zero1Options::rule); the text below says
+// AdamW and exp_avg / exp_avg_sq for the rule and its state tensors. The gradients
 // live in a GradSync's flat buckets in reduce_scatter mode (optim/grad_sync.h): every bucket is
 // padded to a multiple of the DP size n and DP rank r owns elements [r*S, (r+1)*S) of each
 // (S = the bucket's shard size). Each step:
@@ -42,7 +45,7 @@
 // AdamW); scatter_state() takes this rank's shard back from them and release_state() frees them.
 //
 // Expert parallelism (NxD's two ZeRO-1 optimizers): Zero1Options.expert_params (the MoE experts'
-// weights, layers/moe/moe.h) go to a second Zero1AdamW inside this one, over the
+// weights, layers/moe/moe.h) go to a second Zero1Optimizer inside this one, over the
 // expert-data-parallel group: their gradients are reduce-scattered (mean) over it and their state
 // sharded over it; everything else over the DP group as above. The norm adds the two sums (the
 // experts' also over the EP group: each EP rank holds other experts) and clips both alike; the
@@ -51,6 +54,7 @@
 // (an expert's pieces are in the files of its expert-DP group's ranks), so it loads at any EP.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,12 +85,16 @@ struct Zero1Options {
   // summed over norm_groups.ep too, which the dense parameters' is not). Empty: none.
   std::vector<NamedParam> expert_params;
   std::shared_ptr<Communicator> expert_dp_group;  // null: the parallel_state expert-DP group
+  // The update and its state (Optimizer::elementwise_rule() of the optimizer sharded); nullopt:
+  // AdamW with `adamw`'s betas and eps.
+  std::optional<ElementwiseRule> rule;
 };
 
-class Zero1AdamW : public Optimizer {
+class Zero1Optimizer : public Optimizer {
  public:
-  Zero1AdamW(std::vector<ParamGroup> groups, Zero1Options opts);
-  ~Zero1AdamW() override;
+  // kind() is the rule's (a checkpoint of a ZeRO-1 Lion is a Lion's).
+  Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts);
+  ~Zero1Optimizer() override;
 
   void reduce_gradients();
   // Returns the norm before clipping; max_norm 0 = no clipping. Reduces first if needed.
@@ -103,7 +111,9 @@ class Zero1AdamW : public Optimizer {
   int64_t state_bytes() const override;
   GradSync& grad_sync();  // its gradient buckets (no_sync() for gradient accumulation)
 
-  const AdamWOptions& options() const;
+  const AdamWOptions& options() const;  // betas and eps when the rule is AdamW's; the precision
+  std::optional<ElementwiseRule> elementwise_rule() const override;
+  std::vector<std::pair<std::string, double>> hyperparameters() const override;
 
   bool state_is_sharded() const override { return true; }
   std::vector<StateShard> sharded_state() const override;
@@ -119,12 +129,15 @@ class Zero1AdamW : public Optimizer {
 
  private:
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<Zero1AdamW> experts_;  // the expert parameters' optimizer (expert_params)
+  std::unique_ptr<Zero1Optimizer> experts_;  // the expert parameters' optimizer (expert_params)
   // Builds experts_ from `groups` (the expert parameters move there) and returns the rest.
   std::vector<ParamGroup> split_experts(std::vector<ParamGroup> groups, Zero1Options& o);
   double grad_sq_sum();  // this optimizer's squared norm, reduced over its groups
   void scale_grads(float c);
   void sync_groups();  // the groups' lr and weight decay into experts_'
 };
+
+// The name of ZeRO-1 over AdamW, its default rule.
+using Zero1AdamW = Zero1Optimizer;
 
 }  // namespace nxd::optim

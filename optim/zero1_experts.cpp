@@ -1,4 +1,4 @@
-// Zero1AdamW's expert parameters (optim/zero1.h): a second Zero1AdamW over the
+// Zero1Optimizer's expert parameters (optim/zero1.h): a second Zero1Optimizer over the
 // expert-data-parallel group, as NxD runs two ZeRO-1 optimizers under expert parallelism.
 #include <map>
 
@@ -8,7 +8,8 @@
 
 namespace nxd::optim {
 
-std::vector<ParamGroup> Zero1AdamW::split_experts(std::vector<ParamGroup> groups, Zero1Options& o) {
+std::vector<ParamGroup> Zero1Optimizer::split_experts(std::vector<ParamGroup> groups,
+                                                      Zero1Options& o) {
   std::map<const TensorImpl*, int> is_expert;
   for (const NamedParam& p : o.expert_params) is_expert[p.param.impl()] = 0;
   // the same groups (indices, lr, weight decay) on both sides, each with its own parameters
@@ -24,7 +25,7 @@ std::vector<ParamGroup> Zero1AdamW::split_experts(std::vector<ParamGroup> groups
     });
   }
   for (const NamedParam& p : o.expert_params)
-    NXD_CHECK(is_expert.at(p.param.impl()) == 1, "[Zero1AdamW] expert parameter '", p.name,
+    NXD_CHECK(is_expert.at(p.param.impl()) == 1, "[Zero1Optimizer] expert parameter '", p.name,
               "' is in no parameter group");
   Zero1Options eo = o;
   eo.expert_params.clear();
@@ -32,12 +33,12 @@ std::vector<ParamGroup> Zero1AdamW::split_experts(std::vector<ParamGroup> groups
       o.expert_dp_group ? o.expert_dp_group : parallel_state::get_expert_data_parallel_group_ptr();
   std::erase_if(eo.registration_order,
                 [&](const NamedParam& p) { return !is_expert.count(p.param.impl()); });
-  experts_ = std::make_unique<Zero1AdamW>(std::move(experts), std::move(eo));
+  experts_ = std::make_unique<Zero1Optimizer>(std::move(experts), std::move(eo));
   o.norm_groups.ep = nullptr;  // the dense parameters' norm: every DP rank holds them all
   return groups;
 }
 
-void Zero1AdamW::sync_groups() {
+void Zero1Optimizer::sync_groups() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     experts_->groups_[g].lr = groups_[g].lr;
     experts_->groups_[g].weight_decay = groups_[g].weight_decay;

@@ -84,6 +84,7 @@ nlohmann::json parse_yaml(const std::string& text, const std::string& source);
 // ---- the typed, validated configuration ----
 struct TrainerSection {
   int64_t max_steps;
+  int64_t max_epochs;  // -1 = no limit (trainer.max_epochs null)
   int64_t log_every_n_steps;
   int64_t val_check_interval;  // validate every N steps (and at the last); 0 = never
   int64_t limit_val_batches;   // micro batches per validation
@@ -117,6 +118,7 @@ struct OptimSection {
   std::string sched_name;  // constant | linear | cosine
   int64_t warmup_steps, decay_steps;
   double min_lr;
+  bool do_layer_norm_weight_decay;  // model.do_layer_norm_weight_decay: norm weights decay too
 };
 
 struct DistributedSection {

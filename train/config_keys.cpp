@@ -81,6 +81,10 @@ std::vector<KeySpec> make_registry() {
           "`min`: lower monitor values are better; `max`: higher.", {"min", "max"}),
       key("exp_manager.checkpoint_callback_params.save_last", K::boolean, true,
           "Also save at the end of training."),
+      key("exp_manager.save_bf16", K::boolean, false,
+          "Write the model's weights in bf16 (half the bytes of f32 weights); the optimizer state, "
+          "f32 master weights included, is written as held. Such a checkpoint loads into f32 and "
+          "bf16 runs (its weights converted)."),
       key("exp_manager.async_checkpointing", K::boolean, false,
           "Write checkpoints on a background thread (the tensors are copied first: the stall "
           "is printed per checkpoint)."),
@@ -103,6 +107,9 @@ std::vector<KeySpec> make_registry() {
           "Optimizer steps to run; 0 = evaluate only (`--eval`): the validation loss and "
           "perplexity of model.init_from's or the resumed weights over the whole validation "
           "split."),
+      key("trainer.max_epochs", K::integer, nullptr,
+          "Stop after the optimizer step that finishes this many passes over the training data "
+          "(whichever of max_steps and max_epochs comes first); null = no limit."),
       key("trainer.log_every_n_steps", K::integer, 10,
           "A metrics.csv row and progress update every N steps (and at the last step)."),
       key("trainer.val_check_interval", K::integer, 100,
@@ -225,13 +232,17 @@ std::vector<KeySpec> make_registry() {
           "Renormalize the top_k router probabilities of a token to sum to 1 (Mixtral)."),
       // optimizer
       key("model.optim.name", K::string, "adamw",
-          "Optimizer (`adamw_fp32OptState` is NxD Training's name for AdamW).",
-          {"adamw", "adamw_fp32OptState", "sgd"}),
+          "Optimizer (`adamw_fp32OptState` is NxD Training's name for AdamW; `lion`: Lion, one "
+          "moment per parameter, half of AdamW's state).",
+          {"adamw", "adamw_fp32OptState", "sgd", "lion"}),
       key("model.optim.lr", K::number, 3e-3, "Peak learning rate."),
       key("model.optim.weight_decay", K::number, 0.01,
           "Decoupled weight decay; biases and norm weights get none (NxD's grouping)."),
-      key("model.optim.betas", K::number_list, json::array({0.9, 0.99}), "AdamW (beta1, beta2).",
-          {}, /*list_size=*/2),
+      key("model.do_layer_norm_weight_decay", K::boolean, false,
+          "Apply model.optim.weight_decay to norm weights too (NxD Training's key); biases get "
+          "none either way."),
+      key("model.optim.betas", K::number_list, json::array({0.9, 0.99}),
+          "AdamW and Lion (beta1, beta2).", {}, /*list_size=*/2),
       key("model.optim.eps", K::number, 1e-8, "AdamW epsilon (added to sqrt(v_hat))."),
       key("model.optim.momentum", K::number, 0.0, "SGD momentum."),
       key("model.optim.nesterov", K::boolean, false, "SGD Nesterov momentum."),
@@ -277,10 +288,11 @@ std::vector<KeySpec> make_registry() {
           "data.micro_batch_size x data.seq_length on the sim NeuronCore's roofline).",
           {"parameters", "modeled_cost"}),
       key("distributed_strategy.zero1", K::boolean, false,
-          "ZeRO-1: AdamW's state (exp_avg, exp_avg_sq, and the f32 master weights of bf16 "
-          "parameters) sharded over the data-parallel ranks; gradients are reduce-scattered, "
-          "each rank steps its shard of the parameters, and the parameters are all-gathered. "
-          "Checkpoints hold the unsharded AdamW layout."),
+          "ZeRO-1: the optimizer's state (AdamW's exp_avg and exp_avg_sq, Lion's exp_avg, SGD's "
+          "momentum, and the f32 master weights of bf16 parameters) sharded over the "
+          "data-parallel ranks; gradients are reduce-scattered, each rank steps its shard of the "
+          "parameters, and the parameters are all-gathered. Checkpoints hold the unsharded "
+          "optimizer's layout."),
       key("distributed_strategy.expert_model_parallel_size", K::integer, 1,
           "Expert-parallel degree: the experts of each MoE layer are split over this many "
           "data-parallel (or data x context-parallel) ranks (it divides data-parallel size x "

@@ -99,6 +99,7 @@ ExpManagerSection resolve_exp_manager(Resolver& r) {
   k.mode = r.c.get_string(c + "mode");
   k.save_last = r.c.get_bool(c + "save_last");
   k.async_save = r.c.get_bool("exp_manager.async_checkpointing");
+  k.save_bf16 = r.c.get_bool("exp_manager.save_bf16");
   r.derive("exp_manager.create_checkpoint_callback", k.every_n_train_steps > 0);
   e.create_checkpoint_callback = r.c.get_bool("exp_manager.create_checkpoint_callback");
   e.resume_from_checkpoint = r.c.is_null("exp_manager.resume_from_checkpoint")
@@ -133,6 +134,7 @@ PrecisionSection resolve_precision_section(Resolver& r) {
 TrainerSection resolve_trainer(Resolver& r) {
   TrainerSection tr;
   tr.max_steps = r.non_negative("trainer.max_steps");  // 0: evaluate only (--eval)
+  tr.max_epochs = r.c.is_null("trainer.max_epochs") ? -1 : r.positive("trainer.max_epochs");
   tr.log_every_n_steps = r.positive("trainer.log_every_n_steps");
   tr.val_check_interval = r.non_negative("trainer.val_check_interval");
   tr.limit_val_batches = r.non_negative("trainer.limit_val_batches");
@@ -363,6 +365,7 @@ OptimSection resolve_optim(Resolver& r, const TrainerSection& tr) {
     r.fail("model.optim.sched.warmup_steps=", o.warmup_steps,
            " exceeds model.optim.sched.max_steps=", o.decay_steps);
   o.min_lr = r.c.get_double("model.optim.sched.min_lr");
+  o.do_layer_norm_weight_decay = r.c.get_bool("model.do_layer_norm_weight_decay");
   if (!(o.min_lr >= 0 && o.min_lr <= o.lr))
     r.fail("model.optim.sched.min_lr=", o.min_lr, " must be in [0, model.optim.lr=", o.lr, "]");
   return o;
@@ -485,9 +488,6 @@ TrainConfig resolve(const Config& in) {
     }
   }
   t.optim = resolve_optim(r, t.trainer);
-  if (t.dist.zero1 && t.optim.name != "adamw")
-    r.fail("distributed_strategy.zero1 shards AdamW's state: model.optim.name=", t.optim.name,
-           " (use adamw)");
   t.precision = resolve_precision_section(r);
   t.generation = resolve_generation(r, t.data);
   check_context_parallel(r, t);

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "nxd/layers/moe/moe.h"
+#include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/runtime/error.h"
 #include "nxd/train/corpus.h"
@@ -93,11 +94,16 @@ Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
 
 OptimizerSetup CausalLMModule::configure_optimizers() {
   const auto& o = cfg_.optim;
-  auto groups = param_groups_by_weight_decay(local_parameters(), o.lr, o.weight_decay);
+  auto groups =
+      param_groups_by_weight_decay(local_parameters(), o.lr, o.weight_decay,
+                                   {.do_layer_norm_weight_decay = o.do_layer_norm_weight_decay});
   OptimizerSetup s;
   if (o.name == "sgd")
     s.optimizer = std::make_unique<optim::SGD>(std::move(groups),
                                                optim::SGDOptions{o.momentum, 0.0, o.nesterov});
+  else if (o.name == "lion")
+    s.optimizer = std::make_unique<optim::Lion>(
+        std::move(groups), optim::LionOptions{.beta1 = o.beta1, .beta2 = o.beta2});
   else
     // with ZeRO-1 the NxDOptimizer replaces this AdamW by Zero1AdamW: its state never exists
     s.optimizer = std::make_unique<optim::AdamW>(

@@ -13,10 +13,11 @@ namespace nxd::trainer::detail {
 namespace {
 
 // Optimizer state bytes per parameter element (AdamW: two f32 moments, and an f32 master of a
-// bf16 parameter with master weights; SGD: its momentum).
+// bf16 parameter with master weights; SGD: its momentum; Lion: one moment).
 int64_t state_bytes_per_element(const TrainConfig& cfg, DType dtype, bool masters) {
   const int64_t master = masters && dtype == DType::bf16 ? 4 : 0;
   if (cfg.optim.name == "sgd") return (cfg.optim.momentum > 0 ? 4 : 0) + master;
+  if (cfg.optim.name == "lion") return 4 + master;
   return 8 + master;
 }
 

@@ -162,7 +162,7 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
     }
   }
   // the DP reduction and the sums of the sequence-parallel weights' gradients over TP, in
-  // NxDOptimizer::reduce_and_clip's order (a pipeline sums them at the end of run_train)
+  // NxDOptimizer::reduce's order (a pipeline sums them at the end of run_train)
   if (mm.pipe || cfg.dist.zero1) sequence_parallel_sums(mm);
   for (ReductionGroup& g : groups)
     if (g.sync) g.sync->finish();

@@ -418,6 +418,7 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.nxd.precision = cfg.precision.type;
   to.nxd.mixed_precision_config = {cfg.precision.master_weights, cfg.precision.fp32_grad_acc};
   to.max_steps = cfg.trainer.max_steps;
+  to.max_epochs = cfg.trainer.max_epochs;
   if (cfg.trainer.max_steps == 0) {  // evaluation: one validation over the whole split
     to.val_check_interval = 1;
     to.limit_val_batches = int64_t{1} << 40;  // capped by the split (DataModule::val_batches)

@@ -94,6 +94,7 @@ void ModelCheckpoint::save(Trainer& trainer, TrainingModule& module, int64_t ste
   so.num_kept_ckpts = opts_.monitor.empty() && opts_.save_top_k > 0 ? opts_.save_top_k : 0;
   so.async_save = opts_.async_save;
   so.compress = opts_.compress;
+  so.down_cast_bf16 = opts_.save_bf16;
   so.step = step;
   const auto& sched = trainer.schedule();
   std::vector<const Module*> parts;

@@ -29,6 +29,9 @@ struct ModelCheckpointOptions {
   bool save_last = true;
   bool async_save = false;
   bool compress = false;
+  // NxD Training's exp_manager.save_bf16: the model's weights in bf16 (SaveOptions::
+  // down_cast_bf16; the optimizer state, f32 masters included, as held).
+  bool save_bf16 = false;
 };
 
 class ModelCheckpoint : public Callback {

@@ -1,22 +1,29 @@
 #include "nxd/trainer/module.h"
 
+#include "nxd/autograd/ops.h"
 #include "nxd/runtime/error.h"
 #include "nxd/trainer/trainer.h"
 
 namespace nxd::trainer {
 
-std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd) {
+std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd,
+                                                            optim::WeightDecayOptions opts) {
   std::vector<optim::NamedParam> named;
   for (auto& [name, t] : model.named_parameters()) named.push_back({name, t});
-  return optim::default_param_groups(named, lr, wd);
+  return optim::default_param_groups(named, lr, wd, opts);
 }
 
 std::vector<optim::ParamGroup> param_groups_by_weight_decay(
-    const std::vector<optim::NamedParam>& params, double lr, double wd) {
-  return optim::default_param_groups(params, lr, wd);
+    const std::vector<optim::NamedParam>& params, double lr, double wd,
+    optim::WeightDecayOptions opts) {
+  return optim::default_param_groups(params, lr, wd, opts);
 }
 
 Tensor TrainingModule::validation_step(const Batch& batch, int64_t batch_idx) {
+  if (!automatic_optimization)
+    throw ConfigError(
+        "[trainer] validation under manual optimization (automatic_optimization = false) needs "
+        "the module's own validation_step: its training_step steps the optimizer");
   return training_step(batch, batch_idx);
 }
 
@@ -62,6 +69,44 @@ Trainer& TrainingModule::trainer() const {
   return *trainer_;
 }
 
+namespace {
+void check_manual(const TrainingModule& m, const char* what) {
+  NXD_CHECK(!m.automatic_optimization, "[trainer] ", what,
+            " is for manual optimization: set automatic_optimization = false (the trainer runs "
+            "backward and the optimizer step in automatic optimization)");
+}
+}  // namespace
+
+ManualOptimizer& TrainingModule::optimizers() const {
+  check_manual(*this, "optimizers()");
+  return trainer().manual_optimizer();
+}
+
+LRScheduler& TrainingModule::lr_schedulers() const {
+  check_manual(*this, "lr_schedulers()");
+  LRScheduler* s = trainer().lr_scheduler();
+  if (!s)
+    throw ConfigError(
+        "[trainer] lr_schedulers(): configure_optimizers() returned no schedule "
+        "(OptimizerSetup::schedule)");
+  return *s;
+}
+
+void TrainingModule::manual_backward(const Tensor& loss) {
+  check_manual(*this, "manual_backward()");
+  NXD_CHECK(loss.defined() && loss.numel() == 1,
+            "[trainer] manual_backward needs a scalar loss, got ",
+            loss.defined() ? loss.desc() : std::string("no tensor"));
+  backward(loss);
+}
+
+double TrainingModule::clip_gradients(double gradient_clip_val) {
+  check_manual(*this, "clip_gradients()");
+  NXD_CHECK(gradient_clip_val > 0, "[trainer] clip_gradients: gradient_clip_val must be > 0, got ",
+            gradient_clip_val);
+  return optimizers().clip_grad_norm(gradient_clip_val);
+}
+
 DatasetDataModule::DatasetDataModule(std::shared_ptr<const Dataset> train,
                                      std::shared_ptr<const Dataset> val, DatasetDataOptions opts,
                                      std::string description)
@@ -105,6 +150,11 @@ void DatasetDataModule::set_state(const DataState& s) {
 
 int64_t DatasetDataModule::epoch() const {
   return loader_ ? loader_->epoch() : 0;
+}
+
+std::optional<int64_t> DatasetDataModule::epochs_completed() const {
+  if (!loader_) return 0;
+  return loader_->epoch() + (loader_->position() == loader_->batches_per_epoch() ? 1 : 0);
 }
 
 std::vector<Batch> DatasetDataModule::val_batches(int64_t limit) {

@@ -13,6 +13,9 @@
 //   per step: training_step x accumulation, on_train_batch_end,
 //             [validation_step x n at val_check_interval and the last step]
 //   on_fit_end.
+// Manual optimization (automatic_optimization = false; trainer/manual.h): training_step runs
+// manual_backward and optimizers().step() itself and is called once per micro batch until it
+// steps; on_train_batch_end follows each optimizer step.
 // With pipeline parallelism (TrainerOptions::nxd.pipeline_parallel_size > 1) build_pipeline_model
 // replaces build_model, and the pipeline computes each step's loss (its microbatches are the step's
 // micro batches): training_step and validation_step are not called.
@@ -27,6 +30,7 @@
 #include "nxd/optim/optimizer.h"
 #include "nxd/pipeline/pipeline_model.h"
 #include "nxd/trainer/data.h"
+#include "nxd/trainer/manual.h"
 
 namespace nxd::trainer {
 
@@ -42,9 +46,11 @@ struct OptimizerSetup {
 
 // NxD's param_groups_by_weight_decay: `model`'s parameters in two groups at rate `lr`, weight
 // decay `wd` except for biases and norm weights (names containing "bias" or "norm").
-std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd);
+std::vector<optim::ParamGroup> param_groups_by_weight_decay(Module& model, double lr, double wd,
+                                                            optim::WeightDecayOptions opts = {});
 std::vector<optim::ParamGroup> param_groups_by_weight_decay(
-    const std::vector<optim::NamedParam>& params, double lr, double wd);
+    const std::vector<optim::NamedParam>& params, double lr, double wd,
+    optim::WeightDecayOptions opts = {});
 
 struct StepOutput {
   int64_t step = 0;      // optimizer steps done, this one included
@@ -58,14 +64,20 @@ class TrainingModule {
  public:
   virtual ~TrainingModule() = default;
 
+  // Lightning's automatic_optimization: set it to false (in the constructor) and training_step
+  // does backward and the optimizer step itself (manual optimization, trainer/manual.h).
+  bool automatic_optimization = true;
+
   // Builds the model on the current rank, after the trainer initialized the parallel layout
   // (parallel_state), so parallel layers see their TP group. Called once per fit.
   virtual std::shared_ptr<Module> build_model() = 0;
   // The loss of one micro batch (a scalar with a graph). The trainer scales it for gradient
-  // accumulation and runs backward.
+  // accumulation and runs backward. Manual optimization: the module runs manual_backward and
+  // the optimizer step itself and returns the loss it backpropagated (for the step's report).
   virtual Tensor training_step(const Batch& batch, int64_t batch_idx) = 0;
   // The loss of one validation micro batch; runs in eval mode without a graph. Default: the
-  // training step's loss.
+  // training step's loss (ConfigError under manual optimization: its training_step steps the
+  // optimizer, so a module that validates overrides this).
   virtual Tensor validation_step(const Batch& batch, int64_t batch_idx);
   // The optimizer (and schedule) over local_parameters(). Default: AdamW at 1e-3 with
   // param_groups_by_weight_decay(local_parameters(), 1e-3, 0.01), no schedule.
@@ -97,6 +109,18 @@ class TrainingModule {
   std::vector<Module*> model_parts() const;
   // The trainer running this module (throws outside fit).
   Trainer& trainer() const;
+
+  // ---- manual optimization, inside training_step (InvalidArgument otherwise) ----
+  // Lightning's self.optimizers(): NxD's optimizer around what configure_optimizers returned.
+  ManualOptimizer& optimizers() const;
+  // Lightning's self.lr_schedulers(): the schedule configure_optimizers returned as a scheduler
+  // (ConfigError when it returned none).
+  LRScheduler& lr_schedulers() const;
+  // backward(loss) for a scalar loss (InvalidArgument naming its shape otherwise).
+  void manual_backward(const Tensor& loss);
+  // Lightning's clip_gradients (by norm): reduces the gradients and clips their global norm to
+  // gradient_clip_val (> 0); returns the norm before clipping.
+  double clip_gradients(double gradient_clip_val);
 
  private:
   friend class Trainer;
@@ -131,7 +155,10 @@ class DataModule {
     (void)limit;
     return {};
   }
-  virtual int64_t epoch() const { return 0; }             // of the last training batch
+  virtual int64_t epoch() const { return 0; }  // of the last training batch
+  // Passes over the training data finished by the micro batches taken so far (an epoch whose last
+  // micro batch was taken counts); nullopt: not known (TrainerOptions::max_epochs refuses it).
+  virtual std::optional<int64_t> epochs_completed() const { return std::nullopt; }
   virtual std::string description() const { return ""; }  // one line for the log
   // Where the training stream is (epoch, micro batches taken in it), saved in checkpoints and
   // restored on resume; a module without a resumable stream returns nullopt.
@@ -156,6 +183,7 @@ class DatasetDataModule : public DataModule {
   Batch next_train_batch() override;
   std::vector<Batch> val_batches(int64_t limit) override;
   int64_t epoch() const override;
+  std::optional<int64_t> epochs_completed() const override;
   std::string description() const override { return description_; }
   std::optional<DataState> state() const override;
   void set_state(const DataState& s) override;

@@ -25,19 +25,18 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The loss a module's step returned, checked to be a scalar.
-const Tensor& scalar_loss(const Tensor& loss, const char* hook) {
-  if (!loss.defined() || loss.numel() != 1)
-    throw ConfigError(str("[trainer] ", hook, " must return a scalar loss, got ",
-                          loss.defined() ? "shape " + shape_str(loss.shape()) : "no tensor"));
-  return loss;
-}
-
 sim::SimClock* sim_clock() {
   return dynamic_cast<sim::SimClock*>(current_context().cost_model());
 }
 
 }  // namespace
+
+const Tensor& Trainer::scalar_loss(const Tensor& loss, const char* hook) {
+  if (!loss.defined() || loss.numel() != 1)
+    throw ConfigError(str("[trainer] ", hook, " must return a scalar loss, got ",
+                          loss.defined() ? "shape " + shape_str(loss.shape()) : "no tensor"));
+  return loss;
+}
 
 int64_t count_parameters(Module& model, int tensor_parallel_size) {
   int64_t n = 0;
@@ -70,6 +69,8 @@ void check_options(const TrainerOptions& opts) {
   if (opts.val_check_interval < 0 || opts.limit_val_batches < 0)
     fail("val_check_interval and limit_val_batches must be >= 0, got ", opts.val_check_interval,
          " and ", opts.limit_val_batches);
+  if (opts.max_epochs == 0 || opts.max_epochs < -1)
+    fail("max_epochs must be positive or -1 (no limit), got ", opts.max_epochs);
   if (opts.on_nonfinite != "stop" && opts.on_nonfinite != "skip")
     fail("on_nonfinite must be stop or skip, got '", opts.on_nonfinite, "'");
   if (!(opts.gradient_clip_val >= 0))
@@ -96,6 +97,11 @@ bool is_logging_rank() {
          parallel_state::get_context_parallel_rank() == 0 &&
          parallel_state::get_tensor_model_parallel_rank() == 0 &&
          parallel_state::is_pipeline_last_stage();
+}
+
+bool Trainer::is_logging_rank() const {
+  if (opts_.log_rank0) return current_context().rank() == 0;
+  return trainer::is_logging_rank();
 }
 
 void Trainer::request_stop(const std::string& reason) {
@@ -162,13 +168,18 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
   module_ = &module;
   data_ = &data;
   module.trainer_ = this;
+  batches_ = 0;
+  if (!module.automatic_optimization) check_manual_options();
   build_model(module);
   OptimizerSetup os = module.configure_optimizers();
   if (!os.optimizer) throw ConfigError("[trainer] configure_optimizers() returned no optimizer");
   schedule_ = std::move(os.schedule);
-  // DP reduction or ZeRO-1, SP sums, clipping, precision: NxD's optimizer wrapper
-  nxd_optimizer_ =
-      std::make_unique<NxDOptimizer>(nxd_config_, *nxd_model_, std::move(os.optimizer));
+  // DP reduction or ZeRO-1, SP sums, clipping, precision: NxD's optimizer wrapper (manual
+  // optimization reduces in the step: its backward passes accumulate freely)
+  nxd_optimizer_ = std::make_unique<NxDOptimizer>(
+      nxd_config_, *nxd_model_, std::move(os.optimizer),
+      module.automatic_optimization ? optim::GradSyncMode::overlap : optim::GradSyncMode::at_step);
+  if (!module.automatic_optimization) setup_manual();
   const auto np = nxd_model_->norm_params();
   std::vector<double> n = {static_cast<double>(count_norm_params(np, tp, /*trainable_only=*/false)),
                            static_cast<double>(count_norm_params(np, tp, /*trainable_only=*/true))};
@@ -179,6 +190,10 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
   num_trainable_parameters_ = static_cast<int64_t>(n[1]);
   data.setup(DataSetup{
       .dp_rank = dp_rank_, .dp_size = dp_, .accumulation = opts_.accumulate_grad_batches});
+  if (opts_.max_epochs > 0 && !data.epochs_completed())
+    throw ConfigError(str("[trainer] max_epochs=", opts_.max_epochs,
+                          " needs a data module that counts its epochs "
+                          "(DataModule::epochs_completed)"));
   setup_validation(data);
   if (!opts_.ckpt_path.empty()) resume(opts_.ckpt_path);
 }
@@ -233,6 +248,10 @@ nlohmann::json Trainer::loop_state() const {
                       {"data", nullptr}};
   if (data_)
     if (auto d = data_->state()) s["data"] = {{"epoch", d->epoch}, {"position", d->position}};
+  if (manual_) {  // manual optimization: the batch index and the scheduler's position
+    s["batches"] = batches_;
+    if (lr_scheduler_) s["lr_scheduler_steps"] = lr_scheduler_->last_step();
+  }
   if (pipeline_ && parallel_state::get_pipeline_model_parallel_size() > 1) {
     // stages draw different numbers of dropout masks: every stage's counter (collective)
     Communicator& g = parallel_state::get_pipeline_model_parallel_group();
@@ -271,6 +290,10 @@ void Trainer::restore_loop_state(const nlohmann::json& s) {
         pos = pos * saved_dp / dp_;
       }
       data_->set_state(DataState{s["data"].at("epoch").get<int64_t>(), pos});
+    }
+    if (manual_) {
+      batches_ = s.value("batches", int64_t{0});
+      if (lr_scheduler_) lr_scheduler_->set_last_step(s.value("lr_scheduler_steps", step));
     }
     step_ = step;
   } catch (const nlohmann::json::exception& e) {
@@ -330,7 +353,7 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
   if (step_tokens_ == 0) step_tokens_ = tokens * dp_;
   // SP sums, the DP reduction (or ZeRO-1's reduce-scatter), the norm and clipping, the update
   out.skipped = !nxd_optimizer_->step_if_finite(out.loss);
-  out.grad_norm = nxd_optimizer_->grad_norm();
+  out.grad_norm = nxd_optimizer_->grad_norm().value_or(0.0);
   nxd_optimizer_->zero_grad();
   ++step_;
   return out;
@@ -458,6 +481,8 @@ void Trainer::teardown() {
   if (module_) module_->trainer_ = nullptr;
   module_ = nullptr;
   data_ = nullptr;
+  manual_.reset();
+  lr_scheduler_.reset();
   nxd_optimizer_.reset();
   nxd_model_.reset();
   pipeline_ = nullptr;
@@ -512,12 +537,15 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
   while (step_ < opts_.max_steps && !should_stop()) {
     const auto ts = Clock::now();
     const double sim_t0 = clock ? clock->now() : 0.0;
-    StepOutput out = train_step(module, data);
+    StepOutput out =
+        module.automatic_optimization ? train_step(module, data) : manual_train_step(module, data);
     const double step_s = seconds_since(ts);
     train_seconds += step_s;
     interval_seconds_ += step_s;
     interval_tokens_ += step_tokens_;
     if (out.skipped) on_nonfinite_step(out, clock ? clock->now() - sim_t0 : -1.0);
+    if (opts_.max_epochs > 0 && data.epochs_completed().value_or(0) >= opts_.max_epochs)
+      request_stop(str("max_epochs=", opts_.max_epochs, " reached"));
     if (step_ == start_step + 1) res.first_loss = out.loss;
     res.last_loss = out.loss;
     res.steps = step_ - start_step;

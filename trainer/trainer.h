@@ -29,6 +29,10 @@
 // gradient sum happen inside it), then NxDOptimizer::step as above. Validation runs run_eval over
 // groups of that many validation micro batches.
 //
+// Manual optimization (TrainingModule::automatic_optimization = false, manual.h): training_step
+// runs once per micro batch and the module calls manual_backward and the optimizer step; the
+// trainer's step ends when the module steps the optimizer.
+//
 // Losses reported are the global batch's mean, the same on every rank (reduced over DP). The
 // loop stops at max_steps or when a callback calls request_stop(). Same config and seed give
 // bitwise-identical losses on either backend.
@@ -44,6 +48,7 @@
 #include "nxd/api/nxd_api.h"
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/loggers.h"
+#include "nxd/trainer/manual.h"
 #include "nxd/trainer/module.h"
 
 namespace nxd::trainer {
@@ -54,13 +59,21 @@ struct TrainerOptions {
   // world / (tp x pp x cp); pp > 1: the module's build_pipeline_model; cp > 1: the trainer gives
   // the module this rank's chunks of every sequence, context_parallel_batch), expert_parallel_size
   // (MoE experts split over that many DP ranks), pipeline_config (schedule, virtual_pipeline_size,
-  // cuts), optimizer_config.zero_one_enabled (the module's AdamW becomes a Zero1AdamW over the
-  // same groups), precision and mixed_precision_config (the module builds its model in f32; the
+  // cuts), optimizer_config.zero_one_enabled (the module's optimizer becomes a Zero1Optimizer over
+  // the same groups), precision and mixed_precision_config (the module builds its model in f32; the
   // trainer converts it to bf16 for mixed_precision and bf16SR), grad_bucket_mb. The trainer
   // sets pipeline_config.num_microbatches and optimizer_config's clipping itself, from
   // accumulate_grad_batches and gradient_clip_val below (nxd_config_of).
   NxDConfig nxd;
   int64_t max_steps = 100;  // 0: evaluate only (the validation at the start, logged as a row)
+  // Lightning's max_epochs: stop after the optimizer step that finishes this many passes over
+  // the training data (DataModule::epochs_completed; whichever of max_steps and max_epochs comes
+  // first); -1: no limit.
+  int64_t max_epochs = -1;
+  // NeuronLTModule's log_rank0: loggers and the progress bar on global rank 0 instead of the last
+  // pipeline stage's first rank (the losses are already on every rank: the pipeline broadcasts
+  // them from its last stage).
+  bool log_rank0 = false;
   int64_t accumulate_grad_batches = 1;  // micro batches per optimizer step on each DP rank
   int64_t log_every_n_steps = 10;
   int64_t val_check_interval = 0;  // validate every N steps and at the last; 0 = never
@@ -129,8 +142,8 @@ class Trainer {
   // ---- for callbacks and modules ----
   const TrainerOptions& options() const { return opts_; }
   int64_t global_step() const { return step_; }
-  // The rank that prints and logs (the free is_logging_rank()).
-  bool is_logging_rank() const { return trainer::is_logging_rank(); }
+  // The rank that prints and logs (the free is_logging_rank(), or global rank 0 with log_rank0).
+  bool is_logging_rank() const;
   // Ends training after the current step (every rank must ask alike; callbacks do).
   void request_stop(const std::string& reason);
   bool should_stop() const { return !stop_reason_.empty(); }
@@ -142,7 +155,12 @@ class Trainer {
   // A line for the callbacks' on_message (the progress bar prints it on the logging rank).
   void message(const std::string& line);
   optim::Optimizer& optimizer();  // during fit
-  NxDModel& nxd_model();          // during fit: the module's model or pipeline, wrapped
+  // Manual optimization (trainer/manual.h), during fit: what TrainingModule::optimizers() and
+  // lr_schedulers() return (InvalidArgument in automatic optimization; the scheduler is null
+  // without a schedule).
+  ManualOptimizer& manual_optimizer();
+  LRScheduler* lr_scheduler() { return lr_scheduler_ ? &*lr_scheduler_ : nullptr; }
+  NxDModel& nxd_model();  // during fit: the module's model or pipeline, wrapped
   // The NxDConfig of a fit with these options (sizes, pipeline, ZeRO-1, clipping, precision).
   NxDConfig nxd_config() const;
   const std::optional<optim::LRSchedule>& schedule() const { return schedule_; }
@@ -163,6 +181,11 @@ class Trainer {
   void build_model(TrainingModule& module);
   void setup_validation(DataModule& data);
   StepOutput train_step(TrainingModule& module, DataModule& data);
+  StepOutput manual_train_step(TrainingModule& module, DataModule& data);  // manual.cpp
+  void check_manual_options() const;                                       // manual.cpp
+  void setup_manual();                                                     // manual.cpp
+  // The loss a module's step returned, checked to be a scalar (ConfigError naming `hook`).
+  static const Tensor& scalar_loss(const Tensor& loss, const char* hook);
   double pipeline_train_step(DataModule& data, int64_t& tokens);
   std::optional<double> validate(TrainingModule& module);
   std::optional<double> pipeline_validate();
@@ -186,6 +209,11 @@ class Trainer {
   std::shared_ptr<NxDModel> nxd_model_;          // the module's model or pipeline
   std::unique_ptr<NxDOptimizer> nxd_optimizer_;  // around the module's optimizer
   std::optional<optim::LRSchedule> schedule_;
+  // manual optimization: the module's optimizer and scheduler, the micro batches run
+  std::unique_ptr<ManualOptimizer> manual_;
+  std::optional<LRScheduler> lr_scheduler_;
+  int64_t batches_ = 0;
+  friend class ManualOptimizer;
   std::vector<Batch> val_batches_;
   TrainingModule* module_ = nullptr;
   DataModule* data_ = nullptr;

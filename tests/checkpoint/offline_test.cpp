@@ -217,36 +217,40 @@ TEST(Offline, HuggingFaceRoundTripBothFamilies) {
   EXPECT_THROW(model_config_from_hf(bad), CheckpointError);
 }
 
-// ZeRO-1 state at TP2 x DP2 resharded offline to TP1 x DP2, TP4 x DP1 and TP2 x PP2 x DP1 stays
-// ZeRO-1 (a file per DP rank) and holds the same state: loaded into AdamW on one rank, bitwise
-// the original's.
+// ZeRO-1 state (of AdamW, and of Lion) at TP2 x DP2 resharded offline to TP1 x DP2, TP4 x DP1
+// and TP2 x PP2 x DP1 stays ZeRO-1 (a file per DP rank) and holds the same state: loaded into the
+// unsharded optimizer on one rank, bitwise the original's.
 TEST(Offline, ReshardKeepsZero1State) {
   const nxd::testing::ScratchDir root_scratch("nxd_offline_");
-  const fs::path& root = root_scratch.path;
-  run_ranks(4, [&] {
-    parallel_state::initialize_model_parallel(2);
-    nxd::testing::Zero1Trainee t(2, {.zero1 = true});
-    t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
-    t.step(1, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
-    save_checkpoint(root / "src", "s", t.model.get(), t.opt.get(), t.sched.get());
-  });
-  nxd::testing::Zero1Trainee want(1, {.seed = 9});
-  load_checkpoint(root / "src", want.model.get(), want.opt.get(), nullptr);
-  const auto expected = nxd::testing::snapshot(*want.model, want.opt.get());
-  struct Case {
-    const char* name;
-    int tp, dp, pp;
-  };
-  for (const Case& c :
-       {Case{"tp1dp2", 1, 2, 1}, Case{"tp4dp1", 4, 1, 1}, Case{"tp2pp2", 2, 1, 2}}) {
-    reshard_checkpoint(root / "src/s", root / c.name, {.tp = c.tp, .pp = c.pp, .dp = c.dp});
-    const auto m = read_metadata(root / c.name / "s");
-    EXPECT_EQ(m["parallel"]["zero1"], true) << c.name;
-    EXPECT_EQ(m["parallel"]["dp"], c.dp) << c.name;
-    EXPECT_GT(verify_checkpoint(root / c.name / "s").tensors, 0);
-    nxd::testing::Zero1Trainee got(1, {.seed = 8});
-    load_checkpoint(root / c.name, got.model.get(), got.opt.get(), nullptr);
-    nxd::testing::expect_same(nxd::testing::snapshot(*got.model, got.opt.get()), expected, c.name);
+  for (const bool lion : {false, true}) {
+    const fs::path root = root_scratch.path / (lion ? "lion" : "adamw");
+    run_ranks(4, [&] {
+      parallel_state::initialize_model_parallel(2);
+      nxd::testing::Zero1Trainee t(2, {.zero1 = true, .lion = lion});
+      t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
+      t.step(1, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
+      save_checkpoint(root / "src", "s", t.model.get(), t.opt.get(), t.sched.get());
+    });
+    nxd::testing::Zero1Trainee want(1, {.seed = 9, .lion = lion});
+    load_checkpoint(root / "src", want.model.get(), want.opt.get(), nullptr);
+    const auto expected = nxd::testing::snapshot(*want.model, want.opt.get());
+    struct Case {
+      const char* name;
+      int tp, dp, pp;
+    };
+    for (const Case& c :
+         {Case{"tp1dp2", 1, 2, 1}, Case{"tp4dp1", 4, 1, 1}, Case{"tp2pp2", 2, 1, 2}}) {
+      const std::string what = std::string(lion ? "Lion " : "AdamW ") + c.name;
+      reshard_checkpoint(root / "src/s", root / c.name, {.tp = c.tp, .pp = c.pp, .dp = c.dp});
+      const auto m = read_metadata(root / c.name / "s");
+      EXPECT_EQ(m["parallel"]["zero1"], true) << what;
+      EXPECT_EQ(m["parallel"]["dp"], c.dp) << what;
+      EXPECT_EQ(m["optimizer"]["info"]["kind"], lion ? "Lion" : "AdamW") << what;
+      EXPECT_GT(verify_checkpoint(root / c.name / "s").tensors, 0);
+      nxd::testing::Zero1Trainee got(1, {.seed = 8, .lion = lion});
+      load_checkpoint(root / c.name, got.model.get(), got.opt.get(), nullptr);
+      nxd::testing::expect_same(nxd::testing::snapshot(*got.model, got.opt.get()), expected, what);
+    }
   }
 }
 

@@ -130,14 +130,14 @@ struct Trained {
   std::map<std::string, Tensor> state;  // the full optimizer state when saved
 };
 
-// Trains 3 steps at DP 4 with ZeRO-1, saves, continues 3 steps.
-Trained train_dp4(const fs::path& dir) {
+// Trains 3 steps at DP 4 with ZeRO-1 (of AdamW, or of Lion), saves, continues 3 steps.
+Trained train_dp4(const fs::path& dir, bool lion = false) {
   Trained run;
   std::mutex mu;
   run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(1);
     const int d = parallel_state::get_data_parallel_rank();
-    Zero1Trainee t(1, {.zero1 = true});
+    Zero1Trainee t(1, {.zero1 = true, .lion = lion});
     for (int s = 0; s < 3; ++s) t.step(s, shards_of(d, 4));
     const double loss = t.eval_loss();
     save_checkpoint(dir, "step_3", t.model.get(), t.opt.get(), t.sched.get());
@@ -160,6 +160,7 @@ double rel(double a, double b) {
 struct Target {
   int dp = 1;
   bool zero1 = false;  // Zero1AdamW, else AdamW
+  bool lion = false;   // Lion's rule and state instead of AdamW's
 };
 
 // Loads `dir` at the target's DP degree, checks the loss and full state, continues 3 steps.
@@ -171,7 +172,7 @@ void resume_at(const fs::path& dir, Target target, const Trained& orig, const st
   run_ranks(n, [&] {
     parallel_state::initialize_model_parallel(1);
     const int d = parallel_state::get_data_parallel_rank();
-    Zero1Trainee t(1, {.zero1 = zero1, .seed = 7});
+    Zero1Trainee t(1, {.zero1 = zero1, .seed = 7, .lion = target.lion});
     load_checkpoint(dir, t.model.get(), t.opt.get(), t.sched.get());
     const double loss = t.eval_loss();
     EXPECT_LE(rel(loss, orig.loss), 1e-6) << what << ": loss " << loss << " vs " << orig.loss;
@@ -196,6 +197,37 @@ TEST(Zero1Checkpoint, Dp4ToDp2AndToAdamWOnOneRank) {
   resume_at(dir.path, {.dp = 2, .zero1 = true}, orig, "ZeRO-1 DP4 -> ZeRO-1 DP2");
   resume_at(dir.path, {.dp = 1, .zero1 = false}, orig, "ZeRO-1 DP4 -> AdamW DP1");
   resume_at(dir.path, {.dp = 4, .zero1 = true}, orig, "ZeRO-1 DP4 -> ZeRO-1 DP4");
+}
+
+// ZeRO-1 over Lion: the same per-rank files (exp_avg only), resharded as AdamW's.
+TEST(Zero1Checkpoint, LionDp4ToDp2AndToLionOnOneRank) {
+  const nxd::testing::ScratchDir dir("nxd_z1ckpt_");
+  const Trained orig = train_dp4(dir.path, /*lion=*/true);
+  const auto meta = read_metadata(dir.path / "step_3");
+  EXPECT_EQ(meta["optimizer"]["info"]["kind"], "Lion");
+  EXPECT_EQ(meta["optimizer"]["info"]["options"]["beta2"], 0.99);
+  int moments = 0, second = 0;
+  for (const auto& [name, t] : orig.state) {
+    moments += name.ends_with(".exp_avg");
+    second += name.ends_with(".exp_avg_sq");
+  }
+  EXPECT_GT(moments, 0);
+  EXPECT_EQ(second, 0) << "Lion keeps one moment";
+  EXPECT_NE(orig.after[2], orig.loss) << "the continued steps change nothing";
+  resume_at(dir.path, {.dp = 2, .zero1 = true, .lion = true}, orig, "Lion ZeRO-1 DP4 -> DP2");
+  resume_at(dir.path, {.dp = 1, .zero1 = false, .lion = true}, orig, "Lion ZeRO-1 DP4 -> Lion DP1");
+  // the kind is checked: Lion's state does not load into AdamW
+  run_ranks(1, [&] {
+    parallel_state::initialize_model_parallel(1);
+    Zero1Trainee t(1, {});
+    try {
+      load_checkpoint(dir.path, t.model.get(), t.opt.get(), t.sched.get());
+      ADD_FAILURE() << "Lion's state loaded into AdamW";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("the optimizer state is Lion's"), std::string::npos)
+          << e.what();
+    }
+  });
 }
 
 // AdamW's checkpoint (DP 2) into ZeRO-1 at DP 4: every rank takes its part of the whole state.

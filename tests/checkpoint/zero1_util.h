@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckpt_util.h"
+#include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/zero1.h"
 
@@ -19,6 +20,7 @@ struct TraineeOptions {
   bool zero1 = false;  // Zero1AdamW, else AdamW
   uint64_t seed = 1;
   bool bf16 = false;  // bf16 parameters with f32 master weights
+  bool lion = false;  // Lion (ZeRO-1 over its rule), else AdamW
 };
 
 struct Zero1Trainee {
@@ -36,14 +38,19 @@ struct Zero1Trainee {
     optim::AdamWOptions ao{0.9, 0.99, 1e-8};
     ao.precision.master_weights = o.bf16;
     auto groups = optim::default_param_groups(ps, 1e-2, 0.01);
+    const optim::LionOptions lo{.beta1 = 0.9, .beta2 = 0.99, .precision = ao.precision};
     if (o.zero1) {
       optim::Zero1Options zo;
       zo.adamw = ao;
+      if (o.lion) zo.rule = optim::lion_rule(lo);
       zo.registration_order = ps;
       zo.bucket_bytes = 3000;  // several buckets; parameters cut between DP ranks
       opt = std::make_unique<optim::Zero1AdamW>(std::move(groups), zo);
     } else {
-      opt = std::make_unique<optim::AdamW>(std::move(groups), ao);
+      if (o.lion)
+        opt = std::make_unique<optim::Lion>(std::move(groups), lo);
+      else
+        opt = std::make_unique<optim::AdamW>(std::move(groups), ao);
       if (parallel_state::get_data_parallel_size() > 1)
         sync = std::make_unique<optim::GradSync>(
             *model,

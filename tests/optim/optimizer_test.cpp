@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/optimizer.h"
 #include "support/compare.h"
 
@@ -210,4 +211,70 @@ TEST(ClipGradNorm, InfNorm) {
   EXPECT_NEAR(a.grad().at({1}), -3.0, 1e-6);
   EXPECT_NEAR(b.grad().at({0}), 1.25, 1e-6);
   EXPECT_THROW(grad_norm(ps, 1.0), InvalidArgument);
+}
+
+// Lion (lion-pytorch's order): decay, the sign of the interpolated momentum, then the momentum.
+// Values chosen exact in f32.
+TEST(Lion, MatchesHandComputedSteps) {
+  Tensor p = from_vector<float>({1.0f, -2.0f, 0.5f}, {3});
+  p.set_requires_grad(true);
+  optim::Lion lion({{"all", {{"p", p}}, 0.25, 0.5, 1.0}}, {.beta1 = 0.5, .beta2 = 0.75});
+  p.set_grad(from_vector<float>({0.5f, -1.0f, 0.0f}, {3}));
+  lion.step();
+  // decay 1 - 0.25 * 0.5 = 0.875; c = 0.5 * g: signs +, -, 0; m = 0.25 * g
+  EXPECT_EQ(p.to_vector_as<float>(), (std::vector<float>{0.875f - 0.25f, -1.75f + 0.25f, 0.4375f}));
+  EXPECT_EQ(lion.state_tensors()[0].second.to_vector_as<float>(),
+            (std::vector<float>{0.125f, -0.25f, 0.0f}));
+  EXPECT_EQ(lion.state_tensors()[1].first, "p.step");
+  p.set_grad(from_vector<float>({-1.0f, 0.25f, 1.0f}, {3}));
+  lion.step();
+  // c = 0.5 * m + 0.5 * g = -0.4375, 0 (-0.125 + 0.125), 0.5; m = 0.75 * m + 0.25 * g
+  EXPECT_EQ(p.to_vector_as<float>(), (std::vector<float>{0.625f * 0.875f + 0.25f, -1.5f * 0.875f,
+                                                         0.4375f * 0.875f - 0.25f}));
+  EXPECT_EQ(lion.state_tensors()[0].second.to_vector_as<float>(),
+            (std::vector<float>{0.125f * 0.75f - 0.25f, -0.25f * 0.75f + 0.0625f, 0.25f}));
+  EXPECT_EQ(*lion.state_tensors()[1].second.data<int64_t>(), 2);
+  EXPECT_EQ(std::string(lion.kind()), "Lion");
+}
+
+TEST(Lion, RefusesBadBetasAndF64Parameters) {
+  Tensor p = zeros({2});
+  p.set_requires_grad(true);
+  EXPECT_THROW(optim::Lion({{"all", {{"p", p}}, 0.1, 0.0, 1.0}}, {.beta1 = 0.9, .beta2 = 1.0}),
+               InvalidArgument);
+  Tensor d = zeros({2}, DType::f64);
+  d.set_requires_grad(true);
+  try {
+    optim::Lion({{"all", {{"w64", d}}, 0.1, 0.0, 1.0}});
+    FAIL() << "an f64 parameter was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'w64' is f64"), std::string::npos) << e.what();
+  }
+}
+
+// AdamW's and SGD's elementwise rules are their step(): the rule run on a copy gives bitwise the
+// optimizer's update (what ZeRO-1 relies on).
+TEST(ElementwiseRule, AdamWAndSgdRulesAreTheirSteps) {
+  for (int kind = 0; kind < 2; ++kind) {
+    Tensor p = from_vector<float>({0.3f, -1.2f, 2.5f, 0.0f}, {4});
+    p.set_requires_grad(true);
+    std::vector<optim::ParamGroup> groups = {{"all", {{"p", p}}, 0.05, 0.1, 1.0}};
+    std::unique_ptr<optim::Optimizer> o;
+    if (kind == 0)
+      o = std::make_unique<optim::AdamW>(groups);
+    else
+      o = std::make_unique<optim::SGD>(groups, optim::SGDOptions{.momentum = 0.9});
+    const optim::ElementwiseRule rule = *o->elementwise_rule();
+    std::vector<float> w = p.to_vector_as<float>();
+    std::vector<std::vector<float>> st(rule.state.size(), std::vector<float>(4, 0.0f));
+    for (int t = 1; t <= 3; ++t) {
+      const std::vector<float> g = {0.1f * t, -0.7f, 0.25f, 1.0f / t};
+      p.set_grad(from_vector<float>(g, {4}));
+      o->step();
+      optim::ElementwiseStep e{w.data(), g.data(), {}, 4, 0.05, 0.1, t};
+      for (size_t k = 0; k < st.size(); ++k) e.state[k] = st[k].data();
+      rule.update(e);
+      EXPECT_EQ(p.to_vector_as<float>(), w) << o->kind() << " step " << t;
+    }
+  }
 }

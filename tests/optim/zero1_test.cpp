@@ -13,6 +13,7 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/grad_norm.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/zero1.h"
@@ -46,20 +47,54 @@ struct Worst {
   }
 };
 
-// 10 steps of both paths on `world` ranks at tensor parallel size `tp`.
-void compare(int world, int tp) {
+// A user's optimizer (Adagrad: an elementwise rule of its own, one state tensor "sum"):
+//   sum += g * g;   p -= lr * g / (sqrt(sum) + eps)
+class UserAdagrad : public ElementwiseOptimizer {
+ public:
+  explicit UserAdagrad(std::vector<ParamGroup> groups)
+      : ElementwiseOptimizer(std::move(groups), rule()) {}
+  static ElementwiseRule rule() {
+    ElementwiseRule r;
+    r.kind = "UserAdagrad";
+    r.state = {"sum"};
+    r.hyperparameters = {{"eps", 1e-10}};
+    r.update = [](const ElementwiseStep& e) {
+      const float lr = static_cast<float>(e.lr);
+      for (int64_t i = 0; i < e.n; ++i) {
+        e.state[0][i] += e.g[i] * e.g[i];
+        e.p[i] -= lr * e.g[i] / (std::sqrt(e.state[0][i]) + 1e-10f);
+      }
+    };
+    return r;
+  }
+};
+
+// The unsharded optimizer of a kind ("AdamW", "Lion", "SGD", "UserAdagrad").
+std::unique_ptr<Optimizer> make_reference(const std::string& kind, std::vector<ParamGroup> g) {
+  if (kind == "Lion") return std::make_unique<Lion>(std::move(g), LionOptions{0.9, 0.99});
+  if (kind == "UserAdagrad") return std::make_unique<UserAdagrad>(std::move(g));
+  if (kind == "SGD") return std::make_unique<SGD>(std::move(g), SGDOptions{.momentum = 0.9});
+  return std::make_unique<AdamW>(std::move(g), AdamWOptions{0.9, 0.99, 1e-8});
+}
+
+// 10 steps of both paths on `world` ranks at tensor parallel size `tp`: the unsharded optimizer
+// of `kind` after GradSync's DP mean, and ZeRO-1 over its elementwise rule.
+void compare(int world, int tp, const std::string& kind = "AdamW") {
   Worst worst;
   nxd::testing::run_ranks(world, [&] {
     parallel_state::initialize_model_parallel(tp);
     ModelConfig c = nxd::testing::tiny_gqa_llama();
     c.kv_size_multiplier = std::max(1, tp / 2);
     auto ref = make_causal_lm(c, 5), z = make_causal_lm(c, 5);
-    const AdamWOptions ao{0.9, 0.99, 1e-8};
-    AdamW adam(default_param_groups(named(*ref), 3e-2, 0.1), ao);
+    const double lr = kind == "Lion" ? 3e-3 : 3e-2;
+    std::unique_ptr<Optimizer> adam =
+        make_reference(kind, default_param_groups(named(*ref), lr, 0.1));
     GradSync sync(*ref, GradSyncOptions{1 << 14, GradSyncMode::at_step});
     const NormGroups groups = NormGroups::from_parallel_state();
-    Zero1Options zo{ao, nullptr, groups, norm_params(*z)};
-    Zero1AdamW zero(default_param_groups(named(*z), 3e-2, 0.1), zo);
+    Zero1Options zo{AdamWOptions{0.9, 0.99, 1e-8}, nullptr, groups, norm_params(*z)};
+    zo.rule = adam->elementwise_rule();
+    Zero1Optimizer zero(default_param_groups(named(*z), lr, 0.1), zo);
+    EXPECT_EQ(std::string(zero.kind()), kind);
     const int d = parallel_state::get_data_parallel_rank();
     for (int step = 0; step < 10; ++step) {
       Tensor ids = ids_for(d, step, c.vocab_size), tg = ids_for(d, 50 + step, c.vocab_size);
@@ -68,9 +103,9 @@ void compare(int world, int tp) {
       sync.finish();
       const double n1 = clip_parallel_grad_norm(norm_params(*ref), 0.5, groups);
       const double n2 = zero.clip_grad_norm(0.5);
-      adam.step();
+      adam->step();
       zero.step();
-      adam.zero_grad(true);
+      adam->zero_grad(true);
       zero.zero_grad(true);
       double p = 0;
       for (auto& [name, t] : ref->named_parameters()) {
@@ -79,8 +114,8 @@ void compare(int world, int tp) {
       worst.add(p, std::abs(n2 - n1) / n1);
     }
   });
-  std::printf("    [world %d, tp %d] largest relative parameter difference %.3g, norm %.3g\n",
-              world, tp, worst.param, worst.norm);
+  std::printf("    [%s, world %d, tp %d] largest relative parameter difference %.3g, norm %.3g\n",
+              kind.c_str(), world, tp, worst.param, worst.norm);
   EXPECT_LE(worst.param, 1e-6);
   EXPECT_LE(worst.norm, 1e-6);
 }
@@ -94,6 +129,43 @@ TEST(Zero1, MatchesAdamWAtDp2AndDp4) {
 
 TEST(Zero1, MatchesAdamWWithTensorParallelism) {
   compare(4, 2);
+}
+
+TEST(Zero1, LionMatchesUnshardedLionAtDp2Dp4AndTp2) {
+  compare(2, 1, "Lion");
+  compare(4, 1, "Lion");
+  compare(4, 2, "Lion");
+}
+
+TEST(Zero1, AUsersElementwiseOptimizerMatchesItsUnshardedSelf) {
+  compare(2, 1, "UserAdagrad");
+  compare(4, 1, "UserAdagrad");
+}
+
+TEST(Zero1, SgdWithMomentumMatchesUnshardedSgd) {
+  compare(2, 1, "SGD");
+}
+
+TEST(Zero1, LionKeepsHalfOfAdamWsStateAndZero1OneOverDpOfIt) {
+  nxd::testing::run_ranks(4, [&] {
+    parallel_state::initialize_model_parallel(1);
+    auto m = make_causal_lm(nxd::testing::tiny_gqa_llama(), 5);
+    const auto groups = default_param_groups(named(*m), 1e-3, 0.0);
+    Lion lion(groups);
+    AdamW adam(groups);
+    int64_t lion_moments = 0, adam_moments = 0;  // the per-element state (not the step counts)
+    for (const auto& [n, t] : lion.state_tensors())
+      if (t.dim() > 0) lion_moments += t.nbytes();
+    for (const auto& [n, t] : adam.state_tensors())
+      if (t.dim() > 0) adam_moments += t.nbytes();
+    EXPECT_EQ(lion_moments * 2, adam_moments);
+    Zero1Options zo;
+    zo.rule = lion.elementwise_rule();
+    Zero1Optimizer zero(groups, zo);
+    // one f32 per element of this rank's shard: a quarter of Lion's at DP 4, plus padding
+    EXPECT_EQ(zero.state_bytes(), zero.shard_elements() * 4);
+    EXPECT_LE(zero.state_bytes(), lion_moments / 4 + 4 * 64);
+  });
 }
 
 TEST(Zero1, OptimizerStateIsOneOverDpOfAdamW) {

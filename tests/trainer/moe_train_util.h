@@ -163,7 +163,7 @@ inline Trace train(int world, NxDConfig want, int shards) {
       opt->zero_grad();
       if (current_context().rank() == 0) {
         t.losses.push_back(loss);
-        t.norms.push_back(opt->grad_norm());
+        t.norms.push_back(opt->grad_norm().value());
       }
     }
   });

@@ -13,6 +13,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/basic.h"
 #include "nxd/layers/parallel/pad.h"
+#include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/runtime/rng.h"
 #include "support/compare.h"
 #include "support/ranks.h"
@@ -55,6 +56,28 @@ TEST(NxdApi, DefaultsAndKeysFromJson) {
             std::string::npos);
 }
 
+namespace {
+// A user's optimizer whose update is not elementwise (each step moves by lr along the gradient
+// normalized by its global norm): ZeRO-1 cannot shard it.
+class NormalizedSgd : public optim::Optimizer {
+ public:
+  explicit NormalizedSgd(std::vector<optim::ParamGroup> g)
+      : Optimizer(std::move(g), "NormalizedSGD") {}
+  void step() override {
+    NoGradGuard ng;
+    const double norm = optim::grad_norm(optim::params_of(named_parameters()));
+    for (const auto& grp : groups_)
+      for (const auto& p : grp.params) {
+        if (!p.param.grad().defined()) continue;
+        const Tensor g = p.param.grad().contiguous();
+        float* w = p.param.detach().data<float>();
+        const float c = static_cast<float>(grp.lr / (norm + 1e-12));
+        for (int64_t i = 0; i < g.numel(); ++i) w[i] -= c * g.data<float>()[i];
+      }
+  }
+};
+}  // namespace
+
 TEST(NxdApi, ConfigChecksTheWorldAndInitializesParallelState) {
   nxd::testing::run_ranks(4, [] {
     NxDConfig three;
@@ -79,10 +102,20 @@ TEST(NxdApi, ConfigChecksTheWorldAndInitializesParallelState) {
     std::vector<optim::NamedParam> ps;
     for (auto& [n, t] : lin.named_parameters()) ps.push_back({n, t});
     EXPECT_NE(config_error([&] {
-                initialize_parallel_optimizer(z, lin, optim::default_param_groups(ps, 0.1, 0),
-                                              optim::SGDOptions{});
-              }).find("shards AdamW's state"),
+                initialize_parallel_optimizer(
+                    z, lin, optim::default_param_groups(ps, 0.1, 0),
+                    [](std::vector<optim::ParamGroup> g) {
+                      return std::make_unique<NormalizedSgd>(std::move(g));
+                    });
+              }).find("got NormalizedSGD, which gives none"),
               std::string::npos);
+    // any optimizer with an elementwise rule: NxD's optimizer_class form, here Lion
+    auto lion = initialize_parallel_optimizer(z, lin, optim::default_param_groups(ps, 0.1, 0),
+                                              [](std::vector<optim::ParamGroup> g) {
+                                                return std::make_unique<optim::Lion>(std::move(g));
+                                              });
+    EXPECT_TRUE(lion->zero1());
+    EXPECT_EQ(std::string(lion->inner().kind()), "Lion");
   });
 }
 
@@ -248,7 +281,7 @@ Trace train_with_wrappers(int world, NxDConfig want, int dp) {
       opt->zero_grad();
       if (current_context().rank() == 0) {
         t.losses.push_back(loss);
-        t.norms.push_back(opt->grad_norm());
+        t.norms.push_back(opt->grad_norm().value());
       }
     }
     if (parallel_state::get_data_parallel_rank() == 0 &&
