@@ -1,0 +1,142 @@
+#include "nxd/runtime/kernels/gemv_int8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "nxd/runtime/blas.h"
+#include "nxd/runtime/error.h"
+#include "nxd/runtime/kernels/parallel_rows.h"
+
+namespace nxd::kernels {
+
+namespace {
+
+// Eight f32 lanes (one AVX register, two SSE registers on an x86-64-v2 build); eight int8 lanes
+// widened to them. The order of every sum is the same on every instruction set.
+typedef float V8 __attribute__((vector_size(32)));
+typedef int8_t I8 __attribute__((vector_size(8)));
+
+inline V8 load8(const float* p) {
+  V8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline V8 load8(const int8_t* p) {
+  I8 v;
+  std::memcpy(&v, p, sizeof v);
+  return __builtin_convertvector(v, V8);
+}
+
+// sum_p x[p] * q[p]: 32 lanes in four registers, combined pairwise, the 8 lanes pairwise, then
+// the tail in order (runtime/gemv_f32.cpp's order).
+inline float dot(const float* __restrict x, const int8_t* __restrict q, int64_t k) {
+  V8 s0 = {}, s1 = {}, s2 = {}, s3 = {};
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    s0 += load8(x + i) * load8(q + i);
+    s1 += load8(x + i + 8) * load8(q + i + 8);
+    s2 += load8(x + i + 16) * load8(q + i + 16);
+    s3 += load8(x + i + 24) * load8(q + i + 24);
+  }
+  for (; i + 8 <= k; i += 8) s0 += load8(x + i) * load8(q + i);
+  const V8 s = (s0 + s1) + (s2 + s3);
+  float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+  for (; i < k; ++i) r += x[i] * static_cast<float>(q[i]);
+  return r;
+}
+
+// Rows [r0, r1) of q * scale into w (f32, [r1 - r0, k]).
+void dequantize_rows(float* w, const int8_t* q, const float* scale, int64_t r0, int64_t r1,
+                     int64_t k) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float s = scale[r];
+    const int8_t* qr = q + r * k;
+    float* wr = w + (r - r0) * k;
+    for (int64_t j = 0; j < k; ++j) wr[j] = static_cast<float>(qr[j]) * s;
+  }
+}
+
+}  // namespace
+
+void quantize_int8_rows(int8_t* q, float* scale, const float* w, int64_t n, int64_t k) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* wr = w + r * k;
+    float amax = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      NXD_CHECK(std::isfinite(wr[j]), "[quantize_int8] weight [", r, ",", j, "] is ", wr[j],
+                " (not finite)");
+      amax = std::max(amax, std::abs(wr[j]));
+    }
+    const float s = amax / 127.0f;
+    scale[r] = s;
+    int8_t* qr = q + r * k;
+    if (s == 0.0f) {
+      std::fill(qr, qr + k, int8_t{0});
+      continue;
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      // the quotient in f64 so that the rounding is of the exact w / s
+      const double v = std::nearbyint(static_cast<double>(wr[j]) / static_cast<double>(s));
+      qr[j] = static_cast<int8_t>(std::clamp(v, -127.0, 127.0));
+    }
+  }
+}
+
+void gemv_int8(float* c, const float* x, const int8_t* q, const float* scale, int64_t m, int64_t n,
+               int64_t k) {
+  // Columns of C are independent: split them over the pool, 8 at a time.
+  for_rows((n + 7) / 8, 16 * m * k, [&](int64_t q0, int64_t q1) {
+    const int64_t j0 = 8 * q0, j1 = std::min(n, 8 * q1);
+    for (int64_t j = j0; j < j1; ++j) {
+      const int8_t* qr = q + j * k;
+      for (int64_t i = 0; i < m; ++i) c[i * n + j] = scale[j] * dot(x + i * k, qr, k);
+    }
+  });
+}
+
+void gemm_int8_weight_blocks(float* c, const float* x, const int8_t* q, const float* scale,
+                             int64_t m, int64_t n, int64_t k) {
+  // about 512 KiB of f32 weight rows per block (at least 16 rows)
+  const int64_t nb = std::clamp<int64_t>((int64_t{1} << 19) / (4 * k), 16, n);
+  thread_local std::vector<float> ws;
+  if (static_cast<int64_t>(ws.size()) < nb * k) ws.resize(static_cast<size_t>(nb * k));
+  for (int64_t n0 = 0; n0 < n; n0 += nb) {
+    const int64_t rows = std::min(nb, n - n0);
+    float* w = ws.data();
+    for_rows(rows, k, [&](int64_t r0, int64_t r1) {
+      dequantize_rows(w + r0 * k, q, scale, n0 + r0, n0 + r1, k);
+    });
+    // C[m, rows] = X[m, k] @ W[rows, k]^T
+    blas::sgemm(/*trans_a=*/false, /*trans_b=*/true, m, rows, k, 1.0f, x, k, w, k, 0.0f, c + n0, n);
+  }
+}
+
+void linear_int8(float* c, const float* x, const int8_t* q, const float* scale, int64_t m,
+                 int64_t n, int64_t k) {
+  NXD_CHECK(m >= 0 && n > 0 && k > 0, "[linear_int8] sizes m=", m, " n=", n, " k=", k);
+  if (m == 0) return;
+  if (m <= kInt8GemvMaxRows)
+    gemv_int8(c, x, q, scale, m, n, k);
+  else
+    gemm_int8_weight_blocks(c, x, q, scale, m, n, k);
+}
+
+namespace ref {
+
+void linear_int8(float* c, const float* x, const int8_t* q, const float* scale, int64_t m,
+                 int64_t n, int64_t k) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p)
+        acc += static_cast<double>(x[i * k + p]) *
+               (static_cast<double>(q[j * k + p]) * static_cast<double>(scale[j]));
+      c[i * n + j] = static_cast<float>(acc);
+    }
+}
+
+}  // namespace ref
+
+}  // namespace nxd::kernels
