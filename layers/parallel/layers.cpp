@@ -123,7 +123,8 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                   "[ColumnParallelLinear] expected input [..., ", in_, "], got ",
                   x.defined() ? x.desc() : "undefined");
-  if (tp_size_ == 1) return linear(x, weight_, add_bias ? bias_ : Tensor());  // the plain Linear
+  if (tp_size_ == 1)  // the plain Linear
+    return weight_product(x, weight_, add_bias ? bias_ : Tensor());
   const int64_t per = out_ / tp_size_;
   Tensor w = weight_.dim() == 3 ? view(weight_, {per, in_}) : weight_;
   const bool shard_bias = bias_.defined() && !opts_.gather_output;
@@ -191,7 +192,7 @@ Tensor RowParallelLinear::run(const Tensor& x) const {
                   ", tp=", tp_size_, opts_.input_is_parallel ? ", input_is_parallel" : "",
                   "), got ", x.defined() ? x.desc() : "undefined");
   Tensor in = opts_.input_is_parallel ? x : scatter_to_tensor_model_parallel_region(x, *group_);
-  Tensor y = linear(in, weight_);
+  Tensor y = weight_product(in, weight_, Tensor());
   return opts_.sequence_parallel_enabled
              ? reduce_scatter_to_sequence_parallel_region(y, opts_.sequence_dimension, *group_)
              : reduce_from_tensor_model_parallel_region(y, *group_);
@@ -202,7 +203,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
     NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                     "[RowParallelLinear] expected input [..., ", in_, "], got ",
                     x.defined() ? x.desc() : "undefined");
-    return linear(x, weight_, bias_);
+    return weight_product(x, weight_, bias_);
   }
   Tensor y = run(x);
   return (bias_.defined() && !opts_.skip_bias_add) ? y + bias_ : y;
