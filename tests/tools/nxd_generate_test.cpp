@@ -6,11 +6,13 @@
 
 #include <unistd.h>
 #include <filesystem>
+#include <iomanip>
 #include <sstream>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/models/quantize_lm.h"
 #include "nxd/train/tokenizer.h"
 #include "support/files.h"
 #include "support/proc.h"
@@ -169,6 +171,41 @@ TEST(NxdGenerate, UserMistakesExitTwo) {
     EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
   }
 }
+// --quantize int8: the tokens of the library's quantized model, the quality lines; the paths it
+// does not run (traced, TP > 1) and other formats exit 2 naming them.
+TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  const std::string ck = (d / "run").string(), prompt = "Hello, nxd";
+  auto q = make_causal_lm(byte_model("llama"), 7);
+  const QuantizedLmReport rep = quantize_causal_lm(*q, bytes(prompt));
+  const auto want = q->generate(bytes(prompt), {.max_new_tokens = 12, .temperature = 0});
+  auto r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12", "--eager",
+                     "--quantize", "int8"},
+                    d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::printf("%s", r.out.c_str());
+  EXPECT_EQ(tokens_of(r.out), want) << r.out;
+  EXPECT_NE(r.out.find("quantized: int8 weights in 14 linear layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(str("quantized on the prompt (10 tokens): max logit change ",
+                           str(std::setprecision(4), rep.max_logit_change))),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("prompt perplexity "), std::string::npos) << r.out;
+  for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--quantize", "int8"},
+            "runs on the eager path at TP 1 only (add --eager; got the "
+            "traced model, --tp 1)"},
+           {{"--quantize", "int8", "--eager", "--tp", "2"}, "only (add --eager; got --tp 2)"},
+           {{"--quantize", "int4", "--eager"}, "--quantize must be int8, got 'int4'"}}) {
+    std::vector<std::string> a = {"--checkpoint", ck, "--prompt", "x"};
+    a.insert(a.end(), args.begin(), args.end());
+    r = generate(a, d);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+  }
+}
+
 // The traced path (the default) against --eager, buckets, and a saved trace run without the
 // checkpoint.
 TEST(NxdGenerate, TracedSavedAndLoadedEqualEager) {
