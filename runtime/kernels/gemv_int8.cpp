@@ -8,44 +8,13 @@
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
+#include "nxd/runtime/lanes8.h"
 
 namespace nxd::kernels {
 
 namespace {
 
-// Eight f32 lanes (one AVX register, two SSE registers on an x86-64-v2 build); eight int8 lanes
-// widened to them. The order of every sum is the same on every instruction set.
-typedef float V8 __attribute__((vector_size(32)));
-typedef int8_t I8 __attribute__((vector_size(8)));
-
-inline V8 load8(const float* p) {
-  V8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline V8 load8(const int8_t* p) {
-  I8 v;
-  std::memcpy(&v, p, sizeof v);
-  return __builtin_convertvector(v, V8);
-}
-
-// sum_p x[p] * q[p]: 32 lanes in four registers, combined pairwise, the 8 lanes pairwise, then
-// the tail in order (runtime/gemv_f32.cpp's order).
-inline float dot(const float* __restrict x, const int8_t* __restrict q, int64_t k) {
-  V8 s0 = {}, s1 = {}, s2 = {}, s3 = {};
-  int64_t i = 0;
-  for (; i + 32 <= k; i += 32) {
-    s0 += load8(x + i) * load8(q + i);
-    s1 += load8(x + i + 8) * load8(q + i + 8);
-    s2 += load8(x + i + 16) * load8(q + i + 16);
-    s3 += load8(x + i + 24) * load8(q + i + 24);
-  }
-  for (; i + 8 <= k; i += 8) s0 += load8(x + i) * load8(q + i);
-  const V8 s = (s0 + s1) + (s2 + s3);
-  float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-  for (; i < k; ++i) r += x[i] * static_cast<float>(q[i]);
-  return r;
-}
+using lanes8::dot;  // runtime/gemv_f32.cpp's order, the weights widened from int8
 
 // Rows [r0, r1) of q * scale into w (f32, [r1 - r0, k]).
 void dequantize_rows(float* w, const int8_t* q, const float* scale, int64_t r0, int64_t r1,

@@ -50,10 +50,7 @@ ModelConfig quality_model(const std::string& arch) {
 }
 
 std::vector<int64_t> some_ids(int64_t n, int64_t vocab, uint64_t seed) {
-  RngStream s{seed, 77};
-  std::vector<int64_t> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(s.uniform_f64(i) * vocab);
-  return v;
+  return nxd::testing::id_sequence(n, vocab, seed);
 }
 
 std::vector<float> logits_of(CausalLM& m, const std::vector<int64_t>& ids) {
