@@ -6,6 +6,7 @@
 
 #include "nxd/autograd/ops.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/layers/parallel/layers.h"
 #include "nxd/runtime/kernels/gemv_int8.h"
 #include "nxd/runtime/trace_hook.h"
 
@@ -21,19 +22,25 @@ WeightQuant weight_quant_from_name(const std::string& name) {
   throw ConfigError(str("[quantize] unknown weight format '", name, "' (known: none, int8)"));
 }
 
-std::shared_ptr<const Int8Weight> Int8Weight::quantize(const Tensor& w) {
-  NXD_CHECK(w.defined() && w.dim() == 2 && !w.is_meta() &&
+std::shared_ptr<const Int8Weight> Int8Weight::quantize(const Tensor& w,
+                                                       Communicator* whole_rows_over) {
+  NXD_CHECK(w.defined() && (w.dim() == 2 || w.dim() == 3) && !w.is_meta() &&
                 (w.dtype() == DType::f32 || w.dtype() == DType::bf16),
             "[quantize] int8 needs a host f32 or bf16 weight [out, in], got ",
             w.defined() ? w.desc() : "undefined");
   NoGradGuard no_grad;
   const Tensor wf = w.detach().to(DType::f32).contiguous();
   auto r = std::make_shared<Int8Weight>();
-  r->out_ = w.size(0);
-  r->in_ = w.size(1);
+  r->in_ = w.size(-1);
+  r->out_ = w.numel() / r->in_;
   r->q_.resize(static_cast<size_t>(r->out_ * r->in_));
   r->scale_.resize(static_cast<size_t>(r->out_));
-  kernels::quantize_int8_rows(r->q_.data(), r->scale_.data(), wf.data<float>(), r->out_, r->in_);
+  kernels::int8_row_scales(r->scale_.data(), wf.data<float>(), r->out_, r->in_);
+  if (whole_rows_over && whole_rows_over->size() > 1)
+    whole_rows_over->all_reduce(r->scale_.data(), r->scale_.data(), r->out_, DType::f32,
+                                ReduceOp::max);
+  kernels::quantize_int8_with_scales(r->q_.data(), r->scale_.data(), wf.data<float>(), r->out_,
+                                     r->in_);
   return r;
 }
 
@@ -98,7 +105,12 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
   NXD_CHECK(opts.format == WeightQuant::int8, "[quantize] format ", weight_quant_name(opts.format),
             " quantizes nothing");
   // First every check, then the change: a refused model is left as it was.
-  std::vector<std::pair<QuantizableLinear*, Tensor>> todo;
+  struct Todo {
+    QuantizableLinear* layer;
+    Tensor weight;
+    Communicator* whole_rows_over;  // row parallel: the TP group
+  };
+  std::vector<Todo> todo;
   std::set<const void*> owned;  // the storage of the weights the layers own
   std::vector<std::pair<std::string, Module*>> modules = model.named_modules();
   for (auto& [name, m] : modules) {
@@ -112,12 +124,16 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
               ") has no parameter 'weight'");
     const auto* pm = dynamic_cast<const ParallelModule*>(m);
     const ParallelAttrs* attrs = pm ? pm->parallel_attrs("weight") : nullptr;
-    NXD_CHECK(!attrs || !attrs->tensor_model_parallel, "[quantize] ", joined(name, "weight"),
-              " is sharded over tensor parallelism (", w.desc(),
-              "): int8 weights run at TP 1 only");
-    NXD_CHECK(w.dim() == 2, "[quantize] ", joined(name, "weight"), " is ", w.desc(),
-              ", not a [out, in] matrix");
-    todo.emplace_back(q, w);
+    Communicator* rows_over = nullptr;
+    if (attrs && attrs->tensor_model_parallel && attrs->partition_dim == 1) {
+      const auto* row = dynamic_cast<const ParallelLinearBase*>(m);
+      NXD_CHECK(row, "[quantize] ", joined(name, "weight"), " (", m->type_name(),
+                ") is split along its input over TP without a TP group to find its rows' scales");
+      rows_over = &row->group();
+    }
+    NXD_CHECK(w.dim() == 2 || (w.dim() == 3 && !rows_over), "[quantize] ", joined(name, "weight"),
+              " is ", w.desc(), ", not a [out, in] matrix");
+    todo.push_back({q, w, rows_over});
     owned.insert(w.raw_data());
   }
   for (auto& [name, m] : modules) {
@@ -129,8 +145,8 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
                 ") is a matrix that int8 weight quantization does not cover");
   }
   QuantizeSummary s;
-  for (auto& [q, w] : todo) {
-    auto iw = Int8Weight::quantize(w);
+  for (auto& [q, w, rows_over] : todo) {
+    auto iw = Int8Weight::quantize(w, rows_over);
     ++s.layers;
     s.weights += w.numel();
     s.bytes_before += w.numel() * dtype_size(w.dtype());

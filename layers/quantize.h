@@ -7,13 +7,17 @@
 // The int8 data is not a Tensor dtype: it lives in an Int8Weight held by the layer
 // (QuantizableLinear), beside the f32/bf16 parameter "weight", which keeps its name and values
 // (checkpoints, named_parameters and init are unchanged); forward uses the int8 weight once one is
-// set. Only the unsharded layer (TP 1) and eager execution run it: a traced graph cannot record
-// it (int8_linear throws under a tracer) and quantize_linear_layers refuses TP-sharded weights.
+// set. Eager execution only: a traced graph cannot record it (int8_linear throws under a
+// tracer). Tensor parallel as the unquantized layers: a shard of rows (column parallel, the QKV
+// projections) has its rows' own scales; a shard of columns (row parallel) takes each row's
+// scale over the whole row (the largest of the ranks' parts, one all-reduce at quantization), so
+// every rank holds exactly its slice of the TP-1 int8 weight.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "nxd/collectives/communicator.h"
 #include "nxd/layers/module.h"
 
 namespace nxd {
@@ -26,8 +30,11 @@ WeightQuant weight_quant_from_name(const std::string& name);
 // A linear layer's weight W [out, in] as int8 values q [out, in] and scales [out] (f32).
 class Int8Weight {
  public:
-  // w: f32 or bf16 [out, in] on the host (bf16 is widened to f32 first, exactly).
-  static std::shared_ptr<const Int8Weight> quantize(const Tensor& w);
+  // w: f32 or bf16 on the host, [out, in] or [stride, out / stride, in] (a strided column shard,
+  // taken as [out, in]); bf16 is widened to f32 first, exactly. With `whole_rows_over`, w holds
+  // a part of each row (its columns) and the scales are the rows' over that group (collective).
+  static std::shared_ptr<const Int8Weight> quantize(const Tensor& w,
+                                                    Communicator* whole_rows_over = nullptr);
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
   const int8_t* values() const { return q_.data(); }
@@ -74,10 +81,10 @@ struct QuantizeSummary {
 };
 
 // Sets an int8 weight on every QuantizableLinear of `model` not in opts.skip, from its
-// parameter "weight". Embeddings are never quantized. Throws InvalidArgument, naming the
-// parameter, for a weight sharded over TP, and for any other 2-D parameter outside the skipped
-// modules that no quantizable layer owns (e.g. a mixture-of-experts' experts), which this format
-// does not cover; nothing is changed then.
+// parameter "weight" (collective over the TP group for row-parallel layers: every rank calls it).
+// Embeddings are never quantized. Throws InvalidArgument, naming the parameter, for any other 2-D
+// parameter outside the skipped modules that no quantizable layer owns (e.g. a mixture-of-experts'
+// experts), which this format does not cover; nothing is changed then.
 QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opts = {});
 
 }  // namespace nxd

@@ -8,8 +8,8 @@
 //                [--quantize int8]
 // By default the model is traced (trace/decoder.h: a context-encoding graph per prompt bucket and
 // a token-generation graph sharing the weights and the K/V caches) and generation replays the
-// graphs; --eager runs the eager KV-cache path instead (the reference). --quantize int8 (eager, TP
-// 1) quantizes every decoder linear layer's weight at load (layers/models/quantize_lm.h) and prints
+// graphs; --eager runs the eager KV-cache path instead (the reference). --quantize int8 (eager)
+// quantizes every decoder linear layer's weight at load (layers/models/quantize_lm.h) and prints
 // what it changed on the prompt (largest logit change, argmax agreement, perplexity). --save-trace
 // writes the traced model (trace/save_load.h); --load-trace runs a saved one without
 // --checkpoint/--hf. Tokens: a transformers tokenizer.json (--tokenizer PATH, or --hf DIR's
@@ -85,7 +85,7 @@ struct GenerateCli {
   int tp = 1;
   std::string backend = "sim";
   bool eager = false;
-  WeightQuant quantize = WeightQuant::none;  // --quantize: eager at TP 1 only
+  WeightQuant quantize = WeightQuant::none;  // --quantize: eager only
   std::string instance;                      // empty: the smallest inf2 with tp cores
   std::vector<int64_t> buckets;
   std::string save_trace, load_trace;
@@ -186,10 +186,10 @@ GenerateCli parse_args(int argc, char** argv) {
   }
   if (c.eager && (!c.save_trace.empty() || !c.buckets.empty()))
     throw Usage("--save-trace and --buckets apply to the traced path, not --eager");
-  if (c.quantize != WeightQuant::none && (!c.eager || c.tp != 1))
+  if (c.quantize != WeightQuant::none && !c.eager)
     throw Usage(str("--quantize ", weight_quant_name(c.quantize),
-                    " runs on the eager path at TP 1 ", "only (add --eager; got ",
-                    c.eager ? "" : "the traced model, ", "--tp ", c.tp, ")"));
+                    " runs on the eager path only (add --eager; the traced model cannot record "
+                    "int8 layers)"));
   if (!c.has_prompt || c.prompt.empty()) throw Usage("--prompt TEXT is required (not empty)");
   if (c.backend != "sim" && c.backend != "mpi")
     throw Usage(str("--backend must be sim or mpi, got '", c.backend, "'"));
@@ -310,7 +310,7 @@ std::shared_ptr<trace::TensorParallelModel> traced_model(const GenerateCli& c, M
 GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
                           std::vector<int64_t>& prompt);
 
-// What --quantize changed (one rank: TP 1).
+// What --quantize changed (printed by rank 0; every rank has the same figures).
 void print_quantized(const QuantizedLmReport& r) {
   const QuantizeSummary& q = r.summary;
   std::printf(
@@ -329,7 +329,10 @@ void print_quantized(const QuantizedLmReport& r) {
 
 // The eager path: generate_batch with the KV cache.
 GenerateResult run_eager(const GenerateCli& c, CausalLM& m, const std::vector<int64_t>& prompt) {
-  if (c.quantize != WeightQuant::none) print_quantized(quantize_causal_lm(m, prompt, c.quantize));
+  if (c.quantize != WeightQuant::none) {
+    const QuantizedLmReport q = quantize_causal_lm(m, prompt, c.quantize);
+    if (current_context().rank() == 0) print_quantized(q);
+  }
   return m.generate_batch({prompt}, c.gen);
 }
 

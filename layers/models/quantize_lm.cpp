@@ -39,10 +39,8 @@ int64_t argmax(const float* row, int64_t V) {
 
 QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
                                      WeightQuant format) {
-  NXD_CHECK(m.tensor_parallel_size() == 1,
-            "[quantize] int8 weights run at TP 1 only, the model "
-            "has TP ",
-            m.tensor_parallel_size());
+  NXD_CHECK(!m.sequence_parallel(),
+            "[quantize] int8 weights run without sequence parallelism (the model has it)");
   NXD_CHECK(m.is_whole(), "[quantize] needs the whole model, not a pipeline stage");
   QuantizeOptions opts{.format = format};
   if (!m.output_head_name().empty()) opts.skip.push_back(m.output_head_name());

@@ -24,7 +24,8 @@ struct QuantizedLmReport {
   int64_t argmax_agree = 0;      // positions whose most likely next token is unchanged
 };
 
-// Quantizes m (a whole model at TP 1, eager) in place. `text` (may be empty: no comparison) is
+// Quantizes m (a whole model, eager, any TP without sequence parallelism: every rank of the TP
+// group calls it) in place. `text` (may be empty: no comparison) is
 // run through the model before and after. Throws InvalidArgument as quantize_linear_layers.
 QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
                                      WeightQuant format = WeightQuant::int8);

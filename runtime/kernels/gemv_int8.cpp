@@ -29,7 +29,7 @@ void dequantize_rows(float* w, const int8_t* q, const float* scale, int64_t r0, 
 
 }  // namespace
 
-void quantize_int8_rows(int8_t* q, float* scale, const float* w, int64_t n, int64_t k) {
+void int8_row_scales(float* scale, const float* w, int64_t n, int64_t k) {
   for (int64_t r = 0; r < n; ++r) {
     const float* wr = w + r * k;
     float amax = 0.0f;
@@ -38,8 +38,15 @@ void quantize_int8_rows(int8_t* q, float* scale, const float* w, int64_t n, int6
                 " (not finite)");
       amax = std::max(amax, std::abs(wr[j]));
     }
-    const float s = amax / 127.0f;
-    scale[r] = s;
+    scale[r] = amax / 127.0f;
+  }
+}
+
+void quantize_int8_with_scales(int8_t* q, const float* scale, const float* w, int64_t n,
+                               int64_t k) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* wr = w + r * k;
+    const float s = scale[r];
     int8_t* qr = q + r * k;
     if (s == 0.0f) {
       std::fill(qr, qr + k, int8_t{0});
@@ -51,6 +58,11 @@ void quantize_int8_rows(int8_t* q, float* scale, const float* w, int64_t n, int6
       qr[j] = static_cast<int8_t>(std::clamp(v, -127.0, 127.0));
     }
   }
+}
+
+void quantize_int8_rows(int8_t* q, float* scale, const float* w, int64_t n, int64_t k) {
+  int8_row_scales(scale, w, n, k);
+  quantize_int8_with_scales(q, scale, w, n, k);
 }
 
 void gemv_int8(float* c, const float* x, const int8_t* q, const float* scale, int64_t m, int64_t n,

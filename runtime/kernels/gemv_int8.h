@@ -23,6 +23,11 @@ inline constexpr int64_t kInt8GemvMaxRows = 8;
 // zeros gets scale 0 and q 0. |w - q * scale| <= scale / 2 for every finite w. Throws on a
 // non-finite weight (naming its row and column).
 void quantize_int8_rows(int8_t* q, float* scale, const float* w, int64_t n, int64_t k);
+// Its two halves, for rows split over ranks (tensor parallelism along the input): the scales of
+// this part of each row (the row's scale is the largest over the parts: x -> x / 127 rounded is
+// monotone), then q from given scales.
+void int8_row_scales(float* scale, const float* w, int64_t n, int64_t k);
+void quantize_int8_with_scales(int8_t* q, const float* scale, const float* w, int64_t n, int64_t k);
 
 // c [m, n] = x [m, k] @ (q [n, k] * scale [n])^T, all contiguous; picks the path by m.
 void linear_int8(float* c, const float* x, const int8_t* q, const float* scale, int64_t m,

@@ -171,8 +171,9 @@ TEST(NxdGenerate, UserMistakesExitTwo) {
     EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
   }
 }
-// --quantize int8: the tokens of the library's quantized model, the quality lines; the paths it
-// does not run (traced, TP > 1) and other formats exit 2 naming them.
+
+// --quantize int8: the tokens of the library's quantized model at TP 1 and 2, the quality lines;
+// the traced path and other formats exit 2 naming them.
 TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
   Fixture f;
   const fs::path& d = f.dir.path;
@@ -192,11 +193,15 @@ TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("prompt perplexity "), std::string::npos) << r.out;
+  // TP 2: slices of the same int8 weights, the same tokens
+  r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12", "--eager",
+                "--quantize", "int8", "--tp", "2"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), want) << r.out;
+  EXPECT_NE(r.out.find("quantized: int8 weights in 14 linear layers"), std::string::npos) << r.out;
   for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--quantize", "int8"},
-            "runs on the eager path at TP 1 only (add --eager; got the "
-            "traced model, --tp 1)"},
-           {{"--quantize", "int8", "--eager", "--tp", "2"}, "only (add --eager; got --tp 2)"},
+           {{"--quantize", "int8"}, "runs on the eager path only (add --eager"},
            {{"--quantize", "int4", "--eager"}, "--quantize must be int8, got 'int4'"}}) {
     std::vector<std::string> a = {"--checkpoint", ck, "--prompt", "x"};
     a.insert(a.end(), args.begin(), args.end());
