@@ -370,5 +370,19 @@ TEST(NxdGenerateMpi, TpTwoUnderMpirunEqualsTheLibrary) {
   r = generate({"--checkpoint", (d / "run").string(), "--prompt", "x", "--backend", "mpi"}, d);
   EXPECT_EQ(r.code, 2) << r.out << r.err;  // --tp 1 but 2 processes
   EXPECT_NE(r.err.find("--tp 1 but mpirun started 2 process(es)"), std::string::npos) << r.err;
+  // int8 weights over MPI ranks (row-parallel scales all-reduced): the TP-1 quantized tokens, the
+  // report printed once
+  auto q = make_causal_lm(byte_model("llama"), 7);
+  quantize_causal_lm(*q, bytes("mpi prompt"));
+  r = generate({"--checkpoint", (d / "run").string(), "--prompt", "mpi prompt", "--max-new-tokens",
+                "10", "--tp", "2", "--backend", "mpi", "--eager", "--quantize", "int8"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out),
+            q->generate(bytes("mpi prompt"), {.max_new_tokens = 10, .temperature = 0}))
+      << r.out;
+  const auto first = r.out.find("quantized: int8 weights in 14 linear layers");
+  EXPECT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("quantized: int8", first + 1), std::string::npos) << r.out;
 }
 #endif
