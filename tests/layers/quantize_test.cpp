@@ -240,35 +240,38 @@ TEST(QuantizeModel, RefusesWhatItDoesNotCover) {
 // logits equal TP 1's quantized model's up to the order of the f32 sums (the partial sums of the
 // row-parallel layers), and differ from the unquantized model's by the quantization.
 TEST(QuantizeModel, TensorParallelTwoEqualsTpOneWithinRounding) {
-  const ModelConfig c = quality_model("llama");
-  const auto ids = some_ids(20, c.vocab_size, 9);
-  auto one = make_causal_lm(c, 31), plain = make_causal_lm(c, 31);
-  quantize_causal_lm(*one, {});
-  const auto want = logits_of(*one, ids), unquantized = logits_of(*plain, ids);
-  const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 6);
-  const GenerateOptions greedy{.max_new_tokens = 12, .temperature = 0.0};
-  const auto want_tokens = one->generate(prompt, greedy);
-  nxd::testing::run_ranks(2, [&] {
-    parallel_state::initialize_model_parallel(2);
-    auto tp = make_causal_lm(c, 31);
-    const QuantizedLmReport r = quantize_causal_lm(*tp, {});
-    EXPECT_EQ(r.summary.layers, c.num_layers * 7);
-    const auto got = logits_of(*tp, ids);
-    double diff = 0, mx = 0, change = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      diff = std::max(diff, std::abs(double(got[i]) - want[i]));
-      change = std::max(change, std::abs(double(got[i]) - unquantized[i]));
-      mx = std::max(mx, std::abs(double(want[i])));
-    }
-    if (current_context().rank() == 0)
-      std::printf(
-          "    TP 2 int8 vs TP 1 int8: max logit diff %.3g (max |logit| %.3g); vs "
-          "unquantized %.3g\n",
-          diff, mx, change);
-    // as EveryDecoderLinear...: only the summation order differs
-    EXPECT_LE(diff, 1e-5 * mx);
-    EXPECT_GT(change, 100 * diff) << "the TP 2 model does not run on its int8 weights";
-    EXPECT_EQ(tp->generate(prompt, greedy), want_tokens);
-    parallel_state::destroy_model_parallel();
-  });
+  for (std::string arch : {"llama", "gpt_neox"}) {
+    SCOPED_TRACE(arch);
+    const ModelConfig c = quality_model(arch);
+    const auto ids = some_ids(20, c.vocab_size, 9);
+    auto one = make_causal_lm(c, 31), plain = make_causal_lm(c, 31);
+    quantize_causal_lm(*one, {});
+    const auto want = logits_of(*one, ids), unquantized = logits_of(*plain, ids);
+    const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 6);
+    const GenerateOptions greedy{.max_new_tokens = 12, .temperature = 0.0};
+    const auto want_tokens = one->generate(prompt, greedy);
+    nxd::testing::run_ranks(2, [&] {
+      parallel_state::initialize_model_parallel(2);
+      auto tp = make_causal_lm(c, 31);
+      const QuantizedLmReport r = quantize_causal_lm(*tp, {});
+      EXPECT_EQ(r.summary.layers, c.num_layers * (arch == "llama" ? 7 : 4));
+      const auto got = logits_of(*tp, ids);
+      double diff = 0, mx = 0, change = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        diff = std::max(diff, std::abs(double(got[i]) - want[i]));
+        change = std::max(change, std::abs(double(got[i]) - unquantized[i]));
+        mx = std::max(mx, std::abs(double(want[i])));
+      }
+      if (current_context().rank() == 0)
+        std::printf(
+            "    %s: TP 2 int8 vs TP 1 int8: max logit diff %.3g (max |logit| %.3g); vs "
+            "unquantized %.3g\n",
+            arch.c_str(), diff, mx, change);
+      // as EveryDecoderLinear...: only the summation order differs
+      EXPECT_LE(diff, 1e-5 * mx);
+      EXPECT_GT(change, 100 * diff) << "the TP 2 model does not run on its int8 weights";
+      EXPECT_EQ(tp->generate(prompt, greedy), want_tokens);
+      parallel_state::destroy_model_parallel();
+    });
+  }
 }
