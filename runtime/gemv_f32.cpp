@@ -5,42 +5,16 @@
 #include <vector>
 
 #include "nxd/runtime/kernels/parallel_rows.h"
+#include "nxd/runtime/lanes8.h"
 
 namespace nxd::blas::detail {
 
 namespace {
 
-// Eight f32 lanes: one AVX register, two SSE registers on an x86-64-v2 build. The arithmetic is
-// written once; the compiler maps it to the build's instructions, and the order of every sum is
-// the same on each.
-typedef float V8 __attribute__((vector_size(32)));
-
-inline V8 load8(const float* p) {
-  V8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store8(float* p, V8 v) {
-  std::memcpy(p, &v, sizeof v);
-}
-
-// sum_k x[k] * w[k]: 32 lanes (four registers, so four loads are in flight), the registers
-// added pairwise, the 8 lanes pairwise, then the tail in order.
-inline float dot(const float* __restrict x, const float* __restrict w, int64_t k) {
-  V8 s0 = {}, s1 = {}, s2 = {}, s3 = {};
-  int64_t i = 0;
-  for (; i + 32 <= k; i += 32) {
-    s0 += load8(x + i) * load8(w + i);
-    s1 += load8(x + i + 8) * load8(w + i + 8);
-    s2 += load8(x + i + 16) * load8(w + i + 16);
-    s3 += load8(x + i + 24) * load8(w + i + 24);
-  }
-  for (; i + 8 <= k; i += 8) s0 += load8(x + i) * load8(w + i);
-  const V8 s = (s0 + s1) + (s2 + s3);
-  float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-  for (; i < k; ++i) r += x[i] * w[i];
-  return r;
-}
+using lanes8::dot;
+using lanes8::load8;
+using lanes8::store8;
+using lanes8::V8;
 
 inline void store(float* c, float v, float alpha, float beta) {
   *c = beta == 0.0f ? alpha * v : alpha * v + beta * *c;

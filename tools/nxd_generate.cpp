@@ -5,14 +5,17 @@
 //                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]
 //                [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]
 //                [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]
+//                [--quantize int8]
 // By default the model is traced (trace/decoder.h: a context-encoding graph per prompt bucket and
 // a token-generation graph sharing the weights and the K/V caches) and generation replays the
-// graphs; --eager runs the eager KV-cache path instead (the reference). --save-trace writes the
-// traced model (trace/save_load.h); --load-trace runs a saved one without --checkpoint/--hf.
-// Tokens: a transformers tokenizer.json (--tokenizer PATH, or --hf DIR's tokenizer.json when
-// there is one; train/tokenizer.h) encodes the prompt and decodes the text, or bytes (as
-// nxd-train's data without data.tokenizer; --tokenizer bytes): the prompt's bytes are its ids.
-// Prints the text (prompt and generated; bytes: ids >= 256 as '?'; a tokenizer: ids past its
+// graphs; --eager runs the eager KV-cache path instead (the reference). --quantize int8 (eager)
+// quantizes every decoder linear layer's weight at load (layers/models/quantize_lm.h) and prints
+// what it changed on the prompt (largest logit change, argmax agreement, perplexity). --save-trace
+// writes the traced model (trace/save_load.h); --load-trace runs a saved one without
+// --checkpoint/--hf. Tokens: a transformers tokenizer.json (--tokenizer PATH, or --hf DIR's
+// tokenizer.json when there is one; io/tokenizer.h) encodes the prompt and decodes the text, or
+// bytes (as nxd-train's data without data.tokenizer; --tokenizer bytes): the prompt's bytes are its
+// ids. Prints the text (prompt and generated; bytes: ids >= 256 as '?'; a tokenizer: ids past its
 // vocabulary left out, said so), `tokens: <ids>` (the prompt's and the generated ids, what
 // CausalLM::generate returns), the tokenizer, prefill and decode tokens/s on this host, and the
 // modeled time to first token and time per output token on the instance
@@ -40,6 +43,7 @@
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/inference_model.h"
+#include "nxd/layers/models/quantize_lm.h"
 #include "nxd/trace/decoder.h"
 #include "nxd/trace/save_load.h"
 
@@ -53,7 +57,7 @@ const char* kUsage =
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]\n"
     "                    [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]\n"
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
-    "                    [--lora DIR]\n"
+    "                    [--lora DIR] [--quantize int8]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
     "  --lora DIR        a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
@@ -86,7 +90,8 @@ struct GenerateCli {
   int tp = 1;
   std::string backend = "sim";
   bool eager = false;
-  std::string instance;  // empty: the smallest inf2 with tp cores
+  WeightQuant quantize = WeightQuant::none;  // --quantize: eager only
+  std::string instance;                      // empty: the smallest inf2 with tp cores
   std::vector<int64_t> buckets;
   std::string save_trace, load_trace;
   std::string tokenizer;  // a tokenizer.json, "bytes", or empty (the default)
@@ -171,6 +176,9 @@ GenerateCli parse_args(int argc, char** argv) {
       c.load_trace = v;
     else if (a == "--tokenizer")
       c.tokenizer = v;
+    else if (a == "--quantize")
+      c.quantize = v == "int8" ? WeightQuant::int8
+                               : throw Usage(str("--quantize must be int8, got '", v, "'"));
     else
       throw Usage(str("unknown flag '", a, "'"));
   }
@@ -185,6 +193,10 @@ GenerateCli parse_args(int argc, char** argv) {
   }
   if (c.eager && (!c.save_trace.empty() || !c.buckets.empty()))
     throw Usage("--save-trace and --buckets apply to the traced path, not --eager");
+  if (c.quantize != WeightQuant::none && !c.eager)
+    throw Usage(str("--quantize ", weight_quant_name(c.quantize),
+                    " runs on the eager path only (add --eager; the traced model cannot record "
+                    "int8 layers)"));
   if (!c.has_prompt || c.prompt.empty()) throw Usage("--prompt TEXT is required (not empty)");
   if (c.backend != "sim" && c.backend != "mpi")
     throw Usage(str("--backend must be sim or mpi, got '", c.backend, "'"));
@@ -315,8 +327,29 @@ std::shared_ptr<trace::TensorParallelModel> traced_model(const GenerateCli& c, M
 GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
                           std::vector<int64_t>& prompt);
 
+// What --quantize changed (printed by rank 0; every rank has the same figures).
+void print_quantized(const QuantizedLmReport& r) {
+  const QuantizeSummary& q = r.summary;
+  std::printf(
+      "quantized: int8 weights in %lld linear layers, %.2f MB -> %.2f MB (embedding and output "
+      "head unquantized)\n",
+      (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
+  std::printf(
+      "quantized on the prompt (%lld tokens): max logit change %.4g (max |logit| %.4g), most "
+      "likely next token unchanged at %lld/%lld positions",
+      (long long)r.positions, r.max_logit_change, r.max_abs_logit, (long long)r.argmax_agree,
+      (long long)r.positions);
+  if (r.positions > 1)
+    std::printf(", prompt perplexity %.4f -> %.4f", r.perplexity_before, r.perplexity_after);
+  std::printf("\n");
+}
+
 // The eager path: generate_batch with the KV cache.
 GenerateResult run_eager(const GenerateCli& c, CausalLM& m, const std::vector<int64_t>& prompt) {
+  if (c.quantize != WeightQuant::none) {
+    const QuantizedLmReport q = quantize_causal_lm(m, prompt, c.quantize);
+    if (current_context().rank() == 0) print_quantized(q);
+  }
   return m.generate_batch({prompt}, c.gen);
 }
 

@@ -69,6 +69,7 @@ void CausalLM::register_output_head(const std::string& name) {
   if (cfg_.tie_word_embeddings || !part_.head) return;
   // loss() runs it on the local hidden states at TP > 1 (NxD's canonical head: SP all-gather
   // saving only the local shard); lm_head() uses its weight on full hidden states.
+  head_name_ = name;
   head_ = register_module(name, std::make_shared<ColumnParallelLinear>(
                                     cfg_.hidden_size, cfg_.vocab_size,
                                     ColumnParallelLinearOptions{

@@ -148,6 +148,9 @@ class CausalLM : public Module {
   // generate_batch of one prompt: its sequence.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, const GenerateOptions& opts);
 
+  // The name of the untied output head module (empty when tied to the embedding).
+  const std::string& output_head_name() const { return head_name_; }
+
   // The body of the built-in families, null for a user's family that overrides the pieces below.
   const DecoderStack* decoder_stack() const { return decoder_stack_.get(); }
 
@@ -193,6 +196,7 @@ class CausalLM : public Module {
                                     const GenerateOptions& opts);
   const DecoderStack& stack(const char* what) const;  // the registered one, or throws
   std::shared_ptr<ColumnParallelLinear> head_;        // null when tied
+  std::string head_name_;
 };
 
 // A decoder layer of a family built on DecoderStack: hidden states [B,S,hidden] (under sequence

@@ -128,7 +128,7 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
                   "[ColumnParallelLinear] expected input [..., ", in_, "], got ",
                   x.defined() ? x.desc() : "undefined");
   if (tp_size_ == 1) {  // the plain Linear
-    Tensor y = linear(x, weight_, add_bias ? bias_ : Tensor());
+    Tensor y = weight_product(x, weight_, add_bias ? bias_ : Tensor());
     return lora() ? add(y, lora()->delta(x)) : y;
   }
   const int64_t per = out_ / tp_size_;
@@ -136,9 +136,11 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   const bool shard_bias = bias_.defined() && !opts_.gather_output;
   Tensor b_local;
   if (shard_bias && add_bias) b_local = bias_.dim() == 2 ? view(bias_, {per}) : bias_;
+  NXD_CHECK(!opts_.sequence_parallel_enabled || !int8_weight(),
+            "[ColumnParallelLinear] an int8 weight runs without sequence parallelism");
   Tensor y = (opts_.sequence_parallel_enabled && tp_size_ > 1)
                  ? sp_column_linear(x, w, b_local, opts_.sequence_dimension, group_.get())
-                 : linear(copy_to_tensor_model_parallel_region(x, *group_), w, b_local);
+                 : weight_product(copy_to_tensor_model_parallel_region(x, *group_), w, b_local);
   if (lora()) y = add(y, lora()->delta(x));
   if (opts_.gather_output) {
     y = gather_from_tensor_model_parallel_region(y, *group_);
@@ -199,7 +201,7 @@ Tensor RowParallelLinear::run(const Tensor& x) const {
                   ", tp=", tp_size_, opts_.input_is_parallel ? ", input_is_parallel" : "",
                   "), got ", x.defined() ? x.desc() : "undefined");
   Tensor in = opts_.input_is_parallel ? x : scatter_to_tensor_model_parallel_region(x, *group_);
-  Tensor y = linear(in, weight_);
+  Tensor y = weight_product(in, weight_, Tensor());
   y = opts_.sequence_parallel_enabled
           ? reduce_scatter_to_sequence_parallel_region(y, opts_.sequence_dimension, *group_)
           : reduce_from_tensor_model_parallel_region(y, *group_);
@@ -211,7 +213,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
     NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                     "[RowParallelLinear] expected input [..., ", in_, "], got ",
                     x.defined() ? x.desc() : "undefined");
-    Tensor y = linear(x, weight_, bias_);
+    Tensor y = weight_product(x, weight_, bias_);
     return lora() ? add(y, lora()->delta(x)) : y;
   }
   Tensor y = run(x);

@@ -25,12 +25,14 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/layers/basic.h"  // LayerNorm, RMSNorm: the norms of a parallel model
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/layers/quantize.h"
 
 namespace nxd {
 
 // What ColumnParallelLinear and RowParallelLinear share: the full sizes, the TP group, "weight"
-// and the optional "bias" (each layer registers them with its own sharding).
-class ParallelLinearBase : public ParallelModule {
+// and the optional "bias" (each layer registers them with its own sharding). At TP 1 a layer runs
+// on its int8 weight once one is set (layers/quantize.h).
+class ParallelLinearBase : public ParallelModule, public QuantizableLinear {
  public:
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }

@@ -6,6 +6,7 @@
 #include "nxd/autograd/function.h"
 #include "nxd/layers/parallel/lora.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/layers/quantize.h"
 #include "nxd/runtime/context.h"
 
 namespace nxd {
@@ -16,7 +17,7 @@ namespace {
 
 // One projection's shard: "weight" [rows, in] and optional "bias" [rows], a block of the full
 // [full_rows, in] weight starting at row `row0`.
-class ProjectionShard : public ParallelModule {
+class ProjectionShard : public ParallelModule, public QuantizableLinear {
  public:
   ProjectionShard(int64_t in, int64_t rows, int64_t full_rows, int64_t row0, bool bias,
                   const GQAQKVColumnParallelLinearOptions& o, const ParallelAttrs& attrs)
@@ -55,6 +56,10 @@ class ProjectionShard : public ParallelModule {
  private:
   LoraTarget lora_;
 };
+
+const ProjectionShard& shard(const std::shared_ptr<ParallelModule>& m) {
+  return static_cast<const ProjectionShard&>(*m);
+}
 
 Tensor param_or_none(const Module& m, const char* name) {
   for (auto& [n, t] : m.named_parameters(/*recurse=*/false))
@@ -223,10 +228,13 @@ std::array<Tensor, 3> GQAQKVColumnParallelLinear::forward(const Tensor& x) const
   // v, k, q: the graph order of nxd's attention projections (it fixes the order in which backward
   // sums dX's three terms, so TP 1 gives the bits it always gave).
   if (tp_size_ == 1 || (!GradMode::is_enabled() && !opts_.sequence_parallel_enabled)) {
-    v = linear(x, wv, bv);
-    k = linear(x, wk, bk);
-    q = linear(x, wq, bq);
+    v = shard(v_proj_).weight_product(x, wv, bv);
+    k = shard(k_proj_).weight_product(x, wk, bk);
+    q = shard(q_proj_).weight_product(x, wq, bq);
   } else {
+    NXD_CHECK(!shard(q_proj_).int8_weight(),
+              "[GQAQKVColumnParallelLinear] int8 weights run without a gradient and without "
+              "sequence parallelism at TP > 1");
     auto out = qkv_linear(x, {wq, wk, wv}, {bq, bk, bv}, kv_size_multiplier_,
                           opts_.sequence_parallel_enabled, opts_.sequence_dimension, group_.get(),
                           kv_group_.get());

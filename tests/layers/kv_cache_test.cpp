@@ -38,10 +38,7 @@ ModelConfig tiny(const std::string& arch, DType dt = DType::f32) {
 }
 
 std::vector<int64_t> some_ids(int64_t n, int64_t vocab, uint64_t seed) {
-  RngStream s{seed, 77};
-  std::vector<int64_t> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(s.uniform_f64(i) * vocab);
-  return v;
+  return nxd::testing::id_sequence(n, vocab, seed);
 }
 
 // The logits of the last position of forward(seq): [V].

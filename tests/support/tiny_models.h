@@ -57,12 +57,18 @@ inline ModelConfig tiny_gqa_llama(int64_t layers = 2) {
   return c;
 }
 
+// n ids uniform in [0, vocab) from RngStream{seed, stream}.
+inline std::vector<int64_t> id_sequence(int64_t n, int64_t vocab, uint64_t seed,
+                                        uint64_t stream = 77) {
+  std::vector<int64_t> v(n);
+  RngStream s{seed, stream};
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>(s.uniform_f64(i) * vocab);
+  return v;
+}
+
 // [4, 16] ids uniform in [0, vocab) from RngStream{seed, stream}.
 inline Tensor random_ids(uint64_t seed, uint64_t stream, int64_t vocab) {
-  std::vector<int64_t> v(4 * 16);
-  RngStream s{seed, stream};
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>(s.uniform_f64(i) * vocab);
-  return from_vector<int64_t>(v, {4, 16});
+  return from_vector<int64_t>(id_sequence(4 * 16, vocab, seed, stream), {4, 16});
 }
 
 }  // namespace nxd::testing

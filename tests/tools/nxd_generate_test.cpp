@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 #include <filesystem>
+#include <iomanip>
 #include <sstream>
 
 #include "nxd/checkpoint/checkpoint.h"
@@ -14,6 +15,7 @@
 #include "nxd/checkpoint/offline.h"
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/models/quantize_lm.h"
 #include "support/files.h"
 #include "support/lora.h"
 #include "support/proc.h"
@@ -205,6 +207,46 @@ TEST(NxdGenerate, UserMistakesExitTwo) {
     EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
   }
 }
+
+// --quantize int8: the tokens of the library's quantized model at TP 1 and 2, the quality lines;
+// the traced path and other formats exit 2 naming them.
+TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  const std::string ck = (d / "run").string(), prompt = "Hello, nxd";
+  auto q = make_causal_lm(byte_model("llama"), 7);
+  const QuantizedLmReport rep = quantize_causal_lm(*q, bytes(prompt));
+  const auto want = q->generate(bytes(prompt), {.max_new_tokens = 12, .temperature = 0});
+  auto r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12", "--eager",
+                     "--quantize", "int8"},
+                    d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::printf("%s", r.out.c_str());
+  EXPECT_EQ(tokens_of(r.out), want) << r.out;
+  EXPECT_NE(r.out.find("quantized: int8 weights in 14 linear layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(str("quantized on the prompt (10 tokens): max logit change ",
+                           str(std::setprecision(4), rep.max_logit_change))),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("prompt perplexity "), std::string::npos) << r.out;
+  // TP 2: slices of the same int8 weights, the same tokens
+  r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12", "--eager",
+                "--quantize", "int8", "--tp", "2"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), want) << r.out;
+  EXPECT_NE(r.out.find("quantized: int8 weights in 14 linear layers"), std::string::npos) << r.out;
+  for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--quantize", "int8"}, "runs on the eager path only (add --eager"},
+           {{"--quantize", "int4", "--eager"}, "--quantize must be int8, got 'int4'"}}) {
+    std::vector<std::string> a = {"--checkpoint", ck, "--prompt", "x"};
+    a.insert(a.end(), args.begin(), args.end());
+    r = generate(a, d);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+  }
+}
+
 // The traced path (the default) against --eager, buckets, and a saved trace run without the
 // checkpoint.
 TEST(NxdGenerate, TracedSavedAndLoadedEqualEager) {
@@ -364,5 +406,19 @@ TEST(NxdGenerateMpi, TpTwoUnderMpirunEqualsTheLibrary) {
   r = generate({"--checkpoint", (d / "run").string(), "--prompt", "x", "--backend", "mpi"}, d);
   EXPECT_EQ(r.code, 2) << r.out << r.err;  // --tp 1 but 2 processes
   EXPECT_NE(r.err.find("--tp 1 but mpirun started 2 process(es)"), std::string::npos) << r.err;
+  // int8 weights over MPI ranks (row-parallel scales all-reduced): the TP-1 quantized tokens, the
+  // report printed once
+  auto q = make_causal_lm(byte_model("llama"), 7);
+  quantize_causal_lm(*q, bytes("mpi prompt"));
+  r = generate({"--checkpoint", (d / "run").string(), "--prompt", "mpi prompt", "--max-new-tokens",
+                "10", "--tp", "2", "--backend", "mpi", "--eager", "--quantize", "int8"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out),
+            q->generate(bytes("mpi prompt"), {.max_new_tokens = 10, .temperature = 0}))
+      << r.out;
+  const auto first = r.out.find("quantized: int8 weights in 14 linear layers");
+  EXPECT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("quantized: int8", first + 1), std::string::npos) << r.out;
 }
 #endif

@@ -1,0 +1,66 @@
+#include "nxd/layers/models/quantize_lm.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace nxd {
+
+namespace {
+
+// logits [S, V] (f32) of the text, one forward.
+std::vector<float> text_logits(CausalLM& m, const std::vector<int64_t>& text) {
+  NoGradGuard no_grad;
+  const int64_t S = static_cast<int64_t>(text.size());
+  Tensor logits = m.forward(from_vector(text, {1, S})).to(DType::f32).contiguous();
+  const float* p = logits.data<float>();
+  return std::vector<float>(p, p + logits.numel());
+}
+
+// exp(mean over i of -log softmax(logits[i])[text[i + 1]]), in f64.
+double perplexity(const std::vector<float>& logits, const std::vector<int64_t>& text, int64_t V) {
+  const int64_t S = static_cast<int64_t>(text.size());
+  if (S < 2) return 0;
+  double nll = 0;
+  for (int64_t i = 0; i + 1 < S; ++i) {
+    const float* row = logits.data() + i * V;
+    const double mx = *std::max_element(row, row + V);
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+    nll += mx + std::log(z) - row[text[i + 1]];
+  }
+  return std::exp(nll / static_cast<double>(S - 1));
+}
+
+int64_t argmax(const float* row, int64_t V) {
+  return std::max_element(row, row + V) - row;
+}
+
+}  // namespace
+
+QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
+                                     WeightQuant format) {
+  NXD_CHECK(!m.sequence_parallel(),
+            "[quantize] int8 weights run without sequence parallelism (the model has it)");
+  NXD_CHECK(m.is_whole(), "[quantize] needs the whole model, not a pipeline stage");
+  QuantizeOptions opts{.format = format};
+  if (!m.output_head_name().empty()) opts.skip.push_back(m.output_head_name());
+  QuantizedLmReport r;
+  const int64_t V = m.config().vocab_size;
+  std::vector<float> before;
+  if (!text.empty()) before = text_logits(m, text);
+  r.summary = quantize_linear_layers(m, opts);
+  if (text.empty()) return r;
+  const std::vector<float> after = text_logits(m, text);
+  r.positions = static_cast<int64_t>(text.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    r.max_logit_change = std::max(r.max_logit_change, std::abs(double(after[i]) - before[i]));
+    r.max_abs_logit = std::max(r.max_abs_logit, std::abs(double(before[i])));
+  }
+  for (int64_t i = 0; i < r.positions; ++i)
+    r.argmax_agree += argmax(before.data() + i * V, V) == argmax(after.data() + i * V, V);
+  r.perplexity_before = perplexity(before, text, V);
+  r.perplexity_after = perplexity(after, text, V);
+  return r;
+}
+
+}  // namespace nxd

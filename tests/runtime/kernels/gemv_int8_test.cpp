@@ -1,0 +1,146 @@
+// The int8 weight-only kernels (runtime/kernels/gemv_int8.h): quantization within half a scale
+// step, both product paths against the f64 reference of the dequantized weight at ragged shapes,
+// and bitwise the same for any thread count and operand address.
+#include "nxd/runtime/kernels/gemv_int8.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "nxd/runtime/context.h"
+#include "support/compare.h"
+
+using namespace nxd;
+
+namespace {
+
+std::vector<float> values(size_t n, uint32_t seed, float range = 1.5f) {
+  std::vector<float> v(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = range * static_cast<float>(static_cast<int32_t>(s >> 8) % 2001 - 1000) / 1000.0f;
+  }
+  return v;
+}
+
+struct ThreadsGuard {
+  int prev = num_threads();
+  ~ThreadsGuard() { set_num_threads(prev); }
+};
+
+struct Quantized {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+};
+
+Quantized quantize(const std::vector<float>& w, int64_t n, int64_t k) {
+  Quantized r{std::vector<int8_t>(n * k), std::vector<float>(n)};
+  kernels::quantize_int8_rows(r.q.data(), r.scale.data(), w.data(), n, k);
+  return r;
+}
+
+using Path = void (*)(float*, const float*, const int8_t*, const float*, int64_t, int64_t, int64_t);
+
+}  // namespace
+
+TEST(Int8Weights, QuantizationIsWithinHalfAScaleStep) {
+  const int64_t n = 37, k = 301;
+  std::vector<float> w = values(n * k, 1);
+  for (int64_t j = 0; j < k; ++j) w[5 * k + j] = 0.0f;              // a zero row
+  for (int64_t j = 0; j < k; ++j) w[6 * k + j] = 1e-30f * (j % 7);  // a tiny one
+  const Quantized z = quantize(w, n, k);
+  for (int64_t r = 0; r < n; ++r) {
+    double amax = 0;
+    int qmax = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      amax = std::max(amax, std::abs(double(w[r * k + j])));
+      qmax = std::max(qmax, std::abs(int(z.q[r * k + j])));
+      ASSERT_LE(std::abs(double(w[r * k + j]) - double(z.q[r * k + j]) * z.scale[r]),
+                0.5 * z.scale[r] * (1 + 1e-6))
+          << "row " << r << " col " << j;
+    }
+    if (amax == 0) {
+      EXPECT_EQ(z.scale[r], 0.0f);
+      EXPECT_EQ(qmax, 0);
+    } else {
+      EXPECT_EQ(qmax, 127) << "row " << r << ": the largest weight maps to +-127";
+      EXPECT_FLOAT_EQ(z.scale[r], static_cast<float>(amax / 127));
+    }
+  }
+  std::vector<float> bad = values(4 * 8, 2);
+  bad[2 * 8 + 3] = std::nanf("");
+  std::vector<int8_t> q(32);
+  std::vector<float> s(4);
+  try {
+    kernels::quantize_int8_rows(q.data(), s.data(), bad.data(), 4, 8);
+    FAIL() << "a NaN weight was quantized";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("weight [2,3]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Int8Weights, BothPathsMatchTheReferenceAtRaggedShapes) {
+  ThreadsGuard guard;
+  set_num_threads(2);
+  double worst = 0;
+  for (Path path : {&kernels::gemv_int8, &kernels::gemm_int8_weight_blocks, &kernels::linear_int8})
+    for (int64_t m : {1, 3, 8, 9, 33})
+      for (int64_t n : {1, 7, 130, 1031})
+        for (int64_t k : {1, 5, 31, 64, 77, 1000}) {
+          SCOPED_TRACE(str("m=", m, " n=", n, " k=", k));
+          const auto x = values(m * k, 3), w = values(n * k, 4, 0.2f);
+          const Quantized z = quantize(w, n, k);
+          std::vector<float> c(m * n, std::nanf("")), r(m * n);
+          path(c.data(), x.data(), z.q.data(), z.scale.data(), m, n, k);
+          kernels::ref::linear_int8(r.data(), x.data(), z.q.data(), z.scale.data(), m, n, k);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double mag = 0;
+              for (int64_t p = 0; p < k; ++p)
+                mag += std::abs(double(x[i * k + p]) * z.q[j * k + p] * z.scale[j]);
+              const double err = std::abs(double(c[i * n + j]) - r[i * n + j]) / (mag + 1e-30);
+              worst = std::max(worst, err);
+              // k products summed in f32 (k u sum |x w|), plus one rounding of either the scale
+              // product (decode) or of each dequantized weight (prefill): (k + 2) u sum |x w|
+              ASSERT_LE(err, static_cast<double>(k + 2) * 0x1p-24)
+                  << "C[" << i << "," << j << "] = " << c[i * n + j] << ", reference "
+                  << r[i * n + j];
+            }
+        }
+  std::printf("    largest error relative to sum |x w|: %.3g (bound (k + 2) 2^-24)\n", worst);
+}
+
+TEST(Int8Weights, BitwiseOverThreadCountsAndAddresses) {
+  ThreadsGuard guard;
+  struct Shape3 {
+    int64_t m, n, k;
+  };
+  for (Shape3 s : {Shape3{1, 3000, 768}, Shape3{4, 2048, 333}, Shape3{8, 1500, 257},
+                   Shape3{20, 1100, 300}, Shape3{64, 700, 129}}) {
+    SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k));
+    const auto x = values(s.m * s.k, 5), w = values(s.n * s.k, 6, 0.1f);
+    const Quantized z = quantize(w, s.n, s.k);
+    std::vector<float> expect;
+    for (int threads : {1, 2, 4, 3})
+      for (size_t off : {0, 1, 3, 7}) {
+        set_num_threads(threads);
+        std::vector<float> xb(x.size() + 8), sb(s.n + 8), cb(s.m * s.n + 8);
+        std::vector<int8_t> qb(z.q.size() + 8);
+        std::memcpy(xb.data() + off, x.data(), x.size() * 4);
+        std::memcpy(sb.data() + off, z.scale.data(), s.n * 4);
+        std::memcpy(qb.data() + off, z.q.data(), z.q.size());
+        kernels::linear_int8(cb.data() + off, xb.data() + off, qb.data() + off, sb.data() + off,
+                             s.m, s.n, s.k);
+        std::vector<float> c(cb.begin() + off, cb.begin() + off + s.m * s.n);
+        if (expect.empty()) {
+          expect = c;
+          continue;
+        }
+        ASSERT_EQ(std::memcmp(c.data(), expect.data(), c.size() * 4), 0)
+            << "threads=" << threads << " offset=" << off;
+      }
+  }
+}
