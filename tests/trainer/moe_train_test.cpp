@@ -155,7 +155,7 @@ TEST(MoeTrain, NxdTrainAuxLossDoesNotDependOnTheLayout) {
     train(c, {.quiet = true});
     Run r{nxd::testing::read_rows(d / name / "metrics.csv").loss, {}};
     ckpt::export_merged(d / name / "checkpoints" / "step_20", d / (name + ".safetensors"));
-    for (auto& [n, t] : ckpt::SafetensorsReader(d / (name + ".safetensors")).read_all())
+    for (auto& [n, t] : io::SafetensorsReader(d / (name + ".safetensors")).read_all())
       r.weights[n] = t;
     return r;
   };
