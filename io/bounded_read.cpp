@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <vector>
 
@@ -168,6 +169,17 @@ int64_t json_int(const json& j, const std::string& key, int64_t lo, int64_t hi,
   if (x < lo || x > hi)
     throw ConfigError(
         str("[", tag, "] ", source, ": '", key, "' = ", x, " is outside [", lo, ", ", hi, "]"));
+  return x;
+}
+
+int64_t parse_int(const std::string& s, int64_t lo, int64_t hi, const std::string& what,
+                  const std::string& tag) {
+  int64_t x = 0;
+  const char* end = s.data() + s.size();
+  const auto [p, ec] = std::from_chars(s.data(), end, x);
+  if (s.empty() || ec != std::errc() || p != end || x < lo || x > hi)
+    throw ConfigError(str("[", tag, "] ", what, " must be an integer in [", lo, ", ", hi,
+                          "], got '", shorten(s), "'"));
   return x;
 }
 

@@ -49,4 +49,9 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what,
 int64_t json_int(const nlohmann::json& j, const std::string& key, int64_t lo, int64_t hi,
                  const std::string& source, const std::string& tag);
 
+// A command-line or environment value as an integer in [lo, hi]: the whole string, decimal
+// (ConfigError naming `what` and the value, shortened, otherwise: "1e6", "16abc", "").
+int64_t parse_int(const std::string& s, int64_t lo, int64_t hi, const std::string& what,
+                  const std::string& tag);
+
 }  // namespace nxd::io

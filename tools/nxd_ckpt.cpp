@@ -28,6 +28,7 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/io/env_check.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -253,6 +254,7 @@ int run(const std::vector<std::string>& argv) {
     return argv.empty() ? 2 : 0;
   }
   const Args a = parse(argv);
+  nxd::io::check_environment();  // NXD_* variables, as nxd-train checks them
   if (a.cmd == "inspect") {
     a.want(1);
     return inspect(a.pos[0], a.tensors);
@@ -306,6 +308,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "nxd-ckpt: error: %s\n%s", one_line(e.what()).c_str(), kUsage);
     return 2;
   } catch (const nxd::UserError& e) {
+    std::fprintf(stderr, "nxd-ckpt: error: %s\n", one_line(e.what()).c_str());
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave (under a file,
+    // read-only, a component over 255 characters, /proc): a user mistake, not nxd's
     std::fprintf(stderr, "nxd-ckpt: error: %s\n", one_line(e.what()).c_str());
     return 2;
   } catch (const std::exception& e) {

@@ -35,6 +35,7 @@
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
+#include "nxd/io/env_check.h"
 #include "nxd/io/safetensors.h"
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
@@ -374,6 +375,7 @@ GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
 
 int run(int argc, char** argv) {
   const GenerateCli c = parse_args(argc, argv);
+  io::check_environment();  // NXD_* variables, as nxd-train checks them
   const Tokens t = load_tokens(c);
   if (!c.eager && c.backend == "sim") {
     ModelSource s;
@@ -456,6 +458,11 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fprintf(stderr, "nxd-generate: error: %s\n", one_line(e.what()).c_str());
     return 2;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave (--save-trace
+    // under /proc or a file, a component over 255 characters): a user mistake, not nxd's
+    std::fflush(stdout);
+    if (!quiet) std::fprintf(stderr, "nxd-generate: error: %s\n", one_line(e.what()).c_str());
+    return quiet ? 0 : 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (!quiet)

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "nxd/io/bounded_read.h"
 #include "nxd/runtime/error.h"
 #include "nxd_plan.h"
 
@@ -103,9 +104,7 @@ Args parse(int argc, char** argv) {
     else if (s == "--instance")
       a.instance = value();
     else if (s == "--nodes") {
-      const std::string v = value();
-      a.nodes = std::atoi(v.c_str());
-      if (a.nodes < 1) throw UserError(str("[nxd-plan] --nodes must be >= 1, got ", v));
+      a.nodes = static_cast<int>(io::parse_int(value(), 1, 1024, "--nodes", "nxd-plan"));
     } else if (s == "--timeline")
       a.timeline = value();
     else if (s == "--search")

@@ -14,8 +14,8 @@
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/mpi/mpi.h"
+#include "nxd/io/env_check.h"
 #include "nxd/runtime/error.h"
-#include "nxd/train/env_check.h"
 #include "nxd/train/run_dir.h"
 #include "nxd/trainer/preempt.h"
 
@@ -204,7 +204,7 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
 }
 
 int run(int argc, char** argv, const CliOptions& o) {
-  check_environment();
+  io::check_environment();
   Config cfg;
   if (o.defaults) o.defaults(cfg);
   const Action action = parse_args(std::vector<std::string>(argv + 1, argv + argc), o, cfg);
@@ -250,6 +250,11 @@ int run_cli(int argc, char** argv, const CliOptions& opts) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: error: %s\n", p, one_line(e.what()).c_str());
     return 1;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave (under a file,
+    // read-only, a component over 255 characters): a user mistake, not nxd's
+    std::fflush(stdout);
+    if (!quiet_errors) std::fprintf(stderr, "%s: error: %s\n", p, one_line(e.what()).c_str());
+    return quiet_errors ? 0 : 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (!quiet_errors)
