@@ -47,6 +47,10 @@ std::string shorten(const std::string& s, size_t n) {
   return out;
 }
 
+std::string one_line(const std::string& message) {
+  return shorten(message, 4096);
+}
+
 void check_regular_file(const std::string& path, const std::string& what, const std::string& tag) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)

@@ -21,6 +21,9 @@ struct ReadLimits {
 
 // s cut to at most n characters ("..." and the full length when cut), on one line.
 std::string shorten(const std::string& s, size_t n = ReadLimits::max_shown);
+// An error message as the tools print it: one line, at most 4,096 characters (a value from
+// outside echoed whole can be 150 KB; the message keeps its start and says how long it was).
+std::string one_line(const std::string& message);
 
 // A file descriptor open for reading on `path`, which must be a regular file: opened without
 // blocking (a FIFO cannot hang it) and checked with fstat. IoError naming `what` and the path.

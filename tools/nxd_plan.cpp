@@ -240,10 +240,10 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const UserError& e) {
-    std::fprintf(stderr, "nxd-plan: error: %s\n", e.what());
+    std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-plan: error: %s\n", e.what());
+    std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
     return 1;
   }
 }
