@@ -7,6 +7,7 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/io/bounded_read.h"
 #include "nxd/io/hf_folder.h"
 
 namespace nxd::ckpt {
@@ -15,13 +16,23 @@ using json = nlohmann::json;
 
 namespace {
 
+// An integer field of config.json in [lo, hi] (ConfigError naming the key and value otherwise):
+// checked before it sizes or divides anything.
+int64_t hf_int(const json& j, const std::string& key, int64_t lo, int64_t hi) {
+  return io::json_int(j, key, lo, hi, "config.json", "import-hf");
+}
+constexpr int64_t kMaxDim = int64_t{1} << 20;  // widths, heads, head_dim, experts
+constexpr int64_t kMaxLen = int64_t{1} << 24;  // vocabulary, positions, layers
+
 [[noreturn]] void refuse(const std::string& what) {
   throw CheckpointError(str("[import-hf] config.json: ", what, " is not supported by nxd's model"));
 }
 
 void read_llama(const json& j, ModelConfig& c) {
   c.arch = "llama";
-  c.num_kv_heads = j.value("num_key_value_heads", c.num_attention_heads);
+  c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                       ? hf_int(j, "num_key_value_heads", 1, c.num_attention_heads)
+                       : c.num_attention_heads;
   c.norm_eps = j.at("rms_norm_eps").get<double>();
   c.rope_theta = j.value("rope_theta", 10000.0);
   const std::string act = j.value("hidden_act", std::string("silu"));
@@ -34,7 +45,7 @@ void read_llama(const json& j, ModelConfig& c) {
   c.attention_bias = j.value("attention_bias", false);
   c.mlp_bias = j.value("mlp_bias", false);
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
-    const int64_t hd = j["head_dim"].get<int64_t>();
+    const int64_t hd = hf_int(j, "head_dim", 1, kMaxDim);
     if (hd != c.hidden_size / c.num_attention_heads || c.hidden_size % c.num_attention_heads != 0)
       c.attention_head_dim = hd;
   }
@@ -59,7 +70,7 @@ void read_gpt_neox(const json& j, ModelConfig& c) {
   // GPTNeoXConfig's attention_bias defaults to true; nxd's GPT-NeoX always has the biases
   if (!j.value("attention_bias", true)) refuse("gpt_neox attention_bias: false");
   if (j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null() &&
-      j["num_key_value_heads"].get<int64_t>() != c.num_attention_heads)
+      hf_int(j, "num_key_value_heads", 1, kMaxDim) != c.num_attention_heads)
     refuse(str("gpt_neox num_key_value_heads ", j["num_key_value_heads"].get<int64_t>(),
                " != num_attention_heads ", c.num_attention_heads));
 }
@@ -99,8 +110,8 @@ void read_mixtral(const json& j, ModelConfig& c) {
     refuse(str("mixtral sliding_window ", j["sliding_window"].get<int64_t>(),
                " below max_position_embeddings (nxd's attention is full causal)"));
   if (j.value("router_jitter_noise", 0.0) != 0.0) refuse("mixtral router_jitter_noise != 0");
-  c.moe.num_experts = j.at("num_local_experts").get<int64_t>();
-  c.moe.top_k = j.at("num_experts_per_tok").get<int64_t>();
+  c.moe.num_experts = hf_int(j, "num_local_experts", 1, kMaxDim);
+  c.moe.top_k = hf_int(j, "num_experts_per_tok", 1, c.moe.num_experts);
   c.moe.frequency = 1;
   c.moe.dropless = true;
   c.moe.normalize_top_k_affinities = true;
@@ -157,13 +168,14 @@ json hf_config_json(const ModelConfig& c) {
 ModelConfig model_config_from_hf(const json& j) {
   try {
     ModelConfig c;
+    if (!j.is_object()) throw CheckpointError("[import-hf] config.json is not a JSON object");
     const std::string type = j.at("model_type").get<std::string>();
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.hidden_size = j.at("hidden_size").get<int64_t>();
-    c.ffn_hidden_size = j.at("intermediate_size").get<int64_t>();
-    c.num_layers = j.at("num_hidden_layers").get<int64_t>();
-    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
-    c.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
+    c.vocab_size = hf_int(j, "vocab_size", 1, kMaxLen);
+    c.hidden_size = hf_int(j, "hidden_size", 1, kMaxDim);
+    c.ffn_hidden_size = hf_int(j, "intermediate_size", 1, kMaxDim);
+    c.num_layers = hf_int(j, "num_hidden_layers", 1, kMaxLen);
+    c.num_attention_heads = hf_int(j, "num_attention_heads", 1, kMaxDim);
+    c.max_position_embeddings = hf_int(j, "max_position_embeddings", 1, kMaxLen);
     // transformers' default for both architectures' configs: Llama ties only when asked, and
     // GPTNeoXConfig's default is False too
     c.tie_word_embeddings = j.value("tie_word_embeddings", false);
@@ -178,12 +190,13 @@ ModelConfig model_config_from_hf(const json& j) {
     else if (type == "mixtral")
       read_mixtral(j, c);
     else
-      throw CheckpointError(str("model_type '", type, "' is not llama, mixtral or gpt_neox"));
+      throw CheckpointError(
+          str("model_type '", io::shorten(type), "' is not llama, mixtral or gpt_neox"));
     c.validate();
     return c;
-  } catch (const CheckpointError& e) {
+  } catch (const UserError& e) {
     const std::string m = e.what();
-    if (m.rfind("[import-hf]", 0) == 0) throw;
+    if (m.rfind("[import-hf]", 0) == 0) throw CheckpointError(m);
     throw CheckpointError(str("[import-hf] config.json: ", m));
   } catch (const std::exception& e) {
     throw CheckpointError(str("[import-hf] config.json: ", e.what()));

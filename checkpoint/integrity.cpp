@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "nxd/checkpoint/error.h"
+#include "nxd/checkpoint/layout.h"
+#include "nxd/io/bounded_read.h"
 
 namespace nxd::ckpt::detail {
 
@@ -50,6 +52,43 @@ int64_t count_nonfinite(const void* data, int64_t n, DType dtype) {
     for (int64_t i = 0; i < n; ++i) bad += (p[i] & 0x7f80) == 0x7f80;  // exponent all ones
   }
   return bad;
+}
+
+nlohmann::json read_side_file(const std::filesystem::path& tag_dir, const std::string& rel,
+                              const nlohmann::json& meta, const char* prefix) {
+  const std::string p = (tag_dir / rel).string();
+  const std::string text = io::read_file(p, int64_t{16} << 20);
+  const nlohmann::json* info = nullptr;
+  if (meta.contains("files") && meta["files"].is_object() && meta["files"].contains(rel))
+    info = &meta["files"][rel];
+  if (info && info->is_object() && info->contains("bytes") &&
+      (*info)["bytes"] != static_cast<int64_t>(text.size()))
+    throw CheckpointError(str(prefix, " ", p, " has ", text.size(), " bytes, metadata.json says ",
+                              io::shorten((*info)["bytes"].dump()), " (truncated or replaced)"));
+  try {
+    io::check_flow_depth(text, /*yaml=*/false, p, "checkpoint");
+    return nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    throw CheckpointError(str(prefix, " ", p, " is not valid JSON: ", io::shorten(e.what(), 200)));
+  }
+}
+
+optim::LRScheduleOptions read_scheduler(const std::filesystem::path& tag_dir,
+                                        const nlohmann::json& meta, const char* prefix) {
+  const nlohmann::json j = read_side_file(tag_dir, kScheduler, meta, prefix);
+  try {
+    optim::LRScheduleOptions o;
+    o.kind = optim::schedule_kind_from_name(j.at("kind").get<std::string>());
+    o.lr = j.at("lr").get<double>();
+    o.min_lr = j.at("min_lr").get<double>();
+    o.warmup_steps = j.at("warmup_steps").get<int64_t>();
+    o.decay_steps = j.at("decay_steps").get<int64_t>();
+    optim::LRSchedule check(o);  // validates
+    return o;
+  } catch (const std::exception& e) {
+    throw CheckpointError(
+        str(prefix, " ", (tag_dir / kScheduler).string(), ": ", io::shorten(e.what(), 200)));
+  }
 }
 
 }  // namespace nxd::ckpt::detail

@@ -6,12 +6,17 @@
 //   - every tensor has a CRC-32C entry (nxd.crc32c.<name>): nxd always writes one, so a missing
 //     one is damage (a read without it would check nothing);
 //   - model tensors are finite (NaN/Inf weights are refused by load and reported by verify; the
-//     trainer never saves a non-finite step, trainer.on_nonfinite).
+//     trainer never saves a non-finite step, trainer.on_nonfinite);
+//   - a JSON side file (scheduler.json, user_content.json) is a regular file of the size
+//     metadata.json records, nested at most 64 deep; scheduler.json is a valid schedule.
 #include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "nxd/checkpoint/error.h"
 #include "nxd/io/safetensors.h"
+#include "nxd/optim/lr_schedule.h"
 
 namespace nxd::ckpt::detail {
 
@@ -21,5 +26,13 @@ void check_shard_identity(const io::SafetensorsHeader& h, const std::string& rel
 
 // The NaN and infinite values among n elements of a floating dtype (0 for integer dtypes).
 int64_t count_nonfinite(const void* data, int64_t n, DType dtype);
+
+// The JSON side file `rel` of the checkpoint at tag_dir, read through the I/O floor's limits and
+// checked against its metadata.json entry (`meta`: the parsed metadata.json) before parsing.
+nlohmann::json read_side_file(const std::filesystem::path& tag_dir, const std::string& rel,
+                              const nlohmann::json& meta, const char* prefix);
+// scheduler.json as schedule options, validated as LRSchedule validates them.
+optim::LRScheduleOptions read_scheduler(const std::filesystem::path& tag_dir,
+                                        const nlohmann::json& meta, const char* prefix);
 
 }  // namespace nxd::ckpt::detail

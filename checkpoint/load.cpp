@@ -99,23 +99,6 @@ std::vector<optim::StateShard> staged_records(const std::vector<optim::StateShar
   return out;
 }
 
-optim::LRScheduleOptions scheduler_options(const fs::path& p) {
-  try {
-    const json j = json::parse(io::read_file(p));
-    optim::LRScheduleOptions o;
-    o.kind = optim::schedule_kind_from_name(j.at("kind").get<std::string>());
-    o.lr = j.at("lr").get<double>();
-    o.min_lr = j.at("min_lr").get<double>();
-    o.warmup_steps = j.at("warmup_steps").get<int64_t>();
-    o.decay_steps = j.at("decay_steps").get<int64_t>();
-    return o;
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CheckpointError(str("[load_checkpoint] ", p.string(), ": ", e.what()));
-  }
-}
-
 // Everything a load commits, read and verified.
 struct Staged {
   std::vector<Want> model, optim;
@@ -188,17 +171,10 @@ Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
     stage_optimizer(st, meta, dir, *optimizer, chunks, opts, whole_model, s);
   }
   if (scheduler) {
-    s.sched = scheduler_options(dir / detail::kScheduler);
-    optim::LRSchedule check(s.sched);  // validates before the commit
+    s.sched = detail::read_scheduler(dir, meta, "[load_checkpoint]");  // validated
   }
-  const fs::path uc = dir / detail::kUserContent;
-  if (fs::exists(uc)) {
-    try {
-      s.user = json::parse(io::read_file(uc));
-    } catch (const std::exception& e) {
-      throw CheckpointError(str("[load_checkpoint] ", uc.string(), ": ", e.what()));
-    }
-  }
+  if (fs::exists(dir / detail::kUserContent))
+    s.user = detail::read_side_file(dir, detail::kUserContent, meta, "[load_checkpoint]");
   return s;
 }
 

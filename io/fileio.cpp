@@ -1,5 +1,7 @@
 #include "nxd/io/fileio.h"
 
+#include "nxd/io/bounded_read.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -70,12 +72,12 @@ void write_file_atomic(const fs::path& path, const std::string& content, bool sy
   f.commit();
 }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw FileError(str("[checkpoint] cannot read '", path.string(), "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string read_file(const fs::path& path, int64_t max_bytes) {
+  try {  // regular files only (a FIFO would block), at most max_bytes
+    return read_regular_file(path.string(), "", max_bytes, "checkpoint");
+  } catch (const IoError& e) {
+    throw FileError(e.what());
+  }
 }
 
 void fsync_dir(const fs::path& dir) {

@@ -43,8 +43,9 @@ class AtomicFile {
 // The whole of `content` as the file `path`, atomically.
 void write_file_atomic(const std::filesystem::path& path, const std::string& content,
                        bool sync = true);
-// The whole file (FileError naming it if it cannot be read).
-std::string read_file(const std::filesystem::path& path);
+// The whole of a regular file of at most max_bytes (FileError naming it otherwise: missing,
+// unreadable, a FIFO or device, too large).
+std::string read_file(const std::filesystem::path& path, int64_t max_bytes = int64_t{1} << 30);
 // fsync of a folder (makes renames and removals in it durable); errors are ignored where the
 // file system does not support it.
 void fsync_dir(const std::filesystem::path& dir);

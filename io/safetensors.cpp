@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "nxd/io/bounded_read.h"
 #include "nxd/io/crc32c.h"
 
 namespace nxd::io {
@@ -305,8 +306,11 @@ struct SafetensorsReader::Source {
 SafetensorsReader::SafetensorsReader(const fs::path& path) : path_(path) {
   const std::string file = path.string();
   src_ = std::make_unique<Source>();
-  src_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (src_->fd < 0) bad(file, str("cannot open: ", std::strerror(errno)));
+  try {  // regular files only: a FIFO or device is refused before anything blocks on it
+    src_->fd = open_regular_file(file, "", "safetensors");
+  } catch (const IoError& e) {
+    bad(file, str("cannot open: ", e.what()));
+  }
   struct stat sb {};
   if (::fstat(src_->fd, &sb) == 0) file_size_ = sb.st_size;
   unsigned char len8[8];

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "nxd/io/bounded_read.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::io {
@@ -57,6 +58,23 @@ size_t utf8_len(unsigned char c) {
   return c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
 }
 
+constexpr int64_t kMaxTokenizerBytes = int64_t{256} << 20;  // Llama 3's is 9 MB
+constexpr int64_t kMaxId = int64_t{1} << 24;  // ids index tables: 16.7M (the largest vocabularies
+                                              // are ~256k)
+// The ICU regex engine's time limit per match, in its units (10,000 steps each, on the order of a
+// millisecond): a pre-tokenizer regex that backtracks exponentially ((a|aa)+$ on a run of a's)
+// stops there with a ConfigError instead of running for minutes.
+constexpr int32_t kRegexTimeLimit = 2000;
+
+// A vocabulary or added-token id: an integer in [0, kMaxId) (ConfigError naming the piece).
+int64_t checked_id(const std::string& path, const std::string& piece, const json& id) {
+  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxId ||
+      (id.is_number_unsigned() && id.get<uint64_t>() >= static_cast<uint64_t>(kMaxId)))
+    throw ConfigError(str("[tokenizer] ", path, ": piece '", shorten(piece), "' has id ",
+                          shorten(id.dump()), " (ids are integers in [0, ", kMaxId, "))"));
+  return id.get<int64_t>();
+}
+
 [[noreturn]] void unsupported(const std::string& path, const std::string& what) {
   throw ConfigError(str("[tokenizer] ", path, ": ", what, " is not supported (byte-level BPE is)"));
 }
@@ -64,7 +82,9 @@ size_t utf8_len(unsigned char c) {
 }  // namespace
 
 struct Tokenizer::Regexes {
+  std::string path;  // for messages
   std::vector<std::unique_ptr<icu::RegexPattern>> splits;
+  std::vector<std::string> patterns;
   // Every piece of `in` cut by split i (matches and the text between them, in order: tokenizers'
   // Split with behavior Isolated).
   void split(size_t i, const std::string& in, std::vector<std::string>& out) const {
@@ -72,6 +92,7 @@ struct Tokenizer::Regexes {
     UText* ut = utext_openUTF8(nullptr, in.data(), static_cast<int64_t>(in.size()), &st);
     std::unique_ptr<icu::RegexMatcher> m(splits[i]->matcher(st));
     m->reset(ut);
+    m->setTimeLimit(kRegexTimeLimit, st);
     int64_t pos = 0;
     while (m->find(st) && U_SUCCESS(st)) {
       const int64_t b = m->start64(st), e = m->end64(st);
@@ -82,6 +103,11 @@ struct Tokenizer::Regexes {
     }
     if (pos < static_cast<int64_t>(in.size())) out.push_back(in.substr(static_cast<size_t>(pos)));
     utext_close(ut);
+    if (st == U_REGEX_TIME_OUT || st == U_REGEX_STACK_OVERFLOW)
+      throw ConfigError(str("[tokenizer] ", path, ": pre-tokenizer regex ", i, " ('",
+                            shorten(patterns[i]), "') exceeded its ",
+                            st == U_REGEX_TIME_OUT ? "time" : "stack", " limit on a piece of ",
+                            in.size(), " bytes (it backtracks exponentially); refused"));
     if (U_FAILURE(st)) throw InternalError(str("[tokenizer] regex failed: ", u_errorName(st)));
   }
 };
@@ -94,7 +120,7 @@ std::unique_ptr<icu::RegexPattern> compile(const std::string& path, const std::s
   std::unique_ptr<icu::RegexPattern> p(
       icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(pattern), 0, pe, st));
   if (U_FAILURE(st))
-    throw ConfigError(str("[tokenizer] ", path, ": pre-tokenizer regex '", pattern,
+    throw ConfigError(str("[tokenizer] ", path, ": pre-tokenizer regex '", shorten(pattern),
                           "' does not compile: ", u_errorName(st), " at offset ", pe.offset));
   return p;
 }
@@ -105,29 +131,24 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(str("[tokenizer] cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const std::exception& e) {
-    throw ConfigError(str("[tokenizer] ", path, " is not JSON: ", e.what()));
-  }
+Tokenizer Tokenizer::from_file(const std::string& path_in) {
+  // regular file, size, nesting checked before parsing (io/bounded_read.h)
+  const json j = read_json_file(path_in, "tokenizer", "tokenizer", kMaxTokenizerBytes);
+  const std::string path = shorten(path_in, ReadLimits::max_shown_path);
   Tokenizer t;
-  t.path_ = path;
+  t.path_ = path_in;
   t.regexes_ = std::make_unique<Regexes>();
+  t.regexes_->path = path;
   try {
     const json& model = j.at("model");
     if (model.value("type", std::string("BPE")) != "BPE")
       unsupported(path, str("model type '", model.value("type", std::string()), "'"));
     if (model.value("byte_fallback", false)) unsupported(path, "model.byte_fallback: true");
     if (j.contains("normalizer") && !j["normalizer"].is_null())
-      unsupported(path, str("normalizer ", j["normalizer"].dump()));
+      unsupported(path, str("normalizer ", shorten(j["normalizer"].dump())));
     t.ignore_merges_ = model.value("ignore_merges", false);
-    for (const auto& [piece, id] : model.at("vocab").items()) t.vocab_[piece] = id.get<int64_t>();
+    for (const auto& [piece, id] : model.at("vocab").items())
+      t.vocab_[piece] = checked_id(path, piece, id);
     int64_t rank = 0;
     for (const auto& m : model.at("merges")) {
       const std::string key = m.is_string()
@@ -136,7 +157,8 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
       t.merge_rank_.emplace(key, rank++);
     }
     for (const auto& a : j.value("added_tokens", json::array()))
-      t.added_.emplace_back(a.at("content").get<std::string>(), a.at("id").get<int64_t>());
+      t.added_.emplace_back(a.at("content").get<std::string>(),
+                            checked_id(path, a.at("content").get<std::string>(), a.at("id")));
     std::sort(t.added_.begin(), t.added_.end(),
               [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
     // the pre-tokenizer: ByteLevel, or a Sequence of Splits and a ByteLevel
@@ -149,25 +171,28 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
       const std::string type = s.at("type");
       if (type == "Split") {
         if (s.value("behavior", std::string()) != "Isolated" || s.value("invert", false))
-          unsupported(path, str("Split pre-tokenizer ", s.dump(), " (behavior Isolated is)"));
+          unsupported(path,
+                      str("Split pre-tokenizer ", shorten(s.dump()), " (behavior Isolated is)"));
         const json& p = s.at("pattern");
-        if (!p.contains("Regex")) unsupported(path, str("Split pattern ", p.dump()));
+        if (!p.contains("Regex")) unsupported(path, str("Split pattern ", shorten(p.dump())));
         t.regexes_->splits.push_back(compile(path, p["Regex"].get<std::string>()));
+        t.regexes_->patterns.push_back(p["Regex"].get<std::string>());
         t.pre_name_ += (t.pre_name_.empty() ? "" : " + ") + std::string("regex split");
       } else if (type == "ByteLevel") {
         byte_level = true;
         t.add_prefix_space_ = s.value("add_prefix_space", false);
         if (s.value("use_regex", true)) {
           t.regexes_->splits.push_back(compile(path, kGpt2Regex));
+          t.regexes_->patterns.push_back(kGpt2Regex);
           t.pre_name_ += (t.pre_name_.empty() ? "" : " + ") + std::string("GPT-2 regex");
         }
       } else {
-        unsupported(path, str("pre-tokenizer '", type, "'"));
+        unsupported(path, str("pre-tokenizer '", shorten(type), "'"));
       }
     }
     if (!byte_level) unsupported(path, "a pre-tokenizer without ByteLevel");
   } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(str("[tokenizer] ", path, ": ", e.what()));
+    throw ConfigError(str("[tokenizer] ", path, ": ", shorten(e.what(), 200)));
   }
   for (const auto& [p, id] : t.vocab_) t.vocab_size_ = std::max(t.vocab_size_, id + 1);
   for (const auto& [c, id] : t.added_) t.vocab_size_ = std::max(t.vocab_size_, id + 1);

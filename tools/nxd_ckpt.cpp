@@ -33,6 +33,8 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/io/bounded_read.h"
+#include "nxd/io/env_check.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -55,12 +57,6 @@ const char* kUsage =
 struct Usage : nxd::UserError {
   using UserError::UserError;
 };
-
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n') c = ' ';
-  return s;
-}
 
 int to_int(const std::string& flag, const std::string& v) {
   char* end = nullptr;
@@ -147,7 +143,7 @@ int verify(const fs::path& dir) {
                 static_cast<long long>(r.bytes));
     return 0;
   } catch (const nxd::ckpt::CheckpointError& e) {
-    std::fprintf(stderr, "nxd-ckpt: verify failed: %s\n", one_line(e.what()).c_str());
+    std::fprintf(stderr, "nxd-ckpt: verify failed: %s\n", nxd::io::one_line(e.what()).c_str());
     return 1;
   }
 }
@@ -262,6 +258,7 @@ int run(const std::vector<std::string>& argv) {
     return argv.empty() ? 2 : 0;
   }
   const Args a = parse(argv);
+  nxd::io::check_environment();  // NXD_* variables, as nxd-train checks them
   if (a.cmd == "inspect") {
     a.want(1);
     return inspect(a.pos[0], a.tensors);
@@ -324,13 +321,17 @@ int main(int argc, char** argv) {
   try {
     return run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const Usage& e) {
-    std::fprintf(stderr, "nxd-ckpt: error: %s\n%s", one_line(e.what()).c_str(), kUsage);
+    std::fprintf(stderr, "nxd-ckpt: error: %s\n%s", nxd::io::one_line(e.what()).c_str(), kUsage);
     return 2;
   } catch (const nxd::UserError& e) {
-    std::fprintf(stderr, "nxd-ckpt: error: %s\n", one_line(e.what()).c_str());
+    std::fprintf(stderr, "nxd-ckpt: error: %s\n", nxd::io::one_line(e.what()).c_str());
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave (under a file,
+    // read-only, a component over 255 characters, /proc): a user mistake, not nxd's
+    std::fprintf(stderr, "nxd-ckpt: error: %s\n", nxd::io::one_line(e.what()).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-ckpt: internal error: %s\n", one_line(e.what()).c_str());
+    std::fprintf(stderr, "nxd-ckpt: internal error: %s\n", nxd::io::one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -39,6 +39,8 @@
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
+#include "nxd/io/bounded_read.h"
+#include "nxd/io/env_check.h"
 #include "nxd/io/safetensors.h"
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
@@ -108,12 +110,6 @@ std::vector<int64_t> parse_buckets(const std::string& v) {
     at = comma + 1;
   }
   return out;
-}
-
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n') c = ' ';
-  return s;
 }
 
 int64_t to_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
@@ -429,6 +425,7 @@ GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
 
 int run(int argc, char** argv) {
   const GenerateCli c = parse_args(argc, argv);
+  io::check_environment();  // NXD_* variables, as nxd-train checks them
   const Tokens t = load_tokens(c);
   if (!c.eager && c.backend == "sim") {
     ModelSource s;
@@ -505,16 +502,21 @@ int main(int argc, char** argv) {
     return quiet ? 0 : (*e.what() ? 2 : 0);
   } catch (const UserError& e) {
     std::fflush(stdout);
-    if (!quiet) std::fprintf(stderr, "nxd-generate: error: %s\n", one_line(e.what()).c_str());
+    if (!quiet) std::fprintf(stderr, "nxd-generate: error: %s\n", io::one_line(e.what()).c_str());
     return quiet ? 0 : 2;
   } catch (const OutOfDeviceMemory& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "nxd-generate: error: %s\n", one_line(e.what()).c_str());
+    std::fprintf(stderr, "nxd-generate: error: %s\n", io::one_line(e.what()).c_str());
     return 2;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave (--save-trace
+    // under /proc or a file, a component over 255 characters): a user mistake, not nxd's
+    std::fflush(stdout);
+    if (!quiet) std::fprintf(stderr, "nxd-generate: error: %s\n", io::one_line(e.what()).c_str());
+    return quiet ? 0 : 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (!quiet)
-      std::fprintf(stderr, "nxd-generate: internal error: %s\n", one_line(e.what()).c_str());
+      std::fprintf(stderr, "nxd-generate: internal error: %s\n", io::one_line(e.what()).c_str());
     return 1;
   }
 }

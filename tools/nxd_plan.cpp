@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "nxd/io/bounded_read.h"
 #include "nxd/runtime/error.h"
 #include "nxd_plan.h"
 
@@ -108,9 +109,7 @@ Args parse(int argc, char** argv) {
     else if (s == "--instance")
       a.instance = value();
     else if (s == "--nodes") {
-      const std::string v = value();
-      a.nodes = std::atoi(v.c_str());
-      if (a.nodes < 1) throw UserError(str("[nxd-plan] --nodes must be >= 1, got ", v));
+      a.nodes = static_cast<int>(io::parse_int(value(), 1, 1024, "--nodes", "nxd-plan"));
     } else if (s == "--timeline")
       a.timeline = value();
     else if (s == "--search")
@@ -246,10 +245,10 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const UserError& e) {
-    std::fprintf(stderr, "nxd-plan: error: %s\n", e.what());
+    std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-plan: error: %s\n", e.what());
+    std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
     return 1;
   }
 }

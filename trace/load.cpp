@@ -9,6 +9,7 @@
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/io/bounded_read.h"
 #include "nxd/io/crc32c.h"
 #include "nxd/io/safetensors.h"
 #include "nxd/trace/mapped_file.h"
@@ -20,9 +21,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 MappedFile::MappedFile(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0)
-    throw TraceError(str("[trace] cannot open ", path.string(), ": ", std::strerror(errno)));
+  int fd = -1;
+  try {  // a FIFO or device is refused before anything blocks on it
+    fd = io::open_regular_file(path.string(), "trace file", "trace");
+  } catch (const IoError& e) {
+    throw TraceError(e.what());
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
@@ -205,7 +209,13 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
   std::map<std::string, std::string> metadata;
   try {
     MappedFile mf(mpath);
-    man = json::parse(std::string(mf.data(), static_cast<size_t>(mf.size())));
+    const std::string text(mf.data(), static_cast<size_t>(mf.size()));
+    try {
+      io::check_flow_depth(text, /*yaml=*/false, mpath.string(), "parallel_model_load");
+    } catch (const ConfigError& e) {
+      throw TraceError(e.what());
+    }
+    man = json::parse(text);
     if (man.at("format").get<std::string>() != "nxd-trace")
       throw TraceError(str("[parallel_model_load] ", mpath.string(), " is not an nxd trace"));
     const int v = man.at("version").get<int>();

@@ -14,8 +14,9 @@
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/mpi/mpi.h"
+#include "nxd/io/bounded_read.h"
+#include "nxd/io/env_check.h"
 #include "nxd/runtime/error.h"
-#include "nxd/train/env_check.h"
 #include "nxd/train/run_dir.h"
 #include "nxd/trainer/preempt.h"
 
@@ -42,12 +43,6 @@ std::string usage(const CliOptions& o) {
       "  --print-config       print the resolved configuration as YAML and exit\n"
       "  --help-config        print every key with its type, default and description\n"
       "  -h, --help           this text\n");
-}
-
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
 }
 
 enum class Action { train, print_config, done };
@@ -169,7 +164,7 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
   }
   if (!world_error.empty()) {
     if (session.rank() == 0) {
-      std::fprintf(stderr, "%s: error: %s\n", o.program.c_str(), one_line(world_error).c_str());
+      std::fprintf(stderr, "%s: error: %s\n", o.program.c_str(), io::one_line(world_error).c_str());
       std::fflush(stderr);
     }
     world().barrier();
@@ -192,7 +187,7 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
   }
   if (code != 0) {
     std::fflush(stdout);
-    std::fprintf(stderr, "%s: %s\n", o.program.c_str(), one_line(what).c_str());
+    std::fprintf(stderr, "%s: %s\n", o.program.c_str(), io::one_line(what).c_str());
     std::fflush(stderr);
 #ifdef NXD_TRAINER_WITH_MPI
     MPI_Abort(MPI_COMM_WORLD, code);  // the peers may be waiting in a collective
@@ -204,7 +199,7 @@ int run_mpi(int argc, char** argv, const CliOptions& o, Config& cfg, TrainConfig
 }
 
 int run(int argc, char** argv, const CliOptions& o) {
-  check_environment();
+  io::check_environment();
   Config cfg;
   if (o.defaults) o.defaults(cfg);
   const Action action = parse_args(std::vector<std::string>(argv + 1, argv + argc), o, cfg);
@@ -238,22 +233,27 @@ int run_cli(int argc, char** argv, const CliOptions& opts) {
     return run(argc, argv, opts);
   } catch (const UserError& e) {
     std::fflush(stdout);
-    if (!quiet_errors) std::fprintf(stderr, "%s: error: %s\n", p, one_line(e.what()).c_str());
+    if (!quiet_errors) std::fprintf(stderr, "%s: error: %s\n", p, io::one_line(e.what()).c_str());
     // Under mpirun every rank finds a bad config alike; only the rank that printed fails, so
     // mpirun does not stop the job (and lose the message) on another rank's exit first.
     return quiet_errors ? 0 : 2;
   } catch (const OutOfDeviceMemory& e) {  // the config asks for more than the machine has
     std::fflush(stdout);
-    std::fprintf(stderr, "%s: error: %s\n", p, one_line(e.what()).c_str());
+    std::fprintf(stderr, "%s: error: %s\n", p, io::one_line(e.what()).c_str());
     return 2;
   } catch (const CommError& e) {  // a rank failed or hung (named): not a bug of nxd
     std::fflush(stdout);
-    std::fprintf(stderr, "%s: error: %s\n", p, one_line(e.what()).c_str());
+    std::fprintf(stderr, "%s: error: %s\n", p, io::one_line(e.what()).c_str());
     return 1;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave (under a file,
+    // read-only, a component over 255 characters): a user mistake, not nxd's
+    std::fflush(stdout);
+    if (!quiet_errors) std::fprintf(stderr, "%s: error: %s\n", p, io::one_line(e.what()).c_str());
+    return quiet_errors ? 0 : 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (!quiet_errors)
-      std::fprintf(stderr, "%s: internal error: %s\n", p, one_line(e.what()).c_str());
+      std::fprintf(stderr, "%s: internal error: %s\n", p, io::one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -181,8 +181,8 @@ Config::Config() {
 }
 
 json parse_yaml(const std::string& text, const std::string& source) {
-  check_utf8(text, source);
-  check_flow_depth(text, /*yaml=*/true, source);
+  io::check_utf8(text, source, "config");
+  io::check_flow_depth(text, /*yaml=*/true, source, "config");
   NodeBudget budget{source};
   try {
     return yaml_to_json(YAML::Load(text), budget, 0);
@@ -193,7 +193,8 @@ json parse_yaml(const std::string& text, const std::string& source) {
 }
 
 void Config::merge_file(const std::string& path) {
-  const std::string text = read_regular_file(path, "config file", ConfigLimits::max_file_bytes);
+  const std::string text =
+      io::read_regular_file(path, "config file", ConfigLimits::max_file_bytes, "config");
   const bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
   const json tree = is_json ? parse_json_config(text, path) : parse_yaml(text, path);
   check_dotted_duplicates(tree, path);
@@ -238,7 +239,7 @@ void Config::apply_override(const std::string& a) {
   const auto eq = a.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError(str("[config] --set expects dotted.key=value, got '", shorten(a), "'"));
-  check_utf8(a, "--set");
+  io::check_utf8(a, "--set", "config");
   const std::string k = a.substr(0, eq), text = a.substr(eq + 1);
   const std::string src = str("--set ", shorten(a));
   if (!find_key(k)) {

@@ -15,101 +15,6 @@ namespace nxd::trainer {
 
 using json = nlohmann::json;
 
-namespace {
-
-const char* file_kind(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
-
-}  // namespace
-
-void check_regular_file(const std::string& path, const std::string& what) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    throw IoError(
-        str("[config] cannot read ", what, " '", shorten(path), "': ", std::strerror(errno)));
-  if (!S_ISREG(st.st_mode))
-    throw IoError(str("[config] ", what, " '", shorten(path), "' is ", file_kind(st.st_mode),
-                      ", not a regular file"));
-}
-
-std::string read_regular_file(const std::string& path, const std::string& what, int64_t max_bytes) {
-  check_regular_file(path, what);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(str("[config] cannot read ", what, " '", shorten(path), "'"));
-  std::string text;
-  std::vector<char> buf(1 << 16);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    text.append(buf.data(), static_cast<size_t>(in.gcount()));
-    if (static_cast<int64_t>(text.size()) > max_bytes)
-      throw IoError(
-          str("[config] ", what, " '", shorten(path), "' is larger than ", max_bytes, " bytes"));
-  }
-  if (in.bad()) throw IoError(str("[config] error reading ", what, " '", shorten(path), "'"));
-  return text;
-}
-
-std::string shorten(const std::string& s, size_t n) {
-  std::string out = s.size() <= n ? s : s.substr(0, n - 3) + "...";
-  for (char& c : out)
-    if (c == '\n' || c == '\r') c = ' ';
-  if (s.size() > n) out += str(" (", s.size(), " characters)");
-  return out;
-}
-
-void check_flow_depth(const std::string& text, bool yaml, const std::string& source) {
-  int depth = 0;
-  char quote = 0;
-  bool comment = false;
-  int64_t line = 1;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '\n') ++line, comment = false;
-    if (comment) continue;
-    if (quote) {
-      if (c == '\\' && quote == '"')
-        ++i;
-      else if (c == quote)
-        quote = 0;
-      continue;
-    }
-    if (c == '"' || (yaml && c == '\''))
-      quote = c;
-    else if (yaml && c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\n'))
-      comment = true;
-    else if (c == '[' || c == '{') {
-      if (++depth > ConfigLimits::max_depth)
-        throw ConfigError(str("[config] ", source, ":", line, ": nested deeper than ",
-                              ConfigLimits::max_depth, " levels"));
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-}
-
-void check_utf8(const std::string& s, const std::string& source) {
-  int64_t line = 1;
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '\n') ++line;
-    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    bool ok = n > 0 && i + n <= s.size();
-    for (int k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 2;
-    if (ok && n == 2) ok = c >= 0xc2;  // no overlong forms
-    if (!ok)
-      throw ConfigError(str("[config] ", shorten(source), ":", line, ": not UTF-8 text (byte 0x",
-                            "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15], " at offset ",
-                            i, ")"));
-    i += static_cast<size_t>(n);
-  }
-}
-
 void NodeBudget::enter(int depth) {
   if (depth > ConfigLimits::max_depth)
     throw ConfigError(
@@ -141,8 +46,8 @@ void check_dotted_duplicates(const json& tree, const std::string& source) {
 }
 
 json parse_json_config(const std::string& text, const std::string& source) {
-  check_utf8(text, source);
-  check_flow_depth(text, /*yaml=*/false, source);
+  io::check_utf8(text, source, "config");
+  io::check_flow_depth(text, /*yaml=*/false, source, "config");
   std::vector<std::set<std::string>> keys;  // the keys seen in each open object
   std::string duplicate;
   auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {

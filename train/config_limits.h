@@ -1,36 +1,25 @@
 #pragma once
-// Limits of the configuration reader (docs/DESIGN.md, "Hostile input"): what a --config file or
-// a data file may be, how deep and how large a parsed configuration may grow, and how much of a
+// Limits of the configuration reader (docs/DESIGN.md, "Hostile input"): what a --config file may
+// be, how deep and how large a parsed configuration may grow, and how much of a
 // value a message shows. Each refusal is a ConfigError or IoError naming the file (or key).
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "nxd/io/bounded_read.h"
+
 namespace nxd::trainer {
 
+// The file, depth and message limits are the I/O floor's, shared by every reader
+// (io/bounded_read.h: regular files only, sizes, nesting, values shortened in messages).
 struct ConfigLimits {
   static constexpr int64_t max_file_bytes = 16 << 20;  // a --config file
-  static constexpr int max_depth = 64;                 // nested mappings and lists
-  static constexpr int64_t max_nodes = 100000;         // values after YAML aliases expand
-  static constexpr size_t max_shown = 80;              // characters of a value in a message
+  static constexpr int max_depth = io::ReadLimits::max_depth;
+  static constexpr int64_t max_nodes = 100000;  // values after YAML aliases expand
+  static constexpr size_t max_shown = io::ReadLimits::max_shown;
 };
 
-// The whole of a regular file (not a directory, FIFO or device: refused before opening, so a
-// FIFO cannot block), at most max_bytes; IoError naming `what` and the path otherwise.
-std::string read_regular_file(const std::string& path, const std::string& what, int64_t max_bytes);
-// IoError unless path is a regular file (what: "data.path" etc.).
-void check_regular_file(const std::string& path, const std::string& what);
-
-// s cut to at most n characters ("..." and the full length when cut), on one line.
-std::string shorten(const std::string& s, size_t n = ConfigLimits::max_shown);
-
-// The nesting of `[`/`{` in JSON or YAML flow text (outside quoted strings and YAML comments):
-// ConfigError naming source when deeper than max_depth. Cheap; run before parsing.
-void check_flow_depth(const std::string& text, bool yaml, const std::string& source);
-
-// ConfigError naming source and the line unless s is valid UTF-8 (the configuration is written
-// back as YAML and shown in messages).
-void check_utf8(const std::string& s, const std::string& source);
+using io::shorten;
 
 // JSON text as a tree, refusing duplicate keys in a mapping and nesting beyond max_depth.
 nlohmann::json parse_json_config(const std::string& text, const std::string& source);

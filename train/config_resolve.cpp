@@ -7,11 +7,11 @@
 #include <cstdlib>
 #include <thread>
 
+#include "nxd/io/env_check.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/config.h"
 #include "nxd/pipeline/schedule.h"
 #include "nxd/runtime/error.h"
-#include "nxd/train/env_check.h"
 
 namespace nxd::trainer {
 
@@ -143,10 +143,10 @@ TrainerSection resolve_trainer(Resolver& r) {
     r.fail("trainer.gradient_clip_val must be >= 0, got ", tr.gradient_clip_val);
   tr.on_nonfinite = r.c.get_string("trainer.on_nonfinite");
   tr.num_threads = r.non_negative("trainer.num_threads");
-  if (tr.num_threads > kMaxThreads)
-    r.fail("trainer.num_threads=", tr.num_threads, " is more than ", kMaxThreads, " threads");
+  if (tr.num_threads > io::kMaxThreads)
+    r.fail("trainer.num_threads=", tr.num_threads, " is more than ", io::kMaxThreads, " threads");
   if (tr.num_threads == 0) {
-    const auto env = env_num_threads();  // ConfigError naming it when malformed
+    const auto env = io::env_num_threads();  // ConfigError naming it when malformed
     tr.num_threads =
         env ? *env : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
     r.c.set("trainer.num_threads", tr.num_threads, "derived");  // config.yaml records the count

@@ -17,7 +17,8 @@ namespace nxd::trainer {
 namespace {
 
 std::string read_file(const fs::path& p) {
-  check_regular_file(p.string(), "data.path");  // a FIFO would block, /dev/zero never end
+  io::check_regular_file(p.string(), "data.path",
+                         "config");  // a FIFO would block, /dev/zero never end
   std::ifstream in(p, std::ios::binary);
   if (!in) throw IoError(str("[data] cannot read '", p.string(), "'"));
   std::ostringstream ss;

@@ -127,40 +127,56 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
   result.ranks.resize(n);
   std::vector<std::thread> threads;
   threads.reserve(n);
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      {
-        Context ctx(ContextOptions{.rank = r,
-                                   .world_size = n,
-                                   .seed = opts.seed,
-                                   .memory_capacity = cap,
-                                   .name = str("rank ", r)});
-        auto clock = std::make_shared<SimClock>(m, r, timeline.get());
-        ctx.set_cost_model(clock);
-        set_world(ctx, std::make_shared<SimCommunicator>(w, world_group, r, "w"));
-        ContextGuard guard(ctx);
-        try {
-          fn();
-        } catch (const std::exception& e) {
-          std::lock_guard lk(w->mu);
-          w->abort_locked(r, std::current_exception(), e.what());
-        } catch (...) {
-          std::lock_guard lk(w->mu);
-          w->abort_locked(r, std::current_exception(), "unknown exception");
-        }
-        RankReport& rep = result.ranks[r];
-        rep.rank = r;
-        rep.sim_seconds = clock->now();
-        rep.compute_seconds = clock->compute_seconds();
-        rep.comm_seconds = clock->comm_seconds();
-        rep.wait_seconds = clock->wait_seconds();
-        rep.peak_bytes = ctx.memory().peak();
+  const auto rank_body = [&](int r) {
+    {
+      Context ctx(ContextOptions{.rank = r,
+                                 .world_size = n,
+                                 .seed = opts.seed,
+                                 .memory_capacity = cap,
+                                 .name = str("rank ", r)});
+      auto clock = std::make_shared<SimClock>(m, r, timeline.get());
+      ctx.set_cost_model(clock);
+      set_world(ctx, std::make_shared<SimCommunicator>(w, world_group, r, "w"));
+      ContextGuard guard(ctx);
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        std::lock_guard lk(w->mu);
+        w->abort_locked(r, std::current_exception(), e.what());
+      } catch (...) {
+        std::lock_guard lk(w->mu);
+        w->abort_locked(r, std::current_exception(), "unknown exception");
       }
-      std::lock_guard lk(w->mu);
-      if (w->ranks[r].s == RankState::running) --w->running;
-      w->ranks[r].s = RankState::done;
-      w->check_deadlock_locked(r);
-    });
+      RankReport& rep = result.ranks[r];
+      rep.rank = r;
+      rep.sim_seconds = clock->now();
+      rep.compute_seconds = clock->compute_seconds();
+      rep.comm_seconds = clock->comm_seconds();
+      rep.wait_seconds = clock->wait_seconds();
+      rep.peak_bytes = ctx.memory().peak();
+    }
+    std::lock_guard lk(w->mu);
+    if (w->ranks[r].s == RankState::running) --w->running;
+    w->ranks[r].s = RankState::done;
+    w->check_deadlock_locked(r);
+  };
+  for (int r = 0; r < n; ++r) {
+    try {
+      threads.emplace_back(rank_body, r);
+    } catch (const std::exception& e) {  // std::system_error (EAGAIN) or bad_alloc: a limit
+      const std::string msg =
+          str("[sim::launch] cannot start the thread of rank ", r, " of ", n, ": ", e.what(),
+              " (each sim rank is a thread: the process's thread or address-space limit, "
+              "ulimit -u / ulimit -v, allows ",
+              r, "; use fewer ranks or raise the limit)");
+      {
+        std::lock_guard lk(w->mu);
+        w->abort_locked(r, std::make_exception_ptr(ConfigError(msg)), msg);
+      }
+      for (auto& t : threads) t.join();
+      set_num_threads(prev_threads);
+      throw ConfigError(msg);
+    }
   }
   for (auto& t : threads) t.join();
   set_num_threads(prev_threads);

@@ -220,6 +220,28 @@ TEST(HfConfig, UnsupportedKeysAreRefusedByName) {
   }
 }
 
+// Integer fields are range-checked before they divide or size anything (issue 34: heads 0 with a
+// head_dim was a SIGFPE; 64.5 was truncated; kv heads 0 accepted), and long values are shortened.
+TEST(HfConfig, SizesAreRangeCheckedBeforeUse) {
+  ScratchDir tmp("nxd_hf_range_");
+  const std::vector<std::pair<json, std::string>> cases = {
+      {with(base_llama(), {{"num_attention_heads", 0}, {"head_dim", 8}}),
+       "'num_attention_heads' = 0 is outside"},
+      {with(base_llama(), {{"hidden_size", 64.5}}), "'hidden_size' is 64.5, not an integer"},
+      {with(base_llama(), {{"num_key_value_heads", 0}}), "'num_key_value_heads' = 0 is outside"},
+      {with(base_llama(), {{"vocab_size", -3}}), "'vocab_size' = -3 is outside"},
+      {with(base_llama(), {{"num_hidden_layers", "4"}}), "'num_hidden_layers' is \"4\""},
+      {with(base_llama(), {{"model_type", std::string(150000, 'x')}}), "(150000 characters)"},
+  };
+  for (const auto& [cfg, want] : cases) {
+    SCOPED_TRACE(cfg.dump().substr(0, 200));
+    write_config(tmp.path, cfg);
+    const std::string e = error_of([&] { ckpt::read_hf_config(tmp.path); });
+    EXPECT_NE(e.find(want), std::string::npos) << e.substr(0, 300);
+    EXPECT_LT(e.size(), 400u) << "values are shortened in messages";
+  }
+}
+
 TEST(HfConfig, ExportWritesEveryKeyBack) {
   ModelConfig c;
   c.arch = "gpt_neox";

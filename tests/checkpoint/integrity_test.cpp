@@ -85,6 +85,40 @@ TEST(CheckpointIntegrity, NonFiniteWeightsAreRefusedByLoadAndVerify) {
   EXPECT_HAS(error_of([&] { verify_checkpoint(tag); }), "NaN or infinite value(s)");
 }
 
+// The JSON side files go through one list of checks in load and verify (integrity.h, issue 34):
+// a user_content.json of another size than metadata.json records, and a scheduler.json whose
+// schedule is garbage, were loaded (the scheduler's) or passed verify (both).
+TEST(CheckpointIntegrity, SideFilesAreRefusedByLoadAndVerifyAlike) {
+  const nxd::testing::ScratchDir s("nxd_integrity_");
+  const fs::path tag = tp2_checkpoint(s.path, "side");
+  auto load_all = [&] {
+    std::string err = "no exception";
+    run_ranks(2, [&] {
+      parallel_state::initialize_model_parallel(2);
+      Trainee t(2, 5);
+      const std::string e = error_of(
+          [&] { load_checkpoint(tag.parent_path(), t.model.get(), t.opt.get(), t.sched.get()); });
+      if (current_context().rank() == 0) err = e;
+    });
+    return err;
+  };
+  ASSERT_EQ(load_all(), "no exception");
+  const fs::path uc = tag / "user_content.json", sc = tag / "scheduler.json";
+  const std::string uc_text = nxd::testing::slurp(uc);
+  std::ofstream(uc, std::ios::app) << " ";  // still JSON, one byte more
+  EXPECT_HAS(load_all(), "user_content.json has");
+  EXPECT_HAS(load_all(), "bytes, metadata.json says");
+  EXPECT_HAS(error_of([&] { verify_checkpoint(tag); }), "bytes, metadata.json says");
+  std::ofstream(uc, std::ios::trunc) << uc_text;
+  std::string text = nxd::testing::slurp(sc);
+  const auto at = text.find("\"kind\": \"");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 9] = 'z';  // the same length: an unknown schedule kind
+  std::ofstream(sc, std::ios::trunc) << text;
+  EXPECT_HAS(load_all(), "scheduler.json");
+  EXPECT_HAS(error_of([&] { verify_checkpoint(tag); }), "scheduler.json");
+}
+
 TEST(CheckpointIntegrity, VerifyChecksShardsAgainstMetadata) {
   const nxd::testing::ScratchDir s("nxd_integrity_");
   const fs::path tag = tp2_checkpoint(s.path, "meta");

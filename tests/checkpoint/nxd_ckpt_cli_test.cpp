@@ -135,6 +135,28 @@ TEST(NxdCkpt, UserMistakesExitWithCode2) {
   }
 }
 
+// Mistakes in paths and NXD_* variables (issue 34): a malformed NXD_GEMM, an output under a file
+// or with a component over 255 characters exit 2 naming them, not "internal error" (exit 1).
+TEST(NxdCkpt, PathAndEnvironmentMistakesExitWithCode2) {
+  const nxd::testing::ScratchDir d_scratch("nxd_ckpt_cli_");
+  const fs::path& d = d_scratch.path;
+  nxd::testing::Trainee t(1);
+  save_checkpoint(d / "run", "step_1", t.model.get(), t.opt.get(), t.sched.get());
+  std::ofstream(d / "file") << "x";
+  auto r =
+      run_process({"/usr/bin/env", "NXD_GEMM=mkl", NXD_CKPT_BIN, "inspect", (d / "run").string()},
+                  d, std::chrono::seconds(120));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("NXD_GEMM"), std::string::npos) << r.err;
+  const std::string long_name(300, 'x');
+  for (const fs::path& out : {d / "file" / "hf", d / long_name / "hf"}) {
+    r = ckpt({"export-hf", (d / "run").string(), out.string()}, d);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("error:"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  }
+}
+
 // A ZeRO-1 checkpoint (DP 4): inspect says zero1, verify checks the DP files, reshard --dp 2
 // writes two DP files whose state loads as the original's; a lost DP file fails verify.
 TEST(NxdCkpt, Zero1InspectVerifyReshardDp) {

@@ -1,6 +1,10 @@
 // Failure handling on the sim backend: every case ends with the right error within seconds.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -304,4 +308,46 @@ TEST(SimDeterminism, ReduceScatterAndSubGroupsAreBitwiseTheRankOrderSum) {
     }
   });
   for (int r = 0; r < p; ++r) EXPECT_EQ(bad[r], 0) << "rank " << r;
+}
+
+// More ranks than the process may start threads for (issue 34: nxd-ckpt import-hf --dp 100000
+// aborted with SIGABRT): launch stops the ranks it started and throws a ConfigError naming the
+// limit. Run in a child process whose address space is capped so thread stacks run out.
+TEST(SimFailure, ThreadLimitIsAnErrorNamingTheResource) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    rlimit lim{};
+    ::getrlimit(RLIMIT_AS, &lim);
+    std::string out = "no error";
+    const rlim_t cap = rlim_t{1} << 30;  // 1 GiB: about a hundred 8 MiB thread stacks
+    lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, cap);
+    ::setrlimit(RLIMIT_AS, &lim);
+    try {
+      LaunchOptions o;
+      o.world_size = 4000;
+      o.timeout_s = 20;
+      launch(o, [] { world().barrier(); });
+    } catch (const ConfigError& e) {
+      out = std::string("ConfigError: ") + e.what();
+    } catch (const std::exception& e) {
+      out = std::string("other: ") + e.what();
+    }
+    (void)!::write(fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t k; (k = ::read(fds[0], buf, sizeof buf)) > 0;)
+    got.append(buf, static_cast<size_t>(k));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died by signal " << WTERMSIG(status);
+  EXPECT_TRUE(has(got, "ConfigError: [sim::launch] cannot start the thread of rank")) << got;
+  EXPECT_TRUE(has(got, "ulimit")) << got;
 }

@@ -70,6 +70,15 @@ if(TARGET nxd-plan)
     COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=unknown --model 'llama9'"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
             --model llama9)
+  # --nodes is a whole decimal integer (issue 34: atoi planned 1 node for 1e6 and 16 for 16abc)
+  foreach(_bad 1e6 16abc 0 100000)
+    add_test(NAME NxdPlan.MalformedNodes_${_bad}
+      COMMAND ${CMAKE_COMMAND} -DCODE=2
+              "-DREGEX=--nodes must be an integer in \\[1, 1024\\], got '${_bad}'"
+              -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+              --model llama2-7b --nodes ${_bad})
+    set_tests_properties(NxdPlan.MalformedNodes_${_bad} PROPERTIES LABELS tools TIMEOUT 60)
+  endforeach()
   # the gpt3-175b preset (GPT-3's widths, 2 of its 96 layers) plans at TP 32 with its vocabulary
   # padded to a multiple of the TP size
   add_test(NAME NxdPlan.Gpt3PresetPlans

@@ -1,6 +1,7 @@
 // Saved-then-loaded equals traced bitwise (shared and inlined weights, TP 1 and 2, and under
 // mpirun -np 2); damaged trace folders are refused naming the file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -137,5 +138,20 @@ TEST(TraceSaveLoad, DamagedFilesAreRefusedNamingTheFile) {
   {  // no manifest
     const std::string e = error_of([&] { trace::parallel_model_load(base / "none"); });
     EXPECT_NE(e.find("manifest.json is missing"), std::string::npos) << e;
+  }
+  // a FIFO as the manifest or a weight file is refused at once (it hung in open before)
+  for (const char* f : {"manifest.json", "rank1/weights.safetensors"}) {
+    SCOPED_TRACE(f);
+    const fs::path d = fresh(std::string("fifo_") + (f[0] == 'm' ? "m" : "w"));
+    fs::remove(d / f);
+    ASSERT_EQ(::mkfifo((d / f).c_str(), 0600), 0);
+    const std::string e = error_of([&] { trace::parallel_model_load(d); });
+    EXPECT_NE(e.find("is a FIFO, not a regular file"), std::string::npos) << e;
+  }
+  {  // a manifest nested 100,000 deep is refused before parsing (it crashed the parser before)
+    const fs::path d = fresh("deep");
+    std::ofstream(d / "manifest.json") << std::string(100000, '[') << std::string(100000, ']');
+    const std::string e = error_of([&] { trace::parallel_model_load(d); });
+    EXPECT_NE(e.find("nested deeper than 64 levels"), std::string::npos) << e;
   }
 }

@@ -12,7 +12,7 @@
 #include "nxd/train/config.h"
 #include "nxd/train/config_limits.h"
 #include "nxd/train/corpus.h"
-#include "nxd/train/env_check.h"
+#include "nxd/io/env_check.h"
 #include "support/files.h"
 
 using namespace nxd;
@@ -143,7 +143,7 @@ TEST(ConfigLimits, ThreadCountsSizesAndEnvironmentAreChecked) {
     const char* old = std::getenv(var);
     const std::string keep = old ? old : "";
     setenv(var, value, 1);
-    EXPECT_HAS(user_error([] { check_environment(); }), want);
+    EXPECT_HAS(user_error([] { io::check_environment(); }), want);
     if (std::string(var) == "NXD_NUM_THREADS")
       EXPECT_HAS(resolved({"trainer.num_threads=0"}), want);
     if (old)

@@ -1,4 +1,4 @@
-#include "nxd/train/env_check.h"
+#include "nxd/io/env_check.h"
 
 #include <cerrno>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "nxd/runtime/error.h"
 
-namespace nxd::trainer {
+namespace nxd::io {
 
 namespace {
 
@@ -60,4 +60,4 @@ void check_environment() {
   env_integer("NXD_HOST_RAM_BYTES", 1, int64_t{1} << 56, "bytes from 1 to 2^56");
 }
 
-}  // namespace nxd::trainer
+}  // namespace nxd::io

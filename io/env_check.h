@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace nxd::trainer {
+namespace nxd::io {
 
 // ConfigError for the first variable whose value is malformed or out of range.
 void check_environment();
@@ -15,4 +15,4 @@ std::optional<int64_t> env_num_threads();
 
 constexpr int64_t kMaxThreads = 1024;
 
-}  // namespace nxd::trainer
+}  // namespace nxd::io
