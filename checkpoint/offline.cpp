@@ -149,10 +149,10 @@ void export_hf(const fs::path& tag_dir, const fs::path& out_dir, const ExportHfO
                                 "weights; nxd-ckpt export-lora writes them alone (PEFT)"));
     merge_adapter(full, a, tag_dir.string());
     fs::create_directories(out_dir);
-    write_safetensors(
+    io::write_safetensors(
         out_dir / "model.safetensors", {full.begin(), full.end()},
         {{"nxd.source", tag_dir.string()}, {"nxd.model_config", meta["model_config"].dump()}});
-    write_file_atomic(out_dir / "config.json", cfg.dump(2) + "\n");
+    io::write_file_atomic(out_dir / "config.json", cfg.dump(2) + "\n");
     return;
   }
   fs::create_directories(out_dir);
