@@ -126,7 +126,7 @@ LoraRun train(int world, NxDConfig want, const LoraRun* ref) {
       opt->zero_grad();
       if (current_context().rank() == 0) {
         out.losses.push_back(loss);
-        out.norms.push_back(opt->grad_norm());
+        out.norms.push_back(opt->grad_norm().value());
       }
     }
     int64_t in_opt = 0;
