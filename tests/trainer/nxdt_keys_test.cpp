@@ -51,8 +51,10 @@ class RankLogger : public Logger {
 TEST(NxdtKeys, MaxEpochsStopsAfterTheStepThatFinishesTheEpochs) {
   auto d = nxd::testing::test_temp_dir("nxd_nxdt_keys_");
   const TrainConfig cfg = small(d);
-  // 40 samples in micro batches of 2: 20 per epoch; 3 per step: the 7th step finishes epoch 1
-  // (its third micro batch is epoch 2's first), the 14th epoch 2 (40 = 13 * 3 + 1)
+  // 40 samples, micro batches of 2, 3 per step: a global batch of 6. An epoch is whole global
+  // batches (the sampler deals whole micro batches so every layout sees the same samples, as
+  // Megatron's sampler: data.h), 6 of them (36 samples; the last 4 wait for the next epoch), so
+  // epoch 1 ends with step 6 and epoch 2 with step 12.
   for (int64_t epochs : {1, 2}) {
     CausalLMModule m(cfg);
     DatasetDataModule data(std::make_shared<RandomDataset>(40, 16, 64, 5), nullptr,
@@ -62,7 +64,7 @@ TEST(NxdtKeys, MaxEpochsStopsAfterTheStepThatFinishesTheEpochs) {
     to.accumulate_grad_batches = 3;
     to.max_epochs = epochs;
     const FitResult r = Trainer(to).fit(m, data);
-    EXPECT_EQ(r.steps, epochs == 1 ? 7 : 14) << "max_epochs=" << epochs;
+    EXPECT_EQ(r.steps, epochs == 1 ? 6 : 12) << "max_epochs=" << epochs;
     EXPECT_EQ(r.stop_reason, "max_epochs=" + std::to_string(epochs) + " reached");
   }
   // through nxd-train's key; max_steps still wins when it comes first
@@ -134,7 +136,8 @@ TEST(NxdtKeys, DoLayerNormWeightDecayDecaysNormWeightsNotBiases) {
   EXPECT_FALSE(small(d).optim.do_layer_norm_weight_decay);
   const TrainConfig cfg = small(d, {"model.do_layer_norm_weight_decay=true"});
   EXPECT_TRUE(cfg.optim.do_layer_norm_weight_decay);
-  const Tensor w = zeros({2}), b = zeros({2}), n = zeros({2});
+  Tensor w = zeros({2}), b = zeros({2}), n = zeros({2});
+  for (Tensor* t : {&w, &b, &n}) t->set_requires_grad(true);  // frozen ones get no group
   const std::vector<optim::NamedParam> ps = {{"layers.0.mlp.up.weight", w},
                                              {"layers.0.mlp.up.bias", b},
                                              {"layers.0.input_layernorm.weight", n}};
