@@ -20,10 +20,11 @@ TEST(NxdElasticSim, AJobKilledAtFiveRandomMomentsResumesWithEveryStepOnce) {
   Job t;
   const unsigned seed = kill_seed();
   std::mt19937 rng(seed);
-  // 100 steps: a launch trains at most ~15 steps (0.3 s at ~20 ms a step idle) before its kill,
-  // so five kills can never find the job already finished (seen with 40 steps: 22 rows in one
-  // launch, and the fifth launch done before its kill)
-  std::vector<std::string> sets = {"backend.world_size=4", "trainer.max_steps=100",
+  // 400 steps: a launch trains at most 0.3 s before its kill, ~60 steps at the 5 ms a step takes
+  // on an idle Zen 4, so five kills can never find the job already finished (seen with 40 steps
+  // at ~20 ms a step, and with 100 steps at ~8 ms: 26 + 22 + 22 + ... rows, the fifth launch done
+  // before its kill)
+  std::vector<std::string> sets = {"backend.world_size=4", "trainer.max_steps=400",
                                    "exp_manager.checkpoint_callback_params.every_n_train_steps=1"};
   std::string moments = "seed " + std::to_string(seed) + " (NXD_KILL_SEED to repeat):";
   const fs::path out = t.d / "out";
