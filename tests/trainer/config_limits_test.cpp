@@ -8,11 +8,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "nxd/io/env_check.h"
 #include "nxd/runtime/error.h"
 #include "nxd/train/config.h"
 #include "nxd/train/config_limits.h"
 #include "nxd/train/corpus.h"
-#include "nxd/io/env_check.h"
 #include "support/files.h"
 
 using namespace nxd;
