@@ -127,8 +127,25 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
   result.ranks.resize(n);
   std::vector<std::thread> threads;
   threads.reserve(n);
+  // Records the exception in flight as rank r's failure. Under memory exhaustion even the
+  // message copy may throw: the rank still counts as failed (the exception alone is kept).
+  const auto fail_rank = [&](int r, const char* what) noexcept {
+    std::lock_guard lk(w->mu);
+    try {
+      w->abort_locked(r, std::current_exception(), what);
+    } catch (...) {
+      if (!w->aborted) {
+        w->fail_rank = r;
+        w->fail = std::current_exception();
+        w->aborted.store(true);
+      }
+    }
+  };
+  // Everything a rank allocates (its context, clock, communicator) is inside the try: a thread
+  // that starts but cannot build its rank under a memory limit fails the launch, never
+  // std::terminate.
   const auto rank_body = [&](int r) {
-    {
+    try {
       Context ctx(ContextOptions{.rank = r,
                                  .world_size = n,
                                  .seed = opts.seed,
@@ -141,11 +158,9 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
       try {
         fn();
       } catch (const std::exception& e) {
-        std::lock_guard lk(w->mu);
-        w->abort_locked(r, std::current_exception(), e.what());
+        fail_rank(r, e.what());
       } catch (...) {
-        std::lock_guard lk(w->mu);
-        w->abort_locked(r, std::current_exception(), "unknown exception");
+        fail_rank(r, "unknown exception");
       }
       RankReport& rep = result.ranks[r];
       rep.rank = r;
@@ -154,6 +169,10 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
       rep.comm_seconds = clock->comm_seconds();
       rep.wait_seconds = clock->wait_seconds();
       rep.peak_bytes = ctx.memory().peak();
+    } catch (const std::exception& e) {
+      fail_rank(r, e.what());
+    } catch (...) {
+      fail_rank(r, "unknown exception");
     }
     std::lock_guard lk(w->mu);
     if (w->ranks[r].s == RankState::running) --w->running;
