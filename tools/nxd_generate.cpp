@@ -5,12 +5,17 @@
 //                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]
 //                [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]
 //                [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]
-//                [--quantize int8]
+//                [--quantize int8] [--draft-model DIR [--speculate K]]
 // By default the model is traced (trace/decoder.h: a context-encoding graph per prompt bucket and
 // a token-generation graph sharing the weights and the K/V caches) and generation replays the
 // graphs; --eager runs the eager KV-cache path instead (the reference). --quantize int8 (eager)
 // quantizes every decoder linear layer's weight at load (layers/models/quantize_lm.h) and prints
-// what it changed on the prompt (largest logit change, argmax agreement, perplexity). --save-trace
+// what it changed on the prompt (largest logit change, argmax agreement, perplexity).
+// --draft-model DIR (eager) decodes speculatively (layers/models/speculative.h): the draft (an nxd
+// checkpoint or a transformers folder with the same vocabulary) proposes --speculate K tokens
+// (default 4) that the model verifies in one step; greedy output is the model's own, sampled
+// output follows its distribution; prints the acceptance rate and tokens per verification step.
+// --save-trace
 // writes the traced model (trace/save_load.h); --load-trace runs a saved one without
 // --checkpoint/--hf. Tokens: a transformers tokenizer.json (--tokenizer PATH, or --hf DIR's
 // tokenizer.json when there is one; io/tokenizer.h) encodes the prompt and decodes the text, or
@@ -46,6 +51,7 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/inference_model.h"
 #include "nxd/layers/models/quantize_lm.h"
+#include "nxd/layers/models/speculative.h"
 #include "nxd/trace/decoder.h"
 #include "nxd/trace/save_load.h"
 
@@ -59,12 +65,15 @@ const char* kUsage =
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]\n"
     "                    [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]\n"
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
-    "                    [--lora DIR] [--quantize int8]\n"
+    "                    [--lora DIR] [--quantize int8] [--draft-model DIR [--speculate K]]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
     "  --lora DIR        a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
     "                    merged into the weights before generating (a LoRA checkpoint's own\n"
     "                    adapters are always merged)\n"
+    "  --draft-model DIR speculative decoding (with --eager): a smaller model with the same\n"
+    "                    vocabulary (nxd checkpoint or transformers folder) proposes --speculate\n"
+    "                    K tokens (1..64, default 4) per step of the model\n"
     "  --temperature 0 is greedy (the default); --top-k 0 and --top-p 1 keep every token\n"
     "  --eager           the eager KV-cache path (the reference; default: the traced model)\n"
     "  --buckets         prompt-length buckets of the traced prefill (default: powers of two\n"
@@ -96,7 +105,9 @@ struct GenerateCli {
   std::string instance;                      // empty: the smallest inf2 with tp cores
   std::vector<int64_t> buckets;
   std::string save_trace, load_trace;
-  std::string tokenizer;  // a tokenizer.json, "bytes", or empty (the default)
+  std::string tokenizer;    // a tokenizer.json, "bytes", or empty (the default)
+  std::string draft_model;  // --draft-model: speculative decoding's draft (eager only)
+  int64_t speculate = 0;    // --speculate: tokens proposed per round (0: 4 with a draft)
 };
 
 int64_t to_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi);
@@ -172,6 +183,10 @@ GenerateCli parse_args(int argc, char** argv) {
       c.load_trace = v;
     else if (a == "--tokenizer")
       c.tokenizer = v;
+    else if (a == "--draft-model")
+      c.draft_model = v;
+    else if (a == "--speculate")
+      c.speculate = to_int(a, v, 1, 64);
     else if (a == "--quantize")
       c.quantize = v == "int8" ? WeightQuant::int8
                                : throw Usage(str("--quantize must be int8, got '", v, "'"));
@@ -193,6 +208,13 @@ GenerateCli parse_args(int argc, char** argv) {
     throw Usage(str("--quantize ", weight_quant_name(c.quantize),
                     " runs on the eager path only (add --eager; the traced model cannot record "
                     "int8 layers)"));
+  if (c.speculate > 0 && c.draft_model.empty())
+    throw Usage("--speculate K needs --draft-model DIR");
+  if (!c.draft_model.empty() && !c.eager)
+    throw Usage(
+        "--draft-model runs on the eager path only (add --eager; the traced decoder has no "
+        "verification graph)");
+  if (!c.draft_model.empty() && c.speculate == 0) c.speculate = 4;
   if (!c.has_prompt || c.prompt.empty()) throw Usage("--prompt TEXT is required (not empty)");
   if (c.backend != "sim" && c.backend != "mpi")
     throw Usage(str("--backend must be sim or mpi, got '", c.backend, "'"));
@@ -250,6 +272,25 @@ ModelSource resolve_source(const GenerateCli& c) {
   s.cfg.kv_size_multiplier = std::max<int64_t>(1, c.tp / s.cfg.kv_heads());
   s.cfg.validate();
   s.cfg.validate_parallel(c.tp);
+  return s;
+}
+
+// The draft model's source: --draft-model DIR as a transformers folder when it has a
+// config.json, else as an nxd checkpoint; its vocabulary must be the model's.
+ModelSource resolve_draft(const GenerateCli& c, const ModelSource& target) {
+  GenerateCli d = c;
+  d.lora.clear();
+  d.checkpoint.clear();
+  d.hf.clear();
+  if (fs::is_regular_file(fs::path(c.draft_model) / "config.json"))
+    d.hf = c.draft_model;
+  else
+    d.checkpoint = c.draft_model;
+  ModelSource s = resolve_source(d);
+  if (s.cfg.vocab_size != target.cfg.vocab_size)
+    throw Usage(str("--draft-model ", c.draft_model, " has vocab_size ", s.cfg.vocab_size,
+                    ", the model has ", target.cfg.vocab_size,
+                    " (a draft must share the model's tokenizer)"));
   return s;
 }
 
@@ -340,13 +381,34 @@ void print_quantized(const QuantizedLmReport& r) {
   std::printf("\n");
 }
 
-// The eager path: generate_batch with the KV cache.
-GenerateResult run_eager(const GenerateCli& c, CausalLM& m, const std::vector<int64_t>& prompt) {
+// What speculative decoding did (printed by rank 0).
+void print_speculative(const GenerateCli& c, const SpeculativeResult& r, int64_t prompt_len) {
+  const int64_t generated = static_cast<int64_t>(r.sequence.size()) - prompt_len;
+  std::printf(
+      "speculative: k=%lld, %lld verification steps, %lld of %lld proposed tokens accepted "
+      "(%.1f%%), %.2f tokens per step, %lld draft steps (the decode line includes the prefill)\n",
+      (long long)c.speculate, (long long)r.rounds, (long long)r.accepted, (long long)r.proposed,
+      100.0 * r.acceptance_rate(), r.rounds ? double(generated - 1) / double(r.rounds) : 0.0,
+      (long long)r.draft_steps);
+}
+
+// The eager path: generate_batch with the KV cache, or speculative decoding with a draft.
+GenerateResult run_eager(const GenerateCli& c, CausalLM& m, const std::vector<int64_t>& prompt,
+                         CausalLM* draft = nullptr) {
   if (c.quantize != WeightQuant::none) {
     const QuantizedLmReport q = quantize_causal_lm(m, prompt, c.quantize);
     if (current_context().rank() == 0) print_quantized(q);
   }
-  return m.generate_batch({prompt}, c.gen);
+  if (!draft) return m.generate_batch({prompt}, c.gen);
+  const SpeculativeResult s = speculative_generate(m, *draft, prompt, c.gen, {.k = c.speculate});
+  if (current_context().rank() == 0) print_speculative(c, s, static_cast<int64_t>(prompt.size()));
+  GenerateResult r;  // the whole generation counts as decode (the prefill is inside it)
+  r.sequences = {s.sequence};
+  r.stop_reasons = {s.stop};
+  r.decode_tokens = static_cast<int64_t>(s.sequence.size() - prompt.size());
+  r.decode_steps = s.rounds;
+  r.decode_seconds = s.seconds;
+  return r;
 }
 
 void print_report(const GenerateCli& c, const ModelSource& s, const Tokens& t,
@@ -369,8 +431,9 @@ void print_report(const GenerateCli& c, const ModelSource& s, const Tokens& t,
         "text: %lld generated id(s) >= the tokenizer's %lld left out (model vocab_size=%lld)\n",
         (long long)left_out, (long long)t.tok->vocab_size(), (long long)s.cfg.vocab_size);
   const int64_t generated = static_cast<int64_t>(seq.size()) - prompt_len;
-  std::printf("prefill: %lld tokens in %.3f ms, %.1f tokens/s\n", (long long)r.prefill_tokens,
-              r.prefill_seconds * 1e3, r.prefill_tokens / std::max(r.prefill_seconds, 1e-12));
+  if (r.prefill_tokens > 0)  // speculative decoding counts its prefill inside the decode line
+    std::printf("prefill: %lld tokens in %.3f ms, %.1f tokens/s\n", (long long)r.prefill_tokens,
+                r.prefill_seconds * 1e3, r.prefill_tokens / std::max(r.prefill_seconds, 1e-12));
   std::printf("decode: %lld tokens in %.3f ms, %.1f tokens/s\n", (long long)r.decode_tokens,
               r.decode_seconds * 1e3,
               r.decode_tokens > 0 ? r.decode_tokens / std::max(r.decode_seconds, 1e-12) : 0.0);
@@ -434,10 +497,11 @@ int run(int argc, char** argv) {
     print_report(c, s, t, r, static_cast<int64_t>(prompt.size()));
     return 0;
   }
-  ModelSource s;
+  ModelSource s, ds;  // ds: the draft's, with --draft-model
   std::vector<int64_t> prompt;
   if (c.eager) {
     s = resolve_source(c);
+    if (!c.draft_model.empty()) ds = resolve_draft(c, s);
     prompt = prompt_ids(c, s, t);
   }
   if (c.backend == "sim") {
@@ -448,7 +512,8 @@ int run(int argc, char** argv) {
     lo.instance = c.instance;
     sim::launch(lo, [&] {
       auto m = load_model(c, s);
-      GenerateResult r = run_eager(c, *m, prompt);
+      auto d = c.draft_model.empty() ? nullptr : build_model(ds);
+      GenerateResult r = run_eager(c, *m, prompt, d.get());
       std::lock_guard g(mu);
       if (current_context().rank() == 0) res = std::move(r);
     });
@@ -469,7 +534,8 @@ int run(int argc, char** argv) {
   GenerateResult r;
   if (c.eager) {
     auto m = load_model(c, s);
-    r = run_eager(c, *m, prompt);
+    auto d = c.draft_model.empty() ? nullptr : build_model(ds);
+    r = run_eager(c, *m, prompt, d.get());
   } else {
     parallel_state::initialize_model_parallel(c.tp);
     r = run_traced(c, s, t, prompt);

@@ -133,6 +133,9 @@ class CausalLM : public Module {
   // tokens' K/V at [start, start+len) of cache row seq_ids[b] in place and returns the logits
   // [B, V] of each row's last real token (the full vocabulary on every TP rank).
   Tensor forward_cached(const Tensor& ids, const CacheStep& step, KVCache& cache);
+  // forward_cached returning the logits of every position, [B, S, V] (a padded position's row is
+  // not meaningful): what a speculative verification step needs (layers/models/speculative.h).
+  Tensor forward_cached_all(const Tensor& ids, const CacheStep& step, KVCache& cache);
 
   // hidden_states, lm_head, forward, loss and generate need the whole model (InvalidArgument).
   // Each prompt followed by up to max_new_tokens generated ids, with the KV cache: one prefill
@@ -178,6 +181,7 @@ class CausalLM : public Module {
   const Tensor& output_weight() const;
   void check_ids(const Tensor& ids, int64_t position_offset) const;
   void check_whole(const char* what) const;
+  void check_cached(const Tensor& ids, const KVCache& cache, const char* op) const;
   ModelConfig cfg_;
   ModelPart part_;
   std::shared_ptr<DecoderStack> decoder_stack_;
@@ -273,6 +277,19 @@ int64_t sample_token(const std::vector<double>& logits, double temperature, int6
 // is exactly the four-argument form.
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
                      double top_p, double u);
+
+// The distribution sample_token draws from: the kept ids in the order the draw walks them and
+// their weights (unnormalized, summing to z). Greedy (temperature 0): the first argmax alone.
+// sample_token(logits, t, k, p, u) == token_distribution(logits, t, k, p).draw(u), bitwise.
+struct TokenDistribution {
+  std::vector<int64_t> ids;
+  std::vector<double> w;
+  double z = 0;
+  double prob(int64_t id) const;  // w / z of id, 0 when it is not kept
+  int64_t draw(double u) const;   // the first id whose running weight exceeds u * z
+};
+TokenDistribution token_distribution(const std::vector<double>& logits, double temperature,
+                                     int64_t top_k, double top_p);
 
 // One sequence being generated (by generate_batch, or a traced decoder): the prompt and the ids
 // generated so far, and why it stopped ("" while it runs).

@@ -42,9 +42,8 @@ Tensor CausalLM::run_layers_cached(const Tensor& h, const CacheStep& step, KVCac
   return decoder_stack_->run_layers_cached(h, step, cache);
 }
 
-Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCache& cache) {
-  check_whole("forward_cached");
-  const char* op = "forward_cached";
+void CausalLM::check_cached(const Tensor& ids, const KVCache& cache, const char* op) const {
+  check_whole(op);
   NXD_CHECK(!sequence_parallel_, "[", type_name(), "::", op,
             "] needs a model built without sequence ",
             "parallelism (sequence_parallel=false for inference)");
@@ -56,9 +55,19 @@ Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCach
                   "[", type_name(), "::", op, "] ids ", ids.desc(), " do not fit the cache of ",
                   cache.max_batch, " rows and ", cache.k.size(), " layers (the model has ",
                   cfg_.num_layers, ")");
+}
+
+Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCache& cache) {
+  check_cached(ids, cache, "forward_cached");
   NoGradGuard ng;
   Tensor h = run_layers_cached(embed_tokens(ids), step, cache);
   return lm_head(final_norm(gather_last(h, step.lengths)));
+}
+
+Tensor CausalLM::forward_cached_all(const Tensor& ids, const CacheStep& step, KVCache& cache) {
+  check_cached(ids, cache, "forward_cached_all");
+  NoGradGuard ng;
+  return lm_head(final_norm(run_layers_cached(embed_tokens(ids), step, cache)));
 }
 
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
@@ -68,29 +77,54 @@ int64_t sample_token(const std::vector<double>& logits, double temperature, int6
 
 int64_t sample_token(const std::vector<double>& logits, double temperature, int64_t top_k,
                      double top_p, double u) {
+  return token_distribution(logits, temperature, top_k, top_p).draw(u);
+}
+
+double TokenDistribution::prob(int64_t id) const {
+  for (size_t j = 0; j < ids.size(); ++j)
+    if (ids[j] == id) return w[j] / z;
+  return 0.0;
+}
+
+int64_t TokenDistribution::draw(double u) const {
+  NXD_CHECK(!ids.empty(), "[TokenDistribution::draw] empty distribution");
+  double target = u * z, c = 0;
+  for (size_t j = 0; j < ids.size(); ++j) {
+    c += w[j];
+    if (target < c) return ids[j];
+  }
+  return ids.back();
+}
+
+TokenDistribution token_distribution(const std::vector<double>& logits, double temperature,
+                                     int64_t top_k, double top_p) {
   const int64_t V = static_cast<int64_t>(logits.size());
   NXD_CHECK(V > 0, "[sample_token] empty logits");
   NXD_CHECK(temperature >= 0.0, "[sample_token] temperature must be >= 0, got ", temperature);
   NXD_CHECK(top_k >= 0, "[sample_token] top_k must be >= 0, got ", top_k);
   NXD_CHECK(top_p > 0.0 && top_p <= 1.0, "[sample_token] top_p must be in (0, 1], got ", top_p);
-  if (temperature == 0.0)
-    return std::max_element(logits.begin(), logits.end()) - logits.begin();  // first max
-  std::vector<int64_t> idx(V);
+  TokenDistribution d;
+  if (temperature == 0.0) {  // the first max
+    d.ids = {std::max_element(logits.begin(), logits.end()) - logits.begin()};
+    d.w = {1.0};
+    d.z = 1.0;
+    return d;
+  }
+  std::vector<int64_t>& idx = d.ids;
+  idx.resize(V);
   std::iota(idx.begin(), idx.end(), 0);
-  int64_t k = (top_k > 0 && top_k < V) ? top_k : V;
+  const int64_t k = (top_k > 0 && top_k < V) ? top_k : V;
   auto better = [&](int64_t a, int64_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  if (top_p < 1.0) {
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
-    idx.resize(k);
-  } else if (k < V) {
+  if (top_p < 1.0 || k < V) {
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
     idx.resize(k);
   }
   double mx = -INFINITY;
   for (int64_t i : idx) mx = std::max(mx, logits[i]);
-  std::vector<double> p(idx.size());
+  std::vector<double>& p = d.w;
+  p.resize(idx.size());
   double z = 0;
   for (size_t j = 0; j < idx.size(); ++j) z += p[j] = std::exp((logits[idx[j]] - mx) / temperature);
   if (top_p < 1.0) {  // idx is in decreasing probability: keep the nucleus
@@ -107,12 +141,8 @@ int64_t sample_token(const std::vector<double>& logits, double temperature, int6
     z = 0;
     for (double x : p) z += x;
   }
-  double target = u * z, c = 0;
-  for (size_t j = 0; j < idx.size(); ++j) {
-    c += p[j];
-    if (target < c) return idx[j];
-  }
-  return idx.back();
+  d.z = z;
+  return d;
 }
 
 void CausalLM::check_generate(const std::vector<std::vector<int64_t>>& prompts,

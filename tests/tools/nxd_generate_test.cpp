@@ -16,6 +16,7 @@
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/quantize_lm.h"
+#include "nxd/layers/models/speculative.h"
 #include "support/files.h"
 #include "support/lora.h"
 #include "support/proc.h"
@@ -243,6 +244,63 @@ TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
     a.insert(a.end(), args.begin(), args.end());
     r = generate(a, d);
     EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+  }
+}
+
+// --draft-model: speculative decoding gives the model's own greedy tokens at TP 1 and 2 (the
+// draft a smaller Llama checkpoint, or the model itself: every proposal accepted) and its seeded
+// samples are the library's; mistakes exit 2 naming the flag.
+TEST(NxdGenerate, SpeculativeDecodingEqualsTheModelAndReportsAcceptance) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  ModelConfig dc = byte_model("llama");
+  dc.num_layers = 1;
+  auto draft = make_causal_lm(dc, 9);
+  ckpt::save_checkpoint(d / "draft", "step_1", draft.get(), nullptr, nullptr);
+  const std::string ck = (d / "run").string(), prompt = "Hello, nxd";
+  const auto want = f.llama->generate(bytes(prompt), {.max_new_tokens = 16, .temperature = 0});
+  for (std::string tp : {"1", "2"}) {
+    auto r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "16", "--eager",
+                       "--draft-model", (d / "draft").string(), "--speculate", "3", "--tp", tp},
+                      d);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(tokens_of(r.out), want) << "tp " << tp << "\n" << r.out;
+    EXPECT_NE(r.out.find("speculative: k=3, "), std::string::npos) << r.out;
+  }
+  auto r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "16", "--eager",
+                     "--draft-model", ck},
+                    d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::printf("%s", r.out.c_str());
+  EXPECT_EQ(tokens_of(r.out), want) << r.out;
+  EXPECT_NE(r.out.find("speculative: k=4, 3 verification steps, 12 of 12 proposed tokens "
+                       "accepted (100.0%), 5.00 tokens per step"),
+            std::string::npos)
+      << r.out;
+  const GenerateOptions g{.max_new_tokens = 12, .temperature = 0.9, .top_k = 20, .seed = 4};
+  const SpeculativeResult s = speculative_generate(*f.llama, *draft, bytes(prompt), g, {.k = 2});
+  r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12", "--eager",
+                "--draft-model", (d / "draft").string(), "--speculate", "2", "--temperature", "0.9",
+                "--top-k", "20", "--seed", "4"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), s.sequence) << r.out;
+  ModelConfig other = byte_model("llama");
+  other.vocab_size = 300;
+  auto wide = make_causal_lm(other, 9);
+  ckpt::save_checkpoint(d / "wide", "step_1", wide.get(), nullptr, nullptr);
+  for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--draft-model", ck}, "--draft-model runs on the eager path only"},
+           {{"--speculate", "2", "--eager"}, "--speculate K needs --draft-model DIR"},
+           {{"--draft-model", ck, "--eager", "--speculate", "0"}, "--speculate"},
+           {{"--draft-model", (d / "wide").string(), "--eager"},
+            "has vocab_size 300, the model has 256"},
+           {{"--draft-model", (d / "nowhere").string(), "--eager"}, "nowhere"}}) {
+    std::vector<std::string> a = {"--checkpoint", ck, "--prompt", "x"};
+    a.insert(a.end(), args.begin(), args.end());
+    r = generate(a, d);
+    EXPECT_EQ(r.code, 2) << args.front() << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
   }
 }
