@@ -13,13 +13,47 @@
 namespace nxd {
 
 const char* weight_quant_name(WeightQuant q) {
-  return q == WeightQuant::int8 ? "int8" : "none";
+  return q == WeightQuant::int8 ? "int8" : q == WeightQuant::int4 ? "int4" : "none";
 }
 
 WeightQuant weight_quant_from_name(const std::string& name) {
   if (name == "none") return WeightQuant::none;
   if (name == "int8") return WeightQuant::int8;
-  throw ConfigError(str("[quantize] unknown weight format '", name, "' (known: none, int8)"));
+  if (name == "int4") return WeightQuant::int4;
+  throw ConfigError(str("[quantize] unknown weight format '", name, "' (known: none, int8, int4)"));
+}
+
+QuantizeOptions parse_weight_quant(const std::string& spec) {
+  const std::string bad = str("unknown weight format '", spec.substr(0, 64),
+                              "' (known: int8, int4[:32|:64|:128][:sym|:asym], e.g. int4:64:asym)");
+  QuantizeOptions o;
+  if (spec == "int8") return o;
+  if (spec.rfind("int4", 0) != 0) throw ConfigError(bad);
+  o.format = WeightQuant::int4;
+  std::string rest = spec.substr(4);
+  bool have_group = false, have_zero = false;
+  while (!rest.empty()) {
+    if (rest[0] != ':') throw ConfigError(bad);
+    const size_t end = rest.find(':', 1);
+    const std::string part = rest.substr(1, end == std::string::npos ? end : end - 1);
+    rest = end == std::string::npos ? "" : rest.substr(end);
+    if ((part == "sym" || part == "asym") && !have_zero) {
+      o.zero = part == "sym" ? kernels::Int4Zero::symmetric : kernels::Int4Zero::asymmetric;
+      have_zero = true;
+    } else if ((part == "32" || part == "64" || part == "128") && !have_group && !have_zero) {
+      o.group = std::stoll(part);
+      have_group = true;
+    } else {
+      throw ConfigError(bad);
+    }
+  }
+  return o;
+}
+
+std::string describe(const QuantizeOptions& o) {
+  if (o.format != WeightQuant::int4) return weight_quant_name(o.format);
+  return str("int4 (groups of ", o.group, ", ",
+             o.zero == kernels::Int4Zero::symmetric ? "symmetric" : "asymmetric", ")");
 }
 
 std::shared_ptr<const Int8Weight> Int8Weight::quantize(const Tensor& w,
@@ -53,27 +87,30 @@ Tensor Int8Weight::dequantize() const {
   return w;
 }
 
-Tensor int8_linear(const Tensor& x, const Int8Weight& w, const Tensor& bias) {
-  const int64_t K = w.in_features(), N = w.out_features();
-  NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == K,
-                  "[int8_linear] expected input [..., ", K, "], got ",
-                  x.defined() ? x.desc() : "undefined");
-  NXD_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16,
-            "[int8_linear] input must be f32 or bf16, got ", x.desc());
-  NXD_CHECK(!x.is_meta(), "[int8_linear] input is a meta tensor: ", x.desc());
-  NXD_CHECK(!(GradMode::is_enabled() && x.requires_grad()),
-            "[int8_linear] an int8 weight is for inference: the input requires a gradient");
-  NXD_CHECK(active_recorder() == nullptr,
-            "[int8_linear] an int8-quantized layer cannot be traced (run it eagerly)");
-  NXD_CHECK_SHAPE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == N),
-                  "[int8_linear] bias must be [", N, "], got ", bias.desc());
+namespace {
+
+// y = x @ W^T + bias for a quantized W [N, K] whose product `mul(c, x, M)` writes c [M, N].
+template <class Mul>
+Tensor quantized_linear(const char* op, const char* format, const Tensor& x, int64_t N, int64_t K,
+                        const Tensor& bias, Mul&& mul) {
+  NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == K, "[", op,
+                  "] expected input [..., ", K, "], got ", x.defined() ? x.desc() : "undefined");
+  NXD_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "[", op,
+            "] input must be f32 or bf16, got ", x.desc());
+  NXD_CHECK(!x.is_meta(), "[", op, "] input is a meta tensor: ", x.desc());
+  NXD_CHECK(!(GradMode::is_enabled() && x.requires_grad()), "[", op, "] an ", format,
+            " weight is for inference: the input requires a gradient");
+  NXD_CHECK(active_recorder() == nullptr, "[", op, "] an ", format,
+            "-quantized layer cannot be traced (run it eagerly)");
+  NXD_CHECK_SHAPE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == N), "[", op,
+                  "] bias must be [", N, "], got ", bias.desc());
   const Tensor xf = x.detach().to(DType::f32).contiguous();
   const int64_t M = xf.numel() / K;
   Shape out_shape = x.shape();
   out_shape.back() = N;
   Tensor y = empty(out_shape, DType::f32);
   float* yp = y.data<float>();
-  kernels::linear_int8(yp, xf.data<float>(), w.values(), w.scales(), M, N, K);
+  mul(yp, xf.data<float>(), M);
   if (bias.defined()) {
     const Tensor bf = bias.detach().to(DType::f32).contiguous();
     const float* b = bf.data<float>();
@@ -83,8 +120,56 @@ Tensor int8_linear(const Tensor& x, const Int8Weight& w, const Tensor& bias) {
   return x.dtype() == DType::f32 ? y : y.to(x.dtype());
 }
 
+}  // namespace
+
+Tensor int8_linear(const Tensor& x, const Int8Weight& w, const Tensor& bias) {
+  const int64_t K = w.in_features(), N = w.out_features();
+  return quantized_linear("int8_linear", "int8", x, N, K, bias,
+                          [&](float* c, const float* xp, int64_t M) {
+                            kernels::linear_int8(c, xp, w.values(), w.scales(), M, N, K);
+                          });
+}
+
+Tensor int4_linear(const Tensor& x, const Int4Weight& w, const Tensor& bias) {
+  return quantized_linear("int4_linear", "int4", x, w.out_features(), w.in_features(), bias,
+                          [&](float* c, const float* xp, int64_t M) {
+                            kernels::linear_int4(c, xp, w.values(), w.scales(), w.mins(),
+                                                 w.layout(), M);
+                          });
+}
+
+std::shared_ptr<const Int4Weight> Int4Weight::quantize(const Tensor& w, int64_t group,
+                                                       kernels::Int4Zero zero) {
+  NXD_CHECK(w.defined() && (w.dim() == 2 || w.dim() == 3) && !w.is_meta() &&
+                (w.dtype() == DType::f32 || w.dtype() == DType::bf16),
+            "[quantize] int4 needs a host f32 or bf16 weight [out, in], got ",
+            w.defined() ? w.desc() : "undefined");
+  NoGradGuard no_grad;
+  const Tensor wf = w.detach().to(DType::f32).contiguous();
+  auto r = std::make_shared<Int4Weight>();
+  r->l_.k = w.size(-1);
+  r->l_.n = w.numel() / r->l_.k;
+  r->l_.group = group;
+  r->l_.zero = zero;
+  r->l_.check("quantize");
+  r->q_.resize(static_cast<size_t>(r->l_.value_bytes()));
+  r->scale_.resize(static_cast<size_t>(r->l_.groups()));
+  if (zero == kernels::Int4Zero::asymmetric) r->min_.resize(r->scale_.size());
+  kernels::quantize_int4(r->q_.data(), r->scale_.data(), r->min_.empty() ? nullptr : r->min_.data(),
+                         wf.data<float>(), r->l_);
+  return r;
+}
+
+Tensor Int4Weight::dequantize() const {
+  Tensor w = empty({l_.n, l_.k}, DType::f32);
+  kernels::dequantize_int4_rows(w.data<float>(), q_.data(), scale_.data(), mins(), l_, 0, l_.n);
+  return w;
+}
+
 Tensor QuantizableLinear::weight_product(const Tensor& x, const Tensor& w, const Tensor& b) const {
-  return int8_ ? int8_linear(x, *int8_, b) : linear(x, w, b);
+  if (int8_) return int8_linear(x, *int8_, b);
+  if (int4_) return int4_linear(x, *int4_, b);
+  return linear(x, w, b);
 }
 
 namespace {
@@ -102,8 +187,10 @@ std::string joined(const std::string& prefix, const std::string& name) {
 }  // namespace
 
 QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opts) {
-  NXD_CHECK(opts.format == WeightQuant::int8, "[quantize] format ", weight_quant_name(opts.format),
+  NXD_CHECK(opts.format != WeightQuant::none, "[quantize] format ", weight_quant_name(opts.format),
             " quantizes nothing");
+  const bool int4 = opts.format == WeightQuant::int4;
+  if (int4) (kernels::Int4Layout{.n = 1, .k = 1, .group = opts.group}).check("quantize");
   // First every check, then the change: a refused model is left as it was.
   struct Todo {
     QuantizableLinear* layer;
@@ -133,6 +220,10 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
     }
     NXD_CHECK(w.dim() == 2 || (w.dim() == 3 && !rows_over), "[quantize] ", joined(name, "weight"),
               " is ", w.desc(), ", not a [out, in] matrix");
+    NXD_CHECK(!int4 || !rows_over || rows_over->size() == 1 || w.size(-1) % opts.group == 0,
+              "[quantize] ", joined(name, "weight"), " is split along its ", w.size(-1),
+              " inputs per rank, not a multiple of the int4 group ", opts.group,
+              ": a group would cross ranks (use a group that divides it, or a smaller TP)");
     todo.push_back({q, w, rows_over});
     owned.insert(w.raw_data());
   }
@@ -141,17 +232,23 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
     const bool embedding = m->type_name().find("Embedding") != std::string::npos;
     for (auto& [n, t] : m->named_parameters(/*recurse=*/false))
       NXD_CHECK(embedding || t.dim() != 2 || owned.count(t.raw_data()), "[quantize] ",
-                joined(name, n), " (", t.desc(), ", in ", m->type_name(),
-                ") is a matrix that int8 weight quantization does not cover");
+                joined(name, n), " (", t.desc(), ", in ", m->type_name(), ") is a matrix that ",
+                weight_quant_name(opts.format), " weight quantization does not cover");
   }
   QuantizeSummary s;
   for (auto& [q, w, rows_over] : todo) {
-    auto iw = Int8Weight::quantize(w, rows_over);
     ++s.layers;
     s.weights += w.numel();
     s.bytes_before += w.numel() * dtype_size(w.dtype());
-    s.bytes_after += iw->bytes();
-    q->set_int8_weight(std::move(iw));
+    if (int4) {
+      auto iw = Int4Weight::quantize(w, opts.group, opts.zero);
+      s.bytes_after += iw->bytes();
+      q->set_int4_weight(std::move(iw));
+    } else {
+      auto iw = Int8Weight::quantize(w, rows_over);
+      s.bytes_after += iw->bytes();
+      q->set_int8_weight(std::move(iw));
+    }
   }
   return s;
 }

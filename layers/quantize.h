@@ -1,5 +1,6 @@
 #pragma once
-// int8 weight-only quantization of linear layers, for generation (no gradient). A quantized layer
+// Weight-only quantization of linear layers, for generation (no gradient): int8 per output row,
+// or 4-bit in groups (Int4Weight below, runtime/kernels/gemv_int4.h). A quantized layer
 // keeps its weight W [out, in] as int8 values q and one f32 scale per output row
 // (runtime/kernels/gemv_int8.h: symmetric, scale = max |W[row]| / 127, |W - q * scale| <=
 // scale / 2) and multiplies by it directly: one byte per weight read per decode step.
@@ -19,12 +20,13 @@
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/module.h"
+#include "nxd/runtime/kernels/gemv_int4.h"
 
 namespace nxd {
 
-enum class WeightQuant { none, int8 };
+enum class WeightQuant { none, int8, int4 };
 const char* weight_quant_name(WeightQuant q);
-// "none" or "int8"; throws ConfigError naming the value otherwise.
+// "none", "int8" or "int4"; throws ConfigError naming the value otherwise.
 WeightQuant weight_quant_from_name(const std::string& name);
 
 // A linear layer's weight W [out, in] as int8 values q [out, in] and scales [out] (f32).
@@ -53,31 +55,74 @@ class Int8Weight {
 // throws when x requires a gradient with grad mode on, and under an active tracer.
 Tensor int8_linear(const Tensor& x, const Int8Weight& w, const Tensor& bias);
 
-// A linear layer that can run on an int8 weight (ParallelLinearBase, the GQA QKV projections).
+// A linear layer's weight W [out, in] in 4-bit groups along `in` (runtime/kernels/gemv_int4.h:
+// group 32, 64 or 128, symmetric or with a per-group minimum).
+class Int4Weight {
+ public:
+  // w as Int8Weight::quantize takes it. A part of each row (a row-parallel shard) is quantized on
+  // its own: groups never cross ranks when the part's length is a multiple of the group, which is
+  // required (InvalidArgument naming the sizes), so every rank holds exactly its slice of the
+  // TP-1 4-bit weight and no collective is needed.
+  static std::shared_ptr<const Int4Weight> quantize(const Tensor& w, int64_t group,
+                                                    kernels::Int4Zero zero);
+  const kernels::Int4Layout& layout() const { return l_; }
+  int64_t out_features() const { return l_.n; }
+  int64_t in_features() const { return l_.k; }
+  const uint8_t* values() const { return q_.data(); }
+  const float* scales() const { return scale_.data(); }
+  const float* mins() const { return min_.empty() ? nullptr : min_.data(); }  // null: symmetric
+  Tensor dequantize() const;                                                  // f32 [out, in]
+  int64_t bytes() const {
+    return static_cast<int64_t>(q_.size() + 4 * scale_.size() + 4 * min_.size());
+  }
+
+ private:
+  kernels::Int4Layout l_;
+  std::vector<uint8_t> q_;
+  std::vector<float> scale_, min_;
+};
+
+// int8_linear's contract with a 4-bit weight.
+Tensor int4_linear(const Tensor& x, const Int4Weight& w, const Tensor& bias);
+
+// A linear layer that can run on a quantized weight (ParallelLinearBase, the GQA QKV projections).
 class QuantizableLinear {
  public:
   virtual ~QuantizableLinear() = default;
   const std::shared_ptr<const Int8Weight>& int8_weight() const { return int8_; }
-  void set_int8_weight(std::shared_ptr<const Int8Weight> w) { int8_ = std::move(w); }
-  // linear(x, w, b), or int8_linear(x, *int8_weight(), b) once an int8 weight is set (w is then
-  // the parameter it was quantized from and is not read).
+  const std::shared_ptr<const Int4Weight>& int4_weight() const { return int4_; }
+  void set_int8_weight(std::shared_ptr<const Int8Weight> w) { int8_ = std::move(w), int4_.reset(); }
+  void set_int4_weight(std::shared_ptr<const Int4Weight> w) { int4_ = std::move(w), int8_.reset(); }
+  bool quantized() const { return int8_ || int4_; }
+  // linear(x, w, b), or int8_linear / int4_linear once a quantized weight is set (w is then the
+  // parameter it was quantized from and is not read).
   Tensor weight_product(const Tensor& x, const Tensor& w, const Tensor& b) const;
 
  private:
   std::shared_ptr<const Int8Weight> int8_;
+  std::shared_ptr<const Int4Weight> int4_;
 };
 
 struct QuantizeOptions {
   WeightQuant format = WeightQuant::int8;
+  int64_t group = 32;                                     // int4: inputs per scale
+  kernels::Int4Zero zero = kernels::Int4Zero::symmetric;  // int4: with a per-group minimum or not
   // Modules (hierarchical names, as named_modules) left as they are, e.g. {"lm_head"}.
   std::vector<std::string> skip;
 };
+
+// A format as the command lines write it: "int8", or "int4" with optional ":<group>" (32, 64,
+// 128; default 32) and ":sym" / ":asym" (default symmetric), e.g. "int4:64:asym". ConfigError
+// naming the value otherwise.
+QuantizeOptions parse_weight_quant(const std::string& spec);
+// "int8", "int4 (groups of 32, symmetric)".
+std::string describe(const QuantizeOptions& opts);
 
 struct QuantizeSummary {
   int64_t layers = 0;        // linear layers quantized
   int64_t weights = 0;       // their weight elements
   int64_t bytes_before = 0;  // those weights in their own dtype
-  int64_t bytes_after = 0;   // int8 values and f32 scales
+  int64_t bytes_after = 0;   // quantized values, scales (and int4 minimums)
 };
 
 // Sets an int8 weight on every QuantizableLinear of `model` not in opts.skip, from its

@@ -5,11 +5,12 @@
 //                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]
 //                [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]
 //                [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]
-//                [--quantize int8] [--draft-model DIR [--speculate K]]
+//                [--quantize int8|int4[:G][:asym]] [--draft-model DIR [--speculate K]]
 // By default the model is traced (trace/decoder.h: a context-encoding graph per prompt bucket and
 // a token-generation graph sharing the weights and the K/V caches) and generation replays the
-// graphs; --eager runs the eager KV-cache path instead (the reference). --quantize int8 (eager)
-// quantizes every decoder linear layer's weight at load (layers/models/quantize_lm.h) and prints
+// graphs; --eager runs the eager KV-cache path instead (the reference). --quantize int8 or int4
+// (eager; int4 in groups of 32, 64 or 128, symmetric or :asym) quantizes every decoder linear
+// layer's weight at load (layers/models/quantize_lm.h) and prints
 // what it changed on the prompt (largest logit change, argmax agreement, perplexity).
 // --draft-model DIR (eager) decodes speculatively (layers/models/speculative.h): the draft (an nxd
 // checkpoint or a transformers folder with the same vocabulary) proposes --speculate K tokens
@@ -65,7 +66,8 @@ const char* kUsage =
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]\n"
     "                    [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]\n"
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
-    "                    [--lora DIR] [--quantize int8] [--draft-model DIR [--speculate K]]\n"
+    "                    [--lora DIR] [--quantize int8|int4[:G][:asym]]\n"
+    "                    [--draft-model DIR [--speculate K]]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
     "  --lora DIR        a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
@@ -102,6 +104,7 @@ struct GenerateCli {
   std::string backend = "sim";
   bool eager = false;
   WeightQuant quantize = WeightQuant::none;  // --quantize: eager only
+  QuantizeOptions quant;                     // its format's options
   std::string instance;                      // empty: the smallest inf2 with tp cores
   std::vector<int64_t> buckets;
   std::string save_trace, load_trace;
@@ -188,8 +191,12 @@ GenerateCli parse_args(int argc, char** argv) {
     else if (a == "--speculate")
       c.speculate = to_int(a, v, 1, 64);
     else if (a == "--quantize")
-      c.quantize = v == "int8" ? WeightQuant::int8
-                               : throw Usage(str("--quantize must be int8, got '", v, "'"));
+      try {
+        c.quant = parse_weight_quant(v);
+        c.quantize = c.quant.format;
+      } catch (const ConfigError& e) {
+        throw Usage(str("--quantize: ", e.what()));
+      }
     else
       throw Usage(str("unknown flag '", a, "'"));
   }
@@ -207,7 +214,7 @@ GenerateCli parse_args(int argc, char** argv) {
   if (c.quantize != WeightQuant::none && !c.eager)
     throw Usage(str("--quantize ", weight_quant_name(c.quantize),
                     " runs on the eager path only (add --eager; the traced model cannot record "
-                    "int8 layers)"));
+                    "quantized layers)"));
   if (c.speculate > 0 && c.draft_model.empty())
     throw Usage("--speculate K needs --draft-model DIR");
   if (!c.draft_model.empty() && !c.eager)
@@ -365,12 +372,12 @@ GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
                           std::vector<int64_t>& prompt);
 
 // What --quantize changed (printed by rank 0; every rank has the same figures).
-void print_quantized(const QuantizedLmReport& r) {
+void print_quantized(const QuantizedLmReport& r, const QuantizeOptions& o) {
   const QuantizeSummary& q = r.summary;
   std::printf(
-      "quantized: int8 weights in %lld linear layers, %.2f MB -> %.2f MB (embedding and output "
+      "quantized: %s weights in %lld linear layers, %.2f MB -> %.2f MB (embedding and output "
       "head unquantized)\n",
-      (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
+      describe(o).c_str(), (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
   std::printf(
       "quantized on the prompt (%lld tokens): max logit change %.4g (max |logit| %.4g), most "
       "likely next token unchanged at %lld/%lld positions",
@@ -396,8 +403,8 @@ void print_speculative(const GenerateCli& c, const SpeculativeResult& r, int64_t
 GenerateResult run_eager(const GenerateCli& c, CausalLM& m, const std::vector<int64_t>& prompt,
                          CausalLM* draft = nullptr) {
   if (c.quantize != WeightQuant::none) {
-    const QuantizedLmReport q = quantize_causal_lm(m, prompt, c.quantize);
-    if (current_context().rank() == 0) print_quantized(q);
+    const QuantizedLmReport q = quantize_causal_lm(m, prompt, c.quant);
+    if (current_context().rank() == 0) print_quantized(q, c.quant);
   }
   if (!draft) return m.generate_batch({prompt}, c.gen);
   const SpeculativeResult s = speculative_generate(m, *draft, prompt, c.gen, {.k = c.speculate});

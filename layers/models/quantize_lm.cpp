@@ -39,10 +39,14 @@ int64_t argmax(const float* row, int64_t V) {
 
 QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
                                      WeightQuant format) {
+  return quantize_causal_lm(m, text, QuantizeOptions{.format = format});
+}
+
+QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
+                                     QuantizeOptions opts) {
   NXD_CHECK(!m.sequence_parallel(),
-            "[quantize] int8 weights run without sequence parallelism (the model has it)");
+            "[quantize] quantized weights run without sequence parallelism (the model has it)");
   NXD_CHECK(m.is_whole(), "[quantize] needs the whole model, not a pipeline stage");
-  QuantizeOptions opts{.format = format};
   if (!m.output_head_name().empty()) opts.skip.push_back(m.output_head_name());
   QuantizedLmReport r;
   const int64_t V = m.config().vocab_size;

@@ -1,7 +1,7 @@
 #pragma once
-// int8 weight-only quantization of a causal LM for generation (layers/quantize.h), with what it
-// costs in quality on a given text: the logits of every position before and after, and the
-// perplexity of the text's tokens both ways.
+// Weight-only quantization (int8, or int4 in groups) of a causal LM for generation
+// (layers/quantize.h), with what it costs in quality on a given text: the logits of every position
+// before and after, and the perplexity of the text's tokens both ways.
 //
 // Every linear layer of the decoder is quantized; the token embedding (a lookup: one row read per
 // token, no product to speed up) and the output head (its logits are what sampling reads, and at
@@ -29,5 +29,9 @@ struct QuantizedLmReport {
 // run through the model before and after. Throws InvalidArgument as quantize_linear_layers.
 QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
                                      WeightQuant format = WeightQuant::int8);
+// The same with the format's options (int4: group size and zero point); opts.skip gets the
+// output head added.
+QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
+                                     QuantizeOptions opts);
 
 }  // namespace nxd

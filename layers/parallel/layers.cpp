@@ -136,8 +136,8 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
   const bool shard_bias = bias_.defined() && !opts_.gather_output;
   Tensor b_local;
   if (shard_bias && add_bias) b_local = bias_.dim() == 2 ? view(bias_, {per}) : bias_;
-  NXD_CHECK(!opts_.sequence_parallel_enabled || !int8_weight(),
-            "[ColumnParallelLinear] an int8 weight runs without sequence parallelism");
+  NXD_CHECK(!opts_.sequence_parallel_enabled || !quantized(),
+            "[ColumnParallelLinear] a quantized weight runs without sequence parallelism");
   Tensor y = (opts_.sequence_parallel_enabled && tp_size_ > 1)
                  ? sp_column_linear(x, w, b_local, opts_.sequence_dimension, group_.get())
                  : weight_product(copy_to_tensor_model_parallel_region(x, *group_), w, b_local);

@@ -232,8 +232,8 @@ std::array<Tensor, 3> GQAQKVColumnParallelLinear::forward(const Tensor& x) const
     k = shard(k_proj_).weight_product(x, wk, bk);
     q = shard(q_proj_).weight_product(x, wq, bq);
   } else {
-    NXD_CHECK(!shard(q_proj_).int8_weight(),
-              "[GQAQKVColumnParallelLinear] int8 weights run without a gradient and without "
+    NXD_CHECK(!shard(q_proj_).quantized(),
+              "[GQAQKVColumnParallelLinear] quantized weights run without a gradient and without "
               "sequence parallelism at TP > 1");
     auto out = qkv_linear(x, {wq, wk, wv}, {bq, bk, bv}, kv_size_multiplier_,
                           opts_.sequence_parallel_enabled, opts_.sequence_dimension, group_.get(),

@@ -237,9 +237,26 @@ TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(tokens_of(r.out), want) << r.out;
   EXPECT_NE(r.out.find("quantized: int8 weights in 14 linear layers"), std::string::npos) << r.out;
+  // int4 in groups of 32 with minimums (the model's 32 and 48 inputs: whole groups per rank at
+  // TP 2 for 32, a partial group at TP 1 for 48): the library's tokens at TP 1
+  auto q4 = make_causal_lm(byte_model("llama"), 7);
+  quantize_causal_lm(
+      *q4, bytes(prompt),
+      QuantizeOptions{
+          .format = WeightQuant::int4, .group = 32, .zero = kernels::Int4Zero::asymmetric});
+  r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12", "--eager",
+                "--quantize", "int4:32:asym"},
+               d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), q4->generate(bytes(prompt), {.max_new_tokens = 12, .temperature = 0}))
+      << r.out;
+  EXPECT_NE(r.out.find("quantized: int4 (groups of 32, asymmetric) weights in 14 linear layers"),
+            std::string::npos)
+      << r.out;
   for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--quantize", "int8"}, "runs on the eager path only (add --eager"},
-           {{"--quantize", "int4", "--eager"}, "--quantize must be int8, got 'int4'"}}) {
+           {{"--quantize", "int3", "--eager"}, "--quantize: unknown weight format 'int3'"},
+           {{"--quantize", "int4:48", "--eager"}, "unknown weight format 'int4:48'"}}) {
     std::vector<std::string> a = {"--checkpoint", ck, "--prompt", "x"};
     a.insert(a.end(), args.begin(), args.end());
     r = generate(a, d);

@@ -1,0 +1,67 @@
+#pragma once
+// 4-bit group-wise weight-only linear layers (generation): a weight W [N, K] stored as 4-bit
+// values in groups of `group` consecutive inputs of a row (group 32, 64 or 128), each group with
+// its own f32 scale, and for the asymmetric form its own f32 minimum:
+//   symmetric:  W[n, k] ~ (u - 8) * scale[n, g],        u in [1, 15], scale = max |w| / 7
+//   asymmetric: W[n, k] ~ u * scale[n, g] + min[n, g],  u in [0, 15], scale = (max - min) / 15
+// with g = k / group; |W - dequantized| <= scale / 2 for every finite weight. A decode step reads
+// half a byte per weight plus 4 (or 8) bytes per group: 0.625 bytes per weight at group 32
+// symmetric, against 4 for f32.
+//
+// Storage, per row: ceil(K / 32) blocks of 16 bytes; byte l of a block holds input 32b + l in
+// its low nibble and input 32b + 16 + l in its high nibble (the layout of llama.cpp's Q4_0
+// blocks, so that both halves of a block meet contiguous inputs). Inputs past K in the last block
+// hold the value 0 (u = 8 symmetric, u = 0 asymmetric) and are never read.
+//
+// Paths, both bitwise independent of the thread count, the split and the operands' addresses:
+// - m <= kInt4GemvMaxRows (decode): each output is sum over groups, in order, of
+//   scale * dot(x_group, u - offset) (+ min * sum(x_group) asymmetric); each group's dot is 32
+//   lanes accumulated block by block and combined in a fixed tree; the columns are split over
+//   nxd's compute pool.
+// - more rows (prefill): blocks of dequantized rows multiplied by blas::sgemm.
+#include <cstdint>
+
+namespace nxd::kernels {
+
+inline constexpr int64_t kInt4GemvMaxRows = 8;
+
+enum class Int4Zero { symmetric, asymmetric };
+
+// The shape of a 4-bit weight and the sizes of its arrays.
+struct Int4Layout {
+  int64_t n = 0, k = 0, group = 32;
+  Int4Zero zero = Int4Zero::symmetric;
+  int64_t blocks_per_row() const { return (k + 31) / 32; }
+  int64_t bytes_per_row() const { return 16 * blocks_per_row(); }
+  int64_t groups_per_row() const { return (k + group - 1) / group; }
+  int64_t value_bytes() const { return n * bytes_per_row(); }
+  int64_t groups() const { return n * groups_per_row(); }
+  // Throws InvalidArgument unless n, k > 0 and group is 32, 64 or 128.
+  void check(const char* op) const;
+};
+
+// Quantizes w [n, k] (f32, contiguous) into q (value_bytes()), scale (groups()) and, asymmetric,
+// min (groups(); null symmetric). Throws on a non-finite weight, naming its row and column.
+void quantize_int4(uint8_t* q, float* scale, float* min, const float* w, const Int4Layout& l);
+
+// Rows [r0, r1) of the dequantized weight into w (f32, [r1 - r0, k]).
+void dequantize_int4_rows(float* w, const uint8_t* q, const float* scale, const float* min,
+                          const Int4Layout& l, int64_t r0, int64_t r1);
+
+// c [m, n] = x [m, k] @ dequantized(W)^T, all contiguous; picks the path by m.
+void linear_int4(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
+                 const Int4Layout& l, int64_t m);
+// The decode path (any m, meant for m <= kInt4GemvMaxRows).
+void gemv_int4(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
+               const Int4Layout& l, int64_t m);
+// The prefill path (any m).
+void gemm_int4_weight_blocks(float* c, const float* x, const uint8_t* q, const float* scale,
+                             const float* min, const Int4Layout& l, int64_t m);
+
+namespace ref {
+// Naive: c[i, j] = sum_p x[i, p] * W[j, p] (dequantized) accumulated in f64, rounded once.
+void linear_int4(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
+                 const Int4Layout& l, int64_t m);
+}  // namespace ref
+
+}  // namespace nxd::kernels

@@ -1,0 +1,175 @@
+// The 4-bit group-wise kernels (runtime/kernels/gemv_int4.h): quantization within half a scale
+// step for every group size and both zero points, the block layout (llama.cpp's Q4_0 nibble
+// order), both product paths against the f64 reference of the dequantized weight at ragged
+// shapes, and bitwise the same for any thread count and operand address.
+#include "nxd/runtime/kernels/gemv_int4.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "nxd/runtime/context.h"
+#include "support/compare.h"
+
+using namespace nxd;
+using kernels::Int4Layout;
+using kernels::Int4Zero;
+
+namespace {
+
+std::vector<float> values(size_t n, uint32_t seed, float range = 1.5f) {
+  std::vector<float> v(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = range * static_cast<float>(static_cast<int32_t>(s >> 8) % 2001 - 1000) / 1000.0f;
+  }
+  return v;
+}
+
+struct ThreadsGuard {
+  int prev = num_threads();
+  ~ThreadsGuard() { set_num_threads(prev); }
+};
+
+struct Q4 {
+  Int4Layout l;
+  std::vector<uint8_t> q;
+  std::vector<float> scale, min;
+  const float* mins() const { return min.empty() ? nullptr : min.data(); }
+};
+
+Q4 quantize(const std::vector<float>& w, int64_t n, int64_t k, int64_t group, Int4Zero zero) {
+  Q4 r;
+  r.l = Int4Layout{.n = n, .k = k, .group = group, .zero = zero};
+  r.q.resize(r.l.value_bytes());
+  r.scale.resize(r.l.groups());
+  if (zero == Int4Zero::asymmetric) r.min.resize(r.l.groups());
+  kernels::quantize_int4(r.q.data(), r.scale.data(), r.min.empty() ? nullptr : r.min.data(),
+                         w.data(), r.l);
+  return r;
+}
+
+using Path = void (*)(float*, const float*, const uint8_t*, const float*, const float*,
+                      const Int4Layout&, int64_t);
+
+}  // namespace
+
+TEST(Int4Weights, QuantizationIsWithinHalfAScaleStep) {
+  const int64_t n = 9, k = 301;
+  std::vector<float> w = values(n * k, 1);
+  for (int64_t j = 0; j < k; ++j) w[5 * k + j] = 0.0f;   // a zero row
+  for (int64_t j = 0; j < k; ++j) w[6 * k + j] = 0.25f;  // a constant one
+  for (int64_t group : {32, 64, 128})
+    for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric}) {
+      const Q4 z = quantize(w, n, k, group, zero);
+      std::vector<float> d(n * k);
+      kernels::dequantize_int4_rows(d.data(), z.q.data(), z.scale.data(), z.mins(), z.l, 0, n);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < k; ++j) {
+          const float s = z.scale[r * z.l.groups_per_row() + j / group];
+          ASSERT_LE(std::abs(double(w[r * k + j]) - d[r * k + j]), 0.5 * s * (1 + 1e-5) + 1e-7)
+              << "group " << group << " row " << r << " col " << j;
+        }
+      for (int64_t j = 0; j < k; ++j) EXPECT_EQ(d[5 * k + j], 0.0f);
+      if (zero == Int4Zero::asymmetric) {  // a constant group is exact
+        for (int64_t j = 0; j < k; ++j) EXPECT_EQ(d[6 * k + j], 0.25f);
+      }
+    }
+  std::vector<float> bad = values(2 * 40, 2);
+  bad[1 * 40 + 33] = INFINITY;
+  try {
+    quantize(bad, 2, 40, 32, Int4Zero::symmetric);
+    FAIL() << "an infinite weight was quantized";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("weight [1,33]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(quantize(bad, 2, 40, 48, Int4Zero::symmetric), InvalidArgument);
+}
+
+// Byte l of a block: input l in the low nibble, input 16 + l in the high one (Q4_0's order).
+TEST(Int4Weights, BlockLayoutIsQ40s) {
+  std::vector<float> w(32);
+  for (int j = 0; j < 32; ++j) w[j] = static_cast<float>((j % 15) - 7);  // exact at scale 1
+  const Q4 z = quantize(w, 1, 32, 32, Int4Zero::symmetric);
+  ASSERT_EQ(z.scale[0], 1.0f);
+  for (int l = 0; l < 16; ++l) {
+    EXPECT_EQ(z.q[l] & 15, (l % 15) - 7 + 8) << l;
+    EXPECT_EQ(z.q[l] >> 4, ((16 + l) % 15) - 7 + 8) << l;
+  }
+}
+
+TEST(Int4Weights, BothPathsMatchTheReferenceAtRaggedShapes) {
+  ThreadsGuard guard;
+  set_num_threads(2);
+  double worst = 0;
+  for (Path path : {&kernels::gemv_int4, &kernels::gemm_int4_weight_blocks, &kernels::linear_int4})
+    for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric})
+      for (int64_t group : {32, 64, 128})
+        for (int64_t m : {1, 3, 9})
+          for (int64_t n : {1, 7, 130})
+            for (int64_t k : {1, 5, 31, 64, 77, 300}) {
+              SCOPED_TRACE(str("m=", m, " n=", n, " k=", k, " group=", group));
+              const auto x = values(m * k, 3), w = values(n * k, 4, 0.2f);
+              const Q4 z = quantize(w, n, k, group, zero);
+              std::vector<float> c(m * n, std::nanf("")), r(m * n), d(n * k);
+              path(c.data(), x.data(), z.q.data(), z.scale.data(), z.mins(), z.l, m);
+              kernels::ref::linear_int4(r.data(), x.data(), z.q.data(), z.scale.data(), z.mins(),
+                                        z.l, m);
+              kernels::dequantize_int4_rows(d.data(), z.q.data(), z.scale.data(), z.mins(), z.l, 0,
+                                            n);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  double mag = 0;
+                  for (int64_t p = 0; p < k; ++p) {
+                    mag += std::abs(double(x[i * k + p]) * d[j * k + p]);
+                    if (zero == Int4Zero::asymmetric)  // the minimum's term, summed apart
+                      mag += std::abs(double(x[i * k + p]) *
+                                      z.min[j * z.l.groups_per_row() + p / group]);
+                  }
+                  const double err = std::abs(double(c[i * n + j]) - r[i * n + j]) / (mag + 1e-30);
+                  worst = std::max(worst, err);
+                  // k products and sums in f32 plus the group scalings: (k + 4) u sum |x w|
+                  ASSERT_LE(err, static_cast<double>(k + 4) * 0x1p-24)
+                      << "C[" << i << "," << j << "] = " << c[i * n + j] << ", reference "
+                      << r[i * n + j];
+                }
+            }
+  std::printf("    largest error relative to sum |x w|: %.3g (bound (k + 4) 2^-24)\n", worst);
+}
+
+TEST(Int4Weights, BitwiseOverThreadCountsAndAddresses) {
+  ThreadsGuard guard;
+  struct Shape3 {
+    int64_t m, n, k;
+  };
+  for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric})
+    for (Shape3 s : {Shape3{1, 3000, 768}, Shape3{4, 2048, 333}, Shape3{20, 1100, 300}}) {
+      SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k));
+      const auto x = values(s.m * s.k, 5), w = values(s.n * s.k, 6, 0.1f);
+      const Q4 z = quantize(w, s.n, s.k, 64, zero);
+      std::vector<float> expect;
+      for (int threads : {1, 2, 4, 3})
+        for (size_t off : {0, 1, 3, 7}) {
+          set_num_threads(threads);
+          std::vector<float> xb(x.size() + 8), sb(z.scale.size() + 8), mb(z.min.size() + 8),
+              cb(s.m * s.n + 8);
+          std::vector<uint8_t> qb(z.q.size() + 8);
+          std::memcpy(xb.data() + off, x.data(), x.size() * 4);
+          std::memcpy(sb.data() + off, z.scale.data(), z.scale.size() * 4);
+          if (!z.min.empty()) std::memcpy(mb.data() + off, z.min.data(), z.min.size() * 4);
+          std::memcpy(qb.data() + off, z.q.data(), z.q.size());
+          kernels::linear_int4(cb.data() + off, xb.data() + off, qb.data() + off, sb.data() + off,
+                               z.min.empty() ? nullptr : mb.data() + off, z.l, s.m);
+          std::vector<float> c(cb.begin() + off, cb.begin() + off + s.m * s.n);
+          if (expect.empty()) {
+            expect = c;
+            continue;
+          }
+          ASSERT_EQ(std::memcmp(c.data(), expect.data(), c.size() * 4), 0)
+              << "threads=" << threads << " offset=" << off;
+        }
+    }
+}
