@@ -94,10 +94,9 @@ void export_merged(const fs::path& tag_dir, const fs::path& out) {
   io::write_safetensors(out, full, md);
 }
 
-namespace {
-void import_with_config(const std::map<std::string, Tensor>& full, const std::string& source,
-                        ModelConfig cfg, const fs::path& out_root, const std::string& tag, int tp,
-                        int dp) {
+void import_full_tensors(const std::map<std::string, Tensor>& full, const std::string& source,
+                         ModelConfig cfg, const fs::path& out_root, const std::string& tag, int tp,
+                         int dp) {
   NXD_CHECK_T(ConfigError, tp >= 1 && dp >= 1, "[import] degrees must be >= 1, got tp=", tp,
               " dp=", dp);
   cfg.kv_size_multiplier = std::max<int64_t>(1, tp / cfg.kv_heads());
@@ -115,7 +114,6 @@ void import_with_config(const std::map<std::string, Tensor>& full, const std::st
     save_checkpoint(out_root, tag, model.get(), nullptr, nullptr);
   });
 }
-}  // namespace
 
 void import_merged(const fs::path& file, const fs::path& out_root, const std::string& tag, int tp,
                    int dp) {
@@ -132,7 +130,7 @@ void import_merged(const fs::path& file, const fs::path& out_root, const std::st
   }
   std::map<std::string, Tensor> full;
   for (auto& [n, t] : io::SafetensorsReader(file).read_all()) full[n] = t;
-  import_with_config(full, file.string(), model_config_from_json(cj), out_root, tag, tp, dp);
+  import_full_tensors(full, file.string(), model_config_from_json(cj), out_root, tag, tp, dp);
 }
 
 void export_hf(const fs::path& tag_dir, const fs::path& out_dir, const ExportHfOptions& opts) {
@@ -163,7 +161,7 @@ void export_hf(const fs::path& tag_dir, const fs::path& out_dir, const ExportHfO
 void import_hf(const fs::path& hf_dir, const fs::path& out_root, const std::string& tag, int tp,
                int dp) {
   const ModelConfig cfg = read_hf_config(hf_dir);
-  import_with_config(read_hf_weights(hf_dir, cfg), hf_dir.string(), cfg, out_root, tag, tp, dp);
+  import_full_tensors(read_hf_weights(hf_dir, cfg), hf_dir.string(), cfg, out_root, tag, tp, dp);
 }
 
 namespace {

@@ -59,6 +59,12 @@ void reshard_checkpoint(const std::filesystem::path& tag_dir, const std::filesys
 // its full shape and dtype (CheckpointError naming it otherwise); extra tensors are refused too.
 void import_merged(const std::filesystem::path& file, const std::filesystem::path& out_root,
                    const std::string& tag, int tp, int dp);
+// Full tensors of a model of config cfg (from `source`, for messages) into a checkpoint
+// out_root/tag at TP tp and DP dp: every tensor must be a parameter of the model and every
+// parameter present (CheckpointError naming the tensor otherwise).
+void import_full_tensors(const std::map<std::string, Tensor>& full, const std::string& source,
+                         ModelConfig cfg, const std::filesystem::path& out_root,
+                         const std::string& tag, int tp, int dp);
 
 // Hugging Face transformers form: <out_dir>/model.safetensors (export_merged: nxd's Llama and
 // GPT-NeoX parameter names and layouts are transformers' own, GPT-NeoX's fused query_key_value

@@ -21,6 +21,11 @@
 //                             (adapter_config.json + adapter_model.safetensors)
 //   import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]
 //                             a transformers folder (Llama, GPT-NeoX) into a checkpoint OUT/T
+//   export-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0] [--tokenizer tokenizer.json]
+//                             a Llama model as a GGUF file for llama.cpp (checkpoint/gguf_llama.h)
+//   import-gguf FILE OUT [--tp N] [--dp N] [--tag T]
+//                             a Llama GGUF file (f32, f16, bf16, q8_0, q4_0 tensors) into a
+//                             checkpoint OUT/T (weights dequantized to f32)
 // import and import-hf also take OUT as --out OUT (the earlier form); --tp and --dp default to 1,
 // --tag to "imported".
 // Exit codes: 0 ok, 1 verify found damage (or an internal error), 2 a user mistake.
@@ -31,6 +36,7 @@
 #include <vector>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/io/bounded_read.h"
@@ -51,6 +57,8 @@ const char* kUsage =
     "       nxd-ckpt export-hf DIR OUT_DIR [--merge-lora]\n"
     "       nxd-ckpt export-lora DIR OUT_DIR\n"
     "       nxd-ckpt import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]\n"
+    "       nxd-ckpt export-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0] [--tokenizer F]\n"
+    "       nxd-ckpt import-gguf FILE.gguf OUT [--tp N] [--dp N] [--tag T]\n"
     "DIR is a checkpoint folder (<path>/<tag>) or a folder of checkpoints (its newest complete "
     "one); export and export-hf also take a run folder (its checkpoints/)\n";
 
@@ -172,7 +180,8 @@ struct Args {
   std::string out, tag = "imported";
   int tp = 0, dp = 1, pp = 1, ep = 1;  // tp 0: not given
   bool tensors = false;
-  bool merge_lora = false;  // export-hf: merge a LoRA checkpoint's adapters
+  bool merge_lora = false;      // export-hf: merge a LoRA checkpoint's adapters
+  std::string type, tokenizer;  // export-gguf
   void want(size_t n) const {
     if (pos.size() != n) throw Usage(nxd::str(cmd, " takes ", n, " argument(s), got ", pos.size()));
   }
@@ -192,6 +201,10 @@ Args parse(const std::vector<std::string>& a) {
       r.merge_lora = true;
     else if (a[i] == "--out")
       r.out = value();
+    else if (a[i] == "--type")
+      r.type = value();
+    else if (a[i] == "--tokenizer")
+      r.tokenizer = value();
     else if (a[i] == "--tp")
       r.tp = to_int("--tp", value());
     else if (a[i] == "--tag")
@@ -222,7 +235,33 @@ int reshard(const Args& a) {
   return 0;
 }
 
-// import FILE OUT / import-hf HF_DIR OUT (OUT also as --out OUT), at --tp / --dp (default 1).
+// export-gguf DIR OUT.gguf: the model as a GGUF file (never over an existing file).
+int export_gguf(const Args& a) {
+  a.want(2);
+  const fs::path tag = resolve_export_source(a.pos[0]);
+  nxd::ckpt::GgufExportOptions o;
+  try {
+    if (!a.type.empty()) o.type = nxd::io::ggml_type_from_name(a.type);
+  } catch (const nxd::ConfigError& e) {
+    throw Usage(nxd::str("--type: ", e.what()));
+  }
+  o.tokenizer = a.tokenizer;
+  const auto r = nxd::ckpt::export_gguf(tag, a.pos[1], o);
+  std::printf("%s -> %s (%s, %lld tensors, %.2f MB%s%s)\n", tag.string().c_str(), a.pos[1].c_str(),
+              nxd::io::ggml_type_name(static_cast<uint32_t>(o.type)), (long long)r.tensors,
+              r.bytes / 1e6,
+              r.kept_f16 ? nxd::str(", ", r.kept_f16,
+                                    " matrices kept f16 (rows not a multiple of "
+                                    "32)")
+                               .c_str()
+                         : "",
+              r.has_tokenizer ? ", with the tokenizer"
+                              : ", no tokenizer (llama.cpp needs one: --tokenizer)");
+  return 0;
+}
+
+// import FILE OUT / import-hf HF_DIR OUT / import-gguf FILE OUT (OUT also as --out OUT), at
+// --tp / --dp (default 1).
 int import(Args a) {
   const bool hf = a.cmd == "import-hf";
   if (a.pos.size() == 2 && !a.out.empty())
@@ -236,7 +275,10 @@ int import(Args a) {
     throw Usage(nxd::str("--tag must be a plain folder name, got '", a.tag, "'"));
   const fs::path src = a.pos[0], dst = fs::path(a.out) / a.tag;
   if (fs::exists(dst)) throw Usage(nxd::str(dst.string(), " already exists"));
-  if (!hf) {
+  if (a.cmd == "import-gguf") {
+    if (!fs::is_regular_file(src)) throw Usage(nxd::str(src.string(), " is not a file"));
+    nxd::ckpt::import_gguf(src, a.out, a.tag, a.tp, a.dp);
+  } else if (!hf) {
     if (!fs::is_regular_file(src)) throw Usage(nxd::str(src.string(), " is not a file"));
     nxd::ckpt::import_merged(src, a.out, a.tag, a.tp, a.dp);
   } else {
@@ -268,6 +310,9 @@ int run(const std::vector<std::string>& argv) {
     return verify(a.pos[0]);
   }
   if (a.merge_lora && a.cmd != "export-hf") throw Usage("--merge-lora is an option of export-hf");
+  if ((!a.type.empty() || !a.tokenizer.empty()) && a.cmd != "export-gguf")
+    throw Usage("--type and --tokenizer are options of export-gguf");
+  if (a.cmd == "export-gguf") return export_gguf(a);
   if (a.cmd == "export-lora") {
     a.want(2);
     const fs::path tag = resolve_export_source(a.pos[0]);
@@ -292,7 +337,7 @@ int run(const std::vector<std::string>& argv) {
     return 0;
   }
   if (a.cmd == "reshard") return reshard(a);
-  if (a.cmd == "import" || a.cmd == "import-hf") return import(a);
+  if (a.cmd == "import" || a.cmd == "import-hf" || a.cmd == "import-gguf") return import(a);
   throw Usage("unknown command '" + a.cmd + "'");
 }
 

@@ -1,7 +1,7 @@
 // nxd-generate: text from a trained (nxd checkpoint) or imported (transformers folder) causal LM
 // with the KV cache, at TP 1..8 on the sim backend or under mpirun, and the modeled latency of
 // the same generation on a Neuron instance.
-//   nxd-generate (--checkpoint DIR | --hf DIR) --prompt TEXT [--max-new-tokens N]
+//   nxd-generate (--checkpoint DIR | --hf DIR | --gguf FILE) --prompt TEXT [--max-new-tokens N]
 //                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]
 //                [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]
 //                [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]
@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
@@ -62,7 +63,8 @@ using namespace nxd;
 namespace {
 
 const char* kUsage =
-    "usage: nxd-generate (--checkpoint DIR | --hf DIR) --prompt TEXT [--max-new-tokens N]\n"
+    "usage: nxd-generate (--checkpoint DIR | --hf DIR | --gguf FILE) --prompt TEXT\n"
+    "                    [--max-new-tokens N]\n"
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]\n"
     "                    [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]\n"
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
@@ -70,11 +72,14 @@ const char* kUsage =
     "                    [--draft-model DIR [--speculate K]]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
+    "  --gguf FILE       a Llama GGUF file (llama.cpp's; f32/f16/bf16/q8_0/q4_0 tensors, read as\n"
+    "                    f32; its tokenizer is not read: --tokenizer)\n"
     "  --lora DIR        a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
     "                    merged into the weights before generating (a LoRA checkpoint's own\n"
     "                    adapters are always merged)\n"
     "  --draft-model DIR speculative decoding (with --eager): a smaller model with the same\n"
-    "                    vocabulary (nxd checkpoint or transformers folder) proposes --speculate\n"
+    "                    vocabulary (nxd checkpoint, transformers folder or GGUF file) proposes\n"
+    "                    --speculate\n"
     "                    K tokens (1..64, default 4) per step of the model\n"
     "  --temperature 0 is greedy (the default); --top-k 0 and --top-p 1 keep every token\n"
     "  --eager           the eager KV-cache path (the reference; default: the traced model)\n"
@@ -96,7 +101,7 @@ struct Usage : UserError {
 
 // Everything the command line says.
 struct GenerateCli {
-  std::string checkpoint, hf, prompt;
+  std::string checkpoint, hf, gguf, prompt;
   std::string lora;  // --lora: a PEFT adapter folder
   bool has_prompt = false;
   GenerateOptions gen{.max_new_tokens = 32, .temperature = 0.0};
@@ -158,6 +163,8 @@ GenerateCli parse_args(int argc, char** argv) {
       c.checkpoint = v;
     else if (a == "--hf")
       c.hf = v;
+    else if (a == "--gguf")
+      c.gguf = v;
     else if (a == "--lora")
       c.lora = v;
     else if (a == "--prompt")
@@ -201,13 +208,13 @@ GenerateCli parse_args(int argc, char** argv) {
       throw Usage(str("unknown flag '", a, "'"));
   }
   if (!c.load_trace.empty()) {
-    if (!c.checkpoint.empty() || !c.hf.empty() || c.eager || !c.save_trace.empty() ||
-        !c.buckets.empty() || !c.lora.empty())
+    if (!c.checkpoint.empty() || !c.hf.empty() || !c.gguf.empty() || c.eager ||
+        !c.save_trace.empty() || !c.buckets.empty() || !c.lora.empty())
       throw Usage(
           "--load-trace runs a saved trace: it takes no --checkpoint, --hf, --eager, "
           "--save-trace, --buckets or --lora");
-  } else if (c.checkpoint.empty() == c.hf.empty()) {
-    throw Usage("give one of --checkpoint DIR or --hf DIR (or --load-trace DIR)");
+  } else if (!c.checkpoint.empty() + !c.hf.empty() + !c.gguf.empty() != 1) {
+    throw Usage("give one of --checkpoint DIR, --hf DIR or --gguf FILE (or --load-trace DIR)");
   }
   if (c.eager && (!c.save_trace.empty() || !c.buckets.empty()))
     throw Usage("--save-trace and --buckets apply to the traced path, not --eager");
@@ -259,6 +266,11 @@ ModelSource resolve_source(const GenerateCli& c) {
       throw ckpt::CheckpointError(str("[nxd-generate] ", s.tag_dir.string(),
                                       " records no model_config (not a CausalLM checkpoint)"));
     s.cfg = ckpt::model_config_from_json(meta["model_config"]);
+  } else if (!c.gguf.empty()) {
+    ckpt::GgufModel g = ckpt::read_gguf_model(c.gguf);
+    s.cfg = g.cfg;
+    s.full = std::move(g.full);
+    s.hf_dir = c.gguf;
   } else {
     s.cfg = ckpt::read_hf_config(c.hf);  // sharded, F16/BF16 files as transformers reads them
     s.hf_dir = c.hf;
@@ -289,7 +301,10 @@ ModelSource resolve_draft(const GenerateCli& c, const ModelSource& target) {
   d.lora.clear();
   d.checkpoint.clear();
   d.hf.clear();
-  if (fs::is_regular_file(fs::path(c.draft_model) / "config.json"))
+  d.gguf.clear();
+  if (fs::is_regular_file(c.draft_model))
+    d.gguf = c.draft_model;
+  else if (fs::is_regular_file(fs::path(c.draft_model) / "config.json"))
     d.hf = c.draft_model;
   else
     d.checkpoint = c.draft_model;

@@ -9,10 +9,14 @@
 #include <tuple>
 
 #include "ckpt_util.h"
+#include "nxd/checkpoint/gguf_llama.h"
+#include "nxd/checkpoint/hf.h"
 #include "nxd/io/safetensors.h"
+#include "nxd/layers/models/causal_lm.h"
 #include "support/files.h"
 #include "support/proc.h"
 #include "support/ranks.h"
+#include "support/tiny_models.h"
 #include "zero1_util.h"
 
 namespace nxd::ckpt {
@@ -133,6 +137,49 @@ TEST(NxdCkpt, UserMistakesExitWithCode2) {
     EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
   }
+}
+
+// export-gguf / import-gguf: a Llama checkpoint to GGUF (q8_0) and back at TP 2 (verify passes,
+// the weights are the q8_0-rounded ones); an existing OUT is never overwritten, a bad --type, a
+// GPT-NeoX model and a damaged file exit 2.
+TEST(NxdCkpt, ExportAndImportGguf) {
+  const nxd::testing::ScratchDir d_scratch("nxd_ckpt_cli_");
+  const fs::path& d = d_scratch.path;
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  auto m = make_causal_lm(c, 3);
+  save_checkpoint(d / "run", "step_1", m.get(), nullptr, nullptr);
+  auto r =
+      ckpt({"export-gguf", (d / "run").string(), (d / "m.gguf").string(), "--type", "q8_0"}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("(q8_0, 21 tensors"), std::string::npos) << r.out;
+  r = ckpt({"import-gguf", (d / "m.gguf").string(), (d / "imp").string(), "--tp", "2"}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ckpt({"verify", (d / "imp").string()}, d);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  std::map<std::string, Tensor> got;
+  for (auto& [n, t] : read_merged_model(d / "imp/imported")) got[n] = t;
+  const auto want = read_gguf_model(d / "m.gguf").full;
+  ASSERT_EQ(got.size(), want.size());
+  for (auto& [n, t] : want) EXPECT_EQ(got.at(n).to_vector(), t.to_vector()) << n;
+  std::ofstream(d / "taken.gguf") << "mine";
+  auto neox = make_causal_lm(nxd::testing::tiny_model("gpt_neox"), 3);
+  save_checkpoint(d / "neox", "step_1", neox.get(), nullptr, nullptr);
+  std::ofstream(d / "cut.gguf") << "GGUF";
+  for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"export-gguf", (d / "run").string(), (d / "taken.gguf").string()}, "exists"},
+           {{"export-gguf", (d / "run").string(), (d / "x.gguf").string(), "--type", "q4_K"},
+            "unknown tensor type 'q4_K'"},
+           {{"export-gguf", (d / "neox").string(), (d / "x.gguf").string()},
+            "architecture 'gpt_neox'"},
+           {{"export", (d / "run").string(), (d / "x.st").string(), "--type", "f16"},
+            "--type and --tokenizer are options of export-gguf"},
+           {{"import-gguf", (d / "cut.gguf").string(), (d / "imp2").string()}, "cut.gguf"}}) {
+    r = ckpt(args, d);
+    EXPECT_EQ(r.code, 2) << msg << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+  }
+  std::ifstream in(d / "taken.gguf");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "mine");
 }
 
 // Mistakes in paths and NXD_* variables (issue 34): a malformed NXD_GEMM, an output under a file

@@ -7,10 +7,13 @@
 
 #include <unistd.h>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <sstream>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/gguf_llama.h"
+#include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/io/tokenizer.h"
@@ -182,7 +185,7 @@ TEST(NxdGenerate, UserMistakesExitTwo) {
   const fs::path& d = f.dir.path;
   const std::string ck = (d / "run").string();
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--prompt", "x"}, "give one of --checkpoint DIR or --hf DIR"},
+      {{"--prompt", "x"}, "give one of --checkpoint DIR, --hf DIR or --gguf FILE"},
       {{"--checkpoint", ck, "--hf", ck, "--prompt", "x"}, "give one of"},
       {{"--checkpoint", ck}, "--prompt TEXT is required"},
       {{"--checkpoint", ck, "--prompt", "x", "--tp", "0"}, "--tp needs an integer"},
@@ -320,6 +323,37 @@ TEST(NxdGenerate, SpeculativeDecodingEqualsTheModelAndReportsAcceptance) {
     EXPECT_EQ(r.code, 2) << args.front() << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
   }
+}
+
+// --gguf: a Llama GGUF file (nxd-ckpt export-gguf) generates the checkpoint's tokens, traced and
+// eager, exactly for f32 and as the q8_0-rounded model for q8_0; a damaged file exits 2.
+TEST(NxdGenerate, GgufFileGeneratesAsTheModel) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  const std::string prompt = "Hello, nxd";
+  ckpt::export_gguf(d / "run/step_1", d / "m.gguf", {.type = io::GgmlType::f32});
+  ckpt::export_gguf(d / "run/step_1", d / "q8.gguf", {.type = io::GgmlType::q8_0});
+  const auto want = f.llama->generate(bytes(prompt), {.max_new_tokens = 12, .temperature = 0});
+  for (const char* eager : {"--eager", ""}) {
+    std::vector<std::string> a = {"--gguf", (d / "m.gguf").string(), "--prompt",
+                                  prompt,   "--max-new-tokens",      "12"};
+    if (*eager) a.push_back(eager);
+    auto r = generate(a, d);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(tokens_of(r.out), want) << r.out;
+  }
+  auto q8 = make_causal_lm(byte_model("llama"), 1);
+  ckpt::load_full_tensors({q8.get()}, ckpt::read_gguf_model(d / "q8.gguf").full, "q8.gguf");
+  auto r = generate(
+      {"--gguf", (d / "q8.gguf").string(), "--prompt", prompt, "--max-new-tokens", "12", "--eager"},
+      d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), q8->generate(bytes(prompt), {.max_new_tokens = 12, .temperature = 0}))
+      << r.out;
+  { std::ofstream(d / "cut.gguf", std::ios::binary) << std::string(40, 'G'); }
+  r = generate({"--gguf", (d / "cut.gguf").string(), "--prompt", prompt}, d);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("cut.gguf"), std::string::npos) << r.err;
 }
 
 // The traced path (the default) against --eager, buckets, and a saved trace run without the
