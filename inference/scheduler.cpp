@@ -148,6 +148,7 @@ void Engine::Impl::advance(Seq& s, const std::vector<double>& logits) {
   if (s.generated == 1)
     s.ttft_s = std::chrono::duration<double>(Clock::now() - s.submitted).count();
   Output o;
+  o.request_id = s.id;
   o.ids = {smp.id};
   if (p.logprobs >= 0) {
     o.chosen = {smp.chosen};

@@ -1,0 +1,440 @@
+// The engine (inference/engine.h) on tiny Llama models: a request's tokens do not depend on its
+// batch companions (joining and leaving at random steps, chunked prefill and prefix caching on
+// and off), greedy equals CausalLM::generate_batch, preemption under a tiny block pool, prefix
+// cache hits, cancel, every stop rule, and the request checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <thread>
+
+#include "nxd/inference/engine.h"
+#include "nxd/io/tokenizer.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "support/files.h"
+#include "support/tiny_models.h"
+
+using namespace nxd;
+using namespace nxd::inference;
+
+namespace {
+
+std::shared_ptr<CausalLM> tiny_llama(uint64_t seed = 7) {
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  c.max_position_embeddings = 64;
+  return make_causal_lm(c, seed);
+}
+
+std::vector<int64_t> ids(int64_t n, uint64_t seed) {
+  return nxd::testing::id_sequence(n, 64, seed);
+}
+
+struct Got {
+  std::vector<int64_t> ids;
+  std::string text;
+  std::vector<TokenLogprob> chosen;
+  std::vector<std::vector<TokenLogprob>> top;
+  Output last;
+  int outputs = 0;
+};
+using Results = std::map<int64_t, Got>;
+
+OutputCallback into(Results& r) {
+  return [&r](const Output& o) {
+    Got& g = r[o.request_id];
+    EXPECT_EQ(g.last.finish, FinishReason::none) << "an Output after the final one";
+    g.ids.insert(g.ids.end(), o.ids.begin(), o.ids.end());
+    g.text += o.text;
+    g.chosen.insert(g.chosen.end(), o.chosen.begin(), o.chosen.end());
+    g.top.insert(g.top.end(), o.top.begin(), o.top.end());
+    g.last = o;
+    ++g.outputs;
+  };
+}
+
+Request request(std::vector<int64_t> prompt, int64_t max_tokens, SamplingParams sp = {}) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.sampling = sp;
+  r.stop.max_tokens = max_tokens;
+  return r;
+}
+
+SamplingParams greedy() {
+  SamplingParams s;
+  s.temperature = 0;
+  return s;
+}
+
+SamplingParams sampled(bool only_generate_batch_knobs = false) {
+  SamplingParams s;
+  s.temperature = 0.9;
+  s.top_k = 24;
+  s.top_p = 0.95;
+  s.seed = 1234;
+  if (!only_generate_batch_knobs) {
+    s.min_p = 0.02;
+    s.repetition_penalty = 1.1;
+    s.presence_penalty = 0.3;
+    s.frequency_penalty = 0.2;
+  }
+  return s;
+}
+
+// The generated ids of r run alone in a fresh engine.
+std::vector<int64_t> alone(const std::shared_ptr<CausalLM>& m, const Request& r,
+                           EngineOptions o = {}) {
+  Engine e(m, nullptr, o);
+  Results res;
+  const int64_t id = e.submit(r, into(res));
+  e.run_until_idle();
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  return res[id].ids;
+}
+
+std::string expect_invalid(Engine& e, const Request& r) {
+  try {
+    e.submit(r, nullptr);
+  } catch (const InvalidArgument& x) {
+    return x.what();
+  }
+  ADD_FAILURE() << "no InvalidArgument";
+  return "";
+}
+
+}  // namespace
+
+TEST(Engine, GreedyAndSampledEqualGenerateBatch) {
+  auto m = tiny_llama();
+  const std::vector<std::vector<int64_t>> prompts = {ids(5, 1), ids(17, 2), ids(9, 3)};
+  for (bool sample : {false, true}) {
+    SCOPED_TRACE(sample ? "sampled" : "greedy");
+    const SamplingParams sp = sample ? sampled(true) : greedy();
+    GenerateOptions g;
+    g.temperature = sp.temperature, g.top_k = sp.top_k, g.top_p = sp.top_p, g.seed = sp.seed;
+    g.max_new_tokens = 20;
+    GenerateResult want = m->generate_batch(prompts, g);
+    EngineOptions o;
+    o.block_size = 4;
+    o.max_num_batched_tokens = 8;  // the 17-token prompt is prefilled in three chunks
+    Engine e(m, nullptr, o);
+    Results res;
+    std::vector<int64_t> rid;
+    for (const auto& p : prompts) rid.push_back(e.submit(request(p, 20, sp), into(res)));
+    e.run_until_idle();
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      std::vector<int64_t> seq = prompts[b];
+      seq.insert(seq.end(), res[rid[b]].ids.begin(), res[rid[b]].ids.end());
+      EXPECT_EQ(seq, want.sequences[b]) << "prompt " << b;
+      EXPECT_EQ(res[rid[b]].last.finish, FinishReason::length);
+      EXPECT_EQ(res[rid[b]].last.completion_tokens, 20);
+      EXPECT_EQ(res[rid[b]].last.prompt_tokens, static_cast<int64_t>(prompts[b].size()));
+    }
+  }
+}
+
+TEST(Engine, SameTokensAloneAndBatchedWithCompanionsJoiningAndLeaving) {
+  auto m = tiny_llama(11);
+  const std::vector<int64_t> prompt = ids(13, 40);
+  for (bool sample : {false, true}) {
+    const Request target = request(prompt, 24, sample ? sampled() : greedy());
+    const std::vector<int64_t> ref = alone(m, target);
+    ASSERT_EQ(ref.size(), 24u);
+    for (bool chunked : {true, false})
+      for (bool prefix : {true, false}) {
+        SCOPED_TRACE(str(sample ? "sampled" : "greedy", chunked ? " chunked" : " whole-prefill",
+                         prefix ? " prefix-cache" : " no-prefix-cache"));
+        EngineOptions o;
+        o.block_size = 4;
+        o.chunked_prefill = chunked;
+        o.prefix_caching = prefix;
+        o.max_num_batched_tokens = chunked ? 10 : 40;
+        o.max_num_seqs = 8;
+        Engine e(m, nullptr, o);
+        Results res;
+        // 7 companions: random lengths (two share the target's first 8 tokens), random
+        // max_tokens, joining at random steps; one is cancelled midway
+        RngStream r{uint64_t(chunked * 2 + prefix + 10 * sample), 5};
+        struct Join {
+          int64_t step;
+          Request req;
+        };
+        std::vector<Join> joins;
+        for (int k = 0; k < 7; ++k) {
+          std::vector<int64_t> p = ids(3 + int64_t(r.uniform_f64(k) * 30), 100 + k);
+          if (k < 2) p.insert(p.begin(), prompt.begin(), prompt.begin() + 8);
+          SamplingParams sp = k % 2 ? greedy() : sampled();
+          sp.seed = 99 + k;
+          joins.push_back({int64_t(r.uniform_f64(50 + k) * 12),
+                           request(p, 2 + int64_t(r.uniform_f64(80 + k) * 25), sp)});
+        }
+        const int64_t target_step = 3, cancel_step = 9;
+        int64_t tid = -1, victim = -1;
+        for (int64_t step = 0; step < 400; ++step) {
+          for (auto& j : joins)
+            if (j.step == step) {
+              const int64_t id = e.submit(j.req, into(res));
+              if (victim < 0) victim = id;
+            }
+          if (step == target_step) tid = e.submit(target, into(res));
+          if (step == cancel_step) e.cancel(victim);
+          if (!e.step() && step > 20) break;
+        }
+        ASSERT_GE(tid, 0);
+        EXPECT_EQ(res[tid].ids, ref);
+        EXPECT_EQ(res[tid].last.finish, FinishReason::length);
+        EXPECT_EQ(e.stats().kv_blocks_used, 0);
+        EXPECT_EQ(e.stats().running, 0);
+        EXPECT_EQ(static_cast<int64_t>(res.size()), 8);
+        if (prefix) {
+          EXPECT_GT(e.stats().prefix_hit_tokens, 0);
+        }
+      }
+  }
+}
+
+TEST(Engine, PreemptionUnderATinyBlockPoolFinishesEveryRequestWithTheSameTokens) {
+  auto m = tiny_llama(3);
+  std::vector<Request> reqs;
+  for (int k = 0; k < 6; ++k)
+    reqs.push_back(request(ids(6 + 2 * k, 200 + k), 14, k % 2 ? sampled() : greedy()));
+  for (bool prefix : {true, false}) {
+    SCOPED_TRACE(prefix ? "prefix caching" : "no prefix caching");
+    EngineOptions o;
+    o.block_size = 4;
+    o.kv_blocks = 9;  // the largest request needs 7 blocks; all six need 33
+    o.prefix_caching = prefix;
+    Engine e(m, nullptr, o);
+    Results res;
+    std::vector<int64_t> rid;
+    for (const auto& r : reqs) rid.push_back(e.submit(r, into(res)));
+    e.run_until_idle();
+    EXPECT_GT(e.stats().preemptions, 0);
+    std::printf("    [%s] 6 requests on 9 blocks: %lld preemptions, %lld steps\n",
+                prefix ? "prefix" : "no prefix", (long long)e.stats().preemptions,
+                (long long)e.stats().steps);
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      EXPECT_EQ(res[rid[k]].last.finish, FinishReason::length) << "request " << k;
+      EXPECT_EQ(res[rid[k]].ids, alone(m, reqs[k])) << "request " << k;
+    }
+    EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  }
+}
+
+TEST(Engine, SharedPrefixHitsTheCacheAndRequestsThatCanNeverFitAreRefused) {
+  auto m = tiny_llama(5);
+  EngineOptions o;
+  o.block_size = 4;
+  o.kv_blocks = 12;
+  Engine e(m, nullptr, o);
+  Results res;
+  std::vector<int64_t> a = ids(19, 7), b = a;
+  b.resize(16);
+  b.push_back(3), b.push_back(4);
+  const int64_t ia = e.submit(request(a, 4, greedy()), into(res));
+  e.run_until_idle();
+  EXPECT_EQ(res[ia].last.cached_prompt_tokens, 0);
+  const int64_t ib = e.submit(request(b, 4, greedy()), into(res));
+  e.run_until_idle();
+  EXPECT_EQ(res[ib].last.cached_prompt_tokens, 16);  // four full blocks of a's prompt
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.prefix_hit_tokens, 16);
+  EXPECT_EQ(s.prefix_query_tokens, 19 + 18);
+  EXPECT_EQ(res[ib].ids, alone(m, request(b, 4, greedy()), [] {
+              EngineOptions x;
+              x.prefix_caching = false;
+              return x;
+            }()));
+  // 12 blocks of 4 hold 48 positions: prompt 40 + max_tokens 20 needs 59
+  const std::string msg = expect_invalid(e, request(ids(40, 1), 20, greedy()));
+  EXPECT_NE(msg.find("needs 15 KV blocks of 4 positions"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the cache has 12"), std::string::npos) << msg;
+}
+
+TEST(Engine, CancelFreesBlocksAndReportsCancelled) {
+  auto m = tiny_llama(6);
+  EngineOptions o;
+  o.block_size = 4;
+  Engine e(m, nullptr, o);
+  Results res;
+  const int64_t id = e.submit(request(ids(20, 3), 40, greedy()), into(res));
+  const int64_t waiting = e.submit(request(ids(5, 3), 40, greedy()), into(res));
+  for (int i = 0; i < 3; ++i) e.step();
+  EXPECT_GT(e.stats().kv_blocks_used, 5);
+  e.cancel(id);
+  e.cancel(waiting);
+  e.cancel(12345);  // unknown: ignored
+  e.step();
+  EXPECT_EQ(res[id].last.finish, FinishReason::cancelled);
+  EXPECT_EQ(res[waiting].last.finish, FinishReason::cancelled);
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  EXPECT_EQ(e.stats().running, 0);
+  EXPECT_FALSE(e.step());
+}
+
+TEST(Engine, EachStopRuleIsReported) {
+  auto m = tiny_llama(8);
+  const auto prompt = ids(6, 9);
+  const std::vector<int64_t> ref = alone(m, request(prompt, 30, greedy()));
+  // the first generated id that did not occur before it, at index >= 2
+  size_t at = 2;
+  while (std::find(ref.begin(), ref.begin() + at, ref[at]) != ref.begin() + at) ++at;
+  ASSERT_LT(at, ref.size());
+  auto run = [&](EngineOptions o, Request r, std::shared_ptr<io::Tokenizer> tok = nullptr) {
+    Engine e(m, tok, o);
+    Results res;
+    const int64_t id = e.submit(r, into(res));
+    e.run_until_idle();
+    return res[id];
+  };
+  {
+    EngineOptions o;
+    o.eos_token_ids = {ref[at]};
+    Got g = run(o, request(prompt, 30, greedy()));
+    EXPECT_EQ(g.last.finish, FinishReason::eos);
+    EXPECT_EQ(g.ids, std::vector<int64_t>(ref.begin(), ref.begin() + at + 1));
+    Request r = request(prompt, 30, greedy());
+    r.stop.ignore_eos = true;
+    EXPECT_EQ(run(o, r).last.finish, FinishReason::length);
+  }
+  {
+    Request r = request(prompt, 30, greedy());
+    r.stop.stop_token_ids = {ref[at]};
+    Got g = run({}, r);
+    EXPECT_EQ(g.last.finish, FinishReason::stop_token);
+    EXPECT_EQ(g.ids.size(), at + 1);
+  }
+  {
+    Got g = run({}, request(prompt, 5, greedy()));
+    EXPECT_EQ(g.last.finish, FinishReason::length);
+    EXPECT_EQ(g.ids.size(), 5u);
+    EXPECT_EQ(std::string(openai_finish_reason(g.last.finish)), "length");
+  }
+  {
+    EngineOptions o;
+    o.max_model_len = 10;
+    Got g = run(o, request(prompt, 30, greedy()));
+    EXPECT_EQ(g.last.finish, FinishReason::context_limit);
+    EXPECT_EQ(g.ids.size(), 4u);  // 6 + 4 = max_model_len
+  }
+  {  // stop strings through a byte-level tokenizer (ids < 64 are single bytes)
+    auto tok = std::make_shared<io::Tokenizer>(
+        io::Tokenizer::from_file(std::string(NXD_TOKENIZER_FIXTURES) + "/gpt2.tokenizer.json"));
+    const std::string full = tok->decode(ref);
+    ASSERT_GE(full.size(), 12u);
+    Got whole = run({}, request(prompt, 30, greedy()), tok);
+    EXPECT_EQ(whole.text, full);
+    const std::string stop = full.substr(8, 3);
+    Request r = request(prompt, 30, greedy());
+    r.stop.stop = {"\x01\x02\x03\x04 never", stop};
+    Got g = run({}, r, tok);
+    EXPECT_EQ(g.last.finish, FinishReason::stop_string);
+    EXPECT_EQ(g.text, full.substr(0, full.find(stop)));
+    EXPECT_EQ(std::string(to_string(g.last.finish)), "stop_string");
+  }
+}
+
+TEST(Engine, LogprobsAreTheModelsAndSumBelowOne) {
+  auto m = tiny_llama(2);
+  SamplingParams sp = greedy();
+  sp.logprobs = 3;
+  Engine e(m, nullptr, {});
+  Results res;
+  const int64_t id = e.submit(request(ids(5, 4), 6, sp), into(res));
+  e.run_until_idle();
+  const Got& g = res[id];
+  ASSERT_EQ(g.chosen.size(), 6u);
+  ASSERT_EQ(g.top.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(g.chosen[i].id, g.ids[i]);
+    ASSERT_EQ(g.top[i].size(), 3u);
+    EXPECT_EQ(g.top[i][0].id, g.ids[i]);  // greedy picks the most likely
+    EXPECT_GE(g.top[i][0].logprob, g.top[i][1].logprob);
+    double mass = 0;
+    for (const auto& t : g.top[i]) mass += std::exp(t.logprob);
+    EXPECT_LE(mass, 1.0 + 1e-12);
+    EXPECT_LE(g.chosen[i].logprob, 0.0);
+  }
+}
+
+TEST(Engine, BadRequestFieldsAreInvalidArgumentNamingTheField) {
+  auto m = tiny_llama();
+  EngineOptions o;
+  o.max_model_len = 40;
+  o.max_waiting = 2;
+  Engine e(m, nullptr, o);
+  auto with = [](auto edit) {
+    Request r = request({1, 2, 3}, 4, greedy());
+    edit(r);
+    return r;
+  };
+  const std::vector<std::pair<std::string, Request>> cases = {
+      {"prompt is empty", with([](Request& r) { r.prompt.clear(); })},
+      {"prompt[1]=64", with([](Request& r) { r.prompt[1] = 64; })},
+      {"sampling.temperature=-1", with([](Request& r) { r.sampling.temperature = -1; })},
+      {"sampling.top_k=-2", with([](Request& r) { r.sampling.top_k = -2; })},
+      {"sampling.top_p=0", with([](Request& r) { r.sampling.top_p = 0; })},
+      {"sampling.min_p=1.5", with([](Request& r) { r.sampling.min_p = 1.5; })},
+      {"sampling.repetition_penalty=0",
+       with([](Request& r) { r.sampling.repetition_penalty = 0; })},
+      {"sampling.presence_penalty=3", with([](Request& r) { r.sampling.presence_penalty = 3; })},
+      {"sampling.frequency_penalty=-2.5",
+       with([](Request& r) { r.sampling.frequency_penalty = -2.5; })},
+      {"sampling.logprobs=21", with([](Request& r) { r.sampling.logprobs = 21; })},
+      {"stop.max_tokens=0", with([](Request& r) { r.stop.max_tokens = 0; })},
+      {"stop_token_ids has 70", with([](Request& r) { r.stop.stop_token_ids = {70}; })},
+      {"stop strings need a tokenizer", with([](Request& r) { r.stop.stop = {"x"}; })},
+      {"stop has an empty string", with([](Request& r) { r.stop.stop = {""}; })},
+      {"prompt has 40 tokens; max_model_len=40",
+       with([](Request& r) { r.prompt = std::vector<int64_t>(40, 1); })},
+  };
+  for (const auto& [want, r] : cases) {
+    const std::string msg = expect_invalid(e, r);
+    EXPECT_NE(msg.find(want), std::string::npos) << "want \"" << want << "\" in: " << msg;
+  }
+  e.submit(request({1}, 2, greedy()), nullptr);
+  e.submit(request({1}, 2, greedy()), nullptr);
+  EXPECT_THROW(e.submit(request({1}, 2, greedy()), nullptr), QueueFull);
+  e.run_until_idle();
+  EXPECT_NO_THROW(e.submit(request({1}, 2, greedy()), nullptr));
+  // options
+  EngineOptions bad;
+  bad.block_size = 0;
+  EXPECT_THROW(Engine(m, nullptr, bad), InvalidArgument);
+  bad = {};
+  bad.max_model_len = 65;
+  EXPECT_THROW(Engine(m, nullptr, bad), InvalidArgument);
+}
+
+TEST(Engine, ServingLoopOnItsOwnThread) {
+  auto m = tiny_llama(4);
+  Engine e(m, nullptr, {});
+  const Request r = request(ids(7, 2), 9, greedy());
+  const std::vector<int64_t> ref = alone(m, r);
+  std::jthread loop([&](std::stop_token st) { e.run(st); });
+  for (int round = 0; round < 2; ++round) {
+    std::promise<std::vector<int64_t>> done;
+    auto ids_so_far = std::make_shared<std::vector<int64_t>>();
+    e.submit(r, [&done, ids_so_far](const Output& o) {
+      ids_so_far->insert(ids_so_far->end(), o.ids.begin(), o.ids.end());
+      if (o.finish != FinishReason::none) done.set_value(*ids_so_far);
+    });
+    EXPECT_EQ(done.get_future().get(), ref) << "round " << round;
+  }
+  loop.request_stop();
+}
+
+TEST(Engine, ReadsEosIdsFromGenerationConfigThenConfig) {
+  const auto dir = nxd::testing::test_temp_dir("engine_eos");
+  std::ofstream(dir / "config.json") << R"({"eos_token_id": 3})";
+  EXPECT_EQ(read_eos_ids(dir), std::vector<int64_t>{3});
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [5, 7]})";
+  EXPECT_EQ(read_eos_ids(dir), (std::vector<int64_t>{5, 7}));
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": "x"})";
+  EXPECT_THROW(read_eos_ids(dir), ConfigError);
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(read_eos_ids(dir).empty());
+}
