@@ -50,7 +50,10 @@ bool Engine::Impl::admit(std::vector<Scheduled>& plan, int64_t& budget) {
   std::vector<int64_t> hits = pool->lookup(s.tokens);
   const int64_t from = static_cast<int64_t>(hits.size()) * pool->block_size();
   const int64_t rest = total - from;
-  const int64_t n = opts.chunked_prefill ? std::min(rest, budget) : rest;
+  // without chunked prefill a prompt is prefilled whole (submit checked it fits the budget); a
+  // preempted request's recompute (prompt + generated) may not, and is chunked then
+  const bool whole = !opts.chunked_prefill && rest <= opts.max_num_batched_tokens;
+  const int64_t n = whole ? rest : std::min(rest, budget);
   if (n > budget || !pool->can_grow(s.table, hits, from + n)) return false;
   pool->take(s.table, hits);
   const bool ok = pool->grow(s.table, from + n);

@@ -201,21 +201,26 @@ TEST(Engine, PreemptionUnderATinyBlockPoolFinishesEveryRequestWithTheSameTokens)
   std::vector<Request> reqs;
   for (int k = 0; k < 6; ++k)
     reqs.push_back(request(ids(6 + 2 * k, 200 + k), 14, k % 2 ? sampled() : greedy()));
-  for (bool prefix : {true, false}) {
-    SCOPED_TRACE(prefix ? "prefix caching" : "no prefix caching");
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool prefix = mode != 1, chunked = mode != 2;
+    SCOPED_TRACE(str(prefix ? "prefix caching" : "no prefix caching",
+                     chunked ? ", chunked prefill" : ", whole prefill"));
     EngineOptions o;
     o.block_size = 4;
     o.kv_blocks = 9;  // the largest request needs 7 blocks; all six need 33
     o.prefix_caching = prefix;
+    // whole prefill: prompts up to 16 fit the budget, a recompute of up to 29 tokens does not
+    // (it is chunked)
+    o.chunked_prefill = chunked;
+    o.max_num_batched_tokens = chunked ? 512 : 16;
     Engine e(m, nullptr, o);
     Results res;
     std::vector<int64_t> rid;
     for (const auto& r : reqs) rid.push_back(e.submit(r, into(res)));
     e.run_until_idle();
     EXPECT_GT(e.stats().preemptions, 0);
-    std::printf("    [%s] 6 requests on 9 blocks: %lld preemptions, %lld steps\n",
-                prefix ? "prefix" : "no prefix", (long long)e.stats().preemptions,
-                (long long)e.stats().steps);
+    std::printf("    [mode %d] 6 requests on 9 blocks: %lld preemptions, %lld steps\n", mode,
+                (long long)e.stats().preemptions, (long long)e.stats().steps);
     for (size_t k = 0; k < reqs.size(); ++k) {
       EXPECT_EQ(res[rid[k]].last.finish, FinishReason::length) << "request " << k;
       EXPECT_EQ(res[rid[k]].ids, alone(m, reqs[k])) << "request " << k;

@@ -10,6 +10,7 @@
 #include "nxd/autograd/ops/inference.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/runtime/rng.h"
+#include "support/compare.h"
 #include "support/tiny_models.h"
 
 using namespace nxd;
@@ -135,4 +136,40 @@ TEST(PagedAttention, ModelLogitsBitwiseEqualContiguousPath) {
                                    make_cache_step({0}, {30}, {1}), paged),
                  InvalidArgument);
   }
+}
+
+// Not bitwise: the projections of a [3, 1] batch run other GEMM shapes than [1, 1] (the engine's
+// tests compare tokens, docs/design/inference.md). A chunked prefill runs [1, 8] then [1, 5]
+// against [1, 13]: the last row's logits are compared the same way.
+TEST(PagedAttention, BatchedAndChunkedLogitsAreCloseToAlone) {
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  c.max_position_embeddings = 48;
+  auto m = make_causal_lm(c, 9);
+  KVCache paged = m->make_paged_kv_cache(32, 4);
+  const std::vector<std::vector<int64_t>> tables = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}};
+  const std::vector<int64_t> P = {5, 9, 13};
+  for (int b = 0; b < 3; ++b) {
+    auto p = nxd::testing::id_sequence(P[b], 64, b);
+    m->forward_cached(from_vector<int64_t>(p, {1, P[b]}),
+                      make_paged_cache_step({tables[b]}, {0}, {P[b]}), paged);
+  }
+  Tensor alone = m->forward_cached(from_vector<int64_t>({7}, {1, 1}),
+                                   make_paged_cache_step({tables[1]}, {9}, {1}), paged);
+  Tensor batch = m->forward_cached(from_vector<int64_t>({3, 7, 9}, {3, 1}),
+                                   make_paged_cache_step(tables, P, {1, 1, 1}), paged);
+  const Tensor row = batch.select(0, 1).contiguous(), one = alone.select(0, 0).contiguous();
+  std::printf("    decode row alone vs in a batch of 3: largest difference %.3g\n",
+              nxd::testing::diff(row, one).max_abs);
+  EXPECT_TRUE(nxd::testing::close_rel(row, one, 1e-5, "batched"));
+  const auto p = nxd::testing::id_sequence(13, 64, 2);
+  Tensor whole = m->forward_cached(from_vector<int64_t>(p, {1, 13}),
+                                   make_paged_cache_step({tables[0]}, {0}, {13}), paged);
+  m->forward_cached(from_vector<int64_t>(std::vector<int64_t>(p.begin(), p.begin() + 8), {1, 8}),
+                    make_paged_cache_step({tables[1]}, {0}, {8}), paged);
+  Tensor chunked =
+      m->forward_cached(from_vector<int64_t>(std::vector<int64_t>(p.begin() + 8, p.end()), {1, 5}),
+                        make_paged_cache_step({tables[1]}, {8}, {5}), paged);
+  std::printf("    prefill of 13 whole vs chunks of 8 + 5: largest difference %.3g\n",
+              nxd::testing::diff(whole, chunked).max_abs);
+  EXPECT_TRUE(nxd::testing::close_rel(whole, chunked, 1e-5, "chunked"));
 }
