@@ -114,8 +114,13 @@ std::vector<int64_t> read_eos_ids(const std::filesystem::path& hf_dir);
 
 class Engine {
  public:
-  // model: a whole CausalLM with a KV-cache path at TP 1 (TP > 1 is refused: InvalidArgument).
-  // tokenizer may be null (then no text, no stop strings). InvalidArgument for bad options.
+  // model: a whole CausalLM with a KV-cache path, without sequence parallelism. tokenizer may be
+  // null (then no text, no stop strings). InvalidArgument for bad options.
+  // Tensor parallelism (a model built at TP > 1 over sim ranks or MPI processes): every rank of
+  // the TP group builds its Engine on its rank thread with the same options. Rank 0 takes the
+  // requests (submit/cancel elsewhere throw), schedules, samples and broadcasts each model call
+  // to the others; the others call run() or run_until_idle() once for each such call on rank 0
+  // (they follow its steps until that call ends) — step() on them follows one message.
   Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokenizer> tokenizer,
          EngineOptions opts);
   ~Engine();

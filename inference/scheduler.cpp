@@ -103,24 +103,42 @@ std::vector<Scheduled> Engine::Impl::schedule() {
   return plan;
 }
 
+Tensor Engine::Impl::run_call(const ModelCall& c) {
+  CacheStep step;
+  step.seq_ids = zeros({c.B}, DType::i64);
+  step.start = from_vector<int64_t>(c.start, {c.B});
+  step.lengths = from_vector<int64_t>(c.lengths, {c.B});
+  step.block_tables = from_vector<int64_t>(c.tables, {c.B, c.MB});
+  return model->forward_cached(from_vector<int64_t>(c.ids, {c.B, c.S}), step, cache);
+}
+
+bool Engine::Impl::follow() {
+  ModelCall c;
+  const PlanMessage m = receive_plan(*tp, c);
+  if (m == PlanMessage::call) run_call(c);
+  return m != PlanMessage::end;
+}
+
 void Engine::Impl::run_rows(const std::vector<Scheduled>& rows) {
-  const int64_t B = static_cast<int64_t>(rows.size());
-  int64_t S = 0;
-  for (const auto& r : rows) S = std::max(S, r.n);
-  std::vector<int64_t> ids(B * S, 0), start(B), len(B);
-  std::vector<std::vector<int64_t>> tables(B);
-  for (int64_t b = 0; b < B; ++b) {
+  ModelCall c;
+  c.B = static_cast<int64_t>(rows.size());
+  for (const auto& r : rows) {
+    c.S = std::max(c.S, r.n);
+    c.MB = std::max<int64_t>(c.MB, static_cast<int64_t>(r.seq->table.size()));
+  }
+  c.ids.assign(c.B * c.S, 0);
+  c.tables.assign(c.B * c.MB, -1);
+  for (int64_t b = 0; b < c.B; ++b) {
     const Seq& s = *rows[b].seq;
     std::copy(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + rows[b].n,
-              ids.begin() + b * S);
-    start[b] = s.computed;
-    len[b] = rows[b].n;
-    tables[b] = s.table;
+              c.ids.begin() + b * c.S);
+    std::copy(s.table.begin(), s.table.end(), c.tables.begin() + b * c.MB);
+    c.start.push_back(s.computed);
+    c.lengths.push_back(rows[b].n);
   }
-  Tensor logits = model->forward_cached(from_vector<int64_t>(ids, {B, S}),
-                                        make_paged_cache_step(tables, start, len), cache);
-  const std::vector<double> all = logits.to_vector();
-  for (int64_t b = 0; b < B; ++b) {
+  if (tp) send_plan(*tp, PlanMessage::call, &c);
+  const std::vector<double> all = run_call(c).to_vector();
+  for (int64_t b = 0; b < c.B; ++b) {
     Seq& s = *rows[b].seq;
     s.computed += rows[b].n;
     s.registered = pool->register_full(s.table, s.tokens, s.computed, s.registered);
@@ -224,6 +242,7 @@ void Engine::Impl::publish() {
 }
 
 bool Engine::Impl::step() {
+  if (tp_rank != 0) return follow();
   take_incoming();
   if (waiting.empty() && running.empty()) {
     publish();
