@@ -443,3 +443,19 @@ TEST(Engine, ReadsEosIdsFromGenerationConfigThenConfig) {
   std::filesystem::remove_all(dir);
   EXPECT_TRUE(read_eos_ids(dir).empty());
 }
+
+TEST(Engine, Bf16ModelAloneEqualsGenerate) {  // the paged bf16 cache against the contiguous one
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  c.max_position_embeddings = 64;
+  c.dtype = DType::bf16;
+  auto m = make_causal_lm(c, 12);
+  for (uint64_t k = 0; k < 3; ++k) {
+    const auto prompt = ids(4 + 9 * k, 60 + k);
+    GenerateOptions g;
+    g.temperature = 0;
+    g.max_new_tokens = 15;
+    std::vector<int64_t> want = m->generate(prompt, g);
+    want.erase(want.begin(), want.begin() + prompt.size());
+    EXPECT_EQ(alone(m, request(prompt, 15, greedy())), want) << "prompt " << k;
+  }
+}
