@@ -85,7 +85,8 @@ struct EngineOptions {
   int64_t max_num_seqs = 16;             // running requests
   int64_t max_num_batched_tokens = 512;  // token budget of one step (decode rows + prefill chunks)
   int64_t block_size = 16;               // KV block positions
-  int64_t kv_blocks = 0;                 // 0: from kv_memory_bytes, else a default
+  int64_t kv_blocks = 0;  // 0: from kv_memory_bytes (bytes / one block's K and V over all
+                          // layers), else max_num_seqs sequences of max_model_len positions
   int64_t kv_memory_bytes = 0;
   int64_t max_waiting = 256;  // submit beyond it throws QueueFull (server: 429)
   bool prefix_caching = true;
