@@ -459,3 +459,69 @@ TEST(Engine, Bf16ModelAloneEqualsGenerate) {  // the paged bf16 cache against th
     EXPECT_EQ(alone(m, request(prompt, 15, greedy())), want) << "prompt " << k;
   }
 }
+
+// Random requests (lengths, sampling knobs, stop rules), random cancels and a throwing callback
+// on a small pool: every request gets exactly one final Output, the counts add up, and every
+// block is free at the end.
+TEST(Engine, RandomRequestsAndCancelsOnASmallPoolAllFinishCleanly) {
+  auto m = tiny_llama(13);
+  EngineOptions o;
+  o.block_size = 4;
+  o.kv_blocks = 20;
+  o.max_num_seqs = 6;
+  o.max_num_batched_tokens = 9;
+  o.eos_token_ids = {5};
+  o.max_waiting = 1000;
+  Engine e(m, nullptr, o);
+  RngStream r{2024, 9};
+  uint64_t draw = 0;
+  auto u = [&] { return r.uniform_f64(draw++); };
+  std::map<int64_t, int> finals;
+  std::map<int64_t, int64_t> tokens;
+  std::vector<int64_t> live;
+  int64_t submitted = 0, thrower = -1;
+  for (int step = 0; step < 3000 && (submitted < 120 || e.step()); ++step) {
+    if (submitted < 120 && u() < 0.5) {
+      Request q = request(ids(1 + int64_t(u() * 40), 500 + submitted), 1 + int64_t(u() * 30));
+      q.sampling.temperature = u() < 0.3 ? 0.0 : 0.5 + u();
+      q.sampling.top_k = int64_t(u() * 10);
+      q.sampling.top_p = 0.5 + 0.5 * u();
+      q.sampling.min_p = u() * 0.2;
+      q.sampling.repetition_penalty = 0.8 + 0.4 * u();
+      q.sampling.seed = submitted;
+      q.stop.ignore_eos = u() < 0.2;
+      if (u() < 0.2) q.stop.stop_token_ids = {int64_t(u() * 64)};
+      const bool throws = submitted == 17;
+      const int64_t id = e.submit(q, [&, throws](const Output& out) {
+        tokens[out.request_id] += static_cast<int64_t>(out.ids.size());
+        if (out.finish != FinishReason::none) {
+          ++finals[out.request_id];
+          EXPECT_EQ(out.completion_tokens, tokens[out.request_id]);
+        }
+        if (throws) throw std::runtime_error("client went away");
+      });
+      if (throws) thrower = id;
+      live.push_back(id);
+      ++submitted;
+    }
+    if (!live.empty() && u() < 0.05) e.cancel(live[size_t(u() * live.size())]);
+    if (submitted < 120) e.step();
+  }
+  e.run_until_idle();
+  EXPECT_EQ(submitted, 120);
+  for (int64_t id : live) {
+    if (id != thrower) {
+      EXPECT_EQ(finals[id], 1) << "request " << id;
+    }
+  }
+  EXPECT_LE(finals[thrower], 1);  // its callback threw at its first token: cancelled quietly
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.waiting, 0);
+  std::printf(
+      "    120 random requests on 20 blocks: %lld steps, %lld preemptions, %lld of %lld "
+      "prompt tokens from the prefix cache\n",
+      (long long)s.steps, (long long)s.preemptions, (long long)s.prefix_hit_tokens,
+      (long long)s.prefix_query_tokens);
+}
