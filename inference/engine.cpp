@@ -194,7 +194,7 @@ void Engine::Impl::validate(const Request& r) const {
                               "max_num_batched_tokens=", opts.max_num_batched_tokens,
                               " without chunked prefill"));
   // positions the cache must hold at most: all tokens but the last generated one
-  const int64_t positions = std::min(P + r.stop.max_tokens, max_len) - 1;
+  const int64_t positions = std::min(P + std::min(r.stop.max_tokens, max_len), max_len) - 1;
   const int64_t need = pool->blocks_for(positions);
   if (need > pool->num_blocks())
     throw InvalidArgument(str("[Engine] the request needs ", need, " KV blocks of ",

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -318,10 +319,10 @@ TEST(Engine, EachStopRuleIsReported) {
     EXPECT_EQ(g.ids.size(), 5u);
     EXPECT_EQ(std::string(openai_finish_reason(g.last.finish)), "length");
   }
-  {
+  for (int64_t max_tokens : {int64_t{30}, std::numeric_limits<int64_t>::max()}) {
     EngineOptions o;
     o.max_model_len = 10;
-    Got g = run(o, request(prompt, 30, greedy()));
+    Got g = run(o, request(prompt, max_tokens, greedy()));
     EXPECT_EQ(g.last.finish, FinishReason::context_limit);
     EXPECT_EQ(g.ids.size(), 4u);  // 6 + 4 = max_model_len
   }
