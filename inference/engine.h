@@ -100,6 +100,8 @@ struct EngineStats {
   int64_t waiting = 0, running = 0, kv_blocks_total = 0, kv_blocks_used = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, steps = 0;
+  int64_t model_calls = 0;  // forward calls (a step runs its decode rows together, prefill chunks
+                            // in batches of similar lengths)
 };
 
 // The queue of waiting requests is full (a server answers 429).

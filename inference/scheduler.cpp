@@ -137,6 +137,7 @@ void Engine::Impl::run_rows(const std::vector<Scheduled>& rows) {
     c.lengths.push_back(rows[b].n);
   }
   if (tp) send_plan(*tp, PlanMessage::call, &c);
+  ++st.model_calls;
   const std::vector<double> all = run_call(c).to_vector();
   for (int64_t b = 0; b < c.B; ++b) {
     Seq& s = *rows[b].seq;
@@ -148,14 +149,22 @@ void Engine::Impl::run_rows(const std::vector<Scheduled>& rows) {
 }
 
 void Engine::Impl::execute(const std::vector<Scheduled>& plan) {
-  // the one-token rows (decode, and prefill chunks of one token) run as one [n, 1] batch; each
-  // longer prefill chunk runs alone as [1, n] (no padding)
-  std::vector<Scheduled> singles;
-  for (const auto& r : plan)
-    if (r.n == 1) singles.push_back(r);
+  // the one-token rows (decode, and prefill chunks of one token) run as one [n, 1] batch; longer
+  // prefill chunks, longest first, run as padded [k, S] batches of chunks whose padding stays
+  // within a quarter of their tokens (each weight is then read once per batch, not per chunk)
+  std::vector<Scheduled> singles, chunks;
+  for (const auto& r : plan) (r.n == 1 ? singles : chunks).push_back(r);
   if (!singles.empty()) run_rows(singles);
-  for (const auto& r : plan)
-    if (r.n > 1) run_rows({r});
+  std::stable_sort(chunks.begin(), chunks.end(),
+                   [](const Scheduled& a, const Scheduled& b) { return a.n > b.n; });
+  for (size_t i = 0; i < chunks.size();) {
+    size_t j = i + 1;
+    int64_t tokens = chunks[i].n;
+    while (j < chunks.size() && 4 * int64_t(j + 1 - i) * chunks[i].n <= 5 * (tokens + chunks[j].n))
+      tokens += chunks[j++].n;
+    run_rows(std::vector<Scheduled>(chunks.begin() + i, chunks.begin() + j));
+    i = j;
+  }
 }
 
 void Engine::Impl::advance(Seq& s, const std::vector<double>& logits) {

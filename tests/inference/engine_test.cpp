@@ -526,3 +526,21 @@ TEST(Engine, RandomRequestsAndCancelsOnASmallPoolAllFinishCleanly) {
       (long long)s.steps, (long long)s.preemptions, (long long)s.prefix_hit_tokens,
       (long long)s.prefix_query_tokens);
 }
+
+TEST(Engine, PrefillChunksOfSimilarLengthRunAsOneBatch) {
+  auto m = tiny_llama(14);
+  std::vector<Request> reqs;
+  for (int k = 0; k < 4; ++k) reqs.push_back(request(ids(k == 3 ? 2 : 12, 70 + k), 5, greedy()));
+  Engine e(m, nullptr, {});
+  Results res;
+  std::vector<int64_t> rid;
+  for (const auto& r : reqs) rid.push_back(e.submit(r, into(res)));
+  e.step();
+  // 12, 12, 12 in one [3, 12] call (no padding); 2 would pad 10 of 38 tokens (over a quarter):
+  // alone
+  EXPECT_EQ(e.stats().model_calls, 2);
+  e.step();
+  EXPECT_EQ(e.stats().model_calls, 3);  // four decode rows: one call
+  e.run_until_idle();
+  for (size_t k = 0; k < reqs.size(); ++k) EXPECT_EQ(res[rid[k]].ids, alone(m, reqs[k])) << k;
+}
