@@ -544,3 +544,28 @@ TEST(Engine, PrefillChunksOfSimilarLengthRunAsOneBatch) {
   e.run_until_idle();
   for (size_t k = 0; k < reqs.size(); ++k) EXPECT_EQ(res[rid[k]].ids, alone(m, reqs[k])) << k;
 }
+
+TEST(Engine, GptNeoXAndMoeLlamaEqualGenerate) {  // partial rotary; a mixture-of-experts MLP
+  for (std::string arch : {"gpt_neox", "moe"}) {
+    SCOPED_TRACE(arch);
+    ModelConfig c = nxd::testing::tiny_model(arch == "moe" ? "llama" : arch);
+    c.max_position_embeddings = 64;
+    if (arch == "moe") {
+      c.moe.num_experts = 4;
+      c.moe.top_k = 2;
+    }
+    auto m = make_causal_lm(c, 15);
+    const std::vector<std::vector<int64_t>> prompts = {ids(7, 80), ids(19, 81)};
+    GenerateOptions g;
+    g.temperature = 0;
+    g.max_new_tokens = 10;
+    EngineOptions o;
+    o.block_size = 4;
+    o.max_num_batched_tokens = 8;
+    for (const auto& p : prompts) {
+      std::vector<int64_t> want = m->generate(p, g);
+      want.erase(want.begin(), want.begin() + p.size());
+      EXPECT_EQ(alone(m, request(p, 10, greedy()), o), want);
+    }
+  }
+}
