@@ -6,10 +6,22 @@
 
 #include "nxd/autograd/ops/inference.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/models/decode_loop.h"
 #include "nxd/runtime/rng.h"
 #include "nxd/runtime/sim/clock.h"
 
 namespace nxd {
+
+namespace {
+// One K and one V of `shape` per layer: zeros on the host, meta tensors for a meta model.
+void fill_kv(KVCache& c, const ModelConfig& cfg, const Shape& shape) {
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    const bool meta = cfg.device == Device::meta;
+    c.k.push_back(meta ? empty(shape, cfg.dtype, Device::meta) : zeros(shape, cfg.dtype));
+    c.v.push_back(meta ? empty(shape, cfg.dtype, Device::meta) : zeros(shape, cfg.dtype));
+  }
+}
+}  // namespace
 
 int64_t CausalLM::cache_kv_heads() const {
   const int64_t hkv = cfg_.arch == "gpt_neox" ? cfg_.num_attention_heads : cfg_.kv_heads();
@@ -26,11 +38,21 @@ KVCache CausalLM::make_kv_cache(int64_t max_batch, int64_t max_len) const {
   c.max_batch = max_batch;
   c.max_len = max_len;
   const Shape shape{max_batch, cache_kv_heads(), max_len, cfg_.head_dim()};
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    const bool meta = cfg_.device == Device::meta;
-    c.k.push_back(meta ? empty(shape, cfg_.dtype, Device::meta) : zeros(shape, cfg_.dtype));
-    c.v.push_back(meta ? empty(shape, cfg_.dtype, Device::meta) : zeros(shape, cfg_.dtype));
-  }
+  fill_kv(c, cfg_, shape);
+  return c;
+}
+
+KVCache CausalLM::make_paged_kv_cache(int64_t num_blocks, int64_t block_size) const {
+  check_whole("make_paged_kv_cache");
+  NXD_CHECK(num_blocks >= 1 && block_size >= 1, "[", type_name(),
+            "::make_paged_kv_cache] need num_blocks >= 1 and block_size >= 1, got num_blocks=",
+            num_blocks, " block_size=", block_size);
+  KVCache c;
+  c.max_batch = num_blocks;
+  c.max_len = block_size;
+  c.block_size = block_size;
+  const Shape shape{num_blocks, cache_kv_heads(), block_size, cfg_.head_dim()};
+  fill_kv(c, cfg_, shape);
   return c;
 }
 
@@ -49,7 +71,10 @@ void CausalLM::check_cached(const Tensor& ids, const KVCache& cache, const char*
             "parallelism (sequence_parallel=false for inference)");
   NXD_CHECK_SHAPE(ids.dim() == 2 && (ids.dtype() == DType::i64 || ids.dtype() == DType::i32), "[",
                   type_name(), "::", op, "] ids must be i32/i64 [B,S], got ", ids.desc());
-  NXD_CHECK_SHAPE(ids.size(0) <= cache.max_batch &&
+  NXD_CHECK((cache.block_size > 0) == step.block_tables.defined(), "[", type_name(), "::", op,
+            "] a ", cache.block_size > 0 ? "paged" : "contiguous", " cache needs a CacheStep ",
+            cache.block_size > 0 ? "with" : "without", " block_tables");
+  NXD_CHECK_SHAPE((cache.block_size > 0 || ids.size(0) <= cache.max_batch) &&
                       static_cast<int64_t>(cache.k.size()) == cfg_.num_layers &&
                       cache.v.size() == cache.k.size(),
                   "[", type_name(), "::", op, "] ids ", ids.desc(), " do not fit the cache of ",
@@ -175,27 +200,10 @@ struct EvalMode {  // eval mode for the call, the previous mode restored
   ~EvalMode() { m->train(was); }
 };
 
-double wall() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double modeled() {
-  const sim::SimClock* c = sim::current_sim_clock();
-  return c ? c->now() : 0.0;
-}
-
 using Row = GenerationRow;
-
-std::vector<double> row_of(const std::vector<double>& all, int64_t row, int64_t V) {
-  return std::vector<double>(all.begin() + row * V, all.begin() + (row + 1) * V);
-}
-
-GenerateResult finish(std::vector<Row>& rows, GenerateResult r) {
-  for (auto& row : rows) {
-    r.sequences.push_back(std::move(row.seq));
-    r.stop_reasons.push_back(row.stop);
-  }
-  return r;
-}
+using decode_detail::finish;
+using decode_detail::modeled;
+using decode_detail::wall;
 
 }  // namespace
 
@@ -205,68 +213,16 @@ GenerateResult CausalLM::generate_batch(const std::vector<std::vector<int64_t>>&
   if (sequence_parallel_ || !supports_kv_cache()) return generate_recompute(prompts, opts);
   NoGradGuard ng;
   EvalMode mode(this);
-  const int64_t B = static_cast<int64_t>(prompts.size()), V = cfg_.vocab_size;
-  const int64_t max_pos = cfg_.max_position_embeddings;
-  const RngStream stream{opts.seed, stream_id("nxd.generate")};
-  std::vector<Row> rows(B);
-  int64_t S = 0, L = 1;
-  GenerateResult res;
-  for (int64_t b = 0; b < B; ++b) {
-    rows[b].seq = prompts[b];
-    const int64_t P = static_cast<int64_t>(prompts[b].size());
-    S = std::max(S, P);
-    L = std::max(L, std::min(P + opts.max_new_tokens, max_pos));
-    res.prefill_tokens += P;
-    if (opts.max_new_tokens == 0)
-      rows[b].stop = "max_new_tokens";
-    else if (P >= max_pos)
-      rows[b].stop = "max_position_embeddings";
-  }
-  if (std::all_of(rows.begin(), rows.end(), [](const Row& r) { return !r.stop.empty(); }))
-    return finish(rows, res);
-  KVCache cache = make_kv_cache(B, L);
-  // prefill: every prompt, right-padded to the longest
-  std::vector<int64_t> ids(B * S, 0), seq_ids(B), start(B, 0), len(B);
-  for (int64_t b = 0; b < B; ++b) {
-    std::copy(prompts[b].begin(), prompts[b].end(), ids.begin() + b * S);
-    seq_ids[b] = b;
-    len[b] = static_cast<int64_t>(prompts[b].size());
-  }
-  double t0 = wall(), m0 = modeled();
-  std::vector<double> logits =
-      forward_cached(from_vector<int64_t>(ids, {B, S}), make_cache_step(seq_ids, start, len), cache)
-          .to_vector();
-  for (int64_t b = 0; b < B; ++b)
-    if (rows[b].stop.empty())
-      advance_generation_row(rows[b], row_of(logits, b, V), opts, stream, max_pos);
-  res.prefill_seconds = wall() - t0;
-  res.modeled_prefill_seconds = modeled() - m0;
-  t0 = wall(), m0 = modeled();
-  // decode: the rows still running feed their last token at its position (rows leave the batch
-  // as they stop; each keeps its cache row)
-  while (true) {
-    std::vector<int64_t> active;
-    for (int64_t b = 0; b < B; ++b)
-      if (rows[b].stop.empty()) active.push_back(b);
-    if (active.empty()) break;
-    const int64_t n = static_cast<int64_t>(active.size());
-    std::vector<int64_t> tok(n), sid(n), st(n), one(n, 1);
-    for (int64_t i = 0; i < n; ++i) {
-      const Row& r = rows[active[i]];
-      tok[i] = r.seq.back();
-      sid[i] = active[i];
-      st[i] = static_cast<int64_t>(r.seq.size()) - 1;
-    }
-    logits = forward_cached(from_vector<int64_t>(tok, {n, 1}), make_cache_step(sid, st, one), cache)
-                 .to_vector();
-    ++res.decode_steps;
-    res.decode_tokens += n;
-    for (int64_t i = 0; i < n; ++i)
-      advance_generation_row(rows[active[i]], row_of(logits, i, V), opts, stream, max_pos);
-  }
-  res.decode_seconds = wall() - t0;
-  res.modeled_decode_seconds = modeled() - m0;
-  return finish(rows, res);
+  const int64_t B = static_cast<int64_t>(prompts.size()), max_pos = cfg_.max_position_embeddings;
+  int64_t L = 1;  // the cache length the longest sequence reaches
+  for (const auto& p : prompts)
+    L = std::max(L, std::min(static_cast<int64_t>(p.size()) + opts.max_new_tokens, max_pos));
+  KVCache cache;  // allocated by the first step (none when no row runs)
+  return decode_loop(prompts, opts, {.max_pos = max_pos},
+                     [&](const Tensor& ids, const CacheStep& step) {
+                       if (cache.k.empty()) cache = make_kv_cache(B, L);
+                       return forward_cached(ids, step, cache);
+                     });
 }
 
 GenerateResult CausalLM::generate_recompute(const std::vector<std::vector<int64_t>>& prompts,
