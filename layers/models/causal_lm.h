@@ -184,7 +184,8 @@ class CausalLM : public Module {
   const Tensor& output_weight() const;
   void check_ids(const Tensor& ids, int64_t position_offset) const;
   void check_whole(const char* what) const;
-  void check_cached(const Tensor& ids, const KVCache& cache, const char* op) const;
+  void check_cached(const Tensor& ids, const CacheStep& step, const KVCache& cache,
+                    const char* op) const;
   ModelConfig cfg_;
   ModelPart part_;
   std::shared_ptr<DecoderStack> decoder_stack_;

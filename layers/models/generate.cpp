@@ -64,7 +64,8 @@ Tensor CausalLM::run_layers_cached(const Tensor& h, const CacheStep& step, KVCac
   return decoder_stack_->run_layers_cached(h, step, cache);
 }
 
-void CausalLM::check_cached(const Tensor& ids, const KVCache& cache, const char* op) const {
+void CausalLM::check_cached(const Tensor& ids, const CacheStep& step, const KVCache& cache,
+                            const char* op) const {
   check_whole(op);
   NXD_CHECK(!sequence_parallel_, "[", type_name(), "::", op,
             "] needs a model built without sequence ",
@@ -83,14 +84,14 @@ void CausalLM::check_cached(const Tensor& ids, const KVCache& cache, const char*
 }
 
 Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCache& cache) {
-  check_cached(ids, cache, "forward_cached");
+  check_cached(ids, step, cache, "forward_cached");
   NoGradGuard ng;
   Tensor h = run_layers_cached(embed_tokens(ids), step, cache);
   return lm_head(final_norm(gather_last(h, step.lengths)));
 }
 
 Tensor CausalLM::forward_cached_all(const Tensor& ids, const CacheStep& step, KVCache& cache) {
-  check_cached(ids, cache, "forward_cached_all");
+  check_cached(ids, step, cache, "forward_cached_all");
   NoGradGuard ng;
   return lm_head(final_norm(run_layers_cached(embed_tokens(ids), step, cache)));
 }
