@@ -5,7 +5,10 @@
 // buffer of that many bytes with the same threads, measured in the same run); and TP 2 on two sim
 // ranks (one core each) against TP 1 on one. bench/generate_torch.py runs PyTorch on the same
 // model and weights (--export) and prints the ratios.
-//   nxd-bench-inference [--threads T] [--precision fp32|bf16] [--prompt N] [--reps N]
+//   nxd-bench-inference [--threads T] [--precision fp32|bf16|int8|int4] [--prompt N] [--reps N]
+// int8 / int4 (group 32, symmetric): f32 activations, every decoder linear layer's weight
+// quantized (layers/quantize.h; the embedding and the output head stay f32), eager only; the
+// step's bytes count the quantized weights as stored.
 //   nxd-bench-inference --export DIR     (model.safetensors, config.json, prefill_logits.f32)
 //   nxd-bench-inference --tp-compare [--precision P]
 // Unless --no-traced, the same prefill and decode step also run on the traced decoder
@@ -16,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "bench_util.h"
@@ -24,6 +28,7 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/io/safetensors.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/models/quantize_lm.h"
 #include "nxd/runtime/cpu_info.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/trace/decoder.h"
@@ -58,8 +63,16 @@ std::vector<int64_t> prompt_ids(int64_t n, int64_t vocab) {
 // input embedding table (one row of it), and the K/V of `len` positions.
 int64_t decode_bytes(CausalLM& m, const KVCache& cache, int64_t len) {
   int64_t b = 0;
+  std::set<const void*> quantized;  // parameters replaced by their quantized form
+  for (auto& [name, mod] : m.named_modules())
+    if (auto* q = dynamic_cast<QuantizableLinear*>(mod); q && q->quantized()) {
+      b += q->int8_weight() ? q->int8_weight()->bytes() : q->int4_weight()->bytes();
+      for (auto& [n, t] : mod->named_parameters(/*recurse=*/false))
+        if (n == "weight") quantized.insert(t.raw_data());
+    }
   for (const auto& [name, t] : m.named_parameters())
-    if (name.find("embed_tokens") == std::string::npos) b += t.nbytes();
+    if (name.find("embed_tokens") == std::string::npos && !quantized.count(t.raw_data()))
+      b += t.nbytes();
   for (const auto& t : cache.k) b += 2 * t.nbytes() / t.size(2) * len;  // K and V
   return b;
 }
@@ -197,7 +210,10 @@ int main(int argc, char** argv) {
                 "generation with the KV cache on a ~125M Llama: prefill, decode against the memory "
                 "roofline, traced against eager",
                 {{"--threads", "T", "compute threads"},
-                 {"--precision", "P", "weights and activations", {"fp32", "bf16"}},
+                 {"--precision",
+                  "P",
+                  "weights and activations (int8/int4: weights only)",
+                  {"fp32", "bf16", "int8", "int4"}},
                  {"--prompt", "N", "prompt tokens"},
                  {"--reps", "N", "repetitions (medians)"},
                  {"--export", "DIR", "write the model and reference logits for generate_torch.py"},
@@ -207,6 +223,11 @@ int main(int argc, char** argv) {
   const DType dt = prec == "bf16" ? DType::bf16 : DType::f32;
   const int64_t P = a.get_int("--prompt", 128);
   const int reps = static_cast<int>(a.get_int("--reps", 5));
+  if ((prec == "int8" || prec == "int4") && (a.has("--export") || a.has("--tp-compare"))) {
+    std::fprintf(stderr, "nxd-bench-inference: --precision %s runs the single-rank case only\n",
+                 prec.c_str());
+    return 2;
+  }
   if (a.has("--export")) return run_export(a.get_str("--export", "."));
   if (a.has("--tp-compare")) return run_tp_compare(dt, P, reps);
   const int threads = static_cast<int>(a.get_int("--threads", 1));
@@ -217,6 +238,8 @@ int main(int argc, char** argv) {
   set_num_threads(threads);
   std::printf("# %s\n", cpu::describe().c_str());
   auto m = make_causal_lm(bench_model(dt), 1);
+  const bool quantized = prec == "int8" || prec == "int4";
+  if (quantized) quantize_causal_lm(*m, {}, parse_weight_quant(prec));
   Timed t = time_model(*m, P, reps);
   const double stream = stream_seconds(t.bytes);
   std::printf("model: llama %lld parameters, %s, threads %d\n",
@@ -228,6 +251,6 @@ int main(int argc, char** argv) {
       "stream_ms=%.3f roofline_fraction=%.3f\n",
       threads, prec.c_str(), t.decode * 1e3, 1 / t.decode, static_cast<long long>(t.bytes),
       stream * 1e3, stream / t.decode);
-  if (!a.has("--no-traced")) run_traced(m, prec, threads, P);
+  if (!a.has("--no-traced") && !quantized) run_traced(m, prec, threads, P);
   return 0;
 }

@@ -12,17 +12,20 @@ namespace {
 
 typedef float V8 __attribute__((vector_size(32)));
 typedef int8_t I8 __attribute__((vector_size(8)));
+typedef int32_t I32x8 __attribute__((vector_size(32)));
 
 inline V8 load8(const float* p) {
   V8 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-// Eight int8 values widened to f32 (exactly).
+// Eight int8 values widened to f32 (exactly), through int32: GCC 12 scalarizes a direct
+// int8 -> float vector conversion (eight scalar converts), but not int8 -> int32 (vpmovsxbd)
+// followed by int32 -> float (vcvtdq2ps).
 inline V8 load8(const int8_t* p) {
   I8 v;
   std::memcpy(&v, p, sizeof v);
-  return __builtin_convertvector(v, V8);
+  return __builtin_convertvector(__builtin_convertvector(v, I32x8), V8);
 }
 inline void store8(float* p, V8 v) {
   std::memcpy(p, &v, sizeof v);

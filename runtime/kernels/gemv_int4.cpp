@@ -28,23 +28,24 @@ inline int nibble(const uint8_t* row, int64_t j) {
   return (j % 32) < 16 ? (b & 15) : (b >> 4);
 }
 
-// Eight low (or high) nibbles of bytes p[0..8) as f32 values minus `off`.
+// Eight low (or high) nibbles of bytes p[0..8) as f32 values minus `off` (through int32, as
+// lanes8::load8 explains).
 inline V8 lo8(const uint8_t* p, float off) {
   U8 u;
   std::memcpy(&u, p, sizeof u);
-  return __builtin_convertvector(u & 15, V8) - off;
+  return __builtin_convertvector(__builtin_convertvector(u & 15, lanes8::I32x8), V8) - off;
 }
 inline V8 hi8(const uint8_t* p, float off) {
   U8 u;
   std::memcpy(&u, p, sizeof u);
-  return __builtin_convertvector(u >> 4, V8) - off;
+  return __builtin_convertvector(__builtin_convertvector(u >> 4, lanes8::I32x8), V8) - off;
 }
 
-// sum over inputs [j0, j1) of one group (j0 a multiple of 32) of x[j] * (u[j] - off): whole blocks
-// in four registers (inputs 0-7, 8-15, 16-23, 24-31 of each block), combined as lanes8::dot does,
-// then the partial last block in input order.
-float group_dot(const float* __restrict x, const uint8_t* __restrict row, int64_t j0, int64_t j1,
-                float off) {
+// The whole 32-input blocks of inputs [j0, j1) of one group (j0 a multiple of 32): the lanes of
+// sum x[j] * (u[j] - off), four registers (inputs 0-7, 8-15, 16-23, 24-31 of each block) added
+// pairwise. `*tail` gets the partial last block's sum, in input order.
+inline V8 group_lanes(const float* __restrict x, const uint8_t* __restrict row, int64_t j0,
+                      int64_t j1, float off, float* tail) {
   V8 s0 = {}, s1 = {}, s2 = {}, s3 = {};
   int64_t j = j0;
   for (; j + 32 <= j1; j += 32) {
@@ -54,10 +55,10 @@ float group_dot(const float* __restrict x, const uint8_t* __restrict row, int64_
     s2 += load8(x + j + 16) * hi8(b, off);
     s3 += load8(x + j + 24) * hi8(b + 8, off);
   }
-  const V8 s = (s0 + s1) + (s2 + s3);
-  float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
-  for (; j < j1; ++j) r += x[j] * (static_cast<float>(nibble(row, j)) - off);
-  return r;
+  float t = 0.0f;
+  for (; j < j1; ++j) t += x[j] * (static_cast<float>(nibble(row, j)) - off);
+  *tail = t;
+  return (s0 + s1) + (s2 + s3);
 }
 
 void check_finite(const float* w, int64_t r, int64_t j) {
@@ -139,12 +140,20 @@ void gemv_int4(float* c, const float* x, const uint8_t* q, const float* scale, c
       const uint8_t* qr = q + col * l.bytes_per_row();
       for (int64_t i = 0; i < m; ++i) {
         const float* xi = x + i * k;
+        // each group's lanes scaled into one register, the scalar parts (partial blocks,
+        // minimums) apart; one horizontal sum per output
+        V8 lanes = {};
         float acc = 0.0f;
         for (int64_t g = 0; g < G; ++g) {
           const int64_t j0 = g * l.group, j1 = std::min(k, j0 + l.group);
-          acc += scale[col * G + g] * group_dot(xi, qr, j0, j1, off);
+          const float sc = scale[col * G + g];
+          float tail;
+          lanes += group_lanes(xi, qr, j0, j1, off, &tail) * sc;
+          acc += sc * tail;
           if (asym) acc += min[col * G + g] * xsum[i * G + g];
         }
+        acc += ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
+               ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
         c[i * n + col] = acc;
       }
     }

@@ -15,9 +15,10 @@
 //
 // Paths, both bitwise independent of the thread count, the split and the operands' addresses:
 // - m <= kInt4GemvMaxRows (decode): each output is sum over groups, in order, of
-//   scale * dot(x_group, u - offset) (+ min * sum(x_group) asymmetric); each group's dot is 32
-//   lanes accumulated block by block and combined in a fixed tree; the columns are split over
-//   nxd's compute pool.
+//   scale * dot(x_group, u - offset) (+ min * sum(x_group) asymmetric): each group's 32 lanes
+//   (its whole blocks) are combined into 8 and added, scaled, into one 8-lane register, summed
+//   in a fixed tree once per output; partial blocks and minimums are summed apart, in order; the
+//   columns are split over nxd's compute pool.
 // - more rows (prefill): blocks of dequantized rows multiplied by blas::sgemm.
 #include <cstdint>
 
