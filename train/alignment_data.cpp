@@ -37,9 +37,8 @@ const std::string& field(const JsonlRecord& r, const char* name) {
   const auto it = r.value.find(name);
   if (it == r.value.end()) {
     if (r.value.contains("messages"))
-      throw ConfigError(str("[data] ", r.where, ": key 'messages' (chat rows) is not supported: ",
-                            "nxd has no chat template yet; give the row a '", name,
-                            "' string instead"));
+      throw ConfigError(str("[data] ", r.where, ": key 'messages' (a chat row) where '", name,
+                            "' is expected (DPO rows are 'prompt', 'chosen', 'rejected' strings)"));
     throw ConfigError(str("[data] ", r.where, ": missing key '", name, "' (the row has ",
                           io::shorten(r.value.dump()), ")"));
   }
@@ -82,12 +81,60 @@ std::vector<JsonlRecord> read_jsonl(const std::string& path, const std::string& 
   return out;
 }
 
+bool has_chat_rows(const std::vector<JsonlRecord>& records) {
+  for (const auto& r : records)
+    if (r.value.contains("messages")) return true;
+  return false;
+}
+
+namespace {
+// A chat row's prompt and completion text (see sft_examples).
+std::pair<std::string, std::string> chat_texts(const JsonlRecord& r, const io::ChatTemplate& chat) {
+  const nlohmann::json& m = r.value.at("messages");
+  auto bad = [&](const std::string& what) {
+    return ConfigError(str("[data] ", r.where, ": key 'messages' ", what));
+  };
+  if (!m.is_array() || m.size() < 2) throw bad("must be a list of at least two messages");
+  for (const auto& x : m)
+    if (!x.is_object() || !x.contains("role") || !x["role"].is_string() || !x.contains("content") ||
+        !x["content"].is_string())
+      throw bad(str("holds ", io::shorten(x.dump()),
+                    ": every message is {\"role\": string, \"content\": string}"));
+  if (m.back()["role"] != "assistant")
+    throw bad(str("must end with the assistant's turn (the completion), ends with role ",
+                  m.back()["role"].dump()));
+  const nlohmann::json head(m.begin(), m.end() - 1);
+  std::string prompt, full;
+  try {
+    prompt = chat.render(head, {.generation_prompt = io::GenerationPrompt::add});
+    full = chat.render(m, {.generation_prompt = io::GenerationPrompt::omit});
+  } catch (const InvalidArgument& e) {
+    throw bad(str("cannot be rendered by the chat template of ", chat.origin(), ": ", e.what()));
+  }
+  if (full.compare(0, prompt.size(), prompt) != 0)
+    throw bad(str("renders (", chat.origin(),
+                  ") to a conversation that does not start with its prompt's rendering: the "
+                  "completion cannot be separated"));
+  return {prompt, full.substr(prompt.size())};
+}
+}  // namespace
+
 std::vector<SftExample> sft_examples(const std::vector<JsonlRecord>& records,
-                                     const TextEncoder& encode) {
+                                     const TextEncoder& encode, const io::ChatTemplate* chat) {
   std::vector<SftExample> out;
   out.reserve(records.size());
-  for (const auto& r : records)
+  for (const auto& r : records) {
+    if (r.value.contains("messages") && !r.value.contains("prompt")) {
+      if (!chat)
+        throw ConfigError(str("[data] ", r.where, ": key 'messages' (a chat row) needs a chat ",
+                              "template: set data.tokenizer to the tokenizer.json of a folder "
+                              "with chat_template.jinja or tokenizer_config.json's chat_template"));
+      const auto [prompt, completion] = chat_texts(r, *chat);
+      out.push_back({encode(prompt), encode(completion)});
+      continue;
+    }
     out.push_back({encode(field(r, "prompt")), encode(field(r, "completion"))});
+  }
   return out;
 }
 
@@ -287,7 +334,15 @@ TrainData build_alignment_data(const TrainConfig& cfg) {
                              ds->truncated() ? str(", ", ds->truncated(), " truncated") : ""));
       return ds;
     }
-    const auto examples = sft_examples(records, encode);
+    std::unique_ptr<io::ChatTemplate> chat;
+    if (has_chat_rows(records) && !cfg.data.tokenizer.empty()) {
+      const std::string dir = fs::path(cfg.data.tokenizer).parent_path().string();
+      if (io::ChatTemplate::folder_has_template(dir.empty() ? "." : dir))
+        chat = std::make_unique<io::ChatTemplate>(
+            io::ChatTemplate::from_folder(dir.empty() ? "." : dir));
+    }
+    const auto examples = sft_examples(records, encode, chat.get());
+    if (chat) td.notes.push_back(str("sft ", what, ": chat rows rendered by ", chat->origin()));
     auto ds = std::make_shared<SftDataset>(examples, s, layout);
     td.notes.push_back(sft_line(what, ds->stats(), layout));
     if (std::string(what) == "train") {

@@ -2,7 +2,11 @@
 // SFT and DPO data as NxD Training reads it (data.train_dir / data.val_dir: a jsonl file, or a
 // folder of *.jsonl files read in sorted order), tokenized, masked and laid out in rows.
 //
-// SFT rows are objects with "prompt" and "completion" strings. The example's tokens are
+// SFT rows are objects with "prompt" and "completion" strings, or chat rows with "messages" (a
+// list of {"role", "content"} ending with the assistant's turn), rendered by the chat template of
+// data.tokenizer's folder (io/chat_template.h): the prompt is the rendering of every message but
+// the last with the generation prompt, the completion what the rendering of all of them adds to
+// it (so only the last assistant turn is trained). The example's tokens are
 // encode(prompt) followed by encode(completion); only completion tokens are trained: a target
 // that is a prompt token (or padding, or past a document's end) is the ignore index -100. An
 // example longer than seq_length keeps its first seq_length tokens; one whose prompt fills
@@ -25,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nxd/io/chat_template.h"
 #include "nxd/trainer/data.h"
 
 namespace nxd::trainer {
@@ -51,11 +56,15 @@ struct SftExample {
 struct PreferenceExample {
   std::vector<int64_t> prompt, chosen, rejected;
 };
-// The records' "prompt"/"completion" strings, encoded (ConfigError naming the file, line and key
-// of a missing or non-string value; a "messages" row is refused by name: chat templates are not
-// supported yet).
+// The records' "prompt"/"completion" strings, or "messages" through `chat` (null: such a row is
+// refused naming its file and line), encoded. ConfigError naming the file, line and key of a
+// missing or non-string value, a messages list that does not end with the assistant, or a
+// template whose full rendering does not start with the prompt's.
 std::vector<SftExample> sft_examples(const std::vector<JsonlRecord>& records,
-                                     const TextEncoder& encode);
+                                     const TextEncoder& encode,
+                                     const io::ChatTemplate* chat = nullptr);
+// Whether any record is a chat row (has "messages").
+bool has_chat_rows(const std::vector<JsonlRecord>& records);
 std::vector<PreferenceExample> preference_examples(const std::vector<JsonlRecord>& records,
                                                    const TextEncoder& encode);
 
