@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "nxd/io/chat_template.h"
+#include "nxd/io/tokenizer.h"
 #include "nxd/layers/packed_documents.h"
 #include "nxd/train/alignment_data.h"
 #include "nxd/train/dpo_module.h"
@@ -473,4 +474,53 @@ TEST(FinetuneRun, TensorParallelWithSequenceParallelMatchesOneRank) {
                 c == 0 ? "SFT packing (seq 95: SP pads to 96)" : "DPO", worst);
     EXPECT_LE(worst, 1e-5);
   }
+}
+
+TEST(FinetuneRun, ChatRowsThroughTheTokenizerFoldersTemplate) {
+  // messages rows rendered by tokenizer_config.json's chat_template beside data.tokenizer (the
+  // Llama 3 fixture: its added tokens are the template's bos/eos), trained for 3 steps
+  nxd::testing::ScratchDir d("nxd_ft_chat_");
+  fs::create_directories(d.path / "tok");
+  fs::copy_file(fs::path(NXD_TOKENIZER_FIXTURES) / "llama3.tokenizer.json",
+                d.path / "tok" / "tokenizer.json");
+  const nlohmann::json cfg_json{
+      {"bos_token", "<|begin_of_text|>"},
+      {"eos_token", "<|end_of_text|>"},
+      {"chat_template",
+       "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% if m.role == "
+       "'assistant' %}{{ eos_token }}{% endif %}{% endfor %}{% if add_generation_prompt "
+       "%}assistant: {% endif %}"}};
+  std::ofstream(d.path / "tok" / "tokenizer_config.json") << cfg_json.dump();
+  std::vector<std::string> rows;
+  for (int i = 0; i < 16; ++i)
+    rows.push_back(nlohmann::json{{"messages",
+                                   {{{"role", "user"}, {"content", str("the cat ", i % 4)}},
+                                    {{"role", "assistant"}, {"content", str("sat ", i % 3)}}}}}
+                       .dump());
+  const fs::path data = write_lines(d.path / "chat.jsonl", rows);
+  const TrainConfig cfg = tiny_run(
+      d.path / "run", {"data.train_dir=" + data.string(),
+                       "data.tokenizer=" + (d.path / "tok" / "tokenizer.json").string(),
+                       "model.vocab_size=576", "data.packing=true", "trainer.max_steps=3"});
+  const TrainData td = build_data(cfg);
+  bool noted = false;
+  for (const auto& n : td.notes) noted |= n.find("chat rows rendered by") != std::string::npos;
+  EXPECT_TRUE(noted);
+  // the first row: bos, the user's turn and the generation prompt masked; the answer and eos
+  // trained
+  const Batch b = make_batch(*td.train, {0});
+  const auto tok = io::Tokenizer::from_file((d.path / "tok" / "tokenizer.json").string());
+  const auto prompt = tok.encode("<|begin_of_text|>user: the cat 0\nassistant: ");
+  const auto answer = tok.encode("sat 0\n<|end_of_text|>");
+  const size_t n = prompt.size() + answer.size();  // the first document of the packed row
+  const auto t = b.targets.to_vector();
+  int64_t trained = 0;
+  for (size_t k = 0; k < n; ++k) trained += t[k] != kIgnoreIndex;
+  EXPECT_EQ(trained, static_cast<int64_t>(answer.size()));
+  EXPECT_EQ(t[prompt.size() - 2], kIgnoreIndex);  // the prompt's last target is masked
+  EXPECT_EQ(t[n - 2], 557.0);                     // the last trained target: eos
+  EXPECT_EQ(t[n - 1], kIgnoreIndex);              // the document's end
+  const TrainResult r = train(cfg, {.quiet = true});
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_TRUE(std::isfinite(r.last_loss));
 }
