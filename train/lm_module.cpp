@@ -95,7 +95,8 @@ Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
     loss = lm().loss(batch.ids, batch.targets);
   }
   if (cfg_.model.moe.enabled()) log_moe_stats(trainer(), lm());
-  if (cfg_.alignment.kind == AlignmentSection::Kind::sft) {
+  // (validation runs this step without a graph: only training counts)
+  if (cfg_.alignment.kind == AlignmentSection::Kind::sft && GradMode::is_enabled()) {
     const int64_t* t = batch.targets.data<int64_t>();
     const int64_t n = batch.targets.numel();
     const int64_t trained = n - std::count(t, t + n, kIgnoreIndex);
@@ -105,11 +106,6 @@ Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
     trainer().log("sft_masked_tokens", static_cast<double>(masked_tokens_));
   }
   return loss;
-}
-
-Tensor CausalLMModule::validation_step(const Batch& batch, int64_t) {
-  const DocumentScope docs(batch.positions);
-  return lm().loss(batch.ids, batch.targets);
 }
 
 OptimizerSetup CausalLMModule::configure_optimizers() {

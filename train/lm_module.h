@@ -27,9 +27,8 @@ class CausalLMModule : public TrainingModule {
   // lm().loss(ids, targets): the mean token cross entropy over the targets that are not -100
   // (vocab-parallel at TP > 1); a packed batch (batch.positions) runs inside a DocumentScope. With
   // SFT data it logs the running totals sft_trained_tokens and sft_masked_tokens (targets -100:
-  // prompt tokens, document ends, padding).
+  // prompt tokens, document ends, padding) while training.
   Tensor training_step(const Batch& batch, int64_t batch_idx) override;
-  Tensor validation_step(const Batch& batch, int64_t batch_idx) override;
   // AdamW or SGD over param_groups_by_weight_decay, with the warmup + decay schedule.
   OptimizerSetup configure_optimizers() override;
   std::string transformer_layer_type() const override;

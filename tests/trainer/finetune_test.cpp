@@ -443,36 +443,41 @@ TEST(FinetuneRun, SftPackingAndPaddingAndDpoThroughNxdTrain) {
 }
 
 TEST(FinetuneRun, TensorParallelWithSequenceParallelMatchesOneRank) {
-  // packed SFT and DPO at TP 2 with sequence parallelism (sim ranks) against one rank: every
-  // step's loss within 1e-5 (the largest difference printed)
+  // packed SFT and DPO at TP 2 with sequence parallelism, and at DP 2 with ZeRO-1 (sim ranks),
+  // against one rank accumulating the same micro batches: every step's loss within 1e-5 (the
+  // largest difference printed)
   nxd::testing::ScratchDir d("nxd_ft_tp_");
   const fs::path sft = sft_fixture(d, 40), pairs = dpo_fixture(d);
   const std::vector<std::vector<std::string>> cases{
       {"data.train_dir=" + sft.string(), "data.packing=true", "data.seq_length=95"},
       {"data.train_dir=" + pairs.string(), "data.alignment_strategy.dpo.kl_beta=0.3",
        "data.alignment_strategy.dpo.precompute_ref_log_probs=false"}};
+  const std::vector<std::vector<std::string>> layouts{
+      {"backend.world_size=1"},
+      {"backend.world_size=2", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.sequence_parallel=true"},
+      {"backend.world_size=2", "distributed_strategy.zero1=true"}};
   for (size_t c = 0; c < cases.size(); ++c) {
-    std::vector<double> loss[2];
-    for (int tp : {1, 2}) {
+    std::vector<std::vector<double>> loss(layouts.size());
+    for (size_t l = 0; l < layouts.size(); ++l) {
       std::vector<std::string> o = cases[c];
-      for (std::string s :
-           {str("backend.world_size=", tp),
-            str("distributed_strategy.tensor_model_parallel_size=", tp),
-            str("distributed_strategy.sequence_parallel=", tp > 1 ? "true" : "false"),
-            std::string("trainer.max_steps=5")})
-        o.push_back(s);
-      const fs::path out = d.path / str("case", c, "_tp", tp);
+      o.insert(o.end(), layouts[l].begin(), layouts[l].end());
+      o.push_back("trainer.max_steps=5");
+      o.push_back("data.micro_batch_size=2");
+      const fs::path out = d.path / str("case", c, "_layout", l);
       train(tiny_run(out, o), {.quiet = true});
       for (const auto& row : nxd::testing::read_csv(out / "metrics.csv").rows)
-        loss[tp - 1].push_back(std::stod(row.at(1)));
+        loss[l].push_back(std::stod(row.at(1)));
+      ASSERT_EQ(loss[l].size(), 5u);
     }
-    ASSERT_EQ(loss[0].size(), 5u);
-    ASSERT_EQ(loss[1].size(), 5u);
-    double worst = 0;
-    for (size_t i = 0; i < 5; ++i) worst = std::max(worst, std::abs(loss[0][i] - loss[1][i]));
-    std::printf("  %s: TP 2 + SP vs one rank, 5 steps: largest loss difference %.3g\n",
-                c == 0 ? "SFT packing (seq 95: SP pads to 96)" : "DPO", worst);
-    EXPECT_LE(worst, 1e-5);
+    for (size_t l = 1; l < layouts.size(); ++l) {
+      double worst = 0;
+      for (size_t i = 0; i < 5; ++i) worst = std::max(worst, std::abs(loss[0][i] - loss[l][i]));
+      std::printf("  %s: %s vs one rank, 5 steps: largest loss difference %.3g\n",
+                  c == 0 ? "SFT packing (seq 95: SP pads to 96)" : "DPO",
+                  l == 1 ? "TP 2 + SP" : "DP 2 + ZeRO-1", worst);
+      EXPECT_LE(worst, 1e-5);
+    }
   }
 }
 
