@@ -47,13 +47,15 @@ std::vector<KeySpec> alignment_keys() {
       spec(kPackingKeys[0], K::boolean, packing_doc),
       spec(kPackingKeys[1], K::boolean, "Alias of data.alignment_strategy.sft.packing."),
       spec(kPackingKeys[2], K::boolean, "Alias of data.alignment_strategy.sft.packing."),
-      spec(str(kDpo, "kl_beta"), K::number,
-           "DPO (any data.alignment_strategy.dpo key set turns it on): beta of the sigmoid loss "
-           "-log sigmoid(beta ((log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log "
-           "ref(rejected)))), log-probabilities summed over the response tokens. null = 0.01."),
+      spec(
+          str(kDpo, "kl_beta"), K::number,
+          "DPO (any data.alignment_strategy.dpo key set turns it on): beta of the loss (loss_type) "
+          "and of the logged rewards beta (log pi - log ref), log-probabilities summed over the "
+          "response tokens. null = 0.01."),
       spec(str(kDpo, "loss_type"), K::string,
-           "DPO loss: `sigmoid` (NxD Training also lists hinge, ipo, bco_pair: refused). null = "
-           "sigmoid.",
+           "DPO loss of h = (log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log "
+           "ref(rejected)): `sigmoid` -log sigmoid(kl_beta h), `hinge` relu(1 - kl_beta h), `ipo` "
+           "(h - 1 / (2 kl_beta))^2; NxD Training's bco_pair is refused. null = sigmoid.",
            {"sigmoid", "hinge", "ipo", "bco_pair"}),
       spec(str(kDpo, "max_dpo_prompt_length"), K::integer,
            "DPO: prompt tokens kept (the response gets the rest of data.seq_length). null = "
@@ -116,8 +118,8 @@ AlignmentSection resolve_alignment(const Config& c, const TrainConfig& t) {
   if (!c.is_null(p + "kl_beta")) a.kl_beta = c.get_double(p + "kl_beta");
   if (!(a.kl_beta > 0)) fail(p, "kl_beta must be > 0, got ", a.kl_beta);
   if (!c.is_null(p + "loss_type")) a.loss_type = c.get_string(p + "loss_type");
-  if (a.loss_type != "sigmoid")
-    fail(p, "loss_type=", a.loss_type, " is not supported (nxd implements sigmoid)");
+  if (a.loss_type == "bco_pair")
+    fail(p, "loss_type=", a.loss_type, " is not supported (nxd implements sigmoid, hinge, ipo)");
   const int64_t s = t.data.seq_length;
   a.max_prompt_length =
       c.is_null(p + "max_dpo_prompt_length") ? s / 2 : c.get_int(p + "max_dpo_prompt_length");

@@ -8,7 +8,15 @@
 
 namespace nxd::trainer {
 
-DpoLoss dpo_sigmoid_loss(const Tensor& policy, const Tensor& reference, double beta) {
+DpoLossType dpo_loss_type(const std::string& name) {
+  if (name == "sigmoid") return DpoLossType::sigmoid;
+  if (name == "hinge") return DpoLossType::hinge;
+  if (name == "ipo") return DpoLossType::ipo;
+  throw ConfigError(str("[dpo] loss_type=", name, " is not supported (sigmoid, hinge, ipo)"));
+}
+
+DpoLoss dpo_loss(const Tensor& policy, const Tensor& reference, const DpoLossOptions& o) {
+  const double beta = o.beta;
   NXD_CHECK_SHAPE(
       policy.dim() == 1 && policy.size(0) % 2 == 0 && reference.shape() == policy.shape(),
       "[dpo] log-probabilities must be [2N] (chosen, rejected rows), got policy ", policy.desc(),
@@ -16,11 +24,20 @@ DpoLoss dpo_sigmoid_loss(const Tensor& policy, const Tensor& reference, double b
   const int64_t n = policy.size(0) / 2;
   const Tensor ref = reference.detach().to(policy.dtype());
   // rewards beta (log pi - log ref) of the [N, 2] (chosen, rejected) rows
-  const Tensor rewards = mul(sub(reshape(policy, {n, 2}), ref.reshape({n, 2})), beta);
-  const Tensor logits = sub(select(rewards, 1, 0), select(rewards, 1, 1));
-  // -log sigmoid(x) = relu(-x) + log(1 + exp(-|x|)), finite for any x
-  const Tensor nls = add(relu(neg(logits)), log(add(exp(neg(abs(logits))), 1.0)));
-  DpoLoss out{mean(nls)};
+  const Tensor ratios = sub(reshape(policy, {n, 2}), ref.reshape({n, 2}));
+  const Tensor rewards = mul(ratios, beta);
+  const Tensor h = sub(select(ratios, 1, 0), select(ratios, 1, 1));
+  Tensor per_pair;
+  if (o.type == DpoLossType::sigmoid) {
+    // -log sigmoid(x) = relu(-x) + log(1 + exp(-|x|)), finite for any x
+    const Tensor x = mul(h, beta);
+    per_pair = add(relu(neg(x)), log(add(exp(neg(abs(x))), 1.0)));
+  } else if (o.type == DpoLossType::hinge) {
+    per_pair = relu(add(mul(h, -beta), 1.0));
+  } else {
+    per_pair = square(add(h, -1.0 / (2.0 * beta)));
+  }
+  DpoLoss out{mean(per_pair)};
   const std::vector<double> r = rewards.detach().to_vector();
   for (int64_t i = 0; i < n; ++i) {
     out.chosen_reward += r[2 * i] / double(n);
@@ -107,7 +124,9 @@ Tensor DpoModule::reference_log_probs(const Batch& batch, bool validation) const
 DpoLoss DpoModule::step_loss(const Batch& batch, bool validation) const {
   const Tensor ref = reference_log_probs(batch, validation);
   const Tensor policy = sequence_log_probs(lm(), batch.ids, batch.targets);
-  return dpo_sigmoid_loss(policy, ref, config().alignment.kl_beta);
+  return dpo_loss(
+      policy, ref,
+      {.beta = config().alignment.kl_beta, .type = dpo_loss_type(config().alignment.loss_type)});
 }
 
 Tensor DpoModule::training_step(const Batch& batch, int64_t) {

@@ -6,7 +6,10 @@
 // log-probability is the sum of log p(token) over its response tokens (targets != -100). With
 // policy log-probabilities pc, pr and the reference's rc, rr:
 //   chosen reward  = beta (pc - rc),  rejected reward = beta (pr - rr)
-//   loss = mean over pairs of -log sigmoid(chosen reward - rejected reward)       (sigmoid)
+//   h = (pc - rc) - (pr - rr)
+//   loss = mean over pairs of  -log sigmoid(beta h)          (sigmoid, DPO)
+//                              relu(1 - beta h)              (hinge, SLiC)
+//                              (h - 1 / (2 beta))^2          (ipo)
 // logged per step as dpo_rewards_chosen, dpo_rewards_rejected, dpo_rewards_margin (their means)
 // and dpo_rewards_accuracy (the share of pairs whose chosen reward is larger).
 // The reference is a copy of the model after model.init_from (or initialization), built over the
@@ -15,19 +18,27 @@
 // on every rank) and is freed; otherwise it scores each batch.
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "nxd/train/lm_module.h"
 
 namespace nxd::trainer {
 
-// The sigmoid DPO loss of the log-probabilities [2N] (pairs as (chosen, rejected) rows) of the
-// policy (differentiable) and of the reference (constants), and the figures it logs.
+// The DPO loss of the log-probabilities [2N] (pairs as (chosen, rejected) rows) of the policy
+// (differentiable) and of the reference (constants), and the figures it logs.
+enum class DpoLossType { sigmoid, hinge, ipo };
+struct DpoLossOptions {
+  double beta = 0.1;
+  DpoLossType type = DpoLossType::sigmoid;
+};
 struct DpoLoss {
   Tensor loss;  // scalar, differentiable in policy
   double chosen_reward = 0, rejected_reward = 0, margin = 0, accuracy = 0;
 };
-DpoLoss dpo_sigmoid_loss(const Tensor& policy, const Tensor& reference, double beta);
+DpoLoss dpo_loss(const Tensor& policy, const Tensor& reference, const DpoLossOptions& o);
+// "sigmoid", "hinge", "ipo" (ConfigError naming anything else).
+DpoLossType dpo_loss_type(const std::string& name);
 
 // Per row of ids/targets [R, S]: the sum of log p(target) over targets != -100 -> [R]
 // (differentiable; vocab-parallel at TP > 1, the same on every rank).

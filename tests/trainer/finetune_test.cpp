@@ -194,7 +194,7 @@ TEST(Dpo, SigmoidLossAndGradientAgainstAHandComputation) {
   const std::vector<double> p{-3.0, -5.0, -7.5, -2.0}, r{-3.5, -4.0, -6.0, -6.0};
   Tensor pol = from_vector<double>(p, {4});
   pol.set_requires_grad(true);
-  const DpoLoss l = dpo_sigmoid_loss(pol, from_vector<double>(r, {4}), beta);
+  const DpoLoss l = dpo_loss(pol, from_vector<double>(r, {4}), {.beta = beta});
   backward(l.loss);
   double loss = 0;
   std::vector<double> grad(4);
@@ -214,13 +214,50 @@ TEST(Dpo, SigmoidLossAndGradientAgainstAHandComputation) {
   EXPECT_NEAR(l.margin, (rc[0] + rc[1] - rr[0] - rr[1]) / 2, 1e-15);
   EXPECT_EQ(l.accuracy, 0.5);  // pair 0: 0.05 - (-0.1) > 0; pair 1: -0.15 - 0.4 < 0
   // finite at any margin, and a gradcheck
-  const DpoLoss far = dpo_sigmoid_loss(from_vector<double>({2000, -2000, -2000, 2000}, {4}),
-                                       from_vector<double>({0, 0, 0, 0}, {4}), 1.0);
+  const DpoLoss far = dpo_loss(from_vector<double>({2000, -2000, -2000, 2000}, {4}),
+                               from_vector<double>({0, 0, 0, 0}, {4}), {.beta = 1.0});
   EXPECT_NEAR(far.loss.item(), 2000.0, 1e-9);                        // (0 + 4000) / 2
   const Tensor ref6 = from_vector<double>({1, 2, 3, 4, 5, 6}, {6});  // a constant
   nxd::testing::check_grad(
-      [&](const auto& in) { return std::vector<Tensor>{dpo_sigmoid_loss(in[0], ref6, 0.3).loss}; },
+      [&](const auto& in) {
+        return std::vector<Tensor>{dpo_loss(in[0], ref6, {.beta = 0.3}).loss};
+      },
       {nxd::testing::randn({6}, 3)}, "dpo loss");
+}
+
+TEST(Dpo, HingeAndIpoLossesAgainstAHandComputation) {
+  // h = (pc - rc) - (pr - rr) per pair: hinge mean(relu(1 - beta h)), ipo mean((h - 1/(2 beta))^2)
+  const double beta = 0.5;
+  const std::vector<double> p{-3.0, -5.0, -7.5, -2.0, -1.0, -1.5},
+      r{-3.5, -4.0, -6.0, -6.0, -2.0, 0.5};  // pair 2: h = 3, hinge inactive
+  double h[3];
+  for (int i = 0; i < 3; ++i) h[i] = (p[2 * i] - r[2 * i]) - (p[2 * i + 1] - r[2 * i + 1]);
+  for (DpoLossType type : {DpoLossType::hinge, DpoLossType::ipo}) {
+    Tensor pol = from_vector<double>(p, {6});
+    pol.set_requires_grad(true);
+    const DpoLoss l = dpo_loss(pol, from_vector<double>(r, {6}), {.beta = beta, .type = type});
+    backward(l.loss);
+    double loss = 0;
+    std::vector<double> grad(6);
+    for (int i = 0; i < 3; ++i) {
+      double dh = 0;  // d loss_i / d h_i
+      if (type == DpoLossType::hinge) {
+        loss += std::max(0.0, 1 - beta * h[i]) / 3;
+        dh = 1 - beta * h[i] > 0 ? -beta : 0.0;
+      } else {
+        const double e = h[i] - 1 / (2 * beta);
+        loss += e * e / 3;
+        dh = 2 * e;
+      }
+      grad[2 * i] = dh / 3;
+      grad[2 * i + 1] = -dh / 3;
+    }
+    SCOPED_TRACE(type == DpoLossType::hinge ? "hinge" : "ipo");
+    EXPECT_NEAR(l.loss.item(), loss, 1e-14);
+    const auto g = pol.grad().to_vector();
+    for (int i = 0; i < 6; ++i) EXPECT_NEAR(g[i], grad[i], 1e-14) << i;
+  }
+  EXPECT_THROW(dpo_loss_type("bco_pair"), ConfigError);
 }
 
 namespace {
@@ -352,9 +389,9 @@ TEST(FinetuneErrors, JsonlAndKeyErrorsNameFileLineAndKey) {
       << m;
   m = message_of([&] {
     tiny_run(d.path / "r",
-             {"data.train_dir=" + sft.string(), "data.alignment_strategy.dpo.loss_type=hinge"});
+             {"data.train_dir=" + sft.string(), "data.alignment_strategy.dpo.loss_type=bco_pair"});
   });
-  EXPECT_NE(m.find("loss_type=hinge is not supported"), std::string::npos) << m;
+  EXPECT_NE(m.find("loss_type=bco_pair is not supported"), std::string::npos) << m;
   m = message_of([&] {
     tiny_run(d.path / "r", {"data.train_dir=" + sft.string(), "data.packing=true",
                             "model_alignment_strategy.sft.packing=false"});
