@@ -4,6 +4,7 @@
 
 #include "nxd/autograd/function.h"
 #include "nxd/autograd/ops/inference.h"
+#include "nxd/layers/packed_documents.h"
 #include "nxd/layers/parallel/context_parallel.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/qkv.h"
@@ -127,6 +128,16 @@ std::vector<Tensor> split_fused_qkv(const Tensor& qkv, int64_t heads, int64_t he
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                         const CausalAttentionOptions& o) {
   Communicator* cp = o.context_parallel;
+  Tensor docs;  // packed documents: positions [B, S]
+  if (o.positions.defined()) {
+    NXD_CHECK(!cp, "[causal_attention] packed documents (positions ", o.positions.desc(),
+              ") with context parallelism: not supported (context_parallel_size 1 packs)");
+    NXD_CHECK(o.position_offset == 0, "[causal_attention] packed documents with position_offset ",
+              o.position_offset);
+    NXD_CHECK_SHAPE(o.positions.size(0) == q.size(0), "[causal_attention] positions ",
+                    o.positions.desc(), " for q ", q.desc());
+    docs = extend_document_positions(o.positions, q.size(2));
+  }
   Tensor qr = q, kr = k;
   if (o.rotary_dim > 0) {
     RotaryOptions ro;
@@ -134,10 +145,16 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     ro.base = o.rope_theta;
     ro.position_offset = o.position_offset;
     ro.scaling = o.rope_scaling;
-    qr = cp ? context_parallel_rotary(q, ro, *cp) : rotary(q, ro);
-    kr = cp ? context_parallel_rotary(k, ro, *cp) : rotary(k, ro);
+    if (docs.defined()) {
+      qr = rotary_at_positions(q, docs, ro);
+      kr = rotary_at_positions(k, docs, ro);
+    } else {
+      qr = cp ? context_parallel_rotary(q, ro, *cp) : rotary(q, ro);
+      kr = cp ? context_parallel_rotary(k, ro, *cp) : rotary(k, ro);
+    }
   }
-  auto core = [cp](const Tensor& a, const Tensor& b, const Tensor& c) {
+  auto core = [cp, docs](const Tensor& a, const Tensor& b, const Tensor& c) {
+    if (docs.defined()) return document_attention(a, b, c, docs);
     return cp ? ring_attention(a, b, c, *cp)
               : scaled_dot_product_attention(a, b, c, /*causal=*/true);
   };
@@ -156,7 +173,8 @@ CausalAttentionOptions CausalSelfAttention::core_options(int64_t position_offset
           .rope_scaling = rope_scaling_,
           .position_offset = position_offset,
           .recompute = recompute_core_,
-          .context_parallel = context_parallel_.get()};
+          .context_parallel = context_parallel_.get(),
+          .positions = current_document_positions()};
 }
 
 std::vector<Tensor> CausalSelfAttention::project(const Tensor& x) const {
@@ -184,6 +202,9 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const CacheStep& ste
             "[CausalSelfAttention::forward_cached] needs a model built without context "
             "parallelism (context parallel size ",
             context_parallel_ ? context_parallel_->size() : 1, ")");
+  NXD_CHECK(!current_document_positions().defined(),
+            "[CausalSelfAttention::forward_cached] packed documents (a DocumentScope) on the "
+            "KV-cache path: not supported");
   const bool paged = step.block_tables.defined();
   NXD_CHECK_SHAPE(
       k_cache.dim() == 4 && k_cache.size(1) == local_kv_heads_ && k_cache.size(3) == head_dim_,

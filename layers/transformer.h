@@ -65,6 +65,10 @@ struct CausalAttentionOptions {
   int64_t position_offset = 0;  // the position of the first row
   bool recompute = false;
   Communicator* context_parallel = nullptr;  // null: none
+  // Packed documents (packed_documents.h): each token's position in its document [B, S'] (S' <= S:
+  // extended over padding); rotary at those positions and attention within documents. Undefined:
+  // one sequence from position_offset. Not with context_parallel.
+  Tensor positions;
 };
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                         const CausalAttentionOptions& opts);

@@ -168,6 +168,25 @@ struct InitFromSection {
   std::string description;           // "the transformers folder X (llama)"
 };
 
+// Fine-tuning from jsonl (train/alignment_config.cpp; NxD Training's data.train_dir, val_dir,
+// dev_choose_samples, packing and data.alignment_strategy.dpo.*).
+struct AlignmentSection {
+  enum class Kind { none, sft, dpo } kind = Kind::none;
+  std::string train_dir, val_dir;   // val_dir "": data.val_fraction of train_dir
+  int64_t dev_choose_samples = -1;  // -1: every row
+  bool packing = false;             // SFT
+  double kl_beta = 0.01;            // DPO
+  std::string loss_type = "sigmoid";
+  int64_t max_prompt_length = 0;
+  bool precompute_ref_log_probs = true;
+  std::string truncation_mode = "keep_start";
+};
+// The keys of AlignmentSection (appended to config_keys()).
+std::vector<KeySpec> alignment_keys();
+struct TrainConfig;
+// The section from c, checked against t's data and parallel layout (resolve() calls it).
+AlignmentSection resolve_alignment(const Config& c, const TrainConfig& t);
+
 struct TrainConfig {
   uint64_t seed;
   std::string out_dir;  // exp_manager.exp_dir
@@ -181,6 +200,7 @@ struct TrainConfig {
   GenerationSection generation;
   // model_alignment_strategy.peft (NxD Training's keys): LoRA when lora_rank is set
   std::optional<LoraConfig> lora;
+  AlignmentSection alignment;
   InitFromSection init;
   int64_t grad_accum_steps;  // global / (micro * dp)
   Config resolved;           // every key, derived values filled in (written as config.yaml)

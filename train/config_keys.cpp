@@ -409,7 +409,11 @@ std::string last_component(const std::string& k) {
 }  // namespace
 
 const std::vector<KeySpec>& config_keys() {
-  static const std::vector<KeySpec> reg = make_registry();
+  static const std::vector<KeySpec> reg = [] {
+    std::vector<KeySpec> r = make_registry();
+    for (KeySpec& k : alignment_keys()) r.push_back(std::move(k));
+    return r;
+  }();
   return reg;
 }
 

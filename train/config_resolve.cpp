@@ -461,6 +461,7 @@ TrainConfig resolve(const Config& in) {
   t.model = resolve_model(r, t.data);
   t.dist = resolve_distributed(r, t.model);
   t.lora = resolve_peft(r);
+  t.alignment = resolve_alignment(r.c, t);
   t.grad_accum_steps = resolve_batching(r, t.data, t.dist);
   if (t.dist.pipeline_model_parallel_size > 1 || t.dist.virtual_pipeline_model_parallel_size > 1 ||
       t.dist.pipeline_schedule != "1f1b") {

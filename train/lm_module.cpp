@@ -5,9 +5,11 @@
 #include <map>
 
 #include "nxd/layers/moe/moe.h"
+#include "nxd/layers/packed_documents.h"
 #include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/runtime/error.h"
+#include "nxd/train/alignment_data.h"
 #include "nxd/train/corpus.h"
 #include "nxd/train/init_from.h"
 #include "nxd/trainer/trainer.h"
@@ -87,8 +89,22 @@ void log_moe_stats(Trainer& t, CausalLM& lm) {
 }  // namespace
 
 Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
-  Tensor loss = lm().loss(batch.ids, batch.targets);
+  Tensor loss;
+  {
+    const DocumentScope docs(batch.positions);  // packed SFT rows; nothing otherwise
+    loss = lm().loss(batch.ids, batch.targets);
+  }
   if (cfg_.model.moe.enabled()) log_moe_stats(trainer(), lm());
+  // (validation runs this step without a graph: only training counts)
+  if (cfg_.alignment.kind == AlignmentSection::Kind::sft && GradMode::is_enabled()) {
+    const int64_t* t = batch.targets.data<int64_t>();
+    const int64_t n = batch.targets.numel();
+    const int64_t trained = n - std::count(t, t + n, kIgnoreIndex);
+    trained_tokens_ += trained;
+    masked_tokens_ += n - trained;
+    trainer().log("sft_trained_tokens", static_cast<double>(trained_tokens_));
+    trainer().log("sft_masked_tokens", static_cast<double>(masked_tokens_));
+  }
   return loss;
 }
 
@@ -161,6 +177,7 @@ std::shared_ptr<const io::Tokenizer> tokenize_corpus(Corpus& corpus, const std::
 }
 
 TrainData build_data(const TrainConfig& cfg) {
+  if (cfg.alignment.kind != AlignmentSection::Kind::none) return build_alignment_data(cfg);
   const auto& d = cfg.data;
   TrainData td;
   std::shared_ptr<const Dataset> all;

@@ -24,7 +24,10 @@ class CausalLMModule : public TrainingModule {
   // microbatch of data.micro_batch_size x data.seq_length).
   std::shared_ptr<pipeline::PipelineModel> build_pipeline_model(
       const pipeline::PipelineOptions& opts) override;
-  // lm().loss(ids, targets): the mean token cross entropy (vocab-parallel at TP > 1).
+  // lm().loss(ids, targets): the mean token cross entropy over the targets that are not -100
+  // (vocab-parallel at TP > 1); a packed batch (batch.positions) runs inside a DocumentScope. With
+  // SFT data it logs the running totals sft_trained_tokens and sft_masked_tokens (targets -100:
+  // prompt tokens, document ends, padding) while training.
   Tensor training_step(const Batch& batch, int64_t batch_idx) override;
   // AdamW or SGD over param_groups_by_weight_decay, with the warmup + decay schedule.
   OptimizerSetup configure_optimizers() override;
@@ -47,6 +50,7 @@ class CausalLMModule : public TrainingModule {
   TrainConfig cfg_;
   std::shared_ptr<CausalLM> lm_;
   std::vector<std::string> init_notes_;
+  int64_t trained_tokens_ = 0, masked_tokens_ = 0;
 };
 
 struct TrainData {
@@ -54,7 +58,14 @@ struct TrainData {
   std::shared_ptr<const io::Tokenizer> tokenizer;  // data.tokenizer (null: byte level)
   std::string description;                         // one line: source, tokens, files, samples
   std::vector<SkippedFile> skipped;                // files of a text folder that were not read
+  std::vector<std::string> notes;  // more lines the run prints under "data:" (SFT, DPO)
+  // SFT: the share of the training rows' token slots that hold example tokens, and the share
+  // one example per padded row would give (the run prints its real tokens/s with both)
+  double real_token_fraction = 1, padding_real_token_fraction = 1;
 };
+// The jsonl data of data.train_dir / data.val_dir (train/alignment_data.h): SFT examples, padded
+// or packed, or DPO pairs.
+TrainData build_alignment_data(const TrainConfig& cfg);
 // Loads the data of cfg.data (throws IoError / ConfigError naming the path and keys).
 TrainData build_data(const TrainConfig& cfg);
 // The data module of cfg.data: micro batches of data.micro_batch_size, shuffled from the seed.

@@ -13,6 +13,7 @@
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/cpu_info.h"
+#include "nxd/train/dpo_module.h"
 #include "nxd/train/fault_injection.h"
 #include "nxd/train/plan.h"
 #include "nxd/trainer/log.h"
@@ -47,6 +48,7 @@ class RunSummary : public Callback {
     const int world = current_context().world_size();
     const int64_t tp = cfg_.dist.tensor_model_parallel_size;
     t.message("data: " + data_.description);
+    for (const auto& n : data_.notes) t.message("data: " + n);
     if (!data_.skipped.empty()) t.message("data: " + summarize_skipped(data_.skipped));
     t.message(str("model: ", m.arch, ", ", m.num_layers, " layers, hidden ", m.hidden_size, ", ",
                   m.num_attention_heads, " heads (", m.num_kv_heads, " kv), ffn ",
@@ -321,7 +323,10 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   TrainData data = build_data(cfg);
   auto data_module = make_data_module(data, cfg);
   std::unique_ptr<CausalLMModule> module =
-      make_module ? make_module(cfg) : std::make_unique<CausalLMModule>(cfg);
+      make_module ? make_module(cfg)
+      : cfg.alignment.kind == AlignmentSection::Kind::dpo
+          ? std::make_unique<DpoModule>(cfg, data.train, data.val)
+          : std::make_unique<CausalLMModule>(cfg);
 
   TrainerOptions to = trainer_options(cfg);
   if (talk)
@@ -365,6 +370,21 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
 
   TrainResult res{fr};
   if (talk) print_result(cfg, fr, opts.out);
+  if (talk && cfg.alignment.kind == AlignmentSection::Kind::sft && fr.steps > 0) {
+    // real tokens: the examples' tokens, not the padding
+    const double real = fr.tokens_per_s * data.real_token_fraction;
+    std::fprintf(opts.out, "sft: %.0f real tokens/s (%.1f%% of the %.0f tokens/s, %s)", real,
+                 100 * data.real_token_fraction, fr.tokens_per_s,
+                 cfg.alignment.packing ? "packing" : "padding");
+    if (cfg.alignment.packing)
+      std::fprintf(opts.out,
+                   "; padding (one example per row) holds %.1f%% real tokens: %.0f real "
+                   "tokens/s at the same rate, packing %.2fx",
+                   100 * data.padding_real_token_fraction,
+                   fr.tokens_per_s * data.padding_real_token_fraction,
+                   data.real_token_fraction / data.padding_real_token_fraction);
+    std::fprintf(opts.out, "\n");
+  }
 
   const auto& g = cfg.generation;
   if (g.max_new_tokens > 0 && cfg.data.kind == "text" && module->pipeline()) {

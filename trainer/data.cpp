@@ -89,17 +89,27 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   return mine;
 }
 
+void Dataset::get_rows(int64_t i, int64_t* ids, int64_t* targets, int64_t* positions) const {
+  const int64_t s = seq_length();
+  std::vector<int64_t> buf(s + 1);
+  get(i, buf.data());
+  std::copy(buf.begin(), buf.end() - 1, ids);
+  std::copy(buf.begin() + 1, buf.end(), targets);
+  for (int64_t p = 0; p < s; ++p) positions[p] = p;
+}
+
 Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices) {
-  const int64_t b = static_cast<int64_t>(indices.size()), s = ds.seq_length();
-  Batch out{empty({b, s}, DType::i64), empty({b, s}, DType::i64)};
+  const int64_t n = static_cast<int64_t>(indices.size()), s = ds.seq_length();
+  const int64_t rows = ds.rows_per_sample(), b = n * rows;
+  Batch out{empty({b, s}, DType::i64), empty({b, s}, DType::i64), Tensor(),
+            from_vector<int64_t>(indices, {n})};
+  Tensor pos = empty({b, s}, DType::i64);
   int64_t* ids = out.ids.data<int64_t>();
   int64_t* tgt = out.targets.data<int64_t>();
-  std::vector<int64_t> buf(s + 1);
-  for (int64_t r = 0; r < b; ++r) {
-    ds.get(indices[r], buf.data());
-    std::copy(buf.begin(), buf.end() - 1, ids + r * s);
-    std::copy(buf.begin() + 1, buf.end(), tgt + r * s);
-  }
+  int64_t* pp = pos.data<int64_t>();
+  for (int64_t r = 0; r < n; ++r)
+    ds.get_rows(indices[r], ids + r * rows * s, tgt + r * rows * s, pp + r * rows * s);
+  if (ds.packed()) out.positions = pos;
   return out;
 }
 

@@ -34,6 +34,14 @@ class Dataset {
   virtual int64_t seq_length() const = 0;
   // Writes the seq_length + 1 tokens of sample i.
   virtual void get(int64_t i, int64_t* out) const = 0;
+  // Datasets with labels of their own (SFT and DPO jsonl, train/alignment_data.h) override the
+  // three below: a sample is rows_per_sample() rows (2: a chosen/rejected pair) of ids, targets
+  // (-100 where nothing is trained) and positions (each token's position in its document; packed()
+  // says they restart inside a row), each row seq_length long. The default: one row, get()'s
+  // tokens and their shift, positions 0, 1, ...
+  virtual int64_t rows_per_sample() const { return 1; }
+  virtual bool packed() const { return false; }
+  virtual void get_rows(int64_t i, int64_t* ids, int64_t* targets, int64_t* positions) const;
 };
 
 class RandomDataset : public Dataset {
@@ -54,6 +62,11 @@ class SubsetDataset : public Dataset {
   int64_t size() const override { return static_cast<int64_t>(idx_.size()); }
   int64_t seq_length() const override { return base_->seq_length(); }
   void get(int64_t i, int64_t* out) const override { base_->get(idx_.at(i), out); }
+  int64_t rows_per_sample() const override { return base_->rows_per_sample(); }
+  bool packed() const override { return base_->packed(); }
+  void get_rows(int64_t i, int64_t* ids, int64_t* targets, int64_t* positions) const override {
+    base_->get_rows(idx_.at(i), ids, targets, positions);
+  }
   const std::vector<int64_t>& indices() const { return idx_; }
 
  private:
@@ -99,10 +112,12 @@ class DistributedSampler {
 };
 
 struct Batch {
-  Tensor ids;      // [B, S] i64
-  Tensor targets;  // [B, S] i64: ids shifted by one
+  Tensor ids;        // [B, S] i64
+  Tensor targets;    // [B, S] i64: ids shifted by one (-100 where a labeled dataset trains nothing)
+  Tensor positions;  // [B, S] i64 of a packed dataset (documents restart at 0), else undefined
+  Tensor sample_ids;  // [B / rows_per_sample] i64: the dataset's indices of the samples
 };
-// The samples `indices` of `ds` as one batch.
+// The samples `indices` of `ds` as one batch (rows_per_sample rows each, in order).
 Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices);
 // This rank's rows of every sequence of `b` under context parallelism (the parallel_state CP
 // group: its two balanced chunks of ids and of the already shifted targets,

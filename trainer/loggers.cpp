@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <vector>
+
 #include "nxd/runtime/error.h"
 
 namespace fs = std::filesystem;
@@ -38,23 +40,51 @@ CSVLogger::CSVLogger(const std::string& dir)
       writer_(path_) {}
 
 CSVLogger::~CSVLogger() {
-  if (moe_) std::fclose(moe_);
+  for (std::FILE* f : side_)
+    if (f) std::fclose(f);
 }
+
+namespace {
+// The side files of the extras a module logs: written once a row carries the first column.
+struct SideFile {
+  const char* name;
+  std::vector<const char*> columns;
+};
+const std::vector<SideFile>& side_files() {
+  static const std::vector<SideFile> files{
+      {"moe_metrics.csv",
+       {"moe_aux_loss", "moe_tokens_dropped", "moe_expert_load_min", "moe_expert_load_max"}},
+      {"sft_metrics.csv", {"sft_trained_tokens", "sft_masked_tokens"}},
+      {"dpo_metrics.csv",
+       {"dpo_rewards_chosen", "dpo_rewards_rejected", "dpo_rewards_margin",
+        "dpo_rewards_accuracy"}}};
+  return files;
+}
+}  // namespace
 
 void CSVLogger::log_metrics(const MetricsRow& row, const std::map<std::string, double>& extra) {
   writer_.write(row);
-  static const char* kMoe[] = {"moe_aux_loss", "moe_tokens_dropped", "moe_expert_load_min",
-                               "moe_expert_load_max"};
-  if (!extra.count(kMoe[0])) return;
-  if (!moe_) {
-    const std::string p = (fs::path(path_).parent_path() / "moe_metrics.csv").string();
-    moe_ = std::fopen(p.c_str(), "w");
-    if (!moe_) throw IoError(str("[csv_logger] cannot write ", p));
-    std::fprintf(moe_, "step,%s,%s,%s,%s\n", kMoe[0], kMoe[1], kMoe[2], kMoe[3]);
+  const auto& files = side_files();
+  side_.resize(files.size(), nullptr);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const SideFile& f = files[i];
+    if (!extra.count(f.columns[0])) continue;
+    if (!side_[i]) {
+      const std::string p = (fs::path(path_).parent_path() / f.name).string();
+      side_[i] = std::fopen(p.c_str(), "w");
+      if (!side_[i]) throw IoError(str("[csv_logger] cannot write ", p));
+      std::fprintf(side_[i], "step");
+      for (const char* c : f.columns) std::fprintf(side_[i], ",%s", c);
+      std::fprintf(side_[i], "\n");
+    }
+    std::fprintf(side_[i], "%lld", static_cast<long long>(row.step));
+    for (const char* c : f.columns) {
+      const auto it = extra.find(c);
+      std::fprintf(side_[i], ",%.9g", it == extra.end() ? 0.0 : it->second);
+    }
+    std::fprintf(side_[i], "\n");
+    std::fflush(side_[i]);
   }
-  std::fprintf(moe_, "%lld,%.9g,%.0f,%.0f,%.0f\n", static_cast<long long>(row.step),
-               extra.at(kMoe[0]), extra.at(kMoe[1]), extra.at(kMoe[2]), extra.at(kMoe[3]));
-  std::fflush(moe_);
 }
 
 // ---- TFRecord and the Event protobuf ----

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "nxd/trainer/log.h"
 
@@ -35,8 +36,9 @@ class CSVLogger : public Logger {
  private:
   std::string path_;
   MetricsWriter writer_;
-  // moe_metrics.csv (step and the moe_* figures) once a row carries them (MoE models)
-  std::FILE* moe_ = nullptr;
+  // side files of a module's extras, once a row carries them: moe_metrics.csv (MoE models),
+  // sft_metrics.csv (SFT token counts), dpo_metrics.csv (DPO rewards)
+  std::vector<std::FILE*> side_;
 
  public:
   ~CSVLogger() override;

@@ -79,32 +79,52 @@ Tensor materialized(const Tensor& q, const Tensor& k, const Tensor& v, bool caus
   return out;
 }
 
-Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+// The fused kernel; with `positions` (packed documents) its document-masked form, causal.
+Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+             const Tensor& positions = Tensor()) {
   Prepared p = prepare(q, k, v);
   Tensor lse = p.grad ? empty({q.size(0), q.size(1), q.size(2)}, p.oc.dtype(), p.dev) : Tensor();
+  const Tensor pos = positions.defined() ? positions.detach() : Tensor();
   {
     const kernels::AttentionPricing priced(p.dt);  // bf16 inputs: priced at the bf16 rate
-    kernels::flash_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, causal, scale);
+    if (pos.defined())
+      kernels::flash_document_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, pos, scale);
+    else
+      kernels::flash_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, causal, scale);
   }
   Tensor out = to_dtype(p.oc, p.dt);
   if (!p.grad) return out;
   // bf16 keeps bf16 inputs and output (rounded) and the f32 log-sum-exp
   const bool half = p.dt == DType::bf16;
-  autograd::record("scaled_dot_product_attention", {q, k, v}, {out},
+  autograd::record(pos.defined() ? "document_attention" : "scaled_dot_product_attention", {q, k, v},
+                   {out},
                    [qk = keep(q, p.qc), kk = keep(k, p.kc), vk = keep(v, p.vc),
-                    ok = half ? out.detach() : p.oc.detach(), lse, causal, scale,
+                    ok = half ? out.detach() : p.oc.detach(), lse, pos, causal, scale,
                     dt = p.dt](const Grads& g) -> Grads {
                      const Tensor qc = compute(qk), kc = compute(kk), vc = compute(vk);
                      auto [dq, dk, dv] = grad_buffers(qc, kc, vc);
                      const kernels::AttentionPricing priced(dt);
-                     kernels::flash_attention_backward(dq, dk, dv, compute(g[0]), qc, kc, vc,
-                                                       compute(ok), lse, causal, scale);
+                     if (pos.defined())
+                       kernels::flash_document_attention_backward(dq, dk, dv, compute(g[0]), qc, kc,
+                                                                  vc, compute(ok), lse, pos, scale);
+                     else
+                       kernels::flash_attention_backward(dq, dk, dv, compute(g[0]), qc, kc, vc,
+                                                         compute(ok), lse, causal, scale);
                      return {to_dtype(dq, dt), to_dtype(dk, dt), to_dtype(dv, dt)};
                    });
   return out;
 }
 
 }  // namespace
+
+Tensor document_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& positions, double scale) {
+  // no replay entry: tracing a model that packs documents fails naming this op
+  OpScope scope_("document_attention");
+  return scope_.out(fused(q, k, v, /*causal=*/true, scale, positions), [&] {
+    return OpCall{{q, k, v, positions}, OpAttrs().set("scale", scale)};
+  });
+}
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const SdpaOptions& opts) {

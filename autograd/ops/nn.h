@@ -59,6 +59,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = true, double scale = 0.0);
 
+// Causal attention within packed documents (fused kernel only): positions [B, S] i32/i64 is each
+// token's position in its document (0 where one starts, else the previous + 1; Sq == Sk == S);
+// query i of row b attends keys [i - positions[b, i], i] only, so no token sees another
+// document. Gradients flow to q, k, v (not positions). scale <= 0: 1/sqrt(D).
+Tensor document_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& positions, double scale = 0.0);
+
 // Rotary position embeddings (rotate-half convention of HF Llama and GPT-NeoX).
 // Rotates the first `rotary_dim` features of each head (rotary_dim == D for Llama; a fraction
 // for GPT-NeoX's partial rotary); the rest pass through. Pairs are (i, i + rotary_dim/2).
@@ -70,6 +77,9 @@ struct RotaryOptions {
   RopeScaling scaling;  // rope_scaling (linear, llama3): runtime/rope_scaling.h
 };
 Tensor rotary(const Tensor& x, const RotaryOptions& opts = {});
+// rotary at per-token positions [B, S] i32/i64 (>= 0; opts.position_offset must be 0): token
+// (b, s) is rotated exactly as rotary rotates position positions[b, s].
+Tensor rotary_at_positions(const Tensor& x, const Tensor& positions, const RotaryOptions& opts);
 // The attributes a tracer records for RotaryOptions (rotary, rotary_at), and back (a missing
 // position_offset reads as 0).
 OpAttrs rotary_attrs(const RotaryOptions& opts);

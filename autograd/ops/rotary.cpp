@@ -70,4 +70,31 @@ Tensor rotary(const Tensor& x, const RotaryOptions& opts) {
       });
 }
 
+Tensor rotary_at_positions(const Tensor& x, const Tensor& positions, const RotaryOptions& opts) {
+  // no replay entry: tracing a model that packs documents fails naming this op
+  OpScope scope_("rotary_at_positions");
+  NXD_CHECK(opts.position_offset == 0, "[rotary_at_positions] position_offset ",
+            opts.position_offset, " must be 0: the positions are given per token");
+  return scope_.out(
+      [&]() -> Tensor {
+        check_float("rotary_at_positions", "input", x);
+        const DType dt = x.dtype();
+        const Tensor pos = positions.detach();
+        Tensor xc = compute(x), yc = empty_like_layout(xc, xc.dtype());
+        kernels::rotary_positions_forward(yc, xc, pos, opts.rotary_dim, opts.base,
+                                          kernels::RotaryDirection::forward, opts.scaling);
+        Tensor y = to_dtype(yc, dt);
+        autograd::record("rotary_at_positions", {x}, {y}, [opts, dt, pos](const Grads& g) -> Grads {
+          Tensor gc = compute(g[0]), dx = empty_like_layout(gc, gc.dtype());
+          kernels::rotary_positions_forward(dx, gc, pos, opts.rotary_dim, opts.base,
+                                            kernels::RotaryDirection::inverse, opts.scaling);
+          return {to_dtype(dx, dt)};
+        });
+        return y;
+      }(),
+      [&] {
+        return OpCall{{x, positions}, rotary_attrs(opts)};
+      });
+}
+
 }  // namespace nxd

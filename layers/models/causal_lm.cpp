@@ -9,6 +9,7 @@
 #include "nxd/layers/models/gpt_neox.h"
 #include "nxd/layers/models/llama.h"
 #include "nxd/layers/moe/moe.h"
+#include "nxd/layers/packed_documents.h"
 #include "nxd/layers/parallel/context_parallel.h"
 #include "nxd/layers/parallel/cross_entropy.h"
 #include "nxd/layers/parallel/layers.h"
@@ -314,8 +315,13 @@ Tensor DecoderStack::final_norm(const Tensor& h) const {
 }
 
 Tensor recompute_layer(const std::function<Tensor(const Tensor&)>& layer, const Tensor& h) {
+  // packed documents: the rerun in backward sees the forward's positions
   return autograd::recompute(
-      [layer](const std::vector<Tensor>& x) -> std::vector<Tensor> { return {layer(x[0])}; },
+      [layer,
+       docs = current_document_positions()](const std::vector<Tensor>& x) -> std::vector<Tensor> {
+        const DocumentScope scope(docs);
+        return {layer(x[0])};
+      },
       {h})[0];
 }
 

@@ -38,4 +38,17 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, bool causal, double scale);
 
+// Causal attention within documents (packed sequences): positions [B, S] i32/i64 (S == Sq == Sk)
+// is each token's position in its document, 0 where a document starts and the previous one + 1
+// elsewhere (checked, naming the first bad entry); query i of row b sees keys
+// [i - positions[b, i], i], the keys of its own document up to itself, and no other. Key blocks
+// wholly outside a query block's documents are skipped in both directions. Otherwise as above.
+void flash_document_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
+                                      const Tensor& k, const Tensor& v, const Tensor& positions,
+                                      double scale);
+void flash_document_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                       const Tensor& dout, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const Tensor& out, const Tensor& lse,
+                                       const Tensor& positions, double scale);
+
 }  // namespace nxd::kernels

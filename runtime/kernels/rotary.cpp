@@ -1,5 +1,6 @@
 #include "nxd/runtime/kernels/rotary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -77,18 +78,21 @@ const Tables<T>& cached_tables(int64_t seq, int64_t r, double base, int64_t offs
 
 }  // namespace
 
-void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
-                    int64_t position_offset, RotaryDirection direction,
-                    const RopeScaling& scaling) {
-  const char* op = "rotary_forward";
-  int64_t r = check_rotary(op, y, x, rotary_dim, base);
-  charge_compute(op, 3.0 * x.numel() * r / x.size(3), 2.0 * x.nbytes(), x.dtype());
-  if (meta_only(op, y, {x}) || x.numel() == 0) return;
+namespace {
+
+// y = rotary(x) at position pos[b * S + p] of row (b, p), or position_offset + p without pos.
+void rotate(const char* op, const Tensor& y, const Tensor& x, int64_t r, double base,
+            int64_t position_offset, const int64_t* pos, RotaryDirection direction,
+            const RopeScaling& scaling) {
   Tensor xc = x.detach();
   if (!(xc.size(3) <= 1 || xc.stride(3) == 1)) xc = xc.contiguous();
   int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), half = r / 2;
+  // with per-token positions: the tables of positions [0, max] (the same angles as a sequence
+  // of that length at offset 0 has)
+  int64_t rows = S;
+  if (pos) rows = 1 + *std::max_element(pos, pos + B * S);
   dispatch_float(op, x, [&]<class T>() {
-    const Tables<T>& tab = cached_tables<T>(S, r, base, position_offset, scaling);
+    const Tables<T>& tab = cached_tables<T>(rows, r, base, pos ? 0 : position_offset, scaling);
     const std::vector<T>&c = tab.c, &s = tab.s;
     const T sign = direction == RotaryDirection::inverse ? T(-1) : T(1);
     const T* xp = xc.data<T>();
@@ -104,13 +108,44 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
         const int64_t h = heads_inner ? i % H : i / S % H, p = heads_inner ? i / H % S : i % S;
         const T* xr = xp + b * xs0 + h * xs1 + p * xs2;
         T* yr = yp + b * ys0 + h * ys1 + p * ys2;
-        const T* cr = c.data() + p * half;
-        const T* sr = s.data() + p * half;
+        const int64_t t = pos ? pos[b * S + p] : p;
+        const T* cr = c.data() + t * half;
+        const T* sr = s.data() + t * half;
         rotate_half(yr, xr, cr, sr, half, sign);
         if (r < D) std::memcpy(yr + r, xr + r, sizeof(T) * (D - r));
       }
     });
   });
+}
+
+}  // namespace
+
+void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
+                    int64_t position_offset, RotaryDirection direction,
+                    const RopeScaling& scaling) {
+  const char* op = "rotary_forward";
+  int64_t r = check_rotary(op, y, x, rotary_dim, base);
+  charge_compute(op, 3.0 * x.numel() * r / x.size(3), 2.0 * x.nbytes(), x.dtype());
+  if (meta_only(op, y, {x}) || x.numel() == 0) return;
+  rotate(op, y, x, r, base, position_offset, nullptr, direction, scaling);
+}
+
+void rotary_positions_forward(const Tensor& y, const Tensor& x, const Tensor& positions,
+                              int64_t rotary_dim, double base, RotaryDirection direction,
+                              const RopeScaling& scaling) {
+  const char* op = "rotary_positions_forward";
+  int64_t r = check_rotary(op, y, x, rotary_dim, base);
+  NXD_CHECK_SHAPE(
+      positions.dim() == 2 && positions.size(0) == x.size(0) && positions.size(1) == x.size(2) &&
+          (positions.dtype() == DType::i64 || positions.dtype() == DType::i32),
+      "[", op, "] positions must be i32/i64 [B, S] for x ", x.desc(), ", got ", positions.desc());
+  charge_compute(op, 3.0 * x.numel() * r / x.size(3), 2.0 * x.nbytes(), x.dtype());
+  if (meta_only(op, y, {x, positions}) || x.numel() == 0) return;
+  Tensor p = positions.detach().to(DType::i64).contiguous();
+  const int64_t* pp = p.data<int64_t>();
+  for (int64_t i = 0; i < p.numel(); ++i)
+    NXD_CHECK(pp[i] >= 0, "[", op, "] position ", pp[i], " at flat index ", i, " is negative");
+  rotate(op, y, x, r, base, 0, pp, direction, scaling);
 }
 
 namespace ref {

@@ -25,6 +25,14 @@ void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double
                     int64_t position_offset, RotaryDirection direction = RotaryDirection::forward,
                     const RopeScaling& scaling = {});
 
+// The same at per-token positions: row (b, s) at positions[b, s] (i32/i64 [B, S], >= 0), with
+// exactly the angles rotary_forward gives position p (packed documents: positions restart at 0
+// in every document, so each is rotated as it would be alone).
+void rotary_positions_forward(const Tensor& y, const Tensor& x, const Tensor& positions,
+                              int64_t rotary_dim, double base,
+                              RotaryDirection direction = RotaryDirection::forward,
+                              const RopeScaling& scaling = {});
+
 namespace ref {
 void rotary_forward(const Tensor& y, const Tensor& x, int64_t rotary_dim, double base,
                     int64_t position_offset, RotaryDirection direction = RotaryDirection::forward,

@@ -307,3 +307,52 @@ TEST_F(FineTune, TokenizerTokenizesTheTextAndDecodesTheSample) {
 }
 
 }  // namespace
+
+TEST_F(FineTune, SftPackedWithLoraThenDpoFromJsonlAndAJsonlErrorExitsTwo) {
+  // NxD Training's keys from the command line: SFT on a jsonl with packing and LoRA at TP 2, its
+  // adapters merged by nxd-ckpt, then DPO from the merged weights; a broken jsonl line exits 2
+  // naming the file and line
+  {
+    std::ofstream f(dir_ / "sft.jsonl");
+    for (int i = 0; i < 48; ++i)
+      f << R"({"prompt": "Q: )" << i % 7 << " plus " << i % 3 << R"(?\nA:", "completion": " )"
+        << i % 7 + i % 3 << R"(."})"
+        << "\n";
+    std::ofstream g(dir_ / "pairs.jsonl");
+    for (int i = 0; i < 24; ++i)
+      g << R"({"prompt": "sky )" << i % 5 << R"(:", "chosen": " blue", "rejected": " green"})"
+        << "\n";
+  }
+  ProcResult s =
+      train({"--set", "data.train_dir=" + (dir_ / "sft.jsonl").string(), "--set",
+             "model_alignment_strategy.sft.packing=true", "--set", "data.seq_length=64", "--set",
+             "model_alignment_strategy.peft.lora_rank=4", "--set", "precision.type=fp32"},
+            "sft");
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_NE(s.out.find("data: sft train: 48 examples in "), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find(" real tokens/s ("), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find("packing"), std::string::npos) << s.out;
+  EXPECT_NE(slurp(dir_ / "sft" / "sft_metrics.csv").find("sft_trained_tokens"), std::string::npos);
+  // the adapters merged into the base (a transformers folder), the DPO run's initial weights
+  ProcResult m =
+      run(NXD_CKPT_BIN,
+          {"export-hf", (dir_ / "sft").string(), (dir_ / "merged").string(), "--merge-lora"}, dir_);
+  ASSERT_EQ(m.code, 0) << m.err;
+  ProcResult d =
+      train({"--set", "data.train_dir=" + (dir_ / "pairs.jsonl").string(), "--set",
+             "data.alignment_strategy.dpo.kl_beta=0.1", "--set",
+             "data.alignment_strategy.dpo.max_dpo_prompt_length=8", "--set",
+             "model.init_from=" + (dir_ / "merged").string(), "--set", "precision.type=fp32"},
+            "dpo");
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.out.find("dpo: reference log-probabilities of "), std::string::npos) << d.out;
+  EXPECT_NE(slurp(dir_ / "dpo" / "dpo_metrics.csv").find("dpo_rewards_accuracy"),
+            std::string::npos);
+  std::ofstream(dir_ / "bad.jsonl") << R"({"prompt": "a", "completion": "b"})"
+                                    << "\n"
+                                    << R"({"prompt": "a", "completion": "b")"
+                                    << "\n";
+  ProcResult b = train({"--set", "data.train_dir=" + (dir_ / "bad.jsonl").string()}, "bad");
+  EXPECT_EQ(b.code, 2) << b.err;
+  EXPECT_NE(b.err.find("bad.jsonl:2: not JSON"), std::string::npos) << b.err;
+}

@@ -187,6 +187,30 @@ TEST_P(KernelThreads, Attention) {
   }
 }
 
+TEST_P(KernelThreads, FlashDocumentAttention) {
+  // packed documents (70, 3, 60, 17 rows: across the 64-row blocks), both backward schedules
+  const DType dt = GetParam();
+  const int64_t B = 2, hq = 4, hkv = 2, s = 150, D = 32;
+  std::vector<int64_t> pos;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n : {70, 3, 60, 17})
+      for (int64_t i = 0; i < n; ++i) pos.push_back(i);
+  const Tensor positions = from_vector<int64_t>(pos, {B, s});
+  Tensor q = randn({B, hq, s, D}, dt, 35), kk = randn({B, hkv, s, D}, dt, 36),
+         v = randn({B, hkv, s, D}, dt, 37), g = randn({B, hq, s, D}, dt, 38);
+  for (auto sched : {k::FlashBackwardSchedule::one_pass, k::FlashBackwardSchedule::two_pass}) {
+    k::set_flash_backward_schedule(sched);
+    expect_thread_invariant([&] {
+      Tensor o = empty({B, hq, s, D}, dt), lse = empty({B, hq, s}, dt);
+      k::flash_document_attention_forward(o, lse, q, kk, v, positions, 0);
+      Tensor dq = empty_like(q), dk = empty_like(kk), dv = empty_like(v);
+      k::flash_document_attention_backward(dq, dk, dv, g, q, kk, v, o, lse, positions, 0);
+      return std::vector<Tensor>{o, lse, dq, dk, dv};
+    });
+  }
+  k::set_flash_backward_schedule(k::FlashBackwardSchedule::one_pass);
+}
+
 TEST_P(KernelThreads, FlashAttention) {
   const DType dt = GetParam();
   // 3 query blocks, the last one short; Sk > Sq; GQA 2 and 4 (forward units per query block,
