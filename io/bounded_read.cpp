@@ -128,6 +128,48 @@ void check_flow_depth(const std::string& text, bool yaml, const std::string& sou
   }
 }
 
+void check_item_count(const std::string& text, bool yaml, const std::string& source,
+                      const std::string& tag, int64_t max_items) {
+  int depth = 0;
+  char quote = 0;
+  bool comment = false, line_counted = false;
+  int64_t line = 1, items = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line, comment = false, line_counted = false;
+      continue;
+    }
+    if (comment) continue;
+    if (quote) {
+      if (c == '\\' && quote == '"')
+        ++i;
+      else if (c == quote)
+        quote = 0;
+      continue;
+    }
+    bool item = false;
+    if (yaml && c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\n')) {
+      comment = true;
+      continue;
+    }
+    if (yaml && depth == 0 && !line_counted && c != ' ' && c != '\t' && c != '\r')
+      item = line_counted = true;  // a block entry, key or scalar line
+    if (c == '"' || (yaml && c == '\''))
+      quote = c;
+    else if (c == '[' || c == '{')
+      ++depth;
+    else if ((c == ']' || c == '}') && depth > 0)
+      --depth;
+    else if (c == ',' && depth > 0)
+      item = true;
+    if (item && ++items > max_items)
+      throw ConfigError(str("[", tag, "] ", source, ":", line, ": more than ", max_items,
+                            " list items, keys or lines (counted before parsing); a file of this "
+                            "kind has far fewer"));
+  }
+}
+
 void check_utf8(const std::string& s, const std::string& source, const std::string& tag) {
   int64_t line = 1;
   for (size_t i = 0; i < s.size();) {

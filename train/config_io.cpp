@@ -183,6 +183,7 @@ Config::Config() {
 json parse_yaml(const std::string& text, const std::string& source) {
   io::check_utf8(text, source, "config");
   io::check_flow_depth(text, /*yaml=*/true, source, "config");
+  io::check_item_count(text, /*yaml=*/true, source, "config", ConfigLimits::max_nodes);
   NodeBudget budget{source};
   try {
     return yaml_to_json(YAML::Load(text), budget, 0);
