@@ -277,6 +277,7 @@ void Config::set(const std::string& k, const json& value, const std::string& src
   if (v.is_null()) {
     if (!spec->nullable) wrong(key_type_name(spec->type));
     values_[k] = v;
+    given_.insert(k);
     return;
   }
   switch (spec->type) {
@@ -327,6 +328,7 @@ void Config::set(const std::string& k, const json& value, const std::string& src
     }
   }
   values_[k] = v;
+  given_.insert(k);
 }
 
 const json& Config::get(const std::string& k) const {
