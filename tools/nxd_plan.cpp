@@ -247,6 +247,9 @@ int main(int argc, char** argv) {
   } catch (const UserError& e) {
     std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
     return 2;
+  } catch (const OutOfDeviceMemory& e) {  // found before planning (train/plan.h)
+    std::fprintf(stderr, "nxd-plan: %s\n", io::one_line(e.what()).c_str());
+    return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
     return 1;

@@ -8,11 +8,13 @@
 #include <unistd.h>
 #include <filesystem>
 #include <iomanip>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/io/crc32c.h"
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/quantize_lm.h"
@@ -205,6 +207,31 @@ TEST(NxdGenerate, UserMistakesExitTwo) {
     EXPECT_EQ(r.code, 2) << args.back() << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  }
+}
+
+// Issue 34, case 6: a config.json of a million layers allocated until nxd-generate aborted at
+// 3.9 GiB; the closed-form bound on its weights refuses it before anything is read or built.
+TEST(NxdGenerate, AMillionLayersAreRefusedBeforeAnythingIsBuilt) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  fs::copy(d / "hf", d / "deep", fs::copy_options::recursive);
+  nlohmann::json c = nlohmann::json::parse(nxd::testing::slurp(d / "deep/config.json"));
+  c["num_hidden_layers"] = 1000000;
+  std::ofstream(d / "deep/config.json", std::ios::trunc) << c.dump(1);
+  for (const char* mode : {"--eager", "--tp"}) {
+    std::vector<std::string> a = {"--hf", (d / "deep").string(), "--prompt", "x"};
+    if (std::string(mode) == "--tp")
+      a.insert(a.end(), {"--tp", "2"});
+    else
+      a.push_back(mode);
+    auto r = generate(a, d);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    // over the cores' HBM, or this host's RAM (26.7 GiB of f32 weights: which comes first
+    // depends on --tp and the host)
+    EXPECT_NE(r.err.find("[nxd-generate] the model does not fit"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("its weights alone need at least 2"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("1000000 layers"), std::string::npos) << r.err;
   }
 }
 
