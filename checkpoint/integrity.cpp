@@ -8,6 +8,7 @@
 #include "nxd/checkpoint/layout.h"
 #include "nxd/checkpoint/metadata.h"
 #include "nxd/io/bounded_read.h"
+#include "nxd/io/safetensors.h"
 
 namespace nxd::ckpt::detail {
 
@@ -138,10 +139,19 @@ SideFiles check_listed_files(const std::filesystem::path& tag_dir, const nlohman
       throw CheckpointError(str(prefix, " missing file ", p.string()));
     }
     const nlohmann::json& want = info.at("bytes");
-    if (!want.is_number_integer() || want.get<int64_t>() != static_cast<int64_t>(size))
+    if (!want.is_number_integer() || want.get<int64_t>() != static_cast<int64_t>(size)) {
+      const std::string says = io::shorten(want.dump());
+      if (rel.find(".safetensors") != std::string::npos) {
+        try {  // a truncated shard: its reader names the tensor the truncation cuts
+          io::SafetensorsReader r(p);
+        } catch (const std::exception& e) {
+          throw CheckpointError(
+              str(prefix, " ", e.what(), " (metadata.json says ", says, " bytes)"));
+        }
+      }
       throw CheckpointError(str(prefix, " ", p.string(), " has ", size,
-                                " bytes, metadata.json says ", io::shorten(want.dump()),
-                                " (truncated or replaced)"));
+                                " bytes, metadata.json says ", says, " (truncated or replaced)"));
+    }
     if (rel == kScheduler) {
       out.scheduler = read_scheduler(tag_dir, meta, prefix);
     } else if (rel == kUserContent) {
