@@ -99,6 +99,10 @@ GenerateResult traced_generate(TensorParallelModel& model,
   GenerateResult res;
   for (int64_t b = 0; b < B; ++b) {
     NXD_CHECK(!prompts[b].empty(), "[", op, "] prompt ", b, " is empty");
+    // longer than the KV cache: nothing can be generated (was 0 tokens and a false "stopped")
+    NXD_CHECK(static_cast<int64_t>(prompts[b].size()) <= max_pos, "[", op, "] prompt ", b, " has ",
+              prompts[b].size(), " tokens, more than the traced decoder's ", max_pos,
+              " positions (its max_position_embeddings)");
     rows[b].seq = prompts[b];
     S = std::max<int64_t>(S, static_cast<int64_t>(prompts[b].size()));
     res.prefill_tokens += static_cast<int64_t>(prompts[b].size());

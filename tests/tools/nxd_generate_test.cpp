@@ -321,6 +321,32 @@ TEST(NxdGenerate, TracedSavedAndLoadedEqualEager) {
     EXPECT_EQ(r.code, 2) << args.back() << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
   }
+  // Issue 34, case 13: the trace's max_position_embeddings edited to 4096 made a 200-token prompt
+  // give 0 tokens, a false "stopped" and exit 0. The manifest's checksum refuses the edit; an
+  // edit with the checksum made to match still cannot run a prompt past the decoder's 48
+  // positions.
+  fs::copy(d / "t1", d / "edited", fs::copy_options::recursive);
+  nlohmann::json man = nlohmann::json::parse(nxd::testing::slurp(d / "edited/manifest.json"));
+  auto mc = nlohmann::json::parse(man["metadata"]["model_config"].get<std::string>());
+  mc["max_position_embeddings"] = 4096;
+  man["metadata"]["model_config"] = mc.dump();
+  std::ofstream(d / "edited/manifest.json", std::ios::trunc) << man.dump(1);
+  const std::vector<std::string> long_prompt = {"--load-trace", (d / "edited").string(), "--prompt",
+                                                std::string(200, 'a')};
+  auto r = generate(long_prompt, d);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("edited/manifest.json was edited or is corrupt"), std::string::npos)
+      << r.err;
+  man.erase("checksum");
+  const std::string text = man.dump(1);
+  man["checksum"] = io::crc_hex(io::crc32c(text.data(), text.size()));
+  std::ofstream(d / "edited/manifest.json", std::ios::trunc) << man.dump(1);
+  r = generate(long_prompt, d);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("prompt 0 has 200 tokens, more than the traced decoder's 48 positions"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("stopped"), std::string::npos) << r.out;
 }
 
 // A tokenizer.json (the GPT-2 fixture, 557 ids) on a model of 1024 ids: the prompt's ids are the
