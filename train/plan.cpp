@@ -258,14 +258,17 @@ double min_parameter_bytes_per_rank(const TrainConfig& cfg) {
 
 namespace {
 
-// A model of at most this many layers per pipeline stage is planned even when its parameters
-// cannot fit (the plan takes seconds and names the rank, its breakdown and what to change);
-// beyond it the bound refuses it unplanned (a million layers took gigabytes of host memory to
-// build on meta tensors before the plan could refuse them).
-constexpr int64_t kLayersPlannedAnyway = 1024;
+// A model whose plan builds at most this many decoder layers over all its ranks (each rank builds
+// its stage's layers) is planned even when its parameters cannot fit: the plan takes seconds and
+// names the rank, its breakdown and what to change. Beyond it the bound refuses the model
+// unplanned (a million layers took gigabytes of host memory to build on meta tensors before the
+// plan could refuse them).
+constexpr int64_t kLayersPlannedAnyway = 32768;
 bool cheap_to_plan(const TrainConfig& cfg) {
   const int64_t pp = std::max<int64_t>(1, cfg.dist.pipeline_model_parallel_size);
-  return (cfg.model.num_layers + pp - 1) / pp <= kLayersPlannedAnyway;
+  const double built = static_cast<double>((cfg.model.num_layers + pp - 1) / pp) *
+                       static_cast<double>(std::max<int64_t>(1, cfg.dist.world_size));
+  return built <= static_cast<double>(kLayersPlannedAnyway);
 }
 
 // Before the plan builds anything: OutOfDeviceMemory when the parameters alone cannot fit a
