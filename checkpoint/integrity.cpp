@@ -6,7 +6,9 @@
 
 #include "nxd/checkpoint/error.h"
 #include "nxd/checkpoint/layout.h"
+#include "nxd/checkpoint/metadata.h"
 #include "nxd/io/bounded_read.h"
+#include "nxd/io/safetensors.h"
 
 namespace nxd::ckpt::detail {
 
@@ -89,6 +91,77 @@ optim::LRScheduleOptions read_scheduler(const std::filesystem::path& tag_dir,
     throw CheckpointError(
         str(prefix, " ", (tag_dir / kScheduler).string(), ": ", io::shorten(e.what(), 200)));
   }
+}
+
+void check_user_content(const nlohmann::json& user, const std::string& path, const char* prefix) {
+  if (!user.is_object() || !user.contains("trainer")) return;
+  auto bad = [&](const std::string& key, const std::string& why) {
+    throw CheckpointError(str(prefix, " ", path, ": trainer", key, " ", why));
+  };
+  // j[key] (named trainer<at>.<key>) an integer in [0, kMaxLoopCount]
+  auto count = [&](const nlohmann::json& j, const std::string& at, const char* key, bool required) {
+    const std::string name = at + "." + key;
+    if (!j.contains(key)) {
+      if (required) bad(name, "is missing");
+      return;
+    }
+    const nlohmann::json& v = j[key];
+    if (!v.is_number_integer()) bad(name, str("= ", io::shorten(v.dump()), " is not an integer"));
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(kMaxLoopCount)
+                               : (v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxLoopCount))
+      bad(name, str("= ", v.dump(), " is outside [0, ", kMaxLoopCount, "]"));
+  };
+  const nlohmann::json& t = user["trainer"];
+  if (!t.is_object()) bad("", str("is ", io::shorten(t.dump()), ", not a mapping"));
+  count(t, "", "step", /*required=*/true);
+  for (const char* k : {"dp_size", "batches", "lr_scheduler_steps"}) count(t, "", k, false);
+  for (const char* k : {"rng_seed", "rng_counter"})
+    if (t.contains(k) && !t[k].is_number_unsigned() &&
+        !(t[k].is_number_integer() && t[k].get<int64_t>() >= 0))
+      bad(str(".", k), str("= ", io::shorten(t[k].dump()), " is not an unsigned integer"));
+  if (t.contains("data") && !t["data"].is_null()) {
+    if (!t["data"].is_object()) bad(".data", str("is ", io::shorten(t["data"].dump())));
+    count(t["data"], ".data", "epoch", true);
+    count(t["data"], ".data", "position", true);
+  }
+}
+
+SideFiles check_listed_files(const std::filesystem::path& tag_dir, const nlohmann::json& meta,
+                             const char* prefix) {
+  SideFiles out;
+  const bool zero1 = saved_layout(meta).zero1;
+  for (const auto& [rel, info] : meta.at("files").items()) {
+    const std::filesystem::path p = tag_dir / rel;
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(p, ec);
+    if (ec) {
+      if (zero1 && rel.rfind("optim/", 0) == 0) continue;  // dp_shards.h names its tensors
+      throw CheckpointError(str(prefix, " missing file ", p.string()));
+    }
+    const nlohmann::json& want = info.at("bytes");
+    if (!want.is_number_integer() || want.get<int64_t>() != static_cast<int64_t>(size)) {
+      const std::string says = io::shorten(want.dump());
+      if (rel.find(".safetensors") != std::string::npos) {
+        try {  // a truncated shard: its reader names the tensor the truncation cuts
+          io::SafetensorsReader r(p);
+        } catch (const std::exception& e) {
+          throw CheckpointError(
+              str(prefix, " ", e.what(), " (metadata.json says ", says, " bytes)"));
+        }
+      }
+      throw CheckpointError(str(prefix, " ", p.string(), " has ", size,
+                                " bytes, metadata.json says ", says, " (truncated or replaced)"));
+    }
+    if (rel == kScheduler) {
+      out.scheduler = read_scheduler(tag_dir, meta, prefix);
+    } else if (rel == kUserContent) {
+      out.user = read_side_file(tag_dir, rel, meta, prefix);
+      check_user_content(out.user, p.string(), prefix);
+    } else if (rel.find(".safetensors") == std::string::npos) {
+      (void)read_side_file(tag_dir, rel, meta, prefix);
+    }
+  }
+  return out;
 }
 
 }  // namespace nxd::ckpt::detail

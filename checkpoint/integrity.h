@@ -7,11 +7,15 @@
 //     one is damage (a read without it would check nothing);
 //   - model tensors are finite (NaN/Inf weights are refused by load and reported by verify; the
 //     trainer never saves a non-finite step, trainer.on_nonfinite);
+//   - every file metadata.json lists is there with the byte count it records (shards too);
 //   - a JSON side file (scheduler.json, user_content.json) is a regular file of the size
-//     metadata.json records, nested at most 64 deep; scheduler.json is a valid schedule.
+//     metadata.json records, nested at most 64 deep; scheduler.json is a valid schedule, also
+//     when the load restores no scheduler; user_content.json's trainer section (the loop state
+//     the Trainer saves) holds integers in range (a step of 1e15 is refused naming the key).
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "nxd/checkpoint/error.h"
@@ -34,5 +38,22 @@ nlohmann::json read_side_file(const std::filesystem::path& tag_dir, const std::s
 // scheduler.json as schedule options, validated as LRSchedule validates them.
 optim::LRScheduleOptions read_scheduler(const std::filesystem::path& tag_dir,
                                         const nlohmann::json& meta, const char* prefix);
+
+// The counters of user_content.json's "trainer" section (step, data.epoch, data.position, ...)
+// as integers in [0, kMaxLoopCount]: CheckpointError naming the key and `path` otherwise. Other
+// sections are the user's own and are not checked.
+inline constexpr int64_t kMaxLoopCount = int64_t{1} << 40;  // ~1.1e12 steps or batches
+void check_user_content(const nlohmann::json& user, const std::string& path, const char* prefix);
+
+// The checks of metadata.json's file list that load and verify share (the one list): every listed
+// file is there with the byte count metadata.json records (a ZeRO-1 optimizer shard that is
+// missing is left to dp_shards.h, which names the tensors it held), scheduler.json is a valid
+// schedule and user_content.json passes check_user_content. Returns the two side files' values.
+struct SideFiles {
+  std::optional<optim::LRScheduleOptions> scheduler;  // when scheduler.json is listed
+  nlohmann::json user = nullptr;                      // user_content.json (null: none)
+};
+SideFiles check_listed_files(const std::filesystem::path& tag_dir, const nlohmann::json& meta,
+                             const char* prefix);
 
 }  // namespace nxd::ckpt::detail

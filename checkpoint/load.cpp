@@ -19,24 +19,6 @@ namespace {
 
 using detail::Want;
 
-void check_files(const fs::path& dir, const json& meta) {
-  // Shards are checked by their reader (which names the tensor a truncation cuts); the JSON
-  // files here. A missing ZeRO-1 shard is named with the tensors it held (dp_shards.h).
-  const bool zero1 = saved_layout(meta).zero1;
-  for (const auto& [rel, info] : meta.at("files").items()) {
-    if (zero1 && rel.rfind("optim/", 0) == 0) continue;
-    const fs::path p = dir / rel;
-    std::error_code ec;
-    const auto size = fs::file_size(p, ec);
-    if (ec) throw CheckpointError(str("[load_checkpoint] missing file ", p.string()));
-    if (rel.find(".safetensors") != std::string::npos) continue;
-    const auto want = info.at("bytes").get<int64_t>();
-    if (static_cast<int64_t>(size) != want)
-      throw CheckpointError(str("[load_checkpoint] ", p.string(), " has ", size,
-                                " bytes, metadata.json says ", want, " (truncated or replaced)"));
-  }
-}
-
 std::vector<const Module*> const_chunks(const std::vector<Module*>& chunks) {
   return {chunks.begin(), chunks.end()};
 }
@@ -148,7 +130,8 @@ Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
                  const Degrees& d) {
   Staged s;
   const json meta = read_metadata(dir);
-  check_files(dir, meta);
+  // the checks verify makes of the file list and side files (integrity.h: one list)
+  detail::SideFiles side = detail::check_listed_files(dir, meta, "[load_checkpoint]");
   detail::Stager st(dir, meta, d);
   // with PP, other stages hold the other names; with EP, other EP ranks the other experts
   const bool whole_model = d.pp == 1 && d.ep == 1;
@@ -171,10 +154,12 @@ Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
     stage_optimizer(st, meta, dir, *optimizer, chunks, opts, whole_model, s);
   }
   if (scheduler) {
-    s.sched = detail::read_scheduler(dir, meta, "[load_checkpoint]");  // validated
+    if (!side.scheduler)
+      throw CheckpointError(
+          str("[load_checkpoint] ", dir.string(), " has no ", detail::kScheduler));
+    s.sched = *side.scheduler;
   }
-  if (fs::exists(dir / detail::kUserContent))
-    s.user = detail::read_side_file(dir, detail::kUserContent, meta, "[load_checkpoint]");
+  s.user = std::move(side.user);
   return s;
 }
 

@@ -20,16 +20,12 @@ using json = nlohmann::json;
 
 namespace {
 
-// What load checks of a shard (integrity.h), and that its header agrees with metadata.json (size,
-// dtypes, whole shapes); then every tensor is read (checksums) and model tensors must be finite.
-void verify_shard(const json& meta, const std::string& rel, const json& info,
-                  io::SafetensorsReader& r, VerifyReport& rep) {
+// What load checks of a shard (integrity.h), and that its header agrees with metadata.json (dtypes,
+// whole shapes); then every tensor is read (checksums) and model tensors must be finite.
+void verify_shard(const json& meta, const std::string& rel, io::SafetensorsReader& r,
+                  VerifyReport& rep) {
   const std::string p = r.path().string();
-  detail::check_shard_identity(r.header(), rel, p, "[verify]");
-  const int64_t want_bytes = info.at("bytes").get<int64_t>();
-  if (r.file_size() != want_bytes)
-    throw CheckpointError(str("[verify] ", p, " has ", r.file_size(), " bytes, metadata.json says ",
-                              want_bytes, " (truncated or replaced)"));
+  detail::check_shard_identity(r.header(), rel, p, "[verify]");  // its size: check_listed_files
   const bool model = rel.rfind("model/", 0) == 0;
   const bool zero1_optim = !model && saved_layout(meta).zero1;
   if (!zero1_optim) {  // ZeRO-1 files hold parts: index_dp_files checks them below
@@ -194,19 +190,15 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   ExpertLayout x;
   x.saved = saved_layout(meta);
   const bool zero1 = x.saved.zero1;
+  // the loader's checks of the file list and side files (integrity.h: one list)
+  (void)detail::check_listed_files(tag_dir, meta, "[verify]");
   for (const auto& [rel, info] : meta.at("files").items()) {
     const fs::path p = tag_dir / rel;
     if (!fs::exists(p)) throw CheckpointError(str("[verify] missing file ", p.string()));
     ++rep.files;
-    if (rel.find(".safetensors") == std::string::npos) {  // the loader's checks (integrity.h)
-      if (rel == detail::kScheduler)
-        (void)detail::read_scheduler(tag_dir, meta, "[verify]");
-      else
-        (void)detail::read_side_file(tag_dir, rel, meta, "[verify]");
-      continue;
-    }
+    if (rel.find(".safetensors") == std::string::npos) continue;
     io::SafetensorsReader r(p);
-    verify_shard(meta, rel, info, r, rep);
+    verify_shard(meta, rel, r, rep);
     if (!(zero1 && rel.rfind("optim/", 0) == 0)) holders.add(rel, r.header());
   }
   if (meta.contains("model_config") && meta["model_config"].contains("moe"))

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "nxd/runtime/error.h"
@@ -97,15 +98,23 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
   return text;
 }
 
-void check_flow_depth(const std::string& text, bool yaml, const std::string& source,
-                      const std::string& tag, int max_depth) {
+namespace {
+
+// The one scan of JSON or YAML text behind check_flow_depth and check_item_count: outside quoted
+// strings and YAML comments, the nesting of `[`/`{` against max_depth, and the items (commas
+// inside brackets; for YAML, each non-blank line outside them) against max_items.
+void scan_text(const std::string& text, bool yaml, const std::string& source,
+               const std::string& tag, int max_depth, int64_t max_items) {
   int depth = 0;
   char quote = 0;
-  bool comment = false;
-  int64_t line = 1;
+  bool comment = false, line_counted = false;
+  int64_t line = 1, items = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (c == '\n') ++line, comment = false;
+    if (c == '\n') {
+      ++line, comment = false, line_counted = false;
+      continue;
+    }
     if (comment) continue;
     if (quote) {
       if (c == '\\' && quote == '"')
@@ -114,18 +123,41 @@ void check_flow_depth(const std::string& text, bool yaml, const std::string& sou
         quote = 0;
       continue;
     }
-    if (c == '"' || (yaml && c == '\''))
-      quote = c;
-    else if (yaml && c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\n'))
+    if (yaml && c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\n')) {
       comment = true;
-    else if (c == '[' || c == '{') {
+      continue;
+    }
+    bool item = false;
+    if (yaml && depth == 0 && !line_counted && c != ' ' && c != '\t' && c != '\r')
+      item = line_counted = true;  // a block entry, key or scalar line
+    if (c == '"' || (yaml && c == '\'')) {
+      quote = c;
+    } else if (c == '[' || c == '{') {
       if (++depth > max_depth)
         throw ConfigError(
             str("[", tag, "] ", source, ":", line, ": nested deeper than ", max_depth, " levels"));
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
+    } else if (c == ',' && depth > 0) {
+      item = true;
     }
+    if (item && ++items > max_items)
+      throw ConfigError(str("[", tag, "] ", source, ":", line, ": more than ", max_items,
+                            " list items, keys or lines (counted before parsing); a file of this "
+                            "kind has far fewer"));
   }
+}
+
+}  // namespace
+
+void check_flow_depth(const std::string& text, bool yaml, const std::string& source,
+                      const std::string& tag, int max_depth) {
+  scan_text(text, yaml, source, tag, max_depth, std::numeric_limits<int64_t>::max());
+}
+
+void check_item_count(const std::string& text, bool yaml, const std::string& source,
+                      const std::string& tag, int64_t max_items) {
+  scan_text(text, yaml, source, tag, std::numeric_limits<int>::max(), max_items);
 }
 
 void check_utf8(const std::string& s, const std::string& source, const std::string& tag) {

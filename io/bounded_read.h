@@ -38,6 +38,13 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
 // ConfigError naming source and the line when deeper than max_depth. Cheap; run before parsing.
 void check_flow_depth(const std::string& text, bool yaml, const std::string& source,
                       const std::string& tag, int max_depth = ReadLimits::max_depth);
+// How many values JSON or YAML text can make, counted before parsing (a parser builds every node
+// first: yaml-cpp holds a 16 MB flow list `[1,1,...]` as 8 million nodes, 3.8 GiB): the commas
+// inside `[`/`{` plus, for YAML, the non-blank, non-comment lines outside them (each block entry
+// or key is on a line of its own; a block scalar's lines are counted too, which only overcounts).
+// ConfigError naming source, the line and max_items beyond it.
+void check_item_count(const std::string& text, bool yaml, const std::string& source,
+                      const std::string& tag, int64_t max_items);
 // ConfigError naming source and the line unless s is valid UTF-8.
 void check_utf8(const std::string& s, const std::string& source, const std::string& tag);
 

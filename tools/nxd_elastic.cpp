@@ -1,5 +1,6 @@
 // nxd-elastic --hosts h1:2,h2:2 [--hostfile F] [--max-restarts N] [--mpirun-args '...']
 //             [--mpirun PATH] [--train-bin PATH] [--stall-timeout S] [--keep-failed-slots]
+//             [--restart-backoff S] [--restart-backoff-max S]
 //             -- <nxd-train arguments>
 // Runs nxd-train under mpirun over the hosts; when a rank or a host dies, relaunches on what is
 // left with the largest layout keeping TP x PP and the global batch (DP shrinks, gradient
@@ -8,6 +9,7 @@
 // exit 2), 1 failed after the restarts, 128+n stopped by signal n. docs/DESIGN.md, "Run safety".
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -28,6 +30,8 @@ const char* kUsage =
     "                   [--mpirun-args '...'] [--mpirun PATH] [--train-bin PATH]\n"
     "                   [--stall-timeout S (0: off; at least 4 x the slowest step)]\n"
     "                   [--keep-failed-slots]\n"
+    "                   [--restart-backoff S (1; doubled after each launch that trains no step)]\n"
+    "                   [--restart-backoff-max S (60)]\n"
     "                   -- <nxd-train arguments>\n";
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -111,6 +115,10 @@ SupervisorOptions parse(int argc, char** argv) {
       o.train_bin = value();
     else if (a == "--stall-timeout")
       o.stall_timeout_s = parse_number(a, value(), 0, 1e6);
+    else if (a == "--restart-backoff")
+      o.restart_backoff_s = parse_number(a, value(), 0, 3600);
+    else if (a == "--restart-backoff-max")
+      o.restart_backoff_max_s = parse_number(a, value(), 0, 86400);
     else if (a == "--keep-failed-slots")
       o.keep_failed_slots = true;
     else
@@ -124,6 +132,7 @@ SupervisorOptions parse(int argc, char** argv) {
   o.mpirun = {mpirun};
   for (auto& w : split_words(mpirun_args)) o.mpirun.push_back(w);
   if (o.train_bin.empty()) o.train_bin = default_train_bin();
+  o.restart_backoff_max_s = std::max(o.restart_backoff_max_s, o.restart_backoff_s);
   return o;
 }
 

@@ -257,6 +257,36 @@ struct ModelSource {
   std::map<std::string, Tensor> full;  // --hf: the full tensors (read-only, shared by sim ranks)
 };
 
+std::string gib(double b) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+// Before anything is built or read (a config of a million layers allocated until the process
+// aborted at 3.9 GiB): the model's weights in its dtype (ModelConfig::min_parameter_count, a
+// lower bound) over the --tp NeuronCores' HBM, and over the RAM of this host, which every sim
+// rank shares. OutOfDeviceMemory (exit 2) with the figures.
+void check_model_fits(const ModelConfig& m, const GenerateCli& c, const std::string& source) {
+  const double weights = m.min_parameter_count() * static_cast<double>(dtype_size(m.dtype));
+  const sim::MachineSpec machine = sim::machine(c.instance);
+  const std::string sizes = str(" (", source, ": ", m.num_layers, " layers, hidden size ",
+                                m.hidden_size, ", vocabulary ", m.vocab_size, ")");
+  if (weights / c.tp > static_cast<double>(machine.core.hbm_bytes))
+    throw OutOfDeviceMemory(
+        str("[nxd-generate] the model does not fit: its weights alone need at "
+            "least ",
+            gib(weights / c.tp), " per NeuronCore at TP ", c.tp, ", over the ",
+            gib(static_cast<double>(machine.core.hbm_bytes)), " HBM of a ", machine.name,
+            " NeuronCore", sizes));
+  const double ram = static_cast<double>(host_ram_bytes());
+  if (ram > 0 && weights > ram)
+    throw OutOfDeviceMemory(
+        str("[nxd-generate] the model does not fit in host memory: its "
+            "weights alone need at least ",
+            gib(weights), ", over this host's ", gib(ram), " of RAM", sizes));
+}
+
 ModelSource resolve_source(const GenerateCli& c) {
   ModelSource s;
   if (!c.checkpoint.empty()) {
@@ -266,13 +296,16 @@ ModelSource resolve_source(const GenerateCli& c) {
       throw ckpt::CheckpointError(str("[nxd-generate] ", s.tag_dir.string(),
                                       " records no model_config (not a CausalLM checkpoint)"));
     s.cfg = ckpt::model_config_from_json(meta["model_config"]);
+    check_model_fits(s.cfg, c, s.tag_dir.string() + "/metadata.json");
   } else if (!c.gguf.empty()) {
     ckpt::GgufModel g = ckpt::read_gguf_model(c.gguf);
     s.cfg = g.cfg;
     s.full = std::move(g.full);
     s.hf_dir = c.gguf;
+    check_model_fits(s.cfg, c, c.gguf);
   } else {
     s.cfg = ckpt::read_hf_config(c.hf);  // sharded, F16/BF16 files as transformers reads them
+    check_model_fits(s.cfg, c, (fs::path(c.hf) / "config.json").string());
     s.hf_dir = c.hf;
     s.full = ckpt::read_hf_weights(c.hf, s.cfg);
   }
@@ -364,6 +397,7 @@ std::shared_ptr<trace::TensorParallelModel> traced_model(const GenerateCli& c, M
       throw trace::TraceError(str("[nxd-generate] ", c.load_trace,
                                   " records no model_config (not saved by nxd-generate)"));
     s.cfg = ckpt::model_config_from_json(nlohmann::json::parse(it->second));
+    check_model_fits(s.cfg, c, c.load_trace);
     return m;
   }
   const int64_t L = s.cfg.max_position_embeddings;

@@ -6,7 +6,7 @@
 // at LNC=2; train/plan.h): nothing is allocated for data.
 //
 //   nxd-plan [--config FILE]... [--set key=value]... [--model PRESET] [--instance TYPE]
-//            [--nodes N] [--timeline PATH] [--search]
+//            [--nodes N] [--timeline PATH] [--search [--max-plans N]]
 //
 // Exit codes: 0 it fits (or --search found a layout that fits), 3 it does not fit, 2 a user
 // mistake (one line on stderr), 1 anything else.
@@ -85,7 +85,8 @@ const std::vector<Preset>& presets() {
 
 const char* kUsage =
     "usage: nxd-plan [--config FILE]... [--set key=value]... [--model PRESET]\n"
-    "                [--instance TYPE] [--nodes N] [--timeline PATH] [--search]\n"
+    "                [--instance TYPE] [--nodes N] [--timeline PATH]\n"
+    "                [--search [--max-plans N (200: the most plans the search makes)]]\n"
     "  instances: trn1.32xlarge (default) trn1n.32xlarge trn2.48xlarge trn2u.48xlarge trn2u\n"
     "             (the Trn2 UltraServer, 4 instances; --nodes 1); a Trainium2 type runs at LNC=2,\n"
     "             TYPE:lnc=1 at LNC=1 (twice the cores, half the memory and FLOPs each)\n"
@@ -114,6 +115,8 @@ Args parse(int argc, char** argv) {
       a.timeline = value();
     else if (s == "--search")
       a.search = true;
+    else if (s == "--max-plans")
+      a.max_plans = static_cast<int>(io::parse_int(value(), 1, 100000, "--max-plans", "nxd-plan"));
     else if (s == "-h" || s == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -247,6 +250,9 @@ int main(int argc, char** argv) {
   } catch (const UserError& e) {
     std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
     return 2;
+  } catch (const OutOfDeviceMemory& e) {  // found before planning (train/plan.h)
+    std::fprintf(stderr, "nxd-plan: %s\n", io::one_line(e.what()).c_str());
+    return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
     return 1;

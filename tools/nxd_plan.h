@@ -15,6 +15,7 @@ struct Args {
   std::string model, instance = "trn1.32xlarge", timeline;
   int nodes = 1;
   bool search = false;
+  int max_plans = 200;  // --search: the most plans it makes (its time bound)
 };
 
 // The configuration: nxd-train's defaults, random data (nothing is read), the preset, the files,

@@ -10,6 +10,15 @@
 // is tried at every size dividing DP x CP (parallel_state folds it over both) and the expert
 // count: it trades the experts' memory and gradient reduction for the all-to-all, which the
 // modeled step weighs.
+//
+// The search's work is bounded (docs/design/input_limits.md): a layout whose parameters alone
+// cannot fit a NeuronCore (trainer::min_parameter_bytes_per_rank, closed form) is skipped
+// unplanned; of a layout's choices the one needing the least memory (ZeRO-1, full checkpointing)
+// is planned first and, when it does not fit, the others are skipped; when its resident state
+// (parameters, gradients, optimizer state: the same at every micro batch and CP) alone is over
+// HBM, the layout's smaller micro batches and larger CPs are skipped too; and at most
+// Args::max_plans plans are made (the search says when it stopped there). Each planned candidate
+// is printed to stderr as it finishes.
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -71,19 +80,72 @@ std::vector<TrainConfig> choices(const Args& a, const sim::MachineSpec& m, const
   return out;
 }
 
-Tried try_layout(const std::vector<TrainConfig>& cs, const Layout& l, const sim::MachineSpec& m,
-                 int& planned) {
-  Tried t{l};
-  for (const TrainConfig& c : cs) {
+// What the search has spent: plans made, and layouts or choices skipped unplanned.
+struct Budget {
+  int max_plans = 0;
+  int planned = 0, skipped = 0;
+  bool exhausted = false;  // stopped at max_plans
+  bool take() {
+    if (planned >= max_plans) exhausted = true;
+    if (exhausted) return false;
     ++planned;
+    return true;
+  }
+};
+
+void progress(const Budget& b, const Layout& l, const TrainConfig& c, const std::string& what) {
+  std::fprintf(stderr,
+               "nxd-plan --search: [%d/%d] TP %lld x PP %lld x CP %lld, EP %lld, micro "
+               "batch %lld, %s: %s\n",
+               b.planned, b.max_plans, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
+               static_cast<long long>(l.cp), static_cast<long long>(l.ep),
+               static_cast<long long>(l.mb), choice_name(c).c_str(), what.c_str());
+  std::fflush(stderr);
+}
+
+// `resident_over`: set when even the least-memory choice's resident state (parameters,
+// gradients, optimizer state) is over HBM, so that no micro batch or CP of the layout fits.
+Tried try_layout(const std::vector<TrainConfig>& cs, const Layout& l, const sim::MachineSpec& m,
+                 Budget& budget, bool& resident_over) {
+  Tried t{l};
+  resident_over = false;
+  const double hbm = static_cast<double>(m.core.hbm_bytes);
+  if (trainer::min_parameter_bytes_per_rank(cs.front()) > hbm) {  // any choice: the same weights
+    const double need = trainer::min_parameter_bytes_per_rank(cs.front());
+    t.least = static_cast<int64_t>(std::min(need, 9e18));
+    t.over = static_cast<int>(cs.size());
+    t.cheapest = str("parameters alone, at least ", trainer::format_bytes(t.least));
+    budget.skipped += static_cast<int>(cs.size());
+    resident_over = true;
+    return t;
+  }
+  // the choice needing the least memory (the last: ZeRO-1, full checkpointing) first
+  if (budget.take()) {
+    const trainer::RankMemory w = trainer::plan_memory(cs.back()).worst();
+    progress(budget, l, cs.back(),
+             str("needs ", trainer::format_bytes(w.total()),
+                 w.total() > m.core.hbm_bytes ? " (does not fit)" : ""));
+    if (w.total() > m.core.hbm_bytes) {
+      t.least = w.total();
+      t.over = static_cast<int>(cs.size());
+      t.cheapest = str(choice_name(cs.back()), ", needs ", trainer::format_bytes(w.total()));
+      budget.skipped += static_cast<int>(cs.size()) - 1;
+      resident_over = w.parameters + w.gradients + w.optimizer_state > m.core.hbm_bytes;
+      return t;
+    }
+  }
+  for (const TrainConfig& c : cs) {
+    if (!budget.take()) break;
     const int64_t total = trainer::plan_memory(c).worst().total();
     if (total > m.core.hbm_bytes) {
+      progress(budget, l, c, str("needs ", trainer::format_bytes(total), " (does not fit)"));
       t.least = std::min(t.least, total);
       if (t.over++ == 0) t.cheapest = str(choice_name(c), ", needs ", trainer::format_bytes(total));
       continue;
     }
     t.p = predict(c, m, "");
     t.fits = true;
+    progress(budget, l, c, str("fits, ", static_cast<int64_t>(t.p.tokens_s), " tokens/s"));
     break;
   }
   return t;
@@ -124,32 +186,38 @@ int search(const Args& a, const sim::MachineSpec& m) {
   const int64_t W = m.world_size(), E = base.model.moe.num_experts;
   std::vector<Tried> all;
   std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> least_at_cp;  // (tp, pp, cp)
-  int planned = 0;
+  Budget budget{.max_plans = a.max_plans};
   for (int64_t tp = 1; tp <= std::min<int64_t>(W, 32); tp *= 2)
     for (int64_t pp = 1; tp * pp <= W && pp <= base.model.num_layers; pp *= 2) {
       if (W % (tp * pp) != 0) continue;
       int64_t prev_least = kNone;
-      for (int64_t cp = 1; (W / (tp * pp)) % cp == 0; cp *= 2) {
+      bool resident_over = false;  // at every CP alike: larger CPs are not tried
+      for (int64_t cp = 1; (W / (tp * pp)) % cp == 0 && !resident_over; cp *= 2) {
         const int64_t dp = W / (tp * pp * cp);
         bool fits = false;
         int64_t least = kNone;
+        bool all_resident_over = true;  // over every EP tried
         for (int64_t ep = 1; ep <= std::max<int64_t>(E, 1) && (dp * cp) % ep == 0; ep *= 2) {
           if (ep > 1 && E % ep != 0) break;
-          for (int64_t mb = base.data.micro_batch_size; mb >= 1; mb /= 2) {
+          bool over_here = false;
+          for (int64_t mb = base.data.micro_batch_size; mb >= 1 && !over_here; mb /= 2) {
             const Layout l{tp, pp, cp, ep, mb};
             const std::vector<TrainConfig> cs = choices(a, m, l);
             if (cs.empty()) continue;
-            all.push_back(try_layout(cs, l, m, planned));
+            all.push_back(try_layout(cs, l, m, budget, over_here));
             fits = fits || all.back().fits;
             least = std::min(least, all.back().least);
           }
+          all_resident_over = all_resident_over && over_here;
         }
+        resident_over = all_resident_over;
         least_at_cp[{tp, pp, cp}] = least;
         // CP only while nothing fits and a larger CP still lowers the memory needed
         if (fits || least == kNone || least >= prev_least) break;
         prev_least = least;
       }
     }
+  const int planned = budget.planned;
   std::vector<const Tried*> fit;
   for (const Tried& t : all)
     if (t.fits) fit.push_back(&t);
@@ -157,9 +225,28 @@ int search(const Args& a, const sim::MachineSpec& m) {
                    [](const Tried* x, const Tried* y) { return x->p.tokens_s > y->p.tokens_s; });
   std::printf(
       "nxd-plan --search: %zu TP x PP x DP x CP%s x micro batch layouts of %s on %s (%d choices "
-      "of ZeRO-1 and checkpointing planned), %zu fit; the fastest:\n",
+      "of ZeRO-1 and checkpointing planned, %d skipped by memory unplanned), %zu fit; the "
+      "fastest:\n",
       all.size(), E > 0 ? " x EP" : "", a.model.empty() ? "the model" : a.model.c_str(),
-      m.name.c_str(), planned, fit.size());
+      m.name.c_str(), planned, budget.skipped, fit.size());
+  if (fit.empty()) {  // what the closest layout needed
+    const Tried* best = nullptr;
+    for (const Tried& t : all)
+      if (t.least != kNone && (!best || t.least < best->least)) best = &t;
+    if (best)
+      std::printf(
+          "none fits: the least any layout needs is %s (TP %lld x PP %lld x CP %lld, EP "
+          "%lld, micro batch %lld: %s) of %s HBM per core\n",
+          trainer::format_bytes(best->least).c_str(), static_cast<long long>(best->l.tp),
+          static_cast<long long>(best->l.pp), static_cast<long long>(best->l.cp),
+          static_cast<long long>(best->l.ep), static_cast<long long>(best->l.mb),
+          best->cheapest.c_str(), trainer::format_bytes(m.core.hbm_bytes).c_str());
+  }
+  if (budget.exhausted)
+    std::printf(
+        "nxd-plan --search: stopped after %d plans (--max-plans): layouts after them were "
+        "not tried\n",
+        budget.max_plans);
   for (size_t i = 0; i < fit.size() && i < 10; ++i) {
     const Prediction& p = fit[i]->p;
     std::printf(

@@ -79,8 +79,13 @@ GenerateResult traced_generate(TensorParallelModel& model,
   const int64_t B = static_cast<int64_t>(prompts.size());
   NXD_CHECK(B >= 1 && B <= batch, "[", op, "] ", B, " prompts for a decoder of ", batch,
             " cache rows");
-  for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < B; ++b) {
     NXD_CHECK(!prompts[b].empty(), "[", op, "] prompt ", b, " is empty");
+    // longer than the KV cache: nothing can be generated (was 0 tokens and a false "stopped")
+    NXD_CHECK(static_cast<int64_t>(prompts[b].size()) <= max_pos, "[", op, "] prompt ", b, " has ",
+              prompts[b].size(), " tokens, more than the traced decoder's ", max_pos,
+              " positions (its max_position_embeddings)");
+  }
   // the prefill runs the decoder's whole batch of rows (rows without a prompt repeat prompt 0 in
   // their own cache row and are ignored)
   return decode_loop(prompts, opts, {.max_pos = max_pos, .prefill_rows = batch},

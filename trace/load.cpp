@@ -82,9 +82,25 @@ std::shared_ptr<MappedFile> open_checked(const fs::path& dir, const std::string&
   return f;
 }
 
-// The tensors of a mapped safetensors file, viewing the mapping (copied only when misaligned).
+// What a file records of its place against what its name says (a rank's files swapped).
+void check_recorded(const std::string& where, const char* key, const std::string& got,
+                    const std::string& want) {
+  if (got != want)
+    throw TraceError(str("[parallel_model_load] ", where, ": records ", key, "=", io::shorten(got),
+                         " but its name says ", want,
+                         " (a file swapped or copied from another rank or bucket)"));
+}
+
+// The safetensors header's metadata value of `key` ("(none)" when absent).
+std::string header_field(const io::SafetensorsHeader& h, const char* key) {
+  auto it = h.metadata.find(key);
+  return it == h.metadata.end() ? std::string("(none)") : it->second;
+}
+
+// The tensors of a mapped safetensors file, viewing the mapping (copied only when misaligned);
+// the file must record nxd.trace_rank `rank` (and nxd.trace_bucket `bucket` when >= 0).
 std::map<std::string, Tensor> tensors_of(const std::shared_ptr<MappedFile>& f,
-                                         const std::string& where) {
+                                         const std::string& where, int rank, int64_t bucket) {
   std::map<std::string, Tensor> out;
   try {
     if (f->size() < 8) throw io::FileError("shorter than its 8-byte header length");
@@ -93,6 +109,9 @@ std::map<std::string, Tensor> tensors_of(const std::shared_ptr<MappedFile>& f,
     if (n > static_cast<uint64_t>(f->size() - 8)) throw io::FileError("header past the end");
     io::SafetensorsHeader h =
         io::parse_header(std::string(f->data() + 8, static_cast<size_t>(n)), where);
+    check_recorded(where, "nxd.trace_rank", header_field(h, "nxd.trace_rank"), str(rank));
+    if (bucket >= 0)
+      check_recorded(where, "nxd.trace_bucket", header_field(h, "nxd.trace_bucket"), str(bucket));
     h.data_start = 8 + static_cast<int64_t>(n);
     if (h.data_start + h.data_size > f->size()) throw io::FileError("data past the end");
     for (const io::TensorInfo& t : h.tensors) {
@@ -137,7 +156,7 @@ struct RankFiles {
 RankFiles load_rank(const fs::path& dir, int r, size_t nbuckets, bool inl, const json& files) {
   RankFiles rf;
   const std::string wname = str("rank", r, "/weights.safetensors");
-  auto shared = tensors_of(open_checked(dir, wname, files), (dir / wname).string());
+  auto shared = tensors_of(open_checked(dir, wname, files), (dir / wname).string(), r, -1);
   for (const auto& [k, t] : shared)
     if (k.rfind("state:", 0) == 0) rf.prog.state.emplace_back(k.substr(6), t);
   std::map<std::string, Tensor> weights;
@@ -148,6 +167,8 @@ RankFiles load_rank(const fs::path& dir, int r, size_t nbuckets, bool inl, const
     json j;
     try {
       j = json::parse(std::string(gf->data(), static_cast<size_t>(gf->size())));
+      check_recorded(where, "rank", j.at("rank").dump(), str(r));
+      check_recorded(where, "bucket", j.at("bucket").dump(), str(b));
       const json& c = j.at("compile");
       SavedPlan sp;
       sp.opts.dce = c.at("dce").get<bool>();
@@ -163,7 +184,8 @@ RankFiles load_rank(const fs::path& dir, int r, size_t nbuckets, bool inl, const
       throw TraceError(str("[parallel_model_load] ", where, ": ", e.what()));
     }
     const std::string sname = str("rank", r, "/bucket", b, ".safetensors");
-    auto own = tensors_of(open_checked(dir, sname, files), (dir / sname).string());
+    auto own = tensors_of(open_checked(dir, sname, files), (dir / sname).string(), r,
+                          static_cast<int64_t>(b));
     const Graph& g = rf.graphs.back();
     std::vector<Tensor> ps, cs;
     for (int id : g.params) {
@@ -219,9 +241,19 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
     if (man.at("format").get<std::string>() != "nxd-trace")
       throw TraceError(str("[parallel_model_load] ", mpath.string(), " is not an nxd trace"));
     const int v = man.at("version").get<int>();
+    if (v == 1)
+      throw TraceError(str("[parallel_model_load] ", mpath.string(),
+                           " has format version 1, saved before traces recorded their ranks and "
+                           "the manifest's checksum; this nxd reads version ",
+                           kTraceFormatVersion, ": trace the model again (--save-trace)"));
     if (v != kTraceFormatVersion)
       throw TraceError(str("[parallel_model_load] ", mpath.string(), " has format version ", v,
                            "; this nxd reads version ", kTraceFormatVersion));
+    const std::string want = man.at("checksum").get<std::string>(), got = manifest_checksum(man);
+    if (want != got)
+      throw TraceError(str("[parallel_model_load] ", mpath.string(),
+                           " was edited or is corrupt: its CRC-32C is ", got,
+                           ", its \"checksum\" says ", io::shorten(want)));
     to.tp_degree = man.at("tp_degree").get<int>();
     to.inline_weights = man.at("inline_weights").get<bool>();
     to.pad_batch = man.at("pad_batch").get<bool>();

@@ -46,7 +46,10 @@ std::vector<std::string> save_rank(const TensorParallelModel& m, const RankProgr
     check_savable(t, name);
     shared.emplace_back("state:" + name, t);
   }
-  io::write_safetensors(dir / rd / "weights.safetensors", shared, {{"format", "pt"}});
+  // every file records its rank (and bucket): files swapped between ranks are refused at load
+  const std::string rank_s = std::to_string(r);
+  io::write_safetensors(dir / rd / "weights.safetensors", shared,
+                        {{"format", "pt"}, {"nxd.trace_rank", rank_s}});
   files.push_back(rd + "/weights.safetensors");
   for (size_t b = 0; b < p.graphs.size(); ++b) {
     const CompiledGraph& c = *p.graphs[b];
@@ -62,9 +65,14 @@ std::vector<std::string> save_rank(const TensorParallelModel& m, const RankProgr
       own.emplace_back(str("const:", i), p.constants[b][i]);
     }
     const std::string st = str(rd, "/bucket", b, ".safetensors");
-    io::write_safetensors(dir / st, own, {{"format", "pt"}});
+    io::write_safetensors(
+        dir / st, own,
+        {{"format", "pt"}, {"nxd.trace_rank", rank_s}, {"nxd.trace_bucket", std::to_string(b)}});
     const std::string gj = str(rd, "/bucket", b, ".json");
-    const json j = {{"graph", json::parse(graph_to_json(c.graph))}, {"compile", plan_json(c)}};
+    const json j = {{"graph", json::parse(graph_to_json(c.graph))},
+                    {"compile", plan_json(c)},
+                    {"rank", r},
+                    {"bucket", b}};
     io::write_file_atomic(dir / gj, j.dump(1));
     files.push_back(st);
     files.push_back(gj);
@@ -107,6 +115,15 @@ json manifest(const TensorParallelModel& m, const fs::path& dir) {
 
 }  // namespace
 
+std::string manifest_checksum(const json& manifest) {
+  json rest = manifest;
+  rest.erase("checksum");
+  const std::string text = rest.dump(1);
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", io::crc32c(text.data(), text.size()));
+  return hex;
+}
+
 void parallel_model_save(const TensorParallelModel& m, const fs::path& dir) {
   const bool mpi = m.options().backend == "mpi";
   const int me = mpi ? world().rank() : 0;
@@ -120,7 +137,11 @@ void parallel_model_save(const TensorParallelModel& m, const fs::path& dir) {
   for (size_t i = 0; i < m.ranks().size(); ++i)
     save_rank(m, m.ranks()[i], mpi ? me : static_cast<int>(i), dir);
   if (mpi) world().barrier();
-  if (me == 0) io::write_file_atomic(dir / "manifest.json", manifest(m, dir).dump(1));
+  if (me == 0) {
+    json man = manifest(m, dir);
+    man["checksum"] = manifest_checksum(man);
+    io::write_file_atomic(dir / "manifest.json", man.dump(1));
+  }
   if (mpi) world().barrier();
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,8 @@ class Config {
   void set(const std::string& key, const nlohmann::json& value, const std::string& source);
 
   const nlohmann::json& get(const std::string& key) const;  // throws InternalError if unknown
+  // Whether the key was given (a file, --set or set()), also when to its default value.
+  bool is_given(const std::string& key) const { return given_.count(key) > 0; }
   bool is_null(const std::string& key) const { return get(key).is_null(); }
   int64_t get_int(const std::string& key) const;
   double get_double(const std::string& key) const;
@@ -75,6 +78,7 @@ class Config {
  private:
   void merge_node(const nlohmann::json& node, const std::string& prefix, const std::string& src);
   std::map<std::string, nlohmann::json> values_;
+  std::set<std::string> given_;  // the keys set after the defaults
 };
 
 // YAML text -> JSON (quoted scalars stay strings; plain scalars become null/bool/int/float when

@@ -183,6 +183,7 @@ Config::Config() {
 json parse_yaml(const std::string& text, const std::string& source) {
   io::check_utf8(text, source, "config");
   io::check_flow_depth(text, /*yaml=*/true, source, "config");
+  io::check_item_count(text, /*yaml=*/true, source, "config", ConfigLimits::max_nodes);
   NodeBudget budget{source};
   try {
     return yaml_to_json(YAML::Load(text), budget, 0);
@@ -276,6 +277,7 @@ void Config::set(const std::string& k, const json& value, const std::string& src
   if (v.is_null()) {
     if (!spec->nullable) wrong(key_type_name(spec->type));
     values_[k] = v;
+    given_.insert(k);
     return;
   }
   switch (spec->type) {
@@ -326,6 +328,7 @@ void Config::set(const std::string& k, const json& value, const std::string& src
     }
   }
   values_[k] = v;
+  given_.insert(k);
 }
 
 const json& Config::get(const std::string& k) const {

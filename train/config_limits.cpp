@@ -48,6 +48,7 @@ void check_dotted_duplicates(const json& tree, const std::string& source) {
 json parse_json_config(const std::string& text, const std::string& source) {
   io::check_utf8(text, source, "config");
   io::check_flow_depth(text, /*yaml=*/false, source, "config");
+  io::check_item_count(text, /*yaml=*/false, source, "config", ConfigLimits::max_nodes);
   std::vector<std::set<std::string>> keys;  // the keys seen in each open object
   std::string duplicate;
   auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {

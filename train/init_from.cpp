@@ -30,6 +30,13 @@ std::vector<std::pair<std::string, json>> source_keys(const ModelConfig& m) {
       {"model.norm_eps", m.norm_eps},
       {"model.tie_word_embeddings", m.tie_word_embeddings}};
   if (m.arch == "gpt_neox") k.emplace_back("model.rotary_pct", m.rotary_pct);
+  // a mixture-of-experts source's experts (a Mixtral folder's num_local_experts and
+  // num_experts_per_tok): its weights depend on them; a dense source has none
+  k.emplace_back("model.moe.num_experts", m.moe.num_experts);
+  if (m.moe.enabled()) {
+    k.emplace_back("model.moe.top_k", m.moe.top_k);
+    k.emplace_back("model.moe.frequency", m.moe.frequency);
+  }
   return k;
 }
 
@@ -88,14 +95,14 @@ void check_eval(const Config& c) {
 
 namespace {
 
-// Every model.* key the source decides takes its value when at its default; another value is an
-// error naming both.
+// Every model.* key the source decides takes its value when the run does not give it; a value
+// given (also one equal to the key's default) that differs is an error naming both.
 void apply_source_keys(Config& c, const ckpt::WeightSource& src, const std::string& via) {
   const std::string from = str(via, " (", src.path.string(), ")");
   for (const auto& [key, v] : source_keys(src.config)) {
     const json& cur = c.get(key);
     if (same(cur, v)) continue;
-    if (cur == find_key(key)->default_value) {
+    if (!c.is_given(key)) {
       c.set(key, v, from);
       continue;
     }

@@ -6,8 +6,10 @@
 // Resolution (resolve_init_from, called by resolve() before the model section): every model.*
 // key the source describes (arch, vocab_size, num_layers, hidden_size, num_attention_heads,
 // num_kv_heads, ffn_hidden_size, max_position_embeddings, rope_theta, norm_eps,
-// tie_word_embeddings, and gpt_neox's rotary_pct) takes the source's value when it is at its
-// default; a value set to something else is a ConfigError naming the key, both values and the
+// tie_word_embeddings, gpt_neox's rotary_pct, and a mixture-of-experts source's moe.num_experts,
+// moe.top_k and moe.frequency; a dense source's moe.num_experts is 0) takes the source's value
+// when the run does not give the key; a value given (also one equal to the key's default) that
+// differs is a ConfigError naming the key, both values and the
 // source (max_position_embeddings excepted: no weight depends on it, so a run may set another
 // context length). Fields without a key (head_dim, gelu_new, use_parallel_residual) come from the
 // source (model_config(cfg) copies them). exp_manager.resume_from_checkpoint on a checkpoint

@@ -226,6 +226,69 @@ RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts,
   return r;
 }
 
+// The least parameter bytes a rank holds (ModelConfig::min_parameter_count: the dense weights
+// over TP x PP ranks, the experts over TP x PP x EP), and the whole model's.
+struct WeightBound {
+  double per_rank = 0, whole = 0, params = 0;
+  int64_t over = 1;  // TP x PP (x EP for the experts)
+};
+WeightBound weight_bound(const TrainConfig& cfg) {
+  const ModelConfig mc = model_config(cfg);
+  const double bytes =
+      static_cast<double>(dtype_size(resolve_precision(nxd_config_of(cfg)).param_dtype));
+  const double experts = mc.min_expert_parameter_count(), all = mc.min_parameter_count();
+  const double mp = static_cast<double>(cfg.dist.tensor_model_parallel_size *
+                                        cfg.dist.pipeline_model_parallel_size);
+  const double ep = static_cast<double>(cfg.dist.expert_model_parallel_size);
+  return {.per_rank = bytes * ((all - experts) / mp + experts / (mp * ep)),
+          .whole = bytes * all,
+          .params = all,
+          .over = static_cast<int64_t>(mp)};
+}
+
+std::string bytes_of(double b) {  // format_bytes of a figure that may exceed int64_t
+  return b < 9e18 ? format_bytes(static_cast<int64_t>(b)) : str(b / (1024.0 * 1024 * 1024), " GiB");
+}
+
+}  // namespace
+
+double min_parameter_bytes_per_rank(const TrainConfig& cfg) {
+  return weight_bound(cfg).per_rank;
+}
+
+namespace {
+
+// A model whose plan builds at most this many decoder layers over all its ranks (each rank builds
+// its stage's layers) is planned even when its parameters cannot fit: the plan takes seconds and
+// names the rank, its breakdown and what to change. Beyond it the bound refuses the model
+// unplanned (a million layers took gigabytes of host memory to build on meta tensors before the
+// plan could refuse them).
+constexpr int64_t kLayersPlannedAnyway = 32768;
+bool cheap_to_plan(const TrainConfig& cfg) {
+  const int64_t pp = std::max<int64_t>(1, cfg.dist.pipeline_model_parallel_size);
+  const double built = static_cast<double>((cfg.model.num_layers + pp - 1) / pp) *
+                       static_cast<double>(std::max<int64_t>(1, cfg.dist.world_size));
+  return built <= static_cast<double>(kLayersPlannedAnyway);
+}
+
+// Before the plan builds anything: OutOfDeviceMemory when the parameters alone cannot fit a
+// NeuronCore (and the model is too large to plan cheaply).
+void check_weights_fit_hbm(const TrainConfig& cfg, const sim::MachineSpec& m) {
+  const WeightBound w = weight_bound(cfg);
+  if (w.per_rank <= static_cast<double>(m.core.hbm_bytes) || cheap_to_plan(cfg)) return;
+  throw OutOfDeviceMemory(str(
+      "[plan] the model does not fit: its parameters alone (at least ", w.params, " of them, ",
+      bytes_of(w.whole), ") need at least ", bytes_of(w.per_rank),
+      " per NeuronCore split over TP x PP = ", w.over,
+      cfg.model.moe.enabled() ? str(" (experts over EP ", cfg.dist.expert_model_parallel_size, ")")
+                              : std::string(),
+      " ranks, over the ", format_bytes(m.core.hbm_bytes), " HBM of a ", m.name,
+      " NeuronCore (found before planning: model.num_layers=", cfg.model.num_layers,
+      ", model.hidden_size=", cfg.model.hidden_size,
+      "). To fit: a smaller model, or more "
+      "tensor_model_parallel_size / pipeline_model_parallel_size"));
+}
+
 int64_t host_ram(const PlanOptions& o) {
   if (o.host_ram_bytes > 0) return o.host_ram_bytes;
   if (const char* e = std::getenv("NXD_HOST_RAM_BYTES")) return std::atoll(e);
@@ -259,6 +322,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts) {
   if (opts.time_step) lo.timeline_path = opts.timeline_path;
   lo.seed = cfg.seed;
   lo.memory_capacity = 0;  // measure, do not refuse
+  check_weights_fit_hbm(cfg, sim::resolve_machine(lo));
   MemoryPlan plan;
   plan.ranks.resize(static_cast<size_t>(lo.world_size));
   // the run's matmul precision (autocast: bf16 products, charged at the bf16 peak)
@@ -390,6 +454,19 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
 
 PlannedPeak plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out) {
   if (custom_module || cfg.dist.backend != "sim" || !is_builtin_arch(cfg.model.arch)) return {};
+  // the sim ranks share this host: the whole model's parameters at least once (checked unplanned
+  // for a model too large to plan cheaply, as check_weights_fit_hbm)
+  const WeightBound w = weight_bound(cfg);
+  const int64_t ram = host_ram(PlanOptions{});
+  if (ram > 0 && w.whole > static_cast<double>(ram) && !cheap_to_plan(cfg))
+    throw OutOfDeviceMemory(str(
+        "[plan] the run does not fit in host memory: the model's "
+        "parameters alone (at least ",
+        w.params, " of them) need at least ", bytes_of(w.whole), ", over the ", format_bytes(ram),
+        " of RAM its sim ranks share (found before planning: "
+        "model.num_layers=",
+        cfg.model.num_layers, ", model.hidden_size=", cfg.model.hidden_size,
+        "). To fit: a smaller model"));
   const MemoryPlan plan = plan_memory(cfg);
   if (out) std::fprintf(out, "%s\n", plan.report().c_str());
   check_fits(plan, cfg);

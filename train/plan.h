@@ -99,6 +99,16 @@ struct PlanOptions {
 // nothing: it launches its own sim world of cfg.dist.world_size ranks.
 MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts = {});
 
+// The least bytes of parameters the fullest rank of cfg's run holds, in closed form before anything
+// is built (ModelConfig::min_parameter_count in the run's parameter dtype: the dense weights over
+// TP x PP ranks, the experts over TP x PP x EP). When a model whose plan would build more than
+// 32,768 decoder layers over all its ranks (too many to build on meta tensors cheaply) is over
+// the NeuronCore's HBM by it,
+// plan_memory refuses it unplanned (OutOfDeviceMemory), and plan_before_training also when the
+// whole model is over host RAM; a smaller model is planned and refused with its breakdown.
+// nxd-plan --search skips layouts over HBM by it without planning them.
+double min_parameter_bytes_per_rank(const TrainConfig& cfg);
+
 // Throws OutOfDeviceMemory naming the rank, its breakdown, the capacity and what to change when
 // the plan does not fit.
 void check_fits(const MemoryPlan& plan, const TrainConfig& cfg);

@@ -18,6 +18,31 @@ int64_t ModelConfig::rotary_dim() const {
   return head_dim();
 }
 
+namespace {
+double mlp_weights(const ModelConfig& c) {
+  return (c.arch == "gpt_neox" ? 2.0 : 3.0) * static_cast<double>(c.hidden_size) *
+         static_cast<double>(c.ffn_size());
+}
+double moe_layers(const ModelConfig& c) {
+  if (!c.moe.enabled() || c.moe.frequency <= 0 || c.num_layers <= 0) return 0;
+  return static_cast<double>((c.num_layers - 1) / c.moe.frequency + 1);  // l % frequency == 0
+}
+}  // namespace
+
+double ModelConfig::min_expert_parameter_count() const {
+  return moe_layers(*this) * static_cast<double>(moe.num_experts) * mlp_weights(*this);
+}
+
+double ModelConfig::min_parameter_count() const {
+  const double h = static_cast<double>(hidden_size), v = static_cast<double>(vocab_size);
+  const double q = static_cast<double>(num_attention_heads) * static_cast<double>(head_dim());
+  const double kv = static_cast<double>(kv_heads()) * static_cast<double>(head_dim());
+  const double attention = h * (2 * q + 2 * kv);  // q, o and k, v
+  const double layers = static_cast<double>(num_layers);
+  return v * h * (tie_word_embeddings ? 1 : 2) + layers * attention +
+         (layers - moe_layers(*this)) * mlp_weights(*this) + min_expert_parameter_count();
+}
+
 const char* checkpoint_granularity_name(CheckpointGranularity g) {
   switch (g) {
     case CheckpointGranularity::none:

@@ -91,6 +91,13 @@ struct ModelConfig {
   int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_attention_heads; }
   int64_t ffn_size() const;
   int64_t rotary_dim() const;  // features rotated per head
+  // A lower bound on the parameters, in closed form (nothing is built): the embedding, an untied
+  // output head, each layer's attention projections and MLP weights (every expert's); norms,
+  // biases and routers are left out. Tools refuse a model that cannot fit with it before anything
+  // is allocated (docs/design/input_limits.md). A double: hostile sizes overflow int64_t.
+  double min_parameter_count() const;
+  // Of it, the weights of the experts (0 for a dense model): expert parallelism splits them.
+  double min_expert_parameter_count() const;
 };
 
 // A pipeline stage's share of a model: the decoder layers [layer_begin, layer_end), plus the input

@@ -119,6 +119,56 @@ TEST(CheckpointIntegrity, SideFilesAreRefusedByLoadAndVerifyAlike) {
   EXPECT_HAS(error_of([&] { verify_checkpoint(tag); }), "scheduler.json");
 }
 
+// Issue 34, case 15: the loader skipped checks verify makes (a shard's byte count in
+// metadata.json; scheduler.json when no scheduler is restored) and neither checked
+// user_content.json's trainer state (step 1e15 trained 0 steps and wrote step_1000000000000000).
+TEST(CheckpointIntegrity, LoadMakesEveryCheckVerifyMakes) {
+  const nxd::testing::ScratchDir s("nxd_integrity_");
+  const fs::path tag = tp2_checkpoint(s.path, "same");
+  const std::string good = nxd::testing::slurp(tag / "metadata.json");
+  const std::string shard = "model/dp_rank_00_tp_rank_01_pp_rank_00.safetensors";
+  nlohmann::json m = nlohmann::json::parse(good);
+  m["files"][shard]["bytes"] = m["files"][shard]["bytes"].get<int64_t>() + 1;
+  std::ofstream(tag / "metadata.json", std::ios::trunc) << m.dump(1);
+  EXPECT_HAS(load_error(tag), "bytes, metadata.json says");
+  EXPECT_HAS(error_of([&] { verify_checkpoint(tag); }), "bytes, metadata.json says");
+  std::ofstream(tag / "metadata.json", std::ios::trunc) << good;
+  ASSERT_EQ(load_error(tag), "no exception");
+  // garbage of the same length in scheduler.json: refused though load restores no scheduler
+  const fs::path sc = tag / "scheduler.json", uc = tag / "user_content.json";
+  const std::string sc_text = nxd::testing::slurp(sc);
+  std::ofstream(sc, std::ios::trunc) << std::string(sc_text.size(), 'x');
+  EXPECT_HAS(load_error(tag), "scheduler.json is not valid JSON");
+  EXPECT_HAS(error_of([&] { verify_checkpoint(tag); }), "scheduler.json is not valid JSON");
+  std::ofstream(sc, std::ios::trunc) << sc_text;
+  // a trainer step of 1e15 in user_content.json (its size recorded to match)
+  auto user = [&](const nlohmann::json& trainer) {
+    const std::string text = nlohmann::json{{"trainer", trainer}}.dump(2);
+    std::ofstream(uc, std::ios::trunc) << text;
+    nlohmann::json mm = nlohmann::json::parse(good);
+    mm["files"]["user_content.json"]["bytes"] = text.size();
+    std::ofstream(tag / "metadata.json", std::ios::trunc) << mm.dump(1);
+  };
+  const nlohmann::json loop = {{"step", 1000000000000000},
+                               {"rng_seed", 7},
+                               {"rng_counter", 0},
+                               {"dp_size", 1},
+                               {"data", nullptr}};
+  user(loop);
+  const std::string want = "user_content.json: trainer.step = 1000000000000000 is outside [0, ";
+  EXPECT_HAS(load_error(tag), want);
+  EXPECT_HAS(error_of([&] { verify_checkpoint(tag); }), want);
+  nlohmann::json l2 = loop;
+  l2["step"] = 3;
+  l2["data"] = {{"epoch", 1e15}, {"position", 0}};
+  user(l2);
+  EXPECT_HAS(load_error(tag), "trainer.data.epoch = 1e+15 is not an integer");
+  l2["data"] = {{"epoch", 0}, {"position", 2}};
+  user(l2);
+  EXPECT_EQ(load_error(tag), "no exception");
+  EXPECT_GT(verify_checkpoint(tag).tensors, 0);
+}
+
 TEST(CheckpointIntegrity, VerifyChecksShardsAgainstMetadata) {
   const nxd::testing::ScratchDir s("nxd_integrity_");
   const fs::path tag = tp2_checkpoint(s.path, "meta");

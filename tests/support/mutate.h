@@ -2,6 +2,8 @@
 // Byte mutations for the fuzz targets' replay tests (every build drives each fuzz target over
 // deterministic mutations of valid files).
 #include <algorithm>
+#include <cstdint>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
@@ -32,6 +34,56 @@ inline void mutate_bytes(std::string& s, std::mt19937_64& g) {
       default:
         s.erase(at, 1 + g() % 16);
     }
+  }
+}
+
+// One structural edit of a JSON tree: a random path (at most 6 deep) from the root to a value,
+// which is erased (below the root) or replaced by a hostile value: small and negative integers,
+// 2^40..2^62, a fraction, a huge float, a string, null, a list, an empty object.
+inline void mutate_json_tree(nlohmann::json& j, std::mt19937_64& g) {
+  nlohmann::json* at = &j;
+  for (int depth = 0; depth < 6 && (at->is_object() || at->is_array()) && !at->empty(); ++depth) {
+    auto it = at->begin();
+    std::advance(it, static_cast<long>(g() % at->size()));
+    if (g() % 3 == 0 && depth > 0) {
+      if (at->is_object())
+        at->erase(it.key());
+      else
+        at->erase(g() % at->size());
+      return;
+    }
+    at = &*it;
+  }
+  switch (g() % 10) {
+    case 0:
+      *at = static_cast<int64_t>(g() % 200) - 100;
+      break;
+    case 1:
+      *at = -1;
+      break;
+    case 2:
+      *at = "linear";
+      break;
+    case 3:
+      *at = nlohmann::json::array({g() % 7, -3});
+      break;
+    case 4:
+      *at = int64_t{1} << (40 + g() % 23);
+      break;
+    case 5:
+      *at = 64.5;
+      break;
+    case 6:
+      *at = 1e300;
+      break;
+    case 7:
+      *at = nullptr;
+      break;
+    case 8:
+      *at = nlohmann::json::object();
+      break;
+    default:
+      *at = 0;
   }
 }
 

@@ -125,6 +125,36 @@ TEST(NxdElasticCli, UserMistakesExit2) {
   EXPECT_FALSE(fs::exists(t.d / "out"));
 }
 
+// Issue 34, case 18: a command that fails at once was relaunched with no pause (72 launches in
+// 120 s with --max-restarts 1000). A fake mpirun that fails every launch (and answers the host
+// probe) counts its launches in a fixed 5 s window: with the default backoff (1 s, doubled for
+// each launch that trains no step) they start at 0, 1 and 3 s.
+TEST(NxdElasticCli, ACommandFailingAtOnceIsRelaunchedWithBackoff) {
+  Job t;
+  const fs::path launches = t.d / "launches.txt", fake = t.d / "fake-mpirun";
+  std::ofstream(fake) << "#!/bin/sh\n"
+                      << "case \" $* \" in *\" true \"*) exit 0;; esac\n"  // the host probe
+                      << "echo launch >> " << launches.string() << "\nexit 1\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  std::vector<std::string> a = {NXD_ELASTIC_BIN, "--hosts",        "localhost:4", "--mpirun",
+                                fake.string(),   "--max-restarts", "1000",        "--"};
+  for (auto& x : t.train_args({})) a.push_back(x);
+  const ProcResult r = nxd::testing::run_process(a, t.d, std::chrono::seconds(5));
+  const std::string text = slurp(launches);
+  const auto n = std::count(text.begin(), text.end(), '\n');
+  std::printf("%ld launches in the 5 s window\n", static_cast<long>(n));
+  EXPECT_GE(n, 2) << r.err;
+  EXPECT_LE(n, 4) << r.err;  // hundreds without the backoff
+  EXPECT_NE(r.err.find("waiting 1.0 s before launch 2 (the last launch trained no step)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("waiting 2.0 s before launch 3"), std::string::npos) << r.err;
+  // stopped (SIGTERM at the window's end) while it waits: it ends at once, saying so
+  EXPECT_NE(r.err.find("stopped by SIGTERM while waiting to relaunch"), std::string::npos) << r.err;
+  expect_usage_error(t.elastic({"--hosts", "localhost:4", "--restart-backoff", "x"}, {}),
+                     "--restart-backoff must be a number");
+}
+
 #else  // under mpirun
 
 // A rank's process killed (SIGKILL) after step 3: its slot is dropped, the job goes on on 3

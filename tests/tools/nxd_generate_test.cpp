@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "nxd/checkpoint/checkpoint.h"
@@ -16,6 +17,7 @@
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/io/crc32c.h"
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/quantize_lm.h"
@@ -212,6 +214,31 @@ TEST(NxdGenerate, UserMistakesExitTwo) {
   }
 }
 
+// Issue 34, case 6: a config.json of a million layers allocated until nxd-generate aborted at
+// 3.9 GiB; the closed-form bound on its weights refuses it before anything is read or built.
+TEST(NxdGenerate, AMillionLayersAreRefusedBeforeAnythingIsBuilt) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  fs::copy(d / "hf", d / "deep", fs::copy_options::recursive);
+  nlohmann::json c = nlohmann::json::parse(nxd::testing::slurp(d / "deep/config.json"));
+  c["num_hidden_layers"] = 1000000;
+  std::ofstream(d / "deep/config.json", std::ios::trunc) << c.dump(1);
+  for (const char* mode : {"--eager", "--tp"}) {
+    std::vector<std::string> a = {"--hf", (d / "deep").string(), "--prompt", "x"};
+    if (std::string(mode) == "--tp")
+      a.insert(a.end(), {"--tp", "2"});
+    else
+      a.push_back(mode);
+    auto r = generate(a, d);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    // over the cores' HBM, or this host's RAM (26.7 GiB of f32 weights: which comes first
+    // depends on --tp and the host)
+    EXPECT_NE(r.err.find("[nxd-generate] the model does not fit"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("its weights alone need at least 2"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("1000000 layers"), std::string::npos) << r.err;
+  }
+}
+
 // --quantize int8: the tokens of the library's quantized model at TP 1 and 2, the quality lines;
 // the traced path and other formats exit 2 naming them.
 TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
@@ -403,6 +430,32 @@ TEST(NxdGenerate, TracedSavedAndLoadedEqualEager) {
     EXPECT_EQ(r.code, 2) << args.back() << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
   }
+  // Issue 34, case 13: the trace's max_position_embeddings edited to 4096 made a 200-token prompt
+  // give 0 tokens, a false "stopped" and exit 0. The manifest's checksum refuses the edit; an
+  // edit with the checksum made to match still cannot run a prompt past the decoder's 48
+  // positions.
+  fs::copy(d / "t1", d / "edited", fs::copy_options::recursive);
+  nlohmann::json man = nlohmann::json::parse(nxd::testing::slurp(d / "edited/manifest.json"));
+  auto mc = nlohmann::json::parse(man["metadata"]["model_config"].get<std::string>());
+  mc["max_position_embeddings"] = 4096;
+  man["metadata"]["model_config"] = mc.dump();
+  std::ofstream(d / "edited/manifest.json", std::ios::trunc) << man.dump(1);
+  const std::vector<std::string> long_prompt = {"--load-trace", (d / "edited").string(), "--prompt",
+                                                std::string(200, 'a')};
+  auto r = generate(long_prompt, d);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("edited/manifest.json was edited or is corrupt"), std::string::npos)
+      << r.err;
+  man.erase("checksum");
+  const std::string text = man.dump(1);
+  man["checksum"] = io::crc_hex(io::crc32c(text.data(), text.size()));
+  std::ofstream(d / "edited/manifest.json", std::ios::trunc) << man.dump(1);
+  r = generate(long_prompt, d);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("prompt 0 has 200 tokens, more than the traced decoder's 48 positions"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("stopped"), std::string::npos) << r.out;
 }
 
 // A tokenizer.json (the GPT-2 fixture, 557 ids) on a model of 1024 ids: the prompt's ids are the

@@ -158,6 +158,43 @@ TEST_F(FineTune, ModelKeysComeFromTheSourceAndAContradictionIsAnError) {
   EXPECT_NE(no.err.find("rope_theta=10000.0"), std::string::npos) << no.err;
 }
 
+// Issue 34, case 17: a model key given at its default value (model.num_layers=4) was silently
+// replaced by the source's; a Mixtral source was refused with "model.arch=mixtral needs
+// model.moe.num_experts > 0" (its experts were not taken from it).
+TEST_F(FineTune, AKeyGivenAtItsDefaultIsHonouredAndAMixtralSourceTakesItsExperts) {
+  ASSERT_EQ(train({"--set", "trainer.max_steps=1"}, "a").code, 0);
+  std::ofstream(dir_ / "plain.yaml") << "data: {path: " << (dir_ / "corpus.txt").string()
+                                     << ", seq_length: 32}\n"
+                                        "trainer: {max_steps: 0}\n"
+                                        "generation: {max_new_tokens: 0}\n"
+                                        "backend: {world_size: 1}\n"
+                                        "distributed_strategy: {tensor_model_parallel_size: 1, "
+                                        "sequence_parallel: false}\n";
+  auto plain = [&](const std::string& out, const std::vector<std::string>& sets) {
+    std::vector<std::string> a = {"--config", (dir_ / "plain.yaml").string(), "--out",
+                                  (dir_ / out).string()};
+    for (const auto& x : sets) a.insert(a.end(), {"--set", x});
+    return run(NXD_TRAIN_BIN, a, dir_);
+  };
+  // the source has 1 layer; 4 is model.num_layers' default, given on purpose
+  ProcResult r = plain("d", {"model.init_from=" + (dir_ / "a").string(), "model.num_layers=4"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("model.num_layers=4 contradicts model.init_from"), std::string::npos)
+      << r.err;
+  // a Mixtral checkpoint as the source: its experts and top_k come with it
+  ASSERT_EQ(train({"--set", "trainer.max_steps=1", "--set", "model.arch=mixtral", "--set",
+                   "model.moe.num_experts=4", "--set", "model.moe.top_k=1", "--set",
+                   "distributed_strategy.sequence_parallel=false"},
+                  "mx")
+                .code,
+            0);
+  r = plain("e", {"model.init_from=" + (dir_ / "mx").string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string y = slurp(dir_ / "e" / "config.yaml");
+  EXPECT_NE(y.find("num_experts: 4"), std::string::npos) << y;
+  EXPECT_NE(y.find("top_k: 1"), std::string::npos) << y;
+}
+
 TEST_F(FineTune, ResumingAModelOnlyCheckpointSaysToUseInitFrom) {
   ASSERT_EQ(train({"--set", "trainer.max_steps=1"}, "a").code, 0);
   ASSERT_EQ(

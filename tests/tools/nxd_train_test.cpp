@@ -200,6 +200,19 @@ TEST(NxdTrain, ModelThatDoesNotFitIsAUserError) {
       << r.err;
 }
 
+// Issue 34, case 6: a million layers printed nothing and grew to 2.5 GiB in 90 s while the plan
+// built them on meta tensors; the closed-form bound on the parameters refuses them first.
+TEST(NxdTrain, AMillionLayersAreRefusedBeforePlanning) {
+  auto d = temp_dir();
+  const auto r = run({"--set", "model.num_layers=1000000", "--set", "data.kind=random", "--set",
+                      "trainer.max_steps=1", "--out", (d / "o").string()},
+                     d);
+  expect_user_error(r, "does not fit");
+  EXPECT_NE(r.err.find("found before planning: model.num_layers=1000000"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("memory plan ("), std::string::npos) << r.out;  // nothing was planned
+}
+
 // TP=2 x DP=2 on the sim backend, twice: bitwise the same losses, norms, modeled times, sample.
 TEST(NxdTrain, SimParallelRunIsDeterministic) {
   auto d = temp_dir();

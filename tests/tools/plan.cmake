@@ -66,6 +66,25 @@ if(TARGET nxd-plan)
             "-DREGEX=[0-9]+ fit; the fastest:\n 1\\. TP [0-9]+ x PP [0-9]+ x DP [0-9]+, micro batch [0-9]+[^\n]*memory [0-9.]+ GiB; why: [^\n]+\n 2\\. [^\n]+\n.*1 over 2: step [0-9.]+ s against [0-9.]+ s: compute"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan> ${_big}
             --search)
+  # issue 34, case 6: a million layers ended in bad_alloc (7.6 GiB at 120 s); the closed-form
+  # bound on the parameters says "does not fit" with the numbers before planning (exit 3)
+  add_test(NAME NxdPlan.AMillionLayersDoNotFitBeforePlanning
+    COMMAND ${CMAKE_COMMAND} -DCODE=3
+            "-DREGEX=the model does not fit: its parameters alone \\(at least [0-9.e+]+ of them, [0-9.]+ GiB\\) need at least [0-9.]+ GiB per NeuronCore split over TP x PP = [0-9]+ ranks, over the 16.00 GiB HBM of a [0-9x]*trn1.32xlarge NeuronCore \\(found before planning: model.num_layers=1000000"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --set model.num_layers=1000000)
+  set_tests_properties(NxdPlan.AMillionLayersDoNotFitBeforePlanning PROPERTIES LABELS tools
+                       TIMEOUT 60)
+  # issue 34, case 7: --search of llama2-70b on one node printed nothing for 120 s. Its work is
+  # bounded by memory first (layouts over HBM by the closed-form bound unplanned, the least-memory
+  # choice of a layout first): at most 9 plans, each printed (to stderr, after stdout here) as it
+  # finishes, and none fits
+  add_test(NAME NxdPlan.SearchIsBoundedByMemoryFirst
+    COMMAND ${CMAKE_COMMAND} -DCODE=3
+            "-DREGEX=layouts of llama2-70b on trn1.32xlarge \\([1-9] choices of ZeRO-1 and checkpointing planned, [0-9]+ skipped by memory unplanned\\), 0 fit.*none fits: the least any layout needs is [0-9.]+ GiB.*nxd-plan --search: \\[1/200\\] TP [0-9]+ x PP [0-9]+ x CP 1, EP 1, micro batch [0-9]+, [^\n]*: needs [0-9.]+ GiB \\(does not fit\\)"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
+            --model llama2-70b --nodes 1 --search)
+  set_tests_properties(NxdPlan.SearchIsBoundedByMemoryFirst PROPERTIES LABELS tools TIMEOUT 120)
   add_test(NAME NxdPlan.UnknownModelIsAUserMistake
     COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=unknown --model 'llama9'"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>

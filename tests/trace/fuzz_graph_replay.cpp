@@ -14,6 +14,7 @@
 #include "nxd/io/crc32c.h"
 #include "nxd/trace/save_load.h"
 #include "support/files.h"
+#include "support/mutate.h"
 #include "trace_util.h"
 
 extern "C" int nxd_fuzz_trace_graph(const uint8_t* data, size_t size);
@@ -31,7 +32,7 @@ std::string real_graph() {
       trace::trace_graph(rm.forward, {rm.params, {trace_ids(1, 4, cfg.vocab_size)}, {}}).graph);
 }
 
-void mutate_bytes(std::string& s, std::mt19937_64& g) {
+void mutate_json_bytes(std::string& s, std::mt19937_64& g) {
   const int edits = 1 + static_cast<int>(g() % 4);
   for (int e = 0; e < edits && !s.empty(); ++e) {
     const size_t at = g() % s.size();
@@ -51,39 +52,6 @@ void mutate_bytes(std::string& s, std::mt19937_64& g) {
       default:
         s.erase(at, 1 + g() % 16);
     }
-  }
-}
-
-// One structural edit somewhere in the JSON tree.
-void mutate_tree(json& j, std::mt19937_64& g) {
-  json* at = &j;
-  for (int depth = 0; depth < 6 && (at->is_object() || at->is_array()) && !at->empty(); ++depth) {
-    auto it = at->begin();
-    std::advance(it, static_cast<long>(g() % at->size()));
-    if (g() % 3 == 0 && depth > 0) {
-      if (at->is_object())
-        at->erase(it.key());
-      else
-        at->erase(g() % at->size());
-      return;
-    }
-    at = &*it;
-  }
-  switch (g() % 5) {
-    case 0:
-      *at = static_cast<int64_t>(g() % 200) - 100;
-      break;
-    case 1:
-      *at = -1;
-      break;
-    case 2:
-      *at = "linear";
-      break;
-    case 3:
-      *at = json::array({g() % 7, -3});
-      break;
-    default:
-      *at = int64_t{1} << (40 + g() % 23);
   }
 }
 
@@ -108,13 +76,13 @@ TEST(FuzzTraceGraph, MutationsParseOrThrowTraceError) {
   std::mt19937_64 g(7);
   for (int i = 0; i < 1500; ++i) {
     std::string s = good;
-    mutate_bytes(s, g);
+    mutate_json_bytes(s, g);
     check_one(s);
   }
   const json base = json::parse(good);
   for (int i = 0; i < 1500; ++i) {
     json j = base;
-    mutate_tree(j, g);
+    nxd::testing::mutate_json_tree(j, g);
     check_one(j.dump());
   }
 }
@@ -139,16 +107,17 @@ TEST(FuzzTraceGraph, MutatedFoldersLoadOrThrowTraceError) {
     fs::copy(base / "good", d, fs::copy_options::recursive);
     if (i % 2 == 0) {
       std::string s = man;
-      mutate_bytes(s, g);
+      mutate_json_bytes(s, g);
       std::ofstream(d / "manifest.json", std::ios::binary) << s;
     } else {
       json gj = json::parse(graph);
-      mutate_tree(gj, g);
+      nxd::testing::mutate_json_tree(gj, g);
       const std::string s = gj.dump(1);
       std::ofstream(d / "rank0/bucket0.json", std::ios::binary) << s;
       json mj = json::parse(man);
       mj["files"]["rank0/bucket0.json"] = {{"bytes", s.size()},
                                            {"crc32c", io::crc_hex(io::crc32c(s.data(), s.size()))}};
+      mj["checksum"] = trace::manifest_checksum(mj);
       std::ofstream(d / "manifest.json", std::ios::binary) << mj.dump(1);
     }
     try {
@@ -158,4 +127,50 @@ TEST(FuzzTraceGraph, MutatedFoldersLoadOrThrowTraceError) {
     }
   }
   EXPECT_LT(loaded, 300);
+}
+
+// The trace manifest's fuzz target (issue 34): 2,000 deterministic mutations of a saved TP2
+// trace's manifest.json, byte edits and structural edits of its tree, each with its checksum made
+// to match (so the reader behind the check is reached), must load or throw TraceError: never a
+// crash, a hang or another exception. The seed is the manifest of the trace saved here.
+TEST(FuzzTraceGraph, MutatedManifestsLoadOrThrowTraceError) {
+  if (under_mpi()) GTEST_SKIP() << "sim only";
+  namespace fs = std::filesystem;
+  const fs::path base = test_temp_dir("nxd_trace_");
+  const ModelConfig cfg = trace_config("llama", 2);
+  auto m = trace::parallel_model_trace(causal_lm_fn(cfg), {trace_ids(1, 4, cfg.vocab_size)},
+                                       {.tp_degree = 2});
+  trace::parallel_model_save(*m, base / "good");
+  const std::string man = slurp(base / "good/manifest.json");
+  std::mt19937_64 g(34);
+  int loaded = 0, refused = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::string s = man;
+    if (i % 2 == 0) {
+      nxd::testing::mutate_bytes(s, g);
+      try {  // still JSON: its checksum made to match
+        json j = json::parse(s);
+        if (j.is_object()) {
+          j["checksum"] = trace::manifest_checksum(j);
+          s = j.dump(1);
+        }
+      } catch (const json::exception&) {
+      }
+    } else {
+      json j = json::parse(man);
+      for (int k = 1 + static_cast<int>(g() % 3); k > 0; --k) nxd::testing::mutate_json_tree(j, g);
+      if (j.is_object()) j["checksum"] = trace::manifest_checksum(j);
+      s = j.dump(1);
+    }
+    std::ofstream(base / "good/manifest.json", std::ios::binary | std::ios::trunc) << s;
+    try {
+      trace::parallel_model_load(base / "good");
+      ++loaded;
+    } catch (const trace::TraceError&) {
+      ++refused;
+    }
+  }
+  std::printf("manifest.json: %d of 2000 mutations loaded, %d refused\n", loaded, refused);
+  EXPECT_EQ(loaded + refused, 2000);
+  EXPECT_LT(loaded, 2000);
 }

@@ -117,12 +117,56 @@ TEST(TraceSaveLoad, DamagedFilesAreRefusedNamingTheFile) {
   {  // another format version
     const fs::path d = fresh("version");
     std::string man = slurp(d / "manifest.json");
-    const auto at = man.find("\"version\": 1");
+    const auto at = man.find("\"version\": 2");
     ASSERT_NE(at, std::string::npos);
     man.replace(at, 12, "\"version\": 7");
     std::ofstream(d / "manifest.json") << man;
     const std::string e = error_of([&] { trace::parallel_model_load(d); });
     EXPECT_NE(e.find("manifest.json has format version 7"), std::string::npos) << e;
+  }
+  // Issue 34, case 13: two ranks' files swapped with the manifest rewritten to match gave other
+  // tokens; an edited manifest loaded; a version-1 trace (without either) is refused clearly
+  {
+    const fs::path d = fresh("swap");
+    const std::string a = "rank0/weights.safetensors", b = "rank1/weights.safetensors";
+    fs::rename(d / a, d / "tmp");
+    fs::rename(d / b, d / a);
+    fs::rename(d / "tmp", d / b);
+    nlohmann::json man = nlohmann::json::parse(slurp(d / "manifest.json"));
+    std::swap(man["files"][a], man["files"][b]);
+    man["checksum"] = trace::manifest_checksum(man);
+    std::ofstream(d / "manifest.json", std::ios::trunc) << man.dump(1);
+    const std::string e = error_of([&] { trace::parallel_model_load(d); });
+    EXPECT_NE(e.find("rank0/weights.safetensors: records nxd.trace_rank=1 but its name says 0"),
+              std::string::npos)
+        << e;
+    // a graph file of the other rank (its entry fixed too)
+    const fs::path d2 = fresh("swap_graph");
+    fs::copy_file(d2 / "rank1/bucket0.json", d2 / "rank0/bucket0.json",
+                  fs::copy_options::overwrite_existing);
+    nlohmann::json m2 = nlohmann::json::parse(slurp(d2 / "manifest.json"));
+    m2["files"]["rank0/bucket0.json"] = m2["files"]["rank1/bucket0.json"];
+    m2["checksum"] = trace::manifest_checksum(m2);
+    std::ofstream(d2 / "manifest.json", std::ios::trunc) << m2.dump(1);
+    const std::string e2 = error_of([&] { trace::parallel_model_load(d2); });
+    EXPECT_NE(e2.find("rank0/bucket0.json: records rank=1 but its name says 0"), std::string::npos)
+        << e2;
+  }
+  {  // an edited manifest (its metadata is covered by no file's checksum)
+    const fs::path d = fresh("edited");
+    nlohmann::json man = nlohmann::json::parse(slurp(d / "manifest.json"));
+    man["metadata"]["note"] = "edited";
+    std::ofstream(d / "manifest.json", std::ios::trunc) << man.dump(1);
+    const std::string e = error_of([&] { trace::parallel_model_load(d); });
+    EXPECT_NE(e.find("manifest.json was edited or is corrupt: its CRC-32C is "), std::string::npos)
+        << e;
+    man["version"] = 1;
+    man.erase("checksum");
+    std::ofstream(d / "manifest.json", std::ios::trunc) << man.dump(1);
+    const std::string v1 = error_of([&] { trace::parallel_model_load(d); });
+    EXPECT_NE(v1.find("has format version 1, saved before traces recorded their ranks"),
+              std::string::npos)
+        << v1;
   }
   {  // a missing rank
     const fs::path d = fresh("missing");

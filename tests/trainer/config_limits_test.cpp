@@ -2,6 +2,7 @@
 // crashed it, exhausted memory, hung or was silently accepted on main is now a one-line
 // ConfigError or IoError naming the file or key, with long values shortened.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -72,6 +73,36 @@ TEST(ConfigLimits, AYamlAliasBombIsRefused) {
   ASSERT_LT(y.size(), 700u);
   const std::string m = merge(write(d / "bomb.yaml", y));
   EXPECT_HAS(m, "more than 100000 values (counted after YAML aliases expand)");
+}
+
+long peak_rss_kib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+// Issue 34, case 9: a 16 MB flow list (under the 16 MiB file limit) cost 3.8 GiB and 27 s in
+// yaml-cpp before the value budget refused it; its items are now counted before parsing.
+TEST(ConfigLimits, AHugeListIsRefusedBeforeParsing) {
+  const fs::path d = nxd::testing::test_temp_dir("nxd_cfg_limits_");
+  std::string flow = "model: {hidden_size: 32}\nx: [";
+  flow.reserve(16 << 20);
+  while (flow.size() < (15 << 20)) flow += "1,";
+  flow += "1]\n";
+  const long before = peak_rss_kib();
+  std::string m = merge(write(d / "flow.yaml", flow));
+  EXPECT_HAS(m, "flow.yaml:2: more than 100000 list items, keys or lines (counted before parsing)");
+  m = merge(write(d / "flow.json", "{\"x\": [" + flow.substr(flow.find('[') + 1, 1 << 20) + "1]}"));
+  EXPECT_HAS(m, "flow.json:1: more than 100000 list items");
+  std::string block = "x:\n";
+  while (block.size() < (4 << 20)) block += "  - 1\n";
+  m = merge(write(d / "block.yaml", block));
+  EXPECT_HAS(m, "block.yaml:100001: more than 100000 list items");
+  // the peak stays near the files' text (read once, 15 MiB): parsing them held gigabytes
+  EXPECT_LT(peak_rss_kib() - before, 256 << 10) << "KiB";
+  // a configuration of ordinary size still reads (commas inside strings are not items)
+  EXPECT_EQ(merge(write(d / "ok.yaml", "data: {path: \"a,b,c\"}\nmodel: {hidden_size: 32}\n")),
+            "no error");
 }
 
 TEST(ConfigLimits, OnlyRegularFilesAreRead) {

@@ -186,4 +186,10 @@ LaunchResult run_launch(const LaunchOptions& o) {
   return r;
 }
 
+int sleep_unless_signalled(double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!g_signal && std::chrono::steady_clock::now() < end) ::usleep(20 * 1000);
+  return g_signal;
+}
+
 }  // namespace nxd::elastic

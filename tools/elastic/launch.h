@@ -37,5 +37,7 @@ struct LaunchResult {
 // Installs nxd-elastic's SIGTERM/SIGINT handler (passed on to the running launch).
 void install_signal_handlers();
 LaunchResult run_launch(const LaunchOptions& o);
+// Sleeps `seconds` unless SIGTERM/SIGINT comes first: returns that signal's number, else 0.
+int sleep_unless_signalled(double seconds);
 
 }  // namespace nxd::elastic

@@ -236,6 +236,7 @@ int supervise(const SupervisorOptions& o) {
   std::vector<std::string> restarts;
   int64_t lost_total = 0;
   int code = 1;
+  double backoff = 0;  // the wait before the next relaunch (0: none yet)
   for (int launch = 0;; ++launch) {
     note(o, "launch " + std::to_string(launch + 1) + " on " + host_arg(hosts) + ": " +
                 describe(*layout));
@@ -274,6 +275,19 @@ int supervise(const SupervisorOptions& o) {
     }
     layout = next;
     wait_for_lock_release(o);
+    backoff = r.first_row_s >= 0 || backoff <= 0 ? o.restart_backoff_s
+                                                 : std::min(2 * backoff, o.restart_backoff_max_s);
+    if (backoff > 0) {
+      note(o, "waiting " + fmt_s(backoff) + " before launch " + std::to_string(launch + 2) +
+                  (r.first_row_s >= 0 ? "" : " (the last launch trained no step)") +
+                  " (--restart-backoff, --restart-backoff-max)");
+      if (const int sig = sleep_unless_signalled(backoff)) {
+        note(o, std::string("stopped by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
+                    " while waiting to relaunch");
+        code = 128 + sig;
+        break;
+      }
+    }
     if (restarts.empty()) pieces_before = metrics_pieces(o.exp_dir);
     restarts.push_back("restart " + std::to_string(restarts.size() + 1) + ": " + describe(old) +
                        " -> " + describe(*layout) + ", " +

@@ -23,6 +23,11 @@ struct SupervisorOptions {
   double stall_timeout_s = 0;
   double probe_timeout_s = 30;
   bool keep_failed_slots = false;  // a failed rank's slot is used again (same size)
+  // The wait before a relaunch: restart_backoff_s after a launch that failed before its first
+  // step, doubled for each such launch in a row up to restart_backoff_max_s (a command that fails
+  // at once is not relaunched in a tight loop); a launch that trained a step starts it over.
+  double restart_backoff_s = 1;
+  double restart_backoff_max_s = 60;
 };
 
 // Runs to the end; returns the exit code (0 done, 1 failed after the restarts, 128+n signalled,
