@@ -79,12 +79,13 @@ Tensor materialized(const Tensor& q, const Tensor& k, const Tensor& v, bool caus
   return out;
 }
 
-Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+             int64_t window) {
   Prepared p = prepare(q, k, v);
   Tensor lse = p.grad ? empty({q.size(0), q.size(1), q.size(2)}, p.oc.dtype(), p.dev) : Tensor();
   {
     const kernels::AttentionPricing priced(p.dt);  // bf16 inputs: priced at the bf16 rate
-    kernels::flash_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, causal, scale);
+    kernels::flash_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, causal, scale, window);
   }
   Tensor out = to_dtype(p.oc, p.dt);
   if (!p.grad) return out;
@@ -92,13 +93,13 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, dou
   const bool half = p.dt == DType::bf16;
   autograd::record("scaled_dot_product_attention", {q, k, v}, {out},
                    [qk = keep(q, p.qc), kk = keep(k, p.kc), vk = keep(v, p.vc),
-                    ok = half ? out.detach() : p.oc.detach(), lse, causal, scale,
+                    ok = half ? out.detach() : p.oc.detach(), lse, causal, scale, window,
                     dt = p.dt](const Grads& g) -> Grads {
                      const Tensor qc = compute(qk), kc = compute(kk), vc = compute(vk);
                      auto [dq, dk, dv] = grad_buffers(qc, kc, vc);
                      const kernels::AttentionPricing priced(dt);
                      kernels::flash_attention_backward(dq, dk, dv, compute(g[0]), qc, kc, vc,
-                                                       compute(ok), lse, causal, scale);
+                                                       compute(ok), lse, causal, scale, window);
                      return {to_dtype(dq, dt), to_dtype(dk, dt), to_dtype(dv, dt)};
                    });
   return out;
@@ -109,24 +110,29 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, dou
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const SdpaOptions& opts) {
   OpScope scope_("sdpa");
+  NXD_CHECK(opts.window == 0 || opts.impl == AttentionImpl::fused,
+            "[scaled_dot_product_attention] a sliding window (", opts.window,
+            ") needs the fused implementation");
   return scope_.out(
       [&]() -> Tensor {
-        return opts.impl == AttentionImpl::fused ? fused(q, k, v, opts.causal, opts.scale)
-                                                 : materialized(q, k, v, opts.causal, opts.scale);
+        return opts.impl == AttentionImpl::fused
+                   ? fused(q, k, v, opts.causal, opts.scale, opts.window)
+                   : materialized(q, k, v, opts.causal, opts.scale);
       }(),
       [&] {
-        return OpCall{{q, k, v},
-                      OpAttrs()
-                          .set("causal", int64_t(opts.causal))
-                          .set("scale", opts.scale)
-                          .set("impl", int64_t(opts.impl))};
+        OpAttrs a = OpAttrs()
+                        .set("causal", int64_t(opts.causal))
+                        .set("scale", opts.scale)
+                        .set("impl", int64_t(opts.impl));
+        if (opts.window > 0) a.set("window", opts.window);  // traces without one keep their form
+        return OpCall{{q, k, v}, a};
       });
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double scale) {
   OpScope scope_("sdpa");
-  return scope_.out([&]() -> Tensor { return fused(q, k, v, causal, scale); }(),
+  return scope_.out([&]() -> Tensor { return fused(q, k, v, causal, scale, 0); }(),
                     [&] {
                       return OpCall{{q, k, v},
                                     OpAttrs()

@@ -44,7 +44,7 @@ Tensor rotary_at(const Tensor& x, const Tensor& start, const RotaryOptions& opts
 
 Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& seq_ids, const Tensor& start, const Tensor& lengths,
-                        double scale) {
+                        double scale, int64_t window) {
   const char* op = "cached_attention";
   OpScope scope_(op);
   no_grad(op, {&q, &k_cache, &v_cache});
@@ -56,9 +56,11 @@ Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   const Device dev = device_of({q, k_cache, v_cache});
   Tensor oc = empty({q.size(0), q.size(2), q.size(1), q.size(3)}, qc.dtype(), dev).transpose(1, 2);
   kernels::cached_attention_forward(oc, qc, k_cache.detach(), v_cache.detach(), seq_ids, start,
-                                    lengths, scale);
+                                    lengths, scale, window);
   return scope_.out(to_dtype(oc, q.dtype()), [&] {
-    return OpCall{{q, k_cache, v_cache, seq_ids, start, lengths}, OpAttrs().set("scale", scale)};
+    OpAttrs a = OpAttrs().set("scale", scale);
+    if (window > 0) a.set("window", window);  // traces without one keep their form
+    return OpCall{{q, k_cache, v_cache, seq_ids, start, lengths}, a};
   });
 }
 

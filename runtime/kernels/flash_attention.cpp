@@ -18,15 +18,33 @@ constexpr int64_t kBq = kFlashQueryBlock, kBk = kFlashKeyBlock;
 
 std::atomic<FlashBackwardSchedule> g_schedule{FlashBackwardSchedule::one_pass};
 
-// Keys of block [j0, j0 + cols) that query row i sees: a prefix of the block.
-inline int64_t visible(const Dims& d, bool causal, int64_t i, int64_t j0, int64_t cols) {
-  if (!causal) return cols;
-  return std::clamp<int64_t>(i + d.sk - d.sq + 1 - j0, 0, cols);
+// Keys [lo, hi) (block-relative) of block [j0, j0 + cols) that query row i sees: a prefix of
+// the block, or with a sliding window a range.
+struct Span {
+  int64_t lo, hi;
+};
+inline Span visible(const Dims& d, bool causal, int64_t i, int64_t j0, int64_t cols) {
+  if (!causal) return {0, cols};
+  const int64_t p = i + d.sk - d.sq;  // the query's key position
+  const int64_t hi = std::clamp<int64_t>(p + 1 - j0, 0, cols);
+  return {d.window > 0 ? std::clamp<int64_t>(p - d.window + 1 - j0, 0, hi) : 0, hi};
 }
 
 // Keys [0, end) some row of the query block [i0, i0 + rows) sees.
 inline int64_t key_end(const Dims& d, bool causal, int64_t i0, int64_t rows) {
   return causal ? std::min(d.sk, i0 + rows + d.sk - d.sq) : d.sk;
+}
+
+// The first key block some row of the query block from i0 sees (0 without a sliding window).
+inline int64_t key_begin(const Dims& d, bool causal, int64_t i0) {
+  if (!causal || d.window <= 0) return 0;
+  return std::max<int64_t>(0, i0 + d.sk - d.sq - d.window + 1) / kFlashKeyBlock * kFlashKeyBlock;
+}
+
+// Whether the query block from i0 is past every query that sees a key of block [j0, j0 + cols)
+// (a sliding window; the query blocks after it are too).
+inline bool past_window(const Dims& d, bool causal, int64_t i0, int64_t j0, int64_t cols) {
+  return causal && d.window > 0 && i0 + d.sk - d.sq - d.window + 1 >= j0 + cols;
 }
 
 // Score entries (rows x columns of the block pairs) the forward computes: every query block
@@ -38,7 +56,7 @@ double forward_scores(const Dims& d, bool causal) {
   double n = 0;
   for (int64_t i0 = 0; i0 < d.sq; i0 += kBq) {
     const int64_t rows = std::min(kBq, d.sq - i0);
-    n += double(rows) * double(key_end(d, causal, i0, rows));
+    n += double(rows) * double(key_end(d, causal, i0, rows) - key_begin(d, causal, i0));
   }
   return n;
 }
@@ -53,8 +71,12 @@ inline int64_t first_query_block(const Dims& d, bool causal, int64_t j0) {
 double backward_scores(const Dims& d, bool causal) {
   if (!causal) return double(d.sq) * double(d.sk);
   double n = 0;
-  for (int64_t j0 = 0; j0 < d.sk; j0 += kBk)
-    n += double(std::min(kBk, d.sk - j0)) * double(d.sq - first_query_block(d, causal, j0));
+  for (int64_t j0 = 0; j0 < d.sk; j0 += kBk) {
+    const int64_t cols = std::min(kBk, d.sk - j0), first = first_query_block(d, causal, j0);
+    int64_t end = first;
+    while (end < d.sq && !past_window(d, causal, end, j0, cols)) end += kBq;
+    n += double(cols) * double(std::min(end, d.sq) - first);
+  }
   return n;
 }
 
@@ -76,14 +98,15 @@ struct Operands {
 template <class T>
 using Block = Arr<T>;
 
-// exp(s - shift) on the first `valid` entries of row s, zero on the rest up to cols.
+// exp(s - shift) on the entries [lo, hi) of row s, zero on the rest up to cols.
 template <class T>
-void exp_row(T* s, int64_t valid, int64_t cols, T shift) {
-  if (valid > 0) {
-    ArrMap<T> r(s, valid);
+void exp_row(T* s, Span v, int64_t cols, T shift) {
+  std::fill(s, s + v.lo, T(0));
+  if (v.hi > v.lo) {
+    ArrMap<T> r(s + v.lo, v.hi - v.lo);
     r = (r - shift).exp();
   }
-  std::fill(s + valid, s + cols, T(0));
+  std::fill(s + v.hi, s + cols, T(0));
 }
 
 // One (batch, query head, query block): O and the rows' log-sum-exp, streaming key blocks.
@@ -97,19 +120,20 @@ void forward_block(const Dims& d, bool causal, const Operands<T>& x, T* lse, int
   for (int64_t r = 0; r < rows; ++r) std::fill(ob + r * x.o.ld, ob + r * x.o.ld + d.d, T(0));
   m.head(rows).setConstant(-std::numeric_limits<T>::infinity());
   l.head(rows).setZero();
-  for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
+  for (int64_t j0 = key_begin(d, causal, i0); j0 < kend; j0 += kBk) {
     const int64_t cols = std::min(kBk, kend - j0);
     gemm<T>(Trans::no, Trans::yes, rows, cols, d.d, T(d.scale), qb, x.q.ld,
             x.k.at(b, g) + j0 * x.k.ld, x.k.ld, T(0), s.data(), kBk);
     for (int64_t r = 0; r < rows; ++r) {
       T* sr = s.data() + r * kBk;
-      const int64_t valid = visible(d, causal, i0 + r, j0, cols);
+      const Span v = visible(d, causal, i0 + r, j0, cols);
+      const int64_t valid = v.hi - v.lo;
       // (a max is exact in any order: Eigen's vectorized reduction is deterministic here)
-      const T mx = valid > 0 ? std::max(m[r], CArrMap<T>(sr, valid).maxCoeff()) : m[r];
-      exp_row(sr, valid, cols, mx);
+      const T mx = valid > 0 ? std::max(m[r], CArrMap<T>(sr + v.lo, valid).maxCoeff()) : m[r];
+      exp_row(sr, v, cols, mx);
       if (valid == 0) continue;             // mx == m[r]: nothing to rescale
       const T alpha = std::exp(m[r] - mx);  // 0 on the first block a row sees
-      l[r] = l[r] * alpha + sum_of(sr, valid);
+      l[r] = l[r] * alpha + sum_of(sr + v.lo, valid);
       m[r] = mx;
       if (alpha != T(1)) ArrMap<T>(ob + r * x.o.ld, d.d) *= alpha;
     }
@@ -195,7 +219,8 @@ void backward_key_block(const Dims& d, bool causal, const Operands<T>& x, const 
   const int64_t first = first_query_block(d, causal, j0);
   for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h) {
     const int64_t row0 = (b * d.hq + h) * d.sq;
-    for (int64_t i0 = first; i0 < d.sq; i0 += kBq)
+    for (int64_t i0 = first; i0 < d.sq && !past_window(d, causal, i0, j0, std::min(kBk, d.sk - j0));
+         i0 += kBq)
       backward_block<T>(d, causal, x, y, lse + row0, delta + row0, b, h, i0, j0, pass, w);
   }
 }
@@ -209,7 +234,7 @@ void backward_query_block(const Dims& d, bool causal, const Operands<T>& x, cons
   const int64_t rows = std::min(kBq, d.sq - i0), kend = key_end(d, causal, i0, rows);
   const int64_t row0 = (b * d.hq + h) * d.sq;
   zero_rows(d, y.dq, b, h, i0, rows);
-  for (int64_t j0 = 0; j0 < kend; j0 += kBk)
+  for (int64_t j0 = key_begin(d, causal, i0); j0 < kend; j0 += kBk)
     backward_block<T>(d, causal, x, y, lse + row0, delta + row0, b, h, i0, j0,
                       Pass{.dq = true, .dkv = false}, w);
 }
@@ -274,9 +299,10 @@ FlashBackwardSchedule flash_backward_schedule() {
 }
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, bool causal, double scale) {
+                             const Tensor& v, bool causal, double scale, int64_t window) {
   const char* op = "flash_attention_forward";
   Dims d = check_attention(op, q, k, v, causal, scale);
+  d.window = check_window(op, causal, window);
   check_out4(op, "out", out, q.shape(), q.dtype());
   if (lse.defined()) {
     Shape ls{d.b, d.hq, d.sq};
@@ -314,9 +340,11 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, bool causal, double scale) {
+                              const Tensor& out, const Tensor& lse, bool causal, double scale,
+                              int64_t window) {
   const char* op = "flash_attention_backward";
   Dims d = check_attention(op, q, k, v, causal, scale);
+  d.window = check_window(op, causal, window);
   check_backward(op, {dq, dk, dv, dout, q, k, v, out, lse, "lse", {d.b, d.hq, d.sq}});
   // five block products (the recomputed scores, dV, dP, dQ, dK) and the exponentials and dS per
   // score of the blocks the kernel visits (a causal mask skips those above the diagonal), and

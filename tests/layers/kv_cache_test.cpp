@@ -97,6 +97,29 @@ TEST(KVCache, SixtyFourDecodeStepsMatchFullRecomputation) {
   }
 }
 
+// Mistral's sliding window (4 over a 9-token prompt and 40 decode steps: the window slides past
+// the prompt), Qwen2's biases and Qwen3's q_norm/k_norm through the cache equal full
+// recomputation, and generation with the cache gives the same tokens.
+TEST(KVCache, FamilyVariantsDecodeLikeFullRecomputation) {
+  for (std::string arch : {"mistral", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    ModelConfig c = tiny("llama");
+    c.arch = arch;
+    c.sliding_window = arch == "qwen3" ? 0 : 4;
+    c.qkv_bias = arch == "qwen2";
+    c.qk_norm = arch == "qwen3";
+    auto m = make_causal_lm(c, 5);
+    double worst = 0;
+    auto seq = decode_against_forward(*m, some_ids(9, 64, 2), 40, &worst);
+    std::printf("    [%s] 40 decode steps: largest relative logit difference %.3g\n", arch.c_str(),
+                worst);
+    GenerateOptions g;
+    g.temperature = 0;
+    g.max_new_tokens = 41;
+    EXPECT_EQ(m->generate(some_ids(9, 64, 2), g), seq);
+  }
+}
+
 TEST(KVCache, BatchOfDifferentLengthsEqualsEachAlone) {
   for (std::string arch : {"llama", "gpt_neox"}) {
     SCOPED_TRACE(arch);
