@@ -408,6 +408,10 @@ void check_context_parallel(Resolver& r, const TrainConfig& t) {
            " and the padding tokens would take experts' capacity (set generation.max_new_tokens=0, "
            "model.moe.dropless=true or distributed_strategy.sequence_parallel=false)");
   if (cp == 1) return;
+  if (const int64_t w = model_config(t).sliding_window; w > 0)
+    r.fail("distributed_strategy.context_parallel_size=", cp,
+           " with the model's sliding_window=", w,
+           " (model.init_from / model.model_config): ring attention has no window");
   if (t.model.moe.enabled() && !t.model.moe.dropless)
     r.fail("distributed_strategy.context_parallel_size=", cp,
            " with model.moe.dropless=false: capacity drops follow the whole sequence's token "

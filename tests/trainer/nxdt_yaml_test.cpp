@@ -159,6 +159,16 @@ TEST(NxdtYaml, SftLoraConfigLoadsAndResolvesWithItsArchitectureFromConfigJson) {
   EXPECT_EQ(m.norm_eps, 1e-6);
   ASSERT_TRUE(t.lora.has_value());
   EXPECT_EQ(t.dist.data_parallel_size, 2);
+  // a Mistral's sliding window has no ring attention: context parallelism is refused by name
+  std::ofstream(tmp / "config.json")
+      << json{{"model_type", "mistral"},  {"vocab_size", 64},
+              {"hidden_size", 32},        {"intermediate_size", 48},
+              {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+              {"num_key_value_heads", 2}, {"max_position_embeddings", 64},
+              {"rms_norm_eps", 1e-6},     {"sliding_window", 8}}
+             .dump();
+  c.apply_override("distributed_strategy.context_parallel_size=2");
+  EXPECT_NE(error_of([&] { resolve(c); }).find("sliding_window=8"), std::string::npos);
 }
 
 TEST(NxdtYaml, WhatNxdWouldRunDifferentlyIsAnErrorNamingTheKey) {
