@@ -15,6 +15,7 @@
 #include "ckpt_util.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
+#include "support/tiny_models.h"
 
 namespace nxd::testing {
 namespace {
@@ -314,13 +315,8 @@ TEST(HfConfig, ExportWritesEveryKeyBack) {
 // The llama-family variants write their own model_type and keys, read back to the same config,
 // and what a family cannot express is refused by name.
 TEST(HfConfig, FamiliesRoundTripAndRefuseWhatTheyCannotExpress) {
-  ModelConfig q2;
+  ModelConfig q2 = nxd::testing::tiny_model("llama");  // 2 KV heads, FFN 48, 32 positions
   q2.arch = "qwen2";
-  q2.vocab_size = 64;
-  q2.hidden_size = 32;
-  q2.num_attention_heads = 4;
-  q2.num_kv_heads = 2;
-  q2.ffn_hidden_size = 48;
   q2.qkv_bias = true;
   q2.sliding_window = 16;
   ModelConfig q3 = q2;
