@@ -372,6 +372,21 @@ TEST(NxdGenerate, HfFoldersTokenizerByDefaultAndTokenizerMistakesExitTwo) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(tokens_of(r.out), neox->generate(bytes(prompt), greedy)) << r.out;
   EXPECT_NE(r.out.find("\ntokenizer: bytes"), std::string::npos) << r.out;
+  // a Mistral folder (sliding window 4 over a prompt of more tokens) with a SentencePiece-style
+  // tokenizer.json (byte_fallback), on the traced path
+  ModelConfig mc = byte_model("llama");
+  mc.arch = "mistral";
+  mc.sliding_window = 4;
+  mc.vocab_size = 1024;
+  auto mistral = make_causal_lm(mc, 13);
+  ckpt::save_checkpoint(d / "mistral", "step_1", mistral.get(), nullptr, nullptr);
+  ckpt::export_hf(d / "mistral/step_1", d / "hf3");
+  fs::copy_file(fx / "llama2.tokenizer.json", d / "hf3/tokenizer.json");
+  const io::Tokenizer sp = io::Tokenizer::from_file((fx / "llama2.tokenizer.json").string());
+  r = generate({"--hf", (d / "hf3").string(), "--prompt", prompt, "--max-new-tokens", "8"}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(tokens_of(r.out), mistral->generate(sp.encode(prompt), greedy)) << r.out;
+  EXPECT_NE(r.out.find("SentencePiece-style BPE"), std::string::npos) << r.out;
   // user mistakes: a tokenizer larger than the model (256 ids), a missing file
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--checkpoint", (d / "run").string(), "--prompt", "x", "--tokenizer", gpt2},
