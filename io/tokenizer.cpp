@@ -304,7 +304,21 @@ std::string Tokenizer::description() const {
 void Tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
   const Parts& p = *p_;
   std::vector<Symbol> sym;
+  // A symbol that is no merge's left or right piece can never merge: it ends the run of symbols
+  // before it, which merges on its own (exactly as within the whole word, in bounded memory: a
+  // SentencePiece-style section is one word, a newline's <0x0A> typically such a symbol).
+  auto flush = [&] {
+    merge_all(p, sym);
+    for (const Symbol& x : sym)
+      if (x.alive) out.push_back(x.id);
+    sym.clear();
+  };
   auto add = [&](int64_t id) {
+    if (!p.in_merge[static_cast<size_t>(id)]) {
+      flush();
+      out.push_back(id);
+      return;
+    }
     const auto n = static_cast<int64_t>(sym.size());
     sym.push_back({id, n - 1, -1});
     if (n > 0) sym[static_cast<size_t>(n - 1)].next = n;
@@ -367,9 +381,7 @@ void Tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
       last_unk = true;
     }
   }
-  merge_all(p, sym);
-  for (const Symbol& s : sym)
-    if (s.alive) out.push_back(s.id);
+  flush();
 }
 
 // Text without added tokens: pre-tokenize, then BPE each word.
@@ -403,6 +415,10 @@ void Tokenizer::encode_chunk(const std::string& text, bool first, std::vector<in
   }
   std::unordered_map<std::string, std::vector<int64_t>> cache;
   for (const auto& w : words) {
+    if (w.size() >= 256) {  // long words (a SentencePiece-style section) are not worth keeping
+      bpe(w, out);
+      continue;
+    }
     auto it = cache.find(w);
     if (it == cache.end()) {
       std::vector<int64_t> ids;

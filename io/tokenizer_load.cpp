@@ -222,6 +222,11 @@ int64_t load_tokenizer_parts(const json& j, const std::string& path, Tokenizer::
   int64_t n = 0;
   for (const auto& [piece, id] : p.vocab) n = std::max(n, id + 1);
   for (const auto& a : p.added) n = std::max(n, a.id + 1);
+  p.in_merge.assign(static_cast<size_t>(n), false);
+  for (const auto& [key, m] : p.merges) {
+    p.in_merge[static_cast<size_t>(key >> 32)] = true;
+    p.in_merge[static_cast<size_t>(key & 0xffffffffu)] = true;
+  }
   p.pieces.assign(static_cast<size_t>(n), "");
   p.is_added.assign(static_cast<size_t>(n), false);
   for (const auto& [piece, id] : p.vocab) p.pieces[static_cast<size_t>(id)] = piece;

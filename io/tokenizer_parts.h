@@ -37,7 +37,8 @@ struct Tokenizer::Parts {
   std::vector<std::string> pieces;  // id -> piece ("" if none)
   // (left id << 32 | right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> merges;
-  std::vector<Added> added;  // longest first
+  std::vector<bool> in_merge;  // id -> whether it is the left or right piece of some merge
+  std::vector<Added> added;    // longest first
   std::vector<bool> is_added;
   std::vector<NormStep> normalizer;
   // byte-level: the pre-tokenizer's regex splits, in order
