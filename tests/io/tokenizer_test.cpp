@@ -89,6 +89,15 @@ TEST(Tokenizer, SentencePieceByteFallbackAndPrependSchemes) {
   const auto u = nxd::io::Tokenizer::from_file((d / "t.json").string());
   const auto ids = u.encode("\u2603\u2603");
   EXPECT_EQ(ids, (std::vector<int64_t>{snow[0], 0}));
+  // a Metaspace decoder (tokenizers' rule: the replacement is a space, and dropped from the first
+  // token when a prefix was prepended), as newer Mistral files write it
+  json m = json::parse(nxd::testing::slurp(kDir + "/mistral.tokenizer.json"));
+  m["decoder"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"},
+                  {"split", false}};
+  std::ofstream(d / "m.json") << m.dump();
+  const auto ms = nxd::io::Tokenizer::from_file((d / "m.json").string());
+  EXPECT_EQ(ms.encode("Hello world, the end"), mi.encode("Hello world, the end"));
+  EXPECT_EQ(ms.decode(ms.encode("Hello world, the end")), "Hello world, the end");
 }
 
 TEST(Tokenizer, UnsupportedFilesAreRefusedByName) {
