@@ -167,8 +167,9 @@ std::vector<KeySpec> make_registry() {
       key("model.arch", K::string, "llama",
           "Model family: `llama`, `gpt_neox`, `mixtral`, `qwen2`, `qwen3` or `mistral` (built in; "
           "the last three take their biases, q/k norms and sliding window from model.init_from or "
-          "model.model_config), or the name a program's own module builds (examples/new_model "
-          "trains `gpt2`)."),
+          "model.model_config, else transformers' defaults: Qwen2's q/k/v biases, Qwen3's q/k "
+          "norms, Mistral's window of 4096), or the name a program's own module builds "
+          "(examples/new_model trains `gpt2`)."),
       key("model.init_from", K::string, nullptr,
           "Fine-tuning: start from these weights (a transformers folder with config.json, an nxd "
           "checkpoint of any TP/PP/DP/EP degree or a run folder, or a file of `nxd-ckpt export`), "

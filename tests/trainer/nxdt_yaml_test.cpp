@@ -205,3 +205,22 @@ TEST(NxdtYaml, WhatNxdWouldRunDifferentlyIsAnErrorNamingTheKey) {
   EXPECT_EQ(c.get_int("model.optim.sched.warmup_steps"), 10);
   EXPECT_EQ(c.get_string("generation.prompt"), "steps 40!");
 }
+
+// model.arch alone (no config.json, no init_from): the family's fixed parts as transformers builds
+// them (Qwen2's q/k/v biases, Qwen3's q/k norms, Mistral's window of 4096 when it matters).
+TEST(NxdtYaml, FamiliesFromTheirArchAloneTakeTransformersFixedParts) {
+  const auto tmp = nxd::testing::test_temp_dir("nxd_nxdt_arch_");
+  for (const std::string arch : {"qwen2", "qwen3", "mistral"}) {
+    SCOPED_TRACE(arch);
+    Config c;
+    for (const std::string& s : std::vector<std::string>{
+             "model.arch=" + arch, "data.kind=random", "backend.world_size=1",
+             "distributed_strategy.tensor_model_parallel_size=1", "data.seq_length=16",
+             "model.max_position_embeddings=8192", "exp_manager.exp_dir=" + tmp.string()})
+      c.apply_override(s);
+    const ModelConfig m = model_config(resolve(c));
+    EXPECT_EQ(m.qkv_bias, arch == "qwen2");
+    EXPECT_EQ(m.qk_norm, arch == "qwen3");
+    EXPECT_EQ(m.sliding_window, arch == "mistral" ? 4096 : 0);
+  }
+}
