@@ -92,7 +92,9 @@ TEST(Tokenizer, SentencePieceByteFallbackAndPrependSchemes) {
   // a Metaspace decoder (tokenizers' rule: the replacement is a space, and dropped from the first
   // token when a prefix was prepended), as newer Mistral files write it
   json m = json::parse(nxd::testing::slurp(kDir + "/mistral.tokenizer.json"));
-  m["decoder"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"},
+  m["decoder"] = {{"type", "Metaspace"},
+                  {"replacement", "\u2581"},
+                  {"prepend_scheme", "first"},
                   {"split", false}};
   std::ofstream(d / "m.json") << m.dump();
   const auto ms = nxd::io::Tokenizer::from_file((d / "m.json").string());
