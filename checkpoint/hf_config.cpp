@@ -1,4 +1,5 @@
-// transformers' config.json <-> ModelConfig (LlamaForCausalLM, GPTNeoXForCausalLM). Every key
+// transformers' config.json <-> ModelConfig (LlamaForCausalLM, MixtralForCausalLM,
+// GPTNeoXForCausalLM; Qwen2, Qwen3 and Mistral in hf_families.cpp). Every key
 // that changes the model's math is either mapped or refused by name; keys that do not (token ids,
 // use_cache, architectures, transformers_version, ...) are ignored, as transformers' modeling
 // code ignores them.
@@ -6,6 +7,7 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/hf.h"
+#include "nxd/checkpoint/hf_families.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/io/bounded_read.h"
 #include "nxd/io/hf_folder.h"
@@ -24,6 +26,9 @@ int64_t hf_int(const json& j, const std::string& key, int64_t lo, int64_t hi) {
 constexpr int64_t kMaxDim = int64_t{1} << 20;  // widths, heads, head_dim, experts
 constexpr int64_t kMaxLen = int64_t{1} << 24;  // vocabulary, positions, layers
 
+}  // namespace
+
+namespace detail {
 [[noreturn]] void refuse(const std::string& what) {
   throw CheckpointError(str("[import-hf] config.json: ", what, " is not supported by nxd's model"));
 }
@@ -50,6 +55,10 @@ void read_llama(const json& j, ModelConfig& c) {
       c.attention_head_dim = hd;
   }
 }
+}  // namespace detail
+
+namespace {
+using detail::refuse;
 
 void read_gpt_neox(const json& j, ModelConfig& c) {
   c.arch = "gpt_neox";
@@ -82,7 +91,7 @@ void read_gpt_neox(const json& j, ModelConfig& c) {
 // nxd's = transformers' * top_k / num_layers (the functions differ away from balance).
 void write_mixtral(const ModelConfig& c, json& j) {
   if (c.moe.frequency != 1 || !c.moe.dropless || !c.moe.normalize_top_k_affinities ||
-      c.attention_bias || c.mlp_bias || c.moe.router_z_loss_coef > 0)
+      c.attention_bias || c.mlp_bias || c.qkv_bias || c.qk_norm || c.moe.router_z_loss_coef > 0)
     refuse(str("mixtral with moe.frequency=", c.moe.frequency, " dropless=", c.moe.dropless,
                " normalize_top_k_affinities=", c.moe.normalize_top_k_affinities,
                " router_z_loss_coef=", c.moe.router_z_loss_coef,
@@ -99,16 +108,13 @@ void write_mixtral(const ModelConfig& c, json& j) {
                               static_cast<double>(c.moe.top_k);
   j["output_router_logits"] = false;
   j["router_jitter_noise"] = 0.0;
-  j["sliding_window"] = nullptr;
+  j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
 }
 
 void read_mixtral(const json& j, ModelConfig& c) {
-  read_llama(j, c);
+  detail::read_llama(j, c);
   c.arch = "mixtral";
-  if (j.contains("sliding_window") && !j["sliding_window"].is_null() &&
-      j["sliding_window"].get<int64_t>() < c.max_position_embeddings)
-    refuse(str("mixtral sliding_window ", j["sliding_window"].get<int64_t>(),
-               " below max_position_embeddings (nxd's attention is full causal)"));
+  c.sliding_window = detail::read_sliding_window(j, c);
   if (j.value("router_jitter_noise", 0.0) != 0.0) refuse("mixtral router_jitter_noise != 0");
   c.moe.num_experts = hf_int(j, "num_local_experts", 1, kMaxDim);
   c.moe.top_k = hf_int(j, "num_experts_per_tok", 1, c.moe.num_experts);
@@ -134,7 +140,12 @@ json hf_config_json(const ModelConfig& c) {
             {"torch_dtype", c.dtype == DType::bf16  ? "bfloat16"
                             : c.dtype == DType::f64 ? "float64"
                                                     : "float32"}};
-  if (c.arch == "llama" || c.arch == "mixtral") {
+  if (is_llama_family(c.arch)) {
+    if ((c.arch == "llama" || c.arch == "mixtral") &&
+        (c.qkv_bias || c.qk_norm || (c.arch == "llama" && c.sliding_window > 0)))
+      throw CheckpointError(str("[export-hf] ", c.arch, " with qkv_bias=", c.qkv_bias,
+                                " qk_norm=", c.qk_norm, " sliding_window=", c.sliding_window,
+                                " has no transformers form (qwen2, qwen3 and mistral do)"));
     j["architectures"] = {"LlamaForCausalLM"};
     j["model_type"] = "llama";
     j["num_key_value_heads"] = c.kv_heads();
@@ -145,6 +156,9 @@ json hf_config_json(const ModelConfig& c) {
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = c.mlp_bias;
     if (c.arch == "mixtral") write_mixtral(c, j);
+    if (c.arch == "qwen2") detail::write_qwen2(c, j);
+    if (c.arch == "qwen3") detail::write_qwen3(c, j);
+    if (c.arch == "mistral") detail::write_mistral(c, j);
   } else if (c.arch == "gpt_neox") {
     if (c.attention_head_dim > 0 && c.attention_head_dim * c.num_attention_heads != c.hidden_size)
       throw CheckpointError(
@@ -184,14 +198,20 @@ ModelConfig model_config_from_hf(const json& j) {
     c.dtype = DType::f32;  // weights are cast to f32 as transformers does (hf.h)
     c.rope_scaling = io::read_rope_scaling(j);
     if (type == "llama")
-      read_llama(j, c);
+      detail::read_llama(j, c);
+    else if (type == "qwen2")
+      detail::read_qwen2(j, c);
+    else if (type == "qwen3")
+      detail::read_qwen3(j, c);
+    else if (type == "mistral")
+      detail::read_mistral(j, c);
     else if (type == "gpt_neox")
       read_gpt_neox(j, c);
     else if (type == "mixtral")
       read_mixtral(j, c);
     else
-      throw CheckpointError(
-          str("model_type '", io::shorten(type), "' is not llama, mixtral or gpt_neox"));
+      throw CheckpointError(str("model_type '", io::shorten(type),
+                                "' is not llama, mixtral, qwen2, qwen3, mistral or gpt_neox"));
     c.validate();
     return c;
   } catch (const UserError& e) {

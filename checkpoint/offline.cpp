@@ -206,6 +206,9 @@ json model_config_json_dense(const ModelConfig& c) {
           {"hidden_act", c.hidden_act},
           {"attention_bias", c.attention_bias},
           {"mlp_bias", c.mlp_bias},
+          {"qkv_bias", c.qkv_bias},
+          {"qk_norm", c.qk_norm},
+          {"sliding_window", c.sliding_window},
           {"dtype", dtype_name(c.dtype)},
           {"sequence_parallel", c.sequence_parallel},
           {"kv_size_multiplier", c.kv_size_multiplier}};
@@ -237,6 +240,9 @@ ModelConfig model_config_from_json(const json& j) {
     c.hidden_act = j.value("hidden_act", std::string("silu"));
     c.attention_bias = j.value("attention_bias", false);
     c.mlp_bias = j.value("mlp_bias", false);
+    c.qkv_bias = j.value("qkv_bias", false);
+    c.qk_norm = j.value("qk_norm", false);
+    c.sliding_window = j.value("sliding_window", int64_t{0});
     c.dtype = dtype_from_name(j.at("dtype").get<std::string>());
     c.sequence_parallel = j.at("sequence_parallel").get<bool>();
     c.kv_size_multiplier = j.at("kv_size_multiplier").get<int64_t>();

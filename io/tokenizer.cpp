@@ -1,25 +1,24 @@
 #include "nxd/io/tokenizer.h"
 
-#include <unicode/regex.h>
+#include <unicode/normalizer2.h>
 #include <unicode/utext.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
-#include <fstream>
+#include <cstdio>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <queue>
 
 #include "nxd/io/bounded_read.h"
+#include "nxd/io/tokenizer_parts.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::io {
 using json = nlohmann::json;
+using Parts = Tokenizer::Parts;
 
 namespace {
-
-// tokenizers' ByteLevel regex (GPT-2's).
-const char* kGpt2Regex =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 std::string utf8(uint32_t cp) {
   std::string s;
@@ -59,74 +58,227 @@ size_t utf8_len(unsigned char c) {
 }
 
 constexpr int64_t kMaxTokenizerBytes = int64_t{256} << 20;  // Llama 3's is 9 MB
-constexpr int64_t kMaxId = int64_t{1} << 24;  // ids index tables: 16.7M (the largest vocabularies
-                                              // are ~256k)
 // The ICU regex engine's time limit per match, in its units (10,000 steps each, on the order of a
 // millisecond): a pre-tokenizer regex that backtracks exponentially ((a|aa)+$ on a run of a's)
 // stops there with a ConfigError instead of running for minutes.
 constexpr int32_t kRegexTimeLimit = 2000;
 
-// A vocabulary or added-token id: an integer in [0, kMaxId) (ConfigError naming the piece).
-int64_t checked_id(const std::string& path, const std::string& piece, const json& id) {
-  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxId ||
-      (id.is_number_unsigned() && id.get<uint64_t>() >= static_cast<uint64_t>(kMaxId)))
-    throw ConfigError(str("[tokenizer] ", path, ": piece '", shorten(piece), "' has id ",
-                          shorten(id.dump()), " (ids are integers in [0, ", kMaxId, "))"));
-  return id.get<int64_t>();
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t pos = 0;
+  for (size_t f; (f = s.find(from, pos)) != std::string::npos; pos = f + from.size())
+    out.append(s, pos, f - pos).append(to);
+  out.append(s, pos, std::string::npos);
+  s.swap(out);
 }
 
-[[noreturn]] void unsupported(const std::string& path, const std::string& what) {
-  throw ConfigError(str("[tokenizer] ", path, ": ", what, " is not supported (byte-level BPE is)"));
+bool is_space(unsigned char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
-}  // namespace
+std::string nfc(const std::string& s) {
+  UErrorCode st = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(st);
+  if (U_FAILURE(st)) throw InternalError(str("[tokenizer] no ICU NFC: ", u_errorName(st)));
+  icu::UnicodeString u = n->normalize(icu::UnicodeString::fromUTF8(s), st);
+  if (U_FAILURE(st)) throw InternalError(str("[tokenizer] NFC failed: ", u_errorName(st)));
+  std::string out;
+  u.toUTF8String(out);
+  return out;
+}
 
-struct Tokenizer::Regexes {
-  std::string path;  // for messages
-  std::vector<std::unique_ptr<icu::RegexPattern>> splits;
-  std::vector<std::string> patterns;
-  // Every piece of `in` cut by split i (matches and the text between them, in order: tokenizers'
-  // Split with behavior Isolated).
-  void split(size_t i, const std::string& in, std::vector<std::string>& out) const {
-    UErrorCode st = U_ZERO_ERROR;
-    UText* ut = utext_openUTF8(nullptr, in.data(), static_cast<int64_t>(in.size()), &st);
-    std::unique_ptr<icu::RegexMatcher> m(splits[i]->matcher(st));
-    m->reset(ut);
-    m->setTimeLimit(kRegexTimeLimit, st);
-    int64_t pos = 0;
-    while (m->find(st) && U_SUCCESS(st)) {
-      const int64_t b = m->start64(st), e = m->end64(st);
-      if (e == b) continue;
-      if (b > pos) out.push_back(in.substr(static_cast<size_t>(pos), static_cast<size_t>(b - pos)));
-      out.push_back(in.substr(static_cast<size_t>(b), static_cast<size_t>(e - b)));
-      pos = e;
+// A text cut at the added tokens of `normalized` kind: (text, -1) pieces and (content, id)
+// tokens, with lstrip/rstrip eating the whitespace beside a token (the longest token at a
+// position wins).
+std::vector<std::pair<std::string, int64_t>> split_added(const Parts& p, const std::string& text,
+                                                         bool normalized) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  size_t start = 0, i = 0;
+  bool strip_next = false;
+  auto flush = [&](size_t end, bool lstrip) {
+    std::string piece = text.substr(start, end - start);
+    if (strip_next)
+      piece.erase(0, std::find_if_not(piece.begin(), piece.end(), is_space) - piece.begin());
+    if (lstrip)
+      piece.erase(std::find_if_not(piece.rbegin(), piece.rend(), is_space).base(), piece.end());
+    if (!piece.empty()) out.emplace_back(std::move(piece), -1);
+  };
+  while (i < text.size()) {
+    const Parts::Added* hit = nullptr;
+    for (const auto& a : p.added)  // longest first
+      if (a.normalized == normalized && !a.content.empty() &&
+          text.compare(i, a.content.size(), a.content) == 0) {
+        hit = &a;
+        break;
+      }
+    if (!hit) {
+      i += utf8_len(static_cast<unsigned char>(text[i]));
+      continue;
     }
-    if (pos < static_cast<int64_t>(in.size())) out.push_back(in.substr(static_cast<size_t>(pos)));
-    utext_close(ut);
-    if (st == U_REGEX_TIME_OUT || st == U_REGEX_STACK_OVERFLOW)
-      throw ConfigError(str("[tokenizer] ", path, ": pre-tokenizer regex ", i, " ('",
-                            shorten(patterns[i]), "') exceeded its ",
-                            st == U_REGEX_TIME_OUT ? "time" : "stack", " limit on a piece of ",
-                            in.size(), " bytes (it backtracks exponentially); refused"));
-    if (U_FAILURE(st)) throw InternalError(str("[tokenizer] regex failed: ", u_errorName(st)));
+    flush(i, hit->lstrip);
+    out.emplace_back(hit->content, hit->id);
+    i += hit->content.size();
+    start = i;
+    strip_next = hit->rstrip;
   }
+  flush(text.size(), false);
+  return out;
+}
+
+struct Symbol {
+  int64_t id;
+  int64_t prev, next;  // -1: none
+  bool alive = true;
 };
 
-namespace {
+// tokenizers' Word::merge_all: the pair of lowest rank (leftmost among equals) merges until none
+// is left; a queued pair whose symbols changed since is skipped.
+void merge_all(const Parts& p, std::vector<Symbol>& s) {
+  using Entry = std::tuple<int64_t, int64_t, int64_t>;  // rank, position, merged id
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> q;
+  auto pair_of = [&](int64_t i) -> const std::pair<int64_t, int64_t>* {
+    const int64_t j = s[static_cast<size_t>(i)].next;
+    if (j < 0) return nullptr;
+    const uint64_t key = (static_cast<uint64_t>(s[static_cast<size_t>(i)].id) << 32) |
+                         static_cast<uint64_t>(s[static_cast<size_t>(j)].id);
+    const auto it = p.merges.find(key);
+    return it == p.merges.end() ? nullptr : &it->second;
+  };
+  auto push = [&](int64_t i) {
+    if (const auto* m = pair_of(i)) q.emplace(m->first, i, m->second);
+  };
+  for (int64_t i = 0; i + 1 < static_cast<int64_t>(s.size()); ++i) push(i);
+  while (!q.empty()) {
+    const auto [rank, i, merged] = q.top();
+    q.pop();
+    Symbol& a = s[static_cast<size_t>(i)];
+    if (!a.alive) continue;
+    const auto* m = pair_of(i);
+    if (!m || m->second != merged) continue;
+    Symbol& b = s[static_cast<size_t>(a.next)];
+    a.id = merged;
+    b.alive = false;
+    a.next = b.next;
+    if (b.next >= 0) s[static_cast<size_t>(b.next)].prev = i;
+    if (a.prev >= 0) push(a.prev);
+    push(i);
+  }
+}
 
-std::unique_ptr<icu::RegexPattern> compile(const std::string& path, const std::string& pattern) {
-  UErrorCode st = U_ZERO_ERROR;
-  UParseError pe;
-  std::unique_ptr<icu::RegexPattern> p(
-      icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(pattern), 0, pe, st));
-  if (U_FAILURE(st))
-    throw ConfigError(str("[tokenizer] ", path, ": pre-tokenizer regex '", shorten(pattern),
-                          "' does not compile: ", u_errorName(st), " at offset ", pe.offset));
-  return p;
+// Whether `b` is valid UTF-8 (what Rust's String::from_utf8 accepts).
+bool valid_utf8(const std::string& b) {
+  for (size_t i = 0; i < b.size();) {
+    const auto c = static_cast<unsigned char>(b[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > b.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(b[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n;
+  }
+  return true;
+}
+
+// tokenizers' ByteFallback decoder: runs of <0xNN> tokens become their bytes when these are
+// UTF-8, else one U+FFFD per byte.
+std::vector<std::string> byte_fallback(const std::vector<std::string>& tokens) {
+  std::vector<std::string> out;
+  std::string bytes;
+  size_t count = 0;
+  auto flush = [&] {
+    if (count == 0) return;
+    if (valid_utf8(bytes))
+      out.push_back(bytes);
+    else
+      for (size_t i = 0; i < count; ++i) out.push_back("\xEF\xBF\xBD");
+    bytes.clear();
+    count = 0;
+  };
+  for (const std::string& t : tokens) {
+    const bool is_byte = t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+                         std::isxdigit(static_cast<unsigned char>(t[3])) &&
+                         std::isxdigit(static_cast<unsigned char>(t[4]));
+    if (is_byte) {
+      bytes += static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
+      ++count;
+    } else {
+      flush();
+      out.push_back(t);
+    }
+  }
+  flush();
+  return out;
+}
+
+// tokenizers' Strip decoder on one token: up to `start` leading and `stop` trailing `c`.
+std::string strip(const std::string& t, const std::string& c, int64_t start, int64_t stop) {
+  size_t b = 0, e = t.size();
+  for (int64_t i = 0; i < start && !c.empty() && t.compare(b, c.size(), c) == 0; ++i) b += c.size();
+  for (int64_t i = 0;
+       i < stop && !c.empty() && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0;
+       ++i)
+    e -= c.size();
+  return t.substr(b, e - b);
+}
+
+// The SentencePiece kind's decoder chain over the tokens' strings.
+std::string decode_chain(const Parts& p, std::vector<std::string> tokens) {
+  using T = Parts::DecodeStep::Type;
+  for (const auto& d : p.decoder) {
+    if (d.type == T::replace) {
+      for (auto& t : tokens) replace_all(t, d.from, d.to);
+    } else if (d.type == T::byte_fallback) {
+      tokens = byte_fallback(tokens);
+    } else if (d.type == T::fuse) {
+      std::string all;
+      for (const auto& t : tokens) all += t;
+      tokens = {all};
+    } else if (d.type == T::strip) {
+      for (auto& t : tokens) t = strip(t, d.to, d.start, d.stop);
+    } else {  // Metaspace: the replacement is a space, and none at all in the first token
+      for (size_t i = 0; i < tokens.size(); ++i)
+        replace_all(tokens[i], d.from, i == 0 && d.prepend != Parts::Prepend::never ? "" : " ");
+    }
+  }
+  std::string out;
+  for (const auto& t : tokens) out += t;
+  return out;
 }
 
 }  // namespace
 
+void Parts::split(const std::string& path, size_t i, const std::string& in,
+                  std::vector<std::string>& out) const {
+  UErrorCode st = U_ZERO_ERROR;
+  UText* ut = utext_openUTF8(nullptr, in.data(), static_cast<int64_t>(in.size()), &st);
+  std::unique_ptr<icu::RegexMatcher> m(splits[i]->matcher(st));
+  m->reset(ut);
+  m->setTimeLimit(kRegexTimeLimit, st);
+  int64_t pos = 0;
+  while (m->find(st) && U_SUCCESS(st)) {
+    const int64_t b = m->start64(st), e = m->end64(st);
+    if (e == b) continue;
+    if (b > pos) out.push_back(in.substr(static_cast<size_t>(pos), static_cast<size_t>(b - pos)));
+    out.push_back(in.substr(static_cast<size_t>(b), static_cast<size_t>(e - b)));
+    pos = e;
+  }
+  if (pos < static_cast<int64_t>(in.size())) out.push_back(in.substr(static_cast<size_t>(pos)));
+  utext_close(ut);
+  if (st == U_REGEX_TIME_OUT || st == U_REGEX_STACK_OVERFLOW)
+    throw ConfigError(str("[tokenizer] ", path, ": pre-tokenizer regex ", i, " ('",
+                          shorten(patterns[i]), "') exceeded its ",
+                          st == U_REGEX_TIME_OUT ? "time" : "stack", " limit on a piece of ",
+                          in.size(), " bytes (it backtracks exponentially); refused"));
+  if (U_FAILURE(st)) throw InternalError(str("[tokenizer] regex failed: ", u_errorName(st)));
+}
+
+Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
@@ -134,136 +286,139 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer Tokenizer::from_file(const std::string& path_in) {
   // regular file, size, nesting checked before parsing (io/bounded_read.h)
   const json j = read_json_file(path_in, "tokenizer", "tokenizer", kMaxTokenizerBytes);
-  const std::string path = shorten(path_in, ReadLimits::max_shown_path);
   Tokenizer t;
   t.path_ = path_in;
-  t.regexes_ = std::make_unique<Regexes>();
-  t.regexes_->path = path;
-  try {
-    const json& model = j.at("model");
-    if (model.value("type", std::string("BPE")) != "BPE")
-      unsupported(path, str("model type '", model.value("type", std::string()), "'"));
-    if (model.value("byte_fallback", false)) unsupported(path, "model.byte_fallback: true");
-    if (j.contains("normalizer") && !j["normalizer"].is_null())
-      unsupported(path, str("normalizer ", shorten(j["normalizer"].dump())));
-    t.ignore_merges_ = model.value("ignore_merges", false);
-    for (const auto& [piece, id] : model.at("vocab").items())
-      t.vocab_[piece] = checked_id(path, piece, id);
-    int64_t rank = 0;
-    for (const auto& m : model.at("merges")) {
-      const std::string key = m.is_string()
-                                  ? m.get<std::string>()
-                                  : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>();
-      t.merge_rank_.emplace(key, rank++);
-    }
-    for (const auto& a : j.value("added_tokens", json::array()))
-      t.added_.emplace_back(a.at("content").get<std::string>(),
-                            checked_id(path, a.at("content").get<std::string>(), a.at("id")));
-    std::sort(t.added_.begin(), t.added_.end(),
-              [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-    // the pre-tokenizer: ByteLevel, or a Sequence of Splits and a ByteLevel
-    const json& pre = j.at("pre_tokenizer");
-    std::vector<json> steps = pre.at("type") == "Sequence"
-                                  ? pre.at("pretokenizers").get<std::vector<json>>()
-                                  : std::vector<json>{pre};
-    bool byte_level = false;
-    for (const json& s : steps) {
-      const std::string type = s.at("type");
-      if (type == "Split") {
-        if (s.value("behavior", std::string()) != "Isolated" || s.value("invert", false))
-          unsupported(path,
-                      str("Split pre-tokenizer ", shorten(s.dump()), " (behavior Isolated is)"));
-        const json& p = s.at("pattern");
-        if (!p.contains("Regex")) unsupported(path, str("Split pattern ", shorten(p.dump())));
-        t.regexes_->splits.push_back(compile(path, p["Regex"].get<std::string>()));
-        t.regexes_->patterns.push_back(p["Regex"].get<std::string>());
-        t.pre_name_ += (t.pre_name_.empty() ? "" : " + ") + std::string("regex split");
-      } else if (type == "ByteLevel") {
-        byte_level = true;
-        t.add_prefix_space_ = s.value("add_prefix_space", false);
-        if (s.value("use_regex", true)) {
-          t.regexes_->splits.push_back(compile(path, kGpt2Regex));
-          t.regexes_->patterns.push_back(kGpt2Regex);
-          t.pre_name_ += (t.pre_name_.empty() ? "" : " + ") + std::string("GPT-2 regex");
-        }
-      } else {
-        unsupported(path, str("pre-tokenizer '", shorten(type), "'"));
-      }
-    }
-    if (!byte_level) unsupported(path, "a pre-tokenizer without ByteLevel");
-  } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(str("[tokenizer] ", path, ": ", shorten(e.what(), 200)));
-  }
-  for (const auto& [p, id] : t.vocab_) t.vocab_size_ = std::max(t.vocab_size_, id + 1);
-  for (const auto& [c, id] : t.added_) t.vocab_size_ = std::max(t.vocab_size_, id + 1);
-  t.pieces_.assign(static_cast<size_t>(t.vocab_size_), "");
-  t.is_added_.assign(static_cast<size_t>(t.vocab_size_), false);
-  for (const auto& [p, id] : t.vocab_) t.pieces_[static_cast<size_t>(id)] = p;
-  for (const auto& [c, id] : t.added_) {
-    t.pieces_[static_cast<size_t>(id)] = c;
-    t.is_added_[static_cast<size_t>(id)] = true;
-  }
+  t.p_ = std::make_unique<Parts>();
+  t.vocab_size_ = load_tokenizer_parts(j, shorten(path_in, ReadLimits::max_shown_path), *t.p_);
   return t;
 }
 
 std::string Tokenizer::description() const {
-  return str("byte-level BPE from ", path_, ", ", vocab_size_, " ids, ", merge_rank_.size(),
-             " merges (", pre_name_.empty() ? "no regex" : pre_name_, ")");
+  const bool bl = p_->kind == Parts::Kind::byte_level;
+  return str(bl ? "byte-level BPE" : "SentencePiece-style BPE", " from ", path_, ", ", vocab_size_,
+             " ids, ", p_->merges.size(), " merges (",
+             p_->pre_name.empty() ? (bl ? "no regex" : "no pre-tokenizer") : p_->pre_name,
+             p_->byte_fallback ? ", byte_fallback" : "", ")");
 }
 
 void Tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
-  const ByteChars& bc = byte_chars();
-  std::string chars;
-  for (unsigned char c : word) chars += bc.of_byte[c];
-  if (ignore_merges_) {
-    const auto it = vocab_.find(chars);
-    if (it != vocab_.end()) {
-      out.push_back(it->second);
+  const Parts& p = *p_;
+  std::vector<Symbol> sym;
+  // A symbol that is no merge's left or right piece can never merge: it ends the run of symbols
+  // before it, which merges on its own (exactly as within the whole word, in bounded memory: a
+  // SentencePiece-style section is one word, a newline's <0x0A> typically such a symbol).
+  auto flush = [&] {
+    merge_all(p, sym);
+    for (const Symbol& x : sym)
+      if (x.alive) out.push_back(x.id);
+    sym.clear();
+  };
+  auto add = [&](int64_t id) {
+    if (!p.in_merge[static_cast<size_t>(id)]) {
+      flush();
+      out.push_back(id);
       return;
     }
-  }
-  std::vector<std::string> sym;
-  for (unsigned char c : word) sym.push_back(bc.of_byte[c]);
-  while (sym.size() > 1) {
-    int64_t best = INT64_MAX;
-    size_t at = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      const auto it = merge_rank_.find(sym[i] + " " + sym[i + 1]);
-      if (it != merge_rank_.end() && it->second < best) best = it->second, at = i;
-    }
-    if (best == INT64_MAX) break;
-    const std::string a = sym[at], b = sym[at + 1];
-    std::vector<std::string> next;
-    for (size_t i = 0; i < sym.size(); ++i) {
-      if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
-        next.push_back(a + b);
-        ++i;
-      } else {
-        next.push_back(sym[i]);
+    const auto n = static_cast<int64_t>(sym.size());
+    sym.push_back({id, n - 1, -1});
+    if (n > 0) sym[static_cast<size_t>(n - 1)].next = n;
+  };
+  auto missing = [&](const std::string& piece) {
+    throw ConfigError(str("[tokenizer] ", path_, ": piece '", piece, "' of '", word,
+                          "' is not in the vocabulary"));
+  };
+  if (p.kind == Parts::Kind::byte_level) {
+    const ByteChars& bc = byte_chars();
+    std::string chars;
+    for (unsigned char c : word) chars += bc.of_byte[c];
+    if (p.ignore_merges) {
+      const auto it = p.vocab.find(chars);
+      if (it != p.vocab.end()) {
+        out.push_back(it->second);
+        return;
       }
     }
-    sym.swap(next);
+    for (unsigned char c : word) {
+      const auto it = p.vocab.find(bc.of_byte[c]);
+      if (it == p.vocab.end()) missing(bc.of_byte[c]);
+      add(it->second);
+    }
+  } else {
+    if (p.ignore_merges) {
+      const auto it = p.vocab.find(word);
+      if (it != p.vocab.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
+    // characters; byte_fallback: <0xNN> for those outside the vocabulary, else unk (fused)
+    bool last_unk = false;
+    for (size_t k = 0; k < word.size();) {
+      const size_t n = std::min(utf8_len(static_cast<unsigned char>(word[k])), word.size() - k);
+      const std::string ch = word.substr(k, n);
+      k += n;
+      if (const auto it = p.vocab.find(ch); it != p.vocab.end()) {
+        add(it->second);
+        last_unk = false;
+        continue;
+      }
+      std::vector<int64_t> bytes;
+      if (p.byte_fallback)
+        for (unsigned char c : ch) {
+          char name[8];
+          std::snprintf(name, sizeof name, "<0x%02X>", c);
+          const auto it = p.vocab.find(name);
+          if (it == p.vocab.end()) break;
+          bytes.push_back(it->second);
+        }
+      if (bytes.size() == ch.size()) {
+        for (int64_t id : bytes) add(id);
+        last_unk = false;
+        continue;
+      }
+      if (p.unk_id < 0) missing(ch);
+      if (!(p.fuse_unk && last_unk)) add(p.unk_id);
+      last_unk = true;
+    }
   }
-  for (const auto& s : sym) {
-    const auto it = vocab_.find(s);
-    if (it == vocab_.end())
-      throw ConfigError(
-          str("[tokenizer] ", path_, ": piece '", s, "' of '", word, "' is not in the vocabulary"));
-    out.push_back(it->second);
-  }
+  flush();
 }
 
 // Text without added tokens: pre-tokenize, then BPE each word.
-void Tokenizer::encode_chunk(const std::string& text, std::vector<int64_t>& out) const {
+void Tokenizer::encode_chunk(const std::string& text, bool first, std::vector<int64_t>& out) const {
+  const Parts& p = *p_;
   if (text.empty()) return;
-  std::vector<std::string> words{add_prefix_space_ && text[0] != ' ' ? " " + text : text};
-  for (size_t i = 0; i < regexes_->splits.size(); ++i) {
-    std::vector<std::string> next;
-    for (const auto& w : words) regexes_->split(i, w, next);
-    words.swap(next);
+  std::vector<std::string> words;
+  if (p.kind == Parts::Kind::byte_level) {
+    words.push_back(p.add_prefix_space && text[0] != ' ' ? " " + text : text);
+    for (size_t i = 0; i < p.splits.size(); ++i) {
+      std::vector<std::string> next;
+      for (const auto& w : words) p.split(path_, i, w, next);
+      words.swap(next);
+    }
+  } else if (!p.metaspace.empty()) {
+    std::string s = text;
+    replace_all(s, " ", p.metaspace);
+    if (s.rfind(p.metaspace, 0) != 0 &&
+        (p.prepend == Parts::Prepend::always || (p.prepend == Parts::Prepend::first && first)))
+      s = p.metaspace + s;
+    if (!p.metaspace_split) {
+      words.push_back(s);
+    } else {  // MergedWithNext: every replacement starts a word
+      size_t b = 0;
+      for (size_t f; (f = s.find(p.metaspace, b + 1)) != std::string::npos; b = f)
+        words.push_back(s.substr(b, f - b));
+      words.push_back(s.substr(b));
+    }
+  } else {
+    words.push_back(text);
   }
   std::unordered_map<std::string, std::vector<int64_t>> cache;
   for (const auto& w : words) {
+    if (w.size() >= 256) {  // long words (a SentencePiece-style section) are not worth keeping
+      bpe(w, out);
+      continue;
+    }
     auto it = cache.find(w);
     if (it == cache.end()) {
       std::vector<int64_t> ids;
@@ -274,26 +429,34 @@ void Tokenizer::encode_chunk(const std::string& text, std::vector<int64_t>& out)
   }
 }
 
+void Tokenizer::encode_section(const std::string& text, bool first,
+                               std::vector<int64_t>& out) const {
+  std::string s = text;
+  for (const auto& n : p_->normalizer) {
+    if (n.type == Parts::NormStep::Type::nfc)
+      s = nfc(s);
+    else if (n.type == Parts::NormStep::Type::prepend && !s.empty())
+      s = n.to + s;
+    else if (n.type == Parts::NormStep::Type::replace)
+      replace_all(s, n.from, n.to);
+  }
+  for (const auto& [piece, id] : split_added(*p_, s, /*normalized=*/true)) {
+    if (id >= 0)
+      out.push_back(id);
+    else
+      encode_chunk(piece, first, out);
+  }
+}
+
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
   std::vector<int64_t> out;
-  size_t start = 0, i = 0;
-  while (i < text.size()) {
-    const std::pair<std::string, int64_t>* hit = nullptr;
-    for (const auto& a : added_)  // longest first
-      if (!a.first.empty() && text.compare(i, a.first.size(), a.first) == 0) {
-        hit = &a;
-        break;
-      }
-    if (!hit) {
-      i += utf8_len(static_cast<unsigned char>(text[i]));
-      continue;
-    }
-    encode_chunk(text.substr(start, i - start), out);
-    out.push_back(hit->second);
-    i += hit->first.size();
-    start = i;
+  const auto sections = split_added(*p_, text, /*normalized=*/false);
+  for (size_t i = 0; i < sections.size(); ++i) {
+    if (sections[i].second >= 0)
+      out.push_back(sections[i].second);
+    else
+      encode_section(sections[i].first, i == 0, out);
   }
-  encode_chunk(text.substr(start), out);
   return out;
 }
 
@@ -306,24 +469,34 @@ std::string Tokenizer::decode_model_output(const std::vector<int64_t>& ids,
   return decode(known);
 }
 
+}  // namespace nxd::io
+
+namespace nxd::io {
+
 std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
-  const ByteChars& bc = byte_chars();
-  std::string out;
+  const Parts& p = *p_;
+  std::vector<std::string> tokens;
   for (int64_t id : ids) {
-    if (id < 0 || id >= vocab_size_ || pieces_[static_cast<size_t>(id)].empty())
+    if (id < 0 || id >= vocab_size_ || p.pieces[static_cast<size_t>(id)].empty())
       throw ConfigError(str("[tokenizer] ", path_, ": id ", id, " is not in the vocabulary of ",
                             vocab_size_, " ids"));
-    const std::string& p = pieces_[static_cast<size_t>(id)];
-    if (is_added_[static_cast<size_t>(id)]) {
-      out += p;
+    tokens.push_back(p.pieces[static_cast<size_t>(id)]);
+  }
+  if (p.kind == Parts::Kind::sentencepiece) return decode_chain(p, std::move(tokens));
+  const ByteChars& bc = byte_chars();
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string& t = tokens[i];
+    if (p.is_added[static_cast<size_t>(ids[i])]) {
+      out += t;
       continue;
     }
-    for (size_t k = 0; k < p.size();) {
-      const size_t n = utf8_len(static_cast<unsigned char>(p[k]));
-      const auto it = bc.byte_of.find(p.substr(k, n));
+    for (size_t k = 0; k < t.size();) {
+      const size_t n = utf8_len(static_cast<unsigned char>(t[k]));
+      const auto it = bc.byte_of.find(t.substr(k, n));
       if (it == bc.byte_of.end())
         throw ConfigError(
-            str("[tokenizer] ", path_, ": piece '", p, "' of id ", id, " is not byte-level"));
+            str("[tokenizer] ", path_, ": piece '", t, "' of id ", ids[i], " is not byte-level"));
       out += static_cast<char>(it->second);
       k += n;
     }

@@ -46,6 +46,7 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
       rotary_dim_(o.rotary_dim < 0 ? head_dim_ : o.rotary_dim),
       rope_theta_(o.rope_theta),
       rope_scaling_(o.rope_scaling),
+      window_(o.sliding_window),
       recompute_core_(o.recompute_core),
       layout_(o.layout),
       local_heads_(num_heads_),
@@ -64,8 +65,14 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
   NXD_CHECK(layout_ == QkvLayout::separate || hkv == h,
             "[CausalSelfAttention] the fused GPT-NeoX layout needs num_kv_heads == num_heads, got ",
             hkv, " vs ", h);
+  NXD_CHECK(window_ >= 0, "[CausalSelfAttention] sliding_window must be >= 0, got ", window_);
+  NXD_CHECK(layout_ == QkvLayout::separate || (!o.qkv_bias && !o.qk_norm),
+            "[CausalSelfAttention] qkv_bias and qk_norm are for the separate layout");
   if (o.context_parallel_group && o.context_parallel_group->size() > 1)
     context_parallel_ = o.context_parallel_group;
+  NXD_CHECK(!(context_parallel_ && window_ > 0), "[CausalSelfAttention] sliding_window=", window_,
+            " is not supported with context parallelism (context parallel size ",
+            context_parallel_ ? context_parallel_->size() : 1, ")");
   if (layout_ == QkvLayout::separate)
     build_separate(o);
   else
@@ -75,6 +82,7 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
 void CausalSelfAttention::build_separate(const AttentionOptions& o) {
   const int64_t h = num_heads_, hkv = num_kv_heads_, d = head_dim_;
   auto qo = column_options<GQAQKVColumnParallelLinearOptions>(o);
+  qo.bias = o.bias || o.qkv_bias;
   qo.kv_size_multiplier = o.kv_size_multiplier;
   qo.head_dim = d;
   qkv_proj_ = std::make_shared<GQAQKVColumnParallelLinear>(hidden_, h * d, hkv * d, qo);
@@ -94,6 +102,12 @@ void CausalSelfAttention::build_separate(const AttentionOptions& o) {
   register_module("v_proj", qkv_proj_->v_proj());
   out_proj_ = register_module("o_proj",
                               std::make_shared<RowParallelLinear>(h * d, hidden_, row_options(o)));
+  if (o.qk_norm) {
+    const RMSNormOptions no{
+        .eps = o.qk_norm_eps, .sequence_parallel_enabled = tp > 1, .param = o.param};
+    q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(d, no));
+    k_norm_ = register_module("k_norm", std::make_shared<RMSNorm>(d, no));
+  }
 }
 
 void CausalSelfAttention::build_fused(const AttentionOptions& o) {
@@ -153,10 +167,15 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
       kr = cp ? context_parallel_rotary(k, ro, *cp) : rotary(k, ro);
     }
   }
-  auto core = [cp, docs](const Tensor& a, const Tensor& b, const Tensor& c) {
+  NXD_CHECK(!(cp && o.window > 0), "[causal_attention] a sliding window (", o.window,
+            ") is not supported with context parallelism");
+  NXD_CHECK(!(docs.defined() && o.window > 0), "[causal_attention] a sliding window (", o.window,
+            ") is not supported with packed documents (data packing)");
+  auto core = [cp, docs, window = o.window](const Tensor& a, const Tensor& b, const Tensor& c) {
     if (docs.defined()) return document_attention(a, b, c, docs);
     return cp ? ring_attention(a, b, c, *cp)
-              : scaled_dot_product_attention(a, b, c, /*causal=*/true);
+              : scaled_dot_product_attention(a, b, c,
+                                             SdpaOptions{.causal = true, .window = window});
   };
   Tensor out = o.recompute ? autograd::recompute(
                                  [core](const std::vector<Tensor>& x) -> std::vector<Tensor> {
@@ -174,7 +193,16 @@ CausalAttentionOptions CausalSelfAttention::core_options(int64_t position_offset
           .position_offset = position_offset,
           .recompute = recompute_core_,
           .context_parallel = context_parallel_.get(),
-          .positions = current_document_positions()};
+          .positions = current_document_positions(),
+          .window = window_};
+}
+
+Tensor CausalSelfAttention::heads(const Tensor& x, int64_t heads, int64_t head_dim,
+                                  const RMSNorm* norm) {
+  if (!norm) return split_heads(x, heads, head_dim);
+  NXD_CHECK_SHAPE(x.dim() == 3 && x.size(2) == heads * head_dim,
+                  "[CausalSelfAttention] expected [B,S,", heads * head_dim, "], got ", x.desc());
+  return transpose(norm->forward(view(x, {x.size(0), x.size(1), heads, head_dim})), 1, 2);
 }
 
 std::vector<Tensor> CausalSelfAttention::project(const Tensor& x) const {
@@ -183,7 +211,8 @@ std::vector<Tensor> CausalSelfAttention::project(const Tensor& x) const {
   // q, k, v as [B, heads, S, D]: this rank's heads (all of them at TP 1)
   if (fused_qkv_proj_) return split_fused_qkv(fused_qkv_proj_->forward(x), local_heads_, head_dim_);
   std::array<Tensor, 3> p = qkv_proj_->forward(x);
-  return {split_heads(p[0], local_heads_, head_dim_), split_heads(p[1], local_kv_heads_, head_dim_),
+  return {heads(p[0], local_heads_, head_dim_, q_norm_.get()),
+          heads(p[1], local_kv_heads_, head_dim_, k_norm_.get()),
           split_heads(p[2], local_kv_heads_, head_dim_)};
 }
 
@@ -225,11 +254,12 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const CacheStep& ste
   if (paged) {
     paged_kv_cache_write(k_cache, k, step.block_tables, step.start, step.lengths);
     paged_kv_cache_write(v_cache, qkv[2], step.block_tables, step.start, step.lengths);
-    o = paged_attention(q, k_cache, v_cache, step.block_tables, step.start, step.lengths);
+    o = paged_attention(q, k_cache, v_cache, step.block_tables, step.start, step.lengths, 0.0,
+                        window_);
   } else {
     kv_cache_write(k_cache, k, step.seq_ids, step.start, step.lengths);
     kv_cache_write(v_cache, qkv[2], step.seq_ids, step.start, step.lengths);
-    o = cached_attention(q, k_cache, v_cache, step.seq_ids, step.start, step.lengths);
+    o = cached_attention(q, k_cache, v_cache, step.seq_ids, step.start, step.lengths, 0.0, window_);
   }
   o = reshape(transpose(o, 1, 2), {x.size(0), x.size(1), local_heads_ * head_dim_});
   return out_proj_->forward(o);

@@ -69,6 +69,9 @@ struct CausalAttentionOptions {
   // extended over padding); rotary at those positions and attention within documents. Undefined:
   // one sequence from position_offset. Not with context_parallel.
   Tensor positions;
+  // > 0: sliding-window attention, each query sees its last `window` positions (itself
+  // included; transformers' sliding_window). Not with context_parallel.
+  int64_t window = 0;
 };
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                         const CausalAttentionOptions& opts);
@@ -84,6 +87,14 @@ struct AttentionOptions {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;  // transformers' rope_scaling (linear, llama3)
   bool bias = false;         // biases on the projections (GPT-NeoX: true)
+  bool qkv_bias = false;     // (separate layout) biases on q/k/v_proj only (Qwen2)
+  // (separate layout) Qwen3's q_norm and k_norm: an RMSNorm [head_dim] on every query and key
+  // head after the projection, before rotary. Under TP each rank holds the whole weights and
+  // normalizes its own heads: their gradients are partial sums, tagged sequence_parallel_enabled
+  // so that allreduce_sequence_parallel_gradients sums them over TP.
+  bool qk_norm = false;
+  double qk_norm_eps = 1e-6;
+  int64_t sliding_window = 0;  // > 0: sliding-window attention (CausalAttentionOptions::window)
   QkvLayout layout = QkvLayout::separate;
   InitScheme init;  // projection weights and biases (nxd_layers' init_scheme.h)
   ParamOptions param;
@@ -124,9 +135,12 @@ class CausalSelfAttention : public Module {
   void build_fused(const AttentionOptions& o);
   std::vector<Tensor> project(const Tensor& x) const;  // q, k, v [B, heads, S, D] (local heads)
   CausalAttentionOptions core_options(int64_t position_offset) const;
+  // [B, S, heads*D] -> [B, heads, S, D], through `norm` (q_norm / k_norm) when there is one
+  static Tensor heads(const Tensor& x, int64_t heads, int64_t head_dim, const RMSNorm* norm);
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, rotary_dim_;
   double rope_theta_;
   RopeScaling rope_scaling_;
+  int64_t window_ = 0;
   bool recompute_core_ = false;
   QkvLayout layout_;
   int64_t local_heads_, local_kv_heads_;
@@ -136,6 +150,7 @@ class CausalSelfAttention : public Module {
   std::shared_ptr<GQAQKVColumnParallelLinear> qkv_proj_;
   std::shared_ptr<ColumnParallelLinear> fused_qkv_proj_;
   std::shared_ptr<RowParallelLinear> out_proj_;
+  std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // qk_norm
 };
 
 struct MlpOptions {

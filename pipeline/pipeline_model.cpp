@@ -162,7 +162,9 @@ Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, StepKind ki
 void PipelineModel::finish_gradients() {
   if (grad_sync_) grad_sync_->finish();
   for (auto& c : chunks_)
-    if (c->sequence_parallel()) allreduce_sequence_parallel_gradients(*c);
+    // SP norms, and Qwen3's q_norm/k_norm under TP: TP-duplicated weights with partial gradients
+    if (c->sequence_parallel() || (c->config().qk_norm && c->tensor_parallel_size() > 1))
+      allreduce_sequence_parallel_gradients(*c);
   if (tied_group_) {
     const bool first = pp_group_->rank() == 0;
     for (const std::string& name : pieces_.tied) {

@@ -111,6 +111,7 @@ void add_nn(std::map<std::string, OpInfo>& m) {
     o.causal = a.i("causal") != 0;
     o.scale = a.f("scale");
     o.impl = static_cast<AttentionImpl>(a.i("impl"));
+    o.window = a.has("window") ? a.i("window") : 0;
     return V{scaled_dot_product_attention(in[0], in[1], in[2], o)};
   }};
   m["dropout"] = {[](const V& in, const OpAttrs& a) {
@@ -153,7 +154,8 @@ void add_inference(std::map<std::string, OpInfo>& m) {
     return V{rotary_at(in[0], in[1], rotary_options_from(a))};
   }};
   m["cached_attention"] = {[](const V& in, const OpAttrs& a) {
-    return V{cached_attention(in[0], in[1], in[2], in[3], in[4], in[5], a.f("scale"))};
+    return V{cached_attention(in[0], in[1], in[2], in[3], in[4], in[5], a.f("scale"),
+                              a.has("window") ? a.i("window") : 0)};
   }};
   m["gather_last"] = {binary(&gather_last)};
   m["linear_add"] = {

@@ -74,12 +74,32 @@ class Config {
   nlohmann::json tree() const;
   std::string to_yaml() const;
   const std::map<std::string, nlohmann::json>& values() const { return values_; }
+  // The keys of merged files that only mean something on Neuron hardware or XLA (nxdt_tree),
+  // in file order, each once: the run lists them as "not applicable in nxd".
+  const std::vector<std::string>& not_applicable() const { return not_applicable_; }
 
  private:
   void merge_node(const nlohmann::json& node, const std::string& prefix, const std::string& src);
   std::map<std::string, nlohmann::json> values_;
   std::set<std::string> given_;  // the keys set after the defaults
+  std::vector<std::string> not_applicable_;
 };
+
+// NxD Training's example YAML files as they are (config_nxdt.cpp): the file's tree (from
+// `source`) with OmegaConf interpolations resolved (${dotted.key} of the file, ${multiply:a, b}),
+// NxD Training's names mapped onto nxd's keys (model.encoder_seq_length: data.seq_length unless
+// the file sets it; data.tokenizer.type: data.tokenizer; trainer.max_epochs -1: null;
+// exp_manager.exp_dir null: the default; exp_manager.resume_from_checkpoint with
+// model.weight_init_only: model.init_from), keys accepted only at the value nxd runs anyway
+// (ConfigError naming the key and value otherwise), and the keys that only mean something on
+// Neuron hardware or XLA (compiler flags, trainer.devices, model.fusions.*, ...) taken out and
+// appended to `not_applicable` (so are precision.master_weights / fp32_grad_acc unless
+// precision.type is manual: NxD Training derives them from the type, as nxd does). Returns a
+// mapping of dotted keys for Config::merge_json.
+nlohmann::json nxdt_tree(const nlohmann::json& tree, const std::string& source,
+                         std::vector<std::string>& not_applicable);
+// The section of docs/CONFIG.md that says the above, with the lists of keys.
+std::string nxdt_reference_markdown();
 
 // YAML text -> JSON (quoted scalars stay strings; plain scalars become null/bool/int/float when
 // they read as one). Throws ConfigError naming `source` and the line on a syntax error.

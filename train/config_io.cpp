@@ -171,6 +171,7 @@ std::string config_reference_markdown() {
     os << "| `" << s.key << "` | " << type << " | `" << yaml_scalar(s.default_value) << "` | "
        << s.doc << " |\n";
   }
+  os << nxdt_reference_markdown();
   return os.str();
 }
 
@@ -210,7 +211,7 @@ void Config::merge_file(const std::string& path) {
                           tree.is_string() ? "text" : describe(tree), " (first line: '", first,
                           "')"));
   }
-  merge_json(tree, path);
+  merge_json(nxdt_tree(tree, path, not_applicable_), path);
 }
 
 void Config::merge_json(const json& tree, const std::string& source) {

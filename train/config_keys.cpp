@@ -143,10 +143,11 @@ std::vector<KeySpec> make_registry() {
           "recursively in sorted order; files that are not text (NUL bytes, invalid UTF-8) are "
           "skipped with a note."),
       key("data.tokenizer", K::string, nullptr,
-          "`text`: a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, GPT-NeoX, "
-          "Llama 3 pre-tokenizers) that tokenizes the text and the generation prompt and decodes "
-          "the sample; its ids are the `tokenizers` library's (without special tokens). "
-          "model.vocab_size must cover its ids. null = byte-level tokens (vocab 256)."),
+          "`text`: a Hugging Face tokenizer.json (or its folder) with a BPE model, byte-level "
+          "(GPT-2, GPT-NeoX, Llama 3, Qwen2 pre-tokenizers) or SentencePiece-style with "
+          "byte_fallback (Llama 2, Mistral, Mixtral), that tokenizes the text and the generation "
+          "prompt and decodes the sample; its ids are the `tokenizers` library's (without special "
+          "tokens). model.vocab_size must cover its ids. null = byte-level tokens (vocab 256)."),
       key("data.token_dtype", K::string, "uint16",
           "Element type of a `tokens` file (little-endian).", {"uint16", "uint32"}),
       key("data.seq_length", K::integer, 128, "Tokens per sample."),
@@ -164,14 +165,22 @@ std::vector<KeySpec> make_registry() {
           "`random`: number of samples in the synthetic dataset."),
       // model
       key("model.arch", K::string, "llama",
-          "Model family: `llama` or `gpt_neox` (built in), or the name a program's own module "
-          "builds (examples/new_model trains `gpt2`)."),
+          "Model family: `llama`, `gpt_neox`, `mixtral`, `qwen2`, `qwen3` or `mistral` (built in; "
+          "the last three take their biases, q/k norms and sliding window from model.init_from or "
+          "model.model_config, else transformers' defaults: Qwen2's q/k/v biases, Qwen3's q/k "
+          "norms, Mistral's window of 4096), or the name a program's own module builds "
+          "(examples/new_model trains `gpt2`)."),
       key("model.init_from", K::string, nullptr,
           "Fine-tuning: start from these weights (a transformers folder with config.json, an nxd "
           "checkpoint of any TP/PP/DP/EP degree or a run folder, or a file of `nxd-ckpt export`), "
           "resharded to this run's layout, with a fresh optimizer at step 0. The model.* keys "
           "left at their defaults take the source's values; one set otherwise is an error. null "
           "= initialize as model.init_method says."),
+      key("model.model_config", K::string, nullptr,
+          "NxD Training's architecture source: a transformers config.json (or its folder; "
+          "model_type llama, mixtral, qwen2, qwen3, mistral or gpt_neox) whose model sets the "
+          "model.* keys left at their defaults, without weights; keys this configuration sets "
+          "win. What no key says (head_dim, biases, qk_norm, sliding_window) comes from it too."),
       key("model.vocab_size", K::integer, 256,
           "Vocabulary size; at least 256 for byte-level text, above every id of a token file."),
       key("model.num_layers", K::integer, 4, "Decoder layers."),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "nxd/io/env_check.h"
@@ -43,6 +44,13 @@ ModelConfig model_config(const TrainConfig& cfg) {
     mc.hidden_act = cfg.init.model->hidden_act;
     mc.attention_bias = cfg.init.model->attention_bias;
     mc.mlp_bias = cfg.init.model->mlp_bias;
+    mc.qkv_bias = cfg.init.model->qkv_bias;
+    mc.qk_norm = cfg.init.model->qk_norm;
+    mc.sliding_window = cfg.init.model->sliding_window;
+  } else {  // a family trained from its keys alone: transformers' fixed parts of it
+    mc.qkv_bias = mc.arch == "qwen2";
+    mc.qk_norm = mc.arch == "qwen3";
+    mc.sliding_window = mc.arch == "mistral" && mc.max_position_embeddings > 4096 ? 4096 : 0;
   }
   return mc;
 }
@@ -161,6 +169,9 @@ DataSection resolve_data(Resolver& r) {
   d.path = r.c.get_string("data.path");
   d.token_dtype = r.c.get_string("data.token_dtype");
   d.tokenizer = r.c.is_null("data.tokenizer") ? "" : r.c.get_string("data.tokenizer");
+  // NxD Training names the tokenizer's folder (data.tokenizer.type): its tokenizer.json
+  if (!d.tokenizer.empty() && std::filesystem::is_directory(d.tokenizer))
+    d.tokenizer = (std::filesystem::path(d.tokenizer) / "tokenizer.json").string();
   if (!d.tokenizer.empty() && d.kind != "text")
     r.fail("data.tokenizer tokenizes text: data.kind=", d.kind, " (use data.kind=text)");
   d.seq_length = r.positive("data.seq_length");
@@ -192,9 +203,8 @@ ModelConfig resolve_model(Resolver& r, const DataSection& d) {
   if (m.arch == "gpt_neox" && m.num_kv_heads != m.num_attention_heads)
     r.fail("model.arch=gpt_neox has no grouped-query attention: model.num_kv_heads=",
            m.num_kv_heads, " must equal model.num_attention_heads=", m.num_attention_heads);
-  r.derive("model.ffn_hidden_size", m.arch == "llama" || m.arch == "mixtral"
-                                        ? (8 * m.hidden_size / 3 + 255) / 256 * 256
-                                        : 4 * m.hidden_size);
+  r.derive("model.ffn_hidden_size",
+           is_llama_family(m.arch) ? (8 * m.hidden_size / 3 + 255) / 256 * 256 : 4 * m.hidden_size);
   m.ffn_hidden_size = r.positive("model.ffn_hidden_size");
   r.derive("model.max_position_embeddings", d.seq_length);
   m.max_position_embeddings = r.positive("model.max_position_embeddings");
@@ -402,6 +412,10 @@ void check_context_parallel(Resolver& r, const TrainConfig& t) {
            " and the padding tokens would take experts' capacity (set generation.max_new_tokens=0, "
            "model.moe.dropless=true or distributed_strategy.sequence_parallel=false)");
   if (cp == 1) return;
+  if (const int64_t w = model_config(t).sliding_window; w > 0)
+    r.fail("distributed_strategy.context_parallel_size=", cp,
+           " with the model's sliding_window=", w,
+           " (model.init_from / model.model_config): ring attention has no window");
   if (t.model.moe.enabled() && !t.model.moe.dropless)
     r.fail("distributed_strategy.context_parallel_size=", cp,
            " with model.moe.dropless=false: capacity drops follow the whole sequence's token "

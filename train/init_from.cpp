@@ -7,6 +7,7 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/io/bounded_read.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::trainer {
@@ -134,11 +135,40 @@ std::optional<ckpt::WeightSource> resume_source(const Config& c) {
 
 }  // namespace
 
+namespace {
+
+// model.model_config (NxD Training's architecture source): a transformers config.json, or its
+// folder, read as a model without weights. Its values fill the model.* keys left at their
+// defaults; keys the configuration sets win (NxD Training overrides config.json with them).
+std::optional<ModelConfig> apply_model_config(Config& c) {
+  if (c.is_null("model.model_config") || c.get_string("model.model_config").empty())
+    return std::nullopt;
+  const std::string p = c.get_string("model.model_config");
+  ModelConfig m;
+  try {
+    m = fs::is_directory(p)
+            ? ckpt::read_hf_config(p)
+            : ckpt::model_config_from_hf(io::read_json_file(p, "config.json", "model_config"));
+  } catch (const UserError& e) {
+    throw ConfigError(str("[config] model.model_config=", p, ": ", e.what()));
+  }
+  for (const auto& [key, v] : source_keys(m))
+    if (c.get(key) == find_key(key)->default_value)
+      c.set(key, v, str("model.model_config (", p, ")"));
+  m.hidden_size = c.get_int("model.hidden_size");  // the keys that won, for what no key says
+  m.num_attention_heads = c.get_int("model.num_attention_heads");
+  return m;
+}
+
+}  // namespace
+
 InitFromSection resolve_init_from(Config& c) {
   check_resume_source(c);
   check_eval(c);
   InitFromSection s;
+  const std::optional<ModelConfig> arch = apply_model_config(c);
   if (c.is_null("model.init_from") || c.get_string("model.init_from").empty()) {
+    s.model = arch;  // what no key says (head_dim, biases, sliding window, ...)
     if (auto r = resume_source(c)) {
       apply_source_keys(c, *r, "exp_manager.resume_from_checkpoint");
       s.model = r->config;  // what no key says (rope_scaling, head_dim, ...); path stays "": the

@@ -47,6 +47,12 @@ class RunSummary : public Callback {
     const auto& m = cfg_.model;
     const int world = current_context().world_size();
     const int64_t tp = cfg_.dist.tensor_model_parallel_size;
+    const auto& na = cfg_.resolved.not_applicable();
+    if (!na.empty()) {
+      std::string keys;
+      for (const auto& k : na) keys += (keys.empty() ? "" : ", ") + k;
+      t.message(str("not applicable in nxd (accepted and ignored): ", keys));
+    }
     t.message("data: " + data_.description);
     for (const auto& n : data_.notes) t.message("data: " + n);
     if (!data_.skipped.empty()) t.message("data: " + summarize_skipped(data_.skipped));

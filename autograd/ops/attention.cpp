@@ -81,7 +81,10 @@ Tensor materialized(const Tensor& q, const Tensor& k, const Tensor& v, bool caus
 
 // The fused kernel; with `positions` (packed documents) its document-masked form, causal.
 Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
-             const Tensor& positions = Tensor()) {
+             int64_t window, const Tensor& positions = Tensor()) {
+  NXD_CHECK(!positions.defined() || window == 0,
+            "[document_attention] packed documents with a sliding window (", window,
+            ") are not supported");
   Prepared p = prepare(q, k, v);
   Tensor lse = p.grad ? empty({q.size(0), q.size(1), q.size(2)}, p.oc.dtype(), p.dev) : Tensor();
   const Tensor pos = positions.defined() ? positions.detach() : Tensor();
@@ -90,7 +93,7 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, dou
     if (pos.defined())
       kernels::flash_document_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, pos, scale);
     else
-      kernels::flash_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, causal, scale);
+      kernels::flash_attention_forward(p.oc, lse, p.qc, p.kc, p.vc, causal, scale, window);
   }
   Tensor out = to_dtype(p.oc, p.dt);
   if (!p.grad) return out;
@@ -99,7 +102,7 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, dou
   autograd::record(pos.defined() ? "document_attention" : "scaled_dot_product_attention", {q, k, v},
                    {out},
                    [qk = keep(q, p.qc), kk = keep(k, p.kc), vk = keep(v, p.vc),
-                    ok = half ? out.detach() : p.oc.detach(), lse, pos, causal, scale,
+                    ok = half ? out.detach() : p.oc.detach(), lse, pos, causal, scale, window,
                     dt = p.dt](const Grads& g) -> Grads {
                      const Tensor qc = compute(qk), kc = compute(kk), vc = compute(vk);
                      auto [dq, dk, dv] = grad_buffers(qc, kc, vc);
@@ -109,7 +112,7 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, dou
                                                                   vc, compute(ok), lse, pos, scale);
                      else
                        kernels::flash_attention_backward(dq, dk, dv, compute(g[0]), qc, kc, vc,
-                                                         compute(ok), lse, causal, scale);
+                                                         compute(ok), lse, causal, scale, window);
                      return {to_dtype(dq, dt), to_dtype(dk, dt), to_dtype(dv, dt)};
                    });
   return out;
@@ -121,7 +124,7 @@ Tensor document_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& positions, double scale) {
   // no replay entry: tracing a model that packs documents fails naming this op
   OpScope scope_("document_attention");
-  return scope_.out(fused(q, k, v, /*causal=*/true, scale, positions), [&] {
+  return scope_.out(fused(q, k, v, /*causal=*/true, scale, 0, positions), [&] {
     return OpCall{{q, k, v, positions}, OpAttrs().set("scale", scale)};
   });
 }
@@ -129,24 +132,29 @@ Tensor document_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const SdpaOptions& opts) {
   OpScope scope_("sdpa");
+  NXD_CHECK(opts.window == 0 || opts.impl == AttentionImpl::fused,
+            "[scaled_dot_product_attention] a sliding window (", opts.window,
+            ") needs the fused implementation");
   return scope_.out(
       [&]() -> Tensor {
-        return opts.impl == AttentionImpl::fused ? fused(q, k, v, opts.causal, opts.scale)
-                                                 : materialized(q, k, v, opts.causal, opts.scale);
+        return opts.impl == AttentionImpl::fused
+                   ? fused(q, k, v, opts.causal, opts.scale, opts.window)
+                   : materialized(q, k, v, opts.causal, opts.scale);
       }(),
       [&] {
-        return OpCall{{q, k, v},
-                      OpAttrs()
-                          .set("causal", int64_t(opts.causal))
-                          .set("scale", opts.scale)
-                          .set("impl", int64_t(opts.impl))};
+        OpAttrs a = OpAttrs()
+                        .set("causal", int64_t(opts.causal))
+                        .set("scale", opts.scale)
+                        .set("impl", int64_t(opts.impl));
+        if (opts.window > 0) a.set("window", opts.window);  // traces without one keep their form
+        return OpCall{{q, k, v}, a};
       });
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double scale) {
   OpScope scope_("sdpa");
-  return scope_.out([&]() -> Tensor { return fused(q, k, v, causal, scale); }(),
+  return scope_.out([&]() -> Tensor { return fused(q, k, v, causal, scale, 0); }(),
                     [&] {
                       return OpCall{{q, k, v},
                                     OpAttrs()

@@ -16,12 +16,12 @@ void no_grad(const char* op, std::initializer_list<const Tensor*> ts) {
               t->desc(), " requires grad (run the KV-cache path under NoGradGuard)");
 }
 using AttentionKernel = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                 const Tensor&, const Tensor&, const Tensor&, double);
+                                 const Tensor&, const Tensor&, const Tensor&, double, int64_t);
 
 // cached_attention and paged_attention: `where` is seq_ids or block_tables.
 Tensor attention_op(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                     const Tensor& where, const Tensor& start, const Tensor& lengths, double scale,
-                    AttentionKernel kernel) {
+                    int64_t window, AttentionKernel kernel) {
   OpScope scope_(op);
   no_grad(op, {&q, &k_cache, &v_cache});
   check_float(op, "q", q);
@@ -31,9 +31,11 @@ Tensor attention_op(const char* op, const Tensor& q, const Tensor& k_cache, cons
   Tensor qc = compute(q);
   const Device dev = device_of({q, k_cache, v_cache});
   Tensor oc = empty({q.size(0), q.size(2), q.size(1), q.size(3)}, qc.dtype(), dev).transpose(1, 2);
-  kernel(oc, qc, k_cache.detach(), v_cache.detach(), where, start, lengths, scale);
+  kernel(oc, qc, k_cache.detach(), v_cache.detach(), where, start, lengths, scale, window);
   return scope_.out(to_dtype(oc, q.dtype()), [&] {
-    return OpCall{{q, k_cache, v_cache, where, start, lengths}, OpAttrs().set("scale", scale)};
+    OpAttrs a = OpAttrs().set("scale", scale);
+    if (window > 0) a.set("window", window);  // traces without one keep their form
+    return OpCall{{q, k_cache, v_cache, where, start, lengths}, a};
   });
 }
 
@@ -66,9 +68,9 @@ Tensor rotary_at(const Tensor& x, const Tensor& start, const RotaryOptions& opts
 
 Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& seq_ids, const Tensor& start, const Tensor& lengths,
-                        double scale) {
+                        double scale, int64_t window) {
   return attention_op("cached_attention", q, k_cache, v_cache, seq_ids, start, lengths, scale,
-                      &kernels::cached_attention_forward);
+                      window, &kernels::cached_attention_forward);
 }
 
 void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& block_tables,
@@ -81,9 +83,9 @@ void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& bl
 
 Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                        const Tensor& block_tables, const Tensor& start, const Tensor& lengths,
-                       double scale) {
+                       double scale, int64_t window) {
   return attention_op("paged_attention", q, k_cache, v_cache, block_tables, start, lengths, scale,
-                      &kernels::paged_attention_forward);
+                      window, &kernels::paged_attention_forward);
 }
 
 Tensor gather_last(const Tensor& h, const Tensor& lengths) {

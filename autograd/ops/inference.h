@@ -21,10 +21,11 @@ Tensor rotary_at(const Tensor& x, const Tensor& start, const RotaryOptions& opts
 // grouped-query): query (b, h, s) attends positions [0, start[b] + s] of cache row seq_ids[b];
 // padding queries give zeros. -> [B, Hq, S, D] in [B, S, Hq, D] memory (as
 // scaled_dot_product_attention), q's dtype. scale <= 0: 1/sqrt(D). bf16 caches are read as they
-// are (never converted whole).
+// are (never converted whole). window > 0: a sliding window, positions (start[b] + s - window,
+// start[b] + s] only.
 Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& seq_ids, const Tensor& start, const Tensor& lengths,
-                        double scale = 0.0);
+                        double scale = 0.0, int64_t window = 0);
 
 // The paged cache (runtime/kernels/kv_cache.h): cache [num_blocks, H, block_size, D] and per-row
 // block tables i64 [B, max_blocks]. kv_cache_write and cached_attention through the tables; the
@@ -33,7 +34,7 @@ void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& bl
                           const Tensor& start, const Tensor& lengths);
 Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                        const Tensor& block_tables, const Tensor& start, const Tensor& lengths,
-                       double scale = 0.0);
+                       double scale = 0.0, int64_t window = 0);
 
 // h [B, S, H] -> [B, H]: each row's last real token, h[b, lengths[b] - 1].
 Tensor gather_last(const Tensor& h, const Tensor& lengths);

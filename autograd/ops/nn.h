@@ -49,10 +49,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
 // between two GEMMs per head, the [B, Hq, Sq, Sk] probabilities kept for backward
 // (runtime/kernels/attention.h).
 enum class AttentionImpl { fused, materialized };
+// window > 0 (causal, fused only): a sliding window, query i sees keys j with
+// i + Sk - Sq - window < j <= i + Sk - Sq (transformers' sliding_window, Mistral's).
 struct SdpaOptions {
   bool causal = true;
   double scale = 0.0;
   AttentionImpl impl = AttentionImpl::fused;
+  int64_t window = 0;
 };
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const SdpaOptions& opts);

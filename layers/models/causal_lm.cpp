@@ -326,19 +326,19 @@ Tensor recompute_layer(const std::function<Tensor(const Tensor&)>& layer, const 
 }
 
 bool is_builtin_arch(const std::string& arch) {
-  return arch == "llama" || arch == "gpt_neox" || arch == "mixtral";
+  return is_llama_family(arch) || arch == "gpt_neox";
 }
 
 std::shared_ptr<CausalLM> make_causal_lm(const ModelConfig& cfg, uint64_t seed,
                                          const ModelPart& part) {
   cfg.validate();
   if (!is_builtin_arch(cfg.arch))
-    throw ConfigError(
-        str("[make_causal_lm] unknown arch '", cfg.arch,
-            "' (built in: llama, gpt_neox, mixtral; another architecture derives CausalLM, "
-            "as examples/new_model does)"));
+    throw ConfigError(str("[make_causal_lm] unknown arch '", cfg.arch,
+                          "' (built in: llama, gpt_neox, mixtral, qwen2, qwen3, mistral; another "
+                          "architecture derives CausalLM, "
+                          "as examples/new_model does)"));
   std::shared_ptr<CausalLM> m;
-  if (cfg.arch == "llama" || cfg.arch == "mixtral") {
+  if (is_llama_family(cfg.arch)) {
     m = std::make_shared<LlamaForCausalLM>(cfg, part);
   } else {
     m = std::make_shared<GPTNeoXForCausalLM>(cfg, part);

@@ -5,6 +5,11 @@
 
 namespace nxd {
 
+bool is_llama_family(const std::string& arch) {
+  return arch == "llama" || arch == "mixtral" || arch == "qwen2" || arch == "qwen3" ||
+         arch == "mistral";
+}
+
 int64_t ModelConfig::ffn_size() const {
   if (ffn_hidden_size > 0) return ffn_hidden_size;
   if (arch == "gpt_neox") return 4 * hidden_size;
@@ -109,9 +114,12 @@ void ModelConfig::validate() const {
          " high_freq_factor=", rope_scaling.high_freq_factor,
          " original_max_position_embeddings=", rope_scaling.original_max_position_embeddings);
   if (!(norm_eps > 0.0)) fail("norm_eps must be positive, got ", norm_eps);
-  if ((arch == "llama" || arch == "mixtral") && hidden_act != "silu" && hidden_act != "gelu" &&
+  if (is_llama_family(arch) && hidden_act != "silu" && hidden_act != "gelu" &&
       hidden_act != "gelu_new")
     fail("llama hidden_act must be silu, gelu or gelu_new, got '", hidden_act, "'");
+  if (sliding_window < 0) fail("sliding_window must be >= 0 (0 = none), got ", sliding_window);
+  if (!is_llama_family(arch) && (qkv_bias || qk_norm || sliding_window > 0))
+    fail("qkv_bias, qk_norm and sliding_window are llama-family fields, not ", arch, "'s");
   if (!(init_std >= 0.0)) fail("init_std must be >= 0, got ", init_std);
   if (!(dropout >= 0.0 && dropout < 1.0)) fail("dropout must be in [0, 1), got ", dropout);
   if (!is_floating(dtype)) fail("dtype must be floating, got ", dtype_name(dtype));

@@ -29,7 +29,9 @@ const char* checkpoint_granularity_name(CheckpointGranularity g);  // "null", "f
 CheckpointGranularity parse_checkpoint_granularity(const std::string& s);
 
 struct ModelConfig {
-  std::string arch = "llama";  // "llama" | "gpt_neox" | "mixtral" (llama with MoE MLPs)
+  // "llama" | "gpt_neox" | "mixtral" (llama with MoE MLPs) | "qwen2" | "qwen3" | "mistral": the
+  // last three are llama with the fields below (is_llama_family; docs/design/families.md)
+  std::string arch = "llama";
   int64_t vocab_size = 256;
   int64_t num_layers = 4;
   int64_t hidden_size = 256;
@@ -58,6 +60,13 @@ struct ModelConfig {
   std::string hidden_act = "silu";
   bool attention_bias = false;
   bool mlp_bias = false;
+  // llama family: biases on q/k/v_proj only (Qwen2's), an RMSNorm over head_dim on every query and
+  // key head before rotary (Qwen3's q_norm/k_norm, eps norm_eps), and sliding-window attention:
+  // > 0 lets each token see its last sliding_window positions, itself included (transformers'
+  // sliding_window: Mistral's, Qwen's use_sliding_window), 0 = full causal.
+  bool qkv_bias = false;
+  bool qk_norm = false;
+  int64_t sliding_window = 0;
   DType dtype = DType::f32;      // parameter dtype
   Device device = Device::host;  // meta: shapes only
   // TP > 1: hidden states are split along the sequence between the tensor-parallel regions
@@ -119,6 +128,9 @@ struct ModelPart {
   void validate(const ModelConfig& c) const;
   std::string str(const ModelConfig& c) const;  // "layers [2, 4) + head"
 };
+
+// The architectures built by LlamaForCausalLM: llama, mixtral, qwen2, qwen3, mistral.
+bool is_llama_family(const std::string& arch);
 
 // The tensor-parallel size models are built for: the parallel_state TP size, or 1 when
 // parallel_state is not initialized.

@@ -17,12 +17,24 @@ AttentionOptions llama_attention(const ModelConfig& c, int tp) {
   a.rope_theta = c.rope_theta;
   a.rope_scaling = c.rope_scaling;
   a.bias = c.attention_bias;
+  a.qkv_bias = c.qkv_bias;
+  a.qk_norm = c.qk_norm;
+  a.qk_norm_eps = c.norm_eps;
+  a.sliding_window = c.sliding_window;
   a.layout = QkvLayout::separate;
   a.init = c.init_scheme();
   a.param = {c.dtype, c.device};
   a.recompute_core = c.activations_checkpoint_granularity == CheckpointGranularity::selective;
   a.context_parallel_group = model_context_parallel_group();
   return a;
+}
+// transformers' class of each llama-family arch
+const char* llama_family_type(const std::string& arch) {
+  if (arch == "mixtral") return "MixtralForCausalLM";
+  if (arch == "qwen2") return "Qwen2ForCausalLM";
+  if (arch == "qwen3") return "Qwen3ForCausalLM";
+  if (arch == "mistral") return "MistralForCausalLM";
+  return "LlamaForCausalLM";
 }
 }  // namespace
 
@@ -86,7 +98,7 @@ Tensor LlamaDecoderLayer::forward_cached(const Tensor& h, const CacheStep& step,
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& cfg, const ModelPart& part)
-    : CausalLM(cfg, cfg.arch == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM", part) {
+    : CausalLM(cfg, llama_family_type(cfg.arch), part) {
   const ModelConfig& c = cfg_;
   const bool sp = sequence_parallel();
   register_decoder_stack(

@@ -13,6 +13,7 @@ namespace nxd::kernels::detail {
 struct Dims {
   int64_t b, hq, hkv, sq, sk, d, group;
   double scale;
+  int64_t window = 0;  // causal sliding window: query at key position p sees (p - window, p]
 };
 
 inline Dims check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -34,6 +35,13 @@ inline Dims check_attention(const char* op, const Tensor& q, const Tensor& k, co
   d.group = d.hq / d.hkv;
   if (!(d.scale > 0)) d.scale = 1.0 / std::sqrt(double(d.d));
   return d;
+}
+
+// A sliding window (0: none) is a causal mask's: window >= 0, and causal when positive.
+inline int64_t check_window(const char* op, bool causal, int64_t window) {
+  NXD_CHECK(window >= 0 && (window == 0 || causal), "[", op, "] sliding window ", window,
+            " must be >= 0 and needs causal attention (causal=", causal, ")");
+  return window;
 }
 
 // A [B, H, S, D] operand BLAS can read per (b, h) with leading dimension ld.

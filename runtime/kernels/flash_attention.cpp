@@ -33,10 +33,16 @@ struct Mask {
 struct Span {
   int64_t lo, hi;
 };
+// The first key row i of batch b sees under a causal mask: its document's first, and with a
+// sliding window (d.window > 0) at least p - window + 1 for its key position p.
+inline int64_t first_key(const Dims& d, const Mask& m, int64_t b, int64_t i) {
+  const int64_t s = m.start(b, i);
+  return d.window > 0 ? std::max<int64_t>(s, i + d.sk - d.sq - d.window + 1) : s;
+}
 inline Span visible(const Dims& d, const Mask& m, int64_t b, int64_t i, int64_t j0, int64_t cols) {
   if (!m.causal) return {0, cols};
   const int64_t hi = std::clamp<int64_t>(i + d.sk - d.sq + 1 - j0, 0, cols);
-  return {std::clamp<int64_t>(m.start(b, i) - j0, 0, hi), hi};
+  return {std::clamp<int64_t>(first_key(d, m, b, i) - j0, 0, hi), hi};
 }
 
 // Keys [0, end) some row of the query block [i0, i0 + rows) sees.
@@ -44,9 +50,9 @@ inline int64_t key_end(const Dims& d, bool causal, int64_t i0, int64_t rows) {
   return causal ? std::min(d.sk, i0 + rows + d.sk - d.sq) : d.sk;
 }
 // The first key block some row of the query block starting at i0 sees (its first row's document
-// starts first).
-inline int64_t first_key_block(const Mask& m, int64_t b, int64_t i0) {
-  return m.start(b, i0) / kBk * kBk;
+// and window start first).
+inline int64_t first_key_block(const Dims& d, const Mask& m, int64_t b, int64_t i0) {
+  return m.causal ? std::max<int64_t>(0, first_key(d, m, b, i0)) / kBk * kBk : 0;
 }
 
 // Score entries (rows x columns of the block pairs) the forward computes: every query block
@@ -61,7 +67,7 @@ double forward_scores(const Dims& d, const Mask& m) {
   for (int64_t b = 0; b < (m.pos ? d.b : 1); ++b)
     for (int64_t i0 = 0; i0 < d.sq; i0 += kBq) {
       const int64_t rows = std::min(kBq, d.sq - i0);
-      n += double(rows) * double(key_end(d, m.causal, i0, rows) - first_key_block(m, b, i0));
+      n += double(rows) * double(key_end(d, m.causal, i0, rows) - first_key_block(d, m, b, i0));
     }
   return m.pos ? n / double(d.b) : n;
 }
@@ -73,10 +79,11 @@ inline int64_t first_query_block(const Dims& d, bool causal, int64_t j0) {
 
 // The end of the query blocks that see key block [j0, j0 + cols): with documents, the first
 // query block whose first row's document starts after the block (every later row's does too).
+// With a sliding window likewise the first query block whose first row's window starts after it.
 inline int64_t query_end(const Dims& d, const Mask& m, int64_t b, int64_t j0, int64_t cols) {
-  if (!m.pos) return d.sq;
+  if (!m.causal || (!m.pos && d.window <= 0)) return d.sq;
   int64_t i0 = first_query_block(d, m.causal, j0);
-  while (i0 < d.sq && m.start(b, i0) < j0 + cols) i0 += kBq;
+  while (i0 < d.sq && first_key(d, m, b, i0) < j0 + cols) i0 += kBq;
   return i0;
 }
 
@@ -134,7 +141,7 @@ void forward_block(const Dims& d, const Mask& mask, const Operands<T>& x, T* lse
   for (int64_t r = 0; r < rows; ++r) std::fill(ob + r * x.o.ld, ob + r * x.o.ld + d.d, T(0));
   m.head(rows).setConstant(-std::numeric_limits<T>::infinity());
   l.head(rows).setZero();
-  for (int64_t j0 = first_key_block(mask, b, i0); j0 < kend; j0 += kBk) {
+  for (int64_t j0 = first_key_block(d, mask, b, i0); j0 < kend; j0 += kBk) {
     const int64_t cols = std::min(kBk, kend - j0);
     gemm<T>(Trans::no, Trans::yes, rows, cols, d.d, T(d.scale), qb, x.q.ld,
             x.k.at(b, g) + j0 * x.k.ld, x.k.ld, T(0), s.data(), kBk);
@@ -249,7 +256,7 @@ void backward_query_block(const Dims& d, const Mask& mask, const Operands<T>& x,
   const int64_t rows = std::min(kBq, d.sq - i0), kend = key_end(d, mask.causal, i0, rows);
   const int64_t row0 = (b * d.hq + h) * d.sq;
   zero_rows(d, y.dq, b, h, i0, rows);
-  for (int64_t j0 = first_key_block(mask, b, i0); j0 < kend; j0 += kBk)
+  for (int64_t j0 = first_key_block(d, mask, b, i0); j0 < kend; j0 += kBk)
     backward_block<T>(d, mask, x, y, lse + row0, delta + row0, b, h, i0, j0,
                       Pass{.dq = true, .dkv = false}, w);
 }
@@ -403,17 +410,20 @@ FlashBackwardSchedule flash_backward_schedule() {
 }
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, bool causal, double scale) {
+                             const Tensor& v, bool causal, double scale, int64_t window) {
   const char* op = "flash_attention_forward";
-  const Dims d = check_attention(op, q, k, v, causal, scale);
+  Dims d = check_attention(op, q, k, v, causal, scale);
+  d.window = check_window(op, causal, window);
   forward_impl(op, out, lse, q, k, v, d, Mask{.causal = causal});
 }
 
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, bool causal, double scale) {
+                              const Tensor& out, const Tensor& lse, bool causal, double scale,
+                              int64_t window) {
   const char* op = "flash_attention_backward";
-  const Dims d = check_attention(op, q, k, v, causal, scale);
+  Dims d = check_attention(op, q, k, v, causal, scale);
+  d.window = check_window(op, causal, window);
   backward_impl(op, {dq, dk, dv, dout, q, k, v, out, lse, "lse", {d.b, d.hq, d.sq}}, d,
                 Mask{.causal = causal});
 }

@@ -29,14 +29,17 @@ FlashBackwardSchedule flash_backward_schedule();
 // out: [B, Hq, Sq, D] (unit last stride); lse: [B, Hq, Sq] contiguous in q's dtype (the
 // log-sum-exp of each row's scaled scores, what the backward needs), or undefined (inference);
 // q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D] as in attention_forward (Sk >= Sq when causal; query
-// i sees keys j <= i + Sk - Sq). scale <= 0 means 1/sqrt(D).
+// i sees keys j <= i + Sk - Sq). scale <= 0 means 1/sqrt(D). window > 0 (causal only): a
+// sliding window, query i sees keys j with i + Sk - Sq - window < j <= i + Sk - Sq (Mistral's;
+// key blocks wholly outside it are skipped).
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, bool causal, double scale);
+                             const Tensor& v, bool causal, double scale, int64_t window = 0);
 // dq: [B, Hq, Sq, D]; dk, dv: [B, Hkv, Sk, D] (all overwritten; unit last stride); dout, q, k, v,
 // out and lse as in the forward.
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, bool causal, double scale);
+                              const Tensor& out, const Tensor& lse, bool causal, double scale,
+                              int64_t window = 0);
 
 // Causal attention within documents (packed sequences): positions [B, S] i32/i64 (S == Sq == Sk)
 // is each token's position in its document, 0 where a document starts and the previous one + 1

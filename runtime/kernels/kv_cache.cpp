@@ -86,7 +86,8 @@ T* scratch(std::vector<T>& v, size_t n) {
 // rows, as one GEMM against the n = start + len keys of the row.
 template <class T, class C>
 void attend_group(const Tensor& out, const Tensor& q, const C* kc, const C* vc, int64_t b,
-                  int64_t kh, int64_t g, int64_t D, int64_t st, int64_t len, T scale) {
+                  int64_t kh, int64_t g, int64_t D, int64_t st, int64_t len, T scale,
+                  int64_t window) {
   using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int64_t n = st + len, rows = g * len;
   thread_local std::vector<T> qbuf, sbuf, kbuf, vbuf;
@@ -113,13 +114,15 @@ void attend_group(const Tensor& out, const Tensor& q, const C* kc, const C* vc, 
   T* op = out.data<T>();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t j = r / len, s = r % len, visible = st + s + 1;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;
     T* sr = sp + r * n;
     T mx = -std::numeric_limits<T>::infinity();
-    for (int64_t k = 0; k < visible; ++k) mx = std::max(mx, sr[k]);
+    for (int64_t k = first; k < visible; ++k) mx = std::max(mx, sr[k]);
     T z = 0;
-    for (int64_t k = 0; k < visible; ++k) z += sr[k] = std::exp(sr[k] - mx);
+    for (int64_t k = first; k < visible; ++k) z += sr[k] = std::exp(sr[k] - mx);
     const T inv = T(1) / z;
-    for (int64_t k = 0; k < visible; ++k) sr[k] *= inv;
+    for (int64_t k = first; k < visible; ++k) sr[k] *= inv;
+    for (int64_t k = 0; k < first; ++k) sr[k] = 0;
     for (int64_t k = visible; k < n; ++k) sr[k] = 0;
     T* orow = op + b * out.stride(0) + (kh * g + j) * out.stride(1) + s * out.stride(2);
     Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> O(orow, D);
@@ -271,8 +274,9 @@ void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, in
 
 void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
-                              const Tensor& lengths, double scale) {
+                              const Tensor& lengths, double scale, int64_t window) {
   const char* op = "cached_attention";
+  NXD_CHECK(window >= 0, "[", op, "] sliding window must be >= 0, got ", window);
   check_attention_args(op, out, q, k_cache, v_cache);
   NXD_CHECK_SHAPE(q.size(0) <= k_cache.size(0), "[", op, "] q ", q.desc(), " has more rows than ",
                   "the cache ", k_cache.desc());
@@ -295,7 +299,7 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
                  const int64_t off = (r.seq[b] * Hkv + kh) * L * D;
                  attend_group<T, C>(out, q, static_cast<const C*>(k_cache.raw_data()) + off,
                                     static_cast<const C*>(v_cache.raw_data()) + off, b, kh, g, D,
-                                    r.start[b], r.len[b], T(sc));
+                                    r.start[b], r.len[b], T(sc), window);
                });
 }
 
@@ -382,8 +386,9 @@ void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& bl
 
 void paged_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& block_tables, const Tensor& start,
-                             const Tensor& lengths, double scale) {
+                             const Tensor& lengths, double scale, int64_t window) {
   const char* op = "paged_attention";
+  NXD_CHECK(window >= 0, "[", op, "] sliding window must be >= 0, got ", window);
   check_attention_args(op, out, q, k_cache, v_cache);
   const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3);
   const int64_t Hkv = k_cache.size(1), NB = k_cache.size(0), bs = k_cache.size(2), g = Hq / Hkv;
@@ -414,7 +419,8 @@ void paged_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k
                                      Hkv, kh, bs, D);
                  gather_blocks<T, C>(vp, static_cast<const C*>(v_cache.raw_data()), t + b * MB, n,
                                      Hkv, kh, bs, D);
-                 attend_group<T, T>(out, q, kp, vp, b, kh, g, D, r.start[b], r.len[b], T(sc));
+                 attend_group<T, T>(out, q, kp, vp, b, kh, g, D, r.start[b], r.len[b], T(sc),
+                                    window);
                });
 }
 
@@ -451,7 +457,7 @@ namespace ref {
 
 void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
-                              const Tensor& lengths, double scale) {
+                              const Tensor& lengths, double scale, int64_t window) {
   const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3);
   const int64_t g = Hq / k_cache.size(1);
   const double sc = scale > 0 ? scale : 1.0 / std::sqrt(double(D));
@@ -463,16 +469,16 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
           for (int64_t d = 0; d < D; ++d) out.set({b, h, s, d}, 0.0);
           continue;
         }
-        const int64_t n = st + s + 1;
-        std::vector<double> w(n);
+        const int64_t n = st + s + 1, j0 = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+        std::vector<double> w(n, -INFINITY);
         double mx = -INFINITY, z = 0;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           double a = 0;
           for (int64_t d = 0; d < D; ++d) a += q.at({b, h, s, d}) * k_cache.at({sid, h / g, j, d});
           w[j] = a * sc;
           mx = std::max(mx, w[j]);
         }
-        for (auto& x : w) z += x = std::exp(x - mx);
+        for (auto& x : w) z += x = std::exp(x - mx);  // exp(-inf) = 0 outside the window
         for (int64_t d = 0; d < D; ++d) {
           double o = 0;
           for (int64_t j = 0; j < n; ++j) o += w[j] / z * v_cache.at({sid, h / g, j, d});

@@ -42,10 +42,11 @@ void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, in
 // at position p = start[b] + s attends positions [0, p] of cache row seq_ids[b], kv head
 // h / (Hq / Hkv). Padding queries (s >= lengths[b]) get zeros. q f32/f64 [B, Hq, S, D];
 // k_cache, v_cache [Bmax, Hkv, L, D] contiguous, q's dtype or bf16 (loaded to f32).
-// scale <= 0 means 1/sqrt(D). Call kv_cache_write for the step's tokens first.
+// scale <= 0 means 1/sqrt(D). window > 0: a sliding window, positions (p - window, p] only.
+// Call kv_cache_write for the step's tokens first.
 void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
-                              const Tensor& lengths, double scale);
+                              const Tensor& lengths, double scale, int64_t window = 0);
 
 // The paged layout (vLLM's PagedAttention): cache [num_blocks, H, block_size, D] contiguous, one
 // pool of fixed-size blocks; block_tables i64 [B, max_blocks] (contiguous host, or meta): position
@@ -62,7 +63,7 @@ void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& bl
 // runs the contiguous kernel's GEMMs on it, so the result is bitwise the contiguous one.
 void paged_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& block_tables, const Tensor& start,
-                             const Tensor& lengths, double scale);
+                             const Tensor& lengths, double scale, int64_t window = 0);
 
 // out [B, H] = h[b, lengths[b] - 1, :] for h [B, S, H] (any dtype; out of h's dtype).
 void gather_last_forward(const Tensor& out, const Tensor& h, const Tensor& lengths);
@@ -71,7 +72,7 @@ namespace ref {
 // Plain loops in double (tests).
 void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
-                              const Tensor& lengths, double scale);
+                              const Tensor& lengths, double scale, int64_t window = 0);
 void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, int64_t rotary_dim,
                        double base, const RopeScaling& scaling = {});
 }  // namespace ref

@@ -2,10 +2,12 @@
 """A transformers folder and the logits of its model on fixed tokens, computed in plain PyTorch
 with transformers' semantics (LlamaForCausalLM, GPTNeoXForCausalLM: RMSNorm / LayerNorm, rotate-half
 RoPE with rope_theta / rotary_emb_base and rope_scaling linear / llama3, partial rotary, GQA,
-SwiGLU or GELU (erf or tanh), parallel or sequential residual, biases, head_dim, tied head).
+SwiGLU or GELU (erf or tanh), parallel or sequential residual, biases, head_dim, tied head;
+Qwen2ForCausalLM: q/k/v biases; Qwen3ForCausalLM: q_norm/k_norm per head, head_dim (default 128);
+MistralForCausalLM: sliding_window, key j visible to query i iff i - window < j <= i).
 
 usage: hf_reference.py SPEC.json   (a list of {"out": OUT_DIR, "config": CONFIG, "options": OPTIONS})
-  CONFIG: config.json's content (model_type llama or gpt_neox and its keys)
+  CONFIG: config.json's content (model_type llama, qwen2, qwen3, mistral or gpt_neox and its keys)
   OPTIONS: {"dtype": "F32"|"BF16"|"F16", "shards": N (>1: model.safetensors.index.json),
                       "inv_freq": bool (write rotary_emb.inv_freq buffers),
                       "head_copy": bool (tied: also write lm_head/embed_out.weight)}
@@ -76,13 +78,44 @@ def rotate(x, inv):  # x [B,H,S,R]: rotate-half rotary on all R features
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def attention(q, k, v):  # [B,H,S,D], k/v [B,Hkv,S,D]
+def attention(q, k, v, window=None):  # [B,H,S,D], k/v [B,Hkv,S,D]
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     n = q.shape[2]
     s = s.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
+    if window:  # transformers' sliding window: kv_idx > q_idx - sliding_window
+        s = s.masked_fill(torch.tril(torch.ones(n, n, dtype=torch.bool), -window), float("-inf"))
     return s.softmax(-1) @ v
+
+
+LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def head_dim(c):
+    if c.get("head_dim"):
+        return c["head_dim"]
+    return 128 if c["model_type"] == "qwen3" else c["hidden_size"] // c["num_attention_heads"]
+
+
+def biases(c):  # (q/k/v, o_proj, mlp) biases of the llama family
+    t = c["model_type"]
+    if t == "qwen2":
+        return True, False, False
+    if t == "mistral":
+        return False, False, False
+    ab = c.get("attention_bias", False)
+    return ab, ab, c.get("mlp_bias", False) if t == "llama" else False
+
+
+def sliding_window(c):
+    t = c["model_type"]
+    if t == "mistral":
+        return c.get("sliding_window", 4096)
+    if t in ("qwen2", "qwen3") and c.get("use_sliding_window"):
+        assert c.get("max_window_layers", 0) == 0
+        return c.get("sliding_window")
+    return None
 
 
 def act(name, x):
@@ -98,9 +131,10 @@ def act(name, x):
 def llama(c, w, ids):
     H, d = c["num_attention_heads"], c["hidden_size"]
     Hkv = c.get("num_key_value_heads", H)
-    D = c.get("head_dim") or d // H
+    D = head_dim(c)
     inv = rope_inv_freq(D, c.get("rope_theta", 10000.0), c.get("rope_scaling"))
     eps = c["rms_norm_eps"]
+    window = sliding_window(c)
 
     def rms(x, wt):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * wt
@@ -109,17 +143,20 @@ def llama(c, w, ids):
         y = x @ w[name + ".weight"].T
         return y + w[name + ".bias"] if bias else y
 
-    ab, mb = c.get("attention_bias", False), c.get("mlp_bias", False)
+    qb, ob, mb = biases(c)
     h = w["model.embed_tokens.weight"][ids][None]
     S = h.shape[1]
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = rms(h, w[p + "input_layernorm.weight"])
-        q = lin(x, p + "self_attn.q_proj", ab).view(1, S, H, D).transpose(1, 2)
-        k = lin(x, p + "self_attn.k_proj", ab).view(1, S, Hkv, D).transpose(1, 2)
-        v = lin(x, p + "self_attn.v_proj", ab).view(1, S, Hkv, D).transpose(1, 2)
-        a = attention(rotate(q, inv), rotate(k, inv), v).transpose(1, 2).reshape(1, S, H * D)
-        h = h + lin(a, p + "self_attn.o_proj", ab)
+        q = lin(x, p + "self_attn.q_proj", qb).view(1, S, H, D)
+        k = lin(x, p + "self_attn.k_proj", qb).view(1, S, Hkv, D)
+        if c["model_type"] == "qwen3":  # Qwen3Attention: q_norm / k_norm over head_dim
+            q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = lin(x, p + "self_attn.v_proj", qb).view(1, S, Hkv, D).transpose(1, 2)
+        a = attention(rotate(q, inv), rotate(k, inv), v, window).transpose(1, 2).reshape(1, S, H * D)
+        h = h + lin(a, p + "self_attn.o_proj", ob)
         x = rms(h, w[p + "post_attention_layernorm.weight"])
         g = act(c.get("hidden_act", "silu"), lin(x, p + "mlp.gate_proj", mb))
         h = h + lin(g * lin(x, p + "mlp.up_proj", mb), p + "mlp.down_proj", mb)
@@ -174,17 +211,20 @@ def weights(c):
     def r(name, *shape, std=0.2):
         w[name] = torch.randn(*shape) * std
 
-    if c["model_type"] == "llama":
+    if c["model_type"] in LLAMA_FAMILY:
         Hkv = c.get("num_key_value_heads", H)
-        D = c.get("head_dim") or d // H
-        ab, mb = c.get("attention_bias", False), c.get("mlp_bias", False)
+        D = head_dim(c)
+        qb, ob, mb = biases(c)
         r("model.embed_tokens.weight", V, d, std=0.3)
         for i in range(L):
             p = f"model.layers.{i}."
             for n, o, ii in (("q", H * D, d), ("k", Hkv * D, d), ("v", Hkv * D, d), ("o", d, H * D)):
                 r(p + f"self_attn.{n}_proj.weight", o, ii)
-                if ab:
+                if (ob if n == "o" else qb):
                     r(p + f"self_attn.{n}_proj.bias", o)
+            if c["model_type"] == "qwen3":
+                w[p + "self_attn.q_norm.weight"] = 1 + torch.randn(D) * 0.1
+                w[p + "self_attn.k_norm.weight"] = 1 + torch.randn(D) * 0.1
             for n, o, ii in (("gate", F, d), ("up", F, d), ("down", d, F)):
                 r(p + f"mlp.{n}_proj.weight", o, ii)
                 if mb:
@@ -218,15 +258,16 @@ def make(out, c, opt):
     dtype = opt.get("dtype", "F32")
     w = {n: stored(t, dtype) for n, t in weights(c).items()}
     ids = torch.tensor([(7 * i * i + 3 * i + 1) % c["vocab_size"] for i in range(int(opt.get("seq", 24)))])
-    logits = (llama if c["model_type"] == "llama" else gpt_neox)(c, w, ids)
+    fam = c["model_type"] in LLAMA_FAMILY
+    logits = (llama if fam else gpt_neox)(c, w, ids)
     files = dict(w)
-    head = "lm_head.weight" if c["model_type"] == "llama" else "embed_out.weight"
-    emb = "model.embed_tokens.weight" if c["model_type"] == "llama" else "gpt_neox.embed_in.weight"
+    head = "lm_head.weight" if fam else "embed_out.weight"
+    emb = "model.embed_tokens.weight" if fam else "gpt_neox.embed_in.weight"
     if opt.get("head_copy"):
         files[head] = w[emb].clone()
     if opt.get("inv_freq"):
         for i in range(c["num_hidden_layers"]):
-            p = (f"model.layers.{i}.self_attn" if c["model_type"] == "llama"
+            p = (f"model.layers.{i}.self_attn" if fam
                  else f"gpt_neox.layers.{i}.attention")
             files[p + ".rotary_emb.inv_freq"] = torch.ones(4)
             if c["model_type"] == "gpt_neox":

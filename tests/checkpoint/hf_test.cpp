@@ -1,6 +1,7 @@
 // transformers folders against a plain-PyTorch reference (hf_reference.py, run once with Debian's
 // python3-torch; skipped with a message when it is not installed): every config variant nxd
-// reads, both architectures, F32/BF16/F16 and sharded files, inv_freq buffers and a tied config's
+// reads, every architecture (llama, qwen2, qwen3, mistral, gpt_neox), F32/BF16/F16 and sharded
+// files, inv_freq buffers and a tied config's
 // head copy; import-hf at TP 2 -> the checkpoint as a weight source (what model.init_from loads)
 // -> the model's logits within 1e-5 of PyTorch's on fixed tokens; import -> export -> import is
 // the identity; what nxd cannot express is refused by name.
@@ -14,6 +15,7 @@
 #include "ckpt_util.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
+#include "support/tiny_models.h"
 
 namespace nxd::testing {
 namespace {
@@ -80,6 +82,30 @@ std::vector<std::tuple<std::string, json, json>> variants() {
       {"llama_biases_gelu",
        with(base_llama(), {{"attention_bias", true}, {"mlp_bias", true}, {"hidden_act", "gelu"}}),
        json::object()},
+      // Qwen2: q/k/v biases (tied, as Qwen2.5's small models); one with a sliding window on every
+      // layer (use_sliding_window, max_window_layers 0) shorter than the 24 reference tokens
+      {"qwen2_tied", with(base_llama(), {{"model_type", "qwen2"}, {"tie_word_embeddings", true}}),
+       json::object()},
+      {"qwen2_sliding_window",
+       with(base_llama(), {{"model_type", "qwen2"},
+                           {"use_sliding_window", true},
+                           {"sliding_window", 5},
+                           {"max_window_layers", 0}}),
+       {{"dtype", "BF16"}}},
+      // Qwen3: q_norm/k_norm, head_dim its own key (16 with hidden 32 and 4 heads), and
+      // Qwen3Config's default head_dim 128 with attention_bias on q/k/v/o
+      {"qwen3_head_dim", with(base_llama(), {{"model_type", "qwen3"}, {"head_dim", 16}}),
+       json::object()},
+      {"qwen3_default_head_dim_bias",
+       with(base_llama(), {{"model_type", "qwen3"}, {"attention_bias", true}}), json::object()},
+      // Mistral: a sliding window of 5 over 24 tokens; and sliding_window null (full causal)
+      {"mistral_sliding_window",
+       with(base_llama(),
+            {{"model_type", "mistral"}, {"sliding_window", 5}, {"head_dim", nullptr}}),
+       json::object()},
+      {"mistral_no_window_sharded",
+       with(base_llama(), {{"model_type", "mistral"}, {"sliding_window", nullptr}}),
+       {{"shards", 2}}},
       {"neox_parallel_gelu", base_neox(), json::object()},
       {"neox_sequential_gelu_new_tied_bf16",
        with(base_neox(), {{"use_parallel_residual", false},
@@ -164,6 +190,7 @@ TEST_F(HfReference, ImportThenInitFromMatchesPyTorchLogits) {
     for (size_t i = 0; i < want.size(); ++i)
       worst = std::max(worst, std::abs(static_cast<double>(got.data<float>()[i]) - want[i]));
     EXPECT_LT(worst, 1e-5) << "largest |logit difference| " << worst;
+    std::printf("    [%s] largest |logit - PyTorch's| %.3g\n", name.c_str(), worst);
     // the folder itself as the source gives the same logits, bitwise
     const Tensor direct = logits_of(ckpt::inspect_weight_source(hf), ids);
     EXPECT_BITWISE_EQ(direct, got);
@@ -209,7 +236,20 @@ TEST(HfConfig, UnsupportedKeysAreRefusedByName) {
       {with(base_llama(), {{"hidden_act", "relu"}}), "hidden_act 'relu'"},
       {with(base_neox(), {{"hidden_act", "relu"}}), "hidden_act 'relu'"},
       {with(base_neox(), {{"attention_bias", false}}), "attention_bias: false"},
-      {with(base_llama(), {{"model_type", "mistral"}}), "model_type 'mistral'"},
+      {with(base_llama(), {{"model_type", "phi3"}}), "model_type 'phi3'"},
+      {with(base_llama(), {{"model_type", "qwen2"},
+                           {"use_sliding_window", true},
+                           {"sliding_window", 8},
+                           {"max_window_layers", 1}}),
+       "a sliding window on 1 of 2 layers"},
+      {with(base_llama(), {{"model_type", "qwen3"},
+                           {"layer_types", {"full_attention", "sliding_attention"}},
+                           {"sliding_window", 8}}),
+       "a sliding window on 1 of 2 layers"},
+      {with(base_llama(), {{"model_type", "mistral"}, {"attention_dropout", 0.1}}),
+       "attention_dropout 0.1"},
+      {with(base_llama(), {{"model_type", "qwen2"}, {"rope_scaling", {{"rope_type", "yarn"}}}}),
+       "rope_scaling of type 'yarn'"},
   };
   for (const auto& [cfg, want] : cases) {
     SCOPED_TRACE(cfg.dump());
@@ -270,6 +310,45 @@ TEST(HfConfig, ExportWritesEveryKeyBack) {
   const json j = ckpt::hf_config_json(l);
   EXPECT_EQ(j["head_dim"], 16);
   EXPECT_EQ(ckpt::model_config_from_hf(j).head_dim(), 16);
+}
+
+// The llama-family variants write their own model_type and keys, read back to the same config,
+// and what a family cannot express is refused by name.
+TEST(HfConfig, FamiliesRoundTripAndRefuseWhatTheyCannotExpress) {
+  ModelConfig q2 = nxd::testing::tiny_model("llama");  // 2 KV heads, FFN 48, 32 positions
+  q2.arch = "qwen2";
+  q2.qkv_bias = true;
+  q2.sliding_window = 16;
+  ModelConfig q3 = q2;
+  q3.arch = "qwen3";
+  q3.qkv_bias = false;
+  q3.qk_norm = true;
+  q3.attention_head_dim = 16;
+  q3.sliding_window = 0;
+  ModelConfig mi = q3;
+  mi.arch = "mistral";
+  mi.qk_norm = false;
+  mi.sliding_window = 8;
+  for (const ModelConfig& c : {q2, q3, mi}) {
+    SCOPED_TRACE(c.arch);
+    const json j = ckpt::hf_config_json(c);
+    EXPECT_EQ(j["model_type"], c.arch);
+    EXPECT_EQ(ckpt::model_config_json(ckpt::model_config_from_hf(j)).dump(),
+              ckpt::model_config_json(c).dump());
+  }
+  ModelConfig bad = q2;
+  bad.qk_norm = true;
+  EXPECT_NE(error_of([&] { ckpt::hf_config_json(bad); }).find("qwen2 with"), std::string::npos);
+  bad = q3;
+  bad.qkv_bias = true;
+  EXPECT_NE(error_of([&] { ckpt::hf_config_json(bad); }).find("qkv_bias=1"), std::string::npos);
+  bad = mi;
+  bad.attention_bias = true;
+  EXPECT_NE(error_of([&] { ckpt::hf_config_json(bad); }).find("mistral with"), std::string::npos);
+  ModelConfig ll = q2;
+  ll.arch = "llama";
+  EXPECT_NE(error_of([&] { ckpt::hf_config_json(ll); }).find("sliding_window=16"),
+            std::string::npos);
 }
 
 TEST(HfFiles, MissingShardAndUnknownDtypeAreNamed) {

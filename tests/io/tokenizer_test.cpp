@@ -1,7 +1,9 @@
-// nxd's byte-level BPE tokenizer against the ids of Hugging Face's tokenizers (the reference ids in
+// nxd's BPE tokenizer against the ids of Hugging Face's tokenizers (the reference ids in
 // fixtures/tokenizer/reference_ids.json were computed once by @huggingface/tokenizers with
-// make_reference.mjs from the three tokenizer.json files there: GPT-2's, GPT-NeoX's and Llama 3's
-// pre-tokenizers), and decode as the library does.
+// make_reference.mjs from the tokenizer.json files there, written by make_tokenizers.py: byte-level
+// with GPT-2's, GPT-NeoX's, Llama 3's and Qwen2's pre-tokenizers (Qwen2: NFC), SentencePiece-style
+// with byte_fallback as Llama 2 / Mixtral (Prepend + Replace normalizer) and Mistral (Metaspace,
+// prepend_scheme first, lstrip/rstrip added tokens) write theirs), and decode as the library does.
 #include "nxd/io/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +20,7 @@ const std::string kDir = NXD_TOKENIZER_FIXTURES;
 
 TEST(Tokenizer, IdsAndDecodingEqualTheTokenizersLibrarys) {
   const json ref = json::parse(nxd::testing::slurp(kDir + "/reference_ids.json"));
-  for (const char* name : {"gpt2", "neox", "llama3"}) {
+  for (const char* name : {"gpt2", "neox", "llama3", "qwen2", "llama2", "mistral"}) {
     SCOPED_TRACE(name);
     const nxd::io::Tokenizer t =
         nxd::io::Tokenizer::from_file(kDir + "/" + name + ".tokenizer.json");
@@ -61,6 +63,45 @@ TEST(Tokenizer, TheThreePreTokenizersDiffer) {
   EXPECT_NE(a, c);  // digits in threes, case-insensitive contractions
 }
 
+// What the SentencePiece kind's parts do, on its own fixture: byte_fallback spells a character
+// outside the vocabulary in <0xNN> tokens and decodes it back, the Prepend normalizer starts every
+// section between added tokens with U+2581 (Llama 2) while Metaspace's prepend_scheme first starts
+// only the text's first (Mistral), and unk_token stands for a character without byte tokens.
+TEST(Tokenizer, SentencePieceByteFallbackAndPrependSchemes) {
+  const auto l2 = nxd::io::Tokenizer::from_file(kDir + "/llama2.tokenizer.json");
+  const auto mi = nxd::io::Tokenizer::from_file(kDir + "/mistral.tokenizer.json");
+  const std::vector<int64_t> snow = l2.encode("\u2603");  // not in the vocabulary: 3 bytes
+  ASSERT_EQ(snow.size(), 4u);                             // U+2581, then E2 98 83
+  EXPECT_EQ(snow[1], 3 + 0xE2);                           // <0xE2> (bytes start at id 3)
+  EXPECT_EQ(l2.decode(snow), "\u2603");
+  // a run of byte tokens that is not UTF-8: one U+FFFD per byte, as tokenizers' ByteFallback
+  EXPECT_EQ(l2.decode({3 + 0xE2, 3 + 0x41}), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  const auto a = l2.encode("x</s>y"), b = mi.encode("x</s>y");
+  EXPECT_NE(a, b);  // Llama 2's Prepend gives "y" its U+2581, Mistral's first scheme does not
+  EXPECT_EQ(l2.decode(a), "x</s> y");
+  EXPECT_EQ(mi.decode(b), "x</s>y");
+  EXPECT_NE(l2.description().find("SentencePiece-style BPE"), std::string::npos);
+  // without byte tokens the character is unk_token (0), consecutive ones fused
+  const auto d = nxd::testing::test_temp_dir("nxd_tokenizer_sp_");
+  json j = json::parse(nxd::testing::slurp(kDir + "/llama2.tokenizer.json"));
+  j["model"]["byte_fallback"] = false;
+  std::ofstream(d / "t.json") << j.dump();
+  const auto u = nxd::io::Tokenizer::from_file((d / "t.json").string());
+  const auto ids = u.encode("\u2603\u2603");
+  EXPECT_EQ(ids, (std::vector<int64_t>{snow[0], 0}));
+  // a Metaspace decoder (tokenizers' rule: the replacement is a space, and dropped from the first
+  // token when a prefix was prepended), as newer Mistral files write it
+  json m = json::parse(nxd::testing::slurp(kDir + "/mistral.tokenizer.json"));
+  m["decoder"] = {{"type", "Metaspace"},
+                  {"replacement", "\u2581"},
+                  {"prepend_scheme", "first"},
+                  {"split", false}};
+  std::ofstream(d / "m.json") << m.dump();
+  const auto ms = nxd::io::Tokenizer::from_file((d / "m.json").string());
+  EXPECT_EQ(ms.encode("Hello world, the end"), mi.encode("Hello world, the end"));
+  EXPECT_EQ(ms.decode(ms.encode("Hello world, the end")), "Hello world, the end");
+}
+
 TEST(Tokenizer, UnsupportedFilesAreRefusedByName) {
   const auto d = nxd::testing::test_temp_dir("nxd_tokenizer_");
   json base = json::parse(nxd::testing::slurp(kDir + "/gpt2.tokenizer.json"));
@@ -69,6 +110,12 @@ TEST(Tokenizer, UnsupportedFilesAreRefusedByName) {
       {{{"model", {{"type", "WordPiece"}}}}, "model type 'WordPiece'"},
       {{{"model", {{"byte_fallback", true}}}}, "byte_fallback"},
       {{{"pre_tokenizer", {{"type", "Whitespace"}}}}, "pre-tokenizer 'Whitespace'"},
+      {{{"decoder", {{"type", "WordPiece"}}}}, "decoder 'WordPiece'"},
+      {{{"model", {{"continuing_subword_prefix", "##"}}}}, "continuing_subword_prefix"},
+      {{{"model", {{"merges", {"\u0120 nonexistent"}}}}},
+       "names a piece that is not in the vocabulary"},
+      {{{"normalizer", {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", "_"}}}},
+       "normalizer Replace with pattern"},
   };
   for (const auto& [patch, want] : cases) {
     json j = base;

@@ -28,9 +28,15 @@ using nxd::testing::run_ranks;
 
 namespace {
 
-// Llama with grouped-query attention (4 heads, 2 KV heads) or GPT-NeoX (partial rotary).
+// Llama with grouped-query attention (4 heads, 2 KV heads) or GPT-NeoX (partial rotary); the
+// llama-family variants as Llama with Mistral's sliding window of 4, Qwen2's q/k/v biases and
+// the window, or Qwen3's q_norm/k_norm.
 ModelConfig tiny(const std::string& arch, DType dt = DType::f32) {
-  ModelConfig c = nxd::testing::tiny_model(arch);
+  ModelConfig c = nxd::testing::tiny_model(arch == "gpt_neox" ? arch : "llama");
+  c.arch = arch;
+  c.sliding_window = arch == "mistral" || arch == "qwen2" ? 4 : 0;
+  c.qkv_bias = arch == "qwen2";
+  c.qk_norm = arch == "qwen3";
   c.ffn_hidden_size = 48;
   c.max_position_embeddings = 96;
   c.dtype = dt;
@@ -82,7 +88,8 @@ std::vector<int64_t> decode_against_forward(CausalLM& m, const std::vector<int64
 }  // namespace
 
 TEST(KVCache, SixtyFourDecodeStepsMatchFullRecomputation) {
-  for (std::string arch : {"llama", "gpt_neox"}) {
+  // (a 9-token prompt and 64 steps: Mistral's and Qwen2's windows of 4 slide past the prompt)
+  for (std::string arch : {"llama", "gpt_neox", "mistral", "qwen2", "qwen3"}) {
     SCOPED_TRACE(arch);
     auto m = make_causal_lm(tiny(arch), 3);
     double worst = 0;

@@ -264,6 +264,32 @@ TEST(ParallelModels, LlamaMultiHeadTiedEmbeddings) {
   }
 }
 
+// The llama-family variants (Qwen2's q/k/v biases, Qwen3's q_norm/k_norm with head_dim apart
+// from hidden / heads, Mistral's sliding window) at TP 2 and 4, with and without SP, generating
+// too: Qwen3's q_norm/k_norm weights are whole on every rank and their partial gradients are summed
+// over TP like SP norms'.
+TEST(ParallelModels, QwenAndMistralMatchSingleRank) {
+  for (std::string arch : {"qwen2", "qwen3", "mistral"}) {
+    for (int tp : {2, 4}) {
+      for (bool sp : {false, true}) {
+        Case c;
+        c.cfg = llama(2);
+        c.cfg.arch = arch;
+        c.cfg.qkv_bias = arch == "qwen2";
+        c.cfg.qk_norm = arch == "qwen3";
+        if (arch == "qwen3") c.cfg.attention_head_dim = 16;
+        c.cfg.sliding_window = arch == "qwen3" ? 0 : 3;  // S = 8: the window matters
+        c.cfg.sequence_parallel = sp;
+        c.cfg.kv_size_multiplier = std::max(1, tp / 2);
+        c.tp = tp;
+        c.generate = 6;
+        c.what = arch + " tp=" + std::to_string(tp) + (sp ? " sp" : "");
+        check_case(c);
+      }
+    }
+  }
+}
+
 TEST(ParallelModels, GPTNeoXMatchesSingleRank) {
   for (int tp : {2, 4}) {
     for (bool sp : {false, true}) {

@@ -511,17 +511,24 @@ TEST(NxdGenerate, HfFoldersTokenizerByDefaultAndTokenizerMistakesExitTwo) {
   const fs::path fx = NXD_TOKENIZER_FIXTURES;
   const std::string gpt2 = (fx / "gpt2.tokenizer.json").string();
   const std::string prompt = "Hello world, it's nxd's tokenizer.";
+  const GenerateOptions greedy{.max_new_tokens = 8, .temperature = 0.0};
+  // `cfg`'s model (seed) exported as the transformers folder `hf` with the fixture `tokenizer` as
+  // its tokenizer.json: --hf generates the model's greedy tokens of the tokenized prompt
+  auto hf_folder = [&](const ModelConfig& cfg, uint64_t seed, const std::string& hf,
+                       const std::string& tokenizer) {
+    auto m = make_causal_lm(cfg, seed);
+    ckpt::save_checkpoint(d / (hf + "_ckpt"), "step_1", m.get(), nullptr, nullptr);
+    ckpt::export_hf(d / (hf + "_ckpt/step_1"), d / hf);
+    fs::copy_file(fx / tokenizer, d / hf / "tokenizer.json");
+    const io::Tokenizer tok = io::Tokenizer::from_file((fx / tokenizer).string());
+    auto r = generate({"--hf", (d / hf).string(), "--prompt", prompt, "--max-new-tokens", "8"}, d);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(tokens_of(r.out), m->generate(tok.encode(prompt), greedy)) << r.out;
+    return std::make_pair(m, r);
+  };
   ModelConfig cfg = byte_model("gpt_neox");
   cfg.vocab_size = 1024;
-  auto neox = make_causal_lm(cfg, 12);
-  ckpt::save_checkpoint(d / "neox2", "step_1", neox.get(), nullptr, nullptr);
-  ckpt::export_hf(d / "neox2/step_1", d / "hf2");
-  fs::copy_file(fx / "neox.tokenizer.json", d / "hf2/tokenizer.json");
-  const io::Tokenizer neox_tok = io::Tokenizer::from_file((fx / "neox.tokenizer.json").string());
-  const GenerateOptions greedy{.max_new_tokens = 8, .temperature = 0.0};
-  auto r = generate({"--hf", (d / "hf2").string(), "--prompt", prompt, "--max-new-tokens", "8"}, d);
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(tokens_of(r.out), neox->generate(neox_tok.encode(prompt), greedy)) << r.out;
+  auto [neox, r] = hf_folder(cfg, 12, "hf2", "neox.tokenizer.json");
   EXPECT_NE(r.out.find("\ntokenizer: " + (d / "hf2/tokenizer.json").string() + ": byte-level BPE"),
             std::string::npos)
       << r.out;
@@ -534,6 +541,14 @@ TEST(NxdGenerate, HfFoldersTokenizerByDefaultAndTokenizerMistakesExitTwo) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(tokens_of(r.out), neox->generate(bytes(prompt), greedy)) << r.out;
   EXPECT_NE(r.out.find("\ntokenizer: bytes"), std::string::npos) << r.out;
+  // a Mistral folder (sliding window 4 over a prompt of more tokens) with a SentencePiece-style
+  // tokenizer.json (byte_fallback), on the traced path
+  ModelConfig mc = byte_model("llama");
+  mc.arch = "mistral";
+  mc.sliding_window = 4;
+  mc.vocab_size = 1024;
+  r = hf_folder(mc, 13, "hf3", "llama2.tokenizer.json").second;
+  EXPECT_NE(r.out.find("SentencePiece-style BPE"), std::string::npos) << r.out;
   // user mistakes: a tokenizer larger than the model (256 ids), a missing file
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--checkpoint", (d / "run").string(), "--prompt", "x", "--tokenizer", gpt2},

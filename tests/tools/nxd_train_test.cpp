@@ -101,6 +101,52 @@ TEST(NxdTrain, TinyRunLearnsAndWritesItsFiles) {
   }
 }
 
+// An NxD Training-style file: the Neuron/XLA keys are listed once as not applicable and the run
+// trains; a Mistral from a transformers config.json (model.model_config: sliding window 8 over
+// sequences of 32) on text tokenized by a SentencePiece-style tokenizer.json with byte_fallback.
+TEST(NxdTrain, NxdtKeysAreListedOnceAndAMistralTrainsOnSentencePieceText) {
+  auto d = temp_dir();
+  std::ofstream(d / "config.json") << R"({"model_type": "mistral", "vocab_size": 656,
+      "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64,
+      "rms_norm_eps": 1e-5, "sliding_window": 8})";
+  std::ofstream(d / "nxdt.yaml")
+      << "name: hf_mistral\nmodel_source: hf\ncompiler_flags: '--model-type transformer'\n"
+         "trainer: {devices: 32, num_nodes: 4, max_steps: 10, max_epochs: -1, num_threads: 1,\n"
+         "  log_every_n_steps: 5, val_check_interval: 0, num_sanity_val_steps: 0}\n"
+         "exp_manager: {log_parameter_norm: True, exp_dir: null}\n"
+         "data: {path: "
+      << (d / "corpus.txt").string()
+      << ", seq_length: 32, micro_batch_size: 4, global_batch_size: 4,\n"
+         "  tokenizer: {type: " NXD_SOURCE_DIR
+         "/tests/io/fixtures/tokenizer/llama2.tokenizer.json}}\n"
+         "model:\n  model_config: "
+      << (d / "config.json").string()
+      << "\n  encoder_seq_length: 32\n  fusions: {softmax: True, flash_attention: True}\n"
+         "  optim: {lr: 1.0e-2, sched: {max_steps: '${trainer.max_steps}'}}\n"
+         "generation: {max_new_tokens: 8}\n"
+         "distributed_strategy: {tensor_model_parallel_size: 1}\nbackend: {world_size: 1}\n";
+  nxd::testing::tiny_corpus(d, 300);
+  const ProcResult r =
+      run({"--config", (d / "nxdt.yaml").string(), "--out", (d / "out").string()}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string line = "not applicable in nxd";
+  const size_t at = r.out.find(line);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(line, at + 1), std::string::npos) << "listed once: " << r.out;
+  const std::string listed = r.out.substr(at, r.out.find('\n', at) - at);
+  for (const char* k :
+       {"name", "compiler_flags", "trainer.devices", "trainer.num_nodes",
+        "exp_manager.log_parameter_norm", "model.fusions.softmax", "model.fusions.flash_attention"})
+    EXPECT_NE(listed.find(k), std::string::npos) << k << " in: " << listed;
+  EXPECT_NE(r.out.find("model: mistral"), std::string::npos) << r.out;
+  EXPECT_EQ(read_csv(d / "out" / "metrics.csv").rows.size(), 2u);
+  // a misspelt key is still an error naming the nearest known one
+  std::ofstream(d / "typo.yaml") << "trainer:\n  devices: 8\n  max_step: 5\n";
+  expect_user_error(run({"--config", (d / "typo.yaml").string()}, d),
+                    "unknown key 'trainer.max_step'");
+}
+
 TEST(NxdTrain, HelpAndPrintConfig) {
   auto d = temp_dir();
   ProcResult h = run({"--help"}, d);

@@ -1,6 +1,7 @@
 // Traced decoders (context encoding + token generation graphs sharing weights and the K/V cache
 // state): logits equal the eager KV-cache path bitwise, generated tokens equal, at TP 1/2/4 for
-// Llama and GPT-NeoX (TP 2 under mpirun -np 2); saved-then-loaded decoders generate the same.
+// Llama, GPT-NeoX, Mistral (sliding window 4 over 8-token prompts) and Qwen3 (TP 2 under mpirun
+// -np 2); saved-then-loaded decoders generate the same.
 #include <gtest/gtest.h>
 
 #include "nxd/layers/models/kv_cache.h"
@@ -72,7 +73,7 @@ void check_decoder(const std::string& arch, int tp, const std::string& backend) 
 }  // namespace
 
 TEST(TraceDecoder, TracedEqualsEagerKvCachePath) {
-  for (const std::string arch : {"llama", "gpt_neox"})
+  for (const std::string arch : {"llama", "gpt_neox", "mistral", "qwen3"})
     for (int tp : {1, 2, 4}) {
       if (tp > max_ranks()) continue;
       SCOPED_TRACE(arch + " tp=" + std::to_string(tp));

@@ -12,10 +12,14 @@
 
 namespace nxd::testing {
 
+// (mistral and qwen3: the tiny Llama with a sliding window of 4, or q_norm/k_norm)
 inline ModelConfig trace_config(const std::string& arch, int tp) {
-  ModelConfig c = tiny_model(arch);
+  ModelConfig c = tiny_model(arch == "gpt_neox" ? arch : "llama");
+  c.arch = arch;
+  c.sliding_window = arch == "mistral" ? 4 : 0;
+  c.qk_norm = arch == "qwen3";
   c.max_position_embeddings = 64;
-  if (arch == "llama" && tp > 2) c.kv_size_multiplier = tp / 2;
+  if (arch != "gpt_neox" && tp > 2) c.kv_size_multiplier = tp / 2;
   return c;
 }
 

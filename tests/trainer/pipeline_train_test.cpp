@@ -73,6 +73,38 @@ TEST(TrainPipeline, Tp2Pp2Dp2OnEightSimRanksMatchesOneRank) {
   EXPECT_LT(one.rows.loss.back(), one.rows.loss.front());
 }
 
+// Qwen3 (q_norm/k_norm: whole weights on every TP rank whose gradients the pipeline sums over TP,
+// head_dim 16 apart from hidden / heads) and Mistral (a sliding window of 8 over sequences of 32)
+// from a transformers config.json (model.model_config) at TP2 x PP2 x DP2, with and without SP.
+TEST(TrainPipeline, Qwen3AndMistralFromConfigJsonTp2Pp2Dp2MatchOneRank) {
+  auto d = nxd::testing::test_temp_dir("nxd_pipeline_families_");
+  for (std::string type : {"qwen3", "mistral"}) {
+    SCOPED_TRACE(type);
+    nlohmann::json j = {{"model_type", type},
+                        {"vocab_size", 256},
+                        {"hidden_size", 32},
+                        {"intermediate_size", 48},
+                        {"num_hidden_layers", 4},
+                        {"num_attention_heads", 2},
+                        {"num_key_value_heads", 2},
+                        {"head_dim", 16},
+                        {"max_position_embeddings", 64},
+                        {"rms_norm_eps", 1e-6},
+                        {"sliding_window", type == "mistral" ? nlohmann::json(8) : nullptr}};
+    std::ofstream(d / (type + ".json")) << j.dump();
+    const std::string mc = "model.model_config=" + (d / (type + ".json")).string();
+    const RunOut one = run(d, type + "_one", {mc});
+    for (std::string sp : {"false", "true"}) {
+      const RunOut par =
+          run(d, type + "_tp2pp2dp2_sp" + sp,
+              {mc, "backend.world_size=8", "distributed_strategy.tensor_model_parallel_size=2",
+               "distributed_strategy.pipeline_model_parallel_size=2",
+               "distributed_strategy.sequence_parallel=" + sp});
+      expect_matches(one, par, 1e-4, type + " TP2 x PP2 x DP2, sequence_parallel=" + sp);
+    }
+  }
+}
+
 TEST(TrainPipeline, EverySchedulePp2WithTiedEmbeddingsMatchesOneRank) {
   auto d = nxd::testing::test_temp_dir("nxd_pipeline_train_");
   const RunOut one = run(d, "one", {"model.tie_word_embeddings=true"});

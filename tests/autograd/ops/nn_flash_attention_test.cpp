@@ -78,6 +78,15 @@ TEST(NnOpsFlashAttention, GradcheckF64) {
       },
       {randn({2, 2, 3, 2}, 11), randn({2, 1, 4, 2}, 12), randn({2, 1, 4, 2}, 13)},
       "fused attention, no mask, scale 0.7");
+  // a sliding window of 20 over 70 rows (both sides of the block edge), GQA 2
+  check_grad(
+      [&](const auto& in) {
+        return std::vector<Tensor>{scaled_dot_product_attention(
+            in[0], in[1], in[2], {.impl = AttentionImpl::fused, .window = 20})};
+      },
+      {randn({1, 2, 70, 3}, 14, DType::f64, 0.5), randn({1, 1, 70, 3}, 15, DType::f64, 0.5),
+       randn({1, 1, 70, 3}, 16)},
+      "fused attention, sliding window 20, 70 rows, GQA 2");
 }
 
 // bf16 storage: both paths round q, k, v, the output and the gradients to bf16 and keep the

@@ -216,21 +216,24 @@ TEST_P(KernelThreads, FlashAttention) {
   // 3 query blocks, the last one short; Sk > Sq; GQA 2 and 4 (forward units per query block,
   // backward units per kv head; B * Hkv = 1 also with the two-pass backward, whose units are
   // per key block and per query block)
+  // (and a sliding window of 70: blocks skipped on both sides)
   const int64_t hq = 4, sq = 150, sk = 170, D = 48;
-  for (auto [B, hkv, causal] : {std::tuple<int64_t, int64_t, bool>{2, 2, true},
-                                {2, 2, false},
-                                {1, 1, true},
-                                {1, 1, false}}) {
-    SCOPED_TRACE(str(causal ? "causal" : "full", " B=", B, " Hkv=", hkv));
+  for (auto [B, hkv, causal, window] : {std::tuple<int64_t, int64_t, bool, int64_t>{2, 2, true, 0},
+                                        {2, 2, false, 0},
+                                        {1, 1, true, 0},
+                                        {1, 1, false, 0},
+                                        {2, 2, true, 70},
+                                        {1, 1, true, 70}}) {
+    SCOPED_TRACE(str(causal ? "causal" : "full", " B=", B, " Hkv=", hkv, " window=", window));
     Tensor q = randn({B, hq, sq, D}, dt, 25), kk = randn({B, hkv, sk, D}, dt, 26),
            v = randn({B, hkv, sk, D}, dt, 27), g = randn({B, hq, sq, D}, dt, 28);
     k::set_flash_backward_schedule(B == 1 ? k::FlashBackwardSchedule::two_pass
                                           : k::FlashBackwardSchedule::one_pass);
     expect_thread_invariant([&] {
       Tensor o = empty({B, hq, sq, D}, dt), lse = empty({B, hq, sq}, dt);
-      k::flash_attention_forward(o, lse, q, kk, v, causal, 0);
+      k::flash_attention_forward(o, lse, q, kk, v, causal, 0, window);
       Tensor dq = empty_like(q), dk = empty_like(kk), dv = empty_like(v);
-      k::flash_attention_backward(dq, dk, dv, g, q, kk, v, o, lse, causal, 0);
+      k::flash_attention_backward(dq, dk, dv, g, q, kk, v, o, lse, causal, 0, window);
       return std::vector<Tensor>{o, lse, dq, dk, dv};
     });
     k::set_flash_backward_schedule(k::FlashBackwardSchedule::one_pass);
