@@ -184,10 +184,12 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const CacheStep& ste
             "[CausalSelfAttention::forward_cached] needs a model built without context "
             "parallelism (context parallel size ",
             context_parallel_ ? context_parallel_->size() : 1, ")");
+  const bool paged = step.block_tables.defined();
   NXD_CHECK_SHAPE(
       k_cache.dim() == 4 && k_cache.size(1) == local_kv_heads_ && k_cache.size(3) == head_dim_,
-      "[CausalSelfAttention::forward_cached] cache must be [Bmax, ", local_kv_heads_, ", L, ",
-      head_dim_, "], got ", k_cache.desc());
+      "[CausalSelfAttention::forward_cached] cache must be [", paged ? "num_blocks" : "Bmax", ", ",
+      local_kv_heads_, ", ", paged ? "block_size" : "L", ", ", head_dim_, "], got ",
+      k_cache.desc());
   std::vector<Tensor> qkv = project(x);
   Tensor q = qkv[0], k = qkv[1];
   if (rotary_dim_ > 0) {
@@ -198,9 +200,16 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const CacheStep& ste
     q = rotary_at(q, step.start, ro);
     k = rotary_at(k, step.start, ro);
   }
-  kv_cache_write(k_cache, k, step.seq_ids, step.start, step.lengths);
-  kv_cache_write(v_cache, qkv[2], step.seq_ids, step.start, step.lengths);
-  Tensor o = cached_attention(q, k_cache, v_cache, step.seq_ids, step.start, step.lengths);
+  Tensor o;
+  if (paged) {
+    paged_kv_cache_write(k_cache, k, step.block_tables, step.start, step.lengths);
+    paged_kv_cache_write(v_cache, qkv[2], step.block_tables, step.start, step.lengths);
+    o = paged_attention(q, k_cache, v_cache, step.block_tables, step.start, step.lengths);
+  } else {
+    kv_cache_write(k_cache, k, step.seq_ids, step.start, step.lengths);
+    kv_cache_write(v_cache, qkv[2], step.seq_ids, step.start, step.lengths);
+    o = cached_attention(q, k_cache, v_cache, step.seq_ids, step.start, step.lengths);
+  }
   o = reshape(transpose(o, 1, 2), {x.size(0), x.size(1), local_heads_ * head_dim_});
   return out_proj_->forward(o);
 }

@@ -62,6 +62,35 @@ Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   });
 }
 
+void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& block_tables,
+                          const Tensor& start, const Tensor& lengths) {
+  OpScope scope_("paged_kv_cache_write");
+  no_grad("paged_kv_cache_write", {&cache, &x});
+  kernels::paged_kv_cache_write(cache.detach(), x.detach(), block_tables, start, lengths);
+  scope_.outs({}, [&] { return OpCall{{cache, x, block_tables, start, lengths}, OpAttrs()}; });
+}
+
+Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                       const Tensor& block_tables, const Tensor& start, const Tensor& lengths,
+                       double scale) {
+  const char* op = "paged_attention";
+  OpScope scope_(op);
+  no_grad(op, {&q, &k_cache, &v_cache});
+  check_float(op, "q", q);
+  NXD_CHECK(k_cache.dtype() == q.dtype(), "[", op, "] q ", q.desc(), " and cache ", k_cache.desc(),
+            " dtypes differ");
+  NXD_CHECK_SHAPE(q.dim() == 4, "[", op, "] q must be [B, Hq, S, D], got ", q.desc());
+  Tensor qc = compute(q);
+  const Device dev = device_of({q, k_cache, v_cache});
+  Tensor oc = empty({q.size(0), q.size(2), q.size(1), q.size(3)}, qc.dtype(), dev).transpose(1, 2);
+  kernels::paged_attention_forward(oc, qc, k_cache.detach(), v_cache.detach(), block_tables, start,
+                                   lengths, scale);
+  return scope_.out(to_dtype(oc, q.dtype()), [&] {
+    return OpCall{{q, k_cache, v_cache, block_tables, start, lengths},
+                  OpAttrs().set("scale", scale)};
+  });
+}
+
 Tensor gather_last(const Tensor& h, const Tensor& lengths) {
   OpScope scope_("gather_last");
   no_grad("gather_last", {&h});

@@ -26,6 +26,15 @@ Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
                         const Tensor& seq_ids, const Tensor& start, const Tensor& lengths,
                         double scale = 0.0);
 
+// The paged cache (runtime/kernels/kv_cache.h): cache [num_blocks, H, block_size, D] and per-row
+// block tables i64 [B, max_blocks]. kv_cache_write and cached_attention through the tables; the
+// attention is bitwise the contiguous one for the same keys.
+void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& block_tables,
+                          const Tensor& start, const Tensor& lengths);
+Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                       const Tensor& block_tables, const Tensor& start, const Tensor& lengths,
+                       double scale = 0.0);
+
 // h [B, S, H] -> [B, H]: each row's last real token, h[b, lengths[b] - 1].
 Tensor gather_last(const Tensor& h, const Tensor& lengths);
 

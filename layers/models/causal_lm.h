@@ -129,6 +129,9 @@ class CausalLM : public Module {
   // One K and one V per decoder layer, [max_batch, cache_kv_heads(), max_len, head_dim] in the
   // model's dtype on its device (zeros on the host); max_len <= max_position_embeddings.
   KVCache make_kv_cache(int64_t max_batch, int64_t max_len) const;
+  // The paged layout (kv_cache.h): K and V [num_blocks, cache_kv_heads(), block_size, head_dim]
+  // per layer; forward_cached then needs CacheSteps with block_tables.
+  KVCache make_paged_kv_cache(int64_t num_blocks, int64_t block_size) const;
   // ids [B,S] i32/i64 (rows right-padded), step's rows as kv_cache.h says: writes the real
   // tokens' K/V at [start, start+len) of cache row seq_ids[b] in place and returns the logits
   // [B, V] of each row's last real token (the full vocabulary on every TP rank).

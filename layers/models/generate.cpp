@@ -11,6 +11,17 @@
 
 namespace nxd {
 
+namespace {
+// One K and one V of `shape` per layer: zeros on the host, meta tensors for a meta model.
+void fill_kv(KVCache& c, const ModelConfig& cfg, const Shape& shape) {
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    const bool meta = cfg.device == Device::meta;
+    c.k.push_back(meta ? empty(shape, cfg.dtype, Device::meta) : zeros(shape, cfg.dtype));
+    c.v.push_back(meta ? empty(shape, cfg.dtype, Device::meta) : zeros(shape, cfg.dtype));
+  }
+}
+}  // namespace
+
 int64_t CausalLM::cache_kv_heads() const {
   const int64_t hkv = cfg_.arch == "gpt_neox" ? cfg_.num_attention_heads : cfg_.kv_heads();
   return tp_size_ == 1 ? hkv : hkv * cfg_.kv_size_multiplier / tp_size_;
@@ -26,11 +37,21 @@ KVCache CausalLM::make_kv_cache(int64_t max_batch, int64_t max_len) const {
   c.max_batch = max_batch;
   c.max_len = max_len;
   const Shape shape{max_batch, cache_kv_heads(), max_len, cfg_.head_dim()};
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    const bool meta = cfg_.device == Device::meta;
-    c.k.push_back(meta ? empty(shape, cfg_.dtype, Device::meta) : zeros(shape, cfg_.dtype));
-    c.v.push_back(meta ? empty(shape, cfg_.dtype, Device::meta) : zeros(shape, cfg_.dtype));
-  }
+  fill_kv(c, cfg_, shape);
+  return c;
+}
+
+KVCache CausalLM::make_paged_kv_cache(int64_t num_blocks, int64_t block_size) const {
+  check_whole("make_paged_kv_cache");
+  NXD_CHECK(num_blocks >= 1 && block_size >= 1, "[", type_name(),
+            "::make_paged_kv_cache] need num_blocks >= 1 and block_size >= 1, got num_blocks=",
+            num_blocks, " block_size=", block_size);
+  KVCache c;
+  c.max_batch = num_blocks;
+  c.max_len = block_size;
+  c.block_size = block_size;
+  const Shape shape{num_blocks, cache_kv_heads(), block_size, cfg_.head_dim()};
+  fill_kv(c, cfg_, shape);
   return c;
 }
 
@@ -50,7 +71,10 @@ Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCach
             "parallelism (sequence_parallel=false for inference)");
   NXD_CHECK_SHAPE(ids.dim() == 2 && (ids.dtype() == DType::i64 || ids.dtype() == DType::i32), "[",
                   type_name(), "::", op, "] ids must be i32/i64 [B,S], got ", ids.desc());
-  NXD_CHECK_SHAPE(ids.size(0) <= cache.max_batch &&
+  NXD_CHECK((cache.block_size > 0) == step.block_tables.defined(), "[", type_name(), "::", op,
+            "] a ", cache.block_size > 0 ? "paged" : "contiguous", " cache needs a CacheStep ",
+            cache.block_size > 0 ? "with" : "without", " block_tables");
+  NXD_CHECK_SHAPE((cache.block_size > 0 || ids.size(0) <= cache.max_batch) &&
                       static_cast<int64_t>(cache.k.size()) == cfg_.num_layers &&
                       cache.v.size() == cache.k.size(),
                   "[", type_name(), "::", op, "] ids ", ids.desc(), " do not fit the cache of ",

@@ -271,6 +271,167 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
     run.template operator()<float, float>();
 }
 
+namespace {
+
+// Validates block_tables i64 [B, MB] against the step's rows and a pool of NB blocks of bs
+// positions; returns its data (null when meta).
+const int64_t* check_tables(const char* op, const Tensor& bt, const Rows& r, int64_t B, int64_t NB,
+                            int64_t bs, bool meta) {
+  NXD_CHECK(bt.defined(), "[", op, "] block_tables is undefined");
+  NXD_CHECK_SHAPE(bt.dtype() == DType::i64 && bt.dim() == 2 && bt.size(0) == B, "[", op,
+                  "] block_tables must be i64 [", B, ", max_blocks], got ", bt.desc());
+  if (meta) return nullptr;
+  NXD_CHECK(!bt.is_meta() && bt.is_contiguous(), "[", op,
+            "] block_tables must be a contiguous host tensor, got ", bt.desc());
+  const int64_t MB = bt.size(1);
+  const int64_t* t = bt.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t need = (r.start[b] + r.len[b] + bs - 1) / bs;
+    NXD_CHECK(need <= MB, "[", op, "] row ", b, " reaches position ", r.start[b] + r.len[b] - 1,
+              ": needs ", need, " blocks of ", bs, ", block_tables has ", MB);
+    for (int64_t i = 0; i < need; ++i)
+      NXD_CHECK(t[b * MB + i] >= 0 && t[b * MB + i] < NB, "[", op, "] block_tables[", b, ", ", i,
+                "]=", t[b * MB + i], " outside the pool of ", NB, " blocks");
+  }
+  return t;
+}
+
+// The n keys (or values) of (row b, kv head kh) from their blocks into dst [n, D] (as T).
+template <class T, class C>
+void gather_blocks(T* dst, const C* cache, const int64_t* table, int64_t n, int64_t H, int64_t kh,
+                   int64_t bs, int64_t D) {
+  for (int64_t j = 0; j < n; ++j) {
+    const C* src = cache + ((table[j / bs] * H + kh) * bs + j % bs) * D;
+    if constexpr (std::is_same_v<C, T>) {
+      std::memcpy(dst + j * D, src, sizeof(T) * D);
+    } else {
+      for (int64_t d = 0; d < D; ++d) dst[j * D + d] = load(src[d]);
+    }
+  }
+}
+
+}  // namespace
+
+void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& block_tables,
+                          const Tensor& start, const Tensor& lengths) {
+  const char* op = "paged_kv_cache_write";
+  check_cache(op, cache, "cache");
+  NXD_CHECK_SHAPE(x.dim() == 4 && x.size(1) == cache.size(1) && x.size(3) == cache.size(3), "[", op,
+                  "] x must be [B, ", cache.size(1), ", S, ", cache.size(3), "] for cache ",
+                  cache.desc(), ", got ", x.desc());
+  NXD_CHECK(x.dtype() == cache.dtype(), "[", op, "] x ", x.desc(), " and cache ", cache.desc(),
+            " dtypes differ");
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
+  const int64_t NB = cache.size(0), bs = cache.size(2);
+  const bool meta =
+      meta_output(cache, {&x, &block_tables, &start, &lengths}, op) || block_tables.is_meta();
+  check_rows(op, lengths, "lengths", B);
+  check_rows(op, start, "start", B);
+  Rows r{};
+  if (!meta) {
+    NXD_CHECK(start.is_contiguous() && lengths.is_contiguous(), "[", op,
+              "] start and lengths must be contiguous host tensors");
+    r = Rows{nullptr, start.data<int64_t>(), lengths.data<int64_t>()};
+    for (int64_t b = 0; b < B; ++b)
+      NXD_CHECK(r.len[b] >= 1 && r.len[b] <= S && r.start[b] >= 0, "[", op, "] row ", b,
+                ": lengths=", r.len[b], " must be in [1, S=", S, "], start=", r.start[b], " >= 0");
+  }
+  const int64_t* t = check_tables(op, block_tables, r, B, NB, bs, meta);
+  charge_compute(op, 0.0, 2.0 * x.nbytes(), cache.dtype());
+  if (meta || x.numel() == 0) return;
+  NXD_CHECK(x.size(3) <= 1 || x.stride(3) == 1, "[", op, "] x needs a unit last stride, got ",
+            x.desc());
+  const int64_t es = dtype_size(x.dtype()), row = D * es, MB = block_tables.size(1);
+  const char* xp = static_cast<const char*>(x.raw_data());
+  char* cp = static_cast<char*>(cache.raw_data());
+  int64_t written = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t s = 0; s < r.len[b]; ++s) {
+        const int64_t p = r.start[b] + s, blk = t[b * MB + p / bs];
+        const char* src = xp + (b * x.stride(0) + h * x.stride(1) + s * x.stride(2)) * es;
+        std::memcpy(cp + ((blk * H + h) * bs + p % bs) * row, src, row);
+        written += row;
+      }
+  g_bytes_written += written;
+  g_writes += 1;
+}
+
+void paged_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                             const Tensor& v_cache, const Tensor& block_tables, const Tensor& start,
+                             const Tensor& lengths, double scale) {
+  const char* op = "paged_attention";
+  check_cache(op, k_cache, "k_cache");
+  check_cache(op, v_cache, "v_cache");
+  NXD_CHECK_SHAPE(k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype(), "[", op,
+                  "] k_cache ", k_cache.desc(), " and v_cache ", v_cache.desc(), " differ");
+  NXD_CHECK_SHAPE(q.dim() == 4 && q.size(3) == k_cache.size(3) && q.size(1) % k_cache.size(1) == 0,
+                  "[", op, "] q must be [B, Hq, S, D] with Hkv=", k_cache.size(1),
+                  " dividing Hq and D=", k_cache.size(3), ", got q=", q.desc(), " cache ",
+                  k_cache.desc());
+  NXD_CHECK_SHAPE(out.shape() == q.shape() && out.dtype() == q.dtype(), "[", op, "] out ",
+                  out.desc(), " must match q ", q.desc());
+  NXD_CHECK(
+      k_cache.dtype() == q.dtype() || (k_cache.dtype() == DType::bf16 && q.dtype() == DType::f32),
+      "[", op, "] cache ", k_cache.desc(), " for q ", q.desc(),
+      ": the cache must have q's dtype or be bf16 with f32 q");
+  const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3);
+  const int64_t Hkv = k_cache.size(1), NB = k_cache.size(0), bs = k_cache.size(2), g = Hq / Hkv;
+  const bool meta =
+      meta_output(out, {&q, &k_cache, &v_cache, &block_tables, &start, &lengths}, op) ||
+      block_tables.is_meta();
+  Rows r{};
+  check_rows(op, start, "start", B);
+  check_rows(op, lengths, "lengths", B);
+  if (!meta) {
+    NXD_CHECK(start.is_contiguous() && lengths.is_contiguous(), "[", op,
+              "] start and lengths must be contiguous host tensors");
+    r = Rows{nullptr, start.data<int64_t>(), lengths.data<int64_t>()};
+    for (int64_t b = 0; b < B; ++b)
+      NXD_CHECK(r.len[b] >= 1 && r.len[b] <= S && r.start[b] >= 0, "[", op, "] row ", b,
+                ": lengths=", r.len[b], " must be in [1, S=", S, "], start=", r.start[b], " >= 0");
+  }
+  const int64_t* t = check_tables(op, block_tables, r, B, NB, bs, meta);
+  const double keys = double(S + 1) / 2;  // per query row: the prefix each query attends
+  double kv_bytes = 0;
+  if (!meta)
+    for (int64_t b = 0; b < B; ++b) kv_bytes += 2.0 * Hkv * (r.start[b] + r.len[b]) * D;
+  charge_compute(op, 4.0 * B * Hq * S * keys * D,
+                 kv_bytes * dtype_size(k_cache.dtype()) + 2.0 * q.nbytes(), q.dtype());
+  if (meta || q.numel() == 0) return;
+  NXD_CHECK(D <= 1 || (q.stride(3) == 1 && out.stride(3) == 1), "[", op,
+            "] q and out need unit last strides");
+  const double sc = scale > 0 ? scale : 1.0 / std::sqrt(double(D));
+  g_bytes_read += static_cast<int64_t>(kv_bytes) * dtype_size(k_cache.dtype());
+  const int64_t MB = block_tables.size(1);
+  auto run = [&]<class T, class C>() {
+    const C* kc = static_cast<const C*>(k_cache.raw_data());
+    const C* vc = static_cast<const C*>(v_cache.raw_data());
+    T* op0 = out.data<T>();
+    for_rows(B * Hkv, g * S * (r.start[0] + S) * D, [&](int64_t i0, int64_t i1) {
+      thread_local std::vector<T> kg, vg;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t b = i / Hkv, kh = i % Hkv, len = r.len[b], n = r.start[b] + len;
+        T* kp = scratch(kg, n * D);
+        T* vp = scratch(vg, n * D);
+        gather_blocks<T, C>(kp, kc, t + b * MB, n, Hkv, kh, bs, D);
+        gather_blocks<T, C>(vp, vc, t + b * MB, n, Hkv, kh, bs, D);
+        attend_group<T, T>(out, q, kp, vp, b, kh, g, D, r.start[b], len, T(sc));
+        for (int64_t j = 0; j < g; ++j)  // padding queries: zeros
+          for (int64_t s = len; s < S; ++s)
+            std::memset(op0 + b * out.stride(0) + (kh * g + j) * out.stride(1) + s * out.stride(2),
+                        0, sizeof(T) * D);
+      }
+    });
+  };
+  if (q.dtype() == DType::f64)
+    run.template operator()<double, double>();
+  else if (k_cache.dtype() == DType::bf16)
+    run.template operator()<float, bf16>();
+  else
+    run.template operator()<float, float>();
+}
+
 void gather_last_forward(const Tensor& out, const Tensor& h, const Tensor& lengths) {
   const char* op = "gather_last";
   NXD_CHECK_SHAPE(h.dim() == 3, "[", op, "] h must be [B, S, H], got ", h.desc());

@@ -47,6 +47,23 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
                               const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
                               const Tensor& lengths, double scale);
 
+// The paged layout (vLLM's PagedAttention): cache [num_blocks, H, block_size, D] contiguous, one
+// pool of fixed-size blocks; block_tables i64 [B, max_blocks] (contiguous host, or meta): position
+// p of batch row b lives in block block_tables[b, p / block_size] at offset p % block_size. Rows
+// may share blocks (a shared prefix is read by several rows); entries past a row's last position
+// are not read.
+//
+// kv_cache_write into the paged layout: the K/V of positions [start[b], start[b] + lengths[b]).
+// Blocks written by a step must not be shared with another row of the step.
+void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& block_tables,
+                          const Tensor& start, const Tensor& lengths);
+// cached_attention_forward reading the paged layout through block_tables: each (row, kv head)
+// gathers its n = start + len keys and values from their blocks into a per-thread scratch and
+// runs the contiguous kernel's GEMMs on it, so the result is bitwise the contiguous one.
+void paged_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                             const Tensor& v_cache, const Tensor& block_tables, const Tensor& start,
+                             const Tensor& lengths, double scale);
+
 // out [B, H] = h[b, lengths[b] - 1, :] for h [B, S, H] (any dtype; out of h's dtype).
 void gather_last_forward(const Tensor& out, const Tensor& h, const Tensor& lengths);
 

@@ -1,0 +1,82 @@
+#pragma once
+// The engine's internal state (engine.cpp: requests, validation; scheduler.cpp: the step).
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "nxd/inference/engine.h"
+#include "nxd/inference/kv_blocks.h"
+#include "nxd/inference/sampling.h"
+#include "nxd/inference/text_stream.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "nxd/runtime/rng.h"
+
+namespace nxd::inference {
+
+using Clock = std::chrono::steady_clock;
+
+// One request in the engine.
+struct Seq {
+  int64_t id = 0;
+  Request req;
+  OutputCallback cb;
+  std::vector<int64_t> tokens;  // prompt + generated
+  int64_t prompt_len = 0;
+  int64_t generated = 0;
+  int64_t computed = 0;        // positions whose K/V are in the cache
+  int64_t registered = 0;      // full blocks registered in the prefix cache
+  std::vector<int64_t> table;  // block table
+  TokenCounts counts;
+  std::unique_ptr<TextStream> text;
+  int64_t cached_prompt_tokens = -1;  // prefix hits at the first admission (-1: not yet)
+  Clock::time_point submitted;
+  double ttft_s = 0;
+  bool cancel = false;
+};
+
+// What one step runs for a request: `n` tokens from position seq->computed.
+struct Scheduled {
+  Seq* seq;
+  int64_t n;
+};
+
+struct Engine::Impl {
+  std::shared_ptr<CausalLM> model;
+  std::shared_ptr<const io::Tokenizer> tokenizer;
+  EngineOptions opts;
+  int64_t max_len = 0, vocab = 0;
+  KVCache cache;
+  std::unique_ptr<BlockPool> pool;
+  RngStream stream;
+
+  // shared with submit/cancel/stats (under mu)
+  mutable std::mutex mu;
+  std::condition_variable_any wake;
+  std::deque<std::unique_ptr<Seq>> incoming;
+  std::vector<int64_t> cancels;
+  int64_t next_id = 1;
+  int64_t waiting_count = 0;  // incoming + waiting
+  EngineStats shown;
+
+  // the engine thread's
+  std::deque<std::unique_ptr<Seq>> waiting;
+  std::vector<std::unique_ptr<Seq>> running;  // in admission order
+  EngineStats st;
+
+  void validate(const Request& r) const;
+  bool step();
+  void take_incoming();
+  std::vector<Scheduled> schedule();
+  bool admit(std::vector<Scheduled>& plan, int64_t& budget);
+  void preempt(std::unique_ptr<Seq> victim);
+  void execute(const std::vector<Scheduled>& plan);
+  void run_rows(const std::vector<Scheduled>& rows);
+  void advance(Seq& s, const std::vector<double>& logits);
+  void finish(Seq& s, Output& o, FinishReason why, const std::string& error = {});
+  void emit(Seq& s, const Output& o);
+  void drop_finished();
+  void publish();
+};
+
+}  // namespace nxd::inference

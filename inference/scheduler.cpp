@@ -1,0 +1,245 @@
+// One engine step: take new requests and cancels, schedule under the token budget (decode rows
+// first, then chunked prefill of the running and the waiting), run the model through the paged
+// cache, sample, apply the stop rules, report (docs/design/inference.md).
+#include <algorithm>
+
+#include "nxd/inference/engine_impl.h"
+
+namespace nxd::inference {
+
+void Engine::Impl::take_incoming() {
+  std::vector<int64_t> cancel_ids;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    while (!incoming.empty()) {
+      waiting.push_back(std::move(incoming.front()));
+      incoming.pop_front();
+    }
+    cancel_ids.swap(cancels);
+  }
+  for (int64_t id : cancel_ids) {
+    for (auto& s : waiting)
+      if (s->id == id) s->cancel = true;
+    for (auto& s : running)
+      if (s->id == id) s->cancel = true;
+  }
+  for (auto& s : waiting)
+    if (s->cancel) {
+      Output o;
+      finish(*s, o, FinishReason::cancelled);
+    }
+  for (auto& s : running)
+    if (s->cancel) {
+      Output o;
+      finish(*s, o, FinishReason::cancelled);
+    }
+  drop_finished();
+}
+
+void Engine::Impl::preempt(std::unique_ptr<Seq> victim) {
+  pool->release(victim->table);
+  victim->computed = 0;
+  victim->registered = 0;
+  ++st.preemptions;
+  waiting.push_front(std::move(victim));
+}
+
+bool Engine::Impl::admit(std::vector<Scheduled>& plan, int64_t& budget) {
+  Seq& s = *waiting.front();
+  const int64_t total = static_cast<int64_t>(s.tokens.size());
+  std::vector<int64_t> hits = pool->lookup(s.tokens);
+  const int64_t from = static_cast<int64_t>(hits.size()) * pool->block_size();
+  const int64_t rest = total - from;
+  const int64_t n = opts.chunked_prefill ? std::min(rest, budget) : rest;
+  if (n > budget || !pool->can_grow(s.table, hits, from + n)) return false;
+  pool->take(s.table, hits);
+  const bool ok = pool->grow(s.table, from + n);
+  NXD_INTERNAL_CHECK(ok, "blocks checked by can_grow");
+  s.computed = from;
+  s.registered = static_cast<int64_t>(hits.size());
+  if (opts.prefix_caching) {
+    st.prefix_query_tokens += total;
+    st.prefix_hit_tokens += from;
+  }
+  if (s.cached_prompt_tokens < 0) {
+    s.cached_prompt_tokens = std::min(from, s.prompt_len);
+    st.prompt_tokens += s.prompt_len;
+  }
+  budget -= n;
+  running.push_back(std::move(waiting.front()));
+  waiting.pop_front();
+  plan.push_back({running.back().get(), n});
+  return true;
+}
+
+std::vector<Scheduled> Engine::Impl::schedule() {
+  std::vector<Scheduled> plan;
+  int64_t budget = opts.max_num_batched_tokens;
+  bool preempted = false;
+  // the running, in admission order: a decode row (1 token) or the next prefill chunk; when the
+  // pool is out of blocks the last admitted request is preempted (recomputed later)
+  for (size_t i = 0; i < running.size() && budget > 0; ++i) {
+    Seq& s = *running[i];
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
+    while (!pool->grow(s.table, s.computed + n)) {
+      preempted = true;
+      std::unique_ptr<Seq> victim = std::move(running.back());
+      running.pop_back();
+      const bool self = victim.get() == &s;
+      preempt(std::move(victim));
+      if (self) break;
+    }
+    if (i >= running.size()) break;  // s itself was preempted
+    plan.push_back({&s, n});
+    budget -= n;
+  }
+  // then the waiting, first come first served, while the budget, max_num_seqs and the pool allow
+  while (!preempted && budget > 0 && !waiting.empty() &&
+         static_cast<int64_t>(running.size()) < opts.max_num_seqs)
+    if (!admit(plan, budget)) break;
+  return plan;
+}
+
+void Engine::Impl::run_rows(const std::vector<Scheduled>& rows) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  int64_t S = 0;
+  for (const auto& r : rows) S = std::max(S, r.n);
+  std::vector<int64_t> ids(B * S, 0), start(B), len(B);
+  std::vector<std::vector<int64_t>> tables(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const Seq& s = *rows[b].seq;
+    std::copy(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + rows[b].n,
+              ids.begin() + b * S);
+    start[b] = s.computed;
+    len[b] = rows[b].n;
+    tables[b] = s.table;
+  }
+  Tensor logits = model->forward_cached(from_vector<int64_t>(ids, {B, S}),
+                                        make_paged_cache_step(tables, start, len), cache);
+  const std::vector<double> all = logits.to_vector();
+  for (int64_t b = 0; b < B; ++b) {
+    Seq& s = *rows[b].seq;
+    s.computed += rows[b].n;
+    s.registered = pool->register_full(s.table, s.tokens, s.computed, s.registered);
+    if (s.computed == static_cast<int64_t>(s.tokens.size()))
+      advance(s, std::vector<double>(all.begin() + b * vocab, all.begin() + (b + 1) * vocab));
+  }
+}
+
+void Engine::Impl::execute(const std::vector<Scheduled>& plan) {
+  // the one-token rows (decode, and prefill chunks of one token) run as one [n, 1] batch; each
+  // longer prefill chunk runs alone as [1, n] (no padding)
+  std::vector<Scheduled> singles;
+  for (const auto& r : plan)
+    if (r.n == 1) singles.push_back(r);
+  if (!singles.empty()) run_rows(singles);
+  for (const auto& r : plan)
+    if (r.n > 1) run_rows({r});
+}
+
+void Engine::Impl::advance(Seq& s, const std::vector<double>& logits) {
+  const SamplingParams& p = s.req.sampling;
+  const RngStream rs{p.seed, stream.stream};
+  const Sample smp = sample_next(logits, p, s.counts, rs.uniform_f64(uint64_t(s.generated)));
+  s.tokens.push_back(smp.id);
+  s.counts.add_generated(smp.id);
+  ++s.generated;
+  ++st.generated_tokens;
+  if (s.generated == 1)
+    s.ttft_s = std::chrono::duration<double>(Clock::now() - s.submitted).count();
+  Output o;
+  o.ids = {smp.id};
+  if (p.logprobs >= 0) {
+    o.chosen = {smp.chosen};
+    o.top = {smp.top};
+  }
+  const auto& eos = opts.eos_token_ids;
+  const auto& stops = s.req.stop.stop_token_ids;
+  FinishReason why = FinishReason::none;
+  if (!s.req.stop.ignore_eos && std::find(eos.begin(), eos.end(), smp.id) != eos.end())
+    why = FinishReason::eos;
+  else if (std::find(stops.begin(), stops.end(), smp.id) != stops.end())
+    why = FinishReason::stop_token;
+  if (why == FinishReason::none) {
+    o.text = s.text->push({smp.id});
+    if (s.text->stopped())
+      why = FinishReason::stop_string;
+    else if (s.generated >= s.req.stop.max_tokens)
+      why = FinishReason::length;
+    else if (static_cast<int64_t>(s.tokens.size()) >= max_len)
+      why = FinishReason::context_limit;
+  }
+  if (why != FinishReason::none)
+    finish(s, o, why);
+  else
+    emit(s, o);
+}
+
+void Engine::Impl::emit(Seq& s, const Output& o) {
+  if (!s.cb) return;
+  try {
+    s.cb(o);
+  } catch (...) {  // a callback must not stop the engine: the request is cancelled
+    s.cb = nullptr;
+    s.cancel = true;
+  }
+}
+
+void Engine::Impl::finish(Seq& s, Output& o, FinishReason why, const std::string& error) {
+  if (why != FinishReason::stop_string) o.text += s.text->flush();
+  o.request_id = s.id;
+  o.finish = why;
+  o.error = error;
+  o.prompt_tokens = s.prompt_len;
+  o.completion_tokens = s.generated;
+  o.cached_prompt_tokens = std::max<int64_t>(0, s.cached_prompt_tokens);
+  o.ttft_s = s.ttft_s;
+  pool->release(s.table);
+  s.cancel = true;  // dropped from its list by drop_finished
+  emit(s, o);
+  s.cb = nullptr;
+}
+
+void Engine::Impl::drop_finished() {
+  auto gone = [&](const std::unique_ptr<Seq>& s) {
+    if (s->cancel) pool->release(s->table);  // a request whose callback threw
+    return s->cancel;
+  };
+  waiting.erase(std::remove_if(waiting.begin(), waiting.end(), gone), waiting.end());
+  running.erase(std::remove_if(running.begin(), running.end(), gone), running.end());
+}
+
+void Engine::Impl::publish() {
+  st.waiting = static_cast<int64_t>(waiting.size());
+  st.running = static_cast<int64_t>(running.size());
+  st.kv_blocks_used = pool->used_blocks();
+  std::lock_guard<std::mutex> lock(mu);
+  waiting_count = st.waiting + static_cast<int64_t>(incoming.size());
+  shown = st;
+  shown.waiting = waiting_count;
+}
+
+bool Engine::Impl::step() {
+  take_incoming();
+  if (waiting.empty() && running.empty()) {
+    publish();
+    return false;
+  }
+  std::vector<Scheduled> plan = schedule();
+  NXD_INTERNAL_CHECK(!plan.empty(), "a step with ", waiting.size(), " waiting and ", running.size(),
+                     " running requests scheduled nothing");
+  try {
+    execute(plan);
+  } catch (const std::exception& e) {  // the step's requests fail; the engine goes on
+    for (const auto& r : plan) {
+      Output o;
+      if (!r.seq->cancel) finish(*r.seq, o, FinishReason::error, e.what());
+    }
+  }
+  drop_finished();
+  ++st.steps;
+  publish();
+  return true;
+}
+
+}  // namespace nxd::inference
