@@ -30,6 +30,7 @@
 #include "nxd/io/env_check.h"
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/models/inference_model.h"
 
 namespace fs = std::filesystem;
 using namespace nxd;
@@ -196,8 +197,10 @@ int run(int argc, char** argv) {
   std::string tok_path = c.tokenizer;
   if (tok_path.empty() && !c.hf.empty() && fs::is_regular_file(fs::path(c.hf) / "tokenizer.json"))
     tok_path = (fs::path(c.hf) / "tokenizer.json").string();
+  if (!c.hf.empty() && !fs::is_directory(c.hf)) throw Usage(str("--hf ", c.hf, ": no such folder"));
   if (tok_path.empty())
-    throw Usage("no tokenizer: give --tokenizer PATH (a transformers tokenizer.json)");
+    throw Usage(str("no tokenizer: give --tokenizer PATH (a transformers tokenizer.json)",
+                    c.hf.empty() ? "" : "; --hf's folder has no tokenizer.json"));
   auto tok = std::make_shared<const io::Tokenizer>(io::Tokenizer::from_file(tok_path));
   const std::string folder = model_folder(c, tok_path);
   std::shared_ptr<const io::ChatTemplate> tpl;
@@ -222,8 +225,17 @@ int run(int argc, char** argv) {
   c.engine.eos_token_ids = eos_ids(folder, tok.get(), tpl.get());
   inference::Engine engine(model, tok, c.engine);
   c.server.vocab_size = cfg.vocab_size;
-  if (!c.instance.empty())
+  if (!c.instance.empty()) {
+    InferenceModelOptions probe;  // an unknown instance is a user mistake found now
+    probe.instance = c.instance;
+    probe.prompt_tokens = probe.new_tokens = 1;
+    try {
+      estimate_inference(cfg, probe);
+    } catch (const ConfigError& e) {
+      throw Usage(str("--instance: ", e.what()));
+    }
     c.server.modeled = inference::server::ModeledLatency{cfg, c.instance, c.tp};
+  }
   // signals go to the thread that waits for them, not to the server's threads
   sigset_t sigs;
   sigemptyset(&sigs);

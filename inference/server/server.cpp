@@ -401,6 +401,12 @@ Server::Server(Engine& engine, std::shared_ptr<const io::Tokenizer> tokenizer,
   I.http.set_read_timeout(10);
   I.http.set_write_timeout(10);
   I.http.set_keep_alive_timeout(2);
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which lets a second server
+  // share a port that is in use instead of failing
+  I.http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   I.routes();
 }
 

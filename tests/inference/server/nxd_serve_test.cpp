@@ -12,6 +12,7 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/inference/server/openai_response.h"
 #include "serve_fixture.h"
 #include "support/proc.h"
 
@@ -128,7 +129,7 @@ TEST(NxdServe, ServesAFolderAndStopsOnSigterm) {
     fin = o.finish;
   });
   e.run_until_idle();
-  EXPECT_EQ(r.json["choices"][0]["text"], want);
+  EXPECT_EQ(r.json["choices"][0]["text"], inference::server::valid_utf8(want));
   EXPECT_EQ(r.json["choices"][0]["finish_reason"], inference::openai_finish_reason(fin));
   const json& modeled = r.json["usage"]["modeled"];
   EXPECT_EQ(modeled["instance"], "inf2.xlarge") << r.body;
