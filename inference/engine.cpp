@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "nxd/collectives/parallel_state.h"
 #include "nxd/inference/engine_impl.h"
 #include "nxd/io/bounded_read.h"
 
@@ -110,9 +111,7 @@ void check_options(const EngineOptions& o, const CausalLM& m) {
 
 void check_model(const CausalLM& m) {
   NXD_CHECK(m.is_whole(), "[Engine] needs the whole model, not a pipeline part");
-  NXD_CHECK(m.tensor_parallel_size() == 1, "[Engine] serves at TP 1 only; the model is built at ",
-            "TP ", m.tensor_parallel_size(), " (tensor parallelism over ranks is not implemented ",
-            "in the engine yet)");
+  NXD_CHECK(!m.sequence_parallel(), "[Engine] needs a model built without sequence parallelism");
   NXD_CHECK(m.context_parallel_size() == 1, "[Engine] needs context parallel size 1, got ",
             m.context_parallel_size());
   NXD_CHECK(m.decoder_stack() != nullptr, "[Engine] the model family ", m.type_name(),
@@ -142,6 +141,13 @@ Engine::Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokeni
     blocks = I.opts.max_num_seqs * ((I.max_len + I.opts.block_size - 1) / I.opts.block_size);
   NXD_CHECK(blocks >= 1, "[Engine] kv_memory_bytes=", I.opts.kv_memory_bytes,
             " holds no KV block of ", block_bytes(*I.model, I.opts.block_size), " bytes");
+  if (I.model->tensor_parallel_size() > 1) {
+    I.tp = parallel_state::get_tensor_model_parallel_group_ptr();
+    NXD_CHECK(I.tp && I.tp->size() == I.model->tensor_parallel_size(), "[Engine] the model is ",
+              "built at TP ", I.model->tensor_parallel_size(), " but the current TP group has ",
+              I.tp ? I.tp->size() : 0, " ranks (build the Engine on the model's rank thread)");
+    I.tp_rank = I.tp->rank();
+  }
   I.model->eval();
   I.cache = I.model->make_paged_kv_cache(blocks, I.opts.block_size);
   I.pool = std::make_unique<BlockPool>(blocks, I.opts.block_size, I.opts.prefix_caching);
@@ -188,7 +194,7 @@ void Engine::Impl::validate(const Request& r) const {
                               "max_num_batched_tokens=", opts.max_num_batched_tokens,
                               " without chunked prefill"));
   // positions the cache must hold at most: all tokens but the last generated one
-  const int64_t positions = std::min(P + r.stop.max_tokens, max_len) - 1;
+  const int64_t positions = std::min(P + std::min(r.stop.max_tokens, max_len), max_len) - 1;
   const int64_t need = pool->blocks_for(positions);
   if (need > pool->num_blocks())
     throw InvalidArgument(str("[Engine] the request needs ", need, " KV blocks of ",
@@ -197,8 +203,14 @@ void Engine::Impl::validate(const Request& r) const {
                               "), the cache has ", pool->num_blocks()));
 }
 
+void Engine::Impl::check_rank0(const char* what) const {
+  NXD_CHECK(tp_rank == 0, "[Engine] ", what, " on TP rank ", tp_rank,
+            ": requests go to rank 0 (the other ranks follow its steps)");
+}
+
 int64_t Engine::submit(Request r, OutputCallback cb) {
   Impl& I = *impl_;
+  I.check_rank0("submit");
   I.validate(r);
   auto s = std::make_unique<Seq>();
   s->tokens = r.prompt;
@@ -224,6 +236,7 @@ int64_t Engine::submit(Request r, OutputCallback cb) {
 }
 
 void Engine::cancel(int64_t request_id) {
+  impl_->check_rank0("cancel");
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->cancels.push_back(request_id);
@@ -238,15 +251,27 @@ bool Engine::step() {
 void Engine::run_until_idle() {
   while (impl_->step()) {
   }
+  if (impl_->tp && impl_->tp_rank == 0) send_plan(*impl_->tp, PlanMessage::end);
 }
 
 void Engine::run(std::stop_token st) {
   Impl& I = *impl_;
+  if (I.tp_rank != 0) {  // a follower: until rank 0's run ends
+    while (I.follow()) {
+    }
+    return;
+  }
   while (!st.stop_requested()) {
     if (I.step()) continue;
     std::unique_lock<std::mutex> lock(I.mu);
-    I.wake.wait(lock, st, [&] { return !I.incoming.empty() || !I.cancels.empty(); });
+    // TP: the followers wait in a broadcast, which has a deadline; an idle message every few
+    // seconds keeps them within it
+    const bool woke = I.wake.wait_for(lock, st, std::chrono::seconds(5),
+                                      [&] { return !I.incoming.empty() || !I.cancels.empty(); });
+    lock.unlock();
+    if (!woke && I.tp && !st.stop_requested()) send_plan(*I.tp, PlanMessage::idle);
   }
+  if (I.tp) send_plan(*I.tp, PlanMessage::end);
 }
 
 EngineStats Engine::stats() const {

@@ -85,7 +85,8 @@ struct EngineOptions {
   int64_t max_num_seqs = 16;             // running requests
   int64_t max_num_batched_tokens = 512;  // token budget of one step (decode rows + prefill chunks)
   int64_t block_size = 16;               // KV block positions
-  int64_t kv_blocks = 0;                 // 0: from kv_memory_bytes, else a default
+  int64_t kv_blocks = 0;  // 0: from kv_memory_bytes (bytes / one block's K and V over all
+                          // layers), else max_num_seqs sequences of max_model_len positions
   int64_t kv_memory_bytes = 0;
   int64_t max_waiting = 256;  // submit beyond it throws QueueFull (server: 429)
   bool prefix_caching = true;
@@ -99,6 +100,8 @@ struct EngineStats {
   int64_t waiting = 0, running = 0, kv_blocks_total = 0, kv_blocks_used = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, steps = 0;
+  int64_t model_calls = 0;  // forward calls (a step runs its decode rows together, prefill chunks
+                            // in batches of similar lengths)
 };
 
 // The queue of waiting requests is full (a server answers 429).
@@ -114,8 +117,13 @@ std::vector<int64_t> read_eos_ids(const std::filesystem::path& hf_dir);
 
 class Engine {
  public:
-  // model: a whole CausalLM with a KV-cache path at TP 1 (TP > 1 is refused: InvalidArgument).
-  // tokenizer may be null (then no text, no stop strings). InvalidArgument for bad options.
+  // model: a whole CausalLM with a KV-cache path, without sequence parallelism. tokenizer may be
+  // null (then no text, no stop strings). InvalidArgument for bad options.
+  // Tensor parallelism (a model built at TP > 1 over sim ranks or MPI processes): every rank of
+  // the TP group builds its Engine on its rank thread with the same options. Rank 0 takes the
+  // requests (submit/cancel elsewhere throw), schedules, samples and broadcasts each model call
+  // to the others; the others call run() or run_until_idle() once for each such call on rank 0
+  // (they follow its steps until that call ends) — step() on them follows one message.
   Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokenizer> tokenizer,
          EngineOptions opts);
   ~Engine();

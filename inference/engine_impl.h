@@ -9,6 +9,7 @@
 #include "nxd/inference/kv_blocks.h"
 #include "nxd/inference/sampling.h"
 #include "nxd/inference/text_stream.h"
+#include "nxd/inference/tp_plan.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/runtime/rng.h"
 
@@ -49,6 +50,8 @@ struct Engine::Impl {
   KVCache cache;
   std::unique_ptr<BlockPool> pool;
   RngStream stream;
+  std::shared_ptr<Communicator> tp;  // TP > 1: the group rank 0 broadcasts each model call to
+  int tp_rank = 0;
 
   // shared with submit/cancel/stats (under mu)
   mutable std::mutex mu;
@@ -65,6 +68,7 @@ struct Engine::Impl {
   EngineStats st;
 
   void validate(const Request& r) const;
+  void check_rank0(const char* what) const;
   bool step();
   void take_incoming();
   std::vector<Scheduled> schedule();
@@ -72,6 +76,8 @@ struct Engine::Impl {
   void preempt(std::unique_ptr<Seq> victim);
   void execute(const std::vector<Scheduled>& plan);
   void run_rows(const std::vector<Scheduled>& rows);
+  Tensor run_call(const ModelCall& c);  // the model on this rank's shard and cache
+  bool follow();                        // a follower's step: false at the end message
   void advance(Seq& s, const std::vector<double>& logits);
   void finish(Seq& s, Output& o, FinishReason why, const std::string& error = {});
   void emit(Seq& s, const Output& o);

@@ -50,7 +50,10 @@ bool Engine::Impl::admit(std::vector<Scheduled>& plan, int64_t& budget) {
   std::vector<int64_t> hits = pool->lookup(s.tokens);
   const int64_t from = static_cast<int64_t>(hits.size()) * pool->block_size();
   const int64_t rest = total - from;
-  const int64_t n = opts.chunked_prefill ? std::min(rest, budget) : rest;
+  // without chunked prefill a prompt is prefilled whole (submit checked it fits the budget); a
+  // preempted request's recompute (prompt + generated) may not, and is chunked then
+  const bool whole = !opts.chunked_prefill && rest <= opts.max_num_batched_tokens;
+  const int64_t n = whole ? rest : std::min(rest, budget);
   if (n > budget || !pool->can_grow(s.table, hits, from + n)) return false;
   pool->take(s.table, hits);
   const bool ok = pool->grow(s.table, from + n);
@@ -100,24 +103,43 @@ std::vector<Scheduled> Engine::Impl::schedule() {
   return plan;
 }
 
+Tensor Engine::Impl::run_call(const ModelCall& c) {
+  CacheStep step;
+  step.seq_ids = zeros({c.B}, DType::i64);
+  step.start = from_vector<int64_t>(c.start, {c.B});
+  step.lengths = from_vector<int64_t>(c.lengths, {c.B});
+  step.block_tables = from_vector<int64_t>(c.tables, {c.B, c.MB});
+  return model->forward_cached(from_vector<int64_t>(c.ids, {c.B, c.S}), step, cache);
+}
+
+bool Engine::Impl::follow() {
+  ModelCall c;
+  const PlanMessage m = receive_plan(*tp, c);
+  if (m == PlanMessage::call) run_call(c);
+  return m != PlanMessage::end;
+}
+
 void Engine::Impl::run_rows(const std::vector<Scheduled>& rows) {
-  const int64_t B = static_cast<int64_t>(rows.size());
-  int64_t S = 0;
-  for (const auto& r : rows) S = std::max(S, r.n);
-  std::vector<int64_t> ids(B * S, 0), start(B), len(B);
-  std::vector<std::vector<int64_t>> tables(B);
-  for (int64_t b = 0; b < B; ++b) {
+  ModelCall c;
+  c.B = static_cast<int64_t>(rows.size());
+  for (const auto& r : rows) {
+    c.S = std::max(c.S, r.n);
+    c.MB = std::max<int64_t>(c.MB, static_cast<int64_t>(r.seq->table.size()));
+  }
+  c.ids.assign(c.B * c.S, 0);
+  c.tables.assign(c.B * c.MB, -1);
+  for (int64_t b = 0; b < c.B; ++b) {
     const Seq& s = *rows[b].seq;
     std::copy(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + rows[b].n,
-              ids.begin() + b * S);
-    start[b] = s.computed;
-    len[b] = rows[b].n;
-    tables[b] = s.table;
+              c.ids.begin() + b * c.S);
+    std::copy(s.table.begin(), s.table.end(), c.tables.begin() + b * c.MB);
+    c.start.push_back(s.computed);
+    c.lengths.push_back(rows[b].n);
   }
-  Tensor logits = model->forward_cached(from_vector<int64_t>(ids, {B, S}),
-                                        make_paged_cache_step(tables, start, len), cache);
-  const std::vector<double> all = logits.to_vector();
-  for (int64_t b = 0; b < B; ++b) {
+  if (tp) send_plan(*tp, PlanMessage::call, &c);
+  ++st.model_calls;
+  const std::vector<double> all = run_call(c).to_vector();
+  for (int64_t b = 0; b < c.B; ++b) {
     Seq& s = *rows[b].seq;
     s.computed += rows[b].n;
     s.registered = pool->register_full(s.table, s.tokens, s.computed, s.registered);
@@ -127,14 +149,22 @@ void Engine::Impl::run_rows(const std::vector<Scheduled>& rows) {
 }
 
 void Engine::Impl::execute(const std::vector<Scheduled>& plan) {
-  // the one-token rows (decode, and prefill chunks of one token) run as one [n, 1] batch; each
-  // longer prefill chunk runs alone as [1, n] (no padding)
-  std::vector<Scheduled> singles;
-  for (const auto& r : plan)
-    if (r.n == 1) singles.push_back(r);
+  // the one-token rows (decode, and prefill chunks of one token) run as one [n, 1] batch; longer
+  // prefill chunks, longest first, run as padded [k, S] batches of chunks whose padding stays
+  // within a quarter of their tokens (each weight is then read once per batch, not per chunk)
+  std::vector<Scheduled> singles, chunks;
+  for (const auto& r : plan) (r.n == 1 ? singles : chunks).push_back(r);
   if (!singles.empty()) run_rows(singles);
-  for (const auto& r : plan)
-    if (r.n > 1) run_rows({r});
+  std::stable_sort(chunks.begin(), chunks.end(),
+                   [](const Scheduled& a, const Scheduled& b) { return a.n > b.n; });
+  for (size_t i = 0; i < chunks.size();) {
+    size_t j = i + 1;
+    int64_t tokens = chunks[i].n;
+    while (j < chunks.size() && 4 * int64_t(j + 1 - i) * chunks[i].n <= 5 * (tokens + chunks[j].n))
+      tokens += chunks[j++].n;
+    run_rows(std::vector<Scheduled>(chunks.begin() + i, chunks.begin() + j));
+    i = j;
+  }
 }
 
 void Engine::Impl::advance(Seq& s, const std::vector<double>& logits) {
@@ -148,6 +178,7 @@ void Engine::Impl::advance(Seq& s, const std::vector<double>& logits) {
   if (s.generated == 1)
     s.ttft_s = std::chrono::duration<double>(Clock::now() - s.submitted).count();
   Output o;
+  o.request_id = s.id;
   o.ids = {smp.id};
   if (p.logprobs >= 0) {
     o.chosen = {smp.chosen};
@@ -220,6 +251,7 @@ void Engine::Impl::publish() {
 }
 
 bool Engine::Impl::step() {
+  if (tp_rank != 0) return follow();
   take_incoming();
   if (waiting.empty() && running.empty()) {
     publish();

@@ -1,8 +1,8 @@
 #include "nxd/trace/decoder.h"
 
 #include <algorithm>
-#include <chrono>
 
+#include "nxd/layers/models/decode_loop.h"
 #include "nxd/layers/models/kv_cache.h"
 
 namespace nxd::trace {
@@ -68,20 +68,6 @@ std::shared_ptr<TensorParallelModel> trace_decoder(CausalLMFactory make,
                               decoder_example({o.batch, 1}), t);
 }
 
-namespace {
-
-using Row = GenerationRow;
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::vector<double> row(const Tensor& logits, int64_t i) {
-  return logits.select(0, i).to_vector();
-}
-
-}  // namespace
-
 GenerateResult traced_generate(TensorParallelModel& model,
                                const std::vector<std::vector<int64_t>>& prompts,
                                const GenerateOptions& opts) {
@@ -93,67 +79,14 @@ GenerateResult traced_generate(TensorParallelModel& model,
   const int64_t B = static_cast<int64_t>(prompts.size());
   NXD_CHECK(B >= 1 && B <= batch, "[", op, "] ", B, " prompts for a decoder of ", batch,
             " cache rows");
-  const RngStream stream{opts.seed, stream_id("nxd.generate")};
-  std::vector<Row> rows(B);
-  int64_t S = 0;
-  GenerateResult res;
-  for (int64_t b = 0; b < B; ++b) {
-    NXD_CHECK(!prompts[b].empty(), "[", op, "] prompt ", b, " is empty");
-    rows[b].seq = prompts[b];
-    S = std::max<int64_t>(S, static_cast<int64_t>(prompts[b].size()));
-    res.prefill_tokens += static_cast<int64_t>(prompts[b].size());
-    if (opts.max_new_tokens == 0)
-      rows[b].stop = "max_new_tokens";
-    else if (static_cast<int64_t>(prompts[b].size()) >= max_pos)
-      rows[b].stop = "max_position_embeddings";
-  }
-  if (std::all_of(rows.begin(), rows.end(), [](const Row& r) { return !r.stop.empty(); })) {
-    for (auto& r : rows) res.sequences.push_back(r.seq), res.stop_reasons.push_back(r.stop);
-    return res;
-  }
-  // prefill: the decoder's batch of rows (rows without a prompt repeat prompt 0 in their own
-  // cache row and are ignored)
-  std::vector<int64_t> ids(batch * S, 0), seq(batch), start(batch, 0), len(batch);
-  for (int64_t b = 0; b < batch; ++b) {
-    const auto& p = prompts[b < B ? b : 0];
-    std::copy(p.begin(), p.end(), ids.begin() + b * S);
-    seq[b] = b;
-    len[b] = static_cast<int64_t>(p.size());
-  }
-  double t0 = now();
-  CacheStep st = make_cache_step(seq, start, len);
-  Tensor logits =
-      model.forward({from_vector<int64_t>(ids, {batch, S}), st.seq_ids, st.start, st.lengths})[0];
   for (int64_t b = 0; b < B; ++b)
-    if (rows[b].stop.empty())
-      advance_generation_row(rows[b], row(logits, b), opts, stream, max_pos);
-  res.prefill_seconds = now() - t0;
-  t0 = now();
-  while (true) {
-    std::vector<int64_t> active;
-    for (int64_t b = 0; b < B; ++b)
-      if (rows[b].stop.empty()) active.push_back(b);
-    if (active.empty()) break;
-    const int64_t n = static_cast<int64_t>(active.size());
-    std::vector<int64_t> tok(n), sid(n), pos(n), one(n, 1);
-    for (int64_t i = 0; i < n; ++i) {
-      tok[i] = rows[active[i]].seq.back();
-      sid[i] = active[i];
-      pos[i] = static_cast<int64_t>(rows[active[i]].seq.size()) - 1;
-    }
-    CacheStep d = make_cache_step(sid, pos, one);
-    logits = model.forward({from_vector<int64_t>(tok, {n, 1}), d.seq_ids, d.start, d.lengths})[0];
-    ++res.decode_steps;
-    res.decode_tokens += n;
-    for (int64_t i = 0; i < n; ++i)
-      advance_generation_row(rows[active[i]], row(logits, i), opts, stream, max_pos);
-  }
-  res.decode_seconds = now() - t0;
-  for (auto& r : rows) {
-    res.sequences.push_back(std::move(r.seq));
-    res.stop_reasons.push_back(r.stop);
-  }
-  return res;
+    NXD_CHECK(!prompts[b].empty(), "[", op, "] prompt ", b, " is empty");
+  // the prefill runs the decoder's whole batch of rows (rows without a prompt repeat prompt 0 in
+  // their own cache row and are ignored)
+  return decode_loop(prompts, opts, {.max_pos = max_pos, .prefill_rows = batch},
+                     [&](const Tensor& ids, const CacheStep& st) {
+                       return model.forward({ids, st.seq_ids, st.start, st.lengths})[0];
+                     });
 }
 
 }  // namespace nxd::trace

@@ -15,6 +15,28 @@ void no_grad(const char* op, std::initializer_list<const Tensor*> ts) {
     NXD_CHECK(!t->defined() || !t->requires_grad(), "[", op, "] is forward-only, but input ",
               t->desc(), " requires grad (run the KV-cache path under NoGradGuard)");
 }
+using AttentionKernel = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, const Tensor&, const Tensor&, double);
+
+// cached_attention and paged_attention: `where` is seq_ids or block_tables.
+Tensor attention_op(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                    const Tensor& where, const Tensor& start, const Tensor& lengths, double scale,
+                    AttentionKernel kernel) {
+  OpScope scope_(op);
+  no_grad(op, {&q, &k_cache, &v_cache});
+  check_float(op, "q", q);
+  NXD_CHECK(k_cache.dtype() == q.dtype(), "[", op, "] q ", q.desc(), " and cache ", k_cache.desc(),
+            " dtypes differ");
+  NXD_CHECK_SHAPE(q.dim() == 4, "[", op, "] q must be [B, Hq, S, D], got ", q.desc());
+  Tensor qc = compute(q);
+  const Device dev = device_of({q, k_cache, v_cache});
+  Tensor oc = empty({q.size(0), q.size(2), q.size(1), q.size(3)}, qc.dtype(), dev).transpose(1, 2);
+  kernel(oc, qc, k_cache.detach(), v_cache.detach(), where, start, lengths, scale);
+  return scope_.out(to_dtype(oc, q.dtype()), [&] {
+    return OpCall{{q, k_cache, v_cache, where, start, lengths}, OpAttrs().set("scale", scale)};
+  });
+}
+
 }  // namespace
 
 void kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& seq_ids,
@@ -45,21 +67,8 @@ Tensor rotary_at(const Tensor& x, const Tensor& start, const RotaryOptions& opts
 Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& seq_ids, const Tensor& start, const Tensor& lengths,
                         double scale) {
-  const char* op = "cached_attention";
-  OpScope scope_(op);
-  no_grad(op, {&q, &k_cache, &v_cache});
-  check_float(op, "q", q);
-  NXD_CHECK(k_cache.dtype() == q.dtype(), "[", op, "] q ", q.desc(), " and cache ", k_cache.desc(),
-            " dtypes differ");
-  NXD_CHECK_SHAPE(q.dim() == 4, "[", op, "] q must be [B, Hq, S, D], got ", q.desc());
-  Tensor qc = compute(q);
-  const Device dev = device_of({q, k_cache, v_cache});
-  Tensor oc = empty({q.size(0), q.size(2), q.size(1), q.size(3)}, qc.dtype(), dev).transpose(1, 2);
-  kernels::cached_attention_forward(oc, qc, k_cache.detach(), v_cache.detach(), seq_ids, start,
-                                    lengths, scale);
-  return scope_.out(to_dtype(oc, q.dtype()), [&] {
-    return OpCall{{q, k_cache, v_cache, seq_ids, start, lengths}, OpAttrs().set("scale", scale)};
-  });
+  return attention_op("cached_attention", q, k_cache, v_cache, seq_ids, start, lengths, scale,
+                      &kernels::cached_attention_forward);
 }
 
 void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& block_tables,
@@ -73,22 +82,8 @@ void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& bl
 Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                        const Tensor& block_tables, const Tensor& start, const Tensor& lengths,
                        double scale) {
-  const char* op = "paged_attention";
-  OpScope scope_(op);
-  no_grad(op, {&q, &k_cache, &v_cache});
-  check_float(op, "q", q);
-  NXD_CHECK(k_cache.dtype() == q.dtype(), "[", op, "] q ", q.desc(), " and cache ", k_cache.desc(),
-            " dtypes differ");
-  NXD_CHECK_SHAPE(q.dim() == 4, "[", op, "] q must be [B, Hq, S, D], got ", q.desc());
-  Tensor qc = compute(q);
-  const Device dev = device_of({q, k_cache, v_cache});
-  Tensor oc = empty({q.size(0), q.size(2), q.size(1), q.size(3)}, qc.dtype(), dev).transpose(1, 2);
-  kernels::paged_attention_forward(oc, qc, k_cache.detach(), v_cache.detach(), block_tables, start,
-                                   lengths, scale);
-  return scope_.out(to_dtype(oc, q.dtype()), [&] {
-    return OpCall{{q, k_cache, v_cache, block_tables, start, lengths},
-                  OpAttrs().set("scale", scale)};
-  });
+  return attention_op("paged_attention", q, k_cache, v_cache, block_tables, start, lengths, scale,
+                      &kernels::paged_attention_forward);
 }
 
 Tensor gather_last(const Tensor& h, const Tensor& lengths) {

@@ -6,6 +6,7 @@
 
 #include "nxd/autograd/ops/inference.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/models/decode_loop.h"
 #include "nxd/runtime/rng.h"
 #include "nxd/runtime/sim/clock.h"
 
@@ -169,27 +170,10 @@ struct EvalMode {  // eval mode for the call, the previous mode restored
   ~EvalMode() { m->train(was); }
 };
 
-double wall() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double modeled() {
-  const sim::SimClock* c = sim::current_sim_clock();
-  return c ? c->now() : 0.0;
-}
-
 using Row = GenerationRow;
-
-std::vector<double> row_of(const std::vector<double>& all, int64_t row, int64_t V) {
-  return std::vector<double>(all.begin() + row * V, all.begin() + (row + 1) * V);
-}
-
-GenerateResult finish(std::vector<Row>& rows, GenerateResult r) {
-  for (auto& row : rows) {
-    r.sequences.push_back(std::move(row.seq));
-    r.stop_reasons.push_back(row.stop);
-  }
-  return r;
-}
+using decode_detail::finish;
+using decode_detail::modeled;
+using decode_detail::wall;
 
 }  // namespace
 
@@ -199,68 +183,16 @@ GenerateResult CausalLM::generate_batch(const std::vector<std::vector<int64_t>>&
   if (sequence_parallel_ || !supports_kv_cache()) return generate_recompute(prompts, opts);
   NoGradGuard ng;
   EvalMode mode(this);
-  const int64_t B = static_cast<int64_t>(prompts.size()), V = cfg_.vocab_size;
-  const int64_t max_pos = cfg_.max_position_embeddings;
-  const RngStream stream{opts.seed, stream_id("nxd.generate")};
-  std::vector<Row> rows(B);
-  int64_t S = 0, L = 1;
-  GenerateResult res;
-  for (int64_t b = 0; b < B; ++b) {
-    rows[b].seq = prompts[b];
-    const int64_t P = static_cast<int64_t>(prompts[b].size());
-    S = std::max(S, P);
-    L = std::max(L, std::min(P + opts.max_new_tokens, max_pos));
-    res.prefill_tokens += P;
-    if (opts.max_new_tokens == 0)
-      rows[b].stop = "max_new_tokens";
-    else if (P >= max_pos)
-      rows[b].stop = "max_position_embeddings";
-  }
-  if (std::all_of(rows.begin(), rows.end(), [](const Row& r) { return !r.stop.empty(); }))
-    return finish(rows, res);
-  KVCache cache = make_kv_cache(B, L);
-  // prefill: every prompt, right-padded to the longest
-  std::vector<int64_t> ids(B * S, 0), seq_ids(B), start(B, 0), len(B);
-  for (int64_t b = 0; b < B; ++b) {
-    std::copy(prompts[b].begin(), prompts[b].end(), ids.begin() + b * S);
-    seq_ids[b] = b;
-    len[b] = static_cast<int64_t>(prompts[b].size());
-  }
-  double t0 = wall(), m0 = modeled();
-  std::vector<double> logits =
-      forward_cached(from_vector<int64_t>(ids, {B, S}), make_cache_step(seq_ids, start, len), cache)
-          .to_vector();
-  for (int64_t b = 0; b < B; ++b)
-    if (rows[b].stop.empty())
-      advance_generation_row(rows[b], row_of(logits, b, V), opts, stream, max_pos);
-  res.prefill_seconds = wall() - t0;
-  res.modeled_prefill_seconds = modeled() - m0;
-  t0 = wall(), m0 = modeled();
-  // decode: the rows still running feed their last token at its position (rows leave the batch
-  // as they stop; each keeps its cache row)
-  while (true) {
-    std::vector<int64_t> active;
-    for (int64_t b = 0; b < B; ++b)
-      if (rows[b].stop.empty()) active.push_back(b);
-    if (active.empty()) break;
-    const int64_t n = static_cast<int64_t>(active.size());
-    std::vector<int64_t> tok(n), sid(n), st(n), one(n, 1);
-    for (int64_t i = 0; i < n; ++i) {
-      const Row& r = rows[active[i]];
-      tok[i] = r.seq.back();
-      sid[i] = active[i];
-      st[i] = static_cast<int64_t>(r.seq.size()) - 1;
-    }
-    logits = forward_cached(from_vector<int64_t>(tok, {n, 1}), make_cache_step(sid, st, one), cache)
-                 .to_vector();
-    ++res.decode_steps;
-    res.decode_tokens += n;
-    for (int64_t i = 0; i < n; ++i)
-      advance_generation_row(rows[active[i]], row_of(logits, i, V), opts, stream, max_pos);
-  }
-  res.decode_seconds = wall() - t0;
-  res.modeled_decode_seconds = modeled() - m0;
-  return finish(rows, res);
+  const int64_t B = static_cast<int64_t>(prompts.size()), max_pos = cfg_.max_position_embeddings;
+  int64_t L = 1;  // the cache length the longest sequence reaches
+  for (const auto& p : prompts)
+    L = std::max(L, std::min(static_cast<int64_t>(p.size()) + opts.max_new_tokens, max_pos));
+  KVCache cache;  // allocated by the first step (none when no row runs)
+  return decode_loop(prompts, opts, {.max_pos = max_pos},
+                     [&](const Tensor& ids, const CacheStep& step) {
+                       if (cache.k.empty()) cache = make_kv_cache(B, L);
+                       return forward_cached(ids, step, cache);
+                     });
 }
 
 GenerateResult CausalLM::generate_recompute(const std::vector<std::vector<int64_t>>& prompts,

@@ -127,6 +127,74 @@ void attend_group(const Tensor& out, const Tensor& q, const C* kc, const C* vc, 
   }
 }
 
+// Copies the real tokens of x [B, H, S, D] into the cache: token (b, h, s < len[b]) to the cache
+// row (of D elements) dst(b, h, s); counts the bytes.
+template <class Dst>
+void write_rows(const char* op, const Tensor& cache, const Tensor& x, const Rows& r, Dst&& dst) {
+  NXD_CHECK(x.size(3) <= 1 || x.stride(3) == 1, "[", op, "] x needs a unit last stride, got ",
+            x.desc());
+  const int64_t B = x.size(0), H = x.size(1), es = dtype_size(x.dtype()), row = x.size(3) * es;
+  const char* xp = static_cast<const char*>(x.raw_data());
+  char* cp = static_cast<char*>(cache.raw_data());
+  int64_t written = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t s = 0; s < r.len[b]; ++s) {
+        const char* src = xp + (b * x.stride(0) + h * x.stride(1) + s * x.stride(2)) * es;
+        std::memcpy(cp + dst(b, h, s) * row, src, row);
+        written += row;
+      }
+  g_bytes_written += written;
+  g_writes += 1;
+}
+
+// The checks cached and paged attention share (q, out and the two caches).
+void check_attention_args(const char* op, const Tensor& out, const Tensor& q, const Tensor& k_cache,
+                          const Tensor& v_cache) {
+  check_cache(op, k_cache, "k_cache");
+  check_cache(op, v_cache, "v_cache");
+  NXD_CHECK_SHAPE(k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype(), "[", op,
+                  "] k_cache ", k_cache.desc(), " and v_cache ", v_cache.desc(), " differ");
+  NXD_CHECK_SHAPE(q.dim() == 4 && q.size(3) == k_cache.size(3) && q.size(1) % k_cache.size(1) == 0,
+                  "[", op, "] q must be [B, Hq, S, D] with Hkv=", k_cache.size(1),
+                  " dividing Hq and D=", k_cache.size(3), ", got q=", q.desc(), " cache ",
+                  k_cache.desc());
+  NXD_CHECK_SHAPE(out.shape() == q.shape() && out.dtype() == q.dtype(), "[", op, "] out ",
+                  out.desc(), " must match q ", q.desc());
+  NXD_CHECK(
+      k_cache.dtype() == q.dtype() || (k_cache.dtype() == DType::bf16 && q.dtype() == DType::f32),
+      "[", op, "] cache ", k_cache.desc(), " for q ", q.desc(),
+      ": the cache must have q's dtype or be bf16 with f32 q");
+}
+
+// Runs item.operator()<T, C>(b, kh) for every (row b, kv head kh) of an attention in parallel
+// (T: q's compute type, C: the cache's element type) and zeros the padding queries
+// (s >= lengths[b]) of the g query heads of each item.
+template <class Item>
+void attend_items(const Tensor& out, const Tensor& q, DType cache_dtype, const int64_t* len,
+                  int64_t Hkv, int64_t cost, Item&& item) {
+  const int64_t B = q.size(0), S = q.size(2), D = q.size(3), g = q.size(1) / Hkv;
+  auto run = [&]<class T, class C>() {
+    T* op0 = out.data<T>();
+    for_rows(B * Hkv, cost, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t b = i / Hkv, kh = i % Hkv;
+        item.template operator()<T, C>(b, kh);
+        for (int64_t j = 0; j < g; ++j)
+          for (int64_t s = len[b]; s < S; ++s)
+            std::memset(op0 + b * out.stride(0) + (kh * g + j) * out.stride(1) + s * out.stride(2),
+                        0, sizeof(T) * D);
+      }
+    });
+  };
+  if (q.dtype() == DType::f64)
+    run.template operator()<double, double>();
+  else if (cache_dtype == DType::bf16)
+    run.template operator()<float, bf16>();
+  else
+    run.template operator()<float, float>();
+}
+
 }  // namespace
 
 KVCacheCounters kv_cache_counters() {
@@ -143,27 +211,14 @@ void kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& seq_ids,
                   cache.size(3), "] for cache ", cache.desc(), ", got ", x.desc());
   NXD_CHECK(x.dtype() == cache.dtype(), "[", op, "] x ", x.desc(), " and cache ", cache.desc(),
             " dtypes differ");
-  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), L = cache.size(2);
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), L = cache.size(2);
   const bool meta = meta_output(cache, {&x, &seq_ids, &start, &lengths}, op);
   Rows r = check_step(op, seq_ids, start, lengths, B, S, cache.size(0), L, meta);
   charge_compute(op, 0.0, 2.0 * x.nbytes(), cache.dtype());
   if (meta || x.numel() == 0) return;
-  NXD_CHECK(x.size(3) <= 1 || x.stride(3) == 1, "[", op, "] x needs a unit last stride, got ",
-            x.desc());
-  const int64_t es = dtype_size(x.dtype()), row = D * es;
-  const char* xp = static_cast<const char*>(x.raw_data());
-  char* cp = static_cast<char*>(cache.raw_data());
-  int64_t written = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t s = 0; s < r.len[b]; ++s) {
-        const char* src = xp + (b * x.stride(0) + h * x.stride(1) + s * x.stride(2)) * es;
-        char* dst = cp + (((r.seq[b] * H + h) * L) + r.start[b] + s) * row;
-        std::memcpy(dst, src, row);
-        written += row;
-      }
-  g_bytes_written += written;
-  g_writes += 1;
+  write_rows(op, cache, x, r, [&](int64_t b, int64_t h, int64_t s) {
+    return (r.seq[b] * H + h) * L + r.start[b] + s;
+  });
 }
 
 void rotary_at_forward(const Tensor& y, const Tensor& x, const Tensor& start, int64_t rotary_dim,
@@ -218,21 +273,9 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
                               const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
                               const Tensor& lengths, double scale) {
   const char* op = "cached_attention";
-  check_cache(op, k_cache, "k_cache");
-  check_cache(op, v_cache, "v_cache");
-  NXD_CHECK_SHAPE(k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype(), "[", op,
-                  "] k_cache ", k_cache.desc(), " and v_cache ", v_cache.desc(), " differ");
-  NXD_CHECK_SHAPE(q.dim() == 4 && q.size(3) == k_cache.size(3) && q.size(0) <= k_cache.size(0) &&
-                      q.size(1) % k_cache.size(1) == 0,
-                  "[", op, "] q must be [B, Hq, S, D] with Hkv=", k_cache.size(1),
-                  " dividing Hq and D=", k_cache.size(3), ", got q=", q.desc(), " cache ",
-                  k_cache.desc());
-  NXD_CHECK_SHAPE(out.shape() == q.shape() && out.dtype() == q.dtype(), "[", op, "] out ",
-                  out.desc(), " must match q ", q.desc());
-  NXD_CHECK(
-      k_cache.dtype() == q.dtype() || (k_cache.dtype() == DType::bf16 && q.dtype() == DType::f32),
-      "[", op, "] cache ", k_cache.desc(), " for q ", q.desc(),
-      ": the cache must have q's dtype or be bf16 with f32 q");
+  check_attention_args(op, out, q, k_cache, v_cache);
+  NXD_CHECK_SHAPE(q.size(0) <= k_cache.size(0), "[", op, "] q ", q.desc(), " has more rows than ",
+                  "the cache ", k_cache.desc());
   const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3);
   const int64_t Hkv = k_cache.size(1), L = k_cache.size(2), g = Hq / Hkv;
   const bool meta = meta_output(out, {&q, &k_cache, &v_cache, &seq_ids, &start, &lengths}, op);
@@ -247,31 +290,32 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
   int64_t read = 0;
   for (int64_t b = 0; b < B; ++b) read += 2 * Hkv * (r.start[b] + r.len[b]) * D;
   g_bytes_read += read * dtype_size(k_cache.dtype());
-  auto run = [&]<class T, class C>() {
-    const C* kc = static_cast<const C*>(k_cache.raw_data());
-    const C* vc = static_cast<const C*>(v_cache.raw_data());
-    T* op0 = out.data<T>();
-    for_rows(B * Hkv, g * S * L * D, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t b = i / Hkv, kh = i % Hkv, len = r.len[b];
-        const int64_t off = (r.seq[b] * Hkv + kh) * L * D;
-        attend_group<T, C>(out, q, kc + off, vc + off, b, kh, g, D, r.start[b], len, T(sc));
-        for (int64_t j = 0; j < g; ++j)  // padding queries: zeros
-          for (int64_t s = len; s < S; ++s)
-            std::memset(op0 + b * out.stride(0) + (kh * g + j) * out.stride(1) + s * out.stride(2),
-                        0, sizeof(T) * D);
-      }
-    });
-  };
-  if (q.dtype() == DType::f64)
-    run.template operator()<double, double>();
-  else if (k_cache.dtype() == DType::bf16)
-    run.template operator()<float, bf16>();
-  else
-    run.template operator()<float, float>();
+  attend_items(out, q, k_cache.dtype(), r.len, Hkv, g * S * L * D,
+               [&]<class T, class C>(int64_t b, int64_t kh) {
+                 const int64_t off = (r.seq[b] * Hkv + kh) * L * D;
+                 attend_group<T, C>(out, q, static_cast<const C*>(k_cache.raw_data()) + off,
+                                    static_cast<const C*>(v_cache.raw_data()) + off, b, kh, g, D,
+                                    r.start[b], r.len[b], T(sc));
+               });
 }
 
 namespace {
+
+// Validates start and lengths (i64 [B]) of a paged step of B rows of S tokens; their values
+// unless `meta` (seq_ids unused).
+Rows paged_rows(const char* op, const Tensor& start, const Tensor& lengths, int64_t B, int64_t S,
+                bool meta) {
+  check_rows(op, start, "start", B);
+  check_rows(op, lengths, "lengths", B);
+  if (meta) return {};
+  NXD_CHECK(start.is_contiguous() && lengths.is_contiguous(), "[", op,
+            "] start and lengths must be contiguous host tensors");
+  Rows r{nullptr, start.data<int64_t>(), lengths.data<int64_t>()};
+  for (int64_t b = 0; b < B; ++b)
+    NXD_CHECK(r.len[b] >= 1 && r.len[b] <= S && r.start[b] >= 0, "[", op, "] row ", b,
+              ": lengths=", r.len[b], " must be in [1, S=", S, "], start=", r.start[b], " >= 0");
+  return r;
+}
 
 // Validates block_tables i64 [B, MB] against the step's rows and a pool of NB blocks of bs
 // positions; returns its data (null when meta).
@@ -321,76 +365,32 @@ void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& bl
                   cache.desc(), ", got ", x.desc());
   NXD_CHECK(x.dtype() == cache.dtype(), "[", op, "] x ", x.desc(), " and cache ", cache.desc(),
             " dtypes differ");
-  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2);
   const int64_t NB = cache.size(0), bs = cache.size(2);
   const bool meta =
       meta_output(cache, {&x, &block_tables, &start, &lengths}, op) || block_tables.is_meta();
-  check_rows(op, lengths, "lengths", B);
-  check_rows(op, start, "start", B);
-  Rows r{};
-  if (!meta) {
-    NXD_CHECK(start.is_contiguous() && lengths.is_contiguous(), "[", op,
-              "] start and lengths must be contiguous host tensors");
-    r = Rows{nullptr, start.data<int64_t>(), lengths.data<int64_t>()};
-    for (int64_t b = 0; b < B; ++b)
-      NXD_CHECK(r.len[b] >= 1 && r.len[b] <= S && r.start[b] >= 0, "[", op, "] row ", b,
-                ": lengths=", r.len[b], " must be in [1, S=", S, "], start=", r.start[b], " >= 0");
-  }
+  const Rows r = paged_rows(op, start, lengths, B, S, meta);
   const int64_t* t = check_tables(op, block_tables, r, B, NB, bs, meta);
   charge_compute(op, 0.0, 2.0 * x.nbytes(), cache.dtype());
   if (meta || x.numel() == 0) return;
-  NXD_CHECK(x.size(3) <= 1 || x.stride(3) == 1, "[", op, "] x needs a unit last stride, got ",
-            x.desc());
-  const int64_t es = dtype_size(x.dtype()), row = D * es, MB = block_tables.size(1);
-  const char* xp = static_cast<const char*>(x.raw_data());
-  char* cp = static_cast<char*>(cache.raw_data());
-  int64_t written = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t s = 0; s < r.len[b]; ++s) {
-        const int64_t p = r.start[b] + s, blk = t[b * MB + p / bs];
-        const char* src = xp + (b * x.stride(0) + h * x.stride(1) + s * x.stride(2)) * es;
-        std::memcpy(cp + ((blk * H + h) * bs + p % bs) * row, src, row);
-        written += row;
-      }
-  g_bytes_written += written;
-  g_writes += 1;
+  const int64_t MB = block_tables.size(1);
+  write_rows(op, cache, x, r, [&](int64_t b, int64_t h, int64_t s) {
+    const int64_t p = r.start[b] + s;
+    return (t[b * MB + p / bs] * H + h) * bs + p % bs;
+  });
 }
 
 void paged_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& block_tables, const Tensor& start,
                              const Tensor& lengths, double scale) {
   const char* op = "paged_attention";
-  check_cache(op, k_cache, "k_cache");
-  check_cache(op, v_cache, "v_cache");
-  NXD_CHECK_SHAPE(k_cache.shape() == v_cache.shape() && k_cache.dtype() == v_cache.dtype(), "[", op,
-                  "] k_cache ", k_cache.desc(), " and v_cache ", v_cache.desc(), " differ");
-  NXD_CHECK_SHAPE(q.dim() == 4 && q.size(3) == k_cache.size(3) && q.size(1) % k_cache.size(1) == 0,
-                  "[", op, "] q must be [B, Hq, S, D] with Hkv=", k_cache.size(1),
-                  " dividing Hq and D=", k_cache.size(3), ", got q=", q.desc(), " cache ",
-                  k_cache.desc());
-  NXD_CHECK_SHAPE(out.shape() == q.shape() && out.dtype() == q.dtype(), "[", op, "] out ",
-                  out.desc(), " must match q ", q.desc());
-  NXD_CHECK(
-      k_cache.dtype() == q.dtype() || (k_cache.dtype() == DType::bf16 && q.dtype() == DType::f32),
-      "[", op, "] cache ", k_cache.desc(), " for q ", q.desc(),
-      ": the cache must have q's dtype or be bf16 with f32 q");
+  check_attention_args(op, out, q, k_cache, v_cache);
   const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3);
   const int64_t Hkv = k_cache.size(1), NB = k_cache.size(0), bs = k_cache.size(2), g = Hq / Hkv;
   const bool meta =
       meta_output(out, {&q, &k_cache, &v_cache, &block_tables, &start, &lengths}, op) ||
       block_tables.is_meta();
-  Rows r{};
-  check_rows(op, start, "start", B);
-  check_rows(op, lengths, "lengths", B);
-  if (!meta) {
-    NXD_CHECK(start.is_contiguous() && lengths.is_contiguous(), "[", op,
-              "] start and lengths must be contiguous host tensors");
-    r = Rows{nullptr, start.data<int64_t>(), lengths.data<int64_t>()};
-    for (int64_t b = 0; b < B; ++b)
-      NXD_CHECK(r.len[b] >= 1 && r.len[b] <= S && r.start[b] >= 0, "[", op, "] row ", b,
-                ": lengths=", r.len[b], " must be in [1, S=", S, "], start=", r.start[b], " >= 0");
-  }
+  const Rows r = paged_rows(op, start, lengths, B, S, meta);
   const int64_t* t = check_tables(op, block_tables, r, B, NB, bs, meta);
   const double keys = double(S + 1) / 2;  // per query row: the prefix each query attends
   double kv_bytes = 0;
@@ -404,32 +404,18 @@ void paged_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k
   const double sc = scale > 0 ? scale : 1.0 / std::sqrt(double(D));
   g_bytes_read += static_cast<int64_t>(kv_bytes) * dtype_size(k_cache.dtype());
   const int64_t MB = block_tables.size(1);
-  auto run = [&]<class T, class C>() {
-    const C* kc = static_cast<const C*>(k_cache.raw_data());
-    const C* vc = static_cast<const C*>(v_cache.raw_data());
-    T* op0 = out.data<T>();
-    for_rows(B * Hkv, g * S * (r.start[0] + S) * D, [&](int64_t i0, int64_t i1) {
-      thread_local std::vector<T> kg, vg;
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t b = i / Hkv, kh = i % Hkv, len = r.len[b], n = r.start[b] + len;
-        T* kp = scratch(kg, n * D);
-        T* vp = scratch(vg, n * D);
-        gather_blocks<T, C>(kp, kc, t + b * MB, n, Hkv, kh, bs, D);
-        gather_blocks<T, C>(vp, vc, t + b * MB, n, Hkv, kh, bs, D);
-        attend_group<T, T>(out, q, kp, vp, b, kh, g, D, r.start[b], len, T(sc));
-        for (int64_t j = 0; j < g; ++j)  // padding queries: zeros
-          for (int64_t s = len; s < S; ++s)
-            std::memset(op0 + b * out.stride(0) + (kh * g + j) * out.stride(1) + s * out.stride(2),
-                        0, sizeof(T) * D);
-      }
-    });
-  };
-  if (q.dtype() == DType::f64)
-    run.template operator()<double, double>();
-  else if (k_cache.dtype() == DType::bf16)
-    run.template operator()<float, bf16>();
-  else
-    run.template operator()<float, float>();
+  attend_items(out, q, k_cache.dtype(), r.len, Hkv, g * S * (r.start[0] + S) * D,
+               [&]<class T, class C>(int64_t b, int64_t kh) {
+                 thread_local std::vector<T> kg, vg;
+                 const int64_t n = r.start[b] + r.len[b];
+                 T* kp = scratch(kg, n * D);
+                 T* vp = scratch(vg, n * D);
+                 gather_blocks<T, C>(kp, static_cast<const C*>(k_cache.raw_data()), t + b * MB, n,
+                                     Hkv, kh, bs, D);
+                 gather_blocks<T, C>(vp, static_cast<const C*>(v_cache.raw_data()), t + b * MB, n,
+                                     Hkv, kh, bs, D);
+                 attend_group<T, T>(out, q, kp, vp, b, kh, g, D, r.start[b], r.len[b], T(sc));
+               });
 }
 
 void gather_last_forward(const Tensor& out, const Tensor& h, const Tensor& lengths) {

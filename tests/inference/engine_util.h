@@ -1,0 +1,99 @@
+#pragma once
+// The engine tests' helpers: tiny Llama models, requests, and the Outputs collected per request.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nxd/inference/engine.h"
+#include "nxd/layers/models/causal_lm.h"
+#include "support/tiny_models.h"
+
+namespace nxd::inference::testing {
+
+inline std::shared_ptr<CausalLM> tiny_llama(uint64_t seed = 7) {
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  c.max_position_embeddings = 64;
+  return make_causal_lm(c, seed);
+}
+
+inline std::vector<int64_t> ids(int64_t n, uint64_t seed) {
+  return nxd::testing::id_sequence(n, 64, seed);
+}
+
+struct Got {
+  std::vector<int64_t> ids;
+  std::string text;
+  std::vector<TokenLogprob> chosen;
+  std::vector<std::vector<TokenLogprob>> top;
+  Output last;
+  int outputs = 0;
+};
+using Results = std::map<int64_t, Got>;
+
+inline OutputCallback into(Results& r) {
+  return [&r](const Output& o) {
+    Got& g = r[o.request_id];
+    EXPECT_EQ(g.last.finish, FinishReason::none) << "an Output after the final one";
+    g.ids.insert(g.ids.end(), o.ids.begin(), o.ids.end());
+    g.text += o.text;
+    g.chosen.insert(g.chosen.end(), o.chosen.begin(), o.chosen.end());
+    g.top.insert(g.top.end(), o.top.begin(), o.top.end());
+    g.last = o;
+    ++g.outputs;
+  };
+}
+
+inline Request request(std::vector<int64_t> prompt, int64_t max_tokens, SamplingParams sp = {}) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.sampling = sp;
+  r.stop.max_tokens = max_tokens;
+  return r;
+}
+
+inline SamplingParams greedy() {
+  SamplingParams s;
+  s.temperature = 0;
+  return s;
+}
+
+inline SamplingParams sampled(bool only_generate_batch_knobs = false) {
+  SamplingParams s;
+  s.temperature = 0.9;
+  s.top_k = 24;
+  s.top_p = 0.95;
+  s.seed = 1234;
+  if (!only_generate_batch_knobs) {
+    s.min_p = 0.02;
+    s.repetition_penalty = 1.1;
+    s.presence_penalty = 0.3;
+    s.frequency_penalty = 0.2;
+  }
+  return s;
+}
+
+// The generated ids of r run alone in a fresh engine.
+inline std::vector<int64_t> alone(const std::shared_ptr<CausalLM>& m, const Request& r,
+                                  EngineOptions o = {}) {
+  Engine e(m, nullptr, o);
+  Results res;
+  const int64_t id = e.submit(r, into(res));
+  e.run_until_idle();
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  return res[id].ids;
+}
+
+inline std::string expect_invalid(Engine& e, const Request& r) {
+  try {
+    e.submit(r, nullptr);
+  } catch (const InvalidArgument& x) {
+    return x.what();
+  }
+  ADD_FAILURE() << "no InvalidArgument";
+  return "";
+}
+
+}  // namespace nxd::inference::testing
