@@ -318,6 +318,7 @@ struct Server::Impl {
   }
 
   void routes();
+  void error_handlers();
 };
 
 void Server::Impl::routes() {
@@ -359,12 +360,16 @@ void Server::Impl::routes() {
   http.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& r) {
              r.set_content(metrics.text(engine.stats()), "text/plain; version=0.0.4");
            }));
+  error_handlers();
+}
+
+// Authentication before routing, and httplib's own refusals (404 no route, 413 body too large,
+// 400 unreadable request) in OpenAI's shape, every error counted.
+void Server::Impl::error_handlers() {
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     return authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
                                 : httplib::Server::HandlerResponse::Handled;
   });
-  // httplib's own refusals (404 no route, 413 body too large, 400 unreadable request) in
-  // OpenAI's shape; every error counted
   http.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
         metrics.http_error(res.status);

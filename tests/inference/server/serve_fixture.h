@@ -104,10 +104,8 @@ struct Reply {
   nlohmann::json json;  // the body parsed (null when it is not JSON)
 };
 
-inline Reply post(httplib::Client& c, const std::string& path, const std::string& body,
-                  const httplib::Headers& headers = {}) {
+inline Reply reply_of(const httplib::Result& res) {
   Reply r;
-  auto res = c.Post(path.c_str(), headers, body, "application/json");
   if (!res) {
     r.body = "no response: " + httplib::to_string(res.error());
     return r;
@@ -118,18 +116,14 @@ inline Reply post(httplib::Client& c, const std::string& path, const std::string
   return r;
 }
 
+inline Reply post(httplib::Client& c, const std::string& path, const std::string& body,
+                  const httplib::Headers& headers = {}) {
+  return reply_of(c.Post(path.c_str(), headers, body, "application/json"));
+}
+
 inline Reply get(httplib::Client& c, const std::string& path,
                  const httplib::Headers& headers = {}) {
-  Reply r;
-  auto res = c.Get(path.c_str(), headers);
-  if (!res) {
-    r.body = "no response: " + httplib::to_string(res.error());
-    return r;
-  }
-  r.status = res->status;
-  r.body = res->body;
-  r.json = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
-  return r;
+  return reply_of(c.Get(path.c_str(), headers));
 }
 
 // The `data:` payloads of a server-sent event stream ("[DONE]" included as text).
