@@ -257,6 +257,11 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body, const Re
     bad(param,
         str("the request is not valid UTF-8: byte ", at, " (in ", io::shorten(param, 40), ")"));
   }
+  try {  // a parser recurses once per level: refuse deep nesting first
+    io::check_flow_depth(body, /*yaml=*/false, "the request body", "nxd-serve");
+  } catch (const ConfigError& e) {
+    bad("body", io::one_line(e.what()));
+  }
   ojson b;
   try {
     b = ojson::parse(body);

@@ -218,6 +218,7 @@ TEST(Serve, BadInputIsA4xxNamingTheFieldAndTheServerCarriesOn) {
   const std::vector<BadCase> cases = {
       {"/v1/completions", "{\"prompt\": \"a\",", 400, "body", "malformed JSON"},
       {"/v1/completions", "[1, 2]", 400, "body", "must be a JSON object"},
+      {"/v1/completions", std::string(1000, '[') + std::string(1000, ']'), 400, "body", "nested"},
       {"/v1/completions", R"({"model": "gpt-4", "prompt": "a"})", 404, "model", "gpt-4"},
       {"/v1/completions", R"({"prompt": ")" + long_prompt + R"("})", 400, "prompt",
        "maximum context length is 64"},
