@@ -449,6 +449,10 @@ void Server::stop() {
     I.cv.notify_all();
     return;
   }
+  if (I.draining) {  // another thread is stopping it: wait for that
+    I.cv.wait(l, [&] { return I.stopped; });
+    return;
+  }
   I.draining = true;
   I.cv.wait_for(l, Seconds(I.opts.shutdown_grace_s), [&] { return I.active.empty(); });
   for (auto& [id, p] : I.active) I.engine.cancel(id);
