@@ -136,9 +136,71 @@ TEST(Serve, CompletionsEqualTheEnginesGreedyTokensStreamingOrNot) {
   const json usage = json::parse(events[events.size() - 2]);
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 12);
-  // the prompt again: its full blocks come from the prefix cache
+  // the prompt again: the same text
   r = post(c, "/v1/completions", body.dump());
   EXPECT_EQ(r.json["choices"][0]["text"], want.text);
+}
+
+TEST(Serve, StopStringsPrefixCacheAndChatLogprobs) {
+  Served s;
+  auto c = s.client();
+  // a stop string taken from the greedy text ends the answer before it
+  const std::string prompt = "the cat sat on the mat";
+  const Direct want = direct(s, s.tok->encode(prompt), 12);
+  size_t k = 2;
+  while (k + 1 < want.text.size() && !(std::isalpha(static_cast<unsigned char>(want.text[k])) &&
+                                       std::isalpha(static_cast<unsigned char>(want.text[k + 1]))))
+    ++k;
+  ASSERT_LT(k + 1, want.text.size()) << "no two letters in: " << want.text;
+  const std::string stop = want.text.substr(k, 2);
+  const size_t first = want.text.find(stop);
+  Reply r =
+      post(c, "/v1/completions",
+           json{{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"stop", stop}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json["choices"][0]["text"], inference::server::valid_utf8(want.text.substr(0, first)))
+      << "stop " << stop;
+  EXPECT_EQ(r.json["choices"][0]["finish_reason"], "stop");
+  // a 40-token prompt twice: the second finds its two full 16-position blocks cached
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(100 + i);
+  const json again = {{"prompt", ids}, {"max_tokens", 2}};
+  EXPECT_EQ(post(c, "/v1/completions", again.dump())
+                .json["usage"]["prompt_tokens_details"]["cached_tokens"],
+            0);
+  r = post(c, "/v1/completions", again.dump());
+  EXPECT_EQ(r.json["usage"]["prompt_tokens_details"]["cached_tokens"], 32) << r.body;
+  // sampling with a seed: the same request gives the same text; another seed another text
+  const auto sampled = [&](int seed) {
+    return post(c, "/v1/completions",
+                json{{"prompt", prompt},
+                     {"max_tokens", 12},
+                     {"temperature", 1.5},
+                     {"top_k", 40},
+                     {"seed", seed}}
+                    .dump())
+        .json["choices"][0]["text"];
+  };
+  EXPECT_EQ(sampled(7), sampled(7));
+  EXPECT_NE(sampled(7), sampled(8));
+  // chat logprobs: per token its text, logprob, bytes and the two most likely
+  r = post(c, "/v1/chat/completions",
+           json{{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                {"max_tokens", 5},
+                {"logprobs", true},
+                {"top_logprobs", 2}}
+               .dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& content = r.json["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 5u) << r.body;
+  for (const json& t : content) {
+    EXPECT_TRUE(t["token"].is_string());
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_FALSE(t["bytes"].empty());
+    ASSERT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(),
+              t["top_logprobs"][1]["logprob"].get<double>());
+  }
 }
 
 TEST(Serve, ChatUsesTheTemplateStreamingOrNot) {
