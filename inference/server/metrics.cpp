@@ -115,6 +115,8 @@ std::string Metrics::text(const EngineStats& s) const {
   gauge(out, "nxd_serve_preemptions_total", "Requests preempted for KV blocks.",
         double(s.preemptions), "counter");
   gauge(out, "nxd_serve_engine_steps_total", "Engine scheduler steps.", double(s.steps), "counter");
+  gauge(out, "nxd_serve_model_calls_total", "Model forward calls of the engine's steps.",
+        double(s.model_calls), "counter");
   gauge(out, "nxd_serve_tokens_per_second", "Tokens generated per second over the last 10 s.",
         double(tokens) / window);
   out +=

@@ -257,7 +257,7 @@ TEST(Serve, ModelsHealthAndMetrics) {
        {"nxd_serve_queue_length 0", "nxd_serve_requests_running 0", "nxd_serve_requests_waiting 0",
         "nxd_serve_kv_blocks_used 0", "nxd_serve_prefix_cache_hit_rate ",
         "nxd_serve_tokens_per_second ", "nxd_serve_generation_tokens_total 10",
-        "nxd_serve_time_to_first_token_seconds_count 2",
+        "nxd_serve_time_to_first_token_seconds_count 2", "nxd_serve_model_calls_total ",
         "nxd_serve_inter_token_latency_seconds_count 8",
         "nxd_serve_requests_finished_total{finish_reason=\"length\"} 2",
         "nxd_serve_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2"})
