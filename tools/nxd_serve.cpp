@@ -4,25 +4,33 @@
 //   nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH] [--chat-template FILE]
 //             [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
 //             [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-blocks N | --kv-memory SIZE]
-//             [--max-waiting N] [--tp 1] [--instance TYPE]
+//             [--max-waiting N] [--tp N] [--instance TYPE]
 // The chat template is --chat-template's file, else chat_template.jinja or tokenizer_config.json
 // in --hf's folder or the tokenizer's folder (io/chat_template.h; without one, chat answers 400).
 // EOS ids: generation_config.json / config.json of that folder, plus tokenizer_config.json's
-// eos_token when it is one token. SIGTERM or SIGINT stops it gracefully (new requests 503,
+// eos_token when it is one token. --tp N > 1 runs the model's shards on N sim ranks (threads of
+// this process): every rank builds its Engine, rank 0's serves HTTP and the others follow its
+// steps (inference/engine.h). SIGTERM or SIGINT stops it gracefully (new requests 503,
 // in-flight ones get 10 s, then are cancelled). Exit codes: 0 stopped by a signal, 2 a user
 // mistake (flag, path, port in use), 1 anything else.
 #include <pthread.h>
 #include <signal.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/collectives/sim/launch.h"
 #include "nxd/inference/engine.h"
 #include "nxd/inference/server/server.h"
 #include "nxd/io/bounded_read.h"
@@ -41,7 +49,7 @@ const char* kUsage =
     "usage: nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH] [--chat-template FILE]\n"
     "                 [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name N]\n"
     "                 [--max-num-seqs N] [--max-num-batched-tokens N]\n"
-    "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp 1]\n"
+    "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp N]\n"
     "                 [--instance TYPE]\n"
     "  --checkpoint DIR   an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR           a transformers Llama / GPT-NeoX folder (config.json, safetensors)\n"
@@ -53,7 +61,7 @@ const char* kUsage =
     "  --max-num-batched-tokens N  tokens of one engine step (default 512)\n"
     "  --kv-blocks N      KV cache blocks of 16 positions; --kv-memory SIZE (512M, 2G) instead\n"
     "  --max-waiting N    queued requests beyond which the server answers 429 (default 256)\n"
-    "  --tp 1             the engine serves at TP 1\n"
+    "  --tp N             tensor parallel over N sim ranks (threads) of the model's shards\n"
     "  --instance TYPE    each response's usage.modeled carries the modeled time to first token\n"
     "                     and time per output token on this Neuron instance (inf2.xlarge, ...)\n";
 
@@ -130,10 +138,6 @@ ServeCli parse_args(int argc, char** argv) {
       throw Usage(str("unknown flag '", a, "'"));
   }
   if (c.checkpoint.empty() == c.hf.empty()) throw Usage("give one of --checkpoint DIR or --hf DIR");
-  if (c.tp != 1)
-    throw Usage(str("--tp ", c.tp,
-                    ": nxd-serve's engine serves at TP 1 only (tensor parallel serving is not "
-                    "built yet)"));
   if (c.engine.kv_blocks > 0 && c.engine.kv_memory_bytes > 0)
     throw Usage("give one of --kv-blocks or --kv-memory, not both");
   if (c.server.served_model_name.empty())
@@ -142,31 +146,44 @@ ServeCli parse_args(int argc, char** argv) {
   return c;
 }
 
-// The model with its weights (TP 1) and its config.
-std::shared_ptr<CausalLM> load_model(const ServeCli& c, ModelConfig& cfg) {
-  std::shared_ptr<CausalLM> m;
+// Where the weights come from, read once before any rank starts: the config, and the full
+// tensors of a transformers folder (read-only, shared by the sim ranks).
+struct Weights {
+  ModelConfig cfg;
+  fs::path tag_dir;                    // --checkpoint
+  std::map<std::string, Tensor> full;  // --hf
+};
+
+Weights resolve_weights(const ServeCli& c) {
+  Weights w;
   if (!c.checkpoint.empty()) {
-    const fs::path tag_dir = ckpt::resolve_checkpoint(c.checkpoint);
-    const auto meta = ckpt::read_metadata(tag_dir);
+    w.tag_dir = ckpt::resolve_checkpoint(c.checkpoint);
+    const auto meta = ckpt::read_metadata(w.tag_dir);
     if (!meta.contains("model_config"))
-      throw ckpt::CheckpointError(str("[nxd-serve] ", tag_dir.string(),
+      throw ckpt::CheckpointError(str("[nxd-serve] ", w.tag_dir.string(),
                                       " records no model_config (not a CausalLM checkpoint)"));
-    cfg = ckpt::model_config_from_json(meta["model_config"]);
-    cfg.sequence_parallel = false;
-    cfg.dropout = 0.0;
-    cfg.validate();
-    m = make_causal_lm(cfg, 0);
-    ckpt::LoadOptions lo;
-    lo.tag = tag_dir.filename().string();
-    ckpt::load_checkpoint(tag_dir.parent_path(), m.get(), nullptr, nullptr, lo);
+    w.cfg = ckpt::model_config_from_json(meta["model_config"]);
   } else {
-    cfg = ckpt::read_hf_config(c.hf);
-    cfg.sequence_parallel = false;
-    cfg.dropout = 0.0;
-    cfg.validate();
-    const auto full = ckpt::read_hf_weights(c.hf, cfg);
-    m = make_causal_lm(cfg, 0);
-    ckpt::load_full_tensors({m.get()}, full, c.hf);
+    w.cfg = ckpt::read_hf_config(c.hf);
+  }
+  w.cfg.sequence_parallel = false;
+  w.cfg.dropout = 0.0;
+  w.cfg.kv_size_multiplier = std::max<int64_t>(1, c.tp / w.cfg.kv_heads());
+  w.cfg.validate();
+  w.cfg.validate_parallel(c.tp);
+  if (c.checkpoint.empty()) w.full = ckpt::read_hf_weights(c.hf, w.cfg);
+  return w;
+}
+
+// This rank's model with its weights (parallel_state already set up at TP > 1).
+std::shared_ptr<CausalLM> build_model(const ServeCli& c, const Weights& w) {
+  auto m = make_causal_lm(w.cfg, 0);
+  if (!w.tag_dir.empty()) {
+    ckpt::LoadOptions lo;
+    lo.tag = w.tag_dir.filename().string();
+    ckpt::load_checkpoint(w.tag_dir.parent_path(), m.get(), nullptr, nullptr, lo);
+  } else {
+    ckpt::load_full_tensors({m.get()}, w.full, c.hf);
   }
   return m;
 }
@@ -189,6 +206,90 @@ std::vector<int64_t> eos_ids(const std::string& folder, const io::Tokenizer* tok
     if (e.size() == 1 && std::find(ids.begin(), ids.end(), e[0]) == ids.end()) ids.push_back(e[0]);
   }
   return ids;
+}
+
+void announce(const ServeCli& c, const inference::server::Server& server,
+              const inference::Engine& engine, const io::ChatTemplate* tpl) {
+  const auto st = engine.stats();
+  std::printf(
+      "nxd-serve: serving '%s' on http://%s:%d (TP %d, max_model_len %lld, %lld KV blocks of "
+      "%lld, chat template: %s, EOS ids: %zu)\n",
+      c.server.served_model_name.c_str(), c.server.host.c_str(), server.port(), c.tp,
+      (long long)engine.max_model_len(), (long long)st.kv_blocks_total,
+      (long long)c.engine.block_size, tpl ? tpl->origin().c_str() : "none",
+      c.engine.eos_token_ids.size());
+  std::fflush(stdout);
+}
+
+void wait_for_signal(const sigset_t& sigs, const ServeCli& c) {
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::printf("nxd-serve: %s: stopping (new requests 503, in-flight ones get %.0f s)\n",
+              sig == SIGTERM ? "SIGTERM" : "SIGINT", c.server.shutdown_grace_s);
+  std::fflush(stdout);
+}
+
+// TP > 1: the model's shards on sim ranks (threads); every rank builds its Engine, rank 0's
+// serves HTTP and runs the loop the others follow. This thread waits for the signal.
+void serve_tensor_parallel(ServeCli& c, const Weights& w,
+                           const std::shared_ptr<const io::Tokenizer>& tok,
+                           const std::shared_ptr<const io::ChatTemplate>& tpl,
+                           const sigset_t& sigs) {
+  std::mutex mu;
+  std::condition_variable cv;
+  inference::server::Server* server = nullptr;
+  bool failed = false, released = false;
+  c.server.engine_loop = inference::server::EngineLoop::caller;
+  sim::LaunchOptions lo;
+  lo.world_size = c.tp;
+  lo.instance = c.instance.empty() ? (c.tp <= 2    ? "inf2.xlarge"
+                                      : c.tp <= 12 ? "inf2.24xlarge"
+                                      : c.tp <= 24 ? "inf2.48xlarge"
+                                                   : "trn1.32xlarge")
+                                   : c.instance;
+  lo.memory_capacity = 0;  // the host's memory, not the modeled core's
+  std::exception_ptr error;
+  std::thread ranks([&] {
+    try {
+      sim::launch(lo, [&] {
+        parallel_state::initialize_model_parallel(c.tp);
+        inference::Engine engine(build_model(c, w), tok, c.engine);
+        if (parallel_state::get_tensor_model_parallel_rank() != 0) {
+          engine.run(std::stop_token{});  // follows rank 0's loop until it ends
+          return;
+        }
+        inference::server::Server s(engine, tok, tpl, c.server);
+        s.start();
+        announce(c, s, engine, tpl.get());
+        {
+          std::lock_guard<std::mutex> g(mu);
+          server = &s;
+          cv.notify_all();
+        }
+        s.run_engine();  // until stop()
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return released; });  // main's stop() has returned
+      });
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> g(mu);
+    failed = true;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return server != nullptr || failed; });
+  }
+  if (server) {
+    wait_for_signal(sigs, c);
+    server->stop();
+    std::lock_guard<std::mutex> g(mu);
+    released = true;
+    cv.notify_all();
+  }
+  ranks.join();
+  if (error) std::rethrow_exception(error);
 }
 
 int run(int argc, char** argv) {
@@ -217,17 +318,17 @@ int run(int argc, char** argv) {
   } else if (!folder.empty() && io::ChatTemplate::folder_has_template(folder)) {
     tpl = std::make_shared<const io::ChatTemplate>(io::ChatTemplate::from_folder(folder));
   }
-  ModelConfig cfg;
-  auto model = load_model(c, cfg);
+  const Weights w = resolve_weights(c);
+  const ModelConfig& cfg = w.cfg;
   if (tok->vocab_size() > cfg.vocab_size)
     throw ConfigError(str("[nxd-serve] the tokenizer ", tok_path, " has ", tok->vocab_size(),
                           " ids but the model's vocab_size is ", cfg.vocab_size));
   c.engine.eos_token_ids = eos_ids(folder, tok.get(), tpl.get());
-  inference::Engine engine(model, tok, c.engine);
   c.server.vocab_size = cfg.vocab_size;
   if (!c.instance.empty()) {
     InferenceModelOptions probe;  // an unknown instance is a user mistake found now
     probe.instance = c.instance;
+    probe.tp = c.tp;
     probe.prompt_tokens = probe.new_tokens = 1;
     try {
       estimate_inference(cfg, probe);
@@ -242,23 +343,16 @@ int run(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  inference::server::Server server(engine, tok, tpl, c.server);
-  server.start();
-  const auto st = engine.stats();
-  std::printf(
-      "nxd-serve: serving '%s' on http://%s:%d (max_model_len %lld, %lld KV blocks of %lld, "
-      "chat template: %s, EOS ids: %zu)\n",
-      c.server.served_model_name.c_str(), c.server.host.c_str(), server.port(),
-      (long long)engine.max_model_len(), (long long)st.kv_blocks_total,
-      (long long)c.engine.block_size, tpl ? tpl->origin().c_str() : "none",
-      c.engine.eos_token_ids.size());
-  std::fflush(stdout);
-  int sig = 0;
-  sigwait(&sigs, &sig);
-  std::printf("nxd-serve: %s: stopping (new requests 503, in-flight ones get %.0f s)\n",
-              sig == SIGTERM ? "SIGTERM" : "SIGINT", c.server.shutdown_grace_s);
-  std::fflush(stdout);
-  server.stop();
+  if (c.tp == 1) {
+    inference::Engine engine(build_model(c, w), tok, c.engine);
+    inference::server::Server server(engine, tok, tpl, c.server);
+    server.start();
+    announce(c, server, engine, tpl.get());
+    wait_for_signal(sigs, c);
+    server.stop();
+  } else {
+    serve_tensor_parallel(c, w, tok, tpl, sigs);
+  }
   std::printf("nxd-serve: stopped\n");
   return 0;
 }

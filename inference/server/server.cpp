@@ -98,8 +98,8 @@ struct Server::Impl {
   RequestLimits limits;
   Metrics metrics;
   HttpServer http;
-  std::jthread engine_thread;
-  std::thread http_thread;
+  std::stop_source engine_stop;
+  std::thread engine_thread, http_thread;
   int port = -1;
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
   std::atomic<int64_t> counter{0};
@@ -108,6 +108,7 @@ struct Server::Impl {
   std::condition_variable cv;
   std::map<int64_t, std::shared_ptr<Pending>> active;
   bool draining = false, stopped = false, started = false, engine_dead = false;
+  bool loop_running = false;  // run_engine is inside Engine::run
   std::string engine_error;
 
   std::mutex modeled_mu;
@@ -130,9 +131,14 @@ struct Server::Impl {
     }
   };
 
-  void run_engine(std::stop_token st) {
+  void run_engine() {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (stopped || engine_stop.stop_requested()) return;
+      loop_running = true;
+    }
     try {
-      engine.run(st);
+      engine.run(engine_stop.get_token());
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> g(mu);
       engine_dead = true;
@@ -140,6 +146,9 @@ struct Server::Impl {
       for (auto& [id, p] : active) p->push(final_output(FinishReason::error, engine_error));
       std::fprintf(stderr, "nxd-serve: the engine failed: %s\n", engine_error.c_str());
     }
+    std::lock_guard<std::mutex> g(mu);
+    loop_running = false;
+    cv.notify_all();
   }
 
   void on_output(Pending& p, const Output& o) {  // the engine thread
@@ -433,7 +442,8 @@ void Server::start() {
                       " (in use, or not an address of this machine)"));
   if (I.opts.port != 0) I.port = I.opts.port;
   I.http.widen_backlog();
-  I.engine_thread = std::jthread([&I](std::stop_token st) { I.run_engine(st); });
+  if (I.opts.engine_loop == EngineLoop::own_thread)
+    I.engine_thread = std::thread([&I] { I.run_engine(); });
   I.http_thread = std::thread([&I] { I.http.listen_after_bind(); });
 }
 
@@ -462,11 +472,18 @@ void Server::stop() {
   l.unlock();
   I.http.stop();
   if (I.http_thread.joinable()) I.http_thread.join();
-  I.engine_thread.request_stop();
+  I.engine_stop.request_stop();
   if (I.engine_thread.joinable()) I.engine_thread.join();
   l.lock();
+  I.cv.wait(l, [&] { return !I.loop_running; });  // EngineLoop::caller: its loop has ended
   I.stopped = true;
   I.cv.notify_all();
+}
+
+void Server::run_engine() {
+  NXD_CHECK(impl_->opts.engine_loop == EngineLoop::caller,
+            "[nxd-serve] run_engine() needs EngineLoop::caller (the server runs its own loop)");
+  impl_->run_engine();
 }
 
 void Server::wait() {

@@ -34,6 +34,10 @@ struct ModeledLatency {
   int tp = 1;
 };
 
+// Who runs the engine's loop (Engine::run): a thread the server starts, or the caller through
+// Server::run_engine() — a TP engine's loop must run on its rank-0 thread.
+enum class EngineLoop { own_thread, caller };
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;      // 0: any free port (port() says which)
@@ -45,6 +49,7 @@ struct ServerOptions {
   double shutdown_grace_s = 10;    // stop(): in-flight requests get this long, then are cancelled
   double liveness_interval_s = 1;  // how often a waiting non-streaming answer checks its client
   std::optional<ModeledLatency> modeled;  // usage.modeled: TTFT and TPOT on an instance
+  EngineLoop engine_loop = EngineLoop::own_thread;
 };
 
 class Server {
@@ -66,6 +71,8 @@ class Server {
   void stop();
   // Blocks until stop() has run (from another thread or a signal handler thread).
   void wait();
+  // EngineLoop::caller: runs the engine's loop on this thread until stop() ends it.
+  void run_engine();
 
   struct Impl;
 

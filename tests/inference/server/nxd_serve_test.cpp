@@ -40,7 +40,7 @@ struct HfModel {
     tok = std::make_shared<const io::Tokenizer>(
         io::Tokenizer::from_file((hf / "tokenizer.json").string()));
     ModelConfig c = tiny_model("llama");
-    c.vocab_size = tok->vocab_size();
+    c.vocab_size = (tok->vocab_size() + 1) / 2 * 2;  // splits over TP 2
     c.max_position_embeddings = 64;
     model = make_causal_lm(c, 5);
     ckpt::save_checkpoint(dir.path / "run", "step_1", model.get(), nullptr, nullptr);
@@ -59,7 +59,7 @@ TEST(NxdServe, UserMistakesExitWithCode2NamingTheValue) {
   ASSERT_GT(busy_port, 0);
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{}, "give one of --checkpoint DIR or --hf DIR"},
-      {{"--hf", hf, "--tp", "2"}, "--tp 2: nxd-serve's engine serves at TP 1 only"},
+      {{"--hf", hf, "--tp", "3"}, "3"},
       {{"--hf", hf, "--port", "70000"}, "--port"},
       {{"--hf", hf, "--kv-blocks", "8", "--kv-memory", "1M"}, "not both"},
       {{"--hf", hf, "--max-num-seqs", "0"}, "--max-num-seqs"},
@@ -68,6 +68,8 @@ TEST(NxdServe, UserMistakesExitWithCode2NamingTheValue) {
       {{"--hf", hf, "--chat-template", (d / "missing.jinja").string()}, "missing.jinja"},
       {{"--hf", hf, "--instance", "inf9.huge", "--port", "0"}, "inf9.huge"},
       {{"--hf", hf, "--port", std::to_string(busy_port)},
+       "cannot listen on 127.0.0.1:" + std::to_string(busy_port)},
+      {{"--hf", hf, "--tp", "2", "--port", std::to_string(busy_port)},
        "cannot listen on 127.0.0.1:" + std::to_string(busy_port)},
   };
   for (const auto& [args, says] : cases) {
@@ -78,37 +80,79 @@ TEST(NxdServe, UserMistakesExitWithCode2NamingTheValue) {
   }
 }
 
+// nxd-serve started in the background with `args`; port() waits for its "serving" line.
+struct Running {
+  pid_t pid = -1;
+  std::string out, err;
+  Running(const fs::path& d, std::vector<std::string> args)
+      : out((d / "serve.out").string()), err((d / "serve.err").string()) {
+    args.insert(args.begin(), NXD_SERVE_BIN);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  int port() {
+    const std::regex on(R"(on http://127\.0\.0\.1:(\d+) )");
+    for (int i = 0; i < 1200; ++i) {
+      std::smatch mt;
+      const std::string text = slurp(out);
+      if (std::regex_search(text, mt, on)) return std::stoi(mt[1]);
+      if (waitpid(pid, nullptr, WNOHANG) == pid) return 0;  // it ended
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return 0;
+  }
+  // SIGTERM, then its exit code (-1 if it had not ended within 20 s: then killed)
+  int terminate() {
+    const auto t0 = std::chrono::steady_clock::now();
+    kill(pid, SIGTERM);
+    int st = 0;
+    pid_t w = 0;
+    while ((w = waitpid(pid, &st, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (w == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  ~Running() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+// The engine's greedy text for `prompt` on m's weights, in this process.
+std::string engine_text(const HfModel& m, const std::string& prompt, int64_t max_tokens) {
+  inference::Engine e(m.model, m.tok, {});
+  inference::Request q;
+  q.prompt = m.tok->encode(prompt);
+  q.sampling.temperature = 0;
+  q.stop.max_tokens = max_tokens;
+  std::string text;
+  e.submit(q, [&](const inference::Output& o) { text += o.text; });
+  e.run_until_idle();
+  return inference::server::valid_utf8(text);
+}
+
 TEST(NxdServe, ServesAFolderAndStopsOnSigterm) {
   HfModel m;
   const fs::path& d = m.dir.path;
-  const std::string out = (d / "serve.out").string(), err = (d / "serve.err").string();
-  const std::vector<std::string> argv = {NXD_SERVE_BIN, "--hf",       (d / "hf").string(), "--port",
-                                         "0",           "--instance", "inf2.xlarge"};
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  int port = 0;
-  const std::regex on(R"(on http://127\.0\.0\.1:(\d+) )");
-  for (int i = 0; i < 600 && port == 0; ++i) {
-    std::smatch mt;
-    const std::string text = slurp(out);
-    if (std::regex_search(text, mt, on))
-      port = std::stoi(mt[1]);
-    else
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (port == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    FAIL() << slurp(out) << slurp(err);
-  }
+  Running srv(d, {"--hf", (d / "hf").string(), "--port", "0", "--instance", "inf2.xlarge"});
+  const int port = srv.port();
+  ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+  const std::string out = srv.out, err = srv.err;
   EXPECT_NE(slurp(out).find("chat template: "), std::string::npos) << slurp(out);
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(30);
@@ -117,20 +161,7 @@ TEST(NxdServe, ServesAFolderAndStopsOnSigterm) {
                        json{{"prompt", prompt}, {"max_tokens", 9}, {"temperature", 0}}.dump());
   EXPECT_EQ(r.status, 200) << r.body;
   // the same weights in this process: the engine's greedy text
-  inference::Engine e(m.model, m.tok, {});
-  inference::Request q;
-  q.prompt = m.tok->encode(prompt);
-  q.sampling.temperature = 0;
-  q.stop.max_tokens = 9;
-  std::string want;
-  inference::FinishReason fin = inference::FinishReason::none;
-  e.submit(q, [&](const inference::Output& o) {
-    want += o.text;
-    fin = o.finish;
-  });
-  e.run_until_idle();
-  EXPECT_EQ(r.json["choices"][0]["text"], inference::server::valid_utf8(want));
-  EXPECT_EQ(r.json["choices"][0]["finish_reason"], inference::openai_finish_reason(fin));
+  EXPECT_EQ(r.json["choices"][0]["text"], engine_text(m, prompt, 9));
   const json& modeled = r.json["usage"]["modeled"];
   EXPECT_EQ(modeled["instance"], "inf2.xlarge") << r.body;
   EXPECT_GT(modeled["ttft_ms"].get<double>(), 0);
@@ -139,21 +170,29 @@ TEST(NxdServe, ServesAFolderAndStopsOnSigterm) {
                           R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})");
   EXPECT_EQ(chat.status, 200) << chat.body;
   // SIGTERM: exits 0 within the bound
-  const auto t0 = std::chrono::steady_clock::now();
-  kill(pid, SIGTERM);
-  int st = 0;
-  pid_t w = 0;
-  while ((w = waitpid(pid, &st, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (w == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    FAIL() << "nxd-serve did not stop within 20 s of SIGTERM";
-  }
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << slurp(err);
+  EXPECT_EQ(srv.terminate(), 0) << slurp(err);
   EXPECT_NE(slurp(out).find("SIGTERM: stopping"), std::string::npos) << slurp(out);
   EXPECT_NE(slurp(out).find("nxd-serve: stopped"), std::string::npos) << slurp(out);
+}
+
+// --tp 2: the model's shards on two sim ranks give the single-rank engine's text.
+TEST(NxdServe, TensorParallelOverSimRanksGivesTheSingleRankText) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  Running srv(d, {"--hf", (d / "hf").string(), "--port", "0", "--tp", "2"});
+  const int port = srv.port();
+  ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+  EXPECT_NE(slurp(srv.out).find("(TP 2,"), std::string::npos) << slurp(srv.out);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60);
+  for (const std::string prompt : {"the cat sat", "a dog ran far away"}) {
+    const Reply r = post(c, "/v1/completions",
+                         json{{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json["choices"][0]["text"], engine_text(m, prompt, 10)) << prompt;
+  }
+  EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  EXPECT_NE(slurp(srv.out).find("nxd-serve: stopped"), std::string::npos) << slurp(srv.out);
 }
 
 }  // namespace
