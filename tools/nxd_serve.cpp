@@ -163,6 +163,10 @@ Weights resolve_weights(const ServeCli& c) {
       throw ckpt::CheckpointError(str("[nxd-serve] ", w.tag_dir.string(),
                                       " records no model_config (not a CausalLM checkpoint)"));
     w.cfg = ckpt::model_config_from_json(meta["model_config"]);
+    if (meta.contains("lora"))
+      throw Usage(str("--checkpoint ", w.tag_dir.string(),
+                      " holds LoRA adapters: merge them first (nxd-ckpt export-hf --merge-lora) "
+                      "and serve that folder with --hf"));
   } else {
     w.cfg = ckpt::read_hf_config(c.hf);
   }
