@@ -195,4 +195,24 @@ TEST(NxdServe, TensorParallelOverSimRanksGivesTheSingleRankText) {
   EXPECT_NE(slurp(srv.out).find("nxd-serve: stopped"), std::string::npos) << slurp(srv.out);
 }
 
+// --checkpoint: an nxd checkpoint with --tokenizer (its folder's chat template) gives the same
+// text.
+TEST(NxdServe, ServesACheckpointWithATokenizer) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  Running srv(d, {"--checkpoint", (d / "run").string(), "--tokenizer",
+                  (d / "hf/tokenizer.json").string(), "--port", "0"});
+  const int port = srv.port();
+  ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+  EXPECT_NE(slurp(srv.out).find("tokenizer_config.json"), std::string::npos) << slurp(srv.out);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60);
+  const Reply r =
+      post(c, "/v1/completions",
+           json{{"prompt", "the cat sat"}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json["choices"][0]["text"], engine_text(m, "the cat sat", 10));
+  EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+}
+
 }  // namespace
