@@ -1,0 +1,218 @@
+// nxd-serve, the program: user mistakes exit with code 2 and a message naming the value; it serves
+// a transformers folder (tokens equal the engine's on the same weights, usage carries the
+// modeled latency with --instance) and stops on SIGTERM with code 0.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/offline.h"
+#include "nxd/inference/server/openai_response.h"
+#include "serve_fixture.h"
+#include "support/proc.h"
+
+using namespace nxd;
+using namespace nxd::testing;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+ProcResult serve(std::vector<std::string> args, const fs::path& dir) {
+  args.insert(args.begin(), NXD_SERVE_BIN);
+  return run_process(args, dir, std::chrono::seconds(60));
+}
+
+// A tiny Llama saved as a transformers folder (d/hf) with the fixture's tokenizer files.
+struct HfModel {
+  ScratchDir dir{"nxd_serve_cli_"};
+  std::shared_ptr<CausalLM> model;
+  std::shared_ptr<const io::Tokenizer> tok;
+  HfModel() {
+    const fs::path hf = dir.path / "hf";
+    fs::create_directories(hf);
+    write_model_folder(hf);
+    tok = std::make_shared<const io::Tokenizer>(
+        io::Tokenizer::from_file((hf / "tokenizer.json").string()));
+    ModelConfig c = tiny_model("llama");
+    c.vocab_size = (tok->vocab_size() + 1) / 2 * 2;  // splits over TP 2
+    c.max_position_embeddings = 64;
+    model = make_causal_lm(c, 5);
+    ckpt::save_checkpoint(dir.path / "run", "step_1", model.get(), nullptr, nullptr);
+    ckpt::export_hf(dir.path / "run/step_1", dir.path / "export");
+    for (const auto& f : fs::directory_iterator(dir.path / "export"))
+      fs::copy_file(f.path(), hf / f.path().filename(), fs::copy_options::overwrite_existing);
+  }
+};
+
+TEST(NxdServe, UserMistakesExitWithCode2NamingTheValue) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  const std::string hf = (d / "hf").string();
+  httplib::Server taken;
+  const int busy_port = taken.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(busy_port, 0);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{}, "give one of --checkpoint DIR or --hf DIR"},
+      {{"--hf", hf, "--tp", "3"}, "3"},
+      {{"--hf", hf, "--port", "70000"}, "--port"},
+      {{"--hf", hf, "--kv-blocks", "8", "--kv-memory", "1M"}, "not both"},
+      {{"--hf", hf, "--max-num-seqs", "0"}, "--max-num-seqs"},
+      {{"--hf", hf, "--bogus", "1"}, "unknown flag '--bogus'"},
+      {{"--hf", (d / "nothing").string()}, "nothing"},
+      {{"--hf", hf, "--chat-template", (d / "missing.jinja").string()}, "missing.jinja"},
+      {{"--hf", hf, "--instance", "inf9.huge", "--port", "0"}, "inf9.huge"},
+      {{"--hf", hf, "--port", std::to_string(busy_port)},
+       "cannot listen on 127.0.0.1:" + std::to_string(busy_port)},
+      {{"--hf", hf, "--tp", "2", "--port", std::to_string(busy_port)},
+       "cannot listen on 127.0.0.1:" + std::to_string(busy_port)},
+  };
+  for (const auto& [args, says] : cases) {
+    const ProcResult r = serve(args, d);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << "want: " << says << "\ngot: " << r.err;
+    EXPECT_EQ(r.err.find("terminate"), std::string::npos) << r.err;
+  }
+}
+
+// nxd-serve started in the background with `args`; port() waits for its "serving" line.
+struct Running {
+  pid_t pid = -1;
+  std::string out, err;
+  Running(const fs::path& d, std::vector<std::string> args)
+      : out((d / "serve.out").string()), err((d / "serve.err").string()) {
+    args.insert(args.begin(), NXD_SERVE_BIN);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  int port() {
+    const std::regex on(R"(on http://127\.0\.0\.1:(\d+) )");
+    for (int i = 0; i < 1200; ++i) {
+      std::smatch mt;
+      const std::string text = slurp(out);
+      if (std::regex_search(text, mt, on)) return std::stoi(mt[1]);
+      if (waitpid(pid, nullptr, WNOHANG) == pid) return 0;  // it ended
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return 0;
+  }
+  // SIGTERM, then its exit code (-1 if it had not ended within 20 s: then killed)
+  int terminate() {
+    const auto t0 = std::chrono::steady_clock::now();
+    kill(pid, SIGTERM);
+    int st = 0;
+    pid_t w = 0;
+    while ((w = waitpid(pid, &st, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (w == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  ~Running() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+// The engine's greedy text for `prompt` on m's weights, in this process.
+std::string engine_text(const HfModel& m, const std::string& prompt, int64_t max_tokens) {
+  inference::Engine e(m.model, m.tok, {});
+  inference::Request q;
+  q.prompt = m.tok->encode(prompt);
+  q.sampling.temperature = 0;
+  q.stop.max_tokens = max_tokens;
+  std::string text;
+  e.submit(q, [&](const inference::Output& o) { text += o.text; });
+  e.run_until_idle();
+  return inference::server::valid_utf8(text);
+}
+
+TEST(NxdServe, ServesAFolderAndStopsOnSigterm) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  Running srv(d, {"--hf", (d / "hf").string(), "--port", "0", "--instance", "inf2.xlarge"});
+  const int port = srv.port();
+  ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+  const std::string out = srv.out, err = srv.err;
+  EXPECT_NE(slurp(out).find("chat template: "), std::string::npos) << slurp(out);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(30);
+  const std::string prompt = "the cat sat";
+  const Reply r = post(c, "/v1/completions",
+                       json{{"prompt", prompt}, {"max_tokens", 9}, {"temperature", 0}}.dump());
+  EXPECT_EQ(r.status, 200) << r.body;
+  // the same weights in this process: the engine's greedy text
+  EXPECT_EQ(r.json["choices"][0]["text"], engine_text(m, prompt, 9));
+  const json& modeled = r.json["usage"]["modeled"];
+  EXPECT_EQ(modeled["instance"], "inf2.xlarge") << r.body;
+  EXPECT_GT(modeled["ttft_ms"].get<double>(), 0);
+  EXPECT_GT(modeled["tpot_ms"].get<double>(), 0);
+  const Reply chat = post(c, "/v1/chat/completions",
+                          R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})");
+  EXPECT_EQ(chat.status, 200) << chat.body;
+  // SIGTERM: exits 0 within the bound
+  EXPECT_EQ(srv.terminate(), 0) << slurp(err);
+  EXPECT_NE(slurp(out).find("SIGTERM: stopping"), std::string::npos) << slurp(out);
+  EXPECT_NE(slurp(out).find("nxd-serve: stopped"), std::string::npos) << slurp(out);
+}
+
+// --tp 2: the model's shards on two sim ranks give the single-rank engine's text.
+TEST(NxdServe, TensorParallelOverSimRanksGivesTheSingleRankText) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  Running srv(d, {"--hf", (d / "hf").string(), "--port", "0", "--tp", "2"});
+  const int port = srv.port();
+  ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+  EXPECT_NE(slurp(srv.out).find("(TP 2,"), std::string::npos) << slurp(srv.out);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60);
+  for (const std::string prompt : {"the cat sat", "a dog ran far away"}) {
+    const Reply r = post(c, "/v1/completions",
+                         json{{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json["choices"][0]["text"], engine_text(m, prompt, 10)) << prompt;
+  }
+  EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  EXPECT_NE(slurp(srv.out).find("nxd-serve: stopped"), std::string::npos) << slurp(srv.out);
+}
+
+// --checkpoint: an nxd checkpoint with --tokenizer (its folder's chat template) gives the same
+// text.
+TEST(NxdServe, ServesACheckpointWithATokenizer) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  Running srv(d, {"--checkpoint", (d / "run").string(), "--tokenizer",
+                  (d / "hf/tokenizer.json").string(), "--port", "0"});
+  const int port = srv.port();
+  ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+  EXPECT_NE(slurp(srv.out).find("tokenizer_config.json"), std::string::npos) << slurp(srv.out);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60);
+  const Reply r =
+      post(c, "/v1/completions",
+           json{{"prompt", "the cat sat"}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json["choices"][0]["text"], engine_text(m, "the cat sat", 10));
+  EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+}
+
+}  // namespace
