@@ -15,6 +15,7 @@
 #include "elastic/launch.h"
 #include "elastic/plan.h"
 #include "elastic/supervisor.h"
+#include "nxd/cli/exit.h"
 #include "nxd/runtime/error.h"
 #include "nxd/train/config.h"
 
@@ -179,17 +180,13 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const UsageError& e) {
-    if (*e.what()) std::fprintf(stderr, "nxd-elastic: error: %s\n", e.what());
-    std::fputs(kUsage, *e.what() ? stderr : stdout);
-    return *e.what() ? 2 : 0;
-  } catch (const nxd::UserError& e) {
-    std::fprintf(stderr, "nxd-elastic: error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-elastic: internal error: %s\n", e.what());
-    return 1;
-  }
+  return nxd::cli::run_main("nxd-elastic", [&] {
+    try {
+      return run(argc, argv);
+    } catch (const UsageError& e) {
+      if (*e.what()) std::fprintf(stderr, "nxd-elastic: error: %s\n", e.what());
+      std::fputs(kUsage, *e.what() ? stderr : stdout);
+      return *e.what() ? 2 : 0;
+    }
+  });
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "nxd/cli/exit.h"
 #include "nxd/io/bounded_read.h"
 #include "nxd/runtime/error.h"
 #include "nxd_plan.h"
@@ -242,13 +243,5 @@ std::string plan_tool::layout(const TrainConfig& c) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const UserError& e) {
-    std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
-    return 1;
-  }
+  return cli::run_main("nxd-plan", [&] { return run(argc, argv); });
 }
