@@ -5,6 +5,7 @@
 #include <map>
 
 #include "nxd/layers/moe/moe.h"
+#include "nxd/layers/step_hooks.h"
 #include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/runtime/error.h"
@@ -65,30 +66,13 @@ CausalLM& CausalLMModule::lm() const {
   return *lm_;
 }
 
-namespace {
-// The MoE layers' figures of this micro batch on this rank (the trainer logs the logging rank's
-// last ones): the weighted auxiliary loss, the assignments dropped by the capacity, and the
-// fewest and most assignments routed to one expert (over every MoE layer and expert).
-void log_moe_stats(Trainer& t, CausalLM& lm) {
-  double aux = 0, dropped = 0, lo = -1, hi = 0;
-  for (const MoeMlp* m : moe_layers(lm)) {
-    if (m->aux_loss().defined()) aux += m->aux_loss().item();
-    dropped += static_cast<double>(m->stats().dropped);
-    for (int64_t n : m->stats().expert_load) {
-      lo = lo < 0 ? static_cast<double>(n) : std::min(lo, static_cast<double>(n));
-      hi = std::max(hi, static_cast<double>(n));
-    }
-  }
-  t.log("moe_aux_loss", aux);
-  t.log("moe_tokens_dropped", dropped);
-  t.log("moe_expert_load_min", lo < 0 ? 0 : lo);
-  t.log("moe_expert_load_max", hi);
-}
-}  // namespace
-
 Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
   Tensor loss = lm().loss(batch.ids, batch.targets);
-  if (cfg_.model.moe.enabled()) log_moe_stats(trainer(), lm());
+  // the model's figures of this micro batch on this rank (the trainer logs the logging rank's
+  // last ones): with MoE layers, their auxiliary loss, dropped assignments and expert loads
+  StepMetrics m;
+  lm().step_metrics(m);
+  for (const StepMetrics::Metric& x : m.metrics()) trainer().log(x.name, StepMetrics::logged(x));
   return loss;
 }
 

@@ -42,7 +42,7 @@ std::vector<Communicator*> norm_groups(const TrainConfig& cfg,
 }
 
 // After the update: the step's loss summed over DP (Trainer::dp_sum; a pipeline averages it in
-// run_train), the MoE layers' figures over the stages (trainer.cpp: log_pipeline_moe_stats), the
+// run_train), the MoE layers' figures over the stages (trainer.cpp: log_pipeline_step_metrics), the
 // gradient norm's sums over the groups it spans, and nxd-train's preemption agreement (one i32
 // over the world after every step: Trainer::check_preemption under cli.cpp's PreemptionGuard).
 void step_end_collectives(const TrainConfig& cfg, const MetaModel& mm,

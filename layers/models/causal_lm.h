@@ -110,6 +110,9 @@ class CausalLM : public Module {
   // from their last forward, a scalar in the graph; undefined for a dense model. loss() adds it;
   // a pipeline stage's caller must add it itself.
   Tensor moe_aux_loss();
+  // Mixture of experts: the MoE layers' figures of the last forward (add_moe_step_metrics);
+  // a dense model reports none.
+  void step_metrics(StepMetrics& out) override;
 
   // ---- the pieces a pipeline stage runs (hidden states in the local layout: [B,S,hidden], or
   // this rank's sequence shard [B,Sp/TP,hidden] under SP, Sp = S rounded up to a multiple of TP).
