@@ -13,12 +13,23 @@ namespace {
   throw ConfigError(str("[NxDConfig] unknown key '", section, key, "' (known: ", known, ")"));
 }
 
+pipeline::ScheduleKind schedule_of(const std::string& name) {
+  try {
+    return pipeline::parse_schedule(name);
+  } catch (const ConfigError&) {
+    throw ConfigError(
+        str("[NxDConfig] pipeline_config.schedule must be gpipe, 1f1b or "
+            "interleaved, got '",
+            name, "'"));
+  }
+}
+
 void read_pipeline(const nlohmann::json& v, PipelineConfig& p) {
   for (const auto& [k, x] : v.items()) {
     if (k == "num_microbatches")
       p.num_microbatches = x.get<int>();
     else if (k == "schedule")
-      p.schedule = x.get<std::string>();
+      p.schedule = schedule_of(x.get<std::string>());
     else if (k == "virtual_pipeline_size")
       p.virtual_pipeline_size = x.get<int>();
     else if (k == "partition")
@@ -180,8 +191,6 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
   if (pc.num_microbatches < 1 || pc.virtual_pipeline_size < 1)
     fail("pipeline_config.num_microbatches and virtual_pipeline_size must be >= 1, got ",
          pc.num_microbatches, " and ", pc.virtual_pipeline_size);
-  if (pc.schedule != "gpipe" && pc.schedule != "1f1b" && pc.schedule != "interleaved")
-    fail("pipeline_config.schedule must be gpipe, 1f1b or interleaved, got '", pc.schedule, "'");
   if (pc.partition != "parameters" && pc.partition != "modeled_cost")
     fail("pipeline_config.partition must be parameters or modeled_cost, got '", pc.partition, "'");
   const std::string& ac = c.activation_checkpoint_config;

@@ -33,7 +33,7 @@ pipeline::PipelineOptions pipeline_options_for(const NxDConfig& cfg) {
   pipeline::PipelineOptions po;
   const PipelineConfig& pc = cfg.pipeline_config;
   po.num_microbatches = pc.num_microbatches;
-  po.schedule = pipeline::parse_schedule(pc.schedule);
+  po.schedule = pc.schedule;
   po.virtual_pipeline_size = pc.virtual_pipeline_size;
   po.pipeline_cuts = pc.pipeline_cuts;
   po.balance = pipeline::parse_partition_balance(pc.partition);

@@ -17,6 +17,7 @@
 
 #include "nxd/layers/models/config.h"
 #include "nxd/layers/parallel/lora.h"
+#include "nxd/pipeline/schedule.h"
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/checkpointing.h"
 
@@ -127,7 +128,7 @@ struct DistributedSection {
   int64_t context_parallel_size;       // CP: ranks that split each sequence (ring attention)
   int64_t expert_model_parallel_size;  // EP: divides data-parallel x context-parallel size
   int64_t virtual_pipeline_model_parallel_size;
-  std::string pipeline_schedule;   // gpipe | 1f1b | interleaved
+  pipeline::ScheduleKind pipeline_schedule = pipeline::ScheduleKind::one_f_one_b;
   std::string pipeline_partition;  // parameters | modeled_cost
   bool zero1;
   bool sequence_parallel;

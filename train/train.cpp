@@ -202,7 +202,7 @@ void print_result(const TrainConfig& cfg, const FitResult& fr, std::FILE* out) {
     s.pp = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
     s.vpp = static_cast<int>(cfg.dist.virtual_pipeline_model_parallel_size);
     s.num_microbatches = static_cast<int>(cfg.grad_accum_steps);
-    s.kind = pipeline::parse_schedule(cfg.dist.pipeline_schedule);
+    s.kind = cfg.dist.pipeline_schedule;
     std::fprintf(out,
                  "pipeline: modeled bubble %.3f of the schedule (mean over ranks of the time "
                  "outside forwards and backwards); analytical (pp-1)/(m+pp-1)%s = %.3f\n",

@@ -98,7 +98,7 @@ MoeMlp::MoeMlp(const MoeMlpOptions& o)
   const MixtralExpert::Options eo{.hidden_size = hidden_,
                                   .ffn_hidden_size = o.ffn_hidden_size,
                                   .in_init = o.init.weight(),
-                                  .out_init = o.init.weight(/*residual_output=*/true),
+                                  .out_init = o.init.weight(WeightRole::residual_output),
                                   .param = o.param,
                                   .tp_group = tp_};
   for (int64_t e = 0; e < local_; ++e) experts_->push_back(std::make_shared<MixtralExpert>(eo));

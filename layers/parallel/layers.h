@@ -107,7 +107,8 @@ class ColumnParallelLinear : public ParallelLinearBase {
   bool lora_target(LoraTarget& out) const override;
 
  private:
-  Tensor run(const Tensor& x, bool add_bias) const;
+  enum class BiasAdd { add, leave_out };  // whether run() adds the bias
+  Tensor run(const Tensor& x, BiasAdd bias) const;
   int64_t stride_;
   ColumnParallelLinearOptions opts_;
 };
