@@ -5,7 +5,8 @@
 // left with the largest layout keeping TP x PP and the global batch (DP shrinks, gradient
 // accumulation grows), resuming from the newest complete checkpoint resharded to the new DP
 // degree. Exit codes: 0 done, 2 a user mistake (bad flag, config, too few slots; or nxd-train's
-// exit 2), 1 failed after the restarts, 128+n stopped by signal n. docs/DESIGN.md, "Run safety".
+// exit 2), 1 failed after the restarts, 128+n stopped by signal n. docs/design/run_safety.md, "Run
+// safety".
 #include <unistd.h>
 
 #include <cstdio>

@@ -1,6 +1,6 @@
 #pragma once
 // parallel_model_save / parallel_model_load: a traced model as a folder (format version 1,
-// documented in docs/DESIGN.md, "Traced models: the file format"):
+// documented in docs/design/trace.md, "Traced models: the file format"):
 //   manifest.json                 format, version, TP degree, buckets, example inputs, compiler
 //                                 args, and every other file with its size and CRC-32C
 //   rank<r>/bucket<b>.json        the compiled graph of rank r for bucket b and its memory plan

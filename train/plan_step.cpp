@@ -88,7 +88,7 @@ struct StepStart {
 
 // A pipeline's step: the schedule over M1 = min(M, 2 pp) microbatches, timed from the common
 // start. The schedules' step time is affine in M from M = pp (1F1B, GPipe and interleaved,
-// measured: docs/DESIGN.md), so for M > M1 a first schedule of pp microbatches (its gradients
+// measured: docs/design/plan.md), so for M > M1 a first schedule of pp microbatches (its gradients
 // kept in the buckets, as an accumulation step's) gives the cost of one more microbatch:
 // (span(M1) - span(pp)) / (M1 - pp) on this rank, which includes the point-to-point transfers a
 // stage waits for in the steady state, not only its forwards and backwards.

@@ -124,7 +124,7 @@ class CausalLM : public Module {
   // Final norm, output head and cross entropy against targets [B,S] (needs part().head).
   Tensor head_loss(const Tensor& h, const Tensor& targets, const CrossEntropyOptions& opts = {});
 
-  // ---- the KV-cache path (kv_cache.h has the contract; docs/DESIGN.md "KV cache and
+  // ---- the KV-cache path (kv_cache.h has the contract; docs/design/generation.md "KV cache and
   // generation"). Forward only, without a graph, in whatever mode the model is (dropout is not
   // applied); needs the whole model and no sequence parallelism.
   // K/V heads of this rank's cache (the attention's local_kv_heads()).
