@@ -24,6 +24,17 @@ pipeline::ScheduleKind schedule_of(const std::string& name) {
   }
 }
 
+pipeline::PartitionBalance partition_of(const std::string& name) {
+  try {
+    return pipeline::parse_partition_balance(name);
+  } catch (const ConfigError&) {
+    throw ConfigError(
+        str("[NxDConfig] pipeline_config.partition must be parameters or "
+            "modeled_cost, got '",
+            name, "'"));
+  }
+}
+
 void read_pipeline(const nlohmann::json& v, PipelineConfig& p) {
   for (const auto& [k, x] : v.items()) {
     if (k == "num_microbatches")
@@ -33,7 +44,7 @@ void read_pipeline(const nlohmann::json& v, PipelineConfig& p) {
     else if (k == "virtual_pipeline_size")
       p.virtual_pipeline_size = x.get<int>();
     else if (k == "partition")
-      p.partition = x.get<std::string>();
+      p.partition = partition_of(x.get<std::string>());
     else if (k == "pipeline_cuts")
       p.pipeline_cuts =
           x.is_null() ? std::vector<std::string>{} : x.get<std::vector<std::string>>();
@@ -191,8 +202,6 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
   if (pc.num_microbatches < 1 || pc.virtual_pipeline_size < 1)
     fail("pipeline_config.num_microbatches and virtual_pipeline_size must be >= 1, got ",
          pc.num_microbatches, " and ", pc.virtual_pipeline_size);
-  if (pc.partition != "parameters" && pc.partition != "modeled_cost")
-    fail("pipeline_config.partition must be parameters or modeled_cost, got '", pc.partition, "'");
   const std::string& ac = c.activation_checkpoint_config;
   if (!ac.empty() && ac != "full" && ac != "selective")
     fail("activation_checkpoint_config must be empty, full or selective, got '", ac, "'");

@@ -25,6 +25,7 @@
 
 #include "nxd/layers/module.h"
 #include "nxd/layers/parallel/lora.h"
+#include "nxd/pipeline/partition.h"
 #include "nxd/pipeline/schedule.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/dtype.h"
@@ -46,7 +47,8 @@ struct PipelineConfig {
   // "model.layers.3": a stage starts after this layer; empty: auto_partition, balanced by
   // `partition`: parameters (per stage) or modeled_cost (the sim device's forward + backward time)
   std::vector<std::string> pipeline_cuts;
-  std::string partition = "parameters";
+  pipeline::PartitionBalance partition =
+      pipeline::PartitionBalance::parameters;  // JSON: parameters | modeled_cost
 };
 
 struct ModelInitConfig {

@@ -272,7 +272,8 @@ DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
       r.positive("distributed_strategy.virtual_pipeline_model_parallel_size");
   ds.pipeline_schedule =
       pipeline::parse_schedule(r.c.get_string("distributed_strategy.pipeline_schedule"));
-  ds.pipeline_partition = r.c.get_string("distributed_strategy.pipeline_partition");
+  ds.pipeline_partition =
+      pipeline::parse_partition_balance(r.c.get_string("distributed_strategy.pipeline_partition"));
   ds.zero1 = r.c.get_bool("distributed_strategy.zero1");
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");

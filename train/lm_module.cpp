@@ -43,7 +43,7 @@ std::shared_ptr<CausalLM> CausalLMModule::build_causal_lm(const ModelConfig& cfg
 std::shared_ptr<pipeline::PipelineModel> CausalLMModule::build_pipeline_model(
     const pipeline::PipelineOptions& opts) {
   pipeline::PipelineOptions o = opts;
-  o.balance = pipeline::parse_partition_balance(cfg_.dist.pipeline_partition);
+  o.balance = cfg_.dist.pipeline_partition;
   o.pieces.build = [this](const ModelConfig& c, uint64_t seed, const ModelPart& part) {
     return build_causal_lm(c, seed, part);
   };

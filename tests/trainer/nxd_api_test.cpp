@@ -167,6 +167,10 @@ TEST(NxdApi, PrecisionResolution) {
               NxDConfig::from_json({{"pipeline_config", {{"schedule", "zigzag"}}}});
             }).find("schedule must be gpipe, 1f1b or interleaved, got 'zigzag'"),
             std::string::npos);
+  EXPECT_NE(config_error([] {
+              NxDConfig::from_json({{"pipeline_config", {{"partition", "cost"}}}});
+            }).find("partition must be parameters or modeled_cost, got 'cost'"),
+            std::string::npos);
 }
 
 // Meta-device initialization: a model built on the meta device allocates nothing on the host and,
