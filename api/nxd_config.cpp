@@ -13,25 +13,16 @@ namespace {
   throw ConfigError(str("[NxDConfig] unknown key '", section, key, "' (known: ", known, ")"));
 }
 
-pipeline::ScheduleKind schedule_of(const std::string& name) {
+// A pipeline_config mode read from its name by `parse`; an unknown name is NxDConfig's ConfigError
+// naming the key and the allowed names.
+template <class Parse>
+auto pipeline_mode(const char* key, const char* allowed, const nlohmann::json& x, Parse parse) {
+  const std::string name = x.get<std::string>();
   try {
-    return pipeline::parse_schedule(name);
+    return parse(name);
   } catch (const ConfigError&) {
     throw ConfigError(
-        str("[NxDConfig] pipeline_config.schedule must be gpipe, 1f1b or "
-            "interleaved, got '",
-            name, "'"));
-  }
-}
-
-pipeline::PartitionBalance partition_of(const std::string& name) {
-  try {
-    return pipeline::parse_partition_balance(name);
-  } catch (const ConfigError&) {
-    throw ConfigError(
-        str("[NxDConfig] pipeline_config.partition must be parameters or "
-            "modeled_cost, got '",
-            name, "'"));
+        str("[NxDConfig] pipeline_config.", key, " must be ", allowed, ", got '", name, "'"));
   }
 }
 
@@ -40,11 +31,13 @@ void read_pipeline(const nlohmann::json& v, PipelineConfig& p) {
     if (k == "num_microbatches")
       p.num_microbatches = x.get<int>();
     else if (k == "schedule")
-      p.schedule = schedule_of(x.get<std::string>());
+      p.schedule =
+          pipeline_mode("schedule", "gpipe, 1f1b or interleaved", x, pipeline::parse_schedule);
     else if (k == "virtual_pipeline_size")
       p.virtual_pipeline_size = x.get<int>();
     else if (k == "partition")
-      p.partition = partition_of(x.get<std::string>());
+      p.partition = pipeline_mode("partition", "parameters or modeled_cost", x,
+                                  pipeline::parse_partition_balance);
     else if (k == "pipeline_cuts")
       p.pipeline_cuts =
           x.is_null() ? std::vector<std::string>{} : x.get<std::vector<std::string>>();
