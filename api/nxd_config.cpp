@@ -13,16 +13,31 @@ namespace {
   throw ConfigError(str("[NxDConfig] unknown key '", section, key, "' (known: ", known, ")"));
 }
 
+// A pipeline_config mode read from its name by `parse`; an unknown name is NxDConfig's ConfigError
+// naming the key and the allowed names.
+template <class Parse>
+auto pipeline_mode(const char* key, const char* allowed, const nlohmann::json& x, Parse parse) {
+  const std::string name = x.get<std::string>();
+  try {
+    return parse(name);
+  } catch (const ConfigError&) {
+    throw ConfigError(
+        str("[NxDConfig] pipeline_config.", key, " must be ", allowed, ", got '", name, "'"));
+  }
+}
+
 void read_pipeline(const nlohmann::json& v, PipelineConfig& p) {
   for (const auto& [k, x] : v.items()) {
     if (k == "num_microbatches")
       p.num_microbatches = x.get<int>();
     else if (k == "schedule")
-      p.schedule = x.get<std::string>();
+      p.schedule =
+          pipeline_mode("schedule", "gpipe, 1f1b or interleaved", x, pipeline::parse_schedule);
     else if (k == "virtual_pipeline_size")
       p.virtual_pipeline_size = x.get<int>();
     else if (k == "partition")
-      p.partition = x.get<std::string>();
+      p.partition = pipeline_mode("partition", "parameters or modeled_cost", x,
+                                  pipeline::parse_partition_balance);
     else if (k == "pipeline_cuts")
       p.pipeline_cuts =
           x.is_null() ? std::vector<std::string>{} : x.get<std::vector<std::string>>();
@@ -180,10 +195,6 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
   if (pc.num_microbatches < 1 || pc.virtual_pipeline_size < 1)
     fail("pipeline_config.num_microbatches and virtual_pipeline_size must be >= 1, got ",
          pc.num_microbatches, " and ", pc.virtual_pipeline_size);
-  if (pc.schedule != "gpipe" && pc.schedule != "1f1b" && pc.schedule != "interleaved")
-    fail("pipeline_config.schedule must be gpipe, 1f1b or interleaved, got '", pc.schedule, "'");
-  if (pc.partition != "parameters" && pc.partition != "modeled_cost")
-    fail("pipeline_config.partition must be parameters or modeled_cost, got '", pc.partition, "'");
   const std::string& ac = c.activation_checkpoint_config;
   if (!ac.empty() && ac != "full" && ac != "selective")
     fail("activation_checkpoint_config must be empty, full or selective, got '", ac, "'");

@@ -5,7 +5,7 @@
 // precision). initialize_parallel_model (nxd_model.h) and initialize_parallel_optimizer
 // (nxd_optimizer.h) read it.
 //
-// Where nxd departs from NxD (docs/DESIGN.md, "NxD's training API"):
+// Where nxd departs from NxD (docs/design/api.md, "NxD's training API"):
 //   - `precision` (NxD Training's precision.type) is part of the config: fp32 | autocast |
 //     mixed_precision | bf16SR. It picks the parameter dtype (bf16 for the last two), the matmul
 //     precision, and the defaults of mixed_precision_config. NxD leaves the dtype to the user
@@ -25,6 +25,8 @@
 
 #include "nxd/layers/module.h"
 #include "nxd/layers/parallel/lora.h"
+#include "nxd/pipeline/partition.h"
+#include "nxd/pipeline/schedule.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/dtype.h"
 
@@ -39,12 +41,14 @@ struct OptimizerConfig {
 // NxD's pipeline_config (the keys nxd implements).
 struct PipelineConfig {
   int num_microbatches = 1;
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
-  int virtual_pipeline_size = 1;  // model chunks per pipeline rank (interleaved)
+  pipeline::ScheduleKind schedule =
+      pipeline::ScheduleKind::one_f_one_b;  // JSON: gpipe | 1f1b | interleaved
+  int virtual_pipeline_size = 1;            // model chunks per pipeline rank (interleaved)
   // "model.layers.3": a stage starts after this layer; empty: auto_partition, balanced by
   // `partition`: parameters (per stage) or modeled_cost (the sim device's forward + backward time)
   std::vector<std::string> pipeline_cuts;
-  std::string partition = "parameters";
+  pipeline::PartitionBalance partition =
+      pipeline::PartitionBalance::parameters;  // JSON: parameters | modeled_cost
 };
 
 struct ModelInitConfig {

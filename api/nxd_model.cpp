@@ -33,10 +33,10 @@ pipeline::PipelineOptions pipeline_options_for(const NxDConfig& cfg) {
   pipeline::PipelineOptions po;
   const PipelineConfig& pc = cfg.pipeline_config;
   po.num_microbatches = pc.num_microbatches;
-  po.schedule = pipeline::parse_schedule(pc.schedule);
+  po.schedule = pc.schedule;
   po.virtual_pipeline_size = pc.virtual_pipeline_size;
   po.pipeline_cuts = pc.pipeline_cuts;
-  po.balance = pipeline::parse_partition_balance(pc.partition);
+  po.balance = pc.partition;
   po.dp_bucket_bytes = static_cast<int64_t>(cfg.grad_bucket_mb * (1 << 20));
   po.dp_grad_sync = false;  // the optimizer wrapper's gradient buckets reduce over DP
   return po;

@@ -14,8 +14,8 @@
 // the parameters' gradient buffers).
 //
 // Sequence parallelism with overlapped buckets: the SP sums go after the DP all-reduce (sum over TP
-// and mean over DP commute, docs/DESIGN.md); with ZeRO-1 or a pipeline the buckets are reduced at
-// step() (SP sums and the tied-embedding sum must reach .grad first).
+// and mean over DP commute, docs/design/optim.md); with ZeRO-1 or a pipeline the buckets are
+// reduced at step() (SP sums and the tied-embedding sum must reach .grad first).
 #include <functional>
 #include <memory>
 #include <optional>

@@ -1,7 +1,7 @@
 #pragma once
 // Sharded checkpoints (NxD's save_checkpoint / load_checkpoint), crash-safe and reshardable.
 //
-// Layout of one checkpoint, <path>/<tag>/ (docs/DESIGN.md, "Checkpoints"):
+// Layout of one checkpoint, <path>/<tag>/ (docs/design/checkpoint.md, "Checkpoints"):
 //   checkpoint                 marker: this folder is an nxd checkpoint (written first)
 //   model/dp_rank_00_tp_rank_TT_pp_rank_PP.safetensors      parameters and persistent buffers of
 //                              one (tp, pp) rank, written by its DP rank 0

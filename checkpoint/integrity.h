@@ -1,6 +1,7 @@
 #pragma once
 // Checks of one shard that both load_checkpoint and verify_checkpoint (nxd-ckpt verify) run, so
-// that verify passes exactly the checkpoints load accepts (docs/DESIGN.md, "Checkpoints"):
+// that verify passes exactly the checkpoints load accepts (docs/design/checkpoint.md,
+// "Checkpoints"):
 //   - its recorded identity (nxd.kind, nxd.tp_rank, nxd.pp_rank, nxd.dp_rank in __metadata__)
 //     is the one its file name says: swapped or copied shard files are refused;
 //   - every tensor has a CRC-32C entry (nxd.crc32c.<name>): nxd always writes one, so a missing

@@ -1,11 +1,12 @@
 #pragma once
 // One reading discipline for every file and value nxd takes from outside (a training config, a
 // transformers folder's config.json, a tokenizer.json, a trace, a checkpoint's side files; docs/
-// DESIGN.md, "Hostile input"): regular files only (a directory, FIFO or device is refused before
-// anything blocks on it), a size limit checked while reading, the nesting of JSON/YAML text
-// checked before parsing (a parser recurses once per level), integers range-checked before they
-// size anything, and values cut short in messages. Each refusal names the file (or key) and is a
-// user error (IoError, ConfigError): tools exit with code 2. `tag` is the message's "[tag]".
+// docs/design/run_safety.md, "Hostile input"): regular files only (a directory, FIFO or device is
+// refused before anything blocks on it), a size limit checked while reading, the nesting of
+// JSON/YAML text checked before parsing (a parser recurses once per level), integers range-checked
+// before they size anything, and values cut short in messages. Each refusal names the file (or key)
+// and is a user error (IoError, ConfigError): tools exit with code 2. `tag` is the message's
+// "[tag]".
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>

@@ -25,7 +25,7 @@ InitMethod parse_init_method(const std::string& s) {
   throw ConfigError("unknown init method '" + s + "' (expected nxd, normal or scaled_normal)");
 }
 
-ParamInit InitScheme::weight(bool residual_output) const {
+ParamInit InitScheme::weight(WeightRole role) const {
   switch (method) {
     case InitMethod::nxd:
       return ParamInit::fan_in_uniform();
@@ -33,7 +33,7 @@ ParamInit InitScheme::weight(bool residual_output) const {
       return ParamInit::normal(std);
     case InitMethod::scaled_normal:
       return ParamInit::normal(
-          residual_output
+          role == WeightRole::residual_output
               ? std / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(1, num_layers)))
               : std);
   }

@@ -23,13 +23,17 @@ const char* init_method_name(InitMethod m);  // "nxd", "normal", "scaled_normal"
 // The method named `s`; ConfigError naming `s` and the accepted names otherwise.
 InitMethod parse_init_method(const std::string& s);
 
+// What a projection's output feeds: scaled_normal initializes the projections that write into
+// the residual stream (attention's o_proj, the MLP's down projection) with a smaller std.
+enum class WeightRole { projection, residual_output };
+
 struct InitScheme {
   InitMethod method = InitMethod::nxd;
   double std = 0.02;       // normal, scaled_normal
   int64_t num_layers = 1;  // scaled_normal: the model's decoder layers
 
-  // A projection's weight; residual_output: it writes into the residual stream.
-  ParamInit weight(bool residual_output = false) const;
+  // A projection's weight; WeightRole::residual_output: it writes into the residual stream.
+  ParamInit weight(WeightRole role = WeightRole::projection) const;
   ParamInit bias() const;
   ParamInit embedding() const;
 };

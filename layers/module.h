@@ -25,6 +25,8 @@
 
 namespace nxd {
 
+class StepMetrics;  // layers/step_hooks.h
+
 // How a parameter is initialized by Module::init_parameters.
 struct ParamInit {
   enum class Kind { none, zeros, ones, constant, normal, uniform, fan_in_uniform };
@@ -168,6 +170,10 @@ class Module {
   bool is_training() const { return training_; }
   // Drops (set_to_none) or zeroes the .grad of every parameter.
   void zero_grad(bool set_to_none = true);
+  // Adds the figures this module reports for the step just run (layers/step_hooks.h; e.g. a
+  // mixture of experts' auxiliary loss and expert loads) to `out`. A model's root module reports
+  // for its whole tree; the default reports none.
+  virtual void step_metrics(StepMetrics& out) { (void)out; }
 
  protected:
   void add_child(const std::string& name, std::shared_ptr<Module> m);

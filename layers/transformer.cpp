@@ -31,7 +31,7 @@ RowParallelLinearOptions row_options(const O& o) {
   return {.bias = o.bias,
           .input_is_parallel = true,
           .sequence_parallel_enabled = o.sequence_parallel,
-          .weight_init = o.init.weight(/*residual_output=*/true),
+          .weight_init = o.init.weight(WeightRole::residual_output),
           .bias_init = o.init.bias(),
           .param = o.param};
 }

@@ -36,29 +36,19 @@ void ElementwiseOptimizer::step() {
   std::vector<Working> work;
   std::vector<ElementwiseStep> jobs;
   std::vector<int64_t> sizes;
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    const ParamGroup& grp = groups_[gi];
-    for (size_t pi = 0; pi < grp.params.size(); ++pi) {
-      const NamedParam& np = grp.params[pi];
-      Tensor g = update_grad(np);
-      if (!g.defined()) continue;
-      Slot& s = slots_[gi][pi];
-      const int64_t t = ++*s.step.data<int64_t>();
-      if (np.param.numel() == 0) continue;
-      grads.push_back(g);
-      const Working& w = work.emplace_back(working(np, t));
-      ElementwiseStep e{w.values.data<float>(),
-                        g.data<float>(),
-                        {},
-                        np.param.numel(),
-                        grp.lr,
-                        grp.weight_decay,
-                        t};
-      for (size_t k = 0; k < s.state.size(); ++k) e.state[k] = s.state[k].data<float>();
-      jobs.push_back(e);
-      sizes.push_back(np.param.numel());
-    }
-  }
+  for_each_with_grad([&](const ParamGroup& grp, size_t gi, size_t pi, const NamedParam& np,
+                         const Tensor& g) {
+    Slot& s = slots_[gi][pi];
+    const int64_t t = ++*s.step.data<int64_t>();
+    if (np.param.numel() == 0) return;
+    grads.push_back(g);
+    const Working& w = work.emplace_back(working(np, t));
+    ElementwiseStep e{
+        w.values.data<float>(), g.data<float>(), {}, np.param.numel(), grp.lr, grp.weight_decay, t};
+    for (size_t k = 0; k < s.state.size(); ++k) e.state[k] = s.state[k].data<float>();
+    jobs.push_back(e);
+    sizes.push_back(np.param.numel());
+  });
   detail::for_each_item(sizes, rule_.cost, [&](size_t j, int64_t b, int64_t e) {
     ElementwiseStep part = jobs[j];
     part.p += b;

@@ -67,8 +67,8 @@
 // A group of one rank with all_reduce makes everything a no-op (no buffers, no hooks) unless bf16
 // gradients are accumulated in f32, which needs the buffers. The hooks stay on the parameters
 // after the GradSync is destroyed but then do nothing; the destructor removes the gradient
-// buffers (.grad keeps its memory). Activation checkpointing: see docs/DESIGN.md (a parameter used
-// both inside and outside a checkpointed segment fires its hook early; do not share such
+// buffers (.grad keeps its memory). Activation checkpointing: see docs/design/optim.md (a parameter
+// used both inside and outside a checkpointed segment fires its hook early; do not share such
 // parameters with bucketing).
 #include <cstdint>
 #include <memory>

@@ -202,35 +202,30 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions opts)
 
 void SGD::step() {
   NoGradGuard ng;
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    const ParamGroup& grp = groups_[gi];
-    for (size_t pi = 0; pi < grp.params.size(); ++pi) {
-      const NamedParam& np = grp.params[pi];
-      Tensor g = update_grad(np);
-      if (!g.defined()) continue;
-      Slot& s = slots_[gi][pi];
-      bool first = false;
-      if (s.step.defined()) {
-        int64_t* t = s.step.data<int64_t>();
-        first = *t == 0;
-        ++*t;
-      }
-      const Working w = working(np, steps_ + 1);
-      dispatch(w.values.dtype(), [&]<class T>() {
-        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-          sgd_update<T>(w.values.data<T>(), g.data<T>(),
-                        s.buf.defined() ? s.buf.data<T>() : nullptr, np.param.numel(),
-                        {.lr = grp.lr,
-                         .weight_decay = grp.weight_decay,
-                         .momentum = opts_.momentum,
-                         .dampening = opts_.dampening,
-                         .nesterov = opts_.nesterov,
-                         .first = first});
+  for_each_with_grad(
+      [&](const ParamGroup& grp, size_t gi, size_t pi, const NamedParam& np, const Tensor& g) {
+        Slot& s = slots_[gi][pi];
+        bool first = false;
+        if (s.step.defined()) {
+          int64_t* t = s.step.data<int64_t>();
+          first = *t == 0;
+          ++*t;
         }
+        const Working w = working(np, steps_ + 1);
+        dispatch(w.values.dtype(), [&]<class T>() {
+          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+            sgd_update<T>(w.values.data<T>(), g.data<T>(),
+                          s.buf.defined() ? s.buf.data<T>() : nullptr, np.param.numel(),
+                          {.lr = grp.lr,
+                           .weight_decay = grp.weight_decay,
+                           .momentum = opts_.momentum,
+                           .dampening = opts_.dampening,
+                           .nesterov = opts_.nesterov,
+                           .first = first});
+          }
+        });
+        w.write_back(0, np.param.numel());
       });
-      w.write_back(0, np.param.numel());
-    }
-  }
   ++steps_;
 }
 
@@ -276,35 +271,30 @@ void AdamW::step() {
   std::vector<detail::AdamWUpdate<double>> f64;
   std::vector<int64_t> sizes;
   std::vector<std::pair<int, size_t>> jobs;  // (0 = f32 / 1 = f64, index)
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    const ParamGroup& grp = groups_[gi];
-    for (size_t pi = 0; pi < grp.params.size(); ++pi) {
-      const NamedParam& np = grp.params[pi];
-      Tensor g = update_grad(np);
-      if (!g.defined()) continue;
-      Slot& s = slots_[gi][pi];
-      int64_t t = ++*s.step.data<int64_t>();
-      if (np.param.numel() == 0) continue;
-      grads.push_back(g);
-      sizes.push_back(np.param.numel());
-      const Working& w = work.emplace_back(working(np, t));
-      const detail::AdamWStep hyper{.lr = grp.lr,
-                                    .weight_decay = grp.weight_decay,
-                                    .beta1 = opts_.beta1,
-                                    .beta2 = opts_.beta2,
-                                    .eps = opts_.eps,
-                                    .t = t};
-      if (w.values.dtype() == DType::f32) {
-        jobs.push_back({0, f32.size()});
-        f32.emplace_back(w.values.data<float>(), g.data<float>(), s.m.data<float>(),
-                         s.v.data<float>(), hyper);
-      } else {
-        jobs.push_back({1, f64.size()});
-        f64.emplace_back(w.values.data<double>(), g.data<double>(), s.m.data<double>(),
-                         s.v.data<double>(), hyper);
-      }
-    }
-  }
+  for_each_with_grad(
+      [&](const ParamGroup& grp, size_t gi, size_t pi, const NamedParam& np, const Tensor& g) {
+        Slot& s = slots_[gi][pi];
+        int64_t t = ++*s.step.data<int64_t>();
+        if (np.param.numel() == 0) return;
+        grads.push_back(g);
+        sizes.push_back(np.param.numel());
+        const Working& w = work.emplace_back(working(np, t));
+        const detail::AdamWStep hyper{.lr = grp.lr,
+                                      .weight_decay = grp.weight_decay,
+                                      .beta1 = opts_.beta1,
+                                      .beta2 = opts_.beta2,
+                                      .eps = opts_.eps,
+                                      .t = t};
+        if (w.values.dtype() == DType::f32) {
+          jobs.push_back({0, f32.size()});
+          f32.emplace_back(w.values.data<float>(), g.data<float>(), s.m.data<float>(),
+                           s.v.data<float>(), hyper);
+        } else {
+          jobs.push_back({1, f64.size()});
+          f64.emplace_back(w.values.data<double>(), g.data<double>(), s.m.data<double>(),
+                           s.v.data<double>(), hyper);
+        }
+      });
   detail::for_each_item(sizes, 8, [&](size_t j, int64_t b, int64_t e) {
     if (jobs[j].first == 0)
       f32[jobs[j].second](b, e);

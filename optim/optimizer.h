@@ -144,6 +144,19 @@ class Optimizer {
   // The gradient for the update: contiguous, the parameter's dtype for f32/f64 parameters, f32
   // for bf16 ones; undefined if none. InvalidArgument on a shape mismatch.
   Tensor update_grad(const NamedParam& p) const;
+  // The parameter walk of every step(): calls fn(group, gi, pi, param, grad) for each parameter
+  // that has a gradient (update_grad), in group order; gi and pi index groups_ and its params.
+  template <class Fn>
+  void for_each_with_grad(Fn&& fn) const {
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      const ParamGroup& grp = groups_[gi];
+      for (size_t pi = 0; pi < grp.params.size(); ++pi) {
+        const NamedParam& np = grp.params[pi];
+        Tensor g = update_grad(np);
+        if (g.defined()) fn(grp, gi, pi, np, g);
+      }
+    }
+  }
 
   std::vector<ParamGroup> groups_;
   std::vector<std::pair<std::string, Tensor>> state_;

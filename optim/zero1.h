@@ -39,7 +39,7 @@
 // (the parameter's part of [r*S_b, (r+1)*S_b) of its bucket b; empty for most parameters of a
 // bucket at larger DP), views of exp_avg / exp_avg_sq / master of that range and the step count,
 // with no communication; load_sharded_state() copies such records back (checkpoint/ writes one
-// file per DP rank and reassembles them at any DP degree, docs/DESIGN.md "Checkpoints").
+// file per DP rank and reassembles them at any DP degree, docs/design/checkpoint.md "Checkpoints").
 // gather_state() (collective over DP) instead fills state_tensors() with the full per-parameter
 // exp_avg / exp_avg_sq / step (and master) tensors under AdamW's names (for comparing with
 // AdamW); scatter_state() takes this rank's shard back from them and release_state() frees them.

@@ -1,5 +1,5 @@
 #include "nxd/pipeline/pipeline_model.h"
-#include "nxd/layers/moe/moe.h"
+#include "nxd/layers/step_hooks.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -141,7 +141,7 @@ Tensor PipelineModel::step(const Tensor& ids, const Tensor& targets, StepKind ki
   Runner runner(*this, ids, targets, ids.size(0) / M);
   // each microbatch's loss is scaled by 1/M before its backward: so is the MoE layers' injected
   // auxiliary-loss gradient (on every stage, recomputation included)
-  MoeAuxLossScale aux_scale(1.0 / sched_.num_microbatches);
+  TrainingLossScale loss_scale(1.0 / sched_.num_microbatches);
   StepResult res = executor_->run(runner, kind, ids.size(0) / M, ids.size(1));
   if (train) span_seconds_ += res.span_seconds, phase_seconds_ += res.phase_seconds;
   double sum = 0;

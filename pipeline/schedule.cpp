@@ -97,11 +97,11 @@ ScheduleConfig resolve_schedule(const PipelineJob& j) {
   c.vpp = j.virtual_pipeline_model_parallel_size;
   c.num_microbatches =
       static_cast<int>(j.global_batch_size / (j.micro_batch_size * j.data_parallel_size));
-  c.kind = parse_schedule(j.pipeline_schedule);
+  c.kind = j.pipeline_schedule;
   if (c.vpp > 1 && c.kind != ScheduleKind::interleaved)
     fail("distributed_strategy.virtual_pipeline_model_parallel_size=", c.vpp,
-         " needs distributed_strategy.pipeline_schedule=interleaved (got ", j.pipeline_schedule,
-         ")");
+         " needs distributed_strategy.pipeline_schedule=interleaved (got ",
+         schedule_name(j.pipeline_schedule), ")");
   if (j.num_layers < static_cast<int64_t>(c.pp) * c.vpp)
     fail("model.num_layers=", j.num_layers,
          " cannot be cut into pipeline_model_parallel_size=", c.pp,

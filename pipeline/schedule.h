@@ -1,6 +1,6 @@
 #pragma once
 // Pipeline schedules as data: for every pipeline rank, the ordered list of actions it runs in one
-// training step (NxD's Train1F1BSchedule / TrainInterleavedSchedule; docs/DESIGN.md). The executor
+// training step (NxD's Train1F1BSchedule / TrainInterleavedSchedule; docs/design/pipeline.md). The executor
 // (executor.h) runs any such list over point-to-point send/recv; the lists can be checked without
 // communication (simulate()).
 //
@@ -62,7 +62,7 @@ struct ScheduleConfig {
 struct PipelineJob {
   int pipeline_model_parallel_size = 1;          // pp
   int virtual_pipeline_model_parallel_size = 1;  // vpp
-  std::string pipeline_schedule = "1f1b";        // gpipe | 1f1b | interleaved
+  ScheduleKind pipeline_schedule = ScheduleKind::one_f_one_b;
   int data_parallel_size = 1;
   int64_t global_batch_size = 1;
   int64_t micro_batch_size = 1;
@@ -70,7 +70,7 @@ struct PipelineJob {
 };
 // The schedule of a job: microbatches = global_batch_size / (micro_batch_size x dp). ConfigError
 // naming the numbers (and NxDT's key names) when the batch does not divide, the layers cannot be
-// cut into pp x vpp stages of at least one layer, the schedule is unknown, vpp > 1 without the
+// cut into pp x vpp stages of at least one layer, vpp > 1 without the
 // interleaved schedule (or the reverse), or interleaved microbatches are not a multiple of pp.
 ScheduleConfig resolve_schedule(const PipelineJob& job);
 

@@ -133,7 +133,7 @@ std::atomic<MatmulPrecision> g_precision{MatmulPrecision::fp32};
 // AMX where it exists. Without AMX the portable kernel (round, then the f32 engine) is the
 // default: on an AVX512-BF16 machine without AMX (this project's 2-vCPU Xeon VM) it measured
 // 0.85-0.93x the f32 path against 0.56-0.77x for the avx512_bf16 kernel (VDPBF16PS runs at the
-// f32 FMA rate there, and the packing costs the rest; docs/DESIGN.md "Matmul precision").
+// f32 FMA rate there, and the packing costs the rest; docs/design/runtime.md "Matmul precision").
 // NXD_BF16_KERNEL=avx512_bf16 still selects it.
 Bf16Kernel best_bf16_kernel() {
   if (bf16_kernel_available(Bf16Kernel::amx)) return Bf16Kernel::amx;

@@ -49,7 +49,7 @@ int threads();
 // bf16 matmul precision): only if m·n·k >= min_work · threads, i.e. each part keeps at least
 // min_work multiply-adds to pay for handing it to a helper. f32_min_work applies to fp32
 // products, bf16_min_work to products under MatmulPrecision::bf16. The defaults are measured on
-// the reference machine (nxd-bench-matmul --threads 2 --split-sweep; docs/DESIGN.md "GEMM
+// the reference machine (nxd-bench-matmul --threads 2 --split-sweep; docs/design/runtime.md "GEMM
 // engine"): at f32 splitting pays from 64^3 (2^18, 1.24x), at bf16 (portable kernel) from
 // 256x128x128 (2^22, 1.08x). Where a product is split never changes which dot products compute a
 // C element (each is one dot product over the whole K).

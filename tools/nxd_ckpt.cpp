@@ -39,6 +39,7 @@
 #include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/cli/exit.h"
 #include "nxd/io/bounded_read.h"
 #include "nxd/io/env_check.h"
 
@@ -363,20 +364,12 @@ void refuse_to_overwrite(const std::string& cmd, const fs::path& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const Usage& e) {
-    std::fprintf(stderr, "nxd-ckpt: error: %s\n%s", nxd::io::one_line(e.what()).c_str(), kUsage);
-    return 2;
-  } catch (const nxd::UserError& e) {
-    std::fprintf(stderr, "nxd-ckpt: error: %s\n", nxd::io::one_line(e.what()).c_str());
-    return 2;
-  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave (under a file,
-    // read-only, a component over 255 characters, /proc): a user mistake, not nxd's
-    std::fprintf(stderr, "nxd-ckpt: error: %s\n", nxd::io::one_line(e.what()).c_str());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-ckpt: internal error: %s\n", nxd::io::one_line(e.what()).c_str());
-    return 1;
-  }
+  return nxd::cli::run_main("nxd-ckpt", [&] {
+    try {
+      return run(std::vector<std::string>(argv + 1, argv + argc));
+    } catch (const Usage& e) {
+      std::fprintf(stderr, "nxd-ckpt: error: %s\n%s", nxd::io::one_line(e.what()).c_str(), kUsage);
+      return 2;
+    }
+  });
 }

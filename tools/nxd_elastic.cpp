@@ -6,7 +6,8 @@
 // left with the largest layout keeping TP x PP and the global batch (DP shrinks, gradient
 // accumulation grows), resuming from the newest complete checkpoint resharded to the new DP
 // degree. Exit codes: 0 done, 2 a user mistake (bad flag, config, too few slots; or nxd-train's
-// exit 2), 1 failed after the restarts, 128+n stopped by signal n. docs/DESIGN.md, "Run safety".
+// exit 2), 1 failed after the restarts, 128+n stopped by signal n. docs/design/run_safety.md, "Run
+// safety".
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "elastic/launch.h"
 #include "elastic/plan.h"
 #include "elastic/supervisor.h"
+#include "nxd/cli/exit.h"
 #include "nxd/runtime/error.h"
 #include "nxd/train/config.h"
 
@@ -188,17 +190,13 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const UsageError& e) {
-    if (*e.what()) std::fprintf(stderr, "nxd-elastic: error: %s\n", e.what());
-    std::fputs(kUsage, *e.what() ? stderr : stdout);
-    return *e.what() ? 2 : 0;
-  } catch (const nxd::UserError& e) {
-    std::fprintf(stderr, "nxd-elastic: error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-elastic: internal error: %s\n", e.what());
-    return 1;
-  }
+  return nxd::cli::run_main("nxd-elastic", [&] {
+    try {
+      return run(argc, argv);
+    } catch (const UsageError& e) {
+      if (*e.what()) std::fprintf(stderr, "nxd-elastic: error: %s\n", e.what());
+      std::fputs(kUsage, *e.what() ? stderr : stdout);
+      return *e.what() ? 2 : 0;
+    }
+  });
 }

@@ -43,6 +43,7 @@
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/cli/exit.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
@@ -602,43 +603,22 @@ int run(int argc, char** argv) {
   return 0;
 }
 
-// Before MPI is initialized: this process's rank from the launcher's environment (0 if none), so
-// an error every rank finds alike is printed once.
-int launcher_rank() {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
-    if (const char* r = std::getenv(v)) return std::atoi(r);
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quiet = launcher_rank() != 0;
-  try {
-    return run(argc, argv);
-  } catch (const Usage& e) {
-    if (!quiet)
-      std::fprintf(stderr, "%s%s%s", *e.what() ? "nxd-generate: error: " : "", e.what(),
-                   *e.what() ? "\n" : "");
-    if (!quiet) std::fputs(kUsage, stderr);
-    return quiet ? 0 : (*e.what() ? 2 : 0);
-  } catch (const UserError& e) {
-    std::fflush(stdout);
-    if (!quiet) std::fprintf(stderr, "nxd-generate: error: %s\n", io::one_line(e.what()).c_str());
-    return quiet ? 0 : 2;
-  } catch (const OutOfDeviceMemory& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "nxd-generate: error: %s\n", io::one_line(e.what()).c_str());
-    return 2;
-  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave (--save-trace
-    // under /proc or a file, a component over 255 characters): a user mistake, not nxd's
-    std::fflush(stdout);
-    if (!quiet) std::fprintf(stderr, "nxd-generate: error: %s\n", io::one_line(e.what()).c_str());
-    return quiet ? 0 : 2;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    if (!quiet)
-      std::fprintf(stderr, "nxd-generate: internal error: %s\n", io::one_line(e.what()).c_str());
-    return 1;
-  }
+  const bool quiet = cli::launcher_rank() != 0;
+  return cli::run_main("nxd-generate",
+                       [&] {
+                         try {
+                           return run(argc, argv);
+                         } catch (const Usage& e) {
+                           if (!quiet)
+                             std::fprintf(stderr, "%s%s%s",
+                                          *e.what() ? "nxd-generate: error: " : "", e.what(),
+                                          *e.what() ? "\n" : "");
+                           if (!quiet) std::fputs(kUsage, stderr);
+                           return quiet ? 0 : (*e.what() ? 2 : 0);
+                         }
+                       },
+                       {.quiet = quiet});
 }

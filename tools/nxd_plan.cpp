@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "nxd/cli/exit.h"
 #include "nxd/io/bounded_read.h"
 #include "nxd/runtime/error.h"
 #include "nxd_plan.h"
@@ -245,16 +246,12 @@ std::string plan_tool::layout(const TrainConfig& c) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const UserError& e) {
-    std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
-    return 2;
-  } catch (const OutOfDeviceMemory& e) {  // found before planning (train/plan.h)
-    std::fprintf(stderr, "nxd-plan: %s\n", io::one_line(e.what()).c_str());
-    return 3;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-plan: error: %s\n", io::one_line(e.what()).c_str());
-    return 1;
-  }
+  return cli::run_main("nxd-plan", [&] {
+    try {
+      return run(argc, argv);
+    } catch (const OutOfDeviceMemory& e) {  // a model found not to fit before planning
+      std::fprintf(stderr, "nxd-plan: %s\n", io::one_line(e.what()).c_str());
+      return 3;  // as a plan that does not fit
+    }
+  });
 }

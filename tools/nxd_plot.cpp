@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "nxd/cli/exit.h"
 #include "nxd/runtime/error.h"
 #include "plot/chart.h"
 
@@ -116,13 +117,6 @@ int run(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const UserError& e) {
-    std::fprintf(stderr, "nxd-plot: error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nxd-plot: internal error: %s\n", e.what());
-    return 1;
-  }
+  return nxd::cli::run_main("nxd-plot",
+                            [&] { return run(std::vector<std::string>(argv + 1, argv + argc)); });
 }

@@ -21,7 +21,7 @@ namespace nxd::trace {
 
 struct CompileOptions {
   bool dce = true;
-  bool fuse = false;  // trace/fuse.h: measured slower (docs/DESIGN.md), so off by default
+  bool fuse = false;  // trace/fuse.h: measured slower (docs/design/trace.md), so off by default
   bool plan = true;
 };
 // Parses compiler_args (space-separated); an unknown flag is a TraceError naming it.

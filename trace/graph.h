@@ -1,7 +1,7 @@
 #pragma once
 // The traced graph of one rank and one input shape (a bucket): values (parameters, arguments,
 // state, intermediates and constants) and nodes (one recorded op each, replayed by calling the
-// same nxd op through the registry in replay.h). Serialized as JSON (docs/DESIGN.md, "Traced
+// same nxd op through the registry in replay.h). Serialized as JSON (docs/design/trace.md, "Traced
 // models": the file format).
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 #pragma once
-// parallel_model_trace / TensorParallelModel: NxD's "Model Trace" in C++ (docs/DESIGN.md,
+// parallel_model_trace / TensorParallelModel: NxD's "Model Trace" in C++ (docs/design/trace.md,
 // "Traced models"; departures from NxD are listed there).
 //
 // model_fn runs on every TP rank (sim ranks as threads, or the processes of an mpirun) with

@@ -1,6 +1,6 @@
 #pragma once
 // parallel_model_save / parallel_model_load: a traced model as a folder (format version 2,
-// documented in docs/DESIGN.md, "Traced models: the file format"):
+// documented in docs/design/trace.md, "Traced models: the file format"):
 //   manifest.json                 format, version, TP degree, buckets, example inputs, compiler
 //                                 args, metadata (nxd-generate's model_config), every other file
 //                                 with its size and CRC-32C, and "checksum": the CRC-32C of the

@@ -12,6 +12,7 @@
 #include <mpi.h>
 #endif
 
+#include "nxd/cli/exit.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/mpi/mpi.h"
 #include "nxd/io/bounded_read.h"
@@ -216,46 +217,11 @@ int run(int argc, char** argv, const CliOptions& o) {
   return preempted_exit(o, tc, res, /*print=*/true);
 }
 
-// Before MPI is initialized: this process's rank from the launcher's environment (0 if none),
-// so that an error every rank finds alike (a bad config) is printed once.
-int launcher_rank() {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
-    if (const char* r = std::getenv(v)) return std::atoi(r);
-  return 0;
-}
-
 }  // namespace
 
 int run_cli(int argc, char** argv, const CliOptions& opts) {
-  const bool quiet_errors = launcher_rank() != 0;
-  const char* p = opts.program.c_str();
-  try {
-    return run(argc, argv, opts);
-  } catch (const UserError& e) {
-    std::fflush(stdout);
-    if (!quiet_errors) std::fprintf(stderr, "%s: error: %s\n", p, io::one_line(e.what()).c_str());
-    // Under mpirun every rank finds a bad config alike; only the rank that printed fails, so
-    // mpirun does not stop the job (and lose the message) on another rank's exit first.
-    return quiet_errors ? 0 : 2;
-  } catch (const OutOfDeviceMemory& e) {  // the config asks for more than the machine has
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s: error: %s\n", p, io::one_line(e.what()).c_str());
-    return 2;
-  } catch (const CommError& e) {  // a rank failed or hung (named): not a bug of nxd
-    std::fflush(stdout);
-    std::fprintf(stderr, "%s: error: %s\n", p, io::one_line(e.what()).c_str());
-    return 1;
-  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave (under a file,
-    // read-only, a component over 255 characters): a user mistake, not nxd's
-    std::fflush(stdout);
-    if (!quiet_errors) std::fprintf(stderr, "%s: error: %s\n", p, io::one_line(e.what()).c_str());
-    return quiet_errors ? 0 : 2;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    if (!quiet_errors)
-      std::fprintf(stderr, "%s: internal error: %s\n", p, io::one_line(e.what()).c_str());
-    return 1;
-  }
+  return cli::run_main(opts.program.c_str(), [&] { return run(argc, argv, opts); },
+                       {.quiet = cli::launcher_rank() != 0});
 }
 
 }  // namespace nxd::trainer

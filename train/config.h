@@ -18,6 +18,8 @@
 
 #include "nxd/layers/models/config.h"
 #include "nxd/layers/parallel/lora.h"
+#include "nxd/pipeline/partition.h"
+#include "nxd/pipeline/schedule.h"
 #include "nxd/trainer/callbacks.h"
 #include "nxd/trainer/checkpointing.h"
 
@@ -151,8 +153,8 @@ struct DistributedSection {
   int64_t context_parallel_size;       // CP: ranks that split each sequence (ring attention)
   int64_t expert_model_parallel_size;  // EP: divides data-parallel x context-parallel size
   int64_t virtual_pipeline_model_parallel_size;
-  std::string pipeline_schedule;   // gpipe | 1f1b | interleaved
-  std::string pipeline_partition;  // parameters | modeled_cost
+  pipeline::ScheduleKind pipeline_schedule = pipeline::ScheduleKind::one_f_one_b;
+  pipeline::PartitionBalance pipeline_partition = pipeline::PartitionBalance::parameters;
   bool zero1;
   bool sequence_parallel;
   int64_t kv_replicator;  // resolved: max(1, tp / kv heads) unless set

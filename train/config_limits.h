@@ -1,7 +1,7 @@
 #pragma once
-// Limits of the configuration reader (docs/DESIGN.md, "Hostile input"): what a --config file may
-// be, how deep and how large a parsed configuration may grow, and how much of a
-// value a message shows. Each refusal is a ConfigError or IoError naming the file (or key).
+// Limits of the configuration reader (docs/design/run_safety.md, "Hostile input"): what a --config
+// file may be, how deep and how large a parsed configuration may grow, and how much of a value a
+// message shows. Each refusal is a ConfigError or IoError naming the file (or key).
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>

@@ -280,8 +280,10 @@ DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
   ds.expert_model_parallel_size = r.positive("distributed_strategy.expert_model_parallel_size");
   ds.virtual_pipeline_model_parallel_size =
       r.positive("distributed_strategy.virtual_pipeline_model_parallel_size");
-  ds.pipeline_schedule = r.c.get_string("distributed_strategy.pipeline_schedule");
-  ds.pipeline_partition = r.c.get_string("distributed_strategy.pipeline_partition");
+  ds.pipeline_schedule =
+      pipeline::parse_schedule(r.c.get_string("distributed_strategy.pipeline_schedule"));
+  ds.pipeline_partition =
+      pipeline::parse_partition_balance(r.c.get_string("distributed_strategy.pipeline_partition"));
   ds.zero1 = r.c.get_bool("distributed_strategy.zero1");
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");
@@ -478,7 +480,7 @@ TrainConfig resolve(const Config& in) {
   t.alignment = resolve_alignment(r.c, t);
   t.grad_accum_steps = resolve_batching(r, t.data, t.dist);
   if (t.dist.pipeline_model_parallel_size > 1 || t.dist.virtual_pipeline_model_parallel_size > 1 ||
-      t.dist.pipeline_schedule != "1f1b") {
+      t.dist.pipeline_schedule != pipeline::ScheduleKind::one_f_one_b) {
     pipeline::PipelineJob job;
     job.pipeline_model_parallel_size = static_cast<int>(t.dist.pipeline_model_parallel_size);
     job.virtual_pipeline_model_parallel_size =

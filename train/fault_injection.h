@@ -2,7 +2,7 @@
 // Fault injection (backend.fail_rank, fail_at_step, fail_mode; sim, and crash/kill under mpi): one
 // rank fails after a given step, so the failure paths (the job ending cleanly, naming the rank; the
 // newest checkpoint staying usable; a hung rank detected by backend.collective_timeout_s) are
-// tested in one process (docs/DESIGN.md, "Run safety").
+// tested in one process (docs/design/run_safety.md, "Run safety").
 #include <cstdint>
 #include <string>
 

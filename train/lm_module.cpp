@@ -6,6 +6,7 @@
 
 #include "nxd/layers/moe/moe.h"
 #include "nxd/layers/packed_documents.h"
+#include "nxd/layers/step_hooks.h"
 #include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/runtime/error.h"
@@ -44,7 +45,7 @@ std::shared_ptr<CausalLM> CausalLMModule::build_causal_lm(const ModelConfig& cfg
 std::shared_ptr<pipeline::PipelineModel> CausalLMModule::build_pipeline_model(
     const pipeline::PipelineOptions& opts) {
   pipeline::PipelineOptions o = opts;
-  o.balance = pipeline::parse_partition_balance(cfg_.dist.pipeline_partition);
+  o.balance = cfg_.dist.pipeline_partition;
   o.pieces.build = [this](const ModelConfig& c, uint64_t seed, const ModelPart& part) {
     return build_causal_lm(c, seed, part);
   };
@@ -67,34 +68,17 @@ CausalLM& CausalLMModule::lm() const {
   return *lm_;
 }
 
-namespace {
-// The MoE layers' figures of this micro batch on this rank (the trainer logs the logging rank's
-// last ones): the weighted auxiliary loss, the assignments dropped by the capacity, and the
-// fewest and most assignments routed to one expert (over every MoE layer and expert).
-void log_moe_stats(Trainer& t, CausalLM& lm) {
-  double aux = 0, dropped = 0, lo = -1, hi = 0;
-  for (const MoeMlp* m : moe_layers(lm)) {
-    if (m->aux_loss().defined()) aux += m->aux_loss().item();
-    dropped += static_cast<double>(m->stats().dropped);
-    for (int64_t n : m->stats().expert_load) {
-      lo = lo < 0 ? static_cast<double>(n) : std::min(lo, static_cast<double>(n));
-      hi = std::max(hi, static_cast<double>(n));
-    }
-  }
-  t.log("moe_aux_loss", aux);
-  t.log("moe_tokens_dropped", dropped);
-  t.log("moe_expert_load_min", lo < 0 ? 0 : lo);
-  t.log("moe_expert_load_max", hi);
-}
-}  // namespace
-
 Tensor CausalLMModule::training_step(const Batch& batch, int64_t) {
   Tensor loss;
   {
     const DocumentScope docs(batch.positions);  // packed SFT rows; nothing otherwise
     loss = lm().loss(batch.ids, batch.targets);
   }
-  if (cfg_.model.moe.enabled()) log_moe_stats(trainer(), lm());
+  // the model's figures of this micro batch on this rank (the trainer logs the logging rank's
+  // last ones): with MoE layers, their auxiliary loss, dropped assignments and expert loads
+  StepMetrics m;
+  lm().step_metrics(m);
+  for (const StepMetrics::Metric& x : m.metrics()) trainer().log(x.name, StepMetrics::logged(x));
   // (validation runs this step without a graph: only training counts)
   if (cfg_.alignment.kind == AlignmentSection::Kind::sft && GradMode::is_enabled()) {
     const int64_t* t = batch.targets.data<int64_t>();

@@ -62,7 +62,7 @@ MetaModel build_meta_model(const TrainConfig& cfg, const NxDConfig& nc, DType pa
   if (nc.pipeline_parallel_size > 1) {
     pipeline::PipelineOptions o = pipeline_options_for(nc);
     o.num_microbatches = timing_microbatches;
-    o.balance = pipeline::parse_partition_balance(cfg.dist.pipeline_partition);
+    o.balance = cfg.dist.pipeline_partition;
     o.pieces.micro_batch_size = cfg.data.micro_batch_size;
     o.pieces.seq_length = cfg.data.seq_length;
     o.pieces.layer_type = cfg.model.arch == "gpt_neox" ? "GPTNeoXLayer" : "LlamaDecoderLayer";

@@ -89,7 +89,7 @@ struct PlanOptions {
   // pipeline's executor and schedule, the accumulation microbatches, the DP reduction of the
   // gradient buckets, the sequence-parallel sums, ZeRO-1's all-gathers, the loss and norm
   // reductions and nxd-train's preemption agreement) on the sim clock: the period between two
-  // steps' ends that nxd-train reports as its sim step (docs/DESIGN.md).
+  // steps' ends that nxd-train reports as its sim step (docs/design/plan.md).
   bool time_step = false;
   std::string timeline_path;  // with time_step: the step's Chrome trace
   std::string instance;       // overrides backend.instance (e.g. "32xtrn1.32xlarge")

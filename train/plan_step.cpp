@@ -42,7 +42,7 @@ std::vector<Communicator*> norm_groups(const TrainConfig& cfg,
 }
 
 // After the update: the step's loss summed over DP (Trainer::dp_sum; a pipeline averages it in
-// run_train), the MoE layers' figures over the stages (trainer.cpp: log_pipeline_moe_stats), the
+// run_train), the MoE layers' figures over the stages (trainer.cpp: log_pipeline_step_metrics), the
 // gradient norm's sums over the groups it spans, and nxd-train's preemption agreement (one i32
 // over the world after every step: Trainer::check_preemption under cli.cpp's PreemptionGuard).
 void step_end_collectives(const TrainConfig& cfg, const MetaModel& mm,
@@ -88,7 +88,7 @@ struct StepStart {
 
 // A pipeline's step: the schedule over M1 = min(M, 2 pp) microbatches, timed from the common
 // start. The schedules' step time is affine in M from M = pp (1F1B, GPipe and interleaved,
-// measured: docs/DESIGN.md), so for M > M1 a first schedule of pp microbatches (its gradients
+// measured: docs/design/plan.md), so for M > M1 a first schedule of pp microbatches (its gradients
 // kept in the buckets, as an accumulation step's) gives the cost of one more microbatch:
 // (span(M1) - span(pp)) / (M1 - pp) on this rank, which includes the point-to-point transfers a
 // stage waits for in the steady state, not only its forwards and backwards.

@@ -1,7 +1,7 @@
 #pragma once
 // The output directory of a command-line run (nxd-train's --out, exp_manager.exp_dir): locked for
-// the run, and never taken over from another run without being told (docs/DESIGN.md, "Run
-// directories").
+// the run, and never taken over from another run without being told (docs/design/run_safety.md,
+// "Run directories").
 //
 //   <exp_dir>/nxd.lock   "pid <pid> host <host> started <UTC time>", held with flock() for the
 //                        whole run: a second run into the same directory refuses, naming the

@@ -210,7 +210,7 @@ void print_result(const TrainConfig& cfg, const FitResult& fr, std::FILE* out) {
     s.pp = static_cast<int>(cfg.dist.pipeline_model_parallel_size);
     s.vpp = static_cast<int>(cfg.dist.virtual_pipeline_model_parallel_size);
     s.num_microbatches = static_cast<int>(cfg.grad_accum_steps);
-    s.kind = pipeline::parse_schedule(cfg.dist.pipeline_schedule);
+    s.kind = cfg.dist.pipeline_schedule;
     std::fprintf(out,
                  "pipeline: modeled bubble %.3f of the schedule (mean over ranks of the time "
                  "outside forwards and backwards); analytical (pp-1)/(m+pp-1)%s = %.3f\n",
@@ -445,14 +445,14 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.nxd.mixed_precision_config = {cfg.precision.master_weights, cfg.precision.fp32_grad_acc};
   to.max_steps = cfg.trainer.max_steps;
   to.max_epochs = cfg.trainer.max_epochs;
-  if (cfg.trainer.max_steps == 0) {  // evaluation: one validation over the whole split
-    to.val_check_interval = 1;
-    to.limit_val_batches = int64_t{1} << 40;  // capped by the split (DataModule::val_batches)
-  }
   to.accumulate_grad_batches = cfg.grad_accum_steps;
   to.log_every_n_steps = cfg.trainer.log_every_n_steps;
   to.val_check_interval = cfg.trainer.val_check_interval;
   to.limit_val_batches = cfg.trainer.limit_val_batches;
+  if (cfg.trainer.max_steps == 0) {  // evaluation: one validation over the whole split
+    to.val_check_interval = 1;
+    to.limit_val_batches = int64_t{1} << 40;  // capped by the split (DataModule::val_batches)
+  }
   to.gradient_clip_val = cfg.trainer.gradient_clip_val;
   to.on_nonfinite = cfg.trainer.on_nonfinite;
   return to;

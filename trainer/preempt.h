@@ -1,8 +1,8 @@
 #pragma once
-// Graceful preemption (docs/DESIGN.md, "Preemption"): spot and cluster schedulers send SIGTERM
-// (Ctrl-C sends SIGINT) with a grace period before killing a job. While a PreemptionGuard lives
-// the first SIGTERM or SIGINT only records itself; the trainer finishes the current step, every
-// rank agrees on the step to stop at (a one-integer all-reduce per step, over the world), the
+// Graceful preemption (docs/design/run_safety.md, "Preemption"): spot and cluster schedulers send
+// SIGTERM (Ctrl-C sends SIGINT) with a grace period before killing a job. While a PreemptionGuard
+// lives the first SIGTERM or SIGINT only records itself; the trainer finishes the current step,
+// every rank agrees on the step to stop at (a one-integer all-reduce per step, over the world), the
 // checkpoint callback saves there (synchronously: a pending async save is completed first), and
 // the command line exits 128 + the signal (143, 130) saying where the checkpoint is. A second
 // signal takes the default action at once (the process dies by it).

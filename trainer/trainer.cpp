@@ -10,9 +10,8 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
-#include "nxd/layers/models/causal_lm.h"
-#include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/layers/step_hooks.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/sim/clock.h"
@@ -336,7 +335,7 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
     out.loss = pipeline_train_step(data, tokens);  // averaged over DP already
   } else {
     double loss_sum = 0;
-    MoeAuxLossScale aux_scale(inv_accum);  // the MoE layers' injected aux-loss gradient, alike
+    TrainingLossScale loss_scale(inv_accum);  // for layers that inject an auxiliary loss's gradient
     for (int64_t a = 0; a < accum; ++a) {
       Batch b = data.next_train_batch();
       tokens += b.ids.defined() ? b.ids.numel() : 0;
@@ -367,33 +366,40 @@ Batch concat_batches(const std::vector<Batch>& bs) {
   return {cat_raw(ids, 0), cat_raw(tg, 0)};
 }
 
-// Mixture of experts under pipeline parallelism: the MoE layers' figures of the last microbatch
-// (as the module's training_step logs them without PP), summed over every stage's layers: the
-// weighted auxiliary loss, the assignments dropped, the fewest and most assignments of one expert.
-void log_pipeline_moe_stats(Trainer& t, const std::vector<Module*>& chunks) {
-  bool moe = false;  // the same on every stage: the model's config
-  for (Module* m : chunks)
-    if (auto* lm = dynamic_cast<CausalLM*>(m)) moe = moe || lm->config().moe.enabled();
-  if (!moe) return;
-  double sums[2] = {0, 0}, maxes[2] = {0, -std::numeric_limits<double>::infinity()};  // hi, -lo
-  for (Module* m : chunks)
-    for (const MoeMlp* l : moe_layers(*m)) {
-      if (l->aux_loss().defined() && !l->aux_loss().is_meta()) sums[0] += l->aux_loss().item();
-      sums[1] += static_cast<double>(l->stats().dropped);
-      for (int64_t n : l->stats().expert_load) {
-        maxes[0] = std::max(maxes[0], static_cast<double>(n));
-        maxes[1] = std::max(maxes[1], -static_cast<double>(n));
-      }
-    }
+// Under pipeline parallelism: the figures the stages' modules report for the last microbatch
+// (Module::step_metrics; as the module's training_step logs them without PP), combined over this
+// stage's chunks and over the stages, logged by name. Every stage reports the same figures.
+void log_pipeline_step_metrics(Trainer& t, const std::vector<Module*>& chunks) {
+  StepMetrics m;
+  for (Module* c : chunks) c->step_metrics(m);
+  if (m.empty()) return;
+  using C = StepMetrics::Combine;
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> sums, maxes;  // max figures as they are, min figures negated; none: -inf
+  for (const StepMetrics::Metric& x : m.metrics()) {
+    if (x.combine == C::sum)
+      sums.push_back(x.value);
+    else
+      maxes.push_back(!x.any ? -inf : x.combine == C::max ? x.value : -x.value);
+  }
   if (parallel_state::get_pipeline_model_parallel_size() > 1) {
     Communicator& pp = parallel_state::get_pipeline_model_parallel_group();
-    pp.all_reduce(sums, sums, 2, DType::f64, ReduceOp::sum);
-    pp.all_reduce(maxes, maxes, 2, DType::f64, ReduceOp::max);
+    if (!sums.empty())
+      pp.all_reduce(sums.data(), sums.data(), static_cast<int64_t>(sums.size()), DType::f64,
+                    ReduceOp::sum);
+    if (!maxes.empty())
+      pp.all_reduce(maxes.data(), maxes.data(), static_cast<int64_t>(maxes.size()), DType::f64,
+                    ReduceOp::max);
   }
-  t.log("moe_aux_loss", sums[0]);
-  t.log("moe_tokens_dropped", sums[1]);
-  t.log("moe_expert_load_min", std::isfinite(maxes[1]) ? -maxes[1] : 0.0);
-  t.log("moe_expert_load_max", maxes[0]);
+  size_t si = 0, mi = 0;
+  for (const StepMetrics::Metric& x : m.metrics()) {
+    if (x.combine == C::sum) {
+      t.log(x.name, sums[si++]);
+      continue;
+    }
+    const double v = maxes[mi++];  // no value on any stage: 0
+    t.log(x.name, !std::isfinite(v) ? 0.0 : x.combine == C::max ? v : -v);
+  }
 }
 }  // namespace
 
@@ -406,7 +412,7 @@ double Trainer::pipeline_train_step(DataModule& data, int64_t& tokens) {
   }
   const Batch b = context_parallel_batch(concat_batches(bs));
   const double loss = nxd_model_->run_train(b.ids, b.targets).item();
-  log_pipeline_moe_stats(*this, nxd_model_->local_modules());
+  log_pipeline_step_metrics(*this, nxd_model_->local_modules());
   return loss;
 }
 

@@ -1,5 +1,5 @@
-// The trainer's safety checks after a step (docs/DESIGN.md, "Run safety"): a non-finite step
-// (TrainerOptions::on_nonfinite) and preemption (preempt.h).
+// The trainer's safety checks after a step (docs/design/run_safety.md, "Run safety"): a non-finite
+// step (TrainerOptions::on_nonfinite) and preemption (preempt.h).
 #include "nxd/trainer/trainer.h"
 
 #include "nxd/checkpoint/checkpoint.h"

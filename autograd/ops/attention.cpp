@@ -16,14 +16,6 @@ using namespace nn_detail;
 
 namespace {
 
-// An uninitialized [B, H, S, D] tensor laid out like x when x is a dense [B, S, H, D] transpose,
-// else contiguous.
-Tensor empty_like_layout(const Tensor& x, DType dt) {
-  if (x.dim() == 4 && !x.is_contiguous() && x.transpose(1, 2).is_contiguous())
-    return empty({x.size(0), x.size(2), x.size(1), x.size(3)}, dt, x.device()).transpose(1, 2);
-  return empty(x.shape(), dt, x.device());
-}
-
 struct Prepared {
   DType dt;
   Device dev;

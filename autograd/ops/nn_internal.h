@@ -29,6 +29,13 @@ inline Tensor keep(const Tensor& x, const Tensor& xc) {
 inline Tensor to_dtype(const Tensor& y, DType dt) {
   return !y.defined() || y.dtype() == dt ? y : y.to(dt);
 }
+// An uninitialized [B, H, S, D] tensor in [B, S, H, D] memory when x is such a view (the usual
+// q/k projections), so the layout flows through rotary to attention; else contiguous.
+inline Tensor empty_like_layout(const Tensor& x, DType dt) {
+  if (x.dim() == 4 && !x.is_contiguous() && x.transpose(1, 2).is_contiguous())
+    return empty({x.size(0), x.size(2), x.size(1), x.size(3)}, dt, x.device()).transpose(1, 2);
+  return empty(x.shape(), dt, x.device());
+}
 inline Device device_of(std::initializer_list<Tensor> ts) {
   for (const Tensor& t : ts)
     if (t.defined() && t.is_meta()) return Device::meta;

@@ -8,16 +8,6 @@ namespace nxd {
 
 using namespace nn_detail;
 
-namespace {
-// An uninitialized [B, H, S, D] tensor in [B, S, H, D] memory when x is such a view (the usual
-// q/k projections), so the layout flows through to attention; else contiguous.
-Tensor empty_like_layout(const Tensor& x, DType dt) {
-  if (x.dim() == 4 && !x.is_contiguous() && x.transpose(1, 2).is_contiguous())
-    return empty({x.size(0), x.size(2), x.size(1), x.size(3)}, dt, x.device()).transpose(1, 2);
-  return empty(x.shape(), dt, x.device());
-}
-}  // namespace
-
 OpAttrs rotary_attrs(const RotaryOptions& o) {
   const RopeScaling& r = o.scaling;
   return OpAttrs()

@@ -37,7 +37,8 @@ struct Pipeline {
 };
 
 // Buffers an algorithm reuses from call to call. A backend keeps one per communicator so that
-// large calls do not map and fault in fresh pages every time (docs/DESIGN.md, "MPI backend").
+// large calls do not map and fault in fresh pages every time (docs/design/collectives.md, "MPI
+// backend").
 struct Scratch {
   std::vector<char> segments;  // the ring's receive slots (depth x segment)
   std::vector<char> partials;  // reduce_scatter's partial chunks

@@ -28,10 +28,10 @@ bool under_launcher();
 // (algorithms/ring.h, rdh.h: the same code as on a Communicator, on MPI_Isend/MPI_Irecv over a
 // duplicate of the group's communicator, with a persistent scratch). OpenMPI's own collectives
 // fall off a cliff at large sizes on one host and its reduce-scatter is slow at every size
-// (docs/DESIGN.md, "MPI backend"). Session reads the environment; set_tuning overrides.
+// (docs/design/collectives.md, "MPI backend"). Session reads the environment; set_tuning overrides.
 enum class Algorithm : uint8_t {
   automatic,  // NXD_MPI_ALGO=auto: by op, size and group (thresholds below, measured in
-              // docs/DESIGN.md "MPI backend")
+              // docs/design/collectives.md "MPI backend")
   native,     // NXD_MPI_ALGO=mpi: always MPI_Allreduce / MPI_Reduce_scatter_block / ...
   ring,       // NXD_MPI_ALGO=ring: always the pipelined ring (groups of 2 or more)
   rdh,        // NXD_MPI_ALGO=rdh: always recursive halving-doubling where it exists (all_reduce

@@ -1,6 +1,6 @@
 #pragma once
-// The MPI backend's collective timeout (mpi::set_collective_timeout; docs/DESIGN.md, "MPI
-// backend: hung ranks"). Internal to the backend: includes <mpi.h>.
+// The MPI backend's collective timeout (mpi::set_collective_timeout; docs/design/collectives.md,
+// "MPI backend: hung ranks"). Internal to the backend: includes <mpi.h>.
 //
 // Without a timeout (the default) a wait is MPI_Waitall and blocking collectives stay blocking.
 // With one, every wait of the backend (its collectives run in their nonblocking forms, the ring's

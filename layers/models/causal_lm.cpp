@@ -161,6 +161,10 @@ Tensor CausalLM::moe_aux_loss() {
   return total;
 }
 
+void CausalLM::step_metrics(StepMetrics& out) {
+  if (cfg_.moe.enabled()) add_moe_step_metrics(*this, out);
+}
+
 Tensor CausalLM::embed(const Tensor& ids) {
   NXD_CHECK(part_.embedding, "[", type_name(), "::embed] this part (", part_.str(cfg_),
             ") has no embedding");

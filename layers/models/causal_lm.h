@@ -110,6 +110,9 @@ class CausalLM : public Module {
   // from their last forward, a scalar in the graph; undefined for a dense model. loss() adds it;
   // a pipeline stage's caller must add it itself.
   Tensor moe_aux_loss();
+  // Mixture of experts: the MoE layers' figures of the last forward (add_moe_step_metrics);
+  // a dense model reports none.
+  void step_metrics(StepMetrics& out) override;
 
   // ---- the pieces a pipeline stage runs (hidden states in the local layout: [B,S,hidden], or
   // this rank's sequence shard [B,Sp/TP,hidden] under SP, Sp = S rounded up to a multiple of TP).
@@ -121,7 +124,7 @@ class CausalLM : public Module {
   // Final norm, output head and cross entropy against targets [B,S] (needs part().head).
   Tensor head_loss(const Tensor& h, const Tensor& targets, const CrossEntropyOptions& opts = {});
 
-  // ---- the KV-cache path (kv_cache.h has the contract; docs/DESIGN.md "KV cache and
+  // ---- the KV-cache path (kv_cache.h has the contract; docs/design/generation.md "KV cache and
   // generation"). Forward only, without a graph, in whatever mode the model is (dropout is not
   // applied); needs the whole model and no sequence parallelism.
   // K/V heads of this rank's cache (the attention's local_kv_heads()).

@@ -3,8 +3,8 @@
 // (forward_cached) run on meta tensors over TP sim ranks, every kernel and collective charged to
 // the sim device exactly as training is (roofline per kernel: max(FLOPs / TensorE peak, bytes /
 // HBM bandwidth); collectives by collectives/sim's model), with one fitted constant: the fraction
-// of the HBM bandwidth the kernels reach in inference (docs/DESIGN.md "The sim inference model":
-// how it is built, the figure it was fitted on, what it leaves out). Allocates nothing.
+// of the HBM bandwidth the kernels reach in inference (docs/design/generation.md "The sim inference
+// model": how it is built, the figure it was fitted on, what it leaves out). Allocates nothing.
 #include <cstdint>
 #include <string>
 

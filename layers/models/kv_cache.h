@@ -1,6 +1,6 @@
 #pragma once
 // The KV cache of a CausalLM and the per-row positions of one cached forward (the contract the
-// tracer builds on; docs/DESIGN.md "KV cache and generation").
+// tracer builds on; docs/design/generation.md "KV cache and generation").
 //
 //   KVCache: one K and one V per decoder layer, each [max_batch, kv_heads_local, max_len,
 //   head_dim] in the model's dtype on the model's device (kv_heads_local: this TP rank's K/V

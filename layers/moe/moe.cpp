@@ -98,7 +98,7 @@ MoeMlp::MoeMlp(const MoeMlpOptions& o)
   const MixtralExpert::Options eo{.hidden_size = hidden_,
                                   .ffn_hidden_size = o.ffn_hidden_size,
                                   .in_init = o.init.weight(),
-                                  .out_init = o.init.weight(/*residual_output=*/true),
+                                  .out_init = o.init.weight(WeightRole::residual_output),
                                   .param = o.param,
                                   .tp_group = tp_};
   for (int64_t e = 0; e < local_; ++e) experts_->push_back(std::make_shared<MixtralExpert>(eo));
@@ -226,17 +226,6 @@ Tensor inject_aux_grad(const Tensor& y, const Tensor& aux, double scale) {
 }
 }  // namespace
 
-double moe_aux_loss_grad_scale() {
-  return current_context().ext<MoeAuxLossScale::Slot>().scale;
-}
-
-MoeAuxLossScale::MoeAuxLossScale(double scale) : prev_(current_context().ext<Slot>().scale) {
-  current_context().ext<Slot>().scale = scale;
-}
-MoeAuxLossScale::~MoeAuxLossScale() {
-  current_context().ext<Slot>().scale = prev_;
-}
-
 Tensor MoeMlp::aux_losses(const Tensor& logits, const Tensor& probs, const Routing& r,
                           int64_t T) const {
   const int64_t E = cfg_.num_experts, k = cfg_.top_k;
@@ -312,7 +301,7 @@ Tensor MoeMlp::forward(const Tensor& x) const {
   else if (Q > 1)
     y = reduce_from_tensor_model_parallel_region(y, *tp_);
   const double cp = cp_ ? static_cast<double>(cp_->size()) : 1.0;
-  y = inject_aux_grad(y, aux_, moe_aux_loss_grad_scale() * cp);
+  y = inject_aux_grad(y, aux_, TrainingLossScale::current() * cp);
   aux_ = aux_.detach();  // its gradient comes through y's backward
   if (cp_) {             // the whole sequence's value (the planner: charged, no value)
     const bool meta = aux_.is_meta();
@@ -350,6 +339,23 @@ std::vector<const MoeMlp*> moe_layers(Module& root) {
   for (auto& [name, m] : root.named_modules())
     if (const auto* moe = dynamic_cast<const MoeMlp*>(m)) out.push_back(moe);
   return out;
+}
+
+void add_moe_step_metrics(Module& root, StepMetrics& out) {
+  using C = StepMetrics::Combine;
+  out.declare("moe_aux_loss", C::sum);
+  out.declare("moe_tokens_dropped", C::sum);
+  out.declare("moe_expert_load_min", C::min);
+  out.declare("moe_expert_load_max", C::max);
+  for (const MoeMlp* l : moe_layers(root)) {
+    if (l->aux_loss().defined() && !l->aux_loss().is_meta())  // a meta step has no values
+      out.add("moe_aux_loss", C::sum, l->aux_loss().item());
+    out.add("moe_tokens_dropped", C::sum, static_cast<double>(l->stats().dropped));
+    for (int64_t n : l->stats().expert_load) {
+      out.add("moe_expert_load_min", C::min, static_cast<double>(n));
+      out.add("moe_expert_load_max", C::max, static_cast<double>(n));
+    }
+  }
 }
 
 }  // namespace nxd

@@ -14,10 +14,11 @@
 // Auxiliary losses (config.h): the load-balancing loss and the optional router z-loss, weighted by
 // their coefficients. Their gradient is injected in backward (Megatron's MoEAuxLossAutoScaler):
 // the layer's output goes through an identity whose backward also seeds d(aux) with the
-// MoeAuxLossScale in force at the forward (1 by default; the factor the training loss is scaled
-// by before backward, e.g. 1/microbatches), so a recomputed layer (full activation checkpointing)
-// and a pipeline stage without the loss train the router alike. aux_loss() is the value
-// (detached) for the model's reported loss and the logs; stats() has the step's counts.
+// TrainingLossScale (layers/step_hooks.h) in force at the forward (1 by default; the factor the
+// training loss is scaled by before backward, e.g. 1/microbatches), so a recomputed layer (full
+// activation checkpointing) and a pipeline stage without the loss train the router alike.
+// aux_loss() is the value (detached) for the model's reported loss and the logs; stats() has the
+// step's counts.
 //
 // Context parallelism (cp_group of C members, each holding its chunks of the sequences): the
 // experts run on the local tokens unchanged; the auxiliary losses are one rank's over the whole
@@ -65,6 +66,7 @@
 #include "nxd/layers/init_scheme.h"
 #include "nxd/layers/moe/config.h"
 #include "nxd/layers/parallel/layers.h"
+#include "nxd/layers/step_hooks.h"
 
 namespace nxd {
 
@@ -155,24 +157,6 @@ class MoeMlp : public Module {
   mutable MoeStats stats_;
 };
 
-// The scale of the auxiliary losses' injected gradient while it lives (restores the previous one):
-// wrap the forward and backward of a loss that is multiplied by `scale` before backward (gradient
-// accumulation, a pipeline's microbatches), recomputation included.
-class MoeAuxLossScale {
- public:
-  explicit MoeAuxLossScale(double scale);
-  ~MoeAuxLossScale();
-  MoeAuxLossScale(const MoeAuxLossScale&) = delete;
-  MoeAuxLossScale& operator=(const MoeAuxLossScale&) = delete;
-  struct Slot {
-    double scale = 1.0;
-  };
-
- private:
-  double prev_;
-};
-double moe_aux_loss_grad_scale();
-
 // The expert-parallel group models build their MoE layers over: the parallel_state EP group, or
 // null (every expert local) when parallel_state is not initialized or EP is 1.
 std::shared_ptr<Communicator> moe_expert_parallel_group();
@@ -187,5 +171,12 @@ std::vector<Tensor> moe_expert_parameters(Module& root);
 
 // The MoE layers of a model (each MoeMlp under root, in named_modules() order).
 std::vector<const MoeMlp*> moe_layers(Module& root);
+
+// The MoE layers' figures of their last forward under root, added to `out` (a model with MoE
+// layers reports them from Module::step_metrics): "moe_aux_loss" (the weighted auxiliary losses)
+// and "moe_tokens_dropped" (assignments over capacity), summed over layers, and
+// "moe_expert_load_min" and "moe_expert_load_max", the fewest and most assignments routed to one
+// expert. All four are reported even where root holds no MoE layer (a pipeline stage).
+void add_moe_step_metrics(Module& root, StepMetrics& out);
 
 }  // namespace nxd

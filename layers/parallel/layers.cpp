@@ -123,7 +123,8 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out,
   if (shard_bias) set_parallel_attrs("bias", wa);
 }
 
-Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
+Tensor ColumnParallelLinear::run(const Tensor& x, BiasAdd bias) const {
+  const bool add_bias = bias == BiasAdd::add;
   NXD_CHECK_SHAPE(x.defined() && x.dim() >= 1 && x.size(-1) == in_,
                   "[ColumnParallelLinear] expected input [..., ", in_, "], got ",
                   x.defined() ? x.desc() : "undefined");
@@ -157,14 +158,14 @@ Tensor ColumnParallelLinear::run(const Tensor& x, bool add_bias) const {
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
-  return run(x, !opts_.skip_bias_add);
+  return run(x, opts_.skip_bias_add ? BiasAdd::leave_out : BiasAdd::add);
 }
 
 std::pair<Tensor, Tensor> ColumnParallelLinear::forward_and_bias(const Tensor& x) const {
-  if (!opts_.skip_bias_add) return {run(x, true), Tensor()};
+  if (!opts_.skip_bias_add) return {run(x, BiasAdd::add), Tensor()};
   Tensor b = bias_;
   if (b.defined() && b.dim() == 2) b = view(b, {out_ / tp_size_});
-  return {run(x, false), b};
+  return {run(x, BiasAdd::leave_out), b};
 }
 
 // ---------------------------------------------------------------- RowParallelLinear

@@ -18,6 +18,12 @@
 // dimension (options.sequence_dimension, default 1 for nxd's batch-first [B,S,H]; NxD defaults to
 // 0 for its [S,B,H] models). Parameters whose gradient is then partial per rank are tagged
 // sequence_parallel_enabled; call allreduce_sequence_parallel_gradients(model) after backward.
+//
+// The linear layers' options (here and GQAQKVColumnParallelLinearOptions in qkv.h) end with the
+// same fields: weight_init and bias_init (PyTorch's and NxD's default, uniform(+-1/sqrt(in)), i.e.
+// kaiming_uniform_(a=sqrt(5)), with in the full input size at every TP degree), param (dtype and
+// device) and group. They are fields of each struct, not of a shared base, so that designated
+// initializers can name them.
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -63,8 +69,6 @@ struct ColumnParallelLinearOptions {
   bool skip_bias_add = false;  // forward() leaves the bias out; forward_and_bias() returns it
   bool sequence_parallel_enabled = false;  // input is [.., S/tp, ..]: all-gather it first
   int64_t sequence_dimension = 1;
-  // PyTorch's / NxD's defaults: uniform(+-1/sqrt(in)) (kaiming_uniform_(a=sqrt(5))), in = the
-  // full input size at every TP degree (NxD's RowParallelLinear bias uses in/tp: see DESIGN).
   ParamInit weight_init = ParamInit::fan_in_uniform();
   ParamInit bias_init = ParamInit::fan_in_uniform();
   ParamOptions param;
@@ -103,7 +107,8 @@ class ColumnParallelLinear : public ParallelLinearBase {
   bool lora_target(LoraTarget& out) const override;
 
  private:
-  Tensor run(const Tensor& x, bool add_bias) const;
+  enum class BiasAdd { add, leave_out };  // whether run() adds the bias
+  Tensor run(const Tensor& x, BiasAdd bias) const;
   int64_t stride_;
   ColumnParallelLinearOptions opts_;
 };
@@ -114,8 +119,7 @@ struct RowParallelLinearOptions {
   bool sequence_parallel_enabled = false;  // reduce-scatter the output along the sequence dim
   int64_t sequence_dimension = 1;
   bool skip_bias_add = false;
-  // PyTorch's / NxD's defaults: uniform(+-1/sqrt(in)) (kaiming_uniform_(a=sqrt(5))), in = the
-  // full input size at every TP degree (NxD's RowParallelLinear bias uses in/tp: see DESIGN).
+  // NxD's RowParallelLinear bias takes in/tp as its fan-in; nxd the full in (see below).
   ParamInit weight_init = ParamInit::fan_in_uniform();
   ParamInit bias_init = ParamInit::fan_in_uniform();
   ParamOptions param;

@@ -48,8 +48,6 @@ struct GQAQKVColumnParallelLinearOptions {
   int64_t sequence_dimension = 1;
   int64_t kv_size_multiplier = 1;
   int64_t head_dim = 0;  // > 0: check that every shard is whole heads
-  // PyTorch's / NxD's defaults: uniform(+-1/sqrt(in)) (kaiming_uniform_(a=sqrt(5))), in = the
-  // full input size at every TP degree (NxD's RowParallelLinear bias uses in/tp: see DESIGN).
   ParamInit weight_init = ParamInit::fan_in_uniform();
   ParamInit bias_init = ParamInit::fan_in_uniform();
   ParamOptions param;

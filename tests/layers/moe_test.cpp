@@ -180,8 +180,8 @@ TEST(MoeLayer, GradcheckThroughLayer) {
   MoeMlp m(o);
   m.init_parameters(5);
   // the objective sum(y * r) + aux by central differences against backward: the aux loss's
-  // gradient is injected through y's backward with scale 1 (MoeAuxLossScale's default), its factor
-  // in the objective (autograd's gradcheck seeds the output with another factor)
+  // gradient is injected through y's backward with scale 1 (TrainingLossScale's default), its
+  // factor in the objective (autograd's gradcheck seeds the output with another factor)
   const Tensor r = randn({7, 6}, 32), x0 = randn({7, 6}, 31);
   auto f = [&](const Tensor& x) {
     NoGradGuard ng;

@@ -126,6 +126,25 @@ TEST_F(FineTune, EvalOfEverySourceEqualsTheTrainingRunsValidationLoss) {
   EXPECT_NEAR(val_loss_at(dir_ / "e4" / "metrics.csv", 0), want, 1e-5 * want);
 }
 
+// --eval covers the whole validation split whatever trainer.limit_val_batches says: a limit of
+// one batch (the split has more) gives the training run's whole-split loss, bitwise, not the
+// first batch's.
+TEST_F(FineTune, EvalIgnoresLimitValBatches) {
+  ProcResult a = train({}, "a");
+  ASSERT_EQ(a.code, 0) << a.err;
+  const double whole = val_loss_at(dir_ / "a" / "metrics.csv", 4);
+  ASSERT_FALSE(std::isnan(whole));
+  ProcResult one = train({"--set", "trainer.limit_val_batches=1"}, "b");
+  ASSERT_EQ(one.code, 0) << one.err;
+  const double first = val_loss_at(dir_ / "b" / "metrics.csv", 4);
+  ASSERT_NE(first, whole) << "the split must hold more than one validation batch";
+  ProcResult e = train({"--eval", "--set", "model.init_from=" + (dir_ / "a").string(), "--set",
+                        "trainer.limit_val_batches=1"},
+                       "e");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_EQ(val_loss_at(dir_ / "e" / "metrics.csv", 0), whole);
+}
+
 TEST_F(FineTune, ModelKeysComeFromTheSourceAndAContradictionIsAnError) {
   ASSERT_EQ(train({"--set", "trainer.max_steps=1"}, "a").code, 0);
   ProcResult bad =

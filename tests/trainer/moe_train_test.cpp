@@ -66,7 +66,7 @@ TEST(MoeTrain, Zero1WithExpertParallelMatchesOneRank) {
 }
 
 // Full activation checkpointing: the recomputed MoE layers inject the auxiliary loss's gradient in
-// the same backward (MoeAuxLossScale), so the run equals the one without recomputation.
+// the same backward (TrainingLossScale), so the run equals the one without recomputation.
 TEST(MoeTrain, FullActivationCheckpointingMatchesNone) {
   NxDConfig full;
   full.activation_checkpoint_config = "full";
@@ -91,7 +91,7 @@ TEST(MoeTrain, PipelineMatchesOneRank) {
 }
 
 // nxd-train end to end: gradient accumulation over 4 micro batches on one rank (the trainer's
-// MoeAuxLossScale 1/4) against PP 2 with the same 4 micro batches as its microbatches (the
+// TrainingLossScale 1/4) against PP 2 with the same 4 micro batches as its microbatches (the
 // pipeline's 1/4): every step's loss (auxiliary losses included) and gradient norm alike.
 TEST(MoeTrain, NxdTrainAccumulationMatchesPipeline) {
   const auto d = nxd::testing::test_temp_dir("moe_nxd_train");

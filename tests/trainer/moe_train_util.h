@@ -23,6 +23,7 @@
 #include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
 #include "nxd/layers/parallel/context_parallel.h"
+#include "nxd/layers/step_hooks.h"
 #include "support/compare.h"
 #include "support/ranks.h"
 #include "support/tiny_models.h"
@@ -137,7 +138,7 @@ inline Trace train(int world, NxDConfig want, int shards) {
         loss = model->run_train(cat(ids, 0), cat(tg, 0)).item();
       } else if (dp == 1) {
         // the shards' losses are scaled by 1/shards: so are their auxiliary losses' gradients
-        MoeAuxLossScale aux_scale(1.0 / shards);
+        TrainingLossScale loss_scale(1.0 / shards);
         loss = model
                    ->run_train([&](Module& m) {
                      auto& lm = dynamic_cast<CausalLM&>(m);

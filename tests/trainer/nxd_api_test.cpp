@@ -164,12 +164,12 @@ TEST(NxdApi, PrecisionResolution) {
             }).find("unknown key 'pipeline_config.microbatches'"),
             std::string::npos);
   EXPECT_NE(config_error([] {
-              nxd::testing::run_ranks(1, [] {
-                NxDConfig c;
-                c.pipeline_config.schedule = "zigzag";
-                neuronx_distributed_config(c);
-              });
+              NxDConfig::from_json({{"pipeline_config", {{"schedule", "zigzag"}}}});
             }).find("schedule must be gpipe, 1f1b or interleaved, got 'zigzag'"),
+            std::string::npos);
+  EXPECT_NE(config_error([] {
+              NxDConfig::from_json({{"pipeline_config", {{"partition", "cost"}}}});
+            }).find("partition must be parameters or modeled_cost, got 'cost'"),
             std::string::npos);
 }
 

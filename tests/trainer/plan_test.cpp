@@ -136,7 +136,7 @@ TEST(MemoryPlan, RefusesARunOverTheSharedHostRam) {
 // with 1F1B, GPipe and interleaved schedules, ZeRO-1 and TP x PP, at M <= 2 pp microbatches (the
 // whole schedule timed) and M > 2 pp (the later microbatches at the measured cost of one more),
 // sequence parallelism (its gradient sums over TP at the step). Every one agrees to the ns.
-// Before (docs/DESIGN.md, "The modeled step against the run's sim clock"): PP 2 +4.63% (the
+// Before (docs/MEASUREMENTS.md, "The modeled step against the run's sim clock"): PP 2 +4.63% (the
 // planner's own all-reduce on the clock), PP 2 at M = 12 -8.17% and TP 2 x PP 2 at M = 8
 // -2.20% (the later microbatches without their point-to-point waits), TP 2 x PP 2 with SP -1.69%
 // (no sequence-parallel gradient sums), against runs whose step left out the preemption

@@ -2,7 +2,7 @@
 // nxd-elastic's decisions, kept apart from the processes so they are unit-tested: the hosts and
 // their slots, the layout a set of slots allows (TP x PP and the global batch kept, DP shrinks,
 // gradient accumulation grows), which ranks and hosts a failed mpirun names, and the merge of
-// the metrics.csv pieces written across restarts (docs/DESIGN.md, "Run safety").
+// the metrics.csv pieces written across restarts (docs/design/run_safety.md, "Run safety").
 #include <cstdint>
 #include <filesystem>
 #include <functional>

@@ -1,6 +1,6 @@
 #pragma once
-// nxd-elastic's loop: launch, read the failure, drop what died, relaunch resharded (docs/DESIGN.md,
-// "Run safety": elastic recovery).
+// nxd-elastic's loop: launch, read the failure, drop what died, relaunch resharded
+// (docs/design/run_safety.md, "Run safety": elastic recovery).
 #include <filesystem>
 #include <functional>
 #include <string>
