@@ -98,9 +98,12 @@ LoraRun train(int world, NxDConfig want, const LoraRun* ref) {
       const double loss = lt.item();
       opt->step();
       if (!ref && !model->is_pipeline()) {
+        // the reference gradients: rank 0's (every rank of a run without a reference used to
+        // push into the shared vector at once, a data race that corrupted the heap at TP 2)
         std::map<std::string, Tensor> g;
         for (auto& [n, t] : lora_parameters(model->local_module())) g[n] = t.grad().clone();
-        out.grads.push_back(std::move(g));
+        std::lock_guard<std::mutex> l(mu);
+        if (current_context().rank() == 0) out.grads.push_back(std::move(g));
       } else if (ref && !model->is_pipeline()) {
         // the DP mean of every adapter gradient; with ZeRO-1 only this rank's shard of each
         // (the elements [lo, hi) its bucket shards cover) holds it
