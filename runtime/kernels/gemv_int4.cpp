@@ -7,6 +7,7 @@
 
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/kernels/dequantized_blocks.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/runtime/lanes8.h"
 
@@ -162,19 +163,9 @@ void gemv_int4(float* c, const float* x, const uint8_t* q, const float* scale, c
 
 void gemm_int4_weight_blocks(float* c, const float* x, const uint8_t* q, const float* scale,
                              const float* min, const Int4Layout& l, int64_t m) {
-  const int64_t n = l.n, k = l.k;
-  // about 512 KiB of f32 weight rows per block (at least 16 rows)
-  const int64_t nb = std::clamp<int64_t>((int64_t{1} << 19) / (4 * k), 16, n);
-  thread_local std::vector<float> ws;
-  if (static_cast<int64_t>(ws.size()) < nb * k) ws.resize(static_cast<size_t>(nb * k));
-  for (int64_t n0 = 0; n0 < n; n0 += nb) {
-    const int64_t rows = std::min(nb, n - n0);
-    float* w = ws.data();
-    for_rows(rows, k, [&](int64_t r0, int64_t r1) {
-      dequantize_int4_rows(w + r0 * k, q, scale, min, l, n0 + r0, n0 + r1);
-    });
-    blas::sgemm(/*trans_a=*/false, /*trans_b=*/true, m, rows, k, 1.0f, x, k, w, k, 0.0f, c + n0, n);
-  }
+  detail::gemm_dequantized_blocks(c, x, m, l.n, l.k, [&](float* w, int64_t r0, int64_t r1) {
+    dequantize_int4_rows(w, q, scale, min, l, r0, r1);
+  });
 }
 
 void linear_int4(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,

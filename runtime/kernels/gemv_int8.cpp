@@ -7,6 +7,7 @@
 
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/kernels/dequantized_blocks.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/runtime/lanes8.h"
 
@@ -79,19 +80,9 @@ void gemv_int8(float* c, const float* x, const int8_t* q, const float* scale, in
 
 void gemm_int8_weight_blocks(float* c, const float* x, const int8_t* q, const float* scale,
                              int64_t m, int64_t n, int64_t k) {
-  // about 512 KiB of f32 weight rows per block (at least 16 rows)
-  const int64_t nb = std::clamp<int64_t>((int64_t{1} << 19) / (4 * k), 16, n);
-  thread_local std::vector<float> ws;
-  if (static_cast<int64_t>(ws.size()) < nb * k) ws.resize(static_cast<size_t>(nb * k));
-  for (int64_t n0 = 0; n0 < n; n0 += nb) {
-    const int64_t rows = std::min(nb, n - n0);
-    float* w = ws.data();
-    for_rows(rows, k, [&](int64_t r0, int64_t r1) {
-      dequantize_rows(w + r0 * k, q, scale, n0 + r0, n0 + r1, k);
-    });
-    // C[m, rows] = X[m, k] @ W[rows, k]^T
-    blas::sgemm(/*trans_a=*/false, /*trans_b=*/true, m, rows, k, 1.0f, x, k, w, k, 0.0f, c + n0, n);
-  }
+  detail::gemm_dequantized_blocks(c, x, m, n, k, [&](float* w, int64_t r0, int64_t r1) {
+    dequantize_rows(w, q, scale, r0, r1, k);
+  });
 }
 
 void linear_int8(float* c, const float* x, const int8_t* q, const float* scale, int64_t m,
