@@ -1,8 +1,8 @@
 #pragma once
 // Pipeline schedules as data: for every pipeline rank, the ordered list of actions it runs in one
-// training step (NxD's Train1F1BSchedule / TrainInterleavedSchedule; docs/design/pipeline.md). The executor
-// (executor.h) runs any such list over point-to-point send/recv; the lists can be checked without
-// communication (simulate()).
+// training step (NxD's Train1F1BSchedule / TrainInterleavedSchedule; docs/design/pipeline.md). The
+// executor (executor.h) runs any such list over point-to-point send/recv; the lists can be checked
+// without communication (simulate()).
 //
 // Stages. The model is cut into pp * vpp stages; stage s = pp * c + r lives on pipeline rank r as
 // its chunk c (NxD's layout). Stage s receives activations from stage s - 1 and sends them to

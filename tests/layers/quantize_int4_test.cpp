@@ -21,18 +21,7 @@ using kernels::Int4Zero;
 
 namespace {
 
-ModelConfig quality_model(const std::string& arch) {
-  ModelConfig c = nxd::testing::tiny_model(arch);
-  c.vocab_size = 256;
-  c.hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.num_kv_heads = arch == "llama" ? 2 : 0;
-  c.ffn_hidden_size = 256;
-  c.num_layers = 4;
-  c.max_position_embeddings = 64;
-  c.init_std = 0.02;
-  return c;
-}
+using nxd::testing::quality_model;
 
 std::vector<float> logits_of(CausalLM& m, const std::vector<int64_t>& ids) {
   NoGradGuard g;

@@ -36,18 +36,7 @@ std::vector<float> values_of(const Tensor& t) {
   return std::vector<float>(c.data<float>(), c.data<float>() + c.numel());
 }
 
-ModelConfig quality_model(const std::string& arch) {
-  ModelConfig c = nxd::testing::tiny_model(arch);
-  c.vocab_size = 256;
-  c.hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.num_kv_heads = arch == "llama" ? 2 : 0;
-  c.ffn_hidden_size = 256;
-  c.num_layers = 4;
-  c.max_position_embeddings = 64;
-  c.init_std = 0.02;  // Hugging Face's (larger ones make a random model's logits chaotic)
-  return c;
-}
+using nxd::testing::quality_model;
 
 std::vector<int64_t> some_ids(int64_t n, int64_t vocab, uint64_t seed) {
   return nxd::testing::id_sequence(n, vocab, seed);

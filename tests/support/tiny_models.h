@@ -49,6 +49,21 @@ inline ModelConfig micro_model(const std::string& arch = "llama") {
   return c;
 }
 
+// The quantization tests' model: 4 layers, hidden 128, FFN 256, vocab 256, 64 positions, Hugging
+// Face's init_std 0.02 (larger ones make a random model's logits chaotic); Llama with 2 KV heads.
+inline ModelConfig quality_model(const std::string& arch) {
+  ModelConfig c = tiny_model(arch);
+  c.vocab_size = 256;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.num_kv_heads = arch == "llama" ? 2 : 0;
+  c.ffn_hidden_size = 256;
+  c.num_layers = 4;
+  c.max_position_embeddings = 64;
+  c.init_std = 0.02;
+  return c;
+}
+
 inline ModelConfig tiny_gqa_llama(int64_t layers = 2) {
   ModelConfig c = tiny_model("llama");
   c.num_layers = layers;

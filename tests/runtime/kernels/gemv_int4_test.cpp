@@ -12,6 +12,7 @@
 
 #include "nxd/runtime/context.h"
 #include "support/compare.h"
+#include "support/weights.h"
 
 using namespace nxd;
 using kernels::Int4Layout;
@@ -19,20 +20,8 @@ using kernels::Int4Zero;
 
 namespace {
 
-std::vector<float> values(size_t n, uint32_t seed, float range = 1.5f) {
-  std::vector<float> v(n);
-  uint32_t s = seed * 2654435761u + 1;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = range * static_cast<float>(static_cast<int32_t>(s >> 8) % 2001 - 1000) / 1000.0f;
-  }
-  return v;
-}
-
-struct ThreadsGuard {
-  int prev = num_threads();
-  ~ThreadsGuard() { set_num_threads(prev); }
-};
+using nxd::testing::lcg_values;
+using nxd::testing::ThreadsGuard;
 
 struct Q4 {
   Int4Layout l;
@@ -59,7 +48,7 @@ using Path = void (*)(float*, const float*, const uint8_t*, const float*, const 
 
 TEST(Int4Weights, QuantizationIsWithinHalfAScaleStep) {
   const int64_t n = 9, k = 301;
-  std::vector<float> w = values(n * k, 1);
+  std::vector<float> w = lcg_values(n * k, 1);
   for (int64_t j = 0; j < k; ++j) w[5 * k + j] = 0.0f;   // a zero row
   for (int64_t j = 0; j < k; ++j) w[6 * k + j] = 0.25f;  // a constant one
   for (int64_t group : {32, 64, 128})
@@ -78,7 +67,7 @@ TEST(Int4Weights, QuantizationIsWithinHalfAScaleStep) {
         for (int64_t j = 0; j < k; ++j) EXPECT_EQ(d[6 * k + j], 0.25f);
       }
     }
-  std::vector<float> bad = values(2 * 40, 2);
+  std::vector<float> bad = lcg_values(2 * 40, 2);
   bad[1 * 40 + 33] = INFINITY;
   try {
     quantize(bad, 2, 40, 32, Int4Zero::symmetric);
@@ -112,7 +101,7 @@ TEST(Int4Weights, BothPathsMatchTheReferenceAtRaggedShapes) {
           for (int64_t n : {1, 7, 130})
             for (int64_t k : {1, 5, 31, 64, 77, 300}) {
               SCOPED_TRACE(str("m=", m, " n=", n, " k=", k, " group=", group));
-              const auto x = values(m * k, 3), w = values(n * k, 4, 0.2f);
+              const auto x = lcg_values(m * k, 3), w = lcg_values(n * k, 4, 0.2f);
               const Q4 z = quantize(w, n, k, group, zero);
               std::vector<float> c(m * n, std::nanf("")), r(m * n), d(n * k);
               path(c.data(), x.data(), z.q.data(), z.scale.data(), z.mins(), z.l, m);
@@ -148,7 +137,7 @@ TEST(Int4Weights, BitwiseOverThreadCountsAndAddresses) {
   for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric})
     for (Shape3 s : {Shape3{1, 3000, 768}, Shape3{4, 2048, 333}, Shape3{20, 1100, 300}}) {
       SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k));
-      const auto x = values(s.m * s.k, 5), w = values(s.n * s.k, 6, 0.1f);
+      const auto x = lcg_values(s.m * s.k, 5), w = lcg_values(s.n * s.k, 6, 0.1f);
       const Q4 z = quantize(w, s.n, s.k, 64, zero);
       std::vector<float> expect;
       for (int threads : {1, 2, 4, 3})

@@ -11,25 +11,14 @@
 
 #include "nxd/runtime/context.h"
 #include "support/compare.h"
+#include "support/weights.h"
 
 using namespace nxd;
 
 namespace {
 
-std::vector<float> values(size_t n, uint32_t seed, float range = 1.5f) {
-  std::vector<float> v(n);
-  uint32_t s = seed * 2654435761u + 1;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = range * static_cast<float>(static_cast<int32_t>(s >> 8) % 2001 - 1000) / 1000.0f;
-  }
-  return v;
-}
-
-struct ThreadsGuard {
-  int prev = num_threads();
-  ~ThreadsGuard() { set_num_threads(prev); }
-};
+using nxd::testing::lcg_values;
+using nxd::testing::ThreadsGuard;
 
 struct Quantized {
   std::vector<int8_t> q;
@@ -48,7 +37,7 @@ using Path = void (*)(float*, const float*, const int8_t*, const float*, int64_t
 
 TEST(Int8Weights, QuantizationIsWithinHalfAScaleStep) {
   const int64_t n = 37, k = 301;
-  std::vector<float> w = values(n * k, 1);
+  std::vector<float> w = lcg_values(n * k, 1);
   for (int64_t j = 0; j < k; ++j) w[5 * k + j] = 0.0f;              // a zero row
   for (int64_t j = 0; j < k; ++j) w[6 * k + j] = 1e-30f * (j % 7);  // a tiny one
   const Quantized z = quantize(w, n, k);
@@ -70,7 +59,7 @@ TEST(Int8Weights, QuantizationIsWithinHalfAScaleStep) {
       EXPECT_FLOAT_EQ(z.scale[r], static_cast<float>(amax / 127));
     }
   }
-  std::vector<float> bad = values(4 * 8, 2);
+  std::vector<float> bad = lcg_values(4 * 8, 2);
   bad[2 * 8 + 3] = std::nanf("");
   std::vector<int8_t> q(32);
   std::vector<float> s(4);
@@ -91,7 +80,7 @@ TEST(Int8Weights, BothPathsMatchTheReferenceAtRaggedShapes) {
       for (int64_t n : {1, 7, 130, 1031})
         for (int64_t k : {1, 5, 31, 64, 77, 1000}) {
           SCOPED_TRACE(str("m=", m, " n=", n, " k=", k));
-          const auto x = values(m * k, 3), w = values(n * k, 4, 0.2f);
+          const auto x = lcg_values(m * k, 3), w = lcg_values(n * k, 4, 0.2f);
           const Quantized z = quantize(w, n, k);
           std::vector<float> c(m * n, std::nanf("")), r(m * n);
           path(c.data(), x.data(), z.q.data(), z.scale.data(), m, n, k);
@@ -121,7 +110,7 @@ TEST(Int8Weights, BitwiseOverThreadCountsAndAddresses) {
   for (Shape3 s : {Shape3{1, 3000, 768}, Shape3{4, 2048, 333}, Shape3{8, 1500, 257},
                    Shape3{20, 1100, 300}, Shape3{64, 700, 129}}) {
     SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k));
-    const auto x = values(s.m * s.k, 5), w = values(s.n * s.k, 6, 0.1f);
+    const auto x = lcg_values(s.m * s.k, 5), w = lcg_values(s.n * s.k, 6, 0.1f);
     const Quantized z = quantize(w, s.n, s.k);
     std::vector<float> expect;
     for (int threads : {1, 2, 4, 3})
