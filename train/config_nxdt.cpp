@@ -212,14 +212,16 @@ json nxdt_tree(const json& tree, const std::string& source, std::vector<std::str
   // (which nxd does not have): the file's values are not what runs, nxd derives them likewise
   const auto type = std::find_if(kept.begin(), kept.end(),
                                  [](const auto& kv) { return kv.first == "precision.type"; });
-  if (type != kept.end() && type->second != "manual")
-    for (auto it = kept.begin(); it != kept.end();)
+  if (type != kept.end() && type->second != "manual") {
+    for (auto it = kept.begin(); it != kept.end();) {
       if (it->first == "precision.master_weights" || it->first == "precision.fp32_grad_acc") {
         if (std::find(na.begin(), na.end(), it->first) == na.end()) na.push_back(it->first);
         it = kept.erase(it);
       } else {
         ++it;
       }
+    }
+  }
   const Interpolator ip{flat, source};
   json out = json::object();
   auto has = [&](const std::string& k) {
