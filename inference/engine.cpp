@@ -134,6 +134,7 @@ Engine::Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokeni
   I.max_len =
       I.opts.max_model_len > 0 ? I.opts.max_model_len : I.model->config().max_position_embeddings;
   I.vocab = I.model->config().vocab_size;
+  I.window = I.model->config().sliding_window;
   int64_t blocks = I.opts.kv_blocks;
   if (blocks == 0 && I.opts.kv_memory_bytes > 0)
     blocks = I.opts.kv_memory_bytes / block_bytes(*I.model, I.opts.block_size);

@@ -102,6 +102,8 @@ struct EngineStats {
   int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, steps = 0;
   int64_t model_calls = 0;  // forward calls (a step runs its decode rows together, prefill chunks
                             // in batches of similar lengths)
+  int64_t kv_blocks_rolled = 0;  // blocks returned while their sequence ran: a sliding window's
+                                 // positions no later query reads
 };
 
 // The queue of waiting requests is full (a server answers 429).

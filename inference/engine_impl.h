@@ -47,6 +47,7 @@ struct Engine::Impl {
   std::shared_ptr<const io::Tokenizer> tokenizer;
   EngineOptions opts;
   int64_t max_len = 0, vocab = 0;
+  int64_t window = 0;  // the model's sliding window (0: none): the cache rolls
   KVCache cache;
   std::unique_ptr<BlockPool> pool;
   RngStream stream;

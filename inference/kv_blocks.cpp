@@ -103,11 +103,28 @@ int64_t BlockPool::register_full(const std::vector<int64_t>& table,
 
 void BlockPool::release(std::vector<int64_t>& table) {
   for (auto it = table.rbegin(); it != table.rend(); ++it) {
+    if (*it < 0) continue;  // returned by release_before
     Block& blk = blocks_[*it];
     NXD_INTERNAL_CHECK(blk.refs > 0, "block ", *it, " released more often than taken");
     if (--blk.refs == 0) blk.pos = free_.insert(free_.end(), *it);
   }
   table.clear();
+}
+
+int64_t BlockPool::release_before(std::vector<int64_t>& table, int64_t first_needed,
+                                  int64_t registered) {
+  int64_t end = std::min<int64_t>(first_needed / block_size_, table.size());
+  if (prefix_caching_) end = std::min<int64_t>(end, registered - 1);
+  int64_t n = 0;
+  for (int64_t i = 0; i < end; ++i) {
+    if (table[i] < 0) continue;
+    Block& blk = blocks_[table[i]];
+    NXD_INTERNAL_CHECK(blk.refs > 0, "block ", table[i], " released more often than taken");
+    if (--blk.refs == 0) blk.pos = free_.insert(free_.end(), table[i]);
+    table[i] = -1;
+    ++n;
+  }
+  return n;
 }
 
 }  // namespace nxd::inference

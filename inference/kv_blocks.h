@@ -7,7 +7,9 @@
 // sequence whose tokens begin the same way takes it (refcount + 1) instead of computing it. Blocks
 // no sequence holds wait in a free queue in the order they were freed; allocation takes the
 // front (least recently used) and forgets its hash then (LRU eviction). A hit on a free cached
-// block takes it back out of the queue.
+// block takes it back out of the queue. Under a sliding window a sequence returns the blocks no
+// later query reads while it runs (release_before), so it holds about window / block_size blocks
+// however long it grows.
 #include <cstdint>
 #include <list>
 #include <unordered_map>
@@ -41,8 +43,14 @@ class BlockPool {
   int64_t register_full(const std::vector<int64_t>& table, const std::vector<int64_t>& tokens,
                         int64_t computed, int64_t registered);
   // Returns the table's blocks (refcount - 1; the last block first into the free queue, so a
-  // sequence's tail is evicted before its prefix) and clears it.
+  // sequence's tail is evicted before its prefix) and clears it. Entries of -1 (blocks already
+  // returned by release_before) are skipped.
   void release(std::vector<int64_t>& table);
+  // A rolling sliding window: returns the blocks wholly before position `first_needed` (the
+  // first position any later query of the sequence reads) and marks their entries -1. With prefix
+  // caching the last of the `registered` blocks is kept (the next block's chain hash starts from
+  // it). Returns how many blocks it returned.
+  int64_t release_before(std::vector<int64_t>& table, int64_t first_needed, int64_t registered);
 
  private:
   struct Block {

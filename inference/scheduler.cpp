@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "nxd/inference/engine_impl.h"
+#include "nxd/runtime/kernels/kv_cache.h"
 
 namespace nxd::inference {
 
@@ -143,6 +144,9 @@ void Engine::Impl::run_rows(const std::vector<Scheduled>& rows) {
     Seq& s = *rows[b].seq;
     s.computed += rows[b].n;
     s.registered = pool->register_full(s.table, s.tokens, s.computed, s.registered);
+    if (window > 0)  // the next query (at position computed) and later ones read no earlier block
+      st.kv_blocks_rolled += pool->release_before(
+          s.table, kernels::first_key_needed(s.computed, window), s.registered);
     if (s.computed == static_cast<int64_t>(s.tokens.size()))
       advance(s, std::vector<double>(all.begin() + b * vocab, all.begin() + (b + 1) * vocab));
   }

@@ -292,14 +292,18 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
             "] q and out need unit last strides");
   const double sc = scale > 0 ? scale : 1.0 / std::sqrt(double(D));
   int64_t read = 0;
-  for (int64_t b = 0; b < B; ++b) read += 2 * Hkv * (r.start[b] + r.len[b]) * D;
+  for (int64_t b = 0; b < B; ++b)
+    read += 2 * Hkv * (r.start[b] + r.len[b] - first_key_needed(r.start[b], window)) * D;
   g_bytes_read += read * dtype_size(k_cache.dtype());
   attend_items(out, q, k_cache.dtype(), r.len, Hkv, g * S * L * D,
                [&]<class T, class C>(int64_t b, int64_t kh) {
-                 const int64_t off = (r.seq[b] * Hkv + kh) * L * D;
+                 // the keys from the row's first query's window on (shifting every position by
+                 // lo changes no result: the masks are relative)
+                 const int64_t lo = first_key_needed(r.start[b], window);
+                 const int64_t off = ((r.seq[b] * Hkv + kh) * L + lo) * D;
                  attend_group<T, C>(out, q, static_cast<const C*>(k_cache.raw_data()) + off,
                                     static_cast<const C*>(v_cache.raw_data()) + off, b, kh, g, D,
-                                    r.start[b], r.len[b], T(sc), window);
+                                    r.start[b] - lo, r.len[b], T(sc), window);
                });
 }
 
@@ -322,9 +326,10 @@ Rows paged_rows(const char* op, const Tensor& start, const Tensor& lengths, int6
 }
 
 // Validates block_tables i64 [B, MB] against the step's rows and a pool of NB blocks of bs
-// positions; returns its data (null when meta).
+// positions (the entries of the blocks from first_key_needed(start, window) to the row's last
+// position); returns its data (null when meta).
 const int64_t* check_tables(const char* op, const Tensor& bt, const Rows& r, int64_t B, int64_t NB,
-                            int64_t bs, bool meta) {
+                            int64_t bs, bool meta, int64_t window) {
   NXD_CHECK(bt.defined(), "[", op, "] block_tables is undefined");
   NXD_CHECK_SHAPE(bt.dtype() == DType::i64 && bt.dim() == 2 && bt.size(0) == B, "[", op,
                   "] block_tables must be i64 [", B, ", max_blocks], got ", bt.desc());
@@ -337,7 +342,9 @@ const int64_t* check_tables(const char* op, const Tensor& bt, const Rows& r, int
     const int64_t need = (r.start[b] + r.len[b] + bs - 1) / bs;
     NXD_CHECK(need <= MB, "[", op, "] row ", b, " reaches position ", r.start[b] + r.len[b] - 1,
               ": needs ", need, " blocks of ", bs, ", block_tables has ", MB);
-    for (int64_t i = 0; i < need; ++i)
+    // blocks wholly before the first key the row's window sees are not read (a rolling window's
+    // engine has returned them to the pool: -1)
+    for (int64_t i = first_key_needed(r.start[b], window) / bs; i < need; ++i)
       NXD_CHECK(t[b * MB + i] >= 0 && t[b * MB + i] < NB, "[", op, "] block_tables[", b, ", ", i,
                 "]=", t[b * MB + i], " outside the pool of ", NB, " blocks");
   }
@@ -346,14 +353,15 @@ const int64_t* check_tables(const char* op, const Tensor& bt, const Rows& r, int
 
 // The n keys (or values) of (row b, kv head kh) from their blocks into dst [n, D] (as T).
 template <class T, class C>
-void gather_blocks(T* dst, const C* cache, const int64_t* table, int64_t n, int64_t H, int64_t kh,
-                   int64_t bs, int64_t D) {
-  for (int64_t j = 0; j < n; ++j) {
+void gather_blocks(T* dst, const C* cache, const int64_t* table, int64_t lo, int64_t n, int64_t H,
+                   int64_t kh, int64_t bs, int64_t D) {
+  for (int64_t j = lo; j < n; ++j) {
     const C* src = cache + ((table[j / bs] * H + kh) * bs + j % bs) * D;
+    T* out = dst + (j - lo) * D;
     if constexpr (std::is_same_v<C, T>) {
-      std::memcpy(dst + j * D, src, sizeof(T) * D);
+      std::memcpy(out, src, sizeof(T) * D);
     } else {
-      for (int64_t d = 0; d < D; ++d) dst[j * D + d] = load(src[d]);
+      for (int64_t d = 0; d < D; ++d) out[d] = load(src[d]);
     }
   }
 }
@@ -374,7 +382,8 @@ void paged_kv_cache_write(const Tensor& cache, const Tensor& x, const Tensor& bl
   const bool meta =
       meta_output(cache, {&x, &block_tables, &start, &lengths}, op) || block_tables.is_meta();
   const Rows r = paged_rows(op, start, lengths, B, S, meta);
-  const int64_t* t = check_tables(op, block_tables, r, B, NB, bs, meta);
+  // the write touches the blocks from position start on: those a window of one position reads
+  const int64_t* t = check_tables(op, block_tables, r, B, NB, bs, meta, /*window=*/1);
   charge_compute(op, 0.0, 2.0 * x.nbytes(), cache.dtype());
   if (meta || x.numel() == 0) return;
   const int64_t MB = block_tables.size(1);
@@ -396,11 +405,12 @@ void paged_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k
       meta_output(out, {&q, &k_cache, &v_cache, &block_tables, &start, &lengths}, op) ||
       block_tables.is_meta();
   const Rows r = paged_rows(op, start, lengths, B, S, meta);
-  const int64_t* t = check_tables(op, block_tables, r, B, NB, bs, meta);
+  const int64_t* t = check_tables(op, block_tables, r, B, NB, bs, meta, window);
   const double keys = double(S + 1) / 2;  // per query row: the prefix each query attends
   double kv_bytes = 0;
   if (!meta)
-    for (int64_t b = 0; b < B; ++b) kv_bytes += 2.0 * Hkv * (r.start[b] + r.len[b]) * D;
+    for (int64_t b = 0; b < B; ++b)
+      kv_bytes += 2.0 * Hkv * (r.start[b] + r.len[b] - first_key_needed(r.start[b], window)) * D;
   charge_compute(op, 4.0 * B * Hq * S * keys * D,
                  kv_bytes * dtype_size(k_cache.dtype()) + 2.0 * q.nbytes(), q.dtype());
   if (meta || q.numel() == 0) return;
@@ -413,13 +423,14 @@ void paged_attention_forward(const Tensor& out, const Tensor& q, const Tensor& k
                [&]<class T, class C>(int64_t b, int64_t kh) {
                  thread_local std::vector<T> kg, vg;
                  const int64_t n = r.start[b] + r.len[b];
-                 T* kp = scratch(kg, n * D);
-                 T* vp = scratch(vg, n * D);
-                 gather_blocks<T, C>(kp, static_cast<const C*>(k_cache.raw_data()), t + b * MB, n,
-                                     Hkv, kh, bs, D);
-                 gather_blocks<T, C>(vp, static_cast<const C*>(v_cache.raw_data()), t + b * MB, n,
-                                     Hkv, kh, bs, D);
-                 attend_group<T, T>(out, q, kp, vp, b, kh, g, D, r.start[b], r.len[b], T(sc),
+                 const int64_t lo = first_key_needed(r.start[b], window);  // as the contiguous
+                 T* kp = scratch(kg, (n - lo) * D);
+                 T* vp = scratch(vg, (n - lo) * D);
+                 gather_blocks<T, C>(kp, static_cast<const C*>(k_cache.raw_data()), t + b * MB, lo,
+                                     n, Hkv, kh, bs, D);
+                 gather_blocks<T, C>(vp, static_cast<const C*>(v_cache.raw_data()), t + b * MB, lo,
+                                     n, Hkv, kh, bs, D);
+                 attend_group<T, T>(out, q, kp, vp, b, kh, g, D, r.start[b] - lo, r.len[b], T(sc),
                                     window);
                });
 }

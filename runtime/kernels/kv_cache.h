@@ -48,11 +48,20 @@ void cached_attention_forward(const Tensor& out, const Tensor& q, const Tensor& 
                               const Tensor& v_cache, const Tensor& seq_ids, const Tensor& start,
                               const Tensor& lengths, double scale, int64_t window = 0);
 
+// The first cache position a row whose first query sits at `start` reads: under a sliding window
+// (window > 0) that query's window start, max(0, start - window + 1); 0 without one. Both
+// attention kernels read the keys from there on (the masks are relative, so this changes no
+// result), and the paged one reads no block wholly before it: an engine may return such blocks to
+// its pool (a rolling window).
+inline int64_t first_key_needed(int64_t start, int64_t window) {
+  return window > 0 && start - window + 1 > 0 ? start - window + 1 : 0;
+}
+
 // The paged layout (vLLM's PagedAttention): cache [num_blocks, H, block_size, D] contiguous, one
 // pool of fixed-size blocks; block_tables i64 [B, max_blocks] (contiguous host, or meta): position
 // p of batch row b lives in block block_tables[b, p / block_size] at offset p % block_size. Rows
 // may share blocks (a shared prefix is read by several rows); entries past a row's last position
-// are not read.
+// are not read, nor those of blocks wholly before first_key_needed(start, window) (may be -1).
 //
 // kv_cache_write into the paged layout: the K/V of positions [start[b], start[b] + lengths[b]).
 // Blocks written by a step must not be shared with another row of the step.
