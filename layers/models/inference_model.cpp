@@ -6,8 +6,45 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/parallel/pad.h"
 
 namespace nxd {
+
+namespace {
+int64_t round_up(int64_t n, int64_t m) {
+  return (n + m - 1) / m * m;
+}
+}  // namespace
+
+bool InferencePadding::needed() const {
+  return padded_heads != heads || padded_kv_heads != kv_heads || kv_replicas > 1 ||
+         padded_ffn != ffn || padded_vocab != vocab;
+}
+
+std::string InferencePadding::describe() const {
+  auto arrow = [](int64_t a, int64_t b) { return a == b ? str(a) : str(a, " -> ", b); };
+  std::string kv = arrow(kv_heads, padded_kv_heads);
+  if (kv_replicas > 1)
+    kv += str(" replicated x", kv_replicas, " (", padded_kv_heads * kv_replicas, ")");
+  return str("attention heads ", arrow(heads, padded_heads), ", KV heads ", kv, ", FFN ",
+             arrow(ffn, padded_ffn), ", vocabulary ", arrow(vocab, padded_vocab));
+}
+
+InferencePadding pad_for_inference(const ModelConfig& cfg, int tp) {
+  NXD_CHECK_T(ConfigError, tp >= 1, "[pad_for_inference] tp must be >= 1, got ", tp);
+  InferencePadding p;
+  p.heads = cfg.num_attention_heads, p.kv_heads = cfg.kv_heads();
+  p.ffn = cfg.ffn_size(), p.vocab = cfg.vocab_size;
+  HeadPadding h;
+  p.padded = pad_model_config(cfg, tp, &h);
+  p.padded_heads = h.padded_heads, p.padded_kv_heads = h.padded_kv_heads;
+  p.kv_replicas = std::max<int64_t>(1, tp / h.padded_kv_heads);
+  p.padded.kv_size_multiplier = p.kv_replicas;
+  p.padded_ffn = round_up(p.ffn, tp), p.padded_vocab = round_up(p.vocab, tp);
+  p.padded.ffn_hidden_size = p.padded_ffn;
+  p.padded.vocab_size = p.padded_vocab;
+  return p;
+}
 
 InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOptions& o) {
   NXD_CHECK_T(ConfigError, o.tp >= 1 && o.batch >= 1 && o.prompt_tokens >= 1 && o.new_tokens >= 1,
@@ -16,9 +53,10 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
   NXD_CHECK_T(ConfigError, o.hbm_efficiency > 0 && o.hbm_efficiency <= 1,
               "[estimate_inference] hbm_efficiency must be in (0, 1], got ", o.hbm_efficiency);
   const int64_t L = o.prompt_tokens + o.new_tokens;
+  const InferencePadding padding = pad_for_inference(cfg, o.tp);
+  cfg = padding.padded;
   cfg.device = Device::meta;
   cfg.sequence_parallel = false;
-  cfg.kv_size_multiplier = std::max<int64_t>(1, o.tp / cfg.kv_heads());
   cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, L);
   sim::LaunchOptions lo;
   lo.world_size = o.tp;
@@ -29,6 +67,7 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
   lo.machine = m;
   InferenceEstimate e;
   e.machine = m.name;
+  e.padding = padding;
   std::mutex mu;
   sim::launch(lo, [&] {
     parallel_state::initialize_model_parallel(o.tp);
@@ -55,6 +94,7 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
     }
   });
   e.e2e_per_token = (e.ttft + (o.new_tokens - 1) * e.tpot) / o.new_tokens;
+  e.output_tokens_per_s = static_cast<double>(o.batch) / e.e2e_per_token;
   return e;
 }
 
