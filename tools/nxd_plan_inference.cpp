@@ -65,6 +65,14 @@ int inference(const Args& a) {
   std::printf("per NeuronCore: weights %.2f GiB + KV cache %.2f GiB of %.2f GiB HBM (%s)\n",
               static_cast<double>(e.weight_bytes) / gib, static_cast<double>(e.kv_bytes) / gib,
               static_cast<double>(m.core.hbm_bytes) / gib, fits ? "fits" : "does not fit");
+  std::printf(
+      "beyond the rooflines, per NeuronCore: prefill %lld kernels + %lld collectives (+%.2f ms), "
+      "softmax +%.2f ms; decode step %lld kernels + %lld collectives (+%.2f ms), softmax "
+      "+%.2f ms; sampling +%.3f ms a step\n",
+      static_cast<long long>(e.prefill.kernels), static_cast<long long>(e.prefill.collectives),
+      e.prefill.fixed_seconds * 1e3, e.prefill.softmax_seconds * 1e3,
+      static_cast<long long>(e.decode.kernels), static_cast<long long>(e.decode.collectives),
+      e.decode.fixed_seconds * 1e3, e.decode.softmax_seconds * 1e3, e.sampling_seconds * 1e3);
   std::printf("predicted inference: TTFT %.2f ms, TPOT %.2f ms, %.1f output tokens/s\n",
               e.ttft * 1e3, e.tpot * 1e3, e.output_tokens_per_s);
   return fits ? 0 : 3;

@@ -2,9 +2,12 @@
 // The modeled latency of generation on a simulated Neuron instance: the KV-cache path
 // (forward_cached) run on meta tensors over TP sim ranks, every kernel and collective charged to
 // the sim device exactly as training is (roofline per kernel: max(FLOPs / TensorE peak, bytes /
-// HBM bandwidth); collectives by collectives/sim's model), with one fitted constant: the fraction
-// of the HBM bandwidth the kernels reach in inference (docs/design/generation.md "The sim inference
-// model": how it is built, the figure it was fitted on, what it leaves out). Allocates nothing.
+// HBM bandwidth); collectives by collectives/sim's model), plus the fixed costs a step pays beyond
+// its rooflines (InferenceOverheads: per kernel, per collective, the softmax rows, on-device
+// sampling; each from a published figure), with one fitted constant: the fraction of the HBM
+// bandwidth the kernels reach in inference (docs/design/inference_model.md: how it is built, the
+// figures, what it leaves out; docs/VALIDATION.md: every published row against it). Allocates
+// nothing.
 #include <cstdint>
 #include <string>
 
@@ -12,12 +15,33 @@
 
 namespace nxd {
 
-// Fitted once on Llama-2-7B, BF16, batch 1, inf2.xlarge, TP 2, 256 tokens in / 256 out: 30.1 ms
-// per output token (end-to-end latency / output tokens, prefill included; PyTorch blog
-// "High-Performance Llama 2 Deployments with AWS Inferentia2 using TorchServe",
-// transformers-neuronx, Neuron SDK 2.13: https://pytorch.org/blog/high-performance-llama/).
-// docs/HARDWARE.md.
-inline constexpr double kInferenceHbmEfficiency = 0.517;
+// Fitted once on Llama-2-70B, BF16, batch 1, inf2.48xlarge, TP 24, 128 tokens in / 128 out:
+// TPOT 32.90 ms (P50; transformers-neuronx, Neuron SDK 2.18.0: aws-neuron-sdk
+// about-neuron/benchmarks/inf2/latency_data_decoder.csv). The model gives 32.9 ms.
+inline constexpr double kInferenceHbmEfficiency = 0.501;
+
+// The fixed costs a step pays beyond its rooflines, each from a published figure (none fitted;
+// docs/design/inference_model.md).
+struct InferenceOverheads {
+  // per kernel: a DMA transfer's descriptor setup, synchronization and semaphore-to-start
+  // (~1,300 ns: NKI "DMA bandwidth" deep dive) plus one dependent instruction's static overhead
+  // (100 Vector engine cycles at 1.12 GHz: NKI Trainium/Inferentia2 architecture guide)
+  double kernel_seconds = 1.3e-6 + 100 / 1.12e9;
+  // the least a collective takes: a small all-reduce as a reduce-scatter and an all-gather, each
+  // at the 10.0 us P50 nccom-test measured for an 8-rank 1 KiB all-gather (nccom-test page)
+  double collective_seconds = 2 * 10.0e-6;
+  // passes of the attention softmax over each score row on the Vector/Scalar engines (max, exp,
+  // sum, normalize), each one element per cycle per SBUF partition (NKI architecture guide's
+  // cost model: a one-input instruction of free size N takes about N cycles)
+  int softmax_passes = 4;
+};
+
+// What one step was charged beyond its rooflines (rank 0).
+struct StepCharges {
+  int64_t kernels = 0, collectives = 0;
+  double fixed_seconds = 0;    // kernels x kernel_seconds + collectives raised to their floor
+  double softmax_seconds = 0;  // the score rows on the Vector engine
+};
 
 // The sizes the Neuron libraries shard a model with at TP `tp`, so that every model splits:
 // attention heads by NxD's rule (layers/parallel/pad.h: multi-head pads query and KV heads to the
@@ -46,6 +70,7 @@ struct InferenceModelOptions {
   int64_t prompt_tokens = 128;
   int64_t new_tokens = 128;
   double hbm_efficiency = kInferenceHbmEfficiency;
+  InferenceOverheads overheads;
 };
 
 struct InferenceEstimate {
@@ -56,6 +81,10 @@ struct InferenceEstimate {
   int64_t weight_bytes = 0;  // per rank
   int64_t kv_bytes = 0;      // per rank (the cache of batch x (prompt + new) positions)
   InferencePadding padding;  // the sizes the model was built with
+  StepCharges prefill, decode;
+  // per step (TTFT's first token and every decode step): on-device sampling, one kernel over the
+  // batch's gathered f32 logits
+  double sampling_seconds = 0;
   double output_tokens_per_s = 0;  // batch x new_tokens / (ttft + (new_tokens - 1) tpot)
 };
 
