@@ -19,17 +19,17 @@ from collections import namedtuple
 Row = namedtuple("Row", "model instance tp batch prompt new ttft tpot sdk src")
 
 SOURCES = {
-    "inf2-lat": "aws-neuron-sdk about-neuron/benchmarks/inf2/latency_data_decoder.csv "
+    "inf2-lat": "aws-neuron-sdk@78169c6c general/benchmarks/inf2/latency_data_decoder.csv "
     "(transformers-neuronx)",
-    "trn1-lat": "aws-neuron-sdk about-neuron/benchmarks/trn1/latency_data_decoder.csv "
+    "trn1-lat": "aws-neuron-sdk@78169c6c general/benchmarks/trn1/latency_data_decoder.csv "
     "(transformers-neuronx)",
-    "inf2-thr": "aws-neuron-sdk about-neuron/benchmarks/inf2/throughput_data_decoder.csv "
+    "inf2-thr": "aws-neuron-sdk@78169c6c general/benchmarks/inf2/throughput_data_decoder.csv "
     "(transformers-neuronx)",
-    "trn1-thr": "aws-neuron-sdk about-neuron/benchmarks/trn1/throughput_data_decoder.csv "
+    "trn1-thr": "aws-neuron-sdk@78169c6c general/benchmarks/trn1/throughput_data_decoder.csv "
     "(transformers-neuronx)",
-    "trn2-70b": "aws-neuron-sdk libraries/nxd-inference/tutorials/llama70b_perf_comparison.csv "
+    "trn2-70b": "aws-neuron-sdk@ba1c08b0 libraries/nxd-inference/tutorials/llama70b_perf_comparison.csv "
     "(NxD Inference, Llama-3.3-70B, no speculation)",
-    "trn2-405b": "aws-neuron-sdk libraries/nxd-inference/tutorials/llama405b_perf_comparison.csv "
+    "trn2-405b": "aws-neuron-sdk@ba1c08b0 libraries/nxd-inference/tutorials/llama405b_perf_comparison.csv "
     "(NxD Inference, Llama-3.1-405B, no speculation)",
 }
 

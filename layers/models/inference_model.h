@@ -17,7 +17,8 @@ namespace nxd {
 
 // Fitted once on Llama-2-70B, BF16, batch 1, inf2.48xlarge, TP 24, 128 tokens in / 128 out:
 // TPOT 32.90 ms (P50; transformers-neuronx, Neuron SDK 2.18.0: aws-neuron-sdk
-// about-neuron/benchmarks/inf2/latency_data_decoder.csv). The model gives 32.9 ms.
+// general/benchmarks/inf2/latency_data_decoder.csv, "Inf2 Inference Performance" of 2024-04-30;
+// docs/HARDWARE.md). The model gives 32.89 ms.
 inline constexpr double kInferenceHbmEfficiency = 0.501;
 
 // The fixed costs a step pays beyond its rooflines, each from a published figure (none fitted;
