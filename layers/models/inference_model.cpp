@@ -103,6 +103,7 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
               " exceeds the ", m.world_size(), " NeuronCores of ", m.name);
   m.core.hbm_bandwidth *= o.hbm_efficiency;
   lo.machine = m;
+  lo.memory_capacity = 0;     // a model over HBM is still estimated; callers compare the bytes
   lo.record_timeline = true;  // the kernels and collectives of each step are counted from it
   InferenceEstimate e;
   e.machine = m.name;

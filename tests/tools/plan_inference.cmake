@@ -23,6 +23,12 @@ if(TARGET nxd-plan)
             "-DREGEX=attention heads 40, KV heads 40, FFN 13824, vocabulary 32016 \\(nothing padded\\)"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${_inf} --model codellama-13b
             --instance trn1.32xlarge --set distributed_strategy.tensor_model_parallel_size=8)
+  # GPT-3 175B at TP 12: 29 GiB of weights per core, estimated all the same, exit 3
+  add_test(NAME NxdPlan.InferenceModelOverHbmExitsThree
+    COMMAND ${CMAKE_COMMAND} -DCODE=3
+            "-DREGEX=per NeuronCore: weights [0-9.]+ GiB \\+ KV cache [0-9.]+ GiB of 16.00 GiB HBM \\(does not fit\\).*predicted inference: TTFT"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${_inf} --model gpt3-175b
+            --instance inf2.48xlarge --set distributed_strategy.tensor_model_parallel_size=12)
   add_test(NAME NxdPlan.InferenceRefusesTpPastTheInstance
     COMMAND ${CMAKE_COMMAND} -DCODE=2
             "-DREGEX=tensor_model_parallel_size=25 must be in \\[1, 24\\] \\(the NeuronCores of inf2.48xlarge\\)"
@@ -47,7 +53,8 @@ if(TARGET nxd-plan)
             -P ${CMAKE_SOURCE_DIR}/tests/support/same_output_twice.cmake ${_inf} ${_s70}
             --batch 4 --prompt-tokens 1024 --new-tokens 1024)
   set_tests_properties(NxdPlan.InferencePadsLlama2_70BForTp24 NxdPlan.InferenceBatchAndGqaPadding
-    NxdPlan.InferenceNothingToPad NxdPlan.InferenceRefusesTpPastTheInstance
+    NxdPlan.InferenceNothingToPad NxdPlan.InferenceModelOverHbmExitsThree
+    NxdPlan.InferenceRefusesTpPastTheInstance
     NxdPlan.InferenceRefusesBatchZero NxdPlan.InferenceSizesNeedInference
     NxdPlan.InferenceRefusesSearch NxdPlan.InferenceRefusesAnUnknownInstance
     NxdPlan.InferenceIsDeterministic PROPERTIES LABELS tools TIMEOUT 60)
