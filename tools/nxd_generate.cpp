@@ -504,6 +504,9 @@ void print_report(const GenerateCli& c, const ModelSource& s, const Tokens& t,
       "modeled on %s at TP %d: time to first token %.3f ms, time per output token %.3f ms "
       "(%.3f ms per output token end to end)\n",
       e.machine.c_str(), c.tp, e.ttft * 1e3, e.tpot * 1e3, e.e2e_per_token * 1e3);
+  if (e.padding.needed())
+    std::printf("modeled with the sizes padded for TP %d as the Neuron libraries pad: %s\n", c.tp,
+                e.padding.describe().c_str());
   if (r.stop_reasons.at(0) == "max_position_embeddings")
     std::printf(
         "stopped: the sequence reached max_position_embeddings=%lld before "

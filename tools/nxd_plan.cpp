@@ -7,6 +7,8 @@
 //
 //   nxd-plan [--config FILE]... [--set key=value]... [--model PRESET] [--instance TYPE]
 //            [--nodes N] [--timeline PATH] [--search [--max-plans N]]
+//   nxd-plan --inference [--model PRESET] [--instance TYPE] [--set key=value]...
+//            [--batch B] [--prompt-tokens P] [--new-tokens M]   (nxd_plan_inference.cpp)
 //
 // Exit codes: 0 it fits (or --search found a layout that fits), 3 it does not fit, 2 a user
 // mistake (one line on stderr), 1 anything else.
@@ -31,12 +33,14 @@ using namespace nxd::plan_tool;
 namespace {
 
 // Published model sizes (Hugging Face config.json of each model: meta-llama/Llama-2-7b-hf,
-// -13b-hf, -70b-hf, meta-llama/Llama-3.1-8B, -70B, EleutherAI/gpt-neox-20b). gpt3-175b: GPT-3's
-// sizes (Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1: 96 layers,
-// d_model 12288, 96 heads, context 2048; d_ff = 4 d_model) on nxd's GPT-NeoX architecture
-// (rotary positions and a parallel residual instead of GPT-3's learned positions and sequential
-// residual: the same matmul FLOPs), with GPT-2's 50,257-token vocabulary padded to 50,304 (a
-// multiple of 128, as Megatron pads it). mixtral-8x7b: mistralai/Mixtral-8x7B-v0.1's
+// -13b-hf, -70b-hf, meta-llama/Meta-Llama-3-70B, meta-llama/Llama-3.1-8B, -70B,
+// mistralai/Mistral-7B-Instruct-v0.2 (no sliding window, rope_theta 1e6: a Llama shape),
+// codellama/CodeLlama-13b-hf (16,384 positions, 32,016 tokens), EleutherAI/gpt-neox-20b).
+// gpt3-175b: GPT-3's sizes (Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1:
+// 96 layers, d_model 12288, 96 heads, context 2048; d_ff = 4 d_model) on nxd's GPT-NeoX
+// architecture (rotary positions and a parallel residual instead of GPT-3's learned positions and
+// sequential residual: the same matmul FLOPs), with GPT-2's 50,257-token vocabulary padded to
+// 50,304 (a multiple of 128, as Megatron pads it). mixtral-8x7b: mistralai/Mixtral-8x7B-v0.1's
 // config.json (8 local experts, 2 per token, router_aux_loss_coef 0.02, rope_theta 1e6).
 struct Preset {
   const char* name;
@@ -56,6 +60,21 @@ const std::vector<Preset>& presets() {
        {"model.arch=llama", "model.hidden_size=8192", "model.num_layers=80",
         "model.num_attention_heads=64", "model.num_kv_heads=8", "model.ffn_hidden_size=28672",
         "model.vocab_size=32000", "model.max_position_embeddings=4096"}},
+      {"llama3-70b",
+       {"model.arch=llama", "model.hidden_size=8192", "model.num_layers=80",
+        "model.num_attention_heads=64", "model.num_kv_heads=8", "model.ffn_hidden_size=28672",
+        "model.vocab_size=128256", "model.max_position_embeddings=8192",
+        "model.rope_theta=500000"}},
+      {"mistral-7b",
+       {"model.arch=llama", "model.hidden_size=4096", "model.num_layers=32",
+        "model.num_attention_heads=32", "model.num_kv_heads=8", "model.ffn_hidden_size=14336",
+        "model.vocab_size=32000", "model.max_position_embeddings=32768",
+        "model.rope_theta=1000000"}},
+      {"codellama-13b",
+       {"model.arch=llama", "model.hidden_size=5120", "model.num_layers=40",
+        "model.num_attention_heads=40", "model.num_kv_heads=40", "model.ffn_hidden_size=13824",
+        "model.vocab_size=32016", "model.max_position_embeddings=16384",
+        "model.rope_theta=1000000"}},
       {"llama3.1-8b",
        {"model.arch=llama", "model.hidden_size=4096", "model.num_layers=32",
         "model.num_attention_heads=32", "model.num_kv_heads=8", "model.ffn_hidden_size=14336",
@@ -88,11 +107,16 @@ const char* kUsage =
     "usage: nxd-plan [--config FILE]... [--set key=value]... [--model PRESET]\n"
     "                [--instance TYPE] [--nodes N] [--timeline PATH]\n"
     "                [--search [--max-plans N (200: the most plans the search makes)]]\n"
+    "       nxd-plan --inference [--model PRESET] [--instance TYPE] [--set key=value]...\n"
+    "                [--batch B (1)] [--prompt-tokens P (128)] [--new-tokens M (128)]\n"
+    "                (modeled TTFT, TPOT and output tokens/s at\n"
+    "                 distributed_strategy.tensor_model_parallel_size on one instance,\n"
+    "                 also inf2.xlarge inf2.8xlarge inf2.24xlarge inf2.48xlarge)\n"
     "  instances: trn1.32xlarge (default) trn1n.32xlarge trn2.48xlarge trn2u.48xlarge trn2u\n"
     "             (the Trn2 UltraServer, 4 instances; --nodes 1); a Trainium2 type runs at LNC=2,\n"
     "             TYPE:lnc=1 at LNC=1 (twice the cores, half the memory and FLOPs each)\n"
-    "  presets: llama2-7b llama2-13b llama2-70b llama3.1-8b llama3.1-70b gpt-neox-20b gpt3-175b\n"
-    "           mixtral-8x7b\n";
+    "  presets: llama2-7b llama2-13b llama2-70b llama3-70b llama3.1-8b llama3.1-70b mistral-7b\n"
+    "           codellama-13b gpt-neox-20b gpt3-175b mixtral-8x7b\n";
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -112,6 +136,13 @@ Args parse(int argc, char** argv) {
       a.instance = value();
     else if (s == "--nodes") {
       a.nodes = static_cast<int>(io::parse_int(value(), 1, 1024, "--nodes", "nxd-plan"));
+      a.nodes_given = true;
+    } else if (s == "--inference") {
+      a.inference = true;
+    } else if (s == "--batch" || s == "--prompt-tokens" || s == "--new-tokens") {
+      const int64_t v = io::parse_int(value(), 1, int64_t{1} << 20, s, "nxd-plan");
+      (s == "--batch" ? a.batch : s == "--prompt-tokens" ? a.prompt_tokens : a.new_tokens) = v;
+      a.inference_sizes_given = true;
     } else if (s == "--timeline")
       a.timeline = value();
     else if (s == "--search")
@@ -178,6 +209,10 @@ int64_t rss_kib() {
 int run(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   const Args a = parse(argc, argv);
+  if (a.inference) return inference(a);
+  if (a.inference_sizes_given)
+    throw UserError(
+        str("[nxd-plan] --batch, --prompt-tokens and --new-tokens go with --inference\n", kUsage));
   const sim::MachineSpec m = sim::cluster(sim::machine(a.instance), a.nodes);
   int code = 0;
   if (!a.search) {

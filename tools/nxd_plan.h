@@ -16,6 +16,11 @@ struct Args {
   int nodes = 1;
   bool search = false;
   int max_plans = 200;  // --search: the most plans it makes (its time bound)
+  // --inference: the modeled latency of generation instead of a training step
+  bool inference = false;
+  int64_t batch = 1, prompt_tokens = 128, new_tokens = 128;
+  bool inference_sizes_given = false;  // --batch, --prompt-tokens or --new-tokens was given
+  bool nodes_given = false;
 };
 
 // The configuration: nxd-train's defaults, random data (nothing is read), the preset, the files,
@@ -39,5 +44,11 @@ std::string layout(const trainer::TrainConfig& c);
 // --search: prints the fastest layouts that fit and why each won; returns the exit code (0: a
 // layout fits, 3: none).
 int search(const Args& a, const sim::MachineSpec& m);
+
+// --inference: TTFT, TPOT and output tokens/s of the configured model at its
+// tensor_model_parallel_size on one instance (layers/models/inference_model.h), heads, FFN and
+// vocabulary padded for the TP degree; returns the exit code (0, or 3 when the weights and KV
+// cache do not fit a NeuronCore's HBM).
+int inference(const Args& a);
 
 }  // namespace nxd::plan_tool

@@ -1,13 +1,88 @@
 #include "nxd/layers/models/inference_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
+#include <string_view>
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/parallel/pad.h"
 
 namespace nxd {
+
+namespace {
+int64_t round_up(int64_t n, int64_t m) {
+  return (n + m - 1) / m * m;
+}
+
+// The fixed costs of one step's kernels and collectives on rank 0's timeline within [w.first,
+// w.second): each kernel pays kernel_seconds, each collective is raised to collective_seconds.
+StepCharges step_charges(const std::vector<sim::TraceEvent>& events, std::pair<double, double> w,
+                         const InferenceOverheads& o) {
+  StepCharges c;
+  const double eps = 1e-12;
+  for (const auto& ev : events) {
+    if (ev.start < w.first - eps || ev.start >= w.second - eps) continue;
+    if (std::string_view(ev.category) == "compute") {
+      ++c.kernels;
+      c.fixed_seconds += o.kernel_seconds;
+    } else if (std::string_view(ev.category) == "comm") {
+      ++c.collectives;
+      c.fixed_seconds += std::max(0.0, o.collective_seconds - ev.duration);
+    }
+  }
+  return c;
+}
+// The Vector engine's clock (NKI architecture guides: NeuronCore-v2 1.12 GHz, Trainium2 0.96
+// GHz); a logical Trainium2 core of LNC physical cores runs LNC engines.
+double vector_engine_hz(const sim::MachineSpec& m) {
+  if (m.core.name.rfind("NeuronCore-v3", 0) == 0)
+    return 0.96e9 * std::max(1.0, m.core.bf16_flops / 79e12);
+  return 1.12e9;
+}
+
+// The softmax of every score row of one step: rows sit one per SBUF partition (128), each pass
+// reads a row's `cols` scores at one element per cycle.
+double softmax_seconds(const ModelConfig& cfg, int tp, int64_t rows_per_head, double cols,
+                       int passes, double hz) {
+  const int64_t heads = cfg.num_attention_heads / tp;
+  const double tiles = std::ceil(static_cast<double>(heads * rows_per_head) / 128.0);
+  return static_cast<double>(cfg.num_layers) * passes * tiles * cols / hz;
+}
+
+}  // namespace
+
+bool InferencePadding::needed() const {
+  return padded_heads != heads || padded_kv_heads != kv_heads || kv_replicas > 1 ||
+         padded_ffn != ffn || padded_vocab != vocab;
+}
+
+std::string InferencePadding::describe() const {
+  auto arrow = [](int64_t a, int64_t b) { return a == b ? str(a) : str(a, " -> ", b); };
+  std::string kv = arrow(kv_heads, padded_kv_heads);
+  if (kv_replicas > 1)
+    kv += str(" replicated x", kv_replicas, " (", padded_kv_heads * kv_replicas, ")");
+  return str("attention heads ", arrow(heads, padded_heads), ", KV heads ", kv, ", FFN ",
+             arrow(ffn, padded_ffn), ", vocabulary ", arrow(vocab, padded_vocab));
+}
+
+InferencePadding pad_for_inference(const ModelConfig& cfg, int tp) {
+  NXD_CHECK_T(ConfigError, tp >= 1, "[pad_for_inference] tp must be >= 1, got ", tp);
+  InferencePadding p;
+  p.heads = cfg.num_attention_heads, p.kv_heads = cfg.kv_heads();
+  p.ffn = cfg.ffn_size(), p.vocab = cfg.vocab_size;
+  HeadPadding h;
+  p.padded = pad_model_config(cfg, tp, &h);
+  p.padded_heads = h.padded_heads, p.padded_kv_heads = h.padded_kv_heads;
+  p.kv_replicas = std::max<int64_t>(1, tp / h.padded_kv_heads);
+  p.padded.kv_size_multiplier = p.kv_replicas;
+  p.padded_ffn = round_up(p.ffn, tp), p.padded_vocab = round_up(p.vocab, tp);
+  p.padded.ffn_hidden_size = p.padded_ffn;
+  p.padded.vocab_size = p.padded_vocab;
+  return p;
+}
 
 InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOptions& o) {
   NXD_CHECK_T(ConfigError, o.tp >= 1 && o.batch >= 1 && o.prompt_tokens >= 1 && o.new_tokens >= 1,
@@ -16,9 +91,10 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
   NXD_CHECK_T(ConfigError, o.hbm_efficiency > 0 && o.hbm_efficiency <= 1,
               "[estimate_inference] hbm_efficiency must be in (0, 1], got ", o.hbm_efficiency);
   const int64_t L = o.prompt_tokens + o.new_tokens;
+  const InferencePadding padding = pad_for_inference(cfg, o.tp);
+  cfg = padding.padded;
   cfg.device = Device::meta;
   cfg.sequence_parallel = false;
-  cfg.kv_size_multiplier = std::max<int64_t>(1, o.tp / cfg.kv_heads());
   cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, L);
   sim::LaunchOptions lo;
   lo.world_size = o.tp;
@@ -27,10 +103,14 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
               " exceeds the ", m.world_size(), " NeuronCores of ", m.name);
   m.core.hbm_bandwidth *= o.hbm_efficiency;
   lo.machine = m;
+  lo.memory_capacity = 0;     // a model over HBM is still estimated; callers compare the bytes
+  lo.record_timeline = true;  // the kernels and collectives of each step are counted from it
   InferenceEstimate e;
   e.machine = m.name;
+  e.padding = padding;
   std::mutex mu;
-  sim::launch(lo, [&] {
+  std::pair<double, double> window[2];
+  const sim::LaunchResult run = sim::launch(lo, [&] {
     parallel_state::initialize_model_parallel(o.tp);
     auto model = make_causal_lm(cfg, 0);
     int64_t weights = 0;
@@ -40,7 +120,8 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
         one(o.batch, 1);
     for (int64_t b = 0; b < o.batch; ++b) rows[b] = b;
     sim::SimClock* clock = sim::current_sim_clock();
-    double t0 = clock->now();
+    const double p0 = clock->now();
+    double t0 = p0;
     model->forward_cached(empty({o.batch, o.prompt_tokens}, DType::i64, Device::meta),
                           make_cache_step(rows, zero, P, Device::meta), cache);
     const double ttft = clock->now() - t0;
@@ -52,9 +133,29 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
     std::lock_guard g(mu);
     if (parallel_state::get_tensor_model_parallel_rank() == 0) {
       e.ttft = ttft, e.tpot = tpot, e.weight_bytes = weights, e.kv_bytes = cache.nbytes();
+      window[0] = {p0, p0 + ttft}, window[1] = {t0, t0 + tpot};
     }
   });
+  const auto& events = run.timeline->events(0);
+  StepCharges prefill = step_charges(events, window[0], o.overheads);
+  StepCharges decode = step_charges(events, window[1], o.overheads);
+  const double hz = vector_engine_hz(m);
+  const int passes = o.overheads.softmax_passes;
+  // prefill: batch x prompt rows, each over half the prompt on average (causal)
+  prefill.softmax_seconds = softmax_seconds(cfg, o.tp, o.batch * o.prompt_tokens,
+                                            0.5 * static_cast<double>(o.prompt_tokens), passes, hz);
+  // decode: batch rows over the whole cache (as the attention is charged)
+  decode.softmax_seconds = softmax_seconds(cfg, o.tp, o.batch, static_cast<double>(L), passes, hz);
+  e.prefill = prefill, e.decode = decode;
+  e.ttft += prefill.softmax_seconds;
+  e.tpot += decode.softmax_seconds;
+  // on-device sampling: one kernel reading the batch's gathered f32 logits
+  e.sampling_seconds = o.overheads.kernel_seconds +
+                       static_cast<double>(o.batch * cfg.vocab_size * 4) / m.core.hbm_bandwidth;
+  e.ttft += prefill.fixed_seconds + e.sampling_seconds;
+  e.tpot += decode.fixed_seconds + e.sampling_seconds;
   e.e2e_per_token = (e.ttft + (o.new_tokens - 1) * e.tpot) / o.new_tokens;
+  e.output_tokens_per_s = static_cast<double>(o.batch) / e.e2e_per_token;
   return e;
 }
 

@@ -2,9 +2,12 @@
 // The modeled latency of generation on a simulated Neuron instance: the KV-cache path
 // (forward_cached) run on meta tensors over TP sim ranks, every kernel and collective charged to
 // the sim device exactly as training is (roofline per kernel: max(FLOPs / TensorE peak, bytes /
-// HBM bandwidth); collectives by collectives/sim's model), with one fitted constant: the fraction
-// of the HBM bandwidth the kernels reach in inference (docs/design/generation.md "The sim inference
-// model": how it is built, the figure it was fitted on, what it leaves out). Allocates nothing.
+// HBM bandwidth); collectives by collectives/sim's model), plus the fixed costs a step pays beyond
+// its rooflines (InferenceOverheads: per kernel, per collective, the softmax rows, on-device
+// sampling; each from a published figure), with one fitted constant: the fraction of the HBM
+// bandwidth the kernels reach in inference (docs/design/inference_model.md: how it is built, the
+// figures, what it leaves out; docs/VALIDATION.md: every published row against it). Allocates
+// nothing.
 #include <cstdint>
 #include <string>
 
@@ -12,12 +15,54 @@
 
 namespace nxd {
 
-// Fitted once on Llama-2-7B, BF16, batch 1, inf2.xlarge, TP 2, 256 tokens in / 256 out: 30.1 ms
-// per output token (end-to-end latency / output tokens, prefill included; PyTorch blog
-// "High-Performance Llama 2 Deployments with AWS Inferentia2 using TorchServe",
-// transformers-neuronx, Neuron SDK 2.13: https://pytorch.org/blog/high-performance-llama/).
-// docs/HARDWARE.md.
-inline constexpr double kInferenceHbmEfficiency = 0.517;
+// Fitted once on Llama-2-70B, BF16, batch 1, inf2.48xlarge, TP 24, 128 tokens in / 128 out:
+// TPOT 32.90 ms (P50; transformers-neuronx, Neuron SDK 2.18.0: aws-neuron-sdk
+// general/benchmarks/inf2/latency_data_decoder.csv, "Inf2 Inference Performance" of 2024-04-30;
+// docs/HARDWARE.md). The model gives 32.89 ms.
+inline constexpr double kInferenceHbmEfficiency = 0.501;
+
+// The fixed costs a step pays beyond its rooflines, each from a published figure (none fitted;
+// docs/design/inference_model.md).
+struct InferenceOverheads {
+  // per kernel: a DMA transfer's descriptor setup, synchronization and semaphore-to-start
+  // (~1,300 ns: NKI "DMA bandwidth" deep dive) plus one dependent instruction's static overhead
+  // (100 Vector engine cycles at 1.12 GHz: NKI Trainium/Inferentia2 architecture guide)
+  double kernel_seconds = 1.3e-6 + 100 / 1.12e9;
+  // the least a collective takes: a small all-reduce as a reduce-scatter and an all-gather, each
+  // at the 10.0 us P50 nccom-test measured for an 8-rank 1 KiB all-gather (nccom-test page)
+  double collective_seconds = 2 * 10.0e-6;
+  // passes of the attention softmax over each score row on the Vector/Scalar engines (max, exp,
+  // sum, normalize), each one element per cycle per SBUF partition (NKI architecture guide's
+  // cost model: a one-input instruction of free size N takes about N cycles)
+  int softmax_passes = 4;
+};
+
+// What one step was charged beyond its rooflines (rank 0).
+struct StepCharges {
+  int64_t kernels = 0, collectives = 0;
+  double fixed_seconds = 0;    // kernels x kernel_seconds + collectives raised to their floor
+  double softmax_seconds = 0;  // the score rows on the Vector engine
+};
+
+// The sizes the Neuron libraries shard a model with at TP `tp`, so that every model splits:
+// attention heads by NxD's rule (layers/parallel/pad.h: multi-head pads query and KV heads to the
+// next multiple of tp; grouped-query keeps or pads the KV heads to a count that divides or is
+// divided by tp, replicates them tp / kv times, and pads each group's query heads), the MLP's
+// intermediate size and the vocabulary up to a multiple of tp (transformers-neuronx and NxD
+// Inference pad both so that their column-parallel shards are equal). Padded rows are zero: the
+// model computes the same function, but every padded row is streamed and multiplied like a real
+// one, which the estimate charges.
+struct InferencePadding {
+  ModelConfig padded;                             // the config the estimate builds
+  int64_t heads = 0, kv_heads = 0;                // the model's
+  int64_t padded_heads = 0, padded_kv_heads = 0;  // KV heads before replication
+  int64_t kv_replicas = 1;                        // kv_size_multiplier
+  int64_t ffn = 0, padded_ffn = 0, vocab = 0, padded_vocab = 0;
+  bool needed() const;
+  // "attention heads 64 -> 72, KV heads 8 replicated x3 (24 over 24 ranks), FFN 28672, ..."
+  std::string describe() const;
+};
+InferencePadding pad_for_inference(const ModelConfig& cfg, int tp);
 
 struct InferenceModelOptions {
   int tp = 1;
@@ -26,6 +71,7 @@ struct InferenceModelOptions {
   int64_t prompt_tokens = 128;
   int64_t new_tokens = 128;
   double hbm_efficiency = kInferenceHbmEfficiency;
+  InferenceOverheads overheads;
 };
 
 struct InferenceEstimate {
@@ -35,10 +81,16 @@ struct InferenceEstimate {
   double e2e_per_token = 0;  // (ttft + (new_tokens - 1) * tpot) / new_tokens
   int64_t weight_bytes = 0;  // per rank
   int64_t kv_bytes = 0;      // per rank (the cache of batch x (prompt + new) positions)
+  InferencePadding padding;  // the sizes the model was built with
+  StepCharges prefill, decode;
+  // per step (TTFT's first token and every decode step): on-device sampling, one kernel over the
+  // batch's gathered f32 logits
+  double sampling_seconds = 0;
+  double output_tokens_per_s = 0;  // batch x new_tokens / (ttft + (new_tokens - 1) tpot)
 };
 
-// cfg on `tp` sim ranks of `instance` (sequence parallelism off, kv_size_multiplier set for tp);
-// ConfigError for a model that does not split over tp or an unknown instance.
+// cfg, padded for tp (pad_for_inference), on `tp` sim ranks of `instance` (sequence parallelism
+// off); ConfigError for an unknown instance or a tp past its NeuronCores.
 InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOptions& opts);
 
 }  // namespace nxd
