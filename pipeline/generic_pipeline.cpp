@@ -344,7 +344,7 @@ std::string GenericPipelineModel::partition_report() const {
       o << " " << pieces_[i].name;
       n += piece_params_[i];
     }
-    o << ", " << n << " parameters\n";
+    o << ", " << n << " parameter elements per rank\n";
   }
   return o.str();
 }

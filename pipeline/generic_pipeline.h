@@ -115,7 +115,7 @@ class GenericPipelineModel {
   const std::vector<Piece>& pieces() const { return pieces_; }
   const ScheduleConfig& schedule() const { return sched_; }
   int num_microbatches() const { return sched_.num_microbatches; }
-  // One line per stage: its pieces and parameter elements.
+  // One line per stage: its pieces and their parameter elements on a rank of that stage.
   std::string partition_report() const;
 
  private:
