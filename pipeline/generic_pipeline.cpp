@@ -8,6 +8,7 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/pipeline/grad_finish.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::pipeline {
@@ -220,8 +221,7 @@ std::vector<optim::NormParam> GenericPipelineModel::norm_params() const {
 }
 
 optim::NormGroups GenericPipelineModel::norm_groups() const {
-  if (!ps::model_parallel_is_initialized()) return {};
-  return optim::NormGroups::from_parallel_state();
+  return pipeline_norm_groups();
 }
 
 void GenericPipelineModel::sync_tied_parameters() {
@@ -279,16 +279,9 @@ PipelineResult GenericPipelineModel::step(const Batch& batch, StepKind kind) {
   std::vector<Batch> mbs(M);
   for (int i = 0; i < M; ++i)
     for (const auto& [k, t] : in) mbs[i][k] = t.narrow(0, i * rows, rows).contiguous();
-  if (train && !grad_sync_ && opts_.dp_grad_sync && ps::model_parallel_is_initialized()) {
-    auto group = ps::get_data_context_parallel_group_ptr();
-    if (group && group->size() > 1) {
-      optim::GradSyncOptions go;
-      go.bucket_bytes = opts_.dp_bucket_bytes;
-      go.mode = optim::GradSyncMode::at_step;
-      go.group = group;
-      grad_sync_ = std::make_unique<optim::GradSync>(local_named_parameters(), go);
-    }
-  }
+  // built at the first step: the parameters are materialized by then
+  if (train && !grad_sync_ && opts_.dp_grad_sync)
+    grad_sync_ = dp_grad_sync_at_step(local_named_parameters(), opts_.dp_bucket_bytes);
   Runner runner(*this, std::move(mbs), kind);
   StepResult res = executor_->run(runner, kind, rows, shapes_key(in));
   const bool last = pp_group_->rank() == sched_.pp - 1;
