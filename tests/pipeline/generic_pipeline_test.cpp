@@ -19,10 +19,12 @@
 #include "nxd/pipeline/generic_pipeline.h"
 #include "nxd/runtime/init.h"
 #include "support/compare.h"
+#include "support/gather_tp.h"
 #include "support/ranks.h"
 
 using namespace nxd;
 using namespace nxd::pipeline;
+using nxd::testing::gather_tp;
 using nxd::testing::HeadKind;
 using nxd::testing::HeadOutputs;
 using nxd::testing::run_ranks;
@@ -99,11 +101,6 @@ Reference reference(const Case& c) {
     for (auto& [name, t] : m->named_parameters()) r.grads[name] = t.grad().clone();
   }
   return r;
-}
-
-Tensor gather_tp(const Tensor& t, const ParallelAttrs& a) {
-  if (!a.tensor_model_parallel) return t.detach();
-  return ps::get_tensor_model_parallel_group().all_gather(t.detach().contiguous(), a.partition_dim);
 }
 
 struct Worst {
