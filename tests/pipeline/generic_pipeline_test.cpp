@@ -306,3 +306,19 @@ TEST(GenericPipeline, RefusalsNameTheValue) {
   };
   expect_config_error(stray, "parameter 'scale' belongs to no piece");
 }
+
+// input_names (NxD's) picks the batch's tensors the pieces see: a tensor of other rows is
+// refused without it and ignored with it.
+TEST(GenericPipeline, InputNamesSelectTheBatchTensors) {
+  const Case base = schedule_case(ScheduleKind::gpipe, 1, 1);
+  Batch b = batch();
+  b["ids"] = zeros({3, 2}, DType::i64);  // not [kB, ...]
+  GenericPipelineModel all(model(base), base.opts);
+  EXPECT_THROW(all.run_train(b), ShapeError);
+  GenericPipelineOptions o = base.opts;
+  o.input_names = {"x", "y"};
+  GenericPipelineModel picked(model(base), o);
+  const double with_ids = picked.run_train(b).loss.item();
+  b.erase("ids");
+  EXPECT_EQ(with_ids, picked.run_train(b).loss.item());
+}
