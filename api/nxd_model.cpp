@@ -52,49 +52,65 @@ NxDModel::NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::PipelineModel
   NXD_CHECK_T(ConfigError, pipeline_ != nullptr, "[NxDModel] no pipeline");
 }
 
+NxDModel::NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::GenericPipelineModel> pipeline)
+    : cfg_(cfg), generic_(std::move(pipeline)) {
+  NXD_CHECK_T(ConfigError, generic_ != nullptr, "[NxDModel] no pipeline");
+}
+
 Module& NxDModel::local_module() const {
   if (module_) return *module_;
+  if (generic_) return *generic_->local_pieces().front()->module;
   return *pipeline_->chunks().front();
 }
 
 std::vector<Module*> NxDModel::local_modules() const {
   if (module_) return {module_.get()};
   std::vector<Module*> out;
+  if (generic_) {
+    for (const pipeline::Piece* p : generic_->local_pieces()) out.push_back(p->module.get());
+    return out;
+  }
   for (const auto& c : pipeline_->chunks()) out.push_back(c.get());
   return out;
 }
 
 std::vector<optim::NamedParam> NxDModel::local_named_parameters() const {
   if (pipeline_) return pipeline_->local_named_parameters();
+  if (generic_) return generic_->local_named_parameters();
   std::vector<optim::NamedParam> out;
   for (auto& [n, t] : module_->named_parameters()) out.push_back({n, t});
   return out;
 }
 
 std::vector<optim::NormParam> NxDModel::norm_params() const {
+  if (generic_) return generic_->norm_params();
   return pipeline_ ? pipeline_->norm_params() : optim::norm_params(*module_);
 }
 
 optim::NormGroups NxDModel::norm_groups() const {
   if (pipeline_) return pipeline_->norm_groups();
+  if (generic_) return generic_->norm_groups();
   return parallel_state::model_parallel_is_initialized() ? optim::NormGroups::from_parallel_state()
                                                          : optim::NormGroups{};
 }
 
 bool NxDModel::needs_sequence_parallel_sums() const {
-  if (pipeline_) return false;  // run_train sums them
+  if (pipeline_ || generic_) return false;  // run_train sums them
   for (const auto& p : parallel_parameters(*module_))
     if (p.attrs.sequence_parallel_enabled) return true;
   return false;
 }
 
 int NxDModel::num_microbatches() const {
+  if (generic_) return generic_->num_microbatches();
   return pipeline_ ? pipeline_->num_microbatches() : 1;
 }
 
 void NxDModel::train(bool on) {
   if (pipeline_)
     pipeline_->train(on);
+  else if (generic_)
+    generic_->train(on);
   else
     module_->train(on);
 }
@@ -106,9 +122,10 @@ DType NxDModel::dtype() const {
 }
 
 Tensor NxDModel::run_train(const std::function<Tensor(Module&)>& loss_fn) {
-  NXD_CHECK_T(ConfigError, !pipeline_,
+  NXD_CHECK_T(ConfigError, !pipeline_ && !generic_,
               "[NxDModel] run_train(loss_fn) with pipeline parallelism: the pipeline computes the "
-              "loss, call run_train(ids, targets)");
+              "loss, call run_train(",
+              generic_ ? "batch" : "ids, targets", ")");
   Tensor loss = loss_fn(*module_);
   NXD_CHECK_T(ConfigError, loss.defined() && loss.numel() == 1,
               "[NxDModel] run_train's loss_fn must return a scalar, got ",
@@ -118,6 +135,9 @@ Tensor NxDModel::run_train(const std::function<Tensor(Module&)>& loss_fn) {
 }
 
 namespace {
+const char* kGenericCalls =
+    "[NxDModel] a pipeline of pieces (GenericPipelineModel) runs "
+    "run_train(batch) / run_eval(batch)";
 CausalLM& as_lm(Module& m) {
   auto* lm = dynamic_cast<CausalLM*>(&m);
   NXD_CHECK_T(ConfigError, lm != nullptr, "[NxDModel] run_train(ids, targets) needs a decoder ",
@@ -126,12 +146,28 @@ CausalLM& as_lm(Module& m) {
 }
 }  // namespace
 
+pipeline::PipelineResult NxDModel::run_train(const pipeline::Batch& batch) {
+  NXD_CHECK_T(ConfigError, generic_ != nullptr,
+              "[NxDModel] run_train(batch) needs a model built as a pipeline of pieces "
+              "(initialize_parallel_model with GenericPipelineOptions)");
+  return generic_->run_train(batch);
+}
+
+pipeline::PipelineResult NxDModel::run_eval(const pipeline::Batch& batch) {
+  NXD_CHECK_T(ConfigError, generic_ != nullptr,
+              "[NxDModel] run_eval(batch) needs a model built as a pipeline of pieces "
+              "(initialize_parallel_model with GenericPipelineOptions)");
+  return generic_->run_eval(batch);
+}
+
 Tensor NxDModel::run_train(const Tensor& ids, const Tensor& targets) {
+  NXD_CHECK_T(ConfigError, !generic_, kGenericCalls);
   if (pipeline_) return pipeline_->run_train(ids, targets);
   return run_train([&](Module& m) { return as_lm(m).loss(ids, targets); });
 }
 
 Tensor NxDModel::forward(const Tensor& ids) {
+  NXD_CHECK_T(ConfigError, !generic_, kGenericCalls);
   NXD_CHECK_T(ConfigError, !pipeline_,
               "[NxDModel] forward() with pipeline parallelism: a pipelined model runs "
               "run_train / run_eval");
@@ -139,6 +175,7 @@ Tensor NxDModel::forward(const Tensor& ids) {
 }
 
 Tensor NxDModel::run_eval(const Tensor& ids, const Tensor& targets) {
+  NXD_CHECK_T(ConfigError, !generic_, kGenericCalls);
   if (pipeline_) {
     NoGradGuard ng;
     pipeline_->eval();
@@ -157,8 +194,8 @@ Tensor NxDModel::run_eval(const Tensor& ids, const Tensor& targets) {
 std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const ModelFn& model_fn) {
   NXD_CHECK_T(ConfigError, cfg.pipeline_parallel_size == 1,
               "[initialize_parallel_model] pipeline_parallel_size ", cfg.pipeline_parallel_size,
-              " needs a decoder model given by its ModelConfig (the ModelConfig overload): a "
-              "pipeline cuts it into stage parts");
+              " needs a model a pipeline can cut: a decoder model given by its ModelConfig, or a "
+              "model of pieces (pipeline::PipelineSequential) with GenericPipelineOptions");
   NXD_CHECK_T(ConfigError, cfg.activation_checkpoint_config.empty(),
               "[initialize_parallel_model] activation_checkpoint_config '",
               cfg.activation_checkpoint_config,
@@ -176,6 +213,42 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
   if (cfg.lora_config) apply_lora_to_parts(*cfg.lora_config, {m.get()}, cfg.model_init_config.seed);
   finish_module(cfg, *m, dt);
   return std::make_shared<NxDModel>(cfg, std::move(m));
+}
+
+std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg,
+                                                    const SequentialFn& model_fn,
+                                                    pipeline::GenericPipelineOptions opts) {
+  NXD_CHECK_T(ConfigError, model_fn != nullptr, "[initialize_parallel_model] no model_fn");
+  NXD_CHECK_T(ConfigError, cfg.activation_checkpoint_config.empty() && !cfg.pad_model,
+              "[initialize_parallel_model] activation_checkpoint_config '",
+              cfg.activation_checkpoint_config, "' and pad_model ", cfg.pad_model,
+              " apply to decoder models; a model of pieces recomputes (autograd::recompute) and "
+              "pads in its own pieces");
+  NXD_CHECK_T(ConfigError, !cfg.lora_config,
+              "[initialize_parallel_model] lora_config on a pipeline of pieces: apply LoRA to "
+              "decoder models (the ModelConfig overload) or to the pieces in model_fn");
+  const PipelineConfig& pc = cfg.pipeline_config;
+  opts.num_microbatches = pc.num_microbatches;
+  opts.schedule = pc.schedule;
+  opts.virtual_pipeline_size = pc.virtual_pipeline_size;
+  if (opts.pipeline_cuts.empty()) opts.pipeline_cuts = pc.pipeline_cuts;
+  opts.dp_bucket_bytes = static_cast<int64_t>(cfg.grad_bucket_mb * (1 << 20));
+  opts.dp_grad_sync = false;  // the optimizer wrapper's gradient buckets reduce over DP
+  const DType dt = resolve_precision(cfg).param_dtype;
+  const ModelInitConfig& mi = cfg.model_init_config;
+  std::shared_ptr<pipeline::PipelineSequential> m =
+      model_fn(ParamOptions{dt, mi.meta_device_init ? Device::meta : Device::host});
+  NXD_CHECK_T(ConfigError, m != nullptr, "[initialize_parallel_model] model_fn returned no model");
+  auto pm = std::make_shared<pipeline::GenericPipelineModel>(std::move(m), std::move(opts));
+  // the other stages' pieces are gone with `m`; this rank's are materialized under their
+  // whole-model names
+  for (const pipeline::Piece* p : pm->local_pieces()) {
+    if (mi.meta_device_init) p->module->materialize(mi.seed, mi.param_init_fn, p->name + ".");
+    if (dt == DType::bf16) p->module->to_dtype(DType::bf16);
+  }
+  // a tied parameter materialized under another piece's name takes its first stage's values
+  if (mi.meta_device_init) pm->sync_tied_parameters();
+  return std::make_shared<NxDModel>(cfg, std::move(pm));
 }
 
 std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const ModelConfig& mc,

@@ -16,7 +16,11 @@
 // Decoder language models (ModelConfig: the built-in Llama and GPT-NeoX, or a user's CausalLM
 // subclass through a PartBuilder) are pipelined when pipeline_parallel_size > 1: the model is
 // then a pipeline::PipelineModel whose stages this rank holds, and run_train(ids, targets) runs
-// the schedule (NxD's NxDPPModel.run_train). Any other module needs pipeline_parallel_size 1.
+// the schedule (NxD's NxDPPModel.run_train). Any other model is pipelined as a
+// pipeline::PipelineSequential (its ordered pieces) with a loss of the user's: the
+// initialize_parallel_model overload taking GenericPipelineOptions builds a
+// pipeline::GenericPipelineModel and run_train(batch) / run_eval(batch) run it
+// (docs/design/pipeline_any.md).
 //
 // Construction, in NxD's order: the module is built on the meta device when
 // model_init_config.meta_device_init (shapes only: a 7B-parameter shape builds in seconds and
@@ -32,6 +36,7 @@
 #include "nxd/api/nxd_config.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/optim/grad_norm.h"
+#include "nxd/pipeline/generic_pipeline.h"
 #include "nxd/pipeline/pipeline_model.h"
 
 namespace nxd::trainer {
@@ -41,12 +46,16 @@ using ModelFn = std::function<std::shared_ptr<Module>(const ParamOptions&)>;
 // Builds the part of a decoder model a pipeline stage holds (ModelPart: its layers, the embedding,
 // the head), in cfg's dtype and device; empty: make_causal_lm (pipeline/pieces.h).
 using PartBuilder = pipeline::PartBuilder;
+// Builds the whole model as ordered pieces (pipeline/sequential.h), in the given dtype and device.
+using SequentialFn =
+    std::function<std::shared_ptr<pipeline::PipelineSequential>(const ParamOptions&)>;
 
 class NxDModel {
  public:
   // Wraps what a rank built (the Trainer wraps its module's model this way).
   NxDModel(const NxDConfig& cfg, std::shared_ptr<Module> module);
   NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::PipelineModel> pipeline);
+  NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::GenericPipelineModel> pipeline);
 
   // One training iteration. Without a pipeline: loss = loss_fn(local_module()), backward(loss),
   // returns loss. With a pipeline use the (ids, targets) form.
@@ -56,15 +65,21 @@ class NxDModel {
   Tensor run_train(const Tensor& ids, const Tensor& targets);
   // The same loss without gradients, in eval mode.
   Tensor run_eval(const Tensor& ids, const Tensor& targets);
+  // A generic pipeline's iteration (NxD's run_train(**batch) / run_eval(**batch)): the loss, the
+  // microbatch losses with return_mb_loss, and (run_eval, on the last stage) the model's outputs.
+  // ConfigError for a model built otherwise.
+  pipeline::PipelineResult run_train(const pipeline::Batch& batch);
+  pipeline::PipelineResult run_eval(const pipeline::Batch& batch);
   // A decoder model's forward: ids [B,S] -> logits [B,S,V] (with gradients when grad mode is on).
   // ConfigError with a pipeline (a pipelined model has run_train and run_eval only, as NxD's).
   Tensor forward(const Tensor& ids);
 
-  bool is_pipeline() const { return pipeline_ != nullptr; }
+  bool is_pipeline() const { return pipeline_ != nullptr || generic_ != nullptr; }
   pipeline::PipelineModel* pipeline() const { return pipeline_.get(); }
-  // The unwrapped module (without a pipeline; with one: its first local chunk).
+  pipeline::GenericPipelineModel* generic_pipeline() const { return generic_.get(); }
+  // The unwrapped module (without a pipeline; with one: its first local chunk or piece).
   Module& local_module() const;
-  // Every module this rank holds: the module, or the pipeline stage's chunks.
+  // Every module this rank holds: the module, or the pipeline stage's chunks (pieces).
   std::vector<Module*> local_modules() const;
   // This rank's parameters with their whole-model names, in registration order.
   std::vector<optim::NamedParam> local_named_parameters() const;
@@ -83,13 +98,24 @@ class NxDModel {
   NxDConfig cfg_;
   std::shared_ptr<Module> module_;
   std::shared_ptr<pipeline::PipelineModel> pipeline_;
+  std::shared_ptr<pipeline::GenericPipelineModel> generic_;
 };
 
 // NxD's initialize_parallel_model for any module: model_fn builds it (in the config's dtype and,
 // with meta_device_init, on the meta device), then it is materialized / converted as above.
-// ConfigError with pipeline_parallel_size > 1 (a pipeline needs a decoder model: the overload
-// below) or an activation_checkpoint_config (set it in your module).
+// ConfigError with pipeline_parallel_size > 1 (a pipeline needs a decoder model or a model of
+// pieces: the overloads below) or an activation_checkpoint_config (set it in your module).
 std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const ModelFn& model_fn);
+// NxD's NxDPPModel for any model: model_fn builds the whole model as pieces (on the meta device
+// with meta_device_init: only this rank's pieces are then materialized, and tied parameters copied
+// from their first stage), cut into stages by `opts` (transformer_layer_cls or pipeline_cuts, the
+// LossSpec, return_mb_loss, input_names); the schedule, microbatches, chunks and (when opts has
+// none) pipeline_cuts come from cfg.pipeline_config, and the optimizer reduces the gradients over
+// DP. Any pipeline_parallel_size, 1 included. ConfigError as the overload above, and for a
+// lora_config (not supported on a generic pipeline).
+std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg,
+                                                    const SequentialFn& model_fn,
+                                                    pipeline::GenericPipelineOptions opts);
 // A decoder model of `mc` (mc.dtype, device, sequence_parallel and checkpoint granularity are set
 // from cfg), initialized from `seed`; a PipelineModel over the config's pipeline_config when
 // pipeline_parallel_size > 1.

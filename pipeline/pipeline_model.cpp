@@ -1,5 +1,6 @@
 #include "nxd/pipeline/pipeline_model.h"
 #include "nxd/layers/step_hooks.h"
+#include "nxd/pipeline/grad_finish.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -70,14 +71,8 @@ PipelineModel::PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOpti
   executor_ = std::make_unique<Executor>(pp_group_, sched_);
   // gradients are reduced over data x context parallel (the DP group at CP 1); the loss, already
   // the same on every CP rank, is averaged over DP
-  auto grad_group = init ? ps::get_data_context_parallel_group_ptr() : nullptr;
-  if (grad_group && grad_group->size() > 1 && opts_.dp_grad_sync) {
-    optim::GradSyncOptions go;
-    go.bucket_bytes = opts_.dp_bucket_bytes;
-    go.mode = optim::GradSyncMode::at_step;
-    go.group = grad_group;
-    grad_sync_ = std::make_unique<optim::GradSync>(local_named_parameters(), go);
-  }
+  if (opts_.dp_grad_sync)
+    grad_sync_ = dp_grad_sync_at_step(local_named_parameters(), opts_.dp_bucket_bytes);
 }
 
 PipelineModel::~PipelineModel() = default;
@@ -110,8 +105,7 @@ std::vector<optim::NormParam> PipelineModel::norm_params() const {
 }
 
 optim::NormGroups PipelineModel::norm_groups() const {
-  if (!ps::model_parallel_is_initialized()) return {};
-  return optim::NormGroups::from_parallel_state();
+  return pipeline_norm_groups();
 }
 
 void PipelineModel::zero_grad() {

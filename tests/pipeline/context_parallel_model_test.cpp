@@ -22,11 +22,13 @@
 #include "nxd/pipeline/pipeline_model.h"
 #include "nxd/runtime/context.h"
 #include "support/compare.h"
+#include "support/gather_tp.h"
 #include "support/ranks.h"
 #include "support/tiny_models.h"
 
 using namespace nxd;
 using namespace nxd::optim;
+using nxd::testing::gather_tp;
 using nxd::testing::run_ranks;
 namespace ps = nxd::parallel_state;
 
@@ -125,11 +127,6 @@ struct CpCase {
   bool zero1 = false;
   int microbatches = 1;  // PP
 };
-
-Tensor gather_tp(const Tensor& t, const ParallelAttrs& a) {
-  if (!a.tensor_model_parallel) return t.detach();
-  return ps::get_tensor_model_parallel_group().all_gather(t.detach().contiguous(), a.partition_dim);
-}
 
 struct Worst {
   std::mutex mu;

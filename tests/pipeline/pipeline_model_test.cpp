@@ -19,12 +19,14 @@
 #include "nxd/pipeline/partition.h"
 #include "nxd/pipeline/pipeline_model.h"
 #include "support/compare.h"
+#include "support/gather_tp.h"
 #include "support/ranks.h"
 #include "support/tiny_models.h"
 #include "toy_lm.h"
 
 using namespace nxd;
 using namespace nxd::pipeline;
+using nxd::testing::gather_tp;
 using nxd::testing::run_ranks;
 namespace ps = nxd::parallel_state;
 
@@ -105,12 +107,6 @@ struct PPCase {
   PipelineOptions opts;
   int64_t B = 8, S = 8;
 };
-
-// A parameter or gradient gathered over TP to the whole model's shape.
-Tensor gather_tp(const Tensor& t, const ParallelAttrs& a) {
-  if (!a.tensor_model_parallel) return t.detach();
-  return ps::get_tensor_model_parallel_group().all_gather(t.detach().contiguous(), a.partition_dim);
-}
 
 struct Worst {
   std::mutex mu;
