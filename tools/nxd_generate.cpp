@@ -42,6 +42,7 @@
 #include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/lora_files.h"
+#include "nxd/checkpoint/model_source.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/cli/exit.h"
 #include "nxd/collectives/mpi/mpi.h"
@@ -223,6 +224,10 @@ GenerateCli parse_args(int argc, char** argv) {
     throw Usage(str("--quantize ", weight_quant_name(c.quantize),
                     " runs on the eager path only (add --eager; the traced model cannot record "
                     "quantized layers)"));
+  if (!c.eager && !c.checkpoint.empty() && ckpt::is_quantized_checkpoint(c.checkpoint))
+    throw Usage(str("--checkpoint ", c.checkpoint,
+                    " is a quantized checkpoint: it runs on the eager path only (add --eager; the "
+                    "traced model cannot record quantized layers)"));
   if (c.speculate > 0 && c.draft_model.empty())
     throw Usage("--speculate K needs --draft-model DIR");
   if (!c.draft_model.empty() && !c.eager)
@@ -249,14 +254,8 @@ GenerateCli parse_args(int argc, char** argv) {
   return c;
 }
 
-// Where the weights come from, resolved once before any rank starts (so a bad path or config is
-// a user mistake found before the ranks run).
-struct ModelSource {
-  ModelConfig cfg;
-  fs::path tag_dir;                    // --checkpoint: the checkpoint folder
-  std::string hf_dir;                  // --hf: the transformers folder
-  std::map<std::string, Tensor> full;  // --hf: the full tensors (read-only, shared by sim ranks)
-};
+using ckpt::build_model;
+using ckpt::ModelSource;
 
 std::string gib(double b) {
   char buf[48];
@@ -288,44 +287,24 @@ void check_model_fits(const ModelConfig& m, const GenerateCli& c, const std::str
             gib(weights), ", over this host's ", gib(ram), " of RAM", sizes));
 }
 
+// The model's source as the command line names it.
 ModelSource resolve_source(const GenerateCli& c) {
-  ModelSource s;
-  if (!c.checkpoint.empty()) {
-    s.tag_dir = ckpt::resolve_checkpoint(c.checkpoint);
-    const auto meta = ckpt::read_metadata(s.tag_dir);
-    if (!meta.contains("model_config"))
-      throw ckpt::CheckpointError(str("[nxd-generate] ", s.tag_dir.string(),
-                                      " records no model_config (not a CausalLM checkpoint)"));
-    s.cfg = ckpt::model_config_from_json(meta["model_config"]);
-    check_model_fits(s.cfg, c, s.tag_dir.string() + "/metadata.json");
-  } else if (!c.gguf.empty()) {
-    ckpt::GgufModel g = ckpt::read_gguf_model(c.gguf);
-    s.cfg = g.cfg;
-    s.full = std::move(g.full);
-    s.hf_dir = c.gguf;
-    check_model_fits(s.cfg, c, c.gguf);
-  } else {
-    s.cfg = ckpt::read_hf_config(c.hf);  // sharded, F16/BF16 files as transformers reads them
-    check_model_fits(s.cfg, c, (fs::path(c.hf) / "config.json").string());
-    s.hf_dir = c.hf;
-    s.full = ckpt::read_hf_weights(c.hf, s.cfg);
-  }
-  // LoRA: a checkpoint's own adapters and --lora's are merged into full weights
-  const bool own = !s.tag_dir.empty() && ckpt::read_metadata(s.tag_dir).contains("lora");
-  if (own || (!c.lora.empty() && !s.tag_dir.empty())) {
-    ckpt::PeftAdapter a;
-    s.full = ckpt::read_model_and_adapter(s.tag_dir, &a);
-    if (own) ckpt::merge_adapter(s.full, a, s.tag_dir.string());
-    s.hf_dir = s.tag_dir.string();
-    s.tag_dir.clear();
-  }
-  if (!c.lora.empty()) ckpt::merge_adapter(s.full, ckpt::read_peft_adapter(c.lora), c.lora);
-  s.cfg.sequence_parallel = false;  // inference: no sequence parallelism
-  s.cfg.dropout = 0.0;
-  s.cfg.kv_size_multiplier = std::max<int64_t>(1, c.tp / s.cfg.kv_heads());
-  s.cfg.validate();
-  s.cfg.validate_parallel(c.tp);
-  return s;
+  if (c.quantize != WeightQuant::none && !c.checkpoint.empty() &&
+      ckpt::is_quantized_checkpoint(c.checkpoint))
+    throw Usage(str("--quantize ", describe(c.quant), " on --checkpoint ", c.checkpoint,
+                    ", which is quantized already (",
+                    describe(ckpt::read_quantized_checkpoint(c.checkpoint).opts),
+                    "): drop --quantize, or quantize the unquantized checkpoint"));
+  return ckpt::resolve_model_source(
+      {.tool = "nxd-generate",
+       .checkpoint = c.checkpoint,
+       .hf = c.hf,
+       .gguf = c.gguf,
+       .lora = c.lora,
+       .tp = c.tp,
+       .check_config = [&c](const ModelConfig& m, const std::string& source) {
+         check_model_fits(m, c, source);
+       }});
 }
 
 // The draft model's source: --draft-model DIR as a transformers folder when it has a
@@ -333,6 +312,7 @@ ModelSource resolve_source(const GenerateCli& c) {
 ModelSource resolve_draft(const GenerateCli& c, const ModelSource& target) {
   GenerateCli d = c;
   d.lora.clear();
+  d.quantize = WeightQuant::none;  // --quantize is the model's, not the draft's
   d.checkpoint.clear();
   d.hf.clear();
   d.gguf.clear();
@@ -365,19 +345,6 @@ Tokens load_tokens(const GenerateCli& c) {
   if (path.empty() || path == "bytes") return {nullptr, "bytes (the prompt's bytes are its ids)"};
   auto tok = std::make_shared<const io::Tokenizer>(io::Tokenizer::from_file(path));
   return {tok, str(path, ": ", tok->description(), why)};
-}
-
-// This rank's model with its weights (parallel_state already set up).
-std::shared_ptr<CausalLM> build_model(const ModelSource& s) {
-  auto m = make_causal_lm(s.cfg, 0);
-  if (!s.tag_dir.empty()) {
-    ckpt::LoadOptions lo;
-    lo.tag = s.tag_dir.filename().string();
-    ckpt::load_checkpoint(s.tag_dir.parent_path(), m.get(), nullptr, nullptr, lo);
-  } else {
-    ckpt::load_full_tensors({m.get()}, s.full, s.hf_dir);
-  }
-  return m;
 }
 
 // This rank's model (inside a sim rank or an MPI process): built at TP, weights loaded.
@@ -560,6 +527,10 @@ int run(int argc, char** argv) {
     s = resolve_source(c);
     if (!c.draft_model.empty()) ds = resolve_draft(c, s);
     prompt = prompt_ids(c, s, t);
+    if (s.quantized && (c.backend == "sim" || cli::launcher_rank() == 0))
+      std::printf("quantized checkpoint: %s weights in %zu linear layers (%s)\n",
+                  describe(s.quantized->opts).c_str(), s.quantized->layers.size(),
+                  s.quantized->file.string().c_str());
   }
   if (c.backend == "sim") {
     GenerateResult res;
