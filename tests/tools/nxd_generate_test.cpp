@@ -11,12 +11,14 @@
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/checkpoint/quantized.h"
 #include "nxd/io/crc32c.h"
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
@@ -290,6 +292,50 @@ TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
     std::vector<std::string> a = {"--checkpoint", ck, "--prompt", "x"};
     a.insert(a.end(), args.begin(), args.end());
     r = generate(a, d);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+  }
+}
+
+// A quantized checkpoint (nxd-ckpt quantize) generates the tokens of quantizing at load, at TP 1
+// and 2; --quantize on it, or the traced path, exit 2 naming both.
+TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
+  Fixture f;
+  const fs::path& d = f.dir.path;
+  const std::string ck = (d / "run").string(), q = (d / "q4").string(), prompt = "Hello, nxd";
+  ckpt::quantize_checkpoint(d / "run/step_1", q, parse_weight_quant("int4:32:asym"));
+  ckpt::quantize_checkpoint(d / "run/step_1", d / "q8", parse_weight_quant("int8"));
+  // int4 at TP 1 only: the model's 32 inputs per row-parallel rank at TP 2 are half a group
+  for (const auto& [spec, dir, tp, line] :
+       std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
+           {"int4:32:asym", q, "1", "int4 (groups of 32, asymmetric)"},
+           {"int8", (d / "q8").string(), "1", "int8"},
+           {"int8", (d / "q8").string(), "2", "int8"}}) {
+    const std::vector<std::string> common = {
+        "--prompt", prompt, "--max-new-tokens", "12", "--eager", "--tp", tp};
+    std::vector<std::string> a = {"--checkpoint", ck, "--quantize", spec};
+    a.insert(a.end(), common.begin(), common.end());
+    const auto at_load = generate(a, d);
+    ASSERT_EQ(at_load.code, 0) << at_load.err;
+    a = {"--checkpoint", dir};
+    a.insert(a.end(), common.begin(), common.end());
+    const auto file = generate(a, d);
+    ASSERT_EQ(file.code, 0) << file.err;
+    EXPECT_EQ(tokens_of(file.out), tokens_of(at_load.out)) << file.out << at_load.out;
+    EXPECT_FALSE(tokens_of(file.out).empty());
+    EXPECT_NE(file.out.find("quantized checkpoint: " + line + " weights in 14 linear layers"),
+              std::string::npos)
+        << file.out;
+  }
+  for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--eager", "--quantize", "int8"},
+            "--quantize int8 on --checkpoint " + q +
+                ", which is quantized already (int4 (groups of 32, asymmetric))"},
+           {{}, "--checkpoint " + q + " is a quantized checkpoint: it runs on the eager path only"},
+           {{"--eager", "--lora", d.string()}, "cannot merge into the quantized checkpoint"}}) {
+    std::vector<std::string> a = {"--checkpoint", q, "--prompt", "x"};
+    a.insert(a.end(), args.begin(), args.end());
+    const auto r = generate(a, d);
     EXPECT_EQ(r.code, 2) << r.out << r.err;
     EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
   }
