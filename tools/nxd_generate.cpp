@@ -16,6 +16,8 @@
 // checkpoint or a transformers folder with the same vocabulary) proposes --speculate K tokens
 // (default 4) that the model verifies in one step; greedy output is the model's own, sampled
 // output follows its distribution; prints the acceptance rate and tokens per verification step.
+// --quality-report TEXT (no generation) prints the perplexity of the text for fp32, bf16, int8 and
+// int4 weights and each one's largest logit change against fp32 (tools/generate_quality.h).
 // --save-trace
 // writes the traced model (trace/save_load.h); --load-trace runs a saved one without
 // --checkpoint/--hf. Tokens: a transformers tokenizer.json (--tokenizer PATH, or --hf DIR's
@@ -38,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "generate_quality.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/hf.h"
@@ -72,6 +75,8 @@ const char* kUsage =
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
     "                    [--lora DIR] [--quantize int8|int4[:G][:asym]]\n"
     "                    [--draft-model DIR [--speculate K]]\n"
+    "       nxd-generate (--checkpoint DIR | --hf DIR | --gguf FILE) --quality-report TEXT\n"
+    "                    [--window N] [--quantize int4[:G][:asym]] [--tp N] [--tokenizer ...]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
     "  --gguf FILE       a Llama GGUF file (llama.cpp's; f32/f16/bf16/q8_0/q4_0 tensors, read as\n"
@@ -83,6 +88,9 @@ const char* kUsage =
     "                    vocabulary (nxd checkpoint, transformers folder or GGUF file) proposes\n"
     "                    --speculate\n"
     "                    K tokens (1..64, default 4) per step of the model\n"
+    "  --quality-report TEXT  perplexity of the text file for fp32, bf16, int8 and int4 weights\n"
+    "                    and the largest logit change against fp32 (windows of --window tokens,\n"
+    "                    default max_position_embeddings, as nxd-train cuts a corpus)\n"
     "  --temperature 0 is greedy (the default); --top-k 0 and --top-p 1 keep every token\n"
     "  --eager           the eager KV-cache path (the reference; default: the traced model)\n"
     "  --buckets         prompt-length buckets of the traced prefill (default: powers of two\n"
@@ -115,9 +123,11 @@ struct GenerateCli {
   std::string instance;                      // empty: the smallest inf2 with tp cores
   std::vector<int64_t> buckets;
   std::string save_trace, load_trace;
-  std::string tokenizer;    // a tokenizer.json, "bytes", or empty (the default)
-  std::string draft_model;  // --draft-model: speculative decoding's draft (eager only)
-  int64_t speculate = 0;    // --speculate: tokens proposed per round (0: 4 with a draft)
+  std::string tokenizer;       // a tokenizer.json, "bytes", or empty (the default)
+  std::string quality_report;  // --quality-report FILE: perplexities, no generation
+  int64_t window = 0;          // --window: its window (0: max_position_embeddings)
+  std::string draft_model;     // --draft-model: speculative decoding's draft (eager only)
+  int64_t speculate = 0;       // --speculate: tokens proposed per round (0: 4 with a draft)
 };
 
 int64_t to_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi);
@@ -147,6 +157,24 @@ double to_double(const std::string& flag, const std::string& v, double lo, doubl
   if (v.empty() || *end || !(x >= lo && x <= hi))
     throw Usage(str(flag, " needs a number in [", lo, ", ", hi, "], got '", v, "'"));
   return x;
+}
+
+// --quality-report runs the model four ways on a text (tools/generate_quality.h): eager, sim, from
+// unquantized weights; --quantize only picks its int4 form.
+void check_quality_flags(const GenerateCli& c) {
+  if (c.has_prompt || !c.load_trace.empty() || !c.save_trace.empty() || !c.buckets.empty() ||
+      !c.draft_model.empty())
+    throw Usage(
+        "--quality-report FILE evaluates the model on FILE: it takes no --prompt, "
+        "--load-trace, --save-trace, --buckets or --draft-model");
+  if (c.backend != "sim") throw Usage("--quality-report runs on --backend sim");
+  if (c.quantize == WeightQuant::int8)
+    throw Usage(
+        "--quality-report reports int8 and int4 both: --quantize picks its int4 form "
+        "(int4[:32|:64|:128][:asym]), got int8");
+  if (!c.checkpoint.empty() && ckpt::is_quantized_checkpoint(c.checkpoint))
+    throw Usage(str("--quality-report needs unquantized weights: --checkpoint ", c.checkpoint,
+                    " is a quantized checkpoint"));
 }
 
 GenerateCli parse_args(int argc, char** argv) {
@@ -197,6 +225,10 @@ GenerateCli parse_args(int argc, char** argv) {
       c.tokenizer = v;
     else if (a == "--draft-model")
       c.draft_model = v;
+    else if (a == "--quality-report")
+      c.quality_report = v;
+    else if (a == "--window")
+      c.window = to_int(a, v, 1, 1 << 24);
     else if (a == "--speculate")
       c.speculate = to_int(a, v, 1, 64);
     else if (a == "--quantize")
@@ -209,6 +241,9 @@ GenerateCli parse_args(int argc, char** argv) {
     else
       throw Usage(str("unknown flag '", a, "'"));
   }
+  if (c.window > 0 && c.quality_report.empty())
+    throw Usage("--window is an option of --quality-report");
+  if (!c.quality_report.empty()) check_quality_flags(c);
   if (!c.load_trace.empty()) {
     if (!c.checkpoint.empty() || !c.hf.empty() || !c.gguf.empty() || c.eager ||
         !c.save_trace.empty() || !c.buckets.empty() || !c.lora.empty())
@@ -220,11 +255,12 @@ GenerateCli parse_args(int argc, char** argv) {
   }
   if (c.eager && (!c.save_trace.empty() || !c.buckets.empty()))
     throw Usage("--save-trace and --buckets apply to the traced path, not --eager");
-  if (c.quantize != WeightQuant::none && !c.eager)
+  if (c.quantize != WeightQuant::none && !c.eager && c.quality_report.empty())
     throw Usage(str("--quantize ", weight_quant_name(c.quantize),
                     " runs on the eager path only (add --eager; the traced model cannot record "
                     "quantized layers)"));
-  if (!c.eager && !c.checkpoint.empty() && ckpt::is_quantized_checkpoint(c.checkpoint))
+  if (!c.eager && c.quality_report.empty() && !c.checkpoint.empty() &&
+      ckpt::is_quantized_checkpoint(c.checkpoint))
     throw Usage(str("--checkpoint ", c.checkpoint,
                     " is a quantized checkpoint: it runs on the eager path only (add --eager; the "
                     "traced model cannot record quantized layers)"));
@@ -235,7 +271,8 @@ GenerateCli parse_args(int argc, char** argv) {
         "--draft-model runs on the eager path only (add --eager; the traced decoder has no "
         "verification graph)");
   if (!c.draft_model.empty() && c.speculate == 0) c.speculate = 4;
-  if (!c.has_prompt || c.prompt.empty()) throw Usage("--prompt TEXT is required (not empty)");
+  if (c.quality_report.empty() && (!c.has_prompt || c.prompt.empty()))
+    throw Usage("--prompt TEXT is required (not empty)");
   if (c.backend != "sim" && c.backend != "mpi")
     throw Usage(str("--backend must be sim or mpi, got '", c.backend, "'"));
   if (c.instance.empty())
@@ -478,22 +515,28 @@ void print_report(const GenerateCli& c, const ModelSource& s, const Tokens& t,
         (long long)s.cfg.max_position_embeddings);
 }
 
-std::vector<int64_t> prompt_ids(const GenerateCli& c, const ModelSource& s, const Tokens& t) {
+// The ids of `text`: the tokenizer's, or its bytes.
+std::vector<int64_t> text_ids(const std::string& text, const ModelSource& s, const Tokens& t) {
   std::vector<int64_t> ids;
   if (t.tok) {
     if (t.tok->vocab_size() > s.cfg.vocab_size)
       throw ConfigError(str("[nxd-generate] the tokenizer ", t.tok->path(), " has ",
                             t.tok->vocab_size(), " ids but the model's vocab_size is ",
                             s.cfg.vocab_size));
-    ids = t.tok->encode(c.prompt);
+    ids = t.tok->encode(text);
   } else {
     if (s.cfg.vocab_size < 256)
       throw ConfigError(
           str("[nxd-generate] byte-level prompts need vocab_size >= 256, the model "
               "has ",
               s.cfg.vocab_size, " (give a --tokenizer)"));
-    for (unsigned char ch : c.prompt) ids.push_back(ch);
+    for (unsigned char ch : text) ids.push_back(ch);
   }
+  return ids;
+}
+
+std::vector<int64_t> prompt_ids(const GenerateCli& c, const ModelSource& s, const Tokens& t) {
+  const std::vector<int64_t> ids = text_ids(c.prompt, s, t);
   if (static_cast<int64_t>(ids.size()) > s.cfg.max_position_embeddings)
     throw Usage(str("--prompt has ", ids.size(),
                     " tokens, more than the model's "
@@ -514,6 +557,19 @@ int run(int argc, char** argv) {
   const GenerateCli c = parse_args(argc, argv);
   io::check_environment();  // NXD_* variables, as nxd-train checks them
   const Tokens t = load_tokens(c);
+  if (!c.quality_report.empty()) {
+    const ModelSource s = resolve_source(c);
+    if (c.window > s.cfg.max_position_embeddings)
+      throw Usage(str("--window ", c.window,
+                      " exceeds max_position_embeddings=", s.cfg.max_position_embeddings));
+    const std::string text = io::read_regular_file(c.quality_report, "--quality-report",
+                                                   int64_t{1} << 30, "nxd-generate");
+    tools::QualityOptions qo{.window = c.window, .tp = c.tp, .instance = c.instance};
+    if (c.quantize == WeightQuant::int4) qo.int4 = c.quant;
+    tools::print_quality_report(tools::quality_report(s, text_ids(text, s, t), qo),
+                                c.quality_report);
+    return 0;
+  }
   if (!c.eager && c.backend == "sim") {
     ModelSource s;
     std::vector<int64_t> prompt;

@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <tuple>
 
@@ -24,6 +27,7 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/quantize_lm.h"
 #include "nxd/layers/models/speculative.h"
+#include "nxd/optim/optimizer.h"
 #include "support/files.h"
 #include "support/lora.h"
 #include "support/proc.h"
@@ -339,6 +343,95 @@ TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
     EXPECT_EQ(r.code, 2) << r.out << r.err;
     EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
   }
+}
+
+// --quality-report on a tiny model trained (AdamW, 60 steps) on one text and evaluated on another:
+// every variant predicts the same targets, the fp32 perplexity is exp(CausalLM::loss) (the
+// trainer's loss) over the same windows, int8 changes the logits less than int4, everything is
+// finite; mistakes exit 2.
+TEST(NxdGenerate, QualityReportOfATrainedModel) {
+  Scratch dir;
+  const fs::path& d = dir.path;
+  const std::string train_text =
+      "the cat sat on the mat. the dog sat on the log. a cat and a dog sat on a mat. ";
+  const std::string held_out =
+      "the dog sat on the mat. a cat sat on the log. the cat and the dog sat on a log. "
+      "a dog sat on the cat's mat. the log sat on a dog.";
+  ModelConfig cfg = byte_model("llama");
+  cfg.hidden_size = 64;  // whole groups of 32 in every linear layer
+  cfg.ffn_hidden_size = 128;
+  cfg.init_std = 0.02;
+  const int64_t W = 32;
+  auto m = make_causal_lm(cfg, 11);
+  {
+    std::vector<optim::NamedParam> ps;
+    for (const auto& [n, t] : m->named_parameters()) ps.push_back({n, t});
+    optim::AdamW opt(optim::default_param_groups(ps, 1e-2, 0.0));
+    const std::vector<int64_t> ids = bytes(train_text + train_text);
+    for (int step = 0; step < 60; ++step) {
+      const int64_t at = (step * 7) % (static_cast<int64_t>(ids.size()) - W - 1);
+      std::vector<int64_t> x(ids.begin() + at, ids.begin() + at + W),
+          y(ids.begin() + at + 1, ids.begin() + at + W + 1);
+      Tensor loss = m->loss(from_vector(x, {1, W}), from_vector(y, {1, W}));
+      opt.zero_grad();
+      backward(loss);
+      opt.step();
+    }
+  }
+  ckpt::save_checkpoint(d / "run", "step_60", m.get(), nullptr, nullptr);
+  std::ofstream(d / "held_out.txt") << held_out;
+  // the trainer's loss over the same windows (W + 1 tokens, stride W)
+  const std::vector<int64_t> ids = bytes(held_out);
+  const int64_t K = (static_cast<int64_t>(ids.size()) - 1) / W;
+  std::vector<int64_t> x, y;
+  for (int64_t k = 0; k < K; ++k) {
+    x.insert(x.end(), ids.begin() + k * W, ids.begin() + k * W + W);
+    y.insert(y.end(), ids.begin() + k * W + 1, ids.begin() + k * W + W + 1);
+  }
+  double want = 0;
+  {
+    NoGradGuard g;
+    want = m->loss(from_vector(x, {K, W}), from_vector(y, {K, W})).item();
+  }
+  const auto r = generate({"--checkpoint", (d / "run").string(), "--quality-report",
+                           (d / "held_out.txt").string(), "--window", std::to_string(W)},
+                          d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::printf("%s", r.out.c_str());
+  EXPECT_NE(r.out.find(str("held_out.txt: ", ids.size(), " tokens, ", K, " windows of ", W,
+                           " targets (", K * W, " predicted per variant")),
+            std::string::npos)
+      << r.out;
+  std::map<std::string, std::tuple<double, double, double>> rows;  // ppl, nll, max change
+  const std::regex row(
+      R"(\n  (\S+)[^\n]* perplexity ([0-9.]+) \(mean NLL ([0-9.]+)\), max logit change vs fp32 ([0-9.e+-]+), most likely token unchanged at \d+/(\d+))");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), row), end; it != end; ++it) {
+    rows[(*it)[1]] = {std::stod((*it)[2]), std::stod((*it)[3]), std::stod((*it)[4])};
+    EXPECT_EQ(std::stoll((*it)[5]), K * W) << (*it)[0];
+  }
+  ASSERT_EQ(rows.size(), 4u) << r.out;
+  for (const auto& [name, v] : rows) EXPECT_TRUE(std::isfinite(std::get<0>(v))) << name;
+  EXPECT_NEAR(std::get<1>(rows["fp32"]), want, 2e-6) << "the trainer's loss";
+  EXPECT_NEAR(std::get<0>(rows["fp32"]), std::exp(want), 1e-5 * std::exp(want));
+  EXPECT_EQ(std::get<2>(rows["fp32"]), 0.0);
+  EXPECT_GT(std::get<2>(rows["bf16"]), 0.0);
+  EXPECT_LT(std::get<2>(rows["int8"]), std::get<2>(rows["int4"]));
+  EXPECT_LT(std::get<0>(rows["fp32"]), 256.0) << "trained: better than uniform";
+  for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--prompt", "x"}, "it takes no --prompt"},
+           {{"--quantize", "int8"}, "--quantize picks its int4 form"},
+           {{"--window", "100"}, "--window 100 exceeds max_position_embeddings=48"}}) {
+    std::vector<std::string> a = {"--checkpoint", (d / "run").string(), "--quality-report",
+                                  (d / "held_out.txt").string()};
+    a.insert(a.end(), args.begin(), args.end());
+    const auto e = generate(a, d);
+    EXPECT_EQ(e.code, 2) << e.out << e.err;
+    EXPECT_NE(e.err.find(msg), std::string::npos) << e.err;
+  }
+  const auto e =
+      generate({"--checkpoint", (d / "run").string(), "--window", "8", "--prompt", "x"}, d);
+  EXPECT_EQ(e.code, 2);
+  EXPECT_NE(e.err.find("--window is an option of --quality-report"), std::string::npos) << e.err;
 }
 
 // --draft-model: speculative decoding gives the model's own greedy tokens at TP 1 and 2 (the
