@@ -83,12 +83,9 @@ QualityReport quality_report(const ckpt::ModelSource& s, const std::vector<int64
       for (size_t i = 0; i < variants.size(); ++i) {
         const std::vector<float> lg = window_logits(*models[i], ids);
         if (i == 0) ref = lg;
+        nll[i] += sum_nll(lg.data(), tokens.data() + w * W + 1, W, V);
         for (int64_t p = 0; p < W; ++p) {
           const float* row = lg.data() + p * V;
-          const double mx = *std::max_element(row, row + V);
-          double z = 0;
-          for (int64_t t = 0; t < V; ++t) z += std::exp(double(row[t]) - mx);
-          nll[i] += mx + std::log(z) - row[tokens[w * W + p + 1]];
           const float* rr = ref.data() + p * V;
           rows[i].argmax_agree +=
               std::max_element(row, row + V) - row == std::max_element(rr, rr + V) - rr;

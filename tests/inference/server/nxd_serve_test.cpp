@@ -149,6 +149,14 @@ std::string engine_text(const HfModel& m, const std::string& prompt, int64_t max
   return inference::server::valid_utf8(text);
 }
 
+// POST /v1/completions to the server on `port`: greedy, max_tokens.
+Reply greedy_completion(int port, const std::string& prompt, int64_t max_tokens) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60);
+  return post(c, "/v1/completions",
+              json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}}.dump());
+}
+
 TEST(NxdServe, ServesAFolderAndStopsOnSigterm) {
   HfModel m;
   const fs::path& d = m.dir.path;
@@ -208,11 +216,7 @@ TEST(NxdServe, ServesACheckpointWithATokenizer) {
   const int port = srv.port();
   ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
   EXPECT_NE(slurp(srv.out).find("tokenizer_config.json"), std::string::npos) << slurp(srv.out);
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60);
-  const Reply r =
-      post(c, "/v1/completions",
-           json{{"prompt", "the cat sat"}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+  const Reply r = greedy_completion(port, "the cat sat", 10);
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json["choices"][0]["text"], engine_text(m, "the cat sat", 10));
   EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
@@ -236,11 +240,7 @@ TEST(NxdServe, ServesAQuantizedCheckpointAndQuantizesAtLoad) {
     Running srv(d, args);
     const int port = srv.port();
     ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(60);
-    const Reply r =
-        post(c, "/v1/completions",
-             json{{"prompt", "the cat sat"}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+    const Reply r = greedy_completion(port, "the cat sat", 10);
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(r.json["choices"][0]["text"], want) << source.back();
     EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
