@@ -345,6 +345,20 @@ TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
   }
 }
 
+// --quality-report's rows by variant ("fp32", "bf16", "int8", "int4"): perplexity, mean NLL,
+// max logit change; each must count `predicted` positions.
+std::map<std::string, std::tuple<double, double, double>> quality_rows(const std::string& out,
+                                                                       int64_t predicted) {
+  std::map<std::string, std::tuple<double, double, double>> rows;
+  const std::regex row(
+      R"(\n  (\S+)[^\n]* perplexity ([0-9.]+) \(mean NLL ([0-9.]+)\), max logit change vs fp32 ([0-9.e+-]+), most likely token unchanged at \d+/(\d+))");
+  for (std::sregex_iterator it(out.begin(), out.end(), row), end; it != end; ++it) {
+    rows[(*it)[1]] = {std::stod((*it)[2]), std::stod((*it)[3]), std::stod((*it)[4])};
+    EXPECT_EQ(std::stoll((*it)[5]), predicted) << (*it)[0];
+  }
+  return rows;
+}
+
 // --quality-report on a tiny model trained (AdamW, 60 steps) on one text and evaluated on another:
 // every variant predicts the same targets, the fp32 perplexity is exp(CausalLM::loss) (the
 // trainer's loss) over the same windows, int8 changes the logits less than int4, everything is
@@ -402,21 +416,44 @@ TEST(NxdGenerate, QualityReportOfATrainedModel) {
                            " targets (", K * W, " predicted per variant")),
             std::string::npos)
       << r.out;
-  std::map<std::string, std::tuple<double, double, double>> rows;  // ppl, nll, max change
-  const std::regex row(
-      R"(\n  (\S+)[^\n]* perplexity ([0-9.]+) \(mean NLL ([0-9.]+)\), max logit change vs fp32 ([0-9.e+-]+), most likely token unchanged at \d+/(\d+))");
-  for (std::sregex_iterator it(r.out.begin(), r.out.end(), row), end; it != end; ++it) {
-    rows[(*it)[1]] = {std::stod((*it)[2]), std::stod((*it)[3]), std::stod((*it)[4])};
-    EXPECT_EQ(std::stoll((*it)[5]), K * W) << (*it)[0];
-  }
+  const auto rows = quality_rows(r.out, K * W);
   ASSERT_EQ(rows.size(), 4u) << r.out;
   for (const auto& [name, v] : rows) EXPECT_TRUE(std::isfinite(std::get<0>(v))) << name;
-  EXPECT_NEAR(std::get<1>(rows["fp32"]), want, 2e-6) << "the trainer's loss";
-  EXPECT_NEAR(std::get<0>(rows["fp32"]), std::exp(want), 1e-5 * std::exp(want));
-  EXPECT_EQ(std::get<2>(rows["fp32"]), 0.0);
-  EXPECT_GT(std::get<2>(rows["bf16"]), 0.0);
-  EXPECT_LT(std::get<2>(rows["int8"]), std::get<2>(rows["int4"]));
-  EXPECT_LT(std::get<0>(rows["fp32"]), 256.0) << "trained: better than uniform";
+  EXPECT_NEAR(std::get<1>(rows.at("fp32")), want, 2e-6) << "the trainer's loss";
+  EXPECT_NEAR(std::get<0>(rows.at("fp32")), std::exp(want), 1e-5 * std::exp(want));
+  EXPECT_EQ(std::get<2>(rows.at("fp32")), 0.0);
+  EXPECT_GT(std::get<2>(rows.at("bf16")), 0.0);
+  EXPECT_LT(std::get<2>(rows.at("int8")), std::get<2>(rows.at("int4")));
+  EXPECT_LT(std::get<0>(rows.at("fp32")), 256.0) << "trained: better than uniform";
+  // TP 2 (sim ranks): the same figures within the rounding of the row-parallel sums
+  const auto r2 =
+      generate({"--checkpoint", (d / "run").string(), "--quality-report",
+                (d / "held_out.txt").string(), "--window", std::to_string(W), "--tp", "2"},
+               d);
+  ASSERT_EQ(r2.code, 0) << r2.err;
+  const auto rows2 = quality_rows(r2.out, K * W);
+  ASSERT_EQ(rows2.size(), 4u) << r2.out;
+  // (bf16: each rank's partial sums are rounded to bf16 before the all-reduce, relative 2^-9
+  // per rounding; the f32 variants differ only by the order of f32 sums)
+  for (const auto& [name, v] : rows) {
+    const double tol = name == "bf16" ? std::ldexp(std::get<1>(v), -8) : 1e-5;
+    std::printf("%s: mean NLL at TP 2 - TP 1 = %.3g\n", name.c_str(),
+                std::get<1>(rows2.at(name)) - std::get<1>(v));
+    EXPECT_NEAR(std::get<1>(rows2.at(name)), std::get<1>(v), tol) << name << " at TP 2";
+  }
+  // an imported transformers folder (GPT-NeoX)
+  auto neox = make_causal_lm(byte_model("gpt_neox"), 8);
+  ckpt::save_checkpoint(d / "neox", "step_1", neox.get(), nullptr, nullptr);
+  ckpt::export_hf(d / "neox/step_1", d / "hf");
+  const auto rh = generate({"--hf", (d / "hf").string(), "--quality-report",
+                            (d / "held_out.txt").string(), "--tokenizer", "bytes"},
+                           d);
+  ASSERT_EQ(rh.code, 0) << rh.err;
+  std::printf("%s", rh.out.c_str());
+  const auto rowsh = quality_rows(rh.out, 2 * 48);  // 129 tokens: 2 windows of 48
+  ASSERT_EQ(rowsh.size(), 4u) << rh.out;
+  for (const auto& [name, v] : rowsh) EXPECT_TRUE(std::isfinite(std::get<0>(v))) << name;
+  EXPECT_LT(std::get<2>(rowsh.at("int8")), std::get<2>(rowsh.at("int4")));
   for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--prompt", "x"}, "it takes no --prompt"},
            {{"--quantize", "int8"}, "--quantize picks its int4 form"},
