@@ -773,5 +773,15 @@ TEST(NxdGenerateMpi, TpTwoUnderMpirunEqualsTheLibrary) {
   const auto first = r.out.find("quantized: int8 weights in 14 linear layers");
   EXPECT_NE(first, std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("quantized: int8", first + 1), std::string::npos) << r.out;
+  // a quantized checkpoint over MPI ranks: the same tokens, its line printed once
+  ckpt::quantize_checkpoint(d / "run/step_1", d / "q8", parse_weight_quant("int8"));
+  const auto file = generate({"--checkpoint", (d / "q8").string(), "--prompt", "mpi prompt",
+                              "--max-new-tokens", "10", "--tp", "2", "--backend", "mpi", "--eager"},
+                             d);
+  ASSERT_EQ(file.code, 0) << file.err;
+  EXPECT_EQ(tokens_of(file.out), tokens_of(r.out)) << file.out;
+  const auto line = file.out.find("quantized checkpoint: int8 weights in 14 linear layers");
+  EXPECT_NE(line, std::string::npos) << file.out;
+  EXPECT_EQ(file.out.find("quantized checkpoint:", line + 1), std::string::npos) << file.out;
 }
 #endif
