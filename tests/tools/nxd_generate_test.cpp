@@ -331,6 +331,15 @@ TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
               std::string::npos)
         << file.out;
   }
+  // a quantized checkpoint as speculative decoding's draft: greedy output is the model's own
+  const auto plain =
+      generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12", "--eager"}, d);
+  const auto spec = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12",
+                              "--eager", "--draft-model", q, "--speculate", "3"},
+                             d);
+  ASSERT_EQ(spec.code, 0) << spec.err;
+  EXPECT_EQ(tokens_of(spec.out), tokens_of(plain.out)) << spec.out;
+  EXPECT_NE(spec.out.find("speculative: k=3"), std::string::npos) << spec.out;
   for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--eager", "--quantize", "int8"},
             "--quantize int8 on --checkpoint " + q +
