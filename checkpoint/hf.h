@@ -58,7 +58,8 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const std::filesys
 
 struct LoadFullOptions {
   bool same_dtype = false;  // refuse a tensor whose dtype differs (else cast to the parameter's)
-  std::set<std::string>* used = nullptr;  // gets the names copied
+  std::set<std::string>* used = nullptr;        // gets the names copied
+  const std::set<std::string>* skip = nullptr;  // names left as they are (need not be in full)
 };
 // Copies every state_dict() tensor of `modules` (this rank's: whole models, or a pipeline
 // stage's chunks, with the whole model's names) from its full tensor in `full`, taking this TP

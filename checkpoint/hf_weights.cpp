@@ -68,6 +68,7 @@ void load_full_tensors(const std::vector<Module*>& modules,
     std::map<std::string, ShardSpec> spec;
     for (const auto& p : parallel_parameters(*m)) spec[p.name] = shard_spec(p.attrs);
     for (const auto& [n, t] : m->state_dict()) {
+      if (opts.skip && opts.skip->count(n)) continue;
       const auto it = full.find(n);
       if (it == full.end())
         throw CheckpointError(str("[import] ", source, " has no tensor '", n, "'"));

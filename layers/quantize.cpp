@@ -1,6 +1,7 @@
 #include "nxd/layers/quantize.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -78,6 +79,28 @@ std::shared_ptr<const Int8Weight> Int8Weight::quantize(const Tensor& w,
   return r;
 }
 
+namespace {
+void check_scales(const char* what, const std::vector<float>& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    NXD_CHECK(std::isfinite(v[i]), "[quantize] ", what, " ", i, " is ", v[i], " (not finite)");
+}
+}  // namespace
+
+std::shared_ptr<const Int8Weight> Int8Weight::from_parts(int64_t out, int64_t in,
+                                                         std::vector<int8_t> q,
+                                                         std::vector<float> scale) {
+  NXD_CHECK(out > 0 && in > 0 && static_cast<int64_t>(q.size()) == out * in &&
+                static_cast<int64_t>(scale.size()) == out,
+            "[quantize] an int8 weight [", out, ", ", in, "] needs ", out * in, " values and ", out,
+            " scales, got ", q.size(), " and ", scale.size());
+  check_scales("int8 scale", scale);
+  for (size_t i = 0; i < scale.size(); ++i)
+    NXD_CHECK(scale[i] >= 0, "[quantize] int8 scale ", i, " is negative: ", scale[i]);
+  auto r = std::make_shared<Int8Weight>();
+  r->out_ = out, r->in_ = in, r->q_ = std::move(q), r->scale_ = std::move(scale);
+  return r;
+}
+
 Tensor Int8Weight::dequantize() const {
   Tensor w = empty({out_, in_}, DType::f32);
   float* p = w.data<float>();
@@ -136,6 +159,25 @@ Tensor int4_linear(const Tensor& x, const Int4Weight& w, const Tensor& bias) {
                             kernels::linear_int4(c, xp, w.values(), w.scales(), w.mins(),
                                                  w.layout(), M);
                           });
+}
+
+std::shared_ptr<const Int4Weight> Int4Weight::from_parts(const kernels::Int4Layout& l,
+                                                         std::vector<uint8_t> q,
+                                                         std::vector<float> scale,
+                                                         std::vector<float> min) {
+  l.check("quantize");
+  const bool asym = l.zero == kernels::Int4Zero::asymmetric;
+  NXD_CHECK(static_cast<int64_t>(q.size()) == l.value_bytes() &&
+                static_cast<int64_t>(scale.size()) == l.groups() &&
+                static_cast<int64_t>(min.size()) == (asym ? l.groups() : 0),
+            "[quantize] an int4 weight [", l.n, ", ", l.k, "] in groups of ", l.group, " needs ",
+            l.value_bytes(), " value bytes, ", l.groups(), " scales and ", asym ? l.groups() : 0,
+            " minimums, got ", q.size(), ", ", scale.size(), " and ", min.size());
+  check_scales("int4 scale", scale);
+  check_scales("int4 minimum", min);
+  auto r = std::make_shared<Int4Weight>();
+  r->l_ = l, r->q_ = std::move(q), r->scale_ = std::move(scale), r->min_ = std::move(min);
+  return r;
 }
 
 std::shared_ptr<const Int4Weight> Int4Weight::quantize(const Tensor& w, int64_t group,

@@ -37,6 +37,11 @@ class Int8Weight {
   // a part of each row (its columns) and the scales are the rows' over that group (collective).
   static std::shared_ptr<const Int8Weight> quantize(const Tensor& w,
                                                     Communicator* whole_rows_over = nullptr);
+  // A weight read back from a file (checkpoint/quantized.h): values [out, in] and scales [out].
+  // InvalidArgument naming the sizes unless they match and every scale is finite and >= 0.
+  static std::shared_ptr<const Int8Weight> from_parts(int64_t out, int64_t in,
+                                                      std::vector<int8_t> q,
+                                                      std::vector<float> scale);
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
   const int8_t* values() const { return q_.data(); }
@@ -65,6 +70,12 @@ class Int4Weight {
   // TP-1 4-bit weight and no collective is needed.
   static std::shared_ptr<const Int4Weight> quantize(const Tensor& w, int64_t group,
                                                     kernels::Int4Zero zero);
+  // A weight read back from a file: l's value_bytes() bytes, groups() scales and, asymmetric,
+  // groups() minimums (else empty). InvalidArgument naming the sizes otherwise.
+  static std::shared_ptr<const Int4Weight> from_parts(const kernels::Int4Layout& l,
+                                                      std::vector<uint8_t> q,
+                                                      std::vector<float> scale,
+                                                      std::vector<float> min);
   const kernels::Int4Layout& layout() const { return l_; }
   int64_t out_features() const { return l_.n; }
   int64_t in_features() const { return l_.k; }

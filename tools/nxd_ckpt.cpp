@@ -26,6 +26,12 @@
 //   import-gguf FILE OUT [--tp N] [--dp N] [--tag T]
 //                             a Llama GGUF file (f32, f16, bf16, q8_0, q4_0 tensors) into a
 //                             checkpoint OUT/T (weights dequantized to f32)
+//   quantize DIR OUT --format int8|int4[:32|:64|:128][:asym]
+//                             the decoder's linear layers quantized once into
+//                             OUT/quantized.safetensors (checkpoint/quantized.h), for
+//                             nxd-generate / nxd-serve --checkpoint OUT; OUT new or empty.
+//                             inspect and verify take OUT too (verify: everything the loader
+//                             checks)
 // import and import-hf also take OUT as --out OUT (the earlier form); --tp and --dp default to 1,
 // --tag to "imported".
 // Exit codes: 0 ok, 1 verify found damage (or an internal error), 2 a user mistake.
@@ -39,9 +45,11 @@
 #include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/checkpoint/quantized.h"
 #include "nxd/cli/exit.h"
 #include "nxd/io/bounded_read.h"
 #include "nxd/io/env_check.h"
+#include "nxd/io/safetensors.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -60,6 +68,7 @@ const char* kUsage =
     "       nxd-ckpt import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]\n"
     "       nxd-ckpt export-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0] [--tokenizer F]\n"
     "       nxd-ckpt import-gguf FILE.gguf OUT [--tp N] [--dp N] [--tag T]\n"
+    "       nxd-ckpt quantize DIR OUT --format int8|int4[:32|:64|:128][:asym]\n"
     "DIR is a checkpoint folder (<path>/<tag>) or a folder of checkpoints (its newest complete "
     "one); export and export-hf also take a run folder (its checkpoints/)\n";
 
@@ -125,8 +134,25 @@ void print_tag(const fs::path& dir, bool tensors) {
   }
 }
 
+// A quantized checkpoint (nxd-ckpt quantize): its format, layers and model.
+int inspect_quantized(const fs::path& dir, bool tensors) {
+  const nxd::ckpt::QuantizedCheckpoint q = nxd::ckpt::read_quantized_checkpoint(dir);
+  std::printf(
+      "%s: quantized checkpoint (layout %d), %s weights in %zu linear layers, %zu tensors\n",
+      q.file.string().c_str(), nxd::ckpt::kQuantizedLayout, nxd::describe(q.opts).c_str(),
+      q.layers.size(), q.tensors.size());
+  std::printf("  model_config %s\n", nxd::ckpt::model_config_json(q.cfg).dump().c_str());
+  if (tensors)
+    for (const auto& [name, t] : q.tensors)
+      std::printf("  %s %s %s %lld bytes\n", name.c_str(), nxd::io::safetensors_dtype(t.dtype()),
+                  nxd::shape_str(t.shape()).c_str(),
+                  static_cast<long long>(t.numel() * nxd::dtype_size(t.dtype())));
+  return 0;
+}
+
 int inspect(const fs::path& dir, bool tensors) {
   if (!fs::is_directory(dir)) throw Usage(nxd::str(dir.string(), " is not a folder"));
+  if (nxd::ckpt::is_quantized_checkpoint(dir)) return inspect_quantized(dir, tensors);
   if (fs::exists(dir / "checkpoint")) {
     print_tag(dir, tensors);
     return 0;
@@ -144,6 +170,17 @@ int inspect(const fs::path& dir, bool tensors) {
 }
 
 int verify(const fs::path& dir) {
+  if (nxd::ckpt::is_quantized_checkpoint(dir)) try {
+      const auto r = nxd::ckpt::verify_quantized_checkpoint(dir);
+      std::printf("%s: ok, quantized %s, %lld layers, %lld tensors, %lld bytes verified\n",
+                  (dir / nxd::ckpt::kQuantizedFile).string().c_str(), r.format.c_str(),
+                  static_cast<long long>(r.layers), static_cast<long long>(r.tensors),
+                  static_cast<long long>(r.bytes));
+      return 0;
+    } catch (const nxd::UserError& e) {  // damage: a file or a key the loader would refuse
+      std::fprintf(stderr, "nxd-ckpt: verify failed: %s\n", nxd::io::one_line(e.what()).c_str());
+      return 1;
+    }
   const fs::path tag = nxd::ckpt::resolve_checkpoint(dir);
   try {
     const auto r = nxd::ckpt::verify_checkpoint(tag);
@@ -183,6 +220,7 @@ struct Args {
   bool tensors = false;
   bool merge_lora = false;      // export-hf: merge a LoRA checkpoint's adapters
   std::string type, tokenizer;  // export-gguf
+  std::string format;           // quantize
   void want(size_t n) const {
     if (pos.size() != n) throw Usage(nxd::str(cmd, " takes ", n, " argument(s), got ", pos.size()));
   }
@@ -204,6 +242,8 @@ Args parse(const std::vector<std::string>& a) {
       r.out = value();
     else if (a[i] == "--type")
       r.type = value();
+    else if (a[i] == "--format")
+      r.format = value();
     else if (a[i] == "--tokenizer")
       r.tokenizer = value();
     else if (a[i] == "--tp")
@@ -261,6 +301,29 @@ int export_gguf(const Args& a) {
   return 0;
 }
 
+// quantize DIR OUT --format F: the model's decoder linear layers quantized once, into
+// OUT/quantized.safetensors (checkpoint/quantized.h); OUT must be new or an empty folder.
+int quantize(const Args& a) {
+  a.want(2);
+  if (a.format.empty()) throw Usage("quantize needs --format int8|int4[:G][:asym]");
+  nxd::QuantizeOptions o;
+  try {
+    o = nxd::parse_weight_quant(a.format);
+  } catch (const nxd::ConfigError& e) {
+    throw Usage(nxd::str("--format: ", e.what()));
+  }
+  const fs::path tag = resolve_export_source(a.pos[0]);
+  const auto r = nxd::ckpt::quantize_checkpoint(tag, a.pos[1], o);
+  std::printf(
+      "%s -> %s (%s weights in %lld linear layers, %.2f MB -> %.2f MB; %lld tensors, %.2f "
+      "MB file)\n",
+      tag.string().c_str(), (fs::path(a.pos[1]) / nxd::ckpt::kQuantizedFile).string().c_str(),
+      nxd::describe(o).c_str(), static_cast<long long>(r.summary.layers),
+      r.summary.bytes_before / 1e6, r.summary.bytes_after / 1e6, static_cast<long long>(r.tensors),
+      r.file_bytes / 1e6);
+  return 0;
+}
+
 // import FILE OUT / import-hf HF_DIR OUT / import-gguf FILE OUT (OUT also as --out OUT), at
 // --tp / --dp (default 1).
 int import(Args a) {
@@ -313,7 +376,9 @@ int run(const std::vector<std::string>& argv) {
   if (a.merge_lora && a.cmd != "export-hf") throw Usage("--merge-lora is an option of export-hf");
   if ((!a.type.empty() || !a.tokenizer.empty()) && a.cmd != "export-gguf")
     throw Usage("--type and --tokenizer are options of export-gguf");
+  if (!a.format.empty() && a.cmd != "quantize") throw Usage("--format is an option of quantize");
   if (a.cmd == "export-gguf") return export_gguf(a);
+  if (a.cmd == "quantize") return quantize(a);
   if (a.cmd == "export-lora") {
     a.want(2);
     const fs::path tag = resolve_export_source(a.pos[0]);

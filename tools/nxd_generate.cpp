@@ -16,6 +16,8 @@
 // checkpoint or a transformers folder with the same vocabulary) proposes --speculate K tokens
 // (default 4) that the model verifies in one step; greedy output is the model's own, sampled
 // output follows its distribution; prints the acceptance rate and tokens per verification step.
+// --quality-report TEXT (no generation) prints the perplexity of the text for fp32, bf16, int8 and
+// int4 weights and each one's largest logit change against fp32 (tools/generate_quality.h).
 // --save-trace
 // writes the traced model (trace/save_load.h); --load-trace runs a saved one without
 // --checkpoint/--hf. Tokens: a transformers tokenizer.json (--tokenizer PATH, or --hf DIR's
@@ -38,10 +40,12 @@
 #include <string>
 #include <vector>
 
+#include "generate_quality.h"
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/lora_files.h"
+#include "nxd/checkpoint/model_source.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/cli/exit.h"
 #include "nxd/collectives/mpi/mpi.h"
@@ -71,6 +75,8 @@ const char* kUsage =
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
     "                    [--lora DIR] [--quantize int8|int4[:G][:asym]]\n"
     "                    [--draft-model DIR [--speculate K]]\n"
+    "       nxd-generate (--checkpoint DIR | --hf DIR | --gguf FILE) --quality-report TEXT\n"
+    "                    [--window N] [--quantize int4[:G][:asym]] [--tp N] [--tokenizer ...]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
     "  --gguf FILE       a Llama GGUF file (llama.cpp's; f32/f16/bf16/q8_0/q4_0 tensors, read as\n"
@@ -82,6 +88,9 @@ const char* kUsage =
     "                    vocabulary (nxd checkpoint, transformers folder or GGUF file) proposes\n"
     "                    --speculate\n"
     "                    K tokens (1..64, default 4) per step of the model\n"
+    "  --quality-report TEXT  perplexity of the text file for fp32, bf16, int8 and int4 weights\n"
+    "                    and the largest logit change against fp32 (windows of --window tokens,\n"
+    "                    default max_position_embeddings, as nxd-train cuts a corpus)\n"
     "  --temperature 0 is greedy (the default); --top-k 0 and --top-p 1 keep every token\n"
     "  --eager           the eager KV-cache path (the reference; default: the traced model)\n"
     "  --buckets         prompt-length buckets of the traced prefill (default: powers of two\n"
@@ -114,9 +123,11 @@ struct GenerateCli {
   std::string instance;                      // empty: the smallest inf2 with tp cores
   std::vector<int64_t> buckets;
   std::string save_trace, load_trace;
-  std::string tokenizer;    // a tokenizer.json, "bytes", or empty (the default)
-  std::string draft_model;  // --draft-model: speculative decoding's draft (eager only)
-  int64_t speculate = 0;    // --speculate: tokens proposed per round (0: 4 with a draft)
+  std::string tokenizer;       // a tokenizer.json, "bytes", or empty (the default)
+  std::string quality_report;  // --quality-report FILE: perplexities, no generation
+  int64_t window = 0;          // --window: its window (0: max_position_embeddings)
+  std::string draft_model;     // --draft-model: speculative decoding's draft (eager only)
+  int64_t speculate = 0;       // --speculate: tokens proposed per round (0: 4 with a draft)
 };
 
 int64_t to_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi);
@@ -146,6 +157,24 @@ double to_double(const std::string& flag, const std::string& v, double lo, doubl
   if (v.empty() || *end || !(x >= lo && x <= hi))
     throw Usage(str(flag, " needs a number in [", lo, ", ", hi, "], got '", v, "'"));
   return x;
+}
+
+// --quality-report runs the model four ways on a text (tools/generate_quality.h): eager, sim, from
+// unquantized weights; --quantize only picks its int4 form.
+void check_quality_flags(const GenerateCli& c) {
+  if (c.has_prompt || !c.load_trace.empty() || !c.save_trace.empty() || !c.buckets.empty() ||
+      !c.draft_model.empty())
+    throw Usage(
+        "--quality-report FILE evaluates the model on FILE: it takes no --prompt, "
+        "--load-trace, --save-trace, --buckets or --draft-model");
+  if (c.backend != "sim") throw Usage("--quality-report runs on --backend sim");
+  if (c.quantize == WeightQuant::int8)
+    throw Usage(
+        "--quality-report reports int8 and int4 both: --quantize picks its int4 form "
+        "(int4[:32|:64|:128][:asym]), got int8");
+  if (!c.checkpoint.empty() && ckpt::is_quantized_checkpoint(c.checkpoint))
+    throw Usage(str("--quality-report needs unquantized weights: --checkpoint ", c.checkpoint,
+                    " is a quantized checkpoint"));
 }
 
 GenerateCli parse_args(int argc, char** argv) {
@@ -196,6 +225,10 @@ GenerateCli parse_args(int argc, char** argv) {
       c.tokenizer = v;
     else if (a == "--draft-model")
       c.draft_model = v;
+    else if (a == "--quality-report")
+      c.quality_report = v;
+    else if (a == "--window")
+      c.window = to_int(a, v, 1, 1 << 24);
     else if (a == "--speculate")
       c.speculate = to_int(a, v, 1, 64);
     else if (a == "--quantize")
@@ -208,6 +241,9 @@ GenerateCli parse_args(int argc, char** argv) {
     else
       throw Usage(str("unknown flag '", a, "'"));
   }
+  if (c.window > 0 && c.quality_report.empty())
+    throw Usage("--window is an option of --quality-report");
+  if (!c.quality_report.empty()) check_quality_flags(c);
   if (!c.load_trace.empty()) {
     if (!c.checkpoint.empty() || !c.hf.empty() || !c.gguf.empty() || c.eager ||
         !c.save_trace.empty() || !c.buckets.empty() || !c.lora.empty())
@@ -219,10 +255,15 @@ GenerateCli parse_args(int argc, char** argv) {
   }
   if (c.eager && (!c.save_trace.empty() || !c.buckets.empty()))
     throw Usage("--save-trace and --buckets apply to the traced path, not --eager");
-  if (c.quantize != WeightQuant::none && !c.eager)
+  if (c.quantize != WeightQuant::none && !c.eager && c.quality_report.empty())
     throw Usage(str("--quantize ", weight_quant_name(c.quantize),
                     " runs on the eager path only (add --eager; the traced model cannot record "
                     "quantized layers)"));
+  if (!c.eager && c.quality_report.empty() && !c.checkpoint.empty() &&
+      ckpt::is_quantized_checkpoint(c.checkpoint))
+    throw Usage(str("--checkpoint ", c.checkpoint,
+                    " is a quantized checkpoint: it runs on the eager path only (add --eager; the "
+                    "traced model cannot record quantized layers)"));
   if (c.speculate > 0 && c.draft_model.empty())
     throw Usage("--speculate K needs --draft-model DIR");
   if (!c.draft_model.empty() && !c.eager)
@@ -230,7 +271,8 @@ GenerateCli parse_args(int argc, char** argv) {
         "--draft-model runs on the eager path only (add --eager; the traced decoder has no "
         "verification graph)");
   if (!c.draft_model.empty() && c.speculate == 0) c.speculate = 4;
-  if (!c.has_prompt || c.prompt.empty()) throw Usage("--prompt TEXT is required (not empty)");
+  if (c.quality_report.empty() && (!c.has_prompt || c.prompt.empty()))
+    throw Usage("--prompt TEXT is required (not empty)");
   if (c.backend != "sim" && c.backend != "mpi")
     throw Usage(str("--backend must be sim or mpi, got '", c.backend, "'"));
   if (c.instance.empty())
@@ -249,14 +291,8 @@ GenerateCli parse_args(int argc, char** argv) {
   return c;
 }
 
-// Where the weights come from, resolved once before any rank starts (so a bad path or config is
-// a user mistake found before the ranks run).
-struct ModelSource {
-  ModelConfig cfg;
-  fs::path tag_dir;                    // --checkpoint: the checkpoint folder
-  std::string hf_dir;                  // --hf: the transformers folder
-  std::map<std::string, Tensor> full;  // --hf: the full tensors (read-only, shared by sim ranks)
-};
+using ckpt::build_model;
+using ckpt::ModelSource;
 
 std::string gib(double b) {
   char buf[48];
@@ -288,44 +324,24 @@ void check_model_fits(const ModelConfig& m, const GenerateCli& c, const std::str
             gib(weights), ", over this host's ", gib(ram), " of RAM", sizes));
 }
 
+// The model's source as the command line names it.
 ModelSource resolve_source(const GenerateCli& c) {
-  ModelSource s;
-  if (!c.checkpoint.empty()) {
-    s.tag_dir = ckpt::resolve_checkpoint(c.checkpoint);
-    const auto meta = ckpt::read_metadata(s.tag_dir);
-    if (!meta.contains("model_config"))
-      throw ckpt::CheckpointError(str("[nxd-generate] ", s.tag_dir.string(),
-                                      " records no model_config (not a CausalLM checkpoint)"));
-    s.cfg = ckpt::model_config_from_json(meta["model_config"]);
-    check_model_fits(s.cfg, c, s.tag_dir.string() + "/metadata.json");
-  } else if (!c.gguf.empty()) {
-    ckpt::GgufModel g = ckpt::read_gguf_model(c.gguf);
-    s.cfg = g.cfg;
-    s.full = std::move(g.full);
-    s.hf_dir = c.gguf;
-    check_model_fits(s.cfg, c, c.gguf);
-  } else {
-    s.cfg = ckpt::read_hf_config(c.hf);  // sharded, F16/BF16 files as transformers reads them
-    check_model_fits(s.cfg, c, (fs::path(c.hf) / "config.json").string());
-    s.hf_dir = c.hf;
-    s.full = ckpt::read_hf_weights(c.hf, s.cfg);
-  }
-  // LoRA: a checkpoint's own adapters and --lora's are merged into full weights
-  const bool own = !s.tag_dir.empty() && ckpt::read_metadata(s.tag_dir).contains("lora");
-  if (own || (!c.lora.empty() && !s.tag_dir.empty())) {
-    ckpt::PeftAdapter a;
-    s.full = ckpt::read_model_and_adapter(s.tag_dir, &a);
-    if (own) ckpt::merge_adapter(s.full, a, s.tag_dir.string());
-    s.hf_dir = s.tag_dir.string();
-    s.tag_dir.clear();
-  }
-  if (!c.lora.empty()) ckpt::merge_adapter(s.full, ckpt::read_peft_adapter(c.lora), c.lora);
-  s.cfg.sequence_parallel = false;  // inference: no sequence parallelism
-  s.cfg.dropout = 0.0;
-  s.cfg.kv_size_multiplier = std::max<int64_t>(1, c.tp / s.cfg.kv_heads());
-  s.cfg.validate();
-  s.cfg.validate_parallel(c.tp);
-  return s;
+  if (c.quantize != WeightQuant::none && !c.checkpoint.empty() &&
+      ckpt::is_quantized_checkpoint(c.checkpoint))
+    throw Usage(str("--quantize ", describe(c.quant), " on --checkpoint ", c.checkpoint,
+                    ", which is quantized already (",
+                    describe(ckpt::read_quantized_checkpoint(c.checkpoint).opts),
+                    "): drop --quantize, or quantize the unquantized checkpoint"));
+  return ckpt::resolve_model_source(
+      {.tool = "nxd-generate",
+       .checkpoint = c.checkpoint,
+       .hf = c.hf,
+       .gguf = c.gguf,
+       .lora = c.lora,
+       .tp = c.tp,
+       .check_config = [&c](const ModelConfig& m, const std::string& source) {
+         check_model_fits(m, c, source);
+       }});
 }
 
 // The draft model's source: --draft-model DIR as a transformers folder when it has a
@@ -333,6 +349,7 @@ ModelSource resolve_source(const GenerateCli& c) {
 ModelSource resolve_draft(const GenerateCli& c, const ModelSource& target) {
   GenerateCli d = c;
   d.lora.clear();
+  d.quantize = WeightQuant::none;  // --quantize is the model's, not the draft's
   d.checkpoint.clear();
   d.hf.clear();
   d.gguf.clear();
@@ -365,19 +382,6 @@ Tokens load_tokens(const GenerateCli& c) {
   if (path.empty() || path == "bytes") return {nullptr, "bytes (the prompt's bytes are its ids)"};
   auto tok = std::make_shared<const io::Tokenizer>(io::Tokenizer::from_file(path));
   return {tok, str(path, ": ", tok->description(), why)};
-}
-
-// This rank's model with its weights (parallel_state already set up).
-std::shared_ptr<CausalLM> build_model(const ModelSource& s) {
-  auto m = make_causal_lm(s.cfg, 0);
-  if (!s.tag_dir.empty()) {
-    ckpt::LoadOptions lo;
-    lo.tag = s.tag_dir.filename().string();
-    ckpt::load_checkpoint(s.tag_dir.parent_path(), m.get(), nullptr, nullptr, lo);
-  } else {
-    ckpt::load_full_tensors({m.get()}, s.full, s.hf_dir);
-  }
-  return m;
 }
 
 // This rank's model (inside a sim rank or an MPI process): built at TP, weights loaded.
@@ -514,22 +518,28 @@ void print_report(const GenerateCli& c, const ModelSource& s, const Tokens& t,
         (long long)s.cfg.max_position_embeddings);
 }
 
-std::vector<int64_t> prompt_ids(const GenerateCli& c, const ModelSource& s, const Tokens& t) {
+// The ids of `text`: the tokenizer's, or its bytes.
+std::vector<int64_t> text_ids(const std::string& text, const ModelSource& s, const Tokens& t) {
   std::vector<int64_t> ids;
   if (t.tok) {
     if (t.tok->vocab_size() > s.cfg.vocab_size)
       throw ConfigError(str("[nxd-generate] the tokenizer ", t.tok->path(), " has ",
                             t.tok->vocab_size(), " ids but the model's vocab_size is ",
                             s.cfg.vocab_size));
-    ids = t.tok->encode(c.prompt);
+    ids = t.tok->encode(text);
   } else {
     if (s.cfg.vocab_size < 256)
       throw ConfigError(
           str("[nxd-generate] byte-level prompts need vocab_size >= 256, the model "
               "has ",
               s.cfg.vocab_size, " (give a --tokenizer)"));
-    for (unsigned char ch : c.prompt) ids.push_back(ch);
+    for (unsigned char ch : text) ids.push_back(ch);
   }
+  return ids;
+}
+
+std::vector<int64_t> prompt_ids(const GenerateCli& c, const ModelSource& s, const Tokens& t) {
+  const std::vector<int64_t> ids = text_ids(c.prompt, s, t);
   if (static_cast<int64_t>(ids.size()) > s.cfg.max_position_embeddings)
     throw Usage(str("--prompt has ", ids.size(),
                     " tokens, more than the model's "
@@ -550,6 +560,19 @@ int run(int argc, char** argv) {
   const GenerateCli c = parse_args(argc, argv);
   io::check_environment();  // NXD_* variables, as nxd-train checks them
   const Tokens t = load_tokens(c);
+  if (!c.quality_report.empty()) {
+    const ModelSource s = resolve_source(c);
+    if (c.window > s.cfg.max_position_embeddings)
+      throw Usage(str("--window ", c.window,
+                      " exceeds max_position_embeddings=", s.cfg.max_position_embeddings));
+    const std::string text = io::read_regular_file(c.quality_report, "--quality-report",
+                                                   int64_t{1} << 30, "nxd-generate");
+    tools::QualityOptions qo{.window = c.window, .tp = c.tp, .instance = c.instance};
+    if (c.quantize == WeightQuant::int4) qo.int4 = c.quant;
+    tools::print_quality_report(tools::quality_report(s, text_ids(text, s, t), qo),
+                                c.quality_report);
+    return 0;
+  }
   if (!c.eager && c.backend == "sim") {
     ModelSource s;
     std::vector<int64_t> prompt;
@@ -563,6 +586,10 @@ int run(int argc, char** argv) {
     s = resolve_source(c);
     if (!c.draft_model.empty()) ds = resolve_draft(c, s);
     prompt = prompt_ids(c, s, t);
+    if (s.quantized && (c.backend == "sim" || cli::launcher_rank() == 0))
+      std::printf("quantized checkpoint: %s weights in %zu linear layers (%s)\n",
+                  describe(s.quantized->opts).c_str(), s.quantized->layers.size(),
+                  s.quantized->file.string().c_str());
   }
   if (c.backend == "sim") {
     GenerateResult res;

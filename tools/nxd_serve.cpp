@@ -4,7 +4,9 @@
 //   nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH] [--chat-template FILE]
 //             [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
 //             [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-blocks N | --kv-memory SIZE]
-//             [--max-waiting N] [--tp N] [--instance TYPE]
+//             [--max-waiting N] [--tp N] [--instance TYPE] [--quantize int8|int4[:G][:asym]]
+// --checkpoint takes a quantized checkpoint too (nxd-ckpt quantize; checkpoint/quantized.h);
+// --quantize quantizes the decoder's linear layers at load (layers/models/quantize_lm.h).
 // The chat template is --chat-template's file, else chat_template.jinja or tokenizer_config.json
 // in --hf's folder or the tokenizer's folder (io/chat_template.h; without one, chat answers 400).
 // EOS ids: generation_config.json / config.json of that folder, plus tokenizer_config.json's
@@ -27,8 +29,7 @@
 #include <thread>
 
 #include "nxd/checkpoint/checkpoint.h"
-#include "nxd/checkpoint/hf.h"
-#include "nxd/checkpoint/offline.h"
+#include "nxd/checkpoint/model_source.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/inference/engine.h"
@@ -39,6 +40,7 @@
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/models/inference_model.h"
+#include "nxd/layers/models/quantize_lm.h"
 
 namespace fs = std::filesystem;
 using namespace nxd;
@@ -50,8 +52,9 @@ const char* kUsage =
     "                 [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name N]\n"
     "                 [--max-num-seqs N] [--max-num-batched-tokens N]\n"
     "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp N]\n"
-    "                 [--instance TYPE]\n"
-    "  --checkpoint DIR   an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
+    "                 [--instance TYPE] [--quantize int8|int4[:G][:asym]]\n"
+    "  --checkpoint DIR   an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete),\n"
+    "                     or a quantized one (nxd-ckpt quantize)\n"
     "  --hf DIR           a transformers Llama / GPT-NeoX folder (config.json, safetensors)\n"
     "  --tokenizer PATH   a transformers tokenizer.json (default: --hf DIR's)\n"
     "  --chat-template F  a Jinja chat template file (default: the model folder's)\n"
@@ -63,7 +66,9 @@ const char* kUsage =
     "  --max-waiting N    queued requests beyond which the server answers 429 (default 256)\n"
     "  --tp N             tensor parallel over N sim ranks (threads) of the model's shards\n"
     "  --instance TYPE    each response's usage.modeled carries the modeled time to first token\n"
-    "                     and time per output token on this Neuron instance (inf2.xlarge, ...)\n";
+    "                     and time per output token on this Neuron instance (inf2.xlarge, ...)\n"
+    "  --quantize F       quantize the decoder's linear layers at load: int8, or int4 in groups\n"
+    "                     of 32 (int4:64, int4:128; :asym with a per-group minimum)\n";
 
 struct Usage : UserError {
   using UserError::UserError;
@@ -74,6 +79,7 @@ struct ServeCli {
   inference::EngineOptions engine;
   inference::server::ServerOptions server;
   int tp = 1;
+  QuantizeOptions quant{.format = WeightQuant::none};  // --quantize: at load
 };
 
 int64_t to_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
@@ -134,6 +140,12 @@ ServeCli parse_args(int argc, char** argv) {
       c.tp = static_cast<int>(to_int(a, v, 1, 64));
     else if (a == "--instance")
       c.instance = v;
+    else if (a == "--quantize")
+      try {
+        c.quant = parse_weight_quant(v);
+      } catch (const ConfigError& e) {
+        throw Usage(str("--quantize: ", e.what()));
+      }
     else
       throw Usage(str("unknown flag '", a, "'"));
   }
@@ -146,49 +158,27 @@ ServeCli parse_args(int argc, char** argv) {
   return c;
 }
 
-// Where the weights come from, read once before any rank starts: the config, and the full
-// tensors of a transformers folder (read-only, shared by the sim ranks).
-struct Weights {
-  ModelConfig cfg;
-  fs::path tag_dir;                    // --checkpoint
-  std::map<std::string, Tensor> full;  // --hf
-};
-
-Weights resolve_weights(const ServeCli& c) {
-  Weights w;
-  if (!c.checkpoint.empty()) {
-    w.tag_dir = ckpt::resolve_checkpoint(c.checkpoint);
-    const auto meta = ckpt::read_metadata(w.tag_dir);
-    if (!meta.contains("model_config"))
-      throw ckpt::CheckpointError(str("[nxd-serve] ", w.tag_dir.string(),
-                                      " records no model_config (not a CausalLM checkpoint)"));
-    w.cfg = ckpt::model_config_from_json(meta["model_config"]);
-    if (meta.contains("lora"))
-      throw Usage(str("--checkpoint ", w.tag_dir.string(),
-                      " holds LoRA adapters: merge them first (nxd-ckpt export-hf --merge-lora) "
-                      "and serve that folder with --hf"));
-  } else {
-    w.cfg = ckpt::read_hf_config(c.hf);
-  }
-  w.cfg.sequence_parallel = false;
-  w.cfg.dropout = 0.0;
-  w.cfg.kv_size_multiplier = std::max<int64_t>(1, c.tp / w.cfg.kv_heads());
-  w.cfg.validate();
-  w.cfg.validate_parallel(c.tp);
-  if (c.checkpoint.empty()) w.full = ckpt::read_hf_weights(c.hf, w.cfg);
-  return w;
+// Where the weights come from, read once before any rank starts (checkpoint/model_source.h,
+// as nxd-generate): a LoRA checkpoint is refused (merge it first).
+ckpt::ModelSource resolve_weights(const ServeCli& c) {
+  if (c.quant.format != WeightQuant::none && !c.checkpoint.empty() &&
+      ckpt::is_quantized_checkpoint(c.checkpoint))
+    throw Usage(str("--quantize ", describe(c.quant), " on --checkpoint ", c.checkpoint,
+                    ", which is quantized already (",
+                    describe(ckpt::read_quantized_checkpoint(c.checkpoint).opts),
+                    "): drop --quantize, or quantize the unquantized checkpoint"));
+  return ckpt::resolve_model_source({.tool = "nxd-serve",
+                                     .checkpoint = c.checkpoint,
+                                     .hf = c.hf,
+                                     .tp = c.tp,
+                                     .lora_checkpoints = ckpt::LoraCheckpoints::refuse});
 }
 
-// This rank's model with its weights (parallel_state already set up at TP > 1).
-std::shared_ptr<CausalLM> build_model(const ServeCli& c, const Weights& w) {
-  auto m = make_causal_lm(w.cfg, 0);
-  if (!w.tag_dir.empty()) {
-    ckpt::LoadOptions lo;
-    lo.tag = w.tag_dir.filename().string();
-    ckpt::load_checkpoint(w.tag_dir.parent_path(), m.get(), nullptr, nullptr, lo);
-  } else {
-    ckpt::load_full_tensors({m.get()}, w.full, c.hf);
-  }
+// This rank's model with its weights (parallel_state already set up at TP > 1), quantized at
+// load with --quantize (every rank: a row-parallel int8 layer's scales are collective).
+std::shared_ptr<CausalLM> build_model(const ServeCli& c, const ckpt::ModelSource& w) {
+  auto m = ckpt::build_model(w);
+  if (c.quant.format != WeightQuant::none) quantize_causal_lm(*m, {}, c.quant);
   return m;
 }
 
@@ -235,7 +225,7 @@ void wait_for_signal(const sigset_t& sigs, const ServeCli& c) {
 
 // TP > 1: the model's shards on sim ranks (threads); every rank builds its Engine, rank 0's
 // serves HTTP and runs the loop the others follow. This thread waits for the signal.
-void serve_tensor_parallel(ServeCli& c, const Weights& w,
+void serve_tensor_parallel(ServeCli& c, const ckpt::ModelSource& w,
                            const std::shared_ptr<const io::Tokenizer>& tok,
                            const std::shared_ptr<const io::ChatTemplate>& tpl,
                            const sigset_t& sigs) {
@@ -322,7 +312,7 @@ int run(int argc, char** argv) {
   } else if (!folder.empty() && io::ChatTemplate::folder_has_template(folder)) {
     tpl = std::make_shared<const io::ChatTemplate>(io::ChatTemplate::from_folder(folder));
   }
-  const Weights w = resolve_weights(c);
+  const ckpt::ModelSource w = resolve_weights(c);
   const ModelConfig& cfg = w.cfg;
   if (tok->vocab_size() > cfg.vocab_size)
     throw ConfigError(str("[nxd-serve] the tokenizer ", tok_path, " has ", tok->vocab_size(),

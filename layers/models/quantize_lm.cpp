@@ -20,15 +20,7 @@ std::vector<float> text_logits(CausalLM& m, const std::vector<int64_t>& text) {
 double perplexity(const std::vector<float>& logits, const std::vector<int64_t>& text, int64_t V) {
   const int64_t S = static_cast<int64_t>(text.size());
   if (S < 2) return 0;
-  double nll = 0;
-  for (int64_t i = 0; i + 1 < S; ++i) {
-    const float* row = logits.data() + i * V;
-    const double mx = *std::max_element(row, row + V);
-    double z = 0;
-    for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - mx);
-    nll += mx + std::log(z) - row[text[i + 1]];
-  }
-  return std::exp(nll / static_cast<double>(S - 1));
+  return std::exp(sum_nll(logits.data(), text.data() + 1, S - 1, V) / static_cast<double>(S - 1));
 }
 
 int64_t argmax(const float* row, int64_t V) {
@@ -36,6 +28,18 @@ int64_t argmax(const float* row, int64_t V) {
 }
 
 }  // namespace
+
+double sum_nll(const float* logits, const int64_t* targets, int64_t n, int64_t V) {
+  double nll = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits + i * V;
+    const double mx = *std::max_element(row, row + V);
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+    nll += mx + std::log(z) - row[targets[i]];
+  }
+  return nll;
+}
 
 QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
                                      WeightQuant format) {

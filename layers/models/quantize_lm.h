@@ -34,4 +34,7 @@ QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& te
 QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
                                      QuantizeOptions opts);
 
+// Sum over positions i < n of -log softmax(logits[i])[targets[i]], in f64; logits [n, V] (f32).
+double sum_nll(const float* logits, const int64_t* targets, int64_t n, int64_t V);
+
 }  // namespace nxd

@@ -96,6 +96,63 @@ TEST(NxdCkpt, InspectVerifyExportReshard) {
   EXPECT_NE(r.err.find("checksum mismatch in tensor '"), std::string::npos) << r.err;
 }
 
+// quantize DIR OUT --format: writes OUT/quantized.safetensors; inspect prints its format, verify
+// passes, a flipped byte fails verify (exit 1 naming the tensor); an existing OUT, a missing or
+// bad --format exit 2.
+TEST(NxdCkpt, QuantizeInspectVerify) {
+  const nxd::testing::ScratchDir d_scratch("nxd_ckpt_cli_");
+  const fs::path& d = d_scratch.path;
+  auto m = make_causal_lm(nxd::testing::quality_model("llama"), 3);
+  save_checkpoint(d / "run", "step_1", m.get(), nullptr, nullptr);
+  const std::string q = (d / "q").string(), file = (d / "q/quantized.safetensors").string();
+  auto r = ckpt({"quantize", (d / "run").string(), q, "--format", "int4:64"}, d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(
+      r.out.find("-> " + file + " (int4 (groups of 64, symmetric) weights in 28 linear layers"),
+      std::string::npos)
+      << r.out;
+  r = ckpt({"inspect", q}, d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(file + ": quantized checkpoint (layout 1), int4 (groups of 64, symmetric) "
+                              "weights in 28 linear layers"),
+            std::string::npos)
+      << r.out;
+  r = ckpt({"inspect", q, "--tensors"}, d);
+  EXPECT_NE(r.out.find("model.layers.0.mlp.down_proj.weight.scales F32 [128,4] 2048 bytes"),
+            std::string::npos)
+      << r.out;
+  r = ckpt({"verify", q}, d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(file + ": ok, quantized int4 (groups of 64, symmetric), 28 layers"),
+            std::string::npos)
+      << r.out;
+  for (const auto& [args, expect] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"quantize", (d / "run").string(), q, "--format", "int8"},
+            q + " exists and is not an empty folder (not overwritten"},
+           {{"quantize", (d / "run").string(), (d / "q2").string()}, "quantize needs --format"},
+           {{"quantize", (d / "run").string(), (d / "q2").string(), "--format", "int4:16"},
+            "--format: unknown weight format 'int4:16'"},
+           {{"export", (d / "run").string(), (d / "x").string(), "--format", "int8"},
+            "--format is an option of quantize"}}) {
+    r = ckpt(args, d);
+    EXPECT_EQ(r.code, 2) << expect << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(d / "q2"));
+  {  // one flipped byte in a scale
+    io::SafetensorsReader rd(file);
+    const io::TensorInfo* t = rd.header().find("model.layers.1.self_attn.o_proj.weight.scales");
+    ASSERT_NE(t, nullptr);
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(rd.header().data_start + t->begin + 2);
+    f.put('\x11');
+  }
+  r = ckpt({"verify", q}, d);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("model.layers.1.self_attn.o_proj.weight.scales"), std::string::npos)
+      << r.err;
+}
+
 TEST(NxdCkpt, UserMistakesExitWithCode2) {
   const nxd::testing::ScratchDir d_scratch("nxd_ckpt_cli_");
   const fs::path& d = d_scratch.path;

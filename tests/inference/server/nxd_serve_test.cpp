@@ -12,7 +12,9 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/checkpoint/quantized.h"
 #include "nxd/inference/server/openai_response.h"
+#include "nxd/layers/models/quantize_lm.h"
 #include "serve_fixture.h"
 #include "support/proc.h"
 
@@ -133,9 +135,10 @@ struct Running {
   }
 };
 
-// The engine's greedy text for `prompt` on m's weights, in this process.
-std::string engine_text(const HfModel& m, const std::string& prompt, int64_t max_tokens) {
-  inference::Engine e(m.model, m.tok, {});
+// The engine's greedy text for `prompt` on m's weights (or `model`'s), in this process.
+std::string engine_text(const HfModel& m, const std::string& prompt, int64_t max_tokens,
+                        std::shared_ptr<CausalLM> model = nullptr) {
+  inference::Engine e(model ? model : m.model, m.tok, {});
   inference::Request q;
   q.prompt = m.tok->encode(prompt);
   q.sampling.temperature = 0;
@@ -144,6 +147,14 @@ std::string engine_text(const HfModel& m, const std::string& prompt, int64_t max
   e.submit(q, [&](const inference::Output& o) { text += o.text; });
   e.run_until_idle();
   return inference::server::valid_utf8(text);
+}
+
+// POST /v1/completions to the server on `port`: greedy, max_tokens.
+Reply greedy_completion(int port, const std::string& prompt, int64_t max_tokens) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60);
+  return post(c, "/v1/completions",
+              json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}}.dump());
 }
 
 TEST(NxdServe, ServesAFolderAndStopsOnSigterm) {
@@ -205,14 +216,45 @@ TEST(NxdServe, ServesACheckpointWithATokenizer) {
   const int port = srv.port();
   ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
   EXPECT_NE(slurp(srv.out).find("tokenizer_config.json"), std::string::npos) << slurp(srv.out);
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60);
-  const Reply r =
-      post(c, "/v1/completions",
-           json{{"prompt", "the cat sat"}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+  const Reply r = greedy_completion(port, "the cat sat", 10);
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json["choices"][0]["text"], engine_text(m, "the cat sat", 10));
   EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+}
+
+// A quantized checkpoint (nxd-ckpt quantize) and --quantize at load serve the text of the
+// engine on the model quantized in this process; --quantize on a quantized checkpoint exits 2.
+TEST(NxdServe, ServesAQuantizedCheckpointAndQuantizesAtLoad) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  const std::string tok = (d / "hf/tokenizer.json").string(), q = (d / "q8").string();
+  ckpt::quantize_checkpoint(d / "run/step_1", q, parse_weight_quant("int8"));
+  auto quantized = make_causal_lm(m.model->config(), 5);
+  quantize_causal_lm(*quantized, {}, parse_weight_quant("int8"));
+  const std::string want = engine_text(m, "the cat sat", 10, quantized);
+  for (const std::vector<std::string>& source :
+       {std::vector<std::string>{"--checkpoint", q},
+        std::vector<std::string>{"--checkpoint", (d / "run").string(), "--quantize", "int8"}}) {
+    std::vector<std::string> args = source;
+    for (const char* a : {"--tokenizer", tok.c_str(), "--port", "0"}) args.push_back(a);
+    Running srv(d, args);
+    const int port = srv.port();
+    ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+    const Reply r = greedy_completion(port, "the cat sat", 10);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json["choices"][0]["text"], want) << source.back();
+    EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  }
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--checkpoint", q, "--tokenizer", tok, "--quantize", "int4"},
+            "--quantize int4 (groups of 32, symmetric) on --checkpoint " + q +
+                ", which is quantized already (int8)"},
+           {{"--checkpoint", q, "--tokenizer", tok, "--quantize", "int2"},
+            "--quantize: unknown weight format 'int2'"}}) {
+    const ProcResult r = serve(args, d);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace

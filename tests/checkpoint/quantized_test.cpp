@@ -1,0 +1,235 @@
+// Quantized checkpoints (checkpoint/quantized.h): written once, loaded they equal quantizing at
+// load bitwise (values, scales, minimums, logits) at TP 1 and TP 2; TP 2 equals TP 1 within
+// rounding; a damaged file or a wrong key is refused naming the file and the key; an existing
+// OUT is never overwritten.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <tuple>
+
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/model_source.h"
+#include "nxd/checkpoint/quantized.h"
+#include "nxd/collectives/parallel_state.h"
+#include "nxd/collectives/sim/launch.h"
+#include "nxd/io/safetensors.h"
+#include "nxd/layers/models/quantize_lm.h"
+#include "support/files.h"
+#include "support/tiny_models.h"
+
+namespace nxd::ckpt {
+namespace {
+namespace fs = std::filesystem;
+
+const std::vector<int64_t> kText = nxd::testing::id_sequence(24, 256, 5);
+
+// The model of `src` (checkpoint, or quantized) at TP tp, quantized at load with `at_load` when
+// set; returns every rank's layers' quantized bytes and rank 0's logits on kText.
+struct Loaded {
+  std::vector<std::vector<uint8_t>> bytes;  // per rank: values, scales, minimums of every layer
+  std::vector<float> logits;
+};
+
+void append(std::vector<uint8_t>& out, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  out.insert(out.end(), b, b + n);
+}
+
+Loaded load(const std::string& src, int tp, const QuantizeOptions* at_load) {
+  ModelSource s = resolve_model_source({.tool = "test", .checkpoint = src, .tp = tp});
+  Loaded r;
+  r.bytes.resize(static_cast<size_t>(tp));
+  sim::launch(tp, [&] {
+    parallel_state::initialize_model_parallel(tp);
+    auto m = build_model(s);
+    if (at_load) quantize_causal_lm(*m, {}, *at_load);
+    const int rank = parallel_state::get_tensor_model_parallel_rank();
+    std::vector<uint8_t>& b = r.bytes[static_cast<size_t>(rank)];
+    for (auto& [name, mod] : m->named_modules())
+      if (auto* q = dynamic_cast<QuantizableLinear*>(mod)) {
+        if (const auto& w = q->int8_weight()) {
+          append(b, w->values(), static_cast<size_t>(w->out_features() * w->in_features()));
+          append(b, w->scales(), static_cast<size_t>(w->out_features()) * 4);
+        } else if (const auto& w4 = q->int4_weight()) {
+          const auto& l = w4->layout();
+          append(b, w4->values(), static_cast<size_t>(l.value_bytes()));
+          append(b, w4->scales(), static_cast<size_t>(l.groups()) * 4);
+          if (w4->mins()) append(b, w4->mins(), static_cast<size_t>(l.groups()) * 4);
+        }
+      }
+    NoGradGuard g;
+    const Tensor lg = m->forward(from_vector(kText, {1, 24})).to(DType::f32).contiguous();
+    if (rank == 0) r.logits.assign(lg.data<float>(), lg.data<float>() + lg.numel());
+  });
+  return r;
+}
+
+struct QuantizedFixture : ::testing::Test {
+  nxd::testing::ScratchDir dir{"nxd_quantized_"};
+  void SetUp() override {
+    auto m = make_causal_lm(nxd::testing::quality_model("llama"), 3);
+    save_checkpoint(dir.path / "run", "step_1", m.get(), nullptr, nullptr);
+  }
+  std::string run() const { return (dir.path / "run").string(); }
+};
+
+TEST_F(QuantizedFixture, LoadedEqualsQuantizedAtLoadBitwiseAtTp1AndTp2) {
+  for (const char* spec : {"int8", "int4:32:asym", "int4:64"}) {
+    const QuantizeOptions o = parse_weight_quant(spec);
+    const fs::path out = dir.path / (std::string("q_") + spec[3] + (o.group == 64 ? "64" : ""));
+    const auto rep = quantize_checkpoint(dir.path / "run/step_1", out, o);
+    EXPECT_EQ(rep.summary.layers, 4 * 7) << spec;  // q, k, v, o, gate, up, down per layer
+    for (int tp : {1, 2}) {
+      const Loaded file = load(out.string(), tp, nullptr);
+      const Loaded at = load(run(), tp, &o);
+      for (int r = 0; r < tp; ++r) {
+        ASSERT_FALSE(file.bytes[r].empty()) << spec;
+        EXPECT_TRUE(file.bytes[r] == at.bytes[r]) << spec << " tp " << tp << " rank " << r;
+      }
+      ASSERT_EQ(file.logits.size(), at.logits.size());
+      EXPECT_EQ(0, std::memcmp(file.logits.data(), at.logits.data(), file.logits.size() * 4))
+          << spec << " tp " << tp;
+    }
+    // TP 2 against TP 1: the same weights, sums in another order
+    const Loaded one = load(out.string(), 1, nullptr), two = load(out.string(), 2, nullptr);
+    double diff = 0, top = 0;
+    for (size_t i = 0; i < one.logits.size(); ++i) {
+      diff = std::max(diff, std::abs(double(one.logits[i]) - two.logits[i]));
+      top = std::max(top, std::abs(double(one.logits[i])));
+    }
+    std::printf("%s: TP 2 vs TP 1 largest logit difference %.3g (largest |logit| %.3g)\n", spec,
+                diff, top);
+    EXPECT_LT(diff, 1e-4 * std::max(1.0, top)) << spec;  // f32 sums of 128..256 terms
+    const QuantizedVerifyReport v = verify_quantized_checkpoint(out);
+    EXPECT_EQ(v.layers, 28);
+    EXPECT_EQ(v.format, describe(o));
+  }
+}
+
+// Rewrites OUT/quantized.safetensors with `edit` applied to its tensors and metadata.
+void rewrite(const fs::path& out,
+             const std::function<void(std::vector<std::pair<std::string, Tensor>>&,
+                                      std::map<std::string, std::string>&)>& edit) {
+  io::SafetensorsReader r(out / kQuantizedFile);
+  std::map<std::string, std::string> md = r.header().metadata;
+  auto t = r.read_all();
+  edit(t, md);
+  io::write_safetensors(out / kQuantizedFile, t, md);
+}
+
+void expect_refused(const fs::path& out, const std::string& key, const std::string& what) {
+  try {
+    verify_quantized_checkpoint(out);
+    ADD_FAILURE() << "accepted a file with " << what;
+  } catch (const CheckpointError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find((out / kQuantizedFile).string()), std::string::npos) << m;
+    EXPECT_NE(m.find(key), std::string::npos) << m;
+    EXPECT_NE(m.find(what), std::string::npos) << m;
+  }
+}
+
+TEST_F(QuantizedFixture, DamagedFilesAndWrongKeysAreRefusedNamingFileAndKey) {
+  const fs::path good = dir.path / "good";
+  quantize_checkpoint(dir.path / "run/step_1", good, parse_weight_quant("int4:32:asym"));
+  const std::string w = "model.layers.1.mlp.down_proj.weight";
+  int n = 0;
+  auto fresh = [&] {
+    const fs::path p = dir.path / ("bad" + std::to_string(n++));
+    fs::create_directories(p);
+    fs::copy_file(good / kQuantizedFile, p / kQuantizedFile);
+    return p;
+  };
+  {  // a flipped byte in a tensor's data: its checksum
+    const fs::path p = fresh();
+    io::SafetensorsReader r(p / kQuantizedFile);
+    const io::TensorInfo* t = r.header().find(w + ".qweight");
+    ASSERT_NE(t, nullptr);
+    std::fstream f(p / kQuantizedFile, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(r.header().data_start + t->begin + 5);
+    f.put('\x5a');
+    f.close();
+    expect_refused(p, w + ".qweight", "");
+  }
+  {  // truncated
+    const fs::path p = fresh();
+    fs::resize_file(p / kQuantizedFile, fs::file_size(p / kQuantizedFile) - 100);
+    expect_refused(p, "", "");
+  }
+  using Tensors = std::vector<std::pair<std::string, Tensor>>;
+  using Meta = std::map<std::string, std::string>;
+  const std::vector<std::tuple<std::string, std::string, std::function<void(Tensors&, Meta&)>>>
+      cases = {
+          {"nxd.quantized.layout", "layout version '2'",
+           [](Tensors&, Meta& m) { m["nxd.quantized.layout"] = "2"; }},
+          {"nxd.quantized.format", "'int5'",
+           [](Tensors&, Meta& m) { m["nxd.quantized.format"] = "int5"; }},
+          {"nxd.quantized.group", "unknown weight format 'int4:48:asym'",
+           [](Tensors&, Meta& m) { m["nxd.quantized.group"] = "48"; }},
+          {"nxd.quantized.zero", "missing",
+           [](Tensors&, Meta& m) { m.erase("nxd.quantized.zero"); }},
+          {w + ".scales", "the layout needs F32[128,8]",  // down_proj: 256 inputs, groups of 32
+           [&](Tensors& t, Meta&) {
+             for (auto& [k, v] : t)
+               if (k == w + ".scales") v = zeros({128, 4}, DType::f32);
+           }},
+          {w + ".mins", "missing",
+           [&](Tensors& t, Meta&) {
+             std::erase_if(t, [&](const auto& e) { return e.first == w + ".mins"; });
+           }},
+          {w + ".scales", "not finite",
+           [&](Tensors& t, Meta&) {
+             for (auto& [k, v] : t)
+               if (k == w + ".scales") v.data<float>()[3] = std::nanf("");
+           }},
+          {"model.norm.weight", "missing",
+           [&](Tensors& t, Meta&) {
+             std::erase_if(t, [&](const auto& e) { return e.first == "model.norm.weight"; });
+           }},
+          {"extra", "is not a tensor of the model",
+           [&](Tensors& t, Meta&) { t.emplace_back("extra", zeros({2}, DType::f32)); }},
+          {"nxd.quantized.layers", "does not list the model's layer " + w,
+           [&](Tensors&, Meta& m) {
+             nlohmann::json l = nlohmann::json::parse(m["nxd.quantized.layers"]);
+             l.erase(std::remove(l.begin(), l.end(), w), l.end());
+             m["nxd.quantized.layers"] = l.dump();
+           }},
+      };
+  for (const auto& [key, what, edit] : cases) {
+    const fs::path p = fresh();
+    rewrite(p, edit);
+    expect_refused(p, key, what);
+  }
+}
+
+TEST_F(QuantizedFixture, AnExistingOutIsNeverOverwritten) {
+  const QuantizeOptions o = parse_weight_quant("int8");
+  const fs::path full = dir.path / "full", file = dir.path / "file";
+  fs::create_directories(full);
+  std::ofstream(full / "mine.txt") << "a user's work";
+  std::ofstream(file) << "a user's file";
+  for (const fs::path& out : {full, file}) {
+    try {
+      quantize_checkpoint(dir.path / "run/step_1", out, o);
+      ADD_FAILURE() << "wrote into " << out;
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find(out.string() + " exists and is not an empty folder"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_TRUE(fs::exists(full / "mine.txt"));
+  EXPECT_FALSE(fs::exists(full / kQuantizedFile));
+  EXPECT_EQ(fs::file_size(file), 13u);
+  fs::create_directories(dir.path / "empty");  // an empty folder is fine
+  quantize_checkpoint(dir.path / "run/step_1", dir.path / "empty", o);
+  EXPECT_TRUE(is_quantized_checkpoint(dir.path / "empty"));
+}
+
+}  // namespace
+}  // namespace nxd::ckpt
