@@ -44,12 +44,16 @@ using PartBuilder = pipeline::PartBuilder;
 
 class NxDModel {
  public:
-  // Wraps what a rank built (the Trainer wraps its module's model this way).
+  // Wraps what a rank built (the Trainer wraps its module's model this way), selecting every
+  // instance of cfg.activation_checkpoint_classes for recomputation (ConfigError naming a class
+  // that is not in the modules this rank holds).
   NxDModel(const NxDConfig& cfg, std::shared_ptr<Module> module);
   NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::PipelineModel> pipeline);
 
   // One training iteration. Without a pipeline: loss = loss_fn(local_module()), backward(loss),
-  // returns loss. With a pipeline use the (ids, targets) form.
+  // returns loss. The first one checks that each activation_checkpoint_classes class ran its
+  // forward through checkpointed_forward (ConfigError naming it otherwise). With a pipeline use the
+  // (ids, targets) form.
   Tensor run_train(const std::function<Tensor(Module&)>& loss_fn);
   // A decoder model's iteration: the mean cross entropy of the batch (the pipeline's mean over
   // its microbatches, averaged over DP; without a pipeline this rank's batch), with gradients.
@@ -81,6 +85,7 @@ class NxDModel {
 
  private:
   NxDConfig cfg_;
+  bool checked_checkpointing_ = false;  // run_train checked activation_checkpoint_classes
   std::shared_ptr<Module> module_;
   std::shared_ptr<pipeline::PipelineModel> pipeline_;
 };
@@ -88,7 +93,8 @@ class NxDModel {
 // NxD's initialize_parallel_model for any module: model_fn builds it (in the config's dtype and,
 // with meta_device_init, on the meta device), then it is materialized / converted as above.
 // ConfigError with pipeline_parallel_size > 1 (a pipeline needs a decoder model: the overload
-// below) or an activation_checkpoint_config (set it in your module).
+// below) or an activation_checkpoint_config ("full" and "selective" are the decoder models'; a
+// module of your own names classes in activation_checkpoint_classes).
 std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const ModelFn& model_fn);
 // A decoder model of `mc` (mc.dtype, device, sequence_parallel and checkpoint granularity are set
 // from cfg), initialized from `seed`; a PipelineModel over the config's pipeline_config when
