@@ -127,6 +127,15 @@ DType NxDModel::dtype() const {
   return DType::f32;
 }
 
+const ModelConfig& NxDModel::model_config() const {
+  const auto* lm = dynamic_cast<const CausalLM*>(&local_module());
+  NXD_CHECK_T(ConfigError, lm != nullptr, "[NxDModel] model_config: the model is ",
+              local_module().type_name(),
+              ", not a decoder model built from a ModelConfig (a module of your own keeps its "
+              "config itself)");
+  return lm->config();
+}
+
 Tensor NxDModel::run_train(const std::function<Tensor(Module&)>& loss_fn) {
   NXD_CHECK_T(ConfigError, !pipeline_,
               "[NxDModel] run_train(loss_fn) with pipeline parallelism: the pipeline computes the "

@@ -81,6 +81,12 @@ class NxDModel {
   int num_microbatches() const;
   void train(bool on = true);
   DType dtype() const;  // of the floating parameters
+  // NxD's model.config shortcut: the decoder model's ModelConfig (of the module, or of the
+  // pipeline stage's chunks). ConfigError for a module of the user's own (it keeps its own).
+  const ModelConfig& model_config() const;
+  // model.name_or_path: where the architecture was read from (model_config().name_or_path: a
+  // transformers folder or config.json; empty for a config built in code).
+  const std::string& name_or_path() const { return model_config().name_or_path; }
   const NxDConfig& config() const { return cfg_; }
 
  private:

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <mutex>
 
@@ -21,6 +22,7 @@
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/rng.h"
 #include "support/compare.h"
+#include "support/files.h"
 #include "support/ranks.h"
 
 using namespace nxd;
@@ -388,6 +390,36 @@ TEST(UserClasses, PadModelRefusesAWrappedClassNotInTheModel) {
     AttnNet net(6);
     const std::string e = error_of([&] { pad_model(net, 4, 6, {ModuleClass::of<NotInModel>()}); });
     EXPECT_NE(e.find("[pad_model] no module of class (anonymous namespace)::NotInModel"),
+              std::string::npos)
+        << e;
+  });
+}
+
+// NxD's model.config and name_or_path shortcuts: a decoder model's ModelConfig, read from a
+// transformers folder's config.json (the architecture without weights), and where it came from.
+TEST(UserClasses, ModelConfigAndNameOrPathShortcuts) {
+  const nxd::testing::ScratchDir dir("nxd_user_classes_");
+  const nlohmann::json j = {{"model_type", "llama"},       {"vocab_size", 64},
+                            {"hidden_size", 32},           {"intermediate_size", 48},
+                            {"num_hidden_layers", 2},      {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2},    {"max_position_embeddings", 64},
+                            {"rms_norm_eps", 1e-6},        {"hidden_act", "silu"},
+                            {"tie_word_embeddings", false}};
+  std::ofstream(dir.path / "config.json") << j.dump();
+  const ModelConfig mc = ckpt::read_hf_config(dir.path);
+  EXPECT_EQ(mc.name_or_path, dir.path.string());
+  nxd::testing::run_ranks(2, [&] {
+    NxDConfig want;
+    want.tensor_parallel_size = 2;
+    const NxDConfig cfg = neuronx_distributed_config(want);
+    auto lm = initialize_parallel_model(cfg, mc, 3);
+    EXPECT_EQ(lm->model_config().hidden_size, 32);
+    EXPECT_EQ(lm->model_config().num_kv_heads, 2);
+    EXPECT_EQ(lm->name_or_path(), dir.path.string());
+    // a module of the user's own has no ModelConfig
+    auto own = attn_model(cfg, 8);
+    const std::string e = error_of([&] { own->model_config(); });
+    EXPECT_NE(e.find("[NxDModel] model_config: the model is AttnNet, not a decoder model"),
               std::string::npos)
         << e;
   });
