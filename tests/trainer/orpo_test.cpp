@@ -11,21 +11,11 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/train/dpo_module.h"
 #include "nxd/train/orpo_loss.h"
+#include "support/errors.h"
 #include "support/random.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
-
-namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "no error";
-}
-}  // namespace
 
 TEST(Orpo, LossFiguresAndGradientAgainstAHandComputation) {
   // two pairs (chosen, rejected): sums of response log-probs s and token counts t; a = s / t,
@@ -77,15 +67,15 @@ TEST(Orpo, GradcheckAndRefusals) {
         return std::vector<Tensor>{orpo_loss(in[0], t, {.beta = 0.3}).loss};
       },
       {from_vector<double>({-3.1, -9.2, -2.7, -4.4, -6.0, -1.9}, {6})}, "orpo loss");
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(nxd::testing::user_error_message([&] {
               orpo_loss(from_vector<double>({-1, -2, -3}, {3}), {1, 1, 1});
             }).find("[orpo] log-probabilities must be [2N]"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(nxd::testing::user_error_message([&] {
               orpo_loss(from_vector<double>({-1, 0}, {2}), {1, 2});
             }).find("[orpo] row 1 has mean log-probability 0"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(nxd::testing::user_error_message([&] {
               orpo_loss(from_vector<double>({-1, -2}, {2}), {0, 2});
             }).find("[orpo] row 0 has 0 response tokens"),
             std::string::npos);

@@ -22,6 +22,7 @@
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/rng.h"
 #include "support/compare.h"
+#include "support/errors.h"
 #include "support/files.h"
 #include "support/ranks.h"
 
@@ -29,15 +30,6 @@ using namespace nxd;
 using namespace nxd::trainer;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 Tensor data(const Shape& s, uint64_t seed) {
   int64_t n = 1;
@@ -166,18 +158,20 @@ TEST(UserClasses, ActivationCheckpointOfAClassGivesBitwiseGradientsAndALowerPeak
 }
 
 TEST(UserClasses, ActivationCheckpointRefusesAClassNotInTheModelOrNotRecomputing) {
-  const std::string absent = error_of([] { train_block_net({ModuleClass::of<NotInModel>()}); });
+  const std::string absent =
+      nxd::testing::user_error_message([] { train_block_net({ModuleClass::of<NotInModel>()}); });
   EXPECT_NE(absent.find("no module of class (anonymous namespace)::NotInModel in the model (its "
                         "classes: BlockNet, ModuleList, MyBlock"),
             std::string::npos)
       << absent;
-  const std::string plain = error_of([] { train_block_net({ModuleClass::named("PlainScale")}); });
+  const std::string plain =
+      nxd::testing::user_error_message([] { train_block_net({ModuleClass::named("PlainScale")}); });
   EXPECT_NE(plain.find("class PlainScale (e.g. scale) ran its forward without "
                        "checkpointed_forward"),
             std::string::npos)
       << plain;
   // "full" / "selective" stay the decoder models' granularities
-  const std::string full = error_of([] {
+  const std::string full = nxd::testing::user_error_message([] {
     nxd::testing::run_ranks(1, [] {
       NxDConfig c;
       c.activation_checkpoint_config = "full";
@@ -366,15 +360,14 @@ TEST(UserClasses, PadModelOfAUserAttentionAtTp4TrainsAsTheUnpaddedOneRankModel) 
       opt->step();
       opt->zero_grad();
     }
-    const std::string e = error_of([&] { pad_model(model->local_module(), 4, 6, kWrapped); });
+    const std::string e =
+        nxd::testing::user_error_message([&] { pad_model(model->local_module(), 4, 6, kWrapped); });
     if (current_context().rank() == 0) {
       tp_losses = mine;
       sharded = e;
     }
   });
-  double worst_loss = 0;
-  for (int s = 0; s < kSteps; ++s)
-    worst_loss = std::max(worst_loss, std::abs(tp_losses[s] - ref_losses[s]) / ref_losses[s]);
+  const double worst_loss = nxd::testing::worst_rel(tp_losses, ref_losses);
   std::printf(
       "    TP 4 padded 6 -> 8 heads vs one rank unpadded: losses rel %.3g, step-0 "
       "gradients abs %.3g\n",
@@ -388,7 +381,8 @@ TEST(UserClasses, PadModelRefusesAWrappedClassNotInTheModel) {
   nxd::testing::run_ranks(1, [] {
     neuronx_distributed_config({});
     AttnNet net(6);
-    const std::string e = error_of([&] { pad_model(net, 4, 6, {ModuleClass::of<NotInModel>()}); });
+    const std::string e = nxd::testing::user_error_message(
+        [&] { pad_model(net, 4, 6, {ModuleClass::of<NotInModel>()}); });
     EXPECT_NE(e.find("[pad_model] no module of class (anonymous namespace)::NotInModel"),
               std::string::npos)
         << e;
@@ -418,7 +412,7 @@ TEST(UserClasses, ModelConfigAndNameOrPathShortcuts) {
     EXPECT_EQ(lm->name_or_path(), dir.path.string());
     // a module of the user's own has no ModelConfig
     auto own = attn_model(cfg, 8);
-    const std::string e = error_of([&] { own->model_config(); });
+    const std::string e = nxd::testing::user_error_message([&] { own->model_config(); });
     EXPECT_NE(e.find("[NxDModel] model_config: the model is AttnNet, not a decoder model"),
               std::string::npos)
         << e;
