@@ -15,7 +15,8 @@
 //     may be null with meta_device_init: each parameter is then filled by the rule its layer
 //     registered, from model_init_config.seed (the values a host build has).
 //   - activation_checkpoint_config applies to decoder models (ModelConfig): "full" or
-//     "selective" (NxD Training's granularities); NxD's "a module class" form has no C++ analogue.
+//     "selective" (NxD Training's granularities). NxD's "a module class" form is
+//     activation_checkpoint_classes (C++ only: a type or a predicate, layers/module_class.h).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nxd/layers/module.h"
+#include "nxd/layers/module_class.h"
 #include "nxd/layers/parallel/lora.h"
 #include "nxd/pipeline/partition.h"
 #include "nxd/pipeline/schedule.h"
@@ -76,6 +78,10 @@ struct NxDConfig {
   OptimizerConfig optimizer_config;
   // "" (none), "full" or "selective": the decoder models' activations_checkpoint_granularity
   std::string activation_checkpoint_config;
+  // NxD's activation_checkpoint_config=<module class(es)>, for any model: every instance of each
+  // class recomputes its activations in backward (layers/activation_checkpoint.h), e.g.
+  // {ModuleClass::of<MyBlock>()}. Not a JSON key (a class is code).
+  std::vector<ModuleClass> activation_checkpoint_classes;
   // Decoder models (the ModelConfig overload of initialize_parallel_model): attention heads that
   // do not split over tensor_parallel_size are padded with zero heads that stay zero
   // (layers/parallel/pad.h), so the model computes and trains as the unpadded one.

@@ -3,6 +3,7 @@
 #include "nxd/api/lora.h"
 #include "nxd/autograd/ops.h"
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/activation_checkpoint.h"
 #include "nxd/layers/parallel/attributes.h"
 #include "nxd/layers/parallel/pad.h"
 #include "nxd/runtime/error.h"
@@ -16,6 +17,25 @@ void finish_module(const NxDConfig& cfg, Module& m, DType param_dtype) {
   const ModelInitConfig& mi = cfg.model_init_config;
   if (mi.meta_device_init) m.materialize(mi.seed, mi.param_init_fn);
   if (param_dtype == DType::bf16) m.to_dtype(DType::bf16);
+}
+
+// activation_checkpoint_classes: selects every instance of each class in the modules this rank
+// holds; ConfigError naming a class none of them has.
+void select_checkpointed_classes(const NxDConfig& cfg, const std::vector<Module*>& modules) {
+  for (const ModuleClass& cls : cfg.activation_checkpoint_classes) {
+    int n = 0;
+    for (Module* m : modules)
+      for (auto& [name, inst] : instances_of(*m, cls)) {
+        inst->set_recompute_activations(true);
+        ++n;
+      }
+    if (n > 0) continue;
+    try {
+      require_instances(*modules.front(), cls, "NxDModel");
+    } catch (const InvalidArgument& e) {
+      throw ConfigError(str(e.what(), ": activation_checkpoint_classes names it"));
+    }
+  }
 }
 
 }  // namespace
@@ -45,11 +65,13 @@ pipeline::PipelineOptions pipeline_options_for(const NxDConfig& cfg) {
 NxDModel::NxDModel(const NxDConfig& cfg, std::shared_ptr<Module> module)
     : cfg_(cfg), module_(std::move(module)) {
   NXD_CHECK_T(ConfigError, module_ != nullptr, "[NxDModel] no module");
+  select_checkpointed_classes(cfg_, {module_.get()});
 }
 
 NxDModel::NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::PipelineModel> pipeline)
     : cfg_(cfg), pipeline_(std::move(pipeline)) {
   NXD_CHECK_T(ConfigError, pipeline_ != nullptr, "[NxDModel] no pipeline");
+  select_checkpointed_classes(cfg_, local_modules());
 }
 
 NxDModel::NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::GenericPipelineModel> pipeline)
@@ -121,6 +143,15 @@ DType NxDModel::dtype() const {
   return DType::f32;
 }
 
+const ModelConfig& NxDModel::model_config() const {
+  const auto* lm = dynamic_cast<const CausalLM*>(&local_module());
+  NXD_CHECK_T(ConfigError, lm != nullptr, "[NxDModel] model_config: the model is ",
+              local_module().type_name(),
+              ", not a decoder model built from a ModelConfig (a module of your own keeps its "
+              "config itself)");
+  return lm->config();
+}
+
 Tensor NxDModel::run_train(const std::function<Tensor(Module&)>& loss_fn) {
   NXD_CHECK_T(ConfigError, !pipeline_ && !generic_,
               "[NxDModel] run_train(loss_fn) with pipeline parallelism: the pipeline computes the "
@@ -131,6 +162,14 @@ Tensor NxDModel::run_train(const std::function<Tensor(Module&)>& loss_fn) {
               "[NxDModel] run_train's loss_fn must return a scalar, got ",
               loss.defined() ? loss.desc() : std::string("no tensor"));
   backward(loss);
+  if (!checked_checkpointing_) {  // once: a selected class whose forward recomputes nothing
+    try {
+      check_activation_checkpoint_ran({module_.get()}, cfg_.activation_checkpoint_classes);
+    } catch (const InvalidArgument& e) {
+      throw ConfigError(e.what());
+    }
+    checked_checkpointing_ = true;
+  }
   return loss;
 }
 
@@ -199,8 +238,8 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
   NXD_CHECK_T(ConfigError, cfg.activation_checkpoint_config.empty(),
               "[initialize_parallel_model] activation_checkpoint_config '",
               cfg.activation_checkpoint_config,
-              "' applies to decoder models; a module of your own recomputes activations with "
-              "autograd::recompute in its forward");
+              "' applies to decoder models; a module of your own names the classes to recompute "
+              "in activation_checkpoint_classes (layers/activation_checkpoint.h)");
   NXD_CHECK_T(ConfigError, model_fn != nullptr, "[initialize_parallel_model] no model_fn");
   NXD_CHECK_T(ConfigError, !cfg.pad_model,
               "[initialize_parallel_model] pad_model pads decoder models given by their "

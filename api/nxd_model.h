@@ -52,13 +52,17 @@ using SequentialFn =
 
 class NxDModel {
  public:
-  // Wraps what a rank built (the Trainer wraps its module's model this way).
+  // Wraps what a rank built (the Trainer wraps its module's model this way), selecting every
+  // instance of cfg.activation_checkpoint_classes for recomputation (ConfigError naming a class
+  // that is not in the modules this rank holds).
   NxDModel(const NxDConfig& cfg, std::shared_ptr<Module> module);
   NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::PipelineModel> pipeline);
   NxDModel(const NxDConfig& cfg, std::shared_ptr<pipeline::GenericPipelineModel> pipeline);
 
   // One training iteration. Without a pipeline: loss = loss_fn(local_module()), backward(loss),
-  // returns loss. With a pipeline use the (ids, targets) form.
+  // returns loss. The first one checks that each activation_checkpoint_classes class ran its
+  // forward through checkpointed_forward (ConfigError naming it otherwise). With a pipeline use the
+  // (ids, targets) form.
   Tensor run_train(const std::function<Tensor(Module&)>& loss_fn);
   // A decoder model's iteration: the mean cross entropy of the batch (the pipeline's mean over
   // its microbatches, averaged over DP; without a pipeline this rank's batch), with gradients.
@@ -92,10 +96,17 @@ class NxDModel {
   int num_microbatches() const;
   void train(bool on = true);
   DType dtype() const;  // of the floating parameters
+  // NxD's model.config shortcut: the decoder model's ModelConfig (of the module, or of the
+  // pipeline stage's chunks). ConfigError for a module of the user's own (it keeps its own).
+  const ModelConfig& model_config() const;
+  // model.name_or_path: where the architecture was read from (model_config().name_or_path: a
+  // transformers folder or config.json; empty for a config built in code).
+  const std::string& name_or_path() const { return model_config().name_or_path; }
   const NxDConfig& config() const { return cfg_; }
 
  private:
   NxDConfig cfg_;
+  bool checked_checkpointing_ = false;  // run_train checked activation_checkpoint_classes
   std::shared_ptr<Module> module_;
   std::shared_ptr<pipeline::PipelineModel> pipeline_;
   std::shared_ptr<pipeline::GenericPipelineModel> generic_;
@@ -104,7 +115,8 @@ class NxDModel {
 // NxD's initialize_parallel_model for any module: model_fn builds it (in the config's dtype and,
 // with meta_device_init, on the meta device), then it is materialized / converted as above.
 // ConfigError with pipeline_parallel_size > 1 (a pipeline needs a decoder model or a model of
-// pieces: the overloads below) or an activation_checkpoint_config (set it in your module).
+// pieces: the overloads below) or an activation_checkpoint_config ("full" and "selective" are the
+// decoder models'; a module of your own names classes in activation_checkpoint_classes).
 std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const ModelFn& model_fn);
 // NxD's NxDPPModel for any model: model_fn builds the whole model as pieces (on the meta device
 // with meta_device_init: only this rank's pieces are then materialized, and tied parameters copied

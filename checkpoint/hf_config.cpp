@@ -227,7 +227,9 @@ ModelConfig read_hf_config(const fs::path& hf_dir) {
   const fs::path f = hf_dir / "config.json";
   const json j = io::read_hf_config_json(hf_dir);
   try {
-    return model_config_from_hf(j);
+    ModelConfig mc = model_config_from_hf(j);
+    mc.name_or_path = hf_dir.string();
+    return mc;
   } catch (const UserError& e) {
     std::string m = e.what();
     const std::string p = "[import-hf] config.json";

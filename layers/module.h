@@ -175,6 +175,19 @@ class Module {
   // for its whole tree; the default reports none.
   virtual void step_metrics(StepMetrics& out) { (void)out; }
 
+  // ---- activation checkpointing of selected instances (layers/activation_checkpoint.h) ----
+  // Whether this instance's forward recomputes its activations in backward; set by
+  // apply_activation_checkpoint, honoured by forwards that run through checkpointed_forward.
+  bool recomputes_activations() const { return recompute_ != Recompute::off; }
+  void set_recompute_activations(bool on) {
+    recompute_ = on ? Recompute::selected : Recompute::off;
+  }
+  // Whether a forward of this instance ran through checkpointed_forward since it was selected.
+  bool ran_checkpointed_forward() const { return recompute_ == Recompute::ran; }
+  void mark_checkpointed_forward() const {
+    if (recompute_ != Recompute::off) recompute_ = Recompute::ran;
+  }
+
  protected:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
 
@@ -196,6 +209,8 @@ class Module {
 
   std::string type_name_;
   bool training_ = true;
+  enum class Recompute { off, selected, ran };
+  mutable Recompute recompute_ = Recompute::off;
   std::vector<Param> params_;
   std::vector<Buffer> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

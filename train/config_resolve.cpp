@@ -47,6 +47,7 @@ ModelConfig model_config(const TrainConfig& cfg) {
     mc.qkv_bias = cfg.init.model->qkv_bias;
     mc.qk_norm = cfg.init.model->qk_norm;
     mc.sliding_window = cfg.init.model->sliding_window;
+    mc.name_or_path = cfg.init.model->name_or_path;
   } else {  // a family trained from its keys alone: transformers' fixed parts of it
     mc.qkv_bias = mc.arch == "qwen2";
     mc.qk_norm = mc.arch == "qwen3";

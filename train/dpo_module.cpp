@@ -4,6 +4,7 @@
 
 #include "nxd/runtime/error.h"
 #include "nxd/train/alignment_data.h"
+#include "nxd/train/log_sigmoid.h"
 #include "nxd/trainer/trainer.h"
 
 namespace nxd::trainer {
@@ -29,9 +30,9 @@ DpoLoss dpo_loss(const Tensor& policy, const Tensor& reference, const DpoLossOpt
   const Tensor h = sub(select(ratios, 1, 0), select(ratios, 1, 1));
   Tensor per_pair;
   if (o.type == DpoLossType::sigmoid) {
-    // -log sigmoid(x) = relu(-x) + log(1 + exp(-|x|)), finite for any x
-    const Tensor x = mul(h, beta);
-    per_pair = add(relu(neg(x)), log(add(exp(neg(abs(x))), 1.0)));
+    // finite for any x, and with its derivative at x = 0, where a policy equal to its reference
+    // starts (log_sigmoid.h)
+    per_pair = neg(log_sigmoid(mul(h, beta)));
   } else if (o.type == DpoLossType::hinge) {
     per_pair = relu(add(mul(h, -beta), 1.0));
   } else {

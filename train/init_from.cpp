@@ -149,6 +149,7 @@ std::optional<ModelConfig> apply_model_config(Config& c) {
     m = fs::is_directory(p)
             ? ckpt::read_hf_config(p)
             : ckpt::model_config_from_hf(io::read_json_file(p, "config.json", "model_config"));
+    m.name_or_path = p;
   } catch (const UserError& e) {
     throw ConfigError(str("[config] model.model_config=", p, ": ", e.what()));
   }

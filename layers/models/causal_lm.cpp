@@ -292,7 +292,8 @@ Tensor DecoderStack::run_layers(const Tensor& h, int64_t position_offset) const 
   Tensor x = h;
   for (const auto& layer : *layers_) {
     const auto& l = static_cast<const DecoderLayer&>(*layer);
-    x = recompute_layers_
+    l.mark_checkpointed_forward();  // a layer selected by class (apply_activation_checkpoint)
+    x = recompute_layers_ || l.recomputes_activations()
             ? recompute_layer(
                   [&l, position_offset](const Tensor& y) { return l.forward(y, position_offset); },
                   x)

@@ -236,7 +236,7 @@ struct DecoderStackOptions {
 // only that part's pieces exist (config.h; a last stage of a tied model holds the embedding for
 // its head). Under sequence parallelism the embedding reduce-scatters and every later piece runs
 // on this rank's sequence shard. cfg.activations_checkpoint_granularity full recomputes each layer
-// in backward (recompute_layer).
+// in backward (recompute_layer), as does a layer selected by apply_activation_checkpoint.
 class DecoderStack : public Module {
  public:
   DecoderStack(std::string type_name, const ModelConfig& cfg, const ModelPart& part,

@@ -32,6 +32,9 @@ struct ModelConfig {
   // "llama" | "gpt_neox" | "mixtral" (llama with MoE MLPs) | "qwen2" | "qwen3" | "mistral": the
   // last three are llama with the fields below (is_llama_family; docs/design/families.md)
   std::string arch = "llama";
+  // Where the architecture was read from (transformers' config._name_or_path): the transformers
+  // folder or config.json file; empty for a config built in code. Not part of the architecture.
+  std::string name_or_path;
   int64_t vocab_size = 256;
   int64_t num_layers = 4;
   int64_t hidden_size = 256;

@@ -104,6 +104,7 @@ class ColumnParallelLinear : public ParallelLinearBase {
   // {forward(x), undefined}.
   std::pair<Tensor, Tensor> forward_and_bias(const Tensor& x) const;
   int64_t local_out_features() const { return out_ / tp_size_; }
+  int64_t stride() const { return stride_; }  // the fused parts of the output rows
   bool lora_target(LoraTarget& out) const override;
 
  private:

@@ -20,12 +20,14 @@
 // padded model moves away from the original function unless those columns' gradients are zeroed
 // (head_padding_mask gives the mask).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "nxd/layers/models/config.h"
 #include "nxd/layers/module.h"
+#include "nxd/layers/module_class.h"
 #include "nxd/layers/transformer.h"
 
 namespace nxd {
@@ -55,6 +57,33 @@ StateDict pad_attention_state_dict(const StateDict& state, const std::string& pr
 // pad_attention_options (or ModelConfig heads set to plan.padded_heads/padded_kv_heads with the
 // original head_dim). `plan` receives the plan (needed() is false when nothing was padded).
 StateDict pad_model(Module& model, int64_t tp, HeadPadding* plan = nullptr);
+
+// ---- NxD's pad_model(model, tp_degree, n_heads, wrapped_classes, pad_hook_fn): a user's class
+// ---- What a pad hook gets for each module it pads (NxD passes the module and tgt_src_ratio; C++
+// layers hold their sizes in their tensors, so the hook pads its own tensors in `state`).
+struct PadHookArgs {
+  Module& module;           // an instance of a wrapped class, or a module inside one
+  const std::string& name;  // its hierarchical name ("" for the model itself)
+  double tgt_src_ratio;     // padded heads / n_heads (NxD's argument)
+  StateDict& state;         // the model's padded state so far, full tensors
+};
+using PadHookFn = std::function<void(const PadHookArgs&)>;
+
+// NxD's generic pad_model on an unsharded model (its parallel layers built at TP 1: a one-rank
+// build, or a checkpoint's full tensors loaded into one): n_heads is padded to the next multiple
+// of tp_degree (tgt_src_ratio = padded / n_heads) by NxD's one-axis strategy. In every instance
+// of `wrapped_classes` and every module inside one (the whole model when the list is empty),
+// post-order as NxD: pad_hook_fn is called, then a ColumnParallelLinear's weight rows and bias
+// and a RowParallelLinear's weight columns are extended by ratio with zeros at the end. With
+// q/k/v/o projections whose heads are contiguous blocks, that appends zero heads: a padded model
+// (the same classes built with the padded head count at any TP, loaded from the returned full
+// state, e.g. ckpt::load_full_tensors) computes and trains as the original. Returns that state;
+// `model` is left as it is. InvalidArgument naming the class when a wrapped class matches
+// nothing, naming the layer when a parallel layer is sharded (tp_size > 1) or fused (stride > 1),
+// or when a padded size is not whole.
+StateDict pad_model(Module& model, int64_t tp_degree, int64_t n_heads,
+                    const std::vector<ModuleClass>& wrapped_classes,
+                    const PadHookFn& pad_hook_fn = nullptr);
 
 // 1 for the columns of the padded attention's output projection that belong to original heads, 0
 // for padded heads: [padded_heads * head_dim].

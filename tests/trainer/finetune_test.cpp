@@ -507,6 +507,8 @@ TEST(FinetuneRun, TensorParallelWithSequenceParallelMatchesOneRank) {
         loss[l].push_back(std::stod(row.at(1)));
       ASSERT_EQ(loss[l].size(), 5u);
     }
+    std::printf("  %s losses on one rank: %.9g ... %.9g\n", c == 0 ? "SFT" : "DPO", loss[0][0],
+                loss[0][4]);
     for (size_t l = 1; l < layouts.size(); ++l) {
       double worst = 0;
       for (size_t i = 0; i < 5; ++i) worst = std::max(worst, std::abs(loss[0][i] - loss[l][i]));

@@ -157,6 +157,7 @@ TEST(NxdtYaml, SftLoraConfigLoadsAndResolvesWithItsArchitectureFromConfigJson) {
   EXPECT_EQ(m.vocab_size, 64);
   EXPECT_EQ(m.rope_theta, 500000.0);  // the file's, over config.json's default
   EXPECT_EQ(m.norm_eps, 1e-6);
+  EXPECT_EQ(m.name_or_path, (tmp / "config.json").string());  // NxDModel::name_or_path()
   ASSERT_TRUE(t.lora.has_value());
   EXPECT_EQ(t.dist.data_parallel_size, 2);
   // a Mistral's sliding window has no ring attention: context parallelism is refused by name
