@@ -266,10 +266,13 @@ double Zero1Optimizer::grad_sq_sum() {
                        GradStat::sum_of_squares) *
              s.norm_weight;
   }
-  const NormGroups& ng_ = I.opts.norm_groups;
-  for (const auto& g : {ng_.tp, ng_.pp, ng_.ep, I.dp})
-    if (g && g->size() > 1) g->all_reduce(&total, &total, 1, DType::f64, ReduceOp::sum);
-  return total;
+  return zero1_norm_sum(total, I.opts.norm_groups, *I.dp);
+}
+
+double zero1_norm_sum(double local, const NormGroups& groups, Communicator& dp) {
+  for (Communicator* g : {groups.tp.get(), groups.pp.get(), groups.ep.get(), &dp})
+    if (g && g->size() > 1) g->all_reduce(&local, &local, 1, DType::f64, ReduceOp::sum);
+  return local;
 }
 
 void Zero1Optimizer::scale_grads(float c) {

@@ -5,6 +5,8 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/optim/grad_norm.h"
+#include "nxd/optim/zero1.h"
 #include "nxd/runtime/context.h"
 #include "nxd/train/plan_internal.h"
 
@@ -18,49 +20,40 @@ struct GradOn {
   ~GradOn() { GradMode::set_enabled(prev); }
 };
 
-// The groups the gradient norm sums a scalar over, in order: optim/grad_norm.cpp (EP, TP, PP);
-// ZeRO-1 (optim/zero1.cpp, zero1_experts.cpp) per reduction group: TP, PP, EP (the experts'
-// group only) and the group's own.
-std::vector<Communicator*> norm_groups(const TrainConfig& cfg,
-                                       const std::vector<ReductionGroup>& groups) {
-  namespace ps = parallel_state;
-  Communicator* tp = &ps::get_tensor_model_parallel_group();
-  Communicator* pp = &ps::get_pipeline_model_parallel_group();
-  Communicator* ep =
-      ps::get_expert_model_parallel_size() > 1 ? &ps::get_expert_model_parallel_group() : nullptr;
-  std::vector<Communicator*> out;
-  auto add = [&](Communicator* c) {
-    if (c && c->size() > 1) out.push_back(c);
-  };
-  if (!cfg.dist.zero1) {
-    for (Communicator* c : {ep, tp, pp}) add(c);
-    return out;
-  }
-  for (const ReductionGroup& g : groups)
-    for (Communicator* c : {tp, pp, g.experts ? ep : nullptr, g.group.get()}) add(c);
-  return out;
-}
-
-// After the update: the step's loss summed over DP (Trainer::dp_sum; a pipeline averages it in
-// run_train), the MoE layers' figures over the stages (trainer.cpp: log_pipeline_step_metrics), the
-// gradient norm's sums over the groups it spans, and nxd-train's preemption agreement (one i32
-// over the world after every step: Trainer::check_preemption under cli.cpp's PreemptionGuard).
-void step_end_collectives(const TrainConfig& cfg, const MetaModel& mm,
-                          const std::vector<ReductionGroup>& groups) {
-  double norm = 0;
+// The step's loss summed over DP (Trainer::dp_sum; a pipeline
+// averages it in run_train) or, in a pipeline, the MoE layers' figures over the stages
+// (trainer.cpp: log_pipeline_step_metrics).
+void loss_collectives(const TrainConfig& cfg, const MetaModel& mm) {
   if (mm.pipe && cfg.model.moe.enabled() && parallel_state::get_pipeline_model_parallel_size() > 1)
     for (int i = 0; i < 2; ++i) {
       double figures[2] = {0, 0};
       parallel_state::get_pipeline_model_parallel_group().all_reduce(figures, figures, 2,
                                                                      DType::f64, ReduceOp::sum);
     }
+  double loss = 0;
   if (!mm.pipe && parallel_state::get_data_parallel_size() > 1)
-    parallel_state::get_data_parallel_group().all_reduce(&norm, &norm, 1, DType::f64,
+    parallel_state::get_data_parallel_group().all_reduce(&loss, &loss, 1, DType::f64,
                                                          ReduceOp::sum);
-  for (Communicator* g : norm_groups(cfg, groups))
-    g->all_reduce(&norm, &norm, 1, DType::f64, ReduceOp::sum);
-  int32_t signal = 0;
-  world().all_reduce(&signal, &signal, 1, DType::i32, ReduceOp::max);
+}
+
+// The gradient norm by the optimizer's own functions (NxDOptimizer::clip, over the groups it
+// builds): parallel_grad_norm over the model's norm parameters, whose meta gradients add nothing
+// but whose sums go over the run's groups; with ZeRO-1 each reduction group's optimizer's sum
+// (zero1_norm_sum: the experts' over EP too).
+void gradient_norm(const TrainConfig& cfg, const MetaModel& mm,
+                   const std::vector<ReductionGroup>& groups) {
+  const optim::NormGroups ng =
+      mm.pipe ? mm.pipe->norm_groups() : optim::NormGroups::from_parallel_state();
+  if (!cfg.dist.zero1) {
+    optim::parallel_grad_norm(mm.pipe ? mm.pipe->norm_params() : optim::norm_params(*mm.chunks[0]),
+                              ng);
+    return;
+  }
+  for (const ReductionGroup& g : groups) {
+    optim::NormGroups mine = ng;
+    if (!g.experts) mine.ep = nullptr;  // NxDOptimizer: the dense parameters' optimizer
+    optim::zero1_norm_sum(0.0, mine, *g.group);
+  }
 }
 
 // The sums of every chunk's sequence-parallel weights' gradients over TP (the norms' weights:
@@ -174,7 +167,13 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
     if (cfg.dist.zero1 && g.sync && g.group->size() > 1)
       for (int b = 0; b < g.sync->num_buckets(); ++b)
         g.group->all_gather(nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
-  step_end_collectives(cfg, mm, groups);
+  // the loss's and the norm's sums (the plan keeps them after the update, as it has timed them)
+  loss_collectives(cfg, mm);
+  gradient_norm(cfg, mm, groups);
+  // nxd-train's preemption agreement after every step (Trainer::check_preemption under cli.cpp's
+  // PreemptionGuard: one i32 over the world)
+  int32_t signal = 0;
+  world().all_reduce(&signal, &signal, 1, DType::i32, ReduceOp::max);
   r.step_seconds = clock->now() - start.time;
   r.compute_seconds = clock->compute_seconds() - start.compute;
   return x;
