@@ -269,6 +269,11 @@ double Zero1Optimizer::grad_sq_sum() {
   return zero1_norm_sum(total, I.opts.norm_groups, *I.dp);
 }
 
+void zero1_all_gather(Communicator& dp, const void* mine, void* flat, int64_t shard_numel,
+                      DType dtype) {
+  if (dp.size() > 1) dp.all_gather(mine, flat, shard_numel, dtype);
+}
+
 double zero1_norm_sum(double local, const NormGroups& groups, Communicator& dp) {
   for (Communicator* g : {groups.tp.get(), groups.pp.get(), groups.ep.get(), &dp})
     if (g && g->size() > 1) g->all_reduce(&local, &local, 1, DType::f64, ReduceOp::sum);
@@ -367,7 +372,7 @@ void Zero1Optimizer::step() {
                     precision_.stochastic_rounding ? &noise : nullptr, job.lo - s.offset + e0);
     });
     // every rank's updated block into every rank's buffer, in place
-    if (n > 1) I.dp->all_gather(mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
+    zero1_all_gather(*I.dp, mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
   }
   I.grad.clear();
   I.reduced = false;

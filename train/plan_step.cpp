@@ -9,6 +9,8 @@
 #include "nxd/optim/zero1.h"
 #include "nxd/runtime/context.h"
 #include "nxd/train/plan_internal.h"
+#include "nxd/trainer/preempt.h"
+#include "nxd/trainer/trainer.h"
 
 namespace nxd::trainer::detail {
 
@@ -30,10 +32,7 @@ void loss_collectives(const TrainConfig& cfg, const MetaModel& mm) {
       parallel_state::get_pipeline_model_parallel_group().all_reduce(figures, figures, 2,
                                                                      DType::f64, ReduceOp::sum);
     }
-  double loss = 0;
-  if (!mm.pipe && parallel_state::get_data_parallel_size() > 1)
-    parallel_state::get_data_parallel_group().all_reduce(&loss, &loss, 1, DType::f64,
-                                                         ReduceOp::sum);
+  if (!mm.pipe) data_parallel_sum({0.0});
 }
 
 // The gradient norm by the optimizer's own functions (NxDOptimizer::clip, over the groups it
@@ -164,16 +163,15 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
   // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place, over each
   // group (DP x CP; the experts' over expert-DP)
   for (ReductionGroup& g : groups)
-    if (cfg.dist.zero1 && g.sync && g.group->size() > 1)
+    if (cfg.dist.zero1 && g.sync)
       for (int b = 0; b < g.sync->num_buckets(); ++b)
-        g.group->all_gather(nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
+        optim::zero1_all_gather(*g.group, nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
   // the loss's and the norm's sums (the plan keeps them after the update, as it has timed them)
   loss_collectives(cfg, mm);
   gradient_norm(cfg, mm, groups);
   // nxd-train's preemption agreement after every step (Trainer::check_preemption under cli.cpp's
   // PreemptionGuard: one i32 over the world)
-  int32_t signal = 0;
-  world().all_reduce(&signal, &signal, 1, DType::i32, ReduceOp::max);
+  agreed_preemption_signal();
   r.step_seconds = clock->now() - start.time;
   r.compute_seconds = clock->compute_seconds() - start.compute;
   return x;

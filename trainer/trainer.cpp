@@ -138,11 +138,15 @@ NxDConfig nxd_config_of(const TrainerOptions& opts) {
   return c;
 }
 
-std::vector<double> Trainer::dp_sum(std::vector<double> v) const {
-  if (dp_ > 1)
+std::vector<double> data_parallel_sum(std::vector<double> v) {
+  if (parallel_state::get_data_parallel_size() > 1)
     parallel_state::get_data_parallel_group().all_reduce(
         v.data(), v.data(), static_cast<int64_t>(v.size()), DType::f64, ReduceOp::sum);
   return v;
+}
+
+std::vector<double> Trainer::dp_sum(std::vector<double> v) const {
+  return data_parallel_sum(std::move(v));
 }
 
 // Parallel layout, model, optimizer (with gradient buckets) and data, in that order.
