@@ -10,6 +10,7 @@
 #include "nxd/runtime/context.h"
 #include "nxd/train/plan_internal.h"
 #include "nxd/trainer/preempt.h"
+#include "nxd/trainer/step_metrics.h"
 #include "nxd/trainer/trainer.h"
 
 namespace nxd::trainer::detail {
@@ -22,17 +23,16 @@ struct GradOn {
   ~GradOn() { GradMode::set_enabled(prev); }
 };
 
-// The step's loss summed over DP (Trainer::dp_sum; a pipeline
-// averages it in run_train) or, in a pipeline, the MoE layers' figures over the stages
-// (trainer.cpp: log_pipeline_step_metrics).
-void loss_collectives(const TrainConfig& cfg, const MetaModel& mm) {
-  if (mm.pipe && cfg.model.moe.enabled() && parallel_state::get_pipeline_model_parallel_size() > 1)
-    for (int i = 0; i < 2; ++i) {
-      double figures[2] = {0, 0};
-      parallel_state::get_pipeline_model_parallel_group().all_reduce(figures, figures, 2,
-                                                                     DType::f64, ReduceOp::sum);
-    }
-  if (!mm.pipe) data_parallel_sum({0.0});
+// The step's loss summed over DP (Trainer::dp_sum; a pipeline averages it in run_train) or, in a
+// pipeline, the MoE layers' figures over the stages (what Trainer::pipeline_train_step logs).
+void loss_collectives(const MetaModel& mm) {
+  if (!mm.pipe) {
+    data_parallel_sum({0.0});
+    return;
+  }
+  std::vector<Module*> chunks;
+  for (const auto& c : mm.chunks) chunks.push_back(c.get());
+  pipeline_step_metrics(chunks);
 }
 
 // The gradient norm by the optimizer's own functions (NxDOptimizer::clip, over the groups it
@@ -52,24 +52,6 @@ void gradient_norm(const TrainConfig& cfg, const MetaModel& mm,
     optim::NormGroups mine = ng;
     if (!g.experts) mine.ep = nullptr;  // NxDOptimizer: the dense parameters' optimizer
     optim::zero1_norm_sum(0.0, mine, *g.group);
-  }
-}
-
-// The sums of every chunk's sequence-parallel weights' gradients over TP (the norms' weights:
-// allreduce_sequence_parallel_gradients, one flat all-reduce in f32 per chunk), shape only: the
-// layers' function skips meta gradients.
-void sequence_parallel_sums(const MetaModel& mm) {
-  Communicator& tp = parallel_state::get_tensor_model_parallel_group();
-  if (tp.size() == 1) return;
-  for (const auto& c : mm.chunks) {
-    int64_t total = 0;
-    DType dt = DType::f32;
-    for (const ParallelParameter& p : parallel_parameters(*c))
-      if (p.attrs.sequence_parallel_enabled) {
-        total += p.tensor.numel();
-        if (p.tensor.dtype() == DType::f64) dt = DType::f64;
-      }
-    if (total > 0) tp.all_reduce(nullptr, nullptr, total, dt, ReduceOp::sum);
   }
 }
 
@@ -154,11 +136,16 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
     }
   }
   // the DP reduction and the sums of the sequence-parallel weights' gradients over TP, in
-  // NxDOptimizer::reduce's order (a pipeline sums them at the end of run_train)
-  if (mm.pipe || cfg.dist.zero1) sequence_parallel_sums(mm);
+  // NxDOptimizer::reduce's order (a pipeline summed them at the end of run_train), by the layers'
+  // function, which charges meta gradients' sum
+  auto sp_sums = [&] {
+    if (!mm.pipe)
+      for (const auto& c : mm.chunks) allreduce_sequence_parallel_gradients(*c);
+  };
+  if (cfg.dist.zero1) sp_sums();
   for (ReductionGroup& g : groups)
     if (g.sync) g.sync->finish();
-  if (!mm.pipe && !cfg.dist.zero1) sequence_parallel_sums(mm);
+  if (!cfg.dist.zero1) sp_sums();
   // the update: the sim device charges no time for the optimizer's elementwise pass (as in a
   // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place, over each
   // group (DP x CP; the experts' over expert-DP)
@@ -167,7 +154,7 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
       for (int b = 0; b < g.sync->num_buckets(); ++b)
         optim::zero1_all_gather(*g.group, nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
   // the loss's and the norm's sums (the plan keeps them after the update, as it has timed them)
-  loss_collectives(cfg, mm);
+  loss_collectives(mm);
   gradient_norm(cfg, mm, groups);
   // nxd-train's preemption agreement after every step (Trainer::check_preemption under cli.cpp's
   // PreemptionGuard: one i32 over the world)
