@@ -266,10 +266,18 @@ double Zero1Optimizer::grad_sq_sum() {
                        GradStat::sum_of_squares) *
              s.norm_weight;
   }
-  const NormGroups& ng_ = I.opts.norm_groups;
-  for (const auto& g : {ng_.tp, ng_.pp, ng_.ep, I.dp})
-    if (g && g->size() > 1) g->all_reduce(&total, &total, 1, DType::f64, ReduceOp::sum);
-  return total;
+  return zero1_norm_sum(total, I.opts.norm_groups, *I.dp);
+}
+
+void zero1_all_gather(Communicator& dp, const void* mine, void* flat, int64_t shard_numel,
+                      DType dtype) {
+  if (dp.size() > 1) dp.all_gather(mine, flat, shard_numel, dtype);
+}
+
+double zero1_norm_sum(double local, const NormGroups& groups, Communicator& dp) {
+  for (Communicator* g : {groups.tp.get(), groups.pp.get(), groups.ep.get(), &dp})
+    if (g && g->size() > 1) g->all_reduce(&local, &local, 1, DType::f64, ReduceOp::sum);
+  return local;
 }
 
 void Zero1Optimizer::scale_grads(float c) {
@@ -364,7 +372,7 @@ void Zero1Optimizer::step() {
                     precision_.stochastic_rounding ? &noise : nullptr, job.lo - s.offset + e0);
     });
     // every rank's updated block into every rank's buffer, in place
-    if (n > 1) I.dp->all_gather(mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
+    zero1_all_gather(*I.dp, mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
   }
   I.grad.clear();
   I.reduced = false;

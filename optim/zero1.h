@@ -137,6 +137,19 @@ class Zero1Optimizer : public Optimizer {
   void sync_groups();  // the groups' lr and weight decay into experts_'
 };
 
+// The squared gradient norm `local` of one ZeRO-1 optimizer's shards summed over the groups the
+// norm spans, in its order: TP, PP, EP (`groups.ep`: set for an experts' optimizer only), then the
+// sharding group `dp`. Zero1Optimizer::clip_grad_norm reduces with it, and nxd-plan calls it on the
+// meta model's step (train/plan_step.cpp), so the plan charges the run's collectives.
+double zero1_norm_sum(double local, const NormGroups& groups, Communicator& dp);
+
+// ZeRO-1's update of one bucket reaching every rank: the all-gather over the sharding group `dp` of
+// each rank's updated `shard_numel` elements (`mine`) into the bucket's flat buffer `flat` in place
+// (null pointers: shapes only, on the sim clock; nothing at DP 1). Zero1Optimizer::step and
+// nxd-plan's meta step call it.
+void zero1_all_gather(Communicator& dp, const void* mine, void* flat, int64_t shard_numel,
+                      DType dtype);
+
 // The name of ZeRO-1 over AdamW, its default rule.
 using Zero1AdamW = Zero1Optimizer;
 

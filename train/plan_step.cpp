@@ -5,8 +5,13 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/optim/grad_norm.h"
+#include "nxd/optim/zero1.h"
 #include "nxd/runtime/context.h"
 #include "nxd/train/plan_internal.h"
+#include "nxd/trainer/preempt.h"
+#include "nxd/trainer/step_metrics.h"
+#include "nxd/trainer/trainer.h"
 
 namespace nxd::trainer::detail {
 
@@ -18,66 +23,35 @@ struct GradOn {
   ~GradOn() { GradMode::set_enabled(prev); }
 };
 
-// The groups the gradient norm sums a scalar over, in order: optim/grad_norm.cpp (EP, TP, PP);
-// ZeRO-1 (optim/zero1.cpp, zero1_experts.cpp) per reduction group: TP, PP, EP (the experts'
-// group only) and the group's own.
-std::vector<Communicator*> norm_groups(const TrainConfig& cfg,
-                                       const std::vector<ReductionGroup>& groups) {
-  namespace ps = parallel_state;
-  Communicator* tp = &ps::get_tensor_model_parallel_group();
-  Communicator* pp = &ps::get_pipeline_model_parallel_group();
-  Communicator* ep =
-      ps::get_expert_model_parallel_size() > 1 ? &ps::get_expert_model_parallel_group() : nullptr;
-  std::vector<Communicator*> out;
-  auto add = [&](Communicator* c) {
-    if (c && c->size() > 1) out.push_back(c);
-  };
-  if (!cfg.dist.zero1) {
-    for (Communicator* c : {ep, tp, pp}) add(c);
-    return out;
+// The step's loss summed over DP (Trainer::dp_sum; a pipeline averages it in run_train) or, in a
+// pipeline, the MoE layers' figures over the stages (what Trainer::pipeline_train_step logs).
+void loss_collectives(const MetaModel& mm) {
+  if (!mm.pipe) {
+    data_parallel_sum({0.0});
+    return;
   }
-  for (const ReductionGroup& g : groups)
-    for (Communicator* c : {tp, pp, g.experts ? ep : nullptr, g.group.get()}) add(c);
-  return out;
+  std::vector<Module*> chunks;
+  for (const auto& c : mm.chunks) chunks.push_back(c.get());
+  pipeline_step_metrics(chunks);
 }
 
-// After the update: the step's loss summed over DP (Trainer::dp_sum; a pipeline averages it in
-// run_train), the MoE layers' figures over the stages (trainer.cpp: log_pipeline_step_metrics), the
-// gradient norm's sums over the groups it spans, and nxd-train's preemption agreement (one i32
-// over the world after every step: Trainer::check_preemption under cli.cpp's PreemptionGuard).
-void step_end_collectives(const TrainConfig& cfg, const MetaModel& mm,
-                          const std::vector<ReductionGroup>& groups) {
-  double norm = 0;
-  if (mm.pipe && cfg.model.moe.enabled() && parallel_state::get_pipeline_model_parallel_size() > 1)
-    for (int i = 0; i < 2; ++i) {
-      double figures[2] = {0, 0};
-      parallel_state::get_pipeline_model_parallel_group().all_reduce(figures, figures, 2,
-                                                                     DType::f64, ReduceOp::sum);
-    }
-  if (!mm.pipe && parallel_state::get_data_parallel_size() > 1)
-    parallel_state::get_data_parallel_group().all_reduce(&norm, &norm, 1, DType::f64,
-                                                         ReduceOp::sum);
-  for (Communicator* g : norm_groups(cfg, groups))
-    g->all_reduce(&norm, &norm, 1, DType::f64, ReduceOp::sum);
-  int32_t signal = 0;
-  world().all_reduce(&signal, &signal, 1, DType::i32, ReduceOp::max);
-}
-
-// The sums of every chunk's sequence-parallel weights' gradients over TP (the norms' weights:
-// allreduce_sequence_parallel_gradients, one flat all-reduce in f32 per chunk), shape only: the
-// layers' function skips meta gradients.
-void sequence_parallel_sums(const MetaModel& mm) {
-  Communicator& tp = parallel_state::get_tensor_model_parallel_group();
-  if (tp.size() == 1) return;
-  for (const auto& c : mm.chunks) {
-    int64_t total = 0;
-    DType dt = DType::f32;
-    for (const ParallelParameter& p : parallel_parameters(*c))
-      if (p.attrs.sequence_parallel_enabled) {
-        total += p.tensor.numel();
-        if (p.tensor.dtype() == DType::f64) dt = DType::f64;
-      }
-    if (total > 0) tp.all_reduce(nullptr, nullptr, total, dt, ReduceOp::sum);
+// The gradient norm by the optimizer's own functions (NxDOptimizer::clip, over the groups it
+// builds): parallel_grad_norm over the model's norm parameters, whose meta gradients add nothing
+// but whose sums go over the run's groups; with ZeRO-1 each reduction group's optimizer's sum
+// (zero1_norm_sum: the experts' over EP too).
+void gradient_norm(const TrainConfig& cfg, const MetaModel& mm,
+                   const std::vector<ReductionGroup>& groups) {
+  const optim::NormGroups ng =
+      mm.pipe ? mm.pipe->norm_groups() : optim::NormGroups::from_parallel_state();
+  if (!cfg.dist.zero1) {
+    optim::parallel_grad_norm(mm.pipe ? mm.pipe->norm_params() : optim::norm_params(*mm.chunks[0]),
+                              ng);
+    return;
+  }
+  for (const ReductionGroup& g : groups) {
+    optim::NormGroups mine = ng;
+    if (!g.experts) mine.ep = nullptr;  // NxDOptimizer: the dense parameters' optimizer
+    optim::zero1_norm_sum(0.0, mine, *g.group);
   }
 }
 
@@ -162,19 +136,29 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
     }
   }
   // the DP reduction and the sums of the sequence-parallel weights' gradients over TP, in
-  // NxDOptimizer::reduce's order (a pipeline sums them at the end of run_train)
-  if (mm.pipe || cfg.dist.zero1) sequence_parallel_sums(mm);
+  // NxDOptimizer::reduce's order (a pipeline summed them at the end of run_train), by the layers'
+  // function, which charges meta gradients' sum
+  auto sp_sums = [&] {
+    if (!mm.pipe)
+      for (const auto& c : mm.chunks) allreduce_sequence_parallel_gradients(*c);
+  };
+  if (cfg.dist.zero1) sp_sums();
   for (ReductionGroup& g : groups)
     if (g.sync) g.sync->finish();
-  if (!mm.pipe && !cfg.dist.zero1) sequence_parallel_sums(mm);
+  if (!cfg.dist.zero1) sp_sums();
   // the update: the sim device charges no time for the optimizer's elementwise pass (as in a
   // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place, over each
   // group (DP x CP; the experts' over expert-DP)
   for (ReductionGroup& g : groups)
-    if (cfg.dist.zero1 && g.sync && g.group->size() > 1)
+    if (cfg.dist.zero1 && g.sync)
       for (int b = 0; b < g.sync->num_buckets(); ++b)
-        g.group->all_gather(nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
-  step_end_collectives(cfg, mm, groups);
+        optim::zero1_all_gather(*g.group, nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
+  // the loss's and the norm's sums (the plan keeps them after the update, as it has timed them)
+  loss_collectives(mm);
+  gradient_norm(cfg, mm, groups);
+  // nxd-train's preemption agreement after every step (Trainer::check_preemption under cli.cpp's
+  // PreemptionGuard: one i32 over the world)
+  agreed_preemption_signal();
   r.step_seconds = clock->now() - start.time;
   r.compute_seconds = clock->compute_seconds() - start.compute;
   return x;

@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
+
+#include "nxd/collectives/communicator.h"
 
 namespace nxd::trainer {
 
@@ -50,6 +53,12 @@ bool preemption_enabled() {
 
 int preemption_signal() {
   return g_signal.load();
+}
+
+int agreed_preemption_signal() {
+  int32_t sig = preemption_signal();
+  world().all_reduce(&sig, &sig, 1, DType::i32, ReduceOp::max);
+  return sig;
 }
 
 std::string signal_name(int sig) {

@@ -27,6 +27,9 @@ class PreemptionGuard {
 bool preemption_enabled();
 // The first signal received under the guard (SIGTERM or SIGINT), 0 if none.
 int preemption_signal();
+// The largest preemption_signal() of every rank (an i32 all-reduce over the world, collective):
+// what Trainer::check_preemption agrees on after every step, and nxd-plan's meta step charges.
+int agreed_preemption_signal();
 // "SIGTERM", "SIGINT".
 std::string signal_name(int sig);
 

@@ -15,6 +15,7 @@
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/sim/clock.h"
+#include "nxd/trainer/step_metrics.h"
 
 namespace nxd::trainer {
 
@@ -138,11 +139,15 @@ NxDConfig nxd_config_of(const TrainerOptions& opts) {
   return c;
 }
 
-std::vector<double> Trainer::dp_sum(std::vector<double> v) const {
-  if (dp_ > 1)
+std::vector<double> data_parallel_sum(std::vector<double> v) {
+  if (parallel_state::get_data_parallel_size() > 1)
     parallel_state::get_data_parallel_group().all_reduce(
         v.data(), v.data(), static_cast<int64_t>(v.size()), DType::f64, ReduceOp::sum);
   return v;
+}
+
+std::vector<double> Trainer::dp_sum(std::vector<double> v) const {
+  return data_parallel_sum(std::move(v));
 }
 
 // Parallel layout, model, optimizer (with gradient buckets) and data, in that order.
@@ -358,21 +363,12 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
   return out;
 }
 
-namespace {
-// The micro batches `bs` as one batch (their rows concatenated in order).
-Batch concat_batches(const std::vector<Batch>& bs) {
-  std::vector<Tensor> ids, tg;
-  for (const Batch& b : bs) ids.push_back(b.ids), tg.push_back(b.targets);
-  return {cat_raw(ids, 0), cat_raw(tg, 0)};
-}
-
-// Under pipeline parallelism: the figures the stages' modules report for the last microbatch
-// (Module::step_metrics; as the module's training_step logs them without PP), combined over this
-// stage's chunks and over the stages, logged by name. Every stage reports the same figures.
-void log_pipeline_step_metrics(Trainer& t, const std::vector<Module*>& chunks) {
+std::vector<std::pair<std::string, double>> pipeline_step_metrics(
+    const std::vector<Module*>& chunks) {
   StepMetrics m;
   for (Module* c : chunks) c->step_metrics(m);
-  if (m.empty()) return;
+  std::vector<std::pair<std::string, double>> out;
+  if (m.empty()) return out;
   using C = StepMetrics::Combine;
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<double> sums, maxes;  // max figures as they are, min figures negated; none: -inf
@@ -394,12 +390,21 @@ void log_pipeline_step_metrics(Trainer& t, const std::vector<Module*>& chunks) {
   size_t si = 0, mi = 0;
   for (const StepMetrics::Metric& x : m.metrics()) {
     if (x.combine == C::sum) {
-      t.log(x.name, sums[si++]);
+      out.emplace_back(x.name, sums[si++]);
       continue;
     }
     const double v = maxes[mi++];  // no value on any stage: 0
-    t.log(x.name, !std::isfinite(v) ? 0.0 : x.combine == C::max ? v : -v);
+    out.emplace_back(x.name, !std::isfinite(v) ? 0.0 : x.combine == C::max ? v : -v);
   }
+  return out;
+}
+
+namespace {
+// The micro batches `bs` as one batch (their rows concatenated in order).
+Batch concat_batches(const std::vector<Batch>& bs) {
+  std::vector<Tensor> ids, tg;
+  for (const Batch& b : bs) ids.push_back(b.ids), tg.push_back(b.targets);
+  return {cat_raw(ids, 0), cat_raw(tg, 0)};
 }
 }  // namespace
 
@@ -412,7 +417,9 @@ double Trainer::pipeline_train_step(DataModule& data, int64_t& tokens) {
   }
   const Batch b = context_parallel_batch(concat_batches(bs));
   const double loss = nxd_model_->run_train(b.ids, b.targets).item();
-  log_pipeline_step_metrics(*this, nxd_model_->local_modules());
+  // the stages' figures (step_metrics.h), logged as the module's training_step logs them without PP
+  for (const auto& [name, value] : pipeline_step_metrics(nxd_model_->local_modules()))
+    log(name, value);
   return loss;
 }
 

@@ -224,6 +224,10 @@ class Trainer {
   Clock::time_point t0_;
 };
 
+// `v` summed over the data-parallel group of parallel_state (collective over it; as is at DP 1):
+// the step's loss (Trainer::train_step), and the same all-reduce in nxd-plan's meta step.
+std::vector<double> data_parallel_sum(std::vector<double> v);
+
 // The whole model's parameter count: TP shards counted once (K/V replicas once).
 int64_t count_parameters(Module& model, int tensor_parallel_size);
 

@@ -13,8 +13,7 @@ namespace nxd::trainer {
 // same step (a signal reaches ranks at different moments), so all stop after this step.
 void Trainer::check_preemption() {
   if (!preemption_enabled()) return;
-  int32_t sig = preemption_signal();
-  world().all_reduce(&sig, &sig, 1, DType::i32, ReduceOp::max);
+  const int sig = agreed_preemption_signal();
   if (sig == 0 || preempt_signal_ != 0) return;
   preempt_signal_ = sig;
   request_stop(str("preempted by ", signal_name(sig), " after step ", step_));

@@ -43,7 +43,7 @@ void allreduce_sequence_parallel_gradients(Module& root, Communicator& group) {
   for (auto& p : parallel_parameters(root)) {
     if (!p.attrs.sequence_parallel_enabled) continue;
     Tensor g = p.tensor.grad();
-    if (!g.defined() || g.is_meta()) continue;
+    if (!g.defined()) continue;
     grads.push_back(g);
     total += g.numel();
   }
@@ -53,6 +53,10 @@ void allreduce_sequence_parallel_gradients(Module& root, Communicator& group) {
   DType dt = DType::f32;
   for (auto& g : grads)
     if (g.dtype() == DType::f64) dt = DType::f64;
+  if (grads.front().is_meta()) {  // shapes only (nxd-plan's meta step): the sum's cost, no data
+    group.all_reduce(nullptr, nullptr, total, dt, ReduceOp::sum);
+    return;
+  }
   Tensor flat = empty({total}, dt);
   int64_t off = 0;
   for (auto& g : grads) {
