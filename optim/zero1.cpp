@@ -170,7 +170,10 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
                 p.name, "' is in no parameter group");
     order = I.opts.registration_order;
   }
+  NXD_CHECK(I.opts.stage == ZeroStage::one || I.opts.stage == ZeroStage::two,
+            "[Zero1Optimizer] stage must be 1 or 2, got ", zero_stage_name(I.opts.stage));
   GradSyncOptions go;
+  go.storage = I.opts.stage == ZeroStage::two ? GradStorage::shard_only : GradStorage::buckets;
   go.bucket_bytes = I.opts.bucket_bytes;
   go.mode = I.opts.mode;
   go.group = I.dp;
@@ -223,6 +226,9 @@ void Zero1Optimizer::set_precision(const PrecisionOptions& p) {
   if (experts_) experts_->set_precision(p);
 }
 
+ZeroStage Zero1Optimizer::stage() const {
+  return impl_->opts.stage;
+}
 int Zero1Optimizer::dp_size() const {
   return impl_->dp->size();
 }

@@ -44,6 +44,12 @@
 // exp_avg / exp_avg_sq / step (and master) tensors under AdamW's names (for comparing with
 // AdamW); scatter_state() takes this rank's shard back from them and release_state() frees them.
 //
+// ZeRO-2 (Zero1Options::stage two, docs/design/fsdp.md): the same optimizer over a GradSync with
+// storage shard_only: no full-size gradient bucket persists; each bucket is reduce-scattered
+// straight into this rank's shard and freed, the parameters' .grad are freed as their bucket goes
+// out. Everything above (norm, clipping, step, state layout, checkpoints) reads only the shards,
+// so it is unchanged and the results are bitwise those of stage one.
+//
 // Expert parallelism (NxD's two ZeRO-1 optimizers): Zero1Options.expert_params (the MoE experts'
 // weights, layers/moe/moe.h) go to a second Zero1Optimizer inside this one, over the
 // expert-data-parallel group: their gradients are reduce-scattered (mean) over it and their state
@@ -62,6 +68,7 @@
 #include "nxd/optim/grad_norm.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/optimizer.h"
+#include "nxd/optim/zero_stage.h"
 
 namespace nxd::optim {
 
@@ -88,6 +95,8 @@ struct Zero1Options {
   // The update and its state (Optimizer::elementwise_rule() of the optimizer sharded); nullopt:
   // AdamW with `adamw`'s betas and eps.
   std::optional<ElementwiseRule> rule;
+  // one: the state (ZeRO-1); two: the gradients too (GradStorage::shard_only).
+  ZeroStage stage = ZeroStage::one;
 };
 
 class Zero1Optimizer : public Optimizer {
@@ -107,6 +116,7 @@ class Zero1Optimizer : public Optimizer {
 
   int dp_size() const;
   int64_t shard_elements() const;  // sum of this rank's bucket shards
+  ZeroStage stage() const;
   // Bytes of optimizer state this rank holds (exp_avg, exp_avg_sq and masters of its shard).
   int64_t state_bytes() const override;
   GradSync& grad_sync();  // its gradient buckets (no_sync() for gradient accumulation)
