@@ -364,6 +364,9 @@ int64_t GradSync::offset_in_bucket(int param) const {
 int64_t GradSync::shard_numel(int b) const {
   return s_->buckets.at(static_cast<size_t>(b)).shard_numel;
 }
+DType GradSync::bucket_dtype(int b) const {
+  return s_->buckets.at(static_cast<size_t>(b)).dtype;
+}
 Tensor GradSync::bucket_shard(int b) const {
   NXD_CHECK(s_->scatter(), "[GradSync] bucket_shard() needs reduction reduce_scatter");
   return s_->buckets.at(static_cast<size_t>(b)).shard;

@@ -164,6 +164,7 @@ class GradSync {
   // Elements of this rank's shard of bucket b (reduce_scatter: ceil(numel / n); all_reduce: the
   // bucket's gradient elements).
   int64_t shard_numel(int b) const;
+  DType bucket_dtype(int b) const;  // of its gradients
   // reduce_scatter, after finish(): this rank's averaged shard of bucket b, [shard_numel(b)]
   // (bucket elements [rank * S, (rank + 1) * S)).
   Tensor bucket_shard(int b) const;

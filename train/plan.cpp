@@ -418,7 +418,7 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
                   ? str(" x context_parallel_size ", cfg.dist.context_parallel_size)
                   : std::string(),
               ")"));
-    if (!cfg.dist.zero1 && dp > 1)
+    if (!cfg.dist.zero1() && dp > 1)
       add(str("distributed_strategy.zero1=true (optimizer state ", format_bytes(w.optimizer_state),
               " -> about ", format_bytes(w.optimizer_state / dp), " per rank)"));
     if (cfg.precision.type == "fp32" || cfg.precision.type == "autocast")

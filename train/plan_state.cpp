@@ -65,13 +65,21 @@ int64_t zero1_state(const TrainConfig& cfg, const ResolvedPrecision& rp, const R
   return transient;
 }
 
+// ZeRO-2: the bytes of the largest bucket buffer (padded to n shards).
+int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
+  int64_t most = 0;
+  for (int b = 0; b < sync.num_buckets(); ++b)
+    most = std::max(most, sync.shard_numel(b) * n * dtype_size(sync.bucket_dtype(b)));
+  return most;
+}
+
 }  // namespace
 
 std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg, const ResolvedPrecision& rp,
                                                 const MetaModel& mm, RankMemory& r) {
   MemoryCounter& mem = current_context().memory();
   std::vector<ReductionGroup> groups = reduction_groups(mm);
-  const bool zero1 = cfg.dist.zero1;
+  const bool zero1 = cfg.dist.zero1();
   int64_t step_transient = 0;  // ZeRO-1: the largest bucket's f32 working copy (groups in turn)
   for (ReductionGroup& g : groups) {
     // gradients: the optimizer's buckets (GradSync's layout); without them .grad per parameter,
@@ -86,7 +94,14 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg, const Re
       go.group = g.group;
       go.reduction = zero1 ? optim::DpReduction::reduce_scatter : optim::DpReduction::all_reduce;
       go.fp32_grad_acc = rp.fp32_grad_acc;
+      // ZeRO-2: only the shards stay; the backward's fresh .grads are measured with the
+      // activations (plan.cpp) and at most two bucket buffers are in flight (optim/grad_sync.h)
+      const bool zero2 = cfg.dist.zero_stage == optim::ZeroStage::two;
+      if (zero2) go.storage = optim::GradStorage::shard_only;
       g.sync = std::make_unique<optim::GradSync>(g.params, go);
+      if (zero2)
+        step_transient =
+            std::max(step_transient, 2 * largest_bucket_bytes(*g.sync, g.group->size()));
     }
     r.gradients += mem.live() - before;
     if (zero1) {

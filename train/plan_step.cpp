@@ -32,7 +32,7 @@ std::vector<Communicator*> norm_groups(const TrainConfig& cfg,
   auto add = [&](Communicator* c) {
     if (c && c->size() > 1) out.push_back(c);
   };
-  if (!cfg.dist.zero1) {
+  if (!cfg.dist.zero1()) {
     for (Communicator* c : {ep, tp, pp}) add(c);
     return out;
   }
@@ -163,15 +163,15 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
   }
   // the DP reduction and the sums of the sequence-parallel weights' gradients over TP, in
   // NxDOptimizer::reduce's order (a pipeline sums them at the end of run_train)
-  if (mm.pipe || cfg.dist.zero1) sequence_parallel_sums(mm);
+  if (mm.pipe || cfg.dist.zero1()) sequence_parallel_sums(mm);
   for (ReductionGroup& g : groups)
     if (g.sync) g.sync->finish();
-  if (!mm.pipe && !cfg.dist.zero1) sequence_parallel_sums(mm);
+  if (!mm.pipe && !cfg.dist.zero1()) sequence_parallel_sums(mm);
   // the update: the sim device charges no time for the optimizer's elementwise pass (as in a
   // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place, over each
   // group (DP x CP; the experts' over expert-DP)
   for (ReductionGroup& g : groups)
-    if (cfg.dist.zero1 && g.sync && g.group->size() > 1)
+    if (cfg.dist.zero1() && g.sync && g.group->size() > 1)
       for (int b = 0; b < g.sync->num_buckets(); ++b)
         g.group->all_gather(nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
   step_end_collectives(cfg, mm, groups);

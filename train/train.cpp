@@ -82,7 +82,9 @@ class RunSummary : public Callback {
               cfg_.dist.context_parallel_size > 1
                   ? str(", context parallel ", cfg_.dist.context_parallel_size)
                   : std::string(),
-              ", data parallel ", t.dp_size(), cfg_.dist.zero1 ? " with ZeRO-1" : "",
+              ", data parallel ", t.dp_size(),
+              cfg_.dist.zero1() ? str(" with ZeRO-", optim::zero_stage_name(cfg_.dist.zero_stage))
+                                : std::string(),
               cfg_.dist.expert_model_parallel_size > 1
                   ? str(" (experts split over ", cfg_.dist.expert_model_parallel_size, " of them)")
                   : std::string(),
@@ -437,7 +439,7 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.nxd.pipeline_config.virtual_pipeline_size =
       static_cast<int>(cfg.dist.virtual_pipeline_model_parallel_size);
   to.nxd.pipeline_config.schedule = cfg.dist.pipeline_schedule;
-  to.nxd.optimizer_config.zero_one_enabled = cfg.dist.zero1;
+  to.nxd.optimizer_config.zero_stage = cfg.dist.zero_stage;
   to.nxd.grad_bucket_mb = cfg.dist.grad_bucket_mb;
   to.nxd.lora_config = cfg.lora;
   to.nxd.model_init_config.seed = cfg.seed;  // the adapters' initialization
