@@ -306,7 +306,8 @@ std::vector<KeySpec> make_registry() {
           "What is sharded over the data-parallel ranks (docs/design/fsdp.md): 0 nothing, 1 the "
           "optimizer state (= zero1: true), 2 also the gradients (each bucket reduce-scattered "
           "into the rank's shard, the full-size gradients freed). null: zero1 decides. A value "
-          "other than 1 with zero1: true is an error naming both."),
+          "other than 1 with zero1: true is an error naming both; 3 is refused (not "
+          "implemented)."),
       key("distributed_strategy.expert_model_parallel_size", K::integer, 1,
           "Expert-parallel degree: the experts of each MoE layer are split over this many "
           "data-parallel (or data x context-parallel) ranks (it divides data-parallel size x "

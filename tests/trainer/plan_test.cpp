@@ -87,6 +87,30 @@ TEST(MemoryPlan, EqualsTheAllocatorsPeaksWithinFivePercent) {
   std::printf("    largest difference %.2f%%\n", 100 * worst);
 }
 
+// ZeRO-2 (distributed_strategy.zero_stage=2): the gradients' shards resident, the backward's
+// full-size .grads and the in-flight bucket buffers transient; the same 5% as every layout.
+TEST(MemoryPlan, KnowsZeroStage2) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_zero2_");
+  const std::vector<std::vector<std::string>> runs = {
+      {"backend.world_size=4", "distributed_strategy.zero_stage=2", "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.zero_stage=2",
+       "precision.type=mixed_precision"},
+      {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.sequence_parallel=true", "distributed_strategy.zero_stage=2",
+       "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+       "distributed_strategy.zero_stage=2", "precision.type=fp32"},
+  };
+  double worst = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::string what;
+    for (const auto& s : runs[i]) what += " " + s;
+    worst = std::max(worst,
+                     plan_against_run(small(d, "run" + std::to_string(i), runs[i]), what).second);
+  }
+  std::printf("    largest difference %.2f%%\n", 100 * worst);
+}
+
 // The plan is deterministic: the same configuration plans the same bytes and the same modeled
 // step, bitwise.
 TEST(MemoryPlan, IsDeterministic) {
