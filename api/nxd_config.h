@@ -38,6 +38,8 @@ struct OptimizerConfig {
   // What is sharded over DP (optim/zero_stage.h, docs/design/fsdp.md); none with
   // zero_one_enabled means one, any other stage with it is a ConfigError naming both.
   optim::ZeroStage zero_stage = optim::ZeroStage::none;
+  // The sharded optimizer's state and masters in host memory (needs a stage >= 1).
+  bool optimizer_offload = false;
   optim::ZeroStage stage() const { return zero_one_enabled ? optim::ZeroStage::one : zero_stage; }
   bool grad_clipping = true;
   double max_grad_norm = 1.0;

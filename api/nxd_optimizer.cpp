@@ -76,6 +76,10 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
               "[NxDOptimizer] optimizer_config.zero_stage=3 (sharded parameters) is not "
               "implemented; stages 0, 1 and 2 are (docs/design/fsdp.md)");
   const bool zero1 = stage != optim::ZeroStage::none;
+  NXD_CHECK_T(
+      ConfigError, zero1 || !cfg_.optimizer_config.optimizer_offload,
+      "[NxDOptimizer] optimizer_config.optimizer_offload=true needs "
+      "optimizer_config.zero_stage 1 or 2: only the sharded optimizer's state is offloaded");
   // buckets go out during backward unless something must reach .grad before the reduction
   const auto mode =
       sync == optim::GradSyncMode::at_step || model_.is_pipeline() || (zero1 && sp_sums_)
@@ -109,6 +113,8 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
       zo.norm_groups.ep = nullptr;
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     zo.stage = stage;
+    zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host
+                                                           : optim::StatePlacement::device;
     std::vector<optim::ParamGroup> groups = inner->param_groups();
     inner.reset();  // the full state (unless deferred) goes before ZeRO-1's is allocated
     auto z = std::make_unique<optim::Zero1Optimizer>(std::move(groups), std::move(zo));

@@ -8,6 +8,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/optim/items.h"
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/host_memory.h"
 
 namespace nxd::optim {
 
@@ -108,7 +109,12 @@ struct Zero1Optimizer::Impl {
                 sh.param_dtype, hi - lo);
     }
   }
+  // Where the state's allocations go: host memory under optimizer offload.
+  HostPlacement state_memory() const {
+    return opts.placement == StatePlacement::host ? HostPlacement::on : HostPlacement::off;
+  }
   void init_masters(const PrecisionOptions& p) {
+    const HostMemoryScope scope(state_memory());
     master = Tensor();
     bool any = false;
     for (const Shard& sh : shards) any = any || has_master(sh, p);
@@ -212,7 +218,10 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
     I.segs.push_back(std::move(s));
   }
   I.flatten_params();
-  for (size_t k = 0; k < I.rule.state.size(); ++k) I.state.push_back(zeros({I.total}));
+  {
+    const HostMemoryScope scope(I.state_memory());
+    for (size_t k = 0; k < I.rule.state.size(); ++k) I.state.push_back(zeros({I.total}));
+  }
   Zero1Optimizer::set_precision(I.opts.adamw.precision);
 }
 
@@ -324,6 +333,7 @@ void Zero1Optimizer::step() {
     } else if (sh.param_dtype == DType::f32) {
       work = mine;
     } else {
+      const HostMemoryScope scope(I.state_memory());
       work = zeros({sh.size});
       I.read_params(sh, work.data<float>());
     }

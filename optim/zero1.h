@@ -72,6 +72,8 @@
 
 namespace nxd::optim {
 
+enum class StatePlacement { device, host };
+
 struct Zero1Options {
   AdamWOptions adamw;                      // adamw.precision: bf16 parameters (master weights, SR)
   std::shared_ptr<Communicator> dp_group;  // null: parallel_state data x context group (DP at CP 1)
@@ -97,6 +99,9 @@ struct Zero1Options {
   std::optional<ElementwiseRule> rule;
   // one: the state (ZeRO-1); two: the gradients too (GradStorage::shard_only).
   ZeroStage stage = ZeroStage::one;
+  // host: optimizer offload: the state and masters of the shard (and the step's f32 working copy)
+  // are host memory, charged to the rank's host counter (runtime/host_memory.h), not its HBM.
+  StatePlacement placement = StatePlacement::device;
 };
 
 class Zero1Optimizer : public Optimizer {

@@ -157,6 +157,7 @@ struct DistributedSection {
   pipeline::ScheduleKind pipeline_schedule = pipeline::ScheduleKind::one_f_one_b;
   pipeline::PartitionBalance pipeline_partition = pipeline::PartitionBalance::parameters;
   optim::ZeroStage zero_stage;  // distributed_strategy.zero_stage, or 1 with zero1: true
+  bool optimizer_offload;       // the sharded optimizer state and masters in host memory
   bool zero1() const { return zero_stage != optim::ZeroStage::none; }  // the state is sharded
   bool sequence_parallel;
   int64_t kv_replicator;  // resolved: max(1, tp / kv heads) unless set

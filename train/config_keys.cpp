@@ -308,6 +308,11 @@ std::vector<KeySpec> make_registry() {
           "into the rank's shard, the full-size gradients freed). null: zero1 decides. A value "
           "other than 1 with zero1: true is an error naming both; 3 is refused (not "
           "implemented)."),
+      key("distributed_strategy.optimizer_offload", K::boolean, false,
+          "Optimizer offload (with zero_stage 1 or 2): the sharded optimizer state and f32 master "
+          "weights live in host memory, accounted apart from HBM by the sim device, and the "
+          "update runs there; nxd-train prints the HBM peak against the host's. Losses are "
+          "unchanged (the same update)."),
       key("distributed_strategy.expert_model_parallel_size", K::integer, 1,
           "Expert-parallel degree: the experts of each MoE layer are split over this many "
           "data-parallel (or data x context-parallel) ranks (it divides data-parallel size x "

@@ -302,6 +302,11 @@ DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
   ds.pipeline_partition =
       pipeline::parse_partition_balance(r.c.get_string("distributed_strategy.pipeline_partition"));
   ds.zero_stage = resolve_zero_stage(r);
+  ds.optimizer_offload = r.c.get_bool("distributed_strategy.optimizer_offload");
+  if (ds.optimizer_offload && !ds.zero1())
+    r.fail(
+        "distributed_strategy.optimizer_offload=true needs distributed_strategy.zero_stage 1 "
+        "or 2 (or zero1: true): only the sharded optimizer's state is offloaded");
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");
   ds.instance = r.c.get_string("backend.instance");

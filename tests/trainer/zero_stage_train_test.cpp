@@ -131,3 +131,30 @@ TEST(ZeroStageTrain, ContradictoryOrUnknownStagesAreConfigErrors) {
   EXPECT_EQ(c.dist.zero_stage, optim::ZeroStage::one);
   EXPECT_EQ(nxd_config_of(c).optimizer_config.stage(), optim::ZeroStage::one);
 }
+
+// Optimizer offload (distributed_strategy.optimizer_offload) at ZeRO-2 DP 4: the same losses
+// bitwise, and the optimizer state's bytes move from the HBM peak to the host counter.
+TEST(ZeroStageTrain, OptimizerOffloadMovesTheStateToHostWithTheSameLosses) {
+  auto d = nxd::testing::test_temp_dir("nxd_offload_train_");
+  const std::vector<std::string> base = {"backend.world_size=4",
+                                         "distributed_strategy.tensor_model_parallel_size=1",
+                                         "distributed_strategy.zero_stage=2"};
+  auto with = base;
+  with.push_back("distributed_strategy.optimizer_offload=true");
+  const Out dev = run(d, "device", base), off = run(d, "offload", with);
+  const double state = static_cast<double>(off.result.optimizer_state_bytes);
+  const double moved = static_cast<double>(dev.result.hbm_peak_bytes - off.result.hbm_peak_bytes);
+  std::printf(
+      "    HBM peak %.3f -> %.3f MiB with offload (%.3f MiB moved; optimizer state %.3f MiB), "
+      "host peak %.3f -> %.3f MiB\n",
+      dev.result.hbm_peak_bytes / 1048576.0, off.result.hbm_peak_bytes / 1048576.0,
+      moved / 1048576.0, state / 1048576.0, dev.result.host_peak_bytes / 1048576.0,
+      off.result.host_peak_bytes / 1048576.0);
+  EXPECT_EQ(worst_rel(off.rows.loss, dev.rows.loss), 0.0);
+  EXPECT_EQ(dev.result.host_peak_bytes, 0);
+  EXPECT_GE(static_cast<double>(off.result.host_peak_bytes), state);
+  EXPECT_NEAR(moved, state, 0.02 * state);
+  const std::string e = config_error(d, {"distributed_strategy.optimizer_offload=true"});
+  EXPECT_NE(e.find("distributed_strategy.optimizer_offload=true"), std::string::npos) << e;
+  EXPECT_NE(e.find("distributed_strategy.zero_stage"), std::string::npos) << e;
+}
