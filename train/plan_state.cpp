@@ -58,9 +58,13 @@ int64_t zero1_state(const TrainConfig& cfg, const ResolvedPrecision& rp, const R
     for (int i : layout[b]) numel += g.params[static_cast<size_t>(i)].param.numel();
     const int64_t shard = sync.shard_numel(b);
     r.parameters += (shard * n - numel) * dtype_size(pd);  // the flat buffer's padding
-    r.optimizer_state += shard * state_bytes_per_element(cfg, pd, rp.master_weights);
+    // optimizer offload: the state, masters and the step's working copy in host memory
+    const bool host = cfg.dist.optimizer_offload;
+    (host ? r.host_optimizer_state : r.optimizer_state) +=
+        shard * state_bytes_per_element(cfg, pd, rp.master_weights);
     if (pd == DType::bf16 && !rp.fp32_grad_acc) r.collective_buffers += shard * 4;
-    if (pd == DType::bf16 && !rp.master_weights) transient = std::max(transient, shard * 4);
+    if (pd == DType::bf16 && !rp.master_weights && !host)
+      transient = std::max(transient, shard * 4);
   }
   return transient;
 }

@@ -88,7 +88,8 @@ TEST(MemoryPlan, EqualsTheAllocatorsPeaksWithinFivePercent) {
 }
 
 // ZeRO-2 (distributed_strategy.zero_stage=2): the gradients' shards resident, the backward's
-// full-size .grads and the in-flight bucket buffers transient; the same 5% as every layout.
+// full-size .grads and the in-flight bucket buffers transient; with optimizer offload the state
+// and masters out of the HBM plan; the same 5% as every layout.
 TEST(MemoryPlan, KnowsZeroStage2) {
   auto d = nxd::testing::test_temp_dir("nxd_plan_zero2_");
   const std::vector<std::vector<std::string>> runs = {
@@ -100,6 +101,8 @@ TEST(MemoryPlan, KnowsZeroStage2) {
        "precision.type=fp32"},
       {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
        "distributed_strategy.zero_stage=2", "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.zero_stage=2",
+       "distributed_strategy.optimizer_offload=true", "precision.type=mixed_precision"},
   };
   double worst = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
