@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nxd/train/config.h"
+#include "nxd/train/train.h"
 #include "support/files.h"
 
 namespace nxd::testing {
@@ -74,6 +75,20 @@ inline std::vector<std::string> parallel_run(std::vector<std::string> extra) {
                              "trainer.matmul_precision=fp32"};
   s.insert(s.end(), extra.begin(), extra.end());
   return s;
+}
+
+// A quiet parallel_run of tiny() with `layers` decoder layers in d / name: its result and rows.
+struct TrainRun {
+  trainer::TrainResult result;
+  Rows rows;
+};
+inline TrainRun train_rows(const std::filesystem::path& d, const std::string& name,
+                           std::vector<std::string> extra, int layers = 2) {
+  extra.insert(extra.begin(), "model.num_layers=" + std::to_string(layers));
+  TrainRun o;
+  o.result = trainer::train(tiny(d / name, tiny_corpus(d), parallel_run(extra)), {.quiet = true});
+  o.rows = read_rows(d / name / "metrics.csv");
+  return o;
 }
 
 }  // namespace nxd::testing

@@ -25,18 +25,10 @@ using nxd::testing::worst_rel;
 
 namespace {
 
-struct Out {
-  TrainResult result;
-  nxd::testing::Rows rows;
-};
+using Out = nxd::testing::TrainRun;
 
 Out run(const fs::path& d, const std::string& name, std::vector<std::string> extra) {
-  extra.insert(extra.begin(), "model.num_layers=2");
-  Out o;
-  o.result =
-      train(tiny(d / name, nxd::testing::tiny_corpus(d), parallel_run(extra)), {.quiet = true});
-  o.rows = read_rows(d / name / "metrics.csv");
-  return o;
+  return nxd::testing::train_rows(d, name, std::move(extra));
 }
 
 std::string config_error(const fs::path& d, std::vector<std::string> extra) {
