@@ -1,5 +1,5 @@
 // distributed_strategy.zero_stage through nxd-train (docs/design/fsdp.md): ZeRO-2 at DP 4, TP2(SP)
-// x DP2 and PP2 x DP2 gives plain DP's losses and grad norms over 20 steps with clipping (the
+// x DP2, PP2 x DP2 and DP 4 with full activation checkpointing gives plain DP's losses and grad norms over 20 steps with clipping (the
 // same buckets and collectives as ZeRO-1: bitwise its losses) with a lower HBM peak than ZeRO-1
 // (TP x SP: than plain DP); a ZeRO-2
 // checkpoint resumes at stages 0, 1 and 2 as the uninterrupted run; contradictory keys are a
@@ -49,7 +49,9 @@ TEST(ZeroStageTrain, Zero2MatchesPlainDpWithALowerPeakThanZero1) {
       {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=2",
        "distributed_strategy.sequence_parallel=true"},
       {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=1",
-       "distributed_strategy.pipeline_model_parallel_size=2"}};
+       "distributed_strategy.pipeline_model_parallel_size=2"},
+      {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=1",
+       "model.activations_checkpoint_granularity=full"}};
   for (size_t i = 0; i < layouts.size(); ++i) {
     auto stage = [&](int s) {
       auto with = layouts[i];
