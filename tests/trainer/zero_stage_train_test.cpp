@@ -80,18 +80,10 @@ TEST(ZeroStageTrain, Zero2MatchesPlainDpWithALowerPeakThanZero1) {
 
 TEST(ZeroStageTrain, Zero2CheckpointResumesAtStages0And1And2) {
   auto d = nxd::testing::test_temp_dir("nxd_zero2_ckpt_");
-  const std::vector<std::string> dp4 = {"backend.world_size=4",
-                                        "distributed_strategy.tensor_model_parallel_size=1",
-                                        "trainer.max_steps=8", "model.optim.sched.max_steps=8"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), dp4.begin(), dp4.end());
-    return extra;
-  };
-  const Out whole = run(d, "whole", with({"distributed_strategy.zero_stage=2"}));
-  run(d, "cut",
-      with({"distributed_strategy.zero_stage=2", "trainer.max_steps=5",
-            "exp_manager.checkpoint_callback_params.every_n_train_steps=4"}));
-  const std::string ckpt = (d / "cut" / "checkpoints" / "step_4").string();
+  const auto c = nxd::testing::cut_run(d, "distributed_strategy.zero_stage=2");
+  const Out& whole = c.whole;
+  const std::string& ckpt = c.ckpt;
+  auto with = [&](std::vector<std::string> extra) { return c.args(std::move(extra)); };
   EXPECT_EQ(ckpt::read_metadata(ckpt)["parallel"]["zero1"], true);  // the sharded layout
   const std::vector<double> tail(whole.rows.loss.begin() + 4, whole.rows.loss.end());
   for (const char* s : {"0", "1", "2"}) {
