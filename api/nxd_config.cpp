@@ -51,12 +51,17 @@ void read_optimizer(const nlohmann::json& v, OptimizerConfig& o) {
   for (const auto& [k, x] : v.items()) {
     if (k == "zero_one_enabled")
       o.zero_one_enabled = x.get<bool>();
+    else if (k == "optimizer_offload")
+      o.optimizer_offload = x.get<bool>();
+    else if (k == "zero_stage")
+      o.zero_stage = optim::zero_stage_from_int(x.get<int64_t>(), "optimizer_config.zero_stage");
     else if (k == "grad_clipping")
       o.grad_clipping = x.get<bool>();
     else if (k == "max_grad_norm")
       o.max_grad_norm = x.get<double>();
     else
-      unknown("optimizer_config.", k, "zero_one_enabled, grad_clipping, max_grad_norm");
+      unknown("optimizer_config.", k,
+              "zero_one_enabled, zero_stage, optimizer_offload, grad_clipping, max_grad_norm");
   }
 }
 
@@ -202,6 +207,15 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
     fail("optimizer_config.max_grad_norm must be > 0 with grad_clipping, got ",
          c.optimizer_config.max_grad_norm);
   if (!(c.grad_bucket_mb > 0)) fail("grad_bucket_mb must be > 0, got ", c.grad_bucket_mb);
+  const optim::ZeroStage zs = c.optimizer_config.zero_stage;
+  if (c.optimizer_config.zero_one_enabled && zs != optim::ZeroStage::none &&
+      zs != optim::ZeroStage::one)
+    fail("optimizer_config.zero_one_enabled=true contradicts optimizer_config.zero_stage=",
+         optim::zero_stage_name(zs), " (zero_one_enabled is stage 1; set one of them)");
+  if (c.optimizer_config.optimizer_offload && c.optimizer_config.stage() == optim::ZeroStage::none)
+    fail(
+        "optimizer_config.optimizer_offload=true needs optimizer_config.zero_stage 1 or 2 (or "
+        "zero_one_enabled): only the sharded optimizer's state is offloaded");
   const ResolvedPrecision rp = resolve_precision(c);
   if (!parallel_state::model_parallel_is_initialized()) {
     parallel_state::initialize_model_parallel(

@@ -27,6 +27,7 @@
 #include "nxd/layers/module.h"
 #include "nxd/layers/module_class.h"
 #include "nxd/layers/parallel/lora.h"
+#include "nxd/optim/zero_stage.h"
 #include "nxd/pipeline/partition.h"
 #include "nxd/pipeline/schedule.h"
 #include "nxd/runtime/blas.h"
@@ -35,7 +36,13 @@
 namespace nxd::trainer {
 
 struct OptimizerConfig {
-  bool zero_one_enabled = false;  // ZeRO-1 (AdamW only)
+  bool zero_one_enabled = false;  // ZeRO-1 (NxD's key): zero_stage one
+  // What is sharded over DP (optim/zero_stage.h, docs/design/fsdp.md); none with
+  // zero_one_enabled means one, any other stage with it is a ConfigError naming both.
+  optim::ZeroStage zero_stage = optim::ZeroStage::none;
+  // The sharded optimizer's state and masters in host memory (needs a stage >= 1).
+  bool optimizer_offload = false;
+  optim::ZeroStage stage() const { return zero_one_enabled ? optim::ZeroStage::one : zero_stage; }
   bool grad_clipping = true;
   double max_grad_norm = 1.0;
 };
@@ -100,7 +107,7 @@ struct NxDConfig {
   // context_parallel_size, expert_parallel_size,
   // pipeline_config {num_microbatches, schedule, virtual_pipeline_size, pipeline_cuts,
   // partition},
-  // optimizer_config {zero_one_enabled, grad_clipping, max_grad_norm},
+  // optimizer_config {zero_one_enabled, zero_stage, grad_clipping, max_grad_norm},
   // activation_checkpoint_config, pad_model, sequence_parallel, model_init_config
   // {meta_device_init, seed}, mixed_precision_config {use_master_weights, use_fp32_grad_acc},
   // precision, grad_bucket_mb, lora_config {enable_lora, lora_rank, lora_alpha, lora_dropout,

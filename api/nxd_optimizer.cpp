@@ -71,7 +71,15 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   bool moe = ep > 1;
   for (Module* m : model_.local_modules()) moe = moe || !moe_layers(*m).empty();
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
-  const bool zero1 = cfg_.optimizer_config.zero_one_enabled;
+  const optim::ZeroStage stage = cfg_.optimizer_config.stage();
+  NXD_CHECK_T(ConfigError, stage != optim::ZeroStage::three,
+              "[NxDOptimizer] optimizer_config.zero_stage=3 (sharded parameters) is not "
+              "implemented; stages 0, 1 and 2 are (docs/design/fsdp.md)");
+  const bool zero1 = stage != optim::ZeroStage::none;
+  NXD_CHECK_T(
+      ConfigError, zero1 || !cfg_.optimizer_config.optimizer_offload,
+      "[NxDOptimizer] optimizer_config.optimizer_offload=true needs "
+      "optimizer_config.zero_stage 1 or 2: only the sharded optimizer's state is offloaded");
   // buckets go out during backward unless something must reach .grad before the reduction
   const auto mode =
       sync == optim::GradSyncMode::at_step || model_.is_pipeline() || (zero1 && sp_sums_)
@@ -79,8 +87,9 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
           : optim::GradSyncMode::overlap;
   if (zero1) {
     std::optional<optim::ElementwiseRule> rule = inner->elementwise_rule();
-    NXD_CHECK_T(ConfigError, rule.has_value(),
-                "[NxDOptimizer] optimizer_config.zero_one_enabled shards optimizers whose update "
+    NXD_CHECK_T(ConfigError, rule.has_value(), "[NxDOptimizer] optimizer_config.zero_stage ",
+                optim::zero_stage_name(stage),
+                " (zero_one_enabled: 1) shards optimizers whose update "
                 "is elementwise (Optimizer::elementwise_rule: AdamW, SGD, Lion, an "
                 "ElementwiseOptimizer), got ",
                 inner->kind(), ", which gives none");
@@ -103,6 +112,9 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     else
       zo.norm_groups.ep = nullptr;
     zo.fp32_grad_acc = rp.fp32_grad_acc;
+    zo.stage = stage;
+    zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host
+                                                           : optim::StatePlacement::device;
     std::vector<optim::ParamGroup> groups = inner->param_groups();
     inner.reset();  // the full state (unless deferred) goes before ZeRO-1's is allocated
     auto z = std::make_unique<optim::Zero1Optimizer>(std::move(groups), std::move(zo));

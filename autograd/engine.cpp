@@ -156,6 +156,18 @@ void set_grad_buffer(const Tensor& leaf, const Tensor& buffer) {
   meta_of(leaf).grad_buffer = buffer.defined() ? buffer.impl_ptr() : nullptr;
 }
 
+void set_grad_dtype(const Tensor& leaf, DType dtype) {
+  NXD_CHECK(leaf.requires_grad() && is_leaf(leaf) && is_floating(dtype), "[set_grad_dtype] ",
+            leaf.desc(), " is not a leaf that requires grad, or ", dtype_name(dtype),
+            " is not floating point");
+  meta_of(leaf).has_grad_dtype = true;
+  meta_of(leaf).grad_dtype = dtype;
+}
+
+void reset_grad_dtype(const Tensor& leaf) {
+  if (leaf.impl()->autograd) leaf.impl()->autograd->has_grad_dtype = false;
+}
+
 Tensor grad_buffer(const Tensor& leaf) {
   const auto& m = leaf.impl()->autograd;
   return Tensor(m ? m->grad_buffer : nullptr);
@@ -237,8 +249,11 @@ void execute(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad
         b.copy_(g);  // the first gradient of a pass overwrites whatever the buffer held
         leaf->grad = b.impl_ptr();
       } else if (!leaf->grad) {
-        bool adopt = g.dtype() == leaf->dtype && exclusively_owned(g);
-        leaf->grad = adopt ? g.impl_ptr() : g.to(leaf->dtype).clone().impl_ptr();
+        const DType gd = leaf->autograd && leaf->autograd->has_grad_dtype
+                             ? leaf->autograd->grad_dtype
+                             : leaf->dtype;
+        bool adopt = g.dtype() == gd && exclusively_owned(g);
+        leaf->grad = adopt ? g.impl_ptr() : g.to(gd).clone().impl_ptr();
         if (adopt) g = Tensor();
       } else {
         add_into(Tensor(leaf->grad), g);

@@ -65,6 +65,9 @@ struct AutogradMeta {
   std::vector<GradHook> hooks;  // leaves only
   // Leaves only: where the leaf's gradient lives (see set_grad_buffer); null = a fresh tensor.
   std::shared_ptr<TensorImpl> grad_buffer;
+  // Leaves only, without a buffer: the dtype of a fresh .grad (set_grad_dtype); none = the leaf's.
+  bool has_grad_dtype = false;
+  DType grad_dtype = DType::f32;
 };
 
 // True when grad mode is on and any input requires grad.
@@ -93,6 +96,11 @@ void register_hook(const Tensor& leaf, GradHook hook);
 void set_grad_buffer(const Tensor& leaf, const Tensor& buffer);
 // The leaf's gradient buffer (undefined if none).
 Tensor grad_buffer(const Tensor& leaf);
+// Without a gradient buffer: the first gradient of a pass becomes a fresh .grad of `dtype` (f32
+// for a bf16 parameter accumulates in f32 as an f32 buffer does, with no memory held between
+// passes; ZeRO-2's gradients, optim/grad_sync.h). reset_grad_dtype() goes back to the leaf's.
+void set_grad_dtype(const Tensor& leaf, DType dtype);
+void reset_grad_dtype(const Tensor& leaf);
 
 struct BackwardOptions {
   bool retain_graph = false;  // keep saved tensors so backward can run again

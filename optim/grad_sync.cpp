@@ -51,6 +51,7 @@ struct GradSync::State {
   int64_t copied_bytes = 0;
 
   bool scatter() const { return opts.reduction == DpReduction::reduce_scatter; }
+  bool shard_only() const { return opts.storage == GradStorage::shard_only; }
   int n() const { return group->size(); }
 
   std::vector<Tensor> slots;  // per parameter: its slice of its bucket (its gradient buffer)
@@ -63,6 +64,7 @@ struct GradSync::State {
   // Makes the bucket's slices hold this pass's gradients: a parameter without .grad contributes
   // zeros, a .grad that is not its slice is copied in (and re-pointed to the slice).
   void prepare(Bucket& b) {
+    if (shard_only()) return gather_into_buffer(b);
     for (size_t k = 0; k < b.params.size(); ++k) {
       const int i = b.params[k];
       const Tensor& p = params[i].param;
@@ -82,12 +84,39 @@ struct GradSync::State {
     }
   }
 
+  // shard_only: a fresh bucket buffer receives the parameters' .grad (zeros where a parameter has
+  // none, and in the padding), and the .grads are freed.
+  void gather_into_buffer(Bucket& b) {
+    b.buf = zeros({b.shard_numel * n()}, b.dtype, b.meta ? Device::meta : Device::host);
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const int i = b.params[k];
+      const Tensor& p = params[i].param;
+      const Tensor g = p.grad();
+      has_grad[i] = g.defined() ? 1 : 0;
+      if (!g.defined()) continue;
+      if (!b.meta) {
+        b.buf.narrow(0, b.offsets[k], p.numel()).view(p.shape()).copy_(g);
+        charge_compute("dp_bucket_copy_in", 0, 2.0 * static_cast<double>(g.nbytes()), b.dtype);
+      }
+      p.set_grad(Tensor());
+    }
+  }
+
+  // shard_only: waits for bucket bi's reduction and frees its buffer.
+  void retire(Bucket& b) {
+    if (!shard_only() || !b.buf.defined()) return;
+    b.work.wait();
+    b.work = Work();
+    b.buf = Tensor();
+  }
+
   void launch(int bi) {
     Bucket& b = buckets[bi];
     prepare(b);
     if (n() > 1) {
       void* p = b.meta ? nullptr : b.buf.raw_data();
       if (scatter()) {
+        // shard_only: out of place into the persistent shard
         void* s = b.meta ? nullptr : b.shard.raw_data();
         b.work = group->ireduce_scatter(p, s, b.shard_numel, b.dtype, ReduceOp::avg);
       } else {
@@ -96,12 +125,16 @@ struct GradSync::State {
       }
     }
     b.launched = true;
+    if (n() == 1 && shard_only() && !b.meta) b.shard.copy_(b.buf.narrow(0, 0, b.shard_numel));
   }
 
   // Launches, in bucket order, every complete bucket whose predecessors are launched.
+  // shard_only: the bucket before a launched one is retired (at most two in flight).
   void launch_ready() {
-    while (next_launch < static_cast<int>(buckets.size()) && buckets[next_launch].pending == 0)
+    while (next_launch < static_cast<int>(buckets.size()) && buckets[next_launch].pending == 0) {
       launch(next_launch++);
+      if (next_launch >= 2) retire(buckets[next_launch - 2]);
+    }
   }
 
   void on_ready(int i) {
@@ -149,11 +182,13 @@ struct GradSync::State {
   }
 
   void wait_all_noexcept() {
-    for (auto& b : buckets)
+    for (auto& b : buckets) {
       if (b.launched) try {
           b.work.wait();
         } catch (...) {
         }
+      if (shard_only()) b.buf = Tensor();
+    }
   }
 
   void build_buckets();
@@ -186,7 +221,10 @@ void GradSync::State::build_buckets() {
   const Device dev_meta = Device::meta;
   for (auto& b : buckets) {
     const Device dev = b.meta ? dev_meta : Device::host;
-    if (scatter()) {
+    if (shard_only()) {
+      b.shard_numel = (b.grad_numel + n() - 1) / n();
+      b.shard = zeros({b.shard_numel}, b.dtype, dev);
+    } else if (scatter()) {
       b.shard_numel = (b.grad_numel + n() - 1) / n();
       b.buf = zeros({b.shard_numel * n()}, b.dtype, dev);
       // in place: this rank's block of the bucket receives its reduced shard
@@ -200,6 +238,10 @@ void GradSync::State::build_buckets() {
   for (int i = 0; i < np; ++i) {
     const Bucket& b = buckets[static_cast<size_t>(bucket_of[i])];
     const Tensor& p = params[i].param;
+    if (shard_only()) {  // no buffers: fresh .grads in the bucket's dtype
+      autograd::set_grad_dtype(p, b.dtype);
+      continue;
+    }
     slots.push_back(b.buf.narrow(0, b.offsets[pos_in_bucket[i]], p.numel()).view(p.shape()));
     autograd::set_grad_buffer(p, slots.back());
   }
@@ -218,6 +260,9 @@ GradSync::GradSync(std::vector<NamedParam> params, GradSyncOptions opts)
     : s_(std::make_shared<State>()) {
   State& s = *s_;
   NXD_CHECK(opts.bucket_bytes > 0, "[GradSync] bucket_bytes must be > 0, got ", opts.bucket_bytes);
+  NXD_CHECK(opts.storage == GradStorage::buckets || opts.reduction == DpReduction::reduce_scatter,
+            "[GradSync] storage shard_only needs reduction reduce_scatter, got ",
+            dp_reduction_name(opts.reduction));
   // the data x context group (the DP group at CP 1): a context-parallel model's loss gives each
   // CP rank CP times its share of the gradient, so the mean over DP x CP is the gradient
   s.group = opts.group ? opts.group : parallel_state::get_data_context_parallel_group_ptr();
@@ -256,7 +301,10 @@ GradSync::~GradSync() {
   if (!s_) return;
   s_->wait_all_noexcept();
   if (s_->active)
-    for (const auto& p : s_->params) autograd::set_grad_buffer(p.param, Tensor());
+    for (const auto& p : s_->params) {
+      autograd::set_grad_buffer(p.param, Tensor());
+      autograd::reset_grad_dtype(p.param);
+    }
 }
 
 void GradSync::set_sync(bool on) {
@@ -289,7 +337,7 @@ bool GradSync::has_buckets() const {
 int64_t GradSync::buffer_bytes() const {
   int64_t n = 0;
   for (const auto& b : s_->buckets)
-    if (!b.meta) n += b.buf.nbytes();  // reduce_scatter's shard is a block of it
+    if (!b.meta) n += s_->shard_only() ? b.shard.nbytes() : b.buf.nbytes();  // shard: in buf
   return n;
 }
 
@@ -316,6 +364,9 @@ int64_t GradSync::offset_in_bucket(int param) const {
 int64_t GradSync::shard_numel(int b) const {
   return s_->buckets.at(static_cast<size_t>(b)).shard_numel;
 }
+DType GradSync::bucket_dtype(int b) const {
+  return s_->buckets.at(static_cast<size_t>(b)).dtype;
+}
 Tensor GradSync::bucket_shard(int b) const {
   NXD_CHECK(s_->scatter(), "[GradSync] bucket_shard() needs reduction reduce_scatter");
   return s_->buckets.at(static_cast<size_t>(b)).shard;
@@ -334,7 +385,10 @@ void GradSync::finish() {
     s.launch_ready();
     NXD_INTERNAL_CHECK(s.next_launch == static_cast<int>(s.buckets.size()),
                        "GradSync::finish left buckets unlaunched");
-    for (auto& b : s.buckets) b.work.wait();
+    for (auto& b : s.buckets) {
+      b.work.wait();
+      s.retire(b);
+    }
     s.complete();
   } catch (...) {
     s.wait_all_noexcept();

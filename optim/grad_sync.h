@@ -26,6 +26,19 @@
 //                   sim backend, MPI may overwrite it). has_grad(i) says whether any rank had a
 //                   gradient for parameter i (one small all-reduce of the flags in finish()).
 //
+// Storage (reduce_scatter only).
+//   buckets     (ZeRO-1) as above: the full-size buckets live for the whole run.
+//   shard_only  (ZeRO-2) no full-size buffer is kept: backward writes each parameter's .grad as a
+//               fresh tensor (f32 for bf16 parameters with fp32_grad_acc,
+//               autograd::set_grad_dtype); at its launch a bucket's buffer is allocated, the .grads
+//               are copied in and set to none (freed), and the bucket is reduce-scattered (mean)
+//               straight into this rank's persistent shard [S]; the buffer is freed once the
+//               reduction completed. In overlap mode a bucket's predecessor is waited for and freed
+//               when the bucket launches, so at most two buckets are in flight. Between steps a
+//               rank holds only its shards (1/DP of the gradients, plus padding). The reduced
+//               values are bitwise those of `buckets` (the same bucket layout and collectives, the
+//               same accumulation dtype).
+//
 // Modes.
 //   overlap: a hook on every parameter (autograd::register_hook) counts its final gradient of the
 //            pass; when every gradient of a bucket has arrived the bucket's non-blocking reduction
@@ -85,13 +98,15 @@ enum class GradSyncMode { overlap, at_step };
 const char* grad_sync_mode_name(GradSyncMode m);
 enum class DpReduction { all_reduce, reduce_scatter };
 const char* dp_reduction_name(DpReduction r);
+enum class GradStorage { buckets, shard_only };
 
 struct GradSyncOptions {
   int64_t bucket_bytes = int64_t{25} << 20;  // DDP's default bucket_cap_mb = 25
   GradSyncMode mode = GradSyncMode::overlap;
   std::shared_ptr<Communicator> group;  // null: parallel_state data x context group (DP at CP 1)
   DpReduction reduction = DpReduction::all_reduce;
-  bool fp32_grad_acc = false;  // bf16 parameters: f32 gradients (see above)
+  bool fp32_grad_acc = false;                  // bf16 parameters: f32 gradients (see above)
+  GradStorage storage = GradStorage::buckets;  // shard_only: ZeRO-2 (reduce_scatter only)
 };
 
 class GradSync {
@@ -137,7 +152,8 @@ class GradSync {
   int64_t copied_bytes() const;
   // Whether gradients live in buckets at all (false: a one-rank all_reduce with nothing to do).
   bool has_buckets() const;
-  // Bytes of the buckets: the gradients' memory (reduce_scatter's shards are blocks of them).
+  // Bytes of the buckets: the gradients' memory (reduce_scatter's shards are blocks of them;
+  // shard_only: the shards).
   int64_t buffer_bytes() const;
 
   // ---- the layout, for an optimizer working on the reduced shards (ZeRO-1) ----
@@ -148,6 +164,7 @@ class GradSync {
   // Elements of this rank's shard of bucket b (reduce_scatter: ceil(numel / n); all_reduce: the
   // bucket's gradient elements).
   int64_t shard_numel(int b) const;
+  DType bucket_dtype(int b) const;  // of its gradients
   // reduce_scatter, after finish(): this rank's averaged shard of bucket b, [shard_numel(b)]
   // (bucket elements [rank * S, (rank + 1) * S)).
   Tensor bucket_shard(int b) const;

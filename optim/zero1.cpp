@@ -8,6 +8,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/optim/items.h"
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/host_memory.h"
 
 namespace nxd::optim {
 
@@ -108,7 +109,12 @@ struct Zero1Optimizer::Impl {
                 sh.param_dtype, hi - lo);
     }
   }
+  // Where the state's allocations go: host memory under optimizer offload.
+  HostPlacement state_memory() const {
+    return opts.placement == StatePlacement::host ? HostPlacement::on : HostPlacement::off;
+  }
   void init_masters(const PrecisionOptions& p) {
+    const HostMemoryScope scope(state_memory());
     master = Tensor();
     bool any = false;
     for (const Shard& sh : shards) any = any || has_master(sh, p);
@@ -170,7 +176,10 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
                 p.name, "' is in no parameter group");
     order = I.opts.registration_order;
   }
+  NXD_CHECK(I.opts.stage == ZeroStage::one || I.opts.stage == ZeroStage::two,
+            "[Zero1Optimizer] stage must be 1 or 2, got ", zero_stage_name(I.opts.stage));
   GradSyncOptions go;
+  go.storage = I.opts.stage == ZeroStage::two ? GradStorage::shard_only : GradStorage::buckets;
   go.bucket_bytes = I.opts.bucket_bytes;
   go.mode = I.opts.mode;
   go.group = I.dp;
@@ -209,7 +218,10 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
     I.segs.push_back(std::move(s));
   }
   I.flatten_params();
-  for (size_t k = 0; k < I.rule.state.size(); ++k) I.state.push_back(zeros({I.total}));
+  {
+    const HostMemoryScope scope(I.state_memory());
+    for (size_t k = 0; k < I.rule.state.size(); ++k) I.state.push_back(zeros({I.total}));
+  }
   Zero1Optimizer::set_precision(I.opts.adamw.precision);
 }
 
@@ -223,6 +235,9 @@ void Zero1Optimizer::set_precision(const PrecisionOptions& p) {
   if (experts_) experts_->set_precision(p);
 }
 
+ZeroStage Zero1Optimizer::stage() const {
+  return impl_->opts.stage;
+}
 int Zero1Optimizer::dp_size() const {
   return impl_->dp->size();
 }
@@ -326,6 +341,7 @@ void Zero1Optimizer::step() {
     } else if (sh.param_dtype == DType::f32) {
       work = mine;
     } else {
+      const HostMemoryScope scope(I.state_memory());
       work = zeros({sh.size});
       I.read_params(sh, work.data<float>());
     }

@@ -44,6 +44,12 @@
 // exp_avg / exp_avg_sq / step (and master) tensors under AdamW's names (for comparing with
 // AdamW); scatter_state() takes this rank's shard back from them and release_state() frees them.
 //
+// ZeRO-2 (Zero1Options::stage two, docs/design/fsdp.md): the same optimizer over a GradSync with
+// storage shard_only: no full-size gradient bucket persists; each bucket is reduce-scattered
+// straight into this rank's shard and freed, the parameters' .grad are freed as their bucket goes
+// out. Everything above (norm, clipping, step, state layout, checkpoints) reads only the shards,
+// so it is unchanged and the results are bitwise those of stage one.
+//
 // Expert parallelism (NxD's two ZeRO-1 optimizers): Zero1Options.expert_params (the MoE experts'
 // weights, layers/moe/moe.h) go to a second Zero1Optimizer inside this one, over the
 // expert-data-parallel group: their gradients are reduce-scattered (mean) over it and their state
@@ -62,8 +68,11 @@
 #include "nxd/optim/grad_norm.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/optimizer.h"
+#include "nxd/optim/zero_stage.h"
 
 namespace nxd::optim {
+
+enum class StatePlacement { device, host };
 
 struct Zero1Options {
   AdamWOptions adamw;                      // adamw.precision: bf16 parameters (master weights, SR)
@@ -88,6 +97,11 @@ struct Zero1Options {
   // The update and its state (Optimizer::elementwise_rule() of the optimizer sharded); nullopt:
   // AdamW with `adamw`'s betas and eps.
   std::optional<ElementwiseRule> rule;
+  // one: the state (ZeRO-1); two: the gradients too (GradStorage::shard_only).
+  ZeroStage stage = ZeroStage::one;
+  // host: optimizer offload: the state and masters of the shard (and the step's f32 working copy)
+  // are host memory, charged to the rank's host counter (runtime/host_memory.h), not its HBM.
+  StatePlacement placement = StatePlacement::device;
 };
 
 class Zero1Optimizer : public Optimizer {
@@ -107,6 +121,7 @@ class Zero1Optimizer : public Optimizer {
 
   int dp_size() const;
   int64_t shard_elements() const;  // sum of this rank's bucket shards
+  ZeroStage stage() const;
   // Bytes of optimizer state this rank holds (exp_avg, exp_avg_sq and masters of its shard).
   int64_t state_bytes() const override;
   GradSync& grad_sync();  // its gradient buckets (no_sync() for gradient accumulation)

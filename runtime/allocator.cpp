@@ -1,5 +1,7 @@
 #include "nxd/runtime/allocator.h"
 
+#include "nxd/runtime/host_memory.h"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -187,7 +189,9 @@ std::shared_ptr<Storage> Storage::allocate(int64_t nbytes, Device device) {
   g_storages.fetch_add(1, std::memory_order_relaxed);
   s->nbytes_ = nbytes;
   s->device_ = device;
-  s->rank_counter_ = current_context().memory_ptr();
+  // the rank's device counter, or its host counter inside a HostMemoryScope (host_memory.h)
+  s->rank_counter_ = detail::host_memory_if_scoped();
+  if (!s->rank_counter_) s->rank_counter_ = current_context().memory_ptr();
   // The rank counter enforces capacity: charge it first so a failure leaves nothing charged.
   s->rank_counter_->allocate(nbytes);
   device_memory(device).allocate(nbytes);

@@ -276,8 +276,8 @@ std::string plan_tool::layout(const TrainConfig& c) {
       d.context_parallel_size > 1 ? str(" x CP ", d.context_parallel_size) : std::string(),
       d.expert_model_parallel_size > 1 ? str(", EP ", d.expert_model_parallel_size) : std::string(),
       ", micro batch ", c.data.micro_batch_size, " (", c.grad_accum_steps, " per step), ",
-      d.zero1 ? "ZeRO-1, " : "", "checkpointing ",
-      checkpoint_granularity_name(c.model.activations_checkpoint_granularity));
+      d.zero1() ? str("ZeRO-", optim::zero_stage_name(d.zero_stage), ", ") : std::string(),
+      "checkpointing ", checkpoint_granularity_name(c.model.activations_checkpoint_granularity));
 }
 
 int main(int argc, char** argv) {

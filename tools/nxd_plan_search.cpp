@@ -54,7 +54,7 @@ struct Tried {
 };
 
 std::string choice_name(const TrainConfig& c) {
-  return str(c.dist.zero1 ? "ZeRO-1" : "no ZeRO-1", ", checkpointing ",
+  return str(c.dist.zero1() ? "ZeRO-1" : "no ZeRO-1", ", checkpointing ",
              checkpoint_granularity_name(c.model.activations_checkpoint_granularity));
 }
 

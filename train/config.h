@@ -18,6 +18,7 @@
 
 #include "nxd/layers/models/config.h"
 #include "nxd/layers/parallel/lora.h"
+#include "nxd/optim/zero_stage.h"
 #include "nxd/pipeline/partition.h"
 #include "nxd/pipeline/schedule.h"
 #include "nxd/trainer/callbacks.h"
@@ -155,7 +156,9 @@ struct DistributedSection {
   int64_t virtual_pipeline_model_parallel_size;
   pipeline::ScheduleKind pipeline_schedule = pipeline::ScheduleKind::one_f_one_b;
   pipeline::PartitionBalance pipeline_partition = pipeline::PartitionBalance::parameters;
-  bool zero1;
+  optim::ZeroStage zero_stage;  // distributed_strategy.zero_stage, or 1 with zero1: true
+  bool optimizer_offload;       // the sharded optimizer state and masters in host memory
+  bool zero1() const { return zero_stage != optim::ZeroStage::none; }  // the state is sharded
   bool sequence_parallel;
   int64_t kv_replicator;  // resolved: max(1, tp / kv heads) unless set
   double grad_bucket_mb;

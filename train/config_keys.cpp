@@ -301,7 +301,18 @@ std::vector<KeySpec> make_registry() {
           "momentum, and the f32 master weights of bf16 parameters) sharded over the "
           "data-parallel ranks; gradients are reduce-scattered, each rank steps its shard of the "
           "parameters, and the parameters are all-gathered. Checkpoints hold the unsharded "
-          "optimizer's layout."),
+          "optimizer's layout. The same as zero_stage: 1."),
+      key("distributed_strategy.zero_stage", K::integer, nullptr,
+          "What is sharded over the data-parallel ranks (docs/design/fsdp.md): 0 nothing, 1 the "
+          "optimizer state (= zero1: true), 2 also the gradients (each bucket reduce-scattered "
+          "into the rank's shard, the full-size gradients freed). null: zero1 decides. A value "
+          "other than 1 with zero1: true is an error naming both; 3 is refused (not "
+          "implemented)."),
+      key("distributed_strategy.optimizer_offload", K::boolean, false,
+          "Optimizer offload (with zero_stage 1 or 2): the sharded optimizer state and f32 master "
+          "weights live in host memory, accounted apart from HBM by the sim device, and the "
+          "update runs there; nxd-train prints the HBM peak against the host's. Losses are "
+          "unchanged (the same update)."),
       key("distributed_strategy.expert_model_parallel_size", K::integer, 1,
           "Expert-parallel degree: the experts of each MoE layer are split over this many "
           "data-parallel (or data x context-parallel) ranks (it divides data-parallel size x "

@@ -251,6 +251,23 @@ ModelConfig resolve_model(Resolver& r, const DataSection& d) {
 
 void resolve_faults(Resolver& r, DistributedSection& ds);
 
+// distributed_strategy.zero_stage, or zero1 (stage 1); both set and different is an error.
+optim::ZeroStage resolve_zero_stage(Resolver& r) {
+  const bool zero1 = r.c.get_bool("distributed_strategy.zero1");
+  if (r.c.is_null("distributed_strategy.zero_stage"))
+    return zero1 ? optim::ZeroStage::one : optim::ZeroStage::none;
+  const int64_t v = r.c.get_int("distributed_strategy.zero_stage");
+  if (v < 0 || v > 2)
+    r.fail("distributed_strategy.zero_stage=", v,
+           " is not a ZeRO stage nxd-train runs: 0 (none), 1 (optimizer state) or 2 (and "
+           "gradients); stage 3 (sharded parameters) is not implemented");
+  const auto stage = optim::zero_stage_from_int(v, "distributed_strategy.zero_stage");
+  if (zero1 && stage != optim::ZeroStage::one)
+    r.fail("distributed_strategy.zero1=true contradicts distributed_strategy.zero_stage=", v,
+           " (zero1 is stage 1; set one of them)");
+  return stage;
+}
+
 // Expert parallelism and MoE against the other strategies (every impossible combination named).
 void check_experts(Resolver& r, const DistributedSection& ds, const ModelConfig& m) {
   const int64_t ep = ds.expert_model_parallel_size;
@@ -285,7 +302,12 @@ DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
       pipeline::parse_schedule(r.c.get_string("distributed_strategy.pipeline_schedule"));
   ds.pipeline_partition =
       pipeline::parse_partition_balance(r.c.get_string("distributed_strategy.pipeline_partition"));
-  ds.zero1 = r.c.get_bool("distributed_strategy.zero1");
+  ds.zero_stage = resolve_zero_stage(r);
+  ds.optimizer_offload = r.c.get_bool("distributed_strategy.optimizer_offload");
+  if (ds.optimizer_offload && !ds.zero1())
+    r.fail(
+        "distributed_strategy.optimizer_offload=true needs distributed_strategy.zero_stage 1 "
+        "or 2 (or zero1: true): only the sharded optimizer's state is offloaded");
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");
   ds.instance = r.c.get_string("backend.instance");

@@ -109,7 +109,7 @@ OptimizerSetup CausalLMModule::configure_optimizers() {
     s.optimizer = std::make_unique<optim::AdamW>(
         std::move(groups),
         optim::AdamWOptions{
-            .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .defer_state = cfg_.dist.zero1});
+            .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .defer_state = cfg_.dist.zero1()});
   s.schedule = optim::LRSchedule({optim::schedule_kind_from_name(o.sched_name), o.lr, o.min_lr,
                                   o.warmup_steps, o.decay_steps});
   return s;

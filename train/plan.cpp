@@ -304,9 +304,10 @@ const RankMemory& MemoryPlan::worst() const {
 }
 
 int64_t MemoryPlan::host_bytes() const {
-  if (!host_shared) return ranks.empty() ? 0 : ranks[0].total();
+  // every tensor is host memory on the sim backend; optimizer offload's state is host memory
+  if (!host_shared) return ranks.empty() ? 0 : ranks[0].total() + ranks[0].host_optimizer_state;
   int64_t s = 0;
-  for (const auto& r : ranks) s += r.total();
+  for (const auto& r : ranks) s += r.total() + r.host_optimizer_state;
   return s;
 }
 
@@ -374,7 +375,11 @@ std::string MemoryPlan::report() const {
           ", gradients ", format_bytes(w.gradients), ", optimizer state ",
           format_bytes(w.optimizer_state), ", activation peak ", format_bytes(w.activation_peak),
           ", collective buffers ", format_bytes(w.collective_buffers), " = ",
-          format_bytes(w.total()), " of ", format_bytes(hbm_bytes), " HBM (", machine, ")");
+          format_bytes(w.total()), " of ", format_bytes(hbm_bytes), " HBM (", machine, ")",
+          w.host_optimizer_state > 0
+              ? str("; optimizer offload: ", format_bytes(w.host_optimizer_state),
+                    " of optimizer state per rank in host memory")
+              : std::string());
   std::map<int, const RankMemory*> stages;
   for (const auto& r : ranks)
     if (!stages.count(r.stage) || stages[r.stage]->total() < r.total()) stages[r.stage] = &r;
@@ -418,7 +423,7 @@ void check_fits(const MemoryPlan& p, const TrainConfig& cfg) {
                   ? str(" x context_parallel_size ", cfg.dist.context_parallel_size)
                   : std::string(),
               ")"));
-    if (!cfg.dist.zero1 && dp > 1)
+    if (!cfg.dist.zero1() && dp > 1)
       add(str("distributed_strategy.zero1=true (optimizer state ", format_bytes(w.optimizer_state),
               " -> about ", format_bytes(w.optimizer_state / dp), " per rank)"));
     if (cfg.precision.type == "fp32" || cfg.precision.type == "autocast")

@@ -44,7 +44,8 @@ struct RankMemory {
   int stage = 0;  // pipeline stage (0 without pipeline parallelism)
   int64_t parameters = 0;
   int64_t gradients = 0;
-  int64_t optimizer_state = 0;
+  int64_t optimizer_state = 0;       // in HBM (0 under optimizer offload)
+  int64_t host_optimizer_state = 0;  // optimizer offload: in host memory, not in total()
   int64_t activation_peak = 0;
   int64_t collective_buffers = 0;
   // The modeled step (PlanOptions::time_step): this rank's simulated time from the common start

@@ -58,11 +58,23 @@ int64_t zero1_state(const TrainConfig& cfg, const ResolvedPrecision& rp, const R
     for (int i : layout[b]) numel += g.params[static_cast<size_t>(i)].param.numel();
     const int64_t shard = sync.shard_numel(b);
     r.parameters += (shard * n - numel) * dtype_size(pd);  // the flat buffer's padding
-    r.optimizer_state += shard * state_bytes_per_element(cfg, pd, rp.master_weights);
+    // optimizer offload: the state, masters and the step's working copy in host memory
+    const bool host = cfg.dist.optimizer_offload;
+    (host ? r.host_optimizer_state : r.optimizer_state) +=
+        shard * state_bytes_per_element(cfg, pd, rp.master_weights);
     if (pd == DType::bf16 && !rp.fp32_grad_acc) r.collective_buffers += shard * 4;
-    if (pd == DType::bf16 && !rp.master_weights) transient = std::max(transient, shard * 4);
+    if (pd == DType::bf16 && !rp.master_weights && !host)
+      transient = std::max(transient, shard * 4);
   }
   return transient;
+}
+
+// ZeRO-2: the bytes of the largest bucket buffer (padded to n shards).
+int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
+  int64_t most = 0;
+  for (int b = 0; b < sync.num_buckets(); ++b)
+    most = std::max(most, sync.shard_numel(b) * n * dtype_size(sync.bucket_dtype(b)));
+  return most;
 }
 
 }  // namespace
@@ -71,7 +83,7 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg, const Re
                                                 const MetaModel& mm, RankMemory& r) {
   MemoryCounter& mem = current_context().memory();
   std::vector<ReductionGroup> groups = reduction_groups(mm);
-  const bool zero1 = cfg.dist.zero1;
+  const bool zero1 = cfg.dist.zero1();
   int64_t step_transient = 0;  // ZeRO-1: the largest bucket's f32 working copy (groups in turn)
   for (ReductionGroup& g : groups) {
     // gradients: the optimizer's buckets (GradSync's layout); without them .grad per parameter,
@@ -86,7 +98,14 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg, const Re
       go.group = g.group;
       go.reduction = zero1 ? optim::DpReduction::reduce_scatter : optim::DpReduction::all_reduce;
       go.fp32_grad_acc = rp.fp32_grad_acc;
+      // ZeRO-2: only the shards stay; the backward's fresh .grads are measured with the
+      // activations (plan.cpp) and at most two bucket buffers are in flight (optim/grad_sync.h)
+      const bool zero2 = cfg.dist.zero_stage == optim::ZeroStage::two;
+      if (zero2) go.storage = optim::GradStorage::shard_only;
       g.sync = std::make_unique<optim::GradSync>(g.params, go);
+      if (zero2)
+        step_transient =
+            std::max(step_transient, 2 * largest_bucket_bytes(*g.sync, g.group->size()));
     }
     r.gradients += mem.live() - before;
     if (zero1) {

@@ -43,7 +43,7 @@ void gradient_norm(const TrainConfig& cfg, const MetaModel& mm,
                    const std::vector<ReductionGroup>& groups) {
   const optim::NormGroups ng =
       mm.pipe ? mm.pipe->norm_groups() : optim::NormGroups::from_parallel_state();
-  if (!cfg.dist.zero1) {
+  if (!cfg.dist.zero1()) {
     optim::parallel_grad_norm(mm.pipe ? mm.pipe->norm_params() : optim::norm_params(*mm.chunks[0]),
                               ng);
     return;
@@ -142,15 +142,15 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
     if (!mm.pipe)
       for (const auto& c : mm.chunks) allreduce_sequence_parallel_gradients(*c);
   };
-  if (cfg.dist.zero1) sp_sums();
+  if (cfg.dist.zero1()) sp_sums();
   for (ReductionGroup& g : groups)
     if (g.sync) g.sync->finish();
-  if (!cfg.dist.zero1) sp_sums();
+  if (!cfg.dist.zero1()) sp_sums();
   // the update: the sim device charges no time for the optimizer's elementwise pass (as in a
   // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place, over each
   // group (DP x CP; the experts' over expert-DP)
   for (ReductionGroup& g : groups)
-    if (cfg.dist.zero1 && g.sync)
+    if (cfg.dist.zero1() && g.sync && g.group->size() > 1)
       for (int b = 0; b < g.sync->num_buckets(); ++b)
         optim::zero1_all_gather(*g.group, nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
   // the loss's and the norm's sums (the plan keeps them after the update, as it has timed them)

@@ -13,6 +13,7 @@
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/cpu_info.h"
+#include "nxd/runtime/host_memory.h"
 #include "nxd/train/dpo_module.h"
 #include "nxd/train/fault_injection.h"
 #include "nxd/train/plan.h"
@@ -82,7 +83,9 @@ class RunSummary : public Callback {
               cfg_.dist.context_parallel_size > 1
                   ? str(", context parallel ", cfg_.dist.context_parallel_size)
                   : std::string(),
-              ", data parallel ", t.dp_size(), cfg_.dist.zero1 ? " with ZeRO-1" : "",
+              ", data parallel ", t.dp_size(),
+              cfg_.dist.zero1() ? str(" with ZeRO-", optim::zero_stage_name(cfg_.dist.zero_stage))
+                                : std::string(),
               cfg_.dist.expert_model_parallel_size > 1
                   ? str(" (experts split over ", cfg_.dist.expert_model_parallel_size, " of them)")
                   : std::string(),
@@ -375,7 +378,15 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
   const FitResult fr = trainer.fit(*module, *data_module);
 
   TrainResult res{fr};
+  res.host_peak_bytes = host_memory().peak();
   if (talk) print_result(cfg, fr, opts.out);
+  if (talk && cfg.dist.optimizer_offload)
+    std::fprintf(opts.out,
+                 "optimizer offload: HBM peak %.2f MiB per NeuronCore, host %.2f MiB per rank "
+                 "(optimizer state and master weights) of %.1f GiB host RAM\n",
+                 static_cast<double>(fr.hbm_peak_bytes) / (1 << 20),
+                 static_cast<double>(res.host_peak_bytes) / (1 << 20),
+                 static_cast<double>(host_ram_bytes()) / (1 << 30));
   if (talk && cfg.alignment.kind == AlignmentSection::Kind::sft && fr.steps > 0) {
     // real tokens: the examples' tokens, not the padding
     const double real = fr.tokens_per_s * data.real_token_fraction;
@@ -437,7 +448,8 @@ TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.nxd.pipeline_config.virtual_pipeline_size =
       static_cast<int>(cfg.dist.virtual_pipeline_model_parallel_size);
   to.nxd.pipeline_config.schedule = cfg.dist.pipeline_schedule;
-  to.nxd.optimizer_config.zero_one_enabled = cfg.dist.zero1;
+  to.nxd.optimizer_config.zero_stage = cfg.dist.zero_stage;
+  to.nxd.optimizer_config.optimizer_offload = cfg.dist.optimizer_offload;
   to.nxd.grad_bucket_mb = cfg.dist.grad_bucket_mb;
   to.nxd.lora_config = cfg.lora;
   to.nxd.model_init_config.seed = cfg.seed;  // the adapters' initialization

@@ -43,6 +43,7 @@ struct TrainResult : FitResult {
   std::string sample;                    // the generated text (bytes) or ids, "" when disabled
   double sim_seconds = 0;                // sim: the slowest rank's modeled total (setup included)
   std::vector<int64_t> rank_peak_bytes;  // sim: every rank's device-memory peak, by rank
+  int64_t host_peak_bytes = 0;           // the logging rank's host-memory peak (optimizer offload)
 };
 
 // Builds the module of a run (default: CausalLMModule(cfg)); called on every rank.

@@ -21,6 +21,7 @@
 #include "support/compare.h"
 #include "support/ranks.h"
 #include "support/tiny_models.h"
+#include "zero_util.h"
 
 using namespace nxd;
 using namespace nxd::optim;
@@ -28,15 +29,9 @@ using namespace nxd::optim;
 namespace {
 
 Tensor ids_for(int dp_rank, int step, int64_t vocab) {
-  return nxd::testing::random_ids(1000u + static_cast<uint64_t>(step),
-                                  static_cast<uint64_t>(dp_rank), vocab);
+  return nxd::testing::zero_ids(1000u, dp_rank, step, vocab);
 }
-
-std::vector<NamedParam> named(Module& m) {
-  std::vector<NamedParam> out;
-  for (auto& [n, t] : m.named_parameters()) out.push_back({n, t});
-  return out;
-}
+using nxd::testing::named;
 
 struct Worst {
   std::mutex mu;

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "nxd/runtime/context.h"
+#include "nxd/runtime/host_memory.h"
 #include "nxd/runtime/tensor.h"
 
 using namespace nxd;
@@ -65,4 +66,34 @@ TEST(Allocator, HostBlocksAreReusedNotLeaked) {
   EXPECT_EQ(ctx.memory().live(), 4 << 16);  // accounting counts live tensors, not the cache
   release_host_cache();
   EXPECT_EQ(host_cache_bytes(), 0);
+}
+
+// runtime/host_memory.h: a tensor made inside a HostMemoryScope charges the rank's host counter,
+// not its device counter, and releases it when freed; scopes nest; HostPlacement::off is no scope.
+TEST(HostMemory, ScopedAllocationsChargeTheHostCounterNotTheDevice) {
+  Context ctx;
+  ContextGuard g(ctx);
+  MemoryCounter& dev = ctx.memory();
+  MemoryCounter& host = host_memory();
+  const int64_t d0 = dev.live(), h0 = host.live();
+  {
+    Tensor t;
+    {
+      const HostMemoryScope outer;
+      const HostMemoryScope inner;
+      t = zeros({256});
+    }
+    EXPECT_EQ(host.live() - h0, 1024);
+    EXPECT_EQ(dev.live(), d0);
+    const Tensor u = zeros({64});  // after the scopes: the device again
+    EXPECT_EQ(dev.live() - d0, 256);
+    {
+      const HostMemoryScope off(HostPlacement::off);
+      const Tensor v = zeros({64});
+      EXPECT_EQ(dev.live() - d0, 512);
+    }
+  }
+  EXPECT_EQ(host.live(), h0);
+  EXPECT_EQ(dev.live(), d0);
+  EXPECT_GE(host.peak(), 1024);
 }

@@ -44,8 +44,10 @@ TEST(ContextParallelTrain, MatchesOneRank) {
        "distributed_strategy.tensor_model_parallel_size=2",
        "distributed_strategy.sequence_parallel=true", "distributed_strategy.zero1=true"},
       {"backend.world_size=4", "distributed_strategy.context_parallel_size=2",
-       "distributed_strategy.pipeline_model_parallel_size=2"}};
-  const char* names[] = {"cp2", "cp2 x tp2 sp x zero1", "cp2 x pp2"};
+       "distributed_strategy.pipeline_model_parallel_size=2"},
+      {"backend.world_size=4", "distributed_strategy.context_parallel_size=2",
+       "distributed_strategy.zero_stage=2"}};
+  const char* names[] = {"cp2", "cp2 x tp2 sp x zero1", "cp2 x pp2", "cp2 x dp2 zero2"};
   for (size_t i = 0; i < layouts.size(); ++i) {
     const auto cp = run(d, "cp" + std::to_string(i), layouts[i]);
     const double wl = worst_rel(cp.loss, one.loss), wn = worst_rel(cp.grad_norm, one.grad_norm);

@@ -65,6 +65,19 @@ TEST(MoeTrain, Zero1WithExpertParallelMatchesOneRank) {
   expect_matches(train(1, c1, 4), train(4, c, 4), "ZeRO-1 EP2 TP1 DP4 clipped");
 }
 
+// ZeRO-2 (optimizer_config.zero_stage 2): the experts' second optimizer over the expert-DP group
+// takes the stage too; clipped, as one rank.
+TEST(MoeTrain, Zero2WithExpertParallelMatchesOneRank) {
+  NxDConfig c = sizes(1, 2);
+  c.optimizer_config.zero_stage = optim::ZeroStage::two;
+  c.optimizer_config.grad_clipping = true;
+  c.optimizer_config.max_grad_norm = 0.05;
+  NxDConfig c1;
+  c1.optimizer_config = c.optimizer_config;
+  c1.optimizer_config.zero_stage = optim::ZeroStage::none;
+  expect_matches(train(1, c1, 4), train(4, c, 4), "ZeRO-2 EP2 TP1 DP4 clipped");
+}
+
 // Full activation checkpointing: the recomputed MoE layers inject the auxiliary loss's gradient in
 // the same backward (TrainingLossScale), so the run equals the one without recomputation.
 TEST(MoeTrain, FullActivationCheckpointingMatchesNone) {

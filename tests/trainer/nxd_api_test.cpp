@@ -54,6 +54,21 @@ TEST(NxdApi, DefaultsAndKeysFromJson) {
               NxDConfig::from_json({{"tensor_parallel_size", "two"}});
             }).find("tensor_parallel_size"),
             std::string::npos);
+  // optimizer_config.zero_stage: zero_one_enabled is stage 1; any other stage with it is refused
+  EXPECT_EQ(c.optimizer_config.stage(), optim::ZeroStage::one);
+  const NxDConfig z2 =
+      NxDConfig::from_json(nlohmann::json::parse(R"({"optimizer_config": {"zero_stage": 2}})"));
+  EXPECT_EQ(z2.optimizer_config.stage(), optim::ZeroStage::two);
+  EXPECT_NE(
+      config_error([] {
+        NxDConfig::from_json(nlohmann::json::parse(R"({"optimizer_config": {"zero_stage": 4}})"));
+      }).find("optimizer_config.zero_stage=4"),
+      std::string::npos);
+  NxDConfig both = z2;
+  both.optimizer_config.zero_one_enabled = true;
+  const std::string msg = config_error([&] { neuronx_distributed_config(both); });
+  EXPECT_NE(msg.find("optimizer_config.zero_one_enabled=true"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("optimizer_config.zero_stage=2"), std::string::npos) << msg;
 }
 
 namespace {

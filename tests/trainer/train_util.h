@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nxd/train/config.h"
+#include "nxd/train/train.h"
 #include "support/files.h"
 
 namespace nxd::testing {
@@ -74,6 +75,44 @@ inline std::vector<std::string> parallel_run(std::vector<std::string> extra) {
                              "trainer.matmul_precision=fp32"};
   s.insert(s.end(), extra.begin(), extra.end());
   return s;
+}
+
+// A quiet parallel_run of tiny() with `layers` decoder layers in d / name: its result and rows.
+struct TrainRun {
+  trainer::TrainResult result;
+  Rows rows;
+};
+inline TrainRun train_rows(const std::filesystem::path& d, const std::string& name,
+                           std::vector<std::string> extra, int layers = 2) {
+  extra.insert(extra.begin(), "model.num_layers=" + std::to_string(layers));
+  TrainRun o;
+  o.result = trainer::train(tiny(d / name, tiny_corpus(d), parallel_run(extra)), {.quiet = true});
+  o.rows = read_rows(d / name / "metrics.csv");
+  return o;
+}
+
+// A resume test's runs at DP 4 over 8 steps with `setting` (e.g. a ZeRO key): the uninterrupted
+// run ("whole") and a run cut at step 5 whose step-4 checkpoint is `ckpt`; args(extra) gives the
+// DP 4 arguments for a resumed run.
+struct CutRun {
+  TrainRun whole;
+  std::string ckpt;
+  std::vector<std::string> dp4 = {"backend.world_size=4",
+                                  "distributed_strategy.tensor_model_parallel_size=1",
+                                  "trainer.max_steps=8", "model.optim.sched.max_steps=8"};
+  std::vector<std::string> args(std::vector<std::string> extra) const {
+    extra.insert(extra.begin(), dp4.begin(), dp4.end());
+    return extra;
+  }
+};
+inline CutRun cut_run(const std::filesystem::path& d, const std::string& setting) {
+  CutRun c;
+  c.whole = train_rows(d, "whole", c.args({setting}));
+  train_rows(d, "cut",
+             c.args({setting, "trainer.max_steps=5",
+                     "exp_manager.checkpoint_callback_params.every_n_train_steps=4"}));
+  c.ckpt = (d / "cut" / "checkpoints" / "step_4").string();
+  return c;
 }
 
 }  // namespace nxd::testing

@@ -23,18 +23,10 @@ using nxd::testing::worst_rel;
 
 namespace {
 
-struct Out {
-  TrainResult result;
-  nxd::testing::Rows rows;
-};
+using Out = nxd::testing::TrainRun;
 
 Out run(const fs::path& d, const std::string& name, std::vector<std::string> extra) {
-  extra.insert(extra.begin(), "model.num_layers=2");
-  Out o;
-  o.result =
-      train(tiny(d / name, nxd::testing::tiny_corpus(d), parallel_run(extra)), {.quiet = true});
-  o.rows = read_rows(d / name / "metrics.csv");
-  return o;
+  return nxd::testing::train_rows(d, name, std::move(extra));
 }
 
 }  // namespace
@@ -61,18 +53,10 @@ TEST(Zero1Train, MatchesTheAllReducePathAndLowersTheMemoryPeak) {
 
 TEST(Zero1Train, CheckpointResumesWithZero1OffAndOn) {
   auto d = nxd::testing::test_temp_dir("nxd_zero1_train_");
-  const std::vector<std::string> dp4 = {"backend.world_size=4",
-                                        "distributed_strategy.tensor_model_parallel_size=1",
-                                        "trainer.max_steps=8", "model.optim.sched.max_steps=8"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), dp4.begin(), dp4.end());
-    return extra;
-  };
-  const Out whole = run(d, "whole", with({"distributed_strategy.zero1=true"}));
-  run(d, "cut",
-      with({"distributed_strategy.zero1=true", "trainer.max_steps=5",
-            "exp_manager.checkpoint_callback_params.every_n_train_steps=4"}));
-  const std::string ckpt = (d / "cut" / "checkpoints" / "step_4").string();
+  const auto c = nxd::testing::cut_run(d, "distributed_strategy.zero1=true");
+  const Out& whole = c.whole;
+  const std::string& ckpt = c.ckpt;
+  auto with = [&](std::vector<std::string> extra) { return c.args(std::move(extra)); };
   const auto meta = ckpt::read_metadata(ckpt);
   EXPECT_EQ(meta["parallel"]["zero1"], true);
   for (int r = 0; r < 4; ++r)

@@ -1,0 +1,21 @@
+#pragma once
+// The ZeRO stage of a data-parallel run (DeepSpeed's zero_optimization.stage; NxD Training's
+// zero1 is stage 1): what is sharded over the data-parallel ranks (docs/design/fsdp.md).
+//   none   nothing: every rank holds the full parameters, gradients and optimizer state (DDP).
+//   one    the optimizer state and f32 master weights (optim/zero1.h).
+//   two    also the reduced gradients: each bucket is reduce-scattered straight into this rank's
+//          shard and the full-size gradient is freed once its bucket has gone out.
+//   three  also the parameters (FSDP's full sharding).
+#include <cstdint>
+#include <string>
+
+namespace nxd::optim {
+
+enum class ZeroStage { none = 0, one = 1, two = 2, three = 3 };
+
+// "0", "1", "2", "3".
+const char* zero_stage_name(ZeroStage s);
+// 0..3; ConfigError naming `key` and the value otherwise.
+ZeroStage zero_stage_from_int(int64_t v, const std::string& key);
+
+}  // namespace nxd::optim
