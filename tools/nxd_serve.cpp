@@ -4,7 +4,8 @@
 //   nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH] [--chat-template FILE]
 //             [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
 //             [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-blocks N | --kv-memory SIZE]
-//             [--max-waiting N] [--tp N] [--instance TYPE]
+//             [--max-waiting N] [--tp N] [--instance TYPE] [--chunked-prefill on|off]
+//             [--prefix-caching on|off]
 // The chat template is --chat-template's file, else chat_template.jinja or tokenizer_config.json
 // in --hf's folder or the tokenizer's folder (io/chat_template.h; without one, chat answers 400).
 // EOS ids: generation_config.json / config.json of that folder, plus tokenizer_config.json's
@@ -50,7 +51,7 @@ const char* kUsage =
     "                 [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name N]\n"
     "                 [--max-num-seqs N] [--max-num-batched-tokens N]\n"
     "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp N]\n"
-    "                 [--instance TYPE]\n"
+    "                 [--instance TYPE] [--chunked-prefill on|off] [--prefix-caching on|off]\n"
     "  --checkpoint DIR   an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR           a transformers Llama / GPT-NeoX folder (config.json, safetensors)\n"
     "  --tokenizer PATH   a transformers tokenizer.json (default: --hf DIR's)\n"
@@ -61,6 +62,8 @@ const char* kUsage =
     "  --max-num-batched-tokens N  tokens of one engine step (default 512)\n"
     "  --kv-blocks N      KV cache blocks of 16 positions; --kv-memory SIZE (512M, 2G) instead\n"
     "  --max-waiting N    queued requests beyond which the server answers 429 (default 256)\n"
+    "  --chunked-prefill on|off  split long prompts over engine steps (default on)\n"
+    "  --prefix-caching on|off   reuse the K/V of shared prompt prefixes (default on)\n"
     "  --tp N             tensor parallel over N sim ranks (threads) of the model's shards\n"
     "  --instance TYPE    each response's usage.modeled carries the modeled time to first token\n"
     "                     and time per output token on this Neuron instance (inf2.xlarge, ...)\n";
@@ -82,6 +85,11 @@ int64_t to_int(const std::string& flag, const std::string& v, int64_t lo, int64_
   } catch (const ConfigError& e) {
     throw Usage(e.what());
   }
+}
+
+bool on_off(const std::string& flag, const std::string& v) {
+  if (v != "on" && v != "off") throw Usage(str(flag, " ", v, ": expected on or off"));
+  return v == "on";
 }
 
 int64_t to_bytes(const std::string& flag, const std::string& v) {
@@ -134,6 +142,10 @@ ServeCli parse_args(int argc, char** argv) {
       c.tp = static_cast<int>(to_int(a, v, 1, 64));
     else if (a == "--instance")
       c.instance = v;
+    else if (a == "--chunked-prefill")
+      c.engine.chunked_prefill = on_off(a, v);
+    else if (a == "--prefix-caching")
+      c.engine.prefix_caching = on_off(a, v);
     else
       throw Usage(str("unknown flag '", a, "'"));
   }
