@@ -43,6 +43,7 @@
 #include <thread>
 
 #include "nxd/cli/exit.h"
+#include "nxd/runtime/cpu_info.h"
 #include "nxd/runtime/error.h"
 #include "serve_client.h"
 #include "serve_process.h"
@@ -318,17 +319,17 @@ void case_throughput(Config& c) {
     const int64_t positions = n * (c.prompt_hi + c.new_tokens + 16);
     MixStats nx, ll;
     {
-      Server s = start_nxd(c, {.seqs = n, .kv_positions = positions}, "c" + std::to_string(n));
-      nx = run_mix(c, s.at, reqs, n, "nxd-serve clients=" + std::to_string(n));
+      Server s = start_nxd(c, {.seqs = n, .kv_positions = positions}, str("c", n));
+      nx = run_mix(c, s.at, reqs, n, str("nxd-serve clients=", n));
     }
     std::string line = str("case=throughput clients=", n, " requests=", count,
                            " threads=", c.threads, " ", mix_fields("nxd", nx));
     if (c.llamacpp) {
-      Server s = start_llama(c, n, positions, "c" + std::to_string(n));
-      ll = run_mix(c, s.at, reqs, n, "llama-server clients=" + std::to_string(n));
+      Server s = start_llama(c, n, positions, str("c", n));
+      ll = run_mix(c, s.at, reqs, n, str("llama-server clients=", n));
       char r[64];
       std::snprintf(r, sizeof(r), " ratio=%.3f", ll.tok_s > 0 ? nx.tok_s / ll.tok_s : 0.0);
-      line += " " + mix_fields("llamacpp", ll) + r;
+      line += str(" ", mix_fields("llamacpp", ll), r);
     }
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
@@ -480,6 +481,14 @@ void case_chunked(Config& c) {
   std::fflush(stdout);
 }
 
+// "# load_average_<label>=1m,5m,15m" and, at the start, the CPU model.
+void machine(const char* label) {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  std::printf("# load_average_%s=%s,%s,%s\n", label, a.c_str(), b.c_str(), c.c_str());
+}
+
 int run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
@@ -491,11 +500,14 @@ int run(int argc, char** argv) {
   std::printf("# nxd-bench-serve model=%s vocab=%lld threads=%d llamacpp=%s work=%s\n",
               c.hf.string().c_str(), (long long)c.vocab, c.threads,
               c.llamacpp ? c.gguf.string().c_str() : "off", c.work.string().c_str());
+  std::printf("# %s\n", cpu::describe().c_str());
+  machine("start");
   for (const auto& k : c.cases) {
     if (k == "throughput") case_throughput(c);
     if (k == "prefix") case_prefix(c);
     if (k == "chunked") case_chunked(c);
   }
+  machine("end");
   if (c.failures > 0) {
     std::fprintf(stderr, "nxd-bench-serve: %d request(s) failed\n", c.failures);
     return 1;
