@@ -9,20 +9,21 @@
    synthetic byte-level tokenizer of its 32000 ids, and its own prompt logits), imported as an nxd
    checkpoint (nxd-ckpt import-hf) and exported with nxd-ckpt export-gguf at f32, bf16, q8_0, q4_0.
 2. Agreement before any timing: the last position's logits of the bench prompt (128 ids) under
-   llama.cpp (llamacpp_logits.cpp, built here against the same libllama, f32 KV cache) against
-   nxd's on the same GGUF file's weights (nxd-bench-inference --logits-gguf: the file read as
-   f32). Relative difference = max |a - b| / max |b|. Limits: f32 1e-3 (both sides compute in
-   f32; what is left is summation order); bf16, q8_0, q4_0 5e-2 (llama.cpp also rounds the
-   activations entering each matrix product to bf16 or to q8_0 blocks, nxd keeps them f32: about
-   2^-9 and 1/254 of a block's largest value per element, a few 1e-3 after 12 layers; a wrong
-   layout, such as an unpermuted rotary row, is of order 1). Any case over its limit: exit 1,
-   nothing timed.
+   llama.cpp (llamacpp_logits.cpp, built here against the same libllama, f32 KV cache, flash
+   attention off) against nxd's on the same GGUF file's weights (nxd-bench-inference
+   --logits-gguf: the file read as f32). Relative difference = max |a - b| / max |b|. Limits: f32
+   1e-3 (both sides compute in f32; what is left is summation order: 1.2e-6 on the bench model);
+   bf16, q8_0, q4_0 5e-2 (llama.cpp also rounds the activations entering each matrix product to
+   bf16 or to q8_0 blocks, nxd keeps them f32: 4.2e-3, 1.5e-2 and 1.7e-2 on the bench model; a
+   wrong layout, such as an unpermuted rotary row, is of order 1). Any case over its limit: exit
+   1, nothing timed.
 3. For each thread count and precision (fp32<->F32, bf16<->BF16, int8<->Q8_0, int4<->Q4_0; nxd's
    int4 is symmetric in groups of 32 as Q4_0): llama-bench -p P -n 0 (prefill) and -p 0 -n G -d P
    (decode of G tokens after a P-token context: positions P..P+G-1), -r reps, medians of its
    samples; nxd-bench-inference --precision ... --prompt P --reps reps --no-traced (prefill median
    of reps, decode median of 4*reps steps at position P). KV cache: f32 on both sides except bf16
-   (bf16 on both). One line per case:
+   (bf16 on both); llama-bench's flash attention is left at its default (auto: on for the
+   CPU). One line per case:
      case=prefill|decode threads=T precision=P llamacpp_tok_s= nxd_tok_s= ratio=(nxd/llama.cpp)
      bytes_per_token= llamacpp_bytes_per_token= roofline_fraction= llamacpp_roofline_fraction=
    bytes_per_token: what one token must read (decode: every weight but the embedding table, one
@@ -32,8 +33,9 @@
 4. --speculative: nxd-generate --eager on the bench model with and without a draft (the bench's
    --model draft: 4 layers, hidden 256, same vocabulary) at --speculate 2, 4, 8: generated tokens
    over the whole generation's time (prefill included: speculative decoding's report counts it
-   inside its decode line), the ratio to plain decoding and the acceptance rate. Both models are random, so acceptance is low: the figure is the
-   overhead of a round, not a speed-up a trained pair would show.
+   inside its decode line), the ratio to plain decoding and the acceptance rate. Both models are
+   random, so acceptance is low: the figure is the overhead of a round, not a speed-up a trained
+   pair would show.
 The CPU model, its vector ISA flags and the load average are printed at the start and the end.
 --smoke: the tiny model, 1 thread, 1 repetition, 16-token prompt, 4 tokens (seconds, checks the
 pipeline). llama.cpp: NXD_LLAMACPP_BUILD=DIR reuses a build, else llamacpp.py builds one.

@@ -3,7 +3,9 @@
 //   llamacpp-logits MODEL.gguf IDS.txt OUT.f32 [--threads T]
 // IDS.txt holds the prompt's token ids (whitespace separated); they are decoded as one batch at
 // positions 0..n-1 (no BOS added). The KV cache is f32 (llama.cpp's default f16 cache would round
-// K and V before attention, which the f32 check must not see). Built by compare.py against the
+// K and V before attention, which the f32 check must not see) and flash attention is off (on the
+// bench model, ggml's CPU flash attention alone moves the f32 logits by 4.5e-4 relative; without
+// it llama.cpp and nxd differ by 1.2e-6). Built by compare.py against the
 // llama.cpp build it uses, not by nxd's CMake (nxd does not depend on llama.cpp).
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
   cp.n_threads_batch = threads;
   cp.type_k = GGML_TYPE_F32;
   cp.type_v = GGML_TYPE_F32;
+  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   llama_context* ctx = llama_init_from_model(model, cp);
   if (!ctx) return fail("llama_init_from_model failed");
   llama_batch batch = llama_batch_get_one(ids.data(), static_cast<int32_t>(ids.size()));
