@@ -158,7 +158,8 @@ def llama_bench(lc, gguf, threads, reps, kv, prompt, gen, depth):
 
 
 def llama_bytes(sizes, cfg, kv_bytes, context):
-    weights = sum(v for k, v in sizes.items() if not k.endswith(":row") and k != "token_embd.weight")
+    weights = sum(v for k, v in sizes.items()
+                  if not k.endswith(":row") and k != "token_embd.weight")
     kv_dim = cfg["hidden_size"] // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
     kv = 2 * cfg["num_hidden_layers"] * kv_dim * kv_bytes * context
     return weights, weights + sizes["token_embd.weight:row"] + kv

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""nxd-serve against llama-server (issue 36): prepares the model and llama.cpp, runs nxd-bench-serve.
+"""nxd-serve against llama-server (issue 36): prepares model and llama.cpp, runs nxd-bench-serve.
 
   /usr/bin/python3 bench/llamacpp/compare_serve.py [--nxd-build build/release] [--work DIR]
       [--smoke] [-- nxd-bench-serve flags...]
@@ -35,8 +35,10 @@ def main():
     build = a.nxd_build.resolve()
     work = (a.work or build / ("llamacpp_serve" + ("_smoke" if a.smoke else ""))).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    tools = {"bench": build / "bench" / "nxd-bench-inference", "ckpt": build / "tools" / "nxd-ckpt",
-             "serve": build / "tools" / "nxd-serve", "bench_serve": build / "bench" / "nxd-bench-serve"}
+    tools = {"bench": build / "bench" / "nxd-bench-inference",
+             "ckpt": build / "tools" / "nxd-ckpt",
+             "serve": build / "tools" / "nxd-serve",
+             "bench_serve": build / "bench" / "nxd-bench-serve"}
     for path in tools.values():
         if not path.is_file():
             sys.exit(f"compare_serve: {path} missing: cmake --build {build} --target "
