@@ -21,9 +21,10 @@
    int4 is symmetric in groups of 32 as Q4_0): llama-bench -p P -n 0 (prefill) and -p 0 -n G -d P
    (decode of G tokens after a P-token context: positions P..P+G-1), -r reps, medians of its
    samples; nxd-bench-inference --precision ... --prompt P --reps reps --no-traced (prefill median
-   of reps, decode median of 4*reps steps at position P). KV cache: f32 on both sides except bf16
-   (bf16 on both); llama-bench's flash attention is left at its default (auto: on for the
-   CPU). One line per case:
+   of reps, decode median of 4*reps steps at position P). KV cache: llama-bench f16 (it offers no
+   f32 cache), bf16 for bf16; nxd f32, bf16 for bf16 (at a 128-token context the K/V are 0.75%
+   of an f32 step's bytes, 5% of a q4_0 step's); llama-bench's flash attention is left at its
+   default (auto: on for the CPU). One line per case:
      case=prefill|decode threads=T precision=P llamacpp_tok_s= nxd_tok_s= ratio=(nxd/llama.cpp)
      bytes_per_token= llamacpp_bytes_per_token= roofline_fraction= llamacpp_roofline_fraction=
    bytes_per_token: what one token must read (decode: every weight but the embedding table, one
@@ -171,7 +172,7 @@ def time_cases(nxd, lc, work, cfg, a):
         for prec in a.precisions:
             t = GGUF_OF[prec]
             gguf = work / f"model-{t}.gguf"
-            kv = "bf16" if prec == "bf16" else "f32"
+            kv = "bf16" if prec == "bf16" else "f16"  # llama-bench has no f32 KV cache
             l_pre = llama_bench(lc, gguf, threads, a.reps, kv, a.prompt, 0, 0)
             l_dec = llama_bench(lc, gguf, threads, a.reps, kv, 0, a.gen, a.prompt)
             lines = nxd.inference("--threads", threads, "--precision", prec, "--prompt", a.prompt,
@@ -180,7 +181,7 @@ def time_cases(nxd, lc, work, cfg, a):
             step_bytes = int(n["decode"]["step_bytes"])
             bandwidth = step_bytes / (float(n["decode"]["stream_ms"]) * 1e-3)  # bytes/s
             weights, l_step = llama_bytes(llamacpp.gguf_tensor_bytes(gguf), cfg,
-                                          2 if kv == "bf16" else 4, a.prompt + 1)
+                                          2, a.prompt + 1)
             for case, l_tok_s, nx_tok_s, nb, lb in (
                     ("prefill", l_pre, float(n["prefill"]["nxd_tok_s"]),
                      step_bytes / a.prompt, weights / a.prompt),
