@@ -69,10 +69,10 @@ def ensure_build(cache: Path, jobs: int = 2) -> LlamaCpp:
     src, build = cache / "src", cache / "build"
     bundle = cache / "package" / "llama" / "gitRelease.bundle"
     if not bundle.is_file():
-        for npm in ("npm",):
-            if not shutil.which(npm):
-                sys.exit("compare: npm is needed to fetch llama.cpp (or set NXD_LLAMACPP_BUILD)")
-        run(["npm", "pack", f"node-llama-cpp@{NODE_LLAMA_CPP}", "--pack-destination", cache])
+        if not shutil.which("npm"):
+            sys.exit("compare: npm is needed to fetch llama.cpp (or set NXD_LLAMACPP_BUILD)")
+        run(["npm", "pack", "--loglevel=warn", f"node-llama-cpp@{NODE_LLAMA_CPP}",
+             "--pack-destination", cache], stdout=subprocess.DEVNULL)
         tgz = cache / f"node-llama-cpp-{NODE_LLAMA_CPP}.tgz"
         run(["tar", "xzf", tgz, "-C", cache])
         if not bundle.is_file():
