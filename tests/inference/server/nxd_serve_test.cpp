@@ -177,6 +177,30 @@ TEST(NxdServe, ServesAFolderAndStopsOnSigterm) {
   EXPECT_NE(slurp(out).find("nxd-serve: stopped"), std::string::npos) << slurp(out);
 }
 
+// --chunked-prefill off reaches the engine: a prompt longer than --max-num-batched-tokens is
+// refused (400 naming the budget), which the default (on) serves in chunks.
+TEST(NxdServe, ChunkedPrefillOffRefusesAPromptOverTheBudget) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  const json body = {{"prompt", std::vector<int64_t>(40, 5)}, {"max_tokens", 2}};
+  for (const char* chunked : {"on", "off"}) {
+    Running srv(d, {"--hf", (d / "hf").string(), "--port", "0", "--max-num-batched-tokens", "16",
+                    "--chunked-prefill", chunked});
+    const int port = srv.port();
+    ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(30);
+    const Reply r = post(c, "/v1/completions", body.dump());
+    if (std::string(chunked) == "on") {
+      EXPECT_EQ(r.status, 200) << r.body;
+    } else {
+      EXPECT_EQ(r.status, 400) << r.body;
+      EXPECT_NE(r.body.find("max_num_batched_tokens=16"), std::string::npos) << r.body;
+    }
+    EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  }
+}
+
 // --tp 2: the model's shards on two sim ranks give the single-rank engine's text.
 TEST(NxdServe, TensorParallelOverSimRanksGivesTheSingleRankText) {
   HfModel m;
