@@ -201,6 +201,28 @@ TEST(NxdServe, ChunkedPrefillOffRefusesAPromptOverTheBudget) {
   }
 }
 
+// --prefix-caching off reaches the engine: a repeated 40-token prompt finds no cached tokens (on:
+// its two full 16-position blocks, 32).
+TEST(NxdServe, PrefixCachingOffCachesNothing) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  const json body = {{"prompt", std::vector<int64_t>(40, 5)}, {"max_tokens", 2}};
+  for (const char* caching : {"on", "off"}) {
+    Running srv(d, {"--hf", (d / "hf").string(), "--port", "0", "--prefix-caching", caching});
+    const int port = srv.port();
+    ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(30);
+    ASSERT_EQ(post(c, "/v1/completions", body.dump()).status, 200);
+    const Reply r = post(c, "/v1/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json["usage"]["prompt_tokens_details"]["cached_tokens"],
+              std::string(caching) == "on" ? 32 : 0)
+        << r.body;
+    EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  }
+}
+
 // --tp 2: the model's shards on two sim ranks give the single-rank engine's text.
 TEST(NxdServe, TensorParallelOverSimRanksGivesTheSingleRankText) {
   HfModel m;
