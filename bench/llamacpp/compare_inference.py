@@ -30,7 +30,8 @@
    bytes_per_token: what one token must read (decode: every weight but the embedding table, one
    embedding row, the K/V of the context; prefill: the weights over P); roofline_fraction: the
    time to stream that many bytes (nxd-bench-inference's stream measurement at the same threads)
-   over the time per token.
+   over the time per token. nxd's int8/int4 keep the output head f32, the Q8_0/Q4_0 files hold it
+   quantized: there the two sides read different bytes (both columns are printed).
 4. --speculative: nxd-generate --eager on the bench model with and without a draft (the bench's
    --model draft: 4 layers, hidden 256, same vocabulary) at --speculate 2, 4, 8: generated tokens
    over the whole generation's time (prefill included: speculative decoding's report counts it
