@@ -44,7 +44,7 @@ def main():
         if not path.is_file():
             sys.exit(f"compare_serve: {path} missing: cmake --build {build} --target "
                      "nxd-bench-inference nxd-ckpt nxd-serve nxd-bench-serve")
-    lc = llamacpp.ensure_build(build / "llamacpp")
+    lc = llamacpp.ensure_build(build / "llamacpp", needs=("llama-server",))
     hf, ck, gguf = work / "model", work / "ckpt", work / "model-f32.gguf"
     model = ["--model", "tiny"] if a.smoke else ["--max-positions", "8192"]
     if not (hf / "tokenizer.json").is_file():

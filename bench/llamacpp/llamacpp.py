@@ -57,12 +57,13 @@ def source_of(build: Path) -> Path:
     return Path(m.group(1))
 
 
-def ensure_build(cache: Path, jobs: int = 2) -> LlamaCpp:
+def ensure_build(cache: Path, needs=("llama-bench",), jobs: int = 2) -> LlamaCpp:
+    """`needs`: the programs a given build (NXD_LLAMACPP_BUILD) must have."""
     given = os.environ.get("NXD_LLAMACPP_BUILD")
     if given:
         build = Path(given).resolve()
         lc = LlamaCpp(build, source_of(build))
-        for t in ("llama-bench", "llama-server"):
+        for t in needs:
             lc.tool(t)
         return lc
     cache.mkdir(parents=True, exist_ok=True)
