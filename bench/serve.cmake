@@ -1,7 +1,7 @@
 # nxd-bench-serve: nxd-serve against llama-server on the same weights (issue 36): throughput,
 # TTFT and ITL at 1-64 concurrent streaming clients, prefix caching, chunked prefill.
 # bench/llamacpp/compare_serve.py prepares the model, its GGUF export and llama.cpp, then runs it.
-add_executable(nxd-bench-serve serve.cpp serve_client.cpp serve_process.cpp)
+add_executable(nxd-bench-serve serve.cpp serve_cases.cpp serve_client.cpp serve_process.cpp)
 target_link_libraries(nxd-bench-serve PRIVATE nxd_cli nxd_io PkgConfig::HTTPLIB Threads::Threads)
 nxd_compile_options(nxd-bench-serve)
 if(NXD_BUILD_TESTS)
