@@ -9,7 +9,14 @@
 // int8 / int4 (group 32, symmetric): f32 activations, every decoder linear layer's weight
 // quantized (layers/quantize.h; the embedding and the output head stay f32), eager only; the
 // step's bytes count the quantized weights as stored.
-//   nxd-bench-inference --export DIR     (model.safetensors, config.json, prefill_logits.f32)
+//   nxd-bench-inference --export DIR [--max-positions N]
+//                        (model.safetensors, config.json, a synthetic byte-level tokenizer.json of
+//                        the model's vocabulary (synthetic_tokenizer.h), prefill_logits.f32)
+//   nxd-bench-inference --logits-gguf FILE --logits-out OUT
+//                        the last position's logits of the same prompt on a GGUF file's weights
+//                        (read as f32), raw f32: bench/llamacpp/compare.py's agreement check
+// --model bench|draft|tiny picks the model: the ~125M bench Llama (default), a ~20M draft with its
+// vocabulary (speculative decoding) or a tiny one (smoke tests).
 //   nxd-bench-inference --tp-compare [--precision P]
 // Unless --no-traced, the same prefill and decode step also run on the traced decoder
 // (trace/decoder.h, sharing the model's weights; fusion off, the default): case=traced_prefill
@@ -23,6 +30,8 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "nxd/checkpoint/gguf_llama.h"
+#include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
@@ -32,11 +41,16 @@
 #include "nxd/runtime/cpu_info.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/trace/decoder.h"
+#include "synthetic_tokenizer.h"
 
 using namespace nxd;
 namespace fs = std::filesystem;
 
 namespace {
+
+enum class BenchModel { bench, draft, tiny };
+
+BenchModel g_model = BenchModel::bench;  // --model
 
 ModelConfig bench_model(DType dt) {
   ModelConfig c;
@@ -50,6 +64,20 @@ ModelConfig bench_model(DType dt) {
   c.max_position_embeddings = 512;
   c.init_std = 0.02;
   c.dtype = dt;
+  if (g_model == BenchModel::draft) {
+    c.hidden_size = 256;
+    c.num_layers = 4;
+    c.num_attention_heads = 4;
+    c.num_kv_heads = 2;
+    c.ffn_hidden_size = 768;
+  } else if (g_model == BenchModel::tiny) {
+    c.vocab_size = 512;
+    c.hidden_size = 64;
+    c.num_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_kv_heads = 2;
+    c.ffn_hidden_size = 128;
+  }
   return c;
 }
 
@@ -166,22 +194,42 @@ void run_traced(const std::shared_ptr<CausalLM>& m, const std::string& prec, int
   }
 }
 
-int run_export(const fs::path& dir) {
-  auto m = make_causal_lm(bench_model(DType::f32), 1);
+// The last position's logits of the P-token prompt, raw f32.
+void write_prompt_logits(CausalLM& m, int64_t P, const fs::path& out) {
+  NoGradGuard ng;
+  KVCache cache = m.make_kv_cache(1, P);
+  Tensor l = m.forward_cached(from_vector<int64_t>(prompt_ids(P, m.config().vocab_size), {1, P}),
+                              make_cache_step({0}, {0}, {P}), cache)
+                 .contiguous();
+  std::ofstream(out, std::ios::binary)
+      .write(reinterpret_cast<const char*>(l.data<float>()), l.numel() * 4);
+}
+
+int run_export(const fs::path& dir, int64_t max_positions, int64_t P) {
+  ModelConfig c = bench_model(DType::f32);
+  c.max_position_embeddings = max_positions;
+  auto m = make_causal_lm(c, 1);
   fs::create_directories(dir);
   std::vector<std::pair<std::string, Tensor>> ts;
   for (const auto& [n, t] : m->state_dict()) ts.push_back({n, t.detach()});
   io::write_safetensors(dir / "model.safetensors", ts);
   std::ofstream(dir / "config.json") << ckpt::hf_config_json(m->config()).dump(2) << "\n";
-  const int64_t P = 128;
-  KVCache cache = m->make_kv_cache(1, P);
-  Tensor l = m->forward_cached(from_vector<int64_t>(prompt_ids(P, 32000), {1, P}),
-                               make_cache_step({0}, {0}, {P}), cache);
-  std::vector<float> v(l.data<float>(), l.data<float>() + l.numel());
-  std::ofstream(dir / "prefill_logits.f32", std::ios::binary)
-      .write(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+  std::ofstream(dir / "tokenizer.json") << bench::synthetic_tokenizer_json(c.vocab_size).dump();
+  write_prompt_logits(*m, P, dir / "prefill_logits.f32");
   std::printf("exported %s (%lld parameters)\n", dir.string().c_str(),
               static_cast<long long>(m->num_parameters()));
+  return 0;
+}
+
+// The prompt's logits on a GGUF file's weights (dequantized to f32), for the llama.cpp check.
+int run_gguf_logits(const fs::path& gguf, const fs::path& out, int64_t P) {
+  ckpt::GgufModel g = ckpt::read_gguf_model(gguf);
+  g.cfg.dtype = DType::f32;
+  auto m = make_causal_lm(g.cfg, 1);
+  ckpt::load_full_tensors({m.get()}, g.full, gguf.string());
+  write_prompt_logits(*m, P, out);
+  std::printf("logits of %s (%s) -> %s\n", gguf.string().c_str(), g.description.c_str(),
+              out.string().c_str());
   return 0;
 }
 
@@ -216,7 +264,11 @@ int main(int argc, char** argv) {
                   {"fp32", "bf16", "int8", "int4"}},
                  {"--prompt", "N", "prompt tokens"},
                  {"--reps", "N", "repetitions (medians)"},
-                 {"--export", "DIR", "write the model and reference logits for generate_torch.py"},
+                 {"--model", "M", "the model", {"bench", "draft", "tiny"}},
+                 {"--export", "DIR", "write the model, a tokenizer and reference logits"},
+                 {"--max-positions", "N", "--export: the model's max_position_embeddings"},
+                 {"--logits-gguf", "FILE", "the prompt's logits on a GGUF file's weights"},
+                 {"--logits-out", "FILE", "where --logits-gguf writes them (raw f32)"},
                  {"--tp-compare", "", "TP 2 on two sim ranks against TP 1"},
                  {"--no-traced", "", "skip the traced decoder"}});
   const std::string prec = a.get_str("--precision", "fp32");
@@ -228,7 +280,19 @@ int main(int argc, char** argv) {
                  prec.c_str());
     return 2;
   }
-  if (a.has("--export")) return run_export(a.get_str("--export", "."));
+  const std::string model = a.get_str("--model", "bench");
+  g_model = model == "draft"  ? BenchModel::draft
+            : model == "tiny" ? BenchModel::tiny
+                              : BenchModel::bench;
+  if (a.has("--export"))
+    return run_export(a.get_str("--export", "."), a.get_int("--max-positions", 512), P);
+  if (a.has("--logits-gguf") != a.has("--logits-out")) {
+    std::fprintf(stderr,
+                 "nxd-bench-inference: --logits-gguf FILE and --logits-out FILE go together\n");
+    return 2;
+  }
+  if (a.has("--logits-gguf"))
+    return run_gguf_logits(a.get_str("--logits-gguf", ""), a.get_str("--logits-out", ""), P);
   if (a.has("--tp-compare")) return run_tp_compare(dt, P, reps);
   const int threads = static_cast<int>(a.get_int("--threads", 1));
   if (threads < 1 || P < 1 || reps < 1) {

@@ -5,6 +5,7 @@
 //             [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
 //             [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-blocks N | --kv-memory SIZE]
 //             [--max-waiting N] [--tp N] [--instance TYPE] [--quantize int8|int4[:G][:asym]]
+//             [--chunked-prefill on|off] [--prefix-caching on|off]
 // --checkpoint takes a quantized checkpoint too (nxd-ckpt quantize; checkpoint/quantized.h);
 // --quantize quantizes the decoder's linear layers at load (layers/models/quantize_lm.h).
 // The chat template is --chat-template's file, else chat_template.jinja or tokenizer_config.json
@@ -53,6 +54,7 @@ const char* kUsage =
     "                 [--max-num-seqs N] [--max-num-batched-tokens N]\n"
     "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp N]\n"
     "                 [--instance TYPE] [--quantize int8|int4[:G][:asym]]\n"
+    "                 [--chunked-prefill on|off] [--prefix-caching on|off]\n"
     "  --checkpoint DIR   an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete),\n"
     "                     or a quantized one (nxd-ckpt quantize)\n"
     "  --hf DIR           a transformers Llama / GPT-NeoX folder (config.json, safetensors)\n"
@@ -64,6 +66,8 @@ const char* kUsage =
     "  --max-num-batched-tokens N  tokens of one engine step (default 512)\n"
     "  --kv-blocks N      KV cache blocks of 16 positions; --kv-memory SIZE (512M, 2G) instead\n"
     "  --max-waiting N    queued requests beyond which the server answers 429 (default 256)\n"
+    "  --chunked-prefill on|off  split long prompts over engine steps (default on)\n"
+    "  --prefix-caching on|off   reuse the K/V of shared prompt prefixes (default on)\n"
     "  --tp N             tensor parallel over N sim ranks (threads) of the model's shards\n"
     "  --instance TYPE    each response's usage.modeled carries the modeled time to first token\n"
     "                     and time per output token on this Neuron instance (inf2.xlarge, ...)\n"
@@ -88,6 +92,11 @@ int64_t to_int(const std::string& flag, const std::string& v, int64_t lo, int64_
   } catch (const ConfigError& e) {
     throw Usage(e.what());
   }
+}
+
+bool on_off(const std::string& flag, const std::string& v) {
+  if (v != "on" && v != "off") throw Usage(str(flag, " ", v, ": expected on or off"));
+  return v == "on";
 }
 
 int64_t to_bytes(const std::string& flag, const std::string& v) {
@@ -146,6 +155,10 @@ ServeCli parse_args(int argc, char** argv) {
       } catch (const ConfigError& e) {
         throw Usage(str("--quantize: ", e.what()));
       }
+    else if (a == "--chunked-prefill")
+      c.engine.chunked_prefill = on_off(a, v);
+    else if (a == "--prefix-caching")
+      c.engine.prefix_caching = on_off(a, v);
     else
       throw Usage(str("unknown flag '", a, "'"));
   }

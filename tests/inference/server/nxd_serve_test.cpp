@@ -66,6 +66,8 @@ TEST(NxdServe, UserMistakesExitWithCode2NamingTheValue) {
       {{"--hf", hf, "--kv-blocks", "8", "--kv-memory", "1M"}, "not both"},
       {{"--hf", hf, "--max-num-seqs", "0"}, "--max-num-seqs"},
       {{"--hf", hf, "--bogus", "1"}, "unknown flag '--bogus'"},
+      {{"--hf", hf, "--chunked-prefill", "yes"}, "--chunked-prefill yes: expected on or off"},
+      {{"--hf", hf, "--prefix-caching", "1"}, "--prefix-caching 1: expected on or off"},
       {{"--hf", (d / "nothing").string()}, "nothing"},
       {{"--hf", hf, "--chat-template", (d / "missing.jinja").string()}, "missing.jinja"},
       {{"--hf", hf, "--instance", "inf9.huge", "--port", "0"}, "inf9.huge"},
@@ -184,6 +186,52 @@ TEST(NxdServe, ServesAFolderAndStopsOnSigterm) {
   EXPECT_EQ(srv.terminate(), 0) << slurp(err);
   EXPECT_NE(slurp(out).find("SIGTERM: stopping"), std::string::npos) << slurp(out);
   EXPECT_NE(slurp(out).find("nxd-serve: stopped"), std::string::npos) << slurp(out);
+}
+
+// --chunked-prefill off reaches the engine: a prompt longer than --max-num-batched-tokens is
+// refused (400 naming the budget), which the default (on) serves in chunks.
+TEST(NxdServe, ChunkedPrefillOffRefusesAPromptOverTheBudget) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  const json body = {{"prompt", std::vector<int64_t>(40, 5)}, {"max_tokens", 2}};
+  for (const char* chunked : {"on", "off"}) {
+    Running srv(d, {"--hf", (d / "hf").string(), "--port", "0", "--max-num-batched-tokens", "16",
+                    "--chunked-prefill", chunked});
+    const int port = srv.port();
+    ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(30);
+    const Reply r = post(c, "/v1/completions", body.dump());
+    if (std::string(chunked) == "on") {
+      EXPECT_EQ(r.status, 200) << r.body;
+    } else {
+      EXPECT_EQ(r.status, 400) << r.body;
+      EXPECT_NE(r.body.find("max_num_batched_tokens=16"), std::string::npos) << r.body;
+    }
+    EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  }
+}
+
+// --prefix-caching off reaches the engine: a repeated 40-token prompt finds no cached tokens (on:
+// its two full 16-position blocks, 32).
+TEST(NxdServe, PrefixCachingOffCachesNothing) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  const json body = {{"prompt", std::vector<int64_t>(40, 5)}, {"max_tokens", 2}};
+  for (const char* caching : {"on", "off"}) {
+    Running srv(d, {"--hf", (d / "hf").string(), "--port", "0", "--prefix-caching", caching});
+    const int port = srv.port();
+    ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(30);
+    ASSERT_EQ(post(c, "/v1/completions", body.dump()).status, 200);
+    const Reply r = post(c, "/v1/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json["usage"]["prompt_tokens_details"]["cached_tokens"],
+              std::string(caching) == "on" ? 32 : 0)
+        << r.body;
+    EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  }
 }
 
 // --tp 2: the model's shards on two sim ranks give the single-rank engine's text.
