@@ -81,6 +81,7 @@ TEST(EngineSpeculative, GreedyTokensEqualTheEngineWithoutADraft) {
         EXPECT_EQ(batched(m, reqs, o, &st), ref);
         for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(alone(m, reqs[i], o), ref[i]);
         EXPECT_GT(st.spec_proposed, 0);
+        if (prefix) EXPECT_GT(st.prefix_hit_tokens, 0);
         std::printf("    k=%lld %s %s: %lld proposed, acceptance %.3f, %lld steps\n", (long long)k,
                     prefix ? "prefix" : "no-prefix", draft_kind ? "unrelated" : "self",
                     (long long)st.spec_proposed, st.acceptance_rate(), (long long)st.steps);
