@@ -203,12 +203,7 @@ ckpt::ModelSource resolve_weights(const ServeCli& c) {
 ckpt::ModelSource resolve_draft(const ServeCli& c, const ModelConfig& target) {
   ckpt::ModelSourceOptions o{.tool = "nxd-serve",
                              .lora_checkpoints = ckpt::LoraCheckpoints::refuse};
-  if (fs::is_regular_file(c.draft_model))
-    o.gguf = c.draft_model;
-  else if (fs::is_regular_file(fs::path(c.draft_model) / "config.json"))
-    o.hf = c.draft_model;
-  else
-    o.checkpoint = c.draft_model;
+  ckpt::set_source_path(o, c.draft_model);
   ckpt::ModelSource s = ckpt::resolve_model_source(o);
   if (s.cfg.vocab_size != target.vocab_size)
     throw Usage(str("--draft-model ", c.draft_model, " has vocab_size ", s.cfg.vocab_size,

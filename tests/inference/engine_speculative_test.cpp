@@ -2,6 +2,7 @@
 // batched with companions joining and leaving, prefix caching on and off, k = 1, 3, 5; the model
 // as its own draft accepts every proposal, an unrelated draft few), seeded sampling gives the
 // same tokens alone and batched, preemption under a small pool keeps the tokens, no block leaks.
+#include <cmath>
 #include <cstdio>
 
 #include "engine_util.h"
@@ -103,6 +104,49 @@ TEST(EngineSpeculative, SampledRequestsGiveTheSameTokensAloneAndBatched) {
     // the same seeds twice: the same tokens
     EXPECT_EQ(batched(m, reqs, o), got);
   }
+}
+
+// The acceptance rule keeps the model's distribution: over 800 seeds the third token's frequencies
+// with an unrelated draft are as close to the model's alone as two samples of one distribution,
+// and far from the draft's own.
+TEST(EngineSpeculative, SampledTokensFollowTheModelsDistributionNotTheDraftsOne) {
+  auto m = tiny_llama(11);
+  auto draft = unrelated_draft();
+  const int64_t N = 800, V = m->config().vocab_size;
+  SamplingParams sp = sampled(/*only_generate_batch_knobs=*/true);
+  sp.top_k = 0, sp.top_p = 1.0, sp.temperature = 0.5;
+  auto freq = [&](const std::shared_ptr<CausalLM>& model, EngineOptions o, uint64_t seed0) {
+    o.max_num_seqs = 64;
+    o.max_num_batched_tokens = 4096;
+    o.max_waiting = N;
+    Engine e(model, nullptr, o);
+    Results res;
+    for (int64_t i = 0; i < N; ++i) {
+      SamplingParams s = sp;
+      s.seed = seed0 + i;
+      e.submit(request(ids(5, 8), 3, s), into(res));
+    }
+    e.run_until_idle();
+    EXPECT_EQ(e.stats().kv_blocks_used, 0);
+    std::vector<double> f(V, 0.0);
+    for (auto& [id, g] : res) f[g.ids.at(2)] += 1.0 / double(N);
+    return f;
+  };
+  auto tv = [&](const std::vector<double>& a, const std::vector<double>& b) {
+    double t = 0;
+    for (int64_t i = 0; i < V; ++i) t += std::abs(a[i] - b[i]) / 2;
+    return t;
+  };
+  const auto alone_a = freq(m, {}, 1), alone_b = freq(m, {}, 100000);
+  const auto with_draft = freq(m, spec(draft, 2), 1), of_draft = freq(draft, {}, 1);
+  const double noise = tv(alone_a, alone_b), spec_tv = tv(with_draft, alone_b),
+               draft_tv = tv(of_draft, alone_b);
+  std::printf(
+      "    TV to the model's frequencies: another sample %.3f, speculative %.3f, the "
+      "draft's %.3f\n",
+      noise, spec_tv, draft_tv);
+  EXPECT_LT(spec_tv, 1.5 * noise + 0.02);
+  EXPECT_GT(draft_tv, 2 * spec_tv);
 }
 
 TEST(EngineSpeculative, PreemptionUnderASmallPoolKeepsTheTokens) {
