@@ -2,6 +2,7 @@
 // batched with companions joining and leaving, prefix caching on and off, k = 1, 3, 5; the model
 // as its own draft accepts every proposal, an unrelated draft few), seeded sampling gives the
 // same tokens alone and batched, preemption under a small pool keeps the tokens, no block leaks.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -164,7 +165,28 @@ TEST(EngineSpeculative, PreemptionUnderASmallPoolKeepsTheTokens) {
   for (const auto& r : reqs) rid.push_back(e.submit(r, into(res)));
   e.run_until_idle();
   EXPECT_GT(e.stats().preemptions, 0);
+  EXPECT_GT(e.stats().spec_proposed, 0);
   for (size_t k = 0; k < reqs.size(); ++k) EXPECT_EQ(res[rid[k]].ids, ref[k]) << "request " << k;
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+}
+
+// A stop id met inside a run of accepted tokens ends the request there, as without a draft.
+TEST(EngineSpeculative, StopRulesApplyToAcceptedTokensInOrder) {
+  auto m = tiny_llama(11);
+  const Request base = request(ids(7, 21), 12, greedy());
+  const std::vector<int64_t> ref = alone(m, base);
+  ASSERT_EQ(ref.size(), 12u);
+  const int64_t at = 4;  // the first occurrence of ref[at] ends the request
+  const auto first = std::find(ref.begin(), ref.end(), ref[at]) - ref.begin();
+  Request r = base;
+  r.stop.stop_token_ids = {ref[at]};
+  Engine e(m, nullptr, spec(tiny_llama(11), 5));
+  Results res;
+  const int64_t id = e.submit(r, into(res));
+  e.run_until_idle();
+  EXPECT_EQ(res[id].ids, std::vector<int64_t>(ref.begin(), ref.begin() + first + 1));
+  EXPECT_EQ(res[id].last.finish, FinishReason::stop_token);
+  EXPECT_EQ(res[id].last.completion_tokens, first + 1);
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
 }
 
