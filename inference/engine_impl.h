@@ -98,7 +98,10 @@ struct Engine::Impl {
   bool accept(Seq& s, const Sample& smp);  // appends one token, stop rules; true: finished
   int64_t speculation(const Seq& s, int64_t budget) const;   // draft tokens for a decode row
   void run_speculative(const std::vector<Scheduled>& rows);  // speculate.cpp
-  void draft_catch_up(const std::vector<Scheduled>& rows);   // the draft over computed positions
+  // the draft's tokens per row and the distributions they were drawn from
+  void propose(const std::vector<Scheduled>& rows, std::vector<std::vector<int64_t>>& prop,
+               std::vector<std::vector<TokenDistribution>>& q);
+  void draft_catch_up(const std::vector<Scheduled>& rows);  // the draft over computed positions
   void settle(Seq& s);  // after a call: registers full blocks, rolls a sliding window
   void finish(Seq& s, Output& o, FinishReason why, const std::string& error = {});
   void emit(Seq& s, const Output& o);

@@ -42,15 +42,16 @@ void Engine::Impl::draft_catch_up(const std::vector<Scheduled>& rows) {
   call_model(*draft, draft_cache, make_call(cr));
 }
 
-void Engine::Impl::run_speculative(const std::vector<Scheduled>& rows) {
+void Engine::Impl::propose(const std::vector<Scheduled>& rows,
+                           std::vector<std::vector<int64_t>>& prop,
+                           std::vector<std::vector<TokenDistribution>>& q) {
   const auto B = static_cast<int64_t>(rows.size());
   const uint64_t draft_stream = stream_id("nxd.speculate.draft");
-  const uint64_t accept_stream = stream_id("nxd.speculate.accept");
-  // 1. the draft: the first call catches its cache up to the last token (1 or 2 positions), each
-  // call proposes one token per row still short of its `spec`; proposal i of a request draws u
+  // the first call catches the draft's cache up to the last token (1 or 2 positions), each call
+  // proposes one token per row still short of its `spec`; proposal i of a request draws u
   // number (generated + i) of its seed's draft stream
-  std::vector<std::vector<int64_t>> prop(B);
-  std::vector<std::vector<TokenDistribution>> q(B);
+  prop.assign(B, {});
+  q.assign(B, {});
   std::vector<TokenCounts> counts;
   for (const auto& r : rows) counts.push_back(r.seq->counts);
   for (int64_t j = 0;; ++j) {
@@ -82,6 +83,15 @@ void Engine::Impl::run_speculative(const std::vector<Scheduled>& rows) {
       counts[b].add_generated(d);
     }
   }
+}
+
+void Engine::Impl::run_speculative(const std::vector<Scheduled>& rows) {
+  const auto B = static_cast<int64_t>(rows.size());
+  const uint64_t accept_stream = stream_id("nxd.speculate.accept");
+  // 1. the draft proposes
+  std::vector<std::vector<int64_t>> prop;
+  std::vector<std::vector<TokenDistribution>> q;
+  propose(rows, prop, q);
   // 2. the model verifies [last, d_1 .. d_spec] of every row in one call
   std::vector<CallRow> cr;
   for (int64_t b = 0; b < B; ++b) {
