@@ -93,4 +93,14 @@ std::shared_ptr<CausalLM> build_model(const ModelSource& s) {
   return m;
 }
 
+void set_source_path(ModelSourceOptions& o, const std::string& path) {
+  o.checkpoint.clear(), o.hf.clear(), o.gguf.clear();
+  if (fs::is_regular_file(path))
+    o.gguf = path;
+  else if (fs::is_regular_file(fs::path(path) / "config.json"))
+    o.hf = path;
+  else
+    o.checkpoint = path;
+}
+
 }  // namespace nxd::ckpt

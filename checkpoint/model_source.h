@@ -41,6 +41,10 @@ struct ModelSource {
 
 ModelSource resolve_model_source(const ModelSourceOptions& o);
 
+// Sets o's source from one path (a draft model's): a regular file is a GGUF file, a folder with a
+// config.json a transformers folder, anything else an nxd checkpoint.
+void set_source_path(ModelSourceOptions& o, const std::string& path);
+
 // This rank's model with its weights (parallel_state already set up).
 std::shared_ptr<CausalLM> build_model(const ModelSource& s);
 

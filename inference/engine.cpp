@@ -119,6 +119,30 @@ void check_model(const CausalLM& m) {
   NXD_CHECK(m.config().device == Device::host, "[Engine] needs a model on the host");
 }
 
+// Speculative decoding's draft (opts.draft_model): InvalidArgument naming the mismatch.
+void check_draft(const EngineOptions& o, const CausalLM& m, int64_t max_len) {
+  const CausalLM& d = *o.draft_model;
+  check_model(d);
+  if (o.speculate_k < 1 || o.speculate_k > 64)
+    throw InvalidArgument(str("[Engine] speculate_k=", o.speculate_k, " must be in [1, 64]"));
+  if (d.config().vocab_size != m.config().vocab_size)
+    throw InvalidArgument(str("[Engine] the draft model's vocab_size is ", d.config().vocab_size,
+                              ", the model's ", m.config().vocab_size,
+                              " (a draft must share the model's vocabulary)"));
+  if (m.tensor_parallel_size() > 1 || d.tensor_parallel_size() > 1)
+    throw InvalidArgument(str("[Engine] speculative decoding runs at TP 1; the model is at TP ",
+                              m.tensor_parallel_size(), ", the draft at TP ",
+                              d.tensor_parallel_size()));
+  if (m.config().sliding_window > 0 || d.config().sliding_window > 0)
+    throw InvalidArgument(str("[Engine] speculative decoding needs models without a sliding ",
+                              "window; the model's is ", m.config().sliding_window,
+                              ", the draft's ", d.config().sliding_window));
+  if (d.config().max_position_embeddings < max_len)
+    throw InvalidArgument(str(
+        "[Engine] the draft model's max_position_embeddings=", d.config().max_position_embeddings,
+        " is below max_model_len=", max_len));
+}
+
 }  // namespace
 
 Engine::Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokenizer> tokenizer,
@@ -135,13 +159,17 @@ Engine::Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokeni
       I.opts.max_model_len > 0 ? I.opts.max_model_len : I.model->config().max_position_embeddings;
   I.vocab = I.model->config().vocab_size;
   I.window = I.model->config().sliding_window;
+  if (I.opts.draft_model) check_draft(I.opts, *I.model, I.max_len);
+  // a block holds K and V of the model and, with speculative decoding, of the draft
+  const int64_t bytes =
+      block_bytes(*I.model, I.opts.block_size) +
+      (I.opts.draft_model ? block_bytes(*I.opts.draft_model, I.opts.block_size) : 0);
   int64_t blocks = I.opts.kv_blocks;
-  if (blocks == 0 && I.opts.kv_memory_bytes > 0)
-    blocks = I.opts.kv_memory_bytes / block_bytes(*I.model, I.opts.block_size);
+  if (blocks == 0 && I.opts.kv_memory_bytes > 0) blocks = I.opts.kv_memory_bytes / bytes;
   if (blocks == 0)  // every running request at the full length
     blocks = I.opts.max_num_seqs * ((I.max_len + I.opts.block_size - 1) / I.opts.block_size);
   NXD_CHECK(blocks >= 1, "[Engine] kv_memory_bytes=", I.opts.kv_memory_bytes,
-            " holds no KV block of ", block_bytes(*I.model, I.opts.block_size), " bytes");
+            " holds no KV block of ", bytes, " bytes");
   if (I.model->tensor_parallel_size() > 1) {
     I.tp = parallel_state::get_tensor_model_parallel_group_ptr();
     NXD_CHECK(I.tp && I.tp->size() == I.model->tensor_parallel_size(), "[Engine] the model is ",
@@ -151,6 +179,11 @@ Engine::Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokeni
   }
   I.model->eval();
   I.cache = I.model->make_paged_kv_cache(blocks, I.opts.block_size);
+  if (I.opts.draft_model) {  // the same block ids index both caches
+    I.draft = I.opts.draft_model;
+    I.draft->eval();
+    I.draft_cache = I.draft->make_paged_kv_cache(blocks, I.opts.block_size);
+  }
   I.pool = std::make_unique<BlockPool>(blocks, I.opts.block_size, I.opts.prefix_caching);
   I.stream = RngStream{0, stream_id("nxd.generate")};
   I.st.kv_blocks_total = blocks;

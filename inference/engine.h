@@ -94,6 +94,11 @@ struct EngineOptions {
   // The model's end-of-sequence ids (read_eos_ids of its folder); empty: none.
   std::vector<int64_t> eos_token_ids;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  // Speculative decoding (docs/design/inference.md): a draft model sharing the model's vocabulary
+  // proposes speculate_k tokens per decoding request and step, the model verifies them in one
+  // call. Null: off.
+  std::shared_ptr<CausalLM> draft_model;
+  int64_t speculate_k = 4;  // 1..64 when draft_model is set
 };
 
 struct EngineStats {
@@ -104,6 +109,10 @@ struct EngineStats {
                             // in batches of similar lengths)
   int64_t kv_blocks_rolled = 0;  // blocks returned while their sequence ran: a sliding window's
                                  // positions no later query reads
+  int64_t spec_proposed = 0, spec_accepted = 0;  // draft tokens proposed, of those accepted
+  double acceptance_rate() const {
+    return spec_proposed ? double(spec_accepted) / double(spec_proposed) : 0.0;
+  }
 };
 
 // The queue of waiting requests is full (a server answers 429).

@@ -26,6 +26,7 @@ struct Seq {
   int64_t prompt_len = 0;
   int64_t generated = 0;
   int64_t computed = 0;        // positions whose K/V are in the cache
+  int64_t draft_computed = 0;  // ... in the draft model's cache (speculative decoding)
   int64_t registered = 0;      // full blocks registered in the prefix cache
   std::vector<int64_t> table;  // block table
   TokenCounts counts;
@@ -40,7 +41,19 @@ struct Seq {
 struct Scheduled {
   Seq* seq;
   int64_t n;
+  int64_t spec = 0;  // > 0: a speculative decode row, the draft proposes `spec` tokens
 };
+
+// One row of a model call: `ids` from position `start`, over seq's block table.
+struct CallRow {
+  const Seq* seq;
+  int64_t start;
+  std::vector<int64_t> ids;
+};
+ModelCall make_call(const std::vector<CallRow>& rows);
+// The model over `c` through `cache`: the last position's logits [B, V], or every one's
+// [B, S, V] with `all`.
+Tensor call_model(CausalLM& m, KVCache& cache, const ModelCall& c, bool all = false);
 
 struct Engine::Impl {
   std::shared_ptr<CausalLM> model;
@@ -49,6 +62,8 @@ struct Engine::Impl {
   int64_t max_len = 0, vocab = 0;
   int64_t window = 0;  // the model's sliding window (0: none): the cache rolls
   KVCache cache;
+  std::shared_ptr<CausalLM> draft;  // speculative decoding: its cache shares the block tables
+  KVCache draft_cache;
   std::unique_ptr<BlockPool> pool;
   RngStream stream;
   std::shared_ptr<Communicator> tp;  // TP > 1: the group rank 0 broadcasts each model call to
@@ -80,6 +95,14 @@ struct Engine::Impl {
   Tensor run_call(const ModelCall& c);  // the model on this rank's shard and cache
   bool follow();                        // a follower's step: false at the end message
   void advance(Seq& s, const std::vector<double>& logits);
+  bool accept(Seq& s, const Sample& smp);  // appends one token, stop rules; true: finished
+  int64_t speculation(const Seq& s, int64_t budget) const;   // draft tokens for a decode row
+  void run_speculative(const std::vector<Scheduled>& rows);  // speculate.cpp
+  // the draft's tokens per row and the distributions they were drawn from
+  void propose(const std::vector<Scheduled>& rows, std::vector<std::vector<int64_t>>& prop,
+               std::vector<std::vector<TokenDistribution>>& q);
+  void draft_catch_up(const std::vector<Scheduled>& rows);  // the draft over computed positions
+  void settle(Seq& s);  // after a call: registers full blocks, rolls a sliding window
   void finish(Seq& s, Output& o, FinishReason why, const std::string& error = {});
   void emit(Seq& s, const Output& o);
   void drop_finished();

@@ -111,6 +111,18 @@ void BlockPool::release(std::vector<int64_t>& table) {
   table.clear();
 }
 
+void BlockPool::truncate(std::vector<int64_t>& table, int64_t positions) {
+  while (static_cast<int64_t>(table.size()) > blocks_for(positions)) {
+    const int64_t b = table.back();
+    table.pop_back();
+    if (b < 0) continue;
+    Block& blk = blocks_[b];
+    NXD_INTERNAL_CHECK(blk.refs > 0 && !blk.cached, "block ", b, " past position ", positions,
+                       " is registered or free");
+    if (--blk.refs == 0) blk.pos = free_.insert(free_.end(), b);
+  }
+}
+
 int64_t BlockPool::release_before(std::vector<int64_t>& table, int64_t first_needed,
                                   int64_t registered) {
   int64_t end = std::min<int64_t>(first_needed / block_size_, table.size());

@@ -46,6 +46,9 @@ class BlockPool {
   // sequence's tail is evicted before its prefix) and clears it. Entries of -1 (blocks already
   // returned by release_before) are skipped.
   void release(std::vector<int64_t>& table);
+  // Returns the blocks of `table` past the first blocks_for(positions) (speculative decoding's
+  // rejected positions; such blocks were never registered), last first.
+  void truncate(std::vector<int64_t>& table, int64_t positions);
   // A rolling sliding window: returns the blocks wholly before position `first_needed` (the
   // first position any later query of the sequence reads) and marks their entries -1. With prefix
   // caching the last of the `registered` blocks is kept (the next block's chain hash starts from

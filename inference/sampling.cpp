@@ -67,60 +67,65 @@ void apply_penalties(std::vector<double>& l, const SamplingParams& p, const Toke
 
 }  // namespace
 
-Sample sample_next(const std::vector<double>& logits, const SamplingParams& p,
-                   const TokenCounts& counts, double u) {
+TokenDistribution next_distribution(const std::vector<double>& logits, const SamplingParams& p,
+                                    const TokenCounts& counts) {
   const int64_t V = static_cast<int64_t>(logits.size());
   NXD_CHECK(V > 0, "[sample_next] empty logits");
   std::vector<double> l = logits;
   apply_penalties(l, p, counts);
-  Sample s;
+  TokenDistribution d;
   if (p.temperature == 0.0) {
-    s.id = std::max_element(l.begin(), l.end()) - l.begin();  // first max
-  } else {
-    const bool filter = p.top_p < 1.0 || p.min_p > 0.0;
-    const int64_t k = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
-    std::vector<int64_t> idx = (k < V || filter) ? best_ids(l, k) : std::vector<int64_t>(V);
-    if (!(k < V || filter)) std::iota(idx.begin(), idx.end(), 0);
-    double mx = -INFINITY;
-    for (int64_t i : idx) mx = std::max(mx, l[i]);
-    std::vector<double> w(idx.size());
-    double z = 0;
-    for (size_t j = 0; j < idx.size(); ++j) z += w[j] = std::exp((l[idx[j]] - mx) / p.temperature);
-    size_t keep = idx.size();
-    if (p.top_p < 1.0) {  // idx is in decreasing probability: keep the nucleus
-      double c = 0;
-      for (size_t j = 0; j < keep; ++j) {
-        c += w[j] / z;
-        if (c >= p.top_p) {
-          keep = j + 1;
-          break;
-        }
-      }
-    }
-    if (p.min_p > 0.0) {  // w[0] is the largest weight (exp(0) = 1)
-      size_t j = 1;
-      while (j < keep && w[j] / z >= p.min_p * (w[0] / z)) ++j;
-      keep = j;
-    }
-    idx.resize(keep), w.resize(keep);
-    z = 0;
-    for (double x : w) z += x;
-    const double target = u * z;
+    d.ids = {std::max_element(l.begin(), l.end()) - l.begin()};  // first max
+    d.w = {1.0};
+    d.z = 1.0;
+    return d;
+  }
+  const bool filter = p.top_p < 1.0 || p.min_p > 0.0;
+  const int64_t k = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+  std::vector<int64_t> idx = (k < V || filter) ? best_ids(l, k) : std::vector<int64_t>(V);
+  if (!(k < V || filter)) std::iota(idx.begin(), idx.end(), 0);
+  double mx = -INFINITY;
+  for (int64_t i : idx) mx = std::max(mx, l[i]);
+  std::vector<double> w(idx.size());
+  double z = 0;
+  for (size_t j = 0; j < idx.size(); ++j) z += w[j] = std::exp((l[idx[j]] - mx) / p.temperature);
+  size_t keep = idx.size();
+  if (p.top_p < 1.0) {  // idx is in decreasing probability: keep the nucleus
     double c = 0;
-    s.id = idx.back();
-    for (size_t j = 0; j < idx.size(); ++j) {
-      c += w[j];
-      if (target < c) {
-        s.id = idx[j];
+    for (size_t j = 0; j < keep; ++j) {
+      c += w[j] / z;
+      if (c >= p.top_p) {
+        keep = j + 1;
         break;
       }
     }
   }
-  if (p.logprobs >= 0) {
-    const std::vector<double> lp = log_softmax(logits);
-    s.chosen = {s.id, lp[s.id]};
-    for (int64_t i : best_ids(lp, p.logprobs)) s.top.push_back({i, lp[i]});
+  if (p.min_p > 0.0) {  // w[0] is the largest weight (exp(0) = 1)
+    size_t j = 1;
+    while (j < keep && w[j] / z >= p.min_p * (w[0] / z)) ++j;
+    keep = j;
   }
+  idx.resize(keep), w.resize(keep);
+  z = 0;
+  for (double x : w) z += x;
+  d.ids = std::move(idx);
+  d.w = std::move(w);
+  d.z = z;
+  return d;
+}
+
+void add_logprobs(Sample& s, const std::vector<double>& logits, int64_t n) {
+  if (n < 0) return;
+  const std::vector<double> lp = log_softmax(logits);
+  s.chosen = {s.id, lp[s.id]};
+  for (int64_t i : best_ids(lp, n)) s.top.push_back({i, lp[i]});
+}
+
+Sample sample_next(const std::vector<double>& logits, const SamplingParams& p,
+                   const TokenCounts& counts, double u) {
+  Sample s;
+  s.id = next_distribution(logits, p, counts).draw(u);
+  add_logprobs(s, logits, p.logprobs);
   return s;
 }
 

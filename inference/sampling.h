@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "nxd/inference/engine.h"
+#include "nxd/layers/models/causal_lm.h"
 
 namespace nxd::inference {
 
@@ -36,5 +37,12 @@ struct Sample {
 // vLLM returns by default.
 Sample sample_next(const std::vector<double>& logits, const SamplingParams& p,
                    const TokenCounts& counts, double u);
+// Steps 1-3's distribution: the kept ids in the order u walks them, their weights (greedy: the
+// first argmax alone); sample_next(...).id == next_distribution(...).draw(u), bitwise. Speculative
+// decoding's acceptance rule compares the target's and the draft's (speculative.cpp).
+TokenDistribution next_distribution(const std::vector<double>& logits, const SamplingParams& p,
+                                    const TokenCounts& counts);
+// The logprobs of s.id and the n most likely (n < 0: none) from the raw logits, as sample_next.
+void add_logprobs(Sample& s, const std::vector<double>& logits, int64_t n);
 
 }  // namespace nxd::inference

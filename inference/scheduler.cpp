@@ -40,6 +40,7 @@ void Engine::Impl::take_incoming() {
 void Engine::Impl::preempt(std::unique_ptr<Seq> victim) {
   pool->release(victim->table);
   victim->computed = 0;
+  victim->draft_computed = 0;
   victim->registered = 0;
   ++st.preemptions;
   waiting.push_front(std::move(victim));
@@ -59,7 +60,7 @@ bool Engine::Impl::admit(std::vector<Scheduled>& plan, int64_t& budget) {
   pool->take(s.table, hits);
   const bool ok = pool->grow(s.table, from + n);
   NXD_INTERNAL_CHECK(ok, "blocks checked by can_grow");
-  s.computed = from;
+  s.computed = s.draft_computed = from;
   s.registered = static_cast<int64_t>(hits.size());
   if (opts.prefix_caching) {
     st.prefix_query_tokens += total;
@@ -85,6 +86,13 @@ std::vector<Scheduled> Engine::Impl::schedule() {
   for (size_t i = 0; i < running.size() && budget > 0; ++i) {
     Seq& s = *running[i];
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
+    // a decode row with a draft model: 1 + the draft's tokens, when the blocks are there
+    if (const int64_t k = speculation(s, budget);
+        k > 0 && pool->grow(s.table, s.computed + 1 + k)) {
+      plan.push_back({&s, 1 + k, k});
+      budget -= 1 + k;
+      continue;
+    }
     while (!pool->grow(s.table, s.computed + n)) {
       preempted = true;
       std::unique_ptr<Seq> victim = std::move(running.back());
@@ -104,13 +112,37 @@ std::vector<Scheduled> Engine::Impl::schedule() {
   return plan;
 }
 
-Tensor Engine::Impl::run_call(const ModelCall& c) {
+Tensor call_model(CausalLM& m, KVCache& cache, const ModelCall& c, bool all) {
   CacheStep step;
   step.seq_ids = zeros({c.B}, DType::i64);
   step.start = from_vector<int64_t>(c.start, {c.B});
   step.lengths = from_vector<int64_t>(c.lengths, {c.B});
   step.block_tables = from_vector<int64_t>(c.tables, {c.B, c.MB});
-  return model->forward_cached(from_vector<int64_t>(c.ids, {c.B, c.S}), step, cache);
+  const Tensor ids = from_vector<int64_t>(c.ids, {c.B, c.S});
+  return all ? m.forward_cached_all(ids, step, cache) : m.forward_cached(ids, step, cache);
+}
+
+ModelCall make_call(const std::vector<CallRow>& rows) {
+  ModelCall c;
+  c.B = static_cast<int64_t>(rows.size());
+  for (const auto& r : rows) {
+    c.S = std::max<int64_t>(c.S, static_cast<int64_t>(r.ids.size()));
+    c.MB = std::max<int64_t>(c.MB, static_cast<int64_t>(r.seq->table.size()));
+  }
+  c.ids.assign(c.B * c.S, 0);
+  c.tables.assign(c.B * c.MB, -1);
+  for (int64_t b = 0; b < c.B; ++b) {
+    const CallRow& r = rows[b];
+    std::copy(r.ids.begin(), r.ids.end(), c.ids.begin() + b * c.S);
+    std::copy(r.seq->table.begin(), r.seq->table.end(), c.tables.begin() + b * c.MB);
+    c.start.push_back(r.start);
+    c.lengths.push_back(static_cast<int64_t>(r.ids.size()));
+  }
+  return c;
+}
+
+Tensor Engine::Impl::run_call(const ModelCall& c) {
+  return call_model(*model, cache, c);
 }
 
 bool Engine::Impl::follow() {
@@ -121,43 +153,43 @@ bool Engine::Impl::follow() {
 }
 
 void Engine::Impl::run_rows(const std::vector<Scheduled>& rows) {
-  ModelCall c;
-  c.B = static_cast<int64_t>(rows.size());
+  std::vector<CallRow> cr;
   for (const auto& r : rows) {
-    c.S = std::max(c.S, r.n);
-    c.MB = std::max<int64_t>(c.MB, static_cast<int64_t>(r.seq->table.size()));
+    const Seq& s = *r.seq;
+    cr.push_back(
+        {&s, s.computed,
+         std::vector<int64_t>(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + r.n)});
   }
-  c.ids.assign(c.B * c.S, 0);
-  c.tables.assign(c.B * c.MB, -1);
-  for (int64_t b = 0; b < c.B; ++b) {
-    const Seq& s = *rows[b].seq;
-    std::copy(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + rows[b].n,
-              c.ids.begin() + b * c.S);
-    std::copy(s.table.begin(), s.table.end(), c.tables.begin() + b * c.MB);
-    c.start.push_back(s.computed);
-    c.lengths.push_back(rows[b].n);
-  }
+  const ModelCall c = make_call(cr);
   if (tp) send_plan(*tp, PlanMessage::call, &c);
   ++st.model_calls;
   const std::vector<double> all = run_call(c).to_vector();
+  for (const auto& r : rows) r.seq->computed += r.n;
+  if (draft) draft_catch_up(rows);  // the draft's cache holds the same positions
   for (int64_t b = 0; b < c.B; ++b) {
     Seq& s = *rows[b].seq;
-    s.computed += rows[b].n;
-    s.registered = pool->register_full(s.table, s.tokens, s.computed, s.registered);
-    if (window > 0)  // the next query (at position computed) and later ones read no earlier block
-      st.kv_blocks_rolled += pool->release_before(
-          s.table, kernels::first_key_needed(s.computed, window), s.registered);
+    settle(s);
     if (s.computed == static_cast<int64_t>(s.tokens.size()))
       advance(s, std::vector<double>(all.begin() + b * vocab, all.begin() + (b + 1) * vocab));
   }
+}
+
+void Engine::Impl::settle(Seq& s) {
+  // a block is registered once both caches hold it (another request's prefix hit reads both)
+  const int64_t valid = draft ? std::min(s.computed, s.draft_computed) : s.computed;
+  s.registered = pool->register_full(s.table, s.tokens, valid, s.registered);
+  if (window > 0)  // the next query (at position computed) and later ones read no earlier block
+    st.kv_blocks_rolled +=
+        pool->release_before(s.table, kernels::first_key_needed(s.computed, window), s.registered);
 }
 
 void Engine::Impl::execute(const std::vector<Scheduled>& plan) {
   // the one-token rows (decode, and prefill chunks of one token) run as one [n, 1] batch; longer
   // prefill chunks, longest first, run as padded [k, S] batches of chunks whose padding stays
   // within a quarter of their tokens (each weight is then read once per batch, not per chunk)
-  std::vector<Scheduled> singles, chunks;
-  for (const auto& r : plan) (r.n == 1 ? singles : chunks).push_back(r);
+  std::vector<Scheduled> singles, chunks, speculative;
+  for (const auto& r : plan) (r.spec > 0 ? speculative : r.n == 1 ? singles : chunks).push_back(r);
+  if (!speculative.empty()) run_speculative(speculative);
   if (!singles.empty()) run_rows(singles);
   std::stable_sort(chunks.begin(), chunks.end(),
                    [](const Scheduled& a, const Scheduled& b) { return a.n > b.n; });
@@ -174,7 +206,10 @@ void Engine::Impl::execute(const std::vector<Scheduled>& plan) {
 void Engine::Impl::advance(Seq& s, const std::vector<double>& logits) {
   const SamplingParams& p = s.req.sampling;
   const RngStream rs{p.seed, stream.stream};
-  const Sample smp = sample_next(logits, p, s.counts, rs.uniform_f64(uint64_t(s.generated)));
+  accept(s, sample_next(logits, p, s.counts, rs.uniform_f64(uint64_t(s.generated))));
+}
+
+bool Engine::Impl::accept(Seq& s, const Sample& smp) {
   s.tokens.push_back(smp.id);
   s.counts.add_generated(smp.id);
   ++s.generated;
@@ -184,7 +219,7 @@ void Engine::Impl::advance(Seq& s, const std::vector<double>& logits) {
   Output o;
   o.request_id = s.id;
   o.ids = {smp.id};
-  if (p.logprobs >= 0) {
+  if (s.req.sampling.logprobs >= 0) {
     o.chosen = {smp.chosen};
     o.top = {smp.top};
   }
@@ -208,6 +243,7 @@ void Engine::Impl::advance(Seq& s, const std::vector<double>& logits) {
     finish(s, o, why);
   else
     emit(s, o);
+  return why != FinishReason::none;
 }
 
 void Engine::Impl::emit(Seq& s, const Output& o) {

@@ -293,7 +293,15 @@ Tokenizer Tokenizer::from_file(const std::string& path_in) {
   return t;
 }
 
+Tokenizer Tokenizer::bytes() {
+  Tokenizer t;
+  t.path_ = "bytes";
+  t.vocab_size_ = 256;
+  return t;
+}
+
 std::string Tokenizer::description() const {
+  if (is_bytes()) return "bytes (UTF-8 bytes are the ids, 256 ids)";
   const bool bl = p_->kind == Parts::Kind::byte_level;
   return str(bl ? "byte-level BPE" : "SentencePiece-style BPE", " from ", path_, ", ", vocab_size_,
              " ids, ", p_->merges.size(), " merges (",
@@ -450,6 +458,10 @@ void Tokenizer::encode_section(const std::string& text, bool first,
 
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
   std::vector<int64_t> out;
+  if (is_bytes()) {
+    for (unsigned char ch : text) out.push_back(ch);
+    return out;
+  }
   const auto sections = split_added(*p_, text, /*normalized=*/false);
   for (size_t i = 0; i < sections.size(); ++i) {
     if (sections[i].second >= 0)
@@ -474,6 +486,15 @@ std::string Tokenizer::decode_model_output(const std::vector<int64_t>& ids,
 namespace nxd::io {
 
 std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
+  if (is_bytes()) {
+    std::string out;
+    for (int64_t id : ids) {
+      if (id < 0 || id >= 256)
+        throw ConfigError(str("[tokenizer] bytes: id ", id, " is not a byte (0..255)"));
+      out += static_cast<char>(id);
+    }
+    return out;
+  }
   const Parts& p = *p_;
   std::vector<std::string> tokens;
   for (int64_t id : ids) {

@@ -40,6 +40,10 @@ class Tokenizer {
   // Reads a tokenizer.json; IoError if unreadable, ConfigError naming the file and the key for
   // anything unsupported.
   static Tokenizer from_file(const std::string& path);
+  // UTF-8 bytes as ids (nxd-train's data without data.tokenizer): encode gives each byte of the
+  // text, decode the bytes of ids below 256 (others ConfigError); vocab_size() 256, path() "bytes".
+  static Tokenizer bytes();
+  bool is_bytes() const { return p_ == nullptr; }
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -350,15 +350,9 @@ ModelSource resolve_draft(const GenerateCli& c, const ModelSource& target) {
   GenerateCli d = c;
   d.lora.clear();
   d.quantize = WeightQuant::none;  // --quantize is the model's, not the draft's
-  d.checkpoint.clear();
-  d.hf.clear();
-  d.gguf.clear();
-  if (fs::is_regular_file(c.draft_model))
-    d.gguf = c.draft_model;
-  else if (fs::is_regular_file(fs::path(c.draft_model) / "config.json"))
-    d.hf = c.draft_model;
-  else
-    d.checkpoint = c.draft_model;
+  ckpt::ModelSourceOptions from;
+  ckpt::set_source_path(from, c.draft_model);  // a GGUF file, a transformers folder, a checkpoint
+  d.checkpoint = from.checkpoint, d.hf = from.hf, d.gguf = from.gguf;
   ModelSource s = resolve_source(d);
   if (s.cfg.vocab_size != target.cfg.vocab_size)
     throw Usage(str("--draft-model ", c.draft_model, " has vocab_size ", s.cfg.vocab_size,

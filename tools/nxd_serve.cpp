@@ -1,13 +1,19 @@
 // nxd-serve: an OpenAI-compatible HTTP server (inference/server/server.h) over the inference
 // engine (inference/engine.h: continuous batching, paged KV cache, prefix caching, chunked
 // prefill) for a trained (nxd checkpoint) or imported (transformers folder) causal LM.
-//   nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH] [--chat-template FILE]
+//   nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH|bytes] [--chat-template FILE]
 //             [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
 //             [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-blocks N | --kv-memory SIZE]
 //             [--max-waiting N] [--tp N] [--instance TYPE] [--quantize int8|int4[:G][:asym]]
 //             [--chunked-prefill on|off] [--prefix-caching on|off]
+//             [--draft-model DIR [--speculate K]]
+// --draft-model DIR decodes speculatively in the engine (docs/design/inference.md): a draft (an
+// nxd checkpoint, a transformers folder or a GGUF file, as --checkpoint/--hf) with the model's
+// vocab_size proposes K tokens (default 4) per request and step; TP 1 only.
 // --checkpoint takes a quantized checkpoint too (nxd-ckpt quantize; checkpoint/quantized.h);
 // --quantize quantizes the decoder's linear layers at load (layers/models/quantize_lm.h).
+// Without a tokenizer.json (--tokenizer, or --hf's) the ids are UTF-8 bytes (a model nxd-train
+// trained without data.tokenizer; vocab_size >= 256), as nxd-generate's default.
 // The chat template is --chat-template's file, else chat_template.jinja or tokenizer_config.json
 // in --hf's folder or the tokenizer's folder (io/chat_template.h; without one, chat answers 400).
 // EOS ids: generation_config.json / config.json of that folder, plus tokenizer_config.json's
@@ -49,16 +55,19 @@ using namespace nxd;
 namespace {
 
 const char* kUsage =
-    "usage: nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH] [--chat-template FILE]\n"
+    "usage: nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH|bytes] [--chat-template F]\n"
     "                 [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name N]\n"
     "                 [--max-num-seqs N] [--max-num-batched-tokens N]\n"
     "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp N]\n"
     "                 [--instance TYPE] [--quantize int8|int4[:G][:asym]]\n"
     "                 [--chunked-prefill on|off] [--prefix-caching on|off]\n"
+    "                 [--draft-model DIR [--speculate K]]\n"
     "  --checkpoint DIR   an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete),\n"
     "                     or a quantized one (nxd-ckpt quantize)\n"
     "  --hf DIR           a transformers Llama / GPT-NeoX folder (config.json, safetensors)\n"
-    "  --tokenizer PATH   a transformers tokenizer.json (default: --hf DIR's)\n"
+    "  --tokenizer PATH   a transformers tokenizer.json (default: --hf DIR's if any, else\n"
+    "                     bytes: UTF-8 bytes are the ids, as nxd-train without data.tokenizer;\n"
+    "                     'bytes' chooses that)\n"
     "  --chat-template F  a Jinja chat template file (default: the model folder's)\n"
     "  --port 0           any free port (printed)\n"
     "  --api-key KEY      clients must send 'Authorization: Bearer KEY' (401 otherwise)\n"
@@ -72,14 +81,19 @@ const char* kUsage =
     "  --instance TYPE    each response's usage.modeled carries the modeled time to first token\n"
     "                     and time per output token on this Neuron instance (inf2.xlarge, ...)\n"
     "  --quantize F       quantize the decoder's linear layers at load: int8, or int4 in groups\n"
-    "                     of 32 (int4:64, int4:128; :asym with a per-group minimum)\n";
+    "                     of 32 (int4:64, int4:128; :asym with a per-group minimum)\n"
+    "  --draft-model DIR  speculative decoding: a smaller model with the same vocab_size (an nxd\n"
+    "                     checkpoint, a transformers folder or a GGUF file) proposes tokens the\n"
+    "                     model verifies in one step (greedy output unchanged; TP 1)\n"
+    "  --speculate K      tokens the draft proposes per request and step, 1..64 (default 4)\n";
 
 struct Usage : UserError {
   using UserError::UserError;
 };
 
 struct ServeCli {
-  std::string checkpoint, hf, tokenizer, chat_template, instance;
+  std::string checkpoint, hf, tokenizer, chat_template, instance, draft_model;
+  int64_t speculate = 0;  // 0: 4 with a draft
   inference::EngineOptions engine;
   inference::server::ServerOptions server;
   int tp = 1;
@@ -147,6 +161,10 @@ ServeCli parse_args(int argc, char** argv) {
       c.engine.max_waiting = to_int(a, v, 1, 1 << 20);
     else if (a == "--tp")
       c.tp = static_cast<int>(to_int(a, v, 1, 64));
+    else if (a == "--draft-model")
+      c.draft_model = v;
+    else if (a == "--speculate")
+      c.speculate = to_int(a, v, 1, 64);
     else if (a == "--instance")
       c.instance = v;
     else if (a == "--quantize")
@@ -163,6 +181,12 @@ ServeCli parse_args(int argc, char** argv) {
       throw Usage(str("unknown flag '", a, "'"));
   }
   if (c.checkpoint.empty() == c.hf.empty()) throw Usage("give one of --checkpoint DIR or --hf DIR");
+  if (c.speculate > 0 && c.draft_model.empty())
+    throw Usage("--speculate K needs --draft-model DIR");
+  if (!c.draft_model.empty() && c.tp > 1)
+    throw Usage(
+        str("--draft-model runs at --tp 1 (speculative decoding in the engine), got --tp ", c.tp));
+  c.engine.speculate_k = c.speculate > 0 ? c.speculate : 4;
   if (c.engine.kv_blocks > 0 && c.engine.kv_memory_bytes > 0)
     throw Usage("give one of --kv-blocks or --kv-memory, not both");
   if (c.server.served_model_name.empty())
@@ -185,6 +209,19 @@ ckpt::ModelSource resolve_weights(const ServeCli& c) {
                                      .hf = c.hf,
                                      .tp = c.tp,
                                      .lora_checkpoints = ckpt::LoraCheckpoints::refuse});
+}
+
+// The draft's source (--draft-model): a GGUF file, a transformers folder (config.json) or an nxd
+// checkpoint, as nxd-generate's; its vocab_size must be the model's.
+ckpt::ModelSource resolve_draft(const ServeCli& c, const ModelConfig& target) {
+  ckpt::ModelSourceOptions o{.tool = "nxd-serve",
+                             .lora_checkpoints = ckpt::LoraCheckpoints::refuse};
+  ckpt::set_source_path(o, c.draft_model);
+  ckpt::ModelSource s = ckpt::resolve_model_source(o);
+  if (s.cfg.vocab_size != target.vocab_size)
+    throw Usage(str("--draft-model ", c.draft_model, " has vocab_size ", s.cfg.vocab_size,
+                    ", the model has ", target.vocab_size, " (a draft must share its vocabulary)"));
+  return s;
 }
 
 // This rank's model with its weights (parallel_state already set up at TP > 1), quantized at
@@ -306,10 +343,12 @@ int run(int argc, char** argv) {
   if (tok_path.empty() && !c.hf.empty() && fs::is_regular_file(fs::path(c.hf) / "tokenizer.json"))
     tok_path = (fs::path(c.hf) / "tokenizer.json").string();
   if (!c.hf.empty() && !fs::is_directory(c.hf)) throw Usage(str("--hf ", c.hf, ": no such folder"));
-  if (tok_path.empty())
-    throw Usage(str("no tokenizer: give --tokenizer PATH (a transformers tokenizer.json)",
-                    c.hf.empty() ? "" : "; --hf's folder has no tokenizer.json"));
-  auto tok = std::make_shared<const io::Tokenizer>(io::Tokenizer::from_file(tok_path));
+  // no tokenizer.json (nxd-train's data without data.tokenizer): UTF-8 bytes are the ids, as
+  // nxd-generate's default
+  if (tok_path == "bytes") tok_path.clear();
+  auto tok = std::make_shared<const io::Tokenizer>(
+      tok_path.empty() ? io::Tokenizer::bytes() : io::Tokenizer::from_file(tok_path));
+  std::printf("nxd-serve: tokenizer: %s\n", tok->description().c_str());
   const std::string folder = model_folder(c, tok_path);
   std::shared_ptr<const io::ChatTemplate> tpl;
   if (!c.chat_template.empty()) {
@@ -327,6 +366,9 @@ int run(int argc, char** argv) {
   }
   const ckpt::ModelSource w = resolve_weights(c);
   const ModelConfig& cfg = w.cfg;
+  if (tok->is_bytes() && cfg.vocab_size < 256)
+    throw Usage(str("byte-level tokens need vocab_size >= 256, the model has ", cfg.vocab_size,
+                    ": give --tokenizer PATH (a transformers tokenizer.json)"));
   if (tok->vocab_size() > cfg.vocab_size)
     throw ConfigError(str("[nxd-serve] the tokenizer ", tok_path, " has ", tok->vocab_size(),
                           " ids but the model's vocab_size is ", cfg.vocab_size));
@@ -350,6 +392,11 @@ int run(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  if (!c.draft_model.empty()) {
+    c.engine.draft_model = ckpt::build_model(resolve_draft(c, cfg));
+    std::printf("nxd-serve: speculative decoding: draft %s, %lld tokens per step\n",
+                c.draft_model.c_str(), (long long)c.engine.speculate_k);
+  }
   if (c.tp == 1) {
     inference::Engine engine(build_model(c, w), tok, c.engine);
     inference::server::Server server(engine, tok, tpl, c.server);

@@ -117,6 +117,12 @@ std::string Metrics::text(const EngineStats& s) const {
   gauge(out, "nxd_serve_engine_steps_total", "Engine scheduler steps.", double(s.steps), "counter");
   gauge(out, "nxd_serve_model_calls_total", "Model forward calls of the engine's steps.",
         double(s.model_calls), "counter");
+  gauge(out, "nxd_serve_spec_proposed_tokens_total",
+        "Draft tokens proposed (speculative decoding).", double(s.spec_proposed), "counter");
+  gauge(out, "nxd_serve_spec_accepted_tokens_total", "Draft tokens the model accepted.",
+        double(s.spec_accepted), "counter");
+  gauge(out, "nxd_serve_spec_acceptance_rate", "Accepted over proposed draft tokens.",
+        s.acceptance_rate());
   gauge(out, "nxd_serve_tokens_per_second", "Tokens generated per second over the last 10 s.",
         double(tokens) / window);
   out +=

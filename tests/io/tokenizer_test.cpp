@@ -54,6 +54,27 @@ TEST(Tokenizer, ModelOutputLeavesOutIdsPastTheVocabulary) {
   EXPECT_THROW(t.decode(ids), nxd::ConfigError);
 }
 
+// Bytes (nxd-train without data.tokenizer): a text's UTF-8 bytes are its ids and back; ids past
+// 255 are left out of a model's output and refused by decode.
+TEST(Tokenizer, BytesAreTheirOwnIds) {
+  const nxd::io::Tokenizer t = nxd::io::Tokenizer::bytes();
+  EXPECT_TRUE(t.is_bytes());
+  EXPECT_EQ(t.vocab_size(), 256);
+  const std::string text = "caf\xc3\xa9 \x01\xff!";
+  const std::vector<int64_t> ids = t.encode(text);
+  ASSERT_EQ(ids.size(), text.size());
+  EXPECT_EQ(ids[3], 0xc3);
+  EXPECT_EQ(ids[7], 0xff);
+  EXPECT_EQ(t.decode(ids), text);
+  std::vector<int64_t> model = ids;
+  model.push_back(256);
+  int64_t left_out = -1;
+  EXPECT_EQ(t.decode_model_output(model, left_out), text);
+  EXPECT_EQ(left_out, 1);
+  EXPECT_THROW(t.decode(model), nxd::ConfigError);
+  EXPECT_FALSE(nxd::io::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json").is_bytes());
+}
+
 TEST(Tokenizer, TheThreePreTokenizersDiffer) {
   const std::string text = "I'LL pay 12345 now";
   const auto a = nxd::io::Tokenizer::from_file(kDir + "/gpt2.tokenizer.json").encode(text);

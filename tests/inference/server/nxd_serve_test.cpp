@@ -270,6 +270,94 @@ TEST(NxdServe, ServesACheckpointWithATokenizer) {
   EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
 }
 
+// --draft-model: the model's own checkpoint as its draft serves the engine's greedy text with every
+// proposal accepted (/metrics); a draft of another vocabulary exits 2 naming both sizes.
+TEST(NxdServe, SpeculativeDecodingWithADraftModel) {
+  HfModel m;
+  const fs::path& d = m.dir.path;
+  Running srv(d, {"--hf", (d / "hf").string(), "--draft-model", (d / "run").string(), "--speculate",
+                  "3", "--port", "0"});
+  const int port = srv.port();
+  ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+  EXPECT_NE(slurp(srv.out).find("speculative decoding: draft"), std::string::npos);
+  const Reply r = greedy_completion(port, "the cat sat", 12);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json["choices"][0]["text"], engine_text(m, "the cat sat", 12));
+  httplib::Client cl("127.0.0.1", port);
+  const auto metrics = cl.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("nxd_serve_spec_acceptance_rate 1\n"), std::string::npos)
+      << metrics->body;
+  EXPECT_EQ(metrics->body.find("nxd_serve_spec_proposed_tokens_total 0\n"), std::string::npos);
+  EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  ModelConfig c = tiny_model("llama");
+  c.vocab_size = 96;
+  auto other = make_causal_lm(c, 5);
+  ckpt::save_checkpoint(d / "other", "step_1", other.get(), nullptr, nullptr);
+  const ProcResult bad = serve(
+      {"--hf", (d / "hf").string(), "--draft-model", (d / "other").string(), "--port", "0"}, d);
+  EXPECT_EQ(bad.code, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("has vocab_size 96, the model has " +
+                         std::to_string(m.model->config().vocab_size)),
+            std::string::npos)
+      << bad.err;
+  const ProcResult lone = serve({"--hf", (d / "hf").string(), "--speculate", "2"}, d);
+  EXPECT_EQ(lone.code, 2);
+  EXPECT_NE(lone.err.find("--speculate K needs --draft-model DIR"), std::string::npos) << lone.err;
+}
+
+// A model nxd-train trained without a tokenizer (data.tokenizer null: UTF-8 bytes are the ids,
+// vocab_size >= 256), its run folder given as --checkpoint: /v1/completions answers the engine's
+// text over byte ids; chat has no template and answers 400; a vocabulary under 256 exits 2.
+TEST(NxdServe, ServesAByteLevelRunFolder) {
+  ScratchDir dir{"nxd_serve_bytes_"};
+  const fs::path& d = dir.path;
+  ModelConfig c = tiny_model("llama");
+  c.vocab_size = 260;  // bytes, and ids past them the text leaves out
+  c.max_position_embeddings = 64;
+  auto model = make_causal_lm(c, 7);
+  ckpt::save_checkpoint(d / "run/checkpoints", "step_3", model.get(), nullptr, nullptr);
+  Running srv(d, {"--checkpoint", (d / "run").string(), "--port", "0"});
+  const int port = srv.port();
+  ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+  EXPECT_NE(slurp(srv.out).find("tokenizer: bytes"), std::string::npos) << slurp(srv.out);
+  const std::string prompt = "Once upon a time";
+  const Reply r = greedy_completion(port, prompt, 12);
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto bytes = std::make_shared<const io::Tokenizer>(io::Tokenizer::bytes());
+  inference::Engine e(model, bytes, {});
+  inference::Request q;
+  for (unsigned char ch : prompt) q.prompt.push_back(ch);
+  EXPECT_EQ(bytes->encode(prompt), q.prompt);
+  q.sampling.temperature = 0;
+  q.stop.max_tokens = 12;
+  std::string text;
+  std::vector<int64_t> ids;
+  e.submit(q, [&](const inference::Output& o) {
+    text += o.text;
+    ids.insert(ids.end(), o.ids.begin(), o.ids.end());
+  });
+  e.run_until_idle();
+  EXPECT_EQ(r.json["choices"][0]["text"], inference::server::valid_utf8(text));
+  EXPECT_EQ(r.json["usage"]["prompt_tokens"], static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(r.json["usage"]["completion_tokens"], static_cast<int64_t>(ids.size()));
+  httplib::Client cl("127.0.0.1", port);
+  cl.set_read_timeout(60);
+  const Reply chat = post(
+      cl, "/v1/chat/completions",
+      json{{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_tokens", 4}}
+          .dump());
+  EXPECT_EQ(chat.status, 400) << chat.body;
+  EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  // a vocabulary too small for bytes
+  c.vocab_size = 200;
+  auto small = make_causal_lm(c, 7);
+  ckpt::save_checkpoint(d / "small", "step_1", small.get(), nullptr, nullptr);
+  const ProcResult bad = serve({"--checkpoint", (d / "small").string(), "--port", "0"}, d);
+  EXPECT_EQ(bad.code, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("vocab_size >= 256, the model has 200"), std::string::npos) << bad.err;
+}
+
 // A quantized checkpoint (nxd-ckpt quantize) and --quantize at load serve the text of the
 // engine on the model quantized in this process; --quantize on a quantized checkpoint exits 2.
 TEST(NxdServe, ServesAQuantizedCheckpointAndQuantizesAtLoad) {
