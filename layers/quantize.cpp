@@ -277,6 +277,12 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
                 joined(name, n), " (", t.desc(), ", in ", m->type_name(), ") is a matrix that ",
                 weight_quant_name(opts.format), " weight quantization does not cover");
   }
+  // Storages another module's tensor shares (a tied weight): those stay allocated.
+  std::set<const void*> shared;
+  for (auto& [name, m] : modules)
+    if (skipped(name, opts.skip) || !dynamic_cast<QuantizableLinear*>(m))
+      for (auto& [n, t] : m->named_parameters(/*recurse=*/false))
+        if (!t.is_meta()) shared.insert(t.raw_data());
   QuantizeSummary s;
   for (auto& [q, w, rows_over] : todo) {
     ++s.layers;
@@ -291,8 +297,48 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
       s.bytes_after += iw->bytes();
       q->set_int8_weight(std::move(iw));
     }
+    if (!shared.count(w.raw_data())) release_quantized_weight(w);
   }
   return s;
+}
+
+void release_quantized_weight(const Tensor& w) {
+  NXD_CHECK(w.defined(), "[quantize] release_quantized_weight of an undefined tensor");
+  if (w.is_meta()) return;
+  TensorImpl& impl = *w.impl();
+  impl.storage = Storage::allocate(w.numel() * dtype_size(w.dtype()), Device::meta);
+  impl.strides = contiguous_strides(impl.shape);
+  impl.offset = 0;
+}
+
+void check_no_quantized_layers(const Module& model, const std::string& what) {
+  for (auto& [name, m] : const_cast<Module&>(model).named_modules()) {  // read only
+    const auto* q = dynamic_cast<const QuantizableLinear*>(m);
+    if (!q || !q->quantized()) continue;
+    throw InvalidArgument(
+        str("[", what, "] ", name.empty() ? m->type_name() : name, " is ",
+            q->int8_weight() ? "int8" : "int4", "-quantized: its unquantized weight was freed at ",
+            "quantization, and ", what,
+            " needs it (load the unquantized weights; a quantized checkpoint is written by "
+            "nxd-ckpt quantize)"));
+  }
+}
+
+WeightBytes resident_weight_bytes(const Module& model) {
+  WeightBytes b;
+  std::set<const void*> seen;
+  auto count = [&](const Tensor& t) {
+    if (t.defined() && !t.is_meta() && seen.insert(t.storage().get()).second)
+      b.dense += t.storage()->nbytes();
+  };
+  for (auto& [n, t] : model.named_parameters()) count(t);
+  for (auto& [n, t] : model.named_buffers()) count(t);
+  for (auto& [name, m] : const_cast<Module&>(model).named_modules())  // read only
+    if (const auto* q = dynamic_cast<const QuantizableLinear*>(m))
+      b.quantized += q->int8_weight()   ? q->int8_weight()->bytes()
+                     : q->int4_weight() ? q->int4_weight()->bytes()
+                                        : 0;
+  return b;
 }
 
 }  // namespace nxd

@@ -6,13 +6,17 @@
 // scale / 2) and multiplies by it directly: one byte per weight read per decode step.
 //
 // The int8 data is not a Tensor dtype: it lives in an Int8Weight held by the layer
-// (QuantizableLinear), beside the f32/bf16 parameter "weight", which keeps its name and values
-// (checkpoints, named_parameters and init are unchanged); forward uses the int8 weight once one is
-// set. Eager execution only: a traced graph cannot record it (int8_linear throws under a
-// tracer). Tensor parallel as the unquantized layers: a shard of rows (column parallel, the QKV
-// projections) has its rows' own scales; a shard of columns (row parallel) takes each row's
-// scale over the whole row (the largest of the ranks' parts, one all-reduce at quantization), so
-// every rank holds exactly its slice of the TP-1 int8 weight.
+// (QuantizableLinear). The layer's f32/bf16 parameter "weight" keeps its name, shape and dtype but
+// not its values: quantize_linear_layers (and the quantized-checkpoint loader) free its storage,
+// turning it into a meta tensor, so a quantized model holds only the quantized bytes
+// (resident_weight_bytes). Anything that would read those values refuses, naming the layer
+// (check_no_quantized_layers: checkpoint save, LoRA; the quantized product refuses a gradient, so
+// no training), and a meta tensor's data is never readable. Eager execution only: a traced graph
+// cannot record it (int8_linear throws under a tracer). Tensor parallel as the unquantized layers:
+// a shard of rows (column parallel, the QKV projections) has its rows' own scales; a shard of
+// columns (row parallel) takes each row's scale over the whole row (the largest of the ranks'
+// parts, one all-reduce at quantization), so every rank holds exactly its slice of the TP-1 int8
+// weight.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -141,6 +145,27 @@ struct QuantizeSummary {
 // Embeddings are never quantized. Throws InvalidArgument, naming the parameter, for any other 2-D
 // parameter outside the skipped modules that no quantizable layer owns (e.g. a mixture-of-experts'
 // experts), which this format does not cover; nothing is changed then.
+// The layer's parameter "weight" then has its storage freed (a meta tensor of the same shape and
+// dtype), unless another module's tensor shares that storage (a tied weight), which stays.
 QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opts = {});
+
+// Frees the values of a quantized layer's parameter `w`: its TensorImpl (every handle on it) points
+// at meta storage of the same shape and dtype afterwards.
+void release_quantized_weight(const Tensor& w);
+
+// Throws InvalidArgument naming the first quantized layer of `model` (hierarchical name) and its
+// format: `what` ("save_checkpoint", "LoRA") needs the unquantized weights, which quantization
+// freed. A model without quantized layers passes.
+void check_no_quantized_layers(const Module& model, const std::string& what);
+
+// The bytes a model's weights occupy in memory: its host parameters and buffers (each storage
+// once; the freed weights of quantized layers are meta and count 0) plus the quantized layers'
+// int8/int4 values, scales and minimums.
+struct WeightBytes {
+  int64_t dense = 0;      // host parameters and buffers
+  int64_t quantized = 0;  // Int8Weight / Int4Weight bytes
+  int64_t total() const { return dense + quantized; }
+};
+WeightBytes resident_weight_bytes(const Module& model);
 
 }  // namespace nxd
