@@ -239,6 +239,7 @@ void load_quantized_weights(CausalLM& m, const QuantizedCheckpoint& q) {
     if (it == layers.end() || !params.count(w))
       bad(q.file, kLayers, str("lists ", w, ", not a quantizable layer of the model"));
     set_layer(q, w, it->second, params.at(w), rank);
+    release_quantized_weight(params.at(w).tensor);  // its values are never read (quantization.md)
     for (const char* part : {".qweight", ".scales", ".mins"}) used.insert(w + part);
   }
   std::map<std::string, Tensor> rest;

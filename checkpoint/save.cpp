@@ -17,6 +17,7 @@
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
+#include "nxd/layers/quantize.h"
 #include "nxd/optim/zero1.h"
 
 #ifndef NXD_VERSION
@@ -408,6 +409,8 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   using clock = std::chrono::steady_clock;
   finalize_checkpoint();
   check_tag(tag);
+  for (const Module* m : chunks)
+    if (m) check_no_quantized_layers(*m, "save_checkpoint");
   auto plan = std::make_shared<SavePlan>();
   plan->path = path;
   plan->dir = path / tag;

@@ -57,6 +57,26 @@ std::string describe(const QuantizeOptions& o) {
              o.zero == kernels::Int4Zero::symmetric ? "symmetric" : "asymmetric", ")");
 }
 
+namespace {
+// Zeroed i32 words holding `bytes` bytes (the last word padded): a quantized weight's values.
+Tensor byte_words(int64_t bytes) {
+  return zeros({(bytes + 3) / 4}, DType::i32);
+}
+
+template <class T>
+Tensor bytes_tensor(const std::vector<T>& v) {
+  Tensor t = byte_words(static_cast<int64_t>(v.size() * sizeof(T)));
+  if (!v.empty()) std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(T));
+  return t;
+}
+
+Tensor f32_tensor(const std::vector<float>& v) {
+  Tensor t = empty({static_cast<int64_t>(v.size())}, DType::f32);
+  if (!v.empty()) std::memcpy(t.raw_data(), v.data(), v.size() * 4);
+  return t;
+}
+}  // namespace
+
 std::shared_ptr<const Int8Weight> Int8Weight::quantize(const Tensor& w,
                                                        Communicator* whole_rows_over) {
   NXD_CHECK(w.defined() && (w.dim() == 2 || w.dim() == 3) && !w.is_meta() &&
@@ -68,14 +88,14 @@ std::shared_ptr<const Int8Weight> Int8Weight::quantize(const Tensor& w,
   auto r = std::make_shared<Int8Weight>();
   r->in_ = w.size(-1);
   r->out_ = w.numel() / r->in_;
-  r->q_.resize(static_cast<size_t>(r->out_ * r->in_));
-  r->scale_.resize(static_cast<size_t>(r->out_));
-  kernels::int8_row_scales(r->scale_.data(), wf.data<float>(), r->out_, r->in_);
+  r->q_ = byte_words(r->out_ * r->in_);
+  r->scale_ = empty({r->out_}, DType::f32);
+  float* scale = r->scale_.data<float>();
+  kernels::int8_row_scales(scale, wf.data<float>(), r->out_, r->in_);
   if (whole_rows_over && whole_rows_over->size() > 1)
-    whole_rows_over->all_reduce(r->scale_.data(), r->scale_.data(), r->out_, DType::f32,
-                                ReduceOp::max);
-  kernels::quantize_int8_with_scales(r->q_.data(), r->scale_.data(), wf.data<float>(), r->out_,
-                                     r->in_);
+    whole_rows_over->all_reduce(scale, scale, r->out_, DType::f32, ReduceOp::max);
+  kernels::quantize_int8_with_scales(static_cast<int8_t*>(r->q_.raw_data()), scale,
+                                     wf.data<float>(), r->out_, r->in_);
   return r;
 }
 
@@ -97,16 +117,18 @@ std::shared_ptr<const Int8Weight> Int8Weight::from_parts(int64_t out, int64_t in
   for (size_t i = 0; i < scale.size(); ++i)
     NXD_CHECK(scale[i] >= 0, "[quantize] int8 scale ", i, " is negative: ", scale[i]);
   auto r = std::make_shared<Int8Weight>();
-  r->out_ = out, r->in_ = in, r->q_ = std::move(q), r->scale_ = std::move(scale);
+  r->out_ = out, r->in_ = in, r->q_ = bytes_tensor(q), r->scale_ = f32_tensor(scale);
   return r;
 }
 
 Tensor Int8Weight::dequantize() const {
   Tensor w = empty({out_, in_}, DType::f32);
   float* p = w.data<float>();
+  const int8_t* q = values();
+  const float* scale = scales();
   for (int64_t i = 0; i < out_; ++i)
     for (int64_t j = 0; j < in_; ++j)
-      p[i * in_ + j] = static_cast<float>(q_[i * in_ + j]) * scale_[i];
+      p[i * in_ + j] = static_cast<float>(q[i * in_ + j]) * scale[i];
   return w;
 }
 
@@ -123,8 +145,6 @@ Tensor quantized_linear(const char* op, const char* format, const Tensor& x, int
   NXD_CHECK(!x.is_meta(), "[", op, "] input is a meta tensor: ", x.desc());
   NXD_CHECK(!(GradMode::is_enabled() && x.requires_grad()), "[", op, "] an ", format,
             " weight is for inference: the input requires a gradient");
-  NXD_CHECK(active_recorder() == nullptr, "[", op, "] an ", format,
-            "-quantized layer cannot be traced (run it eagerly)");
   NXD_CHECK_SHAPE(!bias.defined() || (bias.dim() == 1 && bias.size(0) == N), "[", op,
                   "] bias must be [", N, "], got ", bias.desc());
   const Tensor xf = x.detach().to(DType::f32).contiguous();
@@ -143,22 +163,71 @@ Tensor quantized_linear(const char* op, const char* format, const Tensor& x, int
   return x.dtype() == DType::f32 ? y : y.to(x.dtype());
 }
 
+// q holds `bytes` bytes in i32 words; t is f32 with n elements.
+void check_words(const char* op, const Tensor& q, int64_t bytes) {
+  NXD_CHECK(q.defined() && q.dtype() == DType::i32 && q.dim() == 1 && q.is_contiguous() &&
+                q.numel() == (bytes + 3) / 4,
+            "[", op, "] the quantized values must be i32 [", (bytes + 3) / 4, "] (", bytes,
+            " bytes), got ", q.defined() ? q.desc() : "undefined");
+}
+void check_f32(const char* op, const char* what, const Tensor& t, int64_t n) {
+  NXD_CHECK(
+      t.defined() && t.dtype() == DType::f32 && t.dim() == 1 && t.is_contiguous() && t.numel() == n,
+      "[", op, "] ", what, " must be f32 [", n, "], got ", t.defined() ? t.desc() : "undefined");
+}
+
 }  // namespace
 
+Tensor int8_linear_parts(const Tensor& x, const Tensor& q, const Tensor& scales, const Tensor& bias,
+                         int64_t out, int64_t in) {
+  const char* op = "int8_linear";
+  OpScope scope(op);  // the checks and the kernel run inside the one recorded op
+  check_words(op, q, out * in);
+  check_f32(op, "the scales", scales, out);
+  const Tensor y =
+      quantized_linear(op, "int8", x, out, in, bias, [&](float* c, const float* xp, int64_t M) {
+        kernels::linear_int8(c, xp, static_cast<const int8_t*>(q.raw_data()), scales.data<float>(),
+                             M, out, in);
+      });
+  return scope.out(y, [&] {
+    return OpCall{{x, q, scales, bias}, OpAttrs().set("out", out).set("in", in)};
+  });
+}
+
 Tensor int8_linear(const Tensor& x, const Int8Weight& w, const Tensor& bias) {
-  const int64_t K = w.in_features(), N = w.out_features();
-  return quantized_linear("int8_linear", "int8", x, N, K, bias,
-                          [&](float* c, const float* xp, int64_t M) {
-                            kernels::linear_int8(c, xp, w.values(), w.scales(), M, N, K);
-                          });
+  return int8_linear_parts(x, w.values_tensor(), w.scales_tensor(), bias, w.out_features(),
+                           w.in_features());
+}
+
+Tensor int4_linear_parts(const Tensor& x, const Tensor& q, const Tensor& scales, const Tensor& mins,
+                         const Tensor& bias, const kernels::Int4Layout& l) {
+  const char* op = "int4_linear";
+  OpScope scope(op);  // the checks and the kernel run inside the one recorded op
+  l.check(op);
+  check_words(op, q, l.value_bytes());
+  check_f32(op, "the scales", scales, l.groups());
+  const bool asym = l.zero == kernels::Int4Zero::asymmetric;
+  if (asym) check_f32(op, "the minimums", mins, l.groups());
+  NXD_CHECK(asym || !mins.defined(), "[", op, "] a symmetric weight has no minimums, got ",
+            mins.desc());
+  const Tensor y =
+      quantized_linear(op, "int4", x, l.n, l.k, bias, [&](float* c, const float* xp, int64_t M) {
+        kernels::linear_int4(c, xp, static_cast<const uint8_t*>(q.raw_data()), scales.data<float>(),
+                             asym ? mins.data<float>() : nullptr, l, M);
+      });
+  return scope.out(y, [&] {
+    return OpCall{{x, q, scales, mins, bias},
+                  OpAttrs()
+                      .set("n", l.n)
+                      .set("k", l.k)
+                      .set("group", l.group)
+                      .set("zero", static_cast<int64_t>(l.zero))};
+  });
 }
 
 Tensor int4_linear(const Tensor& x, const Int4Weight& w, const Tensor& bias) {
-  return quantized_linear("int4_linear", "int4", x, w.out_features(), w.in_features(), bias,
-                          [&](float* c, const float* xp, int64_t M) {
-                            kernels::linear_int4(c, xp, w.values(), w.scales(), w.mins(),
-                                                 w.layout(), M);
-                          });
+  return int4_linear_parts(x, w.values_tensor(), w.scales_tensor(), w.mins_tensor(), bias,
+                           w.layout());
 }
 
 std::shared_ptr<const Int4Weight> Int4Weight::from_parts(const kernels::Int4Layout& l,
@@ -176,7 +245,8 @@ std::shared_ptr<const Int4Weight> Int4Weight::from_parts(const kernels::Int4Layo
   check_scales("int4 scale", scale);
   check_scales("int4 minimum", min);
   auto r = std::make_shared<Int4Weight>();
-  r->l_ = l, r->q_ = std::move(q), r->scale_ = std::move(scale), r->min_ = std::move(min);
+  r->l_ = l, r->q_ = bytes_tensor(q), r->scale_ = f32_tensor(scale);
+  if (asym) r->min_ = f32_tensor(min);
   return r;
 }
 
@@ -194,17 +264,18 @@ std::shared_ptr<const Int4Weight> Int4Weight::quantize(const Tensor& w, int64_t 
   r->l_.group = group;
   r->l_.zero = zero;
   r->l_.check("quantize");
-  r->q_.resize(static_cast<size_t>(r->l_.value_bytes()));
-  r->scale_.resize(static_cast<size_t>(r->l_.groups()));
-  if (zero == kernels::Int4Zero::asymmetric) r->min_.resize(r->scale_.size());
-  kernels::quantize_int4(r->q_.data(), r->scale_.data(), r->min_.empty() ? nullptr : r->min_.data(),
-                         wf.data<float>(), r->l_);
+  r->q_ = byte_words(r->l_.value_bytes());
+  r->scale_ = empty({r->l_.groups()}, DType::f32);
+  if (zero == kernels::Int4Zero::asymmetric) r->min_ = empty({r->l_.groups()}, DType::f32);
+  kernels::quantize_int4(static_cast<uint8_t*>(r->q_.raw_data()), r->scale_.data<float>(),
+                         r->min_.defined() ? r->min_.data<float>() : nullptr, wf.data<float>(),
+                         r->l_);
   return r;
 }
 
 Tensor Int4Weight::dequantize() const {
   Tensor w = empty({l_.n, l_.k}, DType::f32);
-  kernels::dequantize_int4_rows(w.data<float>(), q_.data(), scale_.data(), mins(), l_, 0, l_.n);
+  kernels::dequantize_int4_rows(w.data<float>(), values(), scales(), mins(), l_, 0, l_.n);
   return w;
 }
 
@@ -277,6 +348,12 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
                 joined(name, n), " (", t.desc(), ", in ", m->type_name(), ") is a matrix that ",
                 weight_quant_name(opts.format), " weight quantization does not cover");
   }
+  // Storages another module's tensor shares (a tied weight): those stay allocated.
+  std::set<const void*> shared;
+  for (auto& [name, m] : modules)
+    if (skipped(name, opts.skip) || !dynamic_cast<QuantizableLinear*>(m))
+      for (auto& [n, t] : m->named_parameters(/*recurse=*/false))
+        if (!t.is_meta()) shared.insert(t.raw_data());
   QuantizeSummary s;
   for (auto& [q, w, rows_over] : todo) {
     ++s.layers;
@@ -291,8 +368,67 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
       s.bytes_after += iw->bytes();
       q->set_int8_weight(std::move(iw));
     }
+    if (!shared.count(w.raw_data())) release_quantized_weight(w);
   }
   return s;
+}
+
+void release_quantized_weight(const Tensor& w) {
+  NXD_CHECK(w.defined(), "[quantize] release_quantized_weight of an undefined tensor");
+  if (w.is_meta()) return;
+  TensorImpl& impl = *w.impl();
+  impl.storage = Storage::allocate(w.numel() * dtype_size(w.dtype()), Device::meta);
+  impl.strides = contiguous_strides(impl.shape);
+  impl.offset = 0;
+}
+
+void check_no_quantized_layers(const Module& model, const std::string& what) {
+  for (auto& [name, m] : const_cast<Module&>(model).named_modules()) {  // read only
+    const auto* q = dynamic_cast<const QuantizableLinear*>(m);
+    if (!q || !q->quantized()) continue;
+    throw InvalidArgument(
+        str("[", what, "] ", name.empty() ? m->type_name() : name, " is ",
+            q->int8_weight() ? "int8" : "int4", "-quantized: its unquantized weight was freed at ",
+            "quantization, and ", what,
+            " needs it (load the unquantized weights; a quantized checkpoint is written by "
+            "nxd-ckpt quantize)"));
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> quantized_tensors(Module& model) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, m] : model.named_modules()) {
+    const auto* q = dynamic_cast<const QuantizableLinear*>(m);
+    if (!q || !q->quantized()) continue;
+    const std::string pre = name.empty() ? "" : name + ".";
+    if (const auto& w = q->int8_weight()) {
+      out.emplace_back(pre + "qweight", w->values_tensor());
+      out.emplace_back(pre + "scales", w->scales_tensor());
+    } else {
+      const auto& w4 = *q->int4_weight();
+      out.emplace_back(pre + "qweight", w4.values_tensor());
+      out.emplace_back(pre + "scales", w4.scales_tensor());
+      if (w4.mins_tensor().defined()) out.emplace_back(pre + "mins", w4.mins_tensor());
+    }
+  }
+  return out;
+}
+
+WeightBytes resident_weight_bytes(const Module& model) {
+  WeightBytes b;
+  std::set<const void*> seen;
+  auto count = [&](const Tensor& t) {
+    if (t.defined() && !t.is_meta() && seen.insert(t.storage().get()).second)
+      b.dense += t.storage()->nbytes();
+  };
+  for (auto& [n, t] : model.named_parameters()) count(t);
+  for (auto& [n, t] : model.named_buffers()) count(t);
+  for (auto& [name, m] : const_cast<Module&>(model).named_modules())  // read only
+    if (const auto* q = dynamic_cast<const QuantizableLinear*>(m))
+      b.quantized += q->int8_weight()   ? q->int8_weight()->bytes()
+                     : q->int4_weight() ? q->int4_weight()->bytes()
+                                        : 0;
+  return b;
 }
 
 }  // namespace nxd

@@ -6,13 +6,18 @@
 // scale / 2) and multiplies by it directly: one byte per weight read per decode step.
 //
 // The int8 data is not a Tensor dtype: it lives in an Int8Weight held by the layer
-// (QuantizableLinear), beside the f32/bf16 parameter "weight", which keeps its name and values
-// (checkpoints, named_parameters and init are unchanged); forward uses the int8 weight once one is
-// set. Eager execution only: a traced graph cannot record it (int8_linear throws under a
-// tracer). Tensor parallel as the unquantized layers: a shard of rows (column parallel, the QKV
-// projections) has its rows' own scales; a shard of columns (row parallel) takes each row's
-// scale over the whole row (the largest of the ranks' parts, one all-reduce at quantization), so
-// every rank holds exactly its slice of the TP-1 int8 weight.
+// (QuantizableLinear). The layer's f32/bf16 parameter "weight" keeps its name, shape and dtype but
+// not its values: quantize_linear_layers (and the quantized-checkpoint loader) free its storage,
+// turning it into a meta tensor, so a quantized model holds only the quantized bytes
+// (resident_weight_bytes). Anything that would read those values refuses, naming the layer
+// (check_no_quantized_layers: checkpoint save, LoRA; the quantized product refuses a gradient, so
+// no training), and a meta tensor's data is never readable. A traced graph records a quantized
+// layer as the op int8_linear / int4_linear whose parameters are the quantized tensors
+// (quantized_tensors) and replays the same kernels, so traced output equals eager bitwise.
+// Tensor parallel as the unquantized layers: a shard of rows (column parallel, the QKV projections)
+// has its rows' own scales; a shard of columns (row parallel) takes each row's scale over the whole
+// row (the largest of the ranks' parts, one all-reduce at quantization), so every rank holds
+// exactly its slice of the TP-1 int8 weight.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -44,21 +49,29 @@ class Int8Weight {
                                                       std::vector<float> scale);
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
-  const int8_t* values() const { return q_.data(); }
-  const float* scales() const { return scale_.data(); }
+  const int8_t* values() const { return static_cast<const int8_t*>(q_.raw_data()); }
+  const float* scales() const { return scale_.data<float>(); }
+  // The same bytes as tensors (a traced graph's parameters): the values' bytes row-major in i32
+  // words [ceil(out * in / 4)] (the last word zero-padded), the scales f32 [out].
+  const Tensor& values_tensor() const { return q_; }
+  const Tensor& scales_tensor() const { return scale_; }
   Tensor dequantize() const;  // f32 [out, in]: q * scale
-  int64_t bytes() const { return out_ * in_ + 4 * out_; }
+  int64_t bytes() const { return q_.nbytes() + scale_.nbytes(); }
 
  private:
   int64_t out_ = 0, in_ = 0;
-  std::vector<int8_t> q_;
-  std::vector<float> scale_;
+  Tensor q_, scale_;
 };
 
 // y = x @ W^T + bias with W the int8 weight: x [..., in] f32 or bf16, bias [out] (x's dtype) or
 // undefined; y [..., out] in x's dtype (bf16: computed in f32, rounded once). Inference only:
-// throws when x requires a gradient with grad mode on, and under an active tracer.
+// throws when x requires a gradient with grad mode on. Traced, it is the op "int8_linear" with
+// inputs (x, values_tensor, scales_tensor, bias) and attributes out, in (int8_linear_parts).
 Tensor int8_linear(const Tensor& x, const Int8Weight& w, const Tensor& bias);
+// The same on the weight's tensors (what a traced graph's replay calls): q i32 words holding the
+// [out, in] int8 values' bytes, scales f32 [out]. InvalidArgument naming the sizes otherwise.
+Tensor int8_linear_parts(const Tensor& x, const Tensor& q, const Tensor& scales, const Tensor& bias,
+                         int64_t out, int64_t in);
 
 // A linear layer's weight W [out, in] in 4-bit groups along `in` (runtime/kernels/gemv_int4.h:
 // group 32, 64 or 128, symmetric or with a per-group minimum).
@@ -79,22 +92,33 @@ class Int4Weight {
   const kernels::Int4Layout& layout() const { return l_; }
   int64_t out_features() const { return l_.n; }
   int64_t in_features() const { return l_.k; }
-  const uint8_t* values() const { return q_.data(); }
-  const float* scales() const { return scale_.data(); }
-  const float* mins() const { return min_.empty() ? nullptr : min_.data(); }  // null: symmetric
-  Tensor dequantize() const;                                                  // f32 [out, in]
+  const uint8_t* values() const { return static_cast<const uint8_t*>(q_.raw_data()); }
+  const float* scales() const { return scale_.data<float>(); }
+  const float* mins() const { return min_.defined() ? min_.data<float>() : nullptr; }  // null: sym
+  // As tensors: the value bytes in i32 words [ceil(value_bytes / 4)], scales and (asymmetric)
+  // minimums f32 [groups] (undefined when symmetric).
+  const Tensor& values_tensor() const { return q_; }
+  const Tensor& scales_tensor() const { return scale_; }
+  const Tensor& mins_tensor() const { return min_; }
+  Tensor dequantize() const;  // f32 [out, in]
   int64_t bytes() const {
-    return static_cast<int64_t>(q_.size() + 4 * scale_.size() + 4 * min_.size());
+    return q_.nbytes() + scale_.nbytes() + (min_.defined() ? min_.nbytes() : 0);
   }
 
  private:
   kernels::Int4Layout l_;
-  std::vector<uint8_t> q_;
-  std::vector<float> scale_, min_;
+  Tensor q_, scale_, min_;
 };
 
-// int8_linear's contract with a 4-bit weight.
+// int8_linear's contract with a 4-bit weight; traced, the op "int4_linear" with inputs (x,
+// values_tensor, scales_tensor, mins_tensor, bias) and attributes n, k, group, zero.
 Tensor int4_linear(const Tensor& x, const Int4Weight& w, const Tensor& bias);
+Tensor int4_linear_parts(const Tensor& x, const Tensor& q, const Tensor& scales, const Tensor& mins,
+                         const Tensor& bias, const kernels::Int4Layout& l);
+
+// The tensors of `model`'s quantized layers by name, "<layer>.qweight", "<layer>.scales" and
+// (int4 asymmetric) "<layer>.mins": the parameters a traced graph of the model records.
+std::vector<std::pair<std::string, Tensor>> quantized_tensors(Module& model);
 
 // A linear layer that can run on a quantized weight (ParallelLinearBase, the GQA QKV projections).
 class QuantizableLinear {
@@ -141,6 +165,27 @@ struct QuantizeSummary {
 // Embeddings are never quantized. Throws InvalidArgument, naming the parameter, for any other 2-D
 // parameter outside the skipped modules that no quantizable layer owns (e.g. a mixture-of-experts'
 // experts), which this format does not cover; nothing is changed then.
+// The layer's parameter "weight" then has its storage freed (a meta tensor of the same shape and
+// dtype), unless another module's tensor shares that storage (a tied weight), which stays.
 QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opts = {});
+
+// Frees the values of a quantized layer's parameter `w`: its TensorImpl (every handle on it) points
+// at meta storage of the same shape and dtype afterwards.
+void release_quantized_weight(const Tensor& w);
+
+// Throws InvalidArgument naming the first quantized layer of `model` (hierarchical name) and its
+// format: `what` ("save_checkpoint", "LoRA") needs the unquantized weights, which quantization
+// freed. A model without quantized layers passes.
+void check_no_quantized_layers(const Module& model, const std::string& what);
+
+// The bytes a model's weights occupy in memory: its host parameters and buffers (each storage
+// once; the freed weights of quantized layers are meta and count 0) plus the quantized layers'
+// int8/int4 values, scales and minimums.
+struct WeightBytes {
+  int64_t dense = 0;      // host parameters and buffers
+  int64_t quantized = 0;  // Int8Weight / Int4Weight bytes
+  int64_t total() const { return dense + quantized; }
+};
+WeightBytes resident_weight_bytes(const Module& model);
 
 }  // namespace nxd

@@ -9,9 +9,10 @@
 // By default the model is traced (trace/decoder.h: a context-encoding graph per prompt bucket and
 // a token-generation graph sharing the weights and the K/V caches) and generation replays the
 // graphs; --eager runs the eager KV-cache path instead (the reference). --quantize int8 or int4
-// (eager; int4 in groups of 32, 64 or 128, symmetric or :asym) quantizes every decoder linear
-// layer's weight at load (layers/models/quantize_lm.h) and prints
-// what it changed on the prompt (largest logit change, argmax agreement, perplexity).
+// (int4 in groups of 32, 64 or 128, symmetric or :asym) quantizes every decoder linear layer's
+// weight at load (layers/models/quantize_lm.h; traced too: the graphs record the quantized ops and
+// give eager's tokens) and, eager, prints what it changed on the prompt (largest logit change,
+// argmax agreement, perplexity). Both paths print the resident weight bytes of rank 0.
 // --draft-model DIR (eager) decodes speculatively (layers/models/speculative.h): the draft (an nxd
 // checkpoint or a transformers folder with the same vocabulary) proposes --speculate K tokens
 // (default 4) that the model verifies in one step; greedy output is the model's own, sampled
@@ -255,15 +256,6 @@ GenerateCli parse_args(int argc, char** argv) {
   }
   if (c.eager && (!c.save_trace.empty() || !c.buckets.empty()))
     throw Usage("--save-trace and --buckets apply to the traced path, not --eager");
-  if (c.quantize != WeightQuant::none && !c.eager && c.quality_report.empty())
-    throw Usage(str("--quantize ", weight_quant_name(c.quantize),
-                    " runs on the eager path only (add --eager; the traced model cannot record "
-                    "quantized layers)"));
-  if (!c.eager && c.quality_report.empty() && !c.checkpoint.empty() &&
-      ckpt::is_quantized_checkpoint(c.checkpoint))
-    throw Usage(str("--checkpoint ", c.checkpoint,
-                    " is a quantized checkpoint: it runs on the eager path only (add --eager; the "
-                    "traced model cannot record quantized layers)"));
   if (c.speculate > 0 && c.draft_model.empty())
     throw Usage("--speculate K needs --draft-model DIR");
   if (!c.draft_model.empty() && !c.eager)
@@ -384,6 +376,20 @@ std::shared_ptr<CausalLM> load_model(const GenerateCli& c, const ModelSource& s)
   return build_model(s);
 }
 
+void print_quantize_summary(const QuantizeSummary& q, const QuantizeOptions& o) {
+  std::printf(
+      "quantized: %s weights in %lld linear layers, %.2f MB -> %.2f MB (embedding and output "
+      "head unquantized)\n",
+      describe(o).c_str(), (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
+}
+
+// The bytes rank 0's weights hold in memory (a quantized layer's f32 weight is freed).
+void print_weight_bytes(CausalLM& m) {
+  const WeightBytes b = resident_weight_bytes(m);
+  std::printf("weights: %.3f MB resident on rank 0 (%.3f MB quantized, %.3f MB unquantized)\n",
+              b.total() / 1e6, b.quantized / 1e6, b.dense / 1e6);
+}
+
 // The traced decoder: loaded from --load-trace (its config from the trace's metadata into s),
 // or traced from s (and saved with --save-trace). Sim: every rank from this thread; MPI: this
 // process's rank.
@@ -410,7 +416,17 @@ std::shared_ptr<trace::TensorParallelModel> traced_model(const GenerateCli& c, M
     if (b > L) throw Usage(str("--buckets: ", b, " exceeds max_position_embeddings=", L));
   trace::DecoderTraceOptions o{
       .tp_degree = c.tp, .prefill_buckets = buckets, .max_len = L, .backend = c.backend};
-  auto m = trace::trace_decoder([&s] { return build_model(s); }, o);
+  auto m = trace::trace_decoder(
+      [&s, &c] {
+        auto lm = build_model(s);
+        if (c.quantize != WeightQuant::none) {
+          const QuantizeSummary q = quantize_causal_lm(*lm, {}, c.quant).summary;
+          if (current_context().rank() == 0) print_quantize_summary(q, c.quant);
+        }
+        if (current_context().rank() == 0) print_weight_bytes(*lm);
+        return lm;
+      },
+      o);
   m->metadata()["model_config"] = ckpt::model_config_json(s.cfg).dump();
   if (!c.save_trace.empty()) trace::parallel_model_save(*m, c.save_trace);
   return m;
@@ -421,11 +437,7 @@ GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
 
 // What --quantize changed (printed by rank 0; every rank has the same figures).
 void print_quantized(const QuantizedLmReport& r, const QuantizeOptions& o) {
-  const QuantizeSummary& q = r.summary;
-  std::printf(
-      "quantized: %s weights in %lld linear layers, %.2f MB -> %.2f MB (embedding and output "
-      "head unquantized)\n",
-      describe(o).c_str(), (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
+  print_quantize_summary(r.summary, o);
   std::printf(
       "quantized on the prompt (%lld tokens): max logit change %.4g (max |logit| %.4g), most "
       "likely next token unchanged at %lld/%lld positions",
@@ -454,6 +466,7 @@ GenerateResult run_eager(const GenerateCli& c, CausalLM& m, const std::vector<in
     const QuantizedLmReport q = quantize_causal_lm(m, prompt, c.quant);
     if (current_context().rank() == 0) print_quantized(q, c.quant);
   }
+  if (current_context().rank() == 0) print_weight_bytes(m);
   if (!draft) return m.generate_batch({prompt}, c.gen);
   const SpeculativeResult s = speculative_generate(m, *draft, prompt, c.gen, {.k = c.speculate});
   if (current_context().rank() == 0) print_speculative(c, s, static_cast<int64_t>(prompt.size()));

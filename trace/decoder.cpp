@@ -4,6 +4,7 @@
 
 #include "nxd/layers/models/decode_loop.h"
 #include "nxd/layers/models/kv_cache.h"
+#include "nxd/layers/quantize.h"
 
 namespace nxd::trace {
 
@@ -14,7 +15,10 @@ ModelFn causal_lm_decoder_fn(CausalLMFactory make, int64_t batch, int64_t max_le
     const int64_t L = max_len > 0 ? max_len : m->config().max_position_embeddings;
     auto cache = std::make_shared<KVCache>(m->make_kv_cache(batch, L));
     RankModel rm;
-    rm.params = m->named_parameters();
+    // the quantized layers' int8/int4 tensors replace their freed (meta) weights
+    for (auto& [name, t] : m->named_parameters())
+      if (!t.is_meta()) rm.params.emplace_back(name, t);
+    for (auto& nt : quantized_tensors(*m)) rm.params.push_back(std::move(nt));
     for (size_t l = 0; l < cache->k.size(); ++l) {
       rm.state.emplace_back(str("k", l), cache->k[l]);
       rm.state.emplace_back(str("v", l), cache->v[l]);

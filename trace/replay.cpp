@@ -8,6 +8,7 @@
 #include "nxd/autograd/ops/inference.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/layers/quantize.h"
 #include "nxd/trace/fuse.h"
 
 namespace nxd::trace {
@@ -158,6 +159,19 @@ void add_inference(std::map<std::string, OpInfo>& m) {
                               a.has("window") ? a.i("window") : 0)};
   }};
   m["gather_last"] = {binary(&gather_last)};
+  // quantized layers (layers/quantize.h): the eager kernels on the graph's quantized parameters
+  m["int8_linear"] = {[](const V& in, const OpAttrs& a) {
+    return V{int8_linear_parts(in[0], in[1], in[2], in[3], a.i("out"), a.i("in"))};
+  }};
+  m["int4_linear"] = {[](const V& in, const OpAttrs& a) {
+    NXD_CHECK(a.i("zero") == 0 || a.i("zero") == 1, "[trace] int4_linear: zero ", a.i("zero"),
+              " is neither symmetric (0) nor asymmetric (1)");
+    const kernels::Int4Layout l{.n = a.i("n"),
+                                .k = a.i("k"),
+                                .group = a.i("group"),
+                                .zero = static_cast<kernels::Int4Zero>(a.i("zero"))};
+    return V{int4_linear_parts(in[0], in[1], in[2], in[3], in[4], l)};
+  }};
   m["linear_add"] = {
       [](const V& in, const OpAttrs&) { return V{linear_add(in[0], in[1], in[2], in[3])}; }};
 }

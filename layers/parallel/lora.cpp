@@ -8,6 +8,7 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/layers/quantize.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd {
@@ -178,6 +179,7 @@ LoraReport apply_lora(Module& root, const LoraConfig& cfg, uint64_t seed,
                 ", which is not a linear layer LoRA can adapt (ColumnParallelLinear, "
                 "RowParallelLinear, the attention's q/k/v_proj)");
     NXD_CHECK_T(ConfigError, pm->lora() == nullptr, "[lora] '", name, "' already has an adapter");
+    check_no_quantized_layers(*m, str("lora on '", name, "'"));
     for (const std::string& h : hits) ++rep.entry_matches[h];
     auto adapter = std::make_shared<LoraAdapter>(t, cfg);
     pm->set_lora(adapter);

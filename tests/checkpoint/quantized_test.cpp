@@ -1,7 +1,8 @@
 // Quantized checkpoints (checkpoint/quantized.h): written once, loaded they equal quantizing at
 // load bitwise (values, scales, minimums, logits) at TP 1 and TP 2; TP 2 equals TP 1 within
 // rounding; a damaged file or a wrong key is refused naming the file and the key; an existing
-// OUT is never overwritten.
+// OUT is never overwritten; a loaded model holds no f32 weight for its quantized layers and
+// refuses to be saved.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -109,6 +110,35 @@ TEST_F(QuantizedFixture, LoadedEqualsQuantizedAtLoadBitwiseAtTp1AndTp2) {
     EXPECT_EQ(v.layers, 28);
     EXPECT_EQ(v.format, describe(o));
   }
+}
+
+TEST_F(QuantizedFixture, LoadedLayersHoldNoF32WeightAndSavingThemIsRefused) {
+  const fs::path out = dir.path / "q8";
+  quantize_checkpoint(dir.path / "run/step_1", out, parse_weight_quant("int8"));
+  ModelSource s = resolve_model_source({.tool = "test", .checkpoint = out.string(), .tp = 1});
+  sim::launch(1, [&] {
+    parallel_state::initialize_model_parallel(1);
+    auto m = build_model(s);
+    auto fp32 = make_causal_lm(nxd::testing::quality_model("llama"), 3);
+    const WeightBytes q = resident_weight_bytes(*m), d = resident_weight_bytes(*fp32);
+    std::printf("    loaded int8 checkpoint: %lld weight bytes (fp32 model %lld)\n",
+                (long long)q.total(), (long long)d.total());
+    EXPECT_LT(q.total(), d.total() / 2);  // the linear layers are ~90% of this model's weights
+    std::string first;
+    for (auto& [name, mod] : m->named_modules())
+      if (auto* l = dynamic_cast<QuantizableLinear*>(mod); l && l->quantized()) {
+        EXPECT_TRUE(mod->get_parameter("weight").is_meta()) << name;
+        if (first.empty()) first = name;
+      }
+    try {
+      save_checkpoint(dir.path / "again", "step_1", m.get(), nullptr, nullptr);
+      ADD_FAILURE() << "saved a model whose quantized layers have no f32 weight";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(first), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("save_checkpoint"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_FALSE(fs::exists(dir.path / "again" / "step_1"));
 }
 
 // Rewrites OUT/quantized.safetensors with `edit` applied to its tensors and metadata.

@@ -1,7 +1,7 @@
 // int8 weight-only quantization of linear layers (layers/quantize.h, layers/models/quantize_lm.h):
 // the op against the dequantized weight and against the half-step bound of the unquantized one,
 // every decoder linear layer of a model switched (and nothing else), the quality of a quantized
-// Llama, TP 2 against TP 1, and the refusals (experts, gradients; tracing is checked in the tool).
+// Llama, TP 2 against TP 1, and the refusals (experts, gradients; tracing: tests/trace).
 #include "nxd/layers/quantize.h"
 
 #include <gtest/gtest.h>

@@ -245,8 +245,8 @@ TEST(NxdGenerate, AMillionLayersAreRefusedBeforeAnythingIsBuilt) {
   }
 }
 
-// --quantize int8: the tokens of the library's quantized model at TP 1 and 2, the quality lines;
-// the traced path and other formats exit 2 naming them.
+// --quantize int8: the tokens of the library's quantized model at TP 1 and 2, eager and traced,
+// the quality lines and the resident weight bytes; other formats exit 2 naming them.
 TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
   Fixture f;
   const fs::path& d = f.dir.path;
@@ -266,6 +266,17 @@ TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("prompt perplexity "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MB resident on rank 0 ("), std::string::npos) << r.out;
+  // traced (the default), TP 1 and 2: the graphs replay the eager kernels, the same tokens
+  for (const char* tp : {"1", "2"}) {
+    r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12", "--quantize",
+                  "int8", "--tp", tp},
+                 d);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(tokens_of(r.out), want) << "traced tp " << tp << r.out;
+    EXPECT_NE(r.out.find("quantized: int8 weights in 14 linear layers"), std::string::npos)
+        << r.out;
+  }
   // TP 2: slices of the same int8 weights, the same tokens
   r = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12", "--eager",
                 "--quantize", "int8", "--tp", "2"},
@@ -289,8 +300,12 @@ TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
   EXPECT_NE(r.out.find("quantized: int4 (groups of 32, asymmetric) weights in 14 linear layers"),
             std::string::npos)
       << r.out;
+  const auto traced4 = generate({"--checkpoint", ck, "--prompt", prompt, "--max-new-tokens", "12",
+                                 "--quantize", "int4:32:asym"},
+                                d);
+  ASSERT_EQ(traced4.code, 0) << traced4.err;
+  EXPECT_EQ(tokens_of(traced4.out), tokens_of(r.out)) << traced4.out;
   for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--quantize", "int8"}, "runs on the eager path only (add --eager"},
            {{"--quantize", "int3", "--eager"}, "--quantize: unknown weight format 'int3'"},
            {{"--quantize", "int4:48", "--eager"}, "unknown weight format 'int4:48'"}}) {
     std::vector<std::string> a = {"--checkpoint", ck, "--prompt", "x"};
@@ -302,7 +317,7 @@ TEST(NxdGenerate, QuantizeInt8EqualsTheLibraryAndRefusesWhatItDoesNotRun) {
 }
 
 // A quantized checkpoint (nxd-ckpt quantize) generates the tokens of quantizing at load, at TP 1
-// and 2; --quantize on it, or the traced path, exit 2 naming both.
+// and 2, eager and traced; --quantize on it exits 2 naming both.
 TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
   Fixture f;
   const fs::path& d = f.dir.path;
@@ -330,6 +345,10 @@ TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
     EXPECT_NE(file.out.find("quantized checkpoint: " + line + " weights in 14 linear layers"),
               std::string::npos)
         << file.out;
+    const auto traced = generate(
+        {"--checkpoint", dir, "--prompt", prompt, "--max-new-tokens", "12", "--tp", tp}, d);
+    ASSERT_EQ(traced.code, 0) << traced.err;
+    EXPECT_EQ(tokens_of(traced.out), tokens_of(file.out)) << traced.out;
   }
   // a quantized checkpoint as speculative decoding's draft: greedy output is the model's own
   const auto plain =
@@ -344,7 +363,6 @@ TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
            {{"--eager", "--quantize", "int8"},
             "--quantize int8 on --checkpoint " + q +
                 ", which is quantized already (int4 (groups of 32, asymmetric))"},
-           {{}, "--checkpoint " + q + " is a quantized checkpoint: it runs on the eager path only"},
            {{"--eager", "--lora", d.string()}, "cannot merge into the quantized checkpoint"}}) {
     std::vector<std::string> a = {"--checkpoint", q, "--prompt", "x"};
     a.insert(a.end(), args.begin(), args.end());
