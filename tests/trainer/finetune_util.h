@@ -9,6 +9,7 @@
 
 #include "nxd/runtime/error.h"
 #include "nxd/train/config.h"
+#include "support/errors.h"
 
 namespace nxd::testing::finetune {
 
@@ -22,13 +23,9 @@ inline fs::path write_lines(const fs::path& p, const std::vector<std::string>& l
   return p;
 }
 
+// The message of the UserError fn throws ("no error" if none).
 inline std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return nxd::testing::user_error_message(fn);
 }
 
 inline fs::path dpo_fixture(const fs::path& d) {
