@@ -1,4 +1,4 @@
-// The fine-tuning keys (NxD Training's SFT and DPO data keys) and their resolution.
+// The fine-tuning keys (NxD Training's SFT, DPO and ORPO keys) and their resolution.
 #include "nxd/runtime/error.h"
 #include "nxd/train/config.h"
 

@@ -197,7 +197,7 @@ TEST(OrpoRun, TensorAndDataParallelMatchOneRank) {
     for (size_t i = 0; i < 5; ++i) worst = std::max(worst, std::abs(loss[0][i] - loss[l][i]));
     std::printf("  ORPO %s vs one rank, 5 steps: largest loss difference %.3g\n",
                 l == 1 ? "TP 2 + SP" : "DP 2 + ZeRO-1", worst);
-    EXPECT_LE(worst, 1e-6);
+    EXPECT_LE(worst, 1e-6);  // 2 f32 ulps of a loss between 4 and 8 (4.8e-7 each)
   }
 }
 
