@@ -143,8 +143,8 @@ std::vector<PreferenceExample> preference_examples(const std::vector<JsonlRecord
   std::vector<PreferenceExample> out;
   out.reserve(records.size());
   for (const auto& r : records)
-    out.push_back(
-        {encode(field(r, "prompt")), encode(field(r, "chosen")), encode(field(r, "rejected"))});
+    out.push_back({encode(field(r, "prompt")), encode(field(r, "chosen")),
+                   encode(field(r, "rejected")), r.where});
   return out;
 }
 
@@ -230,24 +230,34 @@ PreferenceDataset::PreferenceDataset(const std::vector<PreferenceExample>& examp
             ") < seq_length (", o.seq_length, ")");
   for (const auto& e : examples) {
     std::vector<int64_t> prompt = e.prompt;
+    const int64_t longer = static_cast<int64_t>(std::max(e.chosen.size(), e.rejected.size()));
     bool cut = false;
-    if (static_cast<int64_t>(prompt.size()) > o.max_prompt_length) {
+    if (static_cast<int64_t>(prompt.size()) + longer > o.seq_length &&
+        static_cast<int64_t>(prompt.size()) > o.max_prompt_length) {
       cut = true;
       if (o.truncation == PreferenceOptions::Truncation::keep_end)
         prompt.erase(prompt.begin(), prompt.end() - o.max_prompt_length);
       else
         prompt.resize(static_cast<size_t>(o.max_prompt_length));
     }
-    auto row = [&](const std::vector<int64_t>& response) {
+    auto row = [&](const std::vector<int64_t>& response, const char* which) {
       Row r{prompt, static_cast<int64_t>(prompt.size())};
       r.tokens.insert(r.tokens.end(), response.begin(), response.end());
       if (static_cast<int64_t>(r.tokens.size()) > o.seq_length) {
         r.tokens.resize(static_cast<size_t>(o.seq_length));
         cut = true;
       }
+      // trained targets: the response tokens after position max(prompt, 1)
+      const int64_t trained =
+          static_cast<int64_t>(r.tokens.size()) - std::max<int64_t>(r.prompt, 1);
+      if (trained < 1)
+        throw ConfigError(
+            str("[data] ", e.where.empty() ? "a row" : e.where, ": the ", which,
+                " response has no token to train within data.seq_length=", o.seq_length, " (",
+                response.size(), " response tokens after ", prompt.size(), " prompt tokens)"));
       return r;
     };
-    pairs_.emplace_back(row(e.chosen), row(e.rejected));
+    pairs_.emplace_back(row(e.chosen, "chosen"), row(e.rejected, "rejected"));
     truncated_ += cut;
   }
   if (pairs_.empty()) throw ConfigError("[data] no DPO pairs");
@@ -316,7 +326,8 @@ TrainData build_alignment_data(const TrainConfig& cfg) {
     encode = [tok](const std::string& t) { return tok->encode(t); };
   }
   const int64_t s = cfg.data.seq_length;
-  const bool dpo = a.kind == AlignmentSection::Kind::dpo;
+  const bool dpo = a.kind == AlignmentSection::Kind::dpo || a.kind == AlignmentSection::Kind::orpo;
+  const char* pref = a.kind == AlignmentSection::Kind::orpo ? "orpo" : "dpo";
   const SftLayout layout = a.packing ? SftLayout::packing : SftLayout::padding;
   auto make = [&](const std::string& dir, const char* key,
                   const char* what) -> std::shared_ptr<const Dataset> {
@@ -329,8 +340,9 @@ TrainData build_alignment_data(const TrainConfig& cfg) {
                             .truncation = a.truncation_mode == "keep_end"
                                               ? PreferenceOptions::Truncation::keep_end
                                               : PreferenceOptions::Truncation::keep_start});
-      td.notes.push_back(str("dpo ", what, ": ", ds->size(), " pairs (chosen and rejected rows of ",
-                             s, " tokens, prompts up to ", a.max_prompt_length, " tokens)",
+      td.notes.push_back(str(pref, " ", what, ": ", ds->size(),
+                             " pairs (chosen and rejected rows of ", s, " tokens, prompts up to ",
+                             a.max_prompt_length, " tokens)",
                              ds->truncated() ? str(", ", ds->truncated(), " truncated") : ""));
       return ds;
     }
@@ -362,11 +374,11 @@ TrainData build_alignment_data(const TrainConfig& cfg) {
     td.train = sp.train;
     td.val = sp.val;
   }
-  td.description = str(dpo ? "DPO pairs" : "SFT examples", " from ", a.train_dir,
-                       a.val_dir.empty() ? "" : " (val: " + a.val_dir + ")",
-                       td.tokenizer ? " (" + td.tokenizer->description() + ")" : " (UTF-8 bytes)",
-                       "; ", td.train->size(), " train / ", td.val ? td.val->size() : 0, " val ",
-                       dpo ? "pairs" : "rows");
+  td.description = str(
+      dpo ? (a.kind == AlignmentSection::Kind::orpo ? "ORPO pairs" : "DPO pairs") : "SFT examples",
+      " from ", a.train_dir, a.val_dir.empty() ? "" : " (val: " + a.val_dir + ")",
+      td.tokenizer ? " (" + td.tokenizer->description() + ")" : " (UTF-8 bytes)", "; ",
+      td.train->size(), " train / ", td.val ? td.val->size() : 0, " val ", dpo ? "pairs" : "rows");
   return td;
 }
 

@@ -16,10 +16,13 @@
 //     the next does not fit), each a document: positions restart at 0, and the model attends
 //     within documents (layers/packed_documents.h), so a packed row trains exactly what its
 //     examples alone would.
-// DPO rows are objects with "prompt", "chosen" and "rejected" strings; a sample is two rows,
-// prompt + chosen and prompt + rejected (the responses' tokens trained), the prompt cut to
-// max_prompt_length tokens and each response to what is left of seq_length (truncation_mode
-// keep_start keeps the prompt's first tokens, keep_end its last).
+// DPO and ORPO rows are objects with "prompt", "chosen" and "rejected" strings; a sample is two
+// rows, prompt + chosen and prompt + rejected (the responses' tokens trained). When the prompt and
+// the longer response exceed seq_length, the prompt is cut to max_prompt_length tokens
+// (truncation_mode keep_start keeps its first tokens, keep_end its last) and then each response to
+// what is left of seq_length (as TRL's DPO and ORPO trainers do). A row left with no trained
+// token (an empty response, or a one-token response after an empty prompt) is refused naming its
+// file and line.
 // Every mistake is a ConfigError naming the file, the line and the key.
 #include <cstdint>
 #include <functional>
@@ -55,6 +58,7 @@ struct SftExample {
 };
 struct PreferenceExample {
   std::vector<int64_t> prompt, chosen, rejected;
+  std::string where;  // "train.jsonl:3" (messages name the row)
 };
 // The records' "prompt"/"completion" strings, or "messages" through `chat` (null: such a row is
 // refused naming its file and line), encoded. ConfigError naming the file, line and key of a

@@ -198,15 +198,17 @@ struct InitFromSection {
 };
 
 // Fine-tuning from jsonl (train/alignment_config.cpp; NxD Training's data.train_dir, val_dir,
-// dev_choose_samples, packing and data.alignment_strategy.dpo.*).
+// dev_choose_samples, packing, data.alignment_strategy.dpo.* or model_alignment_strategy.dpo.*, and
+// model_alignment_strategy.orpo.*).
 struct AlignmentSection {
-  enum class Kind { none, sft, dpo } kind = Kind::none;
+  enum class Kind { none, sft, dpo, orpo } kind = Kind::none;
   std::string train_dir, val_dir;   // val_dir "": data.val_fraction of train_dir
   int64_t dev_choose_samples = -1;  // -1: every row
   bool packing = false;             // SFT
   double kl_beta = 0.01;            // DPO
   std::string loss_type = "sigmoid";
-  int64_t max_prompt_length = 0;
+  double orpo_beta = 0.01;        // ORPO
+  int64_t max_prompt_length = 0;  // DPO and ORPO
   bool precompute_ref_log_probs = true;
   std::string truncation_mode = "keep_start";
 };

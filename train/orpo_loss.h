@@ -9,7 +9,8 @@
 //   loss = nll - beta * mean over pairs of log sigmoid(h)
 // and the figures TRL logs: the mean of log sigmoid(h) (log_odds_ratio) and of h (log_odds), the
 // rewards beta * a of chosen and rejected rows (means) and the share of pairs whose chosen reward
-// is larger. Not yet a training mode of nxd-train (no keys read it).
+// is larger. nxd-train trains with it when a model_alignment_strategy.orpo key is set
+// (orpo_module.h).
 #include <cstdint>
 #include <vector>
 

@@ -16,6 +16,7 @@
 #include "nxd/runtime/host_memory.h"
 #include "nxd/train/dpo_module.h"
 #include "nxd/train/fault_injection.h"
+#include "nxd/train/orpo_module.h"
 #include "nxd/train/plan.h"
 #include "nxd/trainer/log.h"
 #include "nxd/trainer/preempt.h"
@@ -335,7 +336,8 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
       make_module ? make_module(cfg)
       : cfg.alignment.kind == AlignmentSection::Kind::dpo
           ? std::make_unique<DpoModule>(cfg, data.train, data.val)
-          : std::make_unique<CausalLMModule>(cfg);
+      : cfg.alignment.kind == AlignmentSection::Kind::orpo ? std::make_unique<OrpoModule>(cfg)
+                                                           : std::make_unique<CausalLMModule>(cfg);
 
   TrainerOptions to = trainer_options(cfg);
   if (talk)

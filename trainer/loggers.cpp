@@ -57,7 +57,10 @@ const std::vector<SideFile>& side_files() {
       {"sft_metrics.csv", {"sft_trained_tokens", "sft_masked_tokens"}},
       {"dpo_metrics.csv",
        {"dpo_rewards_chosen", "dpo_rewards_rejected", "dpo_rewards_margin",
-        "dpo_rewards_accuracy"}}};
+        "dpo_rewards_accuracy"}},
+      {"orpo_metrics.csv",
+       {"orpo_rewards_chosen", "orpo_rewards_rejected", "orpo_rewards_margin",
+        "orpo_rewards_accuracy", "orpo_nll_loss", "orpo_log_odds_ratio", "orpo_log_odds_chosen"}}};
   return files;
 }
 }  // namespace

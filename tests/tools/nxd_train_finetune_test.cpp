@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -411,4 +412,58 @@ TEST_F(FineTune, SftPackedWithLoraThenDpoFromJsonlAndAJsonlErrorExitsTwo) {
   ProcResult b = train({"--set", "data.train_dir=" + (dir_ / "bad.jsonl").string()}, "bad");
   EXPECT_EQ(b.code, 2) << b.err;
   EXPECT_NE(b.err.find("bad.jsonl:2: not JSON"), std::string::npos) << b.err;
+}
+
+TEST_F(FineTune, OrpoFromJsonlTrainsAndLogsItsColumnsAndKeyMistakesExitTwo) {
+  // nxd-train with NxD Training's model_alignment_strategy.orpo keys on 24 pairs at TP 2, 8
+  // steps: the loss falls and orpo_metrics.csv has the ORPO columns; ORPO with a DPO key, and a bad
+  // ORPO value, exit 2 naming the keys
+  {
+    std::ofstream g(dir_ / "pairs.jsonl");
+    for (int i = 0; i < 24; ++i)
+      g << R"({"prompt": "sky )" << i % 5 << R"(:", "chosen": " blue", "rejected": " green )"
+        << i % 3 << R"("})"
+        << "\n";
+  }
+  const std::vector<std::string> base{"--set", "data.train_dir=" + (dir_ / "pairs.jsonl").string(),
+                                      "--set", "trainer.max_steps=8",
+                                      "--set", "precision.type=fp32"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  ProcResult o = train(with({"--set", "model_alignment_strategy.orpo.beta=0.1", "--set",
+                             "model_alignment_strategy.orpo.max_prompt_length=8", "--set",
+                             "model_alignment_strategy.orpo.truncation_mode=keep_end"}),
+                       "orpo");
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("orpo train: "), std::string::npos) << o.out;
+  const Csv side = read_csv(dir_ / "orpo" / "orpo_metrics.csv");
+  for (const char* k :
+       {"orpo_rewards_chosen", "orpo_rewards_rejected", "orpo_rewards_margin",
+        "orpo_rewards_accuracy", "orpo_nll_loss", "orpo_log_odds_ratio", "orpo_log_odds_chosen"})
+    EXPECT_NE(side.header.find(k), std::string::npos) << k << " in " << side.header;
+  const Csv m = read_csv(dir_ / "orpo" / "metrics.csv");
+  ASSERT_GE(m.rows.size(), 2u);
+  const double first = std::stod(m.rows.front().at(1)), last = std::stod(m.rows.back().at(1));
+  std::printf("  nxd-train ORPO: loss %.4f -> %.4f\n", first, last);
+  EXPECT_LT(last, first);
+  ProcResult both = train(with({"--set", "model_alignment_strategy.orpo.beta=0.1", "--set",
+                                "model_alignment_strategy.dpo.kl_beta=0.1"}),
+                          "both");
+  EXPECT_EQ(both.code, 2) << both.err;
+  EXPECT_NE(both.err.find("model_alignment_strategy.dpo.kl_beta (DPO) and "
+                          "model_alignment_strategy.orpo.beta (ORPO) are both set"),
+            std::string::npos)
+      << both.err;
+  ProcResult bad = train(with({"--set", "model_alignment_strategy.orpo.beta=0"}), "bad_beta");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("model_alignment_strategy.orpo.beta=0 must be > 0"), std::string::npos)
+      << bad.err;
+  ProcResult mode =
+      train(with({"--set", "model_alignment_strategy.orpo.truncation_mode=middle"}), "bad_mode");
+  EXPECT_EQ(mode.code, 2) << mode.err;
+  EXPECT_NE(mode.err.find("model_alignment_strategy.orpo.truncation_mode"), std::string::npos)
+      << mode.err;
 }

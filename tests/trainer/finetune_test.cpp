@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "finetune_util.h"
 #include "nxd/io/chat_template.h"
 #include "nxd/io/tokenizer.h"
 #include "nxd/layers/packed_documents.h"
@@ -23,6 +24,7 @@
 
 using namespace nxd;
 using namespace nxd::trainer;
+using namespace nxd::testing::finetune;
 namespace fs = std::filesystem;
 
 namespace {
@@ -68,21 +70,6 @@ LossGrads loss_and_grads(CausalLM& lm, const Batch& b) {
   LossGrads out{loss.item(), {}};
   for (auto& [n, p] : lm.named_parameters()) out.grads.emplace_back(n, p.grad().clone());
   return out;
-}
-
-fs::path write_lines(const fs::path& p, const std::vector<std::string>& lines) {
-  std::ofstream f(p);
-  for (const auto& l : lines) f << l << "\n";
-  return p;
-}
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace
@@ -288,15 +275,6 @@ class ProbedDpo : public DpoModule {
   Probe* probe_;
 };
 
-fs::path dpo_fixture(const fs::path& d) {
-  std::vector<std::string> rows;
-  for (int i = 0; i < 24; ++i)
-    rows.push_back(str(R"({"prompt": "Q)", i % 5, R"(: the sky is", "chosen": " blue)",
-                       std::string(static_cast<size_t>(i % 3), '!'),
-                       R"(", "rejected": " green and)", i % 4, R"("})"));
-  return write_lines(d / "pairs.jsonl", rows);
-}
-
 fs::path sft_fixture(const fs::path& d, int n) {
   std::vector<std::string> rows;
   for (int i = 0; i < n; ++i)
@@ -304,22 +282,6 @@ fs::path sft_fixture(const fs::path& d, int n) {
                        R"(?\nA:", "completion": " )", i % 7 + i % 3,
                        std::string(static_cast<size_t>(i % 5), '.'), R"("})"));
   return write_lines(d / "sft.jsonl", rows);
-}
-
-TrainConfig tiny_run(const fs::path& out, std::vector<std::string> extra) {
-  Config c;
-  for (std::string s :
-       {"backend.world_size=1", "distributed_strategy.tensor_model_parallel_size=1",
-        "distributed_strategy.sequence_parallel=false", "trainer.max_steps=4",
-        "trainer.log_every_n_steps=1", "trainer.val_check_interval=0", "trainer.num_threads=1",
-        "data.seq_length=48", "data.micro_batch_size=4", "data.global_batch_size=4",
-        "model.num_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
-        "model.optim.lr=1e-2", "model.optim.sched.warmup_steps=1", "generation.max_new_tokens=0",
-        "data.val_fraction=0", "trainer.matmul_precision=fp32"})
-    c.apply_override(s);
-  c.apply_override("exp_manager.exp_dir=" + out.string());
-  for (auto& s : extra) c.apply_override(s);
-  return resolve(c);
 }
 
 }  // namespace

@@ -227,3 +227,29 @@ TEST(NxdtYaml, FamiliesFromTheirArchAloneTakeTransformersFixedParts) {
     EXPECT_EQ(m.sliding_window, arch == "mistral" ? 4096 : 0);
   }
 }
+
+TEST(NxdtYaml, OrpoConfigLoadsAndResolvesToOrpo) {
+  // an ORPO configuration in NxD Training's layout (model_alignment_strategy.orpo): its keys
+  // load as written and resolve to ORPO with the file's beta, prompt length and truncation
+  const auto tmp = nxd::testing::test_temp_dir("nxd_nxdt_orpo_");
+  Config c;
+  c.merge_file((kDir / "hf_llama3_8B_ORPO_config.yaml").string());
+  EXPECT_EQ(c.get_double("model_alignment_strategy.orpo.beta"), 0.1);
+  EXPECT_EQ(c.get_int("model_alignment_strategy.orpo.max_prompt_length"), 2048);
+  EXPECT_EQ(c.get_string("model_alignment_strategy.orpo.truncation_mode"), "keep_start");
+  EXPECT_EQ(c.get_int("data.seq_length"), 4096);
+  for (const std::string& s : std::vector<std::string>{
+           "model.init_from=null", "data.tokenizer=null", "model.model_config=null",
+           "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
+           "model.max_position_embeddings=4096", "data.global_batch_size=4",
+           "distributed_strategy.tensor_model_parallel_size=2",
+           "distributed_strategy.kv_replicator=1", "backend.world_size=4",
+           "exp_manager.exp_dir=" + (tmp / "out").string()})
+    c.apply_override(s);
+  const TrainConfig t = resolve(c);
+  EXPECT_EQ(t.alignment.kind, AlignmentSection::Kind::orpo);
+  EXPECT_EQ(t.alignment.orpo_beta, 0.1);
+  EXPECT_EQ(t.alignment.max_prompt_length, 2048);
+  EXPECT_EQ(t.alignment.truncation_mode, "keep_start");
+  EXPECT_EQ(t.alignment.train_dir, "/home/ubuntu/training.jsonl");
+}
