@@ -6,6 +6,7 @@
 // namespace): the vector types must not cross a call boundary whose ABI depends on the ISA.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__SSE4_1__)
 #include <immintrin.h>
@@ -22,38 +23,24 @@ inline V8 load8(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-// Eight int8 (or uint8) values widened to int32 lanes, exactly. Through the build's widening
+// Eight int8 (or uint8: Byte) values widened to int32 lanes, exactly. Through the build's widening
 // instruction (vpmovsxbd / vpmovzxbd, or two SSE4.1 pmovsxbd): GCC 12 keeps an 8-byte vector in a
 // general register and scalarizes its conversion (about 25 instructions per 8 values, which made
 // the int8 GEMV compute bound at ~1 weight per cycle). The values are the same on every path.
-inline I32x8 widen8(const int8_t* p) {
+template <class Byte>
+inline I32x8 widen8(const Byte* p) {
+  static_assert(sizeof(Byte) == 1);
+  constexpr bool sign = std::is_signed_v<Byte>;
 #if defined(__AVX2__)
-  return (I32x8)_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return (I32x8)(sign ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
 #elif defined(__SSE4_1__)
   int32_t lo, hi;
   std::memcpy(&lo, p, 4);
   std::memcpy(&hi, p + 4, 4);
-  const __m128i a = _mm_cvtepi8_epi32(_mm_cvtsi32_si128(lo));
-  const __m128i b = _mm_cvtepi8_epi32(_mm_cvtsi32_si128(hi));
-  I32x8 r;
-  std::memcpy(&r, &a, 16);
-  std::memcpy(reinterpret_cast<char*>(&r) + 16, &b, 16);
-  return r;
-#else
-  I32x8 r;
-  for (int l = 0; l < 8; ++l) r[l] = p[l];
-  return r;
-#endif
-}
-inline I32x8 widen8(const uint8_t* p) {
-#if defined(__AVX2__)
-  return (I32x8)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-#elif defined(__SSE4_1__)
-  int32_t lo, hi;
-  std::memcpy(&lo, p, 4);
-  std::memcpy(&hi, p + 4, 4);
-  const __m128i a = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(lo));
-  const __m128i b = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(hi));
+  const __m128i vl = _mm_cvtsi32_si128(lo), vh = _mm_cvtsi32_si128(hi);
+  const __m128i a = sign ? _mm_cvtepi8_epi32(vl) : _mm_cvtepu8_epi32(vl);
+  const __m128i b = sign ? _mm_cvtepi8_epi32(vh) : _mm_cvtepu8_epi32(vh);
   I32x8 r;
   std::memcpy(&r, &a, 16);
   std::memcpy(reinterpret_cast<char*>(&r) + 16, &b, 16);
