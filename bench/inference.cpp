@@ -96,10 +96,12 @@ int64_t decode_bytes(CausalLM& m, const KVCache& cache, int64_t len) {
     if (auto* q = dynamic_cast<QuantizableLinear*>(mod); q && q->quantized()) {
       b += q->int8_weight() ? q->int8_weight()->bytes() : q->int4_weight()->bytes();
       for (auto& [n, t] : mod->named_parameters(/*recurse=*/false))
-        if (n == "weight") quantized.insert(t.raw_data());
+        if (n == "weight" && !t.is_meta()) quantized.insert(t.raw_data());
     }
   for (const auto& [name, t] : m.named_parameters())
-    if (name.find("embed_tokens") == std::string::npos && !quantized.count(t.raw_data()))
+    // a quantized layer's own weight is freed (meta); a tied one keeps its data
+    if (name.find("embed_tokens") == std::string::npos && !t.is_meta() &&
+        !quantized.count(t.raw_data()))
       b += t.nbytes();
   for (const auto& t : cache.k) b += 2 * t.nbytes() / t.size(2) * len;  // K and V
   return b;

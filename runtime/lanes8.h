@@ -6,12 +6,16 @@
 // namespace): the vector types must not cross a call boundary whose ABI depends on the ISA.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+
+#if defined(__SSE4_1__)
+#include <immintrin.h>
+#endif
 
 namespace nxd::lanes8 {
 namespace {
 
 typedef float V8 __attribute__((vector_size(32)));
-typedef int8_t I8 __attribute__((vector_size(8)));
 typedef int32_t I32x8 __attribute__((vector_size(32)));
 
 inline V8 load8(const float* p) {
@@ -19,13 +23,50 @@ inline V8 load8(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-// Eight int8 values widened to f32 (exactly), through int32: GCC 12 scalarizes a direct
-// int8 -> float vector conversion (eight scalar converts), but not int8 -> int32 (vpmovsxbd)
-// followed by int32 -> float (vcvtdq2ps).
+// Eight int8 (or uint8: Byte) values widened to int32 lanes, exactly. Through the build's widening
+// instruction (vpmovsxbd / vpmovzxbd, or two SSE4.1 pmovsxbd): GCC 12 keeps an 8-byte vector in a
+// general register and scalarizes its conversion (about 25 instructions per 8 values, which made
+// the int8 GEMV compute bound at ~1 weight per cycle). The values are the same on every path.
+template <class Byte>
+inline I32x8 widen8(const Byte* p) {
+  static_assert(sizeof(Byte) == 1);
+  constexpr bool sign = std::is_signed_v<Byte>;
+#if defined(__AVX2__)
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return (I32x8)(sign ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+#elif defined(__SSE4_1__)
+  int32_t lo, hi;
+  std::memcpy(&lo, p, 4);
+  std::memcpy(&hi, p + 4, 4);
+  const __m128i vl = _mm_cvtsi32_si128(lo), vh = _mm_cvtsi32_si128(hi);
+  const __m128i a = sign ? _mm_cvtepi8_epi32(vl) : _mm_cvtepu8_epi32(vl);
+  const __m128i b = sign ? _mm_cvtepi8_epi32(vh) : _mm_cvtepu8_epi32(vh);
+  I32x8 r;
+  std::memcpy(&r, &a, 16);
+  std::memcpy(reinterpret_cast<char*>(&r) + 16, &b, 16);
+  return r;
+#else
+  I32x8 r;
+  for (int l = 0; l < 8; ++l) r[l] = p[l];
+  return r;
+#endif
+}
+// Eight int8 values as f32 (exact): widened to int32, then vcvtdq2ps.
 inline V8 load8(const int8_t* p) {
+  return __builtin_convertvector(widen8(p), V8);
+}
+// The same values through the compiler's own conversion of an 8-byte vector (scalarized by
+// GCC 12). Only the 8-block loop of dot uses it: what GCC decides about fusing that loop's
+// products and sums into FMAs depends on the loop's body (with a Zen tuning it leaves them
+// unfused here, and fuses them after the fast widening), and the results must stay as they were.
+typedef int8_t I8 __attribute__((vector_size(8)));
+inline V8 load8_tail(const int8_t* p) {
   I8 v;
   std::memcpy(&v, p, sizeof v);
   return __builtin_convertvector(__builtin_convertvector(v, I32x8), V8);
+}
+inline V8 load8_tail(const float* p) {
+  return load8(p);
 }
 inline void store8(float* p, V8 v) {
   std::memcpy(p, &v, sizeof v);
@@ -43,7 +84,7 @@ inline float dot(const float* __restrict x, const W* __restrict w, int64_t k) {
     s2 += load8(x + i + 16) * load8(w + i + 16);
     s3 += load8(x + i + 24) * load8(w + i + 24);
   }
-  for (; i + 8 <= k; i += 8) s0 += load8(x + i) * load8(w + i);
+  for (; i + 8 <= k; i += 8) s0 += load8(x + i) * load8_tail(w + i);
   const V8 s = (s0 + s1) + (s2 + s3);
   float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
   for (; i < k; ++i) r += x[i] * static_cast<float>(w[i]);

@@ -17,7 +17,6 @@ namespace {
 
 using lanes8::load8;
 using lanes8::V8;
-typedef uint8_t U8 __attribute__((vector_size(8)));
 
 float offset_of(const Int4Layout& l) {
   return l.zero == Int4Zero::symmetric ? 8.0f : 0.0f;
@@ -29,17 +28,13 @@ inline int nibble(const uint8_t* row, int64_t j) {
   return (j % 32) < 16 ? (b & 15) : (b >> 4);
 }
 
-// Eight low (or high) nibbles of bytes p[0..8) as f32 values minus `off` (through int32, as
-// lanes8::load8 explains).
+// Eight low (or high) nibbles of bytes p[0..8) as f32 values minus `off` (widened to int32 as
+// lanes8::widen8 explains; exact).
 inline V8 lo8(const uint8_t* p, float off) {
-  U8 u;
-  std::memcpy(&u, p, sizeof u);
-  return __builtin_convertvector(__builtin_convertvector(u & 15, lanes8::I32x8), V8) - off;
+  return __builtin_convertvector(lanes8::widen8(p) & 15, V8) - off;
 }
 inline V8 hi8(const uint8_t* p, float off) {
-  U8 u;
-  std::memcpy(&u, p, sizeof u);
-  return __builtin_convertvector(__builtin_convertvector(u >> 4, lanes8::I32x8), V8) - off;
+  return __builtin_convertvector(lanes8::widen8(p) >> 4, V8) - off;
 }
 
 // The whole 32-input blocks of inputs [j0, j1) of one group (j0 a multiple of 32): the lanes of

@@ -162,3 +162,69 @@ TEST(Int4Weights, BitwiseOverThreadCountsAndAddresses) {
         }
     }
 }
+
+namespace {
+
+// The decode kernel's order written as scalar loops (runtime/kernels/gemv_int4.cpp): per group,
+// lane l of register r accumulates x * (nibble - offset) over the group's whole 32-blocks
+// (registers 0, 1: the low nibbles of bytes 0-7, 8-15; registers 2, 3: the high ones), the
+// registers are added pairwise and the sum, times the group's scale, is added to 8 running lanes;
+// the partial block is summed apart (times the scale, then the minimum's term, into a scalar);
+// at the end the scalar plus the 8 lanes added pairwise.
+float lane_order_int4(const float* x, const Q4& z, int64_t col) {
+  const Int4Layout& l = z.l;
+  const int64_t G = l.groups_per_row();
+  const float off = l.zero == Int4Zero::symmetric ? 8.0f : 0.0f;
+  const uint8_t* row = z.q.data() + col * l.bytes_per_row();
+  auto nib = [&](int64_t j) {
+    const uint8_t b = row[16 * (j / 32) + (j % 16)];
+    return static_cast<float>((j % 32) < 16 ? (b & 15) : (b >> 4)) - off;
+  };
+  float lanes[8] = {}, acc = 0.0f;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t j0 = g * l.group, j1 = std::min(l.k, j0 + l.group);
+    float s[4][8] = {};
+    int64_t j = j0;
+    for (; j + 32 <= j1; j += 32)
+      for (int r = 0; r < 4; ++r)
+        for (int e = 0; e < 8; ++e) s[r][e] += x[j + 8 * r + e] * nib(j + 8 * r + e);
+    float t = 0.0f;
+    for (; j < j1; ++j) t += x[j] * nib(j);
+    const float sc = z.scale[col * G + g];
+    for (int e = 0; e < 8; ++e) lanes[e] += ((s[0][e] + s[1][e]) + (s[2][e] + s[3][e])) * sc;
+    acc += sc * t;
+    if (!z.min.empty()) {
+      float xs = 0.0f;
+      for (int64_t p = j0; p < j1; ++p) xs += x[p];
+      acc += z.min[col * G + g] * xs;
+    }
+  }
+  return acc + (((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
+                ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])));
+}
+
+}  // namespace
+
+TEST(Int4Weights, GemvEqualsItsLaneOrderLoopBitwise) {
+  ThreadsGuard guard;
+  for (int threads : {1, 2})
+    for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric})
+      for (int64_t group : {32, 64, 128})
+        for (int64_t m : {1, 3, 8})
+          for (int64_t n : {1, 9, 131})
+            for (int64_t k : {1, 7, 31, 32, 33, 64, 100, 300, 768}) {
+              SCOPED_TRACE(
+                  str("threads=", threads, " m=", m, " n=", n, " k=", k, " group=", group));
+              set_num_threads(threads);
+              const auto x = lcg_values(m * k, 7), w = lcg_values(n * k, 8, 0.3f);
+              const Q4 z = quantize(w, n, k, group, zero);
+              std::vector<float> c(m * n, std::nanf(""));
+              kernels::gemv_int4(c.data(), x.data(), z.q.data(), z.scale.data(), z.mins(), z.l, m);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  const float e = lane_order_int4(x.data() + i * k, z, j);
+                  ASSERT_EQ(std::memcmp(&c[i * n + j], &e, 4), 0)
+                      << "C[" << i << "," << j << "] = " << c[i * n + j] << ", lane order " << e;
+                }
+            }
+}

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nxd/runtime/context.h"
+#include "nxd/runtime/lanes8.h"
 #include "support/compare.h"
 #include "support/weights.h"
 
@@ -132,4 +133,61 @@ TEST(Int8Weights, BitwiseOverThreadCountsAndAddresses) {
             << "threads=" << threads << " offset=" << off;
       }
   }
+}
+
+namespace {
+
+// The decode kernel's order (runtime/lanes8.h, dot), as the kernel was written before its int8
+// widening instruction (an 8-byte vector converted by the compiler, which GCC 12 scalarizes): lane
+// l of register r accumulates x[i + 8 r + l] q[i + 8 r + l] over whole 32-blocks, then register 0
+// over whole 8-blocks; the registers are added pairwise, the 8 lanes pairwise, then the tail in
+// order, times the row's scale. The same expressions and loops as the kernel, so that the
+// compiler's contraction of products and sums into FMAs (an FMA build's, tuning dependent) is the
+// same on both sides; only the widening of the int8 values differs, which is exact.
+typedef int8_t I8 __attribute__((vector_size(8)));
+inline lanes8::V8 load8_scalarized(const int8_t* p) {
+  I8 v;
+  std::memcpy(&v, p, sizeof v);
+  return __builtin_convertvector(__builtin_convertvector(v, lanes8::I32x8), lanes8::V8);
+}
+float lane_order_int8(const float* __restrict x, const int8_t* __restrict w, float scale,
+                      int64_t k) {
+  using lanes8::load8;
+  using lanes8::V8;
+  V8 s0 = {}, s1 = {}, s2 = {}, s3 = {};
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    s0 += load8(x + i) * load8_scalarized(w + i);
+    s1 += load8(x + i + 8) * load8_scalarized(w + i + 8);
+    s2 += load8(x + i + 16) * load8_scalarized(w + i + 16);
+    s3 += load8(x + i + 24) * load8_scalarized(w + i + 24);
+  }
+  for (; i + 8 <= k; i += 8) s0 += load8(x + i) * load8_scalarized(w + i);
+  const V8 s = (s0 + s1) + (s2 + s3);
+  float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+  for (; i < k; ++i) r += x[i] * static_cast<float>(w[i]);
+  return scale * r;
+}
+
+}  // namespace
+
+TEST(Int8Weights, GemvEqualsItsLaneOrderLoopBitwise) {
+  ThreadsGuard guard;
+  for (int threads : {1, 2})
+    for (int64_t m : {1, 2, 5, 8})
+      for (int64_t n : {1, 9, 131})
+        for (int64_t k : {1, 7, 8, 31, 32, 33, 40, 63, 72, 300, 768, 1001}) {
+          SCOPED_TRACE(str("threads=", threads, " m=", m, " n=", n, " k=", k));
+          set_num_threads(threads);
+          const auto x = lcg_values(m * k, 7), w = lcg_values(n * k, 8, 0.3f);
+          const Quantized z = quantize(w, n, k);
+          std::vector<float> c(m * n, std::nanf(""));
+          kernels::gemv_int8(c.data(), x.data(), z.q.data(), z.scale.data(), m, n, k);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              const float e = lane_order_int8(x.data() + i * k, z.q.data() + j * k, z.scale[j], k);
+              ASSERT_EQ(std::memcmp(&c[i * n + j], &e, 4), 0)
+                  << "C[" << i << "," << j << "] = " << c[i * n + j] << ", lane order " << e;
+            }
+        }
 }
