@@ -2,7 +2,9 @@
 // Internal (runtime/gemv_f32.cpp, runtime/kernels/gemv_int8.cpp): eight f32 lanes (one AVX
 // register, two SSE registers on an x86-64-v2 build) and the fixed-order dot product of the
 // few-rows kernels. The arithmetic is written once; the compiler maps it to the build's
-// instructions, and the order of every sum is the same on each. Internal linkage (an unnamed
+// instructions, and the order of every sum is the same on each; the files that use it are built
+// with -ffp-contract=off (runtime/CMakeLists.txt), so no product and sum is fused into an FMA on
+// one instruction set and not on another. Internal linkage (an unnamed
 // namespace): the vector types must not cross a call boundary whose ABI depends on the ISA.
 #include <cstdint>
 #include <cstring>
@@ -55,19 +57,6 @@ inline I32x8 widen8(const Byte* p) {
 inline V8 load8(const int8_t* p) {
   return __builtin_convertvector(widen8(p), V8);
 }
-// The same values through the compiler's own conversion of an 8-byte vector (scalarized by
-// GCC 12). Only the 8-block loop of dot uses it: what GCC decides about fusing that loop's
-// products and sums into FMAs depends on the loop's body (with a Zen tuning it leaves them
-// unfused here, and fuses them after the fast widening), and the results must stay as they were.
-typedef int8_t I8 __attribute__((vector_size(8)));
-inline V8 load8_tail(const int8_t* p) {
-  I8 v;
-  std::memcpy(&v, p, sizeof v);
-  return __builtin_convertvector(__builtin_convertvector(v, I32x8), V8);
-}
-inline V8 load8_tail(const float* p) {
-  return load8(p);
-}
 inline void store8(float* p, V8 v) {
   std::memcpy(p, &v, sizeof v);
 }
@@ -84,7 +73,7 @@ inline float dot(const float* __restrict x, const W* __restrict w, int64_t k) {
     s2 += load8(x + i + 16) * load8(w + i + 16);
     s3 += load8(x + i + 24) * load8(w + i + 24);
   }
-  for (; i + 8 <= k; i += 8) s0 += load8(x + i) * load8_tail(w + i);
+  for (; i + 8 <= k; i += 8) s0 += load8(x + i) * load8(w + i);
   const V8 s = (s0 + s1) + (s2 + s3);
   float r = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
   for (; i < k; ++i) r += x[i] * static_cast<float>(w[i]);

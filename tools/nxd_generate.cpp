@@ -383,9 +383,12 @@ void print_quantize_summary(const QuantizeSummary& q, const QuantizeOptions& o) 
       describe(o).c_str(), (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
 }
 
-// The bytes rank 0's weights hold in memory (a quantized layer's f32 weight is freed).
+// The bytes rank 0's weights hold in memory (a quantized layer's f32 weight is freed), when it
+// has quantized layers (beside the quantization lines; an unquantized run's stdout begins with its
+// text).
 void print_weight_bytes(CausalLM& m) {
   const WeightBytes b = resident_weight_bytes(m);
+  if (b.quantized == 0) return;
   std::printf("weights: %.3f MB resident on rank 0 (%.3f MB quantized, %.3f MB unquantized)\n",
               b.total() / 1e6, b.quantized / 1e6, b.dense / 1e6);
 }
