@@ -57,7 +57,8 @@ const char* kUsage =
     "usage: nxd-bench-serve --hf DIR [--gguf FILE] [--nxd-serve PATH] [--llama-server PATH]\n"
     "         [--nxd-url HOST:PORT] [--llama-url HOST:PORT] [--no-llamacpp] [--threads T]\n"
     "         [--clients 1,4,16,64] [--requests-per-client N] [--seed S]\n"
-    "         [--cases throughput,prefix,chunked] [--work DIR] [--smoke]\n";
+    "         [--cases throughput,prefix,chunked] [--work DIR] [--smoke]\n"
+    "         [--nxd-serve-arg ARG ...]  (each appended to the nxd-serve command line)\n";
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -118,6 +119,8 @@ Config parse(int argc, char** argv) {
       c.cases = split(v);
     else if (a == "--work")
       c.work = v;
+    else if (a == "--nxd-serve-arg")
+      c.nxd_serve_args.push_back(v);
     else
       throw InvalidArgument(str("[nxd-bench-serve] unknown flag '", a, "'\n", kUsage));
   }
@@ -193,6 +196,7 @@ Server start_nxd(const Config& c, const NxdSetup& s, const std::string& tag) {
     o.argv.push_back("--max-num-batched-tokens");
     o.argv.push_back(std::to_string(s.budget));
   }
+  o.argv.insert(o.argv.end(), c.nxd_serve_args.begin(), c.nxd_serve_args.end());
   return {std::make_unique<ServerProcess>(o), at};
 }
 

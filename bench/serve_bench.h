@@ -26,6 +26,7 @@ struct Config {
   int64_t long_prompt = 4096, streams = 4, stream_prompt = 64;
   uint64_t seed = 1;
   std::vector<std::string> cases = {"throughput", "prefix", "chunked"};
+  std::vector<std::string> nxd_serve_args;  // --nxd-serve-arg: appended to every nxd-serve started
   int64_t vocab = 0, max_positions = 0;
   int failures = 0;
 };

@@ -99,6 +99,8 @@ void check_options(const EngineOptions& o, const CausalLM& m) {
   if (o.kv_blocks < 0) bad("kv_blocks", o.kv_blocks, ">= 0 (0: from kv_memory_bytes)");
   if (o.kv_memory_bytes < 0) bad("kv_memory_bytes", o.kv_memory_bytes, ">= 0");
   if (o.max_waiting < 1) bad("max_waiting", o.max_waiting, ">= 1");
+  if (o.long_prefill_token_threshold < 0)
+    bad("long_prefill_token_threshold", o.long_prefill_token_threshold, ">= 0 (0: no limit)");
   const int64_t mp = m.config().max_position_embeddings;
   if (o.max_model_len < 0 || o.max_model_len > mp)
     throw InvalidArgument(str("[Engine] max_model_len=", o.max_model_len,

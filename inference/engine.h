@@ -91,6 +91,11 @@ struct EngineOptions {
   int64_t max_waiting = 256;  // submit beyond it throws QueueFull (server: 429)
   bool prefix_caching = true;
   bool chunked_prefill = true;
+  // With chunked prefill, at most this many prompt tokens of one request per step (vLLM's
+  // long_prefill_token_threshold), so that a long prompt shares each step's budget with the
+  // others' prefill and holds the decode rows for less; 0: no limit (a request may take the whole
+  // budget).
+  int64_t long_prefill_token_threshold = 0;
   // The model's end-of-sequence ids (read_eos_ids of its folder); empty: none.
   std::vector<int64_t> eos_token_ids;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings

@@ -8,6 +8,17 @@
 
 namespace nxd::inference {
 
+namespace {
+
+// The prompt tokens one request may prefill in a step with `budget` tokens left.
+int64_t prefill_cap(const EngineOptions& o, int64_t budget) {
+  return o.chunked_prefill && o.long_prefill_token_threshold > 0
+             ? std::min(budget, o.long_prefill_token_threshold)
+             : budget;
+}
+
+}  // namespace
+
 void Engine::Impl::take_incoming() {
   std::vector<int64_t> cancel_ids;
   {
@@ -55,7 +66,7 @@ bool Engine::Impl::admit(std::vector<Scheduled>& plan, int64_t& budget) {
   // without chunked prefill a prompt is prefilled whole (submit checked it fits the budget); a
   // preempted request's recompute (prompt + generated) may not, and is chunked then
   const bool whole = !opts.chunked_prefill && rest <= opts.max_num_batched_tokens;
-  const int64_t n = whole ? rest : std::min(rest, budget);
+  const int64_t n = whole ? rest : std::min(rest, prefill_cap(opts, budget));
   if (n > budget || !pool->can_grow(s.table, hits, from + n)) return false;
   pool->take(s.table, hits);
   const bool ok = pool->grow(s.table, from + n);
@@ -85,7 +96,8 @@ std::vector<Scheduled> Engine::Impl::schedule() {
   // pool is out of blocks the last admitted request is preempted (recomputed later)
   for (size_t i = 0; i < running.size() && budget > 0; ++i) {
     Seq& s = *running[i];
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed, budget);
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.computed,
+                                        prefill_cap(opts, budget));
     // a decode row with a draft model: 1 + the draft's tokens, when the blocks are there
     if (const int64_t k = speculation(s, budget);
         k > 0 && pool->grow(s.table, s.computed + 1 + k)) {

@@ -6,7 +6,7 @@
 //             [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-blocks N | --kv-memory SIZE]
 //             [--max-waiting N] [--tp N] [--instance TYPE] [--quantize int8|int4[:G][:asym]]
 //             [--chunked-prefill on|off] [--prefix-caching on|off]
-//             [--draft-model DIR [--speculate K]]
+//             [--long-prefill-token-threshold N] [--draft-model DIR [--speculate K]]
 // --draft-model DIR decodes speculatively in the engine (docs/design/inference.md): a draft (an
 // nxd checkpoint, a transformers folder or a GGUF file, as --checkpoint/--hf) with the model's
 // vocab_size proposes K tokens (default 4) per request and step; TP 1 only.
@@ -61,6 +61,7 @@ const char* kUsage =
     "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp N]\n"
     "                 [--instance TYPE] [--quantize int8|int4[:G][:asym]]\n"
     "                 [--chunked-prefill on|off] [--prefix-caching on|off]\n"
+    "                 [--long-prefill-token-threshold N]\n"
     "                 [--draft-model DIR [--speculate K]]\n"
     "  --checkpoint DIR   an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete),\n"
     "                     or a quantized one (nxd-ckpt quantize)\n"
@@ -76,6 +77,8 @@ const char* kUsage =
     "  --kv-blocks N      KV cache blocks of 16 positions; --kv-memory SIZE (512M, 2G) instead\n"
     "  --max-waiting N    queued requests beyond which the server answers 429 (default 256)\n"
     "  --chunked-prefill on|off  split long prompts over engine steps (default on)\n"
+    "  --long-prefill-token-threshold N  at most N prompt tokens of one request per step\n"
+    "                     (with chunked prefill; default 0: no limit)\n"
     "  --prefix-caching on|off   reuse the K/V of shared prompt prefixes (default on)\n"
     "  --tp N             tensor parallel over N sim ranks (threads) of the model's shards\n"
     "  --instance TYPE    each response's usage.modeled carries the modeled time to first token\n"
@@ -173,6 +176,8 @@ ServeCli parse_args(int argc, char** argv) {
       } catch (const ConfigError& e) {
         throw Usage(str("--quantize: ", e.what()));
       }
+    else if (a == "--long-prefill-token-threshold")
+      c.engine.long_prefill_token_threshold = to_int(a, v, 0, 1 << 24);
     else if (a == "--chunked-prefill")
       c.engine.chunked_prefill = on_off(a, v);
     else if (a == "--prefix-caching")

@@ -362,3 +362,33 @@ TEST(Engine, ASlidingWindowRollsTheCacheAndKeepsTheTokens) {
       }
     }
 }
+
+// long_prefill_token_threshold: a long prompt prefills at most that many tokens a step, so each
+// step that carries its chunk is short, and the running request's tokens are unchanged.
+TEST(Engine, LongPrefillTokenThresholdCapsEachStepsChunkAndKeepsTheTokens) {
+  auto m = tiny_llama(23);
+  const Request shortr = request(ids(4, 51), 20, greedy());
+  const Request longr = request(ids(40, 52), 4, greedy());
+  EngineOptions o;
+  o.block_size = 4;
+  o.max_num_batched_tokens = 64;
+  o.long_prefill_token_threshold = 8;
+  Engine e(m, nullptr, o);
+  Results res;
+  const int64_t a = e.submit(shortr, into(res));
+  e.step();  // the short prompt's prefill
+  const int64_t b = e.submit(longr, into(res));
+  int64_t steps_with_long_prefill = 0;
+  while (res[b].ids.empty()) {
+    e.step();
+    ++steps_with_long_prefill;
+  }
+  // 40 prompt tokens at most 8 a step: five steps before its first token (one without the cap)
+  EXPECT_EQ(steps_with_long_prefill, 5);
+  e.run_until_idle();
+  EXPECT_EQ(res[a].ids, alone(m, shortr));
+  EXPECT_EQ(res[b].ids, alone(m, longr));
+  EngineOptions bad = o;
+  bad.long_prefill_token_threshold = -1;
+  EXPECT_THROW(Engine(m, nullptr, bad), InvalidArgument);
+}
