@@ -127,11 +127,9 @@ GenericPipelineModel::GenericPipelineModel(std::shared_ptr<PipelineSequential> m
   NXD_CHECK_T(ConfigError, model != nullptr, "[pipeline] no model");
   check_loss_spec(opts_.loss);
   const bool init = ps::model_parallel_is_initialized();
-  sched_.pp = init ? ps::get_pipeline_model_parallel_size() : 1;
-  sched_.num_microbatches = opts_.num_microbatches;
-  sched_.vpp = opts_.virtual_pipeline_size;
-  sched_.kind = opts_.schedule;
-  sched_.validate();
+  sched_ =
+      ScheduleConfig::checked(init ? ps::get_pipeline_model_parallel_size() : 1,
+                              opts_.num_microbatches, opts_.virtual_pipeline_size, opts_.schedule);
   pieces_ = model->pieces();
   stages_ = partition_pieces(pieces_, sched_.num_stages(), opts_.transformer_layer_cls,
                              opts_.pipeline_cuts);

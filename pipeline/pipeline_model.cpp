@@ -51,11 +51,9 @@ PipelineModel::PipelineModel(const ModelConfig& cfg, uint64_t seed, PipelineOpti
   NXD_CHECK(opts_.loss.reduction == Reduction::mean,
             "[PipelineModel] the per-microbatch loss must be a mean");
   const bool init = ps::model_parallel_is_initialized();
-  sched_.pp = init ? ps::get_pipeline_model_parallel_size() : 1;
-  sched_.num_microbatches = opts_.num_microbatches;
-  sched_.vpp = opts_.virtual_pipeline_size;
-  sched_.kind = opts_.schedule;
-  sched_.validate();
+  sched_ =
+      ScheduleConfig::checked(init ? ps::get_pipeline_model_parallel_size() : 1,
+                              opts_.num_microbatches, opts_.virtual_pipeline_size, opts_.schedule);
   pieces_ = measure_pieces(cfg_, opts_.pieces);
   parts_ = opts_.pipeline_cuts.empty()
                ? auto_partition(pieces_, sched_.num_stages(), opts_.balance)

@@ -58,6 +58,12 @@ std::string to_string(const Action& a) {
   return o.str();
 }
 
+ScheduleConfig ScheduleConfig::checked(int pp, int num_microbatches, int vpp, ScheduleKind kind) {
+  const ScheduleConfig c{.pp = pp, .num_microbatches = num_microbatches, .vpp = vpp, .kind = kind};
+  c.validate();
+  return c;
+}
+
 void ScheduleConfig::validate() const {
   auto fail = [&](const std::string& why) {
     std::ostringstream o;

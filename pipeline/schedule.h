@@ -56,6 +56,8 @@ struct ScheduleConfig {
   // Throws ConfigError naming the numbers: pp, M, vpp < 1; vpp > 1 without interleaved or
   // interleaved with vpp == 1 or pp == 1; interleaved with M % pp != 0.
   void validate() const;
+  // The config of these numbers, validated.
+  static ScheduleConfig checked(int pp, int num_microbatches, int vpp, ScheduleKind kind);
 };
 
 // A training job's pipeline settings (NxDT's keys) and what they are checked against.
