@@ -35,6 +35,11 @@ struct InferenceOverheads {
   // sum, normalize), each one element per cycle per SBUF partition (NKI architecture guide's
   // cost model: a one-input instruction of free size N takes about N cycles)
   int softmax_passes = 4;
+  // elementwise kernels (norms, residual adds, activation, rotary) fused by the compiler: charged
+  // their Vector engine time, FLOPs / (lanes x clock), instead of an HBM round trip each (the
+  // NKI architecture guide: 128 partitions, one element a cycle each)
+  bool fuse_elementwise = true;
+  double vector_lanes = 128;
 };
 
 // What one step was charged beyond its rooflines (rank 0).
@@ -42,6 +47,10 @@ struct StepCharges {
   int64_t kernels = 0, collectives = 0;
   double fixed_seconds = 0;    // kernels x kernel_seconds + collectives raised to their floor
   double softmax_seconds = 0;  // the score rows on the Vector engine
+  // elementwise kernels at their Vector engine time instead of their rooflines (<= 0)
+  double fused_seconds = 0;
+  // bf16 all-reduces charged at 2 bytes an element instead of the sim's f32 reduction (<= 0)
+  double collective_dtype_seconds = 0;
 };
 
 // The sizes the Neuron libraries shard a model with at TP `tp`, so that every model splits:
@@ -64,24 +73,35 @@ struct InferencePadding {
 };
 InferencePadding pad_for_inference(const ModelConfig& cfg, int tp);
 
+// The context-encoding bucket a prompt runs in: the smallest power of two >= the prompt, from 128,
+// capped at max_context_tokens (NxD Inference's automatic bucketing: powers of two between 128 and
+// the max context length; transformers-neuronx's default context buckets are powers of two too).
+// ConfigError unless 1 <= prompt_tokens <= max_context_tokens.
+int64_t context_bucket(int64_t prompt_tokens, int64_t max_context_tokens);
+
 struct InferenceModelOptions {
   int tp = 1;
   std::string instance = "inf2.xlarge";  // sim::machine() names
   int64_t batch = 1;
   int64_t prompt_tokens = 128;
   int64_t new_tokens = 128;
+  // the prefill runs the prompt padded to its context bucket (context_bucket) when true; the cap is
+  // max_context_tokens, 0 = prompt + new tokens
+  bool context_buckets = true;
+  int64_t max_context_tokens = 0;
   double hbm_efficiency = kInferenceHbmEfficiency;
   InferenceOverheads overheads;
 };
 
 struct InferenceEstimate {
   std::string machine;
-  double ttft = 0;           // s: the prefill of the prompt (context encoding), first token out
-  double tpot = 0;           // s: one decode step attending a cache of prompt + new tokens
-  double e2e_per_token = 0;  // (ttft + (new_tokens - 1) * tpot) / new_tokens
-  int64_t weight_bytes = 0;  // per rank
-  int64_t kv_bytes = 0;      // per rank (the cache of batch x (prompt + new) positions)
-  InferencePadding padding;  // the sizes the model was built with
+  double ttft = 0;             // s: the prefill of the prompt (context encoding), first token out
+  int64_t context_tokens = 0;  // the prompt's length in the prefill: its context bucket
+  double tpot = 0;             // s: one decode step attending a cache of prompt + new tokens
+  double e2e_per_token = 0;    // (ttft + (new_tokens - 1) * tpot) / new_tokens
+  int64_t weight_bytes = 0;    // per rank
+  int64_t kv_bytes = 0;        // per rank (the cache of batch x (prompt + new) positions)
+  InferencePadding padding;    // the sizes the model was built with
   StepCharges prefill, decode;
   // per step (TTFT's first token and every decode step): on-device sampling, one kernel over the
   // batch's gathered f32 logits

@@ -52,6 +52,18 @@ if(TARGET nxd-plan)
     COMMAND ${CMAKE_COMMAND} "-DREGEX=predicted inference: TTFT" "-DIGNORE=^$"
             -P ${CMAKE_SOURCE_DIR}/tests/support/same_output_twice.cmake ${_inf} ${_s70}
             --batch 4 --prompt-tokens 1024 --new-tokens 1024)
+  # every published row of docs/VALIDATION.md through nxd-plan (bench/inference_validation.py):
+  # the counts within +-15% must not fall below what the model reaches (TTFT 21, TPOT 59 of 66)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    add_test(NAME NxdPlan.InferencePublishedRowsWithinFifteenPercentDoNotRegress
+      COMMAND ${CMAKE_COMMAND} -DCODE=0
+              "-DREGEX=within \\+-15%: TTFT (2[1-9]|[3-6][0-9]) of 66, TPOT (59|6[0-6]) of 66"
+              -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${Python3_EXECUTABLE}
+              ${CMAKE_SOURCE_DIR}/bench/inference_validation.py $<TARGET_FILE:nxd-plan>)
+    set_tests_properties(NxdPlan.InferencePublishedRowsWithinFifteenPercentDoNotRegress
+      PROPERTIES LABELS tools TIMEOUT 300)
+  endif()
   set_tests_properties(NxdPlan.InferencePadsLlama2_70BForTp24 NxdPlan.InferenceBatchAndGqaPadding
     NxdPlan.InferenceNothingToPad NxdPlan.InferenceModelOverHbmExitsThree
     NxdPlan.InferenceRefusesTpPastTheInstance
