@@ -49,6 +49,10 @@ int inference(const Args& a) {
   o.tp = static_cast<int>(tp);
   o.instance = a.instance;
   o.batch = a.batch, o.prompt_tokens = a.prompt_tokens, o.new_tokens = a.new_tokens;
+  if (a.max_context_tokens > 0 && a.max_context_tokens < a.prompt_tokens)
+    throw UserError(str("[nxd-plan] --max-context-tokens ", a.max_context_tokens,
+                        " is below --prompt-tokens ", a.prompt_tokens));
+  o.max_context_tokens = a.max_context_tokens;
   const InferenceEstimate e = estimate_inference(mc, o);
   const double gib = 1024.0 * 1024 * 1024;
   const double used = static_cast<double>(e.weight_bytes + e.kv_bytes);

@@ -115,13 +115,23 @@ InferencePadding pad_for_inference(const ModelConfig& cfg, int tp) {
   return p;
 }
 
+std::vector<int64_t> context_buckets(int64_t max_context_tokens) {
+  NXD_CHECK_T(ConfigError, max_context_tokens >= 1,
+              "[context_buckets] max_context_tokens must be >= 1, got ", max_context_tokens);
+  std::vector<int64_t> b;
+  const int top = static_cast<int>(std::lround(std::log2(static_cast<double>(max_context_tokens))));
+  for (int i = 7; i < top; ++i) b.push_back(int64_t{1} << i);
+  b.push_back(max_context_tokens);
+  return b;
+}
+
 int64_t context_bucket(int64_t prompt_tokens, int64_t max_context_tokens) {
   NXD_CHECK_T(ConfigError, prompt_tokens >= 1 && max_context_tokens >= prompt_tokens,
               "[context_bucket] need 1 <= prompt_tokens <= max_context_tokens, got ", prompt_tokens,
               " and ", max_context_tokens);
-  int64_t b = 128;
-  while (b < prompt_tokens) b *= 2;
-  return std::min(b, max_context_tokens);
+  for (int64_t b : context_buckets(max_context_tokens))
+    if (b >= prompt_tokens) return b;
+  return max_context_tokens;
 }
 
 InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOptions& o) {

@@ -10,6 +10,7 @@
 // nothing.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "nxd/layers/models/config.h"
 
@@ -73,10 +74,14 @@ struct InferencePadding {
 };
 InferencePadding pad_for_inference(const ModelConfig& cfg, int tp);
 
-// The context-encoding bucket a prompt runs in: the smallest power of two >= the prompt, from 128,
-// capped at max_context_tokens (NxD Inference's automatic bucketing: powers of two between 128 and
-// the max context length; transformers-neuronx's default context buckets are powers of two too).
-// ConfigError unless 1 <= prompt_tokens <= max_context_tokens.
+// The context-encoding buckets of NxD Inference's automatic bucketing up to max_context_tokens:
+// the powers of two from 128 below 2^round(log2(max)), then max itself (NxDI feature guide,
+// "Bucketing"; modules/autobucketing.py generate_buckets): 12,288 gives 128 ... 8,192, 12,288;
+// 11,500 gives 128 ... 4,096, 11,500. transformers-neuronx's default context buckets are powers of
+// two as well (half its token buckets), so the published power-of-two prompts run unpadded.
+std::vector<int64_t> context_buckets(int64_t max_context_tokens);
+// The smallest of those buckets that holds the prompt. ConfigError unless 1 <= prompt_tokens <=
+// max_context_tokens.
 int64_t context_bucket(int64_t prompt_tokens, int64_t max_context_tokens);
 
 struct InferenceModelOptions {
@@ -85,8 +90,8 @@ struct InferenceModelOptions {
   int64_t batch = 1;
   int64_t prompt_tokens = 128;
   int64_t new_tokens = 128;
-  // the prefill runs the prompt padded to its context bucket (context_bucket) when true; the cap is
-  // max_context_tokens, 0 = prompt + new tokens
+  // the prefill runs the prompt padded to its context bucket (context_bucket) when true, of the
+  // buckets up to max_context_tokens (the served max context length; 0 = prompt + new tokens)
   bool context_buckets = true;
   int64_t max_context_tokens = 0;
   double hbm_efficiency = kInferenceHbmEfficiency;

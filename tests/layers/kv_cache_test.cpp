@@ -464,7 +464,7 @@ TEST(InferenceModel, FixedCostsAreChargedAndDeterministic) {
               1e-9);
 }
 
-TEST(InferenceModel, ContextBucketIsThePowerOfTwoAtOrAbove128CappedAtMaxContext) {
+TEST(InferenceModel, ContextBucketsAreNxdInferencesAutomaticBuckets) {
   EXPECT_EQ(context_bucket(1, 4096), 128);
   EXPECT_EQ(context_bucket(100, 4096), 128);
   EXPECT_EQ(context_bucket(128, 4096), 128);
@@ -472,6 +472,12 @@ TEST(InferenceModel, ContextBucketIsThePowerOfTwoAtOrAbove128CappedAtMaxContext)
   EXPECT_EQ(context_bucket(2048, 4096), 2048);
   EXPECT_EQ(context_bucket(10000, 12288), 12288);  // NxD Inference: the max context is a bucket
   EXPECT_EQ(context_bucket(10000, 11500), 11500);
+  // NxD Inference's buckets below the max stop at 2^round(log2(max)): 11,500 has no 8,192 bucket
+  EXPECT_EQ(context_bucket(5000, 11500), 11500);
+  EXPECT_EQ(context_bucket(5000, 12288), 8192);
+  EXPECT_EQ(context_buckets(12288),
+            (std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096, 8192, 12288}));
+  EXPECT_EQ(context_buckets(11500), (std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096, 11500}));
   EXPECT_EQ(context_bucket(100, 100), 100);
   EXPECT_THROW(context_bucket(0, 128), ConfigError);
   EXPECT_THROW(context_bucket(200, 128), ConfigError);

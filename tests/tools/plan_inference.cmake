@@ -41,6 +41,16 @@ if(TARGET nxd-plan)
     COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=--prompt-tokens.*go with --inference"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
             --prompt-tokens 64)
+  # a 10,000-token prompt served with a max context of 12,288 runs in the 12,288 bucket
+  add_test(NAME NxdPlan.InferencePromptRunsInItsContextBucket
+    COMMAND ${CMAKE_COMMAND} -DCODE=0 "-DREGEX=prefill: the prompt in its context bucket of 12288 tokens"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${_inf} --model llama2-7b
+            --instance trn1.32xlarge --set distributed_strategy.tensor_model_parallel_size=32
+            --prompt-tokens 10000 --new-tokens 16 --max-context-tokens 12288)
+  add_test(NAME NxdPlan.InferenceRefusesMaxContextBelowThePrompt
+    COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=--max-context-tokens 100 is below --prompt-tokens 128"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${_inf} --model llama2-7b
+            --max-context-tokens 100)
   add_test(NAME NxdPlan.InferenceRefusesSearch
     COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=--inference and --search do not go together"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${_inf} ${_s70} --search)
@@ -69,5 +79,6 @@ if(TARGET nxd-plan)
     NxdPlan.InferenceRefusesTpPastTheInstance
     NxdPlan.InferenceRefusesBatchZero NxdPlan.InferenceSizesNeedInference
     NxdPlan.InferenceRefusesSearch NxdPlan.InferenceRefusesAnUnknownInstance
+    NxdPlan.InferencePromptRunsInItsContextBucket NxdPlan.InferenceRefusesMaxContextBelowThePrompt
     NxdPlan.InferenceIsDeterministic PROPERTIES LABELS tools TIMEOUT 60)
 endif()
