@@ -39,6 +39,11 @@ SOURCES = {
 # of two and run in their own bucket.
 MAX_CONTEXT = {"trn2-70b": 12288, "trn2-405b": 12288}
 
+# Rows whose prefill runs a flash-attention kernel: the trn2 tutorials' --attn-kernel-enabled (NxD
+# Inference's NKI attention). transformers-neuronx (SDK 2.18) builds its prefill attention in HLO
+# with the full score matrix (layers/attention.py): nxd-plan's default, materialized.
+FLASH = {"trn2-70b", "trn2-405b"}
+
 LLAMA_405B = [
     "model.arch=llama", "model.hidden_size=16384", "model.num_layers=126",
     "model.num_attention_heads=128", "model.num_kv_heads=8", "model.ffn_hidden_size=53248",
@@ -121,6 +126,8 @@ def predict(plan, r):
             "--prompt-tokens", str(r.prompt), "--new-tokens", str(r.new)]
     if r.src in MAX_CONTEXT:
         args += ["--max-context-tokens", str(MAX_CONTEXT[r.src])]
+    if r.src in FLASH:
+        args += ["--prefill-attention", "flash"]
     if r.model == "llama3.1-405b":
         for k in LLAMA_405B:
             args += ["--set", k]

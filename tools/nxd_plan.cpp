@@ -110,6 +110,7 @@ const char* kUsage =
     "       nxd-plan --inference [--model PRESET] [--instance TYPE] [--set key=value]...\n"
     "                [--batch B (1)] [--prompt-tokens P (128)] [--new-tokens M (128)]\n"
     "                [--max-context-tokens C (P + M: the largest context-encoding bucket)]\n"
+    "                [--prefill-attention materialized|flash (materialized)]\n"
     "                (modeled TTFT, TPOT and output tokens/s at\n"
     "                 distributed_strategy.tensor_model_parallel_size on one instance,\n"
     "                 also inf2.xlarge inf2.8xlarge inf2.24xlarge inf2.48xlarge)\n"
@@ -143,6 +144,12 @@ Args parse(int argc, char** argv) {
     } else if (s == "--batch" || s == "--prompt-tokens" || s == "--new-tokens") {
       const int64_t v = io::parse_int(value(), 1, int64_t{1} << 20, s, "nxd-plan");
       (s == "--batch" ? a.batch : s == "--prompt-tokens" ? a.prompt_tokens : a.new_tokens) = v;
+      a.inference_sizes_given = true;
+    } else if (s == "--prefill-attention") {
+      a.prefill_attention = value();
+      if (a.prefill_attention != "materialized" && a.prefill_attention != "flash")
+        throw UserError(str("[nxd-plan] --prefill-attention '", a.prefill_attention,
+                            "': expected materialized or flash"));
       a.inference_sizes_given = true;
     } else if (s == "--max-context-tokens") {
       a.max_context_tokens = io::parse_int(value(), 1, int64_t{1} << 21, s, "nxd-plan");
@@ -216,8 +223,8 @@ int run(int argc, char** argv) {
   if (a.inference) return inference(a);
   if (a.inference_sizes_given)
     throw UserError(
-        str("[nxd-plan] --batch, --prompt-tokens, --new-tokens and --max-context-tokens go with "
-            "--inference\n",
+        str("[nxd-plan] --batch, --prompt-tokens, --new-tokens, --max-context-tokens and "
+            "--prefill-attention go with --inference\n",
             kUsage));
   const sim::MachineSpec m = sim::cluster(sim::machine(a.instance), a.nodes);
   int code = 0;

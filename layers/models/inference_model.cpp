@@ -74,6 +74,35 @@ double vector_engine_hz(const sim::MachineSpec& m) {
   return 1.12e9;
 }
 
+// The SBUF of a rank (NKI architecture guides: NeuronCore-v2 24 MiB, NeuronCore-v3 28 MiB; a
+// logical Trainium2 core of LNC physical cores has LNC of them).
+double sbuf_bytes(const sim::MachineSpec& m) {
+  if (m.core.name.rfind("NeuronCore-v3", 0) == 0)
+    return 28.0 * (1 << 20) * std::max(1.0, m.core.bf16_flops / 79e12);
+  return 24.0 * (1 << 20);
+}
+
+// What the prefill's attention costs beyond the causal kernel the sim charges when it is built as
+// transformers-neuronx builds it (PrefillAttention::materialized): the masked half of the score
+// products (every position is computed, then masked), and, when a layer's bf16 score matrix does
+// not fit the SBUF, its trips through HBM.
+double materialized_attention_seconds(const std::vector<sim::TraceEvent>& events,
+                                      std::pair<double, double> w, const ModelConfig& cfg,
+                                      const InferenceModelOptions& o, int64_t S,
+                                      const sim::MachineSpec& m) {
+  double seconds = 0;
+  for (const auto& ev : events)
+    if (ev.start >= w.first - 1e-12 && ev.start < w.second - 1e-12 && ev.name == "cached_attention")
+      seconds += arg_value(ev.args, "flops=") / m.core.bf16_flops;
+  const double scores = static_cast<double>(o.batch) *
+                        static_cast<double>(cfg.num_attention_heads / o.tp) *
+                        static_cast<double>(S) * static_cast<double>(S);
+  if (scores * 2 > sbuf_bytes(m))
+    seconds += static_cast<double>(cfg.num_layers) * scores * o.overheads.score_bytes_through_hbm /
+               m.core.hbm_bandwidth;
+  return seconds;
+}
+
 // The softmax of every score row of one step: rows sit one per SBUF partition (128), each pass
 // reads a row's `cols` scores at one element per cycle.
 double softmax_seconds(const ModelConfig& cfg, int tp, int64_t rows_per_head, double cols,
@@ -201,13 +230,17 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
   StepCharges decode = step_charges(events, window[1], o.overheads, m, hz, bf16, o.tp);
   e.context_tokens = S;
   const int passes = o.overheads.softmax_passes;
-  // prefill: batch x prompt rows, each over half the prompt on average (causal)
-  prefill.softmax_seconds =
-      softmax_seconds(cfg, o.tp, o.batch * S, 0.5 * static_cast<double>(S), passes, hz);
+  // prefill: batch x prompt rows, each over half the prompt on average (causal) or, materialized,
+  // over every position (masked after the products)
+  const bool materialized = o.prefill_attention == PrefillAttention::materialized;
+  prefill.softmax_seconds = softmax_seconds(
+      cfg, o.tp, o.batch * S, (materialized ? 1.0 : 0.5) * static_cast<double>(S), passes, hz);
+  if (materialized)
+    prefill.attention_seconds = materialized_attention_seconds(events, window[0], cfg, o, S, m);
   // decode: batch rows over the whole cache (as the attention is charged)
   decode.softmax_seconds = softmax_seconds(cfg, o.tp, o.batch, static_cast<double>(L), passes, hz);
   e.prefill = prefill, e.decode = decode;
-  e.ttft += prefill.softmax_seconds;
+  e.ttft += prefill.softmax_seconds + prefill.attention_seconds;
   e.tpot += decode.softmax_seconds;
   // on-device sampling: one kernel reading the batch's gathered f32 logits
   e.sampling_seconds = o.overheads.kernel_seconds +

@@ -41,7 +41,19 @@ struct InferenceOverheads {
   // NKI architecture guide: 128 partitions, one element a cycle each)
   bool fuse_elementwise = true;
   double vector_lanes = 128;
+  // HBM bytes per score of a materialized prefill attention whose layer's score matrix exceeds
+  // the SBUF: the bf16 score written once and read by the row max, the exp-sum and the
+  // normalization (elementwise ops fused into them), the bf16 probabilities written once and read
+  // by the product with V: 2 + 3 x 2 + 2 + 2
+  double score_bytes_through_hbm = 12;
 };
+
+// How the prefill's attention is built. materialized: as transformers-neuronx builds it in HLO
+// (layers/attention.py at SDK 2.18: the full score matrix Q K^T, a Select for the causal mask, a
+// softmax upcast to f32, the product with V), so every score is computed and a layer's score
+// matrix goes through HBM when it exceeds the SBUF; flash: a flash-attention kernel (NxD
+// Inference's NKI attention kernel, attn_kernel_enabled), causal blocks only, scores on chip.
+enum class PrefillAttention { materialized, flash };
 
 // What one step was charged beyond its rooflines (rank 0).
 struct StepCharges {
@@ -52,6 +64,9 @@ struct StepCharges {
   double fused_seconds = 0;
   // bf16 all-reduces charged at 2 bytes an element instead of the sim's f32 reduction (<= 0)
   double collective_dtype_seconds = 0;
+  // prefill, PrefillAttention::materialized: the masked half of the score products and the score
+  // matrix's HBM trips when it exceeds the SBUF
+  double attention_seconds = 0;
 };
 
 // The sizes the Neuron libraries shard a model with at TP `tp`, so that every model splits:
@@ -94,6 +109,7 @@ struct InferenceModelOptions {
   // buckets up to max_context_tokens (the served max context length; 0 = prompt + new tokens)
   bool context_buckets = true;
   int64_t max_context_tokens = 0;
+  PrefillAttention prefill_attention = PrefillAttention::materialized;
   double hbm_efficiency = kInferenceHbmEfficiency;
   InferenceOverheads overheads;
 };
