@@ -2,12 +2,14 @@
 // The modeled latency of generation on a simulated Neuron instance: the KV-cache path
 // (forward_cached) run on meta tensors over TP sim ranks, every kernel and collective charged to
 // the sim device exactly as training is (roofline per kernel: max(FLOPs / TensorE peak, bytes /
-// HBM bandwidth); collectives by collectives/sim's model), plus the fixed costs a step pays beyond
-// its rooflines (InferenceOverheads: per kernel, per collective, the softmax rows, on-device
-// sampling; each from a published figure), with one fitted constant: the fraction of the HBM
-// bandwidth the kernels reach in inference (docs/design/inference_model.md: how it is built, the
-// figures, what it leaves out; docs/VALIDATION.md: every published row against it). Allocates
-// nothing.
+// HBM bandwidth); collectives by collectives/sim's model), the prompt padded to its context
+// bucket, recharged where the inference libraries differ from the training kernels (bf16
+// all-reduces, fused elementwise kernels, the materialized prefill attention), plus the fixed
+// costs a step pays beyond its rooflines (InferenceOverheads: per kernel, per collective, the
+// softmax rows, on-device sampling; each from a published figure), with one fitted constant: the
+// fraction of the HBM bandwidth the kernels reach in inference (docs/design/inference_model.md: how
+// it is built, the figures, what it leaves out; docs/VALIDATION.md: every published row against
+// it). Allocates nothing.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,7 +21,8 @@ namespace nxd {
 // Fitted once on Llama-2-70B, BF16, batch 1, inf2.48xlarge, TP 24, 128 tokens in / 128 out:
 // TPOT 32.90 ms (P50; transformers-neuronx, Neuron SDK 2.18.0: aws-neuron-sdk
 // general/benchmarks/inf2/latency_data_decoder.csv, "Inf2 Inference Performance" of 2024-04-30;
-// docs/HARDWARE.md). The model gives 32.89 ms.
+// docs/HARDWARE.md). The model gives 32.86 ms (32.89 before the bf16 all-reduces and the fused
+// elementwise kernels; not refitted: within the calibration test's 0.05 ms).
 inline constexpr double kInferenceHbmEfficiency = 0.501;
 
 // The fixed costs a step pays beyond its rooflines, each from a published figure (none fitted;
