@@ -9,11 +9,13 @@
 // after every block, outside the timed region (its idle worker would busy-wait into nxd's
 // block). One line per shape and row count, then one per row count for the whole step (each
 // shape's median times its count in 12 layers, plus the head):
-//   gemv_rows m=16 n=2048 k=768 threads=2 nxd_us=... blas_us=... ratio=... nxd_gflops=...
-//          nxd_GBps=... reps=...
+//   gemv_rows m=16 n=2048 k=768 threads=2 nxd_us=... blas_us=... ratio=... cpu_ratio=...
+//          nxd_gflops=... nxd_cpu_gflops=... nxd_GBps=... reps=...
 //   gemv_rows_step m=16 threads=2 nxd_ms=... blas_ms=... ratio=...
-// (us: median microseconds per call; ratio = blas_us / nxd_us, above 1 when nxd is faster;
-// GBps: weight bytes read per second.) Flags: --threads N, --rows LIST, --quick.
+// (us: median wall microseconds per call; ratio = blas_us / nxd_us, above 1 when nxd is faster;
+// cpu_ratio and nxd_cpu_gflops from the median process CPU time per call, all threads: the better
+// estimates on a loaded machine; GBps: weight bytes read per second.) Flags: --threads N,
+// --rows LIST, --quick.
 #include <cblas.h>
 
 #include <cstdio>
@@ -118,10 +120,11 @@ int main(int argc, char** argv) {
       const double bytes = 4.0 * static_cast<double>(s.n * s.k);
       std::printf(
           "gemv_rows m=%lld n=%lld k=%lld threads=%d nxd_us=%.1f blas_us=%.1f ratio=%.2f "
-          "nxd_gflops=%.1f nxd_GBps=%.2f reps=%d\n",
+          "cpu_ratio=%.2f nxd_gflops=%.1f nxd_cpu_gflops=%.1f nxd_GBps=%.2f reps=%d\n",
           static_cast<long long>(m), static_cast<long long>(s.n), static_cast<long long>(s.k),
           threads, t[0].median * 1e6, t[1].median * 1e6, t[1].median / t[0].median,
-          flops / t[0].median * 1e-9, bytes / t[0].median * 1e-9, t[0].reps);
+          t[1].cpu_median / t[0].cpu_median, flops / t[0].median * 1e-9,
+          flops / t[0].cpu_median * 1e-9, bytes / t[0].median * 1e-9, t[0].reps);
       std::fflush(stdout);
       step_nxd[ri] += static_cast<double>(s.per_step) * t[0].median;
       step_blas[ri] += static_cast<double>(s.per_step) * t[1].median;

@@ -47,12 +47,18 @@ inline void keep_in_register([[maybe_unused]] V16& v) {
 // dot(x_r, b_c, k), bitwise lanes8::dot, with each of the tile's B and x loads used C or R times.
 // The 32-lane accumulators of each (r, c) are two V16 (lo: lanes 0-15, hi: 16-31), so the tile
 // is R * C * 2 registers: sized per instruction set below, which changes no value.
+// `ahead` (C rows, ldb apart) is prefetched along: the next tile's rows of B.
 template <int R, int C>
 inline void dot_tile(const float* __restrict x, int64_t k, const float* __restrict b, int64_t ldb,
-                     float* out) {
+                     const float* ahead, float* out) {
   V16 lo[R][C] = {}, hi[R][C] = {};
   int64_t i = 0;
   for (; i + 32 <= k; i += 32) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      __builtin_prefetch(ahead + c * ldb + i);
+      __builtin_prefetch(ahead + c * ldb + i + 16);
+    }
     V16 wl[C], wh[C];
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
@@ -103,13 +109,14 @@ static_assert(kTileRows >= 1 && kTileRows <= 4 && kTileCols >= 1);
 
 // `rows` (1..kTileRows) rows of x against C rows of B: dot_tile with R = rows.
 template <int C>
-void tile_rows(int64_t rows, int64_t k, const float* x, const float* b, int64_t ldb, float* out) {
-  if (rows == 1) return dot_tile<1, C>(x, k, b, ldb, out);
+void tile_rows(int64_t rows, int64_t k, const float* x, const float* b, int64_t ldb,
+               const float* ahead, float* out) {
+  if (rows == 1) return dot_tile<1, C>(x, k, b, ldb, ahead, out);
   if constexpr (kTileRows >= 2)
-    if (rows == 2) return dot_tile<2, C>(x, k, b, ldb, out);
+    if (rows == 2) return dot_tile<2, C>(x, k, b, ldb, ahead, out);
   if constexpr (kTileRows >= 3)
-    if (rows == 3) return dot_tile<3, C>(x, k, b, ldb, out);
-  if constexpr (kTileRows >= 4) return dot_tile<4, C>(x, k, b, ldb, out);
+    if (rows == 3) return dot_tile<3, C>(x, k, b, ldb, ahead, out);
+  if constexpr (kTileRows >= 4) return dot_tile<4, C>(x, k, b, ldb, ahead, out);
 }
 
 // C[m, j0:j1] for B stored [n, k] (op(B) = B^T, the weight of a linear layer): dot products of
@@ -124,12 +131,16 @@ void rows_times_bt(int64_t m, int64_t k, const float* x, int64_t j0, int64_t j1,
     for (int64_t i = 0; i < m; i += kTileRows) {
       const int64_t rows = std::min<int64_t>(kTileRows, m - i);
       const float* xi = x + i * k;
+      // the first tile of rows, which reads this tile's B from memory, also prefetches the next
+      // tile's (only the cache sees it; the others re-read this tile's rows from L1)
+      const float* ahead =
+          i == 0 && j + 2 * kTileCols <= j1 ? b + (j + kTileCols) * ldb : b + j * ldb;
       if (cols == kTileCols)
-        tile_rows<kTileCols>(rows, k, xi, b + j * ldb, ldb, out);
+        tile_rows<kTileCols>(rows, k, xi, b + j * ldb, ldb, ahead, out);
       else
         for (int64_t q = 0; q < cols; ++q) {
           float one[kTileRows];
-          tile_rows<1>(rows, k, xi, b + (j + q) * ldb, ldb, one);
+          tile_rows<1>(rows, k, xi, b + (j + q) * ldb, ldb, b + (j + q) * ldb, one);
           for (int64_t r = 0; r < rows; ++r) out[r * kTileCols + q] = one[r];
         }
       for (int64_t r = 0; r < rows; ++r)

@@ -98,6 +98,7 @@ TEST(SmallRows, EachElementIsTheLaneOrderDotForAnyRowCount) {
   ThreadsGuard guard;
   constexpr int64_t kRows = blas::detail::kSmallRows;
   int64_t checked = 0;
+  uint64_t digest = 14695981039346656037ull;
   for (int64_t k : {7, 31, 32, 33, 40, 95, 257})
     for (int64_t n : {257, 263}) {
       // B large enough for the path whatever k (n * k >= kSmallRowsMinB)
@@ -122,9 +123,16 @@ TEST(SmallRows, EachElementIsTheLaneOrderDotForAnyRowCount) {
             }
           }
           checked += m * nb;
+          for (float v : c) {  // FNV-1a over the bits, for comparing builds
+            uint32_t u;
+            std::memcpy(&u, &v, 4);
+            digest = (digest ^ u) * 1099511628211ull;
+          }
         }
     }
-  std::printf("    %lld elements bitwise lanes8::dot\n", static_cast<long long>(checked));
+  // the same digest on the native, x86-64-v3 and x86-64-v2 builds: the same bits on each
+  std::printf("    %lld elements bitwise lanes8::dot, digest %016llx\n",
+              static_cast<long long>(checked), static_cast<unsigned long long>(digest));
 }
 
 TEST(SmallRows, BitwiseOverThreadCountsAndAddresses) {
