@@ -10,8 +10,8 @@
 // step: run it, then attach a sampling profiler to the process once it prints "# decoding"
 // (perf record -p PID). Flags: --rows B (default 16), --context P (default 128), --steps N
 // (default 10), --threads T (default 1).
-#include <chrono>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "bench_util.h"
@@ -50,12 +50,13 @@ int main(int argc, char** argv) {
   const int64_t rows = args.get_int("--rows", 16), context = args.get_int("--context", 128);
   const int64_t steps = args.get_int("--steps", 10);
   const int threads = static_cast<int>(args.get_int("--threads", 1));
-  for (auto [name, v, lo] :
-       {std::tuple{"--rows", rows, 1L}, std::tuple{"--context", context, 1L},
-        std::tuple{"--steps", steps, 1L}, std::tuple{"--threads", int64_t{threads}, 1L}})
-    if (v < lo) {
-      std::fprintf(stderr, "nxd-bench-decode-step: %s %lld: need at least %ld\n", name,
-                   static_cast<long long>(v), lo);
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"--rows", rows},
+                         {"--context", context},
+                         {"--steps", steps},
+                         {"--threads", threads}})
+    if (v < 1) {
+      std::fprintf(stderr, "nxd-bench-decode-step: %s %lld: need at least 1\n", name,
+                   static_cast<long long>(v));
       return 2;
     }
   set_num_threads(threads);
