@@ -5,8 +5,7 @@
 // CPU milliseconds (all threads), then the medians:
 //   decode_step rows=16 context=128 threads=2 step=0 ms=... cpu_ms=...
 //   decode_step rows=16 context=128 threads=2 median_ms=... median_cpu_ms=... tokens_per_s=...
-// The model is the serving bench's ~125M f32 Llama (bench/llamacpp/compare_serve.py: 12 layers,
-// hidden 768, 12 heads, 4 KV heads, FFN 2048, vocabulary 32000), random weights. To profile a
+// The model is the serving bench's ~125M f32 Llama (llama_125m.h), random weights. To profile a
 // step: run it, then attach a sampling profiler to the process once it prints "# decoding"
 // (perf record -p PID). Flags: --rows B (default 16), --context P (default 128), --steps N
 // (default 10), --threads T (default 1).
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "llama_125m.h"
 #include "nxd/inference/engine.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/runtime/context.h"
@@ -22,24 +22,6 @@
 
 using namespace nxd;
 using namespace nxd::inference;
-
-namespace {
-
-ModelConfig serve_bench_model(int64_t positions) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 32000;
-  c.hidden_size = 768;
-  c.num_layers = 12;
-  c.num_attention_heads = 12;
-  c.num_kv_heads = 4;
-  c.ffn_hidden_size = 2048;
-  c.max_position_embeddings = positions;
-  c.init_std = 0.02;
-  return c;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   bench::Args args(argc, argv, "one engine step of B decode rows on the serving bench's model",
@@ -61,7 +43,7 @@ int main(int argc, char** argv) {
     }
   set_num_threads(threads);
   std::printf("# %s\n", cpu::describe().c_str());
-  auto model = make_causal_lm(serve_bench_model(context + steps + 16), 1);
+  auto model = make_causal_lm(bench::llama_125m(context + steps + 16), 1);
   EngineOptions o;
   o.max_num_seqs = rows;
   o.max_num_batched_tokens = std::max<int64_t>(512, context);
