@@ -10,6 +10,7 @@
 // (perf record -p PID). Flags: --rows B (default 16), --context P (default 128), --steps N
 // (default 10), --threads T (default 1).
 #include <cstdio>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -43,20 +44,25 @@ int main(int argc, char** argv) {
     }
   set_num_threads(threads);
   std::printf("# %s\n", cpu::describe().c_str());
-  auto model = make_causal_lm(bench::llama_125m(context + steps + 16), 1);
+  auto model = make_causal_lm(bench::llama_125m(context + rows + steps + 16), 1);
   EngineOptions o;
   o.max_num_seqs = rows;
   o.max_num_batched_tokens = std::max<int64_t>(512, context);
   Engine e(model, nullptr, o);
+  std::set<int64_t> started;  // requests with a first token: their prompt is in the cache
   for (int64_t b = 0; b < rows; ++b) {
     Request r;
     for (int64_t i = 0; i < context; ++i) r.prompt.push_back((i * 7919 + 13 * b + 1) % 32000);
     r.sampling.temperature = 0;
-    r.stop.max_tokens = steps + 2;
+    // past the timed steps whatever the order of the prefills (each prompt fits one step's
+    // budget, so the last one is done within `rows` steps of the first)
+    r.stop.max_tokens = rows + steps + 8;
     r.stop.ignore_eos = true;
-    e.submit(r, nullptr);
+    e.submit(r, [&started](const Output& out) {
+      if (!out.ids.empty()) started.insert(out.request_id);
+    });
   }
-  while (e.stats().generated_tokens < rows) e.step();  // every prompt prefilled: one token each
+  while (static_cast<int64_t>(started.size()) < rows) e.step();  // every prompt prefilled
   std::printf("# decoding\n");
   std::fflush(stdout);
   std::vector<double> wall, cpu;
