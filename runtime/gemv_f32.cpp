@@ -24,10 +24,10 @@ inline void store(float* c, float v, float alpha, float beta) {
 // half s1 or s3, so the arithmetic of every lane is dot's.
 typedef float V16 __attribute__((vector_size(64)));
 
-inline V16 load16(const float* p) {
-  V16 v;
+// (Into a reference: a V16 returned by value would change the ABI between the builds' instruction
+// sets, which GCC warns about on all but AVX-512; the function is internal and inlined anyway.)
+inline void load16(V16& v, const float* p) {
   std::memcpy(&v, p, sizeof v);
-  return v;
 }
 inline V8 half(const V16& v, int h) {
   V8 r;
@@ -62,8 +62,8 @@ inline void dot_tile(const float* __restrict x, int64_t k, const float* __restri
     V16 wl[C], wh[C];
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
-      wl[c] = load16(b + c * ldb + i);
-      wh[c] = load16(b + c * ldb + i + 16);
+      load16(wl[c], b + c * ldb + i);
+      load16(wh[c], b + c * ldb + i + 16);
       // held in registers (as x below): GCC would otherwise load them again for every product
       // and the loads, not the multiply-adds, would bound the tile (an empty asm changes no value)
       keep_in_register(wl[c]);
@@ -71,7 +71,9 @@ inline void dot_tile(const float* __restrict x, int64_t k, const float* __restri
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      V16 xl = load16(x + r * k + i), xh = load16(x + r * k + i + 16);
+      V16 xl, xh;
+      load16(xl, x + r * k + i);
+      load16(xh, x + r * k + i + 16);
       keep_in_register(xl);
       keep_in_register(xh);
 #pragma GCC unroll 4
