@@ -7,6 +7,7 @@
 #include "nxd/api/nxd_config.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/pipeline/pipeline_model.h"
+#include "nxd/runtime/sim/host_offload.h"
 #include "nxd/train/plan.h"
 
 namespace nxd::trainer::detail {
@@ -34,6 +35,11 @@ struct ReductionGroup {
 // (ZeRO-1's flat buffers' padding), r.optimizer_state and r.collective_buffers.
 std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg, const ResolvedPrecision& rp,
                                                 const MetaModel& mm, RankMemory& r);
+
+// Optimizer offload's round trips of group g's bucket shards, as Zero1Optimizer::step schedules
+// them (optim/offload.h).
+std::vector<sim::OffloadBucket> offload_buckets(const TrainConfig& cfg, const ResolvedPrecision& rp,
+                                                const ReductionGroup& g);
 
 // The microbatches of a step the planner did not run, and what one of them costs this rank:
 // plan_memory adds count x the slowest rank's `seconds` to every rank's step (and count x its
