@@ -124,6 +124,11 @@ struct PlannedPeak {
 };
 PlannedPeak plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out);
 
+// Model FLOPs of one token's forward and backward, the useful work MFU counts (plan_flops.cpp:
+// Megatron-LM's count, without recomputation; a MoE layer's active weights). nxd-plan and
+// nxd-bench-plan-sharding divide tokens/s times it by the cores' peak.
+double model_flops_per_token(const TrainConfig& c);
+
 std::string format_bytes(int64_t bytes);  // "1.25 GiB", "312.0 MiB", "4.0 KiB"
 
 }  // namespace nxd::trainer

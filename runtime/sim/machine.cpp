@@ -120,6 +120,7 @@ MachineSpec base(const std::string& name, int chips) {
   m.link_bandwidth = 96 * kGiB;
   m.host_link_bandwidth = kPcie4x16;
   m.host_memory_bandwidth = 409.6e9 * chips / 16;
+  m.host_memory_bytes = (int64_t{32} << 30) * chips;  // trn1: 32 GiB per chip (trn1-arch.html)
   m.sources = {kSrcNki,    kSrcHbm,   kSrcHbmBw, kSrcHop,     kSrcBusbw,
                kSrcLaunch, kSrcKanga, kSrcEfa,   kSrcHostTrn1};
   return m;
@@ -134,8 +135,9 @@ MachineSpec trn1(const std::string& name, int chips, double efa_gbps) {
   return m;
 }
 
-MachineSpec inf2(const std::string& name, int chips, double net_gbps) {
+MachineSpec inf2(const std::string& name, int chips, double net_gbps, int64_t host_gib) {
   MachineSpec m = base(name, chips);
+  m.host_memory_bytes = host_gib << 30;  // inf2-arch.html
   m.topology = chips > 1 ? Topology::ring : Topology::single_chip;
   m.links_per_chip = chips > 1 ? 2 : 0;
   m.efa_bandwidth = net_gbps * 1e9 / 8;
@@ -171,6 +173,7 @@ MachineSpec trn2(const std::string& name, int lnc) {
   m.efa_bandwidth = 3200e9 / 8;
   m.host_link_bandwidth = kPcie5x16;
   m.host_memory_bandwidth = 614.4e9;
+  m.host_memory_bytes = int64_t{2048} << 30;
   m.sources = {kSrcNcV3,   kSrcTrn2Chip,  kSrcTrn2,  kSrcLnc,     kSrcHop,     kSrcBusbw,
                kSrcLaunch, kSrcTrn2Busbw, kSrcKanga, kSrcTrn2Efa, kSrcHostTrn2};
   if (lnc != 2) m.name = str(name, ":lnc=", lnc);
@@ -214,10 +217,10 @@ MachineSpec builtin(const std::string& full) {
     m.link_bandwidth = 192 * kGiB;  // 768 GiB/s per chip as documented (see caution in notes)
     return m;
   }
-  if (n == "inf2.xlarge") return inf2(n, 1, 15);
-  if (n == "inf2.8xlarge") return inf2(n, 1, 25);
-  if (n == "inf2.24xlarge") return inf2(n, 6, 50);
-  if (n == "inf2.48xlarge") return inf2(n, 12, 100);
+  if (n == "inf2.xlarge") return inf2(n, 1, 15, 16);
+  if (n == "inf2.8xlarge") return inf2(n, 1, 25, 128);
+  if (n == "inf2.24xlarge") return inf2(n, 6, 50, 384);
+  if (n == "inf2.48xlarge") return inf2(n, 12, 100, 768);
   std::string known;
   for (auto& k : machine_names()) known += " " + k;
   throw ConfigError(str("[sim::machine] unknown instance type '", n, "'; known:", known,
@@ -301,7 +304,8 @@ std::string MachineSpec::describe() const {
   os << (ultraserver ? "  between instances (NeuronLink-v3 ring): " : "  EFA: ")
      << efa_bandwidth * 8 / 1e9 << " Gbps per instance, " << efa_latency * 1e6 << " us per hop\n";
   os << "  host: PCIe " << host_link_bandwidth / kGB << " GB/s per chip per direction, memory "
-     << host_memory_bandwidth / kGB << " GB/s per instance\n";
+     << host_memory_bytes / kGiB << " GiB at " << host_memory_bandwidth / kGB
+     << " GB/s per instance\n";
   os << "  sources:\n";
   for (auto& s : sources) os << "   - " << s << "\n";
   return os.str();

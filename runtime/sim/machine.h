@@ -47,6 +47,7 @@ struct MachineSpec {
   // per instance, shared by its cores. 0: not modeled (offload costs no time).
   double host_link_bandwidth = 0;
   double host_memory_bandwidth = 0;
+  int64_t host_memory_bytes = 0;     // host RAM per instance (what offloaded state must fit)
   std::vector<std::string> sources;  // where every number comes from
 
   int cores_per_instance() const { return cores_per_chip * chips_per_instance; }
