@@ -154,8 +154,11 @@ void run_case(const sim::MachineSpec& m, const Level& l, int start, int* found) 
   const Shape& s = kFamily[static_cast<size_t>(best)];
   const TrainConfig cfg = make(s, m, l);
   const MemoryPlan p = plan_memory(cfg, {.host_ram_bytes = int64_t{1} << 62, .time_step = true});
-  double step = 0;
-  for (const RankMemory& r : p.ranks) step = std::max(step, r.step_seconds);
+  double step = 0, offload = 0;
+  for (const RankMemory& r : p.ranks) {
+    step = std::max(step, r.step_seconds);
+    offload = std::max(offload, r.offload_seconds);
+  }
   const double tokens_s =
       static_cast<double>(cfg.data.global_batch_size * cfg.data.seq_length) / step;
   const double mfu = model_flops_per_token(cfg) * tokens_s /
@@ -164,11 +167,12 @@ void run_case(const sim::MachineSpec& m, const Level& l, int start, int* found) 
   std::printf(
       "instance=%s nodes=%d cores=%d level=%s largest=%s params_b=%.1f tp=%d dp=%lld "
       "memory_gib_per_core=%.2f hbm_gib=%.0f host_state_gib_per_core=%.2f "
-      "host_gib_per_node=%.1f step_s=%.3f tokens_s=%.0f mfu=%.3f plans=%d planner_s=%.1f\n",
+      "host_gib_per_node=%.1f step_s=%.3f offload_s=%.3f tokens_s=%.0f mfu=%.3f plans=%d "
+      "planner_s=%.1f\n",
       m.name.c_str(), m.instances, m.world_size(), l.name.c_str(), s.name, params_of(s) / 1e9, kTp,
       static_cast<long long>(cfg.dist.data_parallel_size), gib(w.total()), gib(m.core.hbm_bytes),
-      gib(w.host_optimizer_state), gib(host_bytes_per_node(p, m)), step, tokens_s, mfu, plans + 1,
-      since(t0));
+      gib(w.host_optimizer_state), gib(host_bytes_per_node(p, m)), step, offload, tokens_s, mfu,
+      plans + 1, since(t0));
   std::fflush(stdout);
 }
 

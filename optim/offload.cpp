@@ -22,11 +22,14 @@ OffloadSchedule::OffloadSchedule(const std::vector<sim::OffloadBucket>& buckets)
     ready_ = sim::offload_ready_times(sim::OffloadRates(clock->machine()), clock->now(), buckets);
 }
 
-void OffloadSchedule::wait(size_t bucket) const {
-  if (ready_.empty()) return;
+double OffloadSchedule::wait(size_t bucket) const {
+  if (ready_.empty()) return 0;
   NXD_INTERNAL_CHECK(bucket < ready_.size(), "[OffloadSchedule] bucket ", bucket, " of ",
                      ready_.size());
-  sim::current_sim_clock()->wait_until(ready_[bucket], "optimizer offload");
+  sim::SimClock* clock = sim::current_sim_clock();
+  const double before = clock->now();
+  clock->wait_until(ready_[bucket], "optimizer offload");
+  return clock->now() - before;
 }
 
 }  // namespace nxd::optim

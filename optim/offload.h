@@ -31,7 +31,8 @@ class OffloadSchedule {
  public:
   OffloadSchedule() = default;
   explicit OffloadSchedule(const std::vector<sim::OffloadBucket>& buckets);
-  void wait(size_t bucket) const;
+  // Returns the seconds the clock waited (0 when the parameters were back already).
+  double wait(size_t bucket) const;
 
  private:
   std::vector<double> ready_;

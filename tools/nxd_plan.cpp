@@ -163,11 +163,14 @@ void print_prediction(const Prediction& p) {
   const double gib = 1024.0 * 1024 * 1024;
   std::printf("%s\n", p.plan.report().c_str());
   const RankMemory& s = *p.slowest;
+  char offload[64] = "";
+  if (s.offload_seconds > 0)
+    std::snprintf(offload, sizeof offload, " + optimizer offload %.4f s", s.offload_seconds);
   std::printf(
       "step (modeled, rank %d, stage %d): %.4f s = compute %.4f s + exposed communication "
-      "%.4f s + pipeline bubble %.4f s\n",
+      "%.4f s + pipeline bubble %.4f s%s\n",
       s.rank, s.stage, s.step_seconds, s.compute_seconds, s.exposed_comm_seconds(),
-      s.bubble_seconds);
+      s.bubble_seconds, offload);
   std::printf(
       "predicted: %.3f seq/s, %.0f tokens/s, MFU %.3f, step %.4f s, memory %.2f GiB of "
       "%.2f GiB per core (%s)\n",

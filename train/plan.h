@@ -52,8 +52,10 @@ struct RankMemory {
   // of the step to its end, its kernels, and the pipeline bubble (its time inside the schedule
   // outside forwards and backwards); the rest of the step is exposed communication.
   double step_seconds = 0, compute_seconds = 0, bubble_seconds = 0;
+  // Optimizer offload: the step's wait for the buckets' round trips to the host (optim/offload.h).
+  double offload_seconds = 0;
   double exposed_comm_seconds() const {
-    return std::max(0.0, step_seconds - compute_seconds - bubble_seconds);
+    return std::max(0.0, step_seconds - compute_seconds - bubble_seconds - offload_seconds);
   }
   // The step's peak: the resident state plus the larger of the activations (forward and
   // backward) and the optimizer step's buffers (which run after the activations are freed).

@@ -157,7 +157,7 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
                                                ? optim::OffloadSchedule(offload_buckets(cfg, rp, g))
                                                : optim::OffloadSchedule();
     for (int b = 0; b < g.sync->num_buckets(); ++b) {
-      offload.wait(static_cast<size_t>(b));
+      r.offload_seconds += offload.wait(static_cast<size_t>(b));
       if (g.group->size() > 1)
         optim::zero1_all_gather(*g.group, nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
     }

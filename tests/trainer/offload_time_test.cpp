@@ -93,7 +93,14 @@ std::pair<double, double> planned_and_run(const TrainConfig& cfg) {
   PreemptionGuard as_nxd_train;
   const TrainResult res = train(cfg, {.quiet = true});
   double planned = 0;
-  for (const auto& r : plan.ranks) planned = std::max(planned, r.step_seconds);
+  for (const auto& r : plan.ranks) {
+    planned = std::max(planned, r.step_seconds);
+    // the plan's split of the step names the offload's wait (nxd-plan prints it)
+    if (cfg.dist.optimizer_offload)
+      EXPECT_GT(r.offload_seconds, 0) << "rank " << r.rank;
+    else
+      EXPECT_EQ(r.offload_seconds, 0) << "rank " << r.rank;
+  }
   return {planned, res.sim_step_seconds};
 }
 }  // namespace
