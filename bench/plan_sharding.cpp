@@ -1,6 +1,6 @@
 // nxd-bench-plan-sharding: what each sharding level buys on N trn1 and trn2 nodes, by nxd-plan's
-// planner (train/plan.h). For every instance type, node count and level (ZeRO 0, 1, 2, and 1 and
-// 2 with optimizer offload) it finds the largest model of a family of Llama shapes whose plan
+// planner (train_app/plan.h). For every instance type, node count and level (ZeRO 0, 1, 2, and 1
+// and 2 with optimizer offload) it finds the largest model of a family of Llama shapes whose plan
 // fits a NeuronCore's HBM (and, with offload, whose offloaded state fits the node's host memory),
 // and prints its memory per core, modeled step and MFU. First, the wall time and peak RSS of one
 // 1,024-rank plan (16 trn2.48xlarge at LNC=2, the 70B shape, ZeRO-1, the step timed).
@@ -31,11 +31,11 @@
 #include "nxd/runtime/cpu_info.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/sim/machine.h"
-#include "nxd/train/config.h"
-#include "nxd/train/plan.h"
+#include "nxd/train_app/config.h"
+#include "nxd/train_app/plan.h"
 
 using namespace nxd;
-using namespace nxd::trainer;
+using namespace nxd::train_app;
 
 namespace {
 

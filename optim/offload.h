@@ -3,7 +3,7 @@
 // "Optimizer offload"): what each bucket's shard moves between HBM and the host and what the
 // host's update touches, and the step's schedule of those round trips on the rank's sim clock
 // (runtime/sim/host_offload.h). Zero1Optimizer::step and nxd-plan's meta step
-// (train/plan_step.cpp) both wait on it before each bucket's all-gather, so the plan charges
+// (train_app/plan_step.cpp) both wait on it before each bucket's all-gather, so the plan charges
 // the run's time.
 #include <cstdint>
 #include <vector>
