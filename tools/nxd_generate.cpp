@@ -5,11 +5,13 @@
 //                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]
 //                [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]
 //                [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]
-//                [--quantize int8|int4[:G][:asym]] [--draft-model DIR [--speculate K]]
+//                [--quantize int8|int4[:G][:asym][:head[=int8|int4]]]
+//                [--draft-model DIR [--speculate K]]
 // By default the model is traced (trace/decoder.h: a context-encoding graph per prompt bucket and
 // a token-generation graph sharing the weights and the K/V caches) and generation replays the
 // graphs; --eager runs the eager KV-cache path instead (the reference). --quantize int8 or int4
-// (int4 in groups of 32, 64 or 128, symmetric or :asym) quantizes every decoder linear layer's
+// (int4 in groups of 32, 64 or 128, symmetric or :asym; :head quantizes the output head too, in
+// int8 or with :head=int4 in int4) quantizes every decoder linear layer's
 // weight at load (layers/models/quantize_lm.h; traced too: the graphs record the quantized ops and
 // give eager's tokens) and, eager, prints what it changed on the prompt (largest logit change,
 // argmax agreement, perplexity). Both paths print the resident weight bytes of rank 0.
@@ -74,7 +76,7 @@ const char* kUsage =
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]\n"
     "                    [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]\n"
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
-    "                    [--lora DIR] [--quantize int8|int4[:G][:asym]]\n"
+    "                    [--lora DIR] [--quantize int8|int4[:G][:asym][:head[=int8|int4]]]\n"
     "                    [--draft-model DIR [--speculate K]]\n"
     "       nxd-generate (--checkpoint DIR | --hf DIR | --gguf FILE) --quality-report TEXT\n"
     "                    [--window N] [--quantize int4[:G][:asym]] [--tp N] [--tokenizer ...]\n"
@@ -376,11 +378,15 @@ std::shared_ptr<CausalLM> load_model(const GenerateCli& c, const ModelSource& s)
   return build_model(s);
 }
 
-void print_quantize_summary(const QuantizeSummary& q, const QuantizeOptions& o) {
-  std::printf(
-      "quantized: %s weights in %lld linear layers, %.2f MB -> %.2f MB (embedding and output "
-      "head unquantized)\n",
-      describe(o).c_str(), (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
+void print_quantize_summary(const QuantizedLmReport& r, const QuantizeOptions& o) {
+  const QuantizeSummary& q = r.summary;
+  std::printf("quantized: %s weights in %lld linear layers, %.2f MB -> %.2f MB",
+              describe(o).c_str(), (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
+  if (r.head.layers > 0)
+    std::printf("; output head %s, %.2f MB -> %.2f MB (embedding unquantized)\n",
+                weight_quant_name(o.head), r.head.bytes_before / 1e6, r.head.bytes_after / 1e6);
+  else
+    std::printf(" (embedding and output head unquantized)\n");
 }
 
 // The bytes rank 0's weights hold in memory (a quantized layer's f32 weight is freed), when it
@@ -423,7 +429,7 @@ std::shared_ptr<trace::TensorParallelModel> traced_model(const GenerateCli& c, M
       [&s, &c] {
         auto lm = build_model(s);
         if (c.quantize != WeightQuant::none) {
-          const QuantizeSummary q = quantize_causal_lm(*lm, {}, c.quant).summary;
+          const QuantizedLmReport q = quantize_causal_lm(*lm, {}, c.quant);
           if (current_context().rank() == 0) print_quantize_summary(q, c.quant);
         }
         if (current_context().rank() == 0) print_weight_bytes(*lm);
@@ -440,7 +446,7 @@ GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
 
 // What --quantize changed (printed by rank 0; every rank has the same figures).
 void print_quantized(const QuantizedLmReport& r, const QuantizeOptions& o) {
-  print_quantize_summary(r.summary, o);
+  print_quantize_summary(r, o);
   std::printf(
       "quantized on the prompt (%lld tokens): max logit change %.4g (max |logit| %.4g), most "
       "likely next token unchanged at %lld/%lld positions",

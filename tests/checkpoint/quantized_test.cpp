@@ -195,8 +195,8 @@ TEST_F(QuantizedFixture, DamagedFilesAndWrongKeysAreRefusedNamingFileAndKey) {
   using Meta = std::map<std::string, std::string>;
   const std::vector<std::tuple<std::string, std::string, std::function<void(Tensors&, Meta&)>>>
       cases = {
-          {"nxd.quantized.layout", "layout version '2'",
-           [](Tensors&, Meta& m) { m["nxd.quantized.layout"] = "2"; }},
+          {"nxd.quantized.layout", "layout version '3'",
+           [](Tensors&, Meta& m) { m["nxd.quantized.layout"] = "3"; }},
           {"nxd.quantized.format", "'int5'",
            [](Tensors&, Meta& m) { m["nxd.quantized.format"] = "int5"; }},
           {"nxd.quantized.group", "unknown weight format 'int4:48:asym'",
