@@ -285,13 +285,8 @@ void load_quantized_weights(CausalLM& m, const QuantizedCheckpoint& q) {
   // head's
   std::set<std::string> skip(listed);
   if (q.opts.head != WeightQuant::none) {
-    const std::string hw = head_weight_name(m);
-    set_layer(q, hw, &m.output_head_weights(), with_format(q.opts, q.opts.head), params.at(hw),
-              rank);
-    if (!m.output_head_tied()) {
-      release_quantized_weight(params.at(hw).tensor);
-      skip.insert(hw);
-    }
+    const std::string hw = load_quantized_head(m, q);
+    if (!m.output_head_tied()) skip.insert(hw);
     for (const char* part : {".qweight", ".scales", ".mins"}) used.insert(hw + part);
   }
   std::map<std::string, Tensor> rest;
@@ -303,6 +298,20 @@ void load_quantized_weights(CausalLM& m, const QuantizedCheckpoint& q) {
   load_full_tensors({&m}, rest, q.file.string(), {.used = &loaded, .skip = &skip});
   for (const auto& [name, t] : rest)
     if (!loaded.count(name)) bad(q.file, name, "is not a tensor of the model");
+}
+
+std::string load_quantized_head(CausalLM& m, const QuantizedCheckpoint& q) {
+  const int64_t rank = parallel_state::model_parallel_is_initialized()
+                           ? parallel_state::get_tensor_model_parallel_rank()
+                           : 0;
+  const std::string hw = head_weight_name(m);
+  for (auto& p : parallel_parameters(m))
+    if (p.name == hw) {
+      set_layer(q, hw, &m.output_head_weights(), with_format(q.opts, q.opts.head), p, rank);
+      if (!m.output_head_tied()) release_quantized_weight(p.tensor);
+      return hw;
+    }
+  bad(q.file, hw, "is not a parameter of the model");
 }
 
 QuantizeCheckpointReport quantize_checkpoint(const fs::path& tag_dir, const fs::path& out_dir,

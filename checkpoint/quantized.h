@@ -60,10 +60,15 @@ QuantizedCheckpoint read_quantized_checkpoint(const std::filesystem::path& dir);
 // CheckpointError naming the file and key otherwise. Not collective.
 void load_quantized_weights(CausalLM& m, const QuantizedCheckpoint& q);
 
+// Sets m's output head (this rank's rows) from q's head tensors in the format q.opts.head (the
+// head part of load_quantized_weights, which calls it); an untied head's f32/bf16 weight is freed.
+// Returns the head's weight name. CheckpointError naming the file and key. Not collective.
+std::string load_quantized_head(CausalLM& m, const QuantizedCheckpoint& q);
+
 struct QuantizeCheckpointReport {
   QuantizeSummary summary;  // the decoder's linear layers
   QuantizeSummary head;     // the output head (layers 0: unquantized)
-  int64_t tensors = 0;  // in the file
+  int64_t tensors = 0;      // in the file
   int64_t file_bytes = 0;
 };
 

@@ -564,9 +564,17 @@ std::vector<int64_t> prompt_ids(const GenerateCli& c, const ModelSource& s, cons
   return ids;
 }
 
+// A GGUF file's q8_0 / q4_0 output head is kept quantized (ckpt::gguf_quantized_head).
+void print_gguf_head(const GenerateCli& c, const ModelSource& s) {
+  if (s.head && (c.backend == "sim" || cli::launcher_rank() == 0))
+    std::printf("output head: %s (the GGUF file's quantized output tensor, kept quantized)\n",
+                weight_quant_name(s.head->opts.head));
+}
+
 GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
                           std::vector<int64_t>& prompt) {
   if (c.load_trace.empty()) s = resolve_source(c);
+  print_gguf_head(c, s);
   auto m = traced_model(c, s);
   prompt = prompt_ids(c, s, t);
   return trace::traced_generate(*m, {prompt}, c.gen);
@@ -602,6 +610,7 @@ int run(int argc, char** argv) {
     s = resolve_source(c);
     if (!c.draft_model.empty()) ds = resolve_draft(c, s);
     prompt = prompt_ids(c, s, t);
+    print_gguf_head(c, s);
     if (s.quantized && (c.backend == "sim" || cli::launcher_rank() == 0))
       std::printf("quantized checkpoint: %s weights in %zu linear layers (%s)\n",
                   describe(s.quantized->opts).c_str(), s.quantized->layers.size(),

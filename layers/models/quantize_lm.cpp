@@ -57,7 +57,9 @@ QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& te
   std::vector<float> before;
   if (!text.empty()) before = text_logits(m, text);
   r.summary = quantize_linear_layers(m, opts);
-  if (opts.head != WeightQuant::none) r.head = quantize_output_head(m, opts.head, opts);
+  // a head loaded quantized (a GGUF file's q8_0 / q4_0 output tensor) is kept as it is
+  if (opts.head != WeightQuant::none && !m.output_head_weights().quantized())
+    r.head = quantize_output_head(m, opts.head, opts);
   if (text.empty()) return r;
   const std::vector<float> after = text_logits(m, text);
   r.positions = static_cast<int64_t>(text.size());

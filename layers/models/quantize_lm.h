@@ -36,7 +36,8 @@ QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& te
                                      WeightQuant format = WeightQuant::int8);
 // The same with the format's options (int4: group size and zero point; opts.head: the output
 // head's format). The decoder's layers are quantized with the output head in opts.skip; then
-// quantize_output_head when opts.head is int8 or int4.
+// quantize_output_head when opts.head is int8 or int4 and the head is not quantized already (a
+// GGUF file's q8_0 / q4_0 head, checkpoint/gguf_llama.h, is kept as loaded).
 QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& text,
                                      QuantizeOptions opts);
 

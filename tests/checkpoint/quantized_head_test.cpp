@@ -15,6 +15,7 @@
 
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/checkpoint/error.h"
+#include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/model_source.h"
 #include "nxd/checkpoint/quantized.h"
 #include "nxd/collectives/parallel_state.h"
@@ -199,6 +200,60 @@ TEST_F(QuantizedHeadFixture, DamagedHeadTensorsAndKeysAreRefusedNamingFileAndKey
       expect_refused(p, key, what);
     }
   }
+}
+
+// A GGUF file's q4_0 / q8_0 output head stays quantized (nxd-generate / nxd-serve --gguf build it
+// through build_model): q4_0 exactly (its dequantized int4 head equals the file's f32 values
+// bitwise), q8_0 requantized per row (within half the row's scale of the file's values); an
+// untied head's f32 weight is freed, a tied one's embedding kept; TP 2 ranks hold the rows of
+// TP 1's head.
+TEST_F(QuantizedHeadFixture, GgufQuantizedHeadIsKept) {
+  for (bool tied : {false, true})
+    for (io::GgmlType type : {io::GgmlType::q4_0, io::GgmlType::q8_0}) {
+      SCOPED_TRACE(
+          str(io::ggml_type_name(static_cast<uint32_t>(type)), tied ? " tied" : " untied"));
+      const fs::path run = save(tied);
+      const fs::path file =
+          dir.path / str("m", tied, io::ggml_type_name(static_cast<uint32_t>(type)), ".gguf");
+      export_gguf(run / "step_1", file, {.type = type});
+      ModelSource s = resolve_model_source({.tool = "test", .gguf = file.string(), .tp = 1});
+      ASSERT_NE(s.head, nullptr);
+      const std::string hw = tied ? "model.embed_tokens.weight" : "lm_head.weight";
+      const Tensor f32 = s.full.at(hw);         // the file's values, dequantized
+      std::vector<std::vector<float>> rows(2);  // TP 1's head, TP 2's ranks' rows concatenated
+      for (int tp : {1, 2}) {
+        ModelSource st = resolve_model_source({.tool = "test", .gguf = file.string(), .tp = tp});
+        std::vector<std::vector<float>> part(tp);
+        sim::launch(tp, [&] {
+          parallel_state::initialize_model_parallel(tp);
+          auto m = build_model(st);
+          const QuantizableLinear& h = m->output_head_weights();
+          ASSERT_TRUE(type == io::GgmlType::q4_0 ? bool(h.int4_weight()) : bool(h.int8_weight()));
+          EXPECT_EQ(m->output_head_weight().is_meta(), !tied);
+          const Tensor d =
+              h.int4_weight() ? h.int4_weight()->dequantize() : h.int8_weight()->dequantize();
+          part[parallel_state::get_tensor_model_parallel_rank()].assign(
+              d.data<float>(), d.data<float>() + d.numel());
+        });
+        for (auto& p : part) rows[tp - 1].insert(rows[tp - 1].end(), p.begin(), p.end());
+      }
+      EXPECT_TRUE(rows[0] == rows[1]) << "TP 2's rows are TP 1's";
+      ASSERT_EQ(static_cast<int64_t>(rows[0].size()), f32.numel());
+      const float* want = f32.data<float>();
+      if (type == io::GgmlType::q4_0) {
+        EXPECT_EQ(0, std::memcmp(rows[0].data(), want, rows[0].size() * 4)) << "exact";
+      } else {
+        const int64_t H = f32.size(1);
+        for (int64_t r = 0; r < f32.size(0); ++r) {
+          double amax = 0;
+          for (int64_t j = 0; j < H; ++j) amax = std::max(amax, std::abs(double(want[r * H + j])));
+          for (int64_t j = 0; j < H; ++j)
+            ASSERT_LE(std::abs(double(rows[0][r * H + j]) - want[r * H + j]),
+                      0.5 * amax / 127 * (1 + 1e-5))
+                << "row " << r << " col " << j;
+        }
+      }
+    }
 }
 
 // A format's head part: ":head" is int8 (llama.cpp's Q8_0 heads), ":head=int4" the layers' int4

@@ -324,12 +324,15 @@ TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
   const std::string ck = (d / "run").string(), q = (d / "q4").string(), prompt = "Hello, nxd";
   ckpt::quantize_checkpoint(d / "run/step_1", q, parse_weight_quant("int4:32:asym"));
   ckpt::quantize_checkpoint(d / "run/step_1", d / "q8", parse_weight_quant("int8"));
+  ckpt::quantize_checkpoint(d / "run/step_1", d / "q8h", parse_weight_quant("int8:head"));
   // int4 at TP 1 only: the model's 32 inputs per row-parallel rank at TP 2 are half a group
   for (const auto& [spec, dir, tp, line] :
        std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
            {"int4:32:asym", q, "1", "int4 (groups of 32, asymmetric)"},
            {"int8", (d / "q8").string(), "1", "int8"},
-           {"int8", (d / "q8").string(), "2", "int8"}}) {
+           {"int8", (d / "q8").string(), "2", "int8"},
+           {"int8:head", (d / "q8h").string(), "1", "int8, head int8"},
+           {"int8:head", (d / "q8h").string(), "2", "int8, head int8"}}) {
     const std::vector<std::string> common = {
         "--prompt", prompt, "--max-new-tokens", "12", "--eager", "--tp", tp};
     std::vector<std::string> a = {"--checkpoint", ck, "--quantize", spec};
@@ -581,8 +584,12 @@ TEST(NxdGenerate, GgufFileGeneratesAsTheModel) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(tokens_of(r.out), want) << r.out;
   }
+  // the q8_0 file's weights, its output head kept quantized (requantized to int8 per row)
   auto q8 = make_causal_lm(byte_model("llama"), 1);
-  ckpt::load_full_tensors({q8.get()}, ckpt::read_gguf_model(d / "q8.gguf").full, "q8.gguf");
+  const ckpt::GgufModel g8 = ckpt::read_gguf_model(d / "q8.gguf");
+  ckpt::load_full_tensors({q8.get()}, g8.full, "q8.gguf");
+  ckpt::load_quantized_head(*q8, *ckpt::gguf_quantized_head(g8, "q8.gguf"));
+  ASSERT_TRUE(q8->output_head_weights().int8_weight());
   auto r = generate(
       {"--gguf", (d / "q8.gguf").string(), "--prompt", prompt, "--max-new-tokens", "12", "--eager"},
       d);
