@@ -56,6 +56,17 @@ Logits eager_logits(const ModelConfig& cfg, const std::string& spec) {
   return e;
 }
 
+// eager_logits on `tp` sim ranks: rank 0's.
+Logits eager_logits_at(const ModelConfig& cfg, const std::string& spec, int tp) {
+  Logits e;
+  run_ranks(tp, [&] {
+    parallel_state::initialize_model_parallel(tp);
+    Logits r = eager_logits(cfg, spec);
+    if (current_context().rank() == 0) e = r;
+  });
+  return e;
+}
+
 Logits traced_logits(trace::TensorParallelModel& d) {
   CacheStep s = make_cache_step({0}, {0}, {8});
   CacheStep t = make_cache_step({0}, {8}, {1});
@@ -79,12 +90,7 @@ TEST(TraceQuantized, TracedEqualsEagerQuantizedBitwiseAtTp1AndTp2) {
   for (const std::string spec : {"int8", "int4:32", "int4:64:asym"})
     for (int tp : {1, 2}) {
       SCOPED_TRACE(spec + " tp=" + std::to_string(tp));
-      Logits e;
-      run_ranks(tp, [&] {
-        parallel_state::initialize_model_parallel(tp);
-        Logits r = eager_logits(cfg, spec);
-        if (current_context().rank() == 0) e = r;
-      });
+      const Logits e = eager_logits_at(cfg, spec, tp);
       auto d = traced(cfg, spec, tp);
       // the graphs read the quantized tensors, never a quantized layer's (freed) f32 weight
       for (const auto& g : d->ranks()[0].graphs) {
@@ -157,12 +163,7 @@ TEST(TraceQuantized, QuantizedHeadTracedEqualsEagerBitwiseTiedAndUntied) {
         SCOPED_TRACE(spec + (tied ? " tied" : " untied") + " tp=" + std::to_string(tp));
         ModelConfig cfg = qconfig();
         cfg.tie_word_embeddings = tied;
-        Logits e;
-        run_ranks(tp, [&] {
-          parallel_state::initialize_model_parallel(tp);
-          Logits r = eager_logits(cfg, spec);
-          if (current_context().rank() == 0) e = r;
-        });
+        const Logits e = eager_logits_at(cfg, spec, tp);
         auto d = traced(cfg, spec, tp);
         const bool layers_int4 = spec.rfind("int4", 0) == 0;
         for (const auto& g : d->ranks()[0].graphs) {
