@@ -28,23 +28,35 @@ inline int nibble(const uint8_t* row, int64_t j) {
   return (j % 32) < 16 ? (b & 15) : (b >> 4);
 }
 
+// u - off as f32 for the 4-bit codes in the low 4 bits of each lane (the bits above are ignored
+// when kMasked is false: they must be zero). With AVX-512VL one two-table permute (vpermt2ps)
+// looks the 16 values up, else the lanes are masked, the offset subtracted in int32 and the
+// result converted; the values are exact either way, so every build gets the same bits.
+template <Int4Zero Z, bool kMasked>
+inline V8 code_values(lanes8::I32x8 u) {
+  constexpr float o = Z == Int4Zero::symmetric ? 8.0f : 0.0f;
+#if defined(__AVX512VL__)
+  const __m256 t0 = _mm256_setr_ps(0 - o, 1 - o, 2 - o, 3 - o, 4 - o, 5 - o, 6 - o, 7 - o);
+  const __m256 t1 = _mm256_setr_ps(8 - o, 9 - o, 10 - o, 11 - o, 12 - o, 13 - o, 14 - o, 15 - o);
+  return (V8)_mm256_permutex2var_ps(t0, (__m256i)u, t1);
+#else
+  if constexpr (kMasked) u &= 15;
+  if constexpr (Z == Int4Zero::symmetric) u -= 8;
+  return __builtin_convertvector(u, V8);
+#endif
+}
+
 // One whole 32-input block's values u - off as f32, four registers: inputs 0-7, 8-15 (the low
 // nibbles of bytes 0-7, 8-15), 16-23, 24-31 (their high nibbles). Each 8 bytes are widened to
-// int32 once (lanes8::widen8) and both nibbles taken from the same lanes; the offset is subtracted
-// in int32 (exact), so the f32 work per 8 weights is one conversion.
+// int32 once (lanes8::widen8) and both nibbles taken from the same lanes.
 struct Block {
   V8 w[4];
 };
 template <Int4Zero Z>
 inline Block block_values(const uint8_t* b) {
   const lanes8::I32x8 a = lanes8::widen8(b), c = lanes8::widen8(b + 8);
-  lanes8::I32x8 u[4] = {a & 15, c & 15, a >> 4, c >> 4};
-  Block r;
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (Z == Int4Zero::symmetric) u[i] -= 8;
-    r.w[i] = __builtin_convertvector(u[i], V8);
-  }
-  return r;
+  return Block{{code_values<Z, true>(a), code_values<Z, true>(c), code_values<Z, false>(a >> 4),
+                code_values<Z, false>(c >> 4)}};
 }
 
 // The lanes of sum x[j] * (u[j] - off) over whole 32-input blocks of one group, four registers

@@ -19,8 +19,10 @@
 //   (its whole blocks) are combined into 8 and added, scaled, into one 8-lane register, summed
 //   in a fixed tree once per output; partial blocks and minimums are summed apart, in order; the
 //   columns are split over nxd's compute pool. Each 8 bytes of a block are widened to int32 once
-//   for both nibbles, the offset is subtracted in int32 (exact), a group's blocks are converted
-//   to f32 once for all rows, and the group loop is unrolled for groups of 32, 64 and 128.
+//   for both nibbles; the codes become u - offset in f32 by one two-table permute (AVX-512VL) or
+//   by masking, an int32 subtraction and a conversion (exact either way: the same bits on every
+//   build); a group's blocks are converted once for all rows, and the group loop is unrolled for
+//   groups of 32, 64 and 128.
 // - more rows (prefill): blocks of dequantized rows multiplied by blas::sgemm.
 #include <cstdint>
 
