@@ -84,14 +84,6 @@ std::string describe(const QuantizeOptions& o) {
   return d;
 }
 
-std::string weight_quant_spec(const QuantizeOptions& o) {
-  std::string s = weight_quant_name(o.format);
-  if (o.format == WeightQuant::int4)
-    s += str(":", o.group, o.zero == kernels::Int4Zero::symmetric ? ":sym" : ":asym");
-  if (o.head != WeightQuant::none) s += str(":head=", weight_quant_name(o.head));
-  return s;
-}
-
 namespace {
 // Zeroed i32 words holding `bytes` bytes (the last word padded): a quantized weight's values.
 Tensor byte_words(int64_t bytes) {

@@ -156,8 +156,6 @@ struct QuantizeOptions {
 QuantizeOptions parse_weight_quant(const std::string& spec);
 // "int8", "int4 (groups of 32, symmetric)", "int4 (groups of 32, symmetric), head int8".
 std::string describe(const QuantizeOptions& opts);
-// The spec parse_weight_quant reads back: "int8", "int4:64:asym", "int4:32:sym:head=int8".
-std::string weight_quant_spec(const QuantizeOptions& opts);
 // The options of a layer quantized in format `f` (int8, or int4 in opts' group and zero point).
 QuantizeOptions with_format(const QuantizeOptions& opts, WeightQuant f);
 
