@@ -3,7 +3,7 @@
 // training step of nxd-train's configuration (the model, parallel layers, pipeline schedule,
 // ZeRO-1, precision, activation checkpointing, gradient accumulation) on meta tensors over the
 // sim backend with one rank per NeuronCore of the N nodes (32 per trn1 node, 64 per trn2 node
-// at LNC=2; train/plan.h): nothing is allocated for data.
+// at LNC=2; train_app/plan.h): nothing is allocated for data.
 //
 //   nxd-plan [--config FILE]... [--set key=value]... [--model PRESET] [--instance TYPE]
 //            [--nodes N] [--timeline PATH] [--search [--max-plans N]]
@@ -27,7 +27,7 @@
 #include "nxd_plan.h"
 
 using namespace nxd;
-using namespace nxd::trainer;
+using namespace nxd::train_app;
 using namespace nxd::plan_tool;
 
 namespace {

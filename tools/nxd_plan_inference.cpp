@@ -27,7 +27,7 @@ void check_inference_args(const Args& a) {
 int inference(const Args& a) {
   check_inference_args(a);
   const sim::MachineSpec m = sim::machine(a.instance);
-  trainer::Config c = make_config(a, m);
+  train_app::Config c = make_config(a, m);
   const int64_t tp = c.get_int("distributed_strategy.tensor_model_parallel_size");
   if (tp < 1 || tp > m.world_size())
     throw UserError(str("[nxd-plan] distributed_strategy.tensor_model_parallel_size=", tp,
@@ -41,8 +41,8 @@ int inference(const Args& a) {
   c.apply_override("distributed_strategy.tensor_model_parallel_size=1");
   c.apply_override("distributed_strategy.sequence_parallel=false");
   c.apply_override("backend.world_size=1");
-  const trainer::TrainConfig t = trainer::resolve(c);
-  ModelConfig mc = trainer::model_config(t);
+  const train_app::TrainConfig t = train_app::resolve(c);
+  ModelConfig mc = train_app::model_config(t);
   mc.kv_size_multiplier = 1;
   mc.dtype = t.precision.type == "fp32" ? DType::f32 : DType::bf16;
   InferenceModelOptions o;
