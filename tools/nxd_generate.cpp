@@ -20,7 +20,8 @@
 // (default 4) that the model verifies in one step; greedy output is the model's own, sampled
 // output follows its distribution; prints the acceptance rate and tokens per verification step.
 // --quality-report TEXT (no generation) prints the perplexity of the text for fp32, bf16, int8 and
-// int4 weights and each one's largest logit change against fp32 (tools/generate_quality.h).
+// int4 weights (each also with an int8 output head) and each one's largest logit change against
+// fp32 (tools/generate_quality.h).
 // --save-trace
 // writes the traced model (trace/save_load.h); --load-trace runs a saved one without
 // --checkpoint/--hf. Tokens: a transformers tokenizer.json (--tokenizer PATH, or --hf DIR's
@@ -79,11 +80,13 @@ const char* kUsage =
     "                    [--lora DIR] [--quantize int8|int4[:G][:asym][:head[=int8|int4]]]\n"
     "                    [--draft-model DIR [--speculate K]]\n"
     "       nxd-generate (--checkpoint DIR | --hf DIR | --gguf FILE) --quality-report TEXT\n"
-    "                    [--window N] [--quantize int4[:G][:asym]] [--tp N] [--tokenizer ...]\n"
+    "                    [--window N] [--quantize int4[:G][:asym][:head=int4]] [--tp N]\n"
+    "                    [--tokenizer ...]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
     "  --gguf FILE       a Llama GGUF file (llama.cpp's; f32/f16/bf16/q8_0/q4_0 tensors, read as\n"
-    "                    f32; its tokenizer is not read: --tokenizer)\n"
+    "                    f32 but a q4_0/q8_0 output head kept int4/int8; its tokenizer is not\n"
+    "                    read: --tokenizer)\n"
     "  --lora DIR        a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
     "                    merged into the weights before generating (a LoRA checkpoint's own\n"
     "                    adapters are always merged)\n"
@@ -92,7 +95,8 @@ const char* kUsage =
     "                    --speculate\n"
     "                    K tokens (1..64, default 4) per step of the model\n"
     "  --quality-report TEXT  perplexity of the text file for fp32, bf16, int8 and int4 weights\n"
-    "                    and the largest logit change against fp32 (windows of --window tokens,\n"
+    "                    (each also with an int8 output head) and the largest logit change\n"
+    "                    against fp32 (windows of --window tokens,\n"
     "                    default max_position_embeddings, as nxd-train cuts a corpus)\n"
     "  --temperature 0 is greedy (the default); --top-k 0 and --top-p 1 keep every token\n"
     "  --eager           the eager KV-cache path (the reference; default: the traced model)\n"
