@@ -399,14 +399,7 @@ TEST(Engine, LongPrefillTokenThresholdCapsEachStepsChunkAndKeepsTheTokens) {
 // bitwise those it gets alone, so the 16-row products give each row the bits of a one-row product.
 // Each request joins at its own step, so its prefill runs as its own [1, S] call as alone.
 TEST(Engine, SixteenDecodeRowsGiveEachRequestTheBitsItGetsAlone) {
-  ModelConfig c = nxd::testing::tiny_model("llama");
-  c.hidden_size = 256;
-  c.num_attention_heads = 4;
-  c.num_kv_heads = 4;
-  c.ffn_hidden_size = 512;
-  c.vocab_size = 256;
-  c.max_position_embeddings = 128;
-  c.init_std = 0.02;
+  const ModelConfig c = few_rows_llama();
   auto m = make_causal_lm(c, 5);
   constexpr int kRequests = 16;
   std::vector<Request> reqs;

@@ -19,6 +19,20 @@ inline std::shared_ptr<CausalLM> tiny_llama(uint64_t seed = 7) {
   return make_causal_lm(c, seed);
 }
 
+// A Llama whose every linear layer and head has at least 2^16 weights, so that a decode step's
+// products of up to 32 rows take the few-rows kernels (runtime/gemv_f32.h).
+inline ModelConfig few_rows_llama() {
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  c.hidden_size = 256;
+  c.num_attention_heads = 4;
+  c.num_kv_heads = 4;
+  c.ffn_hidden_size = 512;
+  c.vocab_size = 256;
+  c.max_position_embeddings = 128;
+  c.init_std = 0.02;
+  return c;
+}
+
 inline std::vector<int64_t> ids(int64_t n, uint64_t seed) {
   return nxd::testing::id_sequence(n, 64, seed);
 }
