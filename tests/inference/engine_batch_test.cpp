@@ -1,6 +1,6 @@
 // Batch invariance of the serving engine (docs/design/inference.md, "Batch invariance"): a
-// request's tokens and logprobs are bitwise those it gets alone while up to 16 quantized (int8,
-// int4) or 40 f32 requests decode beside it.
+// request's tokens and logprobs are bitwise those it gets alone while up to 16 other requests
+// (int8 or int4 weights) or 39 (f32) decode beside it.
 #include <gtest/gtest.h>
 
 #include <cstring>
