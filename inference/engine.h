@@ -81,6 +81,12 @@ struct Output {  // one per step that produced text, and a final one
 using OutputCallback =
     std::function<void(const Output&)>;  // runs on the engine thread; no blocking
 
+// How a step's prefill chunks run (docs/design/inference.md, "Batch invariance"): chunks of
+// similar length from several requests in one padded call (each weight read once per call), or
+// each request's chunk in a call of its own, so that its K/V and logits have the bits it gets
+// alone whatever else is prefilled in the step.
+enum class PrefillCalls { batched, per_request };
+
 struct EngineOptions {
   int64_t max_num_seqs = 16;             // running requests
   int64_t max_num_batched_tokens = 512;  // token budget of one step (decode rows + prefill chunks)
@@ -96,6 +102,7 @@ struct EngineOptions {
   // others' prefill and holds the decode rows for less; 0: no limit (a request may take the whole
   // budget).
   int64_t long_prefill_token_threshold = 0;
+  PrefillCalls prefill_calls = PrefillCalls::batched;
   // The model's end-of-sequence ids (read_eos_ids of its folder); empty: none.
   std::vector<int64_t> eos_token_ids;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings

@@ -207,9 +207,10 @@ void Engine::Impl::settle(Seq& s) {
 }
 
 void Engine::Impl::execute(const std::vector<Scheduled>& plan) {
-  // the one-token rows (decode, and prefill chunks of one token) run as one [n, 1] batch; longer
+  // the one-token rows (decode, and prefill chunks of one token) run as [n, 1] batches; longer
   // prefill chunks, longest first, run as padded [k, S] batches of chunks whose padding stays
-  // within a quarter of their tokens (each weight is then read once per batch, not per chunk)
+  // within a quarter of their tokens (each weight is then read once per batch, not per chunk),
+  // or each alone with PrefillCalls::per_request
   std::vector<Scheduled> singles, chunks, speculative;
   for (const auto& r : plan) (r.spec > 0 ? speculative : r.n == 1 ? singles : chunks).push_back(r);
   if (!speculative.empty()) run_speculative(speculative);
@@ -222,7 +223,8 @@ void Engine::Impl::execute(const std::vector<Scheduled>& plan) {
   for (size_t i = 0; i < chunks.size();) {
     size_t j = i + 1;
     int64_t tokens = chunks[i].n;
-    while (j < chunks.size() && 4 * int64_t(j + 1 - i) * chunks[i].n <= 5 * (tokens + chunks[j].n))
+    while (j < chunks.size() && opts.prefill_calls == PrefillCalls::batched &&
+           4 * int64_t(j + 1 - i) * chunks[i].n <= 5 * (tokens + chunks[j].n))
       tokens += chunks[j++].n;
     run_rows(std::vector<Scheduled>(chunks.begin() + i, chunks.begin() + j));
     i = j;
