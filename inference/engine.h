@@ -117,8 +117,8 @@ struct EngineStats {
   int64_t waiting = 0, running = 0, kv_blocks_total = 0, kv_blocks_used = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, steps = 0;
-  int64_t model_calls = 0;  // forward calls (a step runs its decode rows together, prefill chunks
-                            // in batches of similar lengths)
+  int64_t model_calls = 0;  // forward calls (a step runs its decode rows together, 32 a call at
+                            // most, prefill chunks in batches of similar lengths)
   int64_t kv_blocks_rolled = 0;  // blocks returned while their sequence ran: a sliding window's
                                  // positions no later query reads
   int64_t spec_proposed = 0, spec_accepted = 0;  // draft tokens proposed, of those accepted
