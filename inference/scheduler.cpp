@@ -4,11 +4,22 @@
 #include <algorithm>
 
 #include "nxd/inference/engine_impl.h"
+#include "nxd/runtime/gemv_f32.h"
+#include "nxd/runtime/kernels/gemv_int4.h"
+#include "nxd/runtime/kernels/gemv_int8.h"
 #include "nxd/runtime/kernels/kv_cache.h"
 
 namespace nxd::inference {
 
 namespace {
+
+// The one-token rows of one model call: as many as the few-rows kernels of the linear layers and
+// the head take (f32, int8, int4), each of which gives a row the same bits for any row count up
+// to it, so a request's decode logits do not depend on the rows beside it (docs/design/
+// inference.md, "Batch invariance"). More rows run as further calls.
+constexpr size_t kDecodeRowsPerCall = blas::detail::kSmallRows;
+static_assert(kernels::kInt8GemvMaxRows >= blas::detail::kSmallRows &&
+              kernels::kInt4GemvMaxRows >= blas::detail::kSmallRows);
 
 // The prompt tokens one request may prefill in a step with `budget` tokens left.
 int64_t prefill_cap(const EngineOptions& o, int64_t budget) {
@@ -196,19 +207,24 @@ void Engine::Impl::settle(Seq& s) {
 }
 
 void Engine::Impl::execute(const std::vector<Scheduled>& plan) {
-  // the one-token rows (decode, and prefill chunks of one token) run as one [n, 1] batch; longer
+  // the one-token rows (decode, and prefill chunks of one token) run as [n, 1] batches; longer
   // prefill chunks, longest first, run as padded [k, S] batches of chunks whose padding stays
-  // within a quarter of their tokens (each weight is then read once per batch, not per chunk)
+  // within a quarter of their tokens (each weight is then read once per batch, not per chunk),
+  // or each alone with PrefillCalls::per_request
   std::vector<Scheduled> singles, chunks, speculative;
   for (const auto& r : plan) (r.spec > 0 ? speculative : r.n == 1 ? singles : chunks).push_back(r);
   if (!speculative.empty()) run_speculative(speculative);
-  if (!singles.empty()) run_rows(singles);
+  // at most kDecodeRowsPerCall a call: every row then takes the few-rows kernels, bitwise as alone
+  for (size_t i = 0; i < singles.size(); i += kDecodeRowsPerCall)
+    run_rows(std::vector<Scheduled>(
+        singles.begin() + i, singles.begin() + std::min(singles.size(), i + kDecodeRowsPerCall)));
   std::stable_sort(chunks.begin(), chunks.end(),
                    [](const Scheduled& a, const Scheduled& b) { return a.n > b.n; });
   for (size_t i = 0; i < chunks.size();) {
     size_t j = i + 1;
     int64_t tokens = chunks[i].n;
-    while (j < chunks.size() && 4 * int64_t(j + 1 - i) * chunks[i].n <= 5 * (tokens + chunks[j].n))
+    while (j < chunks.size() && opts.prefill_calls == PrefillCalls::batched &&
+           4 * int64_t(j + 1 - i) * chunks[i].n <= 5 * (tokens + chunks[j].n))
       tokens += chunks[j++].n;
     run_rows(std::vector<Scheduled>(chunks.begin() + i, chunks.begin() + j));
     i = j;

@@ -28,7 +28,8 @@
 
 namespace nxd::kernels {
 
-inline constexpr int64_t kInt4GemvMaxRows = 8;
+// As kInt8GemvMaxRows: a serving step's decode rows, each with its bits alone.
+inline constexpr int64_t kInt4GemvMaxRows = 32;
 
 enum class Int4Zero { symmetric, asymmetric };
 

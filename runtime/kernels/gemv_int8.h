@@ -16,7 +16,9 @@
 
 namespace nxd::kernels {
 
-inline constexpr int64_t kInt8GemvMaxRows = 8;
+// A serving step's decode rows, as many as the f32 few-rows kernel takes (runtime/gemv_f32.h:
+// kSmallRows): each row's bits are then the same alone as beside up to 31 others.
+inline constexpr int64_t kInt8GemvMaxRows = 32;
 
 // Per-row symmetric quantization of w [n, k] (f32, contiguous): scale[r] = max_j |w[r, j]| / 127
 // and q[r, j] = w[r, j] / scale[r] rounded to nearest (ties to even), in [-127, 127]; a row of

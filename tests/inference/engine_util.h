@@ -2,6 +2,9 @@
 // The engine tests' helpers: tiny Llama models, requests, and the Outputs collected per request.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +20,20 @@ inline std::shared_ptr<CausalLM> tiny_llama(uint64_t seed = 7) {
   ModelConfig c = nxd::testing::tiny_model("llama");
   c.max_position_embeddings = 64;
   return make_causal_lm(c, seed);
+}
+
+// A Llama whose every linear layer and head has at least 2^16 weights, so that a decode step's
+// products of up to 32 rows take the few-rows kernels (runtime/gemv_f32.h).
+inline ModelConfig few_rows_llama() {
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  c.hidden_size = 256;
+  c.num_attention_heads = 4;
+  c.num_kv_heads = 4;
+  c.ffn_hidden_size = 512;
+  c.vocab_size = 256;
+  c.max_position_embeddings = 128;
+  c.init_std = 0.02;
+  return c;
 }
 
 inline std::vector<int64_t> ids(int64_t n, uint64_t seed) {
@@ -84,6 +101,51 @@ inline std::vector<int64_t> alone(const std::shared_ptr<CausalLM>& m, const Requ
   e.run_until_idle();
   EXPECT_EQ(e.stats().kv_blocks_used, 0);
   return res[id].ids;
+}
+
+// `n` requests (greedy and seeded-sampled in turn, logprobs on) join one per step, so each prefill
+// runs as its own call, as it does alone; then all n decode together. Each request's tokens and
+// chosen logprobs must be bitwise those of an engine of its own.
+inline void expect_each_request_alone(const std::shared_ptr<CausalLM>& m, int n) {
+  const int64_t vocab = m->config().vocab_size;
+  std::vector<Request> reqs;
+  for (int b = 0; b < n; ++b) {
+    SamplingParams sp = b % 2 ? greedy() : sampled();
+    sp.seed = 7 + b;
+    sp.logprobs = 0;
+    // n + 8 tokens: the first request still decodes when the last joins
+    reqs.push_back(request(nxd::testing::id_sequence(2 + 3 * (b % 16), vocab, 300 + b), n + 8, sp));
+  }
+  EngineOptions o;
+  o.max_num_seqs = n;
+  Engine e(m, nullptr, o);
+  Results res;
+  std::vector<int64_t> rid;
+  int64_t widest = 0;
+  for (int64_t step = 0; step < 400; ++step) {
+    if (step < n) rid.push_back(e.submit(reqs[step], into(res)));
+    if (!e.step()) break;
+    widest = std::max(widest, e.stats().running);
+  }
+  EXPECT_EQ(widest, n);  // all decoded together
+  int differ = 0;
+  for (int b = 0; b < n; ++b) {
+    Engine one(m, nullptr, o);
+    Results r1;
+    const int64_t id = one.submit(reqs[b], into(r1));
+    one.run_until_idle();
+    const Got &got = res[rid[b]], &want = r1[id];
+    bool same = got.ids == want.ids && got.chosen.size() == want.chosen.size();
+    for (size_t t = 0; same && t < want.chosen.size(); ++t)
+      if (std::memcmp(&got.chosen[t].logprob, &want.chosen[t].logprob, sizeof(double)) != 0) {
+        same = false;
+        ADD_FAILURE() << "request " << b << " token " << t << ": logprob " << got.chosen[t].logprob
+                      << " batched, " << want.chosen[t].logprob << " alone";
+      }
+    if (!same) ++differ;
+    EXPECT_EQ(got.ids, want.ids) << "request " << b;
+  }
+  std::printf("    %d requests decoding together: %d differ from alone\n", n, differ);
 }
 
 inline std::string expect_invalid(Engine& e, const Request& r) {

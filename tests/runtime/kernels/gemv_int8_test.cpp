@@ -174,7 +174,7 @@ float lane_order_int8(const float* __restrict x, const int8_t* __restrict w, flo
 TEST(Int8Weights, GemvEqualsItsLaneOrderLoopBitwise) {
   ThreadsGuard guard;
   for (int threads : {1, 2})
-    for (int64_t m : {1, 2, 5, 8})
+    for (int64_t m : {1, 2, 5, 8, 13, 32})
       for (int64_t n : {1, 9, 131})
         for (int64_t k : {1, 7, 8, 31, 32, 33, 40, 63, 72, 300, 768, 1001}) {
           SCOPED_TRACE(str("threads=", threads, " m=", m, " n=", n, " k=", k));
