@@ -1,0 +1,35 @@
+#include "nxd/layers/param_unit.h"
+
+#include "nxd/autograd/function.h"
+
+namespace nxd {
+
+namespace {
+std::vector<Tensor> identity(const std::vector<Tensor>& v) {
+  return v;
+}
+}  // namespace
+
+Tensor run_param_unit(const Module& m, const Tensor& x,
+                      const std::function<Tensor(const Tensor&)>& body) {
+  const std::shared_ptr<ParamUnit>& u = m.param_unit();
+  if (!u) return body(x);
+  u->gather(UnitPass::forward);
+  const bool grad = GradMode::is_enabled();
+  Tensor in = x;
+  if (grad && x.requires_grad())
+    in = autograd::custom("param_unit_release", {x}, identity, [u](const Grads& g) -> Grads {
+      u->release(UnitPass::backward);
+      return g;
+    })[0];
+  Tensor y = body(in);
+  const bool backward_follows = grad && y.requires_grad();
+  if (!backward_follows || u->reshard_after_forward()) u->release(UnitPass::forward);
+  if (!backward_follows) return y;
+  return autograd::custom("param_unit_gather", {y}, identity, [u](const Grads& g) -> Grads {
+    u->gather(UnitPass::backward);
+    return g;
+  })[0];
+}
+
+}  // namespace nxd
