@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
 #include "nxd/runtime/context.h"
@@ -36,6 +37,37 @@ std::vector<optim::NamedParam> in_model_order(const NxDModel& model, const optim
     NXD_CHECK_T(ConfigError, held.count(p.param.impl()), "[NxDOptimizer] parameter '", p.name,
                 "' of the optimizer is not one of the model's local parameters");
   return out;
+}
+
+// ZeRO-3's units: the decoder layers of the model's DecoderStack (their forward runs through
+// run_param_unit); the combinations it does not support are a ConfigError naming both keys.
+std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, int ep) {
+  const char* stage = "[NxDOptimizer] optimizer_config.zero_stage=3";
+  NXD_CHECK_T(ConfigError, !model.is_pipeline(), stage,
+              " with pipeline_parallel_size=", cfg.pipeline_parallel_size,
+              " is not supported (docs/design/fsdp.md)");
+  NXD_CHECK_T(ConfigError, cfg.context_parallel_size == 1, stage,
+              " with context_parallel_size=", cfg.context_parallel_size,
+              " is not supported (docs/design/fsdp.md)");
+  NXD_CHECK_T(ConfigError, ep == 1, stage, " with expert_parallel_size=", ep,
+              " is not supported (docs/design/fsdp.md)");
+  NXD_CHECK_T(ConfigError, !cfg.optimizer_config.optimizer_offload, stage,
+              " with optimizer_config.optimizer_offload=true is not supported "
+              "(docs/design/fsdp.md)");
+  NXD_CHECK_T(ConfigError, !cfg.lora_config.has_value(), stage,
+              " with lora_config is not supported (docs/design/fsdp.md)");
+  std::vector<Module*> units;
+  for (Module* m : model.local_modules()) {
+    NXD_CHECK_T(ConfigError, moe_layers(*m).empty(), stage,
+                " with a mixture-of-experts model is not supported (docs/design/fsdp.md)");
+    for (auto& [name, sub] : m->named_modules())
+      if (const auto* stack = dynamic_cast<const DecoderStack*>(sub))
+        for (const auto& l : stack->layers()) units.push_back(l.get());
+  }
+  NXD_CHECK_T(ConfigError, !units.empty(), stage,
+              " needs a model whose decoder layers are ZeRO-3 units (a DecoderStack's); this "
+              "model has none");
+  return units;
 }
 
 }  // namespace
@@ -72,9 +104,8 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   for (Module* m : model_.local_modules()) moe = moe || !moe_layers(*m).empty();
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
   const optim::ZeroStage stage = cfg_.optimizer_config.stage();
-  NXD_CHECK_T(ConfigError, stage != optim::ZeroStage::three,
-              "[NxDOptimizer] optimizer_config.zero_stage=3 (sharded parameters) is not "
-              "implemented; stages 0, 1 and 2 are (docs/design/fsdp.md)");
+  const std::vector<Module*> units =
+      stage == optim::ZeroStage::three ? zero3_units(cfg_, model_, ep) : std::vector<Module*>{};
   const bool zero1 = stage != optim::ZeroStage::none;
   NXD_CHECK_T(
       ConfigError, zero1 || !cfg_.optimizer_config.optimizer_offload,
@@ -113,6 +144,8 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
       zo.norm_groups.ep = nullptr;
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     zo.stage = stage;
+    zo.units = units;
+    zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;
     zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host
                                                            : optim::StatePlacement::device;
     std::vector<optim::ParamGroup> groups = inner->param_groups();

@@ -10,6 +10,18 @@ std::vector<Tensor> identity(const std::vector<Tensor>& v) {
 }
 }  // namespace
 
+WholeParameters::WholeParameters(const std::vector<const Module*>& modules) {
+  for (const Module* m : modules)
+    if (m)
+      for (auto& [name, sub] : const_cast<Module*>(m)->named_modules())
+        if (sub->param_unit()) units_.push_back(sub->param_unit());
+  for (auto& u : units_) u->gather(UnitPass::outside);
+}
+
+WholeParameters::~WholeParameters() {
+  for (auto& u : units_) u->release(UnitPass::outside);
+}
+
 Tensor run_param_unit(const Module& m, const Tensor& x,
                       const std::function<Tensor(const Tensor&)>& body) {
   const std::shared_ptr<ParamUnit>& u = m.param_unit();

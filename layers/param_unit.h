@@ -17,12 +17,16 @@
 // no full-size memory alive in between. Activation checkpointing composes: the recomputation runs
 // inside the module's backward, after the gather.
 #include <functional>
+#include <memory>
+#include <vector>
 
 #include "nxd/layers/module.h"
 
 namespace nxd {
 
-enum class UnitPass { forward, backward };
+// outside: around anything else that reads or writes the weights (checkpoints, generation): no
+// prefetch, and release takes this rank's shards back from the full values.
+enum class UnitPass { forward, backward, outside };
 
 class ParamUnit {
  public:
@@ -32,6 +36,20 @@ class ParamUnit {
   // Their full-size memory freed (a no-op when it is).
   virtual void release(UnitPass pass) = 0;
   virtual bool reshard_after_forward() const = 0;
+};
+
+// RAII (FSDP's summon_full_params): every unit in the modules' trees gathered (UnitPass::outside)
+// for its lifetime, then released, each rank's shards taken from the full values (written ones
+// included). Collective over the units' DP group; nothing without units.
+class WholeParameters {
+ public:
+  explicit WholeParameters(const std::vector<const Module*>& modules);
+  ~WholeParameters();
+  WholeParameters(const WholeParameters&) = delete;
+  WholeParameters& operator=(const WholeParameters&) = delete;
+
+ private:
+  std::vector<std::shared_ptr<ParamUnit>> units_;
 };
 
 // `body(x)` (the module's forward) inside `m`'s unit as described above; a plain call when `m`

@@ -116,7 +116,7 @@ struct Zero1Optimizer::Impl {
                 mine + (lo - sh.begin) * dtype_size(sh.param_dtype), sh.param_dtype, hi - lo);
     }
   }
-  void build_units(const std::vector<int>& unit_of, const GradSync& sync);
+  void build_units(const std::vector<int>& unit_of);
   // Where the state's allocations go: host memory under optimizer offload.
   HostPlacement state_memory() const {
     return opts.placement == StatePlacement::host ? HostPlacement::on : HostPlacement::off;
@@ -135,7 +135,7 @@ struct Zero1Optimizer::Impl {
 
 // Stage three: each unit's buckets get a persistent shard and a ShardedUnit on the unit's module;
 // their full buffers are released.
-void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of, const GradSync& sync) {
+void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
   NoGradGuard ng;
   pshard.assign(shards.size(), Tensor());
   for (size_t u = 0; u < opts.units.size(); ++u)
@@ -149,8 +149,8 @@ void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of, const Gr
     if (u == 0) continue;
     pshard[b] = pbuf[b].narrow(0, shards[b].begin, shards[b].size).clone();
     units[static_cast<size_t>(u - 1)]->add_bucket(pbuf[b], pshard[b]);
+    pbuf[b].storage()->release_data();  // now: the model's full size is never exceeded
   }
-  (void)sync;
   for (size_t u = 0; u < units.size(); ++u) {
     units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
                              u + 1 < units.size() ? units[u + 1] : nullptr);
@@ -267,7 +267,7 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
     I.segs.push_back(std::move(s));
   }
   I.flatten_params();
-  if (three) I.build_units(unit_of, sync);
+  if (three) I.build_units(unit_of);
   {
     const HostMemoryScope scope(I.state_memory());
     for (size_t k = 0; k < I.rule.state.size(); ++k) I.state.push_back(zeros({I.total}));

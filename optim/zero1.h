@@ -50,6 +50,13 @@
 // out. Everything above (norm, clipping, step, state layout, checkpoints) reads only the shards,
 // so it is unchanged and the results are bitwise those of stage one.
 //
+// ZeRO-3 (stage three with Zero1Options::units, docs/design/fsdp.md): the same again, and the
+// buckets of each unit module (a bucket holds one unit's parameters) keep only this rank's block
+// of the parameters between uses: a persistent shard the step updates in place (no all-gather),
+// the flat buffer's memory released; the unit (optim/zero3_unit.h, layers/param_unit.h) gathers
+// it around the module's forward and backward. gather_parameters() / release_parameters() make
+// the weights whole outside them. Parameters of no unit are as at stage two.
+//
 // Expert parallelism (NxD's two ZeRO-1 optimizers): Zero1Options.expert_params (the MoE experts'
 // weights, layers/moe/moe.h) go to a second Zero1Optimizer inside this one, over the
 // expert-data-parallel group: their gradients are reduce-scattered (mean) over it and their state

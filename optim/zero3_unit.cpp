@@ -47,10 +47,11 @@ void ShardedUnit::materialize() {
 
 void ShardedUnit::gather(UnitPass pass) {
   materialize();
-  prefetch(pass == UnitPass::forward ? next_ : prev_);
+  if (pass != UnitPass::outside) prefetch(pass == UnitPass::forward ? next_ : prev_);
 }
 
-void ShardedUnit::release(UnitPass) {
+void ShardedUnit::release(UnitPass pass) {
+  if (pass == UnitPass::outside) return write_back_and_release();
   if (state_ == State::released) return;
   wait();
   for (Tensor& f : full_) f.storage()->release_data();
@@ -66,6 +67,41 @@ void ShardedUnit::write_back_and_release() {
     if (!full_[b].is_meta())
       shard_[b].copy_(full_[b].narrow(0, r * shard_[b].numel(), shard_[b].numel()));
   release(UnitPass::forward);
+}
+
+std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
+                                                           const std::vector<int>& unit_of,
+                                                           const std::vector<Module*>& modules,
+                                                           std::shared_ptr<Communicator> dp,
+                                                           bool reshard_after_forward) {
+  std::vector<std::shared_ptr<ShardedUnit>> units;
+  for (size_t u = 0; u < modules.size(); ++u)
+    units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward));
+  const std::vector<std::vector<int>> layout = sync.bucket_layout();
+  const int n = sync.dp_size();
+  for (int b = 0; b < sync.num_buckets(); ++b) {
+    const int u = unit_of.at(static_cast<size_t>(layout[b].at(0)));
+    if (u == 0) continue;
+    const Tensor& p0 = sync.params()[static_cast<size_t>(layout[b][0])].param;
+    NXD_CHECK(p0.is_meta(), "[shard_meta_units] parameter '",
+              sync.params()[static_cast<size_t>(layout[b][0])].name, "' is not a meta tensor");
+    const int64_t s = sync.shard_numel(b);
+    Tensor full = zeros({s * n}, p0.dtype(), Device::meta);
+    for (int i : layout[b]) {
+      TensorImpl& impl = *sync.params()[static_cast<size_t>(i)].param.impl();
+      impl.storage = full.storage();
+      impl.offset = sync.offset_in_bucket(i);
+      impl.strides = contiguous_strides(impl.shape);
+    }
+    units[static_cast<size_t>(u - 1)]->add_bucket(full, zeros({s}, p0.dtype(), Device::meta));
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
+                             u + 1 < units.size() ? units[u + 1] : nullptr);
+    units[u]->release(UnitPass::forward);
+    modules[u]->set_param_unit(units[u]);
+  }
+  return units;
 }
 
 }  // namespace nxd::optim

@@ -12,6 +12,7 @@
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/param_unit.h"
+#include "nxd/optim/grad_sync.h"
 
 namespace nxd::optim {
 
@@ -47,5 +48,16 @@ class ShardedUnit : public ParamUnit {
   State state_ = State::gathered;  // the buffers start full (the optimizer releases them)
   std::weak_ptr<ShardedUnit> prev_, next_;
 };
+
+// nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each
+// of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 0 none, as
+// given to GradSyncOptions::units) become views of a flat meta buffer [S * n], released, beside a
+// meta shard [S]; each module gets its unit. `dp`: the sharding group (the GradSync's). The other
+// parameters are left as they are.
+std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
+                                                           const std::vector<int>& unit_of,
+                                                           const std::vector<Module*>& modules,
+                                                           std::shared_ptr<Communicator> dp,
+                                                           bool reshard_after_forward);
 
 }  // namespace nxd::optim

@@ -149,10 +149,14 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const ResolvedPrecision
   // the update: the sim device charges no time for the optimizer's elementwise pass (as in a
   // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place, over each
   // group (DP x CP; the experts' over expert-DP)
-  for (ReductionGroup& g : groups)
-    if (cfg.dist.zero1() && g.sync && g.group->size() > 1)
-      for (int b = 0; b < g.sync->num_buckets(); ++b)
+  // (ZeRO-3's units are gathered at their next use instead)
+  for (ReductionGroup& g : groups) {
+    if (!cfg.dist.zero1() || !g.sync || g.group->size() == 1) continue;
+    const auto layout = g.sync->bucket_layout();
+    for (int b = 0; b < g.sync->num_buckets(); ++b)
+      if (g.unit_of.empty() || g.unit_of[static_cast<size_t>(layout[b][0])] == 0)
         optim::zero1_all_gather(*g.group, nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
+  }
   // the loss's and the norm's sums (the plan keeps them after the update, as it has timed them)
   loss_collectives(mm);
   gradient_norm(cfg, mm, groups);
