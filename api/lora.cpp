@@ -4,7 +4,7 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/runtime/error.h"
 
-namespace nxd::trainer {
+namespace nxd::api {
 
 bool read_lora_config(const nlohmann::json& j, const std::string& where, LoraConfig& c) {
   NXD_CHECK_T(ConfigError, j.is_object(), "[lora] ", where, " must be a mapping, got ", j.dump());
@@ -90,4 +90,4 @@ LoraSummary apply_lora_to_parts(const LoraConfig& cfg, const std::vector<Module*
   return s;
 }
 
-}  // namespace nxd::trainer
+}  // namespace nxd::api

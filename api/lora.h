@@ -11,7 +11,7 @@
 
 #include "nxd/layers/parallel/lora.h"
 
-namespace nxd::trainer {
+namespace nxd::api {
 
 // Keys (NxD's LoraConfig names): enable_lora, lora_rank, lora_alpha, lora_dropout,
 // target_modules (a list: suffixes; a string: a regular expression, PEFT's forms),
@@ -33,4 +33,4 @@ struct LoraSummary {
 LoraSummary apply_lora_to_parts(const LoraConfig& cfg, const std::vector<Module*>& parts,
                                 uint64_t seed);
 
-}  // namespace nxd::trainer
+}  // namespace nxd::api

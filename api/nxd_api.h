@@ -5,7 +5,7 @@
 // layout (parallel_state) and precision, nxd_model.h wraps the model (pipeline stages, the
 // forward/backward of a step), nxd_optimizer.h wraps the optimizer (DP gradient buckets or
 // ZeRO-1, SP gradient sums, clipping, mixed precision). It links pipeline, optim and layers, and
-// nothing in it includes the Trainer (trainer/) or nxd-train (train/), which are built on it.
+// nothing in it includes the Trainer (trainer/) or nxd-train (train_app/), which are built on it.
 //
 // NxD's training API in C++ (the API guide's "Neuronx-Distributed Training APIs"): for a research
 // prototype that writes its own model and loop, the parallel layout, the model and the optimizer

@@ -5,7 +5,7 @@
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 
-namespace nxd::trainer {
+namespace nxd::api {
 
 namespace {
 
@@ -244,4 +244,4 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
   return c;
 }
 
-}  // namespace nxd::trainer
+}  // namespace nxd::api

@@ -33,7 +33,7 @@
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/dtype.h"
 
-namespace nxd::trainer {
+namespace nxd::api {
 
 struct OptimizerConfig {
   bool zero_one_enabled = false;  // ZeRO-1 (NxD's key): zero_stage one
@@ -139,4 +139,4 @@ ResolvedPrecision resolve_precision(const NxDConfig& cfg);
 // Collective.
 NxDConfig neuronx_distributed_config(NxDConfig cfg = {});
 
-}  // namespace nxd::trainer
+}  // namespace nxd::api

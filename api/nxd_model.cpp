@@ -8,7 +8,7 @@
 #include "nxd/layers/parallel/pad.h"
 #include "nxd/runtime/error.h"
 
-namespace nxd::trainer {
+namespace nxd::api {
 
 namespace {
 
@@ -325,4 +325,4 @@ std::shared_ptr<NxDModel> initialize_parallel_model(const NxDConfig& cfg, const 
   return std::make_shared<NxDModel>(cfg, std::move(m));
 }
 
-}  // namespace nxd::trainer
+}  // namespace nxd::api

@@ -39,7 +39,7 @@
 #include "nxd/pipeline/generic_pipeline.h"
 #include "nxd/pipeline/pipeline_model.h"
 
-namespace nxd::trainer {
+namespace nxd::api {
 
 // Builds a module in the given parameter dtype and device (meta with meta_device_init).
 using ModelFn = std::function<std::shared_ptr<Module>(const ParamOptions&)>;
@@ -141,4 +141,4 @@ ModelConfig model_config_for(const NxDConfig& cfg, ModelConfig mc);
 // gradient reduction is the optimizer's).
 pipeline::PipelineOptions pipeline_options_for(const NxDConfig& cfg);
 
-}  // namespace nxd::trainer
+}  // namespace nxd::api

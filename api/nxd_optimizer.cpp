@@ -10,7 +10,7 @@
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 
-namespace nxd::trainer {
+namespace nxd::api {
 
 namespace {
 
@@ -278,4 +278,4 @@ std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg
   return opt;
 }
 
-}  // namespace nxd::trainer
+}  // namespace nxd::api

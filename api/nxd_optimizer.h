@@ -28,7 +28,7 @@
 #include "nxd/optim/optimizer.h"
 #include "nxd/optim/zero1.h"
 
-namespace nxd::trainer {
+namespace nxd::api {
 
 using OptimizerOptions = std::variant<optim::AdamWOptions, optim::SGDOptions, optim::LionOptions>;
 // NxD's optimizer_class with its **defaults: builds any optimizer (optim::Optimizer: state
@@ -118,4 +118,4 @@ std::unique_ptr<NxDOptimizer> initialize_parallel_optimizer(const NxDConfig& cfg
                                                             std::vector<optim::ParamGroup> groups,
                                                             const OptimizerFactory& make);
 
-}  // namespace nxd::trainer
+}  // namespace nxd::api

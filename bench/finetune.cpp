@@ -28,10 +28,12 @@
 #include <vector>
 
 #include "nxd/runtime/cpu_info.h"
-#include "nxd/train/train.h"
+#include "nxd/train_app/train.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
+using namespace nxd::api;
+using namespace nxd::train_app;
 namespace fs = std::filesystem;
 
 namespace {

@@ -27,7 +27,7 @@
 #include "nxd/runtime/sim/clock.h"
 
 using namespace nxd;
-using namespace nxd::trainer;
+using namespace nxd::api;
 
 namespace {
 

@@ -17,11 +17,13 @@
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/collectives/sim/launch.h"
-#include "nxd/train/train.h"
+#include "nxd/train_app/train.h"
 #include "nxd/trainer/preempt.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
+using namespace nxd::api;
+using namespace nxd::train_app;
 
 namespace {
 

@@ -17,10 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "nxd/train/train.h"
+#include "nxd/train_app/train.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
+using namespace nxd::api;
+using namespace nxd::train_app;
 
 namespace {
 

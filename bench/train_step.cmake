@@ -6,5 +6,5 @@ nxd_compile_options(nxd-bench-train-step)
 # nxd-bench-train-parallel: nxd-train's loop at TP=2, DP=2, TP=2 x DP=2 on the sim backend
 # against one rank with the same global batch (host tokens/s ratio, modeled step time).
 add_executable(nxd-bench-train-parallel train_parallel.cpp)
-target_link_libraries(nxd-bench-train-parallel PRIVATE nxd_train)
+target_link_libraries(nxd-bench-train-parallel PRIVATE nxd_train_app)
 nxd_compile_options(nxd-bench-train-parallel)

@@ -182,7 +182,7 @@ class Zero1Optimizer : public Optimizer {
 // The squared gradient norm `local` of one ZeRO-1 optimizer's shards summed over the groups the
 // norm spans, in its order: TP, PP, EP (`groups.ep`: set for an experts' optimizer only), then the
 // sharding group `dp`. Zero1Optimizer::clip_grad_norm reduces with it, and nxd-plan calls it on the
-// meta model's step (train/plan_step.cpp), so the plan charges the run's collectives.
+// meta model's step (train_app/plan_step.cpp), so the plan charges the run's collectives.
 double zero1_norm_sum(double local, const NormGroups& groups, Communicator& dp);
 
 // ZeRO-1's update of one bucket reaching every rank: the all-gather over the sharding group `dp` of

@@ -20,7 +20,7 @@
 #include "elastic/supervisor.h"
 #include "nxd/cli/exit.h"
 #include "nxd/runtime/error.h"
-#include "nxd/train/config.h"
+#include "nxd/train_app/config.h"
 
 namespace fs = std::filesystem;
 using namespace nxd::elastic;
@@ -67,8 +67,8 @@ std::string default_train_bin() {
 
 // The configuration nxd-train will resolve (its --config, --set and --out), for TP, PP, the batch
 // and the output folder.
-nxd::trainer::Config train_config(const std::vector<std::string>& args) {
-  nxd::trainer::Config cfg;
+nxd::train_app::Config train_config(const std::vector<std::string>& args) {
+  nxd::train_app::Config cfg;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&](const std::string& flag) {
@@ -140,8 +140,8 @@ SupervisorOptions parse(int argc, char** argv) {
 
 int run(int argc, char** argv) {
   SupervisorOptions o = parse(argc, argv);
-  nxd::trainer::Config cfg = train_config(o.train_args);
-  const nxd::trainer::TrainConfig tc0 = nxd::trainer::resolve(cfg);
+  nxd::train_app::Config cfg = train_config(o.train_args);
+  const nxd::train_app::TrainConfig tc0 = nxd::train_app::resolve(cfg);
   o.request = {.tp = tc0.dist.tensor_model_parallel_size,
                .pp = tc0.dist.pipeline_model_parallel_size,
                .global_batch = tc0.data.global_batch_size};
@@ -149,12 +149,12 @@ int run(int argc, char** argv) {
     o.request.micro_batch = cfg.get_int("data.micro_batch_size");
   // a layout fits when nxd-train's whole configuration resolves with it (PP's micro batches, ...)
   o.fits = [cfg](const Layout& l) {
-    nxd::trainer::Config c = cfg;
+    nxd::train_app::Config c = cfg;
     try {
       c.set("backend.world_size", l.world(), "nxd-elastic");
       c.set("data.micro_batch_size", l.micro_batch, "nxd-elastic");
       c.set("backend.fail_rank", -1, "nxd-elastic");  // as relaunches run (checked once, below)
-      nxd::trainer::resolve(c);
+      nxd::train_app::resolve(c);
       return true;
     } catch (const nxd::UserError&) {
       return false;
@@ -166,7 +166,7 @@ int run(int argc, char** argv) {
     if (const auto plain = choose_layout(o.request, slots)) {  // the configuration's own error
       cfg.set("backend.world_size", plain->world(), "nxd-elastic");
       cfg.set("data.micro_batch_size", plain->micro_batch, "nxd-elastic");
-      nxd::trainer::resolve(cfg);
+      nxd::train_app::resolve(cfg);
     }
     throw UsageError("the hosts give " + std::to_string(slots) +
                      " slots: TP x PP = " + std::to_string(o.request.tp * o.request.pp) +
@@ -176,7 +176,7 @@ int run(int argc, char** argv) {
   // the first launch's full config must resolve (a mistake is reported here, once)
   cfg.set("backend.world_size", layout->world(), "nxd-elastic");
   cfg.set("data.micro_batch_size", layout->micro_batch, "nxd-elastic");
-  const nxd::trainer::TrainConfig tc = nxd::trainer::resolve(cfg);
+  const nxd::train_app::TrainConfig tc = nxd::train_app::resolve(cfg);
   o.exp_dir = tc.out_dir;
   o.checkpoint_dir = tc.exp.checkpoint.dirpath;
   if (!tc.exp.create_checkpoint_callback)

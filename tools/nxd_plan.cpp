@@ -3,7 +3,7 @@
 // training step of nxd-train's configuration (the model, parallel layers, pipeline schedule,
 // ZeRO-1, precision, activation checkpointing, gradient accumulation) on meta tensors over the
 // sim backend with one rank per NeuronCore of the N nodes (32 per trn1 node, 64 per trn2 node
-// at LNC=2; train/plan.h): nothing is allocated for data.
+// at LNC=2; train_app/plan.h): nothing is allocated for data.
 //
 //   nxd-plan [--config FILE]... [--set key=value]... [--model PRESET] [--instance TYPE]
 //            [--nodes N] [--timeline PATH] [--search [--max-plans N]]
@@ -27,7 +27,7 @@
 #include "nxd_plan.h"
 
 using namespace nxd;
-using namespace nxd::trainer;
+using namespace nxd::train_app;
 using namespace nxd::plan_tool;
 
 namespace {
@@ -109,6 +109,8 @@ const char* kUsage =
     "                [--search [--max-plans N (200: the most plans the search makes)]]\n"
     "       nxd-plan --inference [--model PRESET] [--instance TYPE] [--set key=value]...\n"
     "                [--batch B (1)] [--prompt-tokens P (128)] [--new-tokens M (128)]\n"
+    "                [--max-context-tokens C (P + M: the largest context-encoding bucket)]\n"
+    "                [--prefill-attention materialized|flash (materialized)]\n"
     "                (modeled TTFT, TPOT and output tokens/s at\n"
     "                 distributed_strategy.tensor_model_parallel_size on one instance,\n"
     "                 also inf2.xlarge inf2.8xlarge inf2.24xlarge inf2.48xlarge)\n"
@@ -142,6 +144,15 @@ Args parse(int argc, char** argv) {
     } else if (s == "--batch" || s == "--prompt-tokens" || s == "--new-tokens") {
       const int64_t v = io::parse_int(value(), 1, int64_t{1} << 20, s, "nxd-plan");
       (s == "--batch" ? a.batch : s == "--prompt-tokens" ? a.prompt_tokens : a.new_tokens) = v;
+      a.inference_sizes_given = true;
+    } else if (s == "--prefill-attention") {
+      a.prefill_attention = value();
+      if (a.prefill_attention != "materialized" && a.prefill_attention != "flash")
+        throw UserError(str("[nxd-plan] --prefill-attention '", a.prefill_attention,
+                            "': expected materialized or flash"));
+      a.inference_sizes_given = true;
+    } else if (s == "--max-context-tokens") {
+      a.max_context_tokens = io::parse_int(value(), 1, int64_t{1} << 21, s, "nxd-plan");
       a.inference_sizes_given = true;
     } else if (s == "--timeline")
       a.timeline = value();
@@ -212,7 +223,9 @@ int run(int argc, char** argv) {
   if (a.inference) return inference(a);
   if (a.inference_sizes_given)
     throw UserError(
-        str("[nxd-plan] --batch, --prompt-tokens and --new-tokens go with --inference\n", kUsage));
+        str("[nxd-plan] --batch, --prompt-tokens, --new-tokens, --max-context-tokens and "
+            "--prefill-attention go with --inference\n",
+            kUsage));
   const sim::MachineSpec m = sim::cluster(sim::machine(a.instance), a.nodes);
   int code = 0;
   if (!a.search) {

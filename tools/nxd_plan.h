@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "nxd/runtime/sim/machine.h"
-#include "nxd/train/config.h"
-#include "nxd/train/plan.h"
+#include "nxd/train_app/config.h"
+#include "nxd/train_app/plan.h"
 
 namespace nxd::plan_tool {
 
@@ -19,27 +19,29 @@ struct Args {
   // --inference: the modeled latency of generation instead of a training step
   bool inference = false;
   int64_t batch = 1, prompt_tokens = 128, new_tokens = 128;
+  int64_t max_context_tokens = 0;                  // --max-context-tokens; 0 = prompt + new tokens
+  std::string prefill_attention = "materialized";  // --prefill-attention materialized|flash
   bool inference_sizes_given = false;  // --batch, --prompt-tokens or --new-tokens was given
   bool nodes_given = false;
 };
 
 // The configuration: nxd-train's defaults, random data (nothing is read), the preset, the files,
 // the overrides, and the world of the nodes.
-trainer::Config make_config(const Args& a, const sim::MachineSpec& m);
+train_app::Config make_config(const Args& a, const sim::MachineSpec& m);
 
 struct Prediction {
-  trainer::TrainConfig cfg;
-  trainer::MemoryPlan plan;
-  const trainer::RankMemory* slowest = nullptr;
+  train_app::TrainConfig cfg;
+  train_app::MemoryPlan plan;
+  const train_app::RankMemory* slowest = nullptr;
   double step = 0, seq_s = 0, tokens_s = 0, mfu = 0;
 };
 
 // The plan of cfg with its modeled step, and the throughput that follows.
-Prediction predict(const trainer::TrainConfig& cfg, const sim::MachineSpec& m,
+Prediction predict(const train_app::TrainConfig& cfg, const sim::MachineSpec& m,
                    const std::string& timeline);
 
 // "TP 8 x PP 4 x DP 8 x CP 2, EP 2, micro batch 1 (4 per step), ZeRO-1, checkpointing full"
-std::string layout(const trainer::TrainConfig& c);
+std::string layout(const train_app::TrainConfig& c);
 
 // --search: prints the fastest layouts that fit and why each won; returns the exit code (0: a
 // layout fits, 3: none).

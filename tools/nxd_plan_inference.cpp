@@ -27,7 +27,7 @@ void check_inference_args(const Args& a) {
 int inference(const Args& a) {
   check_inference_args(a);
   const sim::MachineSpec m = sim::machine(a.instance);
-  trainer::Config c = make_config(a, m);
+  train_app::Config c = make_config(a, m);
   const int64_t tp = c.get_int("distributed_strategy.tensor_model_parallel_size");
   if (tp < 1 || tp > m.world_size())
     throw UserError(str("[nxd-plan] distributed_strategy.tensor_model_parallel_size=", tp,
@@ -41,14 +41,20 @@ int inference(const Args& a) {
   c.apply_override("distributed_strategy.tensor_model_parallel_size=1");
   c.apply_override("distributed_strategy.sequence_parallel=false");
   c.apply_override("backend.world_size=1");
-  const trainer::TrainConfig t = trainer::resolve(c);
-  ModelConfig mc = trainer::model_config(t);
+  const train_app::TrainConfig t = train_app::resolve(c);
+  ModelConfig mc = train_app::model_config(t);
   mc.kv_size_multiplier = 1;
   mc.dtype = t.precision.type == "fp32" ? DType::f32 : DType::bf16;
   InferenceModelOptions o;
   o.tp = static_cast<int>(tp);
   o.instance = a.instance;
   o.batch = a.batch, o.prompt_tokens = a.prompt_tokens, o.new_tokens = a.new_tokens;
+  if (a.max_context_tokens > 0 && a.max_context_tokens < a.prompt_tokens)
+    throw UserError(str("[nxd-plan] --max-context-tokens ", a.max_context_tokens,
+                        " is below --prompt-tokens ", a.prompt_tokens));
+  o.max_context_tokens = a.max_context_tokens;
+  o.prefill_attention =
+      a.prefill_attention == "flash" ? PrefillAttention::flash : PrefillAttention::materialized;
   const InferenceEstimate e = estimate_inference(mc, o);
   const double gib = 1024.0 * 1024 * 1024;
   const double used = static_cast<double>(e.weight_bytes + e.kv_bytes);
@@ -73,6 +79,12 @@ int inference(const Args& a) {
       e.prefill.fixed_seconds * 1e3, e.prefill.softmax_seconds * 1e3,
       static_cast<long long>(e.decode.kernels), static_cast<long long>(e.decode.collectives),
       e.decode.fixed_seconds * 1e3, e.decode.softmax_seconds * 1e3, e.sampling_seconds * 1e3);
+  std::printf(
+      "prefill: the prompt in its context bucket of %lld tokens; elementwise kernels fused "
+      "(%+.2f ms), all-reduces in bf16 (%+.2f ms), %s attention (%+.2f ms)\n",
+      static_cast<long long>(e.context_tokens), e.prefill.fused_seconds * 1e3,
+      e.prefill.collective_dtype_seconds * 1e3, a.prefill_attention.c_str(),
+      e.prefill.attention_seconds * 1e3);
   std::printf("predicted inference: TTFT %.2f ms, TPOT %.2f ms, %.1f output tokens/s\n",
               e.ttft * 1e3, e.tpot * 1e3, e.output_tokens_per_s);
   return fits ? 0 : 3;

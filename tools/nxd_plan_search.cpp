@@ -12,7 +12,7 @@
 // modeled step weighs.
 //
 // The search's work is bounded (docs/design/input_limits.md): a layout whose parameters alone
-// cannot fit a NeuronCore (trainer::min_parameter_bytes_per_rank, closed form) is skipped
+// cannot fit a NeuronCore (train_app::min_parameter_bytes_per_rank, closed form) is skipped
 // unplanned; of a layout's choices the one needing the least memory (ZeRO-1, full checkpointing)
 // is planned first and, when it does not fit, the others are skipped; when its resident state
 // (parameters, gradients, optimizer state: the same at every micro batch and CP) alone is over
@@ -32,8 +32,8 @@ namespace nxd::plan_tool {
 
 namespace {
 
-using trainer::Config;
-using trainer::TrainConfig;
+using train_app::Config;
+using train_app::TrainConfig;
 
 constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
 
@@ -73,7 +73,7 @@ std::vector<TrainConfig> choices(const Args& a, const sim::MachineSpec& m, const
       c.apply_override(str("distributed_strategy.zero1=", z ? "true" : "false"));
       c.apply_override(str("model.activations_checkpoint_granularity=", ck));
       try {
-        out.push_back(trainer::resolve(c));
+        out.push_back(train_app::resolve(c));
       } catch (const UserError&) {  // a layout the model or batch does not allow
       }
     }
@@ -110,25 +110,25 @@ Tried try_layout(const std::vector<TrainConfig>& cs, const Layout& l, const sim:
   Tried t{l};
   resident_over = false;
   const double hbm = static_cast<double>(m.core.hbm_bytes);
-  if (trainer::min_parameter_bytes_per_rank(cs.front()) > hbm) {  // any choice: the same weights
-    const double need = trainer::min_parameter_bytes_per_rank(cs.front());
+  if (train_app::min_parameter_bytes_per_rank(cs.front()) > hbm) {  // any choice: the same weights
+    const double need = train_app::min_parameter_bytes_per_rank(cs.front());
     t.least = static_cast<int64_t>(std::min(need, 9e18));
     t.over = static_cast<int>(cs.size());
-    t.cheapest = str("parameters alone, at least ", trainer::format_bytes(t.least));
+    t.cheapest = str("parameters alone, at least ", train_app::format_bytes(t.least));
     budget.skipped += static_cast<int>(cs.size());
     resident_over = true;
     return t;
   }
   // the choice needing the least memory (the last: ZeRO-1, full checkpointing) first
   if (budget.take()) {
-    const trainer::RankMemory w = trainer::plan_memory(cs.back()).worst();
+    const train_app::RankMemory w = train_app::plan_memory(cs.back()).worst();
     progress(budget, l, cs.back(),
-             str("needs ", trainer::format_bytes(w.total()),
+             str("needs ", train_app::format_bytes(w.total()),
                  w.total() > m.core.hbm_bytes ? " (does not fit)" : ""));
     if (w.total() > m.core.hbm_bytes) {
       t.least = w.total();
       t.over = static_cast<int>(cs.size());
-      t.cheapest = str(choice_name(cs.back()), ", needs ", trainer::format_bytes(w.total()));
+      t.cheapest = str(choice_name(cs.back()), ", needs ", train_app::format_bytes(w.total()));
       budget.skipped += static_cast<int>(cs.size()) - 1;
       resident_over = w.parameters + w.gradients + w.optimizer_state > m.core.hbm_bytes;
       return t;
@@ -136,11 +136,12 @@ Tried try_layout(const std::vector<TrainConfig>& cs, const Layout& l, const sim:
   }
   for (const TrainConfig& c : cs) {
     if (!budget.take()) break;
-    const int64_t total = trainer::plan_memory(c).worst().total();
+    const int64_t total = train_app::plan_memory(c).worst().total();
     if (total > m.core.hbm_bytes) {
-      progress(budget, l, c, str("needs ", trainer::format_bytes(total), " (does not fit)"));
+      progress(budget, l, c, str("needs ", train_app::format_bytes(total), " (does not fit)"));
       t.least = std::min(t.least, total);
-      if (t.over++ == 0) t.cheapest = str(choice_name(c), ", needs ", trainer::format_bytes(total));
+      if (t.over++ == 0)
+        t.cheapest = str(choice_name(c), ", needs ", train_app::format_bytes(total));
       continue;
     }
     t.p = predict(c, m, "");
@@ -160,7 +161,7 @@ std::string why(const Tried& t, const std::vector<Tried>& all,
   if (t.l.cp > 1)
     w.push_back(str("CP ", t.l.cp / 2, " does not fit TP ", t.l.tp, " x PP ", t.l.pp,
                     " at any micro batch (at least ",
-                    trainer::format_bytes(least_at_cp.at({t.l.tp, t.l.pp, t.l.cp / 2})), ")"));
+                    train_app::format_bytes(least_at_cp.at({t.l.tp, t.l.pp, t.l.cp / 2})), ")"));
   if (t.l.ep > 1) {
     const auto one = std::find_if(all.begin(), all.end(), [&](const Tried& o) {
       return o.l.ep == 1 && o.l.key() == t.l.key();
@@ -168,7 +169,7 @@ std::string why(const Tried& t, const std::vector<Tried>& all,
     if (one == all.end())
       w.push_back("EP 1 is not a layout of this model");
     else if (!one->fits)
-      w.push_back(str("EP 1 does not fit (at least ", trainer::format_bytes(one->least), ")"));
+      w.push_back(str("EP 1 does not fit (at least ", train_app::format_bytes(one->least), ")"));
     else
       w.push_back(str("EP 1 ", one->p.tokens_s < t.p.tokens_s ? "is slower" : "is faster", ": ",
                       static_cast<int64_t>(one->p.tokens_s), " tokens/s"));
@@ -182,7 +183,7 @@ std::string why(const Tried& t, const std::vector<Tried>& all,
 }  // namespace
 
 int search(const Args& a, const sim::MachineSpec& m) {
-  const TrainConfig base = trainer::resolve(make_config(a, m));
+  const TrainConfig base = train_app::resolve(make_config(a, m));
   const int64_t W = m.world_size(), E = base.model.moe.num_experts;
   std::vector<Tried> all;
   std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> least_at_cp;  // (tp, pp, cp)
@@ -237,10 +238,10 @@ int search(const Args& a, const sim::MachineSpec& m) {
       std::printf(
           "none fits: the least any layout needs is %s (TP %lld x PP %lld x CP %lld, EP "
           "%lld, micro batch %lld: %s) of %s HBM per core\n",
-          trainer::format_bytes(best->least).c_str(), static_cast<long long>(best->l.tp),
+          train_app::format_bytes(best->least).c_str(), static_cast<long long>(best->l.tp),
           static_cast<long long>(best->l.pp), static_cast<long long>(best->l.cp),
           static_cast<long long>(best->l.ep), static_cast<long long>(best->l.mb),
-          best->cheapest.c_str(), trainer::format_bytes(m.core.hbm_bytes).c_str());
+          best->cheapest.c_str(), train_app::format_bytes(m.core.hbm_bytes).c_str());
   }
   if (budget.exhausted)
     std::printf(
@@ -256,7 +257,7 @@ int search(const Args& a, const sim::MachineSpec& m) {
         why(*fit[i], all, least_at_cp).c_str());
   }
   if (fit.size() > 1) {  // the winner against the runner-up, by the parts of their steps
-    const trainer::RankMemory &x = *fit[0]->p.slowest, &y = *fit[1]->p.slowest;
+    const train_app::RankMemory &x = *fit[0]->p.slowest, &y = *fit[1]->p.slowest;
     std::printf(
         "1 over 2: step %.4f s against %.4f s: compute %.4f / %.4f s, exposed communication "
         "%.4f / %.4f s, pipeline bubble %.4f / %.4f s\n",

@@ -2,9 +2,9 @@
 // Trains a language model as configured (defaults: docs/CONFIG.md). Exit codes: 0 done, 2 a
 // user mistake (bad flag, config, data path, a model that does not fit: one line on stderr), 1
 // anything else. The command line, the backends and the error handling are the trainer library's
-// (train/cli.h), so a program training a module of its own behaves the same.
-#include "nxd/train/cli.h"
+// (train_app/cli.h), so a program training a module of its own behaves the same.
+#include "nxd/train_app/cli.h"
 
 int main(int argc, char** argv) {
-  return nxd::trainer::run_cli(argc, argv);
+  return nxd::train_app::run_cli(argc, argv);
 }

@@ -34,7 +34,7 @@ class Dataset {
   virtual int64_t seq_length() const = 0;
   // Writes the seq_length + 1 tokens of sample i.
   virtual void get(int64_t i, int64_t* out) const = 0;
-  // Datasets with labels of their own (SFT and DPO jsonl, train/alignment_data.h) override the
+  // Datasets with labels of their own (SFT and DPO jsonl, train_app/alignment_data.h) override the
   // three below: a sample is rows_per_sample() rows (2: a chosen/rejected pair) of ids, targets
   // (-100 where nothing is trained) and positions (each token's position in its document; packed()
   // says they restart inside a row), each row seq_length long. The default: one row, get()'s

@@ -31,16 +31,19 @@
 #include "nxd/optim/lr_schedule.h"
 #include "nxd/optim/optimizer.h"
 
+namespace nxd::api {
+class NxDOptimizer;
+}  // namespace nxd::api
+
 namespace nxd::trainer {
 
-class NxDOptimizer;
 class Trainer;
 
 // Lightning's LightningOptimizer over NxD's optimizer wrapper: step() is NxDOptimizer's (SP sums,
 // DP reduction or ZeRO-1's reduce-scatter, the global norm, the update), one trainer step.
 class ManualOptimizer {
  public:
-  ManualOptimizer(Trainer& trainer, NxDOptimizer& opt) : trainer_(trainer), opt_(opt) {}
+  ManualOptimizer(Trainer& trainer, api::NxDOptimizer& opt) : trainer_(trainer), opt_(opt) {}
   // The update; not applied (every rank alike) when the global gradient norm is not finite
   // (StepOutput::skipped, the trainer's on_nonfinite).
   void step();
@@ -56,7 +59,7 @@ class ManualOptimizer {
  private:
   friend class Trainer;
   Trainer& trainer_;
-  NxDOptimizer& opt_;
+  api::NxDOptimizer& opt_;
   std::optional<double> grad_norm_;
   double lr_ = 0;        // the first group's rate used by the last step
   bool applied_ = true;  // the last step was applied

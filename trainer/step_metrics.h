@@ -1,8 +1,9 @@
 #pragma once
 // The figures a pipeline's stages report for a step's last microbatch (Module::step_metrics: the
 // MoE layers' aux loss, drops and expert loads), combined over this stage's chunks and over the
-// stages. Trainer::pipeline_train_step logs them; nxd-plan's meta step (train/plan_step.cpp) runs
-// the same function, so the plan charges its all-reduces over PP (meta layers report no values).
+// stages. Trainer::pipeline_train_step logs them; nxd-plan's meta step (train_app/plan_step.cpp)
+// runs the same function, so the plan charges its all-reduces over PP (meta layers report no
+// values).
 #include <string>
 #include <utility>
 #include <vector>

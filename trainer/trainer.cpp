@@ -121,18 +121,18 @@ optim::Optimizer& Trainer::optimizer() {
   return nxd_optimizer_->inner();
 }
 
-NxDModel& Trainer::nxd_model() {
+api::NxDModel& Trainer::nxd_model() {
   if (!nxd_model_) throw InternalError("[trainer] nxd_model() outside fit");
   return *nxd_model_;
 }
 
-NxDConfig Trainer::nxd_config() const {
+api::NxDConfig Trainer::nxd_config() const {
   return nxd_config_of(opts_);
 }
 
-NxDConfig nxd_config_of(const TrainerOptions& opts) {
+api::NxDConfig nxd_config_of(const TrainerOptions& opts) {
   check_options(opts);
-  NxDConfig c = opts.nxd;
+  api::NxDConfig c = opts.nxd;
   c.pipeline_config.num_microbatches = static_cast<int>(opts.accumulate_grad_batches);
   c.optimizer_config.grad_clipping = opts.gradient_clip_val > 0;
   c.optimizer_config.max_grad_norm = opts.gradient_clip_val > 0 ? opts.gradient_clip_val : 1.0;
@@ -166,7 +166,7 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
                           " but parallel_state is initialized with ",
                           parallel_state::get_tensor_model_parallel_size(), " x ",
                           parallel_state::get_pipeline_model_parallel_size()));
-  nxd_config_ = neuronx_distributed_config(nxd_config_);
+  nxd_config_ = api::neuronx_distributed_config(nxd_config_);
   dp_ = parallel_state::get_data_parallel_size();
   dp_rank_ = parallel_state::get_data_parallel_rank();
   module_ = &module;
@@ -180,7 +180,7 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
   schedule_ = std::move(os.schedule);
   // DP reduction or ZeRO-1, SP sums, clipping, precision: NxD's optimizer wrapper (manual
   // optimization reduces in the step: its backward passes accumulate freely)
-  nxd_optimizer_ = std::make_unique<NxDOptimizer>(
+  nxd_optimizer_ = std::make_unique<api::NxDOptimizer>(
       nxd_config_, *nxd_model_, std::move(os.optimizer),
       module.automatic_optimization ? optim::GradSyncMode::overlap : optim::GradSyncMode::at_step);
   if (!module.automatic_optimization) setup_manual();
@@ -206,20 +206,20 @@ void Trainer::setup(TrainingModule& module, DataModule& data) {
 // as microbatches) in the precision's parameter dtype, wrapped in an NxDModel.
 void Trainer::build_model(TrainingModule& module) {
   if (nxd_config_.pipeline_parallel_size > 1) {
-    module.pipeline_ = module.build_pipeline_model(pipeline_options_for(nxd_config_));
+    module.pipeline_ = module.build_pipeline_model(api::pipeline_options_for(nxd_config_));
     if (!module.pipeline_)
       throw ConfigError("[trainer] build_pipeline_model() returned no pipeline");
     pipeline_ = module.pipeline_.get();
-    nxd_model_ = std::make_shared<NxDModel>(nxd_config_, module.pipeline_);
+    nxd_model_ = std::make_shared<api::NxDModel>(nxd_config_, module.pipeline_);
   } else {
     module.model_ = module.build_model();
     if (!module.model_) throw ConfigError("[trainer] build_model() returned no model");
-    nxd_model_ = std::make_shared<NxDModel>(nxd_config_, module.model_);
+    nxd_model_ = std::make_shared<api::NxDModel>(nxd_config_, module.model_);
   }
   if (nxd_config_.lora_config)  // adapters on the built (and loaded) model, the rest frozen
-    apply_lora_to_parts(*nxd_config_.lora_config, nxd_model_->local_modules(),
-                        nxd_config_.model_init_config.seed);
-  if (resolve_precision(nxd_config_).param_dtype == DType::bf16)
+    api::apply_lora_to_parts(*nxd_config_.lora_config, nxd_model_->local_modules(),
+                             nxd_config_.model_init_config.seed);
+  if (api::resolve_precision(nxd_config_).param_dtype == DType::bf16)
     for (Module* m : nxd_model_->local_modules()) m->to_dtype(DType::bf16);
   nxd_model_->train(true);
 }

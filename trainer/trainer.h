@@ -5,7 +5,7 @@
 // the loop on NxD's training API (api/): accumulation, validation, callbacks (callbacks.h, the
 // checkpoint callback in checkpointing.h), loggers (loggers.h, metrics.csv in log.h) and graceful
 // preemption (preempt.h). It knows no configuration file and no particular model: nxd-train
-// (train/) is one user of it.
+// (train_app/) is one user of it.
 //
 // Trainer: Lightning's Trainer over nxd's parallel runtime. fit(module, data) runs on the current
 // Context (the single rank, an MPI process, or a sim rank thread — every rank of the world calls
@@ -64,7 +64,7 @@ struct TrainerOptions {
   // trainer converts it to bf16 for mixed_precision and bf16SR), grad_bucket_mb. The trainer
   // sets pipeline_config.num_microbatches and optimizer_config's clipping itself, from
   // accumulate_grad_batches and gradient_clip_val below (nxd_config_of).
-  NxDConfig nxd;
+  api::NxDConfig nxd;
   int64_t max_steps = 100;  // 0: evaluate only (the validation at the start, logged as a row)
   // Lightning's max_epochs: stop after the optimizer step that finishes this many passes over
   // the training data (DataModule::epochs_completed; whichever of max_steps and max_epochs comes
@@ -129,7 +129,7 @@ bool is_logging_rank();
 
 // ConfigError on impossible options (what the Trainer's constructor checks); otherwise the
 // NxDConfig a Trainer with these options runs (Trainer::nxd_config), without building one.
-NxDConfig nxd_config_of(const TrainerOptions& opts);
+api::NxDConfig nxd_config_of(const TrainerOptions& opts);
 
 class Trainer {
  public:
@@ -160,9 +160,9 @@ class Trainer {
   // without a schedule).
   ManualOptimizer& manual_optimizer();
   LRScheduler* lr_scheduler() { return lr_scheduler_ ? &*lr_scheduler_ : nullptr; }
-  NxDModel& nxd_model();  // during fit: the module's model or pipeline, wrapped
+  api::NxDModel& nxd_model();  // during fit: the module's model or pipeline, wrapped
   // The NxDConfig of a fit with these options (sizes, pipeline, ZeRO-1, clipping, precision).
-  NxDConfig nxd_config() const;
+  api::NxDConfig nxd_config() const;
   const std::optional<optim::LRSchedule>& schedule() const { return schedule_; }
   int dp_rank() const { return dp_rank_; }
   int dp_size() const { return dp_; }
@@ -198,16 +198,16 @@ class Trainer {
   std::vector<double> dp_sum(std::vector<double> v) const;
 
   TrainerOptions opts_;
-  NxDConfig nxd_config_;  // of the current fit
+  api::NxDConfig nxd_config_;  // of the current fit
   int preempt_signal_ = 0;
   int64_t step_ = 0;
   std::string stop_reason_;
   std::map<std::string, double> pending_;
   int dp_ = 1, dp_rank_ = 0;
   int64_t num_parameters_ = 0, num_trainable_parameters_ = 0;
-  pipeline::PipelineModel* pipeline_ = nullptr;  // the module's, with pipeline parallelism
-  std::shared_ptr<NxDModel> nxd_model_;          // the module's model or pipeline
-  std::unique_ptr<NxDOptimizer> nxd_optimizer_;  // around the module's optimizer
+  pipeline::PipelineModel* pipeline_ = nullptr;       // the module's, with pipeline parallelism
+  std::shared_ptr<api::NxDModel> nxd_model_;          // the module's model or pipeline
+  std::unique_ptr<api::NxDOptimizer> nxd_optimizer_;  // around the module's optimizer
   std::optional<optim::LRSchedule> schedule_;
   // manual optimization: the module's optimizer and scheduler, the micro batches run
   std::unique_ptr<ManualOptimizer> manual_;

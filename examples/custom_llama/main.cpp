@@ -69,15 +69,15 @@ std::pair<Tensor, Tensor> batch(int step, int r) {
 }
 
 std::pair<double, double> train() {
-  const auto cfg = trainer::neuronx_distributed_config(trainer::NxDConfig::from_json(
+  const auto cfg = api::neuronx_distributed_config(api::NxDConfig::from_json(
       {{"tensor_parallel_size", 2},
        {"precision", "mixed_precision"},
        {"optimizer_config", {{"zero_one_enabled", true}}},
        {"model_init_config", {{"meta_device_init", true}, {"seed", 5}}}}));
-  auto model = trainer::initialize_parallel_model(cfg, [](const ParamOptions& po) {
+  auto model = api::initialize_parallel_model(cfg, [](const ParamOptions& po) {
     return std::make_shared<MyLlama>(po);  // on the meta device in bf16: materialized after
   });
-  auto opt = trainer::initialize_parallel_optimizer(
+  auto opt = api::initialize_parallel_optimizer(
       cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-2, 0.01),
       optim::AdamWOptions{});
   const int dp_rank = parallel_state::get_data_parallel_rank();

@@ -7,7 +7,7 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/transformer.h"
-#include "nxd/train/lm_module.h"
+#include "nxd/train_app/lm_module.h"
 
 namespace gpt2 {
 using namespace nxd;
@@ -108,7 +108,7 @@ class GPT2LMHeadModel : public CausalLM {
 
 // nxd-train's language-model module with this model: data, optimizer, schedule, logging,
 // checkpoints and pipeline stages come from the same configuration keys.
-class LMModule : public trainer::CausalLMModule {
+class LMModule : public train_app::CausalLMModule {
  public:
   using CausalLMModule::CausalLMModule;
   std::string transformer_layer_type() const override { return "GPT2Block"; }

@@ -115,19 +115,19 @@ struct Run {
 Run train() {
   Run run;
   run.one_rank = one_rank_losses();  // before the parallel state: a one-rank model
-  trainer::NxDConfig want;
+  api::NxDConfig want;
   want.tensor_parallel_size = kTp;
   want.pipeline_parallel_size = kPp;
   want.pipeline_config.num_microbatches = kMicrobatches;
   want.optimizer_config.grad_clipping = false;
   want.model_init_config.meta_device_init = true;
   want.model_init_config.seed = kSeed;
-  const auto cfg = trainer::neuronx_distributed_config(want);
+  const auto cfg = api::neuronx_distributed_config(want);
   pipeline::GenericPipelineOptions po;
   po.transformer_layer_cls = "ResidualBlock";
   po.loss.loss_fn = mse;
-  auto model = trainer::initialize_parallel_model(cfg, regressor, po);
-  auto opt = trainer::initialize_parallel_optimizer(
+  auto model = api::initialize_parallel_model(cfg, regressor, po);
+  auto opt = api::initialize_parallel_optimizer(
       cfg, *model, optim::default_param_groups(model->local_named_parameters(), kLr, 0.0),
       optim::AdamWOptions{});
   const int64_t per = kRows / parallel_state::get_data_parallel_size();

@@ -42,14 +42,14 @@ Tensor normal(const Shape& s, uint64_t stream) {
 
 // Trains on the current rank; returns {first loss, last loss} (the global batch's mean).
 std::pair<double, double> train(bool zero1) {
-  trainer::NxDConfig want;
+  api::NxDConfig want;
   want.tensor_parallel_size = 2;
   want.optimizer_config.zero_one_enabled = zero1;
-  const auto cfg = trainer::neuronx_distributed_config(want);
+  const auto cfg = api::neuronx_distributed_config(want);
   Mlp model(16, 64, 4);
   std::vector<optim::NamedParam> params;
   for (auto& [n, t] : model.named_parameters()) params.push_back({n, t});
-  auto opt = trainer::initialize_parallel_optimizer(
+  auto opt = api::initialize_parallel_optimizer(
       cfg, model, optim::default_param_groups(params, 3e-2, 0.0), optim::AdamWOptions{});
   const int dp = parallel_state::get_data_parallel_size();
   const int rank = parallel_state::get_data_parallel_rank();

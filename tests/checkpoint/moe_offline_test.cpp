@@ -27,7 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace ps = nxd::parallel_state;
 using json = nlohmann::json;
-using namespace nxd::trainer;
+using namespace nxd::api;
 
 // micro_model with Mixtral's MoE in every layer: 4 experts, top 2.
 ModelConfig tiny_mixtral() {

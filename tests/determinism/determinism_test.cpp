@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "nxd/runtime/cpu_info.h"
-#include "nxd/train/train.h"
+#include "nxd/train_app/train.h"
 #include "support/files.h"
 #include "train_util.h"
 
@@ -30,7 +30,7 @@ TrainRun run(const fs::path& d, const std::string& name, std::vector<std::string
   for (const char* s : {"model.num_layers=2", "exp_manager.create_checkpoint_callback=true",
                         "exp_manager.checkpoint_callback_params.every_n_train_steps=20"})
     extra.insert(extra.begin(), s);
-  trainer::train(
+  train_app::train(
       nxd::testing::tiny(d / name, nxd::testing::tiny_corpus(d), nxd::testing::parallel_run(extra)),
       {.quiet = true});
   TrainRun r;

@@ -12,13 +12,15 @@
 
 #include "gpt2.h"
 #include "nxd/collectives/parallel_state.h"
-#include "nxd/train/train.h"
+#include "nxd/train_app/train.h"
 #include "support/compare.h"
 #include "support/files.h"
 #include "support/ranks.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
+using namespace nxd::api;
+using namespace nxd::train_app;
 namespace fs = std::filesystem;
 
 namespace {

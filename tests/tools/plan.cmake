@@ -1,4 +1,4 @@
-# nxd-train refuses a model that cannot fit before allocating anything (train/plan.h), exit 2
+# nxd-train refuses a model that cannot fit before allocating anything (train_app/plan.h), exit 2
 # with the rank, the breakdown, the capacity and what to change: issue 24's two commands (one fp32
 # rank of 4.8B parameters; the default 8-rank layout at hidden 16384 x 16 layers), each of which
 # grew to 19-22 GB of host memory before the kernel killed it; and a run over the host RAM its sim

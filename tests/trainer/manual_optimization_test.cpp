@@ -10,12 +10,14 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
-#include "nxd/train/train.h"
+#include "nxd/train_app/train.h"
 #include "support/compare.h"
-#include "train_util.h"
+#include "train_app/train_util.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
+using namespace nxd::api;
+using namespace nxd::train_app;
 namespace fs = std::filesystem;
 
 namespace {

@@ -10,12 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "nxd/train/train.h"
+#include "nxd/train_app/train.h"
 #include "nxd/trainer/loggers.h"
 #include "support/files.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
+using namespace nxd::api;
+using namespace nxd::train_app;
 namespace fs = std::filesystem;
 
 namespace {

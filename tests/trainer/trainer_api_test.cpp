@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "nxd/collectives/sim/launch.h"
-#include "nxd/train/train.h"
+#include "nxd/train_app/train.h"
 #include "support/files.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
+using namespace nxd::api;
+using namespace nxd::train_app;
 namespace fs = std::filesystem;
 
 namespace {
