@@ -12,12 +12,14 @@
 #include <string>
 
 #include "nxd/runtime/error.h"
-#include "nxd/train/train.h"
+#include "nxd/train_app/train.h"
 #include "support/compare.h"
 #include "train_util.h"
 
 using namespace nxd;
 using namespace nxd::trainer;
+using namespace nxd::api;
+using namespace nxd::train_app;
 namespace fs = std::filesystem;
 using nxd::testing::parallel_run;
 using nxd::testing::tiny;
