@@ -217,7 +217,7 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
          optim::zero_stage_name(zs), " (zero_one_enabled is stage 1; set one of them)");
   if (c.optimizer_config.optimizer_offload && c.optimizer_config.stage() == optim::ZeroStage::none)
     fail(
-        "optimizer_config.optimizer_offload=true needs optimizer_config.zero_stage 1 or 2 (or "
+        "optimizer_config.optimizer_offload=true needs optimizer_config.zero_stage 1, 2 or 3 (or "
         "zero_one_enabled): only the sharded optimizer's state is offloaded");
   const ResolvedPrecision rp = resolve_precision(c);
   if (!parallel_state::model_parallel_is_initialized()) {

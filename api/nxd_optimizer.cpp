@@ -51,11 +51,6 @@ std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, in
               " is not supported (docs/design/fsdp.md)");
   NXD_CHECK_T(ConfigError, ep == 1, stage, " with expert_parallel_size=", ep,
               " is not supported (docs/design/fsdp.md)");
-  NXD_CHECK_T(ConfigError, !cfg.optimizer_config.optimizer_offload, stage,
-              " with optimizer_config.optimizer_offload=true is not supported "
-              "(docs/design/fsdp.md)");
-  NXD_CHECK_T(ConfigError, !cfg.lora_config.has_value(), stage,
-              " with lora_config is not supported (docs/design/fsdp.md)");
   std::vector<Module*> units;
   for (Module* m : model.local_modules()) {
     NXD_CHECK_T(ConfigError, moe_layers(*m).empty(), stage,
@@ -110,7 +105,7 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   NXD_CHECK_T(
       ConfigError, zero1 || !cfg_.optimizer_config.optimizer_offload,
       "[NxDOptimizer] optimizer_config.optimizer_offload=true needs "
-      "optimizer_config.zero_stage 1 or 2: only the sharded optimizer's state is offloaded");
+      "optimizer_config.zero_stage 1, 2 or 3: only the sharded optimizer's state is offloaded");
   // buckets go out during backward unless something must reach .grad before the reduction
   const auto mode =
       sync == optim::GradSyncMode::at_step || model_.is_pipeline() || (zero1 && sp_sums_)

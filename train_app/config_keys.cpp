@@ -313,7 +313,8 @@ std::vector<KeySpec> make_registry() {
           "forward and gathered again for its backward; false keeps them from the forward to "
           "the end of the layer's backward (less communication, more memory)."),
       key("distributed_strategy.optimizer_offload", K::boolean, false,
-          "Optimizer offload (with zero_stage 1 or 2): the sharded optimizer state and f32 master "
+          "Optimizer offload (with zero_stage 1, 2 or 3): the sharded optimizer state and f32 "
+          "master "
           "weights live in host memory, accounted apart from HBM by the sim device, and the "
           "update runs there; nxd-train prints the HBM peak against the host's. Losses are "
           "unchanged (the same update)."),

@@ -283,10 +283,6 @@ void check_zero3(Resolver& r, const DistributedSection& ds, const ModelConfig& m
     r.fail(stage, " with model.moe (distributed_strategy.expert_model_parallel_size=",
            ds.expert_model_parallel_size,
            ") is not supported: ZeRO-3 does not shard the experts; use zero_stage 2");
-  if (ds.optimizer_offload)
-    r.fail(stage,
-           " with distributed_strategy.optimizer_offload=true is not supported (not "
-           "tested); use zero_stage 2");
 }
 
 // Expert parallelism and MoE against the other strategies (every impossible combination named).
@@ -327,8 +323,8 @@ DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
   ds.optimizer_offload = r.c.get_bool("distributed_strategy.optimizer_offload");
   if (ds.optimizer_offload && !ds.zero1())
     r.fail(
-        "distributed_strategy.optimizer_offload=true needs distributed_strategy.zero_stage 1 "
-        "or 2 (or zero1: true): only the sharded optimizer's state is offloaded");
+        "distributed_strategy.optimizer_offload=true needs distributed_strategy.zero_stage 1, 2 "
+        "or 3 (or zero1: true): only the sharded optimizer's state is offloaded");
   ds.reshard_after_forward = r.c.get_bool("distributed_strategy.reshard_after_forward");
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");
@@ -523,9 +519,6 @@ TrainConfig resolve(const Config& in) {
   t.dist = resolve_distributed(r, t.model);
   t.lora = resolve_peft(r);
   check_zero3(r, t.dist, t.model);
-  if (t.lora && t.dist.zero_stage == optim::ZeroStage::three)
-    r.fail("distributed_strategy.zero_stage=3 with model_alignment_strategy.peft.lora_rank=",
-           t.lora->lora_rank, " is not supported (not tested); use zero_stage 2");
   t.alignment = resolve_alignment(r.c, t);
   t.grad_accum_steps = resolve_batching(r, t.data, t.dist);
   if (t.dist.pipeline_model_parallel_size > 1 || t.dist.virtual_pipeline_model_parallel_size > 1 ||
