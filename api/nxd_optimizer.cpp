@@ -7,6 +7,7 @@
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 
@@ -71,6 +72,8 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
                            std::unique_ptr<optim::Optimizer> inner, optim::GradSyncMode sync)
     : cfg_(cfg), model_(model) {
   NXD_CHECK_T(ConfigError, inner != nullptr, "[NxDOptimizer] no optimizer");
+  // a model a ZeRO-3 optimizer sharded before this one comes back whole
+  remove_param_units(model_.local_modules());
   norm_params_ = model_.norm_params();
   groups_ = model_.norm_groups();
   sp_sums_ = model_.needs_sequence_parallel_sums();

@@ -22,6 +22,19 @@ WholeParameters::~WholeParameters() {
   for (auto& u : units_) u->release(UnitPass::outside);
 }
 
+int remove_param_units(const std::vector<Module*>& modules) {
+  int n = 0;
+  for (Module* m : modules)
+    if (m)
+      for (auto& [name, sub] : m->named_modules())
+        if (auto u = sub->param_unit()) {
+          u->gather(UnitPass::outside);
+          sub->set_param_unit(nullptr);
+          ++n;
+        }
+  return n;
+}
+
 Tensor run_param_unit(const Module& m, const Tensor& x,
                       const std::function<Tensor(const Tensor&)>& body) {
   const std::shared_ptr<ParamUnit>& u = m.param_unit();

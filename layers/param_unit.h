@@ -52,6 +52,11 @@ class WholeParameters {
   std::vector<std::shared_ptr<ParamUnit>> units_;
 };
 
+// A model sharded by an optimizer gone since (a second fit on the same modules) made whole again:
+// every unit in the trees gathered and removed from its module. Collective like WholeParameters;
+// returns the units removed.
+int remove_param_units(const std::vector<Module*>& modules);
+
 // `body(x)` (the module's forward) inside `m`'s unit as described above; a plain call when `m`
 // has no unit.
 Tensor run_param_unit(const Module& m, const Tensor& x,

@@ -213,6 +213,7 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   NXD_CHECK(I.opts.stage != ZeroStage::none, "[Zero1Optimizer] stage must be 1, 2 or 3, got ",
             zero_stage_name(I.opts.stage));
   const bool three = I.opts.stage == ZeroStage::three;
+  remove_param_units(I.opts.units);  // sharded by an earlier ZeRO-3 optimizer: whole again
   NXD_CHECK(!three || I.opts.expert_params.empty(),
             "[Zero1Optimizer] stage 3 does not shard expert-parallel parameters");
   NXD_CHECK(three || I.opts.units.empty(), "[Zero1Optimizer] units are for stage 3, got stage ",

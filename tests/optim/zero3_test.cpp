@@ -148,6 +148,46 @@ TEST(Zero3, MatchesZero1AndPlainDpWithTensorParallelism) {
   compare({.world = 4, .tp = 2, .mode = GradSyncMode::overlap});
 }
 
+// A second stage-3 optimizer over a model the first one sharded (destroyed since) takes the
+// weights back whole: two steps with each give ZeRO-1's parameters (restarted alike) bitwise.
+TEST(Zero3, ASecondOptimizerOverTheSameModelTakesItsWeightsBack) {
+  bool same = true;
+  std::mutex mu;
+  nxd::testing::run_ranks(2, [&] {
+    parallel_state::initialize_model_parallel(1);
+    ModelConfig c = nxd::testing::tiny_gqa_llama(2);
+    auto a = make_causal_lm(c, 5), b = make_causal_lm(c, 5);
+    const Case k{.world = 2};
+    const int d = parallel_state::get_data_parallel_rank();
+    auto steps = [&](Module& m, Zero1Optimizer& o, int from) {
+      for (int step = from; step < from + 2; ++step) {
+        backward(static_cast<CausalLM&>(m).loss(ids_for(d, step, c.vocab_size),
+                                                ids_for(d, 50 + step, c.vocab_size)));
+        o.clip_grad_norm(0.5);
+        o.step();
+        o.zero_grad(true);
+      }
+    };
+    // the same on ZeRO-1 (whose model keeps its weights): bitwise the same parameters
+    for (Module* m : {static_cast<Module*>(a.get()), static_cast<Module*>(b.get())}) {
+      const ZeroStage st = m == a.get() ? ZeroStage::three : ZeroStage::one;
+      {
+        Zero1Optimizer first(default_param_groups(named(*m), 3e-2, 0.1), options(*m, st, k));
+        steps(*m, first, 0);
+      }
+      Zero1Optimizer second(default_param_groups(named(*m), 3e-2, 0.1), options(*m, st, k));
+      steps(*m, second, 2);
+      second.gather_parameters();  // stays whole: the optimizer goes first
+    }
+    bool s = true;
+    for (auto& [name, t] : a->named_parameters())
+      s = s && nxd::testing::diff(t.detach(), b->get_parameter(name).detach()).max_abs == 0;
+    std::lock_guard<std::mutex> l(mu);
+    same = same && s;
+  });
+  EXPECT_TRUE(same);
+}
+
 TEST(Zero3, KeepsParametersFromForwardToBackwardAndComposesWithRecomputation) {
   compare({.world = 2, .mode = GradSyncMode::overlap, .reshard_after_forward = false});
   compare({.world = 2, .mode = GradSyncMode::overlap, .recompute = true});
