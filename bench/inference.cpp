@@ -7,8 +7,9 @@
 // model and weights (--export) and prints the ratios.
 //   nxd-bench-inference [--threads T] [--precision fp32|bf16|int8|int4] [--prompt N] [--reps N]
 // int8 / int4 (group 32, symmetric): f32 activations, every decoder linear layer's weight
-// quantized (layers/quantize.h; the embedding and the output head stay f32), eager only; the
-// step's bytes count the quantized weights as stored.
+// quantized (layers/quantize.h; the embedding stays f32, the output head too unless --head int8
+// or int4, layers/models/quantize_lm.h), eager only; the step's bytes count the quantized
+// weights as stored.
 //   nxd-bench-inference --export DIR [--max-positions N]
 //                        (model.safetensors, config.json, a synthetic byte-level tokenizer.json of
 //                        the model's vocabulary (synthetic_tokenizer.h), prefill_logits.f32)
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "llama_125m.h"
 #include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
@@ -53,16 +55,7 @@ enum class BenchModel { bench, draft, tiny };
 BenchModel g_model = BenchModel::bench;  // --model
 
 ModelConfig bench_model(DType dt) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 32000;
-  c.hidden_size = 768;
-  c.num_layers = 12;
-  c.num_attention_heads = 12;
-  c.num_kv_heads = 4;
-  c.ffn_hidden_size = 2048;
-  c.max_position_embeddings = 512;
-  c.init_std = 0.02;
+  ModelConfig c = bench::llama_125m(512);
   c.dtype = dt;
   if (g_model == BenchModel::draft) {
     c.hidden_size = 256;
@@ -98,6 +91,8 @@ int64_t decode_bytes(CausalLM& m, const KVCache& cache, int64_t len) {
       for (auto& [n, t] : mod->named_parameters(/*recurse=*/false))
         if (n == "weight" && !t.is_meta()) quantized.insert(t.raw_data());
     }
+  for (const auto& [name, q] : m.owned_quantized())  // a tied head's quantized copy
+    b += q->int8_weight() ? q->int8_weight()->bytes() : q->int4_weight()->bytes();
   for (const auto& [name, t] : m.named_parameters())
     // a quantized layer's own weight is freed (meta); a tied one keeps its data
     if (name.find("embed_tokens") == std::string::npos && !t.is_meta() &&
@@ -271,6 +266,10 @@ int main(int argc, char** argv) {
                  {"--max-positions", "N", "--export: the model's max_position_embeddings"},
                  {"--logits-gguf", "FILE", "the prompt's logits on a GGUF file's weights"},
                  {"--logits-out", "FILE", "where --logits-gguf writes them (raw f32)"},
+                 {"--head",
+                  "H",
+                  "int8/int4: the output head's format (default none: f32)",
+                  {"none", "int8", "int4"}},
                  {"--tp-compare", "", "TP 2 on two sim ranks against TP 1"},
                  {"--no-traced", "", "skip the traced decoder"}});
   const std::string prec = a.get_str("--precision", "fp32");
@@ -305,7 +304,14 @@ int main(int argc, char** argv) {
   std::printf("# %s\n", cpu::describe().c_str());
   auto m = make_causal_lm(bench_model(dt), 1);
   const bool quantized = prec == "int8" || prec == "int4";
-  if (quantized) quantize_causal_lm(*m, {}, parse_weight_quant(prec));
+  const std::string head = a.get_str("--head", "none");
+  if (head != "none" && !quantized) {
+    std::fprintf(stderr, "nxd-bench-inference: --head %s needs --precision int8 or int4\n",
+                 head.c_str());
+    return 2;
+  }
+  if (quantized)
+    quantize_causal_lm(*m, {}, parse_weight_quant(head == "none" ? prec : prec + ":head=" + head));
   Timed t = time_model(*m, P, reps);
   const double stream = stream_seconds(t.bytes);
   std::printf("model: llama %lld parameters, %s, threads %d\n",

@@ -11,6 +11,7 @@
 #include "nxd/checkpoint/offline.h"
 #include "nxd/io/bounded_read.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/runtime/kernels/gemv_int8.h"
 
 namespace nxd::ckpt {
 
@@ -317,11 +318,59 @@ GgufModel read_gguf_model(const fs::path& file) {
     if (gguf_name.find("attn_k.") != std::string::npos)
       x = permute_rotary_from_ggml(x, c.kv_heads());
     m.full[nxd_name] = x;
+    if (nxd_name == (c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight")) {
+      m.head_name = nxd_name;
+      m.head_type = static_cast<GgmlType>(t->type);  // read above: one of the decoded types
+      if (m.head_type == GgmlType::q8_0 || m.head_type == GgmlType::q4_0)
+        m.head_bytes = io::read_gguf_bytes(f, *t);
+    }
     if (types.find(io::ggml_type_name(t->type)) == std::string::npos)
       types += std::string(types.empty() ? "" : "/") + io::ggml_type_name(t->type);
   }
   m.description = str("llama, ", c.num_layers, " layers, hidden ", c.hidden_size, ", ", types);
   return m;
+}
+
+std::shared_ptr<const QuantizedCheckpoint> gguf_quantized_head(const GgufModel& g,
+                                                               const std::string& file) {
+  if (g.head_type != GgmlType::q8_0 && g.head_type != GgmlType::q4_0) return nullptr;
+  const Tensor& full = g.full.at(g.head_name);
+  const int64_t V = full.size(0), H = full.size(1);
+  auto q = std::make_shared<QuantizedCheckpoint>();
+  q->file = file;
+  q->cfg = g.cfg;
+  const std::string w = g.head_name;
+  if (g.head_type == GgmlType::q4_0) {
+    q->opts = parse_weight_quant("int4:32:sym:head=int4");
+    const int64_t blocks = H / 32;  // a q4_0 tensor's rows are whole blocks
+    NXD_CHECK(static_cast<int64_t>(g.head_bytes.size()) == V * blocks * 18, "[gguf] ", file, ": ",
+              w, " holds ", g.head_bytes.size(), " bytes, q4_0 [", V, ", ", H, "] needs ",
+              V * blocks * 18);
+    Tensor qw = zeros({V, blocks * 4}, DType::i32), sc = empty({V, blocks}, DType::f32);
+    auto* dst = static_cast<uint8_t*>(qw.raw_data());
+    for (int64_t r = 0; r < V; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* blk = g.head_bytes.data() + (r * blocks + b) * 18;  // f16 d, 16 code bytes
+        sc.data<float>()[r * blocks + b] =
+            io::f16_to_f32(static_cast<uint16_t>(blk[0] | blk[1] << 8));
+        std::memcpy(dst + (r * blocks + b) * 16, blk + 2, 16);
+      }
+    q->tensors[w + ".qweight"] = qw;
+    q->tensors[w + ".scales"] = sc;
+  } else {
+    q->opts = parse_weight_quant("int8:head=int8");
+    const Tensor wf = full.contiguous();
+    std::vector<int8_t> v(static_cast<size_t>(V * H));
+    Tensor sc = empty({V, 1}, DType::f32);
+    kernels::quantize_int8_rows(v.data(), sc.data<float>(), wf.data<float>(), V, H);
+    Tensor qw = zeros({V, (H + 3) / 4}, DType::i32);
+    for (int64_t r = 0; r < V; ++r)
+      std::memcpy(static_cast<uint8_t*>(qw.raw_data()) + r * ((H + 3) / 4) * 4, v.data() + r * H,
+                  static_cast<size_t>(H));
+    q->tensors[w + ".qweight"] = qw;
+    q->tensors[w + ".scales"] = sc;
+  }
+  return q;
 }
 
 void import_gguf(const fs::path& file, const fs::path& out_root, const std::string& tag, int tp,

@@ -20,8 +20,11 @@
 // rope scaling, biases, another tensor) is refused by name.
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "nxd/checkpoint/quantized.h"
 #include "nxd/io/gguf.h"
 #include "nxd/layers/models/config.h"
 #include "nxd/runtime/tensor.h"
@@ -50,8 +53,23 @@ struct GgufModel {
   ModelConfig cfg;
   std::map<std::string, Tensor> full;
   std::string description;  // "llama, 2 layers, hidden 32, q8_0"
+  // The output head's weight (output.weight, or token_embd.weight when tied) as the file stores
+  // it: head_name its nxd name, head_type its GGML type, head_bytes its raw bytes.
+  std::string head_name;
+  io::GgmlType head_type = io::GgmlType::f32;
+  std::vector<uint8_t> head_bytes;
 };
 GgufModel read_gguf_model(const std::filesystem::path& file);
+
+// A q8_0 or q4_0 output head kept quantized (nxd-generate / nxd-serve --gguf): the head's tensors
+// in the quantized-checkpoint layout (checkpoint/quantized.h: H.qweight, H.scales; opts.head the
+// format) for load_quantized_head. q4_0 blocks are int4 groups of 32 exactly (each block's f16
+// scale d as the group's scale, its codes q as the values: Q4_0's (q - 8) * d is the int4 kernel's
+// (u - 8) * scale); q8_0's per-block scales have no int8 counterpart (one scale per row), so its
+// f32 values are requantized to int8 per row (a second rounding, at most half the row's scale).
+// Null for any other type (the head stays f32).
+std::shared_ptr<const QuantizedCheckpoint> gguf_quantized_head(const GgufModel& g,
+                                                               const std::string& file);
 
 // read_gguf_model into a checkpoint at the given degrees (as import_hf).
 void import_gguf(const std::filesystem::path& file, const std::filesystem::path& out_root,

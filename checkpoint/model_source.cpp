@@ -44,6 +44,7 @@ ModelSource read_source(const ModelSourceOptions& o) {
     check(o, s.cfg, s.tag_dir.string() + "/metadata.json");
   } else if (!o.gguf.empty()) {
     GgufModel g = read_gguf_model(o.gguf);
+    s.head = gguf_quantized_head(g, o.gguf);
     s.cfg = g.cfg;
     s.full = std::move(g.full);
     s.hf_dir = o.gguf;
@@ -90,6 +91,7 @@ std::shared_ptr<CausalLM> build_model(const ModelSource& s) {
   } else {
     load_full_tensors({m.get()}, s.full, s.hf_dir);
   }
+  if (s.head) load_quantized_head(*m, *s.head);
   return m;
 }
 

@@ -37,6 +37,8 @@ struct ModelSource {
   std::string hf_dir;                  // names the source of `full`
   std::map<std::string, Tensor> full;  // full tensors (read-only, shared by sim ranks)
   std::shared_ptr<const QuantizedCheckpoint> quantized;  // a quantized checkpoint
+  // A GGUF file's q8_0 / q4_0 output head, kept quantized (gguf_quantized_head); null otherwise.
+  std::shared_ptr<const QuantizedCheckpoint> head;
 };
 
 ModelSource resolve_model_source(const ModelSourceOptions& o);

@@ -26,6 +26,7 @@ constexpr const char* kFormat = "nxd.quantized.format";
 constexpr const char* kGroup = "nxd.quantized.group";
 constexpr const char* kZero = "nxd.quantized.zero";
 constexpr const char* kLayers = "nxd.quantized.layers";
+constexpr const char* kHead = "nxd.quantized.head";
 constexpr const char* kModelConfig = "nxd.model_config";
 
 bool is_int4(const QuantizeOptions& o) {
@@ -110,16 +111,16 @@ std::map<std::string, Module*> quantizable_layers(CausalLM& m) {
   return r;
 }
 
-// This rank's quantized weight of the layer whose full weight is `w` (name) from the file.
-void set_layer(const QuantizedCheckpoint& q, const std::string& w, Module* mod,
-               const ParallelParameter& p, int64_t rank) {
+// This rank's quantized weight (format o) of the layer whose full weight is `w` (name) from the
+// file, set on `layer`.
+void set_layer(const QuantizedCheckpoint& q, const std::string& w, QuantizableLinear* layer,
+               const QuantizeOptions& o, const ParallelParameter& p, int64_t rank) {
   const ShardSpec s = p.attrs.tensor_model_parallel ? shard_spec(p.attrs) : ShardSpec{};
   const Shape full = full_shape(p.tensor.shape(), s);
   Dims d;
   d.in = full.back();
   d.out = 1;
   for (size_t i = 0; i + 1 < full.size(); ++i) d.out *= full[i];
-  const QuantizeOptions& o = q.opts;
   const Tensor& qw = need(q, w + ".qweight", DType::i32, {d.out, d.words(o)});
   const Tensor& sc = need(q, w + ".scales", DType::f32, {d.out, d.groups(o)});
   const Tensor* mn =
@@ -132,7 +133,6 @@ void set_layer(const QuantizedCheckpoint& q, const std::string& w, Module* mod,
   const int64_t stride = d.words(o) * 4, n = static_cast<int64_t>(rows.size());
   const int64_t k = static_cast<int64_t>(cols.size());
   const float* scale = sc.data<float>();
-  auto* layer = quantizable(mod);
   if (!is_int4(o)) {
     std::vector<int8_t> v(static_cast<size_t>(n * k));
     std::vector<float> sv(static_cast<size_t>(n));
@@ -174,6 +174,32 @@ void set_layer(const QuantizedCheckpoint& q, const std::string& w, Module* mod,
   }
 }
 
+// The name of m's output head weight: the head module's "weight", or the embedding parameter a
+// tied head shares.
+std::string head_weight_name(CausalLM& m) {
+  if (!m.output_head_name().empty()) return m.output_head_name() + ".weight";
+  const Tensor& w = m.output_head_weight();
+  for (auto& [n, t] : m.named_parameters())
+    if (t.impl() == w.impl()) return n;
+  throw CheckpointError("[quantized] the tied output head's weight is no parameter of the model");
+}
+
+// W.qweight, W.scales (and W.mins) of a quantized weight, as the file stores them.
+void append_quantized(std::vector<std::pair<std::string, Tensor>>& out, const std::string& w,
+                      const QuantizableLinear& layer) {
+  if (const auto& w8 = layer.int8_weight()) {
+    const auto* b = reinterpret_cast<const uint8_t*>(w8->values());
+    out.emplace_back(w + ".qweight", pack_rows(b, w8->out_features(), w8->in_features()));
+    out.emplace_back(w + ".scales", f32_rows(w8->scales(), w8->out_features(), 1));
+    return;
+  }
+  const auto& w4 = *layer.int4_weight();
+  const auto& l = w4.layout();
+  out.emplace_back(w + ".qweight", pack_rows(w4.values(), l.n, l.bytes_per_row()));
+  out.emplace_back(w + ".scales", f32_rows(w4.scales(), l.n, l.groups_per_row()));
+  if (w4.mins()) out.emplace_back(w + ".mins", f32_rows(w4.mins(), l.n, l.groups_per_row()));
+}
+
 std::string metadata_value(const io::SafetensorsHeader& h, const fs::path& file,
                            const std::string& key) {
   const auto it = h.metadata.find(key);
@@ -195,9 +221,11 @@ QuantizedCheckpoint read_quantized_checkpoint(const fs::path& dir) {
   io::SafetensorsReader r(q.file);
   const io::SafetensorsHeader& h = r.header();
   const std::string layout = metadata_value(h, q.file, kLayout);
-  if (layout != std::to_string(kQuantizedLayout))
+  if (layout != "1" && layout != std::to_string(kQuantizedLayout))
     bad(q.file, kLayout,
-        str("layout version '", layout.substr(0, 32), "', this nxd reads ", kQuantizedLayout));
+        str("layout version '", layout.substr(0, 32), "', this nxd reads 1 and ",
+            kQuantizedLayout));
+  q.layout = layout == "2" ? 2 : 1;
   std::string spec = metadata_value(h, q.file, kFormat);
   if (spec == "int4") {
     const std::string zero = metadata_value(h, q.file, kZero);
@@ -206,6 +234,17 @@ QuantizedCheckpoint read_quantized_checkpoint(const fs::path& dir) {
     spec += ":" + metadata_value(h, q.file, kGroup) + (zero == "symmetric" ? ":sym" : ":asym");
   } else if (spec != "int8") {
     bad(q.file, kFormat, str("'", spec.substr(0, 32), "' (int8 or int4)"));
+  }
+  // layout 2: the output head quantized too, in the format nxd.quantized.head names
+  const bool head = h.metadata.count(kHead) > 0;
+  if (head != (layout == "2"))
+    bad(q.file, kHead,
+        head ? "present in a layout 1 file" : "missing (layout 2 quantizes the output head)");
+  if (head) {
+    const std::string hf = metadata_value(h, q.file, kHead);
+    if (hf != "int8" && hf != "int4")
+      bad(q.file, kHead, str("'", hf.substr(0, 32), "' (int8 or int4)"));
+    spec += ":head=" + hf;
   }
   try {
     q.opts = parse_weight_quant(spec);
@@ -238,19 +277,41 @@ void load_quantized_weights(CausalLM& m, const QuantizedCheckpoint& q) {
     const auto it = layers.find(w);
     if (it == layers.end() || !params.count(w))
       bad(q.file, kLayers, str("lists ", w, ", not a quantizable layer of the model"));
-    set_layer(q, w, it->second, params.at(w), rank);
+    set_layer(q, w, quantizable(it->second), q.opts, params.at(w), rank);
     release_quantized_weight(params.at(w).tensor);  // its values are never read (quantization.md)
     for (const char* part : {".qweight", ".scales", ".mins"}) used.insert(w + part);
+  }
+  // not read from the file: the quantized layers' parameter "weight", and an untied quantized
+  // head's
+  std::set<std::string> skip(listed);
+  if (q.opts.head != WeightQuant::none) {
+    const std::string hw = load_quantized_head(m, q);
+    if (!m.output_head_tied()) skip.insert(hw);
+    for (const char* part : {".qweight", ".scales", ".mins"}) used.insert(hw + part);
   }
   std::map<std::string, Tensor> rest;
   for (const auto& [name, t] : q.tensors)
     if (!used.count(name)) rest[name] = t;
-  std::set<std::string> loaded(listed);  // the quantized layers' parameter "weight" is not read
+  std::set<std::string> loaded(skip);
   for (auto& [n, t] : m.state_dict())
-    if (!listed.count(n) && !rest.count(n)) bad(q.file, n, "missing");
-  load_full_tensors({&m}, rest, q.file.string(), {.used = &loaded, .skip = &listed});
+    if (!skip.count(n) && !rest.count(n)) bad(q.file, n, "missing");
+  load_full_tensors({&m}, rest, q.file.string(), {.used = &loaded, .skip = &skip});
   for (const auto& [name, t] : rest)
     if (!loaded.count(name)) bad(q.file, name, "is not a tensor of the model");
+}
+
+std::string load_quantized_head(CausalLM& m, const QuantizedCheckpoint& q) {
+  const int64_t rank = parallel_state::model_parallel_is_initialized()
+                           ? parallel_state::get_tensor_model_parallel_rank()
+                           : 0;
+  const std::string hw = head_weight_name(m);
+  for (auto& p : parallel_parameters(m))
+    if (p.name == hw) {
+      set_layer(q, hw, &m.output_head_weights(), with_format(q.opts, q.opts.head), p, rank);
+      if (!m.output_head_tied()) release_quantized_weight(p.tensor);
+      return hw;
+    }
+  bad(q.file, hw, "is not a parameter of the model");
 }
 
 QuantizeCheckpointReport quantize_checkpoint(const fs::path& tag_dir, const fs::path& out_dir,
@@ -280,31 +341,27 @@ QuantizeCheckpointReport quantize_checkpoint(const fs::path& tag_dir, const fs::
     parallel_state::initialize_model_parallel(1);
     auto m = make_causal_lm(cfg, 0);
     load_full_tensors({m.get()}, full, tag_dir.string(), {.same_dtype = true});
-    rep.summary = quantize_causal_lm(*m, {}, opts).summary;
+    const QuantizedLmReport qr = quantize_causal_lm(*m, {}, opts);
+    rep.summary = qr.summary;
+    rep.head = qr.head;
     std::map<std::string, QuantizableLinear*> q;
     for (auto& [w, mod] : quantizable_layers(*m))
       if (quantizable(mod)->quantized()) q[w] = quantizable(mod);
+    const bool head = opts.head != WeightQuant::none;
+    const std::string hw = head ? head_weight_name(*m) : "";
     for (auto& [n, t] : m->state_dict()) {
       const auto it = q.find(n);
-      if (it == q.end()) {
-        out.emplace_back(n, full.at(n));
+      if (it != q.end()) {
+        names.push_back(n);
+        append_quantized(out, n, *it->second);
         continue;
       }
-      names.push_back(n);
-      if (const auto& w8 = it->second->int8_weight()) {
-        const auto* b = reinterpret_cast<const uint8_t*>(w8->values());
-        out.emplace_back(n + ".qweight", pack_rows(b, w8->out_features(), w8->in_features()));
-        out.emplace_back(n + ".scales", f32_rows(w8->scales(), w8->out_features(), 1));
-      } else {
-        const auto& w4 = *it->second->int4_weight();
-        const auto& l = w4.layout();
-        out.emplace_back(n + ".qweight", pack_rows(w4.values(), l.n, l.bytes_per_row()));
-        out.emplace_back(n + ".scales", f32_rows(w4.scales(), l.n, l.groups_per_row()));
-        if (w4.mins()) out.emplace_back(n + ".mins", f32_rows(w4.mins(), l.n, l.groups_per_row()));
-      }
+      if (!(head && n == hw && !m->output_head_tied())) out.emplace_back(n, full.at(n));
+      if (head && n == hw) append_quantized(out, n, m->output_head_weights());
     }
   });
-  std::map<std::string, std::string> md{{kLayout, std::to_string(kQuantizedLayout)},
+  const bool head = opts.head != WeightQuant::none;
+  std::map<std::string, std::string> md{{kLayout, head ? "2" : "1"},
                                         {kFormat, weight_quant_name(opts.format)},
                                         {kLayers, json(names).dump()},
                                         {kModelConfig, model_config_json(cfg).dump()}};
@@ -312,6 +369,7 @@ QuantizeCheckpointReport quantize_checkpoint(const fs::path& tag_dir, const fs::
     md[kGroup] = std::to_string(opts.group);
     md[kZero] = asymmetric(opts) ? "asymmetric" : "symmetric";
   }
+  if (head) md[kHead] = weight_quant_name(opts.head);
   fs::create_directories(out_dir);
   const io::WriteStats st = io::write_safetensors(out_dir / kQuantizedFile, out, md);
   rep.tensors = static_cast<int64_t>(out.size());

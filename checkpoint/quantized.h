@@ -14,6 +14,10 @@
 //   its dtype. __metadata__: nxd.quantized.layout "1", nxd.quantized.format "int8" | "int4",
 //   nxd.quantized.group (int4: "32" | "64" | "128"), nxd.quantized.zero (int4: "symmetric" |
 //   "asymmetric"), nxd.quantized.layers (JSON list of the quantized W), nxd.model_config.
+//   Layout 2 is layout 1 with the output head quantized too: nxd.quantized.head "int8" | "int4"
+//   (int4 in the layers' group and zero point) and the head's H.qweight, H.scales (H.mins) with H
+//   its weight's name; an untied head's H itself is absent, a tied head's H is the embedding,
+//   which stays (the input lookup reads it). Files without a quantized head are written as 1.
 //
 // Loading at TP N takes each rank's rows (and their scales) and columns as the unquantized
 // layers split them (the parameter's parallel attributes); a row-parallel int8 layer keeps its
@@ -30,7 +34,7 @@
 namespace nxd::ckpt {
 
 inline constexpr const char* kQuantizedFile = "quantized.safetensors";
-inline constexpr int kQuantizedLayout = 1;
+inline constexpr int kQuantizedLayout = 2;  // the newest this nxd reads (and 1)
 
 // True when `dir` is a folder holding quantized.safetensors.
 bool is_quantized_checkpoint(const std::filesystem::path& dir);
@@ -38,6 +42,7 @@ bool is_quantized_checkpoint(const std::filesystem::path& dir);
 // A quantized checkpoint read into memory (shared read-only by the sim ranks).
 struct QuantizedCheckpoint {
   std::filesystem::path file;
+  int layout = 1;  // nxd.quantized.layout
   ModelConfig cfg;
   QuantizeOptions opts;             // format, group, zero point
   std::vector<std::string> layers;  // the quantized weights' names
@@ -55,9 +60,15 @@ QuantizedCheckpoint read_quantized_checkpoint(const std::filesystem::path& dir);
 // CheckpointError naming the file and key otherwise. Not collective.
 void load_quantized_weights(CausalLM& m, const QuantizedCheckpoint& q);
 
+// Sets m's output head (this rank's rows) from q's head tensors in the format q.opts.head (the
+// head part of load_quantized_weights, which calls it); an untied head's f32/bf16 weight is freed.
+// Returns the head's weight name. CheckpointError naming the file and key. Not collective.
+std::string load_quantized_head(CausalLM& m, const QuantizedCheckpoint& q);
+
 struct QuantizeCheckpointReport {
-  QuantizeSummary summary;
-  int64_t tensors = 0;  // in the file
+  QuantizeSummary summary;  // the decoder's linear layers
+  QuantizeSummary head;     // the output head (layers 0: unquantized)
+  int64_t tensors = 0;      // in the file
   int64_t file_bytes = 0;
 };
 

@@ -25,23 +25,36 @@ WeightQuant weight_quant_from_name(const std::string& name) {
 }
 
 QuantizeOptions parse_weight_quant(const std::string& spec) {
-  const std::string bad = str("unknown weight format '", spec.substr(0, 64),
-                              "' (known: int8, int4[:32|:64|:128][:sym|:asym], e.g. int4:64:asym)");
+  const std::string bad =
+      str("unknown weight format '", spec.substr(0, 64),
+          "' (known: int8 or int4[:32|:64|:128][:sym|:asym], then optionally :head or "
+          ":head=int8|int4, e.g. int4:64:asym, int8:head)");
   QuantizeOptions o;
-  if (spec == "int8") return o;
-  if (spec.rfind("int4", 0) != 0) throw ConfigError(bad);
-  o.format = WeightQuant::int4;
-  std::string rest = spec.substr(4);
-  bool have_group = false, have_zero = false;
+  std::string rest;
+  if (spec.rfind("int8", 0) == 0) {
+    rest = spec.substr(4);
+  } else if (spec.rfind("int4", 0) == 0) {
+    o.format = WeightQuant::int4;
+    rest = spec.substr(4);
+  } else {
+    throw ConfigError(bad);
+  }
+  bool have_group = false, have_zero = false, have_head = false;
   while (!rest.empty()) {
     if (rest[0] != ':') throw ConfigError(bad);
     const size_t end = rest.find(':', 1);
     const std::string part = rest.substr(1, end == std::string::npos ? end : end - 1);
     rest = end == std::string::npos ? "" : rest.substr(end);
-    if ((part == "sym" || part == "asym") && !have_zero) {
+    const bool int4 = o.format == WeightQuant::int4;
+    if (have_head) throw ConfigError(bad);  // the head comes last
+    if (part == "head" || part == "head=int8" || part == "head=int4") {
+      o.head = part == "head=int4" ? WeightQuant::int4 : WeightQuant::int8;
+      have_head = true;
+    } else if (int4 && (part == "sym" || part == "asym") && !have_zero) {
       o.zero = part == "sym" ? kernels::Int4Zero::symmetric : kernels::Int4Zero::asymmetric;
       have_zero = true;
-    } else if ((part == "32" || part == "64" || part == "128") && !have_group && !have_zero) {
+    } else if (int4 && (part == "32" || part == "64" || part == "128") && !have_group &&
+               !have_zero) {
       o.group = std::stoll(part);
       have_group = true;
     } else {
@@ -51,10 +64,24 @@ QuantizeOptions parse_weight_quant(const std::string& spec) {
   return o;
 }
 
+QuantizeOptions with_format(const QuantizeOptions& opts, WeightQuant f) {
+  QuantizeOptions o = opts;
+  o.format = f;
+  o.head = WeightQuant::none;
+  return o;
+}
+
 std::string describe(const QuantizeOptions& o) {
-  if (o.format != WeightQuant::int4) return weight_quant_name(o.format);
-  return str("int4 (groups of ", o.group, ", ",
-             o.zero == kernels::Int4Zero::symmetric ? "symmetric" : "asymmetric", ")");
+  std::string d =
+      o.format != WeightQuant::int4
+          ? std::string(weight_quant_name(o.format))
+          : str("int4 (groups of ", o.group, ", ",
+                o.zero == kernels::Int4Zero::symmetric ? "symmetric" : "asymmetric", ")");
+  if (o.head == WeightQuant::int8) d += ", head int8";
+  if (o.head == WeightQuant::int4)
+    d += o.format == WeightQuant::int4 ? ", head int4"
+                                       : ", head " + describe(with_format(o, WeightQuant::int4));
+  return d;
 }
 
 namespace {
@@ -359,18 +386,26 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
     ++s.layers;
     s.weights += w.numel();
     s.bytes_before += w.numel() * dtype_size(w.dtype());
-    if (int4) {
-      auto iw = Int4Weight::quantize(w, opts.group, opts.zero);
-      s.bytes_after += iw->bytes();
-      q->set_int4_weight(std::move(iw));
-    } else {
-      auto iw = Int8Weight::quantize(w, rows_over);
-      s.bytes_after += iw->bytes();
-      q->set_int8_weight(std::move(iw));
-    }
+    s.bytes_after += set_quantized_weight(*q, w, opts, rows_over);
     if (!shared.count(w.raw_data())) release_quantized_weight(w);
   }
   return s;
+}
+
+int64_t set_quantized_weight(QuantizableLinear& layer, const Tensor& w, const QuantizeOptions& opts,
+                             Communicator* whole_rows_over) {
+  if (opts.format == WeightQuant::int4) {
+    auto iw = Int4Weight::quantize(w, opts.group, opts.zero);
+    const int64_t b = iw->bytes();
+    layer.set_int4_weight(std::move(iw));
+    return b;
+  }
+  NXD_CHECK(opts.format == WeightQuant::int8, "[quantize] format ", weight_quant_name(opts.format),
+            " quantizes nothing");
+  auto iw = Int8Weight::quantize(w, whole_rows_over);
+  const int64_t b = iw->bytes();
+  layer.set_int8_weight(std::move(iw));
+  return b;
 }
 
 void release_quantized_weight(const Tensor& w) {
@@ -395,22 +430,37 @@ void check_no_quantized_layers(const Module& model, const std::string& what) {
   }
 }
 
+namespace {
+
+// fn(name, layer) for every quantized layer of `model`: its QuantizableLinear modules, then the
+// weights a QuantizedWeightOwner holds itself, in module order.
+template <class F>
+void for_each_quantized(const Module& model, F&& fn) {
+  for (auto& [name, m] : const_cast<Module&>(model).named_modules()) {  // read only
+    if (const auto* q = dynamic_cast<const QuantizableLinear*>(m); q && q->quantized())
+      fn(name, *q);
+    if (const auto* o = dynamic_cast<const QuantizedWeightOwner*>(m))
+      for (const auto& [own, q] : o->owned_quantized())
+        if (q && q->quantized()) fn(joined(name, own), *q);
+  }
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, Tensor>> quantized_tensors(Module& model) {
   std::vector<std::pair<std::string, Tensor>> out;
-  for (auto& [name, m] : model.named_modules()) {
-    const auto* q = dynamic_cast<const QuantizableLinear*>(m);
-    if (!q || !q->quantized()) continue;
+  for_each_quantized(model, [&](const std::string& name, const QuantizableLinear& q) {
     const std::string pre = name.empty() ? "" : name + ".";
-    if (const auto& w = q->int8_weight()) {
+    if (const auto& w = q.int8_weight()) {
       out.emplace_back(pre + "qweight", w->values_tensor());
       out.emplace_back(pre + "scales", w->scales_tensor());
     } else {
-      const auto& w4 = *q->int4_weight();
+      const auto& w4 = *q.int4_weight();
       out.emplace_back(pre + "qweight", w4.values_tensor());
       out.emplace_back(pre + "scales", w4.scales_tensor());
       if (w4.mins_tensor().defined()) out.emplace_back(pre + "mins", w4.mins_tensor());
     }
-  }
+  });
   return out;
 }
 
@@ -423,11 +473,9 @@ WeightBytes resident_weight_bytes(const Module& model) {
   };
   for (auto& [n, t] : model.named_parameters()) count(t);
   for (auto& [n, t] : model.named_buffers()) count(t);
-  for (auto& [name, m] : const_cast<Module&>(model).named_modules())  // read only
-    if (const auto* q = dynamic_cast<const QuantizableLinear*>(m))
-      b.quantized += q->int8_weight()   ? q->int8_weight()->bytes()
-                     : q->int4_weight() ? q->int4_weight()->bytes()
-                                        : 0;
+  for_each_quantized(model, [&](const std::string&, const QuantizableLinear& q) {
+    b.quantized += q.int8_weight() ? q.int8_weight()->bytes() : q.int4_weight()->bytes();
+  });
   return b;
 }
 

@@ -144,20 +144,41 @@ struct QuantizeOptions {
   kernels::Int4Zero zero = kernels::Int4Zero::symmetric;  // int4: with a per-group minimum or not
   // Modules (hierarchical names, as named_modules) left as they are, e.g. {"lm_head"}.
   std::vector<std::string> skip;
+  // A causal LM's output head (layers/models/quantize_lm.h): none keeps it in the model's dtype;
+  // int8 (per row, llama.cpp's Q8_0 heads), or int4 in this format's group and zero point.
+  WeightQuant head = WeightQuant::none;
 };
 
 // A format as the command lines write it: "int8", or "int4" with optional ":<group>" (32, 64,
-// 128; default 32) and ":sym" / ":asym" (default symmetric), e.g. "int4:64:asym". ConfigError
-// naming the value otherwise.
+// 128; default 32) and ":sym" / ":asym" (default symmetric), e.g. "int4:64:asym"; then
+// optionally ":head" (the output head in int8) or ":head=int8" / ":head=int4" (int4: the group
+// and zero point above), e.g. "int4:head". ConfigError naming the value otherwise.
 QuantizeOptions parse_weight_quant(const std::string& spec);
-// "int8", "int4 (groups of 32, symmetric)".
+// "int8", "int4 (groups of 32, symmetric)", "int4 (groups of 32, symmetric), head int8".
 std::string describe(const QuantizeOptions& opts);
+// The options of a layer quantized in format `f` (int8, or int4 in opts' group and zero point).
+QuantizeOptions with_format(const QuantizeOptions& opts, WeightQuant f);
 
 struct QuantizeSummary {
   int64_t layers = 0;        // linear layers quantized
   int64_t weights = 0;       // their weight elements
   int64_t bytes_before = 0;  // those weights in their own dtype
   int64_t bytes_after = 0;   // quantized values, scales (and int4 minimums)
+};
+
+// Quantizes w (the layer's weight, as Int8Weight::quantize takes it) into `layer` in opts.format
+// (int4: opts.group, opts.zero); `whole_rows_over` as Int8Weight::quantize. Returns the quantized
+// bytes.
+int64_t set_quantized_weight(QuantizableLinear& layer, const Tensor& w, const QuantizeOptions& opts,
+                             Communicator* whole_rows_over = nullptr);
+
+// A module that holds quantized weights outside its QuantizableLinear submodules (CausalLM's tied
+// output head, quantized beside the embedding it shares): quantized_tensors and
+// resident_weight_bytes count them under the names it gives (as module names, e.g. "lm_head").
+class QuantizedWeightOwner {
+ public:
+  virtual ~QuantizedWeightOwner() = default;
+  virtual std::vector<std::pair<std::string, const QuantizableLinear*>> owned_quantized() const = 0;
 };
 
 // Sets an int8 weight on every QuantizableLinear of `model` not in opts.skip, from its

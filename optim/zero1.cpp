@@ -7,6 +7,7 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/optim/items.h"
+#include "nxd/optim/offload.h"
 #include "nxd/optim/zero3_unit.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/host_memory.h"
@@ -120,6 +121,16 @@ struct Zero1Optimizer::Impl {
   // Where the state's allocations go: host memory under optimizer offload.
   HostPlacement state_memory() const {
     return opts.placement == StatePlacement::host ? HostPlacement::on : HostPlacement::off;
+  }
+  // Optimizer offload: this step's round trips of the shards, from now (optim/offload.h).
+  OffloadSchedule offload_schedule(const PrecisionOptions& p) const {
+    if (opts.placement != StatePlacement::host) return {};
+    std::vector<sim::OffloadBucket> trips;
+    for (size_t b = 0; b < shards.size(); ++b)
+      trips.push_back(offload_bucket(shards[b].size, sync->bucket_dtype(static_cast<int>(b)),
+                                     shards[b].param_dtype, static_cast<int>(rule.state.size()),
+                                     has_master(shards[b], p)));
+    return OffloadSchedule(trips);
   }
   void init_masters(const PrecisionOptions& p) {
     const HostMemoryScope scope(state_memory());
@@ -379,6 +390,7 @@ void Zero1Optimizer::step() {
   if (!I.reduced) reduce_gradients();
   NoGradGuard ng;
   const int n = I.dp->size();
+  const OffloadSchedule offload = I.offload_schedule(precision_);
   for (size_t b = 0; b < I.shards.size(); ++b) {
     const Shard& sh = I.shards[b];
     // A parameter re-pointed since (another optimizer built on the same model moved it into its
@@ -442,8 +454,9 @@ void Zero1Optimizer::step() {
       round_to_bf16(mine.data<bf16>() + k + e0, w + k + e0, e1 - e0,
                     precision_.stochastic_rounding ? &noise : nullptr, job.lo - s.offset + e0);
     });
-    // every rank's updated block into every rank's buffer, in place (stage three: a unit's
-    // buffers are gathered at its next use)
+    // every rank's updated block into every rank's buffer, in place (offload: once it is back;
+    // stage three: a unit's buffers are gathered at its next use)
+    offload.wait(b);
     if (!I.sharded(b))
       zero1_all_gather(*I.dp, mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
   }

@@ -53,10 +53,18 @@ QualityReport quality_report(const ckpt::ModelSource& s, const std::vector<int64
                           " (--window, at most max_position_embeddings)"));
   r.predicted = r.windows * r.window;
   r.left_out = r.tokens - 1 - r.predicted;
+  // int8 and int4 each with the output head unquantized, then quantized (int8, or --quantize's
+  // :head=int4)
+  QuantizeOptions int4 = opts.int4, int4_head = opts.int4;
+  int4.head = WeightQuant::none;
+  if (int4_head.head == WeightQuant::none) int4_head.head = WeightQuant::int8;
+  const QuantizeOptions int8_head{.format = WeightQuant::int8, .head = WeightQuant::int8};
   const std::vector<Variant> variants = {{"fp32", DType::f32, {.format = WeightQuant::none}},
                                          {"bf16", DType::bf16, {.format = WeightQuant::none}},
                                          {"int8", DType::f32, {.format = WeightQuant::int8}},
-                                         {describe(opts.int4), DType::f32, opts.int4}};
+                                         {describe(int8_head), DType::f32, int8_head},
+                                         {describe(int4), DType::f32, int4},
+                                         {describe(int4_head), DType::f32, int4_head}};
   const std::map<std::string, Tensor> full = full_tensors(s);
   const std::string source = s.tag_dir.empty() ? s.hf_dir : s.tag_dir.string();
   const int64_t V = s.cfg.vocab_size, W = r.window;
@@ -114,7 +122,7 @@ void print_quality_report(const QualityReport& r, const std::string& file) {
       (long long)r.predicted, (long long)r.left_out);
   for (const QualityRow& q : r.rows)
     std::printf(
-        "  %-34s perplexity %.6f (mean NLL %.6f), max logit change vs fp32 %.4g, most likely "
+        "  %-48s perplexity %.6f (mean NLL %.6f), max logit change vs fp32 %.4g, most likely "
         "token unchanged at %lld/%lld\n",
         q.variant.c_str(), q.perplexity, q.mean_nll, q.max_logit_change, (long long)q.argmax_agree,
         (long long)r.predicted);

@@ -26,8 +26,9 @@
 //   import-gguf FILE OUT [--tp N] [--dp N] [--tag T]
 //                             a Llama GGUF file (f32, f16, bf16, q8_0, q4_0 tensors) into a
 //                             checkpoint OUT/T (weights dequantized to f32)
-//   quantize DIR OUT --format int8|int4[:32|:64|:128][:asym]
-//                             the decoder's linear layers quantized once into
+//   quantize DIR OUT --format int8|int4[:32|:64|:128][:asym][:head[=int8|int4]]
+//                             the decoder's linear layers (and with :head the output head)
+//                             quantized once into
 //                             OUT/quantized.safetensors (checkpoint/quantized.h), for
 //                             nxd-generate / nxd-serve --checkpoint OUT; OUT new or empty.
 //                             inspect and verify take OUT too (verify: everything the loader
@@ -68,7 +69,7 @@ const char* kUsage =
     "       nxd-ckpt import-hf HF_DIR OUT [--tp N] [--dp N] [--tag T]\n"
     "       nxd-ckpt export-gguf DIR OUT.gguf [--type f32|f16|bf16|q8_0|q4_0] [--tokenizer F]\n"
     "       nxd-ckpt import-gguf FILE.gguf OUT [--tp N] [--dp N] [--tag T]\n"
-    "       nxd-ckpt quantize DIR OUT --format int8|int4[:32|:64|:128][:asym]\n"
+    "       nxd-ckpt quantize DIR OUT --format int8|int4[:32|:64|:128][:asym][:head[=int8|int4]]\n"
     "DIR is a checkpoint folder (<path>/<tag>) or a folder of checkpoints (its newest complete "
     "one); export and export-hf also take a run folder (its checkpoints/)\n";
 
@@ -139,8 +140,8 @@ int inspect_quantized(const fs::path& dir, bool tensors) {
   const nxd::ckpt::QuantizedCheckpoint q = nxd::ckpt::read_quantized_checkpoint(dir);
   std::printf(
       "%s: quantized checkpoint (layout %d), %s weights in %zu linear layers, %zu tensors\n",
-      q.file.string().c_str(), nxd::ckpt::kQuantizedLayout, nxd::describe(q.opts).c_str(),
-      q.layers.size(), q.tensors.size());
+      q.file.string().c_str(), q.layout, nxd::describe(q.opts).c_str(), q.layers.size(),
+      q.tensors.size());
   std::printf("  model_config %s\n", nxd::ckpt::model_config_json(q.cfg).dump().c_str());
   if (tensors)
     for (const auto& [name, t] : q.tensors)
@@ -305,7 +306,7 @@ int export_gguf(const Args& a) {
 // OUT/quantized.safetensors (checkpoint/quantized.h); OUT must be new or an empty folder.
 int quantize(const Args& a) {
   a.want(2);
-  if (a.format.empty()) throw Usage("quantize needs --format int8|int4[:G][:asym]");
+  if (a.format.empty()) throw Usage("quantize needs --format int8|int4[:G][:asym][:head]");
   nxd::QuantizeOptions o;
   try {
     o = nxd::parse_weight_quant(a.format);
@@ -321,6 +322,9 @@ int quantize(const Args& a) {
       nxd::describe(o).c_str(), static_cast<long long>(r.summary.layers),
       r.summary.bytes_before / 1e6, r.summary.bytes_after / 1e6, static_cast<long long>(r.tensors),
       r.file_bytes / 1e6);
+  if (r.head.layers > 0)
+    std::printf("output head: %s, %.2f MB -> %.2f MB\n", nxd::weight_quant_name(o.head),
+                r.head.bytes_before / 1e6, r.head.bytes_after / 1e6);
   return 0;
 }
 

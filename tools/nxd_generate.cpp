@@ -5,11 +5,13 @@
 //                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]
 //                [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]
 //                [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]
-//                [--quantize int8|int4[:G][:asym]] [--draft-model DIR [--speculate K]]
+//                [--quantize int8|int4[:G][:asym][:head[=int8|int4]]]
+//                [--draft-model DIR [--speculate K]]
 // By default the model is traced (trace/decoder.h: a context-encoding graph per prompt bucket and
 // a token-generation graph sharing the weights and the K/V caches) and generation replays the
 // graphs; --eager runs the eager KV-cache path instead (the reference). --quantize int8 or int4
-// (int4 in groups of 32, 64 or 128, symmetric or :asym) quantizes every decoder linear layer's
+// (int4 in groups of 32, 64 or 128, symmetric or :asym; :head quantizes the output head too, in
+// int8 or with :head=int4 in int4) quantizes every decoder linear layer's
 // weight at load (layers/models/quantize_lm.h; traced too: the graphs record the quantized ops and
 // give eager's tokens) and, eager, prints what it changed on the prompt (largest logit change,
 // argmax agreement, perplexity). Both paths print the resident weight bytes of rank 0.
@@ -18,7 +20,8 @@
 // (default 4) that the model verifies in one step; greedy output is the model's own, sampled
 // output follows its distribution; prints the acceptance rate and tokens per verification step.
 // --quality-report TEXT (no generation) prints the perplexity of the text for fp32, bf16, int8 and
-// int4 weights and each one's largest logit change against fp32 (tools/generate_quality.h).
+// int4 weights (each also with an int8 output head) and each one's largest logit change against
+// fp32 (tools/generate_quality.h).
 // --save-trace
 // writes the traced model (trace/save_load.h); --load-trace runs a saved one without
 // --checkpoint/--hf. Tokens: a transformers tokenizer.json (--tokenizer PATH, or --hf DIR's
@@ -74,14 +77,16 @@ const char* kUsage =
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]\n"
     "                    [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]\n"
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
-    "                    [--lora DIR] [--quantize int8|int4[:G][:asym]]\n"
+    "                    [--lora DIR] [--quantize int8|int4[:G][:asym][:head[=int8|int4]]]\n"
     "                    [--draft-model DIR [--speculate K]]\n"
     "       nxd-generate (--checkpoint DIR | --hf DIR | --gguf FILE) --quality-report TEXT\n"
-    "                    [--window N] [--quantize int4[:G][:asym]] [--tp N] [--tokenizer ...]\n"
+    "                    [--window N] [--quantize int4[:G][:asym][:head=int4]] [--tp N]\n"
+    "                    [--tokenizer ...]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
     "  --gguf FILE       a Llama GGUF file (llama.cpp's; f32/f16/bf16/q8_0/q4_0 tensors, read as\n"
-    "                    f32; its tokenizer is not read: --tokenizer)\n"
+    "                    f32 but a q4_0/q8_0 output head kept int4/int8; its tokenizer is not\n"
+    "                    read: --tokenizer)\n"
     "  --lora DIR        a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
     "                    merged into the weights before generating (a LoRA checkpoint's own\n"
     "                    adapters are always merged)\n"
@@ -90,7 +95,8 @@ const char* kUsage =
     "                    --speculate\n"
     "                    K tokens (1..64, default 4) per step of the model\n"
     "  --quality-report TEXT  perplexity of the text file for fp32, bf16, int8 and int4 weights\n"
-    "                    and the largest logit change against fp32 (windows of --window tokens,\n"
+    "                    (each also with an int8 output head) and the largest logit change\n"
+    "                    against fp32 (windows of --window tokens,\n"
     "                    default max_position_embeddings, as nxd-train cuts a corpus)\n"
     "  --temperature 0 is greedy (the default); --top-k 0 and --top-p 1 keep every token\n"
     "  --eager           the eager KV-cache path (the reference; default: the traced model)\n"
@@ -376,11 +382,15 @@ std::shared_ptr<CausalLM> load_model(const GenerateCli& c, const ModelSource& s)
   return build_model(s);
 }
 
-void print_quantize_summary(const QuantizeSummary& q, const QuantizeOptions& o) {
-  std::printf(
-      "quantized: %s weights in %lld linear layers, %.2f MB -> %.2f MB (embedding and output "
-      "head unquantized)\n",
-      describe(o).c_str(), (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
+void print_quantize_summary(const QuantizedLmReport& r, const QuantizeOptions& o) {
+  const QuantizeSummary& q = r.summary;
+  std::printf("quantized: %s weights in %lld linear layers, %.2f MB -> %.2f MB",
+              describe(o).c_str(), (long long)q.layers, q.bytes_before / 1e6, q.bytes_after / 1e6);
+  if (r.head.layers > 0)
+    std::printf("; output head %s, %.2f MB -> %.2f MB (embedding unquantized)\n",
+                weight_quant_name(o.head), r.head.bytes_before / 1e6, r.head.bytes_after / 1e6);
+  else
+    std::printf(" (embedding and output head unquantized)\n");
 }
 
 // The bytes rank 0's weights hold in memory (a quantized layer's f32 weight is freed), when it
@@ -423,7 +433,7 @@ std::shared_ptr<trace::TensorParallelModel> traced_model(const GenerateCli& c, M
       [&s, &c] {
         auto lm = build_model(s);
         if (c.quantize != WeightQuant::none) {
-          const QuantizeSummary q = quantize_causal_lm(*lm, {}, c.quant).summary;
+          const QuantizedLmReport q = quantize_causal_lm(*lm, {}, c.quant);
           if (current_context().rank() == 0) print_quantize_summary(q, c.quant);
         }
         if (current_context().rank() == 0) print_weight_bytes(*lm);
@@ -440,7 +450,7 @@ GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
 
 // What --quantize changed (printed by rank 0; every rank has the same figures).
 void print_quantized(const QuantizedLmReport& r, const QuantizeOptions& o) {
-  print_quantize_summary(r.summary, o);
+  print_quantize_summary(r, o);
   std::printf(
       "quantized on the prompt (%lld tokens): max logit change %.4g (max |logit| %.4g), most "
       "likely next token unchanged at %lld/%lld positions",
@@ -558,9 +568,17 @@ std::vector<int64_t> prompt_ids(const GenerateCli& c, const ModelSource& s, cons
   return ids;
 }
 
+// A GGUF file's q8_0 / q4_0 output head is kept quantized (ckpt::gguf_quantized_head).
+void print_gguf_head(const GenerateCli& c, const ModelSource& s) {
+  if (s.head && (c.backend == "sim" || cli::launcher_rank() == 0))
+    std::printf("output head: %s (the GGUF file's quantized output tensor, kept quantized)\n",
+                weight_quant_name(s.head->opts.head));
+}
+
 GenerateResult run_traced(const GenerateCli& c, ModelSource& s, const Tokens& t,
                           std::vector<int64_t>& prompt) {
   if (c.load_trace.empty()) s = resolve_source(c);
+  print_gguf_head(c, s);
   auto m = traced_model(c, s);
   prompt = prompt_ids(c, s, t);
   return trace::traced_generate(*m, {prompt}, c.gen);
@@ -596,6 +614,7 @@ int run(int argc, char** argv) {
     s = resolve_source(c);
     if (!c.draft_model.empty()) ds = resolve_draft(c, s);
     prompt = prompt_ids(c, s, t);
+    print_gguf_head(c, s);
     if (s.quantized && (c.backend == "sim" || cli::launcher_rank() == 0))
       std::printf("quantized checkpoint: %s weights in %zu linear layers (%s)\n",
                   describe(s.quantized->opts).c_str(), s.quantized->layers.size(),

@@ -169,41 +169,19 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Model FLOPs of one token's forward and backward, the useful work MFU counts (Megatron-LM's
-// num_floating_point_operations, without recomputation): 6 per weight of the matmuls (the
-// vocabulary projection once: the input embedding is a lookup) and the attention products,
-// Q K^T and P V, of the causal half of the S x S scores: 3 x 2 x 2 x h x S / 2 = 6 h S per layer.
-// The sim device charges at least that (recomputation, the fused kernel's whole diagonal blocks,
-// rooflines below peak), so MFU stays at or under 1. A mixture-of-experts layer counts the
-// weights one token uses: the router and top_k experts (Mixtral 8x7B: its 12.9B active of 46.7B).
-double model_flops_per_token(const TrainConfig& c) {
-  const auto& m = c.model;
-  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_hidden_size);
-  const double kv =
-      static_cast<double>(m.num_kv_heads) / static_cast<double>(m.num_attention_heads);
-  const double mlp = (m.arch == "gpt_neox" ? 2.0 : 3.0) * h * f;
-  const double layer = h * h * (2.0 + 2.0 * kv) + mlp;
-  const double head = static_cast<double>(m.vocab_size) * h;
-  double weights = static_cast<double>(m.num_layers) * layer + head;
-  // a MoE layer's MLP: the router and the top_k experts a token reaches (its active weights)
-  for (int64_t l = 0; l < m.num_layers; ++l)
-    if (m.moe.is_moe_layer(l))
-      weights +=
-          static_cast<double>(m.moe.top_k - 1) * mlp + h * static_cast<double>(m.moe.num_experts);
-  return 6.0 * weights +
-         6.0 * static_cast<double>(m.num_layers) * h * static_cast<double>(c.data.seq_length);
-}
-
 void print_prediction(const Prediction& p) {
   const RankMemory& w = p.plan.worst();
   const double gib = 1024.0 * 1024 * 1024;
   std::printf("%s\n", p.plan.report().c_str());
   const RankMemory& s = *p.slowest;
+  char offload[64] = "";
+  if (s.offload_seconds > 0)
+    std::snprintf(offload, sizeof offload, " + optimizer offload %.4f s", s.offload_seconds);
   std::printf(
       "step (modeled, rank %d, stage %d): %.4f s = compute %.4f s + exposed communication "
-      "%.4f s + pipeline bubble %.4f s\n",
+      "%.4f s + pipeline bubble %.4f s%s\n",
       s.rank, s.stage, s.step_seconds, s.compute_seconds, s.exposed_comm_seconds(),
-      s.bubble_seconds);
+      s.bubble_seconds, offload);
   std::printf(
       "predicted: %.3f seq/s, %.0f tokens/s, MFU %.3f, step %.4f s, memory %.2f GiB of "
       "%.2f GiB per core (%s)\n",

@@ -4,7 +4,7 @@
 //   nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH|bytes] [--chat-template FILE]
 //             [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
 //             [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-blocks N | --kv-memory SIZE]
-//             [--max-waiting N] [--tp N] [--instance TYPE] [--quantize int8|int4[:G][:asym]]
+//             [--max-waiting N] [--tp N] [--instance TYPE] [--quantize int8|int4[:G][:asym][:head]]
 //             [--chunked-prefill on|off] [--prefix-caching on|off]
 //             [--long-prefill-token-threshold N] [--draft-model DIR [--speculate K]]
 // --draft-model DIR decodes speculatively in the engine (docs/design/inference.md): a draft (an
@@ -59,7 +59,7 @@ const char* kUsage =
     "                 [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name N]\n"
     "                 [--max-num-seqs N] [--max-num-batched-tokens N]\n"
     "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp N]\n"
-    "                 [--instance TYPE] [--quantize int8|int4[:G][:asym]]\n"
+    "                 [--instance TYPE] [--quantize int8|int4[:G][:asym][:head]]\n"
     "                 [--chunked-prefill on|off] [--prefix-caching on|off]\n"
     "                 [--long-prefill-token-threshold N]\n"
     "                 [--draft-model DIR [--speculate K]]\n"
@@ -84,7 +84,8 @@ const char* kUsage =
     "  --instance TYPE    each response's usage.modeled carries the modeled time to first token\n"
     "                     and time per output token on this Neuron instance (inf2.xlarge, ...)\n"
     "  --quantize F       quantize the decoder's linear layers at load: int8, or int4 in groups\n"
-    "                     of 32 (int4:64, int4:128; :asym with a per-group minimum)\n"
+    "                     of 32 (int4:64, int4:128; :asym with a per-group minimum); :head\n"
+    "                     (last) quantizes the output head too, in int8 (:head=int4: int4)\n"
     "  --draft-model DIR  speculative decoding: a smaller model with the same vocab_size (an nxd\n"
     "                     checkpoint, a transformers folder or a GGUF file) proposes tokens the\n"
     "                     model verifies in one step (greedy output unchanged; TP 1)\n"

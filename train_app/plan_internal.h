@@ -7,6 +7,7 @@
 #include "nxd/api/nxd_config.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/pipeline/pipeline_model.h"
+#include "nxd/runtime/sim/host_offload.h"
 #include "nxd/train_app/plan.h"
 
 namespace nxd::train_app::detail {
@@ -38,6 +39,12 @@ struct ReductionGroup {
 std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
                                                 const api::ResolvedPrecision& rp,
                                                 const MetaModel& mm, RankMemory& r);
+
+// Optimizer offload's round trips of group g's bucket shards, as Zero1Optimizer::step schedules
+// them (optim/offload.h).
+std::vector<sim::OffloadBucket> offload_buckets(const TrainConfig& cfg,
+                                                const api::ResolvedPrecision& rp,
+                                                const ReductionGroup& g);
 
 // The microbatches of a step the planner did not run, and what one of them costs this rank:
 // plan_memory adds count x the slowest rank's `seconds` to every rank's step (and count x its

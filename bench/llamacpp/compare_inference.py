@@ -3,7 +3,7 @@
 
   /usr/bin/python3 bench/llamacpp/compare_inference.py [--nxd-build build/release]
       [--work DIR] [--threads 1,2] [--precisions fp32,bf16,int8,int4] [--reps 5]
-      [--prompt 128] [--gen 32] [--speculative] [--smoke]
+      [--prompt 128] [--gen 32] [--speculative] [--smoke] [--quantize-head none|int8|int4]
 
 1. The model: nxd-bench-inference --export (the ~125M bench Llama with its seeded weights, a
    synthetic byte-level tokenizer of its 32000 ids, and its own prompt logits), imported as an nxd
@@ -30,8 +30,9 @@
    bytes_per_token: what one token must read (decode: every weight but the embedding table, one
    embedding row, the K/V of the context; prefill: the weights over P); roofline_fraction: the
    time to stream that many bytes (nxd-bench-inference's stream measurement at the same threads)
-   over the time per token. nxd's int8/int4 keep the output head f32, the Q8_0/Q4_0 files hold it
-   quantized: there the two sides read different bytes (both columns are printed).
+   over the time per token. nxd's int8/int4 keep the output head f32 unless --quantize-head int8
+   or int4 (nxd-bench-inference --head); the Q8_0/Q4_0 files hold it quantized, so without it the
+   two sides read different bytes (both columns are printed).
 4. --speculative: nxd-generate --eager on the bench model with and without a draft (the bench's
    --model draft: 4 layers, hidden 256, same vocabulary) at --speculate 2, 4, 8: generated tokens
    over the whole generation's time (prefill included: speculative decoding's report counts it
@@ -176,8 +177,9 @@ def time_cases(nxd, lc, work, cfg, a):
             kv = "bf16" if prec == "bf16" else "f16"  # llama-bench has no f32 KV cache
             l_pre = llama_bench(lc, gguf, threads, a.reps, kv, a.prompt, 0, 0)
             l_dec = llama_bench(lc, gguf, threads, a.reps, kv, 0, a.gen, a.prompt)
-            lines = nxd.inference("--threads", threads, "--precision", prec, "--prompt", a.prompt,
-                                  "--reps", a.reps, "--no-traced").splitlines()
+            head = ["--head", a.quantize_head] if prec in ("int8", "int4") else []
+            lines = nxd.inference(*head, "--threads", threads, "--precision", prec, "--prompt",
+                                  a.prompt, "--reps", a.reps, "--no-traced").splitlines()
             n = {fields(x)["case"]: fields(x) for x in lines if x.startswith("case=")}
             step_bytes = int(n["decode"]["step_bytes"])
             bandwidth = step_bytes / (float(n["decode"]["stream_ms"]) * 1e-3)  # bytes/s
@@ -236,6 +238,8 @@ def main():
                    help="models and logits (default <nxd build>/llamacpp_compare)")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--precisions", default="fp32,bf16,int8,int4")
+    p.add_argument("--quantize-head", default="none", choices=["none", "int8", "int4"],
+                   help="nxd's int8/int4 output head (default none: f32, as before)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--gen", type=int, default=32)

@@ -87,6 +87,19 @@ const Tensor& CausalLM::output_weight() const {
   return head_ ? head_->weight() : embedding_weight();
 }
 
+QuantizableLinear& CausalLM::output_head_weights() {
+  return head_ ? static_cast<QuantizableLinear&>(*head_) : tied_head_;
+}
+
+const QuantizableLinear& CausalLM::output_head_weights() const {
+  return head_ ? static_cast<const QuantizableLinear&>(*head_) : tied_head_;
+}
+
+std::vector<std::pair<std::string, const QuantizableLinear*>> CausalLM::owned_quantized() const {
+  if (head_ || !tied_head_.quantized()) return {};
+  return {{"lm_head", &tied_head_}};
+}
+
 namespace {
 
 // ids [B,S] -> [B,Sp] with `value` at positions >= S (raw: ids carry no graph).
@@ -112,11 +125,12 @@ Tensor CausalLM::hidden_states(const Tensor& ids, int64_t position_offset) {
 
 Tensor CausalLM::lm_head(const Tensor& hidden) {
   check_whole("lm_head");
-  if (tp_size_ == 1) return linear(hidden, output_weight());
+  const QuantizableLinear& head = output_head_weights();
+  if (tp_size_ == 1) return head.weight_product(hidden, output_weight(), Tensor());
   // X (duplicated) -> local vocab columns -> all-gathered: dX is all-reduced, each rank keeps the
   // gradient of its own columns.
   return gather_from_tensor_model_parallel_region(
-      linear(copy_to_tensor_model_parallel_region(hidden), output_weight()));
+      head.weight_product(copy_to_tensor_model_parallel_region(hidden), output_weight(), Tensor()));
 }
 
 void CausalLM::check_ids(const Tensor& ids, int64_t position_offset) const {
@@ -208,7 +222,7 @@ Tensor CausalLM::local_head_loss(const Tensor& h_local, const Tensor& targets,
                   targets.desc());
   Tensor h = final_norm(h_local);  // [B,S(/tp),hidden]
   if (tp_size_ == 1) {
-    Tensor logits = linear(h, output_weight());  // [B,S,V]
+    Tensor logits = output_head_weights().weight_product(h, output_weight(), Tensor());  // [B,S,V]
     const int64_t n = B * S;
     return cross_entropy(view(logits, {n, cfg_.vocab_size}), targets.reshape({n}), opts);
   }
@@ -222,7 +236,7 @@ Tensor CausalLM::local_head_loss(const Tensor& h_local, const Tensor& targets,
     Tensor x = sequence_parallel_
                    ? gather_from_sequence_parallel_region(h, 1, /*to_model_parallel=*/true)
                    : copy_to_tensor_model_parallel_region(h);
-    logits = linear(x, output_weight());
+    logits = tied_head_.weight_product(x, output_weight(), Tensor());
   }
   const int64_t np = B * Sp;
   ParallelCrossEntropyOptions po;

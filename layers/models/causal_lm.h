@@ -48,6 +48,7 @@
 #include "nxd/layers/models/config.h"
 #include "nxd/layers/models/kv_cache.h"
 #include "nxd/layers/module.h"
+#include "nxd/layers/quantize.h"
 #include "nxd/runtime/rng.h"
 
 namespace nxd {
@@ -81,7 +82,7 @@ struct GenerateResult {
   double modeled_prefill_seconds = 0, modeled_decode_seconds = 0;
 };
 
-class CausalLM : public Module {
+class CausalLM : public Module, public QuantizedWeightOwner {
  public:
   // Validates cfg, cfg.validate_parallel(TP) and part (ConfigError).
   CausalLM(const ModelConfig& cfg, std::string type_name, const ModelPart& part = {});
@@ -159,6 +160,18 @@ class CausalLM : public Module {
 
   // The name of the untied output head module (empty when tied to the embedding).
   const std::string& output_head_name() const { return head_name_; }
+  bool output_head_tied() const { return head_ == nullptr; }
+  // The output head as a QuantizableLinear (layers/quantize.h): the head module, or when tied to
+  // the embedding a holder of the head's own quantized copy (quantize_output_head,
+  // layers/models/quantize_lm.h), the f32/bf16 embedding staying for the input lookup. lm_head
+  // and head_loss multiply through it: the quantized weight once one is set, else the weight.
+  QuantizableLinear& output_head_weights();
+  const QuantizableLinear& output_head_weights() const;
+  // The output head's weight: the head's parameter "weight", or the embedding's when tied (this
+  // rank's vocabulary rows at TP > 1).
+  const Tensor& output_head_weight() const { return output_weight(); }
+  // A tied head's quantized copy, as "lm_head" (quantized_tensors, resident_weight_bytes).
+  std::vector<std::pair<std::string, const QuantizableLinear*>> owned_quantized() const override;
 
   // The body of the built-in families, null for a user's family that overrides the pieces below.
   const DecoderStack* decoder_stack() const { return decoder_stack_.get(); }
@@ -207,6 +220,7 @@ class CausalLM : public Module {
                                     const GenerateOptions& opts);
   const DecoderStack& stack(const char* what) const;  // the registered one, or throws
   std::shared_ptr<ColumnParallelLinear> head_;        // null when tied
+  QuantizableLinear tied_head_;  // a tied head's quantized copy (unset: the embedding's weight)
   std::string head_name_;
 };
 

@@ -57,6 +57,9 @@ QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& te
   std::vector<float> before;
   if (!text.empty()) before = text_logits(m, text);
   r.summary = quantize_linear_layers(m, opts);
+  // a head loaded quantized (a GGUF file's q8_0 / q4_0 output tensor) is kept as it is
+  if (opts.head != WeightQuant::none && !m.output_head_weights().quantized())
+    r.head = quantize_output_head(m, opts.head, opts);
   if (text.empty()) return r;
   const std::vector<float> after = text_logits(m, text);
   r.positions = static_cast<int64_t>(text.size());
@@ -69,6 +72,25 @@ QuantizedLmReport quantize_causal_lm(CausalLM& m, const std::vector<int64_t>& te
   r.perplexity_before = perplexity(before, text, V);
   r.perplexity_after = perplexity(after, text, V);
   return r;
+}
+
+QuantizeSummary quantize_output_head(CausalLM& m, WeightQuant format, const QuantizeOptions& opts) {
+  NXD_CHECK(m.is_whole(), "[quantize] the output head needs the whole model, not a pipeline stage");
+  NXD_CHECK(format == WeightQuant::int8 || format == WeightQuant::int4,
+            "[quantize] the output head's format must be int8 or int4, got ",
+            weight_quant_name(format));
+  QuantizableLinear& head = m.output_head_weights();
+  const std::string name =
+      m.output_head_name().empty() ? "the tied output head" : m.output_head_name();
+  NXD_CHECK(!head.quantized(), "[quantize] ", name, " is quantized already");
+  const Tensor w = m.output_head_weight();
+  QuantizeSummary s;
+  s.layers = 1;
+  s.weights = w.numel();
+  s.bytes_before = w.numel() * dtype_size(w.dtype());
+  s.bytes_after = set_quantized_weight(head, w, with_format(opts, format));
+  if (!m.output_head_tied()) release_quantized_weight(w);  // a tied one is the embedding
+  return s;
 }
 
 }  // namespace nxd

@@ -28,33 +28,142 @@ inline int nibble(const uint8_t* row, int64_t j) {
   return (j % 32) < 16 ? (b & 15) : (b >> 4);
 }
 
-// Eight low (or high) nibbles of bytes p[0..8) as f32 values minus `off` (widened to int32 as
-// lanes8::widen8 explains; exact).
-inline V8 lo8(const uint8_t* p, float off) {
-  return __builtin_convertvector(lanes8::widen8(p) & 15, V8) - off;
-}
-inline V8 hi8(const uint8_t* p, float off) {
-  return __builtin_convertvector(lanes8::widen8(p) >> 4, V8) - off;
+// u - off as f32 for the 4-bit codes in the low 4 bits of each lane (the bits above are ignored
+// when kMasked is false: they must be zero). With AVX-512VL one two-table permute (vpermt2ps)
+// looks the 16 values up, else the lanes are masked, the offset subtracted in int32 and the
+// result converted; the values are exact either way, so every build gets the same bits.
+template <Int4Zero Z, bool kMasked>
+inline V8 code_values(lanes8::I32x8 u) {
+  constexpr float o = Z == Int4Zero::symmetric ? 8.0f : 0.0f;
+#if defined(__AVX512VL__)
+  const __m256 t0 = _mm256_setr_ps(0 - o, 1 - o, 2 - o, 3 - o, 4 - o, 5 - o, 6 - o, 7 - o);
+  const __m256 t1 = _mm256_setr_ps(8 - o, 9 - o, 10 - o, 11 - o, 12 - o, 13 - o, 14 - o, 15 - o);
+  return (V8)_mm256_permutex2var_ps(t0, (__m256i)u, t1);
+#else
+  if constexpr (kMasked) u &= 15;
+  if constexpr (Z == Int4Zero::symmetric) u -= 8;
+  return __builtin_convertvector(u, V8);
+#endif
 }
 
-// The whole 32-input blocks of inputs [j0, j1) of one group (j0 a multiple of 32): the lanes of
-// sum x[j] * (u[j] - off), four registers (inputs 0-7, 8-15, 16-23, 24-31 of each block) added
-// pairwise. `*tail` gets the partial last block's sum, in input order.
-inline V8 group_lanes(const float* __restrict x, const uint8_t* __restrict row, int64_t j0,
-                      int64_t j1, float off, float* tail) {
-  V8 s0 = {}, s1 = {}, s2 = {}, s3 = {};
-  int64_t j = j0;
-  for (; j + 32 <= j1; j += 32) {
-    const uint8_t* b = row + j / 2;  // 16 bytes per 32 inputs
-    s0 += load8(x + j) * lo8(b, off);
-    s1 += load8(x + j + 8) * lo8(b + 8, off);
-    s2 += load8(x + j + 16) * hi8(b, off);
-    s3 += load8(x + j + 24) * hi8(b + 8, off);
+// One whole 32-input block's values u - off as f32, four registers: inputs 0-7, 8-15 (the low
+// nibbles of bytes 0-7, 8-15), 16-23, 24-31 (their high nibbles). Each 8 bytes are widened to
+// int32 once (lanes8::widen8) and both nibbles taken from the same lanes.
+struct Block {
+  V8 w[4];
+};
+template <Int4Zero Z>
+inline Block block_values(const uint8_t* b) {
+  const lanes8::I32x8 a = lanes8::widen8(b), c = lanes8::widen8(b + 8);
+  return Block{{code_values<Z, true>(a), code_values<Z, true>(c), code_values<Z, false>(a >> 4),
+                code_values<Z, false>(c >> 4)}};
+}
+
+// The lanes of sum x[j] * (u[j] - off) over whole 32-input blocks of one group, four registers
+// (one per quarter of a block) added pairwise. The first block's products start the four
+// registers: adding them to zero first would change only the sign of a zero sum, which the
+// caller's running lanes (starting at +0) absorb, so this is the order of zero-started sums.
+template <class Values>
+inline V8 group_dot(const float* __restrict x, int64_t blocks, Values&& values) {
+  if (blocks == 0) return V8{};
+  Block w = values(0);
+  V8 s0 = load8(x) * w.w[0], s1 = load8(x + 8) * w.w[1];
+  V8 s2 = load8(x + 16) * w.w[2], s3 = load8(x + 24) * w.w[3];
+  for (int64_t b = 1; b < blocks; ++b) {
+    w = values(b);
+    const float* xb = x + 32 * b;
+    s0 += load8(xb) * w.w[0];
+    s1 += load8(xb + 8) * w.w[1];
+    s2 += load8(xb + 16) * w.w[2];
+    s3 += load8(xb + 24) * w.w[3];
   }
-  float t = 0.0f;
-  for (; j < j1; ++j) t += x[j] * (static_cast<float>(nibble(row, j)) - off);
-  *tail = t;
   return (s0 + s1) + (s2 + s3);
+}
+
+// The partial last block of a group (inputs [j0, j1), fewer than 32), in input order.
+inline float tail_dot(const float* x, const uint8_t* row, int64_t j0, int64_t j1, float off) {
+  float t = 0.0f;
+  for (int64_t j = j0; j < j1; ++j) t += x[j] * (static_cast<float>(nibble(row, j)) - off);
+  return t;
+}
+
+// Outputs c[i * n + col] for rows i < m of one column. Each output adds its groups' scaled lanes
+// into one 8-lane register in order, its scalar parts (the partial block of the last group, the
+// minimums' terms) into `acc` in group order, and sums the lanes in a fixed tree at the end. A
+// group without a partial block adds nothing to `acc`: its term would be sc * (+0), and `acc`
+// (started at +0) is never -0, so adding a zero leaves it as it is. kBlocks: 32-input blocks per
+// whole group (a compile-time 1, 2 or 4, or 0: read from l). With m > 1 each group's blocks are
+// converted once into `w` and used by every row.
+template <Int4Zero Z, int kBlocks, bool kOneRow>
+inline void column(float* c, const float* x, const uint8_t* qr, const float* scale,
+                   const float* min, const float* xsum, const Int4Layout& l, int64_t m,
+                   int64_t col) {
+  constexpr float off = Z == Int4Zero::symmetric ? 8.0f : 0.0f;
+  const int64_t k = l.k, n = l.n, G = l.groups_per_row(), whole = k / l.group;
+  const int64_t per_group = kBlocks > 0 ? kBlocks : l.group / 32;
+  const float* sc = scale + col * G;
+  const float* mn = Z == Int4Zero::asymmetric ? min + col * G : nullptr;
+  V8 lanes[kInt4GemvMaxRows] = {};
+  float acc[kInt4GemvMaxRows] = {};
+  Block w[128 / 32];  // one group's blocks (m > 1)
+  auto add_group = [&](int64_t g, int64_t blocks) {
+    const int64_t j0 = g * l.group;
+    const uint8_t* gb = qr + j0 / 2;  // 16 bytes per 32 inputs
+    if constexpr (kOneRow) {
+      lanes[0] +=
+          group_dot(x + j0, blocks, [&](int64_t b) { return block_values<Z>(gb + 16 * b); }) *
+          sc[g];
+    } else {
+      for (int64_t b = 0; b < blocks; ++b) w[b] = block_values<Z>(gb + 16 * b);
+      for (int64_t i = 0; i < m; ++i)
+        lanes[i] += group_dot(x + i * k + j0, blocks, [&](int64_t b) { return w[b]; }) * sc[g];
+    }
+  };
+  for (int64_t g = 0; g < whole; ++g) {
+    add_group(g, per_group);
+    if constexpr (Z == Int4Zero::asymmetric)
+      for (int64_t i = 0; i < m; ++i) acc[i] += mn[g] * xsum[i * G + g];
+  }
+  if (whole < G) {  // the last group is short: its whole blocks, then its partial block
+    const int64_t j0 = whole * l.group, blocks = (k - j0) / 32, jt = j0 + 32 * blocks;
+    add_group(whole, blocks);
+    for (int64_t i = 0; i < m; ++i) {
+      if (jt < k) acc[i] += sc[whole] * tail_dot(x + i * k, qr, jt, k, off);
+      if constexpr (Z == Int4Zero::asymmetric) acc[i] += mn[whole] * xsum[i * G + whole];
+    }
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    const V8& s = lanes[i];
+    c[i * n + col] = acc[i] + (((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])));
+  }
+}
+
+// Columns [c0, c1) of the rows i < m, with the group size and row count as template arguments.
+template <Int4Zero Z, int kBlocks>
+void columns_of(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
+                const float* xsum, const Int4Layout& l, int64_t m, int64_t c0, int64_t c1) {
+  for (int64_t col = c0; col < c1; ++col) {
+    const uint8_t* qr = q + col * l.bytes_per_row();
+    if (m == 1)
+      column<Z, kBlocks, true>(c, x, qr, scale, min, xsum, l, m, col);
+    else
+      column<Z, kBlocks, false>(c, x, qr, scale, min, xsum, l, m, col);
+  }
+}
+
+template <Int4Zero Z>
+void columns(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
+             const float* xsum, const Int4Layout& l, int64_t m, int64_t c0, int64_t c1) {
+  switch (l.group) {
+    case 32:
+      return columns_of<Z, 1>(c, x, q, scale, min, xsum, l, m, c0, c1);
+    case 64:
+      return columns_of<Z, 2>(c, x, q, scale, min, xsum, l, m, c0, c1);
+    case 128:
+      return columns_of<Z, 4>(c, x, q, scale, min, xsum, l, m, c0, c1);
+    default:
+      return columns_of<Z, 0>(c, x, q, scale, min, xsum, l, m, c0, c1);
+  }
 }
 
 void check_finite(const float* w, int64_t r, int64_t j) {
@@ -122,7 +231,6 @@ void dequantize_int4_rows(float* w, const uint8_t* q, const float* scale, const 
 void gemv_int4(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
                const Int4Layout& l, int64_t m) {
   const int64_t n = l.n, k = l.k, G = l.groups_per_row();
-  const float off = offset_of(l);
   const bool asym = l.zero == Int4Zero::asymmetric;
   std::vector<float> xsum;  // asymmetric: sum of x over each group, row by row, in input order
   if (asym) {
@@ -130,30 +238,21 @@ void gemv_int4(float* c, const float* x, const uint8_t* q, const float* scale, c
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < k; ++j) xsum[i * G + j / l.group] += x[i * k + j];
   }
-  for_rows((n + 7) / 8, 8 * m * k, [&](int64_t q0, int64_t q1) {
-    const int64_t c0 = 8 * q0, c1 = std::min(n, 8 * q1);
-    for (int64_t col = c0; col < c1; ++col) {
-      const uint8_t* qr = q + col * l.bytes_per_row();
-      for (int64_t i = 0; i < m; ++i) {
-        const float* xi = x + i * k;
-        // each group's lanes scaled into one register, the scalar parts (partial blocks,
-        // minimums) apart; one horizontal sum per output
-        V8 lanes = {};
-        float acc = 0.0f;
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t j0 = g * l.group, j1 = std::min(k, j0 + l.group);
-          const float sc = scale[col * G + g];
-          float tail;
-          lanes += group_lanes(xi, qr, j0, j1, off, &tail) * sc;
-          acc += sc * tail;
-          if (asym) acc += min[col * G + g] * xsum[i * G + g];
-        }
-        acc += ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
-               ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-        c[i * n + col] = acc;
-      }
-    }
-  });
+  // at most kInt4GemvMaxRows rows at a time (each output is computed by itself: any split of the
+  // rows gives the same bits)
+  for (int64_t i0 = 0; i0 < m; i0 += kInt4GemvMaxRows) {
+    const int64_t mi = std::min(kInt4GemvMaxRows, m - i0);
+    float* ci = c + i0 * n;
+    const float* xi = x + i0 * k;
+    const float* si = asym ? xsum.data() + i0 * G : nullptr;
+    for_rows((n + 7) / 8, 8 * mi * k, [&](int64_t q0, int64_t q1) {
+      const int64_t c0 = 8 * q0, c1 = std::min(n, 8 * q1);
+      if (asym)
+        columns<Int4Zero::asymmetric>(ci, xi, q, scale, min, si, l, mi, c0, c1);
+      else
+        columns<Int4Zero::symmetric>(ci, xi, q, scale, min, si, l, mi, c0, c1);
+    });
+  }
 }
 
 void gemm_int4_weight_blocks(float* c, const float* x, const uint8_t* q, const float* scale,

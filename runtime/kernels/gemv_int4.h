@@ -18,7 +18,11 @@
 //   scale * dot(x_group, u - offset) (+ min * sum(x_group) asymmetric): each group's 32 lanes
 //   (its whole blocks) are combined into 8 and added, scaled, into one 8-lane register, summed
 //   in a fixed tree once per output; partial blocks and minimums are summed apart, in order; the
-//   columns are split over nxd's compute pool.
+//   columns are split over nxd's compute pool. Each 8 bytes of a block are widened to int32 once
+//   for both nibbles; the codes become u - offset in f32 by one two-table permute (AVX-512VL) or
+//   by masking, an int32 subtraction and a conversion (exact either way: the same bits on every
+//   build); a group's blocks are converted once for all rows, and the group loop is unrolled for
+//   groups of 32, 64 and 128.
 // - more rows (prefill): blocks of dequantized rows multiplied by blas::sgemm.
 #include <cstdint>
 
@@ -52,7 +56,7 @@ void dequantize_int4_rows(float* w, const uint8_t* q, const float* scale, const 
 // c [m, n] = x [m, k] @ dequantized(W)^T, all contiguous; picks the path by m.
 void linear_int4(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
                  const Int4Layout& l, int64_t m);
-// The decode path (any m, meant for m <= kInt4GemvMaxRows).
+// The decode path (any m, meant for m <= kInt4GemvMaxRows; more rows are taken 8 at a time).
 void gemv_int4(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
                const Int4Layout& l, int64_t m);
 // The prefill path (any m).

@@ -126,12 +126,30 @@ TEST(NxdCkpt, QuantizeInspectVerify) {
   EXPECT_NE(r.out.find(file + ": ok, quantized int4 (groups of 64, symmetric), 28 layers"),
             std::string::npos)
       << r.out;
+  {  // the output head too (layout 2)
+    const std::string qh = (d / "qh").string();
+    r = ckpt({"quantize", (d / "run").string(), qh, "--format", "int4:64:head"}, d);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("output head: int8, 0.13 MB -> 0.03 MB"), std::string::npos) << r.out;
+    r = ckpt({"inspect", qh, "--tensors"}, d);
+    EXPECT_NE(r.out.find("(layout 2), int4 (groups of 64, symmetric), head int8 weights"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("lm_head.weight.qweight I32 [256,32]"), std::string::npos) << r.out;
+    r = ckpt({"verify", qh}, d);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find(": ok, quantized int4 (groups of 64, symmetric), head int8, 28 layers"),
+              std::string::npos)
+        << r.out;
+  }
   for (const auto& [args, expect] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"quantize", (d / "run").string(), q, "--format", "int8"},
             q + " exists and is not an empty folder (not overwritten"},
            {{"quantize", (d / "run").string(), (d / "q2").string()}, "quantize needs --format"},
            {{"quantize", (d / "run").string(), (d / "q2").string(), "--format", "int4:16"},
             "--format: unknown weight format 'int4:16'"},
+           {{"quantize", (d / "run").string(), (d / "q2").string(), "--format", "int8:head=q6"},
+            "--format: unknown weight format 'int8:head=q6'"},
            {{"export", (d / "run").string(), (d / "x").string(), "--format", "int8"},
             "--format is an option of quantize"}}) {
     r = ckpt(args, d);

@@ -20,55 +20,13 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/io/safetensors.h"
 #include "nxd/layers/models/quantize_lm.h"
+#include "quantized_util.h"
 #include "support/files.h"
 #include "support/tiny_models.h"
 
 namespace nxd::ckpt {
 namespace {
 namespace fs = std::filesystem;
-
-const std::vector<int64_t> kText = nxd::testing::id_sequence(24, 256, 5);
-
-// The model of `src` (checkpoint, or quantized) at TP tp, quantized at load with `at_load` when
-// set; returns every rank's layers' quantized bytes and rank 0's logits on kText.
-struct Loaded {
-  std::vector<std::vector<uint8_t>> bytes;  // per rank: values, scales, minimums of every layer
-  std::vector<float> logits;
-};
-
-void append(std::vector<uint8_t>& out, const void* p, size_t n) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  out.insert(out.end(), b, b + n);
-}
-
-Loaded load(const std::string& src, int tp, const QuantizeOptions* at_load) {
-  ModelSource s = resolve_model_source({.tool = "test", .checkpoint = src, .tp = tp});
-  Loaded r;
-  r.bytes.resize(static_cast<size_t>(tp));
-  sim::launch(tp, [&] {
-    parallel_state::initialize_model_parallel(tp);
-    auto m = build_model(s);
-    if (at_load) quantize_causal_lm(*m, {}, *at_load);
-    const int rank = parallel_state::get_tensor_model_parallel_rank();
-    std::vector<uint8_t>& b = r.bytes[static_cast<size_t>(rank)];
-    for (auto& [name, mod] : m->named_modules())
-      if (auto* q = dynamic_cast<QuantizableLinear*>(mod)) {
-        if (const auto& w = q->int8_weight()) {
-          append(b, w->values(), static_cast<size_t>(w->out_features() * w->in_features()));
-          append(b, w->scales(), static_cast<size_t>(w->out_features()) * 4);
-        } else if (const auto& w4 = q->int4_weight()) {
-          const auto& l = w4->layout();
-          append(b, w4->values(), static_cast<size_t>(l.value_bytes()));
-          append(b, w4->scales(), static_cast<size_t>(l.groups()) * 4);
-          if (w4->mins()) append(b, w4->mins(), static_cast<size_t>(l.groups()) * 4);
-        }
-      }
-    NoGradGuard g;
-    const Tensor lg = m->forward(from_vector(kText, {1, 24})).to(DType::f32).contiguous();
-    if (rank == 0) r.logits.assign(lg.data<float>(), lg.data<float>() + lg.numel());
-  });
-  return r;
-}
 
 struct QuantizedFixture : ::testing::Test {
   nxd::testing::ScratchDir dir{"nxd_quantized_"};
@@ -141,29 +99,6 @@ TEST_F(QuantizedFixture, LoadedLayersHoldNoF32WeightAndSavingThemIsRefused) {
   EXPECT_FALSE(fs::exists(dir.path / "again" / "step_1"));
 }
 
-// Rewrites OUT/quantized.safetensors with `edit` applied to its tensors and metadata.
-void rewrite(const fs::path& out,
-             const std::function<void(std::vector<std::pair<std::string, Tensor>>&,
-                                      std::map<std::string, std::string>&)>& edit) {
-  io::SafetensorsReader r(out / kQuantizedFile);
-  std::map<std::string, std::string> md = r.header().metadata;
-  auto t = r.read_all();
-  edit(t, md);
-  io::write_safetensors(out / kQuantizedFile, t, md);
-}
-
-void expect_refused(const fs::path& out, const std::string& key, const std::string& what) {
-  try {
-    verify_quantized_checkpoint(out);
-    ADD_FAILURE() << "accepted a file with " << what;
-  } catch (const CheckpointError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find((out / kQuantizedFile).string()), std::string::npos) << m;
-    EXPECT_NE(m.find(key), std::string::npos) << m;
-    EXPECT_NE(m.find(what), std::string::npos) << m;
-  }
-}
-
 TEST_F(QuantizedFixture, DamagedFilesAndWrongKeysAreRefusedNamingFileAndKey) {
   const fs::path good = dir.path / "good";
   quantize_checkpoint(dir.path / "run/step_1", good, parse_weight_quant("int4:32:asym"));
@@ -195,8 +130,8 @@ TEST_F(QuantizedFixture, DamagedFilesAndWrongKeysAreRefusedNamingFileAndKey) {
   using Meta = std::map<std::string, std::string>;
   const std::vector<std::tuple<std::string, std::string, std::function<void(Tensors&, Meta&)>>>
       cases = {
-          {"nxd.quantized.layout", "layout version '2'",
-           [](Tensors&, Meta& m) { m["nxd.quantized.layout"] = "2"; }},
+          {"nxd.quantized.layout", "layout version '3'",
+           [](Tensors&, Meta& m) { m["nxd.quantized.layout"] = "3"; }},
           {"nxd.quantized.format", "'int5'",
            [](Tensors&, Meta& m) { m["nxd.quantized.format"] = "int5"; }},
           {"nxd.quantized.group", "unknown weight format 'int4:48:asym'",

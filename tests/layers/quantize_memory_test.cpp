@@ -64,6 +64,36 @@ TEST(QuantizedMemory, FreesTheF32WeightsAndReportsInt8AndInt4ResidentBytes) {
   }
 }
 
+// ":head": an untied head's f32 weight is freed like a layer's (the memory counter drops by it
+// minus the int8 bytes); a tied head keeps the embedding (the lookup reads it) and adds its int8
+// copy, which resident_weight_bytes counts; the head is refused a second quantization.
+TEST(QuantizedMemory, QuantizedHeadFreesAnUntiedWeightAndAddsATiedCopy) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    ModelConfig c = nxd::testing::quality_model("llama");
+    c.tie_word_embeddings = tied;
+    auto m = make_causal_lm(c, 5);
+    const WeightBytes dense = resident_weight_bytes(*m);
+    const int64_t live = device_memory(Device::host).live();
+    const QuantizedLmReport r = quantize_causal_lm(*m, {}, parse_weight_quant("int4:32:head"));
+    const int64_t drop = live - device_memory(Device::host).live();
+    const WeightBytes b = resident_weight_bytes(*m);
+    const int64_t head_f32 = c.vocab_size * c.hidden_size * 4;
+    EXPECT_EQ(r.head.layers, 1);
+    EXPECT_EQ(r.head.bytes_before, head_f32);
+    EXPECT_EQ(r.head.bytes_after, c.vocab_size * (c.hidden_size + 4));  // int8 values, scales
+    EXPECT_EQ(b.quantized, r.summary.bytes_after + r.head.bytes_after);
+    const int64_t layers_drop = r.summary.bytes_before - r.summary.bytes_after;
+    EXPECT_EQ(drop, layers_drop + (tied ? -r.head.bytes_after : head_f32 - r.head.bytes_after));
+    EXPECT_EQ(b.dense, dense.total() - r.summary.bytes_before - (tied ? 0 : head_f32));
+    EXPECT_EQ(m->output_head_weight().is_meta(), !tied);
+    std::printf("    %s head: weights %lld B (without the head quantized: %lld B)\n",
+                tied ? "tied" : "untied", static_cast<long long>(b.total()),
+                static_cast<long long>(b.total() - r.head.bytes_after + (tied ? 0 : head_f32)));
+    EXPECT_THROW(quantize_output_head(*m, WeightQuant::int8, {}), InvalidArgument);
+  }
+}
+
 TEST(QuantizedMemory, ReadingAFreedWeightRefusesNamingTheLayer) {
   const ModelConfig c = nxd::testing::quality_model("llama");
   auto m = make_causal_lm(c, 5);

@@ -324,12 +324,15 @@ TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
   const std::string ck = (d / "run").string(), q = (d / "q4").string(), prompt = "Hello, nxd";
   ckpt::quantize_checkpoint(d / "run/step_1", q, parse_weight_quant("int4:32:asym"));
   ckpt::quantize_checkpoint(d / "run/step_1", d / "q8", parse_weight_quant("int8"));
+  ckpt::quantize_checkpoint(d / "run/step_1", d / "q8h", parse_weight_quant("int8:head"));
   // int4 at TP 1 only: the model's 32 inputs per row-parallel rank at TP 2 are half a group
   for (const auto& [spec, dir, tp, line] :
        std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
            {"int4:32:asym", q, "1", "int4 (groups of 32, asymmetric)"},
            {"int8", (d / "q8").string(), "1", "int8"},
-           {"int8", (d / "q8").string(), "2", "int8"}}) {
+           {"int8", (d / "q8").string(), "2", "int8"},
+           {"int8:head", (d / "q8h").string(), "1", "int8, head int8"},
+           {"int8:head", (d / "q8h").string(), "2", "int8, head int8"}}) {
     const std::vector<std::string> common = {
         "--prompt", prompt, "--max-new-tokens", "12", "--eager", "--tp", tp};
     std::vector<std::string> a = {"--checkpoint", ck, "--quantize", spec};
@@ -372,13 +375,14 @@ TEST(NxdGenerate, QuantizedCheckpointEqualsQuantizingAtLoad) {
   }
 }
 
-// --quality-report's rows by variant ("fp32", "bf16", "int8", "int4"): perplexity, mean NLL,
-// max logit change; each must count `predicted` positions.
+// --quality-report's rows by variant ("fp32", "bf16", "int8", "int8, head int8", "int4 (groups
+// of 32, symmetric)", "int4 (groups of 32, symmetric), head int8"): perplexity, mean NLL, max
+// logit change; each must count `predicted` positions.
 std::map<std::string, std::tuple<double, double, double>> quality_rows(const std::string& out,
                                                                        int64_t predicted) {
   std::map<std::string, std::tuple<double, double, double>> rows;
   const std::regex row(
-      R"(\n  (\S+)[^\n]* perplexity ([0-9.]+) \(mean NLL ([0-9.]+)\), max logit change vs fp32 ([0-9.e+-]+), most likely token unchanged at \d+/(\d+))");
+      R"(\n  (\S[^\n]*?) +perplexity ([0-9.]+) \(mean NLL ([0-9.]+)\), max logit change vs fp32 ([0-9.e+-]+), most likely token unchanged at \d+/(\d+))");
   for (std::sregex_iterator it(out.begin(), out.end(), row), end; it != end; ++it) {
     rows[(*it)[1]] = {std::stod((*it)[2]), std::stod((*it)[3]), std::stod((*it)[4])};
     EXPECT_EQ(std::stoll((*it)[5]), predicted) << (*it)[0];
@@ -388,8 +392,8 @@ std::map<std::string, std::tuple<double, double, double>> quality_rows(const std
 
 // --quality-report on a tiny model trained (AdamW, 60 steps) on one text and evaluated on another:
 // every variant predicts the same targets, the fp32 perplexity is exp(CausalLM::loss) (the
-// trainer's loss) over the same windows, int8 changes the logits less than int4, everything is
-// finite; mistakes exit 2.
+// trainer's loss) over the same windows, int8 changes the logits less than int4, quantizing the
+// output head too moves the logits and the NLL further, everything is finite; mistakes exit 2.
 TEST(NxdGenerate, QualityReportOfATrainedModel) {
   Scratch dir;
   const fs::path& d = dir.path;
@@ -444,13 +448,21 @@ TEST(NxdGenerate, QualityReportOfATrainedModel) {
             std::string::npos)
       << r.out;
   const auto rows = quality_rows(r.out, K * W);
-  ASSERT_EQ(rows.size(), 4u) << r.out;
+  ASSERT_EQ(rows.size(), 6u) << r.out;
   for (const auto& [name, v] : rows) EXPECT_TRUE(std::isfinite(std::get<0>(v))) << name;
   EXPECT_NEAR(std::get<1>(rows.at("fp32")), want, 2e-6) << "the trainer's loss";
   EXPECT_NEAR(std::get<0>(rows.at("fp32")), std::exp(want), 1e-5 * std::exp(want));
   EXPECT_EQ(std::get<2>(rows.at("fp32")), 0.0);
   EXPECT_GT(std::get<2>(rows.at("bf16")), 0.0);
-  EXPECT_LT(std::get<2>(rows.at("int8")), std::get<2>(rows.at("int4")));
+  const std::string i4 = "int4 (groups of 32, symmetric)";
+  EXPECT_LT(std::get<2>(rows.at("int8")), std::get<2>(rows.at(i4)));
+  // the head rows: the same layers plus an int8 head, whose rounding moves every logit
+  for (const auto& [base, head] : {std::pair{std::string("int8"), std::string("int8, head int8")},
+                                   std::pair{i4, i4 + ", head int8"}}) {
+    EXPECT_NE(std::get<1>(rows.at(head)), std::get<1>(rows.at(base))) << head;
+    EXPECT_GT(std::get<2>(rows.at(head)), 0.0) << head;
+  }
+  EXPECT_LT(std::get<2>(rows.at("int8, head int8")), std::get<2>(rows.at(i4 + ", head int8")));
   EXPECT_LT(std::get<0>(rows.at("fp32")), 256.0) << "trained: better than uniform";
   // TP 2 (sim ranks): the same figures within the rounding of the row-parallel sums
   const auto r2 =
@@ -459,7 +471,7 @@ TEST(NxdGenerate, QualityReportOfATrainedModel) {
                d);
   ASSERT_EQ(r2.code, 0) << r2.err;
   const auto rows2 = quality_rows(r2.out, K * W);
-  ASSERT_EQ(rows2.size(), 4u) << r2.out;
+  ASSERT_EQ(rows2.size(), 6u) << r2.out;
   // (bf16: each rank's partial sums are rounded to bf16 before the all-reduce, relative 2^-9
   // per rounding; the f32 variants differ only by the order of f32 sums)
   for (const auto& [name, v] : rows) {
@@ -478,9 +490,9 @@ TEST(NxdGenerate, QualityReportOfATrainedModel) {
   ASSERT_EQ(rh.code, 0) << rh.err;
   std::printf("%s", rh.out.c_str());
   const auto rowsh = quality_rows(rh.out, 2 * 48);  // 129 tokens: 2 windows of 48
-  ASSERT_EQ(rowsh.size(), 4u) << rh.out;
+  ASSERT_EQ(rowsh.size(), 6u) << rh.out;
   for (const auto& [name, v] : rowsh) EXPECT_TRUE(std::isfinite(std::get<0>(v))) << name;
-  EXPECT_LT(std::get<2>(rowsh.at("int8")), std::get<2>(rowsh.at("int4")));
+  EXPECT_LT(std::get<2>(rowsh.at("int8")), std::get<2>(rowsh.at(i4)));
   for (const auto& [args, msg] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--prompt", "x"}, "it takes no --prompt"},
            {{"--quantize", "int8"}, "--quantize picks its int4 form"},
@@ -572,8 +584,12 @@ TEST(NxdGenerate, GgufFileGeneratesAsTheModel) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(tokens_of(r.out), want) << r.out;
   }
+  // the q8_0 file's weights, its output head kept quantized (requantized to int8 per row)
   auto q8 = make_causal_lm(byte_model("llama"), 1);
-  ckpt::load_full_tensors({q8.get()}, ckpt::read_gguf_model(d / "q8.gguf").full, "q8.gguf");
+  const ckpt::GgufModel g8 = ckpt::read_gguf_model(d / "q8.gguf");
+  ckpt::load_full_tensors({q8.get()}, g8.full, "q8.gguf");
+  ckpt::load_quantized_head(*q8, *ckpt::gguf_quantized_head(g8, "q8.gguf"));
+  ASSERT_TRUE(q8->output_head_weights().int8_weight());
   auto r = generate(
       {"--gguf", (d / "q8.gguf").string(), "--prompt", prompt, "--max-new-tokens", "12", "--eager"},
       d);

@@ -56,6 +56,17 @@ Logits eager_logits(const ModelConfig& cfg, const std::string& spec) {
   return e;
 }
 
+// eager_logits on `tp` sim ranks: rank 0's.
+Logits eager_logits_at(const ModelConfig& cfg, const std::string& spec, int tp) {
+  Logits e;
+  run_ranks(tp, [&] {
+    parallel_state::initialize_model_parallel(tp);
+    Logits r = eager_logits(cfg, spec);
+    if (current_context().rank() == 0) e = r;
+  });
+  return e;
+}
+
 Logits traced_logits(trace::TensorParallelModel& d) {
   CacheStep s = make_cache_step({0}, {0}, {8});
   CacheStep t = make_cache_step({0}, {8}, {1});
@@ -79,12 +90,7 @@ TEST(TraceQuantized, TracedEqualsEagerQuantizedBitwiseAtTp1AndTp2) {
   for (const std::string spec : {"int8", "int4:32", "int4:64:asym"})
     for (int tp : {1, 2}) {
       SCOPED_TRACE(spec + " tp=" + std::to_string(tp));
-      Logits e;
-      run_ranks(tp, [&] {
-        parallel_state::initialize_model_parallel(tp);
-        Logits r = eager_logits(cfg, spec);
-        if (current_context().rank() == 0) e = r;
-      });
+      const Logits e = eager_logits_at(cfg, spec, tp);
       auto d = traced(cfg, spec, tp);
       // the graphs read the quantized tensors, never a quantized layer's (freed) f32 weight
       for (const auto& g : d->ranks()[0].graphs) {
@@ -143,4 +149,50 @@ TEST(TraceQuantized, SavedAndLoadedQuantizedTraceEqualsAndDamageIsRefused) {
   } catch (const trace::TraceError& e) {
     EXPECT_NE(std::string(e.what()).find(w.string()), std::string::npos) << e.what();
   }
+}
+
+// A quantized output head (":head" int8, ":head=int4"), untied and tied: the graphs hold no f32
+// product at all (the head is one more quantized op, a tied head's copy a parameter "lm_head.*"
+// beside the embedding the lookup reads), traced logits equal eager bitwise at TP 1 and 2, and a
+// saved-then-loaded trace gives the same logits.
+TEST(TraceQuantized, QuantizedHeadTracedEqualsEagerBitwiseTiedAndUntied) {
+  if (under_mpi()) GTEST_SKIP() << "sim only";
+  for (bool tied : {false, true})
+    for (const std::string spec : {"int4:32:head", "int8:head=int4"})
+      for (int tp : {1, 2}) {
+        SCOPED_TRACE(spec + (tied ? " tied" : " untied") + " tp=" + std::to_string(tp));
+        ModelConfig cfg = qconfig();
+        cfg.tie_word_embeddings = tied;
+        const Logits e = eager_logits_at(cfg, spec, tp);
+        auto d = traced(cfg, spec, tp);
+        const bool layers_int4 = spec.rfind("int4", 0) == 0;
+        for (const auto& g : d->ranks()[0].graphs) {
+          int int8_ops = 0, int4_ops = 0, linear_ops = 0;
+          for (const auto& n : g->graph.nodes) {
+            int8_ops += n.op == "int8_linear";
+            int4_ops += n.op == "int4_linear";
+            linear_ops += n.op == "linear" || n.op == "linear_add";
+          }
+          EXPECT_EQ(linear_ops, 0);
+          EXPECT_EQ(layers_int4 ? int4_ops : int8_ops, cfg.num_layers * 7);
+          EXPECT_EQ(layers_int4 ? int8_ops : int4_ops, 1);  // the head
+        }
+        bool head_param = false, embedding = false;
+        for (const auto& [name, t] : d->ranks()[0].weights) {
+          EXPECT_FALSE(t.is_meta()) << name;
+          head_param |= name == "lm_head.qweight";
+          embedding |= name == "model.embed_tokens.weight";
+        }
+        EXPECT_TRUE(head_param && embedding);
+        const Logits t = traced_logits(*d);
+        EXPECT_BITWISE_EQ(t.prefill, e.prefill);
+        EXPECT_BITWISE_EQ(t.decode, e.decode);
+        if (tp == 2) {
+          const auto dir = test_temp_dir("nxd_trace_qh_") / "dec";
+          trace::parallel_model_save(*d, dir);
+          const Logits got = traced_logits(*trace::parallel_model_load(dir));
+          EXPECT_BITWISE_EQ(got.prefill, t.prefill);
+          EXPECT_BITWISE_EQ(got.decode, t.decode);
+        }
+      }
 }

@@ -359,28 +359,33 @@ TEST(NxdServe, ServesAByteLevelRunFolder) {
 }
 
 // A quantized checkpoint (nxd-ckpt quantize) and --quantize at load serve the text of the
-// engine on the model quantized in this process; --quantize on a quantized checkpoint exits 2.
+// engine on the model quantized in this process, with the output head unquantized and quantized
+// (":head"); --quantize on a quantized checkpoint exits 2.
 TEST(NxdServe, ServesAQuantizedCheckpointAndQuantizesAtLoad) {
   HfModel m;
   const fs::path& d = m.dir.path;
   const std::string tok = (d / "hf/tokenizer.json").string(), q = (d / "q8").string();
-  ckpt::quantize_checkpoint(d / "run/step_1", q, parse_weight_quant("int8"));
-  auto quantized = make_causal_lm(m.model->config(), 5);
-  quantize_causal_lm(*quantized, {}, parse_weight_quant("int8"));
-  const std::string want = engine_text(m, "the cat sat", 10, quantized);
-  for (const std::vector<std::string>& source :
-       {std::vector<std::string>{"--checkpoint", q},
-        std::vector<std::string>{"--checkpoint", (d / "run").string(), "--quantize", "int8"}}) {
-    std::vector<std::string> args = source;
-    for (const char* a : {"--tokenizer", tok.c_str(), "--port", "0"}) args.push_back(a);
-    Running srv(d, args);
-    const int port = srv.port();
-    ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
-    const Reply r = greedy_completion(port, "the cat sat", 10);
-    ASSERT_EQ(r.status, 200) << r.body;
-    EXPECT_EQ(r.json["choices"][0]["text"], want) << source.back();
-    EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  for (const std::string spec : {"int8", "int8:head"}) {
+    const std::string file = (d / ("q_" + spec.substr(spec.size() - 4))).string();
+    ckpt::quantize_checkpoint(d / "run/step_1", file, parse_weight_quant(spec));
+    auto quantized = make_causal_lm(m.model->config(), 5);
+    quantize_causal_lm(*quantized, {}, parse_weight_quant(spec));
+    const std::string want = engine_text(m, "the cat sat", 10, quantized);
+    for (const std::vector<std::string>& source :
+         {std::vector<std::string>{"--checkpoint", file},
+          std::vector<std::string>{"--checkpoint", (d / "run").string(), "--quantize", spec}}) {
+      std::vector<std::string> args = source;
+      for (const char* a : {"--tokenizer", tok.c_str(), "--port", "0"}) args.push_back(a);
+      Running srv(d, args);
+      const int port = srv.port();
+      ASSERT_GT(port, 0) << slurp(srv.out) << slurp(srv.err);
+      const Reply r = greedy_completion(port, "the cat sat", 10);
+      ASSERT_EQ(r.status, 200) << r.body;
+      EXPECT_EQ(r.json["choices"][0]["text"], want) << spec << " " << source.back();
+      EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+    }
   }
+  ckpt::quantize_checkpoint(d / "run/step_1", q, parse_weight_quant("int8"));
   for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--checkpoint", q, "--tokenizer", tok, "--quantize", "int4"},
             "--quantize int4 (groups of 32, symmetric) on --checkpoint " + q +
