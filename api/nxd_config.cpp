@@ -53,6 +53,8 @@ void read_optimizer(const nlohmann::json& v, OptimizerConfig& o) {
       o.zero_one_enabled = x.get<bool>();
     else if (k == "optimizer_offload")
       o.optimizer_offload = x.get<bool>();
+    else if (k == "reshard_after_forward")
+      o.reshard_after_forward = x.get<bool>();
     else if (k == "zero_stage")
       o.zero_stage = optim::zero_stage_from_int(x.get<int64_t>(), "optimizer_config.zero_stage");
     else if (k == "grad_clipping")
@@ -61,7 +63,8 @@ void read_optimizer(const nlohmann::json& v, OptimizerConfig& o) {
       o.max_grad_norm = x.get<double>();
     else
       unknown("optimizer_config.", k,
-              "zero_one_enabled, zero_stage, optimizer_offload, grad_clipping, max_grad_norm");
+              "zero_one_enabled, zero_stage, optimizer_offload, reshard_after_forward, "
+              "grad_clipping, max_grad_norm");
   }
 }
 
@@ -214,7 +217,7 @@ NxDConfig neuronx_distributed_config(NxDConfig c) {
          optim::zero_stage_name(zs), " (zero_one_enabled is stage 1; set one of them)");
   if (c.optimizer_config.optimizer_offload && c.optimizer_config.stage() == optim::ZeroStage::none)
     fail(
-        "optimizer_config.optimizer_offload=true needs optimizer_config.zero_stage 1 or 2 (or "
+        "optimizer_config.optimizer_offload=true needs optimizer_config.zero_stage 1, 2 or 3 (or "
         "zero_one_enabled): only the sharded optimizer's state is offloaded");
   const ResolvedPrecision rp = resolve_precision(c);
   if (!parallel_state::model_parallel_is_initialized()) {

@@ -42,6 +42,8 @@ struct OptimizerConfig {
   optim::ZeroStage zero_stage = optim::ZeroStage::none;
   // The sharded optimizer's state and masters in host memory (needs a stage >= 1).
   bool optimizer_offload = false;
+  // ZeRO-3: a unit's parameters released after its forward, gathered again for its backward.
+  bool reshard_after_forward = true;
   optim::ZeroStage stage() const { return zero_one_enabled ? optim::ZeroStage::one : zero_stage; }
   bool grad_clipping = true;
   double max_grad_norm = 1.0;

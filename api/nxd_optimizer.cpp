@@ -4,8 +4,10 @@
 #include <unordered_set>
 
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 
@@ -38,12 +40,40 @@ std::vector<optim::NamedParam> in_model_order(const NxDModel& model, const optim
   return out;
 }
 
+// ZeRO-3's units: the decoder layers of the model's DecoderStack (their forward runs through
+// run_param_unit); the combinations it does not support are a ConfigError naming both keys.
+std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, int ep) {
+  const char* stage = "[NxDOptimizer] optimizer_config.zero_stage=3";
+  NXD_CHECK_T(ConfigError, !model.is_pipeline(), stage,
+              " with pipeline_parallel_size=", cfg.pipeline_parallel_size,
+              " is not supported (docs/design/fsdp.md)");
+  NXD_CHECK_T(ConfigError, cfg.context_parallel_size == 1, stage,
+              " with context_parallel_size=", cfg.context_parallel_size,
+              " is not supported (docs/design/fsdp.md)");
+  NXD_CHECK_T(ConfigError, ep == 1, stage, " with expert_parallel_size=", ep,
+              " is not supported (docs/design/fsdp.md)");
+  std::vector<Module*> units;
+  for (Module* m : model.local_modules()) {
+    NXD_CHECK_T(ConfigError, moe_layers(*m).empty(), stage,
+                " with a mixture-of-experts model is not supported (docs/design/fsdp.md)");
+    for (auto& [name, sub] : m->named_modules())
+      if (const auto* stack = dynamic_cast<const DecoderStack*>(sub))
+        for (const auto& l : stack->layers()) units.push_back(l.get());
+  }
+  NXD_CHECK_T(ConfigError, !units.empty(), stage,
+              " needs a model whose decoder layers are ZeRO-3 units (a DecoderStack's); this "
+              "model has none");
+  return units;
+}
+
 }  // namespace
 
 NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
                            std::unique_ptr<optim::Optimizer> inner, optim::GradSyncMode sync)
     : cfg_(cfg), model_(model) {
   NXD_CHECK_T(ConfigError, inner != nullptr, "[NxDOptimizer] no optimizer");
+  // a model a ZeRO-3 optimizer sharded before this one comes back whole
+  remove_param_units(model_.local_modules());
   norm_params_ = model_.norm_params();
   groups_ = model_.norm_groups();
   sp_sums_ = model_.needs_sequence_parallel_sums();
@@ -72,14 +102,13 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   for (Module* m : model_.local_modules()) moe = moe || !moe_layers(*m).empty();
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
   const optim::ZeroStage stage = cfg_.optimizer_config.stage();
-  NXD_CHECK_T(ConfigError, stage != optim::ZeroStage::three,
-              "[NxDOptimizer] optimizer_config.zero_stage=3 (sharded parameters) is not "
-              "implemented; stages 0, 1 and 2 are (docs/design/fsdp.md)");
+  const std::vector<Module*> units =
+      stage == optim::ZeroStage::three ? zero3_units(cfg_, model_, ep) : std::vector<Module*>{};
   const bool zero1 = stage != optim::ZeroStage::none;
   NXD_CHECK_T(
       ConfigError, zero1 || !cfg_.optimizer_config.optimizer_offload,
       "[NxDOptimizer] optimizer_config.optimizer_offload=true needs "
-      "optimizer_config.zero_stage 1 or 2: only the sharded optimizer's state is offloaded");
+      "optimizer_config.zero_stage 1, 2 or 3: only the sharded optimizer's state is offloaded");
   // buckets go out during backward unless something must reach .grad before the reduction
   const auto mode =
       sync == optim::GradSyncMode::at_step || model_.is_pipeline() || (zero1 && sp_sums_)
@@ -113,6 +142,8 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
       zo.norm_groups.ep = nullptr;
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     zo.stage = stage;
+    zo.units = units;
+    zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;
     zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host
                                                            : optim::StatePlacement::device;
     std::vector<optim::ParamGroup> groups = inner->param_groups();

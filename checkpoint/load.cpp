@@ -9,6 +9,7 @@
 #include "nxd/checkpoint/layout.h"
 #include "nxd/checkpoint/stager.h"
 #include "nxd/collectives/communicator.h"
+#include "nxd/layers/param_unit.h"
 
 namespace nxd::ckpt {
 namespace fs = std::filesystem;
@@ -177,6 +178,8 @@ json load_checkpoint(const fs::path& path, const std::vector<Module*>& chunks,
                      const LoadOptions& opts) {
   for (const Module* m : chunks) NXD_CHECK(m != nullptr, "[load_checkpoint] a model chunk is null");
   finalize_checkpoint();
+  // ZeRO-3: the layers loaded whole, then each rank's shards taken from them
+  const WholeParameters whole(const_chunks(chunks));
   const Degrees d = detail::current_degrees();
   const fs::path dir = path / agreed_tag(path, opts.tag, d);
   Staged s;

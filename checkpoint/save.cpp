@@ -17,6 +17,7 @@
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/layers/quantize.h"
 #include "nxd/optim/zero1.h"
 
@@ -409,6 +410,8 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   using clock = std::chrono::steady_clock;
   finalize_checkpoint();
   check_tag(tag);
+  // ZeRO-3: the sharded layers whole while the model is read (written in the normal format)
+  const WholeParameters whole(chunks);
   for (const Module* m : chunks)
     if (m) check_no_quantized_layers(*m, "save_checkpoint");
   auto plan = std::make_shared<SavePlan>();

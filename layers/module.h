@@ -26,6 +26,7 @@
 namespace nxd {
 
 class StepMetrics;  // layers/step_hooks.h
+class ParamUnit;    // layers/param_unit.h
 
 // How a parameter is initialized by Module::init_parameters.
 struct ParamInit {
@@ -188,6 +189,10 @@ class Module {
     if (recompute_ != Recompute::off) recompute_ = Recompute::ran;
   }
 
+  // ---- ZeRO-3 (layers/param_unit.h): the unit that gathers this module's parameters ----
+  const std::shared_ptr<ParamUnit>& param_unit() const { return param_unit_; }
+  void set_param_unit(std::shared_ptr<ParamUnit> u) { param_unit_ = std::move(u); }
+
  protected:
   void add_child(const std::string& name, std::shared_ptr<Module> m);
 
@@ -211,6 +216,7 @@ class Module {
   bool training_ = true;
   enum class Recompute { off, selected, ran };
   mutable Recompute recompute_ = Recompute::off;
+  std::shared_ptr<ParamUnit> param_unit_;
   std::vector<Param> params_;
   std::vector<Buffer> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

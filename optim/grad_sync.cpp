@@ -202,6 +202,10 @@ void GradSync::State::build_buckets() {
   std::map<std::pair<DType, bool>, int> open;  // (parameter dtype, meta) -> bucket index
   for (int i = np - 1; i >= 0; --i) {
     const Tensor& t = params[i].param;
+    // a bucket holds one unit's parameters (ZeRO-3): a new unit closes every open bucket
+    if (!opts.units.empty() && i < np - 1 &&
+        opts.units[static_cast<size_t>(i)] != opts.units[static_cast<size_t>(i) + 1])
+      open.clear();
     const DType gdt = t.dtype() == DType::bf16 && opts.fp32_grad_acc ? DType::f32 : t.dtype();
     const auto key = std::make_pair(t.dtype(), t.is_meta());
     auto it = open.find(key);
@@ -259,6 +263,8 @@ GradSync::GradSync(std::vector<NamedParam> params, GradSyncOptions opts)
     : s_(std::make_shared<State>()) {
   State& s = *s_;
   NXD_CHECK(opts.bucket_bytes > 0, "[GradSync] bucket_bytes must be > 0, got ", opts.bucket_bytes);
+  NXD_CHECK(opts.units.empty() || opts.units.size() == params.size(), "[GradSync] units lists ",
+            opts.units.size(), " parameters, the GradSync ", params.size());
   NXD_CHECK(opts.storage == GradStorage::buckets || opts.reduction == DpReduction::reduce_scatter,
             "[GradSync] storage shard_only needs reduction reduce_scatter, got ",
             dp_reduction_name(opts.reduction));

@@ -107,6 +107,9 @@ struct GradSyncOptions {
   DpReduction reduction = DpReduction::all_reduce;
   bool fp32_grad_acc = false;                  // bf16 parameters: f32 gradients (see above)
   GradStorage storage = GradStorage::buckets;  // shard_only: ZeRO-2 (reduce_scatter only)
+  // Per parameter (the constructor's order): its ZeRO-3 unit; a bucket never mixes units (a new
+  // unit closes the open buckets). Empty: no units.
+  std::vector<int> units;
 };
 
 class GradSync {

@@ -8,6 +8,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/optim/items.h"
 #include "nxd/optim/offload.h"
+#include "nxd/optim/zero3_unit.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/host_memory.h"
 
@@ -51,9 +52,16 @@ struct Zero1Optimizer::Impl {
   // all-gathered in place with no full-size temporary.
   std::vector<Tensor> pbuf;
   bool reduced = false;
+  // Stage three, per bucket: the rank's persistent block of a unit's bucket (undefined for the
+  // buckets of no unit, whose pbuf stays full); the units (layers/param_unit.h).
+  std::vector<Tensor> pshard;
+  std::vector<std::shared_ptr<ShardedUnit>> units;
 
-  // This rank's block of bucket b's parameter buffer.
-  Tensor param_shard(size_t b) const { return pbuf[b].narrow(0, shards[b].begin, shards[b].size); }
+  bool sharded(size_t b) const { return b < pshard.size() && pshard[b].defined(); }
+  // This rank's block of bucket b's parameters.
+  Tensor param_shard(size_t b) const {
+    return sharded(b) ? pshard[b] : pbuf[b].narrow(0, shards[b].begin, shards[b].size);
+  }
   // Moves every parameter into its bucket's flat buffer (one bucket at a time: the old storage
   // of a parameter is freed as it moves). Views taken of a parameter before keep the old memory.
   void flatten_params() {
@@ -100,16 +108,16 @@ struct Zero1Optimizer::Impl {
   }
   // Copies the shard's parameter values (as f32) into dst [sh.size]; padding stays as it is.
   void read_params(const Shard& sh, float* dst) const {
+    const char* mine = static_cast<const char*>(param_shard(&sh - shards.data()).raw_data());
     for (int i : sh.segs) {
       const Segment& s = segs[static_cast<size_t>(i)];
       const auto [lo, hi] = overlap(s);
       if (hi > lo)
         convert(dst + (lo - sh.begin), DType::f32,
-                static_cast<const char*>(s.p.param.raw_data()) +
-                    (lo - s.offset) * dtype_size(sh.param_dtype),
-                sh.param_dtype, hi - lo);
+                mine + (lo - sh.begin) * dtype_size(sh.param_dtype), sh.param_dtype, hi - lo);
     }
   }
+  void build_units(const std::vector<int>& unit_of);
   // Where the state's allocations go: host memory under optimizer offload.
   HostPlacement state_memory() const {
     return opts.placement == StatePlacement::host ? HostPlacement::on : HostPlacement::off;
@@ -135,6 +143,32 @@ struct Zero1Optimizer::Impl {
       if (has_master(sh, p)) read_params(sh, master.data<float>() + sh.flat);
   }
 };
+
+// Stage three: each unit's buckets get a persistent shard and a ShardedUnit on the unit's module;
+// their full buffers are released.
+void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
+  NoGradGuard ng;
+  pshard.assign(shards.size(), Tensor());
+  for (size_t u = 0; u < opts.units.size(); ++u)
+    units.push_back(std::make_shared<ShardedUnit>(dp, opts.reshard_after_forward));
+  for (size_t b = 0; b < shards.size(); ++b) {
+    if (shards[b].segs.empty()) continue;
+    const int u = unit_of[static_cast<size_t>(shards[b].segs[0])];
+    for (int i : shards[b].segs)
+      NXD_CHECK(unit_of[static_cast<size_t>(i)] == u, "[Zero1Optimizer] bucket ", b,
+                " mixes units");  // GradSyncOptions::units
+    if (u == 0) continue;
+    pshard[b] = pbuf[b].narrow(0, shards[b].begin, shards[b].size).clone();
+    units[static_cast<size_t>(u - 1)]->add_bucket(pbuf[b], pshard[b]);
+    pbuf[b].storage()->release_data();  // now: the model's full size is never exceeded
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
+                             u + 1 < units.size() ? units[u + 1] : nullptr);
+    units[u]->release(UnitPass::forward);
+    opts.units[u]->set_param_unit(units[u]);
+  }
+}
 
 namespace {
 ElementwiseRule rule_of(const Zero1Options& o) {
@@ -187,10 +221,26 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
                 p.name, "' is in no parameter group");
     order = I.opts.registration_order;
   }
-  NXD_CHECK(I.opts.stage == ZeroStage::one || I.opts.stage == ZeroStage::two,
-            "[Zero1Optimizer] stage must be 1 or 2, got ", zero_stage_name(I.opts.stage));
+  NXD_CHECK(I.opts.stage != ZeroStage::none, "[Zero1Optimizer] stage must be 1, 2 or 3, got ",
+            zero_stage_name(I.opts.stage));
+  const bool three = I.opts.stage == ZeroStage::three;
+  remove_param_units(I.opts.units);  // sharded by an earlier ZeRO-3 optimizer: whole again
+  NXD_CHECK(!three || I.opts.expert_params.empty(),
+            "[Zero1Optimizer] stage 3 does not shard expert-parallel parameters");
+  NXD_CHECK(three || I.opts.units.empty(), "[Zero1Optimizer] units are for stage 3, got stage ",
+            zero_stage_name(I.opts.stage));
+  // stage three: each parameter's unit (1 + its index in opts.units; 0: none)
+  std::vector<int> unit_of;
+  if (three) {
+    std::map<const TensorImpl*, int> of;
+    for (size_t u = 0; u < I.opts.units.size(); ++u)
+      for (const Tensor& t : I.opts.units[u]->parameters()) of.emplace(t.impl(), int(u) + 1);
+    for (const NamedParam& p : order)
+      unit_of.push_back(of.count(p.param.impl()) ? of.at(p.param.impl()) : 0);
+  }
   GradSyncOptions go;
-  go.storage = I.opts.stage == ZeroStage::two ? GradStorage::shard_only : GradStorage::buckets;
+  go.storage = I.opts.stage == ZeroStage::one ? GradStorage::buckets : GradStorage::shard_only;
+  go.units = unit_of;
   go.bucket_bytes = I.opts.bucket_bytes;
   go.mode = I.opts.mode;
   go.group = I.dp;
@@ -229,6 +279,7 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
     I.segs.push_back(std::move(s));
   }
   I.flatten_params();
+  if (three) I.build_units(unit_of);
   {
     const HostMemoryScope scope(I.state_memory());
     for (size_t k = 0; k < I.rule.state.size(); ++k) I.state.push_back(zeros({I.total}));
@@ -268,6 +319,9 @@ GradSync& Zero1Optimizer::grad_sync() {
 void Zero1Optimizer::reduce_gradients() {
   Impl& I = *impl_;
   NoGradGuard ng;
+  // a unit whose backward did not release it (its input needed no gradient) goes now: its full
+  // buffers would go stale with the update
+  for (auto& u : I.units) u->release(UnitPass::backward);
   I.sync->finish();
   I.grad.clear();
   for (int b = 0; b < I.sync->num_buckets(); ++b) {
@@ -341,8 +395,9 @@ void Zero1Optimizer::step() {
     const Shard& sh = I.shards[b];
     // A parameter re-pointed since (another optimizer built on the same model moved it into its
     // own buffer) comes back, with its current values.
-    for (int i : sh.segs)
-      if (!I.bound(I.segs[static_cast<size_t>(i)])) I.bind(I.segs[static_cast<size_t>(i)]);
+    if (!I.sharded(b))
+      for (int i : sh.segs)
+        if (!I.bound(I.segs[static_cast<size_t>(i)])) I.bind(I.segs[static_cast<size_t>(i)]);
     // this rank's block of the parameters, updated in place, then all-gathered in place
     const Tensor mine = I.param_shard(b);
     // the shard's f32 values: the masters, the parameters themselves (f32), or an f32 copy of
@@ -399,9 +454,11 @@ void Zero1Optimizer::step() {
       round_to_bf16(mine.data<bf16>() + k + e0, w + k + e0, e1 - e0,
                     precision_.stochastic_rounding ? &noise : nullptr, job.lo - s.offset + e0);
     });
-    // every rank's updated block into every rank's buffer, in place (offload: once it is back)
+    // every rank's updated block into every rank's buffer, in place (offload: once it is back;
+    // stage three: a unit's buffers are gathered at its next use)
     offload.wait(b);
-    zero1_all_gather(*I.dp, mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
+    if (!I.sharded(b))
+      zero1_all_gather(*I.dp, mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
   }
   I.grad.clear();
   I.reduced = false;
@@ -482,6 +539,22 @@ void Zero1Optimizer::scatter_state() {
         std::copy_n(find(s, "master").data<float>() + src, hi - lo, I.master.data<float>() + dst);
     }
   }
+}
+
+void Zero1Optimizer::gather_parameters() {
+  for (auto& u : impl_->units) u->materialize();
+}
+
+void Zero1Optimizer::release_parameters() {
+  for (auto& u : impl_->units) u->write_back_and_release();
+}
+
+int64_t Zero1Optimizer::resident_parameter_bytes() const {
+  const Impl& I = *impl_;
+  int64_t n = 0;
+  for (size_t b = 0; b < I.pbuf.size(); ++b)
+    n += I.sharded(b) ? I.pshard[b].nbytes() : I.pbuf[b].nbytes();
+  return n + (experts_ ? experts_->resident_parameter_bytes() : 0);
 }
 
 void Zero1Optimizer::release_state() {

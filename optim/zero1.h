@@ -50,6 +50,13 @@
 // out. Everything above (norm, clipping, step, state layout, checkpoints) reads only the shards,
 // so it is unchanged and the results are bitwise those of stage one.
 //
+// ZeRO-3 (stage three with Zero1Options::units, docs/design/fsdp.md): the same again, and the
+// buckets of each unit module (a bucket holds one unit's parameters) keep only this rank's block
+// of the parameters between uses: a persistent shard the step updates in place (no all-gather),
+// the flat buffer's memory released; the unit (optim/zero3_unit.h, layers/param_unit.h) gathers
+// it around the module's forward and backward. gather_parameters() / release_parameters() make
+// the weights whole outside them. Parameters of no unit are as at stage two.
+//
 // Expert parallelism (NxD's two ZeRO-1 optimizers): Zero1Options.expert_params (the MoE experts'
 // weights, layers/moe/moe.h) go to a second Zero1Optimizer inside this one, over the
 // expert-data-parallel group: their gradients are reduce-scattered (mean) over it and their state
@@ -97,8 +104,18 @@ struct Zero1Options {
   // The update and its state (Optimizer::elementwise_rule() of the optimizer sharded); nullopt:
   // AdamW with `adamw`'s betas and eps.
   std::optional<ElementwiseRule> rule;
-  // one: the state (ZeRO-1); two: the gradients too (GradStorage::shard_only).
+  // one: the state (ZeRO-1); two: the gradients too (GradStorage::shard_only); three: the
+  // parameters of `units` too.
   ZeroStage stage = ZeroStage::one;
+  // Stage three (ZeRO-3, docs/design/fsdp.md): the modules whose parameters are sharded over DP
+  // between uses and gathered around their forward and backward (FSDP units: nxd-train's are the
+  // decoder layers; their forward runs through run_param_unit, layers/param_unit.h). A bucket
+  // holds one unit's parameters. Parameters of no unit stay gathered as at stage two (FSDP's
+  // root unit).
+  std::vector<Module*> units;
+  // Stage three: release a unit's parameters after its forward and gather them again for its
+  // backward (FSDP's default); false keeps them from the forward to the end of the backward.
+  bool reshard_after_forward = true;
   // host: optimizer offload: the state and masters of the shard (and the step's f32 working copy)
   // are host memory, charged to the rank's host counter (runtime/host_memory.h), not its HBM.
   StatePlacement placement = StatePlacement::device;
@@ -139,6 +156,16 @@ class Zero1Optimizer : public Optimizer {
   void gather_state();
   void scatter_state();
   void release_state();
+
+  // Stage three (no-ops below it): every unit's full parameters present, to read or write the
+  // weights outside a forward and backward (FSDP's summon_full_params: checkpoints, tests) —
+  // collective over DP; release_parameters() takes each rank's shard back from the full values
+  // (written ones included) and frees them.
+  void gather_parameters();
+  void release_parameters();
+  // Bytes of parameters this rank holds between steps (stage three: the shards of the units and
+  // the parameters of no unit; below: every parameter).
+  int64_t resident_parameter_bytes() const;
 
   struct Impl;
 

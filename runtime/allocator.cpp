@@ -215,12 +215,42 @@ std::shared_ptr<Storage> Storage::wrap(void* data, int64_t nbytes,
   return s;
 }
 
+void Storage::release_data() {
+  NXD_CHECK(counted_ && !deleter_, "[alloc] release_data on a storage not allocated here");
+  if (released_) return;
+  if (device_ == Device::host && data_) host_free(data_, static_cast<size_t>(nbytes_));
+  data_ = nullptr;
+  device_memory(device_).release(nbytes_);
+  rank_counter_->release(nbytes_);
+  released_ = true;
+}
+
+void Storage::reallocate() {
+  if (!released_) return;
+  if (device_ == Device::host && device_memory(Device::host).live() + nbytes_ > host_ram_bytes())
+    host_out_of_memory(current_context().memory(), nbytes_, "more than the RAM");
+  rank_counter_ = detail::host_memory_if_scoped();
+  if (!rank_counter_) rank_counter_ = current_context().memory_ptr();
+  rank_counter_->allocate(nbytes_);
+  device_memory(device_).allocate(nbytes_);
+  if (device_ == Device::host && nbytes_ > 0) {
+    try {
+      data_ = host_alloc(static_cast<size_t>(nbytes_));
+    } catch (const std::bad_alloc&) {
+      device_memory(device_).release(nbytes_);
+      rank_counter_->release(nbytes_);
+      host_out_of_memory(*rank_counter_, nbytes_, "the allocation failed");
+    }
+  }
+  released_ = false;
+}
+
 Storage::~Storage() {
   if (deleter_)
     deleter_(data_);
   else if (counted_ && device_ == Device::host && data_)
     host_free(data_, static_cast<size_t>(nbytes_));
-  if (counted_) {
+  if (counted_ && !released_) {
     device_memory(device_).release(nbytes_);
     rank_counter_->release(nbytes_);
   }

@@ -78,6 +78,13 @@ class Storage {
 
   void* data() const { return data_; }
   int64_t nbytes() const { return nbytes_; }
+  // ZeRO-3 (optim/zero1.h): frees the block of an allocated storage, uncharging its counters,
+  // while the Storage (and every tensor viewing it) lives on; reallocate() gives it a fresh
+  // uninitialized block of the same size charged to the current Context (PyTorch FSDP's
+  // storage().resize_(0) and back). has_data(): not released.
+  void release_data();
+  void reallocate();
+  bool has_data() const { return !released_; }
   Device device() const { return device_; }
 
  private:
@@ -88,6 +95,7 @@ class Storage {
   std::shared_ptr<MemoryCounter> rank_counter_;  // keeps the rank's counter alive until freed
   std::function<void(void*)> deleter_;
   bool counted_ = false;
+  bool released_ = false;
 };
 
 }  // namespace nxd

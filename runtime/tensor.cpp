@@ -118,6 +118,8 @@ void* Tensor::raw_data() const {
   const auto& s = storage();
   NXD_CHECK(s->device() == Device::host, "[Tensor::data] ", desc(),
             " is a meta tensor and has no data");
+  NXD_CHECK(s->has_data(), "[Tensor::data] ", desc(),
+            " has its storage released (a ZeRO-3 parameter outside its unit's gather)");
   return static_cast<char*>(s->data()) + offset() * element_size();
 }
 

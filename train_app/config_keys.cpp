@@ -305,12 +305,16 @@ std::vector<KeySpec> make_registry() {
       key("distributed_strategy.zero_stage", K::integer, nullptr,
           "What is sharded over the data-parallel ranks (docs/design/fsdp.md): 0 nothing, 1 the "
           "optimizer state (= zero1: true), 2 also the gradients (each bucket reduce-scattered "
-          "into the rank's shard, the full-size gradients freed). null: zero1 decides. A value "
-          "other than 1 with zero1: true is an error naming both; 3 is refused (not "
-          "implemented)."),
+          "into the rank's shard, the full-size gradients freed), 3 also the parameters (each "
+          "decoder layer's gathered before its forward and its backward and freed after). null: "
+          "zero1 decides. A value other than 1 with zero1: true is an error naming both."),
+      key("distributed_strategy.reshard_after_forward", K::boolean, true,
+          "ZeRO-3 (FSDP's reshard_after_forward): a layer's parameters are freed after its "
+          "forward and gathered again for its backward; false keeps them from the forward to "
+          "the end of the layer's backward (less communication, more memory)."),
       key("distributed_strategy.optimizer_offload", K::boolean, false,
-          "Optimizer offload (with zero_stage 1 or 2): the sharded optimizer state and f32 master "
-          "weights live in host memory, accounted apart from HBM by the sim device, and the "
+          "Optimizer offload (with zero_stage 1, 2 or 3): the sharded optimizer state and f32 "
+          "master weights live in host memory, accounted apart from HBM by the sim device, and the "
           "update runs there; nxd-train prints the HBM peak against the host's. Losses are "
           "unchanged (the same update); the sim clock and nxd-plan charge each bucket's PCIe "
           "round trip and the host's update (docs/design/fsdp.md)."),

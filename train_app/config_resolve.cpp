@@ -257,15 +257,32 @@ optim::ZeroStage resolve_zero_stage(Resolver& r) {
   if (r.c.is_null("distributed_strategy.zero_stage"))
     return zero1 ? optim::ZeroStage::one : optim::ZeroStage::none;
   const int64_t v = r.c.get_int("distributed_strategy.zero_stage");
-  if (v < 0 || v > 2)
+  if (v < 0 || v > 3)
     r.fail("distributed_strategy.zero_stage=", v,
-           " is not a ZeRO stage nxd-train runs: 0 (none), 1 (optimizer state) or 2 (and "
-           "gradients); stage 3 (sharded parameters) is not implemented");
+           " is not a ZeRO stage: 0 (none), 1 (optimizer state), 2 (and gradients) or 3 (and "
+           "parameters)");
   const auto stage = optim::zero_stage_from_int(v, "distributed_strategy.zero_stage");
   if (zero1 && stage != optim::ZeroStage::one)
     r.fail("distributed_strategy.zero1=true contradicts distributed_strategy.zero_stage=", v,
            " (zero1 is stage 1; set one of them)");
   return stage;
+}
+
+// ZeRO-3 against the strategies it does not compose with yet (each named with the stage).
+void check_zero3(Resolver& r, const DistributedSection& ds, const ModelConfig& m) {
+  if (ds.zero_stage != optim::ZeroStage::three) return;
+  const char* stage = "distributed_strategy.zero_stage=3";
+  if (ds.pipeline_model_parallel_size > 1)
+    r.fail(stage, " with distributed_strategy.pipeline_model_parallel_size=",
+           ds.pipeline_model_parallel_size,
+           " is not supported: a pipeline stage's layers run without ZeRO-3's units");
+  if (ds.context_parallel_size > 1)
+    r.fail(stage, " with distributed_strategy.context_parallel_size=", ds.context_parallel_size,
+           " is not supported (not tested); use zero_stage 2");
+  if (ds.expert_model_parallel_size > 1 || m.moe.enabled())
+    r.fail(stage, " with model.moe (distributed_strategy.expert_model_parallel_size=",
+           ds.expert_model_parallel_size,
+           ") is not supported: ZeRO-3 does not shard the experts; use zero_stage 2");
 }
 
 // Expert parallelism and MoE against the other strategies (every impossible combination named).
@@ -306,8 +323,9 @@ DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
   ds.optimizer_offload = r.c.get_bool("distributed_strategy.optimizer_offload");
   if (ds.optimizer_offload && !ds.zero1())
     r.fail(
-        "distributed_strategy.optimizer_offload=true needs distributed_strategy.zero_stage 1 "
-        "or 2 (or zero1: true): only the sharded optimizer's state is offloaded");
+        "distributed_strategy.optimizer_offload=true needs distributed_strategy.zero_stage 1, 2 "
+        "or 3 (or zero1: true): only the sharded optimizer's state is offloaded");
+  ds.reshard_after_forward = r.c.get_bool("distributed_strategy.reshard_after_forward");
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");
   ds.instance = r.c.get_string("backend.instance");
@@ -500,6 +518,7 @@ TrainConfig resolve(const Config& in) {
   t.model = resolve_model(r, t.data);
   t.dist = resolve_distributed(r, t.model);
   t.lora = resolve_peft(r);
+  check_zero3(r, t.dist, t.model);
   t.alignment = resolve_alignment(r.c, t);
   t.grad_accum_steps = resolve_batching(r, t.data, t.dist);
   if (t.dist.pipeline_model_parallel_size > 1 || t.dist.virtual_pipeline_model_parallel_size > 1 ||

@@ -132,6 +132,13 @@ ChunkCost measure_chunk(CausalLM& m, bool first, bool last, const Tensor& ids,
   return c;
 }
 
+// ZeRO-3's buckets launched during a measured backward (overlap mode): completed, so the next
+// backward starts a new pass.
+void finish_overlapped(std::vector<detail::ReductionGroup>& groups) {
+  for (detail::ReductionGroup& g : groups)
+    if (g.sync && g.sync->mode() == optim::GradSyncMode::overlap) g.sync->finish();
+}
+
 // The most this rank holds above its resident state while it runs its schedule: cost[c][0] is
 // chunk c's first microbatch of the step (its backward allocates the gradients when they are not
 // resident buckets: they stay until the step), cost[c][1] any later one.
@@ -212,7 +219,9 @@ RankMemory plan_rank(const TrainConfig& cfg, const PlanOptions& opts,
     const bool first = !mm.pipe || pipeline::is_first_stage(sc, pp_rank, ci);
     const bool last = !mm.pipe || pipeline::is_last_stage(sc, pp_rank, ci);
     cost[c][0] = measure_chunk(*mm.chunks[c], first, last, ids, hidden);
+    finish_overlapped(groups);
     cost[c][1] = measure_chunk(*mm.chunks[c], first, last, ids, hidden);
+    finish_overlapped(groups);
   }
   r.activation_peak = schedule_peak(actions, cost);
   if (!buckets) {  // the gradients the backwards allocated, counted once, as gradients

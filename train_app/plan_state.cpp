@@ -1,11 +1,13 @@
 // The resident state of the plan (plan_internal.h): the gradient buckets and the optimizer state
 // per reduction group, laid out as the trainer's optimizer lays them out.
 #include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/moe/moe.h"
 #include "nxd/optim/offload.h"
+#include "nxd/optim/zero3_unit.h"
 #include "nxd/runtime/context.h"
 #include "nxd/train_app/plan_internal.h"
 
@@ -58,7 +60,9 @@ int64_t zero1_state(const TrainConfig& cfg, const api::ResolvedPrecision& rp,
     int64_t numel = 0;
     for (int i : layout[b]) numel += g.params[static_cast<size_t>(i)].param.numel();
     const int64_t shard = sync.shard_numel(b);
-    r.parameters += (shard * n - numel) * dtype_size(pd);  // the flat buffer's padding
+    // the flat buffer's padding (ZeRO-3's units: measured by shard_meta_units)
+    if (g.unit_of.empty() || g.unit_of[static_cast<size_t>(layout[b][0])] == 0)
+      r.parameters += (shard * n - numel) * dtype_size(pd);
     // optimizer offload: the state, masters and the step's working copy in host memory
     const bool host = cfg.dist.optimizer_offload;
     (host ? r.host_optimizer_state : r.optimizer_state) +=
@@ -70,12 +74,36 @@ int64_t zero1_state(const TrainConfig& cfg, const api::ResolvedPrecision& rp,
   return transient;
 }
 
+// Whether nxd-train's ZeRO-3 buckets go out during backward with one microbatch a step (no
+// pipeline, no sequence-parallel sums before the reduction, no mixture of experts).
+bool overlaps(const TrainConfig& cfg) {
+  return cfg.grad_accum_steps == 1 && cfg.dist.pipeline_model_parallel_size == 1 &&
+         !(cfg.dist.sequence_parallel && cfg.dist.tensor_model_parallel_size > 1) &&
+         !cfg.model.moe.enabled();
+}
+
 // ZeRO-2: the bytes of the largest bucket buffer (padded to n shards).
 int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
   int64_t most = 0;
   for (int b = 0; b < sync.num_buckets(); ++b)
     most = std::max(most, sync.shard_numel(b) * n * dtype_size(sync.bucket_dtype(b)));
   return most;
+}
+
+// ZeRO-3's units: the decoder layers of the meta model's chunks, and each parameter's unit.
+std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g) {
+  std::vector<Module*> units;
+  std::unordered_map<const TensorImpl*, int> of;
+  for (const auto& c : mm.chunks)
+    if (const DecoderStack* s = c->decoder_stack())
+      for (const auto& l : s->layers()) {
+        units.push_back(l.get());
+        for (const Tensor& t : l->parameters())
+          of.emplace(t.impl(), static_cast<int>(units.size()));
+      }
+  for (const auto& p : g.params)
+    g.unit_of.push_back(of.count(p.param.impl()) ? of.at(p.param.impl()) : 0);
+  return units;
 }
 
 }  // namespace
@@ -119,11 +147,29 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       // ZeRO-2: only the shards stay; the backward's fresh .grads are measured with the
       // activations (plan.cpp) and at most two bucket buffers are in flight (optim/grad_sync.h)
       const bool zero2 = cfg.dist.zero_stage == optim::ZeroStage::two;
-      if (zero2) go.storage = optim::GradStorage::shard_only;
+      const bool zero3 = cfg.dist.zero_stage == optim::ZeroStage::three;
+      if (zero2 || zero3) go.storage = optim::GradStorage::shard_only;
+      std::vector<Module*> units;
+      if (zero3) {
+        units = layer_units(mm, g);
+        go.units = g.unit_of;
+        // ZeRO-3: the trainer's buckets go out during the last backward (api/nxd_optimizer.cpp),
+        // so its .grads are freed bucket by bucket; the plan's measured backward does the same
+        // when the step has one microbatch (with more, the full .grads accumulate first)
+        if (overlaps(cfg)) go.mode = optim::GradSyncMode::overlap;
+      }
       g.sync = std::make_unique<optim::GradSync>(g.params, go);
-      if (zero2)
+      if (zero2 || (zero3 && go.mode == optim::GradSyncMode::at_step))
         step_transient =
             std::max(step_transient, 2 * largest_bucket_bytes(*g.sync, g.group->size()));
+      if (zero3) {
+        r.gradients += mem.live() - before;
+        const int64_t at = mem.live();
+        optim::shard_meta_units(*g.sync, g.unit_of, units, g.group, cfg.dist.reshard_after_forward);
+        r.parameters += mem.live() - at;  // the layers' shards in place of their full weights
+        if (zero1) step_transient = std::max(step_transient, zero1_state(cfg, rp, g, r));
+        continue;
+      }
     }
     r.gradients += mem.live() - before;
     if (zero1) {

@@ -151,15 +151,18 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const api::ResolvedPrec
   // the update: the sim device charges no time for the optimizer's elementwise pass (as in a
   // real run on it); ZeRO-1's all-gather of every bucket's updated shards in place, over each
   // group (DP x CP; the experts' over expert-DP), with optimizer offload once the bucket's
-  // round trip to the host is done (Zero1Optimizer::step's schedule)
+  // round trip to the host is done (Zero1Optimizer::step's schedule); ZeRO-3's units are
+  // gathered at their next use instead
   for (ReductionGroup& g : groups) {
     if (!cfg.dist.zero1() || !g.sync) continue;
     const optim::OffloadSchedule offload = cfg.dist.optimizer_offload
                                                ? optim::OffloadSchedule(offload_buckets(cfg, rp, g))
                                                : optim::OffloadSchedule();
+    const auto layout = g.sync->bucket_layout();
     for (int b = 0; b < g.sync->num_buckets(); ++b) {
       r.offload_seconds += offload.wait(static_cast<size_t>(b));
-      if (g.group->size() > 1)
+      const bool unit = !g.unit_of.empty() && g.unit_of[static_cast<size_t>(layout[b][0])] != 0;
+      if (g.group->size() > 1 && !unit)
         optim::zero1_all_gather(*g.group, nullptr, nullptr, g.sync->shard_numel(b), rp.param_dtype);
     }
   }

@@ -10,6 +10,7 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/cpu_info.h"
@@ -423,7 +424,10 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
                    static_cast<long long>(cfg.dist.context_parallel_size));
   } else if (g.max_new_tokens > 0 && cfg.data.kind == "text") {
     std::string note;
-    res.sample = generate_sample(cfg, module->lm(), data.tokenizer.get(), note);
+    {  // ZeRO-3: the layers' weights whole while the sample is generated
+      const WholeParameters whole({&module->lm()});
+      res.sample = generate_sample(cfg, module->lm(), data.tokenizer.get(), note);
+    }
     if (rank0) std::ofstream(fs::path(cfg.out_dir) / "sample.txt", std::ios::binary) << res.sample;
     if (talk) {
       std::fprintf(opts.out, "sample (temperature %g, top_k %lld%s):\n", g.temperature,
@@ -454,6 +458,7 @@ trainer::TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.nxd.pipeline_config.schedule = cfg.dist.pipeline_schedule;
   to.nxd.optimizer_config.zero_stage = cfg.dist.zero_stage;
   to.nxd.optimizer_config.optimizer_offload = cfg.dist.optimizer_offload;
+  to.nxd.optimizer_config.reshard_after_forward = cfg.dist.reshard_after_forward;
   to.nxd.grad_bucket_mb = cfg.dist.grad_bucket_mb;
   to.nxd.lora_config = cfg.lora;
   to.nxd.model_init_config.seed = cfg.seed;  // the adapters' initialization

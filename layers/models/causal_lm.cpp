@@ -14,6 +14,7 @@
 #include "nxd/layers/parallel/cross_entropy.h"
 #include "nxd/layers/parallel/layers.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/runtime/context.h"
 
 namespace nxd {
@@ -307,11 +308,15 @@ Tensor DecoderStack::run_layers(const Tensor& h, int64_t position_offset) const 
   for (const auto& layer : *layers_) {
     const auto& l = static_cast<const DecoderLayer&>(*layer);
     l.mark_checkpointed_forward();  // a layer selected by class (apply_activation_checkpoint)
-    x = recompute_layers_ || l.recomputes_activations()
-            ? recompute_layer(
-                  [&l, position_offset](const Tensor& y) { return l.forward(y, position_offset); },
-                  x)
-            : l.forward(x, position_offset);
+    const bool recompute = recompute_layers_ || l.recomputes_activations();
+    // a ZeRO-3 unit (layers/param_unit.h) gathers the layer's parameters around it
+    x = run_param_unit(l, x, [&l, recompute, position_offset](const Tensor& in) {
+      return recompute
+                 ? recompute_layer([&l, position_offset](
+                                       const Tensor& y) { return l.forward(y, position_offset); },
+                                   in)
+                 : l.forward(in, position_offset);
+    });
   }
   return x;
 }

@@ -114,6 +114,24 @@ TEST(MemoryPlan, KnowsZeroStage2) {
   plan_against_runs(d, runs);
 }
 
+// ZeRO-3 (distributed_strategy.zero_stage=3): the decoder layers' parameters resident as their
+// shards, gathered (two at a time with the prefetch) by the measured forward and backward, whose
+// buckets free the .grads as they go out; the same 5% as every layout.
+TEST(MemoryPlan, KnowsZeroStage3) {
+  auto d = nxd::testing::test_temp_dir("nxd_plan_zero3_");
+  const std::vector<std::vector<std::string>> runs = {
+      {"backend.world_size=4", "distributed_strategy.zero_stage=3", "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.zero_stage=3",
+       "precision.type=mixed_precision"},
+      {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=2",
+       "distributed_strategy.sequence_parallel=true", "distributed_strategy.zero_stage=3",
+       "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.zero_stage=3",
+       "model.activations_checkpoint_granularity=full", "precision.type=fp32"},
+  };
+  plan_against_runs(d, runs);
+}
+
 // The plan is deterministic: the same configuration plans the same bytes and the same modeled
 // step, bitwise.
 TEST(MemoryPlan, IsDeterministic) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "nxd/runtime/error.h"
 #include "nxd/train_app/config.h"
 #include "nxd/train_app/train.h"
 #include "support/files.h"
@@ -75,6 +76,18 @@ inline std::vector<std::string> parallel_run(std::vector<std::string> extra) {
                              "trainer.matmul_precision=fp32"};
   s.insert(s.end(), extra.begin(), extra.end());
   return s;
+}
+
+// The ConfigError message of resolving a parallel_run of tiny() with `extra` in d / "bad"; ""
+// if it resolves.
+inline std::string parallel_config_error(const std::filesystem::path& d,
+                                         std::vector<std::string> extra) {
+  try {
+    tiny(d / "bad", tiny_corpus(d), parallel_run(std::move(extra)));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // A quiet parallel_run of tiny() with `layers` decoder layers in d / name: its result and rows.

@@ -33,12 +33,7 @@ Out run(const fs::path& d, const std::string& name, std::vector<std::string> ext
 }
 
 std::string config_error(const fs::path& d, std::vector<std::string> extra) {
-  try {
-    tiny(d / "bad", nxd::testing::tiny_corpus(d), parallel_run(extra));
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
+  return nxd::testing::parallel_config_error(d, std::move(extra));
 }
 
 }  // namespace

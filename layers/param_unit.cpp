@@ -1,0 +1,60 @@
+#include "nxd/layers/param_unit.h"
+
+#include "nxd/autograd/function.h"
+
+namespace nxd {
+
+namespace {
+std::vector<Tensor> identity(const std::vector<Tensor>& v) {
+  return v;
+}
+}  // namespace
+
+WholeParameters::WholeParameters(const std::vector<const Module*>& modules) {
+  for (const Module* m : modules)
+    if (m)
+      for (auto& [name, sub] : const_cast<Module*>(m)->named_modules())
+        if (sub->param_unit()) units_.push_back(sub->param_unit());
+  for (auto& u : units_) u->gather(UnitPass::outside);
+}
+
+WholeParameters::~WholeParameters() {
+  for (auto& u : units_) u->release(UnitPass::outside);
+}
+
+int remove_param_units(const std::vector<Module*>& modules) {
+  int n = 0;
+  for (Module* m : modules)
+    if (m)
+      for (auto& [name, sub] : m->named_modules())
+        if (auto u = sub->param_unit()) {
+          u->gather(UnitPass::outside);
+          sub->set_param_unit(nullptr);
+          ++n;
+        }
+  return n;
+}
+
+Tensor run_param_unit(const Module& m, const Tensor& x,
+                      const std::function<Tensor(const Tensor&)>& body) {
+  const std::shared_ptr<ParamUnit>& u = m.param_unit();
+  if (!u) return body(x);
+  u->gather(UnitPass::forward);
+  const bool grad = GradMode::is_enabled();
+  Tensor in = x;
+  if (grad && x.requires_grad())
+    in = autograd::custom("param_unit_release", {x}, identity, [u](const Grads& g) -> Grads {
+      u->release(UnitPass::backward);
+      return g;
+    })[0];
+  Tensor y = body(in);
+  const bool backward_follows = grad && y.requires_grad();
+  if (!backward_follows || u->reshard_after_forward()) u->release(UnitPass::forward);
+  if (!backward_follows) return y;
+  return autograd::custom("param_unit_gather", {y}, identity, [u](const Grads& g) -> Grads {
+    u->gather(UnitPass::backward);
+    return g;
+  })[0];
+}
+
+}  // namespace nxd

@@ -1,0 +1,107 @@
+#include "nxd/optim/zero3_unit.h"
+
+#include "nxd/runtime/error.h"
+
+namespace nxd::optim {
+
+ShardedUnit::ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward)
+    : dp_(std::move(dp)), reshard_(reshard_after_forward) {}
+
+void ShardedUnit::add_bucket(Tensor full, Tensor shard) {
+  NXD_CHECK(full.numel() == shard.numel() * dp_->size() && full.dtype() == shard.dtype(),
+            "[ShardedUnit] full buffer ", full.desc(), " is not ", dp_->size(), " x the shard ",
+            shard.desc());
+  full_.push_back(std::move(full));
+  shard_.push_back(std::move(shard));
+}
+
+void ShardedUnit::set_neighbours(std::weak_ptr<ShardedUnit> prev, std::weak_ptr<ShardedUnit> next) {
+  prev_ = std::move(prev);
+  next_ = std::move(next);
+}
+
+void ShardedUnit::start() {
+  NoGradGuard ng;
+  work_.clear();
+  for (size_t b = 0; b < full_.size(); ++b) {
+    full_[b].storage()->reallocate();
+    work_.push_back(dp_->iall_gather(shard_[b], full_[b]));
+  }
+  state_ = State::in_flight;
+}
+
+void ShardedUnit::wait() {
+  for (Work& w : work_) w.wait();
+  work_.clear();
+  state_ = State::gathered;
+}
+
+void ShardedUnit::prefetch(const std::weak_ptr<ShardedUnit>& u) {
+  if (auto p = u.lock(); p && p->state_ == State::released) p->start();
+}
+
+void ShardedUnit::materialize() {
+  if (state_ == State::released) start();
+  wait();
+}
+
+void ShardedUnit::gather(UnitPass pass) {
+  materialize();
+  if (pass != UnitPass::outside) prefetch(pass == UnitPass::forward ? next_ : prev_);
+}
+
+void ShardedUnit::release(UnitPass pass) {
+  if (pass == UnitPass::outside) return write_back_and_release();
+  if (state_ == State::released) return;
+  wait();
+  for (Tensor& f : full_) f.storage()->release_data();
+  state_ = State::released;
+}
+
+void ShardedUnit::write_back_and_release() {
+  if (state_ == State::released) return;
+  wait();
+  NoGradGuard ng;
+  const int64_t r = dp_->rank();
+  for (size_t b = 0; b < full_.size(); ++b)
+    if (!full_[b].is_meta())
+      shard_[b].copy_(full_[b].narrow(0, r * shard_[b].numel(), shard_[b].numel()));
+  release(UnitPass::forward);
+}
+
+std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
+                                                           const std::vector<int>& unit_of,
+                                                           const std::vector<Module*>& modules,
+                                                           std::shared_ptr<Communicator> dp,
+                                                           bool reshard_after_forward) {
+  std::vector<std::shared_ptr<ShardedUnit>> units;
+  for (size_t u = 0; u < modules.size(); ++u)
+    units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward));
+  const std::vector<std::vector<int>> layout = sync.bucket_layout();
+  const int n = sync.dp_size();
+  for (int b = 0; b < sync.num_buckets(); ++b) {
+    const int u = unit_of.at(static_cast<size_t>(layout[b].at(0)));
+    if (u == 0) continue;
+    const Tensor& p0 = sync.params()[static_cast<size_t>(layout[b][0])].param;
+    NXD_CHECK(p0.is_meta(), "[shard_meta_units] parameter '",
+              sync.params()[static_cast<size_t>(layout[b][0])].name, "' is not a meta tensor");
+    const int64_t s = sync.shard_numel(b);
+    Tensor full = zeros({s * n}, p0.dtype(), Device::meta);
+    for (int i : layout[b]) {
+      TensorImpl& impl = *sync.params()[static_cast<size_t>(i)].param.impl();
+      impl.storage = full.storage();
+      impl.offset = sync.offset_in_bucket(i);
+      impl.strides = contiguous_strides(impl.shape);
+    }
+    units[static_cast<size_t>(u - 1)]->add_bucket(full, zeros({s}, p0.dtype(), Device::meta));
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
+                             u + 1 < units.size() ? units[u + 1] : nullptr);
+    units[u]->release(UnitPass::forward);
+    modules[u]->set_param_unit(units[u]);
+  }
+  return units;
+}
+
+}  // namespace nxd::optim

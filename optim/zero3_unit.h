@@ -1,0 +1,63 @@
+#pragma once
+// ZeRO-3's unit (optim/zero1.h, stage three; layers/param_unit.h): the flat parameter buffers of
+// the gradient buckets that hold one module's parameters. Between uses a rank keeps only its
+// block of each bucket (`shard`, persistent, updated in place by the optimizer); the full buffer
+// (`full`, whose Storage every parameter of the bucket views) has its memory released. gather()
+// reallocates the full buffers and all-gathers the shards into them; in forward it then starts
+// the next unit's all-gather (non-blocking, on the DP group's stream), in backward the previous
+// unit's, so the next gather of the pass overlaps this unit's compute (FSDP's forward and
+// backward prefetch): at most two units are gathered at a time.
+#include <memory>
+#include <vector>
+
+#include "nxd/collectives/communicator.h"
+#include "nxd/layers/param_unit.h"
+#include "nxd/optim/grad_sync.h"
+
+namespace nxd::optim {
+
+class ShardedUnit : public ParamUnit {
+ public:
+  ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward);
+  // A bucket's full flat buffer [S * n] and this rank's persistent block of it [S].
+  void add_bucket(Tensor full, Tensor shard);
+  // The units before and after this one in forward order (prefetch targets).
+  void set_neighbours(std::weak_ptr<ShardedUnit> prev, std::weak_ptr<ShardedUnit> next);
+
+  void gather(UnitPass pass) override;
+  void release(UnitPass pass) override;
+  bool reshard_after_forward() const override { return reshard_; }
+
+  // Gathered with no prefetch (FSDP's summon_full_params).
+  void materialize();
+  // Takes this rank's shard back from the full buffers (they were written: a checkpoint load),
+  // then releases them.
+  void write_back_and_release();
+  bool gathered() const { return state_ != State::released; }
+
+ private:
+  enum class State { released, in_flight, gathered };
+  void start();  // reallocates and launches the all-gathers
+  void wait();
+  void prefetch(const std::weak_ptr<ShardedUnit>& u);
+
+  std::shared_ptr<Communicator> dp_;
+  bool reshard_ = true;
+  std::vector<Tensor> full_, shard_;
+  std::vector<Work> work_;
+  State state_ = State::gathered;  // the buffers start full (the optimizer releases them)
+  std::weak_ptr<ShardedUnit> prev_, next_;
+};
+
+// nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each
+// of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 0 none, as
+// given to GradSyncOptions::units) become views of a flat meta buffer [S * n], released, beside a
+// meta shard [S]; each module gets its unit. `dp`: the sharding group (the GradSync's). The other
+// parameters are left as they are.
+std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
+                                                           const std::vector<int>& unit_of,
+                                                           const std::vector<Module*>& modules,
+                                                           std::shared_ptr<Communicator> dp,
+                                                           bool reshard_after_forward);
+
+}  // namespace nxd::optim
