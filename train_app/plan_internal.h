@@ -47,7 +47,8 @@ struct StepExtrapolation {
 
 // One training step of `mm` on meta tensors from a common start of every rank (a barrier) to the
 // end of nxd-train's step (its preemption agreement included), filling r's step, compute and
-// bubble seconds; `groups` hold the optimizer's gradient buckets.
+// bubble seconds: the Trainer's own step (trainer/training_step.h) over `mm` wrapped in the
+// trainer's NxDModel and NxDOptimizer, whose buckets replace `groups`' (freed here).
 StepExtrapolation time_meta_step(const TrainConfig& cfg, const api::ResolvedPrecision& rp,
                                  MetaModel& mm, std::vector<ReductionGroup>& groups, RankMemory& r);
 
