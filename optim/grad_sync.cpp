@@ -94,10 +94,9 @@ struct GradSync::State {
       const Tensor g = p.grad();
       has_grad[i] = g.defined() ? 1 : 0;
       if (!g.defined()) continue;
-      if (!b.meta) {
-        b.buf.narrow(0, b.offsets[k], p.numel()).view(p.shape()).copy_(g);
-        charge_compute("dp_bucket_copy_in", 0, 2.0 * static_cast<double>(g.nbytes()), b.dtype);
-      }
+      if (!b.meta) b.buf.narrow(0, b.offsets[k], p.numel()).view(p.shape()).copy_(g);
+      // charged on meta gradients too: nxd-plan's step is the run's
+      charge_compute("dp_bucket_copy_in", 0, 2.0 * static_cast<double>(g.nbytes()), b.dtype);
       p.set_grad(Tensor());
     }
   }

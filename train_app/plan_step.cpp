@@ -96,9 +96,11 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const api::ResolvedPrec
   StepExtrapolation x;
   // Everything the step's callbacks read lives here, for the whole step. A pipeline runs the
   // schedule of M1 = min(M, 2 pp) microbatches (after a first of pp when M > M1); without one the
-  // step runs two accumulation steps and the later ones cost what the second did.
+  // step runs min(M, 3) accumulation steps, and the M - 3 not run cost what the second did: like
+  // them it is neither the first (whose backward creates the gradients) nor the last (whose
+  // backward launches the DP reduction; ZeRO-2's copies the gradients into the buckets).
   const int64_t accum = cfg.grad_accum_steps;
-  const int64_t run = mm.pipe ? mm.pipe->num_microbatches() : std::min<int64_t>(accum, 2);
+  const int64_t run = mm.pipe ? mm.pipe->num_microbatches() : std::min<int64_t>(accum, 3);
   // a microbatch's token ids (the pipeline: the step's); CP: this rank's seq_length / CP tokens
   // of each sequence
   const Tensor ids = zeros({cfg.data.micro_batch_size * (mm.pipe ? run : 1),
@@ -127,7 +129,7 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const api::ResolvedPrec
       return mm.chunks[0]->loss(ids, ids);
     };
     work.after_backward = [&](int64_t a) {
-      if (a + 1 == run && run < accum)  // a later microbatch, as the ones not run
+      if (a == 1 && run < accum)  // a middle microbatch, as the ones not run
         x = {accum - run, clock->now() - t0, clock->compute_seconds() - c0};
     };
   }
