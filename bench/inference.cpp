@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "llama_125m.h"
 #include "nxd/checkpoint/gguf_llama.h"
 #include "nxd/checkpoint/hf.h"
 #include "nxd/checkpoint/offline.h"
@@ -53,16 +54,7 @@ enum class BenchModel { bench, draft, tiny };
 BenchModel g_model = BenchModel::bench;  // --model
 
 ModelConfig bench_model(DType dt) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 32000;
-  c.hidden_size = 768;
-  c.num_layers = 12;
-  c.num_attention_heads = 12;
-  c.num_kv_heads = 4;
-  c.ffn_hidden_size = 2048;
-  c.max_position_embeddings = 512;
-  c.init_std = 0.02;
+  ModelConfig c = bench::llama_125m(512);
   c.dtype = dt;
   if (g_model == BenchModel::draft) {
     c.hidden_size = 256;

@@ -33,6 +33,17 @@ SOURCES = {
     "(NxD Inference, Llama-3.1-405B, no speculation)",
 }
 
+# The served max context length of a row where the source gives it (the largest context-encoding
+# bucket): the trn2 tutorials compile with --max-context-length 12288 --enable-bucketing, so a
+# 10,000-token prompt runs in the 12,288 bucket. The transformers-neuronx rows' prompts are powers
+# of two and run in their own bucket.
+MAX_CONTEXT = {"trn2-70b": 12288, "trn2-405b": 12288}
+
+# Rows whose prefill runs a flash-attention kernel: the trn2 tutorials' --attn-kernel-enabled (NxD
+# Inference's NKI attention). transformers-neuronx (SDK 2.18) builds its prefill attention in HLO
+# with the full score matrix (layers/attention.py): nxd-plan's default, materialized.
+FLASH = {"trn2-70b", "trn2-405b"}
+
 LLAMA_405B = [
     "model.arch=llama", "model.hidden_size=16384", "model.num_layers=126",
     "model.num_attention_heads=128", "model.num_kv_heads=8", "model.ffn_hidden_size=53248",
@@ -113,6 +124,10 @@ def predict(plan, r):
     args = [plan, "--inference", "--instance", r.instance, "--set",
             f"distributed_strategy.tensor_model_parallel_size={r.tp}", "--batch", str(r.batch),
             "--prompt-tokens", str(r.prompt), "--new-tokens", str(r.new)]
+    if r.src in MAX_CONTEXT:
+        args += ["--max-context-tokens", str(MAX_CONTEXT[r.src])]
+    if r.src in FLASH:
+        args += ["--prefill-attention", "flash"]
     if r.model == "llama3.1-405b":
         for k in LLAMA_405B:
             args += ["--set", k]

@@ -95,7 +95,7 @@ struct GradSync::State {
       has_grad[i] = g.defined() ? 1 : 0;
       if (!g.defined()) continue;
       if (!b.meta) b.buf.narrow(0, b.offsets[k], p.numel()).view(p.shape()).copy_(g);
-      // charged on meta gradients too: nxd-plan's step is the run's
+      // charged on meta too: nxd-plan's step is the run's (a meta copy moves nothing)
       charge_compute("dp_bucket_copy_in", 0, 2.0 * static_cast<double>(g.nbytes()), b.dtype);
       p.set_grad(Tensor());
     }

@@ -8,6 +8,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/optim/items.h"
 #include "nxd/optim/meta_update.h"
+#include "nxd/optim/offload.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/host_memory.h"
 
@@ -51,7 +52,8 @@ struct Zero1Optimizer::Impl {
   // all-gathered in place with no full-size temporary.
   std::vector<Tensor> pbuf;
   bool reduced = false;
-  bool meta = false;  // the parameters are meta tensors (nxd-plan): shapes and charges only
+  bool meta = false;          // the parameters are meta tensors (nxd-plan): shapes and charges only
+  double offload_waited = 0;  // seconds the last step() waited for offload's round trips
 
   // This rank's block of bucket b's parameter buffer.
   Tensor param_shard(size_t b) const { return pbuf[b].narrow(0, shards[b].begin, shards[b].size); }
@@ -125,6 +127,16 @@ struct Zero1Optimizer::Impl {
                                       .state_tensors = static_cast<int>(rule.state.size()),
                                       .flops_per_element = rule.cost,
                                       .param_dtype = sh.param_dtype});
+  }
+  // Optimizer offload: this step's round trips of the shards, from now (optim/offload.h).
+  OffloadSchedule offload_schedule(const PrecisionOptions& p) const {
+    if (opts.placement != StatePlacement::host) return {};
+    std::vector<sim::OffloadBucket> trips;
+    for (size_t b = 0; b < shards.size(); ++b)
+      trips.push_back(offload_bucket(shards[b].size, sync->bucket_dtype(static_cast<int>(b)),
+                                     shards[b].param_dtype, static_cast<int>(rule.state.size()),
+                                     has_master(shards[b], p)));
+    return OffloadSchedule(trips);
   }
   void init_masters(const PrecisionOptions& p) {
     const HostMemoryScope scope(state_memory());
@@ -268,6 +280,9 @@ int64_t Zero1Optimizer::state_bytes() const {
 GradSync& Zero1Optimizer::grad_sync() {
   return *impl_->sync;
 }
+double Zero1Optimizer::offload_wait_seconds() const {
+  return impl_->offload_waited + (experts_ ? experts_->offload_wait_seconds() : 0.0);
+}
 
 void Zero1Optimizer::reduce_gradients() {
   Impl& I = *impl_;
@@ -342,6 +357,8 @@ void Zero1Optimizer::step() {
   if (!I.reduced) reduce_gradients();
   NoGradGuard ng;
   const int n = I.dp->size();
+  const OffloadSchedule offload = I.offload_schedule(precision_);
+  I.offload_waited = 0;
   for (size_t b = 0; b < I.shards.size(); ++b) {
     const Shard& sh = I.shards[b];
     // A parameter re-pointed since (another optimizer built on the same model moved it into its
@@ -350,7 +367,8 @@ void Zero1Optimizer::step() {
       if (!I.bound(I.segs[static_cast<size_t>(i)])) I.bind(I.segs[static_cast<size_t>(i)]);
     // this rank's block of the parameters, updated in place, then all-gathered in place
     const Tensor mine = I.param_shard(b);
-    if (I.meta) {  // shapes only: the step counts, the update's charge and the all-gather
+    if (I.meta) {  // shapes only: the step counts, the update's charge, offload's round trip and
+                   // the all-gather
       int64_t numel = 0;
       for (int i : sh.segs) {
         Segment& s = I.segs[static_cast<size_t>(i)];
@@ -360,6 +378,7 @@ void Zero1Optimizer::step() {
         numel += std::max<int64_t>(0, hi - lo);
       }
       I.charge(sh, numel);
+      I.offload_waited += offload.wait(b);
       zero1_all_gather(*I.dp, nullptr, nullptr, sh.size, sh.param_dtype);
       continue;
     }
@@ -420,7 +439,8 @@ void Zero1Optimizer::step() {
     int64_t numel = 0;
     for (int64_t z : sizes) numel += z;
     I.charge(sh, numel);
-    // every rank's updated block into every rank's buffer, in place
+    // every rank's updated block into every rank's buffer, in place (offload: once it is back)
+    I.offload_waited += offload.wait(b);
     zero1_all_gather(*I.dp, mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
   }
   I.grad.clear();

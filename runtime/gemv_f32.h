@@ -1,16 +1,19 @@
 #pragma once
 // Internal (runtime/blas.cpp): the f32 product of a few rows, C[m, n] = alpha * op(A) @ op(B) +
 // beta * C with m <= kSmallRows. A decode step of a linear layer is this shape (one row per
-// sequence against the weight), and it is bound by reading B once: a general GEMM packs B for
-// nothing, and splitting it by rows leaves a second thread idle. Here every element of C is one
-// dot product over the whole K in a fixed order (32 lanes, combined pairwise, then the tail),
-// computed by one thread, and the columns of C are split over the compute pool: results do not
-// depend on the thread count, the split or the operands' addresses.
+// running sequence against the weight), and up to a serving batch it is bound by reading B once
+// and by the multiply-adds: a general GEMM packs all of B on every call (at 16 rows Eigen spent
+// half of a decode step packing), and splitting it by rows leaves a second thread idle. Here every
+// element of C is one dot product over the whole K in a fixed order (lanes8::dot: 32 lanes,
+// combined pairwise, then the tail), computed by one thread, in register tiles of a few rows by a
+// few columns so that each load of B serves several rows; the columns of C are split over the
+// compute pool. Results do not depend on the thread count, the split, the tile, the operands'
+// addresses or m (a row's values are the same alone as in any batch).
 #include <cstdint>
 
 namespace nxd::blas::detail {
 
-inline constexpr int64_t kSmallRows = 8;
+inline constexpr int64_t kSmallRows = 32;
 // ... and B at least this many elements (256 KiB of f32: a weight read from memory, not a block
 // of attention that sits in L2, which stays on the engine and its results).
 inline constexpr int64_t kSmallRowsMinB = int64_t{1} << 16;

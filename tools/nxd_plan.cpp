@@ -109,6 +109,8 @@ const char* kUsage =
     "                [--search [--max-plans N (200: the most plans the search makes)]]\n"
     "       nxd-plan --inference [--model PRESET] [--instance TYPE] [--set key=value]...\n"
     "                [--batch B (1)] [--prompt-tokens P (128)] [--new-tokens M (128)]\n"
+    "                [--max-context-tokens C (P + M: the largest context-encoding bucket)]\n"
+    "                [--prefill-attention materialized|flash (materialized)]\n"
     "                (modeled TTFT, TPOT and output tokens/s at\n"
     "                 distributed_strategy.tensor_model_parallel_size on one instance,\n"
     "                 also inf2.xlarge inf2.8xlarge inf2.24xlarge inf2.48xlarge)\n"
@@ -143,6 +145,15 @@ Args parse(int argc, char** argv) {
       const int64_t v = io::parse_int(value(), 1, int64_t{1} << 20, s, "nxd-plan");
       (s == "--batch" ? a.batch : s == "--prompt-tokens" ? a.prompt_tokens : a.new_tokens) = v;
       a.inference_sizes_given = true;
+    } else if (s == "--prefill-attention") {
+      a.prefill_attention = value();
+      if (a.prefill_attention != "materialized" && a.prefill_attention != "flash")
+        throw UserError(str("[nxd-plan] --prefill-attention '", a.prefill_attention,
+                            "': expected materialized or flash"));
+      a.inference_sizes_given = true;
+    } else if (s == "--max-context-tokens") {
+      a.max_context_tokens = io::parse_int(value(), 1, int64_t{1} << 21, s, "nxd-plan");
+      a.inference_sizes_given = true;
     } else if (s == "--timeline")
       a.timeline = value();
     else if (s == "--search")
@@ -158,41 +169,19 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Model FLOPs of one token's forward and backward, the useful work MFU counts (Megatron-LM's
-// num_floating_point_operations, without recomputation): 6 per weight of the matmuls (the
-// vocabulary projection once: the input embedding is a lookup) and the attention products,
-// Q K^T and P V, of the causal half of the S x S scores: 3 x 2 x 2 x h x S / 2 = 6 h S per layer.
-// The sim device charges at least that (recomputation, the fused kernel's whole diagonal blocks,
-// rooflines below peak), so MFU stays at or under 1. A mixture-of-experts layer counts the
-// weights one token uses: the router and top_k experts (Mixtral 8x7B: its 12.9B active of 46.7B).
-double model_flops_per_token(const TrainConfig& c) {
-  const auto& m = c.model;
-  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_hidden_size);
-  const double kv =
-      static_cast<double>(m.num_kv_heads) / static_cast<double>(m.num_attention_heads);
-  const double mlp = (m.arch == "gpt_neox" ? 2.0 : 3.0) * h * f;
-  const double layer = h * h * (2.0 + 2.0 * kv) + mlp;
-  const double head = static_cast<double>(m.vocab_size) * h;
-  double weights = static_cast<double>(m.num_layers) * layer + head;
-  // a MoE layer's MLP: the router and the top_k experts a token reaches (its active weights)
-  for (int64_t l = 0; l < m.num_layers; ++l)
-    if (m.moe.is_moe_layer(l))
-      weights +=
-          static_cast<double>(m.moe.top_k - 1) * mlp + h * static_cast<double>(m.moe.num_experts);
-  return 6.0 * weights +
-         6.0 * static_cast<double>(m.num_layers) * h * static_cast<double>(c.data.seq_length);
-}
-
 void print_prediction(const Prediction& p) {
   const RankMemory& w = p.plan.worst();
   const double gib = 1024.0 * 1024 * 1024;
   std::printf("%s\n", p.plan.report().c_str());
   const RankMemory& s = *p.slowest;
+  char offload[64] = "";
+  if (s.offload_seconds > 0)
+    std::snprintf(offload, sizeof offload, " + optimizer offload %.4f s", s.offload_seconds);
   std::printf(
       "step (modeled, rank %d, stage %d): %.4f s = compute %.4f s + exposed communication "
-      "%.4f s + pipeline bubble %.4f s\n",
+      "%.4f s + pipeline bubble %.4f s%s\n",
       s.rank, s.stage, s.step_seconds, s.compute_seconds, s.exposed_comm_seconds(),
-      s.bubble_seconds);
+      s.bubble_seconds, offload);
   std::printf(
       "predicted: %.3f seq/s, %.0f tokens/s, MFU %.3f, step %.4f s, memory %.2f GiB of "
       "%.2f GiB per core (%s)\n",
@@ -212,7 +201,9 @@ int run(int argc, char** argv) {
   if (a.inference) return inference(a);
   if (a.inference_sizes_given)
     throw UserError(
-        str("[nxd-plan] --batch, --prompt-tokens and --new-tokens go with --inference\n", kUsage));
+        str("[nxd-plan] --batch, --prompt-tokens, --new-tokens, --max-context-tokens and "
+            "--prefill-attention go with --inference\n",
+            kUsage));
   const sim::MachineSpec m = sim::cluster(sim::machine(a.instance), a.nodes);
   int code = 0;
   if (!a.search) {

@@ -19,6 +19,8 @@ struct Args {
   // --inference: the modeled latency of generation instead of a training step
   bool inference = false;
   int64_t batch = 1, prompt_tokens = 128, new_tokens = 128;
+  int64_t max_context_tokens = 0;                  // --max-context-tokens; 0 = prompt + new tokens
+  std::string prefill_attention = "materialized";  // --prefill-attention materialized|flash
   bool inference_sizes_given = false;  // --batch, --prompt-tokens or --new-tokens was given
   bool nodes_given = false;
 };

@@ -49,6 +49,12 @@ int inference(const Args& a) {
   o.tp = static_cast<int>(tp);
   o.instance = a.instance;
   o.batch = a.batch, o.prompt_tokens = a.prompt_tokens, o.new_tokens = a.new_tokens;
+  if (a.max_context_tokens > 0 && a.max_context_tokens < a.prompt_tokens)
+    throw UserError(str("[nxd-plan] --max-context-tokens ", a.max_context_tokens,
+                        " is below --prompt-tokens ", a.prompt_tokens));
+  o.max_context_tokens = a.max_context_tokens;
+  o.prefill_attention =
+      a.prefill_attention == "flash" ? PrefillAttention::flash : PrefillAttention::materialized;
   const InferenceEstimate e = estimate_inference(mc, o);
   const double gib = 1024.0 * 1024 * 1024;
   const double used = static_cast<double>(e.weight_bytes + e.kv_bytes);
@@ -73,6 +79,12 @@ int inference(const Args& a) {
       e.prefill.fixed_seconds * 1e3, e.prefill.softmax_seconds * 1e3,
       static_cast<long long>(e.decode.kernels), static_cast<long long>(e.decode.collectives),
       e.decode.fixed_seconds * 1e3, e.decode.softmax_seconds * 1e3, e.sampling_seconds * 1e3);
+  std::printf(
+      "prefill: the prompt in its context bucket of %lld tokens; elementwise kernels fused "
+      "(%+.2f ms), all-reduces in bf16 (%+.2f ms), %s attention (%+.2f ms)\n",
+      static_cast<long long>(e.context_tokens), e.prefill.fused_seconds * 1e3,
+      e.prefill.collective_dtype_seconds * 1e3, a.prefill_attention.c_str(),
+      e.prefill.attention_seconds * 1e3);
   std::printf("predicted inference: TTFT %.2f ms, TPOT %.2f ms, %.1f output tokens/s\n",
               e.ttft * 1e3, e.tpot * 1e3, e.output_tokens_per_s);
   return fits ? 0 : 3;

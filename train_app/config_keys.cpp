@@ -312,7 +312,8 @@ std::vector<KeySpec> make_registry() {
           "Optimizer offload (with zero_stage 1 or 2): the sharded optimizer state and f32 master "
           "weights live in host memory, accounted apart from HBM by the sim device, and the "
           "update runs there; nxd-train prints the HBM peak against the host's. Losses are "
-          "unchanged (the same update)."),
+          "unchanged (the same update); the sim clock and nxd-plan charge each bucket's PCIe "
+          "round trip and the host's update (docs/design/fsdp.md)."),
       key("distributed_strategy.expert_model_parallel_size", K::integer, 1,
           "Expert-parallel degree: the experts of each MoE layer are split over this many "
           "data-parallel (or data x context-parallel) ranks (it divides data-parallel size x "

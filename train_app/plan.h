@@ -52,8 +52,10 @@ struct RankMemory {
   // of the step to its end, its kernels, and the pipeline bubble (its time inside the schedule
   // outside forwards and backwards); the rest of the step is exposed communication.
   double step_seconds = 0, compute_seconds = 0, bubble_seconds = 0;
+  // Optimizer offload: the step's wait for the buckets' round trips to the host (optim/offload.h).
+  double offload_seconds = 0;
   double exposed_comm_seconds() const {
-    return std::max(0.0, step_seconds - compute_seconds - bubble_seconds);
+    return std::max(0.0, step_seconds - compute_seconds - bubble_seconds - offload_seconds);
   }
   // The step's peak: the resident state plus the larger of the activations (forward and
   // backward) and the optimizer step's buffers (which run after the activations are freed).
@@ -123,6 +125,11 @@ struct PlannedPeak {
   int64_t planned = 0, full_fine_tuning = 0;
 };
 PlannedPeak plan_before_training(const TrainConfig& cfg, bool custom_module, std::FILE* out);
+
+// Model FLOPs of one token's forward and backward, the useful work MFU counts (plan_flops.cpp:
+// Megatron-LM's count, without recomputation; a MoE layer's active weights). nxd-plan and
+// nxd-bench-plan-sharding divide tokens/s times it by the cores' peak.
+double model_flops_per_token(const TrainConfig& c);
 
 std::string format_bytes(int64_t bytes);  // "1.25 GiB", "312.0 MiB", "4.0 KiB"
 

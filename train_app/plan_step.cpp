@@ -11,6 +11,7 @@
 #include "nxd/autograd/ops.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
+#include "nxd/optim/zero1.h"
 #include "nxd/runtime/context.h"
 #include "nxd/train_app/lm_module.h"
 #include "nxd/train_app/plan_internal.h"
@@ -134,6 +135,9 @@ StepExtrapolation time_meta_step(const TrainConfig& cfg, const api::ResolvedPrec
     };
   }
   trainer::run_training_step(*t.model, *t.optimizer, work);
+  // optimizer offload: what the update waited for the shards' round trips to the host
+  if (const auto* z = dynamic_cast<const optim::Zero1Optimizer*>(&t.optimizer->inner()))
+    r.offload_seconds = z->offload_wait_seconds();
   // nxd-train's preemption agreement after every step (Trainer::check_preemption under cli.cpp's
   // PreemptionGuard: one i32 over the world)
   trainer::agreed_preemption_signal();

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <string_view>
 
 #include "nxd/collectives/parallel_state.h"
+#include "nxd/collectives/sim/collective_cost.h"
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/parallel/pad.h"
@@ -17,20 +19,49 @@ int64_t round_up(int64_t n, int64_t m) {
   return (n + m - 1) / m * m;
 }
 
-// The fixed costs of one step's kernels and collectives on rank 0's timeline within [w.first,
-// w.second): each kernel pays kernel_seconds, each collective is raised to collective_seconds.
+// The elementwise kernels of a decoder layer (norms, residual adds, the gated activation, rotary,
+// scaling): the Neuron compiler fuses them into their neighbours, so they are charged their Vector
+// engine time rather than an HBM round trip each.
+bool is_elementwise(std::string_view name) {
+  return name == "add" || name == "mul" || name == "rms_norm_forward" || name == "swiglu_forward" ||
+         name == "rotary_at_forward";
+}
+
+double arg_value(const std::string& args, std::string_view key) {
+  const size_t at = args.find(key);
+  return at == std::string::npos ? 0 : std::strtod(args.c_str() + at + key.size(), nullptr);
+}
+
+// What one step on rank 0's timeline within [w.first, w.second) pays beyond, or is charged
+// instead of, its rooflines: each kernel kernel_seconds; each collective raised to
+// collective_seconds; each elementwise kernel its Vector engine time (fused) instead of its
+// roofline; each all-reduce of bf16 activations charged at 2 bytes an element (the sim's
+// mappings reduce bf16 in f32, as NxD training does; the inference libraries reduce in the
+// activations' dtype).
 StepCharges step_charges(const std::vector<sim::TraceEvent>& events, std::pair<double, double> w,
-                         const InferenceOverheads& o) {
+                         const InferenceOverheads& o, const sim::MachineSpec& m, double hz,
+                         bool bf16, int tp) {
   StepCharges c;
   const double eps = 1e-12;
+  std::vector<int> ranks(tp);
+  for (int r = 0; r < tp; ++r) ranks[r] = r;
   for (const auto& ev : events) {
     if (ev.start < w.first - eps || ev.start >= w.second - eps) continue;
-    if (std::string_view(ev.category) == "compute") {
+    const std::string_view cat(ev.category);
+    if (cat == "compute") {
       ++c.kernels;
       c.fixed_seconds += o.kernel_seconds;
-    } else if (std::string_view(ev.category) == "comm") {
+      if (o.fuse_elementwise && is_elementwise(ev.name))
+        c.fused_seconds += arg_value(ev.args, "flops=") / (o.vector_lanes * hz) - ev.duration;
+    } else if (cat == "comm") {
+      double seconds = ev.duration;
+      if (bf16 && ev.name == "all_reduce" && tp > 1) {
+        const double bytes = arg_value(ev.args, "bytes=") / 2;
+        seconds = sim::collective_cost(m, sim::CollKind::all_reduce, ranks, bytes).seconds;
+        c.collective_dtype_seconds += seconds - ev.duration;
+      }
       ++c.collectives;
-      c.fixed_seconds += std::max(0.0, o.collective_seconds - ev.duration);
+      c.fixed_seconds += std::max(0.0, o.collective_seconds - seconds);
     }
   }
   return c;
@@ -41,6 +72,35 @@ double vector_engine_hz(const sim::MachineSpec& m) {
   if (m.core.name.rfind("NeuronCore-v3", 0) == 0)
     return 0.96e9 * std::max(1.0, m.core.bf16_flops / 79e12);
   return 1.12e9;
+}
+
+// The SBUF of a rank (NKI architecture guides: NeuronCore-v2 24 MiB, NeuronCore-v3 28 MiB; a
+// logical Trainium2 core of LNC physical cores has LNC of them).
+double sbuf_bytes(const sim::MachineSpec& m) {
+  if (m.core.name.rfind("NeuronCore-v3", 0) == 0)
+    return 28.0 * (1 << 20) * std::max(1.0, m.core.bf16_flops / 79e12);
+  return 24.0 * (1 << 20);
+}
+
+// What the prefill's attention costs beyond the causal kernel the sim charges when it is built as
+// transformers-neuronx builds it (PrefillAttention::materialized): the masked half of the score
+// products (every position is computed, then masked), and, when a layer's bf16 score matrix does
+// not fit the SBUF, its trips through HBM.
+double materialized_attention_seconds(const std::vector<sim::TraceEvent>& events,
+                                      std::pair<double, double> w, const ModelConfig& cfg,
+                                      const InferenceModelOptions& o, int64_t S,
+                                      const sim::MachineSpec& m) {
+  double seconds = 0;
+  for (const auto& ev : events)
+    if (ev.start >= w.first - 1e-12 && ev.start < w.second - 1e-12 && ev.name == "cached_attention")
+      seconds += arg_value(ev.args, "flops=") / m.core.bf16_flops;
+  const double scores = static_cast<double>(o.batch) *
+                        static_cast<double>(cfg.num_attention_heads / o.tp) *
+                        static_cast<double>(S) * static_cast<double>(S);
+  if (scores * 2 > sbuf_bytes(m))
+    seconds += static_cast<double>(cfg.num_layers) * scores * o.overheads.score_bytes_through_hbm /
+               m.core.hbm_bandwidth;
+  return seconds;
 }
 
 // The softmax of every score row of one step: rows sit one per SBUF partition (128), each pass
@@ -84,6 +144,25 @@ InferencePadding pad_for_inference(const ModelConfig& cfg, int tp) {
   return p;
 }
 
+std::vector<int64_t> context_buckets(int64_t max_context_tokens) {
+  NXD_CHECK_T(ConfigError, max_context_tokens >= 1,
+              "[context_buckets] max_context_tokens must be >= 1, got ", max_context_tokens);
+  std::vector<int64_t> b;
+  const int top = static_cast<int>(std::lround(std::log2(static_cast<double>(max_context_tokens))));
+  for (int i = 7; i < top; ++i) b.push_back(int64_t{1} << i);
+  b.push_back(max_context_tokens);
+  return b;
+}
+
+int64_t context_bucket(int64_t prompt_tokens, int64_t max_context_tokens) {
+  NXD_CHECK_T(ConfigError, prompt_tokens >= 1 && max_context_tokens >= prompt_tokens,
+              "[context_bucket] need 1 <= prompt_tokens <= max_context_tokens, got ", prompt_tokens,
+              " and ", max_context_tokens);
+  for (int64_t b : context_buckets(max_context_tokens))
+    if (b >= prompt_tokens) return b;
+  return max_context_tokens;
+}
+
 InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOptions& o) {
   NXD_CHECK_T(ConfigError, o.tp >= 1 && o.batch >= 1 && o.prompt_tokens >= 1 && o.new_tokens >= 1,
               "[estimate_inference] need tp, batch, prompt_tokens, new_tokens >= 1, got tp=", o.tp,
@@ -91,6 +170,14 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
   NXD_CHECK_T(ConfigError, o.hbm_efficiency > 0 && o.hbm_efficiency <= 1,
               "[estimate_inference] hbm_efficiency must be in (0, 1], got ", o.hbm_efficiency);
   const int64_t L = o.prompt_tokens + o.new_tokens;
+  NXD_CHECK_T(ConfigError, o.max_context_tokens == 0 || o.max_context_tokens >= o.prompt_tokens,
+              "[estimate_inference] max_context_tokens=", o.max_context_tokens,
+              " is below prompt_tokens=", o.prompt_tokens);
+  // the context-encoding graph runs at its bucket: the prompt padded to it
+  const int64_t S =
+      o.context_buckets
+          ? context_bucket(o.prompt_tokens, o.max_context_tokens > 0 ? o.max_context_tokens : L)
+          : o.prompt_tokens;
   const InferencePadding padding = pad_for_inference(cfg, o.tp);
   cfg = padding.padded;
   cfg.device = Device::meta;
@@ -117,13 +204,13 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
     for (const auto& [n, t] : model->named_parameters()) weights += t.nbytes();
     KVCache cache = model->make_kv_cache(o.batch, L);
     std::vector<int64_t> rows(o.batch), zero(o.batch, 0), P(o.batch, o.prompt_tokens),
-        one(o.batch, 1);
+        PS(o.batch, S), one(o.batch, 1);
     for (int64_t b = 0; b < o.batch; ++b) rows[b] = b;
     sim::SimClock* clock = sim::current_sim_clock();
     const double p0 = clock->now();
     double t0 = p0;
-    model->forward_cached(empty({o.batch, o.prompt_tokens}, DType::i64, Device::meta),
-                          make_cache_step(rows, zero, P, Device::meta), cache);
+    model->forward_cached(empty({o.batch, S}, DType::i64, Device::meta),
+                          make_cache_step(rows, zero, PS, Device::meta), cache);
     const double ttft = clock->now() - t0;
     // every decode step attends the whole cache (kernels/kv_cache.h): they cost the same
     t0 = clock->now();
@@ -137,23 +224,31 @@ InferenceEstimate estimate_inference(ModelConfig cfg, const InferenceModelOption
     }
   });
   const auto& events = run.timeline->events(0);
-  StepCharges prefill = step_charges(events, window[0], o.overheads);
-  StepCharges decode = step_charges(events, window[1], o.overheads);
   const double hz = vector_engine_hz(m);
+  const bool bf16 = cfg.dtype == DType::bf16;
+  StepCharges prefill = step_charges(events, window[0], o.overheads, m, hz, bf16, o.tp);
+  StepCharges decode = step_charges(events, window[1], o.overheads, m, hz, bf16, o.tp);
+  e.context_tokens = S;
   const int passes = o.overheads.softmax_passes;
-  // prefill: batch x prompt rows, each over half the prompt on average (causal)
-  prefill.softmax_seconds = softmax_seconds(cfg, o.tp, o.batch * o.prompt_tokens,
-                                            0.5 * static_cast<double>(o.prompt_tokens), passes, hz);
+  // prefill: batch x prompt rows, each over half the prompt on average (causal) or, materialized,
+  // over every position (masked after the products)
+  const bool materialized = o.prefill_attention == PrefillAttention::materialized;
+  prefill.softmax_seconds = softmax_seconds(
+      cfg, o.tp, o.batch * S, (materialized ? 1.0 : 0.5) * static_cast<double>(S), passes, hz);
+  if (materialized)
+    prefill.attention_seconds = materialized_attention_seconds(events, window[0], cfg, o, S, m);
   // decode: batch rows over the whole cache (as the attention is charged)
   decode.softmax_seconds = softmax_seconds(cfg, o.tp, o.batch, static_cast<double>(L), passes, hz);
   e.prefill = prefill, e.decode = decode;
-  e.ttft += prefill.softmax_seconds;
+  e.ttft += prefill.softmax_seconds + prefill.attention_seconds;
   e.tpot += decode.softmax_seconds;
   // on-device sampling: one kernel reading the batch's gathered f32 logits
   e.sampling_seconds = o.overheads.kernel_seconds +
                        static_cast<double>(o.batch * cfg.vocab_size * 4) / m.core.hbm_bandwidth;
-  e.ttft += prefill.fixed_seconds + e.sampling_seconds;
-  e.tpot += decode.fixed_seconds + e.sampling_seconds;
+  e.ttft += prefill.fixed_seconds + prefill.fused_seconds + prefill.collective_dtype_seconds +
+            e.sampling_seconds;
+  e.tpot += decode.fixed_seconds + decode.fused_seconds + decode.collective_dtype_seconds +
+            e.sampling_seconds;
   e.e2e_per_token = (e.ttft + (o.new_tokens - 1) * e.tpot) / o.new_tokens;
   e.output_tokens_per_s = static_cast<double>(o.batch) / e.e2e_per_token;
   return e;

@@ -83,6 +83,20 @@ constexpr const char* kSrcTrn2Efa =
     "EFA ~15 us per hop measured on trn2.48xl (ib_write_lat HBM to HBM): "
     "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/about/collectives.html";
 
+constexpr const char* kSrcHostTrn1 =
+    "host side [assumed: AWS publishes neither the chips' host link nor the host CPU's memory]: "
+    "PCIe 4.0 x16 per Trainium/Inferentia2 chip, 16 GT/s x 16 lanes x 128/130 = 31.5 GB/s per "
+    "direction (PCI-SIG PCIe 4.0 rate); host memory 409.6 GB/s per 16-chip host (2 sockets x 8 "
+    "channels of DDR4-3200 at 25.6 GB/s, JEDEC rate), a smaller instance its chips' share; "
+    "128 vCPUs and 512 GiB of host memory per trn1.32xlarge: trn1-arch.html";
+constexpr const char* kSrcHostTrn2 =
+    "host side [assumed: not published]: PCIe 5.0 x16 per Trainium2 chip, 32 GT/s x 16 x 128/130 "
+    "= 63.0 GB/s per direction (PCI-SIG PCIe 5.0 rate); host memory 614.4 GB/s per instance (2 "
+    "sockets x 8 channels of DDR5-4800 at 38.4 GB/s, JEDEC rate); 192 vCPUs and 2 TiB of host "
+    "memory per trn2.48xlarge: trn2-arch.html";
+constexpr double kPcie4x16 = 16e9 * 16 * 128 / 130 / 8;  // bytes/s per direction
+constexpr double kPcie5x16 = 2 * kPcie4x16;
+
 CoreSpec neuron_core_v2() {
   CoreSpec c;
   c.name = "NeuronCore-v2";
@@ -104,7 +118,11 @@ MachineSpec base(const std::string& name, int chips) {
   m.launch_latency = 3e-6;
   m.efa_latency = 15e-6;
   m.link_bandwidth = 96 * kGiB;
-  m.sources = {kSrcNki, kSrcHbm, kSrcHbmBw, kSrcHop, kSrcBusbw, kSrcLaunch, kSrcKanga, kSrcEfa};
+  m.host_link_bandwidth = kPcie4x16;
+  m.host_memory_bandwidth = 409.6e9 * chips / 16;
+  m.host_memory_bytes = (int64_t{32} << 30) * chips;  // trn1: 32 GiB per chip (trn1-arch.html)
+  m.sources = {kSrcNki,    kSrcHbm,   kSrcHbmBw, kSrcHop,     kSrcBusbw,
+               kSrcLaunch, kSrcKanga, kSrcEfa,   kSrcHostTrn1};
   return m;
 }
 
@@ -117,8 +135,9 @@ MachineSpec trn1(const std::string& name, int chips, double efa_gbps) {
   return m;
 }
 
-MachineSpec inf2(const std::string& name, int chips, double net_gbps) {
+MachineSpec inf2(const std::string& name, int chips, double net_gbps, int64_t host_gib) {
   MachineSpec m = base(name, chips);
+  m.host_memory_bytes = host_gib << 30;  // inf2-arch.html
   m.topology = chips > 1 ? Topology::ring : Topology::single_chip;
   m.links_per_chip = chips > 1 ? 2 : 0;
   m.efa_bandwidth = net_gbps * 1e9 / 8;
@@ -152,8 +171,11 @@ MachineSpec trn2(const std::string& name, int lnc) {
   m.link_bandwidth = 1024e9 / 4;
   m.collective_busbw = 52.83 * kGiB * m.core.hbm_bandwidth / kTrn1CoreHbmBandwidth;
   m.efa_bandwidth = 3200e9 / 8;
-  m.sources = {kSrcNcV3,  kSrcTrn2Chip, kSrcTrn2,      kSrcLnc,   kSrcHop,
-               kSrcBusbw, kSrcLaunch,   kSrcTrn2Busbw, kSrcKanga, kSrcTrn2Efa};
+  m.host_link_bandwidth = kPcie5x16;
+  m.host_memory_bandwidth = 614.4e9;
+  m.host_memory_bytes = int64_t{2048} << 30;
+  m.sources = {kSrcNcV3,   kSrcTrn2Chip,  kSrcTrn2,  kSrcLnc,     kSrcHop,     kSrcBusbw,
+               kSrcLaunch, kSrcTrn2Busbw, kSrcKanga, kSrcTrn2Efa, kSrcHostTrn2};
   if (lnc != 2) m.name = str(name, ":lnc=", lnc);
   return m;
 }
@@ -195,10 +217,10 @@ MachineSpec builtin(const std::string& full) {
     m.link_bandwidth = 192 * kGiB;  // 768 GiB/s per chip as documented (see caution in notes)
     return m;
   }
-  if (n == "inf2.xlarge") return inf2(n, 1, 15);
-  if (n == "inf2.8xlarge") return inf2(n, 1, 25);
-  if (n == "inf2.24xlarge") return inf2(n, 6, 50);
-  if (n == "inf2.48xlarge") return inf2(n, 12, 100);
+  if (n == "inf2.xlarge") return inf2(n, 1, 15, 16);
+  if (n == "inf2.8xlarge") return inf2(n, 1, 25, 128);
+  if (n == "inf2.24xlarge") return inf2(n, 6, 50, 384);
+  if (n == "inf2.48xlarge") return inf2(n, 12, 100, 768);
   std::string known;
   for (auto& k : machine_names()) known += " " + k;
   throw ConfigError(str("[sim::machine] unknown instance type '", n, "'; known:", known,
@@ -281,6 +303,9 @@ std::string MachineSpec::describe() const {
      << collective_busbw / kGiB << " GiB/s, launch " << launch_latency * 1e6 << " us\n";
   os << (ultraserver ? "  between instances (NeuronLink-v3 ring): " : "  EFA: ")
      << efa_bandwidth * 8 / 1e9 << " Gbps per instance, " << efa_latency * 1e6 << " us per hop\n";
+  os << "  host: PCIe " << host_link_bandwidth / kGB << " GB/s per chip per direction, memory "
+     << host_memory_bytes / kGiB << " GiB at " << host_memory_bandwidth / kGB
+     << " GB/s per instance\n";
   os << "  sources:\n";
   for (auto& s : sources) os << "   - " << s << "\n";
   return os.str();

@@ -32,16 +32,22 @@ struct MachineSpec {
   int chips_per_instance = 1;
   int instances = 1;
   Topology topology = Topology::single_chip;
-  int torus_cols = 4;                // chips per row of the 2D torus
-  double link_bandwidth = 0;         // NeuronLink-v2 bytes/s per link
-  int links_per_chip = 0;            // NeuronLink-v2 ports per chip
-  double hop_latency = 0;            // s per NeuronLink (or on-chip) ring step
-  double collective_busbw = 0;       // achievable per-rank collective bus bandwidth, bytes/s
-  double launch_latency = 0;         // fixed start cost of one collective, s
-  double efa_bandwidth = 0;          // bytes/s per instance (all EFA devices; in a Trn2
-                                     // UltraServer the NeuronLink-v3 ring between instances)
-  double efa_latency = 0;            // s per inter-instance step
-  bool ultraserver = false;          // a Trn2 UltraServer: its instances are one machine
+  int torus_cols = 4;           // chips per row of the 2D torus
+  double link_bandwidth = 0;    // NeuronLink-v2 bytes/s per link
+  int links_per_chip = 0;       // NeuronLink-v2 ports per chip
+  double hop_latency = 0;       // s per NeuronLink (or on-chip) ring step
+  double collective_busbw = 0;  // achievable per-rank collective bus bandwidth, bytes/s
+  double launch_latency = 0;    // fixed start cost of one collective, s
+  double efa_bandwidth = 0;     // bytes/s per instance (all EFA devices; in a Trn2
+                                // UltraServer the NeuronLink-v3 ring between instances)
+  double efa_latency = 0;       // s per inter-instance step
+  bool ultraserver = false;     // a Trn2 UltraServer: its instances are one machine
+  // The host side (optimizer offload, runtime/sim/host_offload.h): each chip's PCIe link to the
+  // host, bytes/s per direction, shared by the chip's cores; the host's memory bandwidth, bytes/s
+  // per instance, shared by its cores. 0: not modeled (offload costs no time).
+  double host_link_bandwidth = 0;
+  double host_memory_bandwidth = 0;
+  int64_t host_memory_bytes = 0;     // host RAM per instance (what offloaded state must fit)
   std::vector<std::string> sources;  // where every number comes from
 
   int cores_per_instance() const { return cores_per_chip * chips_per_instance; }

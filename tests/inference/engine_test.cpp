@@ -4,6 +4,7 @@
 // hits, cancel, random requests, batched prefill chunks, other families and dtypes.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -391,4 +392,54 @@ TEST(Engine, LongPrefillTokenThresholdCapsEachStepsChunkAndKeepsTheTokens) {
   EngineOptions bad = o;
   bad.long_prefill_token_threshold = -1;
   EXPECT_THROW(Engine(m, nullptr, bad), InvalidArgument);
+}
+
+// A decode step of 16 running requests on a model whose linear layers and head take the few-rows
+// kernel (runtime/gemv_f32.h: every weight has >= 2^16 elements): each request's logprobs are
+// bitwise those it gets alone, so the 16-row products give each row the bits of a one-row product.
+// Each request joins at its own step, so its prefill runs as its own [1, S] call as alone.
+TEST(Engine, SixteenDecodeRowsGiveEachRequestTheBitsItGetsAlone) {
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  c.hidden_size = 256;
+  c.num_attention_heads = 4;
+  c.num_kv_heads = 4;
+  c.ffn_hidden_size = 512;
+  c.vocab_size = 256;
+  c.max_position_embeddings = 128;
+  c.init_std = 0.02;
+  auto m = make_causal_lm(c, 5);
+  constexpr int kRequests = 16;
+  std::vector<Request> reqs;
+  for (int b = 0; b < kRequests; ++b) {
+    SamplingParams sp = b % 2 ? greedy() : sampled();
+    sp.seed = 7 + b;
+    sp.logprobs = 0;
+    reqs.push_back(request(nxd::testing::id_sequence(2 + 3 * b, c.vocab_size, 300 + b), 24, sp));
+  }
+  EngineOptions o;
+  o.max_num_seqs = kRequests;
+  Engine e(m, nullptr, o);
+  Results res;
+  std::vector<int64_t> rid;
+  int64_t widest = 0;
+  for (int64_t step = 0; step < 200; ++step) {
+    if (step < kRequests) rid.push_back(e.submit(reqs[step], into(res)));
+    if (!e.step()) break;
+    widest = std::max(widest, e.stats().running);
+  }
+  EXPECT_EQ(widest, kRequests);  // all 16 decoded together
+  for (int b = 0; b < kRequests; ++b) {
+    SCOPED_TRACE(str("request ", b));
+    Engine one(m, nullptr, o);
+    Results r1;
+    const int64_t id = one.submit(reqs[b], into(r1));
+    one.run_until_idle();
+    const Got &got = res[rid[b]], &want = r1[id];
+    ASSERT_EQ(got.ids, want.ids);
+    ASSERT_EQ(got.chosen.size(), want.chosen.size());
+    for (size_t t = 0; t < want.chosen.size(); ++t)
+      ASSERT_EQ(std::memcmp(&got.chosen[t].logprob, &want.chosen[t].logprob, sizeof(double)), 0)
+          << "token " << t << ": " << got.chosen[t].logprob << " batched, "
+          << want.chosen[t].logprob << " alone";
+  }
 }

@@ -41,6 +41,21 @@ if(TARGET nxd-plan)
     COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=--prompt-tokens.*go with --inference"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
             --prompt-tokens 64)
+  # a 10,000-token prompt served with a max context of 12,288 runs in the 12,288 bucket
+  add_test(NAME NxdPlan.InferencePromptRunsInItsContextBucket
+    COMMAND ${CMAKE_COMMAND} -DCODE=0 "-DREGEX=prefill: the prompt in its context bucket of 12288 tokens"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${_inf} --model llama2-7b
+            --instance trn1.32xlarge --set distributed_strategy.tensor_model_parallel_size=32
+            --prompt-tokens 10000 --new-tokens 16 --max-context-tokens 12288)
+  add_test(NAME NxdPlan.InferenceRefusesMaxContextBelowThePrompt
+    COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=--max-context-tokens 100 is below --prompt-tokens 128"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${_inf} --model llama2-7b
+            --max-context-tokens 100)
+  add_test(NAME NxdPlan.InferenceRefusesAnUnknownPrefillAttention
+    COMMAND ${CMAKE_COMMAND} -DCODE=2
+            "-DREGEX=--prefill-attention 'fused': expected materialized or flash"
+            -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${_inf} --model llama2-7b
+            --prefill-attention fused)
   add_test(NAME NxdPlan.InferenceRefusesSearch
     COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=--inference and --search do not go together"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${_inf} ${_s70} --search)
@@ -52,10 +67,24 @@ if(TARGET nxd-plan)
     COMMAND ${CMAKE_COMMAND} "-DREGEX=predicted inference: TTFT" "-DIGNORE=^$"
             -P ${CMAKE_SOURCE_DIR}/tests/support/same_output_twice.cmake ${_inf} ${_s70}
             --batch 4 --prompt-tokens 1024 --new-tokens 1024)
+  # every published row of docs/VALIDATION.md through nxd-plan (bench/inference_validation.py):
+  # the counts within +-15% must not fall below what the model reaches (TTFT 23, TPOT 59 of 66)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    add_test(NAME NxdPlan.InferencePublishedRowsWithinFifteenPercentDoNotRegress
+      COMMAND ${CMAKE_COMMAND} -DCODE=0
+              "-DREGEX=within \\+-15%: TTFT (2[3-9]|[3-6][0-9]) of 66, TPOT (59|6[0-6]) of 66"
+              -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake ${Python3_EXECUTABLE}
+              ${CMAKE_SOURCE_DIR}/bench/inference_validation.py $<TARGET_FILE:nxd-plan>)
+    set_tests_properties(NxdPlan.InferencePublishedRowsWithinFifteenPercentDoNotRegress
+      PROPERTIES LABELS tools TIMEOUT 300)
+  endif()
   set_tests_properties(NxdPlan.InferencePadsLlama2_70BForTp24 NxdPlan.InferenceBatchAndGqaPadding
     NxdPlan.InferenceNothingToPad NxdPlan.InferenceModelOverHbmExitsThree
     NxdPlan.InferenceRefusesTpPastTheInstance
     NxdPlan.InferenceRefusesBatchZero NxdPlan.InferenceSizesNeedInference
     NxdPlan.InferenceRefusesSearch NxdPlan.InferenceRefusesAnUnknownInstance
+    NxdPlan.InferencePromptRunsInItsContextBucket NxdPlan.InferenceRefusesMaxContextBelowThePrompt
+    NxdPlan.InferenceRefusesAnUnknownPrefillAttention
     NxdPlan.InferenceIsDeterministic PROPERTIES LABELS tools TIMEOUT 60)
 endif()
