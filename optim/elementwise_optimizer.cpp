@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "nxd/optim/items.h"
+#include "nxd/optim/meta_update.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::optim {
@@ -41,6 +42,11 @@ void ElementwiseOptimizer::step() {
     Slot& s = slots_[gi][pi];
     const int64_t t = ++*s.step.data<int64_t>();
     if (np.param.numel() == 0) return;
+    detail::charge_update(rule_.kind, {.numel = np.param.numel(),
+                                       .state_tensors = static_cast<int>(rule_.state.size()),
+                                       .flops_per_element = rule_.cost,
+                                       .param_dtype = np.param.dtype()});
+    if (np.param.is_meta()) return;  // shapes only: charged, nothing computed
     grads.push_back(g);
     const Working& w = work.emplace_back(working(np, t));
     ElementwiseStep e{

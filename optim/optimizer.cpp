@@ -8,6 +8,7 @@
 
 #include "nxd/optim/adamw_update.h"
 #include "nxd/optim/items.h"
+#include "nxd/optim/meta_update.h"
 
 namespace nxd::optim {
 
@@ -50,8 +51,8 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const char* kind, Precision
       NXD_CHECK(p.param.defined(), "[", kind_, "] parameter '", p.name, "' is undefined");
       NXD_CHECK(is_floating(p.param.dtype()), "[", kind_, "] parameter '", p.name, "' is ",
                 p.param.desc(), "; parameters must be f32, f64 or bf16");
-      NXD_CHECK(p.param.is_contiguous() && !p.param.is_meta(), "[", kind_, "] parameter '", p.name,
-                "' must be a contiguous host tensor, got ", p.param.desc());
+      NXD_CHECK(p.param.is_contiguous(), "[", kind_, "] parameter '", p.name,
+                "' must be a contiguous tensor, got ", p.param.desc());
     }
   }
   Optimizer::set_precision(precision);
@@ -69,8 +70,10 @@ void Optimizer::set_precision(const PrecisionOptions& p) {
   NoGradGuard ng;
   for (const auto& g : groups_)
     for (const auto& np : g.params)
-      if (np.param.dtype() == DType::bf16)
-        add_state(np, "master", StateKind::per_element).copy_(np.param.detach());
+      if (np.param.dtype() == DType::bf16) {
+        Tensor m = add_state(np, "master", StateKind::per_element);
+        if (!np.param.is_meta()) m.copy_(np.param.detach());
+      }
 }
 
 Tensor Optimizer::master(const NamedParam& p) const {
@@ -96,7 +99,7 @@ Optimizer::Working Optimizer::working(const NamedParam& p, int64_t t) const {
 }
 
 void Optimizer::Working::write_back(int64_t b, int64_t e) const {
-  if (!round_to.defined()) return;
+  if (!round_to.defined() || round_to.is_meta()) return;
   round_to_bf16(round_to.data<bf16>() + b, values.data<float>() + b, e - b,
                 stochastic ? &noise : nullptr, b);
 }
@@ -142,13 +145,19 @@ std::vector<NamedParam> Optimizer::named_parameters() const {
 
 Tensor Optimizer::add_state(const NamedParam& p, const std::string& what, StateKind kind) {
   const DType dt = p.param.dtype() == DType::bf16 ? DType::f32 : p.param.dtype();
-  Tensor t = kind == StateKind::step_count ? zeros({}, DType::i64) : zeros(p.param.shape(), dt);
+  // a meta parameter's state is meta too (nxd-plan's step: shapes only); step counts are host
+  Tensor t = kind == StateKind::step_count
+                 ? zeros({}, DType::i64)
+                 : zeros(p.param.shape(), dt, p.param.is_meta() ? Device::meta : Device::host);
   t.set_name(p.name + "." + what);
   state_.emplace_back(t.name(), t);
   return t;
 }
 
 namespace {
+
+// AdamW's relative cost of one element (the compute pool's split, the modeled update's flops).
+constexpr int64_t kAdamWCost = 8;
 
 // One SGD update: the group's lr and weight decay, SGDOptions' momentum terms, and whether this
 // is the momentum buffer's first step (buf = d).
@@ -211,6 +220,11 @@ void SGD::step() {
           first = *t == 0;
           ++*t;
         }
+        detail::charge_update("SGD_update", {.numel = np.param.numel(),
+                                             .state_tensors = s.buf.defined() ? 1 : 0,
+                                             .flops_per_element = 2,
+                                             .param_dtype = np.param.dtype()});
+        if (np.param.is_meta()) return;  // shapes only: charged, nothing computed
         const Working w = working(np, steps_ + 1);
         dispatch(w.values.dtype(), [&]<class T>() {
           if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -276,6 +290,11 @@ void AdamW::step() {
         Slot& s = slots_[gi][pi];
         int64_t t = ++*s.step.data<int64_t>();
         if (np.param.numel() == 0) return;
+        detail::charge_update("AdamW_update", {.numel = np.param.numel(),
+                                               .state_tensors = 2,
+                                               .flops_per_element = kAdamWCost,
+                                               .param_dtype = np.param.dtype()});
+        if (np.param.is_meta()) return;  // shapes only: charged, nothing computed
         grads.push_back(g);
         sizes.push_back(np.param.numel());
         const Working& w = work.emplace_back(working(np, t));
@@ -295,7 +314,7 @@ void AdamW::step() {
                            s.v.data<double>(), hyper);
         }
       });
-  detail::for_each_item(sizes, 8, [&](size_t j, int64_t b, int64_t e) {
+  detail::for_each_item(sizes, kAdamWCost, [&](size_t j, int64_t b, int64_t e) {
     if (jobs[j].first == 0)
       f32[jobs[j].second](b, e);
     else

@@ -7,6 +7,7 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/optim/items.h"
+#include "nxd/optim/meta_update.h"
 #include "nxd/optim/offload.h"
 #include "nxd/optim/zero3_unit.h"
 #include "nxd/runtime/error.h"
@@ -56,6 +57,8 @@ struct Zero1Optimizer::Impl {
   // buckets of no unit, whose pbuf stays full); the units (layers/param_unit.h).
   std::vector<Tensor> pshard;
   std::vector<std::shared_ptr<ShardedUnit>> units;
+  bool meta = false;          // the parameters are meta tensors (nxd-plan): shapes and charges only
+  double offload_waited = 0;  // seconds the last step() waited for offload's round trips
 
   bool sharded(size_t b) const { return b < pshard.size() && pshard[b].defined(); }
   // This rank's block of bucket b's parameters.
@@ -71,6 +74,7 @@ struct Zero1Optimizer::Impl {
     for (const Shard& sh : shards) {
       const bool meta = !sh.segs.empty() && segs[static_cast<size_t>(sh.segs[0])].p.param.is_meta();
       pbuf.push_back(zeros({sh.size * n}, sh.param_dtype, meta ? Device::meta : Device::host));
+      this->meta = this->meta || meta;
       for (int i : sh.segs) {
         const Segment& s = segs[static_cast<size_t>(i)];
         NXD_CHECK(s.p.param.is_meta() == meta, "[Zero1Optimizer] parameter '", s.p.name,
@@ -122,6 +126,16 @@ struct Zero1Optimizer::Impl {
   HostPlacement state_memory() const {
     return opts.placement == StatePlacement::host ? HostPlacement::on : HostPlacement::off;
   }
+  Device state_device() const { return meta ? Device::meta : Device::host; }
+  // The update's elementwise pass over `numel` elements of a shard on the device's clock (with
+  // optimizer offload the host runs it: nothing on the device), real and meta alike.
+  void charge(const Shard& sh, int64_t numel) const {
+    if (opts.placement == StatePlacement::host) return;
+    detail::charge_update(rule.kind, {.numel = numel,
+                                      .state_tensors = static_cast<int>(rule.state.size()),
+                                      .flops_per_element = rule.cost,
+                                      .param_dtype = sh.param_dtype});
+  }
   // Optimizer offload: this step's round trips of the shards, from now (optim/offload.h).
   OffloadSchedule offload_schedule(const PrecisionOptions& p) const {
     if (opts.placement != StatePlacement::host) return {};
@@ -138,7 +152,8 @@ struct Zero1Optimizer::Impl {
     bool any = false;
     for (const Shard& sh : shards) any = any || has_master(sh, p);
     if (!any) return;
-    master = zeros({total});
+    master = zeros({total}, DType::f32, state_device());
+    if (meta) return;
     for (const Shard& sh : shards)
       if (has_master(sh, p)) read_params(sh, master.data<float>() + sh.flat);
   }
@@ -282,7 +297,8 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   if (three) I.build_units(unit_of);
   {
     const HostMemoryScope scope(I.state_memory());
-    for (size_t k = 0; k < I.rule.state.size(); ++k) I.state.push_back(zeros({I.total}));
+    for (size_t k = 0; k < I.rule.state.size(); ++k)
+      I.state.push_back(zeros({I.total}, DType::f32, I.state_device()));
   }
   Zero1Optimizer::set_precision(I.opts.adamw.precision);
 }
@@ -315,6 +331,9 @@ int64_t Zero1Optimizer::state_bytes() const {
 GradSync& Zero1Optimizer::grad_sync() {
   return *impl_->sync;
 }
+double Zero1Optimizer::offload_wait_seconds() const {
+  return impl_->offload_waited + (experts_ ? experts_->offload_wait_seconds() : 0.0);
+}
 
 void Zero1Optimizer::reduce_gradients() {
   Impl& I = *impl_;
@@ -340,7 +359,8 @@ double Zero1Optimizer::grad_sq_sum() {
   for (size_t i = 0; i < I.segs.size(); ++i) {
     const Segment& s = I.segs[i];
     const auto [lo, hi] = I.overlap(s);
-    if (!I.sync->has_grad(static_cast<int>(i)) || hi <= lo || s.norm_weight == 0) continue;
+    if (!I.sync->has_grad(static_cast<int>(i)) || hi <= lo || s.norm_weight == 0 || I.meta)
+      continue;
     const Shard& sh = I.shards[static_cast<size_t>(s.bucket)];
     total += grad_stat(I.grad[static_cast<size_t>(s.bucket)].narrow(0, lo - sh.begin, hi - lo),
                        GradStat::sum_of_squares) *
@@ -362,6 +382,7 @@ double zero1_norm_sum(double local, const NormGroups& groups, Communicator& dp) 
 
 void Zero1Optimizer::scale_grads(float c) {
   Impl& I = *impl_;
+  if (I.meta) return;
   std::vector<int64_t> sizes;
   for (const Tensor& g : I.grad) sizes.push_back(g.numel());
   detail::for_each_item(sizes, 1, [&](size_t j, int64_t b, int64_t e) {
@@ -391,6 +412,7 @@ void Zero1Optimizer::step() {
   NoGradGuard ng;
   const int n = I.dp->size();
   const OffloadSchedule offload = I.offload_schedule(precision_);
+  I.offload_waited = 0;
   for (size_t b = 0; b < I.shards.size(); ++b) {
     const Shard& sh = I.shards[b];
     // A parameter re-pointed since (another optimizer built on the same model moved it into its
@@ -400,6 +422,21 @@ void Zero1Optimizer::step() {
         if (!I.bound(I.segs[static_cast<size_t>(i)])) I.bind(I.segs[static_cast<size_t>(i)]);
     // this rank's block of the parameters, updated in place, then all-gathered in place
     const Tensor mine = I.param_shard(b);
+    if (I.meta) {  // shapes only: the step counts, the update's charge, offload's round trip and
+                   // the all-gather
+      int64_t numel = 0;
+      for (int i : sh.segs) {
+        Segment& s = I.segs[static_cast<size_t>(i)];
+        if (!I.sync->has_grad(i)) continue;
+        ++s.step;
+        const auto [lo, hi] = I.overlap(s);
+        numel += std::max<int64_t>(0, hi - lo);
+      }
+      I.charge(sh, numel);
+      I.offload_waited += offload.wait(b);
+      if (!I.sharded(b)) zero1_all_gather(*I.dp, nullptr, nullptr, sh.size, sh.param_dtype);
+      continue;
+    }
     // the shard's f32 values: the masters, the parameters themselves (f32), or an f32 copy of
     // the shard (bf16 without masters: 1/DP of the bucket)
     Tensor work;
@@ -454,9 +491,12 @@ void Zero1Optimizer::step() {
       round_to_bf16(mine.data<bf16>() + k + e0, w + k + e0, e1 - e0,
                     precision_.stochastic_rounding ? &noise : nullptr, job.lo - s.offset + e0);
     });
+    int64_t numel = 0;
+    for (int64_t z : sizes) numel += z;
+    I.charge(sh, numel);
     // every rank's updated block into every rank's buffer, in place (offload: once it is back;
     // stage three: a unit's buffers are gathered at its next use)
-    offload.wait(b);
+    I.offload_waited += offload.wait(b);
     if (!I.sharded(b))
       zero1_all_gather(*I.dp, mine.raw_data(), I.pbuf[b].raw_data(), sh.size, sh.param_dtype);
   }

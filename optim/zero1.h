@@ -142,6 +142,9 @@ class Zero1Optimizer : public Optimizer {
   // Bytes of optimizer state this rank holds (exp_avg, exp_avg_sq and masters of its shard).
   int64_t state_bytes() const override;
   GradSync& grad_sync();  // its gradient buckets (no_sync() for gradient accumulation)
+  // Optimizer offload: the seconds the last step() waited on the sim clock for the shards' round
+  // trips to the host (optim/offload.h; the experts' optimizer's included); 0 without.
+  double offload_wait_seconds() const;
 
   const AdamWOptions& options() const;  // betas and eps when the rule is AdamW's; the precision
   std::optional<ElementwiseRule> elementwise_rule() const override;

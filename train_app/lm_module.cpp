@@ -92,11 +92,11 @@ Tensor CausalLMModule::training_step(const trainer::Batch& batch, int64_t) {
   return loss;
 }
 
-trainer::OptimizerSetup CausalLMModule::configure_optimizers() {
-  const auto& o = cfg_.optim;
+trainer::OptimizerSetup optimizer_for(const TrainConfig& cfg,
+                                      const std::vector<optim::NamedParam>& params) {
+  const auto& o = cfg.optim;
   auto groups = trainer::param_groups_by_weight_decay(
-      local_parameters(), o.lr, o.weight_decay,
-      {.do_layer_norm_weight_decay = o.do_layer_norm_weight_decay});
+      params, o.lr, o.weight_decay, {.do_layer_norm_weight_decay = o.do_layer_norm_weight_decay});
   trainer::OptimizerSetup s;
   if (o.name == "sgd")
     s.optimizer = std::make_unique<optim::SGD>(std::move(groups),
@@ -109,10 +109,14 @@ trainer::OptimizerSetup CausalLMModule::configure_optimizers() {
     s.optimizer = std::make_unique<optim::AdamW>(
         std::move(groups),
         optim::AdamWOptions{
-            .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .defer_state = cfg_.dist.zero1()});
+            .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .defer_state = cfg.dist.zero1()});
   s.schedule = optim::LRSchedule({optim::schedule_kind_from_name(o.sched_name), o.lr, o.min_lr,
                                   o.warmup_steps, o.decay_steps});
   return s;
+}
+
+trainer::OptimizerSetup CausalLMModule::configure_optimizers() {
+  return optimizer_for(cfg_, local_parameters());
 }
 
 std::string CausalLMModule::transformer_layer_type() const {

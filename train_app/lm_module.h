@@ -53,6 +53,11 @@ class CausalLMModule : public trainer::TrainingModule {
   int64_t trained_tokens_ = 0, masked_tokens_ = 0;
 };
 
+// The optimizer and schedule of model.optim.* over `params` (CausalLMModule::configure_optimizers;
+// nxd-plan's meta step builds the same over its meta model).
+trainer::OptimizerSetup optimizer_for(const TrainConfig& cfg,
+                                      const std::vector<optim::NamedParam>& params);
+
 struct TrainData {
   std::shared_ptr<const trainer::Dataset> train, val;
   std::shared_ptr<const io::Tokenizer> tokenizer;  // data.tokenizer (null: byte level)

@@ -7,7 +7,6 @@
 #include "nxd/api/nxd_config.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/pipeline/pipeline_model.h"
-#include "nxd/runtime/sim/host_offload.h"
 #include "nxd/train_app/plan.h"
 
 namespace nxd::train_app::detail {
@@ -40,12 +39,6 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
                                                 const api::ResolvedPrecision& rp,
                                                 const MetaModel& mm, RankMemory& r);
 
-// Optimizer offload's round trips of group g's bucket shards, as Zero1Optimizer::step schedules
-// them (optim/offload.h).
-std::vector<sim::OffloadBucket> offload_buckets(const TrainConfig& cfg,
-                                                const api::ResolvedPrecision& rp,
-                                                const ReductionGroup& g);
-
 // The microbatches of a step the planner did not run, and what one of them costs this rank:
 // plan_memory adds count x the slowest rank's `seconds` to every rank's step (and count x its
 // own `compute` to its compute), after the ranks are done, so that the bookkeeping moves no sim
@@ -57,7 +50,8 @@ struct StepExtrapolation {
 
 // One training step of `mm` on meta tensors from a common start of every rank (a barrier) to the
 // end of nxd-train's step (its preemption agreement included), filling r's step, compute and
-// bubble seconds; `groups` hold the optimizer's gradient buckets.
+// bubble seconds: the Trainer's own step (trainer/training_step.h) over `mm` wrapped in the
+// trainer's NxDModel and NxDOptimizer, whose buckets replace `groups`' (freed here).
 StepExtrapolation time_meta_step(const TrainConfig& cfg, const api::ResolvedPrecision& rp,
                                  MetaModel& mm, std::vector<ReductionGroup>& groups, RankMemory& r);
 

@@ -108,22 +108,6 @@ std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g) {
 
 }  // namespace
 
-std::vector<sim::OffloadBucket> offload_buckets(const TrainConfig& cfg,
-                                                const api::ResolvedPrecision& rp,
-                                                const ReductionGroup& g) {
-  const optim::GradSync& sync = *g.sync;
-  const auto layout = sync.bucket_layout();
-  // the rule's f32 state tensors: its state bytes per f32 element without masters, over 4
-  const int states = static_cast<int>(state_bytes_per_element(cfg, DType::f32, false) / 4);
-  std::vector<sim::OffloadBucket> trips;
-  for (int b = 0; b < sync.num_buckets(); ++b) {
-    const DType pd = g.params[static_cast<size_t>(layout[b][0])].param.dtype();
-    trips.push_back(optim::offload_bucket(sync.shard_numel(b), sync.bucket_dtype(b), pd, states,
-                                          rp.master_weights && pd == DType::bf16));
-  }
-  return trips;
-}
-
 std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
                                                 const api::ResolvedPrecision& rp,
                                                 const MetaModel& mm, RankMemory& r) {

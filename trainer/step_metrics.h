@@ -1,9 +1,9 @@
 #pragma once
 // The figures a pipeline's stages report for a step's last microbatch (Module::step_metrics: the
 // MoE layers' aux loss, drops and expert loads), combined over this stage's chunks and over the
-// stages. Trainer::pipeline_train_step logs them; nxd-plan's meta step (train_app/plan_step.cpp)
-// runs the same function, so the plan charges its all-reduces over PP (meta layers report no
-// values).
+// stages. run_training_step (training_step.h) returns them for the Trainer to log; nxd-plan's meta
+// step runs that function too, so the plan charges their all-reduces over PP (meta layers report
+// no values).
 #include <string>
 #include <utility>
 #include <vector>

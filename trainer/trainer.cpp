@@ -16,6 +16,7 @@
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/sim/clock.h"
 #include "nxd/trainer/step_metrics.h"
+#include "nxd/trainer/training_step.h"
 
 namespace nxd::trainer {
 
@@ -326,6 +327,15 @@ void Trainer::resume(const std::string& path) {
   message(str("resumed from ", (root / tag).string(), " at step ", step_));
 }
 
+namespace {
+// The micro batches `bs` as one batch (their rows concatenated in order).
+Batch concat_batches(const std::vector<Batch>& bs) {
+  std::vector<Tensor> ids, tg;
+  for (const Batch& b : bs) ids.push_back(b.ids), tg.push_back(b.targets);
+  return {cat_raw(ids, 0), cat_raw(tg, 0)};
+}
+}  // namespace
+
 // One optimizer step over accumulate_grad_batches micro batches.
 StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
   StepOutput out;
@@ -334,31 +344,34 @@ StepOutput Trainer::train_step(TrainingModule& module, DataModule& data) {
   out.lr = schedule_ ? schedule_->lr(step_) : opt.param_groups().front().lr;
   if (schedule_) opt.set_lr(out.lr);
   const int64_t accum = opts_.accumulate_grad_batches;
-  const double inv_accum = 1.0 / static_cast<double>(accum);
   int64_t tokens = 0;
+  StepWork work{.micro_batches = accum};
   if (pipeline_) {
-    out.loss = pipeline_train_step(data, tokens);  // averaged over DP already
+    // the accumulation micro batches are the pipeline's microbatches
+    work.pipeline_batch = [&] {
+      std::vector<Batch> bs;
+      for (int64_t a = 0; a < accum; ++a) {
+        bs.push_back(data.next_train_batch());
+        tokens += bs.back().ids.numel();
+      }
+      return context_parallel_batch(concat_batches(bs));
+    };
   } else {
-    double loss_sum = 0;
-    TrainingLossScale loss_scale(inv_accum);  // for layers that inject an auxiliary loss's gradient
-    for (int64_t a = 0; a < accum; ++a) {
+    work.micro_batch_loss = [&](int64_t a) {
       Batch b = data.next_train_batch();
       tokens += b.ids.defined() ? b.ids.numel() : 0;
       b = context_parallel_batch(b);  // CP: this rank's rows of each sequence
-      // only the last micro batch's backward launches the DP reductions
-      std::optional<optim::GradSync::NoSync> no_sync;
-      if (a + 1 < accum) no_sync.emplace(nxd_optimizer_->sync());
-      Tensor loss = scalar_loss(module.training_step(b, step_ * accum + a), "training_step");
-      loss_sum += loss.item();
-      backward(accum == 1 ? loss : mul(loss, inv_accum));
-    }
-    out.loss = dp_sum({loss_sum * inv_accum})[0] / dp_;  // the global batch's mean
+      return scalar_loss(module.training_step(b, step_ * accum + a), "training_step");
+    };
   }
+  // forward and backward, the DP reduction, clipping, the update (training_step.h)
+  const StepResult r = run_training_step(*nxd_model_, *nxd_optimizer_, work);
+  // the stages' figures (step_metrics.h), logged as the module's training_step logs them without PP
+  for (const auto& [name, value] : r.metrics) log(name, value);
   if (step_tokens_ == 0) step_tokens_ = tokens * dp_;
-  // SP sums, the DP reduction (or ZeRO-1's reduce-scatter), the norm and clipping, the update
-  out.skipped = !nxd_optimizer_->step_if_finite(out.loss);
-  out.grad_norm = nxd_optimizer_->grad_norm().value_or(0.0);
-  nxd_optimizer_->zero_grad();
+  out.loss = r.loss;
+  out.skipped = !r.applied;
+  out.grad_norm = r.grad_norm;
   ++step_;
   return out;
 }
@@ -397,30 +410,6 @@ std::vector<std::pair<std::string, double>> pipeline_step_metrics(
     out.emplace_back(x.name, !std::isfinite(v) ? 0.0 : x.combine == C::max ? v : -v);
   }
   return out;
-}
-
-namespace {
-// The micro batches `bs` as one batch (their rows concatenated in order).
-Batch concat_batches(const std::vector<Batch>& bs) {
-  std::vector<Tensor> ids, tg;
-  for (const Batch& b : bs) ids.push_back(b.ids), tg.push_back(b.targets);
-  return {cat_raw(ids, 0), cat_raw(tg, 0)};
-}
-}  // namespace
-
-// One pipeline step: the accumulation micro batches are the pipeline's microbatches.
-double Trainer::pipeline_train_step(DataModule& data, int64_t& tokens) {
-  std::vector<Batch> bs;
-  for (int64_t a = 0; a < opts_.accumulate_grad_batches; ++a) {
-    bs.push_back(data.next_train_batch());
-    tokens += bs.back().ids.numel();
-  }
-  const Batch b = context_parallel_batch(concat_batches(bs));
-  const double loss = nxd_model_->run_train(b.ids, b.targets).item();
-  // the stages' figures (step_metrics.h), logged as the module's training_step logs them without PP
-  for (const auto& [name, value] : pipeline_step_metrics(nxd_model_->local_modules()))
-    log(name, value);
-  return loss;
 }
 
 // The mean of run_eval over groups of M validation micro batches (the same count on every DP

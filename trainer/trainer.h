@@ -186,7 +186,6 @@ class Trainer {
   void setup_manual();                                                     // manual.cpp
   // The loss a module's step returned, checked to be a scalar (ConfigError naming `hook`).
   static const Tensor& scalar_loss(const Tensor& loss, const char* hook);
-  double pipeline_train_step(DataModule& data, int64_t& tokens);
   std::optional<double> validate(TrainingModule& module);
   std::optional<double> pipeline_validate();
   double modeled_bubble(double span_seconds, double busy_seconds) const;
