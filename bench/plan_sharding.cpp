@@ -1,12 +1,13 @@
 // nxd-bench-plan-sharding: what each sharding level buys on N trn1 and trn2 nodes, by nxd-plan's
-// planner (train_app/plan.h). For every instance type, node count and level (ZeRO 0, 1, 2, and 1
-// and 2 with optimizer offload) it finds the largest model of a family of Llama shapes whose plan
-// fits a NeuronCore's HBM (and, with offload, whose offloaded state fits the node's host memory),
-// and prints its memory per core, modeled step and MFU. First, the wall time and peak RSS of one
-// 1,024-rank plan (16 trn2.48xlarge at LNC=2, the 70B shape, ZeRO-1, the step timed).
+// planner (train_app/plan.h). For every instance type, node count and level (ZeRO 0, 1, 2, 3, and
+// 1, 2 and 3 with optimizer offload) it finds the largest model of a family of Llama shapes whose
+// plan fits a NeuronCore's HBM (and, with offload, whose offloaded state fits the node's host
+// memory), and prints its memory per core, modeled step and MFU. First, the wall time and peak RSS
+// of one 1,024-rank plan (16 trn2.48xlarge at LNC=2, the 70B shape, ZeRO-1, the step timed).
 //
 //   nxd-bench-plan-sharding [--nodes 1,4,16] [--instances trn1.32xlarge,trn2.48xlarge]
-//                           [--levels zero0,zero1,zero2,zero1+offload,zero2+offload]
+//                           [--levels zero0,zero1,zero2,zero1+offload,zero2+offload,zero3,
+//                                     zero3+offload]
 //                           [--big-plan-nodes N (16; 0: skip)]
 //
 // The layout is fixed so that the levels compare alone: TP 8 with sequence parallelism, PP 1,
@@ -61,7 +62,9 @@ std::vector<Level> all_levels() {
           {"zero1", {"distributed_strategy.zero_stage=1"}, 0},
           {"zero2", {"distributed_strategy.zero_stage=2"}, 1},
           {"zero1+offload", {"distributed_strategy.zero_stage=1", off}, 1},
-          {"zero2+offload", {"distributed_strategy.zero_stage=2", off}, 2}};
+          {"zero2+offload", {"distributed_strategy.zero_stage=2", off}, 2},
+          {"zero3", {"distributed_strategy.zero_stage=3"}, 2},
+          {"zero3+offload", {"distributed_strategy.zero_stage=3", off}, 5}};
 }
 
 constexpr int kTp = 8;
@@ -210,8 +213,9 @@ int run(int argc, char** argv) {
     size_t k = 0;
     while (k < levels.size() && levels[k].name != w) ++k;
     if (k == levels.size())
-      throw UserError(str("[nxd-bench-plan-sharding] unknown level '", w,
-                          "' (zero0, zero1, zero2, zero1+offload, zero2+offload)"));
+      throw UserError(
+          str("[nxd-bench-plan-sharding] unknown level '", w,
+              "' (zero0, zero1, zero2, zero1+offload, zero2+offload, zero3, zero3+offload)"));
     on[k] = true;
   }
   std::printf("# %s\n# load average %.2f\n", cpu::describe().c_str(), cpu::load_average());
