@@ -141,6 +141,9 @@ int largest_fitting(const sim::MachineSpec& m, const Level& l, int start, int* p
     if (!fits(p, m)) break;
     best = i;
   }
+  // The level assumed to need no more memory than `start`'s did not fit it (ZeRO-2 under gradient
+  // accumulation keeps the full gradients, more than ZeRO-1): search from the smallest shape.
+  if (best < 0 && start > 0) return largest_fitting(m, l, 0, plans);
   return best;
 }
 
