@@ -155,8 +155,8 @@ void case_prefill_chunk(const std::shared_ptr<CausalLM>& model, int64_t T, int t
   auto nxd_gemms = [&] {
     for (size_t i = 0; i < shapes.size(); ++i) {
       const Shape& s = shapes[i];
-      blas::sgemm(false, true, s.m, s.n, s.k, 1.0f, a.data(), s.k, w[i].data(), s.k, 0.0f,
-                  c.data(), s.n);
+      blas::sgemm(false, true, s.m, s.n, s.k, 1.0f, a.data(), s.k, w[i].data(), s.k, 0.0f, c.data(),
+                  s.n);
     }
   };
   auto cblas_gemms = [&] {
@@ -186,6 +186,7 @@ void case_prefill_chunk(const std::shared_ptr<CausalLM>& model, int64_t T, int t
 
 struct MixResult {
   double tok_s = 0, ttft50 = 0, ttft99 = 0, itl50 = 0, itl99 = 0;
+  double cpu_s = 0;  // process CPU seconds of the run (all threads): the work, whatever the load
   int64_t steps = 0, calls = 0;
 };
 
@@ -237,7 +238,7 @@ MixResult run_mix(const std::shared_ptr<CausalLM>& model, const EngineOptions& b
       if (out.finish != FinishReason::none) done_now.push_back(i);
     });
   };
-  const double start = bench::now_seconds();
+  const double start = bench::now_seconds(), cpu0 = bench::cpu_seconds();
   for (int64_t c = 0; c < m.clients && next < count; ++c) submit();
   while (finished < count) {
     NXD_CHECK(e.step(), "[nxd-bench-serve-engine] the engine idled with ", count - finished,
@@ -249,7 +250,7 @@ MixResult run_mix(const std::shared_ptr<CausalLM>& model, const EngineOptions& b
     }
     done_now.clear();
   }
-  const double wall = bench::now_seconds() - start;
+  const double wall = bench::now_seconds() - start, cpu = bench::cpu_seconds() - cpu0;
   std::vector<double> ttft, itl;
   for (size_t i = 0; i < count; ++i) {
     ttft.push_back(first[i] - sent[i]);
@@ -261,6 +262,7 @@ MixResult run_mix(const std::shared_ptr<CausalLM>& model, const EngineOptions& b
           percentile(ttft, 0.99) * 1e3,
           percentile(itl, 0.5) * 1e3,
           percentile(itl, 0.99) * 1e3,
+          cpu,
           s.steps,
           s.model_calls};
 }
@@ -277,6 +279,7 @@ MixResult median_result(const std::vector<MixResult>& rs) {
   m.ttft99 = med(&MixResult::ttft99);
   m.itl50 = med(&MixResult::itl50);
   m.itl99 = med(&MixResult::itl99);
+  m.cpu_s = med(&MixResult::cpu_s);
   m.steps = static_cast<int64_t>(med(&MixResult::steps));
   m.calls = static_cast<int64_t>(med(&MixResult::calls));
   return m;
@@ -292,39 +295,38 @@ void case_mix(const std::shared_ptr<CausalLM>& model, const MixSetup& m, int64_t
     rb.push_back(run_mix(model, ob, m, reqs));
   }
   const MixResult ma = median_result(ra), mb = median_result(rb);
-  for (const auto& [name, opts, x] :
-       {std::tuple{"a", a, ma}, std::tuple{"b", b, mb}})
+  for (const auto& [name, opts, x] : {std::tuple{"a", a, ma}, std::tuple{"b", b, mb}})
     std::printf(
         "case=mix config=%s options=%s clients=%lld requests=%zu new_tokens=%lld rounds=%lld "
-        "tok_s=%.1f ttft_p50_ms=%.1f ttft_p99_ms=%.1f itl_p50_ms=%.2f itl_p99_ms=%.2f steps=%lld "
-        "model_calls=%lld\n",
+        "tok_s=%.1f ttft_p50_ms=%.1f ttft_p99_ms=%.1f itl_p50_ms=%.2f itl_p99_ms=%.2f cpu_s=%.1f "
+        "steps=%lld model_calls=%lld\n",
         name, opts.c_str(), (long long)m.clients, reqs.size(), (long long)m.new_tokens,
-        (long long)rounds, x.tok_s, x.ttft50, x.ttft99, x.itl50, x.itl99, (long long)x.steps,
-        (long long)x.calls);
+        (long long)rounds, x.tok_s, x.ttft50, x.ttft99, x.itl50, x.itl99, x.cpu_s,
+        (long long)x.steps, (long long)x.calls);
   auto ratio = [](double x, double y) { return y > 0 ? x / y : 0.0; };
   std::printf(
       "case=mix_ratio b_over_a_tok_s=%.3f b_over_a_ttft_p50=%.3f b_over_a_ttft_p99=%.3f "
-      "b_over_a_itl_p50=%.3f\n",
+      "b_over_a_itl_p50=%.3f b_over_a_cpu=%.3f\n",
       ratio(mb.tok_s, ma.tok_s), ratio(mb.ttft50, ma.ttft50), ratio(mb.ttft99, ma.ttft99),
-      ratio(mb.itl50, ma.itl50));
+      ratio(mb.itl50, ma.itl50), ratio(mb.cpu_s, ma.cpu_s));
   std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bench::Args args(
-      argc, argv, "where a served request's TTFT goes, on the engine alone (the serving model)",
-      {{"--cases", "LIST", "prefill_chunk,mix (default both)"},
-       {"--tokens", "LIST", "prefill_chunk's prompt lengths (default 64,256,512)"},
-       {"--threads", "T", "compute threads (default 2)"},
-       {"--clients", "N", "mix: concurrent clients (default 16)"},
-       {"--requests-per-client", "R", "mix: requests per client (default 2)"},
-       {"--new-tokens", "K", "mix: tokens per request (default 128)"},
-       {"--rounds", "N", "mix: runs of each configuration, alternating (default 1)"},
-       {"--a", "OPTS", "mix: configuration a (default prefill_calls=batched)"},
-       {"--b", "OPTS", "mix: configuration b (default prefill_calls=per_request)"},
-       {"--seed", "S", "mix: the prompts' seed (default 0)"}});
+  bench::Args args(argc, argv,
+                   "where a served request's TTFT goes, on the engine alone (the serving model)",
+                   {{"--cases", "LIST", "prefill_chunk,mix (default both)"},
+                    {"--tokens", "LIST", "prefill_chunk's prompt lengths (default 64,256,512)"},
+                    {"--threads", "T", "compute threads (default 2)"},
+                    {"--clients", "N", "mix: concurrent clients (default 16)"},
+                    {"--requests-per-client", "R", "mix: requests per client (default 2)"},
+                    {"--new-tokens", "K", "mix: tokens per request (default 128)"},
+                    {"--rounds", "N", "mix: runs of each configuration, alternating (default 1)"},
+                    {"--a", "OPTS", "mix: configuration a (default prefill_calls=batched)"},
+                    {"--b", "OPTS", "mix: configuration b (default prefill_calls=per_request)"},
+                    {"--seed", "S", "mix: the prompts' seed (default 0)"}});
   const int threads = static_cast<int>(args.get_int("--threads", 2));
   MixSetup m;
   m.clients = args.get_int("--clients", 16);
@@ -337,8 +339,7 @@ int main(int argc, char** argv) {
                          {"--requests-per-client", m.per_client},
                          {"--new-tokens", m.new_tokens},
                          {"--rounds", rounds}})
-    if (v < 1)
-      usage_error(std::string(name) + " " + std::to_string(v) + ": need at least 1");
+    if (v < 1) usage_error(std::string(name) + " " + std::to_string(v) + ": need at least 1");
   std::vector<int64_t> tokens;
   for (const auto& t : split(args.get_str("--tokens", "64,256,512"), ','))
     tokens.push_back(parse_int("--tokens", t));

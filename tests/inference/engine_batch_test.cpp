@@ -1,7 +1,7 @@
 // Batch invariance of the serving engine (docs/design/inference.md, "Batch invariance"): a
 // request's tokens and logprobs are bitwise those it gets alone while up to 16 other requests
-// (int8 or int4 weights) or 39 (f32) decode beside it, and with PrefillCalls::per_request while
-// others are prefilled in the same step.
+// (int8 or int4 weights) or 39 (f32) decode beside it, and with PrefillCalls::per_request (the
+// default) while others are prefilled in the same step.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -44,14 +44,14 @@ TEST(EngineBatch, FortyF32DecodeRowsGiveEachRequestItsBitsAlone) {
 }
 
 // Three requests submitted together, so their prefills share a step: with per-request prefill
-// calls each request's logprobs (the first from its prefill, the rest over its K/V) are bitwise
-// those it gets alone, for f32 and int8 weights and prompts of 5 to 64 tokens (batched, the
-// [3, S] call gives most of them other last bits: docs/design/inference.md).
+// calls (the engine's default) each request's logprobs (the first from its prefill, the rest over
+// its K/V) are bitwise those it gets alone, for f32 and int8 weights and prompts of 5 to 64 tokens
+// (batched, the [3, S] call gives most of them other last bits: docs/design/inference.md).
 TEST(EngineBatch, PerRequestPrefillCallsGiveEachRequestItsBitsAlone) {
   for (bool int8 : {false, true}) {
     auto m = int8 ? quantized({.format = WeightQuant::int8}) : make_causal_lm(few_rows_llama(), 5);
-    EngineOptions o;
-    o.prefill_calls = PrefillCalls::per_request;
+    const EngineOptions o;  // the default: a call per request
+    ASSERT_EQ(o.prefill_calls, PrefillCalls::per_request);
     for (int64_t S : {5, 12, 20, 33, 40, 47, 64}) {
       SCOPED_TRACE(str(int8 ? "int8" : "f32", " prompt ", S));
       std::vector<Request> reqs;

@@ -372,8 +372,8 @@ TEST(KVCacheKernels, LongPrefillChunkAttentionMatchesReference) {
       kernels::cached_attention_forward(out, q32, k, v, st.seq_ids, st.start, st.lengths, 0, w);
       Tensor r = empty_like(q);
       kernels::ref::cached_attention_forward(r, q32.to(DType::f64), k.to(DType::f64),
-                                             v.to(DType::f64), st.seq_ids, st.start, st.lengths,
-                                             0, w);
+                                             v.to(DType::f64), st.seq_ids, st.start, st.lengths, 0,
+                                             w);
       EXPECT_TRUE(nxd::testing::close_rel(out.to(DType::f64), r, 1e-5, "long chunk"));
       // row 1 alone (its own call of one row) against row 1 of the two-row call
       Tensor one = empty({1, Hq, S, D}, DType::f32);
