@@ -18,6 +18,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -68,6 +69,14 @@ inline double median_of(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   const size_t n = t.size();
   return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+// q in [0, 1] of v (nearest rank; 0 when empty).
+inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto k = static_cast<size_t>(std::ceil(q * double(v.size())));
+  return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
 }
 
 inline Timing summarize(const std::vector<double>& t, const std::vector<double>& cpu = {}) {

@@ -91,13 +91,6 @@ EngineOptions engine_options(const std::string& spec, EngineOptions o) {
   return o;
 }
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const auto k = static_cast<size_t>(std::ceil(q * double(v.size())));
-  return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
-}
-
 // ---- case=prefill_chunk --------------------------------------------------------------------
 
 struct Shape {
@@ -258,10 +251,10 @@ MixResult run_mix(const std::shared_ptr<CausalLM>& model, const EngineOptions& b
   }
   const EngineStats s = e.stats();
   return {double(tokens) / wall,
-          percentile(ttft, 0.5) * 1e3,
-          percentile(ttft, 0.99) * 1e3,
-          percentile(itl, 0.5) * 1e3,
-          percentile(itl, 0.99) * 1e3,
+          bench::percentile(ttft, 0.5) * 1e3,
+          bench::percentile(ttft, 0.99) * 1e3,
+          bench::percentile(itl, 0.5) * 1e3,
+          bench::percentile(itl, 0.99) * 1e3,
           cpu,
           s.steps,
           s.model_calls};
