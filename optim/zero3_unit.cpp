@@ -69,11 +69,20 @@ void ShardedUnit::write_back_and_release() {
   release(UnitPass::forward);
 }
 
-std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
-                                                           const std::vector<int>& unit_of,
-                                                           const std::vector<Module*>& modules,
-                                                           std::shared_ptr<Communicator> dp,
-                                                           bool reshard_after_forward) {
+void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
+                const std::vector<int>& chain) {
+  NXD_CHECK(chain.empty() || chain.size() == units.size(), "[link_units] ", chain.size(),
+            " chains for ", units.size(), " units");
+  auto same = [&](size_t a, size_t b) { return chain.empty() || chain[a] == chain[b]; };
+  const size_t n = units.size();
+  for (size_t u = 0; u < n; ++u)
+    units[u]->set_neighbours(u > 0 && same(u - 1, u) ? units[u - 1] : nullptr,
+                             u + 1 < n && same(u, u + 1) ? units[u + 1] : nullptr);
+}
+
+std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
+    const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
+    const std::vector<int>& chain, std::shared_ptr<Communicator> dp, bool reshard_after_forward) {
   std::vector<std::shared_ptr<ShardedUnit>> units;
   for (size_t u = 0; u < modules.size(); ++u)
     units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward));
@@ -95,9 +104,8 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
     }
     units[static_cast<size_t>(u - 1)]->add_bucket(full, zeros({s}, p0.dtype(), Device::meta));
   }
+  link_units(units, chain);
   for (size_t u = 0; u < units.size(); ++u) {
-    units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
-                             u + 1 < units.size() ? units[u + 1] : nullptr);
     units[u]->release(UnitPass::forward);
     modules[u]->set_param_unit(units[u]);
   }
