@@ -14,12 +14,13 @@
 #include "nxd/checkpoint/layout.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/checkpoint/unit_walk.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
-#include "nxd/layers/param_unit.h"
 #include "nxd/layers/quantize.h"
 #include "nxd/optim/zero1.h"
+#include "nxd/runtime/host_memory.h"
 
 #ifndef NXD_VERSION
 #define NXD_VERSION "unknown"
@@ -120,22 +121,46 @@ json scheduler_json(const optim::LRSchedule& s) {
           {"decay_steps", o.decay_steps}};
 }
 
-// Where snapshots come from: the previous async save's tensors, in order, when they fit.
-struct SnapshotPool {
-  std::vector<Tensor>* pool = nullptr;  // null: no copies (sync save)
-  size_t next = 0;
-  Tensor take(const Tensor& t) {
+// The save's copies of tensors (an async save's snapshots, a down-cast, a ZeRO-3 unit's weights
+// read while it is gathered): host memory (HostMemoryScope), as a device's checkpoint is written
+// from the host, taken from the previous async save's tensors of the same shape and dtype when
+// there are any (no page faults).
+class SnapshotPool {
+ public:
+  SnapshotPool() = default;  // a sync save: tensors not in a unit are written from the model
+  explicit SnapshotPool(const std::vector<Tensor>& previous) : async_(true) {
+    for (const Tensor& t : previous) free_[{t.shape(), t.dtype()}].push_back(t);
+  }
+  // t itself (sync) or a copy (async)
+  Tensor take(const Tensor& t) { return async_ ? copy(t) : t.detach(); }
+  Tensor copy(const Tensor& t) {
     Tensor d = t.detach();
-    if (!pool) return d;
-    if (next < pool->size()) {
-      Tensor b = (*pool)[next++];
-      if (b.shape() == d.shape() && b.dtype() == d.dtype()) {
-        b.copy_(d);
-        return b;
-      }
+    auto it = free_.find({d.shape(), d.dtype()});
+    if (it != free_.end() && !it->second.empty()) {
+      Tensor b = it->second.back();
+      it->second.pop_back();
+      b.copy_(d);
+      return b;
     }
+    const HostMemoryScope host;
     return d.clone();
   }
+  Tensor bf16(const Tensor& t) {
+    const HostMemoryScope host;
+    return t.detach().to(DType::bf16);
+  }
+
+ private:
+  bool async_ = false;
+  std::map<std::pair<Shape, DType>, std::vector<Tensor>> free_;
+};
+
+// A model tensor of a ZeRO-3 unit: its slot in a shard, filled while the unit is gathered.
+struct UnitTensor {
+  size_t shard = 0, slot = 0;
+  Tensor source;  // the model's tensor (released between gathers)
+  bool down_cast = false;
+  int unit = 0;
 };
 
 // The names of the MoE experts' weights held by these chunks (layers/moe/moe.h).
@@ -188,10 +213,12 @@ Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
   return s;
 }
 
-// This rank's files, with tensors copied (async) or shared with the live model (sync).
+// This rank's files, with tensors copied (async) or shared with the live model (sync); the
+// tensors of ZeRO-3 units are left empty, listed in `later` (fill_units).
 void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
                   const optim::Optimizer* opt, const optim::LRSchedule* sched, const json& user,
-                  SnapshotPool& snap) {
+                  const detail::UnitWalk& walk, SnapshotPool& snap,
+                  std::vector<UnitTensor>& later) {
   const Degrees& d = p.deg;
   const bool z = p.opts.compress;
   std::map<std::string, ShardSpec> specs;
@@ -213,8 +240,13 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
         if (!mine(name)) continue;
         const bool down_cast =
             p.opts.down_cast_bf16 && is_floating(t.dtype()) && t.dtype() != DType::bf16;
-        s.tensors.emplace_back(name, down_cast ? t.detach().to(DType::bf16) : snap.take(t));
         if (specs.count(name)) used[name] = specs[name];
+        if (const int u = walk.unit_of(t); u >= 0) {
+          later.push_back({p.shards.size(), s.tensors.size(), t, down_cast, u});
+          s.tensors.emplace_back(name, Tensor());
+          continue;
+        }
+        s.tensors.emplace_back(name, down_cast ? snap.bf16(t) : snap.take(t));
       }
     s.meta = shard_meta("model", d, file_dp, used);
     p.shards.push_back(std::move(s));
@@ -241,6 +273,19 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
     if (sched) p.texts.emplace_back(detail::kScheduler, scheduler_json(*sched).dump(2));
     p.texts.emplace_back(detail::kUserContent, user.dump(2));
   }
+}
+
+// The tensors of the ZeRO-3 units, copied to host memory one unit at a time (each gathered for
+// its copies, then released): the device holds one unit's full weights beyond its shards. Every
+// rank walks the units (the gathers are collective); the writers copy.
+void fill_units(SavePlan& p, const detail::UnitWalk& walk, const std::vector<UnitTensor>& later,
+                SnapshotPool& snap) {
+  walk.for_each("[save_checkpoint]", [&](int u) {
+    for (const UnitTensor& x : later)
+      if (x.unit == u)
+        p.shards[x.shard].tensors[x.slot].second =
+            x.down_cast ? snap.bf16(x.source) : snap.copy(x.source);
+  });
 }
 
 int64_t write_files(const SavePlan& p) {
@@ -410,8 +455,8 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   using clock = std::chrono::steady_clock;
   finalize_checkpoint();
   check_tag(tag);
-  // ZeRO-3: the sharded layers whole while the model is read (written in the normal format)
-  const WholeParameters whole(chunks);
+  // ZeRO-3: each unit gathered in turn while its weights are copied (written in the normal format)
+  const detail::UnitWalk walk(chunks);
   for (const Module* m : chunks)
     if (m) check_no_quantized_layers(*m, "save_checkpoint");
   auto plan = std::make_shared<SavePlan>();
@@ -473,11 +518,13 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   }
   SaveStats st;
   const auto t0 = clock::now();
+  std::vector<UnitTensor> later;
   if (opts.async_save) {
+    SnapshotPool snap(current_context().ext<Pending>().pool);
     detail::run_agreed("[save_checkpoint]", [&] {
-      SnapshotPool snap{&current_context().ext<Pending>().pool};
-      build_shards(*plan, chunks, optimizer, scheduler, user_content, snap);
+      build_shards(*plan, chunks, optimizer, scheduler, user_content, walk, snap, later);
     });
+    fill_units(*plan, walk, later, snap);
     for (const auto& s : plan->shards)
       for (const auto& [n, t] : s.tensors) st.bytes += t.nbytes();
     st.stall_seconds = std::chrono::duration<double>(clock::now() - t0).count();
@@ -494,11 +541,12 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
     });
     return st;
   }
+  SnapshotPool snap;
   detail::run_agreed("[save_checkpoint]", [&] {
-    SnapshotPool snap;
-    build_shards(*plan, chunks, optimizer, scheduler, user_content, snap);
-    st.bytes = write_files(*plan);
+    build_shards(*plan, chunks, optimizer, scheduler, user_content, walk, snap, later);
   });
+  fill_units(*plan, walk, later, snap);
+  detail::run_agreed("[save_checkpoint]", [&] { st.bytes = write_files(*plan); });
   detail::run_agreed("[save_checkpoint]", [&] {
     if (plan->deg.rank == 0) complete(*plan);
   });
