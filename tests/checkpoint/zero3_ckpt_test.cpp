@@ -11,6 +11,7 @@
 
 #include "nxd/checkpoint/unit_walk.h"
 #include "nxd/layers/param_unit.h"
+#include "nxd/runtime/host_memory.h"
 #include "support/files.h"
 #include "support/ranks.h"
 #include "zero1_util.h"
@@ -41,7 +42,7 @@ std::map<std::string, Tensor> model_values(const Module& m) {
 
 struct Peaks {
   std::mutex mu;
-  int64_t unit = 0, whole = 0, save = 0, async_save = 0, load = 0, capacity_free = 0;
+  int64_t resident = 0, unit = 0, whole = 0, save = 0, async_save = 0, load = 0;
   void max(int64_t& into, int64_t v) {
     std::lock_guard<std::mutex> l(mu);
     into = std::max(into, v);
@@ -67,6 +68,7 @@ TEST(Zero3Checkpoint, SaveAndLoadGatherOneUnitAtATime) {
     ASSERT_EQ(a.zero1()->stage(), optim::ZeroStage::three);
     a.step(0, shards_of(d, 4));
     a.step(1, shards_of(d, 4));
+    pk.max(pk.resident, current_context().memory().live());  // the model, state and schedule
     const auto model = model_values(*a.model);
     const auto state = shard_snapshot(*a.opt);
     const int64_t unit = detail::UnitWalk({a.model.get()}).largest_unit_bytes();
@@ -74,11 +76,15 @@ TEST(Zero3Checkpoint, SaveAndLoadGatherOneUnitAtATime) {
     pk.max(pk.save, peak_of([&] {
              save_checkpoint(dir.path, "sync", a.model.get(), a.opt.get(), a.sched.get());
            }));
+    const int64_t held = current_context().memory().live(), host = host_memory().live();
     pk.max(pk.async_save, peak_of([&] {
              save_checkpoint(dir.path, "async", a.model.get(), a.opt.get(), a.sched.get(), nullptr,
                              {.async_save = true});
              finalize_checkpoint();
            }));
+    // the snapshots kept for the next async save are host tensors, no gathered device buffer
+    EXPECT_EQ(current_context().memory().live(), held);
+    if (d == 0) EXPECT_GE(host_memory().live() - host, 16 * unit);
     pk.max(pk.whole, peak_of([&] { const WholeParameters whole({a.model.get()}); }));
     a.step(2, shards_of(d, 4));
     const double next = a.eval_loss();
@@ -94,11 +100,12 @@ TEST(Zero3Checkpoint, SaveAndLoadGatherOneUnitAtATime) {
     }
   });
   std::printf(
-      "    16 layers, hidden 64, DP 4, f32: one unit gathered %lld bytes, the whole model %lld; "
-      "device peak above the sharded state: save %lld, async save %lld, load %lld bytes\n",
-      static_cast<long long>(pk.unit), static_cast<long long>(pk.whole),
-      static_cast<long long>(pk.save), static_cast<long long>(pk.async_save),
-      static_cast<long long>(pk.load));
+      "    16 layers, hidden 64, DP 4, f32: a rank holds %lld bytes; one unit gathered %lld bytes, "
+      "the whole model %lld; device peak above what the rank holds: save %lld, async save %lld, "
+      "load %lld bytes\n",
+      static_cast<long long>(pk.resident), static_cast<long long>(pk.unit),
+      static_cast<long long>(pk.whole), static_cast<long long>(pk.save),
+      static_cast<long long>(pk.async_save), static_cast<long long>(pk.load));
   EXPECT_GE(pk.whole, 16 * pk.unit);
   // one unit's full buffers and a few scalars (the step counts of the sync save's optimizer file)
   for (const int64_t p : {pk.save, pk.async_save, pk.load}) {
