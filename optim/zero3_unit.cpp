@@ -23,11 +23,21 @@ void ShardedUnit::set_neighbours(std::weak_ptr<ShardedUnit> prev, std::weak_ptr<
 void ShardedUnit::start() {
   NoGradGuard ng;
   work_.clear();
+  reserve();
   for (size_t b = 0; b < full_.size(); ++b) {
-    full_[b].storage()->reallocate();
     work_.push_back(dp_->iall_gather(shard_[b], full_[b]));
   }
   state_ = State::in_flight;
+}
+
+void ShardedUnit::reserve() {
+  for (Tensor& f : full_) f.storage()->reallocate();  // a no-op where it has its memory
+}
+
+int64_t ShardedUnit::full_bytes() const {
+  int64_t n = 0;
+  for (const Tensor& f : full_) n += f.storage()->nbytes();
+  return n;
 }
 
 void ShardedUnit::wait() {
@@ -52,20 +62,20 @@ void ShardedUnit::gather(UnitPass pass) {
 
 void ShardedUnit::release(UnitPass pass) {
   if (pass == UnitPass::outside) return write_back_and_release();
-  if (state_ == State::released) return;
-  wait();
-  for (Tensor& f : full_) f.storage()->release_data();
+  if (state_ != State::released) wait();
+  for (Tensor& f : full_) f.storage()->release_data();  // a no-op where it has none (reserve())
   state_ = State::released;
 }
 
 void ShardedUnit::write_back_and_release() {
-  if (state_ == State::released) return;
-  wait();
-  NoGradGuard ng;
-  const int64_t r = dp_->rank();
-  for (size_t b = 0; b < full_.size(); ++b)
-    if (!full_[b].is_meta())
-      shard_[b].copy_(full_[b].narrow(0, r * shard_[b].numel(), shard_[b].numel()));
+  if (state_ != State::released) {
+    wait();
+    NoGradGuard ng;
+    const int64_t r = dp_->rank();
+    for (size_t b = 0; b < full_.size(); ++b)
+      if (!full_[b].is_meta())
+        shard_[b].copy_(full_[b].narrow(0, r * shard_[b].numel(), shard_[b].numel()));
+  }
   release(UnitPass::forward);
 }
 

@@ -33,8 +33,15 @@ class ShardedUnit : public ParamUnit {
   // Gathered with no prefetch (FSDP's summon_full_params).
   void materialize();
   // Takes this rank's shard back from the full buffers (they were written: a checkpoint load),
-  // then releases them.
+  // then releases them. A unit only reserved (below) is released with no write-back.
   void write_back_and_release();
+  // The bytes a gather allocates on this rank (its full buffers).
+  int64_t full_bytes() const;
+  // The full buffers' memory allocated but not gathered: the one step of a gather that can fail
+  // on one rank alone (OutOfDeviceMemory), so a caller can agree on it over the ranks before the
+  // collective (checkpoint save and load walk the units this way). gather() then only fills them;
+  // release() frees them either way.
+  void reserve();
   bool gathered() const { return state_ != State::released; }
 
  private:
