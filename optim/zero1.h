@@ -113,6 +113,9 @@ struct Zero1Options {
   // holds one unit's parameters. Parameters of no unit stay gathered as at stage two (FSDP's
   // root unit).
   std::vector<Module*> units;
+  // Stage three: per unit its prefetch chain (a pipeline chunk's layers; link_units in
+  // optim/zero3_unit.h): a unit prefetches only its neighbours in the same chain. Empty: one.
+  std::vector<int> unit_chain;
   // Stage three: release a unit's parameters after its forward and gather them again for its
   // backward (FSDP's default); false keeps them from the forward to the end of the backward.
   bool reshard_after_forward = true;
