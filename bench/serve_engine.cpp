@@ -5,7 +5,8 @@
 //   case=prefill_chunk tokens=T: one engine step that prefills a T-token prompt (prefix caching
 //     off), nxd's GEMM engine (blas::sgemm) on the linear-layer shapes of that step ([T, in] x
 //     [out, in]^T for every decoder layer's projections, and the head on one row), and raw
-//     cblas_sgemm on the same shapes, timed in the same run in rotating blocks (bench_util.h):
+//     cblas_sgemm on the same shapes, timed in the same run in rotating blocks (bench_util.h;
+//     OpenBLAS's pool stopped after each block, as nxd-bench-matmul does):
 //       case=prefill_chunk tokens=512 threads=2 step_ms=... nxd_gemm_ms=... cblas_gemm_ms=...
 //             gemm_over_cblas=... step_over_cblas=... other_ms=... step_tok_s=...
 //     gemm_over_cblas: nxd's GEMMs' time over cblas's (1 = as fast); step_over_cblas: the step
@@ -17,8 +18,10 @@
 //     runs --rounds times, alternating A B A B ... (each round a fresh engine on the same model),
 //     so both see the same load; per configuration the medians over rounds of
 //       case=mix config=a options=... clients=16 requests=32 tok_s=... ttft_p50_ms=...
-//             ttft_p99_ms=... itl_p50_ms=... itl_p99_ms=... steps=... model_calls=...
-//     and a line case=mix_ratio b_over_a_tok_s=... b_over_a_ttft_p50=... b_over_a_itl_p50=...
+//             ttft_p99_ms=... itl_p50_ms=... itl_p99_ms=... cpu_s=... steps=... model_calls=...
+//     (cpu_s: the process CPU seconds of a run, all threads: the work, which a loaded machine
+//     changes less than the wall times) and a line case=mix_ratio b_over_a_tok_s=...
+//     b_over_a_ttft_p50=... b_over_a_ttft_p99=... b_over_a_itl_p50=... b_over_a_cpu=...
 //     Options: prefill_calls=batched|per_request, max_num_batched_tokens=N,
 //     long_prefill_token_threshold=N.
 // Flags: --cases prefill_chunk,mix  --tokens 64,256,512  --threads T (default 2)  --clients N
@@ -211,10 +214,8 @@ MixResult run_mix(const std::shared_ptr<CausalLM>& model, const EngineOptions& b
   const size_t count = reqs.size();
   std::vector<double> sent(count), first(count, -1);
   std::vector<std::vector<double>> times(count);
-  std::vector<int64_t> id_of;  // engine id -> request index
-  size_t next = 0, finished = 0;
+  size_t next = 0, finished = 0, done_now = 0;  // done_now: requests finished in this step
   int64_t tokens = 0;
-  std::vector<size_t> done_now;
   auto submit = [&] {
     const size_t i = next++;
     Request r;
@@ -228,7 +229,7 @@ MixResult run_mix(const std::shared_ptr<CausalLM>& model, const EngineOptions& b
       for (size_t k = 0; k < out.ids.size(); ++k) times[i].push_back(now);
       tokens += static_cast<int64_t>(out.ids.size());
       if (first[i] < 0 && !out.ids.empty()) first[i] = now;
-      if (out.finish != FinishReason::none) done_now.push_back(i);
+      if (out.finish != FinishReason::none) ++done_now;
     });
   };
   const double start = bench::now_seconds(), cpu0 = bench::cpu_seconds();
@@ -236,12 +237,10 @@ MixResult run_mix(const std::shared_ptr<CausalLM>& model, const EngineOptions& b
   while (finished < count) {
     NXD_CHECK(e.step(), "[nxd-bench-serve-engine] the engine idled with ", count - finished,
               " requests unfinished");
-    for (size_t i : done_now) {
-      (void)i;
+    for (; done_now > 0; --done_now) {
       ++finished;
-      if (next < count) submit();  // the client's next request
+      if (next < count) submit();  // that client's next request
     }
-    done_now.clear();
   }
   const double wall = bench::now_seconds() - start, cpu = bench::cpu_seconds() - cpu0;
   std::vector<double> ttft, itl;
