@@ -66,6 +66,16 @@ std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, in
   return units;
 }
 
+// ZeRO-3's root unit (FSDP's): the model itself when it is a CausalLM on a DecoderStack (its
+// forward's entry points gather the root, layers/param_unit.h); another model keeps its
+// parameters outside the layers whole.
+Module* zero3_root(const NxDModel& model) {
+  const std::vector<Module*> parts = model.local_modules();
+  if (parts.size() != 1) return nullptr;
+  const auto* lm = dynamic_cast<const CausalLM*>(parts[0]);
+  return lm && lm->decoder_stack() ? parts[0] : nullptr;
+}
+
 }  // namespace
 
 NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
@@ -143,6 +153,7 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     zo.stage = stage;
     zo.units = units;
+    if (stage == optim::ZeroStage::three) zo.root = zero3_root(model_);
     zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;
     zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host
                                                            : optim::StatePlacement::device;

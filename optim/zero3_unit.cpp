@@ -69,13 +69,27 @@ void ShardedUnit::write_back_and_release() {
   release(UnitPass::forward);
 }
 
-std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
-                                                           const std::vector<int>& unit_of,
-                                                           const std::vector<Module*>& modules,
-                                                           std::shared_ptr<Communicator> dp,
-                                                           bool reshard_after_forward) {
+void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
+                   const std::vector<Module*>& modules, Module* root) {
+  NXD_CHECK(units.size() == modules.size() + (root ? 1 : 0), "[install_units] ", units.size(),
+            " units for ", modules.size(), " modules", root ? " and a root" : "");
+  const size_t n = modules.size();
+  for (size_t u = 0; u < n; ++u)
+    units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr, u + 1 < n ? units[u + 1] : nullptr);
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u]->release(UnitPass::forward);
+    if (u < n)
+      modules[u]->set_param_unit(units[u]);
+    else if (!units[u]->empty())
+      root->set_param_unit(units[u]);
+  }
+}
+
+std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
+    const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
+    Module* root, std::shared_ptr<Communicator> dp, bool reshard_after_forward) {
   std::vector<std::shared_ptr<ShardedUnit>> units;
-  for (size_t u = 0; u < modules.size(); ++u)
+  for (size_t u = 0; u < modules.size() + (root ? 1 : 0); ++u)
     units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward));
   const std::vector<std::vector<int>> layout = sync.bucket_layout();
   const int n = sync.dp_size();
@@ -95,12 +109,7 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
     }
     units[static_cast<size_t>(u - 1)]->add_bucket(full, zeros({s}, p0.dtype(), Device::meta));
   }
-  for (size_t u = 0; u < units.size(); ++u) {
-    units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
-                             u + 1 < units.size() ? units[u + 1] : nullptr);
-    units[u]->release(UnitPass::forward);
-    modules[u]->set_param_unit(units[u]);
-  }
+  install_units(units, modules, root);
   return units;
 }
 

@@ -33,7 +33,8 @@ class ShardedUnit : public ParamUnit {
   // Takes this rank's shard back from the full buffers (they were written: a checkpoint load),
   // then releases them.
   void write_back_and_release();
-  bool gathered() const { return state_ != State::released; }
+  bool gathered() const override { return state_ != State::released; }
+  bool empty() const { return full_.empty(); }
 
  private:
   enum class State { released, in_flight, gathered };
@@ -49,15 +50,21 @@ class ShardedUnit : public ParamUnit {
   std::weak_ptr<ShardedUnit> prev_, next_;
 };
 
+// The units of `modules` (in forward order) and, when `root` is set, the root unit (the last of
+// `units`, layers/param_unit.h) put to work: each of the modules' units linked to its neighbours
+// among them (the prefetch targets; the root has none), every unit released and set on its module
+// (a root unit without buckets is not: the root's parameters then stay as they are).
+void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
+                   const std::vector<Module*>& modules, Module* root);
+
 // nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each
-// of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 0 none, as
-// given to GradSyncOptions::units) become views of a flat meta buffer [S * n], released, beside a
-// meta shard [S]; each module gets its unit. `dp`: the sharding group (the GradSync's). The other
-// parameters are left as they are.
-std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
-                                                           const std::vector<int>& unit_of,
-                                                           const std::vector<Module*>& modules,
-                                                           std::shared_ptr<Communicator> dp,
-                                                           bool reshard_after_forward);
+// of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 1 +
+// modules.size() the root unit's, 0 none, as given to GradSyncOptions::units) become views of a
+// flat meta buffer [S * n], released, beside a meta shard [S]; the units are installed
+// (install_units). `dp`: the sharding group (the GradSync's). The other parameters are left as
+// they are.
+std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
+    const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
+    Module* root, std::shared_ptr<Communicator> dp, bool reshard_after_forward);
 
 }  // namespace nxd::optim

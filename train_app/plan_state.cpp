@@ -90,8 +90,9 @@ int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
   return most;
 }
 
-// ZeRO-3's units: the decoder layers of the meta model's chunks, and each parameter's unit.
-std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g) {
+// ZeRO-3's units: the decoder layers of the meta model's chunks, and each parameter's unit; the
+// root unit (the model's other parameters) on `root`, as NxDOptimizer makes it: the one chunk's.
+std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g, Module*& root) {
   std::vector<Module*> units;
   std::unordered_map<const TensorImpl*, int> of;
   for (const auto& c : mm.chunks)
@@ -101,6 +102,10 @@ std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g) {
         for (const Tensor& t : l->parameters())
           of.emplace(t.impl(), static_cast<int>(units.size()));
       }
+  root = mm.chunks.size() == 1 && mm.chunks[0]->decoder_stack() ? mm.chunks[0].get() : nullptr;
+  if (root)
+    for (const Tensor& t : root->parameters())
+      of.emplace(t.impl(), static_cast<int>(units.size()) + 1);
   for (const auto& p : g.params)
     g.unit_of.push_back(of.count(p.param.impl()) ? of.at(p.param.impl()) : 0);
   return units;
@@ -134,8 +139,9 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       const bool zero3 = cfg.dist.zero_stage == optim::ZeroStage::three;
       if (zero2 || zero3) go.storage = optim::GradStorage::shard_only;
       std::vector<Module*> units;
+      Module* root = nullptr;
       if (zero3) {
-        units = layer_units(mm, g);
+        units = layer_units(mm, g, root);
         go.units = g.unit_of;
         // ZeRO-3: the trainer's buckets go out during the last backward (api/nxd_optimizer.cpp),
         // so its .grads are freed bucket by bucket; the plan's measured backward does the same
@@ -149,8 +155,9 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       if (zero3) {
         r.gradients += mem.live() - before;
         const int64_t at = mem.live();
-        optim::shard_meta_units(*g.sync, g.unit_of, units, g.group, cfg.dist.reshard_after_forward);
-        r.parameters += mem.live() - at;  // the layers' shards in place of their full weights
+        optim::shard_meta_units(*g.sync, g.unit_of, units, root, g.group,
+                                cfg.dist.reshard_after_forward);
+        r.parameters += mem.live() - at;  // the units' shards in place of their full weights
         if (zero1) step_transient = std::max(step_transient, zero1_state(cfg, rp, g, r));
         continue;
       }
