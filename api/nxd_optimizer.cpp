@@ -155,6 +155,7 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.units = units;
     if (stage == optim::ZeroStage::three) zo.root = zero3_root(model_);
     zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;
+    zo.prefetch = cfg_.optimizer_config.zero3_prefetch;
     zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host
                                                            : optim::StatePlacement::device;
     std::vector<optim::ParamGroup> groups = inner->param_groups();

@@ -122,6 +122,8 @@ struct Zero1Options {
   // Stage three: release a unit's parameters after its forward and gather them again for its
   // backward (FSDP's default); false keeps them from the forward to the end of the backward.
   bool reshard_after_forward = true;
+  // Stage three: whether gathering a unit starts the next one's all-gather (optim/zero_stage.h).
+  UnitPrefetch prefetch = UnitPrefetch::next_unit;
   // host: optimizer offload: the state and masters of the shard (and the step's f32 working copy)
   // are host memory, charged to the rank's host counter (runtime/host_memory.h), not its HBM.
   StatePlacement placement = StatePlacement::device;

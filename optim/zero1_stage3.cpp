@@ -11,7 +11,7 @@ void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
   NoGradGuard ng;
   pshard.assign(shards.size(), Tensor());
   for (size_t u = 0; u < opts.units.size() + (opts.root ? 1 : 0); ++u)
-    units.push_back(std::make_shared<ShardedUnit>(dp, opts.reshard_after_forward));
+    units.push_back(std::make_shared<ShardedUnit>(dp, opts.reshard_after_forward, opts.prefetch));
   for (size_t b = 0; b < shards.size(); ++b) {
     if (shards[b].segs.empty()) continue;
     const int u = unit_of[static_cast<size_t>(shards[b].segs[0])];

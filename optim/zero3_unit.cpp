@@ -4,8 +4,9 @@
 
 namespace nxd::optim {
 
-ShardedUnit::ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward)
-    : dp_(std::move(dp)), reshard_(reshard_after_forward) {}
+ShardedUnit::ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward,
+                         UnitPrefetch prefetch)
+    : dp_(std::move(dp)), reshard_(reshard_after_forward), prefetch_(prefetch) {}
 
 void ShardedUnit::add_bucket(Tensor full, Tensor shard) {
   NXD_CHECK(full.numel() == shard.numel() * dp_->size() && full.dtype() == shard.dtype(),
@@ -47,7 +48,8 @@ void ShardedUnit::materialize() {
 
 void ShardedUnit::gather(UnitPass pass) {
   materialize();
-  if (pass != UnitPass::outside) prefetch(pass == UnitPass::forward ? next_ : prev_);
+  if (pass != UnitPass::outside && prefetch_ == UnitPrefetch::next_unit)
+    prefetch(pass == UnitPass::forward ? next_ : prev_);
 }
 
 void ShardedUnit::release(UnitPass pass) {
@@ -87,10 +89,11 @@ void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
 
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
-    Module* root, std::shared_ptr<Communicator> dp, bool reshard_after_forward) {
+    Module* root, std::shared_ptr<Communicator> dp, bool reshard_after_forward,
+    UnitPrefetch prefetch) {
   std::vector<std::shared_ptr<ShardedUnit>> units;
   for (size_t u = 0; u < modules.size() + (root ? 1 : 0); ++u)
-    units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward));
+    units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward, prefetch));
   const std::vector<std::vector<int>> layout = sync.bucket_layout();
   const int n = sync.dp_size();
   for (int b = 0; b < sync.num_buckets(); ++b) {

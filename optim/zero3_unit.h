@@ -6,19 +6,21 @@
 // reallocates the full buffers and all-gathers the shards into them; in forward it then starts
 // the next unit's all-gather (non-blocking, on the DP group's stream), in backward the previous
 // unit's, so the next gather of the pass overlaps this unit's compute (FSDP's forward and
-// backward prefetch): at most two units are gathered at a time.
+// backward prefetch; UnitPrefetch::none leaves it out): at most two units are gathered at a time.
 #include <memory>
 #include <vector>
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/param_unit.h"
 #include "nxd/optim/grad_sync.h"
+#include "nxd/optim/zero_stage.h"
 
 namespace nxd::optim {
 
 class ShardedUnit : public ParamUnit {
  public:
-  ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward);
+  ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward,
+              UnitPrefetch prefetch = UnitPrefetch::next_unit);
   // A bucket's full flat buffer [S * n] and this rank's persistent block of it [S].
   void add_bucket(Tensor full, Tensor shard);
   // The units before and after this one in forward order (prefetch targets).
@@ -44,6 +46,7 @@ class ShardedUnit : public ParamUnit {
 
   std::shared_ptr<Communicator> dp_;
   bool reshard_ = true;
+  UnitPrefetch prefetch_ = UnitPrefetch::next_unit;
   std::vector<Tensor> full_, shard_;
   std::vector<Work> work_;
   State state_ = State::gathered;  // the buffers start full (the optimizer releases them)
@@ -65,6 +68,7 @@ void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
 // they are.
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
-    Module* root, std::shared_ptr<Communicator> dp, bool reshard_after_forward);
+    Module* root, std::shared_ptr<Communicator> dp, bool reshard_after_forward,
+    UnitPrefetch prefetch);
 
 }  // namespace nxd::optim

@@ -156,7 +156,7 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
         r.gradients += mem.live() - before;
         const int64_t at = mem.live();
         optim::shard_meta_units(*g.sync, g.unit_of, units, root, g.group,
-                                cfg.dist.reshard_after_forward);
+                                cfg.dist.reshard_after_forward, cfg.dist.zero3_prefetch);
         r.parameters += mem.live() - at;  // the units' shards in place of their full weights
         if (zero1) step_transient = std::max(step_transient, zero1_state(cfg, rp, g, r));
         continue;
