@@ -40,13 +40,13 @@ std::vector<optim::NamedParam> in_model_order(const NxDModel& model, const optim
   return out;
 }
 
-// ZeRO-3's units: the decoder layers of the model's DecoderStack (their forward runs through
-// run_param_unit); the combinations it does not support are a ConfigError naming both keys.
-std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, int ep) {
+// ZeRO-3's units: the decoder layers of the model's DecoderStacks (their forward runs through
+// run_param_unit), and per unit its prefetch chain: the index of its DecoderStack (a pipeline
+// rank has one per chunk); the combinations it does not support are a ConfigError naming both
+// keys.
+std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, int ep,
+                                 std::vector<int>& chain) {
   const char* stage = "[NxDOptimizer] optimizer_config.zero_stage=3";
-  NXD_CHECK_T(ConfigError, !model.is_pipeline(), stage,
-              " with pipeline_parallel_size=", cfg.pipeline_parallel_size,
-              " is not supported (docs/design/fsdp.md)");
   NXD_CHECK_T(ConfigError, cfg.context_parallel_size == 1, stage,
               " with context_parallel_size=", cfg.context_parallel_size,
               " is not supported (docs/design/fsdp.md)");
@@ -57,8 +57,10 @@ std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, in
     NXD_CHECK_T(ConfigError, moe_layers(*m).empty(), stage,
                 " with a mixture-of-experts model is not supported (docs/design/fsdp.md)");
     for (auto& [name, sub] : m->named_modules())
-      if (const auto* stack = dynamic_cast<const DecoderStack*>(sub))
+      if (const auto* stack = dynamic_cast<const DecoderStack*>(sub)) {
         for (const auto& l : stack->layers()) units.push_back(l.get());
+        chain.resize(units.size(), chain.empty() ? 0 : chain.back() + 1);
+      }
   }
   NXD_CHECK_T(ConfigError, !units.empty(), stage,
               " needs a model whose decoder layers are ZeRO-3 units (a DecoderStack's); this "
@@ -67,11 +69,11 @@ std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, in
 }
 
 // ZeRO-3's root unit (FSDP's): the model itself when it is a CausalLM on a DecoderStack (its
-// forward's entry points gather the root, layers/param_unit.h); another model keeps its
-// parameters outside the layers whole.
+// forward's entry points gather the root, layers/param_unit.h); another model, or a pipeline
+// stage, keeps its parameters outside the layers whole.
 Module* zero3_root(const NxDModel& model) {
   const std::vector<Module*> parts = model.local_modules();
-  if (parts.size() != 1) return nullptr;
+  if (model.is_pipeline() || parts.size() != 1) return nullptr;
   const auto* lm = dynamic_cast<const CausalLM*>(parts[0]);
   return lm && lm->decoder_stack() ? parts[0] : nullptr;
 }
@@ -112,8 +114,10 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   for (Module* m : model_.local_modules()) moe = moe || !moe_layers(*m).empty();
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
   const optim::ZeroStage stage = cfg_.optimizer_config.stage();
-  const std::vector<Module*> units =
-      stage == optim::ZeroStage::three ? zero3_units(cfg_, model_, ep) : std::vector<Module*>{};
+  std::vector<int> unit_chain;
+  const std::vector<Module*> units = stage == optim::ZeroStage::three
+                                         ? zero3_units(cfg_, model_, ep, unit_chain)
+                                         : std::vector<Module*>{};
   const bool zero1 = stage != optim::ZeroStage::none;
   NXD_CHECK_T(
       ConfigError, zero1 || !cfg_.optimizer_config.optimizer_offload,
@@ -153,6 +157,7 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     zo.stage = stage;
     zo.units = units;
+    zo.unit_chain = unit_chain;
     if (stage == optim::ZeroStage::three) zo.root = zero3_root(model_);
     zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;
     zo.prefetch = cfg_.optimizer_config.zero3_prefetch;

@@ -119,6 +119,9 @@ struct Zero1Options {
   // after its head's backward. Null, or none of its parameters in the groups: the parameters of no
   // unit stay gathered as at stage two.
   Module* root = nullptr;
+  // Stage three: per unit its prefetch chain (a pipeline chunk's layers; link_units in
+  // optim/zero3_unit.h): a unit prefetches only its neighbours in the same chain. Empty: one.
+  std::vector<int> unit_chain;
   // Stage three: release a unit's parameters after its forward and gather them again for its
   // backward (FSDP's default); false keeps them from the forward to the end of the backward.
   bool reshard_after_forward = true;

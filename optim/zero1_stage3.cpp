@@ -23,7 +23,7 @@ void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
     units[static_cast<size_t>(u - 1)]->add_bucket(pbuf[b], pshard[b]);
     pbuf[b].storage()->release_data();  // now: the model's full size is never exceeded
   }
-  install_units(units, opts.units, opts.root);
+  install_units(units, opts.units, opts.unit_chain, opts.root);
 }
 
 void Zero1Optimizer::gather_parameters() {

@@ -24,11 +24,21 @@ void ShardedUnit::set_neighbours(std::weak_ptr<ShardedUnit> prev, std::weak_ptr<
 void ShardedUnit::start() {
   NoGradGuard ng;
   work_.clear();
+  reserve();
   for (size_t b = 0; b < full_.size(); ++b) {
-    full_[b].storage()->reallocate();
     work_.push_back(dp_->iall_gather(shard_[b], full_[b]));
   }
   state_ = State::in_flight;
+}
+
+void ShardedUnit::reserve() {
+  for (Tensor& f : full_) f.storage()->reallocate();  // a no-op where it has its memory
+}
+
+int64_t ShardedUnit::full_bytes() const {
+  int64_t n = 0;
+  for (const Tensor& f : full_) n += f.storage()->nbytes();
+  return n;
 }
 
 void ShardedUnit::wait() {
@@ -54,30 +64,41 @@ void ShardedUnit::gather(UnitPass pass) {
 
 void ShardedUnit::release(UnitPass pass) {
   if (pass == UnitPass::outside) return write_back_and_release();
-  if (state_ == State::released) return;
-  wait();
-  for (Tensor& f : full_) f.storage()->release_data();
+  if (state_ != State::released) wait();
+  for (Tensor& f : full_) f.storage()->release_data();  // a no-op where it has none (reserve())
   state_ = State::released;
 }
 
 void ShardedUnit::write_back_and_release() {
-  if (state_ == State::released) return;
-  wait();
-  NoGradGuard ng;
-  const int64_t r = dp_->rank();
-  for (size_t b = 0; b < full_.size(); ++b)
-    if (!full_[b].is_meta())
-      shard_[b].copy_(full_[b].narrow(0, r * shard_[b].numel(), shard_[b].numel()));
+  if (state_ != State::released) {
+    wait();
+    NoGradGuard ng;
+    const int64_t r = dp_->rank();
+    for (size_t b = 0; b < full_.size(); ++b)
+      if (!full_[b].is_meta())
+        shard_[b].copy_(full_[b].narrow(0, r * shard_[b].numel(), shard_[b].numel()));
+  }
   release(UnitPass::forward);
 }
 
+void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
+                const std::vector<int>& chain) {
+  NXD_CHECK(chain.empty() || chain.size() == units.size(), "[link_units] ", chain.size(),
+            " chains for ", units.size(), " units");
+  auto same = [&](size_t a, size_t b) { return chain.empty() || chain[a] == chain[b]; };
+  const size_t n = units.size();
+  for (size_t u = 0; u < n; ++u)
+    units[u]->set_neighbours(u > 0 && same(u - 1, u) ? units[u - 1] : nullptr,
+                             u + 1 < n && same(u, u + 1) ? units[u + 1] : nullptr);
+}
+
 void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
-                   const std::vector<Module*>& modules, Module* root) {
+                   const std::vector<Module*>& modules, const std::vector<int>& chain,
+                   Module* root) {
   NXD_CHECK(units.size() == modules.size() + (root ? 1 : 0), "[install_units] ", units.size(),
             " units for ", modules.size(), " modules", root ? " and a root" : "");
   const size_t n = modules.size();
-  for (size_t u = 0; u < n; ++u)
-    units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr, u + 1 < n ? units[u + 1] : nullptr);
+  link_units({units.begin(), units.begin() + static_cast<std::ptrdiff_t>(n)}, chain);
   for (size_t u = 0; u < units.size(); ++u) {
     units[u]->release(UnitPass::forward);
     if (u < n)
@@ -89,8 +110,8 @@ void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
 
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
-    Module* root, std::shared_ptr<Communicator> dp, bool reshard_after_forward,
-    UnitPrefetch prefetch) {
+    const std::vector<int>& chain, Module* root, std::shared_ptr<Communicator> dp,
+    bool reshard_after_forward, UnitPrefetch prefetch) {
   std::vector<std::shared_ptr<ShardedUnit>> units;
   for (size_t u = 0; u < modules.size() + (root ? 1 : 0); ++u)
     units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward, prefetch));
@@ -112,7 +133,7 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     }
     units[static_cast<size_t>(u - 1)]->add_bucket(full, zeros({s}, p0.dtype(), Device::meta));
   }
-  install_units(units, modules, root);
+  install_units(units, modules, chain, root);
   return units;
 }
 

@@ -7,6 +7,9 @@
 // the next unit's all-gather (non-blocking, on the DP group's stream), in backward the previous
 // unit's, so the next gather of the pass overlaps this unit's compute (FSDP's forward and
 // backward prefetch; UnitPrefetch::none leaves it out): at most two units are gathered at a time.
+// Neighbours are those of one chain (link_units): under pipeline parallelism a chain is one
+// chunk's layers, which the schedule runs as one forward or one backward, so a prefetched unit is
+// always the next one the rank runs.
 #include <memory>
 #include <vector>
 
@@ -33,8 +36,15 @@ class ShardedUnit : public ParamUnit {
   // Gathered with no prefetch (FSDP's summon_full_params).
   void materialize();
   // Takes this rank's shard back from the full buffers (they were written: a checkpoint load),
-  // then releases them.
+  // then releases them. A unit only reserved (below) is released with no write-back.
   void write_back_and_release();
+  // The bytes a gather allocates on this rank (its full buffers).
+  int64_t full_bytes() const;
+  // The full buffers' memory allocated but not gathered: the one step of a gather that can fail
+  // on one rank alone (OutOfDeviceMemory), so a caller can agree on it over the ranks before the
+  // collective (checkpoint save and load walk the units this way). gather() then only fills them;
+  // release() frees them either way.
+  void reserve();
   bool gathered() const override { return state_ != State::released; }
   bool empty() const { return full_.empty(); }
 
@@ -53,12 +63,21 @@ class ShardedUnit : public ParamUnit {
   std::weak_ptr<ShardedUnit> prev_, next_;
 };
 
+// Makes each unit the prefetch neighbour of the units before and after it in forward order that
+// are in its chain (`chain[u]`: unit u's chain, e.g. its pipeline chunk; empty: one chain). The
+// first and last unit of a chain prefetch nothing across it: another chain (a pipeline chunk) is
+// not what the schedule runs next (1F1B and interleaved alternate forwards and backwards of
+// different chunks and microbatches).
+void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
+                const std::vector<int>& chain);
+
 // The units of `modules` (in forward order) and, when `root` is set, the root unit (the last of
-// `units`, layers/param_unit.h) put to work: each of the modules' units linked to its neighbours
-// among them (the prefetch targets; the root has none), every unit released and set on its module
-// (a root unit without buckets is not: the root's parameters then stay as they are).
+// `units`, layers/param_unit.h) put to work: the modules' units linked within `chain`
+// (link_units; the root prefetches nothing and is no one's neighbour), every unit released and
+// set on its module (a root unit without buckets is not: the root's parameters stay as they are).
 void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
-                   const std::vector<Module*>& modules, Module* root);
+                   const std::vector<Module*>& modules, const std::vector<int>& chain,
+                   Module* root);
 
 // nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each
 // of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 1 +
@@ -68,7 +87,7 @@ void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
 // they are.
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
-    Module* root, std::shared_ptr<Communicator> dp, bool reshard_after_forward,
-    UnitPrefetch prefetch);
+    const std::vector<int>& chain, Module* root, std::shared_ptr<Communicator> dp,
+    bool reshard_after_forward, UnitPrefetch prefetch);
 
 }  // namespace nxd::optim

@@ -272,10 +272,6 @@ optim::ZeroStage resolve_zero_stage(Resolver& r) {
 void check_zero3(Resolver& r, const DistributedSection& ds, const ModelConfig& m) {
   if (ds.zero_stage != optim::ZeroStage::three) return;
   const char* stage = "distributed_strategy.zero_stage=3";
-  if (ds.pipeline_model_parallel_size > 1)
-    r.fail(stage, " with distributed_strategy.pipeline_model_parallel_size=",
-           ds.pipeline_model_parallel_size,
-           " is not supported: a pipeline stage's layers run without ZeRO-3's units");
   if (ds.context_parallel_size > 1)
     r.fail(stage, " with distributed_strategy.context_parallel_size=", ds.context_parallel_size,
            " is not supported (not tested); use zero_stage 2");

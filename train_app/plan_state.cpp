@@ -90,19 +90,23 @@ int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
   return most;
 }
 
-// ZeRO-3's units: the decoder layers of the meta model's chunks, and each parameter's unit; the
-// root unit (the model's other parameters) on `root`, as NxDOptimizer makes it: the one chunk's.
-std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g, Module*& root) {
+// ZeRO-3's units: the decoder layers of the meta model's chunks, each parameter's unit, and each
+// unit's prefetch chain (its chunk, as NxDOptimizer chains them); the root unit (the model's other
+// parameters) on `root`, as NxDOptimizer makes it: the one chunk's, without a pipeline.
+std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g, std::vector<int>& chain,
+                                 Module*& root) {
   std::vector<Module*> units;
   std::unordered_map<const TensorImpl*, int> of;
-  for (const auto& c : mm.chunks)
-    if (const DecoderStack* s = c->decoder_stack())
+  for (size_t c = 0; c < mm.chunks.size(); ++c)
+    if (const DecoderStack* s = mm.chunks[c]->decoder_stack())
       for (const auto& l : s->layers()) {
         units.push_back(l.get());
+        chain.push_back(static_cast<int>(c));
         for (const Tensor& t : l->parameters())
           of.emplace(t.impl(), static_cast<int>(units.size()));
       }
-  root = mm.chunks.size() == 1 && mm.chunks[0]->decoder_stack() ? mm.chunks[0].get() : nullptr;
+  root = !mm.pipe && mm.chunks.size() == 1 && mm.chunks[0]->decoder_stack() ? mm.chunks[0].get()
+                                                                            : nullptr;
   if (root)
     for (const Tensor& t : root->parameters())
       of.emplace(t.impl(), static_cast<int>(units.size()) + 1);
@@ -139,9 +143,10 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       const bool zero3 = cfg.dist.zero_stage == optim::ZeroStage::three;
       if (zero2 || zero3) go.storage = optim::GradStorage::shard_only;
       std::vector<Module*> units;
+      std::vector<int> chain;
       Module* root = nullptr;
       if (zero3) {
-        units = layer_units(mm, g, root);
+        units = layer_units(mm, g, chain, root);
         go.units = g.unit_of;
         // ZeRO-3: the trainer's buckets go out during the last backward (api/nxd_optimizer.cpp),
         // so its .grads are freed bucket by bucket; the plan's measured backward does the same
@@ -155,7 +160,7 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       if (zero3) {
         r.gradients += mem.live() - before;
         const int64_t at = mem.live();
-        optim::shard_meta_units(*g.sync, g.unit_of, units, root, g.group,
+        optim::shard_meta_units(*g.sync, g.unit_of, units, chain, root, g.group,
                                 cfg.dist.reshard_after_forward, cfg.dist.zero3_prefetch);
         r.parameters += mem.live() - at;  // the units' shards in place of their full weights
         if (zero1) step_transient = std::max(step_transient, zero1_state(cfg, rp, g, r));

@@ -1,7 +1,7 @@
 // Batch invariance of the serving engine (docs/design/inference.md, "Batch invariance"): a
 // request's tokens and logprobs are bitwise those it gets alone while up to 16 other requests
-// (int8 or int4 weights) or 39 (f32) decode beside it, and with PrefillCalls::per_request while
-// others are prefilled in the same step.
+// (bf16, int8 or int4 weights) or 39 (f32) decode beside it, and with PrefillCalls::per_request
+// while others are prefilled in the same step.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -35,6 +35,14 @@ TEST(EngineBatch, Int8RequestsGetTheirBitsAloneBesideSixteenOthers) {
 
 TEST(EngineBatch, Int4RequestsGetTheirBitsAloneBesideSixteenOthers) {
   expect_each_request_alone(quantized({.format = WeightQuant::int4}), 17);
+}
+
+// bf16 weights: the bf16 few-rows kernel (runtime/kernels/gemv_bf16.h) takes up to 32 rows, each
+// output lanes8::dot of its row rounded once
+TEST(EngineBatch, Bf16RequestsGetTheirBitsAloneBesideSixteenOthers) {
+  ModelConfig c = few_rows_llama();
+  c.dtype = DType::bf16;
+  expect_each_request_alone(make_causal_lm(c, 5), 17);
 }
 
 // f32 with more decode rows than the few-rows kernel takes at once (runtime/gemv_f32.h:

@@ -5,7 +5,7 @@
 // an optimizer-heavy model (AdamW, f32, wide layers, short sequences) the allocator's HBM peak per
 // rank at DP 4 is at most 0.35x plain DP's; a stage-3 checkpoint resumes at stage 1 and a stage-1
 // one at stage 3 as the uninterrupted runs, bitwise; the combinations stage 3 does not support are
-// a ConfigError naming both keys.
+// a ConfigError naming both keys (PP composes: zero3_pipeline_train_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -189,8 +189,6 @@ TEST(Zero3Train, OptimizerOffloadMovesTheStateToHostWithTheSameLosses) {
 TEST(Zero3Train, UnsupportedCombinationsAreConfigErrorsNamingBothKeys) {
   auto d = nxd::testing::test_temp_dir("nxd_zero3_keys_");
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
-      {"distributed_strategy.pipeline_model_parallel_size",
-       {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2"}},
       {"distributed_strategy.context_parallel_size",
        {"backend.world_size=4", "distributed_strategy.context_parallel_size=2"}},
       {"model.moe", {"model.moe.num_experts=4"}}};
@@ -202,4 +200,9 @@ TEST(Zero3Train, UnsupportedCombinationsAreConfigErrorsNamingBothKeys) {
     EXPECT_NE(e.find(key), std::string::npos) << e;
   }
   EXPECT_EQ(config_error(d, {"distributed_strategy.zero_stage=3"}), "");
+  // pipeline parallelism composes (zero3_pipeline_train_test.cpp)
+  EXPECT_EQ(config_error(d, {"backend.world_size=4", "model.num_layers=2",
+                             "distributed_strategy.pipeline_model_parallel_size=2",
+                             "distributed_strategy.zero_stage=3"}),
+            "");
 }
