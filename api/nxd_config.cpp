@@ -55,6 +55,8 @@ void read_optimizer(const nlohmann::json& v, OptimizerConfig& o) {
       o.optimizer_offload = x.get<bool>();
     else if (k == "reshard_after_forward")
       o.reshard_after_forward = x.get<bool>();
+    else if (k == "zero3_prefetch")
+      o.zero3_prefetch = x.get<bool>() ? optim::UnitPrefetch::next_unit : optim::UnitPrefetch::none;
     else if (k == "zero_stage")
       o.zero_stage = optim::zero_stage_from_int(x.get<int64_t>(), "optimizer_config.zero_stage");
     else if (k == "grad_clipping")
@@ -64,7 +66,7 @@ void read_optimizer(const nlohmann::json& v, OptimizerConfig& o) {
     else
       unknown("optimizer_config.", k,
               "zero_one_enabled, zero_stage, optimizer_offload, reshard_after_forward, "
-              "grad_clipping, max_grad_norm");
+              "zero3_prefetch, grad_clipping, max_grad_norm");
   }
 }
 

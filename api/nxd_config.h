@@ -44,6 +44,8 @@ struct OptimizerConfig {
   bool optimizer_offload = false;
   // ZeRO-3: a unit's parameters released after its forward, gathered again for its backward.
   bool reshard_after_forward = true;
+  // ZeRO-3: the next unit's all-gather started under this one's compute (JSON: true | false).
+  optim::UnitPrefetch zero3_prefetch = optim::UnitPrefetch::next_unit;
   optim::ZeroStage stage() const { return zero_one_enabled ? optim::ZeroStage::one : zero_stage; }
   bool grad_clipping = true;
   double max_grad_norm = 1.0;

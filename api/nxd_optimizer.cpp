@@ -68,6 +68,16 @@ std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, in
   return units;
 }
 
+// ZeRO-3's root unit (FSDP's): the model itself when it is a CausalLM on a DecoderStack (its
+// forward's entry points gather the root, layers/param_unit.h); another model, or a pipeline
+// stage, keeps its parameters outside the layers whole.
+Module* zero3_root(const NxDModel& model) {
+  const std::vector<Module*> parts = model.local_modules();
+  if (model.is_pipeline() || parts.size() != 1) return nullptr;
+  const auto* lm = dynamic_cast<const CausalLM*>(parts[0]);
+  return lm && lm->decoder_stack() ? parts[0] : nullptr;
+}
+
 }  // namespace
 
 NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
@@ -148,7 +158,9 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.stage = stage;
     zo.units = units;
     zo.unit_chain = unit_chain;
+    if (stage == optim::ZeroStage::three) zo.root = zero3_root(model_);
     zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;
+    zo.prefetch = cfg_.optimizer_config.zero3_prefetch;
     zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host
                                                            : optim::StatePlacement::device;
     std::vector<optim::ParamGroup> groups = inner->param_groups();

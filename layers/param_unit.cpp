@@ -57,4 +57,50 @@ Tensor run_param_unit(const Module& m, const Tensor& x,
   })[0];
 }
 
+namespace {
+
+// One release recorded by release_root_after_backward: counted in `pending` until its backward
+// runs or its graph is freed without one.
+struct RootRelease {
+  std::shared_ptr<ParamUnit> unit;
+  std::shared_ptr<int> pending;
+  bool done = false;
+  void run() {
+    if (done) return;
+    done = true;
+    if (--*pending == 0) unit->release(UnitPass::backward);
+  }
+  ~RootRelease() {
+    if (!done) --*pending;
+  }
+};
+
+}  // namespace
+
+RootUnitScope::RootUnitScope(const Module& root, RootUnitUses& uses)
+    : unit_(root.param_unit()), uses_(uses) {
+  if (!unit_ || uses_.open++ > 0) return;
+  gathered_here_ = !unit_->gathered();
+  unit_->gather(UnitPass::forward);
+}
+
+RootUnitScope::~RootUnitScope() {
+  if (!unit_ || --uses_.open > 0) return;
+  if (gathered_here_ && !GradMode::is_enabled() && *uses_.pending == 0)
+    unit_->release(UnitPass::forward);
+}
+
+Tensor release_root_after_backward(const Module& root, RootUnitUses& uses, const Tensor& x) {
+  const std::shared_ptr<ParamUnit>& u = root.param_unit();
+  if (!u || !GradMode::is_enabled() || !x.requires_grad()) return x;
+  auto r = std::make_shared<RootRelease>();
+  r->unit = u;
+  r->pending = uses.pending;
+  ++*uses.pending;
+  return autograd::custom("root_unit_release", {x}, identity, [r](const Grads& g) -> Grads {
+    r->run();
+    return g;
+  })[0];
+}
+
 }  // namespace nxd

@@ -15,7 +15,8 @@
 // block and gathering gives the same Storage a new one (runtime/allocator.h: release_data,
 // reallocate), so the saved views see the gathered values again without being rebound and keep
 // no full-size memory alive in between. Activation checkpointing composes: the recomputation runs
-// inside the module's backward, after the gather.
+// inside the module's backward, after the gather. The model's own parameters outside its blocks
+// form the root unit (RootUnitScope below).
 #include <functional>
 #include <memory>
 #include <vector>
@@ -36,6 +37,8 @@ class ParamUnit {
   // Their full-size memory freed (a no-op when it is).
   virtual void release(UnitPass pass) = 0;
   virtual bool reshard_after_forward() const = 0;
+  // Whether the full parameters are present (or on their way).
+  virtual bool gathered() const = 0;
 };
 
 // RAII (FSDP's summon_full_params): every unit in the modules' trees gathered (UnitPass::outside)
@@ -61,5 +64,41 @@ int remove_param_units(const std::vector<Module*>& modules);
 // has no unit.
 Tensor run_param_unit(const Module& m, const Tensor& x,
                       const std::function<Tensor(const Tensor&)>& body);
+
+// FSDP's root unit: the parameters of a model that are in no unit of its blocks (a decoder LM's
+// embedding, final norm and output head), sharded like a unit whose ParamUnit is set on the model
+// module itself. The model opens a RootUnitScope around each entry point of its forward; the
+// outermost gathers the root (UnitPass::forward) unless it is gathered already (WholeParameters).
+// As FSDP does for the root, a forward followed by a backward does not release it (the head's
+// backward comes right away): the model passes the input of the root's last reader (the final norm,
+// whose output the head reads) through release_root_after_backward, an identity whose backward
+// releases the root once the backwards of every forward recorded so are past it (the layers'
+// backward and the embedding's, which reads no weight, need none of the root). Without a backward
+// to follow (grad mode off when the outermost scope closes, and no release pending) the scope
+// releases the root it gathered. A root left gathered in grad mode (a forward whose graph was
+// dropped) goes at the optimizer's step. Nothing without a unit.
+struct RootUnitUses {
+  int open = 0;  // scopes open
+  // releases recorded by release_root_after_backward whose backward has not run (and whose graph
+  // still exists)
+  std::shared_ptr<int> pending = std::make_shared<int>(0);
+};
+
+class RootUnitScope {
+ public:
+  RootUnitScope(const Module& root, RootUnitUses& uses);
+  ~RootUnitScope();
+  RootUnitScope(const RootUnitScope&) = delete;
+  RootUnitScope& operator=(const RootUnitScope&) = delete;
+
+ private:
+  std::shared_ptr<ParamUnit> unit_;
+  RootUnitUses& uses_;
+  bool gathered_here_ = false;
+};
+
+// x with the identity described above when grad mode is on, x requires grad and `root` has a unit;
+// else x.
+Tensor release_root_after_backward(const Module& root, RootUnitUses& uses, const Tensor& x);
 
 }  // namespace nxd

@@ -56,13 +56,16 @@ std::vector<NamedParam> bucket_order(const std::vector<ParamGroup>& mine, Zero1O
   return order;
 }
 
-// Stage three: each parameter's unit (1 + its index in units; 0: none).
-std::vector<int> unit_of_params(const std::vector<Module*>& units,
+// Stage three: each parameter's unit (1 + its index in units, the root's parameters of no other
+// unit 1 + units.size(); 0: none).
+std::vector<int> unit_of_params(const std::vector<Module*>& units, const Module* root,
                                 const std::vector<NamedParam>& order) {
   std::vector<int> unit_of;
   std::map<const TensorImpl*, int> of;
   for (size_t u = 0; u < units.size(); ++u)
     for (const Tensor& t : units[u]->parameters()) of.emplace(t.impl(), int(u) + 1);
+  if (root)
+    for (const Tensor& t : root->parameters()) of.emplace(t.impl(), int(units.size()) + 1);
   for (const NamedParam& p : order)
     unit_of.push_back(of.count(p.param.impl()) ? of.at(p.param.impl()) : 0);
   return unit_of;
@@ -127,12 +130,16 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   NXD_CHECK(I.opts.stage != ZeroStage::none, "[Zero1Optimizer] stage must be 1, 2 or 3, got ",
             zero_stage_name(I.opts.stage));
   const bool three = I.opts.stage == ZeroStage::three;
-  remove_param_units(I.opts.units);  // sharded by an earlier ZeRO-3 optimizer: whole again
+  // sharded by an earlier ZeRO-3 optimizer: whole again
+  remove_param_units(I.opts.units);
+  if (I.opts.root) remove_param_units({I.opts.root});
   NXD_CHECK(!three || I.opts.expert_params.empty(),
             "[Zero1Optimizer] stage 3 does not shard expert-parallel parameters");
-  NXD_CHECK(three || I.opts.units.empty(), "[Zero1Optimizer] units are for stage 3, got stage ",
+  NXD_CHECK(three || (I.opts.units.empty() && !I.opts.root),
+            "[Zero1Optimizer] units and a root are for stage 3, got stage ",
             zero_stage_name(I.opts.stage));
-  const std::vector<int> unit_of = three ? unit_of_params(I.opts.units, order) : std::vector<int>();
+  const std::vector<int> unit_of =
+      three ? unit_of_params(I.opts.units, I.opts.root, order) : std::vector<int>();
   GradSyncOptions go;
   go.storage = I.opts.stage == ZeroStage::one ? GradStorage::buckets : GradStorage::shard_only;
   go.units = unit_of;

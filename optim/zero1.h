@@ -54,8 +54,10 @@
 // buckets of each unit module (a bucket holds one unit's parameters) keep only this rank's block
 // of the parameters between uses: a persistent shard the step updates in place (no all-gather),
 // the flat buffer's memory released; the unit (optim/zero3_unit.h, layers/param_unit.h) gathers
-// it around the module's forward and backward. gather_parameters() / release_parameters() make
-// the weights whole outside them. Parameters of no unit are as at stage two.
+// it around the module's forward and backward. Zero1Options::root makes the model's remaining
+// parameters (embedding, final norm, head) a unit too, gathered by the model's forward.
+// gather_parameters() / release_parameters() make the weights whole outside them. Parameters of no
+// unit are as at stage two.
 //
 // Expert parallelism (NxD's two ZeRO-1 optimizers): Zero1Options.expert_params (the MoE experts'
 // weights, layers/moe/moe.h) go to a second Zero1Optimizer inside this one, over the
@@ -110,15 +112,21 @@ struct Zero1Options {
   // Stage three (ZeRO-3, docs/design/fsdp.md): the modules whose parameters are sharded over DP
   // between uses and gathered around their forward and backward (FSDP units: nxd-train's are the
   // decoder layers; their forward runs through run_param_unit, layers/param_unit.h). A bucket
-  // holds one unit's parameters. Parameters of no unit stay gathered as at stage two (FSDP's
-  // root unit).
+  // holds one unit's parameters.
   std::vector<Module*> units;
+  // Stage three: FSDP's root unit: the module whose parameters in no unit of `units` are sharded
+  // too, gathered by its own forward (a CausalLM: RootUnitScope, layers/param_unit.h) and released
+  // after its head's backward. Null, or none of its parameters in the groups: the parameters of no
+  // unit stay gathered as at stage two.
+  Module* root = nullptr;
   // Stage three: per unit its prefetch chain (a pipeline chunk's layers; link_units in
   // optim/zero3_unit.h): a unit prefetches only its neighbours in the same chain. Empty: one.
   std::vector<int> unit_chain;
   // Stage three: release a unit's parameters after its forward and gather them again for its
   // backward (FSDP's default); false keeps them from the forward to the end of the backward.
   bool reshard_after_forward = true;
+  // Stage three: whether gathering a unit starts the next one's all-gather (optim/zero_stage.h).
+  UnitPrefetch prefetch = UnitPrefetch::next_unit;
   // host: optimizer offload: the state and masters of the shard (and the step's f32 working copy)
   // are host memory, charged to the rank's host counter (runtime/host_memory.h), not its HBM.
   StatePlacement placement = StatePlacement::device;

@@ -5,13 +5,13 @@
 
 namespace nxd::optim {
 
-// Stage three: each unit's buckets get a persistent shard and a ShardedUnit on the unit's module;
-// their full buffers are released.
+// Stage three: each unit's buckets (the root's included) get a persistent shard and a ShardedUnit
+// on the unit's module; their full buffers are released.
 void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
   NoGradGuard ng;
   pshard.assign(shards.size(), Tensor());
-  for (size_t u = 0; u < opts.units.size(); ++u)
-    units.push_back(std::make_shared<ShardedUnit>(dp, opts.reshard_after_forward));
+  for (size_t u = 0; u < opts.units.size() + (opts.root ? 1 : 0); ++u)
+    units.push_back(std::make_shared<ShardedUnit>(dp, opts.reshard_after_forward, opts.prefetch));
   for (size_t b = 0; b < shards.size(); ++b) {
     if (shards[b].segs.empty()) continue;
     const int u = unit_of[static_cast<size_t>(shards[b].segs[0])];
@@ -23,11 +23,7 @@ void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
     units[static_cast<size_t>(u - 1)]->add_bucket(pbuf[b], pshard[b]);
     pbuf[b].storage()->release_data();  // now: the model's full size is never exceeded
   }
-  link_units(units, opts.unit_chain);
-  for (size_t u = 0; u < units.size(); ++u) {
-    units[u]->release(UnitPass::forward);
-    opts.units[u]->set_param_unit(units[u]);
-  }
+  install_units(units, opts.units, opts.unit_chain, opts.root);
 }
 
 void Zero1Optimizer::gather_parameters() {

@@ -4,8 +4,9 @@
 
 namespace nxd::optim {
 
-ShardedUnit::ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward)
-    : dp_(std::move(dp)), reshard_(reshard_after_forward) {}
+ShardedUnit::ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward,
+                         UnitPrefetch prefetch)
+    : dp_(std::move(dp)), reshard_(reshard_after_forward), prefetch_(prefetch) {}
 
 void ShardedUnit::add_bucket(Tensor full, Tensor shard) {
   NXD_CHECK(full.numel() == shard.numel() * dp_->size() && full.dtype() == shard.dtype(),
@@ -57,7 +58,8 @@ void ShardedUnit::materialize() {
 
 void ShardedUnit::gather(UnitPass pass) {
   materialize();
-  if (pass != UnitPass::outside) prefetch(pass == UnitPass::forward ? next_ : prev_);
+  if (pass != UnitPass::outside && prefetch_ == UnitPrefetch::next_unit)
+    prefetch(pass == UnitPass::forward ? next_ : prev_);
 }
 
 void ShardedUnit::release(UnitPass pass) {
@@ -90,12 +92,29 @@ void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
                              u + 1 < n && same(u, u + 1) ? units[u + 1] : nullptr);
 }
 
+void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
+                   const std::vector<Module*>& modules, const std::vector<int>& chain,
+                   Module* root) {
+  NXD_CHECK(units.size() == modules.size() + (root ? 1 : 0), "[install_units] ", units.size(),
+            " units for ", modules.size(), " modules", root ? " and a root" : "");
+  const size_t n = modules.size();
+  link_units({units.begin(), units.begin() + static_cast<std::ptrdiff_t>(n)}, chain);
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u]->release(UnitPass::forward);
+    if (u < n)
+      modules[u]->set_param_unit(units[u]);
+    else if (!units[u]->empty())
+      root->set_param_unit(units[u]);
+  }
+}
+
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
-    const std::vector<int>& chain, std::shared_ptr<Communicator> dp, bool reshard_after_forward) {
+    const std::vector<int>& chain, Module* root, std::shared_ptr<Communicator> dp,
+    bool reshard_after_forward, UnitPrefetch prefetch) {
   std::vector<std::shared_ptr<ShardedUnit>> units;
-  for (size_t u = 0; u < modules.size(); ++u)
-    units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward));
+  for (size_t u = 0; u < modules.size() + (root ? 1 : 0); ++u)
+    units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward, prefetch));
   const std::vector<std::vector<int>> layout = sync.bucket_layout();
   const int n = sync.dp_size();
   for (int b = 0; b < sync.num_buckets(); ++b) {
@@ -114,11 +133,7 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     }
     units[static_cast<size_t>(u - 1)]->add_bucket(full, zeros({s}, p0.dtype(), Device::meta));
   }
-  link_units(units, chain);
-  for (size_t u = 0; u < units.size(); ++u) {
-    units[u]->release(UnitPass::forward);
-    modules[u]->set_param_unit(units[u]);
-  }
+  install_units(units, modules, chain, root);
   return units;
 }
 

@@ -6,21 +6,24 @@
 // reallocates the full buffers and all-gathers the shards into them; in forward it then starts
 // the next unit's all-gather (non-blocking, on the DP group's stream), in backward the previous
 // unit's, so the next gather of the pass overlaps this unit's compute (FSDP's forward and
-// backward prefetch): at most two units are gathered at a time. Neighbours are those of one chain
-// (link_units): under pipeline parallelism a chain is one chunk's layers, which the schedule runs
-// as one forward or one backward, so a prefetched unit is always the next one the rank runs.
+// backward prefetch; UnitPrefetch::none leaves it out): at most two units are gathered at a time.
+// Neighbours are those of one chain (link_units): under pipeline parallelism a chain is one
+// chunk's layers, which the schedule runs as one forward or one backward, so a prefetched unit is
+// always the next one the rank runs.
 #include <memory>
 #include <vector>
 
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/param_unit.h"
 #include "nxd/optim/grad_sync.h"
+#include "nxd/optim/zero_stage.h"
 
 namespace nxd::optim {
 
 class ShardedUnit : public ParamUnit {
  public:
-  ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward);
+  ShardedUnit(std::shared_ptr<Communicator> dp, bool reshard_after_forward,
+              UnitPrefetch prefetch = UnitPrefetch::next_unit);
   // A bucket's full flat buffer [S * n] and this rank's persistent block of it [S].
   void add_bucket(Tensor full, Tensor shard);
   // The units before and after this one in forward order (prefetch targets).
@@ -42,7 +45,8 @@ class ShardedUnit : public ParamUnit {
   // collective (checkpoint save and load walk the units this way). gather() then only fills them;
   // release() frees them either way.
   void reserve();
-  bool gathered() const { return state_ != State::released; }
+  bool gathered() const override { return state_ != State::released; }
+  bool empty() const { return full_.empty(); }
 
  private:
   enum class State { released, in_flight, gathered };
@@ -52,6 +56,7 @@ class ShardedUnit : public ParamUnit {
 
   std::shared_ptr<Communicator> dp_;
   bool reshard_ = true;
+  UnitPrefetch prefetch_ = UnitPrefetch::next_unit;
   std::vector<Tensor> full_, shard_;
   std::vector<Work> work_;
   State state_ = State::gathered;  // the buffers start full (the optimizer releases them)
@@ -66,13 +71,23 @@ class ShardedUnit : public ParamUnit {
 void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
                 const std::vector<int>& chain);
 
+// The units of `modules` (in forward order) and, when `root` is set, the root unit (the last of
+// `units`, layers/param_unit.h) put to work: the modules' units linked within `chain`
+// (link_units; the root prefetches nothing and is no one's neighbour), every unit released and
+// set on its module (a root unit without buckets is not: the root's parameters stay as they are).
+void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
+                   const std::vector<Module*>& modules, const std::vector<int>& chain,
+                   Module* root);
+
 // nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each
-// of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 0 none, as
-// given to GradSyncOptions::units) become views of a flat meta buffer [S * n], released, beside a
-// meta shard [S]; each module gets its unit, linked within `chain` (link_units). `dp`: the
-// sharding group (the GradSync's). The other parameters are left as they are.
+// of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 1 +
+// modules.size() the root unit's, 0 none, as given to GradSyncOptions::units) become views of a
+// flat meta buffer [S * n], released, beside a meta shard [S]; the units are installed
+// (install_units). `dp`: the sharding group (the GradSync's). The other parameters are left as
+// they are.
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
-    const std::vector<int>& chain, std::shared_ptr<Communicator> dp, bool reshard_after_forward);
+    const std::vector<int>& chain, Module* root, std::shared_ptr<Communicator> dp,
+    bool reshard_after_forward, UnitPrefetch prefetch);
 
 }  // namespace nxd::optim

@@ -18,4 +18,10 @@ const char* zero_stage_name(ZeroStage s);
 // 0..3; ConfigError naming `key` and the value otherwise.
 ZeroStage zero_stage_from_int(int64_t v, const std::string& key);
 
+// ZeRO-3's prefetch (optim/zero3_unit.h): next_unit: gathering a unit starts the non-blocking
+// all-gather of the next one of its pass (the next layer's in forward, the previous one's in
+// backward; FSDP's forward_prefetch and backward_prefetch=BACKWARD_PRE), so it runs on the comm
+// stream under this unit's compute; none: each unit is gathered when it is needed, in full view.
+enum class UnitPrefetch { next_unit, none };
+
 }  // namespace nxd::optim

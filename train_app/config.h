@@ -156,10 +156,11 @@ struct DistributedSection {
   int64_t virtual_pipeline_model_parallel_size;
   pipeline::ScheduleKind pipeline_schedule = pipeline::ScheduleKind::one_f_one_b;
   pipeline::PartitionBalance pipeline_partition = pipeline::PartitionBalance::parameters;
-  optim::ZeroStage zero_stage;  // distributed_strategy.zero_stage, or 1 with zero1: true
-  bool optimizer_offload;       // the sharded optimizer state and masters in host memory
-  bool reshard_after_forward;   // ZeRO-3: a layer's parameters released between forward and
-                                // backward (gathered twice)
+  optim::ZeroStage zero_stage;         // distributed_strategy.zero_stage, or 1 with zero1: true
+  bool optimizer_offload;              // the sharded optimizer state and masters in host memory
+  bool reshard_after_forward;          // ZeRO-3: a layer's parameters released between forward and
+                                       // backward (gathered twice)
+  optim::UnitPrefetch zero3_prefetch;  // ZeRO-3: the next unit's gather under this one's compute
   bool zero1() const { return zero_stage != optim::ZeroStage::none; }  // the state is sharded
   bool sequence_parallel;
   int64_t kv_replicator;  // resolved: max(1, tp / kv heads) unless set

@@ -312,6 +312,11 @@ std::vector<KeySpec> make_registry() {
           "ZeRO-3 (FSDP's reshard_after_forward): a layer's parameters are freed after its "
           "forward and gathered again for its backward; false keeps them from the forward to "
           "the end of the layer's backward (less communication, more memory)."),
+      key("distributed_strategy.zero3_prefetch", K::boolean, true,
+          "ZeRO-3 (FSDP's forward_prefetch and backward_prefetch): gathering a layer starts the "
+          "all-gather of the next one of its pass (the next layer's in forward, the previous "
+          "one's in backward), which runs under this layer's compute; false gathers each layer "
+          "when it is needed (every gather exposed, one layer gathered at a time)."),
       key("distributed_strategy.optimizer_offload", K::boolean, false,
           "Optimizer offload (with zero_stage 1, 2 or 3): the sharded optimizer state and f32 "
           "master weights live in host memory, accounted apart from HBM by the sim device, and the "

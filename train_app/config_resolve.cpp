@@ -322,6 +322,9 @@ DistributedSection resolve_distributed(Resolver& r, const ModelConfig& m) {
         "distributed_strategy.optimizer_offload=true needs distributed_strategy.zero_stage 1, 2 "
         "or 3 (or zero1: true): only the sharded optimizer's state is offloaded");
   ds.reshard_after_forward = r.c.get_bool("distributed_strategy.reshard_after_forward");
+  ds.zero3_prefetch = r.c.get_bool("distributed_strategy.zero3_prefetch")
+                          ? optim::UnitPrefetch::next_unit
+                          : optim::UnitPrefetch::none;
   ds.sequence_parallel = r.c.get_bool("distributed_strategy.sequence_parallel");
   ds.backend = r.c.get_string("backend.kind");
   ds.instance = r.c.get_string("backend.instance");

@@ -91,8 +91,10 @@ int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
 }
 
 // ZeRO-3's units: the decoder layers of the meta model's chunks, each parameter's unit, and each
-// unit's prefetch chain (its chunk, as NxDOptimizer chains them).
-std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g, std::vector<int>& chain) {
+// unit's prefetch chain (its chunk, as NxDOptimizer chains them); the root unit (the model's other
+// parameters) on `root`, as NxDOptimizer makes it: the one chunk's, without a pipeline.
+std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g, std::vector<int>& chain,
+                                 Module*& root) {
   std::vector<Module*> units;
   std::unordered_map<const TensorImpl*, int> of;
   for (size_t c = 0; c < mm.chunks.size(); ++c)
@@ -103,6 +105,11 @@ std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g, std::ve
         for (const Tensor& t : l->parameters())
           of.emplace(t.impl(), static_cast<int>(units.size()));
       }
+  root = !mm.pipe && mm.chunks.size() == 1 && mm.chunks[0]->decoder_stack() ? mm.chunks[0].get()
+                                                                            : nullptr;
+  if (root)
+    for (const Tensor& t : root->parameters())
+      of.emplace(t.impl(), static_cast<int>(units.size()) + 1);
   for (const auto& p : g.params)
     g.unit_of.push_back(of.count(p.param.impl()) ? of.at(p.param.impl()) : 0);
   return units;
@@ -137,8 +144,9 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       if (zero2 || zero3) go.storage = optim::GradStorage::shard_only;
       std::vector<Module*> units;
       std::vector<int> chain;
+      Module* root = nullptr;
       if (zero3) {
-        units = layer_units(mm, g, chain);
+        units = layer_units(mm, g, chain, root);
         go.units = g.unit_of;
         // ZeRO-3: the trainer's buckets go out during the last backward (api/nxd_optimizer.cpp),
         // so its .grads are freed bucket by bucket; the plan's measured backward does the same
@@ -152,9 +160,9 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       if (zero3) {
         r.gradients += mem.live() - before;
         const int64_t at = mem.live();
-        optim::shard_meta_units(*g.sync, g.unit_of, units, chain, g.group,
-                                cfg.dist.reshard_after_forward);
-        r.parameters += mem.live() - at;  // the layers' shards in place of their full weights
+        optim::shard_meta_units(*g.sync, g.unit_of, units, chain, root, g.group,
+                                cfg.dist.reshard_after_forward, cfg.dist.zero3_prefetch);
+        r.parameters += mem.live() - at;  // the units' shards in place of their full weights
         if (zero1) step_transient = std::max(step_transient, zero1_state(cfg, rp, g, r));
         continue;
       }

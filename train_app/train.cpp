@@ -459,6 +459,7 @@ trainer::TrainerOptions trainer_options(const TrainConfig& cfg) {
   to.nxd.optimizer_config.zero_stage = cfg.dist.zero_stage;
   to.nxd.optimizer_config.optimizer_offload = cfg.dist.optimizer_offload;
   to.nxd.optimizer_config.reshard_after_forward = cfg.dist.reshard_after_forward;
+  to.nxd.optimizer_config.zero3_prefetch = cfg.dist.zero3_prefetch;
   to.nxd.grad_bucket_mb = cfg.dist.grad_bucket_mb;
   to.nxd.lora_config = cfg.lora;
   to.nxd.model_init_config.seed = cfg.seed;  // the adapters' initialization

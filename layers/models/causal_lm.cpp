@@ -36,7 +36,8 @@ void CausalLM::check_whole(const char* what) const {
 }
 
 Tensor CausalLM::body(const Tensor& ids, int64_t position_offset) {
-  return final_norm(run_layers(embed_tokens(ids), position_offset));
+  return final_norm(release_root_after_backward(*this, root_uses_,
+                                                run_layers(embed_tokens(ids), position_offset)));
 }
 
 void CausalLM::register_decoder_stack(const std::string& name,
@@ -115,6 +116,7 @@ Tensor pad_sequence(const Tensor& ids, int64_t padded, double value) {
 Tensor CausalLM::hidden_states(const Tensor& ids, int64_t position_offset) {
   check_whole("hidden_states");
   check_ids(ids, position_offset);
+  const RootUnitScope root(*this, root_uses_);
   if (!sequence_parallel_) return body(ids, position_offset);
   const int64_t S = ids.size(1), Sp = (S + tp_size_ - 1) / tp_size_ * tp_size_;
   // the downstream computation is duplicated on every rank: backward keeps this rank's chunk
@@ -123,8 +125,14 @@ Tensor CausalLM::hidden_states(const Tensor& ids, int64_t position_offset) {
   return Sp == S ? h : narrow(h, 1, 0, S);
 }
 
+Tensor CausalLM::forward(const Tensor& ids) {
+  const RootUnitScope root(*this, root_uses_);
+  return lm_head(hidden_states(ids));
+}
+
 Tensor CausalLM::lm_head(const Tensor& hidden) {
   check_whole("lm_head");
+  const RootUnitScope root(*this, root_uses_);
   const QuantizableLinear& head = output_head_weights();
   if (tp_size_ == 1) return head.weight_product(hidden, output_weight(), Tensor());
   // X (duplicated) -> local vocab columns -> all-gathered: dX is all-reduced, each rank keeps the
@@ -161,6 +169,7 @@ Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets, const CrossEntro
   check_whole("loss");
   NXD_CHECK_SHAPE(targets.shape() == ids.shape(), "[", type_name(),
                   "::loss] targets must match ids: ids=", ids.desc(), " targets=", targets.desc());
+  const RootUnitScope root(*this, root_uses_);
   Tensor l = head_loss(decoder_layers(embed(ids)), targets, opts);
   Tensor aux = opts.reduction == Reduction::none ? Tensor() : moe_aux_loss();
   return aux.defined() ? add(l, to(aux, l.dtype())) : l;
@@ -184,6 +193,7 @@ Tensor CausalLM::embed(const Tensor& ids) {
   NXD_CHECK(part_.embedding, "[", type_name(), "::embed] this part (", part_.str(cfg_),
             ") has no embedding");
   check_ids(ids, 0);
+  const RootUnitScope root(*this, root_uses_);
   if (!sequence_parallel_) return embed_tokens(ids);
   return embed_tokens(pad_sequence(ids, (ids.size(1) + tp_size_ - 1) / tp_size_ * tp_size_, 0));
 }
@@ -194,6 +204,7 @@ Tensor CausalLM::decoder_layers(const Tensor& h, int64_t position_offset) {
 
 Tensor CausalLM::head_loss(const Tensor& h_local, const Tensor& targets,
                            const CrossEntropyOptions& opts) {
+  const RootUnitScope root(*this, root_uses_);
   if (!cp_group_ || opts.reduction == Reduction::none)
     return local_head_loss(h_local, targets, opts);
   CrossEntropyOptions sum_opts = opts;
@@ -220,7 +231,8 @@ Tensor CausalLM::local_head_loss(const Tensor& h_local, const Tensor& targets,
   NXD_CHECK_SHAPE(h_local.size(1) * (sequence_parallel_ ? tp_size_ : 1) == Sp, "[", type_name(),
                   "::head_loss] hidden states ", h_local.desc(), " do not match targets ",
                   targets.desc());
-  Tensor h = final_norm(h_local);  // [B,S(/tp),hidden]
+  // [B,S(/tp),hidden]; the root's weights are read for the last time in this backward
+  Tensor h = final_norm(release_root_after_backward(*this, root_uses_, h_local));
   if (tp_size_ == 1) {
     Tensor logits = output_head_weights().weight_product(h, output_weight(), Tensor());  // [B,S,V]
     const int64_t n = B * S;

@@ -48,6 +48,7 @@
 #include "nxd/layers/models/config.h"
 #include "nxd/layers/models/kv_cache.h"
 #include "nxd/layers/module.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/layers/quantize.h"
 #include "nxd/runtime/rng.h"
 
@@ -99,7 +100,7 @@ class CausalLM : public Module, public QuantizedWeightOwner {
   // [..., hidden] -> logits [..., vocab] (the output head).
   virtual Tensor lm_head(const Tensor& hidden);
   // ids [B,S] -> logits [B,S,V].
-  virtual Tensor forward(const Tensor& ids) { return lm_head(hidden_states(ids)); }
+  virtual Tensor forward(const Tensor& ids);
 
   // Cross entropy of forward(ids) against targets [B,S] (already shifted by the caller): the mean
   // over targets != opts.ignore_index by default. TP > 1: vocab-parallel (parallel_cross_entropy),
@@ -209,6 +210,10 @@ class CausalLM : public Module, public QuantizedWeightOwner {
   bool sequence_parallel_ = false;
   int cp_size_ = 1;
   std::shared_ptr<Communicator> cp_group_;  // null at CP 1
+  // ZeRO-3's root unit (layers/param_unit.h): the entry points below that read the embedding,
+  // the final norm or the head open a RootUnitScope; body() and head_loss() pass the final norm's
+  // input through release_root_after_backward.
+  RootUnitUses root_uses_;
 
  private:
   // head_loss on this rank's rows only (no reduction over CP).

@@ -86,6 +86,7 @@ void CausalLM::check_cached(const Tensor& ids, const CacheStep& step, const KVCa
 Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCache& cache) {
   check_cached(ids, step, cache, "forward_cached");
   NoGradGuard ng;
+  const RootUnitScope root(*this, root_uses_);
   Tensor h = run_layers_cached(embed_tokens(ids), step, cache);
   return lm_head(final_norm(gather_last(h, step.lengths)));
 }
@@ -93,6 +94,7 @@ Tensor CausalLM::forward_cached(const Tensor& ids, const CacheStep& step, KVCach
 Tensor CausalLM::forward_cached_all(const Tensor& ids, const CacheStep& step, KVCache& cache) {
   check_cached(ids, step, cache, "forward_cached_all");
   NoGradGuard ng;
+  const RootUnitScope root(*this, root_uses_);
   return lm_head(final_norm(run_layers_cached(embed_tokens(ids), step, cache)));
 }
 
@@ -211,8 +213,9 @@ using decode_detail::wall;
 GenerateResult CausalLM::generate_batch(const std::vector<std::vector<int64_t>>& prompts,
                                         const GenerateOptions& opts) {
   check_generate(prompts, opts);
-  if (sequence_parallel_ || !supports_kv_cache()) return generate_recompute(prompts, opts);
   NoGradGuard ng;
+  const RootUnitScope root(*this, root_uses_);  // the root gathered once for the whole generation
+  if (sequence_parallel_ || !supports_kv_cache()) return generate_recompute(prompts, opts);
   EvalMode mode(this);
   const int64_t B = static_cast<int64_t>(prompts.size()), max_pos = cfg_.max_position_embeddings;
   int64_t L = 1;  // the cache length the longest sequence reaches

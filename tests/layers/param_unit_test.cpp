@@ -41,6 +41,7 @@ class CopyUnit : public ParamUnit {
     for (const Tensor& p : params_) p.storage()->release_data();
   }
   bool reshard_after_forward() const override { return reshard_; }
+  bool gathered() const override { return !released(); }
   bool released() const { return !params_[0].storage()->has_data(); }
   std::vector<std::string> log;
 

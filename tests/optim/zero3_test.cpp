@@ -5,8 +5,9 @@
 // one parameter per bucket (the same bucket layout as ZeRO-1's) every parameter and norm is
 // bitwise ZeRO-1's; with ZeRO-1's default-size buckets (a unit's parameters in buckets of their
 // own) within 1e-6 (the norm's partial sums go in another order); both within 1e-6 of plain DP.
-// Between steps a rank holds the layers' parameters only as its shards. The same tests run under
-// mpirun -np 4 (label mpi).
+// Between steps a rank holds every parameter (the root unit's: embedding, final norm, head, tied
+// or not) only as its shard. Forwards without a graph (validation, generation) gather the root and
+// release it. The same tests run under mpirun -np 4 (label mpi).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/models/causal_lm.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/optim/grad_norm.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/zero1.h"
@@ -40,16 +42,19 @@ struct Case {
   int64_t bucket_bytes = 1;  // 1: a bucket per parameter (ZeRO-1's layout = ZeRO-3's)
   bool reshard_after_forward = true;
   bool recompute = false;
+  bool tied = false;  // tie_word_embeddings: the root's embedding is its head
 };
 
 struct Worst {
   std::mutex mu;
   double param = 0, norm = 0, vs_zero1 = 0, resident = 0;
+  int gathered_between_steps = 0;  // parameters whose full storage exists after a step
   bool ran = false;
-  void add(double p, double n, double z, double r) {
+  void add(double p, double n, double z, double r, int g) {
     std::lock_guard<std::mutex> l(mu);
     param = std::max(param, p), norm = std::max(norm, n), vs_zero1 = std::max(vs_zero1, z);
     resident = std::max(resident, r);
+    gathered_between_steps = std::max(gathered_between_steps, g);
     ran = true;
   }
 };
@@ -64,6 +69,7 @@ Zero1Options options(Module& m, ZeroStage stage, const Case& k) {
   if (stage == ZeroStage::three) {
     for (const auto& l : static_cast<CausalLM&>(m).decoder_stack()->layers())
       zo.units.push_back(l.get());
+    zo.root = &m;  // the embedding, final norm and head: FSDP's root unit
     zo.reshard_after_forward = k.reshard_after_forward;
   }
   return zo;
@@ -76,6 +82,7 @@ void compare(const Case& k) {
         ModelConfig c = nxd::testing::tiny_gqa_llama(4);
         c.kv_size_multiplier = std::max(1, k.tp / 2);
         if (k.recompute) c.activations_checkpoint_granularity = CheckpointGranularity::full;
+        c.tie_word_embeddings = k.tied;
         auto ref = make_causal_lm(c, 5), z1 = make_causal_lm(c, 5), z3 = make_causal_lm(c, 5);
         AdamW adam(default_param_groups(named(*ref), 3e-2, 0.1), AdamWOptions{0.9, 0.99, 1e-8});
         GradSync sync(*ref, GradSyncOptions{1 << 14, GradSyncMode::at_step});
@@ -105,6 +112,8 @@ void compare(const Case& k) {
           adam.zero_grad(true);
           one.zero_grad(true);
           three.zero_grad(true);
+          int gathered = 0;  // every unit, the root included, released between steps
+          for (auto& [name, t] : z3->named_parameters()) gathered += t.storage()->has_data();
           three.gather_parameters();
           double p = 0, z = std::abs(n3 - n1) / n1;
           for (auto& [name, t] : ref->named_parameters()) {
@@ -113,27 +122,30 @@ void compare(const Case& k) {
             z = std::max(z, nxd::testing::diff(w3, z1->get_parameter(name).detach()).max_abs);
           }
           three.release_parameters();
-          worst.add(p, std::abs(n3 - n0) / n0, z, resident);
+          worst.add(p, std::abs(n3 - n0) / n0, z, resident, gathered);
         }
       }))
     return;                // under an MPI world smaller than `world`
   if (!worst.ran) return;  // a process outside the first `world` of an MPI run
   const int dp = k.world / k.tp;
   std::printf(
-      "    [world %d, tp %d, %s, buckets %lld B, reshard %d, recompute %d] ZeRO-3 vs plain DP: "
-      "parameters %.3g, norm %.3g; vs ZeRO-1: largest difference %.3g; parameters held "
-      "between steps %.3f of the model (1/DP %.3f)\n",
+      "    [world %d, tp %d, %s, buckets %lld B, reshard %d, recompute %d, tied %d] ZeRO-3 vs "
+      "plain "
+      "DP: parameters %.3g, norm %.3g; vs ZeRO-1: largest difference %.3g; parameters held "
+      "between steps %.4f of the model (1/DP %.4f), %d of them gathered\n",
       k.world, k.tp, grad_sync_mode_name(k.mode), static_cast<long long>(k.bucket_bytes),
-      k.reshard_after_forward, k.recompute, worst.param, worst.norm, worst.vs_zero1, worst.resident,
-      1.0 / dp);
+      k.reshard_after_forward, k.recompute, k.tied, worst.param, worst.norm, worst.vs_zero1,
+      worst.resident, 1.0 / dp, worst.gathered_between_steps);
   EXPECT_LE(worst.param, 1e-6);
   EXPECT_LE(worst.norm, 1e-6);
   if (k.bucket_bytes == 1)
     EXPECT_EQ(worst.vs_zero1, 0.0);
   else
     EXPECT_LE(worst.vs_zero1, 1e-6);
-  // the embedding and the final norm (no unit) stay whole; the layers are 1/DP
-  EXPECT_LT(worst.resident, 0.5 + 0.5 / dp);
+  // every parameter, the root's (embedding, final norm, head) included, is held as its 1/DP shard
+  // (plus its bucket's padding, less than DP elements a bucket) and released between steps
+  EXPECT_LT(worst.resident, 1.0 / dp + 0.01);
+  EXPECT_EQ(worst.gathered_between_steps, 0);
 }
 
 }  // namespace
@@ -142,6 +154,14 @@ TEST(Zero3, MatchesZero1AndPlainDpAtDp2AndDp4) {
   compare({.world = 2, .mode = GradSyncMode::at_step});
   compare({.world = 4, .mode = GradSyncMode::overlap});
   compare({.world = 4, .mode = GradSyncMode::overlap, .bucket_bytes = 1 << 14});
+}
+
+// Tied embeddings: the root's one weight is read by the embedding at the forward's start and by
+// the head at its end, and gets its gradient from both (the head's first in backward).
+TEST(Zero3, RootUnitWithTiedEmbeddings) {
+  compare({.world = 2, .mode = GradSyncMode::at_step, .tied = true});
+  compare({.world = 4, .mode = GradSyncMode::overlap, .tied = true});
+  compare({.world = 4, .tp = 2, .mode = GradSyncMode::overlap, .tied = true});
 }
 
 TEST(Zero3, MatchesZero1AndPlainDpWithTensorParallelism) {
@@ -191,4 +211,61 @@ TEST(Zero3, ASecondOptimizerOverTheSameModelTakesItsWeightsBack) {
 TEST(Zero3, KeepsParametersFromForwardToBackwardAndComposesWithRecomputation) {
   compare({.world = 2, .mode = GradSyncMode::overlap, .reshard_after_forward = false});
   compare({.world = 2, .mode = GradSyncMode::overlap, .recompute = true});
+}
+
+// Between steps, forwards without a graph read the root's weights: a validation loss and logits
+// give ZeRO-1's results bitwise and leave every parameter released, as do generation with the KV
+// cache and reading the weights inside WholeParameters.
+TEST(Zero3, RootUnitServesForwardsWithoutAGraphAndLeavesThemReleased) {
+  int gathered = 0;
+  double worst = 0;
+  std::mutex mu;
+  nxd::testing::run_ranks(2, [&] {
+    parallel_state::initialize_model_parallel(1);
+    const ModelConfig c = nxd::testing::tiny_gqa_llama(2);
+    auto z1 = make_causal_lm(c, 5), z3 = make_causal_lm(c, 5);
+    const Case k{.world = 2, .mode = GradSyncMode::overlap};
+    Zero1Optimizer one(default_param_groups(named(*z1), 3e-2, 0.1),
+                       options(*z1, ZeroStage::one, k));
+    Zero1Optimizer three(default_param_groups(named(*z3), 3e-2, 0.1),
+                         options(*z3, ZeroStage::three, k));
+    const int d = parallel_state::get_data_parallel_rank();
+    int g = 0;
+    double w = 0;
+    auto released = [&] {
+      for (auto& [name, t] : z3->named_parameters()) g += t.storage()->has_data();
+    };
+    for (int step = 0; step < 2; ++step) {
+      const Tensor ids = ids_for(d, step, c.vocab_size), tg = ids_for(d, 50 + step, c.vocab_size);
+      for (auto* o : {&one, &three}) {
+        backward((o == &one ? z1 : z3)->loss(ids, tg));
+        o->clip_grad_norm(0.5);
+        o->step();
+        o->zero_grad(true);
+      }
+      released();
+      NoGradGuard ng;
+      w = std::max(w, nxd::testing::diff(z3->loss(ids, tg), z1->loss(ids, tg)).max_abs);
+      w = std::max(w, nxd::testing::diff(z3->forward(ids), z1->forward(ids)).max_abs);
+      released();
+      {  // the KV-cache path runs the layers outside their units: generation needs them whole
+        const WholeParameters whole({z3.get()});
+        const GenerateOptions go{.max_new_tokens = 4, .temperature = 0};
+        const std::vector<int64_t> prompt = {1, 2, 3};
+        w = std::max(w, z3->generate(prompt, go) == z1->generate(prompt, go) ? 0.0 : 1.0);
+        for (auto& [name, t] : z1->named_parameters())
+          w = std::max(w, nxd::testing::diff(z3->get_parameter(name).detach(), t.detach()).max_abs);
+      }
+      released();
+    }
+    std::lock_guard<std::mutex> l(mu);
+    gathered = std::max(gathered, g);
+    worst = std::max(worst, w);
+  });
+  std::printf(
+      "    ZeRO-3 vs ZeRO-1 without a graph (loss, logits, generation, the weights): largest "
+      "difference %.3g; parameters left gathered %d\n",
+      worst, gathered);
+  EXPECT_EQ(worst, 0.0);
+  EXPECT_EQ(gathered, 0);
 }
