@@ -41,21 +41,15 @@ std::vector<optim::NamedParam> in_model_order(const NxDModel& model, const optim
 }
 
 // ZeRO-3's units: the decoder layers of the model's DecoderStack (their forward runs through
-// run_param_unit); the combinations it does not support are a ConfigError naming both keys.
-std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, int ep) {
+// run_param_unit), sharded over DP x CP; the combinations it does not support are a ConfigError
+// naming both keys.
+std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model) {
   const char* stage = "[NxDOptimizer] optimizer_config.zero_stage=3";
   NXD_CHECK_T(ConfigError, !model.is_pipeline(), stage,
               " with pipeline_parallel_size=", cfg.pipeline_parallel_size,
               " is not supported (docs/design/fsdp.md)");
-  NXD_CHECK_T(ConfigError, cfg.context_parallel_size == 1, stage,
-              " with context_parallel_size=", cfg.context_parallel_size,
-              " is not supported (docs/design/fsdp.md)");
-  NXD_CHECK_T(ConfigError, ep == 1, stage, " with expert_parallel_size=", ep,
-              " is not supported (docs/design/fsdp.md)");
   std::vector<Module*> units;
   for (Module* m : model.local_modules()) {
-    NXD_CHECK_T(ConfigError, moe_layers(*m).empty(), stage,
-                " with a mixture-of-experts model is not supported (docs/design/fsdp.md)");
     for (auto& [name, sub] : m->named_modules())
       if (const auto* stack = dynamic_cast<const DecoderStack*>(sub))
         for (const auto& l : stack->layers()) units.push_back(l.get());
@@ -63,6 +57,17 @@ std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, in
   NXD_CHECK_T(ConfigError, !units.empty(), stage,
               " needs a model whose decoder layers are ZeRO-3 units (a DecoderStack's); this "
               "model has none");
+  return units;
+}
+
+// ZeRO-3 with expert parallelism: each MoE layer's experts, a unit nested in its layer's (in
+// forward order), sharded by the experts' optimizer over expert-DP while the layer's unit holds
+// the dense parameters over DP x CP. At EP 1 the experts are dense parameters of the layer's unit.
+std::vector<Module*> zero3_expert_units(const std::vector<Module*>& layers, int ep) {
+  std::vector<Module*> units;
+  if (ep > 1)
+    for (Module* l : layers)
+      for (Module* e : moe_expert_modules(*l)) units.push_back(e);
   return units;
 }
 
@@ -103,7 +108,7 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
   const optim::ZeroStage stage = cfg_.optimizer_config.stage();
   const std::vector<Module*> units =
-      stage == optim::ZeroStage::three ? zero3_units(cfg_, model_, ep) : std::vector<Module*>{};
+      stage == optim::ZeroStage::three ? zero3_units(cfg_, model_) : std::vector<Module*>{};
   const bool zero1 = stage != optim::ZeroStage::none;
   NXD_CHECK_T(
       ConfigError, zero1 || !cfg_.optimizer_config.optimizer_offload,
@@ -143,6 +148,7 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     zo.stage = stage;
     zo.units = units;
+    if (!experts.empty()) zo.expert_units = zero3_expert_units(units, ep);
     zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;
     zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host
                                                            : optim::StatePlacement::device;

@@ -202,6 +202,9 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   Impl& I = *impl_;
   I.rule = rule_of(opts);
   I.opts = std::move(opts);
+  // sharded by an earlier ZeRO-3 optimizer: whole again (before the experts' optimizer below sets
+  // the units of the experts nested in these)
+  remove_param_units(I.opts.units);
   NXD_CHECK(
       I.rule.update != nullptr && I.rule.state.size() <= static_cast<size_t>(kMaxElementwiseState),
       "[Zero1Optimizer] ", kind_, "'s elementwise rule needs an update and at most ",
@@ -239,11 +242,10 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   NXD_CHECK(I.opts.stage != ZeroStage::none, "[Zero1Optimizer] stage must be 1, 2 or 3, got ",
             zero_stage_name(I.opts.stage));
   const bool three = I.opts.stage == ZeroStage::three;
-  remove_param_units(I.opts.units);  // sharded by an earlier ZeRO-3 optimizer: whole again
-  NXD_CHECK(!three || I.opts.expert_params.empty(),
-            "[Zero1Optimizer] stage 3 does not shard expert-parallel parameters");
-  NXD_CHECK(three || I.opts.units.empty(), "[Zero1Optimizer] units are for stage 3, got stage ",
-            zero_stage_name(I.opts.stage));
+  NXD_CHECK(I.opts.expert_units.empty() || !I.opts.expert_params.empty(),
+            "[Zero1Optimizer] expert_units without expert_params");
+  NXD_CHECK(three || (I.opts.units.empty() && I.opts.expert_units.empty()),
+            "[Zero1Optimizer] units are for stage 3, got stage ", zero_stage_name(I.opts.stage));
   // stage three: each parameter's unit (1 + its index in opts.units; 0: none)
   std::vector<int> unit_of;
   if (three) {
@@ -583,10 +585,12 @@ void Zero1Optimizer::scatter_state() {
 
 void Zero1Optimizer::gather_parameters() {
   for (auto& u : impl_->units) u->materialize();
+  if (experts_) experts_->gather_parameters();
 }
 
 void Zero1Optimizer::release_parameters() {
   for (auto& u : impl_->units) u->write_back_and_release();
+  if (experts_) experts_->release_parameters();
 }
 
 int64_t Zero1Optimizer::resident_parameter_bytes() const {

@@ -65,6 +65,9 @@
 // learning rates and weight decays of the groups apply to both. sharded_state() lists the dense
 // parameters, then the experts: the DP files of a checkpoint still tile every state tensor once
 // (an expert's pieces are in the files of its expert-DP group's ranks), so it loads at any EP.
+// At stage three the experts' optimizer shards the experts' parameters over expert-DP, one unit
+// per MoE layer's experts (Zero1Options::expert_units), while the layer's unit holds the rest of
+// the layer, sharded over DP (x CP): docs/design/fsdp.md, "Composition".
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -113,6 +116,10 @@ struct Zero1Options {
   // holds one unit's parameters. Parameters of no unit stay gathered as at stage two (FSDP's
   // root unit).
   std::vector<Module*> units;
+  // Stage three with expert_params: the experts' units (each MoE layer's `experts` module, nested
+  // in its layer's unit of `units`), sharded by the experts' optimizer over expert_dp_group and
+  // gathered by run_param_unit inside the MoE layer's forward (layers/moe/moe.h).
+  std::vector<Module*> expert_units;
   // Stage three: release a unit's parameters after its forward and gather them again for its
   // backward (FSDP's default); false keeps them from the forward to the end of the backward.
   bool reshard_after_forward = true;

@@ -276,13 +276,6 @@ void check_zero3(Resolver& r, const DistributedSection& ds, const ModelConfig& m
     r.fail(stage, " with distributed_strategy.pipeline_model_parallel_size=",
            ds.pipeline_model_parallel_size,
            " is not supported: a pipeline stage's layers run without ZeRO-3's units");
-  if (ds.context_parallel_size > 1)
-    r.fail(stage, " with distributed_strategy.context_parallel_size=", ds.context_parallel_size,
-           " is not supported (not tested); use zero_stage 2");
-  if (ds.expert_model_parallel_size > 1 || m.moe.enabled())
-    r.fail(stage, " with model.moe (distributed_strategy.expert_model_parallel_size=",
-           ds.expert_model_parallel_size,
-           ") is not supported: ZeRO-3 does not shard the experts; use zero_stage 2");
 }
 
 // Expert parallelism and MoE against the other strategies (every impossible combination named).

@@ -90,16 +90,22 @@ int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
   return most;
 }
 
-// ZeRO-3's units: the decoder layers of the meta model's chunks, and each parameter's unit.
+// ZeRO-3's units, and each parameter's unit: the decoder layers of the meta model's chunks; for
+// the experts' group (EP > 1) each MoE layer's experts, as NxDOptimizer shards them.
 std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g) {
   std::vector<Module*> units;
   std::unordered_map<const TensorImpl*, int> of;
+  auto add = [&](Module* u) {
+    units.push_back(u);
+    for (const Tensor& t : u->parameters()) of.emplace(t.impl(), static_cast<int>(units.size()));
+  };
   for (const auto& c : mm.chunks)
     if (const DecoderStack* s = c->decoder_stack())
       for (const auto& l : s->layers()) {
-        units.push_back(l.get());
-        for (const Tensor& t : l->parameters())
-          of.emplace(t.impl(), static_cast<int>(units.size()));
+        if (!g.experts)
+          add(l.get());
+        else
+          for (Module* e : moe_expert_modules(*l)) add(e);
       }
   for (const auto& p : g.params)
     g.unit_of.push_back(of.count(p.param.impl()) ? of.at(p.param.impl()) : 0);

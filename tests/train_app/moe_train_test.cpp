@@ -21,6 +21,7 @@
 #include "nxd/io/safetensors.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/optim/zero1.h"
 #include "nxd/train_app/config.h"
 #include "nxd/train_app/train.h"
@@ -78,6 +79,93 @@ TEST(MoeTrain, Zero2WithExpertParallelMatchesOneRank) {
   c1.optimizer_config = c.optimizer_config;
   c1.optimizer_config.zero_stage = optim::ZeroStage::none;
   expect_matches(train(1, c1, 4), train(4, c, 4), "ZeRO-2 EP2 TP1 DP4 clipped");
+}
+
+// ZeRO-3 (optimizer_config.zero_stage 3): each decoder layer a unit over DP; at EP 2 each MoE
+// layer's experts a unit of their own, nested in the layer's, sharded by the experts' optimizer
+// over expert-DP; at EP 1 (MoE without EP) the experts are dense parameters of the layer's unit.
+// Clipped, one parameter per bucket (the bucket layout of every stage alike): every loss, norm and
+// final parameter is stage 1's and stage 2's bitwise, and one rank's within 1e-6.
+TEST(MoeTrain, Zero3WithAndWithoutExpertParallelMatchesStages1And2AndOneRank) {
+  for (const int ep : {2, 1}) {
+    NxDConfig c = sizes(1, ep);
+    c.grad_bucket_mb = 1e-6;
+    c.optimizer_config.grad_clipping = true;
+    c.optimizer_config.max_grad_norm = 0.05;
+    auto at = [&](optim::ZeroStage s) {
+      c.optimizer_config.zero_stage = s;
+      return train(4, c, 4);
+    };
+    const Trace three = at(optim::ZeroStage::three), two = at(optim::ZeroStage::two),
+                one_ = at(optim::ZeroStage::one);
+    NxDConfig c1;
+    c1.optimizer_config = c.optimizer_config;
+    c1.optimizer_config.zero_stage = optim::ZeroStage::none;
+    const Trace single = train(1, c1, 4);
+    const std::string what = "ZeRO-3 EP" + std::to_string(ep) + " TP1 DP4 clipped";
+    expect_bitwise(one_, three, what + " vs ZeRO-1");
+    expect_bitwise(two, three, what + " vs ZeRO-2");
+    expect_matches(single, three, what);
+    if (!single.losses.empty()) {  // (under mpirun: the first process)
+      EXPECT_LE(nxd::testing::worst_rel(three.losses, single.losses), 1e-6) << what;
+      EXPECT_LE(nxd::testing::worst_rel(three.norms, single.norms), 1e-6) << what;
+    }
+  }
+}
+
+// ZeRO-3 at EP 2 x DP 4 really shards the experts: between steps every MoE layer's experts module
+// holds a unit whose weights have no memory (released), as do the layers' dense weights; inside
+// WholeParameters they are back, and a rank holds 1/expert-DP (1/2) of its experts' weights.
+TEST(MoeTrain, Zero3ReleasesTheExpertsBetweenSteps) {
+  nxd::testing::run_ranks(4, [&] {
+    NxDConfig want = sizes(1, 2);
+    want.optimizer_config.zero_stage = optim::ZeroStage::three;
+    MoeRun r = moe_run(neuronx_distributed_config(want), moe_llama(), 3);
+    train_steps(r, 2);
+    const std::vector<Module*> local = r.model->local_modules();
+    int64_t units = 0, expert_bytes = 0, released = 0, weights = 0;
+    for (Module* m : local) {
+      for (Module* e : moe_expert_modules(*m)) {
+        EXPECT_NE(e->param_unit(), nullptr);
+        units += e->param_unit() != nullptr;
+        for (const Tensor& p : e->parameters()) expert_bytes += p.nbytes();
+      }
+      for (const Tensor& p : dynamic_cast<CausalLM&>(*m).decoder_stack()->layers().parameters()) {
+        ++weights;
+        released += !p.storage()->has_data();
+      }
+    }
+    EXPECT_EQ(units, 2);  // MoE layers 0 and 2
+    EXPECT_EQ(released, weights) << "every layer weight and expert weight released";
+    {
+      const WholeParameters whole(std::vector<const Module*>(local.begin(), local.end()));
+      for (Module* m : local)
+        for (Module* e : moe_expert_modules(*m))
+          for (const Tensor& p : e->parameters()) EXPECT_TRUE(p.storage()->has_data());
+    }
+    // the experts' optimizer keeps 1/2 of them (expert-DP 2), the dense one 1/4 of the layers'
+    // other weights (each bucket padded to a multiple of 4 elements), the root unit whole
+    auto& z = dynamic_cast<optim::Zero1Optimizer&>(r.opt->inner());
+    int64_t all = 0;
+    for (const auto& p : r.model->local_named_parameters()) all += p.param.nbytes();
+    const int64_t layer_bytes = [&] {
+      int64_t n = 0;
+      for (Module* m : local)
+        for (const Tensor& p : dynamic_cast<CausalLM&>(*m).decoder_stack()->layers().parameters())
+          n += p.nbytes();
+      return n;
+    }();
+    const int64_t dense = layer_bytes - expert_bytes;
+    const int64_t expected = (all - layer_bytes) + dense / 4 + expert_bytes / 2;
+    if (current_context().rank() == 0)
+      std::printf(
+          "    ZeRO-3 EP2 x DP4: a rank holds %lld of its %lld parameter bytes (%lld without "
+          "padding; experts %lld)\n",
+          static_cast<long long>(z.resident_parameter_bytes()), static_cast<long long>(all),
+          static_cast<long long>(expected), static_cast<long long>(expert_bytes));
+    EXPECT_GE(z.resident_parameter_bytes(), expected);
+    EXPECT_LE(z.resident_parameter_bytes(), expected + 4 * 3 * weights);  // < 4 padding a bucket
+  });
 }
 
 // Full activation checkpointing: the recomputed MoE layers inject the auxiliary loss's gradient in

@@ -190,10 +190,7 @@ TEST(Zero3Train, UnsupportedCombinationsAreConfigErrorsNamingBothKeys) {
   auto d = nxd::testing::test_temp_dir("nxd_zero3_keys_");
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"distributed_strategy.pipeline_model_parallel_size",
-       {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2"}},
-      {"distributed_strategy.context_parallel_size",
-       {"backend.world_size=4", "distributed_strategy.context_parallel_size=2"}},
-      {"model.moe", {"model.moe.num_experts=4"}}};
+       {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2"}}};
   for (const auto& [key, extra] : cases) {
     auto with = extra;
     with.push_back("distributed_strategy.zero_stage=3");
@@ -202,4 +199,12 @@ TEST(Zero3Train, UnsupportedCombinationsAreConfigErrorsNamingBothKeys) {
     EXPECT_NE(e.find(key), std::string::npos) << e;
   }
   EXPECT_EQ(config_error(d, {"distributed_strategy.zero_stage=3"}), "");
+  // context parallelism and mixture of experts compose (zero3_compose_test.cpp)
+  EXPECT_EQ(config_error(d, {"backend.world_size=4", "distributed_strategy.context_parallel_size=2",
+                             "distributed_strategy.zero_stage=3"}),
+            "");
+  EXPECT_EQ(config_error(d, {"backend.world_size=4", "model.moe.num_experts=4",
+                             "distributed_strategy.expert_model_parallel_size=2",
+                             "distributed_strategy.zero_stage=3"}),
+            "");
 }
