@@ -1,6 +1,7 @@
 #pragma once
-// The AdamW update kernel shared by AdamW (optimizer.cpp) and the ZeRO-1 optimizer (zero1.cpp),
-// so both compute bitwise the same update from the same gradient. Internal to nxd_optim.
+// The AdamW update kernel shared by AdamW (optimizer.cpp) and the ZeRO-1 optimizer
+// (zero1_step.cpp), so both compute bitwise the same update from the same gradient. Internal to
+// nxd_optim.
 #include <cmath>
 #include <cstdint>
 
