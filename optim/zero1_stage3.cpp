@@ -6,10 +6,13 @@
 namespace nxd::optim {
 
 // Stage three: each unit's buckets get a persistent shard and a ShardedUnit on the unit's module;
-// their full buffers are released.
+// their full buffers are released. A sharding group of one rank (DP x CP 1; the experts' group
+// when EP = DP x CP) has nothing to shard: no unit, the parameters stay whole as at stage two (a
+// unit would only add its gathered copy beside a shard of the same size).
 void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
   NoGradGuard ng;
   pshard.assign(shards.size(), Tensor());
+  if (dp->size() == 1) return;
   for (size_t u = 0; u < opts.units.size(); ++u)
     units.push_back(std::make_shared<ShardedUnit>(dp, opts.reshard_after_forward));
   for (size_t b = 0; b < shards.size(); ++b) {

@@ -75,6 +75,7 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
                                                            std::shared_ptr<Communicator> dp,
                                                            bool reshard_after_forward) {
   std::vector<std::shared_ptr<ShardedUnit>> units;
+  if (dp->size() == 1) return units;  // nothing to shard (Zero1Optimizer builds no unit either)
   for (size_t u = 0; u < modules.size(); ++u)
     units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward));
   const std::vector<std::vector<int>> layout = sync.bucket_layout();

@@ -52,8 +52,8 @@ class ShardedUnit : public ParamUnit {
 // nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each
 // of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 0 none, as
 // given to GradSyncOptions::units) become views of a flat meta buffer [S * n], released, beside a
-// meta shard [S]; each module gets its unit. `dp`: the sharding group (the GradSync's). The other
-// parameters are left as they are.
+// meta shard [S]; each module gets its unit. `dp`: the sharding group (the GradSync's); of one
+// rank: no unit (as Zero1Optimizer). The other parameters are left as they are.
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
                                                            const std::vector<int>& unit_of,
                                                            const std::vector<Module*>& modules,

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "moe_train_util.h"
 #include "nxd/api/nxd_api.h"
@@ -115,57 +116,59 @@ TEST(MoeTrain, Zero3WithAndWithoutExpertParallelMatchesStages1And2AndOneRank) {
 
 // ZeRO-3 at EP 2 x DP 4 really shards the experts: between steps every MoE layer's experts module
 // holds a unit whose weights have no memory (released), as do the layers' dense weights; inside
-// WholeParameters they are back, and a rank holds 1/expert-DP (1/2) of its experts' weights.
+// WholeParameters they are back, and a rank holds 1/expert-DP (1/2) of its experts' weights. At
+// EP 4 x DP 4 the expert-DP group is one rank: nothing to shard, no expert unit, the experts whole
+// (a unit would hold its gathered copy beside a shard as large).
 TEST(MoeTrain, Zero3ReleasesTheExpertsBetweenSteps) {
-  nxd::testing::run_ranks(4, [&] {
-    NxDConfig want = sizes(1, 2);
-    want.optimizer_config.zero_stage = optim::ZeroStage::three;
-    MoeRun r = moe_run(neuronx_distributed_config(want), moe_llama(), 3);
-    train_steps(r, 2);
-    const std::vector<Module*> local = r.model->local_modules();
-    int64_t units = 0, expert_bytes = 0, released = 0, weights = 0;
-    for (Module* m : local) {
-      for (Module* e : moe_expert_modules(*m)) {
-        EXPECT_NE(e->param_unit(), nullptr);
-        units += e->param_unit() != nullptr;
-        for (const Tensor& p : e->parameters()) expert_bytes += p.nbytes();
+  for (const int ep : {2, 4})
+    nxd::testing::run_ranks(4, [&] {
+      NxDConfig want = sizes(1, ep);
+      want.optimizer_config.zero_stage = optim::ZeroStage::three;
+      MoeRun r = moe_run(neuronx_distributed_config(want), moe_llama(), 3);
+      train_steps(r, 2);
+      const std::vector<Module*> local = r.model->local_modules();
+      const int edp = 4 / ep;  // the expert-data-parallel size
+      int64_t units = 0, expert_bytes = 0, layer_bytes = 0, released = 0, expected_released = 0;
+      for (Module* m : local) {
+        std::set<const TensorImpl*> expert;
+        for (Module* e : moe_expert_modules(*m)) {
+          units += e->param_unit() != nullptr;
+          for (const Tensor& p : e->parameters()) {
+            expert_bytes += p.nbytes();
+            expert.insert(p.impl());
+          }
+        }
+        for (const Tensor& p : dynamic_cast<CausalLM&>(*m).decoder_stack()->layers().parameters()) {
+          layer_bytes += p.nbytes();
+          expected_released += edp > 1 || !expert.count(p.impl());
+          released += !p.storage()->has_data();
+        }
       }
-      for (const Tensor& p : dynamic_cast<CausalLM&>(*m).decoder_stack()->layers().parameters()) {
-        ++weights;
-        released += !p.storage()->has_data();
+      EXPECT_EQ(units, edp > 1 ? 2 : 0) << "EP " << ep;  // MoE layers 0 and 2
+      EXPECT_EQ(released, expected_released) << "EP " << ep;
+      {
+        const WholeParameters whole(std::vector<const Module*>(local.begin(), local.end()));
+        for (Module* m : local)
+          for (Module* e : moe_expert_modules(*m))
+            for (const Tensor& p : e->parameters()) EXPECT_TRUE(p.storage()->has_data());
       }
-    }
-    EXPECT_EQ(units, 2);  // MoE layers 0 and 2
-    EXPECT_EQ(released, weights) << "every layer weight and expert weight released";
-    {
-      const WholeParameters whole(std::vector<const Module*>(local.begin(), local.end()));
-      for (Module* m : local)
-        for (Module* e : moe_expert_modules(*m))
-          for (const Tensor& p : e->parameters()) EXPECT_TRUE(p.storage()->has_data());
-    }
-    // the experts' optimizer keeps 1/2 of them (expert-DP 2), the dense one 1/4 of the layers'
-    // other weights (each bucket padded to a multiple of 4 elements), the root unit whole
-    auto& z = dynamic_cast<optim::Zero1Optimizer&>(r.opt->inner());
-    int64_t all = 0;
-    for (const auto& p : r.model->local_named_parameters()) all += p.param.nbytes();
-    const int64_t layer_bytes = [&] {
-      int64_t n = 0;
-      for (Module* m : local)
-        for (const Tensor& p : dynamic_cast<CausalLM&>(*m).decoder_stack()->layers().parameters())
-          n += p.nbytes();
-      return n;
-    }();
-    const int64_t dense = layer_bytes - expert_bytes;
-    const int64_t expected = (all - layer_bytes) + dense / 4 + expert_bytes / 2;
-    if (current_context().rank() == 0)
-      std::printf(
-          "    ZeRO-3 EP2 x DP4: a rank holds %lld of its %lld parameter bytes (%lld without "
-          "padding; experts %lld)\n",
-          static_cast<long long>(z.resident_parameter_bytes()), static_cast<long long>(all),
-          static_cast<long long>(expected), static_cast<long long>(expert_bytes));
-    EXPECT_GE(z.resident_parameter_bytes(), expected);
-    EXPECT_LE(z.resident_parameter_bytes(), expected + 4 * 3 * weights);  // < 4 padding a bucket
-  });
+      // the experts' optimizer keeps 1/expert-DP of them, the dense one 1/4 of the layers' other
+      // weights (each bucket padded to a multiple of the group's size), the root unit whole
+      auto& z = dynamic_cast<optim::Zero1Optimizer&>(r.opt->inner());
+      int64_t all = 0;
+      for (const auto& p : r.model->local_named_parameters()) all += p.param.nbytes();
+      const int64_t dense = layer_bytes - expert_bytes;
+      const int64_t expected = (all - layer_bytes) + dense / 4 + expert_bytes / edp;
+      if (current_context().rank() == 0)
+        std::printf(
+            "    ZeRO-3 EP%d x DP4: a rank holds %lld of its %lld parameter bytes (%lld without "
+            "padding; experts %lld)\n",
+            ep, static_cast<long long>(z.resident_parameter_bytes()), static_cast<long long>(all),
+            static_cast<long long>(expected), static_cast<long long>(expert_bytes));
+      EXPECT_GE(z.resident_parameter_bytes(), expected) << "EP " << ep;
+      EXPECT_LE(z.resident_parameter_bytes(), expected + 4 * 3 * expected_released)
+          << "EP " << ep;  // < 4 elements of padding a bucket
+    });
 }
 
 // Full activation checkpointing: the recomputed MoE layers inject the auxiliary loss's gradient in

@@ -1,9 +1,11 @@
 // ZeRO-3 (distributed_strategy.zero_stage=3) through nxd-train with context parallelism and with
-// mixture-of-experts models (docs/design/fsdp.md, "Composition"): 20 clipped steps at CP 2 x DP 2
-// and of a Mixtral at EP 1 x DP 4 and EP 2 x DP 4 give stage 1's losses bitwise (one parameter per
-// bucket: the same bucket layout) and plain DP's and one rank's within 1e-6; the allocator's HBM
-// peak per rank of stages 1 and 3 is printed; a stage-3 Mixtral checkpoint at EP 2 x DP 4
-// resumes at stages 1 and 3 as the uninterrupted run, bitwise.
+// mixture-of-experts models (docs/design/fsdp.md, "Composition"): 20 clipped steps at CP 2 x DP 2,
+// CP 2 x TP 2 (SP) and of a Mixtral at EP 1 x DP 4, EP 2 x DP 4 (also with full recomputation and
+// without reshard_after_forward) and EP 2 x TP 2 (SP) x DP 2 give stage 1's and stage 2's losses
+// bitwise (one parameter per bucket: the same bucket layout) and plain DP's and one rank's within
+// 1e-6; the allocator's HBM peak per rank of every stage is printed, and on an 8-layer Mixtral
+// stage 3's is below stage 1's; a stage-3 Mixtral checkpoint at EP 2 x DP 4 resumes at stages 1
+// and 3 as the uninterrupted run, bitwise.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -50,7 +52,7 @@ void expect_stage3_matches(const fs::path& d, const std::string& name,
     return nxd::testing::train_rows(d, name + "_" + std::to_string(s),
                                     with(layout, {kBucketPerParam, stage(s)}), layers);
   };
-  const Out plain = at(0), one = at(1), three = at(3);
+  const Out plain = at(0), one = at(1), two = at(2), three = at(3);
   ASSERT_EQ(three.rows.loss.size(), 20u) << name;
   const double w1 = worst_rel(three.rows.loss, one.rows.loss);
   const double wn1 = worst_rel(three.rows.grad_norm, one.rows.grad_norm);
@@ -60,9 +62,11 @@ void expect_stage3_matches(const fs::path& d, const std::string& name,
   const double wns = worst_rel(three.rows.grad_norm, single.rows.grad_norm);
   std::printf(
       "    [%s] ZeRO-3 vs ZeRO-1: losses %.3g, norms %.3g; vs plain DP %.3g, %.3g; vs one rank "
-      "%.3g, %.3g; HBM peak per rank plain %.3f, ZeRO-1 %.3f, ZeRO-3 %.3f MiB\n",
+      "%.3g, %.3g; HBM peak per rank plain %.3f, ZeRO-1 %.3f, ZeRO-2 %.3f, ZeRO-3 %.3f MiB\n",
       name.c_str(), w1, wn1, w0, wn0, ws, wns, mib(plain.result.hbm_peak_bytes),
-      mib(one.result.hbm_peak_bytes), mib(three.result.hbm_peak_bytes));
+      mib(one.result.hbm_peak_bytes), mib(two.result.hbm_peak_bytes),
+      mib(three.result.hbm_peak_bytes));
+  EXPECT_EQ(worst_rel(two.rows.loss, one.rows.loss), 0.0) << name;
   EXPECT_EQ(w1, 0.0) << name << ": ZeRO-3 is bitwise ZeRO-1 with its buckets";
   EXPECT_EQ(wn1, 0.0) << name;
   EXPECT_LE(w0, 1e-6) << name;
@@ -73,26 +77,39 @@ void expect_stage3_matches(const fs::path& d, const std::string& name,
 
 }  // namespace
 
-// Context parallelism: the layers sharded over the DP x CP group (4 ranks at CP 2 x DP 2).
+// Context parallelism: the layers sharded over the DP x CP group (4 ranks at CP 2 x DP 2; 2 at
+// CP 2 x TP 2 with SP, whose sums make the reduction wait for the step).
 TEST(Zero3Compose, ContextParallelMatchesStage1BitwiseAndOneRank) {
   auto d = nxd::testing::test_temp_dir("nxd_zero3_cp_");
   const Out single = nxd::testing::train_rows(d, "one", {"backend.world_size=1"}, 3);
   expect_stage3_matches(d, "cp2 x dp2",
                         {"backend.world_size=4", "distributed_strategy.context_parallel_size=2"},
                         single, 3);
+  expect_stage3_matches(d, "cp2 x tp2 sp",
+                        {"backend.world_size=4", "distributed_strategy.context_parallel_size=2",
+                         "distributed_strategy.tensor_model_parallel_size=2",
+                         "distributed_strategy.sequence_parallel=true"},
+                        single, 3);
 }
 
 // A Mixtral without expert parallelism (its experts dense parameters of the layers' units) and at
-// EP 2 (each layer's experts a unit of their own over expert-DP, nested in the layer's).
+// EP 2 (each layer's experts a unit of their own over expert-DP, nested in the layer's), also
+// with full activation checkpointing (the nested unit gathered inside the recomputation), without
+// reshard_after_forward, and at EP 2 x TP 2 (SP: every expert split over TP, then sharded).
 TEST(Zero3Compose, MixtralAtExpertParallelOneAndTwoMatchesStage1BitwiseAndOneRank) {
   auto d = nxd::testing::test_temp_dir("nxd_zero3_moe_");
   const Out single = nxd::testing::train_rows(d, "one", with(kMixtral, {"backend.world_size=1"}));
-  for (const int ep : {1, 2})
-    expect_stage3_matches(
-        d, "mixtral ep" + std::to_string(ep) + " x dp4",
-        with(kMixtral, {"backend.world_size=4",
-                        "distributed_strategy.expert_model_parallel_size=" + std::to_string(ep)}),
-        single, 2);
+  const std::string ep2 = "distributed_strategy.expert_model_parallel_size=2";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
+      {"mixtral ep1 x dp4", {"distributed_strategy.expert_model_parallel_size=1"}},
+      {"mixtral ep2 x dp4", {ep2}},
+      {"mixtral ep2 x dp4 full recompute", {ep2, "model.activations_checkpoint_granularity=full"}},
+      {"mixtral ep2 x dp4 no reshard", {ep2, "distributed_strategy.reshard_after_forward=false"}},
+      {"mixtral ep2 x tp2 sp x dp2",
+       {ep2, "distributed_strategy.tensor_model_parallel_size=2",
+        "distributed_strategy.sequence_parallel=true"}}};
+  for (const auto& [name, keys] : layouts)
+    expect_stage3_matches(d, name, with(with(kMixtral, {"backend.world_size=4"}), keys), single, 2);
 }
 
 // A stage-3 checkpoint of a Mixtral at EP 2 x DP 4 (the model written whole from the gathered
@@ -139,12 +156,12 @@ TEST(Zero3Compose, MixtralHbmPeakAtStage3IsBelowStage1) {
               "trainer.max_steps=3", stage(s)}),
         8);
   };
-  const Out plain = at(0), one = at(1), three = at(3);
+  const Out plain = at(0), one = at(1), two = at(2), three = at(3);
   std::printf(
       "    Mixtral EP2 x DP4 (8 layers, hidden 128, 4 experts): HBM peak per rank plain %.3f, "
-      "ZeRO-1 %.3f, ZeRO-3 %.3f MiB (%.3fx ZeRO-1's)\n",
+      "ZeRO-1 %.3f, ZeRO-2 %.3f, ZeRO-3 %.3f MiB (%.3fx ZeRO-1's)\n",
       mib(plain.result.hbm_peak_bytes), mib(one.result.hbm_peak_bytes),
-      mib(three.result.hbm_peak_bytes),
+      mib(two.result.hbm_peak_bytes), mib(three.result.hbm_peak_bytes),
       static_cast<double>(three.result.hbm_peak_bytes) /
           static_cast<double>(one.result.hbm_peak_bytes));
   EXPECT_LE(worst_rel(three.rows.loss, one.rows.loss), 1e-6);
