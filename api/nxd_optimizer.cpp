@@ -137,7 +137,12 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.norm_params = norm_params_;
     zo.registration_order = order;
     zo.bucket_bytes = bucket;
-    zo.mode = moe ? optim::GradSyncMode::at_step : mode;
+    // ZeRO-3 with MoE: each unit's buckets go out as its backward releases it, at the same point
+    // on every rank whatever the routing (and the experts' between the exchanges, in the same
+    // order on every rank), so they may overlap the backward
+    const bool three = stage == optim::ZeroStage::three;
+    zo.mode = moe && !three ? optim::GradSyncMode::at_step : mode;
+    zo.unit_launch = moe ? optim::UnitLaunch::at_release : optim::UnitLaunch::when_complete;
     // expert parallelism: NxD's second ZeRO-1 optimizer, over the expert-DP group
     zo.expert_params = experts;
     zo.registration_order.insert(zo.registration_order.end(), experts.begin(), experts.end());

@@ -138,12 +138,14 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   GradSyncOptions go;
   go.storage = I.opts.stage == ZeroStage::one ? GradStorage::buckets : GradStorage::shard_only;
   go.units = unit_of;
+  go.unit_launch = I.opts.unit_launch;
   go.bucket_bytes = I.opts.bucket_bytes;
   go.mode = I.opts.mode;
   go.group = I.dp;
   go.reduction = DpReduction::reduce_scatter;
   go.fp32_grad_acc = I.opts.fp32_grad_acc;
   I.sync = std::make_unique<GradSync>(order, go);
+  if (experts_) I.sync->link_sync(experts_->grad_sync());  // no_sync() covers the experts too
   lay_out(I, group_of);
   I.flatten_params();
   if (three) I.build_units(unit_of);

@@ -123,6 +123,9 @@ struct Zero1Options {
   // Stage three: release a unit's parameters after its forward and gather them again for its
   // backward (FSDP's default); false keeps them from the forward to the end of the backward.
   bool reshard_after_forward = true;
+  // Stage three in overlap mode: when a unit's buckets go out (GradSyncOptions::unit_launch;
+  // at_release for mixture of experts).
+  UnitLaunch unit_launch = UnitLaunch::when_complete;
   // host: optimizer offload: the state and masters of the shard (and the step's f32 working copy)
   // are host memory, charged to the rank's host counter (runtime/host_memory.h), not its HBM.
   StatePlacement placement = StatePlacement::device;

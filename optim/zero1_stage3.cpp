@@ -29,6 +29,7 @@ void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
   for (size_t u = 0; u < units.size(); ++u) {
     units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
                              u + 1 < units.size() ? units[u + 1] : nullptr);
+    units[u]->set_on_backward_release(sync->unit_release_callback(static_cast<int>(u) + 1));
     units[u]->release(UnitPass::forward);
     opts.units[u]->set_param_unit(units[u]);
   }

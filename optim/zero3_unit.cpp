@@ -56,6 +56,7 @@ void ShardedUnit::release(UnitPass pass) {
   wait();
   for (Tensor& f : full_) f.storage()->release_data();
   state_ = State::released;
+  if (pass == UnitPass::backward && on_backward_release_) on_backward_release_();
 }
 
 void ShardedUnit::write_back_and_release() {
@@ -99,6 +100,7 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
   for (size_t u = 0; u < units.size(); ++u) {
     units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
                              u + 1 < units.size() ? units[u + 1] : nullptr);
+    units[u]->set_on_backward_release(sync.unit_release_callback(static_cast<int>(u) + 1));
     units[u]->release(UnitPass::forward);
     modules[u]->set_param_unit(units[u]);
   }

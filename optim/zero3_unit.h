@@ -7,6 +7,7 @@
 // the next unit's all-gather (non-blocking, on the DP group's stream), in backward the previous
 // unit's, so the next gather of the pass overlaps this unit's compute (FSDP's forward and
 // backward prefetch): at most two units are gathered at a time.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -23,6 +24,9 @@ class ShardedUnit : public ParamUnit {
   void add_bucket(Tensor full, Tensor shard);
   // The units before and after this one in forward order (prefetch targets).
   void set_neighbours(std::weak_ptr<ShardedUnit> prev, std::weak_ptr<ShardedUnit> next);
+  // Called once the unit's backward is done, as it releases (GradSync::unit_release_callback:
+  // UnitLaunch::at_release launches its buckets there).
+  void set_on_backward_release(std::function<void()> f) { on_backward_release_ = std::move(f); }
 
   void gather(UnitPass pass) override;
   void release(UnitPass pass) override;
@@ -47,6 +51,7 @@ class ShardedUnit : public ParamUnit {
   std::vector<Work> work_;
   State state_ = State::gathered;  // the buffers start full (the optimizer releases them)
   std::weak_ptr<ShardedUnit> prev_, next_;
+  std::function<void()> on_backward_release_;
 };
 
 // nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each

@@ -75,11 +75,11 @@ int64_t zero1_state(const TrainConfig& cfg, const api::ResolvedPrecision& rp,
 }
 
 // Whether nxd-train's ZeRO-3 buckets go out during backward with one microbatch a step (no
-// pipeline, no sequence-parallel sums before the reduction, no mixture of experts).
+// pipeline, no sequence-parallel sums before the reduction; with mixture of experts each unit's
+// as its backward releases it).
 bool overlaps(const TrainConfig& cfg) {
   return cfg.grad_accum_steps == 1 && cfg.dist.pipeline_model_parallel_size == 1 &&
-         !(cfg.dist.sequence_parallel && cfg.dist.tensor_model_parallel_size > 1) &&
-         !cfg.model.moe.enabled();
+         !(cfg.dist.sequence_parallel && cfg.dist.tensor_model_parallel_size > 1);
 }
 
 // ZeRO-2: the bytes of the largest bucket buffer (padded to n shards).
@@ -147,6 +147,7 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
         // so its .grads are freed bucket by bucket; the plan's measured backward does the same
         // when the step has one microbatch (with more, the full .grads accumulate first)
         if (overlaps(cfg)) go.mode = optim::GradSyncMode::overlap;
+        if (cfg.model.moe.enabled()) go.unit_launch = optim::UnitLaunch::at_release;
       }
       g.sync = std::make_unique<optim::GradSync>(g.params, go);
       if (zero2 || (zero3 && go.mode == optim::GradSyncMode::at_step))

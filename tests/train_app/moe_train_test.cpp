@@ -118,14 +118,23 @@ TEST(MoeTrain, Zero3WithAndWithoutExpertParallelMatchesStages1And2AndOneRank) {
 // holds a unit whose weights have no memory (released), as do the layers' dense weights; inside
 // WholeParameters they are back, and a rank holds 1/expert-DP (1/2) of its experts' weights. At
 // EP 4 x DP 4 the expert-DP group is one rank: nothing to shard, no expert unit, the experts whole
-// (a unit would hold its gathered copy beside a shard as large).
+// (a unit would hold its gathered copy beside a shard as large). The dense buckets go out during
+// the backward (each unit's as its backward releases it, UnitLaunch::at_release).
 TEST(MoeTrain, Zero3ReleasesTheExpertsBetweenSteps) {
   for (const int ep : {2, 4})
     nxd::testing::run_ranks(4, [&] {
       NxDConfig want = sizes(1, ep);
       want.optimizer_config.zero_stage = optim::ZeroStage::three;
       MoeRun r = moe_run(neuronx_distributed_config(want), moe_llama(), 3);
-      train_steps(r, 2);
+      train_steps(r, 1);
+      {  // every bucket went out during the backward (each unit's as its backward released it)
+        const int d = ps::get_data_parallel_rank();
+        r.model->run_train(shard_ids(d, 1, 700), shard_ids(d, 1, 900));
+        auto& z = dynamic_cast<optim::Zero1Optimizer&>(r.opt->inner());
+        EXPECT_EQ(z.grad_sync().launched_buckets(), z.grad_sync().num_buckets()) << "EP " << ep;
+        r.opt->step();
+        r.opt->zero_grad();
+      }
       const std::vector<Module*> local = r.model->local_modules();
       const int edp = 4 / ep;  // the expert-data-parallel size
       int64_t units = 0, expert_bytes = 0, layer_bytes = 0, released = 0, expected_released = 0;

@@ -112,6 +112,21 @@ TEST(Zero3Compose, MixtralAtExpertParallelOneAndTwoMatchesStage1BitwiseAndOneRan
     expect_stage3_matches(d, name, with(with(kMixtral, {"backend.world_size=4"}), keys), single, 2);
 }
 
+// Gradient accumulation (2 micro batches a step at EP 2 x DP 4): the first micro batch's backward
+// runs under no_sync(), the experts' buckets too (their GradSync follows the dense one's), so the
+// units launch their buckets in the last one only.
+TEST(Zero3Compose, MixtralWithAccumulationMatchesStage1BitwiseAndOneRank) {
+  auto d = nxd::testing::test_temp_dir("nxd_zero3_moe_accum_");
+  const std::vector<std::string> gb = {"data.global_batch_size=16"};
+  const Out single =
+      nxd::testing::train_rows(d, "one", with(with(kMixtral, {"backend.world_size=1"}), gb));
+  expect_stage3_matches(d, "mixtral ep2 x dp4 x 2 micro batches",
+                        with(with(kMixtral, {"backend.world_size=4",
+                                             "distributed_strategy.expert_model_parallel_size=2"}),
+                             gb),
+                        single, 2);
+}
+
 // A stage-3 checkpoint of a Mixtral at EP 2 x DP 4 (the model written whole from the gathered
 // layers and experts, ZeRO-1's optimizer shards) resumes at stages 1 and 3 as the uninterrupted
 // stage-3 run, bitwise.
