@@ -67,7 +67,9 @@
 // (an expert's pieces are in the files of its expert-DP group's ranks), so it loads at any EP.
 // At stage three the experts' optimizer shards the experts' parameters over expert-DP, one unit
 // per MoE layer's experts (Zero1Options::expert_units), while the layer's unit holds the rest of
-// the layer, sharded over DP (x CP): docs/design/fsdp.md, "Composition".
+// the layer, sharded over DP (x CP): docs/design/fsdp.md, "Composition". With MoE a unit's buckets
+// go out as its backward releases it (Zero1Options::unit_launch at_release), and the experts'
+// GradSync follows the dense one's no_sync().
 #include <cstdint>
 #include <memory>
 #include <optional>
