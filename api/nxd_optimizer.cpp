@@ -40,19 +40,19 @@ std::vector<optim::NamedParam> in_model_order(const NxDModel& model, const optim
   return out;
 }
 
-// ZeRO-3's units: the decoder layers of the model's DecoderStack (their forward runs through
-// run_param_unit), sharded over DP x CP; the combinations it does not support are a ConfigError
-// naming both keys.
-std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model) {
+// ZeRO-3's units: the decoder layers of the model's DecoderStacks (their forward runs through
+// run_param_unit), sharded over DP x CP, and per unit its prefetch chain: the index of its
+// DecoderStack (a pipeline rank has one per chunk); a model without one is a ConfigError.
+std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, int ep,
+                                 std::vector<int>& chain) {
   const char* stage = "[NxDOptimizer] optimizer_config.zero_stage=3";
-  NXD_CHECK_T(ConfigError, !model.is_pipeline(), stage,
-              " with pipeline_parallel_size=", cfg.pipeline_parallel_size,
-              " is not supported (docs/design/fsdp.md)");
   std::vector<Module*> units;
   for (Module* m : model.local_modules()) {
     for (auto& [name, sub] : m->named_modules())
-      if (const auto* stack = dynamic_cast<const DecoderStack*>(sub))
+      if (const auto* stack = dynamic_cast<const DecoderStack*>(sub)) {
         for (const auto& l : stack->layers()) units.push_back(l.get());
+        chain.resize(units.size(), chain.empty() ? 0 : chain.back() + 1);
+      }
   }
   NXD_CHECK_T(ConfigError, !units.empty(), stage,
               " needs a model whose decoder layers are ZeRO-3 units (a DecoderStack's); this "
@@ -61,13 +61,18 @@ std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model) {
 }
 
 // ZeRO-3 with expert parallelism: each MoE layer's experts, a unit nested in its layer's (in
-// forward order), sharded by the experts' optimizer over expert-DP while the layer's unit holds
-// the dense parameters over DP x CP. At EP 1 the experts are dense parameters of the layer's unit.
-std::vector<Module*> zero3_expert_units(const std::vector<Module*>& layers, int ep) {
+// forward order, in its layer's prefetch chain), sharded by the experts' optimizer over expert-DP
+// while the layer's unit holds the dense parameters over DP x CP. At EP 1 the experts are dense
+// parameters of the layer's unit.
+std::vector<Module*> zero3_expert_units(const std::vector<Module*>& layers,
+                                        const std::vector<int>& layer_chain,
+                                        std::vector<int>& chain) {
   std::vector<Module*> units;
-  if (ep > 1)
-    for (Module* l : layers)
-      for (Module* e : moe_expert_modules(*l)) units.push_back(e);
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (Module* e : moe_expert_modules(*layers[l])) {
+      units.push_back(e);
+      chain.push_back(l < layer_chain.size() ? layer_chain[l] : 0);
+    }
   return units;
 }
 
@@ -107,8 +112,10 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
   for (Module* m : model_.local_modules()) moe = moe || !moe_layers(*m).empty();
   const int64_t bucket = static_cast<int64_t>(cfg_.grad_bucket_mb * (1 << 20));
   const optim::ZeroStage stage = cfg_.optimizer_config.stage();
-  const std::vector<Module*> units =
-      stage == optim::ZeroStage::three ? zero3_units(cfg_, model_) : std::vector<Module*>{};
+  std::vector<int> unit_chain;
+  const std::vector<Module*> units = stage == optim::ZeroStage::three
+                                         ? zero3_units(cfg_, model_, ep, unit_chain)
+                                         : std::vector<Module*>{};
   const bool zero1 = stage != optim::ZeroStage::none;
   NXD_CHECK_T(
       ConfigError, zero1 || !cfg_.optimizer_config.optimizer_offload,
@@ -153,7 +160,9 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.fp32_grad_acc = rp.fp32_grad_acc;
     zo.stage = stage;
     zo.units = units;
-    if (!experts.empty()) zo.expert_units = zero3_expert_units(units, ep);
+    zo.unit_chain = unit_chain;
+    if (!experts.empty())
+      zo.expert_units = zero3_expert_units(units, unit_chain, zo.expert_unit_chain);
     zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;
     zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host
                                                            : optim::StatePlacement::device;

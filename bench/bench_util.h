@@ -18,6 +18,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -68,6 +69,14 @@ inline double median_of(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   const size_t n = t.size();
   return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+// q in [0, 1] of v (nearest rank; 0 when empty).
+inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto k = static_cast<size_t>(std::ceil(q * double(v.size())));
+  return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
 }
 
 inline Timing summarize(const std::vector<double>& t, const std::vector<double>& cpu = {}) {
@@ -202,6 +211,26 @@ class Args {
     errno = 0;
     const long r = std::strtol(v->c_str(), &end, 10);
     if (v->empty() || *end != 0 || errno != 0) fail(flag + " " + *v + ": expected an integer");
+    return r;
+  }
+  // A comma-separated list of integers in [lo, hi] ("1,4,8"); exit 2 naming the flag otherwise.
+  std::vector<int64_t> get_int_list(const std::string& flag, const std::string& dflt, int64_t lo,
+                                    int64_t hi) const {
+    const std::string* given = value(flag);
+    const std::string v = given == nullptr ? dflt : *given;
+    std::vector<int64_t> r;
+    for (size_t at = 0; at <= v.size();) {
+      const size_t comma = std::min(v.find(',', at), v.size());
+      const std::string item = v.substr(at, comma - at);
+      char* end = nullptr;
+      errno = 0;
+      const long long x = std::strtoll(item.c_str(), &end, 10);
+      if (item.empty() || *end != 0 || errno != 0 || x < lo || x > hi)
+        fail(flag + " " + v + ": expected integers " + std::to_string(lo) + ".." +
+             std::to_string(hi) + " separated by commas");
+      r.push_back(x);
+      at = comma + 1;
+    }
     return r;
   }
   std::string get_str(const std::string& flag, const std::string& dflt) const {

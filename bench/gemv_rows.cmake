@@ -13,3 +13,15 @@ if(NXD_BUILD_TESTS)
                    $<TARGET_FILE:nxd-bench-gemv-rows> --rows 4,x)
   set_tests_properties(nxd_bench_gemv_rows_bad_rows PROPERTIES LABELS "bench" TIMEOUT 60)
 endif()
+# nxd-bench-gemv-bf16-rows: the bf16 decode-step products at 1-32 rows (runtime/kernels/
+# gemv_bf16.cpp) against the bf16 block path and raw f32 cblas_sgemm on the same shapes.
+add_executable(nxd-bench-gemv-bf16-rows gemv_bf16_rows.cpp)
+target_link_libraries(nxd-bench-gemv-bf16-rows PRIVATE nxd_runtime)
+nxd_compile_options(nxd-bench-gemv-bf16-rows)
+if(NXD_BUILD_TESTS)
+  add_test(NAME nxd_bench_gemv_bf16_rows_bad_rows
+           COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=--rows 8,33: expected integers 1..32"
+                   -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake
+                   $<TARGET_FILE:nxd-bench-gemv-bf16-rows> --rows 8,33)
+  set_tests_properties(nxd_bench_gemv_bf16_rows_bad_rows PROPERTIES LABELS "bench" TIMEOUT 60)
+endif()

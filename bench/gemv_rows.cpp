@@ -53,25 +53,6 @@ std::vector<std::vector<float>> copies_of(int64_t n, int64_t k) {
   return r;
 }
 
-std::vector<int64_t> parse_rows(const std::string& s) {
-  std::vector<int64_t> r;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != 0 || v < 1 || v > 4096) {
-      std::fprintf(stderr,
-                   "nxd-bench-gemv-rows: --rows %s: expected integers 1..4096 separated "
-                   "by commas\n",
-                   s.c_str());
-      std::exit(2);
-    }
-    r.push_back(v);
-  }
-  return r;
-}
-
 void stop_pool() {
   blas::stop_openblas_pool();
 }
@@ -88,7 +69,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "nxd-bench-gemv-rows: --threads %d: need at least 1\n", threads);
     return 2;
   }
-  const std::vector<int64_t> rows = parse_rows(args.get_str("--rows", "1,4,8,16,32"));
+  const std::vector<int64_t> rows = args.get_int_list("--rows", "1,4,8,16,32", 1, 4096);
   set_num_threads(threads);
   std::printf("# %s\n", cpu::describe().c_str());
   bench::TimerOptions to;

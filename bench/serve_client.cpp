@@ -136,11 +136,4 @@ std::vector<std::vector<int64_t>> request_mix(int64_t count, int64_t lo, int64_t
   return out;
 }
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const auto k = static_cast<size_t>(std::ceil(q * double(v.size())));
-  return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
-}
-
 }  // namespace nxd::bench::serve

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "serve_process.h"
 
 namespace nxd::bench::serve {
@@ -49,8 +50,7 @@ std::vector<std::vector<int64_t>> request_mix(int64_t count, int64_t lo, int64_t
                                               int64_t first_id, int64_t vocab, uint64_t seed);
 std::vector<int64_t> random_ids(std::mt19937_64& rng, int64_t n, int64_t first_id, int64_t vocab);
 
-// q in [0, 1] of v (nearest rank; 0 when empty).
-double percentile(std::vector<double> v, double q);
+using nxd::bench::percentile;  // bench_util.h
 
 double steady_seconds();
 

@@ -8,8 +8,9 @@
 #include "nxd/checkpoint/integrity.h"
 #include "nxd/checkpoint/layout.h"
 #include "nxd/checkpoint/stager.h"
+#include "nxd/checkpoint/unit_walk.h"
 #include "nxd/collectives/communicator.h"
-#include "nxd/layers/param_unit.h"
+#include "nxd/runtime/host_memory.h"
 
 namespace nxd::ckpt {
 namespace fs = std::filesystem;
@@ -126,9 +127,23 @@ void stage_optimizer(detail::Stager& st, const json& meta, const fs::path& dir,
            {.strict = opts.strict, .check_unexpected = whole_model});
 }
 
+// ZeRO-3: the commit gathers one unit at a time into the device memory the model has now; a load
+// that could not is refused here, before anything is written.
+void check_unit_fits(const detail::UnitWalk& walk) {
+  const MemoryCounter& mem = current_context().memory();
+  const int64_t need = walk.largest_unit_bytes();
+  if (mem.capacity() > 0 && mem.live() + need > mem.capacity())
+    throw OutOfDeviceMemory(str("[load_checkpoint] gathering a ZeRO-3 unit needs ", need,
+                                " bytes on ", mem.name(), ", which has ", mem.live(),
+                                " in use of capacity ", mem.capacity()));
+}
+
+// Reads and verifies everything into staging tensors in host memory (where a device's checkpoint
+// is read to); the model's ZeRO-3 units stay released.
 Staged stage_all(const fs::path& dir, const std::vector<Module*>& chunks,
                  const optim::Optimizer* optimizer, bool scheduler, const LoadOptions& opts,
                  const Degrees& d) {
+  const HostMemoryScope host;
   Staged s;
   const json meta = read_metadata(dir);
   // the checks verify makes of the file list and side files (integrity.h: one list)
@@ -178,23 +193,36 @@ json load_checkpoint(const fs::path& path, const std::vector<Module*>& chunks,
                      const LoadOptions& opts) {
   for (const Module* m : chunks) NXD_CHECK(m != nullptr, "[load_checkpoint] a model chunk is null");
   finalize_checkpoint();
-  // ZeRO-3: the layers loaded whole, then each rank's shards taken from them
-  const WholeParameters whole(const_chunks(chunks));
+  // ZeRO-3: each unit gathered in turn at the commit, loaded, its shards taken back, released
+  const detail::UnitWalk walk(const_chunks(chunks));
   const Degrees d = detail::current_degrees();
   const fs::path dir = path / agreed_tag(path, opts.tag, d);
   Staged s;
   detail::run_agreed("[load_checkpoint]", [&] {
     try {
       s = stage_all(dir, chunks, optimizer, scheduler != nullptr, opts, d);
+      check_unit_fits(walk);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {  // a JSON field of the wrong type or missing
       throw CheckpointError(str("[load_checkpoint] ", dir.string(), ": malformed: ", e.what()));
     }
   });
-  // Commit: nothing below can fail (shapes and dtypes were checked).
+  // Commit: nothing below can fail (shapes and dtypes were checked, and a unit's gather fits).
   NoGradGuard ng;
-  for (auto& w : s.model) w.target.detach().copy_(w.staged);
+  std::vector<std::vector<Want*>> in_unit(static_cast<size_t>(walk.size()));
+  for (auto& w : s.model) {
+    if (const int u = walk.unit_of(w.target); u >= 0)
+      in_unit[static_cast<size_t>(u)].push_back(&w);
+    else
+      w.target.detach().copy_(w.staged);
+  }
+  walk.for_each("[load_checkpoint]", [&](int u) {
+    for (Want* w : in_unit[static_cast<size_t>(u)]) {
+      w->target.detach().copy_(w->staged);
+      w->staged = Tensor();  // its host memory freed as the load goes
+    }
+  });
   if (optimizer) {
     if (optimizer->state_is_sharded())
       optimizer->load_sharded_state(staged_records(s.records, s.optim));

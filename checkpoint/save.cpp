@@ -1,7 +1,5 @@
 // save_checkpoint: this rank's shards (plain or async), then global rank 0 completes the
 // checkpoint (metadata.json, done, retention) once every rank has written its files.
-#include <fcntl.h>
-
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -14,44 +12,23 @@
 #include "nxd/checkpoint/layout.h"
 #include "nxd/checkpoint/lora_files.h"
 #include "nxd/checkpoint/offline.h"
+#include "nxd/checkpoint/save_plan.h"
+#include "nxd/checkpoint/unit_walk.h"
 #include "nxd/collectives/communicator.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
-#include "nxd/layers/param_unit.h"
 #include "nxd/layers/quantize.h"
 #include "nxd/optim/zero1.h"
-
-#ifndef NXD_VERSION
-#define NXD_VERSION "unknown"
-#endif
+#include "nxd/runtime/host_memory.h"
 
 namespace nxd::ckpt {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using detail::Degrees;
+using detail::SavePlan;
+using detail::Shard;
 
 namespace {
-
-struct Shard {
-  std::string file;  // relative to the tag folder
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  std::map<std::string, std::string> meta;
-};
-
-struct SavePlan {
-  fs::path path, dir;  // dir: where the files go (path/tag, or the aside folder of a re-save)
-  std::string tag;
-  bool swap = false;  // re-saving a complete tag: dir is aside, swapped in once complete
-  SaveOptions opts;
-  Degrees deg;
-  bool has_model = false, has_optim = false;
-  bool zero1 = false;  // the optimizer's state is sharded over DP: one file per DP rank
-  int64_t step = 0;
-  json model_config = nullptr;  // a CausalLM's config (what offline resharding rebuilds)
-  json lora = nullptr;          // the adapters' config (lora_json), when the model has any
-  std::vector<Shard> shards;    // this rank's files
-  std::vector<std::pair<std::string, std::string>> texts;  // this rank's JSON files
-};
 
 // The pending async save of this rank (kept in its Context).
 struct Pending {
@@ -120,22 +97,46 @@ json scheduler_json(const optim::LRSchedule& s) {
           {"decay_steps", o.decay_steps}};
 }
 
-// Where snapshots come from: the previous async save's tensors, in order, when they fit.
-struct SnapshotPool {
-  std::vector<Tensor>* pool = nullptr;  // null: no copies (sync save)
-  size_t next = 0;
-  Tensor take(const Tensor& t) {
+// The save's copies of tensors (an async save's snapshots, a down-cast, a ZeRO-3 unit's weights
+// read while it is gathered): host memory (HostMemoryScope), as a device's checkpoint is written
+// from the host, taken from the previous async save's tensors of the same shape and dtype when
+// there are any (no page faults).
+class SnapshotPool {
+ public:
+  SnapshotPool() = default;  // a sync save: tensors not in a unit are written from the model
+  explicit SnapshotPool(const std::vector<Tensor>& previous) : async_(true) {
+    for (const Tensor& t : previous) free_[{t.shape(), t.dtype()}].push_back(t);
+  }
+  // t itself (sync) or a copy (async)
+  Tensor take(const Tensor& t) { return async_ ? copy(t) : t.detach(); }
+  Tensor copy(const Tensor& t) {
     Tensor d = t.detach();
-    if (!pool) return d;
-    if (next < pool->size()) {
-      Tensor b = (*pool)[next++];
-      if (b.shape() == d.shape() && b.dtype() == d.dtype()) {
-        b.copy_(d);
-        return b;
-      }
+    auto it = free_.find({d.shape(), d.dtype()});
+    if (it != free_.end() && !it->second.empty()) {
+      Tensor b = it->second.back();
+      it->second.pop_back();
+      b.copy_(d);
+      return b;
     }
+    const HostMemoryScope host;
     return d.clone();
   }
+  Tensor bf16(const Tensor& t) {
+    const HostMemoryScope host;
+    return t.detach().to(DType::bf16);
+  }
+
+ private:
+  bool async_ = false;
+  std::map<std::pair<Shape, DType>, std::vector<Tensor>> free_;
+};
+
+// A model tensor of a ZeRO-3 unit: its slot in a shard, filled while the unit is gathered.
+struct UnitTensor {
+  size_t shard = 0, slot = 0;
+  Tensor source;  // the model's tensor (released between gathers)
+  bool down_cast = false;
+  int unit = 0;
 };
 
 // The names of the MoE experts' weights held by these chunks (layers/moe/moe.h).
@@ -188,10 +189,12 @@ Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
   return s;
 }
 
-// This rank's files, with tensors copied (async) or shared with the live model (sync).
+// This rank's files, with tensors copied (async) or shared with the live model (sync); the
+// tensors of ZeRO-3 units are left empty, listed in `later` (fill_units).
 void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
                   const optim::Optimizer* opt, const optim::LRSchedule* sched, const json& user,
-                  SnapshotPool& snap) {
+                  const detail::UnitWalk& walk, SnapshotPool& snap,
+                  std::vector<UnitTensor>& later) {
   const Degrees& d = p.deg;
   const bool z = p.opts.compress;
   std::map<std::string, ShardSpec> specs;
@@ -213,8 +216,13 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
         if (!mine(name)) continue;
         const bool down_cast =
             p.opts.down_cast_bf16 && is_floating(t.dtype()) && t.dtype() != DType::bf16;
-        s.tensors.emplace_back(name, down_cast ? t.detach().to(DType::bf16) : snap.take(t));
         if (specs.count(name)) used[name] = specs[name];
+        if (const int u = walk.unit_of(t); u >= 0) {
+          later.push_back({p.shards.size(), s.tensors.size(), t, down_cast, u});
+          s.tensors.emplace_back(name, Tensor());
+          continue;
+        }
+        s.tensors.emplace_back(name, down_cast ? snap.bf16(t) : snap.take(t));
       }
     s.meta = shard_meta("model", d, file_dp, used);
     p.shards.push_back(std::move(s));
@@ -243,6 +251,19 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
   }
 }
 
+// The tensors of the ZeRO-3 units, copied to host memory one unit at a time (each gathered for
+// its copies, then released): the device holds one unit's full weights beyond its shards. Every
+// rank walks the units (the gathers are collective); the writers copy.
+void fill_units(SavePlan& p, const detail::UnitWalk& walk, const std::vector<UnitTensor>& later,
+                SnapshotPool& snap) {
+  walk.for_each("[save_checkpoint]", [&](int u) {
+    for (const UnitTensor& x : later)
+      if (x.unit == u)
+        p.shards[x.shard].tensors[x.slot].second =
+            x.down_cast ? snap.bf16(x.source) : snap.copy(x.source);
+  });
+}
+
 int64_t write_files(const SavePlan& p) {
   int64_t bytes = 0;
   io::SafetensorsWriteOptions w{
@@ -251,127 +272,6 @@ int64_t write_files(const SavePlan& p) {
     bytes += io::write_safetensors(p.dir / s.file, s.tensors, s.meta, w).data_bytes;
   for (const auto& [name, text] : p.texts) io::write_file_atomic(p.dir / name, text, p.opts.sync);
   return bytes;
-}
-
-// The ZeRO-1 files of every (tp, pp) rank, checked to tile every state tensor (dp_shards.h), into
-// metadata.json's files and optimizer table (whole TP-merged tensors, as an unsharded optimizer's
-// are listed); returns the optimizer's description.
-json index_zero1(const SavePlan& p, json& files, json& table) {
-  const Degrees& d = p.deg;
-  json info = nullptr;
-  for (int pp = 0; pp < d.pp; ++pp)
-    for (int tp = 0; tp < d.tp; ++tp) {
-      const auto idx = detail::index_dp_files(
-          p.dir, {.dp_size = d.dp, .tp_rank = tp, .pp_rank = pp, .compressed = p.opts.compress});
-      for (const auto& f : idx.files) files[f.rel] = {{"bytes", f.bytes}, {"tensors", f.tensors}};
-      if (tp != 0) continue;
-      std::map<std::string, ShardSpec> specs;
-      for (const auto& f : idx.files) {
-        const auto s = detail::specs_of(f.header, f.rel);
-        specs.insert(s.begin(), s.end());
-        auto o = f.header.metadata.find("nxd.optimizer");
-        if (info.is_null() && o != f.header.metadata.end()) info = json::parse(o->second);
-      }
-      for (const auto& [name, e] : idx.tensors) {
-        auto it = specs.find(name);
-        const ShardSpec s = it == specs.end() ? ShardSpec{} : it->second;
-        json entry = {{"dtype", io::safetensors_dtype(e.dtype)},
-                      {"shape", full_shape(e.shape, s)},
-                      {"pp_rank", pp}};
-        if (s.split) entry["split"] = to_json(s);
-        table[name] = entry;
-      }
-    }
-  return info;
-}
-
-// A re-save of a complete tag, itself complete in its aside folder, becomes the tag: the two
-// folders are exchanged in one rename (renameat2 RENAME_EXCHANGE), so path/tag is a complete
-// checkpoint at every moment, then the old one (now aside) is removed. Filesystems without the
-// exchange get two renames (a crash between them leaves the tag only as .<tag>.old).
-void swap_in(const SavePlan& p) {
-  const fs::path target = p.path / p.tag;
-  std::error_code ec;
-  if (renameat2(AT_FDCWD, p.dir.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
-    const fs::path old = p.path / ("." + p.tag + ".old");
-    fs::remove_all(old, ec);
-    fs::rename(target, old, ec);
-    if (ec)
-      throw CheckpointError(
-          str("[save_checkpoint] cannot move ", target.string(), " aside: ", ec.message()));
-    fs::rename(p.dir, target, ec);
-    if (ec)
-      throw CheckpointError(str("[save_checkpoint] cannot rename ", p.dir.string(), " to ",
-                                target.string(), ": ", ec.message()));
-    io::fsync_dir(p.path);
-    fs::remove_all(old, ec);
-    io::fsync_dir(p.path);
-    return;
-  }
-  io::fsync_dir(p.path);
-  fs::remove(p.dir / detail::kDone, ec);  // the old contents, now aside
-  fs::remove_all(p.dir, ec);
-  io::fsync_dir(p.path);
-}
-
-// Global rank 0, after every rank wrote its files: metadata.json from the shards' headers (so
-// every shard exists and parses before the checkpoint counts), then done, then retention.
-void complete(const SavePlan& p) {
-  const Degrees& d = p.deg;
-  json files = json::object(), model = json::object(), optim = json::object();
-  json optim_info = nullptr;
-  auto index = [&](const char* kind, json& table) {
-    for (int dp = 0; dp < d.ep; ++dp)  // DP ranks 1..ep-1: experts only
-      for (int pp = 0; pp < d.pp; ++pp)
-        for (int tp = 0; tp < d.tp; ++tp) {
-          const std::string rel = detail::shard_file(
-              kind, {.dp_rank = dp, .tp_rank = tp, .pp_rank = pp, .compressed = p.opts.compress});
-          io::SafetensorsReader r(p.dir / rel);
-          files[rel] = {{"bytes", r.file_size()}, {"tensors", r.header().tensors.size()}};
-          if (tp != 0) continue;
-          const auto specs = detail::specs_of(r.header(), rel);
-          for (const auto& t : r.header().tensors) {
-            auto it = specs.find(t.name);
-            const ShardSpec s = it == specs.end() ? ShardSpec{} : it->second;
-            json e = {{"dtype", io::safetensors_dtype(t.dtype)},
-                      {"shape", full_shape(t.shape, s)},
-                      {"pp_rank", pp}};
-            if (s.split) e["split"] = to_json(s);
-            if (dp > 0) e["dp_rank"] = dp;
-            table[t.name] = e;
-          }
-          auto o = r.header().metadata.find("nxd.optimizer");
-          if (o != r.header().metadata.end() && pp == 0 && dp == 0)
-            optim_info = json::parse(o->second);
-        }
-  };
-  if (p.has_model) index("model", model);
-  if (p.has_optim && !p.zero1) index("optim", optim);
-  if (p.zero1) optim_info = index_zero1(p, files, optim);
-  for (const auto& [name, text] : p.texts)
-    files[name] = {{"bytes", static_cast<int64_t>(fs::file_size(p.dir / name))}};
-  int64_t seq = 0;
-  for (const auto& t : list_checkpoints(p.path))
-    if (t.complete) seq = std::max(seq, t.seq + 1);
-  json m = {{"format", "nxd-checkpoint"},
-            {"format_version", p.zero1 ? 2 : 1},
-            {"nxd_version", NXD_VERSION},
-            {"tag", p.tag},
-            {"step", p.step},
-            {"parallel",
-             {{"world", d.world}, {"tp", d.tp}, {"pp", d.pp}, {"dp", d.dp}, {"zero1", p.zero1}}},
-            {"expert_parallel", d.ep},
-            {"compressed", p.opts.compress},
-            {"files", files}};
-  if (!p.model_config.is_null()) m["model_config"] = p.model_config;
-  if (!p.lora.is_null()) m["lora"] = p.lora;
-  if (p.has_model) m["model"] = model;
-  if (p.has_optim) m["optimizer"] = {{"info", optim_info}, {"tensors", optim}};
-  io::write_file_atomic(p.dir / detail::kMetadata, m.dump(1), p.opts.sync);
-  io::write_file_atomic(p.dir / detail::kDone, json{{"tag", p.tag}, {"seq", seq}}.dump() + "\n",
-                        p.opts.sync);
-  if (p.swap) swap_in(p);
-  detail::apply_retention(p.path, p.opts.num_kept_ckpts, p.tag);
 }
 
 }  // namespace
@@ -391,7 +291,7 @@ void finalize_checkpoint() {
     if (err) std::rethrow_exception(err);
   });
   detail::run_agreed("[save_checkpoint]", [&] {
-    if (plan->deg.rank == 0) complete(*plan);
+    if (plan->deg.rank == 0) detail::complete(*plan);
   });
 }
 
@@ -410,8 +310,8 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   using clock = std::chrono::steady_clock;
   finalize_checkpoint();
   check_tag(tag);
-  // ZeRO-3: the sharded layers whole while the model is read (written in the normal format)
-  const WholeParameters whole(chunks);
+  // ZeRO-3: each unit gathered in turn while its weights are copied (written in the normal format)
+  const detail::UnitWalk walk(chunks);
   for (const Module* m : chunks)
     if (m) check_no_quantized_layers(*m, "save_checkpoint");
   auto plan = std::make_shared<SavePlan>();
@@ -473,11 +373,13 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   }
   SaveStats st;
   const auto t0 = clock::now();
+  std::vector<UnitTensor> later;
   if (opts.async_save) {
+    SnapshotPool snap(current_context().ext<Pending>().pool);
     detail::run_agreed("[save_checkpoint]", [&] {
-      SnapshotPool snap{&current_context().ext<Pending>().pool};
-      build_shards(*plan, chunks, optimizer, scheduler, user_content, snap);
+      build_shards(*plan, chunks, optimizer, scheduler, user_content, walk, snap, later);
     });
+    fill_units(*plan, walk, later, snap);
     for (const auto& s : plan->shards)
       for (const auto& [n, t] : s.tensors) st.bytes += t.nbytes();
     st.stall_seconds = std::chrono::duration<double>(clock::now() - t0).count();
@@ -494,13 +396,14 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
     });
     return st;
   }
+  SnapshotPool snap;
   detail::run_agreed("[save_checkpoint]", [&] {
-    SnapshotPool snap;
-    build_shards(*plan, chunks, optimizer, scheduler, user_content, snap);
-    st.bytes = write_files(*plan);
+    build_shards(*plan, chunks, optimizer, scheduler, user_content, walk, snap, later);
   });
+  fill_units(*plan, walk, later, snap);
+  detail::run_agreed("[save_checkpoint]", [&] { st.bytes = write_files(*plan); });
   detail::run_agreed("[save_checkpoint]", [&] {
-    if (plan->deg.rank == 0) complete(*plan);
+    if (plan->deg.rank == 0) detail::complete(*plan);
   });
   st.stall_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   return st;

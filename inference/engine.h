@@ -81,10 +81,11 @@ struct Output {  // one per step that produced text, and a final one
 using OutputCallback =
     std::function<void(const Output&)>;  // runs on the engine thread; no blocking
 
-// How a step's prefill chunks run (docs/design/inference.md, "Batch invariance"): chunks of
-// similar length from several requests in one padded call (each weight read once per call), or
-// each request's chunk in a call of its own, so that its K/V and logits have the bits it gets
-// alone whatever else is prefilled in the step.
+// How a step's prefill chunks run (docs/design/inference.md, "Batch invariance"): each request's
+// chunk in a call of its own (the default), so that its K/V and logits have the bits it gets alone
+// whatever else is prefilled in the step, or chunks of similar length from several requests in
+// one padded call (each weight read once per call; the serving mix measured the same CPU time
+// within 2%).
 enum class PrefillCalls { batched, per_request };
 
 struct EngineOptions {
@@ -102,7 +103,7 @@ struct EngineOptions {
   // others' prefill and holds the decode rows for less; 0: no limit (a request may take the whole
   // budget).
   int64_t long_prefill_token_threshold = 0;
-  PrefillCalls prefill_calls = PrefillCalls::batched;
+  PrefillCalls prefill_calls = PrefillCalls::per_request;
   // The model's end-of-sequence ids (read_eos_ids of its folder); empty: none.
   std::vector<int64_t> eos_token_ids;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
@@ -118,7 +119,8 @@ struct EngineStats {
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, steps = 0;
   int64_t model_calls = 0;  // forward calls (a step runs its decode rows together, 32 a call at
-                            // most, prefill chunks in batches of similar lengths)
+                            // most, and each prefill chunk alone, or with PrefillCalls::batched
+                            // chunks of similar lengths together)
   int64_t kv_blocks_rolled = 0;  // blocks returned while their sequence ran: a sliding window's
                                  // positions no later query reads
   int64_t spec_proposed = 0, spec_accepted = 0;  // draft tokens proposed, of those accepted

@@ -208,9 +208,10 @@ void Engine::Impl::settle(Seq& s) {
 
 void Engine::Impl::execute(const std::vector<Scheduled>& plan) {
   // the one-token rows (decode, and prefill chunks of one token) run as [n, 1] batches; longer
-  // prefill chunks, longest first, run as padded [k, S] batches of chunks whose padding stays
-  // within a quarter of their tokens (each weight is then read once per batch, not per chunk),
-  // or each alone with PrefillCalls::per_request
+  // prefill chunks, longest first, each in a call of its own (PrefillCalls::per_request, the
+  // default: a request's bits as alone) or, with PrefillCalls::batched, as padded [k, S] batches
+  // of chunks whose padding stays within a quarter of their tokens (each weight read once per
+  // batch, not per chunk)
   std::vector<Scheduled> singles, chunks, speculative;
   for (const auto& r : plan) (r.spec > 0 ? speculative : r.n == 1 ? singles : chunks).push_back(r);
   if (!speculative.empty()) run_speculative(speculative);

@@ -118,10 +118,15 @@ struct Zero1Options {
   // holds one unit's parameters. Parameters of no unit stay gathered as at stage two (FSDP's
   // root unit).
   std::vector<Module*> units;
+  // Stage three: per unit its prefetch chain (a pipeline chunk's layers; link_units in
+  // optim/zero3_unit.h): a unit prefetches only its neighbours in the same chain. Empty: one.
+  std::vector<int> unit_chain;
   // Stage three with expert_params: the experts' units (each MoE layer's `experts` module, nested
   // in its layer's unit of `units`), sharded by the experts' optimizer over expert_dp_group and
   // gathered by run_param_unit inside the MoE layer's forward (layers/moe/moe.h).
   std::vector<Module*> expert_units;
+  // Stage three: the experts' units' prefetch chains (as unit_chain), one per expert unit.
+  std::vector<int> expert_unit_chain;
   // Stage three: release a unit's parameters after its forward and gather them again for its
   // backward (FSDP's default); false keeps them from the forward to the end of the backward.
   bool reshard_after_forward = true;

@@ -26,9 +26,8 @@ void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
     units[static_cast<size_t>(u - 1)]->add_bucket(pbuf[b], pshard[b]);
     pbuf[b].storage()->release_data();  // now: the model's full size is never exceeded
   }
+  link_units(units, opts.unit_chain);
   for (size_t u = 0; u < units.size(); ++u) {
-    units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
-                             u + 1 < units.size() ? units[u + 1] : nullptr);
     units[u]->set_on_backward_release(sync->unit_release_callback(static_cast<int>(u) + 1));
     units[u]->release(UnitPass::forward);
     opts.units[u]->set_param_unit(units[u]);

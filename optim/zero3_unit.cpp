@@ -23,11 +23,21 @@ void ShardedUnit::set_neighbours(std::weak_ptr<ShardedUnit> prev, std::weak_ptr<
 void ShardedUnit::start() {
   NoGradGuard ng;
   work_.clear();
+  reserve();
   for (size_t b = 0; b < full_.size(); ++b) {
-    full_[b].storage()->reallocate();
     work_.push_back(dp_->iall_gather(shard_[b], full_[b]));
   }
   state_ = State::in_flight;
+}
+
+void ShardedUnit::reserve() {
+  for (Tensor& f : full_) f.storage()->reallocate();  // a no-op where it has its memory
+}
+
+int64_t ShardedUnit::full_bytes() const {
+  int64_t n = 0;
+  for (const Tensor& f : full_) n += f.storage()->nbytes();
+  return n;
 }
 
 void ShardedUnit::wait() {
@@ -52,29 +62,38 @@ void ShardedUnit::gather(UnitPass pass) {
 
 void ShardedUnit::release(UnitPass pass) {
   if (pass == UnitPass::outside) return write_back_and_release();
-  if (state_ == State::released) return;
-  wait();
-  for (Tensor& f : full_) f.storage()->release_data();
+  if (state_ != State::released) wait();
+  for (Tensor& f : full_) f.storage()->release_data();  // a no-op where it has none (reserve())
   state_ = State::released;
   if (pass == UnitPass::backward && on_backward_release_) on_backward_release_();
 }
 
 void ShardedUnit::write_back_and_release() {
-  if (state_ == State::released) return;
-  wait();
-  NoGradGuard ng;
-  const int64_t r = dp_->rank();
-  for (size_t b = 0; b < full_.size(); ++b)
-    if (!full_[b].is_meta())
-      shard_[b].copy_(full_[b].narrow(0, r * shard_[b].numel(), shard_[b].numel()));
+  if (state_ != State::released) {
+    wait();
+    NoGradGuard ng;
+    const int64_t r = dp_->rank();
+    for (size_t b = 0; b < full_.size(); ++b)
+      if (!full_[b].is_meta())
+        shard_[b].copy_(full_[b].narrow(0, r * shard_[b].numel(), shard_[b].numel()));
+  }
   release(UnitPass::forward);
 }
 
-std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
-                                                           const std::vector<int>& unit_of,
-                                                           const std::vector<Module*>& modules,
-                                                           std::shared_ptr<Communicator> dp,
-                                                           bool reshard_after_forward) {
+void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
+                const std::vector<int>& chain) {
+  NXD_CHECK(chain.empty() || chain.size() == units.size(), "[link_units] ", chain.size(),
+            " chains for ", units.size(), " units");
+  auto same = [&](size_t a, size_t b) { return chain.empty() || chain[a] == chain[b]; };
+  const size_t n = units.size();
+  for (size_t u = 0; u < n; ++u)
+    units[u]->set_neighbours(u > 0 && same(u - 1, u) ? units[u - 1] : nullptr,
+                             u + 1 < n && same(u, u + 1) ? units[u + 1] : nullptr);
+}
+
+std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
+    const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
+    const std::vector<int>& chain, std::shared_ptr<Communicator> dp, bool reshard_after_forward) {
   std::vector<std::shared_ptr<ShardedUnit>> units;
   if (dp->size() == 1) return units;  // nothing to shard (Zero1Optimizer builds no unit either)
   for (size_t u = 0; u < modules.size(); ++u)
@@ -97,9 +116,8 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
     }
     units[static_cast<size_t>(u - 1)]->add_bucket(full, zeros({s}, p0.dtype(), Device::meta));
   }
+  link_units(units, chain);
   for (size_t u = 0; u < units.size(); ++u) {
-    units[u]->set_neighbours(u > 0 ? units[u - 1] : nullptr,
-                             u + 1 < units.size() ? units[u + 1] : nullptr);
     units[u]->set_on_backward_release(sync.unit_release_callback(static_cast<int>(u) + 1));
     units[u]->release(UnitPass::forward);
     modules[u]->set_param_unit(units[u]);

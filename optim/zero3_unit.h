@@ -6,7 +6,9 @@
 // reallocates the full buffers and all-gathers the shards into them; in forward it then starts
 // the next unit's all-gather (non-blocking, on the DP group's stream), in backward the previous
 // unit's, so the next gather of the pass overlaps this unit's compute (FSDP's forward and
-// backward prefetch): at most two units are gathered at a time.
+// backward prefetch): at most two units are gathered at a time. Neighbours are those of one chain
+// (link_units): under pipeline parallelism a chain is one chunk's layers, which the schedule runs
+// as one forward or one backward, so a prefetched unit is always the next one the rank runs.
 #include <functional>
 #include <memory>
 #include <vector>
@@ -35,8 +37,15 @@ class ShardedUnit : public ParamUnit {
   // Gathered with no prefetch (FSDP's summon_full_params).
   void materialize();
   // Takes this rank's shard back from the full buffers (they were written: a checkpoint load),
-  // then releases them.
+  // then releases them. A unit only reserved (below) is released with no write-back.
   void write_back_and_release();
+  // The bytes a gather allocates on this rank (its full buffers).
+  int64_t full_bytes() const;
+  // The full buffers' memory allocated but not gathered: the one step of a gather that can fail
+  // on one rank alone (OutOfDeviceMemory), so a caller can agree on it over the ranks before the
+  // collective (checkpoint save and load walk the units this way). gather() then only fills them;
+  // release() frees them either way.
+  void reserve();
   bool gathered() const { return state_ != State::released; }
 
  private:
@@ -54,15 +63,22 @@ class ShardedUnit : public ParamUnit {
   std::function<void()> on_backward_release_;
 };
 
+// Makes each unit the prefetch neighbour of the units before and after it in forward order that
+// are in its chain (`chain[u]`: unit u's chain, e.g. its pipeline chunk; empty: one chain). The
+// first and last unit of a chain prefetch nothing across it: another chain (a pipeline chunk) is
+// not what the schedule runs next (1F1B and interleaved alternate forwards and backwards of
+// different chunks and microbatches).
+void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
+                const std::vector<int>& chain);
+
 // nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each
 // of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 0 none, as
 // given to GradSyncOptions::units) become views of a flat meta buffer [S * n], released, beside a
-// meta shard [S]; each module gets its unit. `dp`: the sharding group (the GradSync's); of one
-// rank: no unit (as Zero1Optimizer). The other parameters are left as they are.
-std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(const GradSync& sync,
-                                                           const std::vector<int>& unit_of,
-                                                           const std::vector<Module*>& modules,
-                                                           std::shared_ptr<Communicator> dp,
-                                                           bool reshard_after_forward);
+// meta shard [S]; each module gets its unit, linked within `chain` (link_units). `dp`: the
+// sharding group (the GradSync's); of one rank: no unit (as Zero1Optimizer). The other parameters
+// are left as they are.
+std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
+    const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
+    const std::vector<int>& chain, std::shared_ptr<Communicator> dp, bool reshard_after_forward);
 
 }  // namespace nxd::optim

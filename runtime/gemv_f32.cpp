@@ -178,6 +178,11 @@ void rows_times_b(int64_t m, int64_t k, const float* x, int64_t j0, int64_t j1, 
 
 }  // namespace
 
+void small_rows_times_bt(int64_t m, int64_t k, const float* x, int64_t j0, int64_t j1, float alpha,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  rows_times_bt(m, k, x, j0, j1, alpha, b, ldb, beta, c, ldc);
+}
+
 bool sgemm_small_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                       float* c, int64_t ldc) {

@@ -24,4 +24,11 @@ bool sgemm_small_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                       float* c, int64_t ldc);
 
+// One part of sgemm_small_rows for op(B) = B^T (B stored [n, k], ldb apart), on the calling
+// thread: C[m, j0:j1] (ldc apart) with each element lanes8::dot of A's row (x: m contiguous rows
+// of k) and B's row, as above. For kernels that hold a weight in another dtype and widen a block
+// of its rows to f32 at a time (runtime/kernels/gemv_bf16.cpp). m <= kSmallRows.
+void small_rows_times_bt(int64_t m, int64_t k, const float* x, int64_t j0, int64_t j1, float alpha,
+                         const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 }  // namespace nxd::blas::detail

@@ -6,7 +6,8 @@
 //             [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-blocks N | --kv-memory SIZE]
 //             [--max-waiting N] [--tp N] [--instance TYPE] [--quantize int8|int4[:G][:asym][:head]]
 //             [--chunked-prefill on|off] [--prefix-caching on|off]
-//             [--long-prefill-token-threshold N] [--draft-model DIR [--speculate K]]
+//             [--long-prefill-token-threshold N] [--prefill-calls per_request|batched]
+//             [--draft-model DIR [--speculate K]]
 // --draft-model DIR decodes speculatively in the engine (docs/design/inference.md): a draft (an
 // nxd checkpoint, a transformers folder or a GGUF file, as --checkpoint/--hf) with the model's
 // vocab_size proposes K tokens (default 4) per request and step; TP 1 only.
@@ -61,7 +62,7 @@ const char* kUsage =
     "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp N]\n"
     "                 [--instance TYPE] [--quantize int8|int4[:G][:asym][:head]]\n"
     "                 [--chunked-prefill on|off] [--prefix-caching on|off]\n"
-    "                 [--long-prefill-token-threshold N]\n"
+    "                 [--long-prefill-token-threshold N] [--prefill-calls per_request|batched]\n"
     "                 [--draft-model DIR [--speculate K]]\n"
     "  --checkpoint DIR   an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete),\n"
     "                     or a quantized one (nxd-ckpt quantize)\n"
@@ -79,6 +80,9 @@ const char* kUsage =
     "  --chunked-prefill on|off  split long prompts over engine steps (default on)\n"
     "  --long-prefill-token-threshold N  at most N prompt tokens of one request per step\n"
     "                     (with chunked prefill; default 0: no limit)\n"
+    "  --prefill-calls per_request|batched  each request's prefill chunk in a model call of its\n"
+    "                     own, bitwise what it gets alone (default), or chunks of similar length\n"
+    "                     in one padded call\n"
     "  --prefix-caching on|off   reuse the K/V of shared prompt prefixes (default on)\n"
     "  --tp N             tensor parallel over N sim ranks (threads) of the model's shards\n"
     "  --instance TYPE    each response's usage.modeled carries the modeled time to first token\n"
@@ -181,6 +185,11 @@ ServeCli parse_args(int argc, char** argv) {
       c.engine.long_prefill_token_threshold = to_int(a, v, 0, 1 << 24);
     else if (a == "--chunked-prefill")
       c.engine.chunked_prefill = on_off(a, v);
+    else if (a == "--prefill-calls" && (v == "per_request" || v == "batched"))
+      c.engine.prefill_calls =
+          v == "batched" ? inference::PrefillCalls::batched : inference::PrefillCalls::per_request;
+    else if (a == "--prefill-calls")
+      throw Usage(str("--prefill-calls ", v, ": expected per_request or batched"));
     else if (a == "--prefix-caching")
       c.engine.prefix_caching = on_off(a, v);
     else

@@ -90,22 +90,24 @@ int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
   return most;
 }
 
-// ZeRO-3's units, and each parameter's unit: the decoder layers of the meta model's chunks; for
-// the experts' group (EP > 1) each MoE layer's experts, as NxDOptimizer shards them.
-std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g) {
+// ZeRO-3's units, each parameter's unit, and each unit's prefetch chain (its chunk, as
+// NxDOptimizer chains them): the decoder layers of the meta model's chunks; for the experts' group
+// (EP > 1) each MoE layer's experts, as NxDOptimizer shards them.
+std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g, std::vector<int>& chain) {
   std::vector<Module*> units;
   std::unordered_map<const TensorImpl*, int> of;
-  auto add = [&](Module* u) {
+  auto add = [&](Module* u, size_t c) {
     units.push_back(u);
+    chain.push_back(static_cast<int>(c));
     for (const Tensor& t : u->parameters()) of.emplace(t.impl(), static_cast<int>(units.size()));
   };
-  for (const auto& c : mm.chunks)
-    if (const DecoderStack* s = c->decoder_stack())
+  for (size_t c = 0; c < mm.chunks.size(); ++c)
+    if (const DecoderStack* s = mm.chunks[c]->decoder_stack())
       for (const auto& l : s->layers()) {
         if (!g.experts)
-          add(l.get());
+          add(l.get(), c);
         else
-          for (Module* e : moe_expert_modules(*l)) add(e);
+          for (Module* e : moe_expert_modules(*l)) add(e, c);
       }
   for (const auto& p : g.params)
     g.unit_of.push_back(of.count(p.param.impl()) ? of.at(p.param.impl()) : 0);
@@ -140,8 +142,9 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       const bool zero3 = cfg.dist.zero_stage == optim::ZeroStage::three;
       if (zero2 || zero3) go.storage = optim::GradStorage::shard_only;
       std::vector<Module*> units;
+      std::vector<int> chain;
       if (zero3) {
-        units = layer_units(mm, g);
+        units = layer_units(mm, g, chain);
         go.units = g.unit_of;
         // ZeRO-3: the trainer's buckets go out during the last backward (api/nxd_optimizer.cpp),
         // so its .grads are freed bucket by bucket; the plan's measured backward does the same
@@ -156,7 +159,8 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       if (zero3) {
         r.gradients += mem.live() - before;
         const int64_t at = mem.live();
-        optim::shard_meta_units(*g.sync, g.unit_of, units, g.group, cfg.dist.reshard_after_forward);
+        optim::shard_meta_units(*g.sync, g.unit_of, units, chain, g.group,
+                                cfg.dist.reshard_after_forward);
         r.parameters += mem.live() - at;  // the layers' shards in place of their full weights
         if (zero1) step_transient = std::max(step_transient, zero1_state(cfg, rp, g, r));
         continue;

@@ -245,88 +245,6 @@ void Trainer::setup_validation(DataModule& data) {
   val_batches_.resize(static_cast<size_t>(static_cast<int64_t>(least[0]) / m * m));
 }
 
-nlohmann::json Trainer::loop_state() const {
-  nlohmann::json s = {{"step", step_},
-                      {"rng_seed", current_context().rng().seed()},
-                      {"rng_counter", current_context().rng().counter()},
-                      {"dp_size", dp_},
-                      {"data", nullptr}};
-  if (data_)
-    if (auto d = data_->state()) s["data"] = {{"epoch", d->epoch}, {"position", d->position}};
-  if (manual_) {  // manual optimization: the batch index and the scheduler's position
-    s["batches"] = batches_;
-    if (lr_scheduler_) s["lr_scheduler_steps"] = lr_scheduler_->last_step();
-  }
-  if (pipeline_ && parallel_state::get_pipeline_model_parallel_size() > 1) {
-    // stages draw different numbers of dropout masks: every stage's counter (collective)
-    Communicator& g = parallel_state::get_pipeline_model_parallel_group();
-    std::vector<double> c(static_cast<size_t>(g.size()), 0.0);
-    c[static_cast<size_t>(g.rank())] = static_cast<double>(current_context().rng().counter());
-    g.all_reduce(c.data(), c.data(), static_cast<int64_t>(c.size()), DType::f64, ReduceOp::sum);
-    s["rng_counter_per_stage"] = c;
-  }
-  return s;
-}
-
-void Trainer::restore_loop_state(const nlohmann::json& s) {
-  try {
-    const int64_t step = s.at("step").get<int64_t>();
-    if (step < 0) throw ConfigError(str("[trainer] checkpoint step ", step, " is negative"));
-    Generator& g = current_context().rng();
-    g.set_seed(s.at("rng_seed").get<uint64_t>());
-    g.set_counter(s.at("rng_counter").get<uint64_t>());
-    if (s.contains("rng_counter_per_stage") && pipeline_) {
-      const auto c = s["rng_counter_per_stage"].get<std::vector<double>>();
-      const int r = parallel_state::get_pipeline_model_parallel_rank();
-      if (static_cast<int>(c.size()) == parallel_state::get_pipeline_model_parallel_size())
-        g.set_counter(static_cast<uint64_t>(c[static_cast<size_t>(r)]));
-    }
-    if (data_ && !s.at("data").is_null()) {
-      // Positions count this rank's micro batches: at another DP size the same number of
-      // samples taken is position * saved_dp / dp (the epoch's sample order is the same).
-      const int64_t saved_dp = s.value("dp_size", int64_t{dp_});
-      int64_t pos = s["data"].at("position").get<int64_t>();
-      if (saved_dp != dp_) {
-        if (pos * saved_dp % dp_ != 0)
-          throw ConfigError(str("[trainer] cannot resume at data parallel size ", dp_,
-                                ": the checkpoint was saved at ", saved_dp, " after ", pos,
-                                " micro batches per rank in its epoch, not a whole number at ",
-                                dp_));
-        pos = pos * saved_dp / dp_;
-      }
-      data_->set_state(DataState{s["data"].at("epoch").get<int64_t>(), pos});
-    }
-    if (manual_) {
-      batches_ = s.value("batches", int64_t{0});
-      if (lr_scheduler_) lr_scheduler_->set_last_step(s.value("lr_scheduler_steps", step));
-    }
-    step_ = step;
-  } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(str("[trainer] checkpoint trainer state ", s.dump(), ": ", e.what()));
-  }
-}
-
-// Model, optimizer (its steps and state) and the loop's state from a checkpoint (collective).
-void Trainer::resume(const std::string& path) {
-  namespace fs = std::filesystem;
-  fs::path root = path;
-  std::string tag;
-  if (fs::exists(root / "checkpoint")) {  // a checkpoint folder itself
-    tag = root.filename().string();
-    root = root.parent_path();
-  } else if (auto newest = ckpt::newest_checkpoint(root)) {
-    tag = *newest;
-  }
-  const nlohmann::json user =
-      ckpt::load_checkpoint(root, nxd_model_->local_modules(), &optimizer(), nullptr, {.tag = tag});
-  if (!user.is_object() || !user.contains("trainer"))
-    throw ConfigError(str("[trainer] ", path,
-                          " holds no trainer state (not saved by the trainer's "
-                          "ModelCheckpoint)"));
-  restore_loop_state(user["trainer"]);
-  message(str("resumed from ", (root / tag).string(), " at step ", step_));
-}
-
 namespace {
 // The micro batches `bs` as one batch (their rows concatenated in order).
 Batch concat_batches(const std::vector<Batch>& bs) {
@@ -491,6 +409,39 @@ void Trainer::teardown() {
   val_batches_.clear();
 }
 
+// The one row of an evaluation-only fit (max_steps 0): the validation loss, no training loss.
+void Trainer::log_evaluation_only(double val_loss) {
+  if (!is_logging_rank()) return;
+  MetricsRow row;
+  row.step = step_;
+  row.loss = std::numeric_limits<double>::quiet_NaN();  // no training loss: an empty cell
+  row.val_loss = val_loss;
+  row.epoch = data_->epoch();
+  for (auto& l : opts_.loggers) l->log_metrics(row, {{"val_perplexity", std::exp(val_loss)}});
+}
+
+// The fit's figures after its last step: rates, the modeled step and bubble, memory (collective).
+void Trainer::summarize_fit(FitResult& res, double train_seconds, double sim_train_seconds) {
+  res.seconds = seconds_since(t0_);
+  res.tokens_per_s = train_seconds > 0 ? res.steps * step_tokens_ / train_seconds : 0;
+  res.stop_reason = stop_reason_;
+  if (sim_clock() != nullptr) {
+    res.sim_step_seconds = res.steps > 0 ? sim_train_seconds / static_cast<double>(res.steps) : 0;
+    res.hbm_peak_bytes = current_context().memory().peak();
+    if (pipeline_ && res.steps > 0)  // collective: every rank has a clock
+      res.sim_bubble =
+          modeled_bubble(pipeline_->modeled_schedule_seconds(), pipeline_->modeled_phase_seconds());
+  }
+  {
+    const MemoryCounter& mem = current_context().memory();
+    std::vector<double> most = {static_cast<double>(mem.peak() - mem.live()),
+                                static_cast<double>(optimizer().state_bytes())};
+    world().all_reduce(most.data(), most.data(), 2, DType::f64, ReduceOp::max);
+    res.activation_peak_bytes = static_cast<int64_t>(most[0]);
+    res.optimizer_state_bytes = static_cast<int64_t>(most[1]);
+  }
+}
+
 FitResult Trainer::fit(TrainingModule& module, DataModule& data, const std::string& ckpt_path) {
   const std::string saved = opts_.ckpt_path;
   opts_.ckpt_path = ckpt_path;
@@ -525,15 +476,7 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
   res.initial_val_loss = opts_.val_check_interval > 0 ? validate(module) : std::nullopt;
   const int64_t start_step = step_;  // > 0 after a resume: res counts only this fit's steps
   res.start_step = start_step;
-  if (opts_.max_steps == 0 && res.initial_val_loss && is_logging_rank()) {  // evaluation only
-    MetricsRow row;
-    row.step = step_;
-    row.loss = std::numeric_limits<double>::quiet_NaN();  // no training loss: an empty cell
-    row.val_loss = res.initial_val_loss;
-    row.epoch = data_->epoch();
-    for (auto& l : opts_.loggers)
-      l->log_metrics(row, {{"val_perplexity", std::exp(*res.initial_val_loss)}});
-  }
+  if (opts_.max_steps == 0 && res.initial_val_loss) log_evaluation_only(*res.initial_val_loss);
   t0_ = Clock::now();
   double train_seconds = 0, sim_train_seconds = 0;
   while (step_ < opts_.max_steps && !should_stop()) {
@@ -575,24 +518,7 @@ FitResult Trainer::fit(TrainingModule& module, DataModule& data) {
     for (auto& cb : opts_.callbacks)
       cb->on_step_end(*this, module, out);  // checkpoints: after the row
   }
-  res.seconds = seconds_since(t0_);
-  res.tokens_per_s = train_seconds > 0 ? res.steps * step_tokens_ / train_seconds : 0;
-  res.stop_reason = stop_reason_;
-  if (clock) {
-    res.sim_step_seconds = res.steps > 0 ? sim_train_seconds / static_cast<double>(res.steps) : 0;
-    res.hbm_peak_bytes = current_context().memory().peak();
-    if (pipeline_ && res.steps > 0)  // collective: every rank has a clock
-      res.sim_bubble =
-          modeled_bubble(pipeline_->modeled_schedule_seconds(), pipeline_->modeled_phase_seconds());
-  }
-  {
-    const MemoryCounter& mem = current_context().memory();
-    std::vector<double> most = {static_cast<double>(mem.peak() - mem.live()),
-                                static_cast<double>(optimizer().state_bytes())};
-    world().all_reduce(most.data(), most.data(), 2, DType::f64, ReduceOp::max);
-    res.activation_peak_bytes = static_cast<int64_t>(most[0]);
-    res.optimizer_state_bytes = static_cast<int64_t>(most[1]);
-  }
+  summarize_fit(res, train_seconds, sim_train_seconds);
   for (auto& cb : opts_.callbacks) cb->on_fit_end(*this, module);
   module.on_fit_end();
   if (is_logging_rank())

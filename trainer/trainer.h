@@ -193,7 +193,9 @@ class Trainer {
   void on_nonfinite_step(const StepOutput& out, double sim_step_s);
   void check_preemption();
   void teardown();
-  void resume(const std::string& path);
+  void log_evaluation_only(double val_loss);
+  void summarize_fit(FitResult& res, double train_seconds, double sim_train_seconds);
+  void resume(const std::string& path);  // trainer_resume.cpp
   std::vector<double> dp_sum(std::vector<double> v) const;
 
   TrainerOptions opts_;

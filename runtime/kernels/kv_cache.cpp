@@ -82,51 +82,99 @@ T* scratch(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// One (b, kv head) item of cached attention: the g query heads reading kv head `kh` and their S
-// rows, as one GEMM against the n = start + len keys of the row.
+// Softmax in place over the keys [first, visible) of one row of scores sr[0, n), zeros elsewhere.
+template <class T>
+void masked_softmax_row(T* sr, int64_t n, int64_t first, int64_t visible) {
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t k = first; k < visible; ++k) mx = std::max(mx, sr[k]);
+  T z = 0;
+  for (int64_t k = first; k < visible; ++k) z += sr[k] = std::exp(sr[k] - mx);
+  const T inv = T(1) / z;
+  for (int64_t k = first; k < visible; ++k) sr[k] *= inv;
+  for (int64_t k = 0; k < first; ++k) sr[k] = 0;
+  for (int64_t k = visible; k < n; ++k) sr[k] = 0;
+}
+
+// The queries of a prefill chunk (len > 1) go through attention in blocks of this many positions.
+constexpr int64_t kQueryBlock = 64;
+
+// One (b, kv head) item of cached attention: the g query heads reading kv head `kh` and their
+// `len` rows against the n = st + len keys of the row (kc, vc: [n, D], as T).
+// One row (decode): the g heads' scores as one GEMM, then each head's weighted sum of the values.
+// More rows (a prefill chunk): blocks of kQueryBlock positions, each block's g x block queries
+// against the keys up to its last position only (the keys after it are masked for the whole
+// block), scores and output as two GEMMs. A row's result depends on its position, len and st
+// only: not on the other rows of the call.
+template <class T>
+void attend_rows(const Tensor& out, const Tensor& q, const T* kp, const T* vp, int64_t b,
+                 int64_t kh, int64_t g, int64_t D, int64_t st, int64_t len, T scale,
+                 int64_t window) {
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const T* qsrc = q.data<T>();
+  T* op = out.data<T>();
+  auto q_row = [&](int64_t j, int64_t s) {
+    return qsrc + b * q.stride(0) + (kh * g + j) * q.stride(1) + s * q.stride(2);
+  };
+  auto out_row = [&](int64_t j, int64_t s) {
+    return op + b * out.stride(0) + (kh * g + j) * out.stride(1) + s * out.stride(2);
+  };
+  thread_local std::vector<T> qbuf, sbuf, obuf;
+  if (len == 1) {
+    const int64_t n = st + 1, first = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+    T* qp = scratch(qbuf, g * D);
+    T* sp = scratch(sbuf, g * n);
+    for (int64_t j = 0; j < g; ++j) std::memcpy(qp + j * D, q_row(j, 0), sizeof(T) * D);
+    Eigen::Map<const Mat> Q(qp, g, D), K(kp, n, D), V(vp, n, D);
+    Eigen::Map<Mat> Sm(sp, g, n);
+    Sm.noalias() = (Q * K.transpose()) * scale;
+    for (int64_t j = 0; j < g; ++j) {
+      T* sr = sp + j * n;
+      masked_softmax_row(sr, n, first, n);
+      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> O(out_row(j, 0), D);
+      O.noalias() = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(sr, n) * V;
+    }
+    return;
+  }
+  for (int64_t s0 = 0; s0 < len; s0 += kQueryBlock) {
+    const int64_t bl = std::min(kQueryBlock, len - s0), rows = g * bl;
+    // the keys the block reads: from its first query's window start to its last query
+    const int64_t k0 = window > 0 ? std::max<int64_t>(0, st + s0 + 1 - window) : 0;
+    const int64_t nk = st + s0 + bl - k0;
+    T* qp = scratch(qbuf, rows * D);
+    T* sp = scratch(sbuf, rows * nk);
+    T* opb = scratch(obuf, rows * D);
+    for (int64_t j = 0; j < g; ++j)
+      for (int64_t s = 0; s < bl; ++s)
+        std::memcpy(qp + (j * bl + s) * D, q_row(j, s0 + s), sizeof(T) * D);
+    Eigen::Map<const Mat> Q(qp, rows, D), K(kp + k0 * D, nk, D), V(vp + k0 * D, nk, D);
+    Eigen::Map<Mat> Sm(sp, rows, nk), O(opb, rows, D);
+    Sm.noalias() = (Q * K.transpose()) * scale;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t visible = st + s0 + r % bl + 1;  // keys [0, visible) before the window
+      const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;
+      masked_softmax_row(sp + r * nk, nk, first - k0, visible - k0);
+    }
+    O.noalias() = Sm * V;
+    for (int64_t j = 0; j < g; ++j)
+      for (int64_t s = 0; s < bl; ++s)
+        std::memcpy(out_row(j, s0 + s), opb + (j * bl + s) * D, sizeof(T) * D);
+  }
+}
+
+// attend_rows over keys and values of the cache's element type C (bf16: loaded into f32 rows).
 template <class T, class C>
 void attend_group(const Tensor& out, const Tensor& q, const C* kc, const C* vc, int64_t b,
                   int64_t kh, int64_t g, int64_t D, int64_t st, int64_t len, T scale,
                   int64_t window) {
-  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const int64_t n = st + len, rows = g * len;
-  thread_local std::vector<T> qbuf, sbuf, kbuf, vbuf;
-  T* qp = scratch(qbuf, rows * D);
-  T* sp = scratch(sbuf, rows * n);
-  const T* qsrc = q.data<T>();
-  for (int64_t j = 0; j < g; ++j)
-    for (int64_t s = 0; s < len; ++s) {
-      const T* src = qsrc + b * q.stride(0) + (kh * g + j) * q.stride(1) + s * q.stride(2);
-      std::memcpy(qp + (j * len + s) * D, src, sizeof(T) * D);
-    }
-  const T *kp, *vp;
   if constexpr (std::is_same_v<C, T>) {
-    kp = kc, vp = vc;
-  } else {  // bf16 cache: loaded into f32 rows
+    attend_rows<T>(out, q, kc, vc, b, kh, g, D, st, len, scale, window);
+  } else {
+    thread_local std::vector<T> kbuf, vbuf;
+    const int64_t n = st + len;
     T* kb = scratch(kbuf, n * D);
     T* vb = scratch(vbuf, n * D);
     for (int64_t i = 0; i < n * D; ++i) kb[i] = load(kc[i]), vb[i] = load(vc[i]);
-    kp = kb, vp = vb;
-  }
-  Eigen::Map<const Mat> Q(qp, rows, D), K(kp, n, D), V(vp, n, D);
-  Eigen::Map<Mat> Sm(sp, rows, n);
-  Sm.noalias() = (Q * K.transpose()) * scale;
-  T* op = out.data<T>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t j = r / len, s = r % len, visible = st + s + 1;
-    const int64_t first = window > 0 ? std::max<int64_t>(0, visible - window) : 0;
-    T* sr = sp + r * n;
-    T mx = -std::numeric_limits<T>::infinity();
-    for (int64_t k = first; k < visible; ++k) mx = std::max(mx, sr[k]);
-    T z = 0;
-    for (int64_t k = first; k < visible; ++k) z += sr[k] = std::exp(sr[k] - mx);
-    const T inv = T(1) / z;
-    for (int64_t k = first; k < visible; ++k) sr[k] *= inv;
-    for (int64_t k = 0; k < first; ++k) sr[k] = 0;
-    for (int64_t k = visible; k < n; ++k) sr[k] = 0;
-    T* orow = op + b * out.stride(0) + (kh * g + j) * out.stride(1) + s * out.stride(2);
-    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> O(orow, D);
-    O.noalias() = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(sr, n) * V;
+    attend_rows<T>(out, q, kb, vb, b, kh, g, D, st, len, scale, window);
   }
 }
 

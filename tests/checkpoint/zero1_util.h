@@ -21,6 +21,10 @@ struct TraineeOptions {
   uint64_t seed = 1;
   bool bf16 = false;  // bf16 parameters with f32 master weights
   bool lion = false;  // Lion (ZeRO-1 over its rule), else AdamW
+  // zero1: the stage (three: every decoder layer a unit, optim/zero3_unit.h), the bucket size
+  optim::ZeroStage stage = optim::ZeroStage::one;
+  int64_t bucket_bytes = 3000;  // several buckets; parameters cut between DP ranks
+  int layers = 0, hidden = 0;   // 0: ckpt_model_config's (hidden: FFN twice it, 2 KV heads)
 };
 
 struct Zero1Trainee {
@@ -32,6 +36,8 @@ struct Zero1Trainee {
   Zero1Trainee(int tp, TraineeOptions o) {
     ModelConfig c = ckpt_model_config(tp);
     if (o.bf16) c.dtype = DType::bf16;
+    if (o.layers) c.num_layers = o.layers;
+    if (o.hidden) c.hidden_size = o.hidden, c.ffn_hidden_size = 2 * o.hidden;
     model = make_causal_lm(c, o.seed);
     std::vector<optim::NamedParam> ps;
     for (const auto& [n, t] : model->named_parameters()) ps.push_back({n, t});
@@ -44,7 +50,11 @@ struct Zero1Trainee {
       zo.adamw = ao;
       if (o.lion) zo.rule = optim::lion_rule(lo);
       zo.registration_order = ps;
-      zo.bucket_bytes = 3000;  // several buckets; parameters cut between DP ranks
+      zo.bucket_bytes = o.bucket_bytes;
+      zo.stage = o.stage;
+      if (o.stage == optim::ZeroStage::three)
+        for (size_t i = 0; i < model->decoder_stack()->layers().size(); ++i)
+          zo.units.push_back(model->decoder_stack()->layers()[i].get());
       opt = std::make_unique<optim::Zero1AdamW>(std::move(groups), zo);
     } else {
       if (o.lion)

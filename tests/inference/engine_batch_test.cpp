@@ -1,11 +1,12 @@
 // Batch invariance of the serving engine (docs/design/inference.md, "Batch invariance"): a
 // request's tokens and logprobs are bitwise those it gets alone while up to 16 other requests
-// (int8 or int4 weights) or 39 (f32) decode beside it, and with PrefillCalls::per_request while
-// others are prefilled in the same step.
+// (bf16, int8 or int4 weights) or 39 (f32) decode beside it, and with PrefillCalls::per_request
+// (the default) while others are prefilled in the same step.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine_util.h"
@@ -37,6 +38,14 @@ TEST(EngineBatch, Int4RequestsGetTheirBitsAloneBesideSixteenOthers) {
   expect_each_request_alone(quantized({.format = WeightQuant::int4}), 17);
 }
 
+// bf16 weights: the bf16 few-rows kernel (runtime/kernels/gemv_bf16.h) takes up to 32 rows, each
+// output lanes8::dot of its row rounded once
+TEST(EngineBatch, Bf16RequestsGetTheirBitsAloneBesideSixteenOthers) {
+  ModelConfig c = few_rows_llama();
+  c.dtype = DType::bf16;
+  expect_each_request_alone(make_causal_lm(c, 5), 17);
+}
+
 // f32 with more decode rows than the few-rows kernel takes at once (runtime/gemv_f32.h:
 // kSmallRows = 32)
 TEST(EngineBatch, FortyF32DecodeRowsGiveEachRequestItsBitsAlone) {
@@ -44,16 +53,20 @@ TEST(EngineBatch, FortyF32DecodeRowsGiveEachRequestItsBitsAlone) {
 }
 
 // Three requests submitted together, so their prefills share a step: with per-request prefill
-// calls each request's logprobs (the first from its prefill, the rest over its K/V) are bitwise
-// those it gets alone, for f32 and int8 weights and prompts of 5 to 64 tokens (batched, the
-// [3, S] call gives most of them other last bits: docs/design/inference.md).
+// calls (the engine's default) each request's logprobs (the first from its prefill, the rest over
+// its K/V) are bitwise those it gets alone, for f32, bf16 and int8 weights and prompts of 5 to 64
+// tokens (batched, the [3, S] call gives most of them other last bits: docs/design/inference.md).
 TEST(EngineBatch, PerRequestPrefillCallsGiveEachRequestItsBitsAlone) {
-  for (bool int8 : {false, true}) {
-    auto m = int8 ? quantized({.format = WeightQuant::int8}) : make_causal_lm(few_rows_llama(), 5);
-    EngineOptions o;
-    o.prefill_calls = PrefillCalls::per_request;
+  ModelConfig bf16 = few_rows_llama();
+  bf16.dtype = DType::bf16;
+  for (std::string w : {"f32", "bf16", "int8"}) {
+    auto m = w == "int8"   ? quantized({.format = WeightQuant::int8})
+             : w == "bf16" ? make_causal_lm(bf16, 5)
+                           : make_causal_lm(few_rows_llama(), 5);
+    const EngineOptions o;  // the default: a call per request
+    ASSERT_EQ(o.prefill_calls, PrefillCalls::per_request);
     for (int64_t S : {5, 12, 20, 33, 40, 47, 64}) {
-      SCOPED_TRACE(str(int8 ? "int8" : "f32", " prompt ", S));
+      SCOPED_TRACE(str(w, " prompt ", S));
       std::vector<Request> reqs;
       for (int b = 0; b < 3; ++b) {
         SamplingParams sp = b == 1 ? sampled() : greedy();

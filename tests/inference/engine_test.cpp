@@ -47,6 +47,35 @@ TEST(Engine, GreedyAndSampledEqualGenerateBatch) {
   }
 }
 
+// Prompts longer than the attention kernel's block of 64 queries (runtime/kernels/kv_cache.cpp):
+// whole in one step and in chunks of 48 that start and end inside a block, the greedy tokens equal
+// generate_batch's (one [3, 150] prefill on the contiguous cache).
+TEST(Engine, PromptsOverSeveralQueryBlocksEqualGenerateBatch) {
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  c.max_position_embeddings = 192;
+  auto m = make_causal_lm(c, 31);
+  const std::vector<std::vector<int64_t>> prompts = {ids(150, 11), ids(70, 12), ids(129, 13)};
+  GenerateOptions g;
+  g.temperature = 0;
+  g.max_new_tokens = 12;
+  const GenerateResult want = m->generate_batch(prompts, g);
+  for (int64_t budget : {512, 48}) {
+    SCOPED_TRACE(str("budget ", budget));
+    EngineOptions o;
+    o.max_num_batched_tokens = budget;
+    Engine e(m, nullptr, o);
+    Results res;
+    std::vector<int64_t> rid;
+    for (const auto& p : prompts) rid.push_back(e.submit(request(p, 12, greedy()), into(res)));
+    e.run_until_idle();
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      std::vector<int64_t> seq = prompts[b];
+      seq.insert(seq.end(), res[rid[b]].ids.begin(), res[rid[b]].ids.end());
+      EXPECT_EQ(seq, want.sequences[b]) << "prompt " << b;
+    }
+  }
+}
+
 TEST(Engine, SameTokensAloneAndBatchedWithCompanionsJoiningAndLeaving) {
   auto m = tiny_llama(11);
   const std::vector<int64_t> prompt = ids(13, 40);
@@ -277,7 +306,9 @@ TEST(Engine, PrefillChunksOfSimilarLengthRunAsOneBatch) {
   auto m = tiny_llama(14);
   std::vector<Request> reqs;
   for (int k = 0; k < 4; ++k) reqs.push_back(request(ids(k == 3 ? 2 : 12, 70 + k), 5, greedy()));
-  Engine e(m, nullptr, {});
+  EngineOptions o;
+  o.prefill_calls = PrefillCalls::batched;  // the default is a call per request
+  Engine e(m, nullptr, o);
   Results res;
   std::vector<int64_t> rid;
   for (const auto& r : reqs) rid.push_back(e.submit(r, into(res)));

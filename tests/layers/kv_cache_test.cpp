@@ -20,6 +20,7 @@
 #include "nxd/runtime/kernels/kv_cache.h"
 #include "nxd/runtime/rng.h"
 #include "support/compare.h"
+#include "support/random.h"
 #include "support/ranks.h"
 #include "support/tiny_models.h"
 
@@ -345,6 +346,43 @@ TEST(KVCacheKernels, CachedAttentionMatchesReference) {
   Tensor g = q.detach().clone();
   g.set_requires_grad(true);
   EXPECT_THROW(cached_attention(g, kc, vc, st.seq_ids, st.start, st.lengths), InvalidArgument);
+}
+
+// A prefill chunk longer than the kernel's block of 64 queries: each block reads the keys up to
+// its last query only; the result is the reference's (f64 to 1e-12, f32 and a bf16 cache to
+// 1e-5), with and without a sliding window (one shorter than a block, one longer), and a row's
+// output is bitwise the same computed alone as beside another row.
+TEST(KVCacheKernels, LongPrefillChunkAttentionMatchesReference) {
+  const int64_t B = 2, Hq = 6, Hkv = 2, S = 150, D = 16, L = 220;
+  Tensor q = nxd::testing::randn({B, Hq, S, D}, 21);
+  Tensor kc = nxd::testing::randn({3, Hkv, L, D}, 22), vc = nxd::testing::randn({3, Hkv, L, D}, 23);
+  // row 0: 150 queries from position 40 (three blocks); row 1: 97 from 0, the rest padding
+  CacheStep st = make_cache_step({2, 0}, {40, 0}, {150, 97});
+  for (int64_t w : {0, 30, 100}) {
+    SCOPED_TRACE(str("window ", w));
+    Tensor ref = empty_like(q);
+    kernels::ref::cached_attention_forward(ref, q, kc, vc, st.seq_ids, st.start, st.lengths, 0, w);
+    Tensor o64 = empty_like(q);
+    kernels::cached_attention_forward(o64, q, kc, vc, st.seq_ids, st.start, st.lengths, 0, w);
+    EXPECT_ALLCLOSE(o64, ref, 0, 1e-12);
+    const Tensor q32 = q.to(DType::f32);
+    for (DType cd : {DType::f32, DType::bf16}) {
+      const Tensor k = kc.to(DType::f32).to(cd), v = vc.to(DType::f32).to(cd);
+      Tensor out = empty({B, Hq, S, D}, DType::f32);
+      kernels::cached_attention_forward(out, q32, k, v, st.seq_ids, st.start, st.lengths, 0, w);
+      Tensor r = empty_like(q);
+      kernels::ref::cached_attention_forward(r, q32.to(DType::f64), k.to(DType::f64),
+                                             v.to(DType::f64), st.seq_ids, st.start, st.lengths, 0,
+                                             w);
+      EXPECT_TRUE(nxd::testing::close_rel(out.to(DType::f64), r, 1e-5, "long chunk"));
+      // row 1 alone (its own call of one row) against row 1 of the two-row call
+      Tensor one = empty({1, Hq, S, D}, DType::f32);
+      CacheStep st1 = make_cache_step({0}, {0}, {97});
+      kernels::cached_attention_forward(one, q32.select(0, 1).unsqueeze(0).contiguous(), k, v,
+                                        st1.seq_ids, st1.start, st1.lengths, 0, w);
+      EXPECT_BITWISE_EQ(one.select(0, 0).contiguous(), out.select(0, 1).contiguous());
+    }
+  }
 }
 
 TEST(Generate, TopPKeepsTheNucleus) {

@@ -128,6 +128,14 @@ TEST(MemoryPlan, KnowsZeroStage3) {
        "precision.type=fp32"},
       {"backend.world_size=4", "distributed_strategy.zero_stage=3",
        "model.activations_checkpoint_granularity=full", "precision.type=fp32"},
+      // under a pipeline: each chunk's layers gathered by its measured forward and backward, the
+      // .grads accumulated over the microbatches to the step
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+       "distributed_strategy.zero_stage=3", "precision.type=fp32"},
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+       "distributed_strategy.virtual_pipeline_model_parallel_size=2",
+       "distributed_strategy.pipeline_schedule=interleaved", "distributed_strategy.zero_stage=3",
+       "precision.type=mixed_precision"},
   };
   plan_against_runs(d, runs);
 }
@@ -216,6 +224,7 @@ TEST(MemoryPlan, ModeledStepMatchesTheSimClockOfARealRun) {
       {"backend.world_size=4", "distributed_strategy.zero_stage=2", "data.micro_batch_size=1"},
       {"backend.world_size=4", "distributed_strategy.zero_stage=2",
        "distributed_strategy.optimizer_offload=true", "precision.type=mixed_precision"},
+      {"backend.world_size=4", pp2, "distributed_strategy.zero_stage=3"},  // M = 4: the gathers
   };
   for (size_t i = 0; i < runs.size(); ++i) {
     const TrainConfig cfg = small(d, "run" + std::to_string(i), runs[i]);

@@ -68,6 +68,8 @@ TEST(NxdServe, UserMistakesExitWithCode2NamingTheValue) {
       {{"--hf", hf, "--bogus", "1"}, "unknown flag '--bogus'"},
       {{"--hf", hf, "--chunked-prefill", "yes"}, "--chunked-prefill yes: expected on or off"},
       {{"--hf", hf, "--prefix-caching", "1"}, "--prefix-caching 1: expected on or off"},
+      {{"--hf", hf, "--prefill-calls", "one"},
+       "--prefill-calls one: expected per_request or batched"},
       {{"--hf", (d / "nothing").string()}, "nothing"},
       {{"--hf", hf, "--chat-template", (d / "missing.jinja").string()}, "missing.jinja"},
       {{"--hf", hf, "--instance", "inf9.huge", "--port", "0"}, "inf9.huge"},
