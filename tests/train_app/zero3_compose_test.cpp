@@ -107,9 +107,15 @@ TEST(Zero3Compose, MixtralAtExpertParallelOneAndTwoMatchesStage1BitwiseAndOneRan
       {"mixtral ep2 x dp4 no reshard", {ep2, "distributed_strategy.reshard_after_forward=false"}},
       {"mixtral ep2 x tp2 sp x dp2",
        {ep2, "distributed_strategy.tensor_model_parallel_size=2",
-        "distributed_strategy.sequence_parallel=true"}}};
+        "distributed_strategy.sequence_parallel=true"}},
+      {"mixtral pp2 x dp2", {"distributed_strategy.pipeline_model_parallel_size=2"}}};
   for (const auto& [name, keys] : layouts)
     expect_stage3_matches(d, name, with(with(kMixtral, {"backend.world_size=4"}), keys), single, 2);
+  // PP 2 x DP 4 x EP 2: each stage's experts a unit over expert-DP 2, chained with its chunk
+  expect_stage3_matches(d, "mixtral pp2 x dp4 x ep2",
+                        with(kMixtral, {"backend.world_size=8", ep2,
+                                        "distributed_strategy.pipeline_model_parallel_size=2"}),
+                        single, 2);
 }
 
 // Gradient accumulation (2 micro batches a step at EP 2 x DP 4): the first micro batch's backward
