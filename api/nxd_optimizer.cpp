@@ -41,21 +41,13 @@ std::vector<optim::NamedParam> in_model_order(const NxDModel& model, const optim
 }
 
 // ZeRO-3's units: the decoder layers of the model's DecoderStacks (their forward runs through
-// run_param_unit), and per unit its prefetch chain: the index of its DecoderStack (a pipeline
-// rank has one per chunk); the combinations it does not support are a ConfigError naming both
-// keys.
+// run_param_unit), sharded over DP x CP, and per unit its prefetch chain: the index of its
+// DecoderStack (a pipeline rank has one per chunk); a model without one is a ConfigError.
 std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, int ep,
                                  std::vector<int>& chain) {
   const char* stage = "[NxDOptimizer] optimizer_config.zero_stage=3";
-  NXD_CHECK_T(ConfigError, cfg.context_parallel_size == 1, stage,
-              " with context_parallel_size=", cfg.context_parallel_size,
-              " is not supported (docs/design/fsdp.md)");
-  NXD_CHECK_T(ConfigError, ep == 1, stage, " with expert_parallel_size=", ep,
-              " is not supported (docs/design/fsdp.md)");
   std::vector<Module*> units;
   for (Module* m : model.local_modules()) {
-    NXD_CHECK_T(ConfigError, moe_layers(*m).empty(), stage,
-                " with a mixture-of-experts model is not supported (docs/design/fsdp.md)");
     for (auto& [name, sub] : m->named_modules())
       if (const auto* stack = dynamic_cast<const DecoderStack*>(sub)) {
         for (const auto& l : stack->layers()) units.push_back(l.get());
@@ -76,6 +68,22 @@ Module* zero3_root(const NxDModel& model) {
   if (model.is_pipeline() || parts.size() != 1) return nullptr;
   const auto* lm = dynamic_cast<const CausalLM*>(parts[0]);
   return lm && lm->decoder_stack() ? parts[0] : nullptr;
+}
+
+// ZeRO-3 with expert parallelism: each MoE layer's experts, a unit nested in its layer's (in
+// forward order, in its layer's prefetch chain), sharded by the experts' optimizer over expert-DP
+// while the layer's unit holds the dense parameters over DP x CP. At EP 1 the experts are dense
+// parameters of the layer's unit.
+std::vector<Module*> zero3_expert_units(const std::vector<Module*>& layers,
+                                        const std::vector<int>& layer_chain,
+                                        std::vector<int>& chain) {
+  std::vector<Module*> units;
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (Module* e : moe_expert_modules(*layers[l])) {
+      units.push_back(e);
+      chain.push_back(l < layer_chain.size() ? layer_chain[l] : 0);
+    }
+  return units;
 }
 
 }  // namespace
@@ -146,7 +154,12 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.norm_params = norm_params_;
     zo.registration_order = order;
     zo.bucket_bytes = bucket;
-    zo.mode = moe ? optim::GradSyncMode::at_step : mode;
+    // ZeRO-3 with MoE: each unit's buckets go out as its backward releases it, at the same point
+    // on every rank whatever the routing (and the experts' between the exchanges, in the same
+    // order on every rank), so they may overlap the backward
+    const bool three = stage == optim::ZeroStage::three;
+    zo.mode = moe && !three ? optim::GradSyncMode::at_step : mode;
+    zo.unit_launch = moe ? optim::UnitLaunch::at_release : optim::UnitLaunch::when_complete;
     // expert parallelism: NxD's second ZeRO-1 optimizer, over the expert-DP group
     zo.expert_params = experts;
     zo.registration_order.insert(zo.registration_order.end(), experts.begin(), experts.end());
@@ -159,6 +172,8 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.units = units;
     zo.unit_chain = unit_chain;
     if (stage == optim::ZeroStage::three) zo.root = zero3_root(model_);
+    if (!experts.empty())
+      zo.expert_units = zero3_expert_units(units, unit_chain, zo.expert_unit_chain);
     zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;
     zo.prefetch = cfg_.optimizer_config.zero3_prefetch;
     zo.placement = cfg_.optimizer_config.optimizer_offload ? optim::StatePlacement::host

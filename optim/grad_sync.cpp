@@ -46,7 +46,8 @@ struct GradSync::State {
   GradSyncOptions opts;
   std::shared_ptr<Communicator> group;
   bool sync = true;
-  bool active = false;  // buffers exist
+  std::vector<std::weak_ptr<State>> linked;  // link_sync: their sync follows this one's
+  bool active = false;                       // buffers exist
   int next_launch = 0;
   int64_t copied_bytes = 0;
 
@@ -142,7 +143,23 @@ struct GradSync::State {
               "' became ready twice before finish() with sync on: run all but the last "
               "microbatch's backward under no_sync() / set_sync(false)");
     arrived[i] = 1;
+    if (at_release(i)) return;  // the unit's release launches its buckets
     --buckets[bucket_of[i]].pending;
+    launch_ready();
+  }
+
+  bool at_release(int i) const {
+    if (opts.unit_launch != UnitLaunch::at_release || opts.units.empty()) return false;
+    const int u = opts.units[static_cast<size_t>(i)];
+    return u != 0 && u != opts.root_unit;
+  }
+
+  void unit_released(int unit) {
+    if (!active || !sync || opts.mode != GradSyncMode::overlap || group->size() == 1 ||
+        opts.units.empty())
+      return;
+    for (auto& b : buckets)
+      if (!b.launched && opts.units[static_cast<size_t>(b.params[0])] == unit) b.pending = 0;
     launch_ready();
   }
 
@@ -314,6 +331,12 @@ GradSync::~GradSync() {
 
 void GradSync::set_sync(bool on) {
   s_->sync = on;
+  for (const auto& w : s_->linked)
+    if (auto f = w.lock()) f->sync = on;
+}
+void GradSync::link_sync(GradSync& follower) {
+  s_->linked.push_back(follower.s_);
+  follower.s_->sync = s_->sync;
 }
 bool GradSync::sync() const {
   return s_->sync;
@@ -378,6 +401,21 @@ Tensor GradSync::bucket_shard(int b) const {
 }
 bool GradSync::has_grad(int param) const {
   return s_->has_grad.at(static_cast<size_t>(param)) != 0;
+}
+
+void GradSync::unit_released(int unit) {
+  NoGradGuard ng;
+  s_->unit_released(unit);
+}
+
+std::function<void()> GradSync::unit_release_callback(int unit) const {
+  std::weak_ptr<State> weak = s_;
+  return [weak, unit] {
+    if (auto st = weak.lock()) {
+      NoGradGuard ng;
+      st->unit_released(unit);
+    }
+  };
 }
 
 void GradSync::finish() {

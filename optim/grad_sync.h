@@ -84,6 +84,7 @@
 // used both inside and outside a checkpointed segment fires its hook early; do not share such
 // parameters with bucketing).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,6 +100,13 @@ const char* grad_sync_mode_name(GradSyncMode m);
 enum class DpReduction { all_reduce, reduce_scatter };
 const char* dp_reduction_name(DpReduction r);
 enum class GradStorage { buckets, shard_only };
+// When a ZeRO-3 unit's buckets go out in overlap mode: when backward has produced all their
+// gradients (when_complete), or when the unit's backward is done (at_release: unit_released(),
+// called by the unit as it releases its parameters after its backward, at the same point of every
+// rank's backward; a parameter without a gradient there, e.g. an expert no token reached,
+// contributes zeros). Mixture of experts uses at_release: with when_complete such a bucket would
+// go out in backward on some ranks and only at the step on others.
+enum class UnitLaunch { when_complete, at_release };
 
 struct GradSyncOptions {
   int64_t bucket_bytes = int64_t{25} << 20;  // DDP's default bucket_cap_mb = 25
@@ -110,6 +118,11 @@ struct GradSyncOptions {
   // Per parameter (the constructor's order): its ZeRO-3 unit; a bucket never mixes units (a new
   // unit closes the open buckets). Empty: no units.
   std::vector<int> units;
+  UnitLaunch unit_launch = UnitLaunch::when_complete;
+  // The root unit's index in `units` (0: none). UnitLaunch::at_release leaves it out: the root is
+  // released after the head's backward, before the embedding's gradient exists, and its dense
+  // parameters get a gradient on every rank, so its buckets go out when complete.
+  int root_unit = 0;
 };
 
 class GradSync {
@@ -122,8 +135,10 @@ class GradSync {
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
-  // Whether backward hooks launch reductions (overlap mode); default on.
+  // Whether backward hooks launch reductions (overlap mode); default on. Propagates to the
+  // GradSyncs linked with link_sync (ZeRO-1's experts' buckets follow the dense ones' no_sync()).
   void set_sync(bool on);
+  void link_sync(GradSync& follower);
   bool sync() const;
   // RAII: sync off for its lifetime (DDP's no_sync()), restoring the previous flag.
   class NoSync {
@@ -141,6 +156,11 @@ class GradSync {
 
   // Completes the reduction of every parameter's gradient (see above).
   void finish();
+  // UnitLaunch::at_release: unit `unit`'s backward is done (its index in GradSyncOptions::units);
+  // its buckets are launched (in overlap mode with sync on; otherwise nothing). The callable form
+  // outlives nothing: it does nothing once the GradSync is gone.
+  void unit_released(int unit);
+  std::function<void()> unit_release_callback(int unit) const;
 
   // ---- introspection ----
   int dp_size() const;

@@ -114,6 +114,9 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   Impl& I = *impl_;
   I.rule = rule_of(opts);
   I.opts = std::move(opts);
+  // sharded by an earlier ZeRO-3 optimizer: whole again (before the experts' optimizer below sets
+  // the units of the experts nested in these)
+  remove_param_units(I.opts.units);
   NXD_CHECK(
       I.rule.update != nullptr && I.rule.state.size() <= static_cast<size_t>(kMaxElementwiseState),
       "[Zero1Optimizer] ", kind_, "'s elementwise rule needs an update and at most ",
@@ -130,25 +133,26 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   NXD_CHECK(I.opts.stage != ZeroStage::none, "[Zero1Optimizer] stage must be 1, 2 or 3, got ",
             zero_stage_name(I.opts.stage));
   const bool three = I.opts.stage == ZeroStage::three;
-  // sharded by an earlier ZeRO-3 optimizer: whole again
-  remove_param_units(I.opts.units);
-  if (I.opts.root) remove_param_units({I.opts.root});
-  NXD_CHECK(!three || I.opts.expert_params.empty(),
-            "[Zero1Optimizer] stage 3 does not shard expert-parallel parameters");
-  NXD_CHECK(three || (I.opts.units.empty() && !I.opts.root),
-            "[Zero1Optimizer] units and a root are for stage 3, got stage ",
+  if (I.opts.root) remove_param_units({I.opts.root});  // (the layers' units: above)
+  NXD_CHECK(I.opts.expert_units.empty() || !I.opts.expert_params.empty(),
+            "[Zero1Optimizer] expert_units without expert_params");
+  NXD_CHECK(three || (I.opts.units.empty() && I.opts.expert_units.empty() && !I.opts.root),
+            "[Zero1Optimizer] units, expert units and a root are for stage 3, got stage ",
             zero_stage_name(I.opts.stage));
   const std::vector<int> unit_of =
       three ? unit_of_params(I.opts.units, I.opts.root, order) : std::vector<int>();
   GradSyncOptions go;
   go.storage = I.opts.stage == ZeroStage::one ? GradStorage::buckets : GradStorage::shard_only;
   go.units = unit_of;
+  go.unit_launch = I.opts.unit_launch;
+  go.root_unit = three && I.opts.root ? static_cast<int>(I.opts.units.size()) + 1 : 0;
   go.bucket_bytes = I.opts.bucket_bytes;
   go.mode = I.opts.mode;
   go.group = I.dp;
   go.reduction = DpReduction::reduce_scatter;
   go.fp32_grad_acc = I.opts.fp32_grad_acc;
   I.sync = std::make_unique<GradSync>(order, go);
+  if (experts_) I.sync->link_sync(experts_->grad_sync());  // no_sync() covers the experts too
   lay_out(I, group_of);
   I.flatten_params();
   if (three) I.build_units(unit_of);

@@ -67,6 +67,11 @@
 // learning rates and weight decays of the groups apply to both. sharded_state() lists the dense
 // parameters, then the experts: the DP files of a checkpoint still tile every state tensor once
 // (an expert's pieces are in the files of its expert-DP group's ranks), so it loads at any EP.
+// At stage three the experts' optimizer shards the experts' parameters over expert-DP, one unit
+// per MoE layer's experts (Zero1Options::expert_units), while the layer's unit holds the rest of
+// the layer, sharded over DP (x CP): docs/design/fsdp.md, "Composition". With MoE a unit's buckets
+// go out as its backward releases it (Zero1Options::unit_launch at_release), and the experts'
+// GradSync follows the dense one's no_sync().
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -122,11 +127,20 @@ struct Zero1Options {
   // Stage three: per unit its prefetch chain (a pipeline chunk's layers; link_units in
   // optim/zero3_unit.h): a unit prefetches only its neighbours in the same chain. Empty: one.
   std::vector<int> unit_chain;
+  // Stage three with expert_params: the experts' units (each MoE layer's `experts` module, nested
+  // in its layer's unit of `units`), sharded by the experts' optimizer over expert_dp_group and
+  // gathered by run_param_unit inside the MoE layer's forward (layers/moe/moe.h).
+  std::vector<Module*> expert_units;
+  // Stage three: the experts' units' prefetch chains (as unit_chain), one per expert unit.
+  std::vector<int> expert_unit_chain;
   // Stage three: release a unit's parameters after its forward and gather them again for its
   // backward (FSDP's default); false keeps them from the forward to the end of the backward.
   bool reshard_after_forward = true;
   // Stage three: whether gathering a unit starts the next one's all-gather (optim/zero_stage.h).
   UnitPrefetch prefetch = UnitPrefetch::next_unit;
+  // Stage three in overlap mode: when a unit's buckets go out (GradSyncOptions::unit_launch;
+  // at_release for mixture of experts).
+  UnitLaunch unit_launch = UnitLaunch::when_complete;
   // host: optimizer offload: the state and masters of the shard (and the step's f32 working copy)
   // are host memory, charged to the rank's host counter (runtime/host_memory.h), not its HBM.
   StatePlacement placement = StatePlacement::device;

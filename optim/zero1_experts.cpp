@@ -29,6 +29,10 @@ std::vector<ParamGroup> Zero1Optimizer::split_experts(std::vector<ParamGroup> gr
               "' is in no parameter group");
   Zero1Options eo = o;
   eo.expert_params.clear();
+  eo.units = o.expert_units;  // stage three: each MoE layer's experts, a unit over expert-DP
+  eo.unit_chain = o.expert_unit_chain;
+  eo.expert_units.clear();
+  eo.expert_unit_chain.clear();
   eo.dp_group =
       o.expert_dp_group ? o.expert_dp_group : parallel_state::get_expert_data_parallel_group_ptr();
   std::erase_if(eo.registration_order,

@@ -6,10 +6,13 @@
 namespace nxd::optim {
 
 // Stage three: each unit's buckets (the root's included) get a persistent shard and a ShardedUnit
-// on the unit's module; their full buffers are released.
+// on the unit's module; their full buffers are released. A sharding group of one rank (DP x CP 1;
+// the experts' group when EP = DP x CP) has nothing to shard: no unit, the parameters stay whole
+// as at stage two (a unit would only add its gathered copy beside a shard of the same size).
 void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
   NoGradGuard ng;
   pshard.assign(shards.size(), Tensor());
+  if (dp->size() == 1) return;
   for (size_t u = 0; u < opts.units.size() + (opts.root ? 1 : 0); ++u)
     units.push_back(std::make_shared<ShardedUnit>(dp, opts.reshard_after_forward, opts.prefetch));
   for (size_t b = 0; b < shards.size(); ++b) {
@@ -23,15 +26,17 @@ void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
     units[static_cast<size_t>(u - 1)]->add_bucket(pbuf[b], pshard[b]);
     pbuf[b].storage()->release_data();  // now: the model's full size is never exceeded
   }
-  install_units(units, opts.units, opts.unit_chain, opts.root);
+  install_units(units, opts.units, opts.unit_chain, opts.root, *sync);
 }
 
 void Zero1Optimizer::gather_parameters() {
   for (auto& u : impl_->units) u->materialize();
+  if (experts_) experts_->gather_parameters();
 }
 
 void Zero1Optimizer::release_parameters() {
   for (auto& u : impl_->units) u->write_back_and_release();
+  if (experts_) experts_->release_parameters();
 }
 
 int64_t Zero1Optimizer::resident_parameter_bytes() const {

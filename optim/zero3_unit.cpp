@@ -67,6 +67,7 @@ void ShardedUnit::release(UnitPass pass) {
   if (state_ != State::released) wait();
   for (Tensor& f : full_) f.storage()->release_data();  // a no-op where it has none (reserve())
   state_ = State::released;
+  if (pass == UnitPass::backward && on_backward_release_) on_backward_release_();
 }
 
 void ShardedUnit::write_back_and_release() {
@@ -93,13 +94,19 @@ void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
 }
 
 void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
-                   const std::vector<Module*>& modules, const std::vector<int>& chain,
-                   Module* root) {
+                   const std::vector<Module*>& modules, const std::vector<int>& chain, Module* root,
+                   const GradSync& sync) {
+  if (units.empty()) return;  // a sharding group of one rank
   NXD_CHECK(units.size() == modules.size() + (root ? 1 : 0), "[install_units] ", units.size(),
             " units for ", modules.size(), " modules", root ? " and a root" : "");
   const size_t n = modules.size();
   link_units({units.begin(), units.begin() + static_cast<std::ptrdiff_t>(n)}, chain);
   for (size_t u = 0; u < units.size(); ++u) {
+    // UnitLaunch::at_release: a layer's release sends its buckets. Not the root's: it is released
+    // after the head's backward, before the embedding's gradient exists (its buckets go out when
+    // complete or at the step).
+    if (u < n)
+      units[u]->set_on_backward_release(sync.unit_release_callback(static_cast<int>(u) + 1));
     units[u]->release(UnitPass::forward);
     if (u < n)
       modules[u]->set_param_unit(units[u]);
@@ -113,6 +120,7 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     const std::vector<int>& chain, Module* root, std::shared_ptr<Communicator> dp,
     bool reshard_after_forward, UnitPrefetch prefetch) {
   std::vector<std::shared_ptr<ShardedUnit>> units;
+  if (dp->size() == 1) return units;  // nothing to shard (Zero1Optimizer builds no unit either)
   for (size_t u = 0; u < modules.size() + (root ? 1 : 0); ++u)
     units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward, prefetch));
   const std::vector<std::vector<int>> layout = sync.bucket_layout();
@@ -133,7 +141,7 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     }
     units[static_cast<size_t>(u - 1)]->add_bucket(full, zeros({s}, p0.dtype(), Device::meta));
   }
-  install_units(units, modules, chain, root);
+  install_units(units, modules, chain, root, sync);
   return units;
 }
 

@@ -10,6 +10,7 @@
 // Neighbours are those of one chain (link_units): under pipeline parallelism a chain is one
 // chunk's layers, which the schedule runs as one forward or one backward, so a prefetched unit is
 // always the next one the rank runs.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,9 @@ class ShardedUnit : public ParamUnit {
   void add_bucket(Tensor full, Tensor shard);
   // The units before and after this one in forward order (prefetch targets).
   void set_neighbours(std::weak_ptr<ShardedUnit> prev, std::weak_ptr<ShardedUnit> next);
+  // Called once the unit's backward is done, as it releases (GradSync::unit_release_callback:
+  // UnitLaunch::at_release launches its buckets there).
+  void set_on_backward_release(std::function<void()> f) { on_backward_release_ = std::move(f); }
 
   void gather(UnitPass pass) override;
   void release(UnitPass pass) override;
@@ -61,6 +65,7 @@ class ShardedUnit : public ParamUnit {
   std::vector<Work> work_;
   State state_ = State::gathered;  // the buffers start full (the optimizer releases them)
   std::weak_ptr<ShardedUnit> prev_, next_;
+  std::function<void()> on_backward_release_;
 };
 
 // Makes each unit the prefetch neighbour of the units before and after it in forward order that
@@ -74,17 +79,18 @@ void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
 // The units of `modules` (in forward order) and, when `root` is set, the root unit (the last of
 // `units`, layers/param_unit.h) put to work: the modules' units linked within `chain`
 // (link_units; the root prefetches nothing and is no one's neighbour), every unit released and
-// set on its module (a root unit without buckets is not: the root's parameters stay as they are).
+// set on its module (a root unit without buckets is not: the root's parameters stay as they are);
+// with UnitLaunch::at_release each layer's release sends its buckets (`sync`). No units: nothing.
 void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
-                   const std::vector<Module*>& modules, const std::vector<int>& chain,
-                   Module* root);
+                   const std::vector<Module*>& modules, const std::vector<int>& chain, Module* root,
+                   const GradSync& sync);
 
 // nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each
 // of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 1 +
 // modules.size() the root unit's, 0 none, as given to GradSyncOptions::units) become views of a
 // flat meta buffer [S * n], released, beside a meta shard [S]; the units are installed
-// (install_units). `dp`: the sharding group (the GradSync's). The other parameters are left as
-// they are.
+// (install_units). `dp`: the sharding group (the GradSync's); of one rank: no unit (as
+// Zero1Optimizer). The other parameters are left as they are.
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
     const std::vector<int>& chain, Module* root, std::shared_ptr<Communicator> dp,

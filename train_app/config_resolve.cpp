@@ -268,19 +268,6 @@ optim::ZeroStage resolve_zero_stage(Resolver& r) {
   return stage;
 }
 
-// ZeRO-3 against the strategies it does not compose with yet (each named with the stage).
-void check_zero3(Resolver& r, const DistributedSection& ds, const ModelConfig& m) {
-  if (ds.zero_stage != optim::ZeroStage::three) return;
-  const char* stage = "distributed_strategy.zero_stage=3";
-  if (ds.context_parallel_size > 1)
-    r.fail(stage, " with distributed_strategy.context_parallel_size=", ds.context_parallel_size,
-           " is not supported (not tested); use zero_stage 2");
-  if (ds.expert_model_parallel_size > 1 || m.moe.enabled())
-    r.fail(stage, " with model.moe (distributed_strategy.expert_model_parallel_size=",
-           ds.expert_model_parallel_size,
-           ") is not supported: ZeRO-3 does not shard the experts; use zero_stage 2");
-}
-
 // Expert parallelism and MoE against the other strategies (every impossible combination named).
 void check_experts(Resolver& r, const DistributedSection& ds, const ModelConfig& m) {
   const int64_t ep = ds.expert_model_parallel_size;
@@ -517,7 +504,6 @@ TrainConfig resolve(const Config& in) {
   t.model = resolve_model(r, t.data);
   t.dist = resolve_distributed(r, t.model);
   t.lora = resolve_peft(r);
-  check_zero3(r, t.dist, t.model);
   t.alignment = resolve_alignment(r.c, t);
   t.grad_accum_steps = resolve_batching(r, t.data, t.dist);
   if (t.dist.pipeline_model_parallel_size > 1 || t.dist.virtual_pipeline_model_parallel_size > 1 ||

@@ -75,11 +75,11 @@ int64_t zero1_state(const TrainConfig& cfg, const api::ResolvedPrecision& rp,
 }
 
 // Whether nxd-train's ZeRO-3 buckets go out during backward with one microbatch a step (no
-// pipeline, no sequence-parallel sums before the reduction, no mixture of experts).
+// pipeline, no sequence-parallel sums before the reduction; with mixture of experts each unit's
+// as its backward releases it).
 bool overlaps(const TrainConfig& cfg) {
   return cfg.grad_accum_steps == 1 && cfg.dist.pipeline_model_parallel_size == 1 &&
-         !(cfg.dist.sequence_parallel && cfg.dist.tensor_model_parallel_size > 1) &&
-         !cfg.model.moe.enabled();
+         !(cfg.dist.sequence_parallel && cfg.dist.tensor_model_parallel_size > 1);
 }
 
 // ZeRO-2: the bytes of the largest bucket buffer (padded to n shards).
@@ -90,23 +90,31 @@ int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
   return most;
 }
 
-// ZeRO-3's units: the decoder layers of the meta model's chunks, each parameter's unit, and each
-// unit's prefetch chain (its chunk, as NxDOptimizer chains them); the root unit (the model's other
-// parameters) on `root`, as NxDOptimizer makes it: the one chunk's, without a pipeline.
+// ZeRO-3's units, each parameter's unit, and each unit's prefetch chain (its chunk, as
+// NxDOptimizer chains them): the decoder layers of the meta model's chunks; for the experts' group
+// (EP > 1) each MoE layer's experts, as NxDOptimizer shards them. The root unit (the model's other
+// parameters) on `root`, as NxDOptimizer makes it: the one chunk's, without a pipeline; none for
+// the experts' group.
 std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g, std::vector<int>& chain,
                                  Module*& root) {
   std::vector<Module*> units;
   std::unordered_map<const TensorImpl*, int> of;
+  auto add = [&](Module* u, size_t c) {
+    units.push_back(u);
+    chain.push_back(static_cast<int>(c));
+    for (const Tensor& t : u->parameters()) of.emplace(t.impl(), static_cast<int>(units.size()));
+  };
   for (size_t c = 0; c < mm.chunks.size(); ++c)
     if (const DecoderStack* s = mm.chunks[c]->decoder_stack())
       for (const auto& l : s->layers()) {
-        units.push_back(l.get());
-        chain.push_back(static_cast<int>(c));
-        for (const Tensor& t : l->parameters())
-          of.emplace(t.impl(), static_cast<int>(units.size()));
+        if (!g.experts)
+          add(l.get(), c);
+        else
+          for (Module* e : moe_expert_modules(*l)) add(e, c);
       }
-  root = !mm.pipe && mm.chunks.size() == 1 && mm.chunks[0]->decoder_stack() ? mm.chunks[0].get()
-                                                                            : nullptr;
+  root = !g.experts && !mm.pipe && mm.chunks.size() == 1 && mm.chunks[0]->decoder_stack()
+             ? mm.chunks[0].get()
+             : nullptr;
   if (root)
     for (const Tensor& t : root->parameters())
       of.emplace(t.impl(), static_cast<int>(units.size()) + 1);
@@ -152,6 +160,8 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
         // so its .grads are freed bucket by bucket; the plan's measured backward does the same
         // when the step has one microbatch (with more, the full .grads accumulate first)
         if (overlaps(cfg)) go.mode = optim::GradSyncMode::overlap;
+        if (cfg.model.moe.enabled()) go.unit_launch = optim::UnitLaunch::at_release;
+        go.root_unit = root ? static_cast<int>(units.size()) + 1 : 0;
       }
       g.sync = std::make_unique<optim::GradSync>(g.params, go);
       if (zero2 || (zero3 && go.mode == optim::GradSyncMode::at_step))

@@ -9,6 +9,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/moe/dispatch.h"
 #include "nxd/layers/parallel/mappings.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 
@@ -148,18 +149,22 @@ MoeMlp::Routing MoeMlp::route(const Tensor&, const Tensor& idx) const {
 
 Tensor MoeMlp::run_experts(const Tensor& rows, const std::vector<int64_t>& counts) const {
   const double scale = 1.0 / static_cast<double>(ep_size());
-  std::vector<Tensor> outs;
-  int64_t off = 0;
-  for (int64_t e = 0; e < local_; ++e) {
-    const int64_t n = counts.at(static_cast<size_t>(e));
-    if (n == 0) continue;
-    outs.push_back(experts_->at<MixtralExpert>(static_cast<size_t>(e))
-                       ->forward(narrow(rows, 0, off, n), scale));
-    off += n;
-  }
-  // no rows here: keep the graph through (expert parallelism's backward exchanges need it)
-  if (outs.empty()) return mul(rows, 0.0);
-  return outs.size() == 1 ? outs[0] : cat(outs, 0);
+  // ZeRO-3 with expert parallelism: the experts are a unit of their own, sharded over expert-DP,
+  // gathered around their GEMMs (a plain call otherwise: layers/param_unit.h)
+  return run_param_unit(*experts_, rows, [&](const Tensor& in) {
+    std::vector<Tensor> outs;
+    int64_t off = 0;
+    for (int64_t e = 0; e < local_; ++e) {
+      const int64_t n = counts.at(static_cast<size_t>(e));
+      if (n == 0) continue;
+      outs.push_back(experts_->at<MixtralExpert>(static_cast<size_t>(e))
+                         ->forward(narrow(in, 0, off, n), scale));
+      off += n;
+    }
+    // no rows here: keep the graph through (expert parallelism's backward exchanges need it)
+    if (outs.empty()) return mul(in, 0.0);
+    return outs.size() == 1 ? outs[0] : cat(outs, 0);
+  });
 }
 
 Tensor MoeMlp::run_parallel(const Tensor& rows, const Routing& r) const {
@@ -331,6 +336,13 @@ std::vector<Tensor> moe_expert_parameters(Module& root) {
   for (auto& [name, m] : root.named_modules())
     if (auto* moe = dynamic_cast<MoeMlp*>(m))
       for (auto& [n, p] : moe->get_child("experts")->named_parameters()) out.push_back(p);
+  return out;
+}
+
+std::vector<Module*> moe_expert_modules(Module& root) {
+  std::vector<Module*> out;
+  for (auto& [name, m] : root.named_modules())
+    if (auto* moe = dynamic_cast<MoeMlp*>(m)) out.push_back(moe->get_child("experts").get());
   return out;
 }
 

@@ -42,6 +42,11 @@
 // (parallel_state.h), so the mean over expert-DP (DP x CP / P ranks) of 1/P x the sum over an EP
 // group of its members' (CP-scaled) token gradients is the DP x CP mean the dense weights get.
 //
+// ZeRO-3 (optim/zero1.h): at EP > 1 the experts' module is a unit of its own, sharded over
+// expert-DP by the experts' optimizer; the experts run through run_param_unit (layers/param_unit.h)
+// between the dispatch and combine exchanges, so their weights are gathered around their GEMMs
+// only.
+//
 // Tensor parallelism inside each expert (tp_group of Q members; NxD's ExpertMLPs): every expert's
 // intermediate dimension is split over TP, w1/w3 by rows (partition_dim 0, as a column-parallel
 // layer) and w2 by columns (partition_dim 1, row-parallel), under their global names; the router
@@ -168,6 +173,11 @@ std::shared_ptr<Communicator> moe_tensor_parallel_group();
 // The experts' weights of every MoE layer under root (distinct on each expert-parallel rank: their
 // gradients are averaged over the expert-data-parallel group and their norm summed over EP).
 std::vector<Tensor> moe_expert_parameters(Module& root);
+
+// Each MoE layer's `experts` module under root (named_modules() order): ZeRO-3's expert units
+// under expert parallelism (optim::Zero1Options::expert_units; MoeMlp runs them through
+// run_param_unit).
+std::vector<Module*> moe_expert_modules(Module& root);
 
 // The MoE layers of a model (each MoeMlp under root, in named_modules() order).
 std::vector<const MoeMlp*> moe_layers(Module& root);

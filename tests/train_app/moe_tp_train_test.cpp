@@ -326,3 +326,23 @@ TEST(MoeContextParallel, ExpertParallelDp2MatchesOneRank) {
   expect_cp_matches(one, train(4, cp_ep(2, 2), 2), "DP2 CP2 EP2");
   expect_cp_matches(one, train(4, cp_ep(2, 4, true), 2), "ZeRO-1 DP2 CP2 EP4");
 }
+
+// ZeRO-3 at DP 2 x CP 2 x EP 2 (NxDOptimizer): the layers' dense parameters sharded over the
+// DP x CP group, each MoE layer's experts (a unit nested in its layer's) over expert-DP, which at
+// EP 2 x CP 2 is the DP group. With one parameter per bucket it is stage 1's run bitwise (losses,
+// norms, every final parameter), and one rank's within 1e-6, every replica of every parameter
+// bitwise equal.
+TEST(MoeContextParallel, Zero3ExpertParallelDp2MatchesStage1AndOneRank) {
+  const Trace one = train(1, NxDConfig{}, 2);
+  NxDConfig c = cp_ep(2, 2);
+  c.grad_bucket_mb = 1e-6;
+  c.optimizer_config.zero_stage = optim::ZeroStage::three;
+  const Trace three = train(4, c, 2);
+  c.optimizer_config.zero_stage = optim::ZeroStage::one;
+  expect_bitwise(train(4, c, 2), three, "ZeRO-3 DP2 CP2 EP2 vs ZeRO-1");
+  expect_cp_matches(one, three, "ZeRO-3 DP2 CP2 EP2");
+  if (!one.losses.empty()) {
+    EXPECT_LE(nxd::testing::worst_rel(three.losses, one.losses), 1e-6);
+    EXPECT_LE(nxd::testing::worst_rel(three.norms, one.norms), 1e-6);
+  }
+}

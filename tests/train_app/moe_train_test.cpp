@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "moe_train_util.h"
 #include "nxd/api/nxd_api.h"
@@ -21,6 +22,7 @@
 #include "nxd/io/safetensors.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/layers/moe/moe.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/optim/zero1.h"
 #include "nxd/train_app/config.h"
 #include "nxd/train_app/train.h"
@@ -78,6 +80,104 @@ TEST(MoeTrain, Zero2WithExpertParallelMatchesOneRank) {
   c1.optimizer_config = c.optimizer_config;
   c1.optimizer_config.zero_stage = optim::ZeroStage::none;
   expect_matches(train(1, c1, 4), train(4, c, 4), "ZeRO-2 EP2 TP1 DP4 clipped");
+}
+
+// ZeRO-3 (optimizer_config.zero_stage 3): each decoder layer a unit over DP; at EP 2 each MoE
+// layer's experts a unit of their own, nested in the layer's, sharded by the experts' optimizer
+// over expert-DP; at EP 1 (MoE without EP) the experts are dense parameters of the layer's unit.
+// Clipped, one parameter per bucket (the bucket layout of every stage alike): every loss, norm and
+// final parameter is stage 1's and stage 2's bitwise, and one rank's within 1e-6.
+TEST(MoeTrain, Zero3WithAndWithoutExpertParallelMatchesStages1And2AndOneRank) {
+  for (const int ep : {2, 1}) {
+    NxDConfig c = sizes(1, ep);
+    c.grad_bucket_mb = 1e-6;
+    c.optimizer_config.grad_clipping = true;
+    c.optimizer_config.max_grad_norm = 0.05;
+    auto at = [&](optim::ZeroStage s) {
+      c.optimizer_config.zero_stage = s;
+      return train(4, c, 4);
+    };
+    const Trace three = at(optim::ZeroStage::three), two = at(optim::ZeroStage::two),
+                one_ = at(optim::ZeroStage::one);
+    NxDConfig c1;
+    c1.optimizer_config = c.optimizer_config;
+    c1.optimizer_config.zero_stage = optim::ZeroStage::none;
+    const Trace single = train(1, c1, 4);
+    const std::string what = "ZeRO-3 EP" + std::to_string(ep) + " TP1 DP4 clipped";
+    expect_bitwise(one_, three, what + " vs ZeRO-1");
+    expect_bitwise(two, three, what + " vs ZeRO-2");
+    expect_matches(single, three, what);
+    if (!single.losses.empty()) {  // (under mpirun: the first process)
+      EXPECT_LE(nxd::testing::worst_rel(three.losses, single.losses), 1e-6) << what;
+      EXPECT_LE(nxd::testing::worst_rel(three.norms, single.norms), 1e-6) << what;
+    }
+  }
+}
+
+// ZeRO-3 at EP 2 x DP 4 really shards the experts: between steps every MoE layer's experts module
+// holds a unit whose weights have no memory (released), as do the layers' dense weights; inside
+// WholeParameters they are back, and a rank holds 1/expert-DP (1/2) of its experts' weights. At
+// EP 4 x DP 4 the expert-DP group is one rank: nothing to shard, no expert unit, the experts whole
+// (a unit would hold its gathered copy beside a shard as large). The dense buckets go out during
+// the backward (each unit's as its backward releases it, UnitLaunch::at_release).
+TEST(MoeTrain, Zero3ReleasesTheExpertsBetweenSteps) {
+  for (const int ep : {2, 4})
+    nxd::testing::run_ranks(4, [&] {
+      NxDConfig want = sizes(1, ep);
+      want.optimizer_config.zero_stage = optim::ZeroStage::three;
+      MoeRun r = moe_run(neuronx_distributed_config(want), moe_llama(), 3);
+      train_steps(r, 1);
+      {  // every bucket went out during the backward (each unit's as its backward released it)
+        const int d = ps::get_data_parallel_rank();
+        r.model->run_train(shard_ids(d, 1, 700), shard_ids(d, 1, 900));
+        auto& z = dynamic_cast<optim::Zero1Optimizer&>(r.opt->inner());
+        EXPECT_EQ(z.grad_sync().launched_buckets(), z.grad_sync().num_buckets()) << "EP " << ep;
+        r.opt->step();
+        r.opt->zero_grad();
+      }
+      const std::vector<Module*> local = r.model->local_modules();
+      const int edp = 4 / ep;  // the expert-data-parallel size
+      int64_t units = 0, expert_bytes = 0, layer_bytes = 0, released = 0, expected_released = 0;
+      for (Module* m : local) {
+        std::set<const TensorImpl*> expert;
+        for (Module* e : moe_expert_modules(*m)) {
+          units += e->param_unit() != nullptr;
+          for (const Tensor& p : e->parameters()) {
+            expert_bytes += p.nbytes();
+            expert.insert(p.impl());
+          }
+        }
+        for (const Tensor& p : dynamic_cast<CausalLM&>(*m).decoder_stack()->layers().parameters()) {
+          layer_bytes += p.nbytes();
+          expected_released += edp > 1 || !expert.count(p.impl());
+          released += !p.storage()->has_data();
+        }
+      }
+      EXPECT_EQ(units, edp > 1 ? 2 : 0) << "EP " << ep;  // MoE layers 0 and 2
+      EXPECT_EQ(released, expected_released) << "EP " << ep;
+      {
+        const WholeParameters whole(std::vector<const Module*>(local.begin(), local.end()));
+        for (Module* m : local)
+          for (Module* e : moe_expert_modules(*m))
+            for (const Tensor& p : e->parameters()) EXPECT_TRUE(p.storage()->has_data());
+      }
+      // the experts' optimizer keeps 1/expert-DP of them, the dense one 1/4 of the layers' other
+      // weights (each bucket padded to a multiple of the group's size), the root unit whole
+      auto& z = dynamic_cast<optim::Zero1Optimizer&>(r.opt->inner());
+      int64_t all = 0;
+      for (const auto& p : r.model->local_named_parameters()) all += p.param.nbytes();
+      const int64_t dense = layer_bytes - expert_bytes;
+      const int64_t expected = (all - layer_bytes) + dense / 4 + expert_bytes / edp;
+      if (current_context().rank() == 0)
+        std::printf(
+            "    ZeRO-3 EP%d x DP4: a rank holds %lld of its %lld parameter bytes (%lld without "
+            "padding; experts %lld)\n",
+            ep, static_cast<long long>(z.resident_parameter_bytes()), static_cast<long long>(all),
+            static_cast<long long>(expected), static_cast<long long>(expert_bytes));
+      EXPECT_GE(z.resident_parameter_bytes(), expected) << "EP " << ep;
+      EXPECT_LE(z.resident_parameter_bytes(), expected + 4 * 3 * expected_released)
+          << "EP " << ep;  // < 4 elements of padding a bucket
+    });
 }
 
 // Full activation checkpointing: the recomputed MoE layers inject the auxiliary loss's gradient in

@@ -23,6 +23,7 @@
 #include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
 #include "nxd/layers/parallel/context_parallel.h"
+#include "nxd/layers/param_unit.h"
 #include "nxd/layers/step_hooks.h"
 #include "support/compare.h"
 #include "support/ranks.h"
@@ -160,7 +161,11 @@ inline Trace train(int world, NxDConfig want, int shards) {
       opt->step();
       // (ZeRO-1: each rank's .grad holds the reduced values of its shard only)
       if (step == 0 && !opt->zero1()) record_grads(*model, t.grads0, mu);
-      if (step == kSteps - 1) record_replicas(*model, t, mu);
+      if (step == kSteps - 1) {  // (ZeRO-3: the sharded layers and experts gathered)
+        const std::vector<Module*> local = model->local_modules();
+        const WholeParameters whole(std::vector<const Module*>(local.begin(), local.end()));
+        record_replicas(*model, t, mu);
+      }
       opt->zero_grad();
       if (current_context().rank() == 0) {
         t.losses.push_back(loss);
@@ -221,6 +226,21 @@ inline void train_steps(MoeRun& r, int steps) {
     r.opt->step();
     r.opt->zero_grad();
   }
+}
+
+// `par` equals `ref` bitwise: every loss and gradient norm, and every final parameter (ZeRO-3
+// against stages 1 and 2 with the same bucket layout).
+inline void expect_bitwise(const Trace& ref, const Trace& par, const std::string& what) {
+  EXPECT_EQ(par.losses, ref.losses) << what;
+  EXPECT_EQ(par.norms, ref.norms) << what;
+  EXPECT_EQ(par.final_params.size(), ref.final_params.size()) << what;
+  int64_t differ = 0;
+  for (const auto& [name, w] : par.final_params)
+    if (!ref.final_params.count(name) || !bitwise_equal(w, ref.final_params.at(name), what + name))
+      ++differ;
+  std::printf("    %s: %zu losses, %zu final parameters, %lld differ bitwise\n", what.c_str(),
+              par.losses.size(), par.final_params.size(), static_cast<long long>(differ));
+  EXPECT_EQ(differ, 0) << what;
 }
 
 inline NxDConfig sizes(int tp, int ep, bool sp = false) {
