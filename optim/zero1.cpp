@@ -117,6 +117,7 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   // sharded by an earlier ZeRO-3 optimizer: whole again (before the experts' optimizer below sets
   // the units of the experts nested in these)
   remove_param_units(I.opts.units);
+  if (I.opts.root) remove_param_units({I.opts.root});
   NXD_CHECK(
       I.rule.update != nullptr && I.rule.state.size() <= static_cast<size_t>(kMaxElementwiseState),
       "[Zero1Optimizer] ", kind_, "'s elementwise rule needs an update and at most ",
@@ -133,7 +134,6 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   NXD_CHECK(I.opts.stage != ZeroStage::none, "[Zero1Optimizer] stage must be 1, 2 or 3, got ",
             zero_stage_name(I.opts.stage));
   const bool three = I.opts.stage == ZeroStage::three;
-  if (I.opts.root) remove_param_units({I.opts.root});  // (the layers' units: above)
   NXD_CHECK(I.opts.expert_units.empty() || !I.opts.expert_params.empty(),
             "[Zero1Optimizer] expert_units without expert_params");
   NXD_CHECK(three || (I.opts.units.empty() && I.opts.expert_units.empty() && !I.opts.root),
