@@ -12,6 +12,7 @@
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/layers/parallel/attributes.h"
 #include "nxd/layers/step_hooks.h"
+#include "nxd/optim/zero_stage.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/sim/clock.h"
@@ -231,18 +232,40 @@ void Trainer::setup_validation(DataModule& data) {
   if (opts_.val_check_interval > 0 && opts_.limit_val_batches > 0)
     val_batches_ = data.val_batches(opts_.limit_val_batches);
   for (Batch& b : val_batches_) b = context_parallel_batch(b);  // CP: this rank's rows
-  if (!pipeline_ || val_batches_.empty()) return;
-  std::vector<double> least = {static_cast<double>(val_batches_.size())};
+  val_lockstep_ = 0;
+  // A pipeline step, and a forward under ZeRO-3 (each layer gathered over the data-parallel
+  // ranks), are collective over DP: every DP rank must validate the same number of times. Every
+  // rank takes part here whatever its own count (a rank without batches returning first would
+  // leave the others in the all-reduce).
+  const bool zero3 = nxd_config_.optimizer_config.stage() == optim::ZeroStage::three;
+  if ((!pipeline_ && !zero3) || opts_.val_check_interval <= 0 || opts_.limit_val_batches <= 0)
+    return;
+  std::vector<double> r = {static_cast<double>(val_batches_.size()),
+                           -static_cast<double>(val_batches_.size())};
   if (dp_ > 1)
-    parallel_state::get_data_parallel_group().all_reduce(least.data(), least.data(), 1, DType::f64,
-                                                         ReduceOp::min);
-  const int64_t m = opts_.accumulate_grad_batches;
-  if (static_cast<int64_t>(least[0]) < m)
-    throw ConfigError(str("[trainer] limit_val_batches=", opts_.limit_val_batches, " gives ",
-                          static_cast<int64_t>(least[0]),
-                          " validation micro batch(es) per data-parallel rank, fewer than the ", m,
-                          " microbatches of a pipeline step: raise it to at least ", m * dp_));
-  val_batches_.resize(static_cast<size_t>(static_cast<int64_t>(least[0]) / m * m));
+    parallel_state::get_data_parallel_group().all_reduce(r.data(), r.data(), 2, DType::f64,
+                                                         ReduceOp::max);
+  const auto most = static_cast<int64_t>(r[0]), least = static_cast<int64_t>(-r[1]);
+  if (most == 0) return;  // no validation data on any rank
+  if (pipeline_) {
+    const int64_t m = opts_.accumulate_grad_batches;
+    if (least < m)
+      throw ConfigError(str("[trainer] limit_val_batches=", opts_.limit_val_batches, " gives ",
+                            least,
+                            " validation micro batch(es) per data-parallel rank, fewer than the ",
+                            m, " microbatches of a pipeline step: raise it to at least ", m * dp_));
+    val_batches_.resize(static_cast<size_t>(least / m * m));
+    return;
+  }
+  if (least == 0)
+    throw ConfigError(str("[trainer] limit_val_batches=", opts_.limit_val_batches,
+                          " gives no validation micro batch to some of the ", dp_,
+                          " data-parallel ranks (", most,
+                          " to others): under ZeRO-3 every rank takes part in each validation "
+                          "forward (its layers are gathered over them); raise it to at least ",
+                          dp_));
+  // ranks with fewer batches run their first again, uncounted (validate)
+  val_lockstep_ = most;
 }
 
 namespace {
@@ -377,6 +400,10 @@ std::optional<double> Trainer::validate(TrainingModule& module) {
                    .item();
     samples += b;
   }
+  // ZeRO-3: as many forwards as the rank with the most batches (setup_validation), the extra
+  // ones on this rank's first batch and not counted, so every layer gather has every rank
+  for (int64_t i = static_cast<int64_t>(val_batches_.size()); i < val_lockstep_; ++i)
+    module.validation_step(val_batches_[0], i);
   module.model_->train();
   const std::vector<double> t = dp_sum({sum, samples});
   const double v = t[0] / t[1];

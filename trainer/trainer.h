@@ -216,6 +216,7 @@ class Trainer {
   int64_t batches_ = 0;
   friend class ManualOptimizer;
   std::vector<Batch> val_batches_;
+  int64_t val_lockstep_ = 0;  // ZeRO-3: validation forwards every DP rank runs (0: its own)
   TrainingModule* module_ = nullptr;
   DataModule* data_ = nullptr;
   // the logging interval

@@ -204,3 +204,33 @@ TEST(Zero3Train, PipelineContextAndExpertParallelismResolve) {
     EXPECT_EQ(config_error(d, with), "");
   }
 }
+
+// Validation with uneven batch counts over DP (limit_val_batches=6 at DP 4: 2, 2, 1, 1): under
+// ZeRO-3 every rank takes part in each validation forward (its layers are gathered over the DP
+// ranks), so the ranks with fewer batches run their first again, uncounted; the validation losses
+// are ZeRO-1's bitwise. With 2 batches two ranks would have none: a ConfigError naming the values
+// before any step (the run hung in a layer gather before).
+TEST(Zero3Train, UnevenValidationBatchesMatchZero1AndTooFewAreAConfigError) {
+  auto d = nxd::testing::test_temp_dir("nxd_zero3_val_");
+  auto stage = [&](int s, const std::string& limit) {
+    return run(d, "val" + std::to_string(s) + "_" + limit,
+               {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=1",
+                kBucketPerParam, "distributed_strategy.zero_stage=" + std::to_string(s),
+                "trainer.val_check_interval=5", "trainer.limit_val_batches=" + limit});
+  };
+  const Out one = stage(1, "6"), three = stage(3, "6");
+  int validated = 0;
+  for (const std::string& v : three.rows.val_loss) validated += !v.empty();
+  std::printf("    %d validations; ZeRO-3 final validation loss %s, ZeRO-1 %s\n", validated,
+              three.rows.val_loss.back().c_str(), one.rows.val_loss.back().c_str());
+  EXPECT_EQ(validated, 4);
+  EXPECT_EQ(three.rows.val_loss, one.rows.val_loss);
+  try {
+    stage(3, "2");
+    ADD_FAILURE() << "limit_val_batches=2 at DP 4 under ZeRO-3 trained";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("limit_val_batches=2"), std::string::npos) << m;
+    EXPECT_NE(m.find("raise it to at least 4"), std::string::npos) << m;
+  }
+}
