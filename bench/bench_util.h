@@ -172,6 +172,19 @@ struct Flag {
   std::vector<std::string> choices;  // allowed values (empty: any)
 };
 
+// The decode-kernel benches' timing (nxd-bench-gemv-rows, -gemv-bf16-rows): rotating blocks, at
+// least 10 timed calls per function and up to 300 over at least 0.3 s (30 over 0.05 s when
+// `quick`); `between_blocks` after each block (blas::stop_openblas_pool at more than one thread).
+inline TimerOptions decode_kernel_timer(bool quick, void (*between_blocks)()) {
+  TimerOptions to;
+  to.warmup = 2;
+  to.min_reps = 10;
+  to.max_reps = quick ? 30 : 300;
+  to.min_seconds = quick ? 0.05 : 0.3;
+  to.between_blocks = between_blocks;
+  return to;
+}
+
 class Args {
  public:
   Args(int argc, char** av, std::string synopsis, std::vector<Flag> flags)
@@ -211,6 +224,14 @@ class Args {
     errno = 0;
     const long r = std::strtol(v->c_str(), &end, 10);
     if (v->empty() || *end != 0 || errno != 0) fail(flag + " " + *v + ": expected an integer");
+    return r;
+  }
+  // An integer in [lo, hi]; exit 2 naming the flag otherwise.
+  long get_int(const std::string& flag, long dflt, long lo, long hi) const {
+    const long r = get_int(flag, dflt);
+    if (r < lo || r > hi)
+      fail(flag + " " + std::to_string(r) + ": expected " + std::to_string(lo) + ".." +
+           std::to_string(hi));
     return r;
   }
   // A comma-separated list of integers in [lo, hi] ("1,4,8"); exit 2 naming the flag otherwise.

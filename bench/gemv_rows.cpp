@@ -64,20 +64,12 @@ int main(int argc, char** argv) {
                    {{"--threads", "N", "compute threads (nxd::set_num_threads)"},
                     {"--rows", "LIST", "row counts, comma separated (default 1,4,8,16,32)"},
                     {"--quick", "", "fewer repetitions"}});
-  const int threads = static_cast<int>(args.get_int("--threads", 1));
-  if (threads < 1) {
-    std::fprintf(stderr, "nxd-bench-gemv-rows: --threads %d: need at least 1\n", threads);
-    return 2;
-  }
+  const int threads = static_cast<int>(args.get_int("--threads", 1, 1, 256));
   const std::vector<int64_t> rows = args.get_int_list("--rows", "1,4,8,16,32", 1, 4096);
   set_num_threads(threads);
   std::printf("# %s\n", cpu::describe().c_str());
-  bench::TimerOptions to;
-  to.warmup = 2;
-  to.min_reps = 10;
-  to.max_reps = args.has("--quick") ? 30 : 300;
-  to.min_seconds = args.has("--quick") ? 0.05 : 0.3;
-  if (threads > 1) to.between_blocks = stop_pool;
+  const bench::TimerOptions to =
+      bench::decode_kernel_timer(args.has("--quick"), threads > 1 ? stop_pool : nullptr);
   std::vector<double> step_nxd(rows.size()), step_blas(rows.size());
   for (const Shape& s : kShapes) {
     const auto w = copies_of(s.n, s.k);

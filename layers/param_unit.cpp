@@ -49,7 +49,10 @@ Tensor run_param_unit(const Module& m, const Tensor& x,
     })[0];
   Tensor y = body(in);
   const bool backward_follows = grad && y.requires_grad();
-  if (!backward_follows || u->reshard_after_forward()) u->release(UnitPass::forward);
+  // (a unit held whole around a forward without a graph, e.g. generation inside
+  // WholeParameters, stays so)
+  if (backward_follows ? u->reshard_after_forward() : !u->held_whole())
+    u->release(UnitPass::forward);
   if (!backward_follows) return y;
   return autograd::custom("param_unit_gather", {y}, identity, [u](const Grads& g) -> Grads {
     u->gather(UnitPass::backward);

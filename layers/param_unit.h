@@ -39,6 +39,9 @@ class ParamUnit {
   virtual bool reshard_after_forward() const = 0;
   // Whether the full parameters are present (or on their way).
   virtual bool gathered() const = 0;
+  // Whether they were gathered outside a pass (WholeParameters, a checkpoint's walk) and not
+  // released since: a forward without a graph then leaves them gathered.
+  virtual bool held_whole() const = 0;
 };
 
 // RAII (FSDP's summon_full_params): every unit in the modules' trees gathered (UnitPass::outside)

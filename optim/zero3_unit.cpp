@@ -58,6 +58,7 @@ void ShardedUnit::materialize() {
 
 void ShardedUnit::gather(UnitPass pass) {
   materialize();
+  if (pass == UnitPass::outside) held_whole_ = true;
   if (pass != UnitPass::outside && prefetch_ == UnitPrefetch::next_unit)
     prefetch(pass == UnitPass::forward ? next_ : prev_);
 }
@@ -67,6 +68,7 @@ void ShardedUnit::release(UnitPass pass) {
   if (state_ != State::released) wait();
   for (Tensor& f : full_) f.storage()->release_data();  // a no-op where it has none (reserve())
   state_ = State::released;
+  held_whole_ = false;
   if (pass == UnitPass::backward && on_backward_release_) on_backward_release_();
 }
 

@@ -50,6 +50,7 @@ class ShardedUnit : public ParamUnit {
   // release() frees them either way.
   void reserve();
   bool gathered() const override { return state_ != State::released; }
+  bool held_whole() const override { return held_whole_; }
   bool empty() const { return full_.empty(); }
 
  private:
@@ -64,6 +65,7 @@ class ShardedUnit : public ParamUnit {
   std::vector<Tensor> full_, shard_;
   std::vector<Work> work_;
   State state_ = State::gathered;  // the buffers start full (the optimizer releases them)
+  bool held_whole_ = false;        // gathered by UnitPass::outside, not released since
   std::weak_ptr<ShardedUnit> prev_, next_;
   std::function<void()> on_backward_release_;
 };

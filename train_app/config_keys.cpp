@@ -306,8 +306,11 @@ std::vector<KeySpec> make_registry() {
           "What is sharded over the data-parallel ranks (docs/design/fsdp.md): 0 nothing, 1 the "
           "optimizer state (= zero1: true), 2 also the gradients (each bucket reduce-scattered "
           "into the rank's shard, the full-size gradients freed), 3 also the parameters (each "
-          "decoder layer's gathered before its forward and its backward and freed after). null: "
-          "zero1 decides. A value other than 1 with zero1: true is an error naming both."),
+          "decoder layer's gathered before its forward and its backward and freed after, the "
+          "embedding, final norm and head around the forward and the head's backward; over DP x "
+          "CP with context parallelism; with MoE at EP > 1 each layer's experts over expert-DP, "
+          "gathered around their GEMMs; under PP per pipeline chunk). null: zero1 decides. A "
+          "value other than 1 with zero1: true is an error naming both."),
       key("distributed_strategy.reshard_after_forward", K::boolean, true,
           "ZeRO-3 (FSDP's reshard_after_forward): a layer's parameters are freed after its "
           "forward and gathered again for its backward; false keeps them from the forward to "

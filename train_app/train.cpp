@@ -10,7 +10,6 @@
 #include "nxd/checkpoint/checkpoint.h"
 #include "nxd/collectives/parallel_state.h"
 #include "nxd/collectives/sim/launch.h"
-#include "nxd/layers/param_unit.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/cpu_info.h"
@@ -424,10 +423,8 @@ TrainResult train_rank(const TrainConfig& cfg, const TrainOptions& opts, bool se
                    static_cast<long long>(cfg.dist.context_parallel_size));
   } else if (g.max_new_tokens > 0 && cfg.data.kind == "text") {
     std::string note;
-    {  // ZeRO-3: the layers' weights whole while the sample is generated
-      const WholeParameters whole({&module->lm()});
-      res.sample = generate_sample(cfg, module->lm(), data.tokenizer.get(), note);
-    }
+    // ZeRO-3: each layer (and the root) gathered as the generation reaches it
+    res.sample = generate_sample(cfg, module->lm(), data.tokenizer.get(), note);
     if (rank0) std::ofstream(fs::path(cfg.out_dir) / "sample.txt", std::ios::binary) << res.sample;
     if (talk) {
       std::fprintf(opts.out, "sample (temperature %g, top_k %lld%s):\n", g.temperature,

@@ -338,8 +338,12 @@ Tensor DecoderStack::run_layers_cached(const Tensor& h, const CacheStep& step,
   Tensor x = h;
   size_t i = 0;
   for (const auto& layer : *layers_) {
-    x = static_cast<const DecoderLayer&>(*layer).forward_cached(x, step, cache.k.at(i),
-                                                                cache.v.at(i));
+    const auto& l = static_cast<const DecoderLayer&>(*layer);
+    // ZeRO-3: each layer gathered for its step and released after it (generation holds one or
+    // two layers, not the model)
+    x = run_param_unit(l, x, [&l, &step, &cache, i](const Tensor& in) {
+      return l.forward_cached(in, step, cache.k.at(i), cache.v.at(i));
+    });
     ++i;
   }
   return x;

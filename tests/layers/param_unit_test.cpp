@@ -42,6 +42,7 @@ class CopyUnit : public ParamUnit {
   }
   bool reshard_after_forward() const override { return reshard_; }
   bool gathered() const override { return !released(); }
+  bool held_whole() const override { return false; }
   bool released() const { return !params_[0].storage()->has_data(); }
   std::vector<std::string> log;
 

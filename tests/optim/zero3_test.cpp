@@ -248,10 +248,13 @@ TEST(Zero3, RootUnitServesForwardsWithoutAGraphAndLeavesThemReleased) {
       w = std::max(w, nxd::testing::diff(z3->loss(ids, tg), z1->loss(ids, tg)).max_abs);
       w = std::max(w, nxd::testing::diff(z3->forward(ids), z1->forward(ids)).max_abs);
       released();
-      {  // the KV-cache path runs the layers outside their units: generation needs them whole
+      const GenerateOptions go{.max_new_tokens = 4, .temperature = 0};
+      const std::vector<int64_t> prompt = {1, 2, 3};
+      // the KV-cache path gathers each layer for its step (and the root by its scope)
+      w = std::max(w, z3->generate(prompt, go) == z1->generate(prompt, go) ? 0.0 : 1.0);
+      released();
+      {  // inside WholeParameters the same generation leaves every layer whole
         const WholeParameters whole({z3.get()});
-        const GenerateOptions go{.max_new_tokens = 4, .temperature = 0};
-        const std::vector<int64_t> prompt = {1, 2, 3};
         w = std::max(w, z3->generate(prompt, go) == z1->generate(prompt, go) ? 0.0 : 1.0);
         for (auto& [name, t] : z1->named_parameters())
           w = std::max(w, nxd::testing::diff(z3->get_parameter(name).detach(), t.detach()).max_abs);

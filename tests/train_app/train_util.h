@@ -66,6 +66,10 @@ inline Rows read_rows(const std::filesystem::path& csv) {
   return r;
 }
 
+// One parameter per gradient bucket at every ZeRO stage (ZeRO-3's per-layer buckets are then
+// ZeRO-1's: the same reductions, so the stages compare bitwise).
+inline constexpr const char* kBucketPerParam = "distributed_strategy.grad_bucket_mb=0.000001";
+
 // 20 steps of global batch 8 (micro 2), logged every step, no validation or sample. f32
 // products: these tests check that the parallel run computes the single rank's math, which bf16
 // inputs would blur (an ulp in an f32 partial sum can flip a bf16 rounding).

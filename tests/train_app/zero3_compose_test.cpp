@@ -17,14 +17,12 @@
 using namespace nxd;
 using namespace nxd::train_app;
 namespace fs = std::filesystem;
+using nxd::testing::kBucketPerParam;
 using nxd::testing::worst_rel;
 
 namespace {
 
 using Out = nxd::testing::TrainRun;
-
-// one parameter per gradient bucket at every stage (ZeRO-3's per-layer buckets are ZeRO-1's)
-const char* kBucketPerParam = "distributed_strategy.grad_bucket_mb=0.000001";
 
 // A Mixtral with 4 experts, top 2, MoE in every layer, aux and z-loss.
 const std::vector<std::string> kMixtral = {

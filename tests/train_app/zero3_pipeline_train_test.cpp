@@ -18,13 +18,13 @@
 using namespace nxd;
 using namespace nxd::train_app;
 namespace fs = std::filesystem;
+using nxd::testing::kBucketPerParam;
 using nxd::testing::worst_rel;
 
 namespace {
 
 using Out = nxd::testing::TrainRun;
 
-const char* kBucketPerParam = "distributed_strategy.grad_bucket_mb=0.000001";
 const char* kPp2 = "distributed_strategy.pipeline_model_parallel_size=2";
 
 Out run(const fs::path& d, const std::string& name, std::vector<std::string> extra,

@@ -21,6 +21,7 @@ using namespace nxd::trainer;
 using namespace nxd::api;
 using namespace nxd::train_app;
 namespace fs = std::filesystem;
+using nxd::testing::kBucketPerParam;
 using nxd::testing::parallel_run;
 using nxd::testing::tiny;
 using nxd::testing::worst_rel;
@@ -28,9 +29,6 @@ using nxd::testing::worst_rel;
 namespace {
 
 using Out = nxd::testing::TrainRun;
-
-// one parameter per gradient bucket at every stage (ZeRO-3's per-layer buckets are ZeRO-1's)
-const char* kBucketPerParam = "distributed_strategy.grad_bucket_mb=0.000001";
 
 Out run(const fs::path& d, const std::string& name, std::vector<std::string> extra,
         int layers = 3) {
@@ -233,4 +231,23 @@ TEST(Zero3Train, UnevenValidationBatchesMatchZero1AndTooFewAreAConfigError) {
     EXPECT_NE(m.find("limit_val_batches=2"), std::string::npos) << m;
     EXPECT_NE(m.find("raise it to at least 4"), std::string::npos) << m;
   }
+}
+
+// The end-of-run sample under ZeRO-3 is generated with each layer gathered as the KV-cached
+// generation reaches it (and the root by its scope), not the whole model at once: greedy, the
+// same text as ZeRO-1's at DP 4, and no unit left gathered after it (the next fit would see it).
+TEST(Zero3Train, EndOfRunSampleEqualsZero1) {
+  auto d = nxd::testing::test_temp_dir("nxd_zero3_sample_");
+  auto stage = [&](int s) {
+    return run(d, "sample" + std::to_string(s),
+               {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=1",
+                kBucketPerParam, "distributed_strategy.zero_stage=" + std::to_string(s),
+                "trainer.max_steps=4", "generation.max_new_tokens=12",
+                "generation.temperature=0"});
+  };
+  const Out one = stage(1), three = stage(3);
+  std::printf("    sample (%zu bytes) equal: %d\n", three.result.sample.size(),
+              three.result.sample == one.result.sample);
+  EXPECT_FALSE(one.result.sample.empty());
+  EXPECT_EQ(three.result.sample, one.result.sample);
 }
