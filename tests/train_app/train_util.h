@@ -108,6 +108,19 @@ inline TrainRun train_rows(const std::filesystem::path& d, const std::string& na
   return o;
 }
 
+// train_rows of `layout` at ZeRO stage `stage` with one parameter per bucket (kBucketPerParam),
+// in d / "stage<stage>_<tag>": the ZeRO tests' runs that compare the stages with each other.
+inline TrainRun train_at_stage(const std::filesystem::path& d, std::vector<std::string> layout,
+                               int stage, const std::string& tag, int layers) {
+  layout.push_back(kBucketPerParam);
+  layout.push_back("distributed_strategy.zero_stage=" + std::to_string(stage));
+  return train_rows(d, "stage" + std::to_string(stage) + "_" + tag, std::move(layout), layers);
+}
+
+inline double mib(int64_t bytes) {
+  return static_cast<double>(bytes) / 1048576.0;
+}
+
 // A resume test's runs at DP 4 over 8 steps with `setting` (e.g. a ZeRO key): the uninterrupted
 // run ("whole") and a run cut at step 5 whose step-4 checkpoint is `ckpt`; args(extra) gives the
 // DP 4 arguments for a resumed run.

@@ -18,6 +18,7 @@ using namespace nxd;
 using namespace nxd::train_app;
 namespace fs = std::filesystem;
 using nxd::testing::kBucketPerParam;
+using nxd::testing::mib;
 using nxd::testing::worst_rel;
 
 namespace {
@@ -36,10 +37,6 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 std::string stage(int s) {
   return "distributed_strategy.zero_stage=" + std::to_string(s);
-}
-
-double mib(int64_t b) {
-  return static_cast<double>(b) / 1048576.0;
 }
 
 // `layout` at stages 0, 1 and 3 against `single` (the same model on one rank): stage 3 is stage

@@ -19,6 +19,7 @@ using namespace nxd;
 using namespace nxd::train_app;
 namespace fs = std::filesystem;
 using nxd::testing::kBucketPerParam;
+using nxd::testing::mib;
 using nxd::testing::worst_rel;
 
 namespace {
@@ -30,10 +31,6 @@ const char* kPp2 = "distributed_strategy.pipeline_model_parallel_size=2";
 Out run(const fs::path& d, const std::string& name, std::vector<std::string> extra,
         int layers = 4) {
   return nxd::testing::train_rows(d, name, std::move(extra), layers);
-}
-
-double mib(int64_t b) {
-  return static_cast<double>(b) / 1048576.0;
 }
 
 }  // namespace
@@ -50,10 +47,7 @@ TEST(Zero3PipelineTrain, MatchesZero1BitwiseAndPlainDpUnderEverySchedule) {
        "distributed_strategy.sequence_parallel=true"}};
   for (size_t i = 0; i < layouts.size(); ++i) {
     auto stage = [&](int s) {
-      auto with = layouts[i];
-      with.push_back(kBucketPerParam);
-      with.push_back("distributed_strategy.zero_stage=" + std::to_string(s));
-      return run(d, "stage" + std::to_string(s) + "_" + std::to_string(i), with);
+      return nxd::testing::train_at_stage(d, layouts[i], s, std::to_string(i), 4);
     };
     const Out plain = stage(0), one = stage(1), three = stage(3);
     const double wl = worst_rel(three.rows.loss, plain.rows.loss);

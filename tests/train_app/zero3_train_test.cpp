@@ -53,10 +53,7 @@ TEST(Zero3Train, MatchesZero1BitwiseAndPlainDpWithALowerPeakThanZero2) {
        "distributed_strategy.reshard_after_forward=false"}};
   for (size_t i = 0; i < layouts.size(); ++i) {
     auto stage = [&](int s) {
-      auto with = layouts[i];
-      with.push_back(kBucketPerParam);
-      with.push_back("distributed_strategy.zero_stage=" + std::to_string(s));
-      return run(d, "stage" + std::to_string(s) + "_" + std::to_string(i), with);
+      return nxd::testing::train_at_stage(d, layouts[i], s, std::to_string(i), 3);
     };
     const Out plain = stage(0), one = stage(1), two = stage(2), three = stage(3);
     const double wl = worst_rel(three.rows.loss, plain.rows.loss);
@@ -242,8 +239,7 @@ TEST(Zero3Train, EndOfRunSampleEqualsZero1) {
     return run(d, "sample" + std::to_string(s),
                {"backend.world_size=4", "distributed_strategy.tensor_model_parallel_size=1",
                 kBucketPerParam, "distributed_strategy.zero_stage=" + std::to_string(s),
-                "trainer.max_steps=4", "generation.max_new_tokens=12",
-                "generation.temperature=0"});
+                "trainer.max_steps=4", "generation.max_new_tokens=12", "generation.temperature=0"});
   };
   const Out one = stage(1), three = stage(3);
   std::printf("    sample (%zu bytes) equal: %d\n", three.result.sample.size(),
