@@ -131,14 +131,11 @@ void check_draft(const EngineOptions& o, const CausalLM& m, int64_t max_len) {
     throw InvalidArgument(str("[Engine] the draft model's vocab_size is ", d.config().vocab_size,
                               ", the model's ", m.config().vocab_size,
                               " (a draft must share the model's vocabulary)"));
-  if (m.tensor_parallel_size() > 1 || d.tensor_parallel_size() > 1)
-    throw InvalidArgument(str("[Engine] speculative decoding runs at TP 1; the model is at TP ",
-                              m.tensor_parallel_size(), ", the draft at TP ",
+  // a draft at TP 1 runs on rank 0 alone, one at the model's TP over the same group
+  if (d.tensor_parallel_size() != 1 && d.tensor_parallel_size() != m.tensor_parallel_size())
+    throw InvalidArgument(str("[Engine] the draft model runs at TP 1 or at the model's TP ",
+                              m.tensor_parallel_size(), "; it is built at TP ",
                               d.tensor_parallel_size()));
-  if (m.config().sliding_window > 0 || d.config().sliding_window > 0)
-    throw InvalidArgument(str("[Engine] speculative decoding needs models without a sliding ",
-                              "window; the model's is ", m.config().sliding_window,
-                              ", the draft's ", d.config().sliding_window));
   if (d.config().max_position_embeddings < max_len)
     throw InvalidArgument(str(
         "[Engine] the draft model's max_position_embeddings=", d.config().max_position_embeddings,
@@ -161,7 +158,12 @@ Engine::Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokeni
       I.opts.max_model_len > 0 ? I.opts.max_model_len : I.model->config().max_position_embeddings;
   I.vocab = I.model->config().vocab_size;
   I.window = I.model->config().sliding_window;
-  if (I.opts.draft_model) check_draft(I.opts, *I.model, I.max_len);
+  if (I.opts.draft_model) {
+    check_draft(I.opts, *I.model, I.max_len);
+    // the cache rolls only past what both models' later queries read
+    const int64_t dw = I.opts.draft_model->config().sliding_window;
+    I.window = I.window > 0 && dw > 0 ? std::max(I.window, dw) : 0;
+  }
   // a block holds K and V of the model and, with speculative decoding, of the draft
   const int64_t bytes =
       block_bytes(*I.model, I.opts.block_size) +
@@ -182,9 +184,12 @@ Engine::Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokeni
   I.model->eval();
   I.cache = I.model->make_paged_kv_cache(blocks, I.opts.block_size);
   if (I.opts.draft_model) {  // the same block ids index both caches
-    I.draft = I.opts.draft_model;
-    I.draft->eval();
-    I.draft_cache = I.draft->make_paged_kv_cache(blocks, I.opts.block_size);
+    I.draft_sharded = I.opts.draft_model->tensor_parallel_size() > 1;
+    if (I.tp_rank == 0 || I.draft_sharded) {  // a draft at TP 1 runs on rank 0 alone
+      I.draft = I.opts.draft_model;
+      I.draft->eval();
+      I.draft_cache = I.draft->make_paged_kv_cache(blocks, I.opts.block_size);
+    }
   }
   I.pool = std::make_unique<BlockPool>(blocks, I.opts.block_size, I.opts.prefix_caching);
   I.stream = RngStream{0, stream_id("nxd.generate")};

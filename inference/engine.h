@@ -109,7 +109,8 @@ struct EngineOptions {
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   // Speculative decoding (docs/design/inference.md): a draft model sharing the model's vocabulary
   // proposes speculate_k tokens per decoding request and step, the model verifies them in one
-  // call. Null: off.
+  // call. Null: off. With the model at TP N the draft is built at TP 1 (rank 0 alone runs it;
+  // every rank may pass the same object) or at TP N on each rank's thread (sharded as the model).
   std::shared_ptr<CausalLM> draft_model;
   int64_t speculate_k = 4;  // 1..64 when draft_model is set
 };

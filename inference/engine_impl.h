@@ -60,9 +60,14 @@ struct Engine::Impl {
   std::shared_ptr<const io::Tokenizer> tokenizer;
   EngineOptions opts;
   int64_t max_len = 0, vocab = 0;
-  int64_t window = 0;  // the model's sliding window (0: none): the cache rolls
+  // The sliding window the cache rolls at (0: it does not): the model's, with a draft the larger
+  // of both windows (0 when either has none, since that model reads every position)
+  int64_t window = 0;
   KVCache cache;
-  std::shared_ptr<CausalLM> draft;  // speculative decoding: its cache shares the block tables
+  // Speculative decoding: the draft on the ranks that run it (rank 0; every rank when it is
+  // sharded at the model's TP); its cache shares the block tables
+  std::shared_ptr<CausalLM> draft;
+  bool draft_sharded = false;  // the draft at the model's TP > 1: its calls are broadcast too
   KVCache draft_cache;
   std::unique_ptr<BlockPool> pool;
   RngStream stream;
@@ -92,8 +97,10 @@ struct Engine::Impl {
   void preempt(std::unique_ptr<Seq> victim);
   void execute(const std::vector<Scheduled>& plan);
   void run_rows(const std::vector<Scheduled>& rows);
-  Tensor run_call(const ModelCall& c);  // the model on this rank's shard and cache
-  bool follow();                        // a follower's step: false at the end message
+  // One call on this rank's shard and cache: the model (call: the last position's logits, verify:
+  // every position's) or the draft; rank 0 broadcasts it first when the callee is sharded
+  Tensor run_call(PlanMessage kind, const ModelCall& c);
+  bool follow();  // a follower's step: false at the end message
   void advance(Seq& s, const std::vector<double>& logits);
   bool accept(Seq& s, const Sample& smp);  // appends one token, stop rules; true: finished
   int64_t speculation(const Seq& s, int64_t budget) const;   // draft tokens for a decode row

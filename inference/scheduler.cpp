@@ -164,14 +164,22 @@ ModelCall make_call(const std::vector<CallRow>& rows) {
   return c;
 }
 
-Tensor Engine::Impl::run_call(const ModelCall& c) {
-  return call_model(*model, cache, c);
+Tensor Engine::Impl::run_call(PlanMessage kind, const ModelCall& c) {
+  const bool of_draft = kind == PlanMessage::draft;
+  if (tp && tp_rank == 0 && (!of_draft || draft_sharded)) send_plan(*tp, kind, &c);
+  ++st.model_calls;
+  if (of_draft) {
+    NXD_CHECK(draft != nullptr, "[Engine] a draft call on TP rank ", tp_rank,
+              ", which runs no draft (the draft is at TP 1: rank 0 alone runs it)");
+    return call_model(*draft, draft_cache, c);
+  }
+  return call_model(*model, cache, c, /*all=*/kind == PlanMessage::verify);
 }
 
 bool Engine::Impl::follow() {
   ModelCall c;
   const PlanMessage m = receive_plan(*tp, c);
-  if (m == PlanMessage::call) run_call(c);
+  if (carries_call(m)) run_call(m, c);
   return m != PlanMessage::end;
 }
 
@@ -184,9 +192,7 @@ void Engine::Impl::run_rows(const std::vector<Scheduled>& rows) {
          std::vector<int64_t>(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + r.n)});
   }
   const ModelCall c = make_call(cr);
-  if (tp) send_plan(*tp, PlanMessage::call, &c);
-  ++st.model_calls;
-  const std::vector<double> all = run_call(c).to_vector();
+  const std::vector<double> all = run_call(PlanMessage::call, c).to_vector();
   for (const auto& r : rows) r.seq->computed += r.n;
   if (draft) draft_catch_up(rows);  // the draft's cache holds the same positions
   for (int64_t b = 0; b < c.B; ++b) {
@@ -201,9 +207,11 @@ void Engine::Impl::settle(Seq& s) {
   // a block is registered once both caches hold it (another request's prefix hit reads both)
   const int64_t valid = draft ? std::min(s.computed, s.draft_computed) : s.computed;
   s.registered = pool->register_full(s.table, s.tokens, valid, s.registered);
-  if (window > 0)  // the next query (at position computed) and later ones read no earlier block
+  // the next queries (the model's at position computed, the draft's at draft_computed, one
+  // earlier after a round that accepted every proposal) and later ones read no earlier block
+  if (window > 0)
     st.kv_blocks_rolled +=
-        pool->release_before(s.table, kernels::first_key_needed(s.computed, window), s.registered);
+        pool->release_before(s.table, kernels::first_key_needed(valid, window), s.registered);
 }
 
 void Engine::Impl::execute(const std::vector<Scheduled>& plan) {

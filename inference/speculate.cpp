@@ -38,8 +38,7 @@ void Engine::Impl::draft_catch_up(const std::vector<Scheduled>& rows) {
     s.draft_computed = s.computed;
   }
   if (cr.empty()) return;
-  ++st.model_calls;
-  call_model(*draft, draft_cache, make_call(cr));
+  run_call(PlanMessage::draft, make_call(cr));
 }
 
 void Engine::Impl::propose(const std::vector<Scheduled>& rows,
@@ -69,8 +68,7 @@ void Engine::Impl::propose(const std::vector<Scheduled>& rows,
       which.push_back(b);
     }
     if (cr.empty()) break;
-    ++st.model_calls;
-    const std::vector<double> all = call_model(*draft, draft_cache, make_call(cr)).to_vector();
+    const std::vector<double> all = run_call(PlanMessage::draft, make_call(cr)).to_vector();
     for (size_t i = 0; i < which.size(); ++i) {
       const int64_t b = which[i];
       const Seq& s = *rows[b].seq;
@@ -102,8 +100,7 @@ void Engine::Impl::run_speculative(const std::vector<Scheduled>& rows) {
     s.draft_computed = static_cast<int64_t>(s.tokens.size()) + rows[b].spec - 1;
   }
   const ModelCall c = make_call(cr);
-  ++st.model_calls;
-  const std::vector<double> all = call_model(*model, cache, c, /*all=*/true).to_vector();
+  const std::vector<double> all = run_call(PlanMessage::verify, c).to_vector();
   // 3. per row, in order: accept d_i while the rule does, then one token of the model's; the stop
   // rules see each emitted token
   for (int64_t b = 0; b < B; ++b) {

@@ -16,12 +16,12 @@ int64_t payload_size(const ModelCall& c) {
 
 void send_plan(Communicator& tp, PlanMessage kind, const ModelCall* call) {
   int64_t head[4] = {static_cast<int64_t>(kind), 0, 0, 0};
-  if (kind == PlanMessage::call) {
+  if (carries_call(kind)) {
     NXD_INTERNAL_CHECK(call != nullptr, "a call message needs its call");
     head[1] = call->B, head[2] = call->S, head[3] = call->MB;
   }
   tp.broadcast(head, 4, DType::i64, kRoot);
-  if (kind != PlanMessage::call) return;
+  if (!carries_call(kind)) return;
   std::vector<int64_t> p;
   p.reserve(payload_size(*call));
   for (const auto* v : {&call->ids, &call->start, &call->lengths, &call->tables})
@@ -35,8 +35,8 @@ PlanMessage receive_plan(Communicator& tp, ModelCall& c) {
   int64_t head[4] = {0, 0, 0, 0};
   tp.broadcast(head, 4, DType::i64, kRoot);
   const auto kind = static_cast<PlanMessage>(head[0]);
-  NXD_CHECK(head[0] >= 0 && head[0] <= 2, "[Engine] TP plan message of unknown kind ", head[0]);
-  if (kind != PlanMessage::call) return kind;
+  NXD_CHECK(head[0] >= 0 && head[0] <= 4, "[Engine] TP plan message of unknown kind ", head[0]);
+  if (!carries_call(kind)) return kind;
   c.B = head[1], c.S = head[2], c.MB = head[3];
   std::vector<int64_t> p(payload_size(c));
   tp.broadcast(p.data(), static_cast<int64_t>(p.size()), DType::i64, kRoot);
