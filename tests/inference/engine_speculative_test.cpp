@@ -15,23 +15,6 @@ using namespace nxd::inference::testing;
 
 namespace {
 
-std::shared_ptr<CausalLM> unrelated_draft() {
-  ModelConfig c = nxd::testing::tiny_model("llama");
-  c.max_position_embeddings = 64;
-  c.num_layers = 1;
-  c.hidden_size = 16;
-  c.ffn_hidden_size = 24;
-  return make_causal_lm(c, 99);
-}
-
-EngineOptions spec(std::shared_ptr<CausalLM> draft, int64_t k) {
-  EngineOptions o;
-  o.block_size = 4;
-  o.draft_model = std::move(draft);
-  o.speculate_k = k;
-  return o;
-}
-
 // Runs reqs joining at steps 0, 1, 2, ... in one engine; the ids per request.
 std::vector<std::vector<int64_t>> batched(const std::shared_ptr<CausalLM>& m,
                                           const std::vector<Request>& reqs, EngineOptions o,
@@ -115,34 +98,15 @@ TEST(EngineSpeculative, SampledTokensFollowTheModelsDistributionNotTheDraftsOne)
   auto m = tiny_llama(11);
   auto draft = unrelated_draft();
   const int64_t N = 800, V = m->config().vocab_size;
-  SamplingParams sp = sampled(/*only_generate_batch_knobs=*/true);
-  sp.top_k = 0, sp.top_p = 1.0, sp.temperature = 0.5;
-  auto freq = [&](const std::shared_ptr<CausalLM>& model, EngineOptions o, uint64_t seed0) {
-    o.max_num_seqs = 64;
-    o.max_num_batched_tokens = 4096;
-    o.max_waiting = N;
-    Engine e(model, nullptr, o);
-    Results res;
-    for (int64_t i = 0; i < N; ++i) {
-      SamplingParams s = sp;
-      s.seed = seed0 + i;
-      e.submit(request(ids(5, 8), 3, s), into(res));
-    }
-    e.run_until_idle();
-    EXPECT_EQ(e.stats().kv_blocks_used, 0);
-    std::vector<double> f(V, 0.0);
-    for (auto& [id, g] : res) f[g.ids.at(2)] += 1.0 / double(N);
-    return f;
-  };
-  auto tv = [&](const std::vector<double>& a, const std::vector<double>& b) {
-    double t = 0;
-    for (int64_t i = 0; i < V; ++i) t += std::abs(a[i] - b[i]) / 2;
-    return t;
+  auto freq = [&](const std::shared_ptr<CausalLM>& model, const EngineOptions& o, uint64_t seed0) {
+    Engine e(model, nullptr, for_many(o, N));
+    return frequencies(run_requests(e, seeded_requests(N, seed0)), 2, V);
   };
   const auto alone_a = freq(m, {}, 1), alone_b = freq(m, {}, 100000);
   const auto with_draft = freq(m, spec(draft, 2), 1), of_draft = freq(draft, {}, 1);
-  const double noise = tv(alone_a, alone_b), spec_tv = tv(with_draft, alone_b),
-               draft_tv = tv(of_draft, alone_b);
+  const double noise = total_variation(alone_a, alone_b),
+               spec_tv = total_variation(with_draft, alone_b),
+               draft_tv = total_variation(of_draft, alone_b);
   std::printf(
       "    TV to the model's frequencies: another sample %.3f, speculative %.3f, the "
       "draft's %.3f\n",

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -146,6 +147,70 @@ inline void expect_each_request_alone(const std::shared_ptr<CausalLM>& m, int n)
     EXPECT_EQ(got.ids, want.ids) << "request " << b;
   }
   std::printf("    %d requests decoding together: %d differ from alone\n", n, differ);
+}
+
+// Speculative decoding: a draft unrelated to tiny_llama (1 layer, hidden 16: it proposes tokens
+// the model mostly rejects), and options with a draft proposing k tokens.
+inline std::shared_ptr<CausalLM> unrelated_draft() {
+  ModelConfig c = nxd::testing::tiny_model("llama");
+  c.max_position_embeddings = 64;
+  c.num_layers = 1;
+  c.hidden_size = 16;
+  c.ffn_hidden_size = 24;
+  return make_causal_lm(c, 99);
+}
+
+inline EngineOptions spec(std::shared_ptr<CausalLM> draft, int64_t k) {
+  EngineOptions o;
+  o.block_size = 4;
+  o.draft_model = std::move(draft);
+  o.speculate_k = k;
+  return o;
+}
+
+// The sampled-distribution check: n requests of one 5-token prompt, 3 tokens each at temperature
+// 0.5 without filters, seeds seed0, seed0 + 1, ...; options taking them all at once.
+inline std::vector<Request> seeded_requests(int64_t n, uint64_t seed0) {
+  SamplingParams sp = sampled(/*only_generate_batch_knobs=*/true);
+  sp.top_k = 0, sp.top_p = 1.0, sp.temperature = 0.5;
+  std::vector<Request> reqs;
+  for (int64_t i = 0; i < n; ++i) {
+    sp.seed = seed0 + i;
+    reqs.push_back(request(ids(5, 8), 3, sp));
+  }
+  return reqs;
+}
+inline EngineOptions for_many(EngineOptions o, int64_t n) {
+  o.max_num_seqs = 64;
+  o.max_num_batched_tokens = 4096;
+  o.max_waiting = n;
+  return o;
+}
+
+// Submits reqs to e (rank 0's at TP > 1) and runs it until idle: each request's ids, in order.
+inline std::vector<std::vector<int64_t>> run_requests(Engine& e, const std::vector<Request>& reqs) {
+  Results res;
+  std::vector<int64_t> rid;
+  for (const auto& r : reqs) rid.push_back(e.submit(r, into(res)));
+  e.run_until_idle();
+  EXPECT_EQ(e.stats().kv_blocks_used, 0);
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t id : rid) out.push_back(res[id].ids);
+  return out;
+}
+
+// How often each id is token t of the requests' ids, over a vocabulary of v.
+inline std::vector<double> frequencies(const std::vector<std::vector<int64_t>>& got, size_t t,
+                                       int64_t v) {
+  std::vector<double> f(v, 0.0);
+  for (const auto& g : got) f[g.at(t)] += 1.0 / double(got.size());
+  return f;
+}
+
+inline double total_variation(const std::vector<double>& a, const std::vector<double>& b) {
+  double t = 0;
+  for (size_t i = 0; i < a.size(); ++i) t += std::abs(a[i] - b[i]) / 2;
+  return t;
 }
 
 inline std::string expect_invalid(Engine& e, const Request& r) {
