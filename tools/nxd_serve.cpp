@@ -10,7 +10,8 @@
 //             [--draft-model DIR [--speculate K]]
 // --draft-model DIR decodes speculatively in the engine (docs/design/inference.md): a draft (an
 // nxd checkpoint, a transformers folder or a GGUF file, as --checkpoint/--hf) with the model's
-// vocab_size proposes K tokens (default 4) per request and step; TP 1 only.
+// vocab_size proposes K tokens (default 4) per request and step; it is built at TP 1 and, with
+// --tp N > 1, runs on rank 0 alone while the model verifies over the N ranks.
 // --checkpoint takes a quantized checkpoint too (nxd-ckpt quantize; checkpoint/quantized.h);
 // --quantize quantizes the decoder's linear layers at load (layers/models/quantize_lm.h).
 // Without a tokenizer.json (--tokenizer, or --hf's) the ids are UTF-8 bytes (a model nxd-train
@@ -92,7 +93,8 @@ const char* kUsage =
     "                     (last) quantizes the output head too, in int8 (:head=int4: int4)\n"
     "  --draft-model DIR  speculative decoding: a smaller model with the same vocab_size (an nxd\n"
     "                     checkpoint, a transformers folder or a GGUF file) proposes tokens the\n"
-    "                     model verifies in one step (greedy output unchanged; TP 1)\n"
+    "                     model verifies in one step (greedy output unchanged; the draft runs\n"
+    "                     at TP 1, on rank 0 with --tp N)\n"
     "  --speculate K      tokens the draft proposes per request and step, 1..64 (default 4)\n";
 
 struct Usage : UserError {
@@ -198,9 +200,6 @@ ServeCli parse_args(int argc, char** argv) {
   if (c.checkpoint.empty() == c.hf.empty()) throw Usage("give one of --checkpoint DIR or --hf DIR");
   if (c.speculate > 0 && c.draft_model.empty())
     throw Usage("--speculate K needs --draft-model DIR");
-  if (!c.draft_model.empty() && c.tp > 1)
-    throw Usage(
-        str("--draft-model runs at --tp 1 (speculative decoding in the engine), got --tp ", c.tp));
   c.engine.speculate_k = c.speculate > 0 ? c.speculate : 4;
   if (c.engine.kv_blocks > 0 && c.engine.kv_memory_bytes > 0)
     throw Usage("give one of --kv-blocks or --kv-memory, not both");

@@ -273,7 +273,8 @@ TEST(NxdServe, ServesACheckpointWithATokenizer) {
 }
 
 // --draft-model: the model's own checkpoint as its draft serves the engine's greedy text with every
-// proposal accepted (/metrics); a draft of another vocabulary exits 2 naming both sizes.
+// proposal accepted (/metrics), at --tp 1 and 2; a draft of another vocabulary exits 2 naming
+// both sizes.
 TEST(NxdServe, SpeculativeDecodingWithADraftModel) {
   HfModel m;
   const fs::path& d = m.dir.path;
@@ -292,6 +293,14 @@ TEST(NxdServe, SpeculativeDecodingWithADraftModel) {
       << metrics->body;
   EXPECT_EQ(metrics->body.find("nxd_serve_spec_proposed_tokens_total 0\n"), std::string::npos);
   EXPECT_EQ(srv.terminate(), 0) << slurp(srv.err);
+  // --tp 2: the model verifies over two sim ranks, the TP 1 draft runs on rank 0
+  Running tp2(d, {"--hf", (d / "hf").string(), "--draft-model", (d / "run").string(), "--tp", "2",
+                  "--port", "0"});
+  ASSERT_GT(tp2.port(), 0) << slurp(tp2.out) << slurp(tp2.err);
+  const Reply r2 = greedy_completion(tp2.port(), "the cat sat", 12);
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  EXPECT_EQ(r2.json["choices"][0]["text"], engine_text(m, "the cat sat", 12));
+  EXPECT_EQ(tp2.terminate(), 0) << slurp(tp2.err);
   ModelConfig c = tiny_model("llama");
   c.vocab_size = 96;
   auto other = make_causal_lm(c, 5);
