@@ -297,6 +297,7 @@ TEST(NxdServe, SpeculativeDecodingWithADraftModel) {
   Running tp2(d, {"--hf", (d / "hf").string(), "--draft-model", (d / "run").string(), "--tp", "2",
                   "--port", "0"});
   ASSERT_GT(tp2.port(), 0) << slurp(tp2.out) << slurp(tp2.err);
+  EXPECT_NE(slurp(tp2.out).find("(TP 2,"), std::string::npos) << slurp(tp2.out);
   const Reply r2 = greedy_completion(tp2.port(), "the cat sat", 12);
   ASSERT_EQ(r2.status, 200) << r2.body;
   EXPECT_EQ(r2.json["choices"][0]["text"], engine_text(m, "the cat sat", 12));
