@@ -148,8 +148,9 @@ class Engine {
   // Tensor parallelism (a model built at TP > 1 over sim ranks or MPI processes): every rank of
   // the TP group builds its Engine on its rank thread with the same options. Rank 0 takes the
   // requests (submit/cancel elsewhere throw), schedules, samples and broadcasts each model call
-  // to the others; the others call run() or run_until_idle() once for each such call on rank 0
-  // (they follow its steps until that call ends) — step() on them follows one message.
+  // (and a sharded draft's; a TP 1 draft runs on rank 0 alone) to the others; the others call run()
+  // or run_until_idle() once for each such call on rank 0 (they follow its steps until that call
+  // ends) — step() on them follows one message.
   Engine(std::shared_ptr<CausalLM> model, std::shared_ptr<const io::Tokenizer> tokenizer,
          EngineOptions opts);
   ~Engine();

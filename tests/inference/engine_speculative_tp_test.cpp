@@ -2,8 +2,8 @@
 // draft at TP 1 (it alone runs it) or at the model's TP (its calls broadcast like the model's),
 // verifies over every rank and decides each acceptance alone. Greedy tokens equal the TP 1 engine's
 // with and without a draft, seeded sampled tokens the TP 1 speculative engine's, the sampled
-// third token keeps the model's distribution at TP 2, and a rank that throws ends the run with an
-// error on every rank instead of a hang.
+// third token keeps the model's distribution at TP 2, a rank that throws ends the run with an
+// error on every rank instead of a hang, and a draft at another TP is refused.
 #include <cmath>
 #include <stdexcept>
 
@@ -187,6 +187,24 @@ TEST(EngineSpeculativeTP, ARankThatThrowsEndsTheRunWithoutAHang) {
         }
       }
     }
+}
+
+// A draft sharded at a TP other than 1 and the model's is refused, naming both.
+TEST(EngineSpeculativeTP, ADraftAtAnotherTPIsRefused) {
+  auto m1 = model_at(1);
+  nxd::testing::run_ranks(2, [&] {
+    parallel_state::initialize_model_parallel(2);
+    auto draft = model_at(2);
+    if (parallel_state::get_tensor_model_parallel_rank() != 0) return;
+    try {
+      Engine e(m1, nullptr, tp_options(draft));
+      ADD_FAILURE() << "no InvalidArgument";
+    } catch (const InvalidArgument& x) {
+      EXPECT_NE(std::string(x.what()).find("at TP 1 or at the model's TP 1; it is built at TP 2"),
+                std::string::npos)
+          << x.what();
+    }
+  });
 }
 
 }  // namespace
