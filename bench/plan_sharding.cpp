@@ -1,9 +1,11 @@
-// nxd-bench-plan-sharding: what each sharding level buys on N trn1 and trn2 nodes, by nxd-plan's
-// planner (train_app/plan.h). For every instance type, node count and level (ZeRO 0, 1, 2, 3, and
-// 1, 2 and 3 with optimizer offload) it finds the largest model of a family of Llama shapes whose
-// plan fits a NeuronCore's HBM (and, with offload, whose offloaded state fits the node's host
-// memory), and prints its memory per core, modeled step and MFU. First, the wall time and peak RSS
-// of one 1,024-rank plan (16 trn2.48xlarge at LNC=2, the 70B shape, ZeRO-1, the step timed).
+// nxd-bench-plan-sharding: what each sharding level buys on N trn1 and trn2 nodes (or one Trn3
+// UltraServer: --instances trn3-gen1; no offload there, its host side is unpublished), by
+// nxd-plan's planner (train_app/plan.h). For every instance type, node count and level (ZeRO 0, 1,
+// 2, 3, and 1, 2 and 3 with optimizer offload) it finds the largest model of a family of Llama
+// shapes whose plan fits a NeuronCore's HBM (and, with offload, whose offloaded state fits the
+// node's host memory), and prints its memory per core, modeled step and MFU. First, the wall time
+// and peak RSS of one 1,024-rank plan (16 trn2.48xlarge at LNC=2, the 70B shape, ZeRO-1, the step
+// timed).
 //
 //   nxd-bench-plan-sharding [--nodes 1,4,16] [--instances trn1.32xlarge,trn2.48xlarge]
 //                           [--levels zero0,zero1,zero2,zero1+offload,zero2+offload,zero3,
@@ -241,12 +243,23 @@ int run(int argc, char** argv) {
   }
   for (const std::string& inst : instances)
     for (const std::string& n : nodes) {
-      const sim::MachineSpec m = sim::cluster(
-          sim::machine(inst),
-          static_cast<int>(io::parse_int(n, 1, 64, "--nodes", "nxd-bench-plan-sharding")));
+      const sim::MachineSpec one = sim::machine(inst);  // an unknown name stops the bench
+      const int count =
+          static_cast<int>(io::parse_int(n, 1, 64, "--nodes", "nxd-bench-plan-sharding"));
+      if (one.ultraserver && count > 1) {  // one scale-up domain: clusters of them not modeled
+        std::printf("instance=%s nodes=%d skipped=an UltraServer is not clustered\n", inst.c_str(),
+                    count);
+        continue;
+      }
+      const sim::MachineSpec m = sim::cluster(one, count);
       std::vector<int> found(levels.size(), -1);
       for (size_t k = 0; k < levels.size(); ++k) {
         if (!on[k]) continue;
+        if (levels[k].name.find("offload") != std::string::npos && !m.host_unknown.empty()) {
+          std::printf("instance=%s level=%s skipped=host side not published\n", m.name.c_str(),
+                      levels[k].name.c_str());
+          continue;  // found[k] stays -1: a later level starts from its own base
+        }
         const int base = levels[k].at_least;
         run_case(m, levels[k],
                  base >= 0 && on[static_cast<size_t>(base)] ? found[static_cast<size_t>(base)] : 0,

@@ -45,9 +45,9 @@ const char* const kUsage =
     "                    text (default: --hf DIR's tokenizer.json if any, else bytes; 'bytes':\n"
     "                    the prompt's bytes are its ids)\n"
     "  --instance        inf2.xlarge|inf2.8xlarge|inf2.24xlarge|inf2.48xlarge|trn1.2xlarge|\n"
-    "                    trn1.32xlarge|trn2.48xlarge|trn2u.48xlarge|trn2u (Trainium2 at LNC=2;\n"
-    "                    TYPE:lnc=1 for LNC=1) (default: the smallest inf2 with --tp "
-    "NeuronCores)\n";
+    "                    trn1.32xlarge|trn2.48xlarge|trn2u.48xlarge|trn2u|trn3-gen1|trn3-gen2\n"
+    "                    (Trainium2 and Trainium3 at LNC=2; TYPE:lnc=1 for LNC=1) (default:\n"
+    "                    the smallest inf2 with --tp NeuronCores)\n";
 
 namespace {
 

@@ -115,8 +115,9 @@ const char* kUsage =
     "                 distributed_strategy.tensor_model_parallel_size on one instance,\n"
     "                 also inf2.xlarge inf2.8xlarge inf2.24xlarge inf2.48xlarge)\n"
     "  instances: trn1.32xlarge (default) trn1n.32xlarge trn2.48xlarge trn2u.48xlarge trn2u\n"
-    "             (the Trn2 UltraServer, 4 instances; --nodes 1); a Trainium2 type runs at LNC=2,\n"
-    "             TYPE:lnc=1 at LNC=1 (twice the cores, half the memory and FLOPs each)\n"
+    "             (the Trn2 UltraServer, 4 instances; --nodes 1) trn3-gen1 trn3-gen2 (the Trn3\n"
+    "             Gen1 and Gen2 UltraServers; --nodes 1); a Trainium2 or Trainium3 type runs at\n"
+    "             LNC=2, TYPE:lnc=1 at LNC=1 (twice the cores, half the memory and FLOPs each)\n"
     "  presets: llama2-7b llama2-13b llama2-70b llama3-70b llama3.1-8b llama3.1-70b mistral-7b\n"
     "           codellama-13b gpt-neox-20b gpt3-175b mixtral-8x7b\n";
 

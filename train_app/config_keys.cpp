@@ -384,8 +384,9 @@ std::vector<KeySpec> make_registry() {
       key("backend.instance", K::string, "trn1.32xlarge",
           "sim: the modeled instance type (its NeuronCores, HBM and links give the modeled step "
           "time and memory): trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge, "
-          "trn2u.48xlarge, trn2u (the Trn2 UltraServer), inf2.*; <N>x<type> for N instances over "
-          "EFA; a Trainium2 type runs at LNC=2, <type>:lnc=1 at LNC=1."),
+          "trn2u.48xlarge, trn2u (the Trn2 UltraServer), trn3-gen1, trn3-gen2 (the Trn3 "
+          "UltraServers), inf2.*; <N>x<type> for N instances over EFA; a Trainium2 or Trainium3 "
+          "type runs at LNC=2, <type>:lnc=1 at LNC=1."),
       key("backend.world_size", K::integer, nullptr,
           "Ranks (NeuronCores). null = 8 (sim) or the MPI world (mpi). Must equal "
           "tensor_model_parallel_size x pipeline_model_parallel_size x context_parallel_size x "

@@ -175,6 +175,7 @@ GroupLinks group_links(const MachineSpec& m, const std::vector<int>& ranks) {
                                               : m.collective_busbw * kKangaRsSpeedup;
   g.kanga_ag_bw = std::min(m.collective_busbw * kKangaAgSpeedup, chip_in);
   g.kanga_rs_bw = std::min(m.collective_busbw * kKangaRsSpeedup, chip_in);
+  if (!m.kangaring) g.kanga_ag_bw = g.kanga_rs_bw = 0;  // not this machine's algorithm
   g.inter_alpha = m.efa_latency;
   g.inter_bw = m.efa_bandwidth / m.cores_per_instance();
   return g;
@@ -220,7 +221,8 @@ CollCost intra(CollKind kind, int p, double n, const GroupLinks& g, Algorithm fo
       a = Algorithm::kangaring;
   }
   if (a == Algorithm::rdh && !pow2(p)) a = Algorithm::ring;
-  if (a == Algorithm::kangaring && (!g.whole_chips || p < 4)) a = Algorithm::ring;
+  if (a == Algorithm::kangaring && (!g.whole_chips || p < 4 || g.kanga_ag_bw <= 0))
+    a = Algorithm::ring;
   if (a != Algorithm::mesh && a != Algorithm::rdh && a != Algorithm::kangaring) a = Algorithm::ring;
   c.algorithm = a;
   double al = g.alpha, bw = g.bw;

@@ -67,18 +67,22 @@ StepCharges step_charges(const std::vector<sim::TraceEvent>& events, std::pair<d
   return c;
 }
 // The Vector engine's clock (NKI architecture guides: NeuronCore-v2 1.12 GHz, Trainium2 0.96
-// GHz); a logical Trainium2 core of LNC physical cores runs LNC engines.
+// GHz, Trainium3 1.2 GHz); a logical core of LNC physical cores runs LNC engines.
 double vector_engine_hz(const sim::MachineSpec& m) {
   if (m.core.name.rfind("NeuronCore-v3", 0) == 0)
     return 0.96e9 * std::max(1.0, m.core.bf16_flops / 79e12);
+  if (m.core.name.rfind("NeuronCore-v4", 0) == 0)
+    return 1.2e9 * std::max(1.0, m.core.bf16_flops / 79e12);
   return 1.12e9;
 }
 
-// The SBUF of a rank (NKI architecture guides: NeuronCore-v2 24 MiB, NeuronCore-v3 28 MiB; a
-// logical Trainium2 core of LNC physical cores has LNC of them).
+// The SBUF of a rank (NKI architecture guides: NeuronCore-v2 24 MiB, NeuronCore-v3 28 MiB,
+// NeuronCore-v4 32 MiB; a logical core of LNC physical cores has LNC of them).
 double sbuf_bytes(const sim::MachineSpec& m) {
   if (m.core.name.rfind("NeuronCore-v3", 0) == 0)
     return 28.0 * (1 << 20) * std::max(1.0, m.core.bf16_flops / 79e12);
+  if (m.core.name.rfind("NeuronCore-v4", 0) == 0)
+    return 32.0 * (1 << 20) * std::max(1.0, m.core.bf16_flops / 79e12);
   return 24.0 * (1 << 20);
 }
 

@@ -2,11 +2,16 @@
 
 #include <algorithm>
 
+#include "nxd/runtime/error.h"
+
 namespace nxd::sim {
 
 OffloadRates::OffloadRates(const MachineSpec& m)
     : link(m.host_link_bandwidth / m.cores_per_chip),
-      host_memory(m.host_memory_bandwidth / m.cores_per_instance()) {}
+      host_memory(m.host_memory_bandwidth / m.cores_per_instance()) {
+  NXD_CHECK_T(ConfigError, m.host_unknown.empty(), "[sim] optimizer offload on ", m.name,
+              " is not modeled: ", m.host_unknown);
+}
 
 namespace {
 double seconds(double bytes, double rate) {

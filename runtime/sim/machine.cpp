@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "nxd/runtime/error.h"
+#include "nxd/runtime/sim/machine_trn3.h"
 
 namespace nxd::sim {
 namespace {
@@ -192,16 +193,17 @@ MachineSpec trn2_ultraserver(int lnc) {
   return m;
 }
 
-// "<type>" or "<type>:lnc=<1|2>" (Trainium2 only).
+// "<type>" or "<type>:lnc=<1|2>" (Trainium2 and Trainium3 only).
 int parse_lnc(const std::string& full, std::string* type) {
   const auto colon = full.find(':');
   *type = full.substr(0, colon);
   if (colon == std::string::npos) return 0;
   const std::string opt = full.substr(colon + 1);
   NXD_CHECK_T(ConfigError, opt == "lnc=1" || opt == "lnc=2", "[sim::machine] '", full,
-              "': the only instance option is :lnc=1 or :lnc=2 (Trainium2)");
-  NXD_CHECK_T(ConfigError, type->rfind("trn2", 0) == 0, "[sim::machine] '", full,
-              "': logical NeuronCores (:lnc=) exist on Trainium2 instances only");
+              "': the only instance option is :lnc=1 or :lnc=2 (Trainium2, Trainium3)");
+  NXD_CHECK_T(ConfigError, type->rfind("trn2", 0) == 0 || type->rfind("trn3", 0) == 0,
+              "[sim::machine] '", full,
+              "': logical NeuronCores (:lnc=) exist on Trainium2 and Trainium3 only");
   return opt == "lnc=1" ? 1 : 2;
 }
 
@@ -210,6 +212,8 @@ MachineSpec builtin(const std::string& full) {
   const int lnc = parse_lnc(full, &n);
   if (n == "trn2.48xlarge" || n == "trn2u.48xlarge") return trn2(n, lnc == 0 ? 2 : lnc);
   if (n == "trn2u") return trn2_ultraserver(lnc == 0 ? 2 : lnc);
+  if (n == "trn3-gen1" || n == "trn3-gen2") return trn3_ultraserver(n, lnc == 0 ? 2 : lnc);
+  if (n.rfind("trn3", 0) == 0) refuse_unpublished_trn3(n);
   if (n == "trn1.2xlarge") return trn1(n, 1, 25);
   if (n == "trn1.32xlarge") return trn1(n, 16, 800);
   if (n == "trn1n.32xlarge") {
@@ -224,7 +228,8 @@ MachineSpec builtin(const std::string& full) {
   std::string known;
   for (auto& k : machine_names()) known += " " + k;
   throw ConfigError(str("[sim::machine] unknown instance type '", n, "'; known:", known,
-                        " (<N>x<type> clusters of trn1 and trn2 types; :lnc=1 on trn2 types)"));
+                        " (<N>x<type> clusters of trn1 and trn2 types; :lnc=1 on trn2 and trn3 "
+                        "types)"));
 }
 
 }  // namespace
@@ -237,13 +242,16 @@ const char* topology_name(Topology t) {
       return "2D torus";
     case Topology::ring:
       return "ring";
+    case Topology::switched:
+      return "all-to-all switch";
   }
   return "?";
 }
 
 std::vector<std::string> machine_names() {
-  return {"trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge",
-          "trn2u",        "inf2.xlarge",   "inf2.8xlarge",   "inf2.24xlarge", "inf2.48xlarge"};
+  return {"trn1.2xlarge",   "trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge",
+          "trn2u.48xlarge", "trn2u",         "trn3-gen1",      "trn3-gen2",
+          "inf2.xlarge",    "inf2.8xlarge",  "inf2.24xlarge",  "inf2.48xlarge"};
 }
 
 MachineSpec cluster(const MachineSpec& inst, int instances) {
@@ -252,8 +260,8 @@ MachineSpec cluster(const MachineSpec& inst, int instances) {
               inst.name,
               ": Neuron supports Inf2 collectives on a single instance only (nccom-test docs)");
   NXD_CHECK_T(ConfigError, instances == 1 || !inst.ultraserver, "[sim::cluster] ", inst.name,
-              " is a Trn2 UltraServer (4 instances over NeuronLink-v3); clusters of "
-              "UltraServers are not modeled: use <N>xtrn2u.48xlarge (EFA between instances)");
+              " is an UltraServer (one scale-up domain); clusters of UltraServers are not "
+              "modeled (for Trn2: <N>xtrn2u.48xlarge, EFA between instances)");
   MachineSpec m = inst;
   if (inst.ultraserver) return m;
   m.instances = instances;
@@ -276,6 +284,7 @@ int MachineSpec::chip_hops(int a, int b) const {
   if (ca == cb) return 0;
   switch (topology) {
     case Topology::single_chip:
+    case Topology::switched:
       return 1;
     case Topology::ring: {
       int d = std::abs(ca - cb);
@@ -301,11 +310,11 @@ std::string MachineSpec::describe() const {
   os << "  NeuronLink: " << links_per_chip << " x " << link_bandwidth / kGiB
      << " GiB/s per chip, hop " << hop_latency * 1e6 << " us; collective busbw "
      << collective_busbw / kGiB << " GiB/s, launch " << launch_latency * 1e6 << " us\n";
-  os << (ultraserver ? "  between instances (NeuronLink-v3 ring): " : "  EFA: ")
+  os << (ultraserver && instances > 1 ? "  between instances (UltraServer fabric): " : "  EFA: ")
      << efa_bandwidth * 8 / 1e9 << " Gbps per instance, " << efa_latency * 1e6 << " us per hop\n";
   os << "  host: PCIe " << host_link_bandwidth / kGB << " GB/s per chip per direction, memory "
      << host_memory_bytes / kGiB << " GiB at " << host_memory_bandwidth / kGB
-     << " GB/s per instance\n";
+     << " GB/s per instance" << (host_unknown.empty() ? "" : " (not published)") << "\n";
   os << "  sources:\n";
   for (auto& s : sources) os << "   - " << s << "\n";
   return os.str();

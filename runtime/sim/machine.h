@@ -1,9 +1,9 @@
 #pragma once
 // The simulated AWS Neuron machine: spec tables for NeuronCore-v2 instances (Trn1, Trn1n, Inf2),
-// Trainium2 instances (NeuronCore-v3, as logical cores of LNC physical ones) and clusters of
-// them, with the public source of every number (machine.cpp). Ranks map to cores in order: rank
-// r is core r % cores_per_chip of chip (r / cores_per_chip) % chips of instance
-// r / cores_per_instance.
+// Trainium2 instances (NeuronCore-v3, as logical cores of LNC physical ones), the Trn3
+// UltraServers (NeuronCore-v4) and clusters of them, with the public source of every number
+// (machine.cpp, machine_trn3.cpp). Ranks map to cores in order: rank r is core
+// r % cores_per_chip of chip (r / cores_per_chip) % chips of instance r / cores_per_instance.
 // Users can define their own MachineSpec and pass it to sim::launch.
 #include <cstdint>
 #include <string>
@@ -22,7 +22,9 @@ struct CoreSpec {
   int64_t hbm_bytes = 0;     // device memory per core
 };
 
-enum class Topology { single_chip, torus_2d, ring };
+// switched: every chip of an instance reaches every other through a switch in one hop (Trn3's
+// NeuronSwitch-v1), modeled as one port per chip carrying the chip's whole link bandwidth.
+enum class Topology { single_chip, torus_2d, ring, switched };
 const char* topology_name(Topology t);
 
 struct MachineSpec {
@@ -38,16 +40,21 @@ struct MachineSpec {
   double hop_latency = 0;       // s per NeuronLink (or on-chip) ring step
   double collective_busbw = 0;  // achievable per-rank collective bus bandwidth, bytes/s
   double launch_latency = 0;    // fixed start cost of one collective, s
-  double efa_bandwidth = 0;     // bytes/s per instance (all EFA devices; in a Trn2
-                                // UltraServer the NeuronLink-v3 ring between instances)
+  double efa_bandwidth = 0;     // bytes/s per instance (all EFA devices; in a Trn2 UltraServer
+                                // the NeuronLink-v3 ring, in a Trn3 Gen2 one the inter-server
+                                // switches, between instances)
   double efa_latency = 0;       // s per inter-instance step
-  bool ultraserver = false;     // a Trn2 UltraServer: its instances are one machine
+  bool ultraserver = false;     // an UltraServer: one scale-up domain, never clustered
+  bool kangaring = true;        // the runtime's KangaRing exists here (not published for Trn3)
   // The host side (optimizer offload, runtime/sim/host_offload.h): each chip's PCIe link to the
   // host, bytes/s per direction, shared by the chip's cores; the host's memory bandwidth, bytes/s
   // per instance, shared by its cores. 0: not modeled (offload costs no time).
   double host_link_bandwidth = 0;
   double host_memory_bandwidth = 0;
-  int64_t host_memory_bytes = 0;     // host RAM per instance (what offloaded state must fit)
+  int64_t host_memory_bytes = 0;  // host RAM per instance (what offloaded state must fit)
+  // Non-empty: the host link and host memory bandwidth are not published for this machine, and
+  // optimizer offload is refused with this reason (rather than charged no time).
+  std::string host_unknown;
   std::vector<std::string> sources;  // where every number comes from
 
   int cores_per_instance() const { return cores_per_chip * chips_per_instance; }
@@ -61,12 +68,13 @@ struct MachineSpec {
 };
 
 // Built-in instance types: trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge,
-// trn2u.48xlarge, trn2u (the Trn2 UltraServer: 4 trn2u.48xlarge over NeuronLink-v3),
-// inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge; "<N>x<type>" is a cluster of N
-// instances over EFA (e.g. "4xtrn1.32xlarge"; Inf2 clusters and clusters of UltraServers are
-// refused: Neuron supports Inf2 collectives on one instance only). Trainium2 types run at LNC=2
-// (64 logical cores per instance); "<type>:lnc=1" selects LNC=1 (128). Throws ConfigError naming
-// the known types.
+// trn2u.48xlarge, trn2u (the Trn2 UltraServer: 4 trn2u.48xlarge over NeuronLink-v3), trn3-gen1
+// and trn3-gen2 (the Trn3 Gen1 and Gen2 UltraServers; no Trn3 instance size is published, so
+// other trn3 names are refused), inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge;
+// "<N>x<type>" is a cluster of N instances over EFA (e.g. "4xtrn1.32xlarge"; Inf2 clusters and
+// clusters of UltraServers are refused: Neuron supports Inf2 collectives on one instance only).
+// Trainium2 and Trainium3 types run at LNC=2 (4 logical cores per chip); "<type>:lnc=1" selects
+// LNC=1 (8). Throws ConfigError naming the known types.
 MachineSpec machine(const std::string& name);
 std::vector<std::string> machine_names();
 // N instances of `inst` joined by EFA.

@@ -96,11 +96,11 @@ TEST(SimTrn2, UltraServerAndClusters) {
 
 TEST(SimTrn2, UnknownInstanceNamesTheKnownOnes) {
   try {
-    machine("trn3.48xlarge");
+    machine("trn9.48xlarge");
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     const std::string w = e.what();
-    EXPECT_NE(w.find("'trn3.48xlarge'"), std::string::npos) << w;
+    EXPECT_NE(w.find("'trn9.48xlarge'"), std::string::npos) << w;
     for (const auto& k : machine_names()) EXPECT_NE(w.find(k), std::string::npos) << k << ": " << w;
   }
 }

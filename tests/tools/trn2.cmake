@@ -23,9 +23,9 @@ if(TARGET nxd-train)
             --set distributed_strategy.tensor_model_parallel_size=2 --out ${_trn2_out}/lnc1)
   add_test(NAME NxdTrain.UnknownInstanceNamesTheKnownOnes
     COMMAND ${CMAKE_COMMAND} -DCODE=2
-            "-DREGEX=unknown instance type 'trn3.48xlarge'; known: trn1.2xlarge.* trn2.48xlarge trn2u.48xlarge trn2u"
+            "-DREGEX=unknown instance type 'trn9.48xlarge'; known: trn1.2xlarge.* trn2.48xlarge trn2u.48xlarge trn2u"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-train>
-            ${_tiny} --set backend.instance=trn3.48xlarge --set backend.world_size=2
+            ${_tiny} --set backend.instance=trn9.48xlarge --set backend.world_size=2
             --out ${_trn2_out}/unknown)
   set_tests_properties(NxdTrain.TrainsOnTrn2 NxdTrain.TrainsOnTrn2AtLnc1
     NxdTrain.UnknownInstanceNamesTheKnownOnes PROPERTIES LABELS tools TIMEOUT 120
@@ -60,12 +60,12 @@ if(TARGET nxd-plan)
             --set data.micro_batch_size=1 --set distributed_strategy.tensor_model_parallel_size=8)
   add_test(NAME NxdPlan.UnknownInstanceNamesTheKnownOnes
     COMMAND ${CMAKE_COMMAND} -DCODE=2
-            "-DREGEX=unknown instance type 'trn3.48xlarge'; known: trn1.2xlarge.* trn2.48xlarge trn2u.48xlarge trn2u"
+            "-DREGEX=unknown instance type 'trn9.48xlarge'; known: trn1.2xlarge.* trn2.48xlarge trn2u.48xlarge trn2u"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
-            --instance trn3.48xlarge)
+            --instance trn9.48xlarge)
   add_test(NAME NxdPlan.LncOnTrn1IsAUserMistake
     COMMAND ${CMAKE_COMMAND} -DCODE=2
-            "-DREGEX=logical NeuronCores \\(:lnc=\\) exist on Trainium2 instances only"
+            "-DREGEX=logical NeuronCores \\(:lnc=\\) exist on Trainium2 and Trainium3 only"
             -P ${CMAKE_SOURCE_DIR}/tests/support/expect_exit.cmake $<TARGET_FILE:nxd-plan>
             --instance trn1.32xlarge:lnc=1)
   set_tests_properties(NxdPlan.Trn2PlanIsDeterministic NxdPlan.Trn2SearchFindsLayouts
