@@ -19,6 +19,7 @@
 #include "nxd/runtime/allocator.h"
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
+#include "nxd/runtime/sim/host_offload.h"
 #include "nxd/train_app/plan_internal.h"
 #include "nxd/train_app/train.h"
 
@@ -332,7 +333,11 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const PlanOptions& opts) {
   if (opts.time_step) lo.timeline_path = opts.timeline_path;
   lo.seed = cfg.seed;
   lo.memory_capacity = 0;  // measure, do not refuse
-  check_weights_fit_hbm(cfg, sim::resolve_machine(lo));
+  const sim::MachineSpec machine = sim::resolve_machine(lo);
+  check_weights_fit_hbm(cfg, machine);
+  if (cfg.dist.optimizer_offload) {  // refused where the host side is not published (Trn3)
+    [[maybe_unused]] const sim::OffloadRates host(machine);
+  }
   MemoryPlan plan;
   plan.ranks.resize(static_cast<size_t>(lo.world_size));
   // the run's matmul precision (autocast: bf16 products, charged at the bf16 peak)
