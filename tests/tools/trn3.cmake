@@ -2,7 +2,8 @@
 # the Trn3 Gen1 UltraServer sim measures its HBM against the Trn3 logical core's 36 GiB; nxd-plan
 # plans on both Trn3 UltraServers (the same plan twice, the same numbers) and models inference on
 # one; what AWS does not publish is refused as a user mistake (exit 2) naming what is unknown: a
-# Trn3 instance size, a cluster of UltraServers, optimizer offload (the host side).
+# Trn3 instance size, a cluster of UltraServers, optimizer offload (the host side). nxd-generate's
+# --instance trn3-gen1 and its refusal of trn3.48xlarge: nxd_generate_test.cpp.
 set(_tiny3 --set model.hidden_size=64 --set model.num_attention_heads=4 --set model.num_layers=2
            --set data.seq_length=32 --set data.global_batch_size=8 --set data.micro_batch_size=1
            --set trainer.max_steps=3)
@@ -65,10 +66,4 @@ if(TARGET nxd-plan)
     NxdPlan.InferenceOnTrn3Gen1 NxdPlan.Trn3InstanceSizeIsRefused
     NxdPlan.Trn3UltraServersAreNotClustered NxdPlan.Trn3OffloadIsRefused
     PROPERTIES LABELS tools TIMEOUT 300)
-endif()
-if(TARGET nxd-generate)
-  add_test(NAME NxdGenerate.Trn3InstanceSizeIsRefused
-    COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=--instance: .*'trn3.48xlarge': ${_unpublished}"
-            -P ${_exit} $<TARGET_FILE:nxd-generate> --prompt x --instance trn3.48xlarge)
-  set_tests_properties(NxdGenerate.Trn3InstanceSizeIsRefused PROPERTIES LABELS tools TIMEOUT 60)
 endif()
