@@ -150,13 +150,7 @@ MachineSpec inf2(const std::string& name, int chips, double net_gbps, int64_t ho
 // Trainium2: a logical NeuronCore of `lnc` physical NeuronCore-v3 (LNC=2 by default, 1
 // selectable); the chip's 8 physical cores give 8 / lnc logical ones.
 CoreSpec neuron_core_v3(int lnc) {
-  CoreSpec c;
-  c.name = str("NeuronCore-v3 (LNC=", lnc, ")");
-  c.bf16_flops = 79e12 * lnc;
-  c.fp32_flops = 20e12 * lnc;
-  c.hbm_bandwidth = 2.9e12 * lnc / 8;
-  c.hbm_bytes = (int64_t{96} << 30) * lnc / 8;
-  return c;
+  return logical_neuron_core("NeuronCore-v3", lnc, 96, 2.9e12);
 }
 
 constexpr double kTrn1CoreHbmBandwidth = 820.0 * kGiB / 2;

@@ -42,17 +42,18 @@ constexpr const char* kHostUnknown =
 
 constexpr double kTrn1CoreHbmBandwidth = 820.0 * kGiB / 2;
 
-CoreSpec neuron_core_v4(int lnc) {
+}  // namespace
+
+CoreSpec logical_neuron_core(const std::string& version, int lnc, int64_t chip_hbm_gib,
+                             double chip_hbm_bandwidth) {
   CoreSpec c;
-  c.name = str("NeuronCore-v4 (LNC=", lnc, ")");
+  c.name = str(version, " (LNC=", lnc, ")");
   c.bf16_flops = 79e12 * lnc;
   c.fp32_flops = 20e12 * lnc;
-  c.hbm_bandwidth = 4.9e12 * lnc / 8;
-  c.hbm_bytes = (int64_t{144} << 30) * lnc / 8;
+  c.hbm_bandwidth = chip_hbm_bandwidth * lnc / 8;
+  c.hbm_bytes = (chip_hbm_gib << 30) * lnc / 8;
   return c;
 }
-
-}  // namespace
 
 MachineSpec trn3_ultraserver(const std::string& name, int lnc) {
   NXD_CHECK_T(ConfigError, lnc == 1 || lnc == 2, "[sim::machine] ", name,
@@ -62,7 +63,7 @@ MachineSpec trn3_ultraserver(const std::string& name, int lnc) {
               "' is not a Trn3 UltraServer (trn3-gen1, trn3-gen2)");
   MachineSpec m;
   m.name = lnc == 2 ? name : str(name, ":lnc=", lnc);
-  m.core = neuron_core_v4(lnc);
+  m.core = logical_neuron_core("NeuronCore-v4", lnc, 144, 4.9e12);
   m.cores_per_chip = 8 / lnc;
   m.topology = Topology::switched;
   m.links_per_chip = 1;  // the switch port: the chip's whole bandwidth to any other chip

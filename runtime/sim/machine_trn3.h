@@ -7,6 +7,12 @@
 
 namespace nxd::sim {
 
+// A logical NeuronCore of `lnc` physical ones of an 8-core Trainium2 or Trainium3 chip whose
+// HBM is `chip_hbm_gib` GiB at `chip_hbm_bandwidth` bytes/s: LNC times a physical core's TensorE
+// (79 BF16 and 20 FP32 TFLOPS on NeuronCore-v3 and -v4 alike) and the chip's HBM / (8 / lnc).
+CoreSpec logical_neuron_core(const std::string& version, int lnc, int64_t chip_hbm_gib,
+                             double chip_hbm_bandwidth);
+
 // "trn3-gen1" (64 chips, one all-to-all switched domain) or "trn3-gen2" (36 servers of 4 chips)
 // at `lnc` physical NeuronCore-v4 per logical core (1 or 2).
 MachineSpec trn3_ultraserver(const std::string& name, int lnc);
