@@ -26,6 +26,18 @@ class UnitWalk {
   // The most bytes one unit's gather allocates on this rank (0 without units).
   int64_t largest_unit_bytes() const;
 
+  // This rank's block of a unit's tensor (a parameter: a view of one of its buckets' full
+  // buffers), with no gather: elements [lo, hi) of the flattened tensor (lo == hi: none), held in
+  // `values` (a view of the unit's persistent shard; of the full buffer while the unit is held
+  // gathered outside a pass, where writes land until its release). `rank` / `size`: the unit's
+  // sharding group.
+  struct Block {
+    int64_t lo = 0, hi = 0;
+    Tensor values;
+    int rank = 0, size = 1;
+  };
+  Block block_of(const Tensor& t) const;
+
   // For u = 0, 1, ... up to the most units any rank of the world has (so every rank runs the same
   // collectives): unit u's memory reserved, agreed over the world (a rank short of memory fails
   // every rank, before any gather), gathered (collective over its DP group), visit(u) agreed,
