@@ -210,8 +210,8 @@ Shard zero3_model_shard(const SavePlan& p, const std::vector<const Module*>& chu
           p.opts.down_cast_bf16 && is_floating(t.dtype()) && t.dtype() != DType::bf16;
       Tensor values;
       int64_t lo = 0, hi = t.numel();
-      if (walk.unit_of(t) >= 0) {
-        const detail::UnitWalk::Block b = walk.block_of(t);
+      if (const auto block = walk.block_of(t)) {
+        const detail::UnitWalk::Block& b = *block;
         NXD_INTERNAL_CHECK(b.size == d.dp && b.rank == d.dp_rank, "[save_checkpoint] '", name,
                            "' is sharded over a group of ", b.size, " ranks (rank ", b.rank,
                            "), the checkpoint's DP x CP group has ", d.dp, " (rank ", d.dp_rank,
