@@ -59,7 +59,8 @@ struct Saved {
   double next = 0;
 };
 
-// DP 4 at stage 3 (the root a unit), two steps, saved under `tag` with `o`; one step more.
+// DP 4 at stage 3 (the root a unit), two steps, saved under `tag` with `o`; one step more (while
+// an async save is being written).
 void save_dp4(const fs::path& dir, const std::string& tag, const SaveOptions& o, Saved& s) {
   run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(1);
@@ -67,10 +68,10 @@ void save_dp4(const fs::path& dir, const std::string& tag, const SaveOptions& o,
     Zero1Trainee a(1, stage3());
     a.step(0, shards_of(d, 4));
     a.step(1, shards_of(d, 4));
-    save_checkpoint(dir, tag, a.model.get(), a.opt.get(), a.sched.get(), nullptr, o);
-    finalize_checkpoint();
     const Values model = model_values(*a.model), state = full_state(*a.opt);
-    a.step(2, shards_of(d, 4));
+    save_checkpoint(dir, tag, a.model.get(), a.opt.get(), a.sched.get(), nullptr, o);
+    a.step(2, shards_of(d, 4));  // an async save's writer runs meanwhile, from its snapshot
+    finalize_checkpoint();
     const double next = a.eval_loss();
     std::lock_guard<std::mutex> l(s.mu);
     if (d == 0) s.model = model, s.state = state, s.next = next;
