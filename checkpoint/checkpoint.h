@@ -4,7 +4,8 @@
 // Layout of one checkpoint, <path>/<tag>/ (docs/design/checkpoint.md, "Checkpoints"):
 //   checkpoint                 marker: this folder is an nxd checkpoint (written first)
 //   model/dp_rank_00_tp_rank_TT_pp_rank_PP.safetensors      parameters and persistent buffers of
-//                              one (tp, pp) rank, written by its DP rank 0
+//                              one (tp, pp) rank, written by its DP rank 0 (a ZeRO-3 model:
+//                              model/zero3_dp_rank_DD_..., every DP rank its blocks, dp_shards.h)
 //   optim/dp_rank_DD_tp_rank_TT_pp_rank_PP.safetensors      optimizer state. Unsharded (AdamW,
 //                              SGD): every state tensor whole, written by DP rank 0 (DD = 00).
 //                              Sharded over DP (ZeRO-1, Optimizer::state_is_sharded()): every DP
@@ -41,6 +42,18 @@
 
 namespace nxd::ckpt {
 
+// How a ZeRO-3 model (one with units: optim/zero1.h stage three) is written
+// (docs/design/fsdp.md, "Checkpoints").
+enum class Zero3ModelFiles {
+  // Every DP rank writes its block of each unit's flat parameter buffers to
+  // model/zero3_dp_rank_DD_... (dp_shards.h; format 3): no gather, no host copy of the model.
+  // With expert parallelism (EP > 1) the model is written gathered instead.
+  per_rank,
+  // Each unit gathered in turn and DP rank 0 writing whole tensors (format 1 or 2: what an nxd
+  // older than format 3 reads); one unit's full buffers on the device, the model on the host.
+  gathered,
+};
+
 struct SaveOptions {
   // Keep only the newest this many complete checkpoints under `path` (0: keep all). Older ones
   // lose their `done` marker first, then their files; incomplete checkpoints left by a crash are
@@ -59,6 +72,7 @@ struct SaveOptions {
   // state, f32 master weights included, is written as held. load_checkpoint converts such model
   // tensors to the target's dtype (bf16 into an f32 run: exact).
   bool down_cast_bf16 = false;
+  Zero3ModelFiles zero3_files = Zero3ModelFiles::per_rank;
 };
 
 struct SaveStats {

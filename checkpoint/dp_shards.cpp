@@ -70,19 +70,21 @@ int64_t numel_of(const Shape& s) {
 }
 
 // Adds one file's tensors to the index.
-void add_file(DpIndex& idx, const std::string& rel, const io::SafetensorsHeader& h) {
+void add_file(DpIndex& idx, const std::string& rel, const io::SafetensorsHeader& h, bool model) {
   const auto ranges = ranges_of(h, rel);
   for (const io::TensorInfo& t : h.tensors) {
     const auto dot = t.name.rfind('.');
-    const std::string param = dot == std::string::npos ? t.name : t.name.substr(0, dot);
-    const std::string what = dot == std::string::npos ? "" : t.name.substr(dot + 1);
+    const bool whole_name = model || dot == std::string::npos;
+    const std::string param = whole_name ? t.name : t.name.substr(0, dot);
+    const std::string what = whole_name ? "" : t.name.substr(dot + 1);
     const auto r = ranges.find(param);
     if (r == ranges.end())
       throw CheckpointError(str("[checkpoint] ", rel, ": tensor '", t.name, "' belongs to no ",
                                 "parameter listed in ", kZero1Key));
     const bool step = what == "step";
     const Shape want = step ? Shape{} : Shape{r->second.hi - r->second.lo};
-    const DType want_dtype = step ? DType::i64 : DType::f32;
+    // a model block is in the dtype it was saved in (the same in every DP file, checked below)
+    const DType want_dtype = step ? DType::i64 : model ? t.dtype : DType::f32;
     if (t.shape != want || t.dtype != want_dtype)
       throw CheckpointError(str("[checkpoint] ", rel, ": tensor '", t.name, "' is ",
                                 io::safetensors_dtype(t.dtype), shape_str(t.shape), ", expected ",
@@ -93,6 +95,11 @@ void add_file(DpIndex& idx, const std::string& rel, const io::SafetensorsHeader&
     if (fresh) {
       e.dtype = want_dtype;
       e.shape = shape;
+      e.step = step;
+    } else if (e.dtype != want_dtype) {
+      throw CheckpointError(str("[checkpoint] ", rel, ": tensor '", t.name, "' is ",
+                                io::safetensors_dtype(want_dtype), ", another DP shard's part is ",
+                                io::safetensors_dtype(e.dtype)));
     } else if (e.shape != shape) {
       throw CheckpointError(str("[checkpoint] ", rel, ": tensor '", t.name, "' is a part of ",
                                 shape_str(shape), ", another DP shard says ", shape_str(e.shape)));
@@ -109,14 +116,19 @@ DpIndex index_dp_files(const fs::path& dir, const DpFiles& f) {
   DpIndex idx;
   std::vector<std::string> missing;
   for (int d = 0; d < dp; ++d) {
+    const bool model = f.kind == "model";
     const std::string rel =
-        shard_file("optim", {.dp_rank = d, .tp_rank = tp, .pp_rank = pp, .compressed = compressed});
+        shard_file(f.kind, {.dp_rank = d,
+                            .tp_rank = tp,
+                            .pp_rank = pp,
+                            .compressed = compressed,
+                            .files = model ? ShardFiles::zero3_blocks : ShardFiles::whole});
     if (!fs::exists(dir / rel)) {
       missing.push_back((dir / rel).string());
       continue;
     }
     io::SafetensorsReader r(dir / rel);
-    add_file(idx, rel, r.header());
+    add_file(idx, rel, r.header(), model);
     idx.files.push_back(
         {rel, r.file_size(), static_cast<int64_t>(r.header().tensors.size()), r.header()});
   }
@@ -124,7 +136,7 @@ DpIndex index_dp_files(const fs::path& dir, const DpFiles& f) {
   if (!missing.empty() && idx.tensors.empty())
     throw CheckpointError(str("[checkpoint] missing shard ", missing.front()));
   for (auto& [name, e] : idx.tensors) {
-    if (e.shape.empty()) continue;  // a step: any file that has it
+    if (e.step) continue;  // a step: any file that has it
     std::sort(e.pieces.begin(), e.pieces.end(),
               [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
     int64_t at = 0;

@@ -8,6 +8,13 @@
 // parameter's TP-local shape: {"<param>": {"range": [lo, hi], "shape": [...]}}. A parameter whose
 // range is empty on a rank is not in that rank's file. Together the DP files of one (tp, pp) rank
 // tile every state tensor exactly once, which index_dp_files checks.
+//
+// A ZeRO-3 model (format 3, metadata.json "parallel": {"zero3": true}) is written the same way:
+// every DP rank writes its block of each unit's flat parameter buffers to
+// model/zero3_dp_rank_DD_tp_rank_TT_pp_rank_PP.safetensors, a tensor "<param>" of the saved dtype
+// [hi - lo] per parameter with the same "nxd.zero1" ranges; DP rank 0's file also holds the
+// tensors outside units whole (range [0, numel)). index_dp_files(kind "model") checks the tiling
+// alike.
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -38,6 +45,7 @@ struct DpIndex {
     DType dtype = DType::f32;
     Shape shape;                // TP-local shape of the whole tensor ([] for a step)
     std::vector<Piece> pieces;  // by lo (a step: every file that has it)
+    bool step = false;          // an optimizer step count: every file holds all of it
   };
   std::map<std::string, Entry> tensors;  // by state tensor name ("<param>.exp_avg", ...)
   struct File {
@@ -48,10 +56,12 @@ struct DpIndex {
   std::vector<File> files;  // dp rank order
 };
 
-// The ZeRO-1 files of one (tp, pp) rank: one per DP rank.
+// The ZeRO-1 files of one (tp, pp) rank: one per DP rank. kind "optim" (ZeRO-1 state) or "model"
+// (ZeRO-3 blocks: a tensor named as its parameter, in any dtype, no step).
 struct DpFiles {
   int dp_size = 1, tp_rank = 0, pp_rank = 0;
   bool compressed = false;
+  std::string kind = "optim";
 };
 // Reads the headers of the dp_size files of `f` and checks them: "nxd.zero1" parses, every tensor
 // belongs to a listed parameter with the listed range, and the ranges of every state tensor tile

@@ -17,7 +17,9 @@ void check_shard_identity(const io::SafetensorsHeader& h, const std::string& rel
   char kind[16] = {0};
   int dp = -1, tp = -1, pp = -1;
   if (std::sscanf(rel.c_str(), "%15[a-z]/dp_rank_%d_tp_rank_%d_pp_rank_%d", kind, &dp, &tp, &pp) !=
-      4)
+          4 &&
+      std::sscanf(rel.c_str(), "%15[a-z]/zero3_dp_rank_%d_tp_rank_%d_pp_rank_%d", kind, &dp, &tp,
+                  &pp) != 4)
     return;  // not a shard name of this layout (checked by metadata.json's file list)
   const std::string want_kind = std::strcmp(kind, "model") == 0 ? "model" : "optimizer";
   auto field = [&](const char* key) -> std::string {
@@ -129,13 +131,15 @@ void check_user_content(const nlohmann::json& user, const std::string& path, con
 SideFiles check_listed_files(const std::filesystem::path& tag_dir, const nlohmann::json& meta,
                              const char* prefix) {
   SideFiles out;
-  const bool zero1 = saved_layout(meta).zero1;
+  const SavedLayout saved = saved_layout(meta);
   for (const auto& [rel, info] : meta.at("files").items()) {
     const std::filesystem::path p = tag_dir / rel;
     std::error_code ec;
     const auto size = std::filesystem::file_size(p, ec);
     if (ec) {
-      if (zero1 && rel.rfind("optim/", 0) == 0) continue;  // dp_shards.h names its tensors
+      // per-DP-rank files: dp_shards.h names the tensors a missing one held
+      if (saved.zero1 && rel.rfind("optim/", 0) == 0) continue;
+      if (saved.zero3 && rel.rfind("model/zero3_", 0) == 0) continue;
       throw CheckpointError(str(prefix, " missing file ", p.string()));
     }
     const nlohmann::json& want = info.at("bytes");

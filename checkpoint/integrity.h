@@ -47,9 +47,10 @@ inline constexpr int64_t kMaxLoopCount = int64_t{1} << 40;  // ~1.1e12 steps or 
 void check_user_content(const nlohmann::json& user, const std::string& path, const char* prefix);
 
 // The checks of metadata.json's file list that load and verify share (the one list): every listed
-// file is there with the byte count metadata.json records (a ZeRO-1 optimizer shard that is
-// missing is left to dp_shards.h, which names the tensors it held), scheduler.json is a valid
-// schedule and user_content.json passes check_user_content. Returns the two side files' values.
+// file is there with the byte count metadata.json records (a ZeRO-1 optimizer shard or ZeRO-3
+// model block file that is missing is left to dp_shards.h, which names the tensors it held),
+// scheduler.json is a valid schedule and user_content.json passes check_user_content. Returns the
+// two side files' values.
 struct SideFiles {
   std::optional<optim::LRScheduleOptions> scheduler;  // when scheduler.json is listed
   nlohmann::json user = nullptr;                      // user_content.json (null: none)

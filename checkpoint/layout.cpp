@@ -43,7 +43,8 @@ std::string shard_file(const std::string& kind, const ShardName& s) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "dp_rank_%02d_tp_rank_%02d_pp_rank_%02d", s.dp_rank, s.tp_rank,
                 s.pp_rank);
-  return kind + "/" + buf + (s.compressed ? ".safetensors.zst" : ".safetensors");
+  return kind + (s.files == ShardFiles::zero3_blocks ? "/zero3_" : "/") + buf +
+         (s.compressed ? ".safetensors.zst" : ".safetensors");
 }
 
 std::string broadcast_string(const std::string& s) {

@@ -40,10 +40,14 @@ inline constexpr const char* kMetadata = "metadata.json";
 inline constexpr const char* kScheduler = "scheduler.json";
 inline constexpr const char* kUserContent = "user_content.json";
 
-// "model/dp_rank_00_tp_rank_01_pp_rank_00.safetensors" (+ ".zst" when compressed).
+// "model/dp_rank_00_tp_rank_01_pp_rank_00.safetensors" (+ ".zst" when compressed); a ZeRO-3
+// model block ("parallel": {"zero3": true}, dp_shards.h) "model/zero3_dp_rank_00_...": the
+// model's "dp_rank_EE_" files are EP rank EE's experts.
+enum class ShardFiles { whole, zero3_blocks };
 struct ShardName {
   int dp_rank = 0, tp_rank = 0, pp_rank = 0;
   bool compressed = false;
+  ShardFiles files = ShardFiles::whole;
 };
 std::string shard_file(const std::string& kind, const ShardName& s);
 

@@ -148,6 +148,10 @@ json parse_metadata(const std::string& text, const std::string& file) {
     c.type(par["zero1"].is_boolean(), par["zero1"], "a boolean", "parallel zero1");
     if (par["zero1"].get<bool>() && v < 2) c.bad("parallel zero1", "needs format_version 2");
   }
+  if (par.contains("zero3")) {
+    c.type(par["zero3"].is_boolean(), par["zero3"], "a boolean", "parallel zero3");
+    if (par["zero3"].get<bool>() && v < 3) c.bad("parallel zero3", "needs format_version 3");
+  }
   int64_t ep = 1;
   if (m.contains("expert_parallel")) {
     ep = c.integer(m["expert_parallel"], 1, deg[3], "expert_parallel");
@@ -173,6 +177,7 @@ SavedLayout saved_layout(const json& meta) {
   s.dp = par.at("dp").get<int>();
   s.ep = meta.value("expert_parallel", 1);
   s.zero1 = par.value("zero1", false);
+  s.zero3 = par.value("zero3", false);
   s.compressed = meta.value("compressed", false);
   return s;
 }

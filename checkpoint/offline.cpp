@@ -33,11 +33,65 @@ fs::path resolve_checkpoint(const fs::path& dir) {
   return dir / *t;
 }
 
+namespace {
+
+// A ZeRO-3 checkpoint's blocks ("parallel": {"zero3": true}) copied into `full`: each (tp, pp)
+// rank's TP-local tensors assembled from its DP files (index_dp_files checks the tiling), each
+// block read straight to its place.
+void read_zero3_blocks(const fs::path& tag_dir, const json& meta,
+                       std::vector<std::pair<std::string, Tensor>>& full,
+                       const std::map<std::string, size_t>& index,
+                       const std::map<std::string, ShardSpec>& spec) {
+  const SavedLayout saved = saved_layout(meta);
+  for (int pp = 0; pp < saved.pp; ++pp)
+    for (int tp = 0; tp < saved.tp; ++tp) {
+      const detail::DpIndex idx = detail::index_dp_files(tag_dir, {.dp_size = saved.dp,
+                                                                   .tp_rank = tp,
+                                                                   .pp_rank = pp,
+                                                                   .compressed = saved.compressed,
+                                                                   .kind = "model"});
+      std::map<std::string, Tensor> local;  // this (tp, pp) rank's whole tensors, contiguous
+      std::map<std::string, std::map<std::string, char*>> dst;  // file -> tensor -> where
+      for (const auto& [name, e] : meta["model"].items()) {
+        const ShardSpec& s = spec.at(name);
+        const auto ranks = covering_ranks(s);
+        if (e.at("pp_rank").get<int>() != pp ||
+            std::find(ranks.begin(), ranks.end(), tp) == ranks.end())
+          continue;
+        const auto it = idx.tensors.find(name);
+        Tensor t = shard_view(full[index.at(name)].second, s, tp).contiguous().clone();
+        if (it == idx.tensors.end() || it->second.shape != t.shape() ||
+            it->second.dtype != t.dtype())
+          throw CheckpointError(str(
+              "[export] ", tag_dir.string(), ": model tensor '", name, "' of tp rank ", tp,
+              " pp rank ", pp, " is ",
+              it == idx.tensors.end() ? std::string("in no DP shard") : shape_str(it->second.shape),
+              ", expected ", t.desc()));
+        for (const detail::Piece& p : it->second.pieces)
+          dst[p.file][name] = static_cast<char*>(t.raw_data()) + p.lo * dtype_size(t.dtype());
+        local[name] = t;
+      }
+      for (const auto& [rel, want] : dst) {
+        io::SafetensorsReader r(tag_dir / rel);
+        detail::check_shard_identity(r.header(), rel, (tag_dir / rel).string(), "[export]");
+        r.read([&](const io::TensorInfo& t) -> void* {
+          const auto w = want.find(t.name);
+          return w == want.end() || t.nbytes() == 0 ? nullptr : w->second;
+        });
+      }
+      for (auto& [name, t] : local)
+        shard_view(full[index.at(name)].second, spec.at(name), tp).copy_(t);
+    }
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& tag_dir) {
   const json meta = read_metadata(tag_dir);
   if (!meta.contains("model"))
     throw CheckpointError(str("[export] ", tag_dir.string(), " holds no model"));
   const bool z = saved_layout(meta).compressed;
+  const bool zero3 = saved_layout(meta).zero3;
   // name -> full tensor; each saved shard is read once and copied into its block
   std::vector<std::pair<std::string, Tensor>> full;
   std::map<std::string, size_t> index;
@@ -55,6 +109,7 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& ta
     if (!ok)
       throw CheckpointError(str("[export] ", name, ": unknown dtype ", e.at("dtype").dump()));
     spec[name] = s;
+    if (zero3) continue;  // read_zero3_blocks
     const int pp = e.at("pp_rank").get<int>(), dp = e.value("dp_rank", 0);
     for (int64_t r : covering_ranks(s))  // an expert's shards: in its EP rank's files
       by_file[detail::shard_file(
@@ -83,6 +138,7 @@ std::vector<std::pair<std::string, Tensor>> read_merged_model(const fs::path& ta
     for (auto& [name, t] : part)
       shard_view(full[index.at(name)].second, spec[name], want[name]).copy_(t);
   }
+  if (zero3) read_zero3_blocks(tag_dir, meta, full, index, spec);
   return full;
 }
 

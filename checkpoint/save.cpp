@@ -189,6 +189,64 @@ Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
   return s;
 }
 
+// A ZeRO-3 model's file of this rank (format 3, dp_shards.h): its block of each unit's flat
+// parameter buffers, per parameter, taken from the unit's persistent shard (no gather, nothing
+// full-size copied); DP rank 0's also holds every tensor outside units whole ([0, numel)).
+Shard zero3_model_shard(const SavePlan& p, const std::vector<const Module*>& chunks,
+                        const detail::UnitWalk& walk, const std::map<std::string, ShardSpec>& specs,
+                        SnapshotPool& snap) {
+  const Degrees& d = p.deg;
+  Shard s;
+  s.file = detail::shard_file("model", {.dp_rank = d.dp_rank,
+                                        .tp_rank = d.tp_rank,
+                                        .pp_rank = d.pp_rank,
+                                        .compressed = p.opts.compress,
+                                        .files = detail::ShardFiles::zero3_blocks});
+  std::map<std::string, ShardSpec> used;
+  std::vector<optim::StateShard> ranges;
+  for (const Module* m : chunks)
+    for (const auto& [name, t] : m->state_dict()) {
+      const bool down_cast =
+          p.opts.down_cast_bf16 && is_floating(t.dtype()) && t.dtype() != DType::bf16;
+      Tensor values;
+      int64_t lo = 0, hi = t.numel();
+      if (const auto block = walk.block_of(t)) {
+        const detail::UnitWalk::Block& b = *block;
+        NXD_INTERNAL_CHECK(b.size == d.dp && b.rank == d.dp_rank, "[save_checkpoint] '", name,
+                           "' is sharded over a group of ", b.size, " ranks (rank ", b.rank,
+                           "), the checkpoint's DP x CP group has ", d.dp, " (rank ", d.dp_rank,
+                           ")");
+        lo = b.lo;
+        hi = b.hi;
+        values = b.values;
+        // a parameter of no elements goes with DP rank 0, as an empty ZeRO-1 range does
+        if (hi <= lo && !(t.numel() == 0 && d.dp_rank == 0)) continue;
+      } else {
+        if (d.dp_rank != 0) continue;
+        values = t.detach().contiguous().view({t.numel()});
+      }
+      if (!values.defined()) values = empty({0}, t.dtype());
+      s.tensors.emplace_back(name, down_cast ? snap.bf16(values) : snap.take(values));
+      ranges.push_back({name, t.shape(), lo, hi, 0, {}});
+      if (const auto it = specs.find(name); it != specs.end()) used[name] = it->second;
+    }
+  std::vector<const optim::StateShard*> held;
+  for (const auto& r : ranges) held.push_back(&r);
+  s.meta = shard_meta("model", d, d.dp_rank, used);
+  s.meta[detail::kZero1Key] = detail::zero1_json(held);
+  return s;
+}
+
+// Whether the model is written in per-rank ZeRO-3 blocks (format 3): some rank of the world has
+// units, SaveOptions::zero3_files is per_rank, and no expert parallelism (its experts' units are
+// sharded over the expert-DP group, whose files are not these: gathered as before). Collective.
+bool zero3_blocks(const detail::UnitWalk& walk, const SaveOptions& o, const Degrees& d) {
+  int32_t units = walk.size();
+  Communicator& w = world();
+  if (w.size() > 1) w.all_reduce(&units, &units, 1, DType::i32, ReduceOp::max);
+  return units > 0 && o.zero3_files == Zero3ModelFiles::per_rank && d.ep == 1;
+}
+
 // This rank's files, with tensors copied (async) or shared with the live model (sync); the
 // tensors of ZeRO-3 units are left empty, listed in `later` (fill_units).
 void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
@@ -206,7 +264,9 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
   const std::set<std::string> experts =
       experts_only ? expert_names(chunks) : std::set<std::string>{};
   auto mine = [&](const std::string& param) { return all || experts.count(param) != 0; };
-  if (!chunks.empty() && (all || experts_only)) {
+  if (p.zero3 && !chunks.empty()) {
+    p.shards.push_back(zero3_model_shard(p, chunks, walk, specs, snap));
+  } else if (!chunks.empty() && (all || experts_only)) {
     Shard s;
     s.file = detail::shard_file(
         "model", {.dp_rank = file_dp, .tp_rank = d.tp_rank, .pp_rank = d.pp_rank, .compressed = z});
@@ -256,6 +316,7 @@ void build_shards(SavePlan& p, const std::vector<const Module*>& chunks,
 // rank walks the units (the gathers are collective); the writers copy.
 void fill_units(SavePlan& p, const detail::UnitWalk& walk, const std::vector<UnitTensor>& later,
                 SnapshotPool& snap) {
+  if (p.zero3) return;  // per-rank blocks: nothing to gather
   walk.for_each("[save_checkpoint]", [&](int u) {
     for (const UnitTensor& x : later)
       if (x.unit == u)
@@ -310,7 +371,8 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   using clock = std::chrono::steady_clock;
   finalize_checkpoint();
   check_tag(tag);
-  // ZeRO-3: each unit gathered in turn while its weights are copied (written in the normal format)
+  // ZeRO-3: each rank's blocks of the units (zero3_model_shard), or each unit gathered in turn
+  // while its weights are copied (fill_units, Zero3ModelFiles::gathered)
   const detail::UnitWalk walk(chunks);
   for (const Module* m : chunks)
     if (m) check_no_quantized_layers(*m, "save_checkpoint");
@@ -323,6 +385,7 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   plan->has_model = !chunks.empty();
   plan->has_optim = optimizer != nullptr;
   plan->zero1 = optimizer != nullptr && optimizer->state_is_sharded();
+  plan->zero3 = zero3_blocks(walk, opts, plan->deg) && !chunks.empty();
   for (const Module* m : chunks) {
     NXD_CHECK(m != nullptr, "[save_checkpoint] a model chunk is null");
     if (const auto* lm = dynamic_cast<const CausalLM*>(m); lm && plan->model_config.is_null())

@@ -17,16 +17,20 @@ using json = nlohmann::json;
 
 namespace {
 
-// The ZeRO-1 files of every (tp, pp) rank, checked to tile every state tensor (dp_shards.h), into
-// metadata.json's files and optimizer table (whole TP-merged tensors, as an unsharded optimizer's
-// are listed); returns the optimizer's description.
-json index_zero1(const SavePlan& p, json& files, json& table) {
+// The per-DP-rank files of `kind` (ZeRO-1 "optim", ZeRO-3 "model") of every (tp, pp) rank,
+// checked to tile every tensor (dp_shards.h), into metadata.json's files and the kind's table
+// (whole TP-merged tensors, as whole files' tensors are listed); returns the optimizer's
+// description (null for the model).
+json index_dp(const SavePlan& p, const char* kind, json& files, json& table) {
   const Degrees& d = p.deg;
   json info = nullptr;
   for (int pp = 0; pp < d.pp; ++pp)
     for (int tp = 0; tp < d.tp; ++tp) {
-      const auto idx = detail::index_dp_files(
-          p.dir, {.dp_size = d.dp, .tp_rank = tp, .pp_rank = pp, .compressed = p.opts.compress});
+      const auto idx = detail::index_dp_files(p.dir, {.dp_size = d.dp,
+                                                      .tp_rank = tp,
+                                                      .pp_rank = pp,
+                                                      .compressed = p.opts.compress,
+                                                      .kind = kind});
       for (const auto& f : idx.files) files[f.rel] = {{"bytes", f.bytes}, {"tensors", f.tensors}};
       if (tp != 0) continue;
       std::map<std::string, ShardSpec> specs;
@@ -109,16 +113,19 @@ void complete(const SavePlan& p) {
             optim_info = json::parse(o->second);
         }
   };
-  if (p.has_model) index("model", model);
+  if (p.has_model && !p.zero3) index("model", model);
+  if (p.zero3) (void)index_dp(p, "model", files, model);
   if (p.has_optim && !p.zero1) index("optim", optim);
-  if (p.zero1) optim_info = index_zero1(p, files, optim);
+  if (p.zero1) optim_info = index_dp(p, "optim", files, optim);
   for (const auto& [name, text] : p.texts)
     files[name] = {{"bytes", static_cast<int64_t>(fs::file_size(p.dir / name))}};
   int64_t seq = 0;
   for (const auto& t : list_checkpoints(p.path))
     if (t.complete) seq = std::max(seq, t.seq + 1);
   json m = {{"format", "nxd-checkpoint"},
-            {"format_version", p.zero1 ? 2 : 1},
+            {"format_version", p.zero3   ? 3
+                               : p.zero1 ? 2
+                                         : 1},
             {"nxd_version", NXD_VERSION},
             {"tag", p.tag},
             {"step", p.step},
@@ -127,6 +134,7 @@ void complete(const SavePlan& p) {
             {"expert_parallel", d.ep},
             {"compressed", p.opts.compress},
             {"files", files}};
+  if (p.zero3) m["parallel"]["zero3"] = true;  // absent otherwise: what format 1 and 2 say
   if (!p.model_config.is_null()) m["model_config"] = p.model_config;
   if (!p.lora.is_null()) m["lora"] = p.lora;
   if (p.has_model) m["model"] = model;

@@ -28,6 +28,7 @@ struct SavePlan {
   Degrees deg;
   bool has_model = false, has_optim = false;
   bool zero1 = false;  // the optimizer's state is sharded over DP: one file per DP rank
+  bool zero3 = false;  // the model's ZeRO-3 blocks: one file per DP rank (format 3)
   int64_t step = 0;
   nlohmann::json model_config = nullptr;  // a CausalLM's config (what offline resharding rebuilds)
   nlohmann::json lora = nullptr;  // the adapters' config (lora_json), when the model has any

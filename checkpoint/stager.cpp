@@ -40,6 +40,7 @@ Stager::Stager(fs::path dir, const json& meta, const Degrees& d) : dir_(std::mov
   saved_tp_ = saved.tp;
   saved_dp_ = saved.dp;
   zero1_ = saved.zero1;
+  zero3_ = saved.zero3;
   compressed_ = saved.compressed;
 }
 
@@ -137,13 +138,19 @@ void Stager::stage(const char* kind, const json& table, std::vector<Want>& wants
       wants.end());
 }
 
-const DpIndex& Stager::dp_index(int tp, int pp) {
-  auto it = dp_.find({tp, pp});
+bool Stager::in_dp_files(const char* kind) const {
+  return std::strcmp(kind, "optim") == 0 ? zero1_ : zero3_;
+}
+
+const DpIndex& Stager::dp_index(const char* kind, int tp, int pp) {
+  auto it = dp_.find({kind, tp, pp});
   if (it == dp_.end())
-    it = dp_.emplace(std::pair{tp, pp}, index_dp_files(dir_, {.dp_size = saved_dp_,
-                                                              .tp_rank = tp,
-                                                              .pp_rank = pp,
-                                                              .compressed = compressed_}))
+    it = dp_.emplace(std::tuple{std::string(kind), tp, pp},
+                     index_dp_files(dir_, {.dp_size = saved_dp_,
+                                           .tp_rank = tp,
+                                           .pp_rank = pp,
+                                           .compressed = compressed_,
+                                           .kind = kind}))
              .first;
   return it->second;
 }
@@ -151,7 +158,7 @@ const DpIndex& Stager::dp_index(int tp, int pp) {
 void Stager::fetch(const char* kind, const std::string& name, int tp, int pp, const Shape& local,
                    DType dtype, int64_t lo, int64_t hi, char* dst, int dp) {
   if (hi <= lo) return;
-  if (!zero1_ || std::strcmp(kind, "optim") != 0) {  // the whole tensor in DP rank dp's file
+  if (!in_dp_files(kind)) {  // the whole tensor in DP rank dp's file
     FileTensor& ft = reads_[shard_file(
         kind, {.dp_rank = dp, .tp_rank = tp, .pp_rank = pp, .compressed = compressed_})][name];
     ft.dtype = dtype;
@@ -159,15 +166,15 @@ void Stager::fetch(const char* kind, const std::string& name, int tp, int pp, co
     ft.copies.push_back({lo, hi - lo, dst});
     return;
   }
-  const DpIndex& idx = dp_index(tp, pp);
+  const DpIndex& idx = dp_index(kind, tp, pp);
   const auto it = idx.tensors.find(name);
   if (it == idx.tensors.end())
-    throw CheckpointError(str("[load_checkpoint] ", dir_.string(), ": optimizer tensor '", name,
+    throw CheckpointError(str("[load_checkpoint] ", dir_.string(), ": ", kind, " tensor '", name,
                               "' is listed in metadata.json but in no DP shard of tp rank ", tp,
                               " pp rank ", pp));
   const DpIndex::Entry& e = it->second;
   if (e.shape != local || e.dtype != dtype)
-    throw CheckpointError(str("[load_checkpoint] ", dir_.string(), ": optimizer tensor '", name,
+    throw CheckpointError(str("[load_checkpoint] ", dir_.string(), ": ", kind, " tensor '", name,
                               "' is ", io::safetensors_dtype(e.dtype), shape_str(e.shape),
                               " in the DP shards of tp rank ", tp, " pp rank ", pp, ", expected ",
                               io::safetensors_dtype(dtype), shape_str(local)));
@@ -177,9 +184,9 @@ void Stager::fetch(const char* kind, const std::string& name, int tp, int pp, co
     if (b <= a) continue;
     FileTensor& ft = reads_[p.file][name];
     ft.dtype = dtype;
-    ft.shape = local.empty() ? Shape{} : Shape{p.hi - p.lo};
+    ft.shape = e.step ? Shape{} : Shape{p.hi - p.lo};
     ft.copies.push_back({a - p.lo, b - a, dst + (a - lo) * es});
-    if (local.empty()) break;  // a step: the first file that has it
+    if (e.step) break;  // a step: the first file that has it
   }
 }
 

@@ -6,13 +6,15 @@
 // Sources: a "model" tensor, or an "optim" tensor of an unsharded optimizer, is read whole from
 // the DP rank 0 file of its (tp, pp) rank. The state of a ZeRO-1 optimizer (metadata.json
 // "parallel": {"zero1": true}) is assembled from the DP files of its (tp, pp) rank
-// (checkpoint/dp_shards.h), which works for any saved DP degree. Targets: a whole (TP-local)
+// (checkpoint/dp_shards.h), which works for any saved DP degree; so is every model tensor of a
+// ZeRO-3 checkpoint with per-rank blocks ("parallel": {"zero3": true}). Targets: a whole (TP-local)
 // tensor, or elements [lo, hi) of one flattened (a ZeRO-1 optimizer's own part of its state).
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "nxd/checkpoint/dp_shards.h"
@@ -68,14 +70,16 @@ class Stager {
   // (tp, pp) into dst (hi - lo elements of `dtype`).
   void fetch(const char* kind, const std::string& name, int tp, int pp, const Shape& local,
              DType dtype, int64_t lo, int64_t hi, char* dst, int dp = 0);
-  const DpIndex& dp_index(int tp, int pp);
+  const DpIndex& dp_index(const char* kind, int tp, int pp);
+  // Whether `kind`'s tensors are in per-DP-rank files (ZeRO-1 optim, ZeRO-3 model).
+  bool in_dp_files(const char* kind) const;
   void read_file(const std::string& rel, std::map<std::string, FileTensor>& tensors);
 
   std::filesystem::path dir_;
   Degrees d_;
   int saved_tp_ = 1, saved_dp_ = 1;
-  bool compressed_ = false, zero1_ = false;
-  std::map<std::pair<int, int>, DpIndex> dp_;                       // by (tp, pp)
+  bool compressed_ = false, zero1_ = false, zero3_ = false;
+  std::map<std::tuple<std::string, int, int>, DpIndex> dp_;         // by (kind, tp, pp)
   std::map<std::string, std::map<std::string, FileTensor>> reads_;  // by file, tensor
   std::vector<Gather> gathers_;
 };

@@ -35,6 +35,31 @@ int64_t UnitWalk::largest_unit_bytes() const {
   return n;
 }
 
+std::optional<UnitWalk::Block> UnitWalk::block_of(const Tensor& t) const {
+  const int u = unit_of(t);
+  if (u < 0) return std::nullopt;
+  const auto* unit = dynamic_cast<const optim::ShardedUnit*>(units_[static_cast<size_t>(u)].get());
+  NXD_INTERNAL_CHECK(unit != nullptr, "[checkpoint] a ZeRO-3 unit that is not a ShardedUnit");
+  const auto& full = unit->full_buffers();
+  for (size_t b = 0; b < full.size(); ++b) {
+    if (full[b].storage().get() != t.storage().get()) continue;
+    NXD_INTERNAL_CHECK(t.is_contiguous(), "[checkpoint] a ZeRO-3 unit tensor that is not a ",
+                       "contiguous view of its bucket: ", t.desc());
+    const Tensor& shard = unit->shards()[b];
+    Block out{.rank = unit->group().rank(), .size = unit->group().size()};
+    const int64_t s = shard.numel(), begin = out.rank * s;
+    const int64_t o = t.offset() - full[b].offset(), n = t.numel();
+    const int64_t a = std::max(o, begin), e = std::min(o + n, begin + s);
+    if (e <= a) return out;
+    out.lo = a - o;
+    out.hi = e - o;
+    out.values =
+        unit->held_whole() ? full[b].narrow(0, a, e - a) : shard.narrow(0, a - begin, e - a);
+    return out;
+  }
+  return std::nullopt;
+}
+
 void UnitWalk::for_each(const char* what, const std::function<void(int)>& visit) const {
   int32_t steps = size();
   Communicator& w = world();

@@ -28,7 +28,17 @@ void verify_shard(const json& meta, const std::string& rel, io::SafetensorsReade
   detail::check_shard_identity(r.header(), rel, p, "[verify]");  // its size: check_listed_files
   const bool model = rel.rfind("model/", 0) == 0;
   const bool zero1_optim = !model && saved_layout(meta).zero1;
-  if (!zero1_optim) {  // ZeRO-1 files hold parts: index_dp_files checks them below
+  const bool zero3_model = model && rel.rfind("model/zero3_", 0) == 0;
+  if (zero3_model)  // blocks of the listed tensors: their ranges index_dp_files checks below
+    for (const auto& t : r.header().tensors) {
+      const json& table = meta.at("model");
+      if (!table.contains(t.name) ||
+          table.at(t.name).at("dtype").get<std::string>() != io::safetensors_dtype(t.dtype))
+        throw CheckpointError(str("[verify] ", p, ": tensor '", t.name, "' (",
+                                  io::safetensors_dtype(t.dtype),
+                                  ") is not listed in metadata.json with that dtype"));
+    }
+  if (!zero1_optim && !zero3_model) {  // ZeRO-1 files hold parts: index_dp_files checks them
     const json& table = model ? meta.at("model") : meta.at("optimizer").at("tensors");
     const auto specs = detail::specs_of(r.header(), rel);
     for (const auto& t : r.header().tensors) {
@@ -194,7 +204,12 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   (void)detail::check_listed_files(tag_dir, meta, "[verify]");
   for (const auto& [rel, info] : meta.at("files").items()) {
     const fs::path p = tag_dir / rel;
-    if (!fs::exists(p)) throw CheckpointError(str("[verify] missing file ", p.string()));
+    const bool dp_file = (zero1 && rel.rfind("optim/", 0) == 0) ||
+                         (x.saved.zero3 && rel.rfind("model/zero3_", 0) == 0);
+    if (!fs::exists(p)) {
+      if (dp_file) continue;  // index_dp_files below names it with the elements it held
+      throw CheckpointError(str("[verify] missing file ", p.string()));
+    }
     ++rep.files;
     if (rel.find(".safetensors") == std::string::npos) continue;
     io::SafetensorsReader r(p);
@@ -203,19 +218,31 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   }
   if (meta.contains("model_config") && meta["model_config"].contains("moe"))
     x.num_experts = meta["model_config"]["moe"].value("num_experts", int64_t{0});
-  if (meta.contains("model")) check_table(tag_dir, "model", meta["model"], holders, x, rep);
+  if (meta.contains("model") && !x.saved.zero3)
+    check_table(tag_dir, "model", meta["model"], holders, x, rep);
   if (meta.contains("optimizer") && !zero1)
     check_table(tag_dir, "optim", meta["optimizer"].at("tensors"), holders, x, rep);
   if (meta.contains("optimizer") && zero1)
     check_expert_names(tag_dir, meta["optimizer"].at("tensors"), x);
-  // ZeRO-1: the DP files of every (tp, pp) rank tile every state tensor
-  if (zero1)
+  // ZeRO-1 (ZeRO-3): the DP files of every (tp, pp) rank tile every state (model) tensor, and
+  // every tensor metadata.json lists is in them
+  auto tiles = [&](const char* kind, const json& table) {
     for (int pp = 0; pp < x.saved.pp; ++pp)
-      for (int tp = 0; tp < x.saved.tp; ++tp)
-        detail::index_dp_files(tag_dir, {.dp_size = x.saved.dp,
-                                         .tp_rank = tp,
-                                         .pp_rank = pp,
-                                         .compressed = x.saved.compressed});
+      for (int tp = 0; tp < x.saved.tp; ++tp) {
+        const auto idx = detail::index_dp_files(tag_dir, {.dp_size = x.saved.dp,
+                                                          .tp_rank = tp,
+                                                          .pp_rank = pp,
+                                                          .compressed = x.saved.compressed,
+                                                          .kind = kind});
+        for (const auto& [name, e] : table.items())
+          if (e.at("pp_rank").get<int>() == pp && !idx.tensors.count(name))
+            throw CheckpointError(str("[verify] ", tag_dir.string(), ": ", kind, " tensor '", name,
+                                      "' is listed in metadata.json but in no DP shard of tp rank ",
+                                      tp, " pp rank ", pp));
+      }
+  };
+  if (zero1) tiles("optim", meta["optimizer"].at("tensors"));
+  if (x.saved.zero3) tiles("model", meta["model"]);
   return rep;
 }
 

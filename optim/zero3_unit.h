@@ -52,6 +52,13 @@ class ShardedUnit : public ParamUnit {
   bool gathered() const override { return state_ != State::released; }
   bool held_whole() const override { return held_whole_; }
   bool empty() const { return full_.empty(); }
+  // The buckets' full flat buffers (their memory released between gathers; the parameters view
+  // their Storage) and this rank's persistent blocks of them, in the same order: block b is
+  // elements [rank * S_b, (rank + 1) * S_b) of full b (a checkpoint writes it without a gather).
+  const std::vector<Tensor>& full_buffers() const { return full_; }
+  const std::vector<Tensor>& shards() const { return shard_; }
+  // The sharding group (the unit's DP group).
+  const Communicator& group() const { return *dp_; }
 
  private:
   enum class State { released, in_flight, gathered };

@@ -1,6 +1,7 @@
 // nxd-ckpt: look at, check and convert nxd checkpoints without a training job.
 //   inspect DIR               the checkpoints under DIR (or DIR itself): complete or not, step,
-//                             degrees (zero1: optimizer state in per-DP-rank files; a MoE model:
+//                             degrees (zero1: optimizer state in per-DP-rank files; zero3: the
+//                             model in per-DP-rank blocks; a MoE model:
 //                             its expert-parallel degree and experts per EP rank); with
 //                             --tensors every tensor's dtype, full shape, bytes, split, dp_rank
 //   verify DIR                every file and checksum of DIR's newest complete checkpoint (or DIR),
@@ -106,11 +107,11 @@ void print_tag(const fs::path& dir, bool tensors) {
   const json m = nxd::ckpt::read_metadata(dir);
   const nxd::ckpt::SavedLayout p = nxd::ckpt::saved_layout(m);
   const bool moe = m.contains("model_config") && m["model_config"].contains("moe");
-  std::printf("%s: complete, step %lld, tp %d pp %d dp %d%s%s, format %d (nxd %s)%s\n",
+  std::printf("%s: complete, step %lld, tp %d pp %d dp %d%s%s%s, format %d (nxd %s)%s\n",
               dir.string().c_str(), static_cast<long long>(m.value("step", int64_t{0})), p.tp, p.pp,
               p.dp, moe ? nxd::str(" ep ", p.ep).c_str() : "", p.zero1 ? " zero1" : "",
-              m["format_version"].get<int>(), m.value("nxd_version", "?").c_str(),
-              p.compressed ? ", zstd" : "");
+              p.zero3 ? " zero3" : "", m["format_version"].get<int>(),
+              m.value("nxd_version", "?").c_str(), p.compressed ? ", zstd" : "");
   if (m.contains("model_config"))
     std::printf("  model_config %s\n", m["model_config"].dump().c_str());
   print_experts(m);

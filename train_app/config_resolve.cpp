@@ -109,6 +109,9 @@ ExpManagerSection resolve_exp_manager(Resolver& r) {
   k.save_last = r.c.get_bool(c + "save_last");
   k.async_save = r.c.get_bool("exp_manager.async_checkpointing");
   k.save_bf16 = r.c.get_bool("exp_manager.save_bf16");
+  k.zero3_files = r.c.get_string("exp_manager.zero3_checkpoint_format") == "gathered"
+                      ? ckpt::Zero3ModelFiles::gathered
+                      : ckpt::Zero3ModelFiles::per_rank;
   r.derive("exp_manager.create_checkpoint_callback", k.every_n_train_steps > 0);
   e.create_checkpoint_callback = r.c.get_bool("exp_manager.create_checkpoint_callback");
   e.resume_from_checkpoint = r.c.is_null("exp_manager.resume_from_checkpoint")

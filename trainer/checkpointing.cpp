@@ -95,6 +95,7 @@ void ModelCheckpoint::save(Trainer& trainer, TrainingModule& module, int64_t ste
   so.async_save = opts_.async_save;
   so.compress = opts_.compress;
   so.down_cast_bf16 = opts_.save_bf16;
+  so.zero3_files = opts_.zero3_files;
   so.step = step;
   const auto& sched = trainer.schedule();
   std::vector<const Module*> parts;

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "nxd/checkpoint/checkpoint.h"
 #include "nxd/trainer/callbacks.h"
 
 namespace nxd::trainer {
@@ -32,6 +33,9 @@ struct ModelCheckpointOptions {
   // NxD Training's exp_manager.save_bf16: the model's weights in bf16 (SaveOptions::
   // down_cast_bf16; the optimizer state, f32 masters included, as held).
   bool save_bf16 = false;
+  // A ZeRO-3 model: each DP rank's blocks (per_rank) or whole tensors gathered unit by unit
+  // (SaveOptions::zero3_files; nxd-train's exp_manager.zero3_checkpoint_format).
+  ckpt::Zero3ModelFiles zero3_files = ckpt::Zero3ModelFiles::per_rank;
 };
 
 class ModelCheckpoint : public Callback {

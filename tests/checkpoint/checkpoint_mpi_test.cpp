@@ -1,7 +1,8 @@
 // TP2 x DP2 checkpoints on either backend: sim ranks in the normal suite, one process per rank
 // under `mpirun -np 4` (label mpi; main is tests/collectives/main.cpp). A plain and an async +
 // zstd save resume training with bitwise the same loss, and one rank's damaged shard fails the
-// load on every process while no process changes its model.
+// load on every process while no process changes its model. A ZeRO-3 model's per-rank block files
+// (each process writes its own) resume with the same loss, bitwise.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 #include "ckpt_util.h"
 #include "support/ranks.h"
+#include "zero1_util.h"
 
 namespace nxd::ckpt {
 namespace {
@@ -64,6 +66,38 @@ TEST(CheckpointMpi, Tp2Dp2RoundTripAndFailureOnEveryRank) {
     EXPECT_NE(msg.find("checksum mismatch"), std::string::npos) << msg;
     EXPECT_NE(msg.find("tp_rank_01"), std::string::npos) << msg;
     nxd::testing::expect_same(nxd::testing::snapshot(*c.model, c.opt.get()), before, "untouched");
+    world().barrier();
+    if (world().rank() == 0) fs::remove_all(dir);
+  });
+  if (!nxd::testing::under_mpi()) {
+    EXPECT_TRUE(ran);
+  }
+}
+
+TEST(CheckpointMpi, Zero3BlocksTp2Dp2RoundTrip) {
+  const fs::path dir = shared_dir() / "zero3";
+  const bool ran = nxd::testing::run_ranks(4, [&] {
+    parallel_state::initialize_model_parallel(2);
+    const int d = parallel_state::get_data_parallel_rank();
+    if (world().rank() == 0) {
+      fs::remove_all(dir);
+      fs::create_directories(dir);
+    }
+    world().barrier();
+    const nxd::testing::TraineeOptions o{
+        .zero1 = true, .stage = optim::ZeroStage::three, .bucket_bytes = 1 << 12, .root = true};
+    nxd::testing::Zero1Trainee a(2, o);
+    a.step(0, nxd::testing::shards_of(d, 2));
+    save_checkpoint(dir, "step_1", a.model.get(), a.opt.get(), a.sched.get());
+    a.step(1, nxd::testing::shards_of(d, 2));
+    const double next = a.eval_loss();
+    EXPECT_TRUE(read_metadata(dir / "step_1")["parallel"].value("zero3", false));
+    auto ob = o;
+    ob.seed = 99;
+    nxd::testing::Zero1Trainee b(2, ob);
+    load_checkpoint(dir, b.model.get(), b.opt.get(), b.sched.get());
+    b.step(1, nxd::testing::shards_of(d, 2));
+    EXPECT_EQ(b.eval_loss(), next);
     world().barrier();
     if (world().rank() == 0) fs::remove_all(dir);
   });

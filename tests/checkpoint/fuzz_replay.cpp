@@ -1,7 +1,8 @@
 // Drives the metadata.json fuzz target without libFuzzer (fuzz_metadata.cpp): byte mutations of a
 // real ZeRO-1 checkpoint's metadata.json, and structural ones (a value of another type or size, a
 // key removed), must parse or throw CheckpointError; those that parse are loaded as that
-// checkpoint's metadata, which must load or throw CheckpointError leaving the target untouched.
+// checkpoint's metadata, which must load or throw CheckpointError leaving the target untouched
+// (and the same for a ZeRO-3 checkpoint in per-DP-rank blocks).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -19,11 +20,12 @@ namespace {
 namespace fs = std::filesystem;
 using nxd::testing::mutate_bytes;
 
-// A ZeRO-1 checkpoint at TP 2 x DP 2 (splits, per-DP-rank optimizer files) to mutate.
-fs::path zero1_checkpoint(const fs::path& root) {
+// A ZeRO-1 checkpoint at TP 2 x DP 2 (splits, per-DP-rank optimizer files) to mutate; at stage
+// three also the model in per-DP-rank blocks (format 3).
+fs::path zero1_checkpoint(const fs::path& root, optim::ZeroStage stage = optim::ZeroStage::one) {
   nxd::testing::run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(2);
-    nxd::testing::Zero1Trainee t(2, {.zero1 = true});
+    nxd::testing::Zero1Trainee t(2, {.zero1 = true, .stage = stage, .root = true});
     t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 2));
     save_checkpoint(root, "t", t.model.get(), t.opt.get(), t.sched.get());
   });
@@ -91,16 +93,17 @@ void mutate_json(nlohmann::json& doc, std::mt19937_64& g) {
   }
 }
 
-TEST(FuzzMetadata, StructuralMutationsLoadOrThrowCheckpointErrorAndNeverHalfLoad) {
-  const nxd::testing::ScratchDir scratch("nxd_fuzz_");
-  const fs::path dir = zero1_checkpoint(scratch.path);
+// Structural mutations of the metadata.json of the checkpoint scratch/t loaded into AdamW on one
+// rank: each parses and loads, or is refused with CheckpointError leaving the target untouched.
+void structural_mutations(const fs::path& scratch, int count) {
+  const fs::path dir = scratch / "t";
   const nlohmann::json good = nlohmann::json::parse(nxd::testing::slurp(dir / "metadata.json"));
   // the target: AdamW on one rank (TP resharding and the DP files' assembly)
   nxd::testing::Zero1Trainee t(1, {.seed = 5});
   const auto before = nxd::testing::snapshot(*t.model, t.opt.get());
   std::mt19937_64 g(11);
   int parsed = 0, loaded = 0;
-  for (int i = 0; i < 1500; ++i) {
+  for (int i = 0; i < count; ++i) {
     nlohmann::json doc = good;
     for (int e = 1 + static_cast<int>(g() % 3); e > 0; --e) {
       try {
@@ -113,7 +116,7 @@ TEST(FuzzMetadata, StructuralMutationsLoadOrThrowCheckpointErrorAndNeverHalfLoad
     ++parsed;
     std::ofstream(dir / "metadata.json", std::ios::trunc) << text;
     try {
-      load_checkpoint(scratch.path, t.model.get(), t.opt.get(), t.sched.get(), {.tag = "t"});
+      load_checkpoint(scratch, t.model.get(), t.opt.get(), t.sched.get(), {.tag = "t"});
       ++loaded;  // an edit that changes nothing the load needs (or a value it takes as it is)
       for (const auto& [n, x] : t.model->state_dict()) x.detach().copy_(before.at("m:" + n));
       for (const auto& [n, x] : t.opt->state_tensors()) x.copy_(before.at("o:" + n));
@@ -122,8 +125,22 @@ TEST(FuzzMetadata, StructuralMutationsLoadOrThrowCheckpointErrorAndNeverHalfLoad
                                 "after a refused load: " + text.substr(0, 200));
     }
   }
-  std::printf("    1500 structural mutations: %d parsed, %d of them loaded\n", parsed, loaded);
-  EXPECT_GT(parsed, 100);
+  std::printf("    %d structural mutations: %d parsed, %d of them loaded\n", count, parsed, loaded);
+  EXPECT_GT(parsed, count / 15);
+}
+
+TEST(FuzzMetadata, StructuralMutationsLoadOrThrowCheckpointErrorAndNeverHalfLoad) {
+  const nxd::testing::ScratchDir scratch("nxd_fuzz_");
+  zero1_checkpoint(scratch.path);
+  structural_mutations(scratch.path, 1500);
+}
+
+// The same over a ZeRO-3 checkpoint whose model is in per-DP-rank blocks ("zero3": true).
+TEST(FuzzMetadata, StructuralMutationsOfAZero3BlockCheckpointNeverHalfLoad) {
+  const nxd::testing::ScratchDir scratch("nxd_fuzz_z3_");
+  zero1_checkpoint(scratch.path, optim::ZeroStage::three);
+  ASSERT_TRUE(read_metadata(scratch.path / "t")["parallel"].value("zero3", false));
+  structural_mutations(scratch.path, 1000);
 }
 
 }  // namespace

@@ -316,6 +316,53 @@ TEST(NxdCkpt, Zero1InspectVerifyReshardDp) {
   EXPECT_NE(r.err.find(lost), std::string::npos) << r.err;
 }
 
+// A ZeRO-3 checkpoint in per-rank blocks (DP 4, the root a unit): inspect prints zero3 and format
+// 3, verify passes and exits 1 naming a deleted block file, export-hf writes the gathered
+// format's tensors, and reshard to DP 2 loads as the original.
+TEST(NxdCkpt, Zero3InspectVerifyExportHfReshard) {
+  const nxd::testing::ScratchDir d_scratch("nxd_ckpt_cli_z3_");
+  const fs::path& d = d_scratch.path;
+  nxd::testing::run_ranks(4, [&] {
+    parallel_state::initialize_model_parallel(1);
+    nxd::testing::Zero1Trainee t(
+        1,
+        {.zero1 = true, .stage = optim::ZeroStage::three, .bucket_bytes = 1 << 12, .root = true});
+    t.step(0, nxd::testing::shards_of(parallel_state::get_data_parallel_rank(), 4));
+    save_checkpoint(d / "run", "step_1", t.model.get(), t.opt.get(), t.sched.get());
+    save_checkpoint(d / "gathered", "step_1", t.model.get(), t.opt.get(), t.sched.get(), nullptr,
+                    {.zero3_files = Zero3ModelFiles::gathered});
+  });
+  auto r = ckpt({"inspect", (d / "run").string()}, d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("step 1, tp 1 pp 1 dp 4 zero1 zero3, format 3"), std::string::npos) << r.out;
+  r = ckpt({"verify", (d / "run").string()}, d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  for (const char* src : {"run", "gathered"}) {
+    r = ckpt({"export-hf", (d / src).string(), (d / (std::string("hf_") + src)).string()}, d);
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  auto tensors = [&](const char* src) {
+    io::SafetensorsReader f(d / (std::string("hf_") + src) / "model.safetensors");
+    const auto v = f.read_all();
+    return std::map<std::string, Tensor>(v.begin(), v.end());
+  };
+  nxd::testing::expect_same(tensors("run"), tensors("gathered"), "export-hf");
+  r = ckpt(
+      {"reshard", (d / "run").string(), "--tp", "1", "--dp", "2", "--out", (d / "dp2").string()},
+      d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  nxd::testing::Zero1Trainee a(1, {.seed = 3}), b(1, {.seed = 4});
+  load_checkpoint(d / "run", a.model.get(), a.opt.get(), nullptr);
+  load_checkpoint(d / "dp2", b.model.get(), b.opt.get(), nullptr);
+  nxd::testing::expect_same(nxd::testing::snapshot(*b.model, b.opt.get()),
+                            nxd::testing::snapshot(*a.model, a.opt.get()), "DP4 zero3 -> DP2");
+  const std::string lost = "model/zero3_dp_rank_02_tp_rank_00_pp_rank_00.safetensors";
+  fs::remove(d / "run/step_1" / lost);
+  r = ckpt({"verify", (d / "run").string()}, d);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find(lost), std::string::npos) << r.err;
+}
+
 // Rewrites one shard of a checkpoint with edit() applied to its tensors (metadata and checksums
 // kept valid) and records its new size in metadata.json: damage that only the expert checks see.
 void rewrite_shard(const fs::path& tag, const std::string& rel,

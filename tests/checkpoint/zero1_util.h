@@ -25,6 +25,7 @@ struct TraineeOptions {
   optim::ZeroStage stage = optim::ZeroStage::one;
   int64_t bucket_bytes = 3000;  // several buckets; parameters cut between DP ranks
   int layers = 0, hidden = 0;   // 0: ckpt_model_config's (hidden: FFN twice it, 2 KV heads)
+  bool root = false;  // stage three: the embedding, final norm and head a unit too (the root)
 };
 
 struct Zero1Trainee {
@@ -55,6 +56,7 @@ struct Zero1Trainee {
       if (o.stage == optim::ZeroStage::three)
         for (size_t i = 0; i < model->decoder_stack()->layers().size(); ++i)
           zo.units.push_back(model->decoder_stack()->layers()[i].get());
+      if (o.root && o.stage == optim::ZeroStage::three) zo.root = model.get();
       opt = std::make_unique<optim::Zero1AdamW>(std::move(groups), zo);
     } else {
       if (o.lion)

@@ -4,12 +4,14 @@
 // without reshard_after_forward) and EP 2 x TP 2 (SP) x DP 2 give stage 1's and stage 2's losses
 // bitwise (one parameter per bucket: the same bucket layout) and plain DP's and one rank's within
 // 1e-6; the allocator's HBM peak per rank of every stage is printed, and on an 8-layer Mixtral
-// stage 3's is below stage 1's; a stage-3 Mixtral checkpoint at EP 2 x DP 4 resumes at stages 1
-// and 3 as the uninterrupted run, bitwise.
+// stage 3's is below stage 1's; stage-3 checkpoints of a Mixtral at EP 2 x DP 4 (gathered) and
+// EP 1 x DP 4 and of CP 2 x DP 2 (per-rank blocks) resume at stages 1 and 3 as the uninterrupted
+// run, bitwise.
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "nxd/checkpoint/checkpoint.h"
 #include "nxd/train_app/train.h"
 #include "support/compare.h"
 #include "train_util.h"
@@ -128,32 +130,51 @@ TEST(Zero3Compose, MixtralWithAccumulationMatchesStage1BitwiseAndOneRank) {
                         single, 2);
 }
 
-// A stage-3 checkpoint of a Mixtral at EP 2 x DP 4 (the model written whole from the gathered
-// layers and experts, ZeRO-1's optimizer shards) resumes at stages 1 and 3 as the uninterrupted
-// stage-3 run, bitwise.
-TEST(Zero3Compose, MixtralCheckpointResumesAtStages1And3Bitwise) {
-  auto d = nxd::testing::test_temp_dir("nxd_zero3_moe_ckpt_");
+// A stage-3 checkpoint cut at step 4 of `layout` (8 steps, one parameter a bucket) resumes at
+// stages 1 and 3 as the uninterrupted stage-3 run, bitwise; its model is in per-rank blocks
+// (metadata.json "zero3") or, at EP > 1, written whole from the gathered units.
+namespace {
+void expect_checkpoint_resumes(const fs::path& d, const std::string& name,
+                               const std::vector<std::string>& layout, bool blocks) {
   const std::vector<std::string> base =
-      with(kMixtral, {"backend.world_size=4", "distributed_strategy.expert_model_parallel_size=2",
-                      "trainer.max_steps=8", "model.optim.sched.max_steps=8", kBucketPerParam});
-  const Out whole = nxd::testing::train_rows(d, "whole", with(base, {stage(3)}));
+      with(layout, {"trainer.max_steps=8", "model.optim.sched.max_steps=8", kBucketPerParam});
+  const Out whole = nxd::testing::train_rows(d, name + "_whole", with(base, {stage(3)}));
   nxd::testing::train_rows(
-      d, "cut",
+      d, name + "_cut",
       with(base, {stage(3), "trainer.max_steps=5",
                   "exp_manager.checkpoint_callback_params.every_n_train_steps=4"}));
-  const std::string ckpt = (d / "cut" / "checkpoints" / "step_4").string();
+  const std::string ckpt = (d / (name + "_cut") / "checkpoints" / "step_4").string();
+  EXPECT_EQ(ckpt::read_metadata(ckpt)["parallel"].value("zero3", false), blocks) << name;
   const std::vector<double> tail(whole.rows.loss.begin() + 4, whole.rows.loss.end());
   for (const int to : {1, 3}) {
     const Out resumed = nxd::testing::train_rows(
-        d, "resumed" + std::to_string(to),
+        d, name + "_resumed" + std::to_string(to),
         with(base, {stage(to), "exp_manager.resume_from_checkpoint=" + ckpt}));
     ASSERT_EQ(resumed.rows.loss.size(), 4u);
     const double w = worst_rel(resumed.rows.loss, tail);
-    std::printf(
-        "    stage-3 Mixtral EP2 x DP4 checkpoint resumed at stage %d: losses within %.3g\n", to,
-        w);
-    EXPECT_EQ(w, 0.0) << "stage 3 -> " << to;
+    std::printf("    stage-3 %s checkpoint (%s) resumed at stage %d: losses within %.3g\n",
+                name.c_str(), blocks ? "per-rank blocks" : "gathered", to, w);
+    EXPECT_EQ(w, 0.0) << name << ": stage 3 -> " << to;
   }
+}
+}  // namespace
+
+// A Mixtral's stage-3 checkpoint at EP 2 x DP 4 (the experts' units are sharded over expert-DP:
+// the model written gathered) and at EP 1 x DP 4 (per-rank blocks, the experts in the layers'
+// units), and a CP 2 x DP 2 one (blocks of the DP x CP group) resume at stages 1 and 3 bitwise.
+TEST(Zero3Compose, MixtralAndContextParallelCheckpointsResumeAtStages1And3Bitwise) {
+  auto d = nxd::testing::test_temp_dir("nxd_zero3_moe_ckpt_");
+  expect_checkpoint_resumes(
+      d, "Mixtral EP2 x DP4",
+      with(kMixtral, {"backend.world_size=4", "distributed_strategy.expert_model_parallel_size=2"}),
+      /*blocks=*/false);
+  expect_checkpoint_resumes(
+      d, "Mixtral EP1 x DP4",
+      with(kMixtral, {"backend.world_size=4", "distributed_strategy.expert_model_parallel_size=1"}),
+      /*blocks=*/true);
+  expect_checkpoint_resumes(
+      d, "CP2 x DP2", {"backend.world_size=4", "distributed_strategy.context_parallel_size=2"},
+      /*blocks=*/true);
 }
 
 // The allocator's HBM peak per rank of an optimizer-heavy Mixtral (AdamW, f32, 8 layers of hidden

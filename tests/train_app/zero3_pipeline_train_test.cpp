@@ -10,6 +10,8 @@
 #include <cmath>
 #include <string>
 
+#include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/layout.h"
 #include "nxd/runtime/error.h"
 #include "nxd/train_app/train.h"
 #include "support/compare.h"
@@ -100,9 +102,9 @@ TEST(Zero3PipelineTrain, HbmPeakAgainstZero1AndPlainDp) {
     }
 }
 
-// A PP 2 x DP 2 stage-3 checkpoint (the chunks' layers gathered to be written in the normal
-// format, ZeRO-1's sharded optimizer files) resumes at stage 3 and stage 1 as the uninterrupted
-// run, bitwise, and at PP 1 x DP 2 (the reshard across pipeline degrees) within 1e-6.
+// A PP 2 x DP 2 stage-3 checkpoint (each stage's DP ranks writing their blocks of its chunks'
+// units, format 3; ZeRO-1's sharded optimizer files) resumes at stage 3 and stage 1 as the
+// uninterrupted run, bitwise, and at PP 1 x DP 2 (the reshard across pipeline degrees) within 1e-6.
 TEST(Zero3PipelineTrain, CheckpointResumesAtStages1And3AndAnotherPipelineDegree) {
   auto d = nxd::testing::test_temp_dir("nxd_zero3_pp_ckpt_");
   const std::vector<std::string> base = {"distributed_strategy.tensor_model_parallel_size=1",
@@ -123,6 +125,15 @@ TEST(Zero3PipelineTrain, CheckpointResumesAtStages1And3AndAnotherPipelineDegree)
       with(pp2, {"trainer.max_steps=5",
                  "exp_manager.checkpoint_callback_params.every_n_train_steps=4"}));
   const std::string ckpt = (d / "cut" / "checkpoints" / "step_4").string();
+  EXPECT_TRUE(ckpt::read_metadata(ckpt)["parallel"].value("zero3", false));
+  for (int pp = 0; pp < 2; ++pp)
+    for (int dp = 0; dp < 2; ++dp)
+      EXPECT_TRUE(fs::exists(
+          fs::path(ckpt) /
+          ckpt::detail::shard_file(
+              "model",
+              {.dp_rank = dp, .pp_rank = pp, .files = ckpt::detail::ShardFiles::zero3_blocks})))
+          << "pp " << pp << " dp " << dp;
   const std::vector<double> tail(whole.rows.loss.begin() + 4, whole.rows.loss.end());
   const std::string resume = "exp_manager.resume_from_checkpoint=" + ckpt;
   for (const int to : {3, 1}) {

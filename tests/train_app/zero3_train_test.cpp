@@ -11,6 +11,7 @@
 #include <cmath>
 #include <string>
 
+#include "nxd/checkpoint/checkpoint.h"
 #include "nxd/runtime/error.h"
 #include "nxd/train_app/train.h"
 #include "support/compare.h"
@@ -102,8 +103,10 @@ TEST(Zero3Train, HbmPeakAtDp4IsAtMostAThirdOfPlainDp) {
   EXPECT_LE(ratio, 0.35);
 }
 
-// A stage-3 checkpoint (ZeRO-1's sharded optimizer files, the model in the normal format)
-// resumes at stages 1 and 3, and a stage-1 one at stage 3, as the uninterrupted runs.
+// A stage-3 checkpoint (ZeRO-1's sharded optimizer files, the model in per-rank blocks: format 3)
+// resumes at stages 1 and 3, and a stage-1 one at stage 3, as the uninterrupted runs; the stage-3
+// one also at DP 2, and one saved in the gathered format (exp_manager.zero3_checkpoint_format=
+// gathered, format 2) at stage 3, bitwise.
 TEST(Zero3Train, CheckpointsReshardBetweenStages1And3Bitwise) {
   auto d = nxd::testing::test_temp_dir("nxd_zero3_ckpt_");
   const std::vector<std::string> dp4 = {
@@ -121,6 +124,9 @@ TEST(Zero3Train, CheckpointsReshardBetweenStages1And3Bitwise) {
         args({s, "trainer.max_steps=5",
               "exp_manager.checkpoint_callback_params.every_n_train_steps=4"}));
     const std::string ckpt = (d / ("cut" + tag) / "checkpoints" / "step_4").string();
+    const nlohmann::json meta = ckpt::read_metadata(ckpt);
+    EXPECT_EQ(meta["parallel"].value("zero3", false), from == 3);
+    EXPECT_EQ(meta["format_version"], from == 3 ? 3 : 2);
     const std::vector<double> tail(whole.rows.loss.begin() + 4, whole.rows.loss.end());
     for (const int to : {1, 3}) {
       const Out resumed = run(d, "resumed" + tag + std::to_string(to),
@@ -132,6 +138,26 @@ TEST(Zero3Train, CheckpointsReshardBetweenStages1And3Bitwise) {
                   w);
       EXPECT_EQ(w, 0.0) << "stage " << from << " -> " << to;
     }
+    if (from != 3) continue;
+    const Out dp2 =
+        run(d, "resumed_dp2",
+            {"backend.world_size=2", "distributed_strategy.tensor_model_parallel_size=1",
+             "trainer.max_steps=8", "model.optim.sched.max_steps=8", kBucketPerParam,
+             "distributed_strategy.zero_stage=3", "exp_manager.resume_from_checkpoint=" + ckpt});
+    ASSERT_EQ(dp2.rows.loss.size(), 4u);
+    const double w2 = worst_rel(dp2.rows.loss, tail);
+    std::printf(
+        "    stage-3 DP4 checkpoint (per-rank blocks) resumed at DP 2: losses within %.3g\n", w2);
+    EXPECT_EQ(w2, 0.0);
+    run(d, "cut_gathered",
+        args({s, "trainer.max_steps=5",
+              "exp_manager.checkpoint_callback_params.every_n_train_steps=4",
+              "exp_manager.zero3_checkpoint_format=gathered"}));
+    const std::string g = (d / "cut_gathered" / "checkpoints" / "step_4").string();
+    EXPECT_FALSE(ckpt::read_metadata(g)["parallel"].value("zero3", false));
+    const Out rg = run(d, "resumed_gathered", args({s, "exp_manager.resume_from_checkpoint=" + g}));
+    ASSERT_EQ(rg.rows.loss.size(), 4u);
+    EXPECT_EQ(worst_rel(rg.rows.loss, tail), 0.0) << "gathered format";
   }
 }
 
@@ -160,6 +186,29 @@ TEST(Zero3Train, LoraAtStage3IsStage1) {
     EXPECT_LE(w0, 1e-6) << tp;
     EXPECT_LT(three.rows.loss.back(), three.rows.loss.front()) << "the adapters train";
   }
+  // a stage-3 LoRA checkpoint in per-rank blocks: the adapters' blocks from every rank, the frozen
+  // base weights (in no bucket) whole from DP rank 0; resumed, the losses are bitwise the same
+  const std::vector<std::string> lora = {
+      "backend.world_size=4",
+      "distributed_strategy.tensor_model_parallel_size=1",
+      kBucketPerParam,
+      "model_alignment_strategy.peft.lora_rank=8",
+      "model_alignment_strategy.peft.target_modules=[qkv_proj, o_proj, up_proj, down_proj]",
+      "distributed_strategy.zero_stage=3"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), lora.begin(), lora.end());
+    return extra;
+  };
+  const Out whole =
+      run(d, "lora_ckpt", with({"exp_manager.checkpoint_callback_params.every_n_train_steps=10"}));
+  const std::string ckpt = (d / "lora_ckpt" / "checkpoints" / "step_10").string();
+  EXPECT_TRUE(ckpt::read_metadata(ckpt)["parallel"].value("zero3", false));
+  const Out resumed = run(d, "lora_resumed", with({"exp_manager.resume_from_checkpoint=" + ckpt}));
+  ASSERT_EQ(whole.rows.loss.size(), 20u);
+  ASSERT_EQ(resumed.rows.loss.size(), 10u);
+  EXPECT_EQ(worst_rel(resumed.rows.loss,
+                      std::vector<double>(whole.rows.loss.begin() + 10, whole.rows.loss.end())),
+            0.0);
 }
 
 // Optimizer offload at stage 3: the same losses bitwise, the state's bytes off the HBM peak.
