@@ -228,3 +228,30 @@ TEST(Int4Weights, GemvEqualsItsLaneOrderLoopBitwise) {
                 }
             }
 }
+
+// The prefill path's dequantization (a block of 32 inputs at a time) gives each weight the bits
+// of (u - offset) * scale (+ min) computed one input at a time, at ragged k and every group.
+TEST(Int4Weights, DequantizedRowsEqualTheScalarFormulaBitwise) {
+  for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric})
+    for (int64_t group : {32, 64, 128})
+      for (int64_t k : {1, 5, 31, 32, 33, 64, 100, 300, 768}) {
+        SCOPED_TRACE(str("k=", k, " group=", group));
+        const int64_t n = 5, r0 = 1, r1 = 4;
+        const Q4 z = quantize(lcg_values(n * k, 9, 0.4f), n, k, group, zero);
+        const int64_t G = z.l.groups_per_row();
+        const float off = zero == Int4Zero::symmetric ? 8.0f : 0.0f;
+        std::vector<float> d((r1 - r0) * k + 1, std::nanf(""));
+        kernels::dequantize_int4_rows(d.data(), z.q.data(), z.scale.data(), z.mins(), z.l, r0, r1);
+        EXPECT_TRUE(std::isnan(d.back())) << "wrote past its rows";
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t j = 0; j < k; ++j) {
+            const uint8_t b = z.q[r * z.l.bytes_per_row() + 16 * (j / 32) + (j % 16)];
+            const int u = (j % 32) < 16 ? (b & 15) : (b >> 4);
+            float e = (static_cast<float>(u) - off) * z.scale[r * G + j / group];
+            if (zero == Int4Zero::asymmetric) e = e + z.min[r * G + j / group];
+            const float got = d[(r - r0) * k + j];
+            ASSERT_EQ(std::memcmp(&got, &e, 4), 0)
+                << "row " << r << " col " << j << ": " << got << " against " << e;
+          }
+      }
+}
