@@ -288,7 +288,9 @@ void linear_int4(float* c, const float* x, const uint8_t* q, const float* scale,
   l.check("linear_int4");
   NXD_CHECK(m >= 0, "[linear_int4] m=", m);
   if (m == 0) return;
-  if (m <= kInt4GemvMaxRows)
+  if (l.act == Int4Activations::int8_blocks)
+    gemv_int4_q8(c, x, q, scale, min, l, m);
+  else if (m <= kInt4GemvMaxRows)
     gemv_int4(c, x, q, scale, min, l, m);
   else
     gemm_int4_weight_blocks(c, x, q, scale, min, l, m);

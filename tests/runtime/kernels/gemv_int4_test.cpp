@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -134,33 +135,36 @@ TEST(Int4Weights, BitwiseOverThreadCountsAndAddresses) {
   struct Shape3 {
     int64_t m, n, k;
   };
-  for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric})
-    for (Shape3 s : {Shape3{1, 3000, 768}, Shape3{4, 2048, 333}, Shape3{20, 1100, 300}}) {
-      SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k));
-      const auto x = lcg_values(s.m * s.k, 5), w = lcg_values(s.n * s.k, 6, 0.1f);
-      const Q4 z = quantize(w, s.n, s.k, 64, zero);
-      std::vector<float> expect;
-      for (int threads : {1, 2, 4, 3})
-        for (size_t off : {0, 1, 3, 7}) {
-          set_num_threads(threads);
-          std::vector<float> xb(x.size() + 8), sb(z.scale.size() + 8), mb(z.min.size() + 8),
-              cb(s.m * s.n + 8);
-          std::vector<uint8_t> qb(z.q.size() + 8);
-          std::memcpy(xb.data() + off, x.data(), x.size() * 4);
-          std::memcpy(sb.data() + off, z.scale.data(), z.scale.size() * 4);
-          if (!z.min.empty()) std::memcpy(mb.data() + off, z.min.data(), z.min.size() * 4);
-          std::memcpy(qb.data() + off, z.q.data(), z.q.size());
-          kernels::linear_int4(cb.data() + off, xb.data() + off, qb.data() + off, sb.data() + off,
-                               z.min.empty() ? nullptr : mb.data() + off, z.l, s.m);
-          std::vector<float> c(cb.begin() + off, cb.begin() + off + s.m * s.n);
-          if (expect.empty()) {
-            expect = c;
-            continue;
+  for (auto act : {kernels::Int4Activations::f32, kernels::Int4Activations::int8_blocks})
+    for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric})
+      for (Shape3 s : {Shape3{1, 3000, 768}, Shape3{4, 2048, 333}, Shape3{20, 1100, 300},
+                       Shape3{40, 300, 200}}) {
+        SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k, " act=", static_cast<int>(act)));
+        const auto x = lcg_values(s.m * s.k, 5), w = lcg_values(s.n * s.k, 6, 0.1f);
+        Q4 z = quantize(w, s.n, s.k, 64, zero);
+        z.l.act = act;
+        std::vector<float> expect;
+        for (int threads : {1, 2, 4, 3})
+          for (size_t off : {0, 1, 3, 7}) {
+            set_num_threads(threads);
+            std::vector<float> xb(x.size() + 8), sb(z.scale.size() + 8), mb(z.min.size() + 8),
+                cb(s.m * s.n + 8);
+            std::vector<uint8_t> qb(z.q.size() + 8);
+            std::memcpy(xb.data() + off, x.data(), x.size() * 4);
+            std::memcpy(sb.data() + off, z.scale.data(), z.scale.size() * 4);
+            if (!z.min.empty()) std::memcpy(mb.data() + off, z.min.data(), z.min.size() * 4);
+            std::memcpy(qb.data() + off, z.q.data(), z.q.size());
+            kernels::linear_int4(cb.data() + off, xb.data() + off, qb.data() + off, sb.data() + off,
+                                 z.min.empty() ? nullptr : mb.data() + off, z.l, s.m);
+            std::vector<float> c(cb.begin() + off, cb.begin() + off + s.m * s.n);
+            if (expect.empty()) {
+              expect = c;
+              continue;
+            }
+            ASSERT_EQ(std::memcmp(c.data(), expect.data(), c.size() * 4), 0)
+                << "threads=" << threads << " offset=" << off;
           }
-          ASSERT_EQ(std::memcmp(c.data(), expect.data(), c.size() * 4), 0)
-              << "threads=" << threads << " offset=" << off;
-        }
-    }
+      }
 }
 
 namespace {
@@ -254,4 +258,123 @@ TEST(Int4Weights, DequantizedRowsEqualTheScalarFormulaBitwise) {
                 << "row " << r << " col " << j << ": " << got << " against " << e;
           }
       }
+}
+
+namespace {
+
+// The int8_blocks product's definition (gemv_int4.h: gemv_int4_q8) as scalar loops: x quantized
+// per 32-input block (d = max |x| / 127, q = x / d rounded to nearest even), each block's exact
+// integer sum of q * (u - offset), per group float(sum) * d summed over its blocks, times the
+// scale, into a running sum; asymmetric, the minimums' terms (min times the f32 sum of the
+// group's x) into another, added first.
+float lane_order_int4_q8(const float* x, const Q4& z, int64_t col) {
+  const Int4Layout& l = z.l;
+  const int64_t nb = l.blocks_per_row(), G = l.groups_per_row(), per = l.group / 32;
+  const int off = l.zero == Int4Zero::symmetric ? 8 : 0;
+  std::vector<int> q(32 * nb, 0);
+  std::vector<float> d(nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    float amax = 0.0f;
+    for (int64_t j = 32 * b; j < std::min(l.k, 32 * b + 32); ++j)
+      amax = std::max(amax, std::abs(x[j]));
+    d[b] = amax / 127.0f;
+    for (int64_t j = 32 * b; j < std::min(l.k, 32 * b + 32) && d[b] != 0.0f; ++j)
+      q[j] = static_cast<int>(std::clamp(std::nearbyint(x[j] / d[b]), -127.0f, 127.0f));
+  }
+  const uint8_t* row = z.q.data() + col * l.bytes_per_row();
+  auto code = [&](int64_t j) {  // u - offset; the padding past k holds offset
+    const uint8_t b = row[16 * (j / 32) + (j % 16)];
+    return ((j % 32) < 16 ? (b & 15) : (b >> 4)) - off;
+  };
+  float sum = 0.0f, acc = 0.0f;
+  for (int64_t g = 0; g < G; ++g) {
+    float gs = 0.0f;
+    for (int64_t b = g * per; b < std::min(nb, g * per + per); ++b) {
+      int s = 0;
+      for (int64_t j = 32 * b; j < 32 * b + 32; ++j) s += q[j] * code(j);
+      const float f = static_cast<float>(s) * d[b];
+      gs = b == g * per ? f : gs + f;
+    }
+    sum += gs * z.scale[col * G + g];
+    if (!z.min.empty()) {
+      float xs = 0.0f;
+      for (int64_t p = g * l.group; p < std::min(l.k, (g + 1) * l.group); ++p) xs += x[p];
+      acc += z.min[col * G + g] * xs;
+    }
+  }
+  return z.min.empty() ? sum : acc + sum;
+}
+
+}  // namespace
+
+// Each row's outputs are the definition's for that row alone, bitwise: any m (row tiles of 32
+// included), thread count, group, zero point and ragged k. The same scalar loops on every build
+// (native VNNI, x86-64-v3 AVX2, x86-64-v2 SSSE3) make the builds' bits the same.
+TEST(Int4Weights, Int8ActivationsEqualTheirDefinitionBitwise) {
+  ThreadsGuard guard;
+  for (int threads : {1, 2})
+    for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric})
+      for (int64_t group : {32, 64, 128})
+        for (int64_t m : {1, 3, 32, 33})
+          for (int64_t n : {1, 9, 131})
+            for (int64_t k : {1, 7, 31, 32, 33, 64, 100, 300, 768}) {
+              SCOPED_TRACE(
+                  str("threads=", threads, " m=", m, " n=", n, " k=", k, " group=", group));
+              set_num_threads(threads);
+              const auto x = lcg_values(m * k, 10), w = lcg_values(n * k, 11, 0.3f);
+              Q4 z = quantize(w, n, k, group, zero);
+              z.l.act = kernels::Int4Activations::int8_blocks;
+              std::vector<float> c(m * n, std::nanf(""));
+              kernels::linear_int4(c.data(), x.data(), z.q.data(), z.scale.data(), z.mins(), z.l,
+                                   m);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  const float e = lane_order_int4_q8(x.data() + i * k, z, j);
+                  ASSERT_EQ(std::memcmp(&c[i * n + j], &e, 4), 0)
+                      << "C[" << i << "," << j << "] = " << c[i * n + j] << ", definition " << e;
+                }
+            }
+}
+
+// Against the f64 product of the f32 activations and the dequantized weight: within the
+// activations' rounding (each moves by at most d / 2 of its block, on the u * scale part of its
+// weight) plus the f32 roundings of the block sums' scalings and additions.
+TEST(Int4Weights, Int8ActivationsStayWithinTheirRounding) {
+  ThreadsGuard guard;
+  set_num_threads(2);
+  double worst = 0;
+  for (Int4Zero zero : {Int4Zero::symmetric, Int4Zero::asymmetric})
+    for (int64_t group : {32, 128})
+      for (int64_t k : {5, 77, 300, 768}) {
+        const int64_t m = 4, n = 37;
+        SCOPED_TRACE(str("k=", k, " group=", group));
+        const auto x = lcg_values(m * k, 12), w = lcg_values(n * k, 13, 0.2f);
+        Q4 z = quantize(w, n, k, group, zero);
+        z.l.act = kernels::Int4Activations::int8_blocks;
+        const int64_t G = z.l.groups_per_row();
+        std::vector<float> c(m * n), r(m * n), dq(n * k);
+        kernels::linear_int4(c.data(), x.data(), z.q.data(), z.scale.data(), z.mins(), z.l, m);
+        kernels::ref::linear_int4(r.data(), x.data(), z.q.data(), z.scale.data(), z.mins(), z.l, m);
+        kernels::dequantize_int4_rows(dq.data(), z.q.data(), z.scale.data(), z.mins(), z.l, 0, n);
+        for (int64_t i = 0; i < m; ++i) {
+          std::vector<int8_t> q(32 * z.l.blocks_per_row());
+          std::vector<float> d(z.l.blocks_per_row());
+          kernels::quantize_int4_activations(q.data(), d.data(), x.data() + i * k, k);
+          for (int64_t j = 0; j < n; ++j) {
+            double act = 0, mag = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double mn = z.min.empty() ? 0.0 : std::abs(z.min[j * G + p / group]);
+              const double wu = std::abs(double(dq[j * k + p])) + mn;  // bounds |u * scale|
+              act += wu * d[p / 32] * 0.5000001;
+              mag += (std::abs(double(x[i * k + p])) + d[p / 32]) * (wu + mn);
+            }
+            const double bound = act + static_cast<double>(G + group + 16) * 0x1p-24 * mag;
+            const double err = std::abs(double(c[i * n + j]) - r[i * n + j]);
+            worst = std::max(worst, err / bound);
+            ASSERT_LE(err, bound) << "C[" << i << "," << j << "] = " << c[i * n + j]
+                                  << ", f64 reference " << r[i * n + j];
+          }
+        }
+      }
+  std::printf("    largest error over its bound: %.3g\n", worst);
 }
