@@ -30,13 +30,23 @@ struct Activations {
 };
 
 // Block b's 32 codes u (0..15) in input order: the low nibbles of its 16 bytes, then the high.
+// AVX2: the 16 bytes broadcast to both halves (a load), both nibbles masked and the halves
+// blended (no shuffle); else the two halves concatenated in registers (a concatenation through
+// memory stalls on store forwarding).
 inline U8x32 unpack(const uint8_t* b) {
+#if defined(__AVX2__)
+  const __m256i w =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  const __m256i m = _mm256_set1_epi8(15);
+  return (U8x32)_mm256_blend_epi32(_mm256_and_si256(w, m),
+                                   _mm256_and_si256(_mm256_srli_epi16(w, 4), m), 0xF0);
+#else
   U8x16 v;
   std::memcpy(&v, b, 16);
   const U8x16 lo = v & 15, hi = v >> 4;
-  // in registers (vinserti128): a concatenation through memory stalls on store forwarding
   return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
                                  17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+#endif
 }
 
 // Lane c: sum over the block's 32 inputs of w[c][j] * xq[j] for 8 weight blocks (8 columns),
@@ -116,38 +126,81 @@ Activations quantize_rows(const float* x, const Int4Layout& l, int64_t m) {
   return a;
 }
 
+// r[c][e] -> r[e][c] for an 8 x 8 block of f32 (unpack, then 64-bit, then 128-bit interleaves).
+inline void transpose8(V8* r) {
+  V8 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[2 * i + 1] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = __builtin_shufflevector(t[4 * i], t[4 * i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[4 * i + 1] = __builtin_shufflevector(t[4 * i], t[4 * i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    u[4 * i + 2] = __builtin_shufflevector(t[4 * i + 1], t[4 * i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[4 * i + 3] = __builtin_shufflevector(t[4 * i + 1], t[4 * i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[i + 4] = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
+// t[8 g + c] = v[cols[c] * G + g]: the 8 columns' per-group values, a register per group.
+void interleave8(float* t, const float* v, const int64_t* cols, int64_t G) {
+  int64_t g = 0;
+  for (; g + 8 <= G; g += 8) {
+    V8 r[8];
+    for (int c = 0; c < 8; ++c) r[c] = lanes8::load8(v + cols[c] * G + g);
+    transpose8(r);
+    for (int e = 0; e < 8; ++e) lanes8::store8(t + 8 * (g + e), r[e]);
+  }
+  for (; g < G; ++g)
+    for (int c = 0; c < 8; ++c) t[8 * g + c] = v[cols[c] * G + g];
+}
+
 // The 8 columns c0 .. c0 + 7 (the ones past l.n repeat the last, and are not written) for rows
-// [i0, i0 + m) (m <= kInt4GemvMaxRows): each column one f32 lane. Each group's weight blocks are
-// unpacked once for the m rows; per row and block the 8 columns' exact sums are scaled in one
-// register. kBlocks: blocks per whole group.
-template <Int4Zero Z, int kBlocks>
+// [i0, i0 + m) (m <= kRows, a compile-time 1 for decode so that its sums stay in registers): each
+// column one f32 lane. Each group's weight blocks are unpacked once for the m rows; per row and
+// block the 8 columns' exact sums are scaled in one register. kBlocks: blocks per whole group.
+template <Int4Zero Z, int kBlocks, int kRows>
 void tile_q8(float* c, const Activations& a, const uint8_t* q, const float* scale, const float* min,
              const Int4Layout& l, int64_t i0, int64_t m, int64_t c0) {
   constexpr bool sym = Z == Int4Zero::symmetric;
   const int64_t n = l.n, nb = a.blocks, G = a.groups, bpr = l.bytes_per_row();
+  const int64_t rows = kRows == 1 ? 1 : m;
   int64_t cols[8];
-  for (int cc = 0; cc < 8; ++cc) cols[cc] = std::min(c0 + cc, n - 1);
-  V8 lanes[kInt4GemvMaxRows] = {}, acc[kInt4GemvMaxRows] = {};
+  const uint8_t* qc[8];
+  for (int cc = 0; cc < 8; ++cc) cols[cc] = std::min(c0 + cc, n - 1), qc[cc] = q + cols[cc] * bpr;
+  V8 lanes[kRows] = {}, acc[kRows] = {};
   // the tile's scales (and minimums) group by group, 8 columns each: one load per group
   thread_local std::vector<float> tsc, tmn;
-  tsc.resize(static_cast<size_t>(8 * G));
-  if constexpr (!sym) tmn.resize(static_cast<size_t>(8 * G));
-  for (int cc = 0; cc < 8; ++cc)
-    for (int64_t g = 0; g < G; ++g) {
-      tsc[8 * g + cc] = scale[cols[cc] * G + g];
-      if constexpr (!sym) tmn[8 * g + cc] = min[cols[cc] * G + g];
-    }
+  if (static_cast<int64_t>(tsc.size()) < 8 * G) tsc.resize(static_cast<size_t>(8 * G));
+  interleave8(tsc.data(), scale, cols, G);
+  if constexpr (!sym) {
+    if (static_cast<int64_t>(tmn.size()) < 8 * G) tmn.resize(static_cast<size_t>(8 * G));
+    interleave8(tmn.data(), min, cols, G);
+  }
+  // The 8 rows' bytes are read 16 at a time from 8 places, which the hardware prefetchers do not
+  // follow; the next tile's rows (contiguous, 8 * bpr bytes) and scales are fetched meanwhile.
+  const char* next = reinterpret_cast<const char*>(q + std::min(c0 + 8, n) * bpr);
+  const char* end = reinterpret_cast<const char*>(q + n * bpr);
+  const char* next_sc = reinterpret_cast<const char*>(scale + std::min(c0 + 8, n) * G);
+  for (int64_t p = 0; p < 32 * G && next_sc + p < reinterpret_cast<const char*>(scale + n * G);
+       p += 64)
+    __builtin_prefetch(next_sc + p);
   const int8_t* aq = a.q.data();
   const float* ad = a.d.data();
   const int32_t* aoff = a.off.data();
   const float* axs = a.xsum.data();
   auto group = [&](int64_t g, int64_t blocks) {
     const int64_t b0 = g * kBlocks;
+    for (int64_t p = 128 * kBlocks * g; p < 128 * kBlocks * (g + 1); p += 64)
+      if (next + p < end) __builtin_prefetch(next + p);
     U8x32 w[kBlocks][8];
     for (int64_t t = 0; t < blocks; ++t)
-      for (int cc = 0; cc < 8; ++cc) w[t][cc] = unpack(q + cols[cc] * bpr + 16 * (b0 + t));
+      for (int cc = 0; cc < 8; ++cc) w[t][cc] = unpack(qc[cc] + 16 * (b0 + t));
     const V8 sc = lanes8::load8(tsc.data() + 8 * g);
-    for (int64_t i = 0; i < m; ++i) {
+    for (int64_t i = 0; i < rows; ++i) {
       const int64_t rb = (i0 + i) * nb + b0;  // the row's first block of the group
       V8 gsum;
       for (int64_t t = 0; t < blocks; ++t) {
@@ -163,10 +216,19 @@ void tile_q8(float* c, const Activations& a, const uint8_t* q, const float* scal
   const int64_t whole = nb / kBlocks;  // groups of kBlocks blocks; a last short one after
   for (int64_t g = 0; g < whole; ++g) group(g, kBlocks);
   if (whole < G) group(whole, nb - whole * kBlocks);
-  for (int64_t i = 0; i < m; ++i) {
+  for (int64_t i = 0; i < rows; ++i) {
     const V8 out = sym ? lanes[i] : acc[i] + lanes[i];
     for (int cc = 0; cc < 8 && c0 + cc < n; ++cc) c[i * n + c0 + cc] = out[cc];
   }
+}
+
+template <Int4Zero Z, int kBlocks>
+void tile_q8_rows(float* c, const Activations& a, const uint8_t* q, const float* scale,
+                  const float* min, const Int4Layout& l, int64_t i0, int64_t m, int64_t c0) {
+  if (m == 1)
+    tile_q8<Z, kBlocks, 1>(c, a, q, scale, min, l, i0, m, c0);
+  else
+    tile_q8<Z, kBlocks, kInt4GemvMaxRows>(c, a, q, scale, min, l, i0, m, c0);
 }
 
 template <Int4Zero Z>
@@ -174,11 +236,11 @@ void tile_q8_of(float* c, const Activations& a, const uint8_t* q, const float* s
                 const float* min, const Int4Layout& l, int64_t i0, int64_t m, int64_t c0) {
   switch (l.group) {
     case 32:
-      return tile_q8<Z, 1>(c, a, q, scale, min, l, i0, m, c0);
+      return tile_q8_rows<Z, 1>(c, a, q, scale, min, l, i0, m, c0);
     case 64:
-      return tile_q8<Z, 2>(c, a, q, scale, min, l, i0, m, c0);
+      return tile_q8_rows<Z, 2>(c, a, q, scale, min, l, i0, m, c0);
     default:
-      return tile_q8<Z, 4>(c, a, q, scale, min, l, i0, m, c0);
+      return tile_q8_rows<Z, 4>(c, a, q, scale, min, l, i0, m, c0);
   }
 }
 
