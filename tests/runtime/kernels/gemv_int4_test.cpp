@@ -45,6 +45,26 @@ Q4 quantize(const std::vector<float>& w, int64_t n, int64_t k, int64_t group, In
 using Path = void (*)(float*, const float*, const uint8_t*, const float*, const float*,
                       const Int4Layout&, int64_t);
 
+// u - offset of input j of weight row `col` (the padding past k holds offset: 0).
+int code_minus_offset(const Q4& z, int64_t col, int64_t j) {
+  const uint8_t b = z.q[col * z.l.bytes_per_row() + 16 * (j / 32) + (j % 16)];
+  return ((j % 32) < 16 ? (b & 15) : (b >> 4)) - (z.l.zero == Int4Zero::symmetric ? 8 : 0);
+}
+
+using Twin = float (*)(const float* x, const Q4& z, int64_t col);
+
+// c [m, n] equals twin(row i of x, column j) bitwise at every output.
+void expect_bitwise_twin(const std::vector<float>& c, const std::vector<float>& x, const Q4& z,
+                         int64_t m, Twin twin) {
+  const int64_t n = z.l.n, k = z.l.k;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const float e = twin(x.data() + i * k, z, j);
+      ASSERT_EQ(std::memcmp(&c[i * n + j], &e, 4), 0)
+          << "C[" << i << "," << j << "] = " << c[i * n + j] << ", its definition " << e;
+    }
+}
+
 }  // namespace
 
 TEST(Int4Weights, QuantizationIsWithinHalfAScaleStep) {
@@ -178,12 +198,7 @@ namespace {
 float lane_order_int4(const float* x, const Q4& z, int64_t col) {
   const Int4Layout& l = z.l;
   const int64_t G = l.groups_per_row();
-  const float off = l.zero == Int4Zero::symmetric ? 8.0f : 0.0f;
-  const uint8_t* row = z.q.data() + col * l.bytes_per_row();
-  auto nib = [&](int64_t j) {
-    const uint8_t b = row[16 * (j / 32) + (j % 16)];
-    return static_cast<float>((j % 32) < 16 ? (b & 15) : (b >> 4)) - off;
-  };
+  auto nib = [&](int64_t j) { return static_cast<float>(code_minus_offset(z, col, j)); };
   float lanes[8] = {}, acc = 0.0f;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t j0 = g * l.group, j1 = std::min(l.k, j0 + l.group);
@@ -224,12 +239,7 @@ TEST(Int4Weights, GemvEqualsItsLaneOrderLoopBitwise) {
               const Q4 z = quantize(w, n, k, group, zero);
               std::vector<float> c(m * n, std::nanf(""));
               kernels::gemv_int4(c.data(), x.data(), z.q.data(), z.scale.data(), z.mins(), z.l, m);
-              for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j) {
-                  const float e = lane_order_int4(x.data() + i * k, z, j);
-                  ASSERT_EQ(std::memcmp(&c[i * n + j], &e, 4), 0)
-                      << "C[" << i << "," << j << "] = " << c[i * n + j] << ", lane order " << e;
-                }
+              expect_bitwise_twin(c, x, z, m, &lane_order_int4);
             }
 }
 
@@ -243,15 +253,12 @@ TEST(Int4Weights, DequantizedRowsEqualTheScalarFormulaBitwise) {
         const int64_t n = 5, r0 = 1, r1 = 4;
         const Q4 z = quantize(lcg_values(n * k, 9, 0.4f), n, k, group, zero);
         const int64_t G = z.l.groups_per_row();
-        const float off = zero == Int4Zero::symmetric ? 8.0f : 0.0f;
         std::vector<float> d((r1 - r0) * k + 1, std::nanf(""));
         kernels::dequantize_int4_rows(d.data(), z.q.data(), z.scale.data(), z.mins(), z.l, r0, r1);
         EXPECT_TRUE(std::isnan(d.back())) << "wrote past its rows";
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t j = 0; j < k; ++j) {
-            const uint8_t b = z.q[r * z.l.bytes_per_row() + 16 * (j / 32) + (j % 16)];
-            const int u = (j % 32) < 16 ? (b & 15) : (b >> 4);
-            float e = (static_cast<float>(u) - off) * z.scale[r * G + j / group];
+            float e = static_cast<float>(code_minus_offset(z, r, j)) * z.scale[r * G + j / group];
             if (zero == Int4Zero::asymmetric) e = e + z.min[r * G + j / group];
             const float got = d[(r - r0) * k + j];
             ASSERT_EQ(std::memcmp(&got, &e, 4), 0)
@@ -270,7 +277,6 @@ namespace {
 float lane_order_int4_q8(const float* x, const Q4& z, int64_t col) {
   const Int4Layout& l = z.l;
   const int64_t nb = l.blocks_per_row(), G = l.groups_per_row(), per = l.group / 32;
-  const int off = l.zero == Int4Zero::symmetric ? 8 : 0;
   std::vector<int> q(32 * nb, 0);
   std::vector<float> d(nb);
   for (int64_t b = 0; b < nb; ++b) {
@@ -281,11 +287,7 @@ float lane_order_int4_q8(const float* x, const Q4& z, int64_t col) {
     for (int64_t j = 32 * b; j < std::min(l.k, 32 * b + 32) && d[b] != 0.0f; ++j)
       q[j] = static_cast<int>(std::clamp(std::nearbyint(x[j] / d[b]), -127.0f, 127.0f));
   }
-  const uint8_t* row = z.q.data() + col * l.bytes_per_row();
-  auto code = [&](int64_t j) {  // u - offset; the padding past k holds offset
-    const uint8_t b = row[16 * (j / 32) + (j % 16)];
-    return ((j % 32) < 16 ? (b & 15) : (b >> 4)) - off;
-  };
+  auto code = [&](int64_t j) { return code_minus_offset(z, col, j); };
   float sum = 0.0f, acc = 0.0f;
   for (int64_t g = 0; g < G; ++g) {
     float gs = 0.0f;
@@ -327,12 +329,7 @@ TEST(Int4Weights, Int8ActivationsEqualTheirDefinitionBitwise) {
               std::vector<float> c(m * n, std::nanf(""));
               kernels::linear_int4(c.data(), x.data(), z.q.data(), z.scale.data(), z.mins(), z.l,
                                    m);
-              for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j) {
-                  const float e = lane_order_int4_q8(x.data() + i * k, z, j);
-                  ASSERT_EQ(std::memcmp(&c[i * n + j], &e, 4), 0)
-                      << "C[" << i << "," << j << "] = " << c[i * n + j] << ", definition " << e;
-                }
+              expect_bitwise_twin(c, x, z, m, &lane_order_int4_q8);
             }
 }
 
