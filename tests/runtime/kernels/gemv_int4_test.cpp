@@ -375,3 +375,21 @@ TEST(Int4Weights, Int8ActivationsStayWithinTheirRounding) {
       }
   std::printf("    largest error over its bound: %.3g\n", worst);
 }
+
+// A non-finite activation makes its row's outputs NaN (its block's scale is NaN), as the f32
+// path's products do, and leaves the other rows as they are alone.
+TEST(Int4Weights, Int8ActivationsOfANonFiniteRowAreNaNAndStayInTheirRow) {
+  const int64_t m = 3, n = 20, k = 96;
+  auto x = lcg_values(m * k, 14);
+  Q4 z = quantize(lcg_values(n * k, 15, 0.3f), n, k, 32, Int4Zero::symmetric);
+  z.l.act = kernels::Int4Activations::int8_blocks;
+  x[1 * k + 40] = INFINITY;
+  std::vector<float> c(m * n), alone(n);
+  kernels::linear_int4(c.data(), x.data(), z.q.data(), z.scale.data(), nullptr, z.l, m);
+  for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(c[1 * n + j])) << j;
+  for (int64_t i : {0, 2}) {
+    kernels::linear_int4(alone.data(), x.data() + i * k, z.q.data(), z.scale.data(), nullptr, z.l,
+                         1);
+    EXPECT_EQ(std::memcmp(alone.data(), c.data() + i * n, n * 4), 0) << "row " << i;
+  }
+}
