@@ -51,6 +51,15 @@ int code_minus_offset(const Q4& z, int64_t col, int64_t j) {
   return ((j % 32) < 16 ? (b & 15) : (b >> 4)) - (z.l.zero == Int4Zero::symmetric ? 8 : 0);
 }
 
+// The minimum's term of group g of weight row `col`: min times the f32 sum of the group's x in
+// input order (both product paths' asymmetric part); 0 symmetric.
+float min_term(const float* x, const Q4& z, int64_t col, int64_t g) {
+  if (z.min.empty()) return 0.0f;
+  float xs = 0.0f;
+  for (int64_t p = g * z.l.group; p < std::min(z.l.k, (g + 1) * z.l.group); ++p) xs += x[p];
+  return z.min[col * z.l.groups_per_row() + g] * xs;
+}
+
 using Twin = float (*)(const float* x, const Q4& z, int64_t col);
 
 // c [m, n] equals twin(row i of x, column j) bitwise at every output.
@@ -212,11 +221,7 @@ float lane_order_int4(const float* x, const Q4& z, int64_t col) {
     const float sc = z.scale[col * G + g];
     for (int e = 0; e < 8; ++e) lanes[e] += ((s[0][e] + s[1][e]) + (s[2][e] + s[3][e])) * sc;
     acc += sc * t;
-    if (!z.min.empty()) {
-      float xs = 0.0f;
-      for (int64_t p = j0; p < j1; ++p) xs += x[p];
-      acc += z.min[col * G + g] * xs;
-    }
+    if (!z.min.empty()) acc += min_term(x, z, col, g);
   }
   return acc + (((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
                 ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])));
@@ -298,11 +303,7 @@ float lane_order_int4_q8(const float* x, const Q4& z, int64_t col) {
       gs = b == g * per ? f : gs + f;
     }
     sum += gs * z.scale[col * G + g];
-    if (!z.min.empty()) {
-      float xs = 0.0f;
-      for (int64_t p = g * l.group; p < std::min(l.k, (g + 1) * l.group); ++p) xs += x[p];
-      acc += z.min[col * G + g] * xs;
-    }
+    if (!z.min.empty()) acc += min_term(x, z, col, g);
   }
   return z.min.empty() ? sum : acc + sum;
 }
