@@ -5,8 +5,10 @@
 // buffer of that many bytes with the same threads, measured in the same run); and TP 2 on two sim
 // ranks (one core each) against TP 1 on one. bench/generate_torch.py runs PyTorch on the same
 // model and weights (--export) and prints the ratios.
-//   nxd-bench-inference [--threads T] [--precision fp32|bf16|int8|int4] [--prompt N] [--reps N]
-// int8 / int4 (group 32, symmetric): f32 activations, every decoder linear layer's weight
+//   nxd-bench-inference [--threads T] [--precision fp32|bf16|int8|int4|int4q8] [--prompt N] [--reps
+//   N]
+// int8 / int4 (group 32, symmetric): f32 activations (int4q8: int4 with int8 activations per
+// 32-input block, runtime/kernels/gemv_int4.h Int4Activations), every decoder linear layer's weight
 // quantized (layers/quantize.h; the embedding stays f32, the output head too unless --head int8
 // or int4, layers/models/quantize_lm.h), eager only; the step's bytes count the quantized
 // weights as stored.
@@ -257,8 +259,8 @@ int main(int argc, char** argv) {
                 {{"--threads", "T", "compute threads"},
                  {"--precision",
                   "P",
-                  "weights and activations (int8/int4: weights only)",
-                  {"fp32", "bf16", "int8", "int4"}},
+                  "weights and activations (int8/int4: weights only; int4q8: int8 activations)",
+                  {"fp32", "bf16", "int8", "int4", "int4q8"}},
                  {"--prompt", "N", "prompt tokens"},
                  {"--reps", "N", "repetitions (medians)"},
                  {"--model", "M", "the model", {"bench", "draft", "tiny"}},
@@ -276,7 +278,8 @@ int main(int argc, char** argv) {
   const DType dt = prec == "bf16" ? DType::bf16 : DType::f32;
   const int64_t P = a.get_int("--prompt", 128);
   const int reps = static_cast<int>(a.get_int("--reps", 5));
-  if ((prec == "int8" || prec == "int4") && (a.has("--export") || a.has("--tp-compare"))) {
+  const bool quantized = prec == "int8" || prec == "int4" || prec == "int4q8";
+  if (quantized && (a.has("--export") || a.has("--tp-compare"))) {
     std::fprintf(stderr, "nxd-bench-inference: --precision %s runs the single-rank case only\n",
                  prec.c_str());
     return 2;
@@ -303,15 +306,16 @@ int main(int argc, char** argv) {
   set_num_threads(threads);
   std::printf("# %s\n", cpu::describe().c_str());
   auto m = make_causal_lm(bench_model(dt), 1);
-  const bool quantized = prec == "int8" || prec == "int4";
   const std::string head = a.get_str("--head", "none");
   if (head != "none" && !quantized) {
-    std::fprintf(stderr, "nxd-bench-inference: --head %s needs --precision int8 or int4\n",
+    std::fprintf(stderr, "nxd-bench-inference: --head %s needs --precision int8, int4 or int4q8\n",
                  head.c_str());
     return 2;
   }
-  if (quantized)
-    quantize_causal_lm(*m, {}, parse_weight_quant(head == "none" ? prec : prec + ":head=" + head));
+  if (quantized) {
+    const std::string spec = prec == "int4q8" ? "int4:q8" : prec;
+    quantize_causal_lm(*m, {}, parse_weight_quant(head == "none" ? spec : spec + ":head=" + head));
+  }
   Timed t = time_model(*m, P, reps);
   const double stream = stream_seconds(t.bytes);
   std::printf("model: llama %lld parameters, %s, threads %d\n",

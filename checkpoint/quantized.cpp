@@ -321,6 +321,10 @@ QuantizeCheckpointReport quantize_checkpoint(const fs::path& tag_dir, const fs::
     throw IoError(str("[nxd-ckpt] quantize: ", out_dir.string(),
                       " exists and is not an empty folder (not overwritten: remove it or choose "
                       "another OUT)"));
+  if (opts.act != kernels::Int4Activations::f32)
+    throw ConfigError(str("[quantize] ", describe(opts),
+                          ": int8 activations (:q8) are chosen at load, not stored in a quantized "
+                          "checkpoint; quantize without :q8"));
   const json meta = read_metadata(tag_dir);
   if (!meta.contains("model_config"))
     throw CheckpointError(str("[quantize] ", tag_dir.string(), " records no model_config"));

@@ -27,8 +27,8 @@ WeightQuant weight_quant_from_name(const std::string& name) {
 QuantizeOptions parse_weight_quant(const std::string& spec) {
   const std::string bad =
       str("unknown weight format '", spec.substr(0, 64),
-          "' (known: int8 or int4[:32|:64|:128][:sym|:asym], then optionally :head or "
-          ":head=int8|int4, e.g. int4:64:asym, int8:head)");
+          "' (known: int8 or int4[:32|:64|:128][:sym|:asym][:q8], then optionally :head or "
+          ":head=int8|int4, e.g. int4:64:asym, int4:32:q8, int8:head)");
   QuantizeOptions o;
   std::string rest;
   if (spec.rfind("int8", 0) == 0) {
@@ -39,7 +39,7 @@ QuantizeOptions parse_weight_quant(const std::string& spec) {
   } else {
     throw ConfigError(bad);
   }
-  bool have_group = false, have_zero = false, have_head = false;
+  bool have_group = false, have_zero = false, have_head = false, have_act = false;
   while (!rest.empty()) {
     if (rest[0] != ':') throw ConfigError(bad);
     const size_t end = rest.find(':', 1);
@@ -50,11 +50,14 @@ QuantizeOptions parse_weight_quant(const std::string& spec) {
     if (part == "head" || part == "head=int8" || part == "head=int4") {
       o.head = part == "head=int4" ? WeightQuant::int4 : WeightQuant::int8;
       have_head = true;
-    } else if (int4 && (part == "sym" || part == "asym") && !have_zero) {
+    } else if (int4 && part == "q8" && !have_act) {
+      o.act = kernels::Int4Activations::int8_blocks;
+      have_act = true;
+    } else if (int4 && (part == "sym" || part == "asym") && !have_zero && !have_act) {
       o.zero = part == "sym" ? kernels::Int4Zero::symmetric : kernels::Int4Zero::asymmetric;
       have_zero = true;
     } else if (int4 && (part == "32" || part == "64" || part == "128") && !have_group &&
-               !have_zero) {
+               !have_zero && !have_act) {
       o.group = std::stoll(part);
       have_group = true;
     } else {
@@ -76,7 +79,8 @@ std::string describe(const QuantizeOptions& o) {
       o.format != WeightQuant::int4
           ? std::string(weight_quant_name(o.format))
           : str("int4 (groups of ", o.group, ", ",
-                o.zero == kernels::Int4Zero::symmetric ? "symmetric" : "asymmetric", ")");
+                o.zero == kernels::Int4Zero::symmetric ? "symmetric" : "asymmetric",
+                o.act == kernels::Int4Activations::int8_blocks ? ", int8 activations" : "", ")");
   if (o.head == WeightQuant::int8) d += ", head int8";
   if (o.head == WeightQuant::int4)
     d += o.format == WeightQuant::int4 ? ", head int4"
@@ -248,7 +252,8 @@ Tensor int4_linear_parts(const Tensor& x, const Tensor& q, const Tensor& scales,
                       .set("n", l.n)
                       .set("k", l.k)
                       .set("group", l.group)
-                      .set("zero", static_cast<int64_t>(l.zero))};
+                      .set("zero", static_cast<int64_t>(l.zero))
+                      .set("act", static_cast<int64_t>(l.act))};
   });
 }
 
@@ -278,7 +283,8 @@ std::shared_ptr<const Int4Weight> Int4Weight::from_parts(const kernels::Int4Layo
 }
 
 std::shared_ptr<const Int4Weight> Int4Weight::quantize(const Tensor& w, int64_t group,
-                                                       kernels::Int4Zero zero) {
+                                                       kernels::Int4Zero zero,
+                                                       kernels::Int4Activations act) {
   NXD_CHECK(w.defined() && (w.dim() == 2 || w.dim() == 3) && !w.is_meta() &&
                 (w.dtype() == DType::f32 || w.dtype() == DType::bf16),
             "[quantize] int4 needs a host f32 or bf16 weight [out, in], got ",
@@ -290,6 +296,7 @@ std::shared_ptr<const Int4Weight> Int4Weight::quantize(const Tensor& w, int64_t 
   r->l_.n = w.numel() / r->l_.k;
   r->l_.group = group;
   r->l_.zero = zero;
+  r->l_.act = act;
   r->l_.check("quantize");
   r->q_ = byte_words(r->l_.value_bytes());
   r->scale_ = empty({r->l_.groups()}, DType::f32);
@@ -395,7 +402,7 @@ QuantizeSummary quantize_linear_layers(Module& model, const QuantizeOptions& opt
 int64_t set_quantized_weight(QuantizableLinear& layer, const Tensor& w, const QuantizeOptions& opts,
                              Communicator* whole_rows_over) {
   if (opts.format == WeightQuant::int4) {
-    auto iw = Int4Weight::quantize(w, opts.group, opts.zero);
+    auto iw = Int4Weight::quantize(w, opts.group, opts.zero, opts.act);
     const int64_t b = iw->bytes();
     layer.set_int4_weight(std::move(iw));
     return b;

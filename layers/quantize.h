@@ -81,8 +81,9 @@ class Int4Weight {
   // its own: groups never cross ranks when the part's length is a multiple of the group, which is
   // required (InvalidArgument naming the sizes), so every rank holds exactly its slice of the
   // TP-1 4-bit weight and no collective is needed.
-  static std::shared_ptr<const Int4Weight> quantize(const Tensor& w, int64_t group,
-                                                    kernels::Int4Zero zero);
+  static std::shared_ptr<const Int4Weight> quantize(
+      const Tensor& w, int64_t group, kernels::Int4Zero zero,
+      kernels::Int4Activations act = kernels::Int4Activations::f32);
   // A weight read back from a file: l's value_bytes() bytes, groups() scales and, asymmetric,
   // groups() minimums (else empty). InvalidArgument naming the sizes otherwise.
   static std::shared_ptr<const Int4Weight> from_parts(const kernels::Int4Layout& l,
@@ -111,7 +112,8 @@ class Int4Weight {
 };
 
 // int8_linear's contract with a 4-bit weight; traced, the op "int4_linear" with inputs (x,
-// values_tensor, scales_tensor, mins_tensor, bias) and attributes n, k, group, zero.
+// values_tensor, scales_tensor, mins_tensor, bias) and attributes n, k, group, zero and act (the
+// Int4Activations; a graph without it replays with f32 activations).
 Tensor int4_linear(const Tensor& x, const Int4Weight& w, const Tensor& bias);
 Tensor int4_linear_parts(const Tensor& x, const Tensor& q, const Tensor& scales, const Tensor& mins,
                          const Tensor& bias, const kernels::Int4Layout& l);
@@ -142,6 +144,9 @@ struct QuantizeOptions {
   WeightQuant format = WeightQuant::int8;
   int64_t group = 32;                                     // int4: inputs per scale
   kernels::Int4Zero zero = kernels::Int4Zero::symmetric;  // int4: with a per-group minimum or not
+  // int4: f32 activations (the default), or int8 per 32-input block (llama.cpp's Q8_0) with
+  // integer dot products (runtime/kernels/gemv_int4.h: Int4Activations; spelled ":q8")
+  kernels::Int4Activations act = kernels::Int4Activations::f32;
   // Modules (hierarchical names, as named_modules) left as they are, e.g. {"lm_head"}.
   std::vector<std::string> skip;
   // A causal LM's output head (layers/models/quantize_lm.h): none keeps it in the model's dtype;
@@ -150,11 +155,13 @@ struct QuantizeOptions {
 };
 
 // A format as the command lines write it: "int8", or "int4" with optional ":<group>" (32, 64,
-// 128; default 32) and ":sym" / ":asym" (default symmetric), e.g. "int4:64:asym"; then
+// 128; default 32), ":sym" / ":asym" (default symmetric) and ":q8" (int8 activations), e.g.
+// "int4:64:asym", "int4:32:q8"; then
 // optionally ":head" (the output head in int8) or ":head=int8" / ":head=int4" (int4: the group
 // and zero point above), e.g. "int4:head". ConfigError naming the value otherwise.
 QuantizeOptions parse_weight_quant(const std::string& spec);
-// "int8", "int4 (groups of 32, symmetric)", "int4 (groups of 32, symmetric), head int8".
+// "int8", "int4 (groups of 32, symmetric)", "int4 (groups of 32, symmetric), head int8",
+// "int4 (groups of 32, symmetric, int8 activations)".
 std::string describe(const QuantizeOptions& opts);
 // The options of a layer quantized in format `f` (int8, or int4 in opts' group and zero point).
 QuantizeOptions with_format(const QuantizeOptions& opts, WeightQuant f);

@@ -14,10 +14,10 @@ const char* const kUsage =
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]\n"
     "                    [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]\n"
     "                    [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]\n"
-    "                    [--lora DIR] [--quantize int8|int4[:G][:asym][:head[=int8|int4]]]\n"
+    "                    [--lora DIR] [--quantize int8|int4[:G][:asym][:q8][:head[=int8|int4]]]\n"
     "                    [--draft-model DIR [--speculate K]]\n"
     "       nxd-generate (--checkpoint DIR | --hf DIR | --gguf FILE) --quality-report TEXT\n"
-    "                    [--window N] [--quantize int4[:G][:asym][:head=int4]] [--tp N]\n"
+    "                    [--window N] [--quantize int4[:G][:asym][:q8][:head=int4]] [--tp N]\n"
     "                    [--tokenizer ...]\n"
     "  --checkpoint DIR  an nxd checkpoint (DIR/<tag> or a folder of them: the newest complete)\n"
     "  --hf DIR          a transformers Llama / GPT-NeoX folder (config.json, model.safetensors)\n"
@@ -92,7 +92,7 @@ void check_quality_flags(const GenerateCli& c) {
   if (c.quantize == WeightQuant::int8)
     throw Usage(
         "--quality-report reports int8 and int4 both: --quantize picks its int4 form "
-        "(int4[:32|:64|:128][:asym]), got int8");
+        "(int4[:32|:64|:128][:asym][:q8]), got int8");
   if (!c.checkpoint.empty() && ckpt::is_quantized_checkpoint(c.checkpoint))
     throw Usage(str("--quality-report needs unquantized weights: --checkpoint ", c.checkpoint,
                     " is a quantized checkpoint"));

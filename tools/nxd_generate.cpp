@@ -5,7 +5,7 @@
 //                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tp N]
 //                [--backend sim|mpi] [--eager] [--instance TYPE] [--buckets N,N,...]
 //                [--save-trace DIR] [--load-trace DIR] [--tokenizer PATH|bytes]
-//                [--quantize int8|int4[:G][:asym][:head[=int8|int4]]]
+//                [--quantize int8|int4[:G][:asym][:q8][:head[=int8|int4]]]
 //                [--draft-model DIR [--speculate K]]
 // By default the model is traced (trace/decoder.h: a context-encoding graph per prompt bucket and
 // a token-generation graph sharing the weights and the K/V caches) and generation replays the

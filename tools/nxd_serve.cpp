@@ -4,7 +4,8 @@
 //   nxd-serve (--checkpoint DIR | --hf DIR) [--tokenizer PATH|bytes] [--chat-template FILE]
 //             [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
 //             [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-blocks N | --kv-memory SIZE]
-//             [--max-waiting N] [--tp N] [--instance TYPE] [--quantize int8|int4[:G][:asym][:head]]
+//             [--max-waiting N] [--tp N] [--instance TYPE] [--quantize
+//             int8|int4[:G][:asym][:q8][:head]]
 //             [--chunked-prefill on|off] [--prefix-caching on|off]
 //             [--long-prefill-token-threshold N] [--prefill-calls per_request|batched]
 //             [--draft-model DIR [--speculate K]]
@@ -61,7 +62,7 @@ const char* kUsage =
     "                 [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name N]\n"
     "                 [--max-num-seqs N] [--max-num-batched-tokens N]\n"
     "                 [--kv-blocks N | --kv-memory SIZE] [--max-waiting N] [--tp N]\n"
-    "                 [--instance TYPE] [--quantize int8|int4[:G][:asym][:head]]\n"
+    "                 [--instance TYPE] [--quantize int8|int4[:G][:asym][:q8][:head]]\n"
     "                 [--chunked-prefill on|off] [--prefix-caching on|off]\n"
     "                 [--long-prefill-token-threshold N] [--prefill-calls per_request|batched]\n"
     "                 [--draft-model DIR [--speculate K]]\n"

@@ -166,10 +166,14 @@ void add_inference(std::map<std::string, OpInfo>& m) {
   m["int4_linear"] = {[](const V& in, const OpAttrs& a) {
     NXD_CHECK(a.i("zero") == 0 || a.i("zero") == 1, "[trace] int4_linear: zero ", a.i("zero"),
               " is neither symmetric (0) nor asymmetric (1)");
+    const int64_t act = a.has("act") ? a.i("act") : 0;  // graphs saved before the mode: f32
+    NXD_CHECK(act == 0 || act == 1, "[trace] int4_linear: act ", act,
+              " is neither f32 (0) nor int8_blocks (1)");
     const kernels::Int4Layout l{.n = a.i("n"),
                                 .k = a.i("k"),
                                 .group = a.i("group"),
-                                .zero = static_cast<kernels::Int4Zero>(a.i("zero"))};
+                                .zero = static_cast<kernels::Int4Zero>(a.i("zero")),
+                                .act = static_cast<kernels::Int4Activations>(act)};
     return V{int4_linear_parts(in[0], in[1], in[2], in[3], in[4], l)};
   }};
   m["linear_add"] = {

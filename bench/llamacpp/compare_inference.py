@@ -2,7 +2,7 @@
 """nxd against llama.cpp on the same weights: prefill and decode tokens/s (issue 37).
 
   /usr/bin/python3 bench/llamacpp/compare_inference.py [--nxd-build build/release]
-      [--work DIR] [--threads 1,2] [--precisions fp32,bf16,int8,int4] [--reps 5]
+      [--work DIR] [--threads 1,2] [--precisions fp32,bf16,int8,int4[,int4q8]] [--reps 5]
       [--prompt 128] [--gen 32] [--speculative] [--smoke] [--quantize-head none|int8|int4]
 
 1. The model: nxd-bench-inference --export (the ~125M bench Llama with its seeded weights, a
@@ -18,7 +18,8 @@
    wrong layout, such as an unpermuted rotary row, is of order 1). Any case over its limit: exit
    1, nothing timed.
 3. For each thread count and precision (fp32<->F32, bf16<->BF16, int8<->Q8_0, int4<->Q4_0; nxd's
-   int4 is symmetric in groups of 32 as Q4_0): llama-bench -p P -n 0 (prefill) and -p 0 -n G -d P
+   int4 is symmetric in groups of 32 as Q4_0; int4q8, against the same Q4_0 file, is nxd's int4 with
+   its activations in int8 per 32-input block as llama.cpp's Q8_0 x Q4_0 products): llama-bench -p P -n 0 (prefill) and -p 0 -n G -d P
    (decode of G tokens after a P-token context: positions P..P+G-1), -r reps, medians of its
    samples; nxd-bench-inference --precision ... --prompt P --reps reps --no-traced (prefill median
    of reps, decode median of 4*reps steps at position P). KV cache: llama-bench f16 (it offers no
@@ -59,7 +60,7 @@ import llamacpp  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-GGUF_OF = {"fp32": "f32", "bf16": "bf16", "int8": "q8_0", "int4": "q4_0"}
+GGUF_OF = {"fp32": "f32", "bf16": "bf16", "int8": "q8_0", "int4": "q4_0", "int4q8": "q4_0"}
 TOLERANCE = {"f32": 1e-3, "bf16": 5e-2, "q8_0": 5e-2, "q4_0": 5e-2}
 ISA = ["sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
        "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8"]
@@ -116,7 +117,7 @@ def prepare(nxd: Nxd, work: Path, prompt: int):
         say(nxd.inference("--export", hf, "--prompt", prompt).strip())
     if not (ck / "imported").is_dir():
         out([nxd.ckpt, "import-hf", hf, ck])
-    for t in GGUF_OF.values():
+    for t in dict.fromkeys(GGUF_OF.values()):  # q4_0 serves int4 and int4q8
         f = work / f"model-{t}.gguf"
         if not f.is_file():
             say(out([nxd.ckpt, "export-gguf", ck / "imported", f, "--type", t, "--tokenizer",
@@ -177,7 +178,7 @@ def time_cases(nxd, lc, work, cfg, a):
             kv = "bf16" if prec == "bf16" else "f16"  # llama-bench has no f32 KV cache
             l_pre = llama_bench(lc, gguf, threads, a.reps, kv, a.prompt, 0, 0)
             l_dec = llama_bench(lc, gguf, threads, a.reps, kv, 0, a.gen, a.prompt)
-            head = ["--head", a.quantize_head] if prec in ("int8", "int4") else []
+            head = ["--head", a.quantize_head] if prec in ("int8", "int4", "int4q8") else []
             lines = nxd.inference(*head, "--threads", threads, "--precision", prec, "--prompt",
                                   a.prompt, "--reps", a.reps, "--no-traced").splitlines()
             n = {fields(x)["case"]: fields(x) for x in lines if x.startswith("case=")}

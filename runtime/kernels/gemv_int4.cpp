@@ -18,10 +18,6 @@ namespace {
 using lanes8::load8;
 using lanes8::V8;
 
-float offset_of(const Int4Layout& l) {
-  return l.zero == Int4Zero::symmetric ? 8.0f : 0.0f;
-}
-
 // The 4-bit value of input j of a row.
 inline int nibble(const uint8_t* row, int64_t j) {
   const uint8_t b = row[16 * (j / 32) + (j % 16)];
@@ -166,6 +162,38 @@ void columns(float* c, const float* x, const uint8_t* q, const float* scale, con
   }
 }
 
+// Rows [r0, r1) of the dequantized weight, a 32-input block at a time: each block's values
+// u - offset as f32 (block_values: exact), times the group's scale, plus its minimum (asymmetric):
+// the same two roundings, in the same order, as (u - offset) * scale + min one input at a time.
+template <Int4Zero Z>
+void dequantize_rows_of(float* w, const uint8_t* q, const float* scale, const float* min,
+                        const Int4Layout& l, int64_t r0, int64_t r1) {
+  const int64_t k = l.k, G = l.groups_per_row(), per_group = l.group / 32;
+  const int64_t blocks = l.blocks_per_row(), whole = k / 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* qr = q + r * l.bytes_per_row();
+    float* wr = w + (r - r0) * k;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t g = r * G + b / per_group;
+      const Block v = block_values<Z>(qr + 16 * b);
+      const float sg = scale[g];
+      const V8 s = {sg, sg, sg, sg, sg, sg, sg, sg};
+      V8 out[4];
+      for (int e = 0; e < 4; ++e) {
+        out[e] = v.w[e] * s;
+        if constexpr (Z == Int4Zero::asymmetric) out[e] += min[g];
+      }
+      if (b < whole) {
+        for (int e = 0; e < 4; ++e) lanes8::store8(wr + 32 * b + 8 * e, out[e]);
+      } else {  // the partial last block: its first k - 32 b inputs
+        float t[32];
+        for (int e = 0; e < 4; ++e) lanes8::store8(t + 8 * e, out[e]);
+        std::memcpy(wr + 32 * b, t, static_cast<size_t>(k - 32 * b) * sizeof(float));
+      }
+    }
+  }
+}
+
 void check_finite(const float* w, int64_t r, int64_t j) {
   NXD_CHECK(std::isfinite(w[j]), "[quantize_int4] weight [", r, ",", j, "] is ", w[j],
             " (not finite)");
@@ -215,17 +243,10 @@ void quantize_int4(uint8_t* q, float* scale, float* min, const float* w, const I
 
 void dequantize_int4_rows(float* w, const uint8_t* q, const float* scale, const float* min,
                           const Int4Layout& l, int64_t r0, int64_t r1) {
-  const float off = offset_of(l);
-  const int64_t G = l.groups_per_row();
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* qr = q + r * l.bytes_per_row();
-    float* wr = w + (r - r0) * l.k;
-    for (int64_t j = 0; j < l.k; ++j) {
-      const int64_t g = r * G + j / l.group;
-      const float v = (static_cast<float>(nibble(qr, j)) - off) * scale[g];
-      wr[j] = min ? v + min[g] : v;
-    }
-  }
+  if (l.zero == Int4Zero::symmetric)
+    dequantize_rows_of<Int4Zero::symmetric>(w, q, scale, min, l, r0, r1);
+  else
+    dequantize_rows_of<Int4Zero::asymmetric>(w, q, scale, min, l, r0, r1);
 }
 
 void gemv_int4(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
@@ -267,7 +288,9 @@ void linear_int4(float* c, const float* x, const uint8_t* q, const float* scale,
   l.check("linear_int4");
   NXD_CHECK(m >= 0, "[linear_int4] m=", m);
   if (m == 0) return;
-  if (m <= kInt4GemvMaxRows)
+  if (l.act == Int4Activations::int8_blocks)
+    gemv_int4_q8(c, x, q, scale, min, l, m);
+  else if (m <= kInt4GemvMaxRows)
     gemv_int4(c, x, q, scale, min, l, m);
   else
     gemm_int4_weight_blocks(c, x, q, scale, min, l, m);

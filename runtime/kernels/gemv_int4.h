@@ -33,10 +33,19 @@ inline constexpr int64_t kInt4GemvMaxRows = 32;
 
 enum class Int4Zero { symmetric, asymmetric };
 
+// How the activations meet the 4-bit weights (gemv_int4_q8.cpp):
+// - f32: f32 activations times the dequantized weights (the default; the paths below).
+// - int8_blocks: each row's activations quantized per 32-input block to int8 with an f32 scale
+//   (llama.cpp's Q8_0: d = max |x| / 127, q = x / d rounded to nearest even) and the weights'
+//   codes multiplied with them in exact integer dot products, for every m. A different
+//   numerical answer (the activations move by at most d / 2), the same bits on every build.
+enum class Int4Activations { f32, int8_blocks };
+
 // The shape of a 4-bit weight and the sizes of its arrays.
 struct Int4Layout {
   int64_t n = 0, k = 0, group = 32;
   Int4Zero zero = Int4Zero::symmetric;
+  Int4Activations act = Int4Activations::f32;
   int64_t blocks_per_row() const { return (k + 31) / 32; }
   int64_t bytes_per_row() const { return 16 * blocks_per_row(); }
   int64_t groups_per_row() const { return (k + group - 1) / group; }
@@ -63,6 +72,22 @@ void gemv_int4(float* c, const float* x, const uint8_t* q, const float* scale, c
 // The prefill path (any m).
 void gemm_int4_weight_blocks(float* c, const float* x, const uint8_t* q, const float* scale,
                              const float* min, const Int4Layout& l, int64_t m);
+
+// The int8_blocks product (any m; linear_int4 takes it for every m when l.act says so). Per row,
+// 32-input block b (the last one zero-padded) and output column: I_b = the exact integer sum
+// over the block of q[j] * (u[j] - offset); per group, in order, float(I_b) * d_b summed over
+// its blocks (the first starts the sum), times the group's scale, added to a running f32 sum L
+// (from +0); asymmetric, min * (the f32 sum of the group's x, in input order) added to another,
+// A, and the output is A + L (symmetric: L). The integer sums are exact (VNNI vpdpbusd, AVX2 or
+// SSSE3 vpmaddubsw + vpmaddwd, or a plain loop), so every build gives the same bits; each output
+// is computed by itself (any m, thread count and split give the same bits). 8 columns share one
+// register of the f32 steps; a group's weight blocks are unpacked once for up to 32 rows.
+void gemv_int4_q8(float* c, const float* x, const uint8_t* q, const float* scale, const float* min,
+                  const Int4Layout& l, int64_t m);
+// One row's activations x [k] as int8_blocks quantizes them: q [32 * ceil(k / 32)] (the padding
+// 0) and d [ceil(k / 32)]. A block with a non-finite value gets q = 0 and d = NaN (its products
+// are NaN).
+void quantize_int4_activations(int8_t* q, float* d, const float* x, int64_t k);
 
 namespace ref {
 // Naive: c[i, j] = sum_p x[i, p] * W[j, p] (dequantized) accumulated in f64, rounded once.

@@ -101,6 +101,14 @@ TEST_F(QuantizedFixture, LoadedLayersHoldNoF32WeightAndSavingThemIsRefused) {
 
 TEST_F(QuantizedFixture, DamagedFilesAndWrongKeysAreRefusedNamingFileAndKey) {
   const fs::path good = dir.path / "good";
+  // int8 activations (:q8) are chosen at load: a file cannot record them, so they are refused
+  try {
+    quantize_checkpoint(dir.path / "run/step_1", good, parse_weight_quant("int4:32:q8"));
+    ADD_FAILURE() << "int4:32:q8 was written";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("int8 activations"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(good / kQuantizedFile));
   quantize_checkpoint(dir.path / "run/step_1", good, parse_weight_quant("int4:32:asym"));
   const std::string w = "model.layers.1.mlp.down_proj.weight";
   int n = 0;

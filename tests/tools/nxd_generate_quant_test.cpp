@@ -275,6 +275,26 @@ TEST(NxdGenerate, QualityReportOfATrainedModel) {
                 std::get<1>(rows2.at(name)) - std::get<1>(v));
     EXPECT_NEAR(std::get<1>(rows2.at(name)), std::get<1>(v), tol) << name << " at TP 2";
   }
+  // --quantize int4:32:q8: the int4 rows with int8 activations (runtime/kernels/gemv_int4.h
+  // Int4Activations), against the f32-activation rows above
+  const auto rq = generate(
+      {"--checkpoint", (d / "run").string(), "--quality-report", (d / "held_out.txt").string(),
+       "--window", std::to_string(W), "--quantize", "int4:32:q8"},
+      d);
+  ASSERT_EQ(rq.code, 0) << rq.err;
+  std::printf("%s", rq.out.c_str());
+  const auto rowsq = quality_rows(rq.out, K * W);
+  ASSERT_EQ(rowsq.size(), 6u) << rq.out;
+  const std::string i4q = "int4 (groups of 32, symmetric, int8 activations)";
+  for (const auto& [q8, f32] : {std::pair{i4q, i4}, {i4q + ", head int8", i4 + ", head int8"}}) {
+    const double dnll = std::get<1>(rowsq.at(q8)) - std::get<1>(rows.at(f32));
+    std::printf("%s: mean NLL %.6f, %+.3g against f32 activations; max logit change %.4g (%.4g)\n",
+                q8.c_str(), std::get<1>(rowsq.at(q8)), dnll, std::get<2>(rowsq.at(q8)),
+                std::get<2>(rows.at(f32)));
+    EXPECT_NE(std::get<2>(rowsq.at(q8)), std::get<2>(rows.at(f32))) << "another answer";
+    EXPECT_LT(std::abs(dnll), 0.01 * std::get<1>(rows.at(f32))) << q8;
+  }
+  EXPECT_EQ(std::get<1>(rowsq.at("int8")), std::get<1>(rows.at("int8"))) << "int8 unchanged";
   // an imported transformers folder (GPT-NeoX)
   auto neox = make_causal_lm(byte_model("gpt_neox"), 8);
   ckpt::save_checkpoint(d / "neox", "step_1", neox.get(), nullptr, nullptr);

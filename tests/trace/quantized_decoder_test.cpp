@@ -1,6 +1,7 @@
 // Traced decoders of quantized models (layers/quantize.h: the int8_linear / int4_linear ops whose
 // parameters are the quantized tensors): prefill and decode logits equal the eager quantized
-// KV-cache path bitwise at TP 1 and TP 2 for int8, int4:32 and int4:64:asym, the graph holds no
+// KV-cache path bitwise at TP 1 and TP 2 for int8, int4:32, int4:64:asym and int4:32:q8 (int8
+// activations: the op's act attribute), the graph holds no
 // f32 weight of a quantized layer, a saved-then-loaded trace gives the same logits, and a damaged
 // quantized tensor in the saved weights is refused naming the file.
 #include <gtest/gtest.h>
@@ -87,7 +88,7 @@ std::shared_ptr<trace::TensorParallelModel> traced(const ModelConfig& cfg, const
 TEST(TraceQuantized, TracedEqualsEagerQuantizedBitwiseAtTp1AndTp2) {
   if (under_mpi()) GTEST_SKIP() << "sim only";
   const ModelConfig cfg = qconfig();
-  for (const std::string spec : {"int8", "int4:32", "int4:64:asym"})
+  for (const std::string spec : {"int8", "int4:32", "int4:64:asym", "int4:32:q8"})
     for (int tp : {1, 2}) {
       SCOPED_TRACE(spec + " tp=" + std::to_string(tp));
       const Logits e = eager_logits_at(cfg, spec, tp);

@@ -59,24 +59,27 @@ TEST(QuantizedRows, Int8EachRowHasItsBitsAloneUpTo32Rows) {
     }
 }
 
+// Both activation modes (f32; int8_blocks, which also takes more than 32 rows: 40 here).
 TEST(QuantizedRows, Int4EachRowHasItsBitsAloneUpTo32Rows) {
   ThreadsGuard guard;
   for (int threads : {1, 2})
-    for (kernels::Int4Zero zero : {kernels::Int4Zero::symmetric, kernels::Int4Zero::asymmetric}) {
-      SCOPED_TRACE(
-          str("threads=", threads, zero == kernels::Int4Zero::symmetric ? " sym" : " asym"));
-      set_num_threads(threads);
-      const kernels::Int4Layout l{.n = 67, .k = 200, .group = 64, .zero = zero};
-      const auto w = lcg_values(l.n * l.k, 6, 0.3f);
-      std::vector<uint8_t> q(l.value_bytes());
-      std::vector<float> scale(l.groups()),
-          min(zero == kernels::Int4Zero::asymmetric ? l.groups() : 0);
-      float* mins = min.empty() ? nullptr : min.data();
-      kernels::quantize_int4(q.data(), scale.data(), mins, w.data(), l);
-      expect_rows_alone(
-          [&](float* c, const float* x, int64_t m) {
-            kernels::linear_int4(c, x, q.data(), scale.data(), mins, l, m);
-          },
-          kRows, l.n, l.k);
-    }
+    for (auto act : {kernels::Int4Activations::f32, kernels::Int4Activations::int8_blocks})
+      for (kernels::Int4Zero zero : {kernels::Int4Zero::symmetric, kernels::Int4Zero::asymmetric}) {
+        SCOPED_TRACE(str("threads=", threads,
+                         zero == kernels::Int4Zero::symmetric ? " sym" : " asym",
+                         " act=", static_cast<int>(act)));
+        set_num_threads(threads);
+        const kernels::Int4Layout l{.n = 67, .k = 200, .group = 64, .zero = zero, .act = act};
+        const auto w = lcg_values(l.n * l.k, 6, 0.3f);
+        std::vector<uint8_t> q(l.value_bytes());
+        std::vector<float> scale(l.groups()),
+            min(zero == kernels::Int4Zero::asymmetric ? l.groups() : 0);
+        float* mins = min.empty() ? nullptr : min.data();
+        kernels::quantize_int4(q.data(), scale.data(), mins, w.data(), l);
+        expect_rows_alone(
+            [&](float* c, const float* x, int64_t m) {
+              kernels::linear_int4(c, x, q.data(), scale.data(), mins, l, m);
+            },
+            act == kernels::Int4Activations::f32 ? kRows : 40, l.n, l.k);
+      }
 }
