@@ -162,6 +162,20 @@ class SimCommunicator final : public Communicator {
   // Posts call `d` (kind, dtype, count, root, rop, reduces, send, recv; run fills meta, ready
   // and seq), then completes it (async: returns a Work that waits for its modeled end).
   Work run(CallDesc d, Completion completion);
+  // run's steps. post: checks the call and fills its meta, ready and seq (returns the rank's sim
+  // clock, or null). arrive: posts it in this round's slots and waits for every member (CommError
+  // naming each member's call when they differ). model_time: the call's modeled end, recorded on
+  // the clock. move_data: the data phase, shared by the members, until every result is written.
+  struct Slot {
+    uint64_t round;
+    int par;       // round parity: which of the group's two slot sets
+    int64_t mine;  // this member's items in the data phase
+  };
+  SimClock* post(CallDesc& d);
+  Slot arrive(const CallDesc& d);
+  double model_time(const std::vector<CallDesc>& calls, const CallDesc& d, SimClock* clock,
+                    bool async);
+  void move_data(const std::vector<CallDesc>& calls, const CallDesc& d, const Slot& slot);
   // Waits until done() (spin, then sleep as a blocked rank; throws on abort or timeout). `call`
   // names the call in messages (formatted only when sleeping or failing).
   template <class Done>
