@@ -182,6 +182,11 @@ class SimCommunicator final : public Communicator {
   void wait_for(uint64_t round, Done done, const char* op, const CallDesc& call,
                 WaitOptions opts = {});
   void release(uint64_t round, int count);
+  // recv's wait: the message from global rank gsrc with `tag`, copied straight into buf by a
+  // sender that finds this rank waiting, or taken from the mailbox (CommError on abort or
+  // timeout).
+  Message take_message(void* buf, int64_t n, DType t, int gsrc, int tag);
+  std::string recv_timeout_message(const World& w, int gsrc, int tag) const;
   int64_t items_of(const CallDesc& d, int m) const;
   void do_item(const std::vector<CallDesc>& calls, int m, int64_t j);
   int me() const { return ranks()[rank()]; }
