@@ -338,14 +338,17 @@ class Pass {
       for (auto& h : leaf->autograd->hooks) h(lt);
   }
 
-  static bool later_created(Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; }
+  // The queue's order: the most recently created node on top.
+  struct CreatedEarlier {
+    bool operator()(Node* a, Node* b) const { return a->sequence_nr < b->sequence_nr; }
+  };
 
   const BackwardOptions& opts_;
   Run& run_;
   std::unordered_map<Node*, int> deps_;
   std::unordered_map<TensorImpl*, int> leaf_uses_;
   std::unordered_map<Node*, std::vector<Tensor>> buffers_;
-  std::priority_queue<Node*, std::vector<Node*>, decltype(&later_created)> ready_{&later_created};
+  std::priority_queue<Node*, std::vector<Node*>, CreatedEarlier> ready_;
   std::vector<std::shared_ptr<Node>> keep_;  // nodes stay alive while the run needs them
 };
 
