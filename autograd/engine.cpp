@@ -183,12 +183,9 @@ struct Run {
   bool accumulate_leaves = true;
 };
 
-void execute(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads_in,
-             const BackwardOptions& opts, Run& run) {
-  NXD_CHECK(grads_in.empty() || grads_in.size() == outputs.size(), "[backward] ", outputs.size(),
-            " outputs but ", grads_in.size(), " gradients");
-  NoGradGuard no_grad;
-
+// The gradient each output starts from: the given one, or ones for a scalar output.
+std::vector<Tensor> seed_gradients(const std::vector<Tensor>& outputs,
+                                   const std::vector<Tensor>& grads_in) {
   std::vector<Tensor> seeds(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Tensor& y = outputs[i];
@@ -204,44 +201,122 @@ void execute(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad
                     " of shape ", shape_str(y.shape()));
     seeds[i] = g;
   }
+  return seeds;
+}
 
-  // Count edges into nodes and gradients into leaves over the reachable graph.
-  std::unordered_map<Node*, int> deps;
-  std::unordered_map<TensorImpl*, int> leaf_uses;
-  std::unordered_set<Node*> seen;
-  std::vector<Node*> stack;
-  auto visit_root = [&](const Tensor& y) {
-    auto f = grad_fn(y);
-    if (f) {
-      if (seen.insert(f.get()).second) stack.push_back(f.get());
-    } else {
-      ++leaf_uses[y.impl()];
+// One backward pass over the graph reachable from the outputs: the counts of the first walk,
+// the gradient buffers of nodes not yet run, and the queue of nodes whose gradients are complete.
+class Pass {
+ public:
+  Pass(const BackwardOptions& opts, Run& run) : opts_(opts), run_(run) {}
+
+  // Counts edges into nodes and gradients into leaves over the reachable graph.
+  void count_dependencies(const std::vector<Tensor>& outputs) {
+    std::unordered_set<Node*> seen;
+    std::vector<Node*> stack;
+    for (const auto& y : outputs) {
+      auto f = grad_fn(y);
+      if (f) {
+        if (seen.insert(f.get()).second) stack.push_back(f.get());
+      } else {
+        ++leaf_uses_[y.impl()];
+      }
     }
-  };
-  for (const auto& y : outputs) visit_root(y);
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    for (size_t i = 0; i < n->inputs.size(); ++i) {
-      if (Node* c = n->inputs[i].node.get()) {
-        ++deps[c];
-        if (seen.insert(c).second) stack.push_back(c);
-      } else if (auto leaf = n->leaves[i].lock()) {
-        ++leaf_uses[leaf.get()];
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (size_t i = 0; i < n->inputs.size(); ++i) {
+        if (Node* c = n->inputs[i].node.get()) {
+          ++deps_[c];
+          if (seen.insert(c).second) stack.push_back(c);
+        } else if (auto leaf = n->leaves[i].lock()) {
+          ++leaf_uses_[leaf.get()];
+        }
       }
     }
   }
 
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;
-  auto cmp = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
-  std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
-  std::vector<std::shared_ptr<Node>> keep;  // nodes stay alive while the run needs them
+  // Hands each output's seed to its node (or to the output itself if it is a leaf) and queues
+  // the nodes nothing else feeds.
+  void seed(const std::vector<Tensor>& outputs, const std::vector<Tensor>& seeds) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      auto f = grad_fn(outputs[i]);
+      if (f) {
+        auto& buf = buffers_[f.get()];
+        buf.resize(f->output_shapes.size());
+        accumulate(buf[outputs[i].impl()->autograd->output_nr], seeds[i]);
+        keep_.push_back(f);
+      } else {
+        deliver_leaf(outputs[i].impl_ptr(), seeds[i]);
+      }
+    }
+    for (auto& f : keep_)
+      if (deps_[f.get()] == 0) {
+        deps_[f.get()] = -1;  // queued
+        ready_.push(f.get());
+      }
+  }
 
-  auto deliver_leaf = [&](const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
+  // Runs the queued nodes, latest created first, until none is left.
+  void run_ready() {
+    while (!ready_.empty()) {
+      Node* n = ready_.top();
+      ready_.pop();
+      run_node(n);
+    }
+  }
+
+ private:
+  void run_node(Node* n) {
+    std::vector<Tensor> gout = std::move(buffers_[n]);
+    buffers_.erase(n);
+    gout.resize(n->output_shapes.size());
+    for (size_t k = 0; k < gout.size(); ++k)
+      if (!gout[k].defined())
+        gout[k] = zeros(n->output_shapes[k], n->output_dtypes[k], n->output_devices[k]);
+    if (auto it = run_.capture_nodes.find(n); it != run_.capture_nodes.end())
+      for (auto [k, slot] : it->second) accumulate((*run_.captured)[slot], gout[k]);
+    if (!n->backward)
+      throw InvalidArgument(str("[backward] the graph of ", n->name,
+                                " was already freed by an earlier backward; pass "
+                                "retain_graph = true to run backward twice"));
+    Grads gin = n->backward(gout);
+    gout.clear();
+    if (!opts_.retain_graph) n->backward = nullptr;
+    if (gin.size() != n->inputs.size())
+      throw InternalError(str("[backward] ", n->name, " returned ", gin.size(), " gradients for ",
+                              n->inputs.size(), " inputs"));
+    for (size_t i = 0; i < gin.size(); ++i) pass_to_input(n, i, std::move(gin[i]));
+  }
+
+  // Gradient g of node n's input i: into the producing node's buffer (queued once complete) or
+  // to the leaf.
+  void pass_to_input(Node* n, size_t i, Tensor g) {
+    Edge& e = n->inputs[i];
+    if (e.node) {
+      if (g.defined()) {
+        check_grad_shape(g, e.node->output_shapes[e.output_nr], n->name, i, "input");
+        auto& buf = buffers_[e.node.get()];
+        buf.resize(e.node->output_shapes.size());
+        accumulate(buf[e.output_nr], std::move(g));
+      }
+      if (--deps_[e.node.get()] == 0) {
+        deps_[e.node.get()] = -1;
+        ready_.push(e.node.get());
+      }
+    } else if (auto leaf = n->leaves[i].lock()) {
+      if (g.defined())
+        deliver_leaf(leaf, std::move(g));
+      else if (--leaf_uses_[leaf.get()] == 0 && leaf->autograd)
+        for (auto& h : leaf->autograd->hooks) h(Tensor(leaf));
+    }
+  }
+
+  void deliver_leaf(const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
     Tensor lt(leaf);
-    if (auto it = run.capture_leaves.find(leaf.get()); it != run.capture_leaves.end())
-      accumulate((*run.captured)[it->second], g);
-    if (run.accumulate_leaves && leaf->requires_grad) {
+    if (auto it = run_.capture_leaves.find(leaf.get()); it != run_.capture_leaves.end())
+      accumulate((*run_.captured)[it->second], g);
+    if (run_.accumulate_leaves && leaf->requires_grad) {
       NXD_CHECK_SHAPE(g.shape() == leaf->shape, "[backward] gradient ", g.desc(), " for leaf ",
                       lt.desc());
       if (!leaf->grad && leaf->autograd && leaf->autograd->grad_buffer) {
@@ -259,69 +334,34 @@ void execute(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad
         add_into(Tensor(leaf->grad), g);
       }
     }
-    if (--leaf_uses[leaf.get()] == 0 && leaf->autograd)
+    if (--leaf_uses_[leaf.get()] == 0 && leaf->autograd)
       for (auto& h : leaf->autograd->hooks) h(lt);
+  }
+
+  // The queue's order: the most recently created node on top.
+  struct CreatedEarlier {
+    bool operator()(Node* a, Node* b) const { return a->sequence_nr < b->sequence_nr; }
   };
 
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    auto f = grad_fn(outputs[i]);
-    if (f) {
-      auto& buf = buffers[f.get()];
-      buf.resize(f->output_shapes.size());
-      accumulate(buf[outputs[i].impl()->autograd->output_nr], seeds[i]);
-      keep.push_back(f);
-    } else {
-      deliver_leaf(outputs[i].impl_ptr(), seeds[i]);
-    }
-  }
-  for (auto& f : keep)
-    if (deps[f.get()] == 0) {
-      deps[f.get()] = -1;  // queued
-      ready.push(f.get());
-    }
+  const BackwardOptions& opts_;
+  Run& run_;
+  std::unordered_map<Node*, int> deps_;
+  std::unordered_map<TensorImpl*, int> leaf_uses_;
+  std::unordered_map<Node*, std::vector<Tensor>> buffers_;
+  std::priority_queue<Node*, std::vector<Node*>, CreatedEarlier> ready_;
+  std::vector<std::shared_ptr<Node>> keep_;  // nodes stay alive while the run needs them
+};
 
-  while (!ready.empty()) {
-    Node* n = ready.top();
-    ready.pop();
-    std::vector<Tensor> gout = std::move(buffers[n]);
-    buffers.erase(n);
-    gout.resize(n->output_shapes.size());
-    for (size_t k = 0; k < gout.size(); ++k)
-      if (!gout[k].defined())
-        gout[k] = zeros(n->output_shapes[k], n->output_dtypes[k], n->output_devices[k]);
-    if (auto it = run.capture_nodes.find(n); it != run.capture_nodes.end())
-      for (auto [k, slot] : it->second) accumulate((*run.captured)[slot], gout[k]);
-    if (!n->backward)
-      throw InvalidArgument(str("[backward] the graph of ", n->name,
-                                " was already freed by an earlier backward; pass "
-                                "retain_graph = true to run backward twice"));
-    Grads gin = n->backward(gout);
-    gout.clear();
-    if (!opts.retain_graph) n->backward = nullptr;
-    if (gin.size() != n->inputs.size())
-      throw InternalError(str("[backward] ", n->name, " returned ", gin.size(), " gradients for ",
-                              n->inputs.size(), " inputs"));
-    for (size_t i = 0; i < gin.size(); ++i) {
-      Edge& e = n->inputs[i];
-      if (e.node) {
-        if (gin[i].defined()) {
-          check_grad_shape(gin[i], e.node->output_shapes[e.output_nr], n->name, i, "input");
-          auto& buf = buffers[e.node.get()];
-          buf.resize(e.node->output_shapes.size());
-          accumulate(buf[e.output_nr], std::move(gin[i]));
-        }
-        if (--deps[e.node.get()] == 0) {
-          deps[e.node.get()] = -1;
-          ready.push(e.node.get());
-        }
-      } else if (auto leaf = n->leaves[i].lock()) {
-        if (gin[i].defined())
-          deliver_leaf(leaf, std::move(gin[i]));
-        else if (--leaf_uses[leaf.get()] == 0 && leaf->autograd)
-          for (auto& h : leaf->autograd->hooks) h(Tensor(leaf));
-      }
-    }
-  }
+void execute(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads_in,
+             const BackwardOptions& opts, Run& run) {
+  NXD_CHECK(grads_in.empty() || grads_in.size() == outputs.size(), "[backward] ", outputs.size(),
+            " outputs but ", grads_in.size(), " gradients");
+  NoGradGuard no_grad;
+  std::vector<Tensor> seeds = seed_gradients(outputs, grads_in);
+  Pass pass(opts, run);
+  pass.count_dependencies(outputs);
+  pass.seed(outputs, seeds);
+  pass.run_ready();
 }
 
 }  // namespace

@@ -227,95 +227,91 @@ void print_published(CollKind k, const std::string& instance) {
   }
 }
 
-int run_sim(const Args& a) {
-  const CollKind k = parse_op(a.op);
-  const int p = a.ranks > 0 ? a.ranks : 2;
-  const int sim_rounds = a.rounds > 0 ? a.rounds : 3;
-  NXD_CHECK(k != CollKind::send_recv || p >= 2,
-            "[nxd-bench-collectives] sendrecv needs >= 2 ranks");
-  sim::LaunchOptions o;
-  o.world_size = p;
-  o.instance = a.instance;
-  o.algorithm = a.algorithm;
-  o.memory_capacity = 0;  // host buffers are not HBM-limited in the benchmark
-  sim::MachineSpec m = sim::resolve_machine(o);
+// What the sim run measured per size (index i of sizes(a)), on every rank r for the host times.
+struct SimTimes {
+  std::vector<std::vector<double>> host_t, host_p50;  // [i][r] seconds per call, -1: not run
+  std::vector<double> model_t, copy_t;                // modeled seconds per call; memcpy's
+  std::vector<const char*> algo;
+  std::vector<int64_t> counts;  // elements per call (0: the size is skipped)
+};
+
+// Baseline: the best of `rounds` runs of `iters` one-thread copies of `bytes`, seconds per copy.
+double memcpy_seconds(int64_t bytes, int iters, int rounds) {
+  std::vector<char> src(bytes, 1), dst(bytes);
+  std::memcpy(dst.data(), src.data(), bytes);
+  double best = -1;
+  for (int round = 0; round < rounds; ++round) {
+    double c0 = bench::now_seconds();
+    for (int it = 0; it < iters; ++it) std::memcpy(dst.data(), src.data(), bytes);
+    const double t = (bench::now_seconds() - c0) / iters;
+    best = round == 0 ? t : std::min(best, t);
+  }
+  return best;
+}
+
+// One size (index i) on this rank: host buffers while p x the buffers fit the host budget (else
+// meta: modeled time only); the best of `sim_rounds` timed runs, the median call, and on rank 0
+// the modeled time, the algorithm and the memcpy baseline.
+void time_size(const Args& a, CollKind k, int p, int sim_rounds, const sim::MachineSpec& m,
+               int64_t size, size_t i, SimTimes& t) {
+  Communicator& c = world();
+  const int r = c.rank();
   const int64_t es = dtype_size(a.dtype);
-  const std::vector<int64_t> S = sizes(a);
-  const double budget = a.host_budget_gib * sim::kGiB;
-  std::vector<std::vector<double>> host_t(S.size(), std::vector<double>(p, -1)), host_p50 = host_t;
-  std::vector<double> model_t(S.size(), 0), copy_t(S.size(), -1);
-  std::vector<const char*> algo(S.size(), "");
-  std::vector<int64_t> counts(S.size(), 0);
-  for (size_t i = 0; i < S.size(); ++i) counts[i] = count_for({k, p, a.dtype}, S[i]);
-
-  sim::launch(o, [&] {
-    Communicator& c = world();
-    const int r = c.rank();
-    for (size_t i = 0; i < S.size(); ++i) {
-      const int64_t n = counts[i];
-      if (n == 0) continue;
-      auto [ea, eb] = buffer_elems({k, p, a.dtype}, n);
-      const bool host = double(p) * (ea + eb) * es <= budget;
-      const Device d = host ? Device::host : Device::meta;
-      Tensor ta = empty({ea}, a.dtype, d), tb = empty({std::max<int64_t>(eb, 1)}, a.dtype, d);
-      void* pa = host ? ta.raw_data() : nullptr;
-      void* pb = host ? tb.raw_data() : nullptr;
-      if (host) {
-        std::memset(pa, 0, ea * es);
-        std::memset(pb, 0, eb * es);
-      }
-      const int iters = iters_for(a, S[i]);
-      if (host)
-        for (int w = 0; w < 2; ++w) run_op(c, {k, pa, pb, n, a.dtype});
-      sim::SimClock* clk = sim::current_sim_clock();
-      // The best of `rounds` timed runs of `iters` calls (the machine's neighbours come and go);
-      // the median call over all rounds is printed as well.
-      const int reps = host ? iters : 1, rounds = host ? sim_rounds : 1;
-      std::vector<double> per_call;
-      per_call.reserve(size_t(reps) * rounds);
-      double best = 1e30, m0 = 0, m1 = 0;
-      for (int round = 0; round < rounds; ++round) {
-        c.barrier();
-        m0 = clk->now();
-        const double t0 = bench::now_seconds();
-        double q = t0;
-        for (int it = 0; it < reps; ++it) {
-          run_op(c, {k, pa, pb, n, a.dtype});
-          const double q1 = bench::now_seconds();
-          per_call.push_back(q1 - q);
-          q = q1;
-        }
-        m1 = clk->now();
-        best = std::min(best, (q - t0) / reps);
-      }
-      if (host) {
-        host_t[i][r] = best;
-        host_p50[i][r] = bench::median_of(per_call);
-      }
-      if (r == 0) {
-        model_t[i] = (m1 - m0) / reps;
-        std::vector<int> ranks(p);
-        for (int j = 0; j < p; ++j) ranks[j] = j;
-        double bytes = double(S[i]);
-        algo[i] = sim::algorithm_name(
-            sim::collective_cost(m, k, k == CollKind::send_recv ? std::vector<int>{0, 1} : ranks,
-                                 bytes, a.algorithm)
-                .algorithm);
-        if (host) {  // baseline: one thread copying the same bytes
-          std::vector<char> src(S[i], 1), dst(S[i]);
-          std::memcpy(dst.data(), src.data(), S[i]);
-          for (int round = 0; round < sim_rounds; ++round) {
-            double c0 = bench::now_seconds();
-            for (int it = 0; it < iters; ++it) std::memcpy(dst.data(), src.data(), S[i]);
-            const double t = (bench::now_seconds() - c0) / iters;
-            copy_t[i] = round == 0 ? t : std::min(copy_t[i], t);
-          }
-        }
-      }
-      c.barrier();
+  const int64_t n = t.counts[i];
+  auto [ea, eb] = buffer_elems({k, p, a.dtype}, n);
+  const bool host = double(p) * (ea + eb) * es <= a.host_budget_gib * sim::kGiB;
+  const Device d = host ? Device::host : Device::meta;
+  Tensor ta = empty({ea}, a.dtype, d), tb = empty({std::max<int64_t>(eb, 1)}, a.dtype, d);
+  void* pa = host ? ta.raw_data() : nullptr;
+  void* pb = host ? tb.raw_data() : nullptr;
+  if (host) {
+    std::memset(pa, 0, ea * es);
+    std::memset(pb, 0, eb * es);
+  }
+  const int iters = iters_for(a, size);
+  if (host)
+    for (int w = 0; w < 2; ++w) run_op(c, {k, pa, pb, n, a.dtype});
+  sim::SimClock* clk = sim::current_sim_clock();
+  // The best of `rounds` timed runs of `iters` calls (the machine's neighbours come and go);
+  // the median call over all rounds is printed as well.
+  const int reps = host ? iters : 1, rounds = host ? sim_rounds : 1;
+  std::vector<double> per_call;
+  per_call.reserve(size_t(reps) * rounds);
+  double best = 1e30, m0 = 0, m1 = 0;
+  for (int round = 0; round < rounds; ++round) {
+    c.barrier();
+    m0 = clk->now();
+    const double t0 = bench::now_seconds();
+    double q = t0;
+    for (int it = 0; it < reps; ++it) {
+      run_op(c, {k, pa, pb, n, a.dtype});
+      const double q1 = bench::now_seconds();
+      per_call.push_back(q1 - q);
+      q = q1;
     }
-  });
+    m1 = clk->now();
+    best = std::min(best, (q - t0) / reps);
+  }
+  if (host) {
+    t.host_t[i][r] = best;
+    t.host_p50[i][r] = bench::median_of(per_call);
+  }
+  if (r == 0) {
+    t.model_t[i] = (m1 - m0) / reps;
+    std::vector<int> ranks(p);
+    for (int j = 0; j < p; ++j) ranks[j] = j;
+    double bytes = double(size);
+    t.algo[i] = sim::algorithm_name(
+        sim::collective_cost(m, k, k == CollKind::send_recv ? std::vector<int>{0, 1} : ranks, bytes,
+                             a.algorithm)
+            .algorithm);
+    if (host) t.copy_t[i] = memcpy_seconds(size, iters, sim_rounds);
+  }
+  c.barrier();
+}
 
+void print_sim_table(const Args& a, CollKind k, int p, int sim_rounds, const sim::MachineSpec& m,
+                     const std::vector<int64_t>& S, const SimTimes& t) {
   const double f = sim::busbw_factor(k, p);
   std::printf("# nxd-bench-collectives: backend sim, op %s, %d ranks (threads), dtype %s\n",
               a.op.c_str(), p, dtype_name(a.dtype));
@@ -330,23 +326,52 @@ int run_sim(const Args& a) {
               "type", "host(us)", "p50(us)", "algbw", "busbw", "memcpy", "ratio", "model(us)",
               "algbw", "busbw", "algo");
   for (size_t i = 0; i < S.size(); ++i) {
-    if (counts[i] == 0) continue;
+    if (t.counts[i] == 0) continue;
     const double bytes = double(S[i]);
-    double ht = *std::max_element(host_t[i].begin(), host_t[i].end());
-    double mt = model_t[i];
+    double ht = *std::max_element(t.host_t[i].begin(), t.host_t[i].end());
+    double mt = t.model_t[i];
     if (ht > 0) {
-      double alg = bytes / ht / 1e9, cp = bytes / copy_t[i] / 1e9;
-      double p50 = *std::max_element(host_p50[i].begin(), host_p50[i].end());
+      double alg = bytes / ht / 1e9, cp = bytes / t.copy_t[i] / 1e9;
+      double p50 = *std::max_element(t.host_p50[i].begin(), t.host_p50[i].end());
       std::printf(" %11lld %11lld %5s | %11.2f %9.2f %9.2f %9.2f %9.2f %6.2f |", (long long)S[i],
-                  (long long)counts[i], dtype_name(a.dtype), ht * 1e6, p50 * 1e6, alg, alg * f, cp,
-                  alg * f / cp);
+                  (long long)t.counts[i], dtype_name(a.dtype), ht * 1e6, p50 * 1e6, alg, alg * f,
+                  cp, alg * f / cp);
     } else {
       std::printf(" %11lld %11lld %5s | %11s %9s %9s %9s %9s %6s |", (long long)S[i],
-                  (long long)counts[i], dtype_name(a.dtype), "model-only", "-", "-", "-", "-", "-");
+                  (long long)t.counts[i], dtype_name(a.dtype), "model-only", "-", "-", "-", "-",
+                  "-");
     }
     std::printf(" %11.2f %9.2f %9.2f %6s\n", mt * 1e6, bytes / mt / 1e9, bytes / mt / 1e9 * f,
-                algo[i]);
+                t.algo[i]);
   }
+}
+
+int run_sim(const Args& a) {
+  const CollKind k = parse_op(a.op);
+  const int p = a.ranks > 0 ? a.ranks : 2;
+  const int sim_rounds = a.rounds > 0 ? a.rounds : 3;
+  NXD_CHECK(k != CollKind::send_recv || p >= 2,
+            "[nxd-bench-collectives] sendrecv needs >= 2 ranks");
+  sim::LaunchOptions o;
+  o.world_size = p;
+  o.instance = a.instance;
+  o.algorithm = a.algorithm;
+  o.memory_capacity = 0;  // host buffers are not HBM-limited in the benchmark
+  sim::MachineSpec m = sim::resolve_machine(o);
+  const std::vector<int64_t> S = sizes(a);
+  SimTimes t;
+  t.host_t.assign(S.size(), std::vector<double>(p, -1));
+  t.host_p50 = t.host_t;
+  t.model_t.assign(S.size(), 0);
+  t.copy_t.assign(S.size(), -1);
+  t.algo.assign(S.size(), "");
+  t.counts.assign(S.size(), 0);
+  for (size_t i = 0; i < S.size(); ++i) t.counts[i] = count_for({k, p, a.dtype}, S[i]);
+  sim::launch(o, [&] {
+    for (size_t i = 0; i < S.size(); ++i)
+      if (t.counts[i] != 0) time_size(a, k, p, sim_rounds, m, S[i], i, t);
+  });
+  print_sim_table(a, k, p, sim_rounds, m, S, t);
   print_published(k, m.name);
   return 0;
 }

@@ -79,6 +79,55 @@ fs::path exe_dir() {
   return fs::canonical("/proc/self/exe").parent_path();
 }
 
+// --smoke: every case shrunk to seconds.
+void shrink_for_smoke(Config& c) {
+  c.clients = {1, 4};
+  c.min_requests = 4;
+  c.prompt_lo = 16;
+  c.prompt_hi = 64;
+  c.new_tokens = 8;
+  c.system_tokens = 64;
+  c.question_tokens = 16;
+  c.prefix_rounds = 2;
+  c.long_prompt = 256;
+  c.streams = 2;
+  c.stream_prompt = 16;
+}
+
+// The vocabulary and context of --hf's config.json; the context must hold every case's longest
+// sequence.
+void read_model_limits(Config& c) {
+  const auto cfg = nlohmann::json::parse(std::ifstream(c.hf / "config.json"), nullptr, false);
+  NXD_CHECK(!cfg.is_discarded() && cfg.contains("vocab_size"), "[nxd-bench-serve] --hf ",
+            c.hf.string(), ": no readable config.json");
+  c.vocab = cfg["vocab_size"].get<int64_t>();
+  c.max_positions = cfg.value("max_position_embeddings", int64_t{0});
+  const int64_t longest = std::max(
+      {c.prompt_hi + c.new_tokens, c.long_prompt + 8, c.system_tokens + c.question_tokens + 8});
+  NXD_CHECK(longest <= c.max_positions, "[nxd-bench-serve] --hf ", c.hf.string(),
+            ": max_position_embeddings ", c.max_positions, " < ", longest,
+            " positions the cases need (export with nxd-bench-inference --max-positions)");
+}
+
+// nxd-serve (beside this benchmark unless given) and, unless --no-llamacpp, llama-server and the
+// GGUF file it loads.
+void find_servers(Config& c) {
+  if (c.nxd_serve.empty() && !c.nxd_url) c.nxd_serve = exe_dir().parent_path() / "tools/nxd-serve";
+  if (c.llamacpp && !c.llama_url) {
+    if (c.llama_server.empty())
+      if (const char* b = std::getenv("NXD_LLAMACPP_BUILD"))
+        c.llama_server = fs::path(b) / "bin" / "llama-server";
+    NXD_CHECK(!c.llama_server.empty() && fs::is_regular_file(c.llama_server),
+              "[nxd-bench-serve] llama-server: give --llama-server PATH, set NXD_LLAMACPP_BUILD, "
+              "or --no-llamacpp (got '",
+              c.llama_server.string(), "')");
+    NXD_CHECK(!c.gguf.empty() && fs::is_regular_file(c.gguf),
+              "[nxd-bench-serve] --gguf FILE (the model's GGUF export) is required for "
+              "llama-server (got '",
+              c.gguf.string(), "')");
+  }
+}
+
 Config parse(int argc, char** argv) {
   Config c;
   bool smoke = false;
@@ -124,19 +173,7 @@ Config parse(int argc, char** argv) {
     else
       throw InvalidArgument(str("[nxd-bench-serve] unknown flag '", a, "'\n", kUsage));
   }
-  if (smoke) {
-    c.clients = {1, 4};
-    c.min_requests = 4;
-    c.prompt_lo = 16;
-    c.prompt_hi = 64;
-    c.new_tokens = 8;
-    c.system_tokens = 64;
-    c.question_tokens = 16;
-    c.prefix_rounds = 2;
-    c.long_prompt = 256;
-    c.streams = 2;
-    c.stream_prompt = 16;
-  }
+  if (smoke) shrink_for_smoke(c);
   if (!clients.empty()) {
     c.clients.clear();
     for (const auto& x : split(clients))
@@ -147,30 +184,8 @@ Config parse(int argc, char** argv) {
               ": expected throughput, prefix or chunked");
   NXD_CHECK(!c.hf.empty(), "[nxd-bench-serve] --hf DIR is required (the model nxd-serve loads)\n",
             kUsage);
-  const auto cfg = nlohmann::json::parse(std::ifstream(c.hf / "config.json"), nullptr, false);
-  NXD_CHECK(!cfg.is_discarded() && cfg.contains("vocab_size"), "[nxd-bench-serve] --hf ",
-            c.hf.string(), ": no readable config.json");
-  c.vocab = cfg["vocab_size"].get<int64_t>();
-  c.max_positions = cfg.value("max_position_embeddings", int64_t{0});
-  const int64_t longest = std::max(
-      {c.prompt_hi + c.new_tokens, c.long_prompt + 8, c.system_tokens + c.question_tokens + 8});
-  NXD_CHECK(longest <= c.max_positions, "[nxd-bench-serve] --hf ", c.hf.string(),
-            ": max_position_embeddings ", c.max_positions, " < ", longest,
-            " positions the cases need (export with nxd-bench-inference --max-positions)");
-  if (c.nxd_serve.empty() && !c.nxd_url) c.nxd_serve = exe_dir().parent_path() / "tools/nxd-serve";
-  if (c.llamacpp && !c.llama_url) {
-    if (c.llama_server.empty())
-      if (const char* b = std::getenv("NXD_LLAMACPP_BUILD"))
-        c.llama_server = fs::path(b) / "bin" / "llama-server";
-    NXD_CHECK(!c.llama_server.empty() && fs::is_regular_file(c.llama_server),
-              "[nxd-bench-serve] llama-server: give --llama-server PATH, set NXD_LLAMACPP_BUILD, "
-              "or --no-llamacpp (got '",
-              c.llama_server.string(), "')");
-    NXD_CHECK(!c.gguf.empty() && fs::is_regular_file(c.gguf),
-              "[nxd-bench-serve] --gguf FILE (the model's GGUF export) is required for "
-              "llama-server (got '",
-              c.gguf.string(), "')");
-  }
+  read_model_limits(c);
+  find_servers(c);
   if (c.work.empty())
     c.work = fs::temp_directory_path() / ("nxd_bench_serve_" + std::to_string(getpid()));
   fs::create_directories(c.work);

@@ -42,9 +42,9 @@ Groups table(Outer&& for_each_outer, Inner&& members) {
   return t;
 }
 
-}  // namespace
-
-Layout make_layout(int world, const ParallelSizes& z) {
+// The sizes of a layout (dp derived), checked: tp x cp x pp divides the world, ep divides
+// dp x cp.
+Layout layout_sizes(int world, const ParallelSizes& z) {
   const int tp = z.tensor, pp = z.pipeline, cp = z.context, ep = z.expert;
   NXD_CHECK_T(ConfigError, world >= 1 && tp >= 1 && pp >= 1 && cp >= 1 && ep >= 1,
               "[initialize_model_parallel] need world, tp, pp, cp, ep >= 1, got world=", world,
@@ -65,6 +65,12 @@ Layout make_layout(int world, const ParallelSizes& z) {
               "[initialize_model_parallel] expert_model_parallel_size (", ep,
               ") must divide the data-parallel size ", dp, " x context-parallel size ", cp, " = ",
               dp * cp, " (world ", world, " / (tp ", tp, " x pp ", pp, "))");
+  return l;
+}
+
+// The TP, CP, DP, DP x CP and PP groups; global rank ((p * dp + d) * cp + c) * tp + t.
+void add_model_groups(Layout& l) {
+  const int tp = l.tp, pp = l.pp, cp = l.cp, dp = l.dp;
   auto at = [&](int p, int d, int c, int t) { return ((p * dp + d) * cp + c) * tp + t; };
   auto each_pdc = [&](auto f) {
     for (int p = 0; p < pp; ++p)
@@ -116,6 +122,10 @@ Layout make_layout(int world, const ParallelSizes& z) {
     for (int p = 0; p < pp; ++p) g.push_back(at(p, d, c, t));
     return g;
   });
+}
+
+void add_expert_groups(Layout& l) {
+  const int ep = l.ep;
   // EP and expert-DP split each data x context group (members in data x context rank order,
   // q = dp * CP + cp): EP = EP consecutive q, expert-DP = the q with the same q % EP.
   for (const auto& g : l.dp_cp_groups) {
@@ -127,6 +137,14 @@ Layout make_layout(int world, const ParallelSizes& z) {
       for (int e = 0; e < n; ++e) l.expert_dp_groups.back().push_back(g[e * ep + j]);
     }
   }
+}
+
+}  // namespace
+
+Layout make_layout(int world, const ParallelSizes& z) {
+  Layout l = layout_sizes(world, z);
+  add_model_groups(l);
+  add_expert_groups(l);
   return l;
 }
 

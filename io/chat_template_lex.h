@@ -1,7 +1,7 @@
 #pragma once
 // A chat template's text cut into text and tags, with jinja2's whitespace rules as transformers
 // sets them (trim_blocks, lstrip_blocks, the `-` and `+` modifiers). Internal to
-// chat_template_lex.cpp and chat_template_parse.cpp.
+// chat_template_lex.cpp, chat_template_parse.cpp and chat_template_expr.cpp.
 #include <string>
 #include <vector>
 

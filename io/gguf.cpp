@@ -241,6 +241,74 @@ int64_t tensor_bytes(uint32_t type, int64_t n, int64_t ne0, const std::string& n
   }
 }
 
+// The nkv metadata entries of the header, each key once.
+void read_metadata(Cursor& c, uint64_t nkv, GgufFile& f) {
+  std::set<std::string> keys;
+  for (uint64_t i = 0; i < nkv; ++i) {
+    GgufKV e;
+    e.key = c.string("a metadata key");
+    if (!keys.insert(e.key).second)
+      throw IoError(str(where(f.path), "metadata key ", shorten(e.key), " appears twice"));
+    const uint32_t t = c.get<uint32_t>("a value type");
+    if (t > 12)
+      throw IoError(str(where(f.path), "metadata ", shorten(e.key), ": unknown value type ", t));
+    e.type = static_cast<GgufType>(t);
+    e.value = read_value(c, e.type, &e.elem, 0, shorten(e.key), f.path);
+    f.kv.push_back(std::move(e));
+  }
+}
+
+// One tensor's entry of the header: name (not in `names` yet), shape, type, offset and size.
+GgufTensor read_tensor_info(Cursor& c, std::set<std::string>& names, const std::string& path) {
+  GgufTensor t;
+  t.name = c.string("a tensor name");
+  if (!names.insert(t.name).second)
+    throw IoError(str(where(path), "tensor ", shorten(t.name), " appears twice"));
+  const uint32_t nd = c.get<uint32_t>("a dimension count");
+  if (nd < 1 || nd > 4)
+    throw IoError(
+        str(where(path), "tensor ", shorten(t.name), " has ", nd, " dimensions (1 to 4)"));
+  std::vector<int64_t> ne(nd);
+  int64_t n = 1;
+  for (uint32_t d = 0; d < nd; ++d) {
+    const uint64_t v = c.get<uint64_t>("a dimension");
+    if (v == 0 || v > static_cast<uint64_t>(kMaxElements) ||
+        static_cast<uint64_t>(n) > static_cast<uint64_t>(kMaxElements) / v)
+      throw IoError(str(where(path), "tensor ", shorten(t.name), ": dimension ", d, " is ", v,
+                        " (at least 1; at most ", kMaxElements, " elements in all)"));
+    ne[d] = static_cast<int64_t>(v);
+    n *= ne[d];
+  }
+  t.shape.assign(ne.rbegin(), ne.rend());
+  t.type = c.get<uint32_t>("a tensor type");
+  t.offset = c.get<uint64_t>("a tensor offset");
+  t.nbytes = tensor_bytes(t.type, n, ne[0], shorten(t.name), path);
+  return t;
+}
+
+// Every tensor aligned, inside the data section of a file of `file_size` bytes, and none
+// overlapping another.
+void check_tensor_spans(const GgufFile& f, uint64_t file_size) {
+  const uint64_t data = file_size > f.data_offset ? file_size - f.data_offset : 0;
+  std::vector<std::pair<uint64_t, const GgufTensor*>> spans;
+  for (const GgufTensor& t : f.tensors) {
+    if (t.offset % f.alignment != 0)
+      throw IoError(str(where(f.path), "tensor ", shorten(t.name), " at offset ", t.offset,
+                        ", not a multiple of the alignment ", f.alignment));
+    if (t.nbytes >= 0 && (t.offset > data || static_cast<uint64_t>(t.nbytes) > data - t.offset))
+      throw IoError(str(where(f.path), "tensor ", shorten(t.name), " (", t.nbytes,
+                        " bytes at offset ", t.offset, ") lies past the data section's ", data,
+                        " bytes (a truncated file?)"));
+    if (t.nbytes >= 0) spans.push_back({t.offset, &t});
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i - 1].first + static_cast<uint64_t>(spans[i - 1].second->nbytes) > spans[i].first)
+      throw IoError(str(where(f.path), "tensors ", shorten(spans[i - 1].second->name), " and ",
+                        shorten(spans[i].second->name), " overlap"));
+}
+
 }  // namespace
 
 GgufFile read_gguf(const std::filesystem::path& path) {
@@ -259,19 +327,7 @@ GgufFile read_gguf(const std::filesystem::path& path) {
   if (nt > static_cast<uint64_t>(kMaxCount) || nkv > static_cast<uint64_t>(kMaxCount))
     throw IoError(str(where(f.path), nt, " tensors and ", nkv, " metadata entries (limit ",
                       kMaxCount, " each)"));
-  std::set<std::string> keys;
-  for (uint64_t i = 0; i < nkv; ++i) {
-    GgufKV e;
-    e.key = c.string("a metadata key");
-    if (!keys.insert(e.key).second)
-      throw IoError(str(where(f.path), "metadata key ", shorten(e.key), " appears twice"));
-    const uint32_t t = c.get<uint32_t>("a value type");
-    if (t > 12)
-      throw IoError(str(where(f.path), "metadata ", shorten(e.key), ": unknown value type ", t));
-    e.type = static_cast<GgufType>(t);
-    e.value = read_value(c, e.type, &e.elem, 0, shorten(e.key), f.path);
-    f.kv.push_back(std::move(e));
-  }
+  read_metadata(c, nkv, f);
   if (const GgufKV* a = f.find("general.alignment")) {
     const uint64_t v = a->value.is_number_unsigned() ? a->value.get<uint64_t>() : 0;
     if (a->type != GgufType::u32 || v == 0 || v > (1u << 16) || (v & (v - 1)) != 0)
@@ -279,53 +335,9 @@ GgufFile read_gguf(const std::filesystem::path& path) {
     f.alignment = v;
   }
   std::set<std::string> names;
-  for (uint64_t i = 0; i < nt; ++i) {
-    GgufTensor t;
-    t.name = c.string("a tensor name");
-    if (!names.insert(t.name).second)
-      throw IoError(str(where(f.path), "tensor ", shorten(t.name), " appears twice"));
-    const uint32_t nd = c.get<uint32_t>("a dimension count");
-    if (nd < 1 || nd > 4)
-      throw IoError(
-          str(where(f.path), "tensor ", shorten(t.name), " has ", nd, " dimensions (1 to 4)"));
-    std::vector<int64_t> ne(nd);
-    int64_t n = 1;
-    for (uint32_t d = 0; d < nd; ++d) {
-      const uint64_t v = c.get<uint64_t>("a dimension");
-      if (v == 0 || v > static_cast<uint64_t>(kMaxElements) ||
-          static_cast<uint64_t>(n) > static_cast<uint64_t>(kMaxElements) / v)
-        throw IoError(str(where(f.path), "tensor ", shorten(t.name), ": dimension ", d, " is ", v,
-                          " (at least 1; at most ", kMaxElements, " elements in all)"));
-      ne[d] = static_cast<int64_t>(v);
-      n *= ne[d];
-    }
-    t.shape.assign(ne.rbegin(), ne.rend());
-    t.type = c.get<uint32_t>("a tensor type");
-    t.offset = c.get<uint64_t>("a tensor offset");
-    t.nbytes = tensor_bytes(t.type, n, ne[0], shorten(t.name), f.path);
-    f.tensors.push_back(std::move(t));
-  }
+  for (uint64_t i = 0; i < nt; ++i) f.tensors.push_back(read_tensor_info(c, names, f.path));
   f.data_offset = (static_cast<uint64_t>(c.pos()) + f.alignment - 1) / f.alignment * f.alignment;
-  const uint64_t data = static_cast<uint64_t>(st.st_size) > f.data_offset
-                            ? static_cast<uint64_t>(st.st_size) - f.data_offset
-                            : 0;
-  std::vector<std::pair<uint64_t, const GgufTensor*>> spans;
-  for (const GgufTensor& t : f.tensors) {
-    if (t.offset % f.alignment != 0)
-      throw IoError(str(where(f.path), "tensor ", shorten(t.name), " at offset ", t.offset,
-                        ", not a multiple of the alignment ", f.alignment));
-    if (t.nbytes >= 0 && (t.offset > data || static_cast<uint64_t>(t.nbytes) > data - t.offset))
-      throw IoError(str(where(f.path), "tensor ", shorten(t.name), " (", t.nbytes,
-                        " bytes at offset ", t.offset, ") lies past the data section's ", data,
-                        " bytes (a truncated file?)"));
-    if (t.nbytes >= 0) spans.push_back({t.offset, &t});
-  }
-  std::sort(spans.begin(), spans.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (size_t i = 1; i < spans.size(); ++i)
-    if (spans[i - 1].first + static_cast<uint64_t>(spans[i - 1].second->nbytes) > spans[i].first)
-      throw IoError(str(where(f.path), "tensors ", shorten(spans[i - 1].second->name), " and ",
-                        shorten(spans[i].second->name), " overlap"));
+  check_tensor_spans(f, static_cast<uint64_t>(st.st_size));
   return f;
 }
 

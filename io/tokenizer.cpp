@@ -35,43 +35,11 @@ std::string utf8(uint32_t cp) {
   return s;
 }
 
-// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256 + n.
-struct ByteChars {
-  std::string of_byte[256];
-  std::unordered_map<std::string, unsigned char> byte_of;
-  ByteChars() {
-    int n = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool keep = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae);
-      of_byte[b] = utf8(keep ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
-      byte_of[of_byte[b]] = static_cast<unsigned char>(b);
-    }
-  }
-};
-const ByteChars& byte_chars() {
-  static const ByteChars c;
-  return c;
-}
-
-size_t utf8_len(unsigned char c) {
-  return c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
-}
-
 constexpr int64_t kMaxTokenizerBytes = int64_t{256} << 20;  // Llama 3's is 9 MB
 // The ICU regex engine's time limit per match, in its units (10,000 steps each, on the order of a
 // millisecond): a pre-tokenizer regex that backtracks exponentially ((a|aa)+$ on a run of a's)
 // stops there with a ConfigError instead of running for minutes.
 constexpr int32_t kRegexTimeLimit = 2000;
-
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  if (from.empty()) return;
-  std::string out;
-  size_t pos = 0;
-  for (size_t f; (f = s.find(from, pos)) != std::string::npos; pos = f + from.size())
-    out.append(s, pos, f - pos).append(to);
-  out.append(s, pos, std::string::npos);
-  s.swap(out);
-}
 
 bool is_space(unsigned char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
@@ -166,92 +134,121 @@ void merge_all(const Parts& p, std::vector<Symbol>& s) {
   }
 }
 
-// Whether `b` is valid UTF-8 (what Rust's String::from_utf8 accepts).
-bool valid_utf8(const std::string& b) {
-  for (size_t i = 0; i < b.size();) {
-    const auto c = static_cast<unsigned char>(b[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > b.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-    for (size_t k = 1; k < n; ++k) {
-      const auto d = static_cast<unsigned char>(b[i + k]);
-      if ((d & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3f);
-    }
-    const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n;
-  }
-  return true;
-}
-
-// tokenizers' ByteFallback decoder: runs of <0xNN> tokens become their bytes when these are
-// UTF-8, else one U+FFFD per byte.
-std::vector<std::string> byte_fallback(const std::vector<std::string>& tokens) {
-  std::vector<std::string> out;
-  std::string bytes;
-  size_t count = 0;
-  auto flush = [&] {
-    if (count == 0) return;
-    if (valid_utf8(bytes))
-      out.push_back(bytes);
-    else
-      for (size_t i = 0; i < count; ++i) out.push_back("\xEF\xBF\xBD");
-    bytes.clear();
-    count = 0;
-  };
-  for (const std::string& t : tokens) {
-    const bool is_byte = t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
-                         std::isxdigit(static_cast<unsigned char>(t[3])) &&
-                         std::isxdigit(static_cast<unsigned char>(t[4]));
-    if (is_byte) {
-      bytes += static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
-      ++count;
-    } else {
+// The symbols of one word on their way to BPE ids. A symbol that is no merge's left or right
+// piece can never merge: it ends the run of symbols before it, which merges on its own (exactly
+// as within the whole word, in bounded memory: a SentencePiece-style section is one word, a
+// newline's <0x0A> typically such a symbol).
+class SymbolRun {
+ public:
+  SymbolRun(const Parts& p, std::vector<int64_t>& out) : p_(p), out_(out) {}
+  void add(int64_t id) {
+    if (!p_.in_merge[static_cast<size_t>(id)]) {
       flush();
-      out.push_back(t);
+      out_.push_back(id);
+      return;
     }
+    const auto n = static_cast<int64_t>(sym_.size());
+    sym_.push_back({id, n - 1, -1});
+    if (n > 0) sym_[static_cast<size_t>(n - 1)].next = n;
   }
-  flush();
-  return out;
+  // Merges the symbols held and appends their ids.
+  void flush() {
+    merge_all(p_, sym_);
+    for (const Symbol& x : sym_)
+      if (x.alive) out_.push_back(x.id);
+    sym_.clear();
+  }
+
+ private:
+  const Parts& p_;
+  std::vector<int64_t>& out_;
+  std::vector<Symbol> sym_;
+};
+
+[[noreturn]] void missing_piece(const std::string& path, const std::string& piece,
+                                const std::string& word) {
+  throw ConfigError(
+      str("[tokenizer] ", path, ": piece '", piece, "' of '", word, "' is not in the vocabulary"));
 }
 
-// tokenizers' Strip decoder on one token: up to `start` leading and `stop` trailing `c`.
-std::string strip(const std::string& t, const std::string& c, int64_t start, int64_t stop) {
-  size_t b = 0, e = t.size();
-  for (int64_t i = 0; i < start && !c.empty() && t.compare(b, c.size(), c) == 0; ++i) b += c.size();
-  for (int64_t i = 0;
-       i < stop && !c.empty() && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0;
-       ++i)
-    e -= c.size();
-  return t.substr(b, e - b);
+// The word in GPT-2's byte characters.
+std::string byte_level_chars(const std::string& word) {
+  const ByteChars& bc = byte_chars();
+  std::string chars;
+  for (unsigned char c : word) chars += bc.of_byte[c];
+  return chars;
 }
 
-// The SentencePiece kind's decoder chain over the tokens' strings.
-std::string decode_chain(const Parts& p, std::vector<std::string> tokens) {
-  using T = Parts::DecodeStep::Type;
-  for (const auto& d : p.decoder) {
-    if (d.type == T::replace) {
-      for (auto& t : tokens) replace_all(t, d.from, d.to);
-    } else if (d.type == T::byte_fallback) {
-      tokens = byte_fallback(tokens);
-    } else if (d.type == T::fuse) {
-      std::string all;
-      for (const auto& t : tokens) all += t;
-      tokens = {all};
-    } else if (d.type == T::strip) {
-      for (auto& t : tokens) t = strip(t, d.to, d.start, d.stop);
-    } else {  // Metaspace: the replacement is a space, and none at all in the first token
-      for (size_t i = 0; i < tokens.size(); ++i)
-        replace_all(tokens[i], d.from, i == 0 && d.prepend != Parts::Prepend::never ? "" : " ");
-    }
+// Byte-level: one symbol per byte of the word.
+void add_byte_level(const Parts& p, const std::string& path, const std::string& word,
+                    SymbolRun& run) {
+  const ByteChars& bc = byte_chars();
+  for (unsigned char c : word) {
+    const auto it = p.vocab.find(bc.of_byte[c]);
+    if (it == p.vocab.end()) missing_piece(path, bc.of_byte[c], word);
+    run.add(it->second);
   }
-  std::string out;
-  for (const auto& t : tokens) out += t;
-  return out;
+}
+
+// SentencePiece-style: one symbol per character; byte_fallback: <0xNN> for those outside the
+// vocabulary, else unk (fused).
+void add_characters(const Parts& p, const std::string& path, const std::string& word,
+                    SymbolRun& run) {
+  bool last_unk = false;
+  for (size_t k = 0; k < word.size();) {
+    const size_t n = std::min(utf8_len(static_cast<unsigned char>(word[k])), word.size() - k);
+    const std::string ch = word.substr(k, n);
+    k += n;
+    if (const auto it = p.vocab.find(ch); it != p.vocab.end()) {
+      run.add(it->second);
+      last_unk = false;
+      continue;
+    }
+    std::vector<int64_t> bytes;
+    if (p.byte_fallback)
+      for (unsigned char c : ch) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", c);
+        const auto it = p.vocab.find(name);
+        if (it == p.vocab.end()) break;
+        bytes.push_back(it->second);
+      }
+    if (bytes.size() == ch.size()) {
+      for (int64_t id : bytes) run.add(id);
+      last_unk = false;
+      continue;
+    }
+    if (p.unk_id < 0) missing_piece(path, ch, word);
+    if (!(p.fuse_unk && last_unk)) run.add(p.unk_id);
+    last_unk = true;
+  }
 }
 
 }  // namespace
+
+ByteChars::ByteChars() {
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool keep = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae);
+    of_byte[b] = utf8(keep ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
+    byte_of[of_byte[b]] = static_cast<unsigned char>(b);
+  }
+}
+
+const ByteChars& byte_chars() {
+  static const ByteChars c;
+  return c;
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t pos = 0;
+  for (size_t f; (f = s.find(from, pos)) != std::string::npos; pos = f + from.size())
+    out.append(s, pos, f - pos).append(to);
+  out.append(s, pos, std::string::npos);
+  s.swap(out);
+}
 
 void Parts::split(const std::string& path, size_t i, const std::string& in,
                   std::vector<std::string>& out) const {
@@ -311,85 +308,19 @@ std::string Tokenizer::description() const {
 
 void Tokenizer::bpe(const std::string& word, std::vector<int64_t>& out) const {
   const Parts& p = *p_;
-  std::vector<Symbol> sym;
-  // A symbol that is no merge's left or right piece can never merge: it ends the run of symbols
-  // before it, which merges on its own (exactly as within the whole word, in bounded memory: a
-  // SentencePiece-style section is one word, a newline's <0x0A> typically such a symbol).
-  auto flush = [&] {
-    merge_all(p, sym);
-    for (const Symbol& x : sym)
-      if (x.alive) out.push_back(x.id);
-    sym.clear();
-  };
-  auto add = [&](int64_t id) {
-    if (!p.in_merge[static_cast<size_t>(id)]) {
-      flush();
-      out.push_back(id);
+  if (p.ignore_merges) {
+    const auto it = p.vocab.find(p.kind == Parts::Kind::byte_level ? byte_level_chars(word) : word);
+    if (it != p.vocab.end()) {
+      out.push_back(it->second);
       return;
     }
-    const auto n = static_cast<int64_t>(sym.size());
-    sym.push_back({id, n - 1, -1});
-    if (n > 0) sym[static_cast<size_t>(n - 1)].next = n;
-  };
-  auto missing = [&](const std::string& piece) {
-    throw ConfigError(str("[tokenizer] ", path_, ": piece '", piece, "' of '", word,
-                          "' is not in the vocabulary"));
-  };
-  if (p.kind == Parts::Kind::byte_level) {
-    const ByteChars& bc = byte_chars();
-    std::string chars;
-    for (unsigned char c : word) chars += bc.of_byte[c];
-    if (p.ignore_merges) {
-      const auto it = p.vocab.find(chars);
-      if (it != p.vocab.end()) {
-        out.push_back(it->second);
-        return;
-      }
-    }
-    for (unsigned char c : word) {
-      const auto it = p.vocab.find(bc.of_byte[c]);
-      if (it == p.vocab.end()) missing(bc.of_byte[c]);
-      add(it->second);
-    }
-  } else {
-    if (p.ignore_merges) {
-      const auto it = p.vocab.find(word);
-      if (it != p.vocab.end()) {
-        out.push_back(it->second);
-        return;
-      }
-    }
-    // characters; byte_fallback: <0xNN> for those outside the vocabulary, else unk (fused)
-    bool last_unk = false;
-    for (size_t k = 0; k < word.size();) {
-      const size_t n = std::min(utf8_len(static_cast<unsigned char>(word[k])), word.size() - k);
-      const std::string ch = word.substr(k, n);
-      k += n;
-      if (const auto it = p.vocab.find(ch); it != p.vocab.end()) {
-        add(it->second);
-        last_unk = false;
-        continue;
-      }
-      std::vector<int64_t> bytes;
-      if (p.byte_fallback)
-        for (unsigned char c : ch) {
-          char name[8];
-          std::snprintf(name, sizeof name, "<0x%02X>", c);
-          const auto it = p.vocab.find(name);
-          if (it == p.vocab.end()) break;
-          bytes.push_back(it->second);
-        }
-      if (bytes.size() == ch.size()) {
-        for (int64_t id : bytes) add(id);
-        last_unk = false;
-        continue;
-      }
-      if (p.unk_id < 0) missing(ch);
-      if (!(p.fuse_unk && last_unk)) add(p.unk_id);
-      last_unk = true;
-    }
   }
-  flush();
+  SymbolRun run(p, out);
+  if (p.kind == Parts::Kind::byte_level)
+    add_byte_level(p, path_, word, run);
+  else
+    add_characters(p, path_, word, run);
+  run.flush();
 }
 
 // Text without added tokens: pre-tokenize, then BPE each word.
@@ -468,59 +399,6 @@ std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
       out.push_back(sections[i].second);
     else
       encode_section(sections[i].first, i == 0, out);
-  }
-  return out;
-}
-
-std::string Tokenizer::decode_model_output(const std::vector<int64_t>& ids,
-                                           int64_t& left_out) const {
-  std::vector<int64_t> known;
-  for (int64_t id : ids)
-    if (id < vocab_size_) known.push_back(id);
-  left_out = static_cast<int64_t>(ids.size() - known.size());
-  return decode(known);
-}
-
-}  // namespace nxd::io
-
-namespace nxd::io {
-
-std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
-  if (is_bytes()) {
-    std::string out;
-    for (int64_t id : ids) {
-      if (id < 0 || id >= 256)
-        throw ConfigError(str("[tokenizer] bytes: id ", id, " is not a byte (0..255)"));
-      out += static_cast<char>(id);
-    }
-    return out;
-  }
-  const Parts& p = *p_;
-  std::vector<std::string> tokens;
-  for (int64_t id : ids) {
-    if (id < 0 || id >= vocab_size_ || p.pieces[static_cast<size_t>(id)].empty())
-      throw ConfigError(str("[tokenizer] ", path_, ": id ", id, " is not in the vocabulary of ",
-                            vocab_size_, " ids"));
-    tokens.push_back(p.pieces[static_cast<size_t>(id)]);
-  }
-  if (p.kind == Parts::Kind::sentencepiece) return decode_chain(p, std::move(tokens));
-  const ByteChars& bc = byte_chars();
-  std::string out;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const std::string& t = tokens[i];
-    if (p.is_added[static_cast<size_t>(ids[i])]) {
-      out += t;
-      continue;
-    }
-    for (size_t k = 0; k < t.size();) {
-      const size_t n = utf8_len(static_cast<unsigned char>(t[k]));
-      const auto it = bc.byte_of.find(t.substr(k, n));
-      if (it == bc.byte_of.end())
-        throw ConfigError(
-            str("[tokenizer] ", path_, ": piece '", t, "' of id ", ids[i], " is not byte-level"));
-      out += static_cast<char>(it->second);
-      k += n;
-    }
   }
   return out;
 }

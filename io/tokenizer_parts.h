@@ -1,10 +1,11 @@
 #pragma once
-// The parts of a tokenizer.json that io::Tokenizer runs (internal to tokenizer.cpp and
-// tokenizer_load.cpp; tokenizer.h says what each does).
+// The parts of a tokenizer.json that io::Tokenizer runs (internal to tokenizer.cpp,
+// tokenizer_decode.cpp and tokenizer_load.cpp; tokenizer.h says what each does).
 #include <unicode/regex.h>
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -63,5 +64,21 @@ struct Tokenizer::Parts {
 // Loads the parts of the parsed tokenizer.json `j` (ConfigError naming `path` and the key for
 // anything unsupported); returns the largest id + 1.
 int64_t load_tokenizer_parts(const nlohmann::json& j, const std::string& path, Tokenizer::Parts& p);
+
+// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256 + n.
+struct ByteChars {
+  std::string of_byte[256];
+  std::unordered_map<std::string, unsigned char> byte_of;
+  ByteChars();
+};
+const ByteChars& byte_chars();
+
+// The length of the UTF-8 sequence that starts with byte c (1 to 4).
+inline size_t utf8_len(unsigned char c) {
+  return c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+}
+
+// Replaces every `from` in s by `to` (nothing when `from` is empty).
+void replace_all(std::string& s, const std::string& from, const std::string& to);
 
 }  // namespace nxd::io

@@ -216,19 +216,21 @@ void check_plan(const CompiledGraph& c, const SavedPlan& saved, const std::strin
         str("[parallel_model_load] ", where, ": the saved memory plan does not match its graph"));
 }
 
-}  // namespace
-
-std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
-                                                         const LoadOptions& opts) {
-  const fs::path mpath = dir / "manifest.json";
-  if (!fs::exists(mpath))
-    throw TraceError(
-        str("[parallel_model_load] ", mpath.string(), " is missing: not a saved trace"));
-  json man;
-  TraceOptions to;
+// manifest.json of a saved trace, checked: format, version, checksum, and sizes that make sense.
+struct Manifest {
+  json doc;  // the manifest as read
+  TraceOptions options;
   std::vector<Bucket> buckets;
   std::vector<Tensor> examples;
   std::map<std::string, std::string> metadata;
+};
+
+Manifest read_manifest(const fs::path& mpath) {
+  Manifest m;
+  json& man = m.doc;
+  TraceOptions& to = m.options;
+  std::vector<Bucket>& buckets = m.buckets;
+  std::vector<Tensor>& examples = m.examples;
   try {
     MappedFile mf(mpath);
     const std::string text(mf.data(), static_cast<size_t>(mf.size()));
@@ -257,7 +259,7 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
     to.tp_degree = man.at("tp_degree").get<int>();
     to.inline_weights = man.at("inline_weights").get<bool>();
     to.pad_batch = man.at("pad_batch").get<bool>();
-    metadata = man.at("metadata").get<std::map<std::string, std::string>>();
+    m.metadata = man.at("metadata").get<std::map<std::string, std::string>>();
     to.args = man.at("compiler_args").get<std::string>();
     for (const auto& b : man.at("buckets"))
       buckets.push_back({b.at(0).get<int64_t>(), b.at(1).get<int64_t>()});
@@ -276,6 +278,23 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
   if (tp < 1 || buckets.empty() || examples.empty() || bad_bucket)
     throw TraceError(str("[parallel_model_load] ", mpath.string(), ": tp_degree ", tp, ", ",
                          buckets.size(), " buckets, ", examples.size(), " example inputs"));
+  return m;
+}
+
+}  // namespace
+
+std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
+                                                         const LoadOptions& opts) {
+  const fs::path mpath = dir / "manifest.json";
+  if (!fs::exists(mpath))
+    throw TraceError(
+        str("[parallel_model_load] ", mpath.string(), " is missing: not a saved trace"));
+  Manifest mf = read_manifest(mpath);
+  const json& man = mf.doc;
+  TraceOptions& to = mf.options;
+  const std::vector<Bucket>& buckets = mf.buckets;
+  const std::vector<Tensor>& examples = mf.examples;
+  const int tp = to.tp_degree;
   if (opts.expect_tp_degree > 0 && opts.expect_tp_degree != tp)
     throw TraceError(str("[parallel_model_load] ", mpath.string(), " was traced at TP ", tp,
                          ", expected TP ", opts.expect_tp_degree));
@@ -308,7 +327,7 @@ std::shared_ptr<TensorParallelModel> parallel_model_load(const fs::path& dir,
     parallel_state::initialize_model_parallel(tp);
   auto m = std::make_shared<TensorParallelModel>(to, buckets, std::move(ranks), examples);
   m->set_distinct_compilations(distinct);
-  m->metadata() = std::move(metadata);
+  m->metadata() = std::move(mf.metadata);
   return m;
 }
 

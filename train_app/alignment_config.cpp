@@ -128,6 +128,58 @@ std::vector<KeySpec> alignment_keys() {
   };
 }
 
+namespace {
+
+// a.packing from whichever packing keys are set (they must agree); the last one set, or "".
+std::string resolve_packing(const Config& c, AlignmentSection& a) {
+  std::string packing_key;
+  for (const char* k : kPackingKeys) {
+    if (c.is_null(k)) continue;
+    const bool v = c.get_bool(k);
+    if (!packing_key.empty() && v != a.packing)
+      fail(k, "=", v, " disagrees with ", packing_key, "=", a.packing);
+    a.packing = v;
+    packing_key = k;
+  }
+  return packing_key;
+}
+
+// DPO's or ORPO's settings (a.kind chosen): prompt length, truncation, and ORPO's beta or DPO's
+// kl_beta, loss_type and precompute_ref_log_probs.
+void resolve_preference_settings(const Config& c, const TrainConfig& t, AlignmentSection& a) {
+  // the key of each setting (DPO: whichever spelling is set)
+  auto key = [&](const char* dpo_data, const char* dpo_model, const char* orpo) {
+    if (a.kind == AlignmentSection::Kind::orpo) return str(kOrpo, orpo);
+    const std::string k = dpo_key(c, {dpo_data, dpo_model});
+    return k.empty() ? str(kDpo, dpo_data) : k;
+  };
+  const int64_t s = t.data.seq_length;
+  const std::string mpl = key("max_dpo_prompt_length", "max_prompt_length", "max_prompt_length");
+  a.max_prompt_length = c.is_null(mpl) ? s / 2 : c.get_int(mpl);
+  if (a.max_prompt_length <= 0 || a.max_prompt_length >= s)
+    fail(mpl, "=", a.max_prompt_length, " must be in [1, data.seq_length=", s,
+         ") (the response needs a token)");
+  const std::string tm = key("truncation_mode", "truncation_mode", "truncation_mode");
+  if (!c.is_null(tm)) a.truncation_mode = c.get_string(tm);
+  if (a.kind == AlignmentSection::Kind::orpo) {
+    const std::string b = str(kOrpo, "beta");
+    if (!c.is_null(b)) a.orpo_beta = c.get_double(b);
+    if (!(a.orpo_beta > 0)) fail(b, "=", a.orpo_beta, " must be > 0");
+    return;
+  }
+  const std::string kb = key("kl_beta", "kl_beta", "");
+  if (!c.is_null(kb)) a.kl_beta = c.get_double(kb);
+  if (!(a.kl_beta > 0)) fail(kb, " must be > 0, got ", a.kl_beta);
+  const std::string lt = key("loss_type", "loss_type", "");
+  if (!c.is_null(lt)) a.loss_type = c.get_string(lt);
+  if (a.loss_type == "bco_pair")
+    fail(lt, "=", a.loss_type, " is not supported (nxd implements sigmoid, hinge, ipo)");
+  const std::string pr = key("precompute_ref_log_probs", "precompute_ref_log_probs", "");
+  if (!c.is_null(pr)) a.precompute_ref_log_probs = c.get_bool(pr);
+}
+
+}  // namespace
+
 AlignmentSection resolve_alignment(const Config& c, const TrainConfig& t) {
   AlignmentSection a;
   auto text = [&](const std::string& k) { return c.is_null(k) ? "" : c.get_string(k); };
@@ -138,15 +190,7 @@ AlignmentSection resolve_alignment(const Config& c, const TrainConfig& t) {
     if (a.dev_choose_samples <= 0)
       fail("data.dev_choose_samples must be positive, got ", a.dev_choose_samples);
   }
-  std::string packing_key;
-  for (const char* k : kPackingKeys) {
-    if (c.is_null(k)) continue;
-    const bool v = c.get_bool(k);
-    if (!packing_key.empty() && v != a.packing)
-      fail(k, "=", v, " disagrees with ", packing_key, "=", a.packing);
-    a.packing = v;
-    packing_key = k;
-  }
+  const std::string packing_key = resolve_packing(c, a);
   std::string dpo_set;  // a DPO key that is set
   for (const DpoSetting& d : kDpoSettings)
     if (const std::string k = dpo_key(c, d); !k.empty()) dpo_set = k;
@@ -179,35 +223,7 @@ AlignmentSection resolve_alignment(const Config& c, const TrainConfig& t) {
   if (a.packing)
     fail(packing_key, "=true with ", pref_name, " (", pref_key, "): ", pref_name,
          " rows are not packed");
-  // the key of each setting (DPO: whichever spelling is set)
-  auto key = [&](const char* dpo_data, const char* dpo_model, const char* orpo) {
-    if (a.kind == AlignmentSection::Kind::orpo) return str(kOrpo, orpo);
-    const std::string k = dpo_key(c, {dpo_data, dpo_model});
-    return k.empty() ? str(kDpo, dpo_data) : k;
-  };
-  const int64_t s = t.data.seq_length;
-  const std::string mpl = key("max_dpo_prompt_length", "max_prompt_length", "max_prompt_length");
-  a.max_prompt_length = c.is_null(mpl) ? s / 2 : c.get_int(mpl);
-  if (a.max_prompt_length <= 0 || a.max_prompt_length >= s)
-    fail(mpl, "=", a.max_prompt_length, " must be in [1, data.seq_length=", s,
-         ") (the response needs a token)");
-  const std::string tm = key("truncation_mode", "truncation_mode", "truncation_mode");
-  if (!c.is_null(tm)) a.truncation_mode = c.get_string(tm);
-  if (a.kind == AlignmentSection::Kind::orpo) {
-    const std::string b = str(kOrpo, "beta");
-    if (!c.is_null(b)) a.orpo_beta = c.get_double(b);
-    if (!(a.orpo_beta > 0)) fail(b, "=", a.orpo_beta, " must be > 0");
-    return a;
-  }
-  const std::string kb = key("kl_beta", "kl_beta", "");
-  if (!c.is_null(kb)) a.kl_beta = c.get_double(kb);
-  if (!(a.kl_beta > 0)) fail(kb, " must be > 0, got ", a.kl_beta);
-  const std::string lt = key("loss_type", "loss_type", "");
-  if (!c.is_null(lt)) a.loss_type = c.get_string(lt);
-  if (a.loss_type == "bco_pair")
-    fail(lt, "=", a.loss_type, " is not supported (nxd implements sigmoid, hinge, ipo)");
-  const std::string pr = key("precompute_ref_log_probs", "precompute_ref_log_probs", "");
-  if (!c.is_null(pr)) a.precompute_ref_log_probs = c.get_bool(pr);
+  resolve_preference_settings(c, t, a);
   return a;
 }
 

@@ -193,17 +193,15 @@ void SimCommunicator::do_item(const std::vector<CallDesc>& calls, int m, int64_t
   }
 }
 
-Work SimCommunicator::run(CallDesc d, Completion completion) {
-  const bool async = completion == Completion::async;
+SimClock* SimCommunicator::post(CallDesc& d) {
   const CollKind kind = d.kind;
   const void* s = d.send;
   void* r = d.recv;
   const int64_t n = d.count;
-  const DType t = d.dtype;
   const int root = d.root;
   const char* name = coll_kind_name(kind);
   if (d.reduces)
-    check_reduction(name, n, {t, d.rop});
+    check_reduction(name, n, {d.dtype, d.rop});
   else
     check_count(name, n);
   if (root >= 0 || kind == CollKind::broadcast || kind == CollKind::reduce)
@@ -217,7 +215,11 @@ Work SimCommunicator::run(CallDesc d, Completion completion) {
   NXD_CHECK(d.meta || kind == CollKind::barrier || n == 0 ||
                 ((r != nullptr || !needs_recv) && (s != nullptr || kind == CollKind::broadcast)),
             "[", name, "] null buffer with count ", n, " on group ", g_->name);
+  return clock;
+}
 
+SimCommunicator::Slot SimCommunicator::arrive(const CallDesc& d) {
+  const char* name = coll_kind_name(d.kind);
   World& w = *w_;
   Group& g = *g_;
   const int p = size(), i = rank();
@@ -256,51 +258,76 @@ Work SimCommunicator::run(CallDesc d, Completion completion) {
     for (int m = 0; m < p; ++m) msg += str("\n  rank ", ranks()[m], ": ", calls[m].str());
     throw CommError(msg);
   }
+  return {round, par, mine};
+}
 
+double SimCommunicator::model_time(const std::vector<CallDesc>& calls, const CallDesc& d,
+                                   SimClock* clock, bool async) {
+  const int p = size();
+  const char* name = coll_kind_name(d.kind);
   // Simulated time: the collective starts when the last member is ready.
   double start = 0;
   for (int k = 0; k < p; ++k) start = std::max(start, calls[k].ready);
-  const int64_t es = dtype_size(t);
-  double bytes = double(n) * es;
-  if (kind == CollKind::all_gather || kind == CollKind::reduce_scatter ||
-      kind == CollKind::all_to_all)
+  double bytes = double(d.count) * dtype_size(d.dtype);
+  if (d.kind == CollKind::all_gather || d.kind == CollKind::reduce_scatter ||
+      d.kind == CollKind::all_to_all)
     bytes *= p;
   double finish = start;
   if (clock) {
-    CollCost cost = collective_cost(w.machine, kind, ranks(), links(), bytes, w.opts.algorithm);
+    CollCost cost =
+        collective_cost(w_->machine, d.kind, ranks(), links(), bytes, w_->opts.algorithm);
     finish = start + cost.seconds;
     clock->record_comm(name, start, finish, async,
-                       clock->recording() ? str("bytes=", bytes, " group=", g.name,
+                       clock->recording() ? str("bytes=", bytes, " group=", g_->name,
                                                 " algo=", algorithm_name(cost.algorithm))
                                           : std::string());
   }
+  return finish;
+}
 
-  if (!d.meta && kind != CollKind::barrier && n > 0 && p > 1) {
-    // Data phase: this member's items first, then any items left to the others (a descheduled
-    // peer's share is done by whoever runs). Each item is one block of one member's result.
-    std::atomic<int64_t>& left = g.remaining[par].items;
-    // Items done are counted locally and taken off `left` once (the shared counter would
-    // otherwise bounce between the members' caches on every item).
-    int64_t done = 0;
-    for (int q = 0; q < p; ++q) {
-      const int m = (i + q) % p;
-      const int64_t items = q == 0 ? mine : items_of(d, m);
-      if (items == 0) continue;
-      std::atomic<int64_t>& next = g.cursor[par][m].next;
-      for (;;) {
-        const int64_t j = next.fetch_add(1);
-        if (j >= items) break;
-        do_item(calls, m, j);
-        ++done;
-      }
+void SimCommunicator::move_data(const std::vector<CallDesc>& calls, const CallDesc& d,
+                                const Slot& slot) {
+  // Data phase: this member's items first, then any items left to the others (a descheduled
+  // peer's share is done by whoever runs). Each item is one block of one member's result.
+  Group& g = *g_;
+  const int p = size(), i = rank();
+  std::atomic<int64_t>& left = g.remaining[slot.par].items;
+  // Items done are counted locally and taken off `left` once (the shared counter would
+  // otherwise bounce between the members' caches on every item).
+  int64_t done = 0;
+  for (int q = 0; q < p; ++q) {
+    const int m = (i + q) % p;
+    const int64_t items = q == 0 ? slot.mine : items_of(d, m);
+    if (items == 0) continue;
+    std::atomic<int64_t>& next = g.cursor[slot.par][m].next;
+    for (;;) {
+      const int64_t j = next.fetch_add(1);
+      if (j >= items) break;
+      do_item(calls, m, j);
+      ++done;
     }
-    if (done > 0 && left.fetch_sub(done) == done) release(round, INT_MAX);  // the call's last
-    // Completion: every member's result is written and nobody reads this member's buffers.
-    wait_for(round, [&] { return left.load() == 0; }, name, d, {.abortable = false});
-  } else if (!d.meta && n > 0 && p == 1 && s != r && s && r && kind != CollKind::broadcast) {
-    std::memcpy(r, s, n * es);
   }
-  if (async) return Work(std::make_shared<WaitFinish>(clock, finish, name));
+  if (done > 0 && left.fetch_sub(done) == done) release(slot.round, INT_MAX);  // the call's last
+  // Completion: every member's result is written and nobody reads this member's buffers.
+  wait_for(slot.round, [&] { return left.load() == 0; }, coll_kind_name(d.kind), d,
+           {.abortable = false});
+}
+
+Work SimCommunicator::run(CallDesc d, Completion completion) {
+  const bool async = completion == Completion::async;
+  SimClock* clock = post(d);
+  const Slot slot = arrive(d);
+  const std::vector<CallDesc>& calls = g_->posted[slot.par];
+  const double finish = model_time(calls, d, clock, async);
+  const int64_t n = d.count;
+  const int p = size();
+  if (!d.meta && d.kind != CollKind::barrier && n > 0 && p > 1) {
+    move_data(calls, d, slot);
+  } else if (!d.meta && n > 0 && p == 1 && d.send != d.recv && d.send && d.recv &&
+             d.kind != CollKind::broadcast) {
+    std::memcpy(d.recv, d.send, n * dtype_size(d.dtype));
+  }
+  if (async) return Work(std::make_shared<WaitFinish>(clock, finish, coll_kind_name(d.kind)));
   return Work();
 }
 

@@ -93,9 +93,12 @@ MachineSpec resolve_machine(const LaunchOptions& o) {
   return m;
 }
 
-LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
+namespace {
+
+// The launch's shared state: the timeout (LaunchOptions::timeout_s or NXD_SIM_TIMEOUT), the spin
+// before a wait sleeps, and the world group "w" of all n ranks.
+std::shared_ptr<World> make_world(const LaunchOptions& o, const MachineSpec& m) {
   const int n = o.world_size;
-  MachineSpec m = resolve_machine(o);
   LaunchOptions opts = o;
   if (opts.timeout_s == 0) {
     const char* e = std::getenv("NXD_SIM_TIMEOUT");
@@ -113,11 +116,99 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
     w->spin_s = std::max(0.0, std::atof(e)) * 1e-6;
   std::vector<int> all(n);
   for (int r = 0; r < n; ++r) all[r] = r;
-  auto world_group = std::make_shared<Group>(all);
-  w->groups["w"] = world_group;
+  w->groups["w"] = std::make_shared<Group>(all);
+  return w;
+}
+
+// Records the exception in flight as rank r's failure. Under memory exhaustion even the message
+// copy may throw: the rank still counts as failed (the exception alone is kept).
+void record_failure(World& w, int r, const char* what) noexcept {
+  std::lock_guard lk(w.mu);
+  try {
+    w.abort_locked(r, std::current_exception(), what);
+  } catch (...) {
+    if (!w.aborted) {
+      w.fail_rank = r;
+      w.fail = std::current_exception();
+      w.aborted.store(true);
+    }
+  }
+}
+
+// Rank r's modeled times and memory peak once its function has returned.
+RankReport report_of(int r, SimClock& clock, Context& ctx) {
+  RankReport rep;
+  rep.rank = r;
+  rep.sim_seconds = clock.now();
+  rep.compute_seconds = clock.compute_seconds();
+  rep.comm_seconds = clock.comm_seconds();
+  rep.wait_seconds = clock.wait_seconds();
+  rep.peak_bytes = ctx.memory().peak();
+  return rep;
+}
+
+// What one rank's thread runs. Everything a rank allocates (its context, clock, communicator) is
+// inside the try: a thread that starts but cannot build its rank under a memory limit fails the
+// launch, never std::terminate.
+struct RankRun {
+  const std::shared_ptr<World>& w;
+  const std::shared_ptr<Group>& world_group;
+  const LaunchOptions& o;
+  const MachineSpec& m;
+  Timeline* timeline;
+  const std::function<void()>& fn;
+  LaunchResult& result;
+
+  void operator()(int r) const {
+    const int64_t cap = o.memory_capacity < 0 ? m.core.hbm_bytes : o.memory_capacity;
+    try {
+      Context ctx(ContextOptions{.rank = r,
+                                 .world_size = o.world_size,
+                                 .seed = o.seed,
+                                 .memory_capacity = cap,
+                                 .name = str("rank ", r)});
+      auto clock = std::make_shared<SimClock>(m, r, timeline);
+      ctx.set_cost_model(clock);
+      set_world(ctx, std::make_shared<SimCommunicator>(w, world_group, r, "w"));
+      ContextGuard guard(ctx);
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        record_failure(*w, r, e.what());
+      } catch (...) {
+        record_failure(*w, r, "unknown exception");
+      }
+      result.ranks[r] = report_of(r, *clock, ctx);
+    } catch (const std::exception& e) {
+      record_failure(*w, r, e.what());
+    } catch (...) {
+      record_failure(*w, r, "unknown exception");
+    }
+    std::lock_guard lk(w->mu);
+    if (w->ranks[r].s == RankState::running) --w->running;
+    w->ranks[r].s = RankState::done;
+    w->check_deadlock_locked(r);
+  }
+};
+
+// The message when the thread of rank r of n cannot start (std::system_error (EAGAIN) or
+// bad_alloc: a limit).
+std::string thread_start_message(int r, int n, const std::exception& e) {
+  return str("[sim::launch] cannot start the thread of rank ", r, " of ", n, ": ", e.what(),
+             " (each sim rank is a thread: the process's thread or address-space limit, "
+             "ulimit -u / ulimit -v, allows ",
+             r, "; use fewer ranks or raise the limit)");
+}
+
+}  // namespace
+
+LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
+  const int n = o.world_size;
+  MachineSpec m = resolve_machine(o);
+  auto w = make_world(o, m);
+  const std::shared_ptr<Group> world_group = w->groups["w"];
   auto timeline =
       o.record_timeline || !o.timeline_path.empty() ? std::make_shared<Timeline>(n) : nullptr;
-  const int64_t cap = o.memory_capacity < 0 ? m.core.hbm_bytes : o.memory_capacity;
 
   const int prev_threads = num_threads();
   set_num_threads(1);
@@ -127,67 +218,12 @@ LaunchResult launch(const LaunchOptions& o, const std::function<void()>& fn) {
   result.ranks.resize(n);
   std::vector<std::thread> threads;
   threads.reserve(n);
-  // Records the exception in flight as rank r's failure. Under memory exhaustion even the
-  // message copy may throw: the rank still counts as failed (the exception alone is kept).
-  const auto fail_rank = [&](int r, const char* what) noexcept {
-    std::lock_guard lk(w->mu);
-    try {
-      w->abort_locked(r, std::current_exception(), what);
-    } catch (...) {
-      if (!w->aborted) {
-        w->fail_rank = r;
-        w->fail = std::current_exception();
-        w->aborted.store(true);
-      }
-    }
-  };
-  // Everything a rank allocates (its context, clock, communicator) is inside the try: a thread
-  // that starts but cannot build its rank under a memory limit fails the launch, never
-  // std::terminate.
-  const auto rank_body = [&](int r) {
-    try {
-      Context ctx(ContextOptions{.rank = r,
-                                 .world_size = n,
-                                 .seed = opts.seed,
-                                 .memory_capacity = cap,
-                                 .name = str("rank ", r)});
-      auto clock = std::make_shared<SimClock>(m, r, timeline.get());
-      ctx.set_cost_model(clock);
-      set_world(ctx, std::make_shared<SimCommunicator>(w, world_group, r, "w"));
-      ContextGuard guard(ctx);
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        fail_rank(r, e.what());
-      } catch (...) {
-        fail_rank(r, "unknown exception");
-      }
-      RankReport& rep = result.ranks[r];
-      rep.rank = r;
-      rep.sim_seconds = clock->now();
-      rep.compute_seconds = clock->compute_seconds();
-      rep.comm_seconds = clock->comm_seconds();
-      rep.wait_seconds = clock->wait_seconds();
-      rep.peak_bytes = ctx.memory().peak();
-    } catch (const std::exception& e) {
-      fail_rank(r, e.what());
-    } catch (...) {
-      fail_rank(r, "unknown exception");
-    }
-    std::lock_guard lk(w->mu);
-    if (w->ranks[r].s == RankState::running) --w->running;
-    w->ranks[r].s = RankState::done;
-    w->check_deadlock_locked(r);
-  };
+  const RankRun rank_run{w, world_group, o, m, timeline.get(), fn, result};
   for (int r = 0; r < n; ++r) {
     try {
-      threads.emplace_back(rank_body, r);
-    } catch (const std::exception& e) {  // std::system_error (EAGAIN) or bad_alloc: a limit
-      const std::string msg =
-          str("[sim::launch] cannot start the thread of rank ", r, " of ", n, ": ", e.what(),
-              " (each sim rank is a thread: the process's thread or address-space limit, "
-              "ulimit -u / ulimit -v, allows ",
-              r, "; use fewer ranks or raise the limit)");
+      threads.emplace_back(rank_run, r);
+    } catch (const std::exception& e) {
+      const std::string msg = thread_start_message(r, n, e);
       {
         std::lock_guard lk(w->mu);
         w->abort_locked(r, std::make_exception_ptr(ConfigError(msg)), msg);

@@ -56,69 +56,77 @@ void SimCommunicator::send(const void* buf, int64_t n, DType t, int dst, int tag
   rs.cv.notify_all();
 }
 
+std::string SimCommunicator::recv_timeout_message(const World& w, int gsrc, int tag) const {
+  const RankState& peer = w.ranks[gsrc];
+  return str("[recv] rank ", me(), " timed out after ", w.opts.timeout_s,
+             " s waiting for a message from rank ", gsrc, " (tag ", tag, ", group ", g_->name,
+             "); rank ", gsrc, " is ",
+             peer.s == RankState::blocked ? "in " + peer.what
+             : peer.s == RankState::done  ? std::string("done")
+                                          : std::string("running"));
+}
+
+Message SimCommunicator::take_message(void* buf, int64_t n, DType t, int gsrc, int tag) {
+  const std::string key = mail_key(gsrc, me(), tag);
+  Message m;
+  std::unique_lock lk(w_->mu);
+  World& w = *w_;
+  RankState& rs = w.ranks[me()];
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(w.opts.timeout_s));
+  RankState::Posted& pr = rs.posted;
+  for (;;) {
+    if (pr.s == RankState::Posted::filled) {  // a sender copied straight into buf
+      m = Message{.dtype = t, .count = n, .meta = false, .sent_at = pr.sent_at};
+      break;
+    }
+    if (pr.s == RankState::Posted::filling) {  // never leave while a sender writes into buf
+      rs.cv.wait(lk);
+      continue;
+    }
+    if (w.aborted.load()) {
+      pr.s = RankState::Posted::none;
+      w.throw_aborted_locked("recv", me());
+    }
+    auto it = w.mail.find(key);
+    if (it != w.mail.end() && !it->second.empty()) {
+      m = std::move(it->second.front());
+      it->second.pop_front();
+      break;
+    }
+    if (rs.s != RankState::blocked) {
+      w.block_locked(me(), str("recv(", t, ", count=", n, ") from rank ", gsrc, " tag ", tag,
+                               " on group ", g_->name));
+      rs.waiting_key = key;
+      pr = RankState::Posted{RankState::Posted::open, buf, t, n, 0};
+      w.check_deadlock_locked(me());
+      continue;
+    }
+    if (rs.cv.wait_until(lk, deadline) == std::cv_status::timeout) {
+      it = w.mail.find(key);
+      if (w.aborted.load() || pr.s != RankState::Posted::open ||
+          (it != w.mail.end() && !it->second.empty()))
+        continue;
+      pr.s = RankState::Posted::none;
+      const std::string msg = recv_timeout_message(w, gsrc, tag);
+      w.unblock_locked(me());
+      rs.waiting_key.clear();
+      w.abort_locked(me(), std::make_exception_ptr(CommError(msg)), msg);
+      throw CommError(msg);
+    }
+  }
+  pr.s = RankState::Posted::none;
+  w.unblock_locked(me());
+  rs.waiting_key.clear();
+  return m;
+}
+
 void SimCommunicator::recv(void* buf, int64_t n, DType t, int src, int tag) {
   check_member("recv", "source", src);
   check_count("recv", n);
   SimClock* clock = current_sim_clock();
   const int gsrc = ranks()[src];
-  const std::string key = mail_key(gsrc, me(), tag);
-  Message m;
-  {
-    std::unique_lock lk(w_->mu);
-    World& w = *w_;
-    RankState& rs = w.ranks[me()];
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(w.opts.timeout_s));
-    RankState::Posted& pr = rs.posted;
-    for (;;) {
-      if (pr.s == RankState::Posted::filled) {  // a sender copied straight into buf
-        m = Message{.dtype = t, .count = n, .meta = false, .sent_at = pr.sent_at};
-        break;
-      }
-      if (pr.s == RankState::Posted::filling) {  // never leave while a sender writes into buf
-        rs.cv.wait(lk);
-        continue;
-      }
-      if (w.aborted.load()) {
-        pr.s = RankState::Posted::none;
-        w.throw_aborted_locked("recv", me());
-      }
-      auto it = w.mail.find(key);
-      if (it != w.mail.end() && !it->second.empty()) {
-        m = std::move(it->second.front());
-        it->second.pop_front();
-        break;
-      }
-      if (rs.s != RankState::blocked) {
-        w.block_locked(me(), str("recv(", t, ", count=", n, ") from rank ", gsrc, " tag ", tag,
-                                 " on group ", g_->name));
-        rs.waiting_key = key;
-        pr = RankState::Posted{RankState::Posted::open, buf, t, n, 0};
-        w.check_deadlock_locked(me());
-        continue;
-      }
-      if (rs.cv.wait_until(lk, deadline) == std::cv_status::timeout) {
-        it = w.mail.find(key);
-        if (w.aborted.load() || pr.s != RankState::Posted::open ||
-            (it != w.mail.end() && !it->second.empty()))
-          continue;
-        pr.s = RankState::Posted::none;
-        std::string msg = str("[recv] rank ", me(), " timed out after ", w.opts.timeout_s,
-                              " s waiting for a message from rank ", gsrc, " (tag ", tag,
-                              ", group ", g_->name, "); rank ", gsrc, " is ",
-                              w.ranks[gsrc].s == RankState::blocked ? "in " + w.ranks[gsrc].what
-                              : w.ranks[gsrc].s == RankState::done  ? std::string("done")
-                                                                    : std::string("running"));
-        w.unblock_locked(me());
-        rs.waiting_key.clear();
-        w.abort_locked(me(), std::make_exception_ptr(CommError(msg)), msg);
-        throw CommError(msg);
-      }
-    }
-    pr.s = RankState::Posted::none;
-    w.unblock_locked(me());
-    rs.waiting_key.clear();
-  }
+  Message m = take_message(buf, n, t, gsrc, tag);
   if (!m.bytes.empty() && m.dtype == t && m.count == n && buf)
     std::memcpy(buf, m.bytes.data(), m.bytes.size());
   if (m.bytes.capacity() > 0) {

@@ -162,12 +162,31 @@ class SimCommunicator final : public Communicator {
   // Posts call `d` (kind, dtype, count, root, rop, reduces, send, recv; run fills meta, ready
   // and seq), then completes it (async: returns a Work that waits for its modeled end).
   Work run(CallDesc d, Completion completion);
+  // run's steps. post: checks the call and fills its meta, ready and seq (returns the rank's sim
+  // clock, or null). arrive: posts it in this round's slots and waits for every member (CommError
+  // naming each member's call when they differ). model_time: the call's modeled end, recorded on
+  // the clock. move_data: the data phase, shared by the members, until every result is written.
+  struct Slot {
+    uint64_t round;
+    int par;       // round parity: which of the group's two slot sets
+    int64_t mine;  // this member's items in the data phase
+  };
+  SimClock* post(CallDesc& d);
+  Slot arrive(const CallDesc& d);
+  double model_time(const std::vector<CallDesc>& calls, const CallDesc& d, SimClock* clock,
+                    bool async);
+  void move_data(const std::vector<CallDesc>& calls, const CallDesc& d, const Slot& slot);
   // Waits until done() (spin, then sleep as a blocked rank; throws on abort or timeout). `call`
   // names the call in messages (formatted only when sleeping or failing).
   template <class Done>
   void wait_for(uint64_t round, Done done, const char* op, const CallDesc& call,
                 WaitOptions opts = {});
   void release(uint64_t round, int count);
+  // recv's wait: the message from global rank gsrc with `tag`, copied straight into buf by a
+  // sender that finds this rank waiting, or taken from the mailbox (CommError on abort or
+  // timeout).
+  Message take_message(void* buf, int64_t n, DType t, int gsrc, int tag);
+  std::string recv_timeout_message(const World& w, int gsrc, int tag) const;
   int64_t items_of(const CallDesc& d, int m) const;
   void do_item(const std::vector<CallDesc>& calls, int m, int64_t j);
   int me() const { return ranks()[rank()]; }

@@ -82,17 +82,13 @@ struct CeForward {
   }
 };
 
-}  // namespace
+constexpr const char* kOp = "parallel_cross_entropy";
 
-Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
-                              const ParallelCrossEntropyOptions& opts) {
-  return parallel_cross_entropy(logits, targets, opts,
-                                parallel_state::get_tensor_model_parallel_group());
-}
-
-Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
-                              const ParallelCrossEntropyOptions& opts, Communicator& group) {
-  const char* op = "parallel_cross_entropy";
+// The leading shape of logits [..., V/tp], after checking the dtypes, the targets' shape and the
+// options.
+Shape checked_lead(const Tensor& logits, const Tensor& targets,
+                   const ParallelCrossEntropyOptions& opts) {
+  const char* op = kOp;
   NXD_CHECK(logits.defined() && (logits.dtype() == DType::f32 || logits.dtype() == DType::f64 ||
                                  logits.dtype() == DType::bf16),
             "[", op, "] logits must be f32, f64 or bf16, got ",
@@ -104,43 +100,79 @@ Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   NXD_CHECK(opts.label_smoothing >= 0.0 && opts.label_smoothing <= 1.0, "[", op,
             "] label_smoothing must be in [0, 1], got ", opts.label_smoothing);
   Shape lead = logits.shape();
-  const int64_t vl = lead.back();
   lead.pop_back();
   NXD_CHECK_SHAPE(targets.shape() == lead, "[", op, "] targets ", targets.desc(),
                   " do not match logits ", logits.desc(), " (expected targets ", shape_str(lead),
                   ")");
+  return lead;
+}
+
+// Shapes only (the planner): the same collectives, shape-only, and a meta loss of shape `lead`.
+Tensor meta_loss(const Tensor& logits, const Shape& lead, Communicator& group) {
+  const int64_t n = shape_numel(lead);
+  const DType dt0 = logits.dtype(), ct0 = dt0 == DType::f64 ? DType::f64 : DType::f32;
+  Communicator* g = &group;
+  Shape ls = logits.shape();
+  return autograd::custom(
+      kOp, {logits},
+      [=](const std::vector<Tensor>&) {
+        g->all_reduce(empty({n}, ct0, Device::meta), ReduceOp::max);
+        g->all_reduce(empty({n, 3}, ct0, Device::meta), ReduceOp::sum);
+        return std::vector<Tensor>{empty(lead, ct0, Device::meta)};
+      },
+      [=](const Grads&) -> Grads { return {empty(ls, dt0, Device::meta)}; })[0];
+}
+
+// The n targets as integers, each ignore_index or in [0, vocab); `count` the ones not ignored.
+std::vector<int64_t> read_targets(const Tensor& targets, int64_t n, int64_t ignore, int64_t vl,
+                                  int tp, int64_t& count) {
+  const int64_t vocab = vl * tp;
+  std::vector<int64_t> tg(static_cast<size_t>(n));
+  count = 0;
+  std::vector<double> tv = targets.detach().to_vector();
+  for (int64_t i = 0; i < n; ++i) {
+    tg[i] = static_cast<int64_t>(tv[i]);
+    if (tg[i] == ignore) continue;
+    NXD_CHECK(tg[i] >= 0 && tg[i] < vocab, "[", kOp, "] target ", tg[i], " out of range [0, ",
+              vocab, ") (local vocabulary ", vl, " x tensor parallel size ", tp, ")");
+    ++count;
+  }
+  return tg;
+}
+
+// The per-token losses reduced as asked; the mean is over the `count` targets not ignored.
+Tensor reduce_loss(const Tensor& loss, Reduction reduction, int64_t count) {
+  switch (reduction) {
+    case Reduction::none:
+      return loss;
+    case Reduction::sum:
+      return sum(loss);
+    case Reduction::mean:
+      // Like PyTorch: NaN when every target is ignored.
+      return count > 0 ? mul(sum(loss), 1.0 / static_cast<double>(count))
+                       : mul(sum(loss), std::numeric_limits<double>::quiet_NaN());
+  }
+  return loss;
+}
+
+}  // namespace
+
+Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
+                              const ParallelCrossEntropyOptions& opts, Communicator& group) {
+  const char* op = kOp;
+  const Shape lead = checked_lead(logits, targets, opts);
+  const int64_t vl = logits.shape().back();
   const int tp = group.size();
   const int64_t vocab = vl * tp, start = vl * group.rank();
   const int64_t n = shape_numel(lead);
   const int64_t ignore = opts.ignore_index;
   const double a = opts.label_smoothing;
-  const DType dt0 = logits.dtype(), ct0 = dt0 == DType::f64 ? DType::f64 : DType::f32;
   if (logits.is_meta() || targets.is_meta()) {
-    // Shapes only (the planner): the same collectives, shape-only, and a meta loss.
-    Communicator* g = &group;
-    Shape ls = logits.shape();
-    Tensor loss = autograd::custom(
-        op, {logits},
-        [=](const std::vector<Tensor>&) {
-          g->all_reduce(empty({n}, ct0, Device::meta), ReduceOp::max);
-          g->all_reduce(empty({n, 3}, ct0, Device::meta), ReduceOp::sum);
-          return std::vector<Tensor>{empty(lead, ct0, Device::meta)};
-        },
-        [=](const Grads&) -> Grads { return {empty(ls, dt0, Device::meta)}; })[0];
+    Tensor loss = meta_loss(logits, lead, group);
     return opts.reduction == Reduction::none ? loss : sum(loss);
   }
-  std::vector<int64_t> tg(static_cast<size_t>(n));
   int64_t count = 0;
-  {
-    std::vector<double> tv = targets.detach().to_vector();
-    for (int64_t i = 0; i < n; ++i) {
-      tg[i] = static_cast<int64_t>(tv[i]);
-      if (tg[i] == ignore) continue;
-      NXD_CHECK(tg[i] >= 0 && tg[i] < vocab, "[", op, "] target ", tg[i], " out of range [0, ",
-                vocab, ") (local vocabulary ", vl, " x tensor parallel size ", tp, ")");
-      ++count;
-    }
-  }
+  const std::vector<int64_t> tg = read_targets(targets, n, ignore, vl, tp, count);
   const DType dt = logits.dtype(), ct = dt == DType::f64 ? DType::f64 : DType::f32;
   Communicator* g = &group;
   Tensor prob = empty({n, vl}, ct);
@@ -167,17 +199,13 @@ Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
         ls.push_back(vl);
         return {dl.view(ls).to(dt)};
       })[0];
-  switch (opts.reduction) {
-    case Reduction::none:
-      return loss;
-    case Reduction::sum:
-      return sum(loss);
-    case Reduction::mean:
-      // Like PyTorch: NaN when every target is ignored.
-      return count > 0 ? mul(sum(loss), 1.0 / static_cast<double>(count))
-                       : mul(sum(loss), std::numeric_limits<double>::quiet_NaN());
-  }
-  return loss;
+  return reduce_loss(loss, opts.reduction, count);
+}
+
+Tensor parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
+                              const ParallelCrossEntropyOptions& opts) {
+  return parallel_cross_entropy(logits, targets, opts,
+                                parallel_state::get_tensor_model_parallel_group());
 }
 
 }  // namespace nxd

@@ -223,6 +223,44 @@ Failure assess_failure(const SupervisorOptions& o, std::vector<Host>& hosts, con
   return out;
 }
 
+// The wait before relaunch launch + 2: --restart-backoff, doubled (up to --restart-backoff-max)
+// after each launch that trained no step. The exit code (128 + the signal) if a signal ends it.
+std::optional<int> back_off(const SupervisorOptions& o, const LaunchResult& r, int launch,
+                            double& backoff) {
+  backoff = r.first_row_s >= 0 || backoff <= 0 ? o.restart_backoff_s
+                                               : std::min(2 * backoff, o.restart_backoff_max_s);
+  if (backoff <= 0) return std::nullopt;
+  note(o, "waiting " + fmt_s(backoff) + " before launch " + std::to_string(launch + 2) +
+              (r.first_row_s >= 0 ? "" : " (the last launch trained no step)") +
+              " (--restart-backoff, --restart-backoff-max)");
+  if (const int sig = sleep_unless_signalled(backoff)) {
+    note(o, std::string("stopped by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
+                " while waiting to relaunch");
+    return 128 + sig;
+  }
+  return std::nullopt;
+}
+
+// "restart <n>: <old layout> -> <new layout>, resuming at step ..." for the summary.
+std::string restart_note(size_t n, const Layout& old, const Layout& now, const Failure& f,
+                         double relaunch_s) {
+  return "restart " + std::to_string(n) + ": " + describe(old) + " -> " + describe(now) + ", " +
+         (f.resume >= 0 ? "resuming at step " + std::to_string(f.resume)
+                        : std::string("from step 0 (no complete checkpoint)")) +
+         " (" + std::to_string(f.lost) + " steps lost); relaunched " + fmt_s(relaunch_s) +
+         " after the failure";
+}
+
+std::string summary_note(int code, double total, size_t restarts, int64_t lost_total,
+                         const Layout& layout) {
+  return std::string("summary: ") +
+         (code == 0
+              ? "done"
+              : (code > 128 ? "stopped (exit " : "failed (exit ") + std::to_string(code) + ")") +
+         " in " + fmt_s(total) + ", " + std::to_string(restarts) + " restart(s), " +
+         std::to_string(lost_total) + " steps trained again, final layout " + describe(layout);
+}
+
 }  // namespace
 
 int supervise(const SupervisorOptions& o) {
@@ -275,37 +313,18 @@ int supervise(const SupervisorOptions& o) {
     }
     layout = next;
     wait_for_lock_release(o);
-    backoff = r.first_row_s >= 0 || backoff <= 0 ? o.restart_backoff_s
-                                                 : std::min(2 * backoff, o.restart_backoff_max_s);
-    if (backoff > 0) {
-      note(o, "waiting " + fmt_s(backoff) + " before launch " + std::to_string(launch + 2) +
-                  (r.first_row_s >= 0 ? "" : " (the last launch trained no step)") +
-                  " (--restart-backoff, --restart-backoff-max)");
-      if (const int sig = sleep_unless_signalled(backoff)) {
-        note(o, std::string("stopped by ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
-                    " while waiting to relaunch");
-        code = 128 + sig;
-        break;
-      }
+    if (const auto stopped = back_off(o, r, launch, backoff)) {
+      code = *stopped;
+      break;
     }
     if (restarts.empty()) pieces_before = metrics_pieces(o.exp_dir);
-    restarts.push_back("restart " + std::to_string(restarts.size() + 1) + ": " + describe(old) +
-                       " -> " + describe(*layout) + ", " +
-                       (f.resume >= 0 ? "resuming at step " + std::to_string(f.resume)
-                                      : std::string("from step 0 (no complete checkpoint)")) +
-                       " (" + std::to_string(f.lost) + " steps lost); relaunched " +
-                       fmt_s(std::chrono::duration<double>(clock::now() - failed_at).count()) +
-                       " after the failure");
+    restarts.push_back(
+        restart_note(restarts.size() + 1, old, *layout, f,
+                     std::chrono::duration<double>(clock::now() - failed_at).count()));
   }
   if (!restarts.empty()) merge_session_metrics(o, pieces_before);
   const double total = std::chrono::duration<double>(clock::now() - t0).count();
-  note(o,
-       std::string("summary: ") +
-           (code == 0
-                ? "done"
-                : (code > 128 ? "stopped (exit " : "failed (exit ") + std::to_string(code) + ")") +
-           " in " + fmt_s(total) + ", " + std::to_string(restarts.size()) + " restart(s), " +
-           std::to_string(lost_total) + " steps trained again, final layout " + describe(*layout));
+  note(o, summary_note(code, total, restarts.size(), lost_total, *layout));
   return code;
 }
 
