@@ -105,8 +105,10 @@ TEST(Zero3Train, HbmPeakAtDp4IsAtMostAThirdOfPlainDp) {
 // A large vocabulary (32768, f32: the embedding and an untied head 16 MiB each) on the model
 // above at DP 4. The untied embedding is a lookup unit of its own, gathered for the lookup alone,
 // so at the peak (the head's backward) a rank holds the gathered head beside the shards, not the
-// gathered embedding too: ZeRO-3's peak is below ZeRO-1's (before, with one root unit: 113.3
-// against 105.3 MiB). A tied embedding is the head's weight and stays in the root unit.
+// gathered embedding too: the untied peak is 97.27 MiB, below the 105.3 of a root never sharded
+// (as before the root unit) and the 113.3 of one root unit holding the embedding (measured
+// before this split, docs/MEASUREMENTS.md); both are below ZeRO-1's. A tied embedding is the
+// head's weight and stays in the root unit (81.02 MiB).
 TEST(Zero3Train, LargeVocabularyPeakIsBelowZero1TiedOrNot) {
   auto d = nxd::testing::test_temp_dir("nxd_zero3_vocab_");
   for (const bool tied : {false, true}) {
@@ -130,6 +132,7 @@ TEST(Zero3Train, LargeVocabularyPeakIsBelowZero1TiedOrNot) {
         static_cast<double>(three.result.hbm_peak_bytes) / one.result.hbm_peak_bytes, wl);
     EXPECT_LE(wl, 1e-6) << tied;
     EXPECT_LT(three.result.hbm_peak_bytes, one.result.hbm_peak_bytes) << tied;
+    if (!tied) EXPECT_LT(nxd::testing::mib(three.result.hbm_peak_bytes), 105.3);
   }
 }
 
