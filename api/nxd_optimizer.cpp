@@ -163,9 +163,13 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.units = units;
     zo.unit_chain = unit_chain;
     if (stage == optim::ZeroStage::three) {
-      // FSDP's root unit of each chunk that is a CausalLM (the embedding a lookup unit of its own)
+      // FSDP's root unit of each chunk that is a CausalLM (the embedding a lookup unit of its own);
+      // under a pipeline only the head's stage has a root, kept whole unless asked
       optim::UnitModules roots;
       optim::add_root_units(model_.local_modules(), roots);
+      if (model_.is_pipeline() &&
+          cfg_.optimizer_config.zero3_pipeline_head == optim::PipelineHeadUnit::whole)
+        roots.roots.clear();
       zo.roots = roots.roots;
       zo.lookup_units = roots.lookups;
     }

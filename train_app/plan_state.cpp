@@ -107,6 +107,8 @@ optim::UnitModules unit_modules(const MetaModel& mm, ReductionGroup& g) {
     std::vector<Module*> chunks;
     for (const auto& c : mm.chunks) chunks.push_back(c.get());
     optim::add_root_units(chunks, m);
+    // nxd-train keeps a pipeline's head whole (optimizer_config.zero3_pipeline_head's default)
+    if (mm.pipe) m.roots.clear();
   }
   g.unit_of = m.unit_of(g.params);
   return m;

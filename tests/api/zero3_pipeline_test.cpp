@@ -54,7 +54,8 @@ bool is_layer(const Module& m) {
   return dynamic_cast<const DecoderLayer*>(&m) != nullptr;
 }
 
-Trace train(optim::ZeroStage stage, pipeline::ScheduleKind schedule, int vpp, bool tied = false) {
+Trace train(optim::ZeroStage stage, pipeline::ScheduleKind schedule, int vpp, bool tied = false,
+            optim::PipelineHeadUnit head = optim::PipelineHeadUnit::sharded) {
   Trace t;
   std::mutex mu;
   nxd::testing::run_ranks(4, [&] {
@@ -64,6 +65,7 @@ Trace train(optim::ZeroStage stage, pipeline::ScheduleKind schedule, int vpp, bo
     want.pipeline_config.schedule = schedule;
     want.pipeline_config.virtual_pipeline_size = vpp;
     want.optimizer_config.zero_stage = stage;
+    want.optimizer_config.zero3_pipeline_head = head;
     want.optimizer_config.max_grad_norm = 0.05;  // clips every step
     want.grad_bucket_mb = 1e-6;                  // one parameter per bucket at every stage
     const NxDConfig cfg = neuronx_distributed_config(want);
@@ -188,6 +190,20 @@ TEST(Zero3Pipeline, Pp2Dp2TiedEmbeddingsMatchZero1Bitwise) {
   using pipeline::ScheduleKind;
   compare_stages(ScheduleKind::one_f_one_b, 1, true);
   compare_stages(ScheduleKind::interleaved, 2, true);
+}
+
+// By default (optimizer_config.zero3_pipeline_head whole) the last stage keeps its final norm and
+// head whole: no root unit, the first stage's embedding still a lookup unit, the same results.
+TEST(Zero3Pipeline, TheHeadsStageKeepsItsRootWholeByDefault) {
+  using pipeline::ScheduleKind;
+  const Trace sharded = train(optim::ZeroStage::three, ScheduleKind::one_f_one_b, 1);
+  const Trace whole = train(optim::ZeroStage::three, ScheduleKind::one_f_one_b, 1, false,
+                            optim::PipelineHeadUnit::whole);
+  EXPECT_EQ(worst_rel(whole.losses, sharded.losses), 0.0);
+  EXPECT_EQ(worst_weight(whole, sharded), 0.0);
+  EXPECT_EQ(whole.root_units, 0);
+  EXPECT_EQ(whole.gathered_at_step, 0);
+  if (whole.losses.size() == 4) EXPECT_EQ(whole.lookup_units, 2);
 }
 
 // Each chunk's layers are one prefetch chain: the last layer of a chunk prefetches nothing, so at
