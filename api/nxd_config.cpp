@@ -57,6 +57,9 @@ void read_optimizer(const nlohmann::json& v, OptimizerConfig& o) {
       o.reshard_after_forward = x.get<bool>();
     else if (k == "zero3_prefetch")
       o.zero3_prefetch = x.get<bool>() ? optim::UnitPrefetch::next_unit : optim::UnitPrefetch::none;
+    else if (k == "zero3_shard_pipeline_head")
+      o.zero3_pipeline_head =
+          x.get<bool>() ? optim::PipelineHeadUnit::sharded : optim::PipelineHeadUnit::whole;
     else if (k == "zero_stage")
       o.zero_stage = optim::zero_stage_from_int(x.get<int64_t>(), "optimizer_config.zero_stage");
     else if (k == "grad_clipping")
@@ -66,7 +69,7 @@ void read_optimizer(const nlohmann::json& v, OptimizerConfig& o) {
     else
       unknown("optimizer_config.", k,
               "zero_one_enabled, zero_stage, optimizer_offload, reshard_after_forward, "
-              "zero3_prefetch, grad_clipping, max_grad_norm");
+              "zero3_prefetch, zero3_shard_pipeline_head, grad_clipping, max_grad_norm");
   }
 }
 

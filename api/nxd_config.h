@@ -46,6 +46,9 @@ struct OptimizerConfig {
   bool reshard_after_forward = true;
   // ZeRO-3: the next unit's all-gather started under this one's compute (JSON: true | false).
   optim::UnitPrefetch zero3_prefetch = optim::UnitPrefetch::next_unit;
+  // ZeRO-3 under a pipeline: the last stage's final norm and head sharded too (JSON
+  // zero3_shard_pipeline_head: true | false; optim/zero_stage.h says why whole is the default).
+  optim::PipelineHeadUnit zero3_pipeline_head = optim::PipelineHeadUnit::whole;
   optim::ZeroStage stage() const { return zero_one_enabled ? optim::ZeroStage::one : zero_stage; }
   bool grad_clipping = true;
   double max_grad_norm = 1.0;

@@ -8,6 +8,7 @@
 #include "nxd/layers/moe/moe.h"
 #include "nxd/layers/parallel/attributes.h"
 #include "nxd/layers/param_unit.h"
+#include "nxd/optim/zero3_unit.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/error.h"
 
@@ -58,16 +59,6 @@ std::vector<Module*> zero3_units(const NxDConfig& cfg, const NxDModel& model, in
               " needs a model whose decoder layers are ZeRO-3 units (a DecoderStack's); this "
               "model has none");
   return units;
-}
-
-// ZeRO-3's root unit (FSDP's): the model itself when it is a CausalLM on a DecoderStack (its
-// forward's entry points gather the root, layers/param_unit.h); another model, or a pipeline
-// stage, keeps its parameters outside the layers whole.
-Module* zero3_root(const NxDModel& model) {
-  const std::vector<Module*> parts = model.local_modules();
-  if (model.is_pipeline() || parts.size() != 1) return nullptr;
-  const auto* lm = dynamic_cast<const CausalLM*>(parts[0]);
-  return lm && lm->decoder_stack() ? parts[0] : nullptr;
 }
 
 // ZeRO-3 with expert parallelism: each MoE layer's experts, a unit nested in its layer's (in
@@ -171,7 +162,17 @@ NxDOptimizer::NxDOptimizer(const NxDConfig& cfg, NxDModel& model,
     zo.stage = stage;
     zo.units = units;
     zo.unit_chain = unit_chain;
-    if (stage == optim::ZeroStage::three) zo.root = zero3_root(model_);
+    if (stage == optim::ZeroStage::three) {
+      // FSDP's root unit of each chunk that is a CausalLM (the embedding a lookup unit of its own);
+      // under a pipeline only the head's stage has a root, kept whole unless asked
+      optim::UnitModules roots;
+      optim::add_root_units(model_.local_modules(), roots);
+      if (model_.is_pipeline() &&
+          cfg_.optimizer_config.zero3_pipeline_head == optim::PipelineHeadUnit::whole)
+        roots.roots.clear();
+      zo.roots = roots.roots;
+      zo.lookup_units = roots.lookups;
+    }
     if (!experts.empty())
       zo.expert_units = zero3_expert_units(units, unit_chain, zo.expert_unit_chain);
     zo.reshard_after_forward = cfg_.optimizer_config.reshard_after_forward;

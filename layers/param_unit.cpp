@@ -60,6 +60,15 @@ Tensor run_param_unit(const Module& m, const Tensor& x,
   })[0];
 }
 
+Tensor run_lookup_unit(const Module& m, const std::function<Tensor()>& body) {
+  const std::shared_ptr<ParamUnit>& u = m.param_unit();
+  if (!u) return body();
+  u->gather(UnitPass::forward);
+  Tensor y = body();
+  if (!u->held_whole()) u->release(UnitPass::forward);
+  return y;
+}
+
 namespace {
 
 // One release recorded by release_root_after_backward: counted in `pending` until its backward

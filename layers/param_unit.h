@@ -68,9 +68,18 @@ int remove_param_units(const std::vector<Module*>& modules);
 Tensor run_param_unit(const Module& m, const Tensor& x,
                       const std::function<Tensor(const Tensor&)>& body);
 
+// `body()` (the forward of `m`, e.g. a token embedding's lookup) inside `m`'s unit when the forward
+// alone reads its weights (a lookup's backward is a scatter-add into the gradient: it reads no
+// weight): gathered before, released right after (unless held whole outside a pass), and not
+// gathered again for the backward. A plain call when `m` has no unit. ZeRO-3 makes the embedding
+// such a unit (a "lookup unit") so that it is not held from the forward's start to the head's
+// backward inside the root unit (docs/design/fsdp.md).
+Tensor run_lookup_unit(const Module& m, const std::function<Tensor()>& body);
+
 // FSDP's root unit: the parameters of a model that are in no unit of its blocks (a decoder LM's
-// embedding, final norm and output head), sharded like a unit whose ParamUnit is set on the model
-// module itself. The model opens a RootUnitScope around each entry point of its forward; the
+// final norm and output head, and its embedding when that is a tied head's weight; an untied
+// embedding is a lookup unit of its own, above), sharded like a unit whose ParamUnit is set on the
+// model module itself. The model opens a RootUnitScope around each entry point of its forward; the
 // outermost gathers the root (UnitPass::forward) unless it is gathered already (WholeParameters).
 // As FSDP does for the root, a forward followed by a backward does not release it (the head's
 // backward comes right away): the model passes the input of the root's last reader (the final norm,

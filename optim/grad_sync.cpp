@@ -151,7 +151,7 @@ struct GradSync::State {
   bool at_release(int i) const {
     if (opts.unit_launch != UnitLaunch::at_release || opts.units.empty()) return false;
     const int u = opts.units[static_cast<size_t>(i)];
-    return u != 0 && u != opts.root_unit;
+    return u != 0 && (opts.first_root_unit == 0 || u < opts.first_root_unit);
   }
 
   void unit_released(int unit) {

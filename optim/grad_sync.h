@@ -119,10 +119,11 @@ struct GradSyncOptions {
   // unit closes the open buckets). Empty: no units.
   std::vector<int> units;
   UnitLaunch unit_launch = UnitLaunch::when_complete;
-  // The root unit's index in `units` (0: none). UnitLaunch::at_release leaves it out: the root is
-  // released after the head's backward, before the embedding's gradient exists, and its dense
-  // parameters get a gradient on every rank, so its buckets go out when complete.
-  int root_unit = 0;
+  // The first index in `units` of the lookup and root units (0: none; optim/zero3_unit.h
+  // UnitModules). UnitLaunch::at_release leaves them out: a lookup is released in its forward and a
+  // root after the head's backward, both before the embedding's gradient exists, and their dense
+  // parameters get a gradient on every rank, so their buckets go out when complete.
+  int first_root_unit = 0;
 };
 
 class GradSync {

@@ -56,21 +56,6 @@ std::vector<NamedParam> bucket_order(const std::vector<ParamGroup>& mine, Zero1O
   return order;
 }
 
-// Stage three: each parameter's unit (1 + its index in units, the root's parameters of no other
-// unit 1 + units.size(); 0: none).
-std::vector<int> unit_of_params(const std::vector<Module*>& units, const Module* root,
-                                const std::vector<NamedParam>& order) {
-  std::vector<int> unit_of;
-  std::map<const TensorImpl*, int> of;
-  for (size_t u = 0; u < units.size(); ++u)
-    for (const Tensor& t : units[u]->parameters()) of.emplace(t.impl(), int(u) + 1);
-  if (root)
-    for (const Tensor& t : root->parameters()) of.emplace(t.impl(), int(units.size()) + 1);
-  for (const NamedParam& p : order)
-    unit_of.push_back(of.count(p.param.impl()) ? of.at(p.param.impl()) : 0);
-  return unit_of;
-}
-
 // I.shards (this rank's block of each bucket) and I.segs (each parameter's place and norm weight)
 // from the GradSync's buckets.
 void lay_out(Impl& I, const GroupOf& group_of) {
@@ -117,7 +102,8 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   // sharded by an earlier ZeRO-3 optimizer: whole again (before the experts' optimizer below sets
   // the units of the experts nested in these)
   remove_param_units(I.opts.units);
-  if (I.opts.root) remove_param_units({I.opts.root});
+  remove_param_units(I.opts.lookup_units);
+  remove_param_units(I.opts.roots);
   NXD_CHECK(
       I.rule.update != nullptr && I.rule.state.size() <= static_cast<size_t>(kMaxElementwiseState),
       "[Zero1Optimizer] ", kind_, "'s elementwise rule needs an update and at most ",
@@ -136,16 +122,17 @@ Zero1Optimizer::Zero1Optimizer(std::vector<ParamGroup> groups, Zero1Options opts
   const bool three = I.opts.stage == ZeroStage::three;
   NXD_CHECK(I.opts.expert_units.empty() || !I.opts.expert_params.empty(),
             "[Zero1Optimizer] expert_units without expert_params");
-  NXD_CHECK(three || (I.opts.units.empty() && I.opts.expert_units.empty() && !I.opts.root),
-            "[Zero1Optimizer] units, expert units and a root are for stage 3, got stage ",
+  const UnitModules modules = I.unit_modules();
+  NXD_CHECK(three || (modules.empty() && I.opts.expert_units.empty()),
+            "[Zero1Optimizer] units, expert units, lookup units and roots are for stage 3, got "
+            "stage ",
             zero_stage_name(I.opts.stage));
-  const std::vector<int> unit_of =
-      three ? unit_of_params(I.opts.units, I.opts.root, order) : std::vector<int>();
+  const std::vector<int> unit_of = three ? modules.unit_of(order) : std::vector<int>();
   GradSyncOptions go;
   go.storage = I.opts.stage == ZeroStage::one ? GradStorage::buckets : GradStorage::shard_only;
   go.units = unit_of;
   go.unit_launch = I.opts.unit_launch;
-  go.root_unit = three && I.opts.root ? static_cast<int>(I.opts.units.size()) + 1 : 0;
+  go.first_root_unit = three ? modules.first_root_unit() : 0;
   go.bucket_bytes = I.opts.bucket_bytes;
   go.mode = I.opts.mode;
   go.group = I.dp;

@@ -54,8 +54,9 @@
 // buckets of each unit module (a bucket holds one unit's parameters) keep only this rank's block
 // of the parameters between uses: a persistent shard the step updates in place (no all-gather),
 // the flat buffer's memory released; the unit (optim/zero3_unit.h, layers/param_unit.h) gathers
-// it around the module's forward and backward. Zero1Options::root makes the model's remaining
-// parameters (embedding, final norm, head) a unit too, gathered by the model's forward.
+// it around the module's forward and backward. Zero1Options::roots make each model chunk's
+// remaining parameters (final norm, head) a unit too, gathered by the model's forward, and
+// Zero1Options::lookup_units its token embedding, gathered for the lookup alone.
 // gather_parameters() / release_parameters() make the weights whole outside them. Parameters of no
 // unit are as at stage two.
 //
@@ -119,11 +120,15 @@ struct Zero1Options {
   // decoder layers; their forward runs through run_param_unit, layers/param_unit.h). A bucket
   // holds one unit's parameters.
   std::vector<Module*> units;
-  // Stage three: FSDP's root unit: the module whose parameters in no unit of `units` are sharded
-  // too, gathered by its own forward (a CausalLM: RootUnitScope, layers/param_unit.h) and released
-  // after its head's backward. Null, or none of its parameters in the groups: the parameters of no
-  // unit stay gathered as at stage two.
-  Module* root = nullptr;
+  // Stage three: FSDP's root units, one per model chunk (the model without a pipeline; a pipeline
+  // rank's parts): a root's parameters in no unit of `units` or `lookup_units` are sharded too,
+  // gathered by its own forward (a CausalLM: RootUnitScope, layers/param_unit.h) and released after
+  // its head's backward. None, or none of a root's parameters in the groups: those parameters stay
+  // gathered as at stage two. add_root_units (optim/zero3_unit.h) fills roots and lookup_units.
+  std::vector<Module*> roots;
+  // Stage three: modules whose forward alone reads their weights (a token embedding), each a unit
+  // gathered for its forward only and released right after it (run_lookup_unit).
+  std::vector<Module*> lookup_units;
   // Stage three: per unit its prefetch chain (a pipeline chunk's layers; link_units in
   // optim/zero3_unit.h): a unit prefetches only its neighbours in the same chain. Empty: one.
   std::vector<int> unit_chain;

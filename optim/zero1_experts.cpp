@@ -33,6 +33,8 @@ std::vector<ParamGroup> Zero1Optimizer::split_experts(std::vector<ParamGroup> gr
   eo.unit_chain = o.expert_unit_chain;
   eo.expert_units.clear();
   eo.expert_unit_chain.clear();
+  eo.lookup_units.clear();  // the dense optimizer's
+  eo.roots.clear();
   eo.dp_group =
       o.expert_dp_group ? o.expert_dp_group : parallel_state::get_expert_data_parallel_group_ptr();
   std::erase_if(eo.registration_order,

@@ -130,6 +130,8 @@ struct Zero1Optimizer::Impl {
   // Stage three (zero1_stage3.cpp): each unit's buckets sharded (unit_of: per segment, 1 + its
   // unit's index in opts.units, 0 none).
   void build_units(const std::vector<int>& unit_of);
+  // Stage three: the modules of opts' units in their order (layers, lookups, roots).
+  UnitModules unit_modules() const;
   // step() (zero1_step.cpp): the elementwise rule on bucket b's shard `mine` (updated in place),
   // returning the elements updated; the step counts of the segments with a gradient advance.
   int64_t update_shard(size_t b, const Tensor& mine, const std::vector<ParamGroup>& groups,

@@ -5,15 +5,24 @@
 
 namespace nxd::optim {
 
-// Stage three: each unit's buckets (the root's included) get a persistent shard and a ShardedUnit
-// on the unit's module; their full buffers are released. A sharding group of one rank (DP x CP 1;
-// the experts' group when EP = DP x CP) has nothing to shard: no unit, the parameters stay whole
-// as at stage two (a unit would only add its gathered copy beside a shard of the same size).
+// Stage three: each unit's buckets (the lookups' and roots' included) get a persistent shard and a
+// ShardedUnit on the unit's module; their full buffers are released. A sharding group of one rank
+// (DP x CP 1; the experts' group when EP = DP x CP) has nothing to shard: no unit, the parameters
+// stay whole as at stage two (a unit would only add its gathered copy beside a shard of the same
+// size).
+UnitModules Zero1Optimizer::Impl::unit_modules() const {
+  return {.layers = opts.units,
+          .chain = opts.unit_chain,
+          .lookups = opts.lookup_units,
+          .roots = opts.roots};
+}
+
 void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
   NoGradGuard ng;
   pshard.assign(shards.size(), Tensor());
   if (dp->size() == 1) return;
-  for (size_t u = 0; u < opts.units.size() + (opts.root ? 1 : 0); ++u)
+  const UnitModules modules = unit_modules();
+  for (size_t u = 0; u < modules.size(); ++u)
     units.push_back(std::make_shared<ShardedUnit>(dp, opts.reshard_after_forward, opts.prefetch));
   for (size_t b = 0; b < shards.size(); ++b) {
     if (shards[b].segs.empty()) continue;
@@ -26,7 +35,7 @@ void Zero1Optimizer::Impl::build_units(const std::vector<int>& unit_of) {
     units[static_cast<size_t>(u - 1)]->add_bucket(pbuf[b], pshard[b]);
     pbuf[b].storage()->release_data();  // now: the model's full size is never exceeded
   }
-  install_units(units, opts.units, opts.unit_chain, opts.root, *sync);
+  install_units(units, modules, *sync);
 }
 
 void Zero1Optimizer::gather_parameters() {

@@ -1,5 +1,8 @@
 #include "nxd/optim/zero3_unit.h"
 
+#include <map>
+
+#include "nxd/layers/models/causal_lm.h"
 #include "nxd/runtime/error.h"
 
 namespace nxd::optim {
@@ -95,35 +98,58 @@ void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
                              u + 1 < n && same(u, u + 1) ? units[u + 1] : nullptr);
 }
 
-void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
-                   const std::vector<Module*>& modules, const std::vector<int>& chain, Module* root,
+Module* UnitModules::module(size_t u) const {
+  if (u < layers.size()) return layers[u];
+  u -= layers.size();
+  return u < lookups.size() ? lookups[u] : roots.at(u - lookups.size());
+}
+
+std::vector<int> UnitModules::unit_of(const std::vector<NamedParam>& order) const {
+  std::map<const TensorImpl*, int> of;
+  for (size_t u = 0; u < size(); ++u)
+    for (const Tensor& t : module(u)->parameters()) of.emplace(t.impl(), static_cast<int>(u) + 1);
+  std::vector<int> out;
+  for (const NamedParam& p : order) {
+    const auto it = of.find(p.param.impl());
+    out.push_back(it == of.end() ? 0 : it->second);
+  }
+  return out;
+}
+
+void add_root_units(const std::vector<Module*>& chunks, UnitModules& out) {
+  for (Module* m : chunks) {
+    const auto* lm = dynamic_cast<const CausalLM*>(m);
+    if (!lm || !lm->decoder_stack()) continue;
+    out.roots.push_back(m);
+    if (Module* e = lm->decoder_stack()->lookup_unit_module()) out.lookups.push_back(e);
+  }
+}
+
+void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units, const UnitModules& m,
                    const GradSync& sync) {
   if (units.empty()) return;  // a sharding group of one rank
-  NXD_CHECK(units.size() == modules.size() + (root ? 1 : 0), "[install_units] ", units.size(),
-            " units for ", modules.size(), " modules", root ? " and a root" : "");
-  const size_t n = modules.size();
-  link_units({units.begin(), units.begin() + static_cast<std::ptrdiff_t>(n)}, chain);
+  NXD_CHECK(units.size() == m.size(), "[install_units] ", units.size(), " units for ",
+            m.layers.size(), " layers, ", m.lookups.size(), " lookups and ", m.roots.size(),
+            " roots");
+  const size_t n = m.layers.size();
+  link_units({units.begin(), units.begin() + static_cast<std::ptrdiff_t>(n)}, m.chain);
   for (size_t u = 0; u < units.size(); ++u) {
-    // UnitLaunch::at_release: a layer's release sends its buckets. Not the root's: it is released
-    // after the head's backward, before the embedding's gradient exists (its buckets go out when
-    // complete or at the step).
+    // UnitLaunch::at_release: a layer's release sends its buckets. Not a lookup's or a root's: they
+    // are released before the embedding's gradient exists (their buckets go out when complete or
+    // at the step).
     if (u < n)
       units[u]->set_on_backward_release(sync.unit_release_callback(static_cast<int>(u) + 1));
     units[u]->release(UnitPass::forward);
-    if (u < n)
-      modules[u]->set_param_unit(units[u]);
-    else if (!units[u]->empty())
-      root->set_param_unit(units[u]);
+    if (u < n || !units[u]->empty()) m.module(u)->set_param_unit(units[u]);
   }
 }
 
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
-    const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
-    const std::vector<int>& chain, Module* root, std::shared_ptr<Communicator> dp,
-    bool reshard_after_forward, UnitPrefetch prefetch) {
+    const GradSync& sync, const std::vector<int>& unit_of, const UnitModules& m,
+    std::shared_ptr<Communicator> dp, bool reshard_after_forward, UnitPrefetch prefetch) {
   std::vector<std::shared_ptr<ShardedUnit>> units;
   if (dp->size() == 1) return units;  // nothing to shard (Zero1Optimizer builds no unit either)
-  for (size_t u = 0; u < modules.size() + (root ? 1 : 0); ++u)
+  for (size_t u = 0; u < m.size(); ++u)
     units.push_back(std::make_shared<ShardedUnit>(dp, reshard_after_forward, prefetch));
   const std::vector<std::vector<int>> layout = sync.bucket_layout();
   const int n = sync.dp_size();
@@ -143,7 +169,7 @@ std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
     }
     units[static_cast<size_t>(u - 1)]->add_bucket(full, zeros({s}, p0.dtype(), Device::meta));
   }
-  install_units(units, modules, chain, root, sync);
+  install_units(units, m, sync);
   return units;
 }
 

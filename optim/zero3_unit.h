@@ -85,24 +85,46 @@ class ShardedUnit : public ParamUnit {
 void link_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
                 const std::vector<int>& chain);
 
-// The units of `modules` (in forward order) and, when `root` is set, the root unit (the last of
-// `units`, layers/param_unit.h) put to work: the modules' units linked within `chain`
-// (link_units; the root prefetches nothing and is no one's neighbour), every unit released and
-// set on its module (a root unit without buckets is not: the root's parameters stay as they are);
-// with UnitLaunch::at_release each layer's release sends its buckets (`sync`). No units: nothing.
-void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units,
-                   const std::vector<Module*>& modules, const std::vector<int>& chain, Module* root,
+// The modules of ZeRO-3's units, numbered in this order from 1 (GradSyncOptions::units): the
+// layers (run through run_param_unit, prefetching their neighbours in `chain`), the lookup units
+// (run through run_lookup_unit: a token embedding, gathered for its lookup alone) and the root
+// units (FSDP's root: the parameters of a model chunk in no other unit, gathered by RootUnitScope).
+// A parameter belongs to the first unit whose module holds it. Neither lookups nor roots prefetch
+// or are prefetched, and their buckets are left out of UnitLaunch::at_release (a lookup is released
+// in its forward, a root before the embedding's gradient exists).
+struct UnitModules {
+  std::vector<Module*> layers;
+  std::vector<int> chain;  // per layer its prefetch chain; empty: one
+  std::vector<Module*> lookups, roots;
+  size_t size() const { return layers.size() + lookups.size() + roots.size(); }
+  bool empty() const { return size() == 0; }
+  Module* module(size_t u) const;  // unit u's (0-based)
+  // Per parameter of `order` its unit (1 + its place above), 0 for none.
+  std::vector<int> unit_of(const std::vector<NamedParam>& order) const;
+  // GradSyncOptions::first_root_unit: the first unit outside the layers.
+  int first_root_unit() const { return static_cast<int>(layers.size()) + 1; }
+};
+
+// The root and lookup units of a model's chunks (one model, or a pipeline rank's parts), as
+// NxDOptimizer and nxd-plan shard them: every CausalLM on a DecoderStack is a root, and its token
+// embedding a lookup unit unless a tied head on that chunk reads it (DecoderStack::
+// lookup_unit_module). Other modules: none.
+void add_root_units(const std::vector<Module*>& chunks, UnitModules& out);
+
+// The units (one per module of `m`, in its order) put to work: the layers' units linked within
+// `m.chain` (link_units), every unit released and set on its module (a lookup or root unit
+// without buckets is not: its module's parameters stay as they are); with UnitLaunch::at_release
+// each layer's release sends its buckets (`sync`). No units: nothing.
+void install_units(const std::vector<std::shared_ptr<ShardedUnit>>& units, const UnitModules& m,
                    const GradSync& sync);
 
 // nxd-plan's meta model laid out as Zero1Optimizer lays out stage three: the parameters of each
-// of `sync`'s buckets of a unit (`unit_of` per parameter: 1 + the index in `modules`, 1 +
-// modules.size() the root unit's, 0 none, as given to GradSyncOptions::units) become views of a
-// flat meta buffer [S * n], released, beside a meta shard [S]; the units are installed
-// (install_units). `dp`: the sharding group (the GradSync's); of one rank: no unit (as
-// Zero1Optimizer). The other parameters are left as they are.
+// of `sync`'s buckets of a unit (`unit_of` per parameter, as given to GradSyncOptions::units:
+// UnitModules::unit_of) become views of a flat meta buffer [S * n], released, beside a meta shard
+// [S]; the units are installed (install_units). `dp`: the sharding group (the GradSync's); of one
+// rank: no unit (as Zero1Optimizer). The other parameters are left as they are.
 std::vector<std::shared_ptr<ShardedUnit>> shard_meta_units(
-    const GradSync& sync, const std::vector<int>& unit_of, const std::vector<Module*>& modules,
-    const std::vector<int>& chain, Module* root, std::shared_ptr<Communicator> dp,
-    bool reshard_after_forward, UnitPrefetch prefetch);
+    const GradSync& sync, const std::vector<int>& unit_of, const UnitModules& m,
+    std::shared_ptr<Communicator> dp, bool reshard_after_forward, UnitPrefetch prefetch);
 
 }  // namespace nxd::optim

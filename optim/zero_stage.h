@@ -24,4 +24,12 @@ ZeroStage zero_stage_from_int(int64_t v, const std::string& key);
 // stream under this unit's compute; none: each unit is gathered when it is needed, in full view.
 enum class UnitPrefetch { next_unit, none };
 
+// ZeRO-3 under pipeline parallelism: whether the stage that runs the output head shards its final
+// norm and head (its root unit) over its DP group. The reduction waits for the step under a
+// pipeline, so the head's full-size .grad accumulates from the first microbatch's backward on and
+// every later gather of the head lies beside it: with a large vocabulary that is the stage's peak,
+// 1/DP of the head above keeping it whole (docs/design/fsdp.md, "ZeRO-3 under pipeline
+// parallelism"). whole (the default) keeps it; the first stage's embedding is sharded either way.
+enum class PipelineHeadUnit { whole, sharded };
+
 }  // namespace nxd::optim

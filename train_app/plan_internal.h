@@ -27,9 +27,9 @@ struct ReductionGroup {
   std::vector<optim::NamedParam> params;  // registration order
   std::shared_ptr<Communicator> group;
   std::unique_ptr<optim::GradSync> sync;  // null where the trainer has no buckets either
-  // ZeRO-3: per parameter its unit (1 + the decoder layer's index among the model's, the root
-  // unit's 1 + the number of layers, 0 none); the units' parameters are sharded
-  // (optim::shard_meta_units). Empty below stage 3.
+  // ZeRO-3: per parameter its unit (optim::UnitModules::unit_of: the decoder layers, then the
+  // lookup and root units; 0 none); the units' parameters are sharded (optim::shard_meta_units).
+  // Empty below stage 3.
   std::vector<int> unit_of;
 };
 

@@ -90,37 +90,28 @@ int64_t largest_bucket_bytes(const optim::GradSync& sync, int64_t n) {
   return most;
 }
 
-// ZeRO-3's units, each parameter's unit, and each unit's prefetch chain (its chunk, as
-// NxDOptimizer chains them): the decoder layers of the meta model's chunks; for the experts' group
-// (EP > 1) each MoE layer's experts, as NxDOptimizer shards them. The root unit (the model's other
-// parameters) on `root`, as NxDOptimizer makes it: the one chunk's, without a pipeline; none for
-// the experts' group.
-std::vector<Module*> layer_units(const MetaModel& mm, ReductionGroup& g, std::vector<int>& chain,
-                                 Module*& root) {
-  std::vector<Module*> units;
-  std::unordered_map<const TensorImpl*, int> of;
-  auto add = [&](Module* u, size_t c) {
-    units.push_back(u);
-    chain.push_back(static_cast<int>(c));
-    for (const Tensor& t : u->parameters()) of.emplace(t.impl(), static_cast<int>(units.size()));
-  };
+// ZeRO-3's units and each parameter's unit (g.unit_of), as NxDOptimizer makes them: the decoder
+// layers of the meta model's chunks, each chained to its chunk, and every chunk's root and lookup
+// units (optim::add_root_units); for the experts' group (EP > 1) each MoE layer's experts.
+optim::UnitModules unit_modules(const MetaModel& mm, ReductionGroup& g) {
+  optim::UnitModules m;
   for (size_t c = 0; c < mm.chunks.size(); ++c)
     if (const DecoderStack* s = mm.chunks[c]->decoder_stack())
       for (const auto& l : s->layers()) {
-        if (!g.experts)
-          add(l.get(), c);
-        else
-          for (Module* e : moe_expert_modules(*l)) add(e, c);
+        const std::vector<Module*> mods =
+            g.experts ? moe_expert_modules(*l) : std::vector<Module*>{l.get()};
+        m.layers.insert(m.layers.end(), mods.begin(), mods.end());
+        m.chain.resize(m.layers.size(), static_cast<int>(c));
       }
-  root = !g.experts && !mm.pipe && mm.chunks.size() == 1 && mm.chunks[0]->decoder_stack()
-             ? mm.chunks[0].get()
-             : nullptr;
-  if (root)
-    for (const Tensor& t : root->parameters())
-      of.emplace(t.impl(), static_cast<int>(units.size()) + 1);
-  for (const auto& p : g.params)
-    g.unit_of.push_back(of.count(p.param.impl()) ? of.at(p.param.impl()) : 0);
-  return units;
+  if (!g.experts) {
+    std::vector<Module*> chunks;
+    for (const auto& c : mm.chunks) chunks.push_back(c.get());
+    optim::add_root_units(chunks, m);
+    // nxd-train keeps a pipeline's head whole (optimizer_config.zero3_pipeline_head's default)
+    if (mm.pipe) m.roots.clear();
+  }
+  g.unit_of = m.unit_of(g.params);
+  return m;
 }
 
 }  // namespace
@@ -150,18 +141,16 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       const bool zero2 = cfg.dist.zero_stage == optim::ZeroStage::two;
       const bool zero3 = cfg.dist.zero_stage == optim::ZeroStage::three;
       if (zero2 || zero3) go.storage = optim::GradStorage::shard_only;
-      std::vector<Module*> units;
-      std::vector<int> chain;
-      Module* root = nullptr;
+      optim::UnitModules units;
       if (zero3) {
-        units = layer_units(mm, g, chain, root);
+        units = unit_modules(mm, g);
         go.units = g.unit_of;
         // ZeRO-3: the trainer's buckets go out during the last backward (api/nxd_optimizer.cpp),
         // so its .grads are freed bucket by bucket; the plan's measured backward does the same
         // when the step has one microbatch (with more, the full .grads accumulate first)
         if (overlaps(cfg)) go.mode = optim::GradSyncMode::overlap;
         if (cfg.model.moe.enabled()) go.unit_launch = optim::UnitLaunch::at_release;
-        go.root_unit = root ? static_cast<int>(units.size()) + 1 : 0;
+        go.first_root_unit = units.first_root_unit();
       }
       g.sync = std::make_unique<optim::GradSync>(g.params, go);
       if (zero2 || (zero3 && go.mode == optim::GradSyncMode::at_step))
@@ -170,8 +159,8 @@ std::vector<ReductionGroup> plan_resident_state(const TrainConfig& cfg,
       if (zero3) {
         r.gradients += mem.live() - before;
         const int64_t at = mem.live();
-        optim::shard_meta_units(*g.sync, g.unit_of, units, chain, root, g.group,
-                                cfg.dist.reshard_after_forward, cfg.dist.zero3_prefetch);
+        optim::shard_meta_units(*g.sync, g.unit_of, units, g.group, cfg.dist.reshard_after_forward,
+                                cfg.dist.zero3_prefetch);
         r.parameters += mem.live() - at;  // the units' shards in place of their full weights
         if (zero1) step_transient = std::max(step_transient, zero1_state(cfg, rp, g, r));
         continue;

@@ -301,6 +301,7 @@ DecoderStack::DecoderStack(std::string type_name, const ModelConfig& c, const Mo
                                                 .param = {c.dtype, c.device},
                                             }));
     embedding_weight_ = embedding_->weight();
+    embedding_is_head_ = part.head && c.tie_word_embeddings;
   }
   if (!o.embedding_dropout.empty())
     embedding_dropout_ = register_module(o.embedding_dropout, std::make_shared<Dropout>(c.dropout));
@@ -309,9 +310,14 @@ DecoderStack::DecoderStack(std::string type_name, const ModelConfig& c, const Mo
   if (part.head) final_norm_ = register_module(o.final_norm, o.make_final_norm());
 }
 
+Module* DecoderStack::lookup_unit_module() const {
+  return embedding_is_head_ ? nullptr : embedding_.get();
+}
+
 Tensor DecoderStack::embed(const Tensor& ids) const {
   NXD_CHECK(embedding_, "[", type_name(), "::embed] this part has no embedding");
-  Tensor h = embedding_->forward(ids);
+  // ZeRO-3: the embedding gathered for the lookup alone (its backward reads no weight)
+  Tensor h = run_lookup_unit(*embedding_, [&] { return embedding_->forward(ids); });
   return embedding_dropout_ ? hidden_dropout(*embedding_dropout_, h, sequence_parallel_) : h;
 }
 

@@ -267,9 +267,14 @@ class DecoderStack : public Module {
   // The embedding's weight (this rank's vocabulary rows at TP > 1); undefined without one.
   const Tensor& embedding_weight() const { return embedding_weight_; }
   const ModuleList& layers() const { return *layers_; }
+  // ZeRO-3: the token embedding when its lookup alone reads its weight, which embed() then runs
+  // as a lookup unit (run_lookup_unit, layers/param_unit.h); null without an embedding or when it
+  // is a tied head's weight on this part (the root unit holds it then: the head reads it too).
+  Module* lookup_unit_module() const;
 
  private:
   std::shared_ptr<ParallelEmbedding> embedding_;
+  bool embedding_is_head_ = false;  // a tied head on this part reads the embedding's weight
   Tensor embedding_weight_;
   std::shared_ptr<Dropout> embedding_dropout_;
   std::shared_ptr<ModuleList> layers_;

@@ -1,9 +1,12 @@
 // ZeRO-3 under pipeline parallelism through NxD's wrappers (docs/design/fsdp.md, "Composition"):
 // PP 2 x DP 2 with GPipe, 1F1B and interleaved (two chunks a rank) over 20 clipped AdamW steps of
 // 4 microbatches gives ZeRO-1's losses, gradient norms and weights bitwise (one parameter per
-// bucket: the same bucket layout) and plain DP's within 1e-6; after every step no unit is gathered
-// or in flight, and a unit's prefetch never leaves its chunk. On sim ranks here, and under
-// mpirun -np 4 (label mpi: nxd_api_zero3_pipeline_mpi_np4).
+// bucket: the same bucket layout) and plain DP's within 1e-6, untied and with the embedding tied
+// across the first and last stage; the first stage's embedding is a lookup unit and the last
+// stage's final norm and head a root unit, and after every step no unit is gathered or in flight
+// and no parameter's full storage exists (every one held as its shard); a unit's prefetch never
+// leaves its chunk. On sim ranks here, and under mpirun -np 4 (label mpi:
+// nxd_api_zero3_pipeline_mpi_np4).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,6 +35,8 @@ struct Trace {
   std::map<int, std::vector<double>> losses, norms;  // by rank (every rank returns the same)
   std::map<std::string, std::vector<float>> params;  // "rank/name" after the last step
   int gathered_at_step = 0;  // units gathered or in flight after a step, summed over steps
+  int whole_at_step = 0;     // parameters with their full storage after a step, summed
+  int lookup_units = 0, root_units = 0;  // over the ranks: units outside the decoder layers
 };
 
 // The ZeRO-3 units of this rank's chunks (none below stage 3).
@@ -44,7 +49,13 @@ std::vector<std::shared_ptr<optim::ShardedUnit>> units_of(const NxDModel& model)
   return out;
 }
 
-Trace train(optim::ZeroStage stage, pipeline::ScheduleKind schedule, int vpp) {
+// Whether a unit's module is a decoder layer (not the embedding's lookup unit or a root unit).
+bool is_layer(const Module& m) {
+  return dynamic_cast<const DecoderLayer*>(&m) != nullptr;
+}
+
+Trace train(optim::ZeroStage stage, pipeline::ScheduleKind schedule, int vpp, bool tied = false,
+            optim::PipelineHeadUnit head = optim::PipelineHeadUnit::sharded) {
   Trace t;
   std::mutex mu;
   nxd::testing::run_ranks(4, [&] {
@@ -54,14 +65,21 @@ Trace train(optim::ZeroStage stage, pipeline::ScheduleKind schedule, int vpp) {
     want.pipeline_config.schedule = schedule;
     want.pipeline_config.virtual_pipeline_size = vpp;
     want.optimizer_config.zero_stage = stage;
+    want.optimizer_config.zero3_pipeline_head = head;
     want.optimizer_config.max_grad_norm = 0.05;  // clips every step
     want.grad_bucket_mb = 1e-6;                  // one parameter per bucket at every stage
     const NxDConfig cfg = neuronx_distributed_config(want);
-    auto model = initialize_parallel_model(cfg, nxd::testing::tiny_gqa_llama(4), 3);
+    ModelConfig mc = nxd::testing::tiny_gqa_llama(4);
+    mc.tie_word_embeddings = tied;
+    auto model = initialize_parallel_model(cfg, mc, 3);
     auto opt = initialize_parallel_optimizer(
         cfg, *model, optim::default_param_groups(model->local_named_parameters(), 1e-2, 0.1),
         optim::AdamWOptions{});
     const auto units = units_of(*model);
+    int lookups = 0, roots = 0;
+    for (Module* m : model->local_modules())
+      for (auto& [name, sub] : m->named_modules())
+        if (sub->param_unit() && !is_layer(*sub)) ++(sub == m ? roots : lookups);
     const int d = parallel_state::get_data_parallel_rank();
     for (int step = 0; step < kSteps; ++step) {
       std::vector<Tensor> ids, tg;
@@ -72,16 +90,21 @@ Trace train(optim::ZeroStage stage, pipeline::ScheduleKind schedule, int vpp) {
       const double loss = model->run_train(cat_raw(ids, 0), cat_raw(tg, 0)).item();
       opt->step();
       opt->zero_grad();
-      int gathered = 0;
+      int gathered = 0, whole = 0;
       for (const auto& u : units) gathered += u->gathered() ? 1 : 0;
+      for (const auto& p : model->local_named_parameters())
+        whole += p.param.storage()->has_data() ? 1 : 0;
       std::lock_guard<std::mutex> l(mu);
       t.gathered_at_step += gathered;
+      t.whole_at_step += whole;
       t.losses[current_context().rank()].push_back(loss);
       t.norms[current_context().rank()].push_back(opt->grad_norm().value());
     }
     const std::vector<Module*> chunks = model->local_modules();
     const WholeParameters whole(std::vector<const Module*>(chunks.begin(), chunks.end()));
     std::lock_guard<std::mutex> l(mu);
+    t.lookup_units += lookups;
+    t.root_units += roots;
     for (const auto& p : model->local_named_parameters())
       t.params[std::to_string(current_context().rank()) + "/" + p.name] =
           p.param.detach().to_vector_as<float>();
@@ -116,35 +139,71 @@ double worst_weight(const Trace& a, const Trace& b) {
 
 }  // namespace
 
+namespace {
+
+void compare_stages(pipeline::ScheduleKind schedule, int vpp, bool tied) {
+  const std::string what =
+      pipeline::schedule_name(schedule) + std::string(tied ? ", tied" : ", untied");
+  const Trace plain = train(optim::ZeroStage::none, schedule, vpp, tied);
+  const Trace one = train(optim::ZeroStage::one, schedule, vpp, tied);
+  const Trace three = train(optim::ZeroStage::three, schedule, vpp, tied);
+  const double l1 = worst_rel(three.losses, one.losses), n1 = worst_rel(three.norms, one.norms);
+  const double w1 = worst_weight(three, one);
+  const double l0 = worst_rel(three.losses, plain.losses);
+  const double n0 = worst_rel(three.norms, plain.norms), w0 = worst_weight(three, plain);
+  std::printf(
+      "    PP2 x DP2 %s: ZeRO-3 vs ZeRO-1 losses %.3g, norms %.3g, weights %.3g; vs plain DP "
+      "losses %.3g, norms %.3g, weights %.3g; lookup units %d, root units %d (over the ranks)\n",
+      what.c_str(), l1, n1, w1, l0, n0, w0, three.lookup_units, three.root_units);
+  for (const auto& [r, l] : three.losses) {
+    ASSERT_EQ(l.size(), static_cast<size_t>(kSteps)) << what;
+    EXPECT_LT(l.back(), l.front()) << what << ": it trains";
+  }
+  EXPECT_EQ(l1, 0.0) << what;
+  EXPECT_EQ(n1, 0.0) << what;
+  EXPECT_EQ(w1, 0.0) << what;
+  EXPECT_LE(l0, 1e-6) << what;
+  EXPECT_LE(n0, 1e-6) << what;
+  EXPECT_LE(w0, 1e-6) << what;
+  EXPECT_EQ(three.gathered_at_step, 0) << what << ": a unit left gathered at the step";
+  EXPECT_EQ(three.whole_at_step, 0) << what << ": a parameter held whole at the step";
+  // the first stage's embedding on its two DP ranks (under mpirun: this process's rank only)
+  if (three.losses.size() == 4) {
+    EXPECT_EQ(three.lookup_units, 2) << what;
+    EXPECT_EQ(three.root_units, 2) << what << ": the last stage's final norm and head";
+  }
+}
+
+}  // namespace
+
 TEST(Zero3Pipeline, Pp2Dp2MatchesZero1BitwiseAndPlainDpUnderEverySchedule) {
   using pipeline::ScheduleKind;
-  const std::vector<std::pair<ScheduleKind, int>> schedules = {
-      {ScheduleKind::gpipe, 1}, {ScheduleKind::one_f_one_b, 1}, {ScheduleKind::interleaved, 2}};
-  for (const auto& [schedule, vpp] : schedules) {
-    const std::string what = pipeline::schedule_name(schedule);
-    const Trace plain = train(optim::ZeroStage::none, schedule, vpp);
-    const Trace one = train(optim::ZeroStage::one, schedule, vpp);
-    const Trace three = train(optim::ZeroStage::three, schedule, vpp);
-    const double l1 = worst_rel(three.losses, one.losses), n1 = worst_rel(three.norms, one.norms);
-    const double w1 = worst_weight(three, one);
-    const double l0 = worst_rel(three.losses, plain.losses);
-    const double n0 = worst_rel(three.norms, plain.norms), w0 = worst_weight(three, plain);
-    std::printf(
-        "    PP2 x DP2 %s: ZeRO-3 vs ZeRO-1 losses %.3g, norms %.3g, weights %.3g; vs plain DP "
-        "losses %.3g, norms %.3g, weights %.3g\n",
-        what.c_str(), l1, n1, w1, l0, n0, w0);
-    for (const auto& [r, l] : three.losses) {
-      ASSERT_EQ(l.size(), static_cast<size_t>(kSteps)) << what;
-      EXPECT_LT(l.back(), l.front()) << what << ": it trains";
-    }
-    EXPECT_EQ(l1, 0.0) << what;
-    EXPECT_EQ(n1, 0.0) << what;
-    EXPECT_EQ(w1, 0.0) << what;
-    EXPECT_LE(l0, 1e-6) << what;
-    EXPECT_LE(n0, 1e-6) << what;
-    EXPECT_LE(w0, 1e-6) << what;
-    EXPECT_EQ(three.gathered_at_step, 0) << what << ": a unit left gathered at the step";
-  }
+  compare_stages(ScheduleKind::gpipe, 1, false);
+  compare_stages(ScheduleKind::one_f_one_b, 1, false);
+  compare_stages(ScheduleKind::interleaved, 2, false);
+}
+
+// Tied embeddings across the first and last stage: each stage's copy is in that stage's units
+// (the first stage's a lookup unit, the last stage's in its root unit with the final norm, read
+// by the head), and the pipeline sums the two gradients before the optimizer reduces them.
+TEST(Zero3Pipeline, Pp2Dp2TiedEmbeddingsMatchZero1Bitwise) {
+  using pipeline::ScheduleKind;
+  compare_stages(ScheduleKind::one_f_one_b, 1, true);
+  compare_stages(ScheduleKind::interleaved, 2, true);
+}
+
+// By default (optimizer_config.zero3_pipeline_head whole) the last stage keeps its final norm and
+// head whole: no root unit, the first stage's embedding still a lookup unit, the same results.
+TEST(Zero3Pipeline, TheHeadsStageKeepsItsRootWholeByDefault) {
+  using pipeline::ScheduleKind;
+  const Trace sharded = train(optim::ZeroStage::three, ScheduleKind::one_f_one_b, 1);
+  const Trace whole = train(optim::ZeroStage::three, ScheduleKind::one_f_one_b, 1, false,
+                            optim::PipelineHeadUnit::whole);
+  EXPECT_EQ(worst_rel(whole.losses, sharded.losses), 0.0);
+  EXPECT_EQ(worst_weight(whole, sharded), 0.0);
+  EXPECT_EQ(whole.root_units, 0);
+  EXPECT_EQ(whole.gathered_at_step, 0);
+  if (whole.losses.size() == 4) EXPECT_EQ(whole.lookup_units, 2);
 }
 
 // Each chunk's layers are one prefetch chain: the last layer of a chunk prefetches nothing, so at
@@ -168,7 +227,12 @@ TEST(Zero3Pipeline, PrefetchStaysInsideAChunk) {
     const auto modules = model->local_modules();
     ASSERT_EQ(modules.size(), 2u);
     auto& first = dynamic_cast<CausalLM&>(*modules[0]);
-    const auto units = units_of(*model);
+    std::vector<std::shared_ptr<optim::ShardedUnit>> units;  // the layers' (not the root's)
+    for (Module* m : modules)
+      for (auto& [name, sub] : m->named_modules())
+        if (auto u = std::dynamic_pointer_cast<optim::ShardedUnit>(sub->param_unit());
+            u && is_layer(*sub))
+          units.push_back(u);
     ASSERT_EQ(units.size(), 4u);  // two layers in each of two chunks
     // chunk 0's forward with a graph: without reshard_after_forward its units stay gathered
     Tensor h;

@@ -15,6 +15,7 @@
 #include "nxd/collectives/sim/launch.h"
 #include "nxd/layers/models/causal_lm.h"
 #include "nxd/optim/zero1.h"
+#include "nxd/optim/zero3_unit.h"
 #include "nxd/runtime/sim/clock.h"
 #include "support/ranks.h"
 #include "zero_util.h"
@@ -53,7 +54,10 @@ ClockedStep clocked_steps(UnitPrefetch prefetch) {
     zo.mode = GradSyncMode::at_step;
     zo.stage = ZeroStage::three;
     for (const auto& l : m->decoder_stack()->layers()) zo.units.push_back(l.get());
-    zo.root = m.get();
+    UnitModules roots;
+    add_root_units({m.get()}, roots);
+    zo.roots = roots.roots;
+    zo.lookup_units = roots.lookups;
     zo.prefetch = prefetch;
     Zero1Optimizer opt(default_param_groups(nxd::testing::named(*m), 3e-2, 0.1), zo);
     sim::SimClock* clock = sim::current_sim_clock();

@@ -21,6 +21,7 @@
 #include "nxd/optim/grad_norm.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/zero1.h"
+#include "nxd/optim/zero3_unit.h"
 #include "support/compare.h"
 #include "support/ranks.h"
 #include "support/tiny_models.h"
@@ -69,7 +70,12 @@ Zero1Options options(Module& m, ZeroStage stage, const Case& k) {
   if (stage == ZeroStage::three) {
     for (const auto& l : static_cast<CausalLM&>(m).decoder_stack()->layers())
       zo.units.push_back(l.get());
-    zo.root = &m;  // the embedding, final norm and head: FSDP's root unit
+    // the final norm and head (and a tied embedding): FSDP's root unit; an untied embedding: a
+    // lookup unit of its own
+    UnitModules roots;
+    add_root_units({&m}, roots);
+    zo.roots = roots.roots;
+    zo.lookup_units = roots.lookups;
     zo.reshard_after_forward = k.reshard_after_forward;
   }
   return zo;
@@ -271,4 +277,44 @@ TEST(Zero3, RootUnitServesForwardsWithoutAGraphAndLeavesThemReleased) {
       worst, gathered);
   EXPECT_EQ(worst, 0.0);
   EXPECT_EQ(gathered, 0);
+}
+
+// An untied embedding is a lookup unit of its own: gathered for the lookup and released right
+// after it, so between the forward and the backward only the root's final norm and head are
+// gathered (the embedding's backward reads no weight); a tied one is the head's weight and stays
+// in the root unit, gathered until the head's backward. Either way every parameter is released
+// after the backward.
+TEST(Zero3, EmbeddingIsGatheredForItsLookupAloneUnlessTied) {
+  for (const bool tied : {false, true}) {
+    // counts over the ranks this process ran (both under sim, its own under mpirun)
+    int embedding_gathered = 0, head_gathered = 0, left = 0, lookups = 0, ran = 0;
+    std::mutex mu;
+    nxd::testing::run_ranks(2, [&] {
+      parallel_state::initialize_model_parallel(1);
+      ModelConfig c = nxd::testing::tiny_gqa_llama(2);
+      c.tie_word_embeddings = tied;
+      auto z3 = make_causal_lm(c, 5);
+      Zero1Optimizer three(default_param_groups(named(*z3), 3e-2, 0.1),
+                           options(*z3, ZeroStage::three, Case{.world = 2, .tied = tied}));
+      const int d = parallel_state::get_data_parallel_rank();
+      const Tensor loss = z3->loss(ids_for(d, 0, c.vocab_size), ids_for(d, 50, c.vocab_size));
+      const Tensor& emb = z3->get_parameter("model.embed_tokens.weight");
+      const Tensor& head = z3->get_parameter(tied ? "model.embed_tokens.weight" : "lm_head.weight");
+      const int e = emb.storage()->has_data(), h = head.storage()->has_data();
+      const int n = z3->decoder_stack()->lookup_unit_module() ? 1 : 0;
+      backward(loss);
+      int g = 0;
+      for (auto& [name, t] : z3->named_parameters()) g += t.storage()->has_data();
+      std::lock_guard<std::mutex> l(mu);
+      embedding_gathered += e, head_gathered += h, left += g, lookups += n, ++ran;
+    });
+    std::printf(
+        "    %s head: after the forward the embedding is gathered on %d of %d ranks, the head on "
+        "%d; parameters gathered after the backward %d\n",
+        tied ? "tied" : "untied", embedding_gathered, ran, head_gathered, left);
+    EXPECT_EQ(lookups, tied ? 0 : ran);
+    EXPECT_EQ(embedding_gathered, tied ? ran : 0);
+    EXPECT_EQ(head_gathered, ran);
+    EXPECT_EQ(left, 0);
+  }
 }

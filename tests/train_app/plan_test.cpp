@@ -136,6 +136,10 @@ TEST(MemoryPlan, KnowsZeroStage3) {
        "distributed_strategy.virtual_pipeline_model_parallel_size=2",
        "distributed_strategy.pipeline_schedule=interleaved", "distributed_strategy.zero_stage=3",
        "precision.type=mixed_precision"},
+      // a large vocabulary: the first stage's embedding (a lookup unit) and the last stage's head
+      // (a root unit) are gathered per microbatch beside their accumulated .grads
+      {"backend.world_size=4", "distributed_strategy.pipeline_model_parallel_size=2",
+       "distributed_strategy.zero_stage=3", "precision.type=fp32", "model.vocab_size=32768"},
   };
   plan_against_runs(d, runs);
 }
