@@ -13,20 +13,18 @@
 #include "nxd/runtime/blas.h"
 #include "nxd/runtime/context.h"
 #include "nxd/runtime/gemm_f32.h"
+#include "nxd/runtime/init.h"
 #include "support/compare.h"
 
 using namespace nxd;
 
 namespace {
 
-std::vector<float> values(size_t n, uint32_t seed) {
-  std::vector<float> v(n);
-  uint32_t s = seed * 2654435761u + 1;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<float>(static_cast<int32_t>(s >> 8) % 2001 - 1000) / 700.0f;
-  }
-  return v;
+// n floats uniform in [-1, 1), from nxd's counter-based RNG.
+std::vector<float> values(size_t n, uint64_t stream) {
+  Tensor t = empty({static_cast<int64_t>(n)});
+  init::uniform(t, RngStream{7, stream}, -1, 1);
+  return {t.data<float>(), t.data<float>() + n};
 }
 
 struct Shape3 {
