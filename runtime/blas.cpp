@@ -74,14 +74,22 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   // Split only products big enough to amortize a wake-up (GemmSplitOptions).
   if (t > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&
       m * n * k / t >= min_work) {
-    // By rows, every part a multiple of 16 rows but the last, which takes the rest (at least as
-    // many), op(B) packed once for all parts: each element is computed as in the unsplit
-    // product (gemm_f32.h). Products with fewer than 16 rows per part stay whole.
-    const int parts = static_cast<int>(std::min<int64_t>(t, m / 16));
-    if (parts > 1 && n >= 2 && k >= 1) {
-      detail::sgemm_eigen_shared_pack(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                                      {.parts = parts});
-      return;
+    // Never packing op(B) once per part (gemm_f32.h): by columns in whole panels of op(B) when C
+    // has at least twice as many columns as rows (a prefill chunk against a linear layer's
+    // weight: each part packs its share of the weight and all of the few rows, one fork), else
+    // by rows (every part a multiple of 16 rows but the last, which takes the rest), op(B) packed
+    // once for all parts. Each element is computed as in the unsplit product; products with
+    // fewer than 16 rows (16 per part by rows) stay whole.
+    if (m >= 16 && n >= 2 && k >= 1) {
+      detail::EigenSplitOptions o;
+      const int64_t panels = (n + detail::kEigenMr - 1) / detail::kEigenMr;
+      o.by = n >= 2 * m && panels >= 2 ? detail::SplitBy::columns : detail::SplitBy::rows;
+      o.parts = static_cast<int>(
+          std::min<int64_t>(t, o.by == detail::SplitBy::columns ? panels : m / 16));
+      if (o.parts > 1) {
+        detail::sgemm_eigen_split(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+        return;
+      }
     }
   }
   detail::sgemm_eigen(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

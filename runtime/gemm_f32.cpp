@@ -52,7 +52,7 @@ Blocking eigen_blocking(Index m, Index n, Index k) {
 // The product in Eigen's column-major terms: res[n, m] = lhs[n, k] @ rhs[k, m], where lhs is
 // op(B)ᵀ and rhs is op(A)ᵀ, with Eigen's own packing routines and kernel.
 template <int LhsOrder, int RhsOrder>
-struct SharedPack {
+struct EigenSplit {
   using LhsMapper = ei::const_blas_data_mapper<float, Index, LhsOrder>;
   using RhsMapper = ei::const_blas_data_mapper<float, Index, RhsOrder>;
   using ResMapper = ei::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
@@ -63,7 +63,62 @@ struct SharedPack {
       ei::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false>;
 
   static void run(Index m, Index n, Index k, float alpha, const float* a, Index lda, const float* b,
-                  Index ldb, float beta, float* c, Index ldc, const SharedPackOptions& o) {
+                  Index ldb, float beta, float* c, Index ldc, const EigenSplitOptions& o) {
+    if (o.by == SplitBy::columns)
+      by_columns(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+    else
+      by_rows(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+  }
+
+  // Part p computes C's columns in its share of op(B)'s panels, for all rows, as Eigen's
+  // sequential product does: per K block, pack its columns of op(B), then all of op(A) in blocks
+  // of nc rows, and run the kernel. Nothing is shared, so there is one fork and join per call.
+  static void by_columns(Index m, Index n, Index k, float alpha, const float* a, Index lda,
+                         const float* b, Index ldb, float beta, float* c, Index ldc,
+                         const EigenSplitOptions& o) {
+    const LhsMapper lhs(b, ldb);
+    const RhsMapper rhs(a, lda);
+    const ResMapper res(c, ldc);
+    const int parts = o.parts;
+    const Blocking blocking = eigen_blocking(m, n, k);
+    const Index kc = blocking.kc, mr = Traits::mr;
+    const Index nc = std::max<Index>(Traits::nr, blocking.nc / Traits::nr * Traits::nr);
+    const Index piece = ((n + mr - 1) / mr + parts - 1) / parts * mr;
+    const Index chunk = std::max<Index>(mr, o.max_packed_floats / parts / kc / mr * mr);
+    parallel::run(parts, [&](int p) {
+      const Index i0 = p * piece, i1 = std::min(n, i0 + piece);
+      if (i0 >= i1) return;
+      scale(c + i0, m, i1 - i0, ldc, beta);
+      thread_local Floats packed_lhs, packed_rhs;
+      const Index chunk_rows = std::min(chunk, i1 - i0);
+      if (packed_lhs.size() < static_cast<size_t>(chunk_rows * kc))
+        packed_lhs.resize(static_cast<size_t>(chunk_rows * kc));
+      if (packed_rhs.size() < static_cast<size_t>(kc * nc))
+        packed_rhs.resize(static_cast<size_t>(kc * nc));
+      PackLhs pack_lhs;
+      PackRhs pack_rhs;
+      Kernel gebp;
+      for (Index i2 = i0; i2 < i1; i2 += chunk) {
+        const Index rows = std::min(chunk, i1 - i2);
+        for (Index k2 = 0; k2 < k; k2 += kc) {
+          const Index akc = std::min(k2 + kc, k) - k2;
+          pack_lhs(packed_lhs.data(), lhs.getSubMapper(i2, k2), akc, rows);
+          for (Index j2 = 0; j2 < m; j2 += nc) {
+            const Index anc = std::min(j2 + nc, m) - j2;
+            pack_rhs(packed_rhs.data(), rhs.getSubMapper(k2, j2), akc, anc);
+            gebp(res.getSubMapper(i2, j2), packed_lhs.data(), packed_rhs.data(), rows, akc, anc,
+                 alpha);
+          }
+        }
+      }
+    });
+  }
+
+  // By rows of C, op(B) packed once and shared: all parts pack its panels, then each part runs
+  // its rows against all of them.
+  static void by_rows(Index m, Index n, Index k, float alpha, const float* a, Index lda,
+                      const float* b, Index ldb, float beta, float* c, Index ldc,
+                      const EigenSplitOptions& o) {
     const LhsMapper lhs(b, ldb);
     const RhsMapper rhs(a, lda);
     const ResMapper res(c, ldc);
@@ -137,6 +192,8 @@ struct SharedPack {
 
 }  // namespace
 
+const int64_t kEigenMr = Traits::mr;
+
 void sgemm_eigen(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   Map cm(c, m, n, Eigen::OuterStride<>(ldc));
@@ -159,26 +216,29 @@ void sgemm_eigen(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     eigen_product(cm, am.transpose(), bm.transpose(), alpha, beta);
 }
 
-void sgemm_eigen_shared_pack(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                             const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                             float* c, int64_t ldc, const SharedPackOptions& o) {
-  NXD_CHECK(o.parts >= 1 && m >= kRowBlock * o.parts && n >= 2 && k >= 1 && m + n + k >= 20 &&
-                o.max_packed_floats >= 1,
-            "[blas::sgemm_eigen_shared_pack] needs m >= 16 * parts, n >= 2, k >= 1, m + n + k >= "
-            "20; got m=",
-            m, " n=", n, " k=", k, " parts=", o.parts, " max_packed_floats=", o.max_packed_floats);
+void sgemm_eigen_split(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                       float* c, int64_t ldc, const EigenSplitOptions& o) {
+  const bool rows = o.by == SplitBy::rows;
+  NXD_CHECK(
+      o.parts >= 1 && m >= kRowBlock * (rows ? o.parts : 1) && n >= 2 && k >= 1 &&
+          m + n + k >= 20 && o.max_packed_floats >= 1,
+      "[blas::sgemm_eigen_split] needs m >= 16 (by rows: 16 * parts), n >= 2, k >= 1, m + n + "
+      "k >= 20; got m=",
+      m, " n=", n, " k=", k, " parts=", o.parts, " by=", rows ? "rows" : "columns",
+      " max_packed_floats=", o.max_packed_floats);
   // Eigen's lhs is op(B)ᵀ [n, k]: row-major over B [n, k] when tb, else column-major over B
   // [k, n]. Its rhs is op(A)ᵀ [k, m]: column-major over A [m, k], or row-major over A [k, m] when
   // ta. The result is Cᵀ, column-major [n, m] over C.
   constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
   if (!ta && !tb)
-    SharedPack<C, C>::run(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+    EigenSplit<C, C>::run(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
   else if (!ta && tb)
-    SharedPack<R, C>::run(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+    EigenSplit<R, C>::run(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
   else if (ta && !tb)
-    SharedPack<C, R>::run(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+    EigenSplit<C, R>::run(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
   else
-    SharedPack<R, R>::run(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+    EigenSplit<R, R>::run(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
 }
 
 }  // namespace nxd::blas::detail

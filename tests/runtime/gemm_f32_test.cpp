@@ -1,5 +1,6 @@
-// The f32 GEMM split with op(B) packed once (runtime/gemm_f32.h) gives bitwise Eigen's unsplit
-// product, for every transposition, part count, chunking of op(B)'s columns, alpha and beta,
+// The f32 GEMM split by rows with op(B) packed once, or by columns in whole panels of op(B)
+// (runtime/gemm_f32.h), gives bitwise Eigen's unsplit product, for every transposition, part
+// count, chunking of op(B)'s columns, alpha and beta,
 // ragged shapes (tails of Eigen's mr-row panels, nr-row groups and K blocks) and the serving
 // prefill shapes (a 64-512 token chunk against a linear layer's weight, op(B) = Bᵀ); also wherever
 // the operands lie, and through blas::sgemm at 1, 2 and 3 threads.
@@ -46,19 +47,20 @@ struct Operands {
     b = values(static_cast<size_t>((tb ? s.n : s.k) * ldb + 16), 2);
     c0 = values(static_cast<size_t>(s.m * ldc + 16), 3);
   }
-  // C = alpha op(A) op(B) + beta C0 with the operands `shift` floats into fresh copies.
-  std::vector<float> run(float alpha, float beta, int parts, int64_t max_packed, int shift) const {
+  // C = alpha op(A) op(B) + beta C0 with the operands `shift` floats into fresh copies: Eigen's
+  // product (split == nullptr) or the split one.
+  std::vector<float> run(float alpha, float beta, const blas::detail::EigenSplitOptions* split,
+                         int shift) const {
     std::vector<float> sa(a.size() + 16), sb(b.size() + 16), sc(c0.size() + 16);
     std::copy(a.begin(), a.end(), sa.begin() + shift);
     std::copy(b.begin(), b.end(), sb.begin() + shift);
     std::copy(c0.begin(), c0.end(), sc.begin() + shift);
-    if (parts == 0)
+    if (split == nullptr)
       blas::detail::sgemm_eigen(ta, tb, s.m, s.n, s.k, alpha, sa.data() + shift, lda,
                                 sb.data() + shift, ldb, beta, sc.data() + shift, ldc);
     else
-      blas::detail::sgemm_eigen_shared_pack(ta, tb, s.m, s.n, s.k, alpha, sa.data() + shift, lda,
-                                            sb.data() + shift, ldb, beta, sc.data() + shift, ldc,
-                                            {.parts = parts, .max_packed_floats = max_packed});
+      blas::detail::sgemm_eigen_split(ta, tb, s.m, s.n, s.k, alpha, sa.data() + shift, lda,
+                                      sb.data() + shift, ldb, beta, sc.data() + shift, ldc, *split);
     return {sc.begin() + shift, sc.begin() + shift + static_cast<int64_t>(c0.size())};
   }
 };
@@ -90,63 +92,79 @@ struct ThreadsGuard {
 
 }  // namespace
 
-TEST(GemmF32SharedPack, EveryPartCountAndChunkingIsBitwiseEigensProduct) {
+using blas::detail::EigenSplitOptions;
+using blas::detail::SplitBy;
+const char* name(SplitBy by) {
+  return by == SplitBy::rows ? "rows" : "columns";
+}
+
+TEST(GemmF32Split, EveryPartCountAndChunkingIsBitwiseEigensProduct) {
   ThreadsGuard guard;
   set_num_threads(2);
   // Ragged shapes: m not a multiple of 16, n with every kind of panel tail, k below, at and
   // above Eigen's K block (with a ragged last block), and tiny K.
-  for (Shape3 s : {Shape3{100, 301, 400}, Shape3{150, 97, 300}, Shape3{64, 1000, 1100},
-                   Shape3{97, 64, 8}, Shape3{48, 2, 33}, Shape3{33, 50, 70}, Shape3{70, 7, 700}})
+  for (Shape3 s :
+       {Shape3{100, 301, 400}, Shape3{150, 97, 300}, Shape3{64, 1000, 1100}, Shape3{97, 64, 8},
+        Shape3{48, 2, 33}, Shape3{33, 50, 70}, Shape3{70, 7, 700}, Shape3{16, 2, 2}})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         const Operands op(ta, tb, s);
         for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 0.25f}}) {
-          const std::vector<float> want = op.run(alpha, beta, 0, 0, 0);
-          for (int parts : {2, 3, 4}) {
-            if (s.m < 16 * parts) continue;
-            for (int64_t max_packed : {int64_t{1} << 22, s.k * 100}) {
-              SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k, " ta=", ta, " tb=", tb,
-                               " beta=", beta, " parts=", parts, " max_packed=", max_packed));
-              expect_bitwise(op.run(alpha, beta, parts, max_packed, 0), want);
+          const std::vector<float> want = op.run(alpha, beta, nullptr, 0);
+          for (SplitBy by : {SplitBy::rows, SplitBy::columns})
+            for (int parts : {1, 2, 3, 4}) {
+              if (by == SplitBy::rows && s.m < 16 * parts) continue;
+              for (int64_t max_packed : {int64_t{1} << 22, s.k * 100}) {
+                SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k, " ta=", ta, " tb=", tb,
+                                 " beta=", beta, " by=", name(by), " parts=", parts,
+                                 " max_packed=", max_packed));
+                const EigenSplitOptions o{
+                    .parts = parts, .by = by, .max_packed_floats = max_packed};
+                expect_bitwise(op.run(alpha, beta, &o, 0), want);
+              }
             }
-          }
         }
       }
 }
 
-TEST(GemmF32SharedPack, ServingPrefillShapesAreBitwiseEigensProduct) {
+TEST(GemmF32Split, ServingPrefillShapesAreBitwiseEigensProduct) {
   // A prefill chunk of 64-512 tokens against the 125M Llama's linear layers (op(B) = Bᵀ).
   ThreadsGuard guard;
   set_num_threads(2);
   for (Shape3 s : {Shape3{64, 768, 768}, Shape3{64, 3072, 768}, Shape3{64, 768, 3072},
                    Shape3{512, 768, 768}, Shape3{512, 2048, 768}}) {
     const Operands op(false, true, s);
-    const std::vector<float> want = op.run(1.0f, 0.0f, 0, 0, 0);
-    for (int parts : {2, 3}) {
-      SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k, " parts=", parts));
-      expect_bitwise(op.run(1.0f, 0.0f, parts, int64_t{1} << 22, 0), want);
-    }
+    const std::vector<float> want = op.run(1.0f, 0.0f, nullptr, 0);
+    for (SplitBy by : {SplitBy::rows, SplitBy::columns})
+      for (int parts : {2, 3}) {
+        SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k, " by=", name(by), " parts=", parts));
+        const EigenSplitOptions o{.parts = parts, .by = by};
+        expect_bitwise(op.run(1.0f, 0.0f, &o, 0), want);
+      }
   }
 }
 
-TEST(GemmF32SharedPack, OperandAddressesDoNotChangeTheBits) {
+TEST(GemmF32Split, OperandAddressesDoNotChangeTheBits) {
   ThreadsGuard guard;
   set_num_threads(2);
   const Operands op(false, true, Shape3{96, 200, 300});
-  const std::vector<float> want = op.run(1.0f, 0.0f, 2, int64_t{1} << 22, 0);
-  for (int shift : {1, 2, 3, 5, 8}) {
-    SCOPED_TRACE(str("shift=", shift, " floats"));
-    expect_bitwise(op.run(1.0f, 0.0f, 2, int64_t{1} << 22, shift), want);
-    expect_bitwise(op.run(1.0f, 0.0f, 0, 0, shift), want);
-  }
+  const std::vector<float> want = op.run(1.0f, 0.0f, nullptr, 0);
+  for (int shift : {1, 2, 3, 5, 8})
+    for (SplitBy by : {SplitBy::rows, SplitBy::columns}) {
+      SCOPED_TRACE(str("shift=", shift, " floats, by=", name(by)));
+      const EigenSplitOptions o{.parts = 2, .by = by};
+      expect_bitwise(op.run(1.0f, 0.0f, &o, shift), want);
+      expect_bitwise(op.run(1.0f, 0.0f, nullptr, shift), want);
+    }
 }
 
-TEST(GemmF32SharedPack, SgemmIsBitwiseTheSameAtOneTwoAndThreeThreads) {
+TEST(GemmF32Split, SgemmIsBitwiseTheSameAtOneTwoAndThreeThreads) {
   // blas::sgemm splits above its work threshold (forced here); every thread count must give the
   // single-thread bits.
   ThreadsGuard guard;
   blas::set_engine(blas::Engine::eigen);
   blas::set_gemm_split({0, 0});
+  // By columns (n >= m) and by rows.
   for (Shape3 s : {Shape3{64, 768, 768}, Shape3{200, 130, 257}}) {
     const Operands op(false, true, s);
     std::vector<float> want;
@@ -164,9 +182,13 @@ TEST(GemmF32SharedPack, SgemmIsBitwiseTheSameAtOneTwoAndThreeThreads) {
   }
 }
 
-TEST(GemmF32SharedPack, RejectsPartsTooSmall) {
+TEST(GemmF32Split, RejectsPartsTooSmall) {
   std::vector<float> a(64 * 8), b(8 * 8), c(64 * 8);
-  EXPECT_THROW(blas::detail::sgemm_eigen_shared_pack(false, false, 20, 8, 8, 1.0f, a.data(), 8,
-                                                     b.data(), 8, 0.0f, c.data(), 8, {.parts = 2}),
+  EXPECT_THROW(blas::detail::sgemm_eigen_split(false, false, 20, 8, 8, 1.0f, a.data(), 8, b.data(),
+                                               8, 0.0f, c.data(), 8, {.parts = 2}),
                InvalidArgument);
+  EXPECT_THROW(
+      blas::detail::sgemm_eigen_split(false, false, 8, 8, 8, 1.0f, a.data(), 8, b.data(), 8, 0.0f,
+                                      c.data(), 8, {.parts = 2, .by = SplitBy::columns}),
+      InvalidArgument);
 }
