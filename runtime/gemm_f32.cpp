@@ -49,6 +49,12 @@ Blocking eigen_blocking(Index m, Index n, Index k) {
   return {kc, nc};
 }
 
+// buf with room for at least `floats` (grown, never shrunk: kept for the thread's next product).
+float* grow(Floats& buf, Index floats) {
+  if (buf.size() < static_cast<size_t>(floats)) buf.resize(static_cast<size_t>(floats));
+  return buf.data();
+}
+
 // The product in Eigen's column-major terms: res[n, m] = lhs[n, k] @ rhs[k, m], where lhs is
 // op(B)ᵀ and rhs is op(A)ᵀ, with Eigen's own packing routines and kernel.
 template <int LhsOrder, int RhsOrder>
@@ -62,23 +68,32 @@ struct EigenSplit {
   using Kernel =
       ei::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false>;
 
+  // One product: C = alpha * res + beta * C, res = lhs @ rhs in Eigen's terms.
+  struct Product {
+    Index m, n, k;
+    float alpha, beta;
+    LhsMapper lhs;
+    RhsMapper rhs;
+    ResMapper res;
+    float* c;
+    Index ldc;
+  };
+
   static void run(Index m, Index n, Index k, float alpha, const float* a, Index lda, const float* b,
                   Index ldb, float beta, float* c, Index ldc, const EigenSplitOptions& o) {
+    const Product pr{m, n,  k, alpha, beta, LhsMapper(b, ldb), RhsMapper(a, lda), ResMapper(c, ldc),
+                     c, ldc};
     if (o.by == SplitBy::columns)
-      by_columns(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+      by_columns(pr, o);
     else
-      by_rows(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+      by_rows(pr, o);
   }
 
   // Part p computes C's columns in its share of op(B)'s panels, for all rows, as Eigen's
   // sequential product does: per K block, pack its columns of op(B), then all of op(A) in blocks
   // of nc rows, and run the kernel. Nothing is shared, so there is one fork and join per call.
-  static void by_columns(Index m, Index n, Index k, float alpha, const float* a, Index lda,
-                         const float* b, Index ldb, float beta, float* c, Index ldc,
-                         const EigenSplitOptions& o) {
-    const LhsMapper lhs(b, ldb);
-    const RhsMapper rhs(a, lda);
-    const ResMapper res(c, ldc);
+  static void by_columns(const Product& pr, const EigenSplitOptions& o) {
+    const auto& [m, n, k, alpha, beta, lhs, rhs, res, c, ldc] = pr;
     const int parts = o.parts;
     const Blocking blocking = eigen_blocking(m, n, k);
     const Index kc = blocking.kc, mr = Traits::mr;
@@ -90,11 +105,8 @@ struct EigenSplit {
       if (i0 >= i1) return;
       scale(c + i0, m, i1 - i0, ldc, beta);
       thread_local Floats packed_lhs, packed_rhs;
-      const Index chunk_rows = std::min(chunk, i1 - i0);
-      if (packed_lhs.size() < static_cast<size_t>(chunk_rows * kc))
-        packed_lhs.resize(static_cast<size_t>(chunk_rows * kc));
-      if (packed_rhs.size() < static_cast<size_t>(kc * nc))
-        packed_rhs.resize(static_cast<size_t>(kc * nc));
+      float* const block_a = grow(packed_lhs, std::min(chunk, i1 - i0) * kc);
+      float* const block_b = grow(packed_rhs, kc * nc);
       PackLhs pack_lhs;
       PackRhs pack_rhs;
       Kernel gebp;
@@ -102,12 +114,11 @@ struct EigenSplit {
         const Index rows = std::min(chunk, i1 - i2);
         for (Index k2 = 0; k2 < k; k2 += kc) {
           const Index akc = std::min(k2 + kc, k) - k2;
-          pack_lhs(packed_lhs.data(), lhs.getSubMapper(i2, k2), akc, rows);
+          pack_lhs(block_a, lhs.getSubMapper(i2, k2), akc, rows);
           for (Index j2 = 0; j2 < m; j2 += nc) {
             const Index anc = std::min(j2 + nc, m) - j2;
-            pack_rhs(packed_rhs.data(), rhs.getSubMapper(k2, j2), akc, anc);
-            gebp(res.getSubMapper(i2, j2), packed_lhs.data(), packed_rhs.data(), rows, akc, anc,
-                 alpha);
+            pack_rhs(block_b, rhs.getSubMapper(k2, j2), akc, anc);
+            gebp(res.getSubMapper(i2, j2), block_a, block_b, rows, akc, anc, alpha);
           }
         }
       }
@@ -116,12 +127,8 @@ struct EigenSplit {
 
   // By rows of C, op(B) packed once and shared: all parts pack its panels, then each part runs
   // its rows against all of them.
-  static void by_rows(Index m, Index n, Index k, float alpha, const float* a, Index lda,
-                      const float* b, Index ldb, float beta, float* c, Index ldc,
-                      const EigenSplitOptions& o) {
-    const LhsMapper lhs(b, ldb);
-    const RhsMapper rhs(a, lda);
-    const ResMapper res(c, ldc);
+  static void by_rows(const Product& pr, const EigenSplitOptions& o) {
+    const auto& [m, n, k, alpha, beta, lhs, rhs, res, c, ldc] = pr;
     const int parts = o.parts;
     const Index row_block = m / parts / kRowBlock * kRowBlock;
     const Index kc = eigen_blocking(m, n, k).kc;
@@ -134,9 +141,7 @@ struct EigenSplit {
     const Index block_stride =
         (std::min(chunk, n) * kc + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
     thread_local Floats packed;  // owned by the calling thread, read by every part
-    if (packed.size() < static_cast<size_t>(block_stride * k_blocks))
-      packed.resize(static_cast<size_t>(block_stride * k_blocks));
-    float* const block_a = packed.data();
+    float* const block_a = grow(packed, block_stride * k_blocks);
 
     for (Index i0 = 0; i0 < n; i0 += chunk) {
       const Index rows = std::min(chunk, n - i0);
@@ -159,17 +164,16 @@ struct EigenSplit {
         const Index nc =
             std::max<Index>(Traits::nr, eigen_blocking(j1 - j0, n, k).nc / Traits::nr * Traits::nr);
         thread_local Floats packed_rhs;
-        if (packed_rhs.size() < static_cast<size_t>(kc * nc))
-          packed_rhs.resize(static_cast<size_t>(kc * nc));
+        float* const block_b = grow(packed_rhs, kc * nc);
         PackRhs pack;
         Kernel gebp;
         for (Index kb = 0; kb < k_blocks; ++kb) {
           const Index k2 = kb * kc, akc = std::min(k2 + kc, k) - k2;
           for (Index j2 = j0; j2 < j1; j2 += nc) {
             const Index anc = std::min(j2 + nc, j1) - j2;
-            pack(packed_rhs.data(), rhs.getSubMapper(k2, j2), akc, anc);
-            gebp(res.getSubMapper(i0, j2), block_a + kb * block_stride, packed_rhs.data(), rows,
-                 akc, anc, alpha);
+            pack(block_b, rhs.getSubMapper(k2, j2), akc, anc);
+            gebp(res.getSubMapper(i0, j2), block_a + kb * block_stride, block_b, rows, akc, anc,
+                 alpha);
           }
         }
       });
