@@ -13,6 +13,7 @@
 #include "nxd/runtime/dtype.h"
 #include "nxd/runtime/error.h"
 #include "nxd/runtime/gemm_bf16.h"
+#include "nxd/runtime/gemm_f32.h"
 #include "nxd/runtime/gemv_f32.h"
 #include "nxd/runtime/kernels/parallel_rows.h"
 #include "nxd/runtime/parallel.h"
@@ -54,42 +55,6 @@ const bool g_openblas_pool_stopped_at_load = [] {
   return true;
 }();
 
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstMap = Eigen::Map<const RowMat, Eigen::Unaligned, Eigen::OuterStride<>>;
-using Map = Eigen::Map<RowMat, Eigen::Unaligned, Eigen::OuterStride<>>;
-
-template <class A, class B>
-void eigen_product(Map& c, const A& a, const B& b, float alpha, float beta) {
-  if (beta == 0.0f) {
-    c.noalias() = alpha * (a * b);
-  } else {
-    if (beta != 1.0f) c *= beta;
-    c.noalias() += alpha * (a * b);
-  }
-}
-
-void eigen_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  Map cm(c, m, n, Eigen::OuterStride<>(ldc));
-  if (k == 0) {
-    if (beta == 0.0f)
-      cm.setZero();
-    else
-      cm *= beta;
-    return;
-  }
-  ConstMap am(a, ta ? k : m, ta ? m : k, Eigen::OuterStride<>(lda));
-  ConstMap bm(b, tb ? n : k, tb ? k : n, Eigen::OuterStride<>(ldb));
-  if (!ta && !tb)
-    eigen_product(cm, am, bm, alpha, beta);
-  else if (!ta && tb)
-    eigen_product(cm, am, bm.transpose(), alpha, beta);
-  else if (ta && !tb)
-    eigen_product(cm, am.transpose(), bm, alpha, beta);
-  else
-    eigen_product(cm, am.transpose(), bm.transpose(), alpha, beta);
-}
-
 // The f32 product on the current engine; split over the pool when each part keeps at least
 // min_work multiply-adds (GemmSplitOptions).
 void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -109,23 +74,25 @@ void sgemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   // Split only products big enough to amortize a wake-up (GemmSplitOptions).
   if (t > 1 && parallel::threads() > 1 && !parallel::in_parallel_region() &&
       m * n * k / t >= min_work) {
-    // By rows only, every part a multiple of 16 rows but the last, which takes the rest (at least
-    // as many): the m % 16 tail rows stay the tail, and the result was bitwise the unsplit one on
-    // every shape of blas_test (ragged, transposed, 33 to 1024 rows). A tiny
-    // last part would not be (a 1-row part becomes a GEMV), nor a column split (Eigen's blocking
-    // depends on the part's n); products with fewer than 16 rows per part stay whole.
-    const int parts = static_cast<int>(std::min<int64_t>(t, m / 16));
-    if (parts > 1) {
-      const int64_t block = m / parts / 16 * 16;
-      parallel::run(parts, [&](int p) {
-        const int64_t s = p * block, e = p == parts - 1 ? m : s + block;
-        eigen_sgemm(ta, tb, e - s, n, k, alpha, ta ? a + s : a + s * lda, lda, b, ldb, beta,
-                    c + s * ldc, ldc);
-      });
-      return;
+    // Never packing op(B) once per part (gemm_f32.h): by columns in whole panels of op(B) when C
+    // has at least twice as many columns as rows (a prefill chunk against a linear layer's
+    // weight: each part packs its share of the weight and all of the few rows, one fork), else
+    // by rows (every part a multiple of 16 rows but the last, which takes the rest), op(B) packed
+    // once for all parts. Each element is computed as in the unsplit product; products with
+    // fewer than 16 rows (16 per part by rows) stay whole.
+    if (m >= 16 && n >= 2 && k >= 1) {
+      detail::EigenSplitOptions o;
+      const int64_t panels = (n + detail::kEigenMr - 1) / detail::kEigenMr;
+      o.by = n >= 2 * m && panels >= 2 ? detail::SplitBy::columns : detail::SplitBy::rows;
+      o.parts = static_cast<int>(
+          std::min<int64_t>(t, o.by == detail::SplitBy::columns ? panels : m / 16));
+      if (o.parts > 1) {
+        detail::sgemm_eigen_split(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, o);
+        return;
+      }
     }
   }
-  eigen_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  detail::sgemm_eigen(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 std::atomic<MatmulPrecision> g_precision{MatmulPrecision::fp32};

@@ -7,9 +7,10 @@
 // Eigen: Debian's OpenBLAS 0.3.21 runs its Haswell (AVX2) kernel on machines where
 // OPENBLAS_CORETYPE=Haswell is forced (as on our CI), and Eigen's AVX-512 kernel measured ~1.45x
 // faster on every transformer shape (see bench/matmul). NXD_GEMM=openblas|eigen overrides.
-// With n threads, an Eigen GEMM is split by rows (at least 16 per part) over the compute pool;
-// each element of C is still computed by one thread over the whole K, and a row split gives
-// bitwise the unsplit result, so results do not depend on the thread count.
+// With n threads, an Eigen GEMM is split over the compute pool by whole panels of columns (C at
+// least twice as wide as tall) or by rows (at least 16 per part, op(B) packed once for all
+// parts; gemm_f32.h); each element of C is still computed by one thread over the whole K, exactly
+// as in the unsplit product, so results do not depend on the thread count.
 //
 // Matmul precision. With MatmulPrecision::bf16, sgemm keeps f32 operands and result but rounds
 // the inputs of the product to bf16 (round to nearest even, as bf16::from_f32) and accumulates in
