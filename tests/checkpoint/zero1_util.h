@@ -13,6 +13,7 @@
 #include "nxd/optim/elementwise_optimizer.h"
 #include "nxd/optim/grad_sync.h"
 #include "nxd/optim/zero1.h"
+#include "nxd/optim/zero3_unit.h"
 
 namespace nxd::testing {
 
@@ -56,7 +57,14 @@ struct Zero1Trainee {
       if (o.stage == optim::ZeroStage::three)
         for (size_t i = 0; i < model->decoder_stack()->layers().size(); ++i)
           zo.units.push_back(model->decoder_stack()->layers()[i].get());
-      if (o.root && o.stage == optim::ZeroStage::three) zo.root = model.get();
+      if (o.root && o.stage == optim::ZeroStage::three) {
+        // the final norm and head (and a tied embedding) a root unit; an untied embedding a
+        // lookup unit of its own
+        optim::UnitModules roots;
+        optim::add_root_units({model.get()}, roots);
+        zo.roots = roots.roots;
+        zo.lookup_units = roots.lookups;
+      }
       opt = std::make_unique<optim::Zero1AdamW>(std::move(groups), zo);
     } else {
       if (o.lion)
