@@ -7,7 +7,7 @@ nxd_compile_options(nxd-bench-inference)
 if(NXD_BUILD_TESTS)
   add_test(NAME nxd_bench_inference_help COMMAND nxd-bench-inference --help)
   set_tests_properties(nxd_bench_inference_help PROPERTIES LABELS "bench" TIMEOUT 60
-                       PASS_REGULAR_EXPRESSION "--precision P.*\\(fp32, bf16, int8, int4\\)")
+                       PASS_REGULAR_EXPRESSION "--precision P.*\\(fp32, bf16, int8, int4, int4q8\\)")
   # fp16 used to run fp32 labelled fp16
   add_test(NAME nxd_bench_inference_fp16_refused
            COMMAND ${CMAKE_COMMAND} -DCODE=2 "-DREGEX=--precision fp16: expected one of fp32, bf16"
