@@ -26,6 +26,17 @@ namespace {
 // addresses or the run (blas.h). OpenBLAS's threaded sgemm gives none of these guarantees.
 constexpr Engine kDefaultEngine = Engine::eigen;
 
+// Eigen blocks K by kc, a function of K and of the L1 data cache size it reads from CPUID, so one
+// binary would sum a long dot product in other blocks, and round it otherwise, on a CPU with
+// another L1 (48 KiB on Zen 5 and Intel since Ice Lake, 32 KiB on Zen 2-4 and older Intel). The
+// L1 size Eigen plans with is pinned to 32 KiB before any product: kc then depends on K alone and
+// a build gives the same bits on every CPU of its instruction set. L2 and L3 stay as detected:
+// they set only how the output is tiled (mc, nc), never the order of a sum.
+[[maybe_unused]] const bool g_eigen_l1_pinned = [] {
+  Eigen::setCpuCacheSizes(detail::kEigenL1Bytes, Eigen::l2CacheSize(), Eigen::l3CacheSize());
+  return true;
+}();
+
 Engine initial_engine() {
   if (const char* e = std::getenv("NXD_GEMM")) {
     if (std::strcmp(e, "openblas") == 0) return Engine::openblas;

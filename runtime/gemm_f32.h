@@ -16,9 +16,15 @@
 // among the groups of nr rows, which row parts start on), the
 // K blocks added in order. So the bits equal Eigen's product of the whole, at any part count
 // (tests/runtime/gemm_f32_test.cpp).
+#include <cstddef>
 #include <cstdint>
 
 namespace nxd::blas::detail {
+
+// The L1 data cache size Eigen's blocking plans with on every CPU (its kc, the K block of every
+// f32 product, follows it): pinned in blas.cpp so one build gives the same bits on every CPU of
+// its instruction set.
+inline constexpr std::ptrdiff_t kEigenL1Bytes = 32 * 1024;
 
 // Eigen's product C = alpha * op(A) @ op(B) + beta * C (row-major, explicit leading dimensions)
 // on the calling thread, as Eigen's own expression evaluates it. k may be 0.

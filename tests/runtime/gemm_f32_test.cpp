@@ -6,8 +6,11 @@
 // the operands lie, and through blas::sgemm at 1, 2 and 3 threads.
 #include <gtest/gtest.h>
 
+#include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -191,4 +194,15 @@ TEST(GemmF32Split, RejectsPartsTooSmall) {
       blas::detail::sgemm_eigen_split(false, false, 8, 8, 8, 1.0f, a.data(), 8, b.data(), 8, 0.0f,
                                       c.data(), 8, {.parts = 2, .by = SplitBy::columns}),
       InvalidArgument);
+}
+
+// Eigen's kc (the K block of every f32 product, so the order of its sums) follows the L1 size
+// Eigen plans with. blas.cpp pins it before any product, so a CPU that reports another L1 (48 KiB
+// on Zen 5 and recent Intel) blocks K as this one does and the build gives it the same bits.
+TEST(GemmF32Blocking, EigenPlansWithThePinnedL1WhateverTheCpuReports) {
+  std::vector<float> a(64 * 4096, 0.5f), b(4096 * 8, 0.25f), c(64 * 8);
+  blas::sgemm(false, false, 64, 8, 4096, 1.0f, a.data(), 4096, b.data(), 8, 0.0f, c.data(), 8);
+  EXPECT_EQ(Eigen::l1CacheSize(), blas::detail::kEigenL1Bytes);
+  std::printf("    Eigen plans with L1 %td, L2 %td, L3 %td bytes\n", Eigen::l1CacheSize(),
+              Eigen::l2CacheSize(), Eigen::l3CacheSize());
 }
