@@ -47,7 +47,7 @@ namespace nxd::ckpt {
 enum class Zero3ModelFiles {
   // Every DP rank writes its block of each unit's flat parameter buffers to
   // model/zero3_dp_rank_DD_... (dp_shards.h; format 3): no gather, no host copy of the model.
-  // With expert parallelism (EP > 1) the model is written gathered instead.
+  // With expert parallelism (EP > 1) the experts' blocks are over expert-DP, in the same files.
   per_rank,
   // Each unit gathered in turn and DP rank 0 writing whole tensors (format 1 or 2: what an nxd
   // older than format 3 reads); one unit's full buffers on the device, the model on the host.

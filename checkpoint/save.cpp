@@ -191,7 +191,11 @@ Shard sharded_optim_shard(const SavePlan& p, const optim::Optimizer& opt,
 
 // A ZeRO-3 model's file of this rank (format 3, dp_shards.h): its block of each unit's flat
 // parameter buffers, per parameter, taken from the unit's persistent shard (no gather, nothing
-// full-size copied); DP rank 0's also holds every tensor outside units whole ([0, numel)).
+// full-size copied); DP rank 0's also holds every tensor outside units whole ([0, numel)). Under
+// expert parallelism the experts' units are sharded over the expert-DP group: the rank writes its
+// expert-DP block of its EP rank's experts (named by their global index, so the files of the
+// expert-DP ranks of each EP rank tile its experts, as ZeRO-1's optimizer files do), and an expert
+// outside units is written whole by expert-DP rank 0 of its EP rank.
 Shard zero3_model_shard(const SavePlan& p, const std::vector<const Module*>& chunks,
                         const detail::UnitWalk& walk, const std::map<std::string, ShardSpec>& specs,
                         SnapshotPool& snap) {
@@ -204,25 +208,29 @@ Shard zero3_model_shard(const SavePlan& p, const std::vector<const Module*>& chu
                                         .files = detail::ShardFiles::zero3_blocks});
   std::map<std::string, ShardSpec> used;
   std::vector<optim::StateShard> ranges;
+  const std::set<std::string> experts = d.ep > 1 ? expert_names(chunks) : std::set<std::string>{};
   for (const Module* m : chunks)
     for (const auto& [name, t] : m->state_dict()) {
       const bool down_cast =
           p.opts.down_cast_bf16 && is_floating(t.dtype()) && t.dtype() != DType::bf16;
+      const bool expert = experts.count(name) != 0;
+      // the group the tensor is sharded over: DP x CP, or expert-DP for an expert under EP
+      const int size = expert ? d.expert_dp : d.dp, rank = expert ? d.expert_dp_rank : d.dp_rank;
       Tensor values;
       int64_t lo = 0, hi = t.numel();
       if (const auto block = walk.block_of(t)) {
         const detail::UnitWalk::Block& b = *block;
-        NXD_INTERNAL_CHECK(b.size == d.dp && b.rank == d.dp_rank, "[save_checkpoint] '", name,
+        NXD_INTERNAL_CHECK(b.size == size && b.rank == rank, "[save_checkpoint] '", name,
                            "' is sharded over a group of ", b.size, " ranks (rank ", b.rank,
-                           "), the checkpoint's DP x CP group has ", d.dp, " (rank ", d.dp_rank,
-                           ")");
+                           "), the checkpoint's ", expert ? "expert-DP" : "DP x CP", " group has ",
+                           size, " (rank ", rank, ")");
         lo = b.lo;
         hi = b.hi;
         values = b.values;
-        // a parameter of no elements goes with DP rank 0, as an empty ZeRO-1 range does
-        if (hi <= lo && !(t.numel() == 0 && d.dp_rank == 0)) continue;
+        // a parameter of no elements goes with the group's rank 0, as an empty ZeRO-1 range does
+        if (hi <= lo && !(t.numel() == 0 && rank == 0)) continue;
       } else {
-        if (d.dp_rank != 0) continue;
+        if (rank != 0) continue;
         values = t.detach().contiguous().view({t.numel()});
       }
       if (!values.defined()) values = empty({0}, t.dtype());
@@ -238,13 +246,13 @@ Shard zero3_model_shard(const SavePlan& p, const std::vector<const Module*>& chu
 }
 
 // Whether the model is written in per-rank ZeRO-3 blocks (format 3): some rank of the world has
-// units, SaveOptions::zero3_files is per_rank, and no expert parallelism (its experts' units are
-// sharded over the expert-DP group, whose files are not these: gathered as before). Collective.
-bool zero3_blocks(const detail::UnitWalk& walk, const SaveOptions& o, const Degrees& d) {
+// units and SaveOptions::zero3_files is per_rank (with expert parallelism too: the experts' blocks
+// are over expert-DP, zero3_model_shard). Collective.
+bool zero3_blocks(const detail::UnitWalk& walk, const SaveOptions& o) {
   int32_t units = walk.size();
   Communicator& w = world();
   if (w.size() > 1) w.all_reduce(&units, &units, 1, DType::i32, ReduceOp::max);
-  return units > 0 && o.zero3_files == Zero3ModelFiles::per_rank && d.ep == 1;
+  return units > 0 && o.zero3_files == Zero3ModelFiles::per_rank;
 }
 
 // This rank's files, with tensors copied (async) or shared with the live model (sync); the
@@ -385,7 +393,7 @@ SaveStats save_checkpoint(const fs::path& path, const std::string& tag,
   plan->has_model = !chunks.empty();
   plan->has_optim = optimizer != nullptr;
   plan->zero1 = optimizer != nullptr && optimizer->state_is_sharded();
-  plan->zero3 = zero3_blocks(walk, opts, plan->deg) && !chunks.empty();
+  plan->zero3 = zero3_blocks(walk, opts) && !chunks.empty();
   for (const Module* m : chunks) {
     NXD_CHECK(m != nullptr, "[save_checkpoint] a model chunk is null");
     if (const auto* lm = dynamic_cast<const CausalLM*>(m); lm && plan->model_config.is_null())

@@ -178,16 +178,17 @@ void check_table(const fs::path& dir, const char* kind, const json& table, const
   }
 }
 
-// Every expert state tensor of a ZeRO-1 optimizer's table (assembled from the DP files) is there
-// for every expert, with one shape.
-void check_expert_names(const fs::path& dir, const json& table, const ExpertLayout& x) {
+// Every expert tensor of a table assembled from DP files (a ZeRO-1 optimizer's state, "optimizer
+// state"; a ZeRO-3 model's blocks, "model tensor") is there for every expert.
+void check_expert_names(const fs::path& dir, const json& table, const ExpertLayout& x,
+                        const char* what) {
   std::map<std::string, std::set<int64_t>> weights;
   for (const auto& [name, e] : table.items())
     if (const auto ex = expert_of(name)) weights[ex->second].insert(ex->first);
   for (const auto& [w, experts] : weights)
     for (int64_t e = 0; e < std::max(x.num_experts, *experts.rbegin() + 1); ++e)
       if (!experts.count(e))
-        throw CheckpointError(str("[verify] ", dir.string(), ": optimizer state '", w,
+        throw CheckpointError(str("[verify] ", dir.string(), ": ", what, " '", w,
                                   "' has no expert ", e, " in any DP shard"));
 }
 
@@ -223,7 +224,11 @@ VerifyReport verify_checkpoint(const fs::path& tag_dir) {
   if (meta.contains("optimizer") && !zero1)
     check_table(tag_dir, "optim", meta["optimizer"].at("tensors"), holders, x, rep);
   if (meta.contains("optimizer") && zero1)
-    check_expert_names(tag_dir, meta["optimizer"].at("tensors"), x);
+    check_expert_names(tag_dir, meta["optimizer"].at("tensors"), x, "optimizer state");
+  // ZeRO-3 blocks: every expert of every expert weight, each tiled by its EP rank's expert-DP
+  // files (tiles below)
+  if (meta.contains("model") && x.saved.zero3)
+    check_expert_names(tag_dir, meta["model"], x, "model tensor");
   // ZeRO-1 (ZeRO-3): the DP files of every (tp, pp) rank tile every state (model) tensor, and
   // every tensor metadata.json lists is in them
   auto tiles = [&](const char* kind, const json& table) {

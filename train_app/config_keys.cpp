@@ -88,9 +88,10 @@ std::vector<KeySpec> make_registry() {
       key("exp_manager.zero3_checkpoint_format", K::string, "per_rank",
           "How a stage-3 run (distributed_strategy.zero_stage=3) writes the model: `per_rank`: "
           "every DP rank its block of each layer's sharded weights (no gather, no host copy of "
-          "the model; format 3, which loads at any stage and DP, TP or PP degree); `gathered`: "
-          "each layer gathered in turn and DP rank 0 writing whole tensors (format 1/2, for an "
-          "nxd that predates format 3). With expert parallelism the model is written gathered.",
+          "the model; format 3, which loads at any stage and DP, TP, PP or EP degree; under "
+          "expert parallelism the experts' blocks are over expert-DP); `gathered`: each layer "
+          "gathered in turn and DP rank 0 writing whole tensors (format 1/2, for an nxd that "
+          "predates format 3).",
           {"per_rank", "gathered"}),
       key("exp_manager.async_checkpointing", K::boolean, false,
           "Write checkpoints on a background thread (the tensors are copied first: the stall "

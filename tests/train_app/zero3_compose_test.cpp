@@ -4,7 +4,7 @@
 // without reshard_after_forward) and EP 2 x TP 2 (SP) x DP 2 give stage 1's and stage 2's losses
 // bitwise (one parameter per bucket: the same bucket layout) and plain DP's and one rank's within
 // 1e-6; the allocator's HBM peak per rank of every stage is printed, and on an 8-layer Mixtral
-// stage 3's is below stage 1's; stage-3 checkpoints of a Mixtral at EP 2 x DP 4 (gathered) and
+// stage 3's is below stage 1's; stage-3 checkpoints of a Mixtral at EP 2 x DP 4 and
 // EP 1 x DP 4 and of CP 2 x DP 2 (per-rank blocks) resume at stages 1 and 3 as the uninterrupted
 // run, bitwise.
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "nxd/checkpoint/checkpoint.h"
+#include "nxd/checkpoint/offline.h"
 #include "nxd/train_app/train.h"
 #include "support/compare.h"
 #include "train_util.h"
@@ -132,10 +133,11 @@ TEST(Zero3Compose, MixtralWithAccumulationMatchesStage1BitwiseAndOneRank) {
 
 // A stage-3 checkpoint cut at step 4 of `layout` (8 steps, one parameter a bucket) resumes at
 // stages 1 and 3 as the uninterrupted stage-3 run, bitwise; its model is in per-rank blocks
-// (metadata.json "zero3") or, at EP > 1, written whole from the gathered units.
+// (metadata.json "zero3", format 3) or written whole from the gathered units.
 namespace {
 void expect_checkpoint_resumes(const fs::path& d, const std::string& name,
-                               const std::vector<std::string>& layout, bool blocks) {
+                               const std::vector<std::string>& layout, bool blocks,
+                               const std::vector<std::string>& other = {}) {
   const std::vector<std::string> base =
       with(layout, {"trainer.max_steps=8", "model.optim.sched.max_steps=8", kBucketPerParam});
   const Out whole = nxd::testing::train_rows(d, name + "_whole", with(base, {stage(3)}));
@@ -144,7 +146,19 @@ void expect_checkpoint_resumes(const fs::path& d, const std::string& name,
       with(base, {stage(3), "trainer.max_steps=5",
                   "exp_manager.checkpoint_callback_params.every_n_train_steps=4"}));
   const std::string ckpt = (d / (name + "_cut") / "checkpoints" / "step_4").string();
-  EXPECT_EQ(ckpt::read_metadata(ckpt)["parallel"].value("zero3", false), blocks) << name;
+  const auto meta = ckpt::read_metadata(ckpt);
+  EXPECT_EQ(meta["parallel"].value("zero3", false), blocks) << name;
+  if (blocks) {  // format 3: every DP rank's block file (world 4, no TP or PP), no whole files
+    EXPECT_EQ(meta.value("format_version", 0), 3) << name;
+    for (int r = 0; r < 4; ++r)
+      EXPECT_TRUE(fs::exists(fs::path(ckpt) / ("model/zero3_dp_rank_0" + std::to_string(r) +
+                                               "_tp_rank_00_pp_rank_00.safetensors")))
+          << name << ": DP rank " << r;
+    for (const auto& [rel, info] : meta["files"].items())
+      EXPECT_NE(rel.rfind("model/dp_rank_", 0), 0u) << name << ": " << rel;
+  }
+  // whatever the loader checks, nxd-ckpt verify checks too
+  EXPECT_NO_THROW(ckpt::verify_checkpoint(ckpt)) << name;
   const std::vector<double> tail(whole.rows.loss.begin() + 4, whole.rows.loss.end());
   for (const int to : {1, 3}) {
     const Out resumed = nxd::testing::train_rows(
@@ -156,18 +170,31 @@ void expect_checkpoint_resumes(const fs::path& d, const std::string& name,
                 name.c_str(), blocks ? "per-rank blocks" : "gathered", to, w);
     EXPECT_EQ(w, 0.0) << name << ": stage 3 -> " << to;
   }
+  if (other.empty()) return;
+  // resumed at stage 3 in `other` layout (another EP degree: the experts found by name), within
+  // the layouts' rounding
+  const Out resharded = nxd::testing::train_rows(
+      d, name + "_resharded",
+      with(with(base, other), {stage(3), "exp_manager.resume_from_checkpoint=" + ckpt}));
+  ASSERT_EQ(resharded.rows.loss.size(), 4u);
+  const double w = worst_rel(resharded.rows.loss, tail);
+  std::printf(
+      "    stage-3 %s checkpoint resumed at stage 3 in another layout: losses within %.3g\n",
+      name.c_str(), w);
+  EXPECT_LT(w, 1e-5) << name << ": resharded";
 }
 }  // namespace
 
-// A Mixtral's stage-3 checkpoint at EP 2 x DP 4 (the experts' units are sharded over expert-DP:
-// the model written gathered) and at EP 1 x DP 4 (per-rank blocks, the experts in the layers'
-// units), and a CP 2 x DP 2 one (blocks of the DP x CP group) resume at stages 1 and 3 bitwise.
+// A Mixtral's stage-3 checkpoint at EP 2 x DP 4 (per-rank blocks: the dense units' over DP, the
+// experts' units' over expert-DP, each rank's in its one file) and at EP 1 x DP 4 (the experts in
+// the layers' units), and a CP 2 x DP 2 one (blocks of the DP x CP group) resume at stages 1 and 3
+// bitwise.
 TEST(Zero3Compose, MixtralAndContextParallelCheckpointsResumeAtStages1And3Bitwise) {
   auto d = nxd::testing::test_temp_dir("nxd_zero3_moe_ckpt_");
   expect_checkpoint_resumes(
       d, "Mixtral EP2 x DP4",
       with(kMixtral, {"backend.world_size=4", "distributed_strategy.expert_model_parallel_size=2"}),
-      /*blocks=*/false);
+      /*blocks=*/true, {"distributed_strategy.expert_model_parallel_size=1"});
   expect_checkpoint_resumes(
       d, "Mixtral EP1 x DP4",
       with(kMixtral, {"backend.world_size=4", "distributed_strategy.expert_model_parallel_size=1"}),
