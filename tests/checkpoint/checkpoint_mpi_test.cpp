@@ -19,9 +19,11 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using nxd::testing::Trainee;
 
-// One folder for all ranks: processes under mpirun share their parent (the launcher).
+// One folder for all ranks of a test: processes under mpirun share their parent (the launcher).
+// Named after the test too: on sim ranks the parent is ctest, which runs the tests side by side.
 fs::path shared_dir() {
-  return fs::temp_directory_path() / ("nxd_ckpt_mpi_" + std::to_string(::getppid()));
+  const char* test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  return fs::temp_directory_path() / ("nxd_ckpt_mpi_" + std::to_string(::getppid()) + "_" + test);
 }
 
 TEST(CheckpointMpi, Tp2Dp2RoundTripAndFailureOnEveryRank) {
@@ -75,7 +77,7 @@ TEST(CheckpointMpi, Tp2Dp2RoundTripAndFailureOnEveryRank) {
 }
 
 TEST(CheckpointMpi, Zero3BlocksTp2Dp2RoundTrip) {
-  const fs::path dir = shared_dir() / "zero3";
+  const fs::path dir = shared_dir();
   const bool ran = nxd::testing::run_ranks(4, [&] {
     parallel_state::initialize_model_parallel(2);
     const int d = parallel_state::get_data_parallel_rank();
