@@ -14,6 +14,7 @@
 #include "nxd/runtime/gemv_f32.h"
 #include "nxd/runtime/lanes8.h"
 #include "support/compare.h"
+#include "support/weights.h"
 
 using namespace nxd;
 
@@ -41,10 +42,9 @@ void product(const Case& s, const std::vector<float>& a, const std::vector<float
               s.tb ? s.k : s.n, beta, c.data(), s.n);
 }
 
-struct ThreadsGuard {
-  int prev = num_threads();
-  ~ThreadsGuard() { set_num_threads(prev); }
-};
+using nxd::testing::at_offset;
+using nxd::testing::expect_same_bits_over_threads_and_offsets;
+using nxd::testing::ThreadsGuard;
 
 }  // namespace
 
@@ -136,30 +136,18 @@ TEST(SmallRows, EachElementIsTheLaneOrderDotForAnyRowCount) {
 }
 
 TEST(SmallRows, BitwiseOverThreadCountsAndAddresses) {
-  ThreadsGuard guard;
   for (Case s : {Case{1, 3000, 768, false, true}, Case{4, 2048, 333, false, true},
                  Case{8, 1500, 257, false, false}, Case{3, 777, 1000, true, true},
                  Case{16, 1031, 768, false, true}, Case{31, 515, 200, false, false}}) {
     SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k, " ta=", s.ta, " tb=", s.tb));
     const auto a = values(s.m * s.k, 4), b = values(s.n * s.k, 5);
-    std::vector<float> expect;
-    for (int threads : {1, 2, 4, 3})
-      for (size_t off : {0, 1, 3, 7}) {
-        set_num_threads(threads);
-        // the same values at other alignments
-        std::vector<float> ab(a.size() + 8), bb(b.size() + 8), cb(s.m * s.n + 8);
-        std::memcpy(ab.data() + off, a.data(), a.size() * 4);
-        std::memcpy(bb.data() + off, b.data(), b.size() * 4);
-        blas::sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, ab.data() + off, s.ta ? s.m : s.k,
-                    bb.data() + off, s.tb ? s.k : s.n, 0.0f, cb.data() + off, s.n);
-        std::vector<float> c(cb.begin() + off, cb.begin() + off + s.m * s.n);
-        if (expect.empty()) {
-          expect = c;
-          continue;
-        }
-        ASSERT_EQ(std::memcmp(c.data(), expect.data(), c.size() * 4), 0)
-            << "threads=" << threads << " offset=" << off;
-      }
+    expect_same_bits_over_threads_and_offsets([&](size_t off) {
+      const auto ab = at_offset(a, off), bb = at_offset(b, off);
+      std::vector<float> cb(s.m * s.n + 8);
+      blas::sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, ab.data() + off, s.ta ? s.m : s.k,
+                  bb.data() + off, s.tb ? s.k : s.n, 0.0f, cb.data() + off, s.n);
+      return std::vector<float>(cb.begin() + off, cb.begin() + off + s.m * s.n);
+    });
   }
 }
 

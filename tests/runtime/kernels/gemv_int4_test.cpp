@@ -21,6 +21,8 @@ using kernels::Int4Zero;
 
 namespace {
 
+using nxd::testing::at_offset;
+using nxd::testing::expect_same_bits_over_threads_and_offsets;
 using nxd::testing::lcg_values;
 using nxd::testing::ThreadsGuard;
 
@@ -160,7 +162,6 @@ TEST(Int4Weights, BothPathsMatchTheReferenceAtRaggedShapes) {
 }
 
 TEST(Int4Weights, BitwiseOverThreadCountsAndAddresses) {
-  ThreadsGuard guard;
   struct Shape3 {
     int64_t m, n, k;
   };
@@ -172,27 +173,14 @@ TEST(Int4Weights, BitwiseOverThreadCountsAndAddresses) {
         const auto x = lcg_values(s.m * s.k, 5), w = lcg_values(s.n * s.k, 6, 0.1f);
         Q4 z = quantize(w, s.n, s.k, 64, zero);
         z.l.act = act;
-        std::vector<float> expect;
-        for (int threads : {1, 2, 4, 3})
-          for (size_t off : {0, 1, 3, 7}) {
-            set_num_threads(threads);
-            std::vector<float> xb(x.size() + 8), sb(z.scale.size() + 8), mb(z.min.size() + 8),
-                cb(s.m * s.n + 8);
-            std::vector<uint8_t> qb(z.q.size() + 8);
-            std::memcpy(xb.data() + off, x.data(), x.size() * 4);
-            std::memcpy(sb.data() + off, z.scale.data(), z.scale.size() * 4);
-            if (!z.min.empty()) std::memcpy(mb.data() + off, z.min.data(), z.min.size() * 4);
-            std::memcpy(qb.data() + off, z.q.data(), z.q.size());
-            kernels::linear_int4(cb.data() + off, xb.data() + off, qb.data() + off, sb.data() + off,
-                                 z.min.empty() ? nullptr : mb.data() + off, z.l, s.m);
-            std::vector<float> c(cb.begin() + off, cb.begin() + off + s.m * s.n);
-            if (expect.empty()) {
-              expect = c;
-              continue;
-            }
-            ASSERT_EQ(std::memcmp(c.data(), expect.data(), c.size() * 4), 0)
-                << "threads=" << threads << " offset=" << off;
-          }
+        expect_same_bits_over_threads_and_offsets([&](size_t off) {
+          auto xb = at_offset(x, off), sb = at_offset(z.scale, off), mb = at_offset(z.min, off);
+          auto qb = at_offset(z.q, off);
+          std::vector<float> cb(s.m * s.n + 8);
+          kernels::linear_int4(cb.data() + off, xb.data() + off, qb.data() + off, sb.data() + off,
+                               z.min.empty() ? nullptr : mb.data() + off, z.l, s.m);
+          return std::vector<float>(cb.begin() + off, cb.begin() + off + s.m * s.n);
+        });
       }
 }
 

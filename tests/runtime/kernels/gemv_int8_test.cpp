@@ -18,6 +18,8 @@ using namespace nxd;
 
 namespace {
 
+using nxd::testing::at_offset;
+using nxd::testing::expect_same_bits_over_threads_and_offsets;
 using nxd::testing::lcg_values;
 using nxd::testing::ThreadsGuard;
 
@@ -104,7 +106,6 @@ TEST(Int8Weights, BothPathsMatchTheReferenceAtRaggedShapes) {
 }
 
 TEST(Int8Weights, BitwiseOverThreadCountsAndAddresses) {
-  ThreadsGuard guard;
   struct Shape3 {
     int64_t m, n, k;
   };
@@ -113,25 +114,14 @@ TEST(Int8Weights, BitwiseOverThreadCountsAndAddresses) {
     SCOPED_TRACE(str("m=", s.m, " n=", s.n, " k=", s.k));
     const auto x = lcg_values(s.m * s.k, 5), w = lcg_values(s.n * s.k, 6, 0.1f);
     const Quantized z = quantize(w, s.n, s.k);
-    std::vector<float> expect;
-    for (int threads : {1, 2, 4, 3})
-      for (size_t off : {0, 1, 3, 7}) {
-        set_num_threads(threads);
-        std::vector<float> xb(x.size() + 8), sb(s.n + 8), cb(s.m * s.n + 8);
-        std::vector<int8_t> qb(z.q.size() + 8);
-        std::memcpy(xb.data() + off, x.data(), x.size() * 4);
-        std::memcpy(sb.data() + off, z.scale.data(), s.n * 4);
-        std::memcpy(qb.data() + off, z.q.data(), z.q.size());
-        kernels::linear_int8(cb.data() + off, xb.data() + off, qb.data() + off, sb.data() + off,
-                             s.m, s.n, s.k);
-        std::vector<float> c(cb.begin() + off, cb.begin() + off + s.m * s.n);
-        if (expect.empty()) {
-          expect = c;
-          continue;
-        }
-        ASSERT_EQ(std::memcmp(c.data(), expect.data(), c.size() * 4), 0)
-            << "threads=" << threads << " offset=" << off;
-      }
+    expect_same_bits_over_threads_and_offsets([&](size_t off) {
+      auto xb = at_offset(x, off), sb = at_offset(z.scale, off);
+      auto qb = at_offset(z.q, off);
+      std::vector<float> cb(s.m * s.n + 8);
+      kernels::linear_int8(cb.data() + off, xb.data() + off, qb.data() + off, sb.data() + off, s.m,
+                           s.n, s.k);
+      return std::vector<float>(cb.begin() + off, cb.begin() + off + s.m * s.n);
+    });
   }
 }
 
